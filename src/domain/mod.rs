@@ -1,0 +1,29 @@
+//! The pure core of the edge: validated node definitions, the registration policy, node
+//! selection and the run state machine.
+//!
+//! Nothing here does I/O, reads a clock, spawns a task or knows a protobuf type: callers pass
+//! in what a decision needs (the store's answer, the registry's state, `now`) and act on the
+//! returned value, so every rule is a plain function tested without a runtime.
+
+pub mod definitions;
+pub mod names;
+pub mod node;
+pub mod registration;
+pub mod run;
+pub mod selection;
+pub mod token;
+
+pub use definitions::{
+    AdapterDefinition, DefinitionProblem, DefinitionsError, EntryRef, NodeDefinition,
+    validate_definitions,
+};
+pub use names::{AdapterName, Alias, NameError, NodeId, Target};
+pub use node::{AdapterConfig, NodeRecord, RuntimeConfig};
+pub use registration::{
+    PROTOCOL_VERSION, RegisterAttempt, RegisterRejection, RegistrationDecision, decide_registration,
+};
+pub use run::{
+    EdgeFailure, EventOrigin, EventVerdict, RunEvent, RunEventKind, RunId, RunSpec, RunState, Usage,
+};
+pub use selection::{NodeLoad, NodeSelector, SelectError, select_node};
+pub use token::{Token, TokenDigest};

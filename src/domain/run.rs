@@ -1,0 +1,303 @@
+//! Runs: what a caller asks for, the events a run produces, and the state machine that
+//! guarantees every accepted run exactly one terminal event.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use super::names::{AdapterName, NodeId, Target};
+use super::selection::NodeSelector;
+
+/// The edge-assigned, unique id of a run.
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RunId(Arc<str>);
+
+impl RunId {
+    /// Wraps an id the edge generated (or one read back from a node or a caller).
+    pub fn new(id: impl Into<Arc<str>>) -> Self {
+        Self(id.into())
+    }
+
+    /// The id as a string slice.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for RunId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl fmt::Debug for RunId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?}", &*self.0)
+    }
+}
+
+/// A run as a caller asks for it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunSpec {
+    /// The adapter and target to run, and an optional node pin.
+    pub selector: NodeSelector,
+    /// The input, opaque to the edge.
+    pub input: Bytes,
+    /// What `input` is (`text/plain; charset=utf-8`, `application/json`).
+    pub content_type: String,
+    /// Free-form parameters passed to the node.
+    pub params: BTreeMap<String, String>,
+    /// How long the run may take once dispatched; `None` for no limit.
+    pub deadline: Option<Duration>,
+}
+
+/// Token counts a node reports with a completed run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Usage {
+    /// Tokens in the prompt.
+    pub input_tokens: u32,
+    /// Tokens generated.
+    pub output_tokens: u32,
+}
+
+/// What happened in a run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RunEventKind {
+    /// The node began the run.
+    Started,
+    /// A piece of output.
+    Output {
+        /// Text output.
+        text: String,
+        /// Binary output.
+        data: Bytes,
+    },
+    /// Terminal: the run finished.
+    Completed {
+        /// Why generation stopped (`stop`, `length`, ...).
+        finish_reason: String,
+        /// Token counts, when the node reports them.
+        usage: Option<Usage>,
+    },
+    /// Terminal: the run failed.
+    Failed {
+        /// A stable snake_case code (`node_disconnected`, `deadline_exceeded`, ...).
+        code: String,
+        /// A human-readable explanation.
+        message: String,
+    },
+    /// Terminal: the run was cancelled.
+    Cancelled {
+        /// Why.
+        reason: String,
+    },
+}
+
+impl RunEventKind {
+    /// Whether this event ends the run.
+    pub fn is_terminal(&self) -> bool {
+        matches!(
+            self,
+            Self::Completed { .. } | Self::Failed { .. } | Self::Cancelled { .. }
+        )
+    }
+
+    /// A stable snake_case name (`started`, `output`, `completed`, `failed`, `cancelled`).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Started => "started",
+            Self::Output { .. } => "output",
+            Self::Completed { .. } => "completed",
+            Self::Failed { .. } => "failed",
+            Self::Cancelled { .. } => "cancelled",
+        }
+    }
+}
+
+/// Who produced an event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventOrigin {
+    /// The node that ran it.
+    Node,
+    /// The edge, ending a run the node could not end (disconnect, deadline, ...).
+    Edge,
+}
+
+/// One event of one run, with the context every sink and caller needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunEvent {
+    /// The run.
+    pub run_id: RunId,
+    /// The node that held the run; `None` when it ended before dispatch.
+    pub node: Option<NodeId>,
+    /// The run's adapter.
+    pub adapter: AdapterName,
+    /// The run's target.
+    pub target: Target,
+    /// The node's sequence number (the edge continues it for events it makes).
+    pub seq: u64,
+    /// Who produced it.
+    pub origin: EventOrigin,
+    /// What happened.
+    pub kind: RunEventKind,
+}
+
+/// The terminal failures the edge makes on a node's behalf.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum EdgeFailure {
+    /// The node's connection ended while it held the run.
+    NodeDisconnected,
+    /// The run's deadline passed.
+    DeadlineExceeded,
+    /// The edge shut down before the run ended.
+    EdgeShutdown,
+    /// The run waited in the queue longer than allowed.
+    QueueTimeout,
+}
+
+impl EdgeFailure {
+    /// The `RunFailed.code` the edge sends.
+    pub fn code(self) -> &'static str {
+        match self {
+            Self::NodeDisconnected => "node_disconnected",
+            Self::DeadlineExceeded => "deadline_exceeded",
+            Self::EdgeShutdown => "edge_shutdown",
+            Self::QueueTimeout => "queue_timeout",
+        }
+    }
+
+    /// The terminal event for this failure.
+    pub fn into_event_kind(self) -> RunEventKind {
+        let message = match self {
+            Self::NodeDisconnected => "the node disconnected before the run ended",
+            Self::DeadlineExceeded => "the run did not finish before its deadline",
+            Self::EdgeShutdown => "the edge shut down before the run ended",
+            Self::QueueTimeout => "no node had capacity before the queue wait expired",
+        };
+        RunEventKind::Failed {
+            code: self.code().into(),
+            message: message.into(),
+        }
+    }
+}
+
+/// What to do with an event offered to a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventVerdict {
+    /// Relay it; the run goes on.
+    Relay,
+    /// Relay it; it ends the run.
+    RelayTerminal,
+    /// Drop it: the run has already ended.
+    DropAfterTerminal,
+}
+
+/// The state machine behind the exactly-one-terminal-event guarantee.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RunState {
+    last_seq: u64,
+    finished: bool,
+}
+
+impl RunState {
+    /// Offers an event (from the node or made by the edge) and says what to do with it.
+    pub fn offer(&mut self, seq: u64, kind: &RunEventKind) -> EventVerdict {
+        if self.finished {
+            return EventVerdict::DropAfterTerminal;
+        }
+        self.last_seq = self.last_seq.max(seq);
+        if kind.is_terminal() {
+            self.finished = true;
+            EventVerdict::RelayTerminal
+        } else {
+            EventVerdict::Relay
+        }
+    }
+
+    /// The sequence number for an event the edge makes now.
+    pub fn next_edge_seq(&self) -> u64 {
+        self.last_seq + 1
+    }
+
+    /// Whether the run has had its terminal event.
+    pub fn is_finished(&self) -> bool {
+        self.finished
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn kind_strategy() -> impl Strategy<Value = RunEventKind> {
+        prop_oneof![
+            Just(RunEventKind::Started),
+            ".{0,8}".prop_map(|text| RunEventKind::Output {
+                text,
+                data: Bytes::new()
+            }),
+            Just(RunEventKind::Completed {
+                finish_reason: "stop".into(),
+                usage: None
+            }),
+            Just(EdgeFailure::NodeDisconnected.into_event_kind()),
+            Just(EdgeFailure::DeadlineExceeded.into_event_kind()),
+            Just(RunEventKind::Cancelled {
+                reason: "caller".into()
+            }),
+        ]
+    }
+
+    proptest! {
+        /// Whatever a node and the edge offer, exactly one terminal event is relayed, and
+        /// nothing is relayed after it.
+        #[test]
+        fn exactly_one_terminal_event(
+            events in proptest::collection::vec((any::<u64>(), kind_strategy()), 0..40),
+        ) {
+            let mut state = RunState::default();
+            let mut relayed = Vec::new();
+            for (seq, kind) in &events {
+                if state.offer(*seq, kind) != EventVerdict::DropAfterTerminal {
+                    relayed.push(kind.clone());
+                }
+            }
+            // The edge always ends a run it still holds.
+            let closing = EdgeFailure::EdgeShutdown.into_event_kind();
+            if state.offer(state.next_edge_seq(), &closing) != EventVerdict::DropAfterTerminal {
+                relayed.push(closing);
+            }
+            prop_assert_eq!(relayed.iter().filter(|k| k.is_terminal()).count(), 1);
+            prop_assert!(relayed.last().is_some_and(RunEventKind::is_terminal));
+        }
+    }
+
+    #[test]
+    fn edge_events_continue_the_node_sequence() {
+        let mut state = RunState::default();
+        assert_eq!(state.offer(1, &RunEventKind::Started), EventVerdict::Relay);
+        assert_eq!(
+            state.offer(
+                2,
+                &RunEventKind::Output {
+                    text: "a".into(),
+                    data: Bytes::new()
+                }
+            ),
+            EventVerdict::Relay
+        );
+        assert_eq!(state.next_edge_seq(), 3);
+        let failed = EdgeFailure::NodeDisconnected.into_event_kind();
+        assert_eq!(state.offer(3, &failed), EventVerdict::RelayTerminal);
+        assert!(state.is_finished());
+        assert_eq!(
+            state.offer(4, &RunEventKind::Started),
+            EventVerdict::DropAfterTerminal
+        );
+    }
+}

@@ -1,0 +1,96 @@
+//! The Registry port: the nodes connected right now.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use crate::domain::{NodeId, NodeLoad, NodeRecord};
+
+use super::transport::NodeLink;
+
+/// Identifies one connection, so the cleanup of an old connection never removes a newer one.
+pub type ConnectionId = u64;
+
+/// What the transport hands the registry when a node's registration is accepted.
+#[derive(Clone)]
+pub struct NewConnection {
+    /// The node's definition.
+    pub record: Arc<NodeRecord>,
+    /// This connection's id.
+    pub connection: ConnectionId,
+    /// The node's address.
+    pub peer: SocketAddr,
+    /// The node software's version, as reported.
+    pub node_version: String,
+    /// The way to send to this node.
+    pub link: Arc<dyn NodeLink>,
+}
+
+/// A connected node as the registry reports it: a copy, never a reference into its map.
+#[derive(Debug, Clone)]
+pub struct ConnectedNode {
+    /// The node's definition.
+    pub record: Arc<NodeRecord>,
+    /// The connection's id.
+    pub connection: ConnectionId,
+    /// The node's address.
+    pub peer: SocketAddr,
+    /// The node software's version.
+    pub node_version: String,
+    /// When the registration was accepted.
+    pub connected_since: SystemTime,
+    /// When the node last sent a frame.
+    pub last_seen: SystemTime,
+    /// Runs the edge has sent it that have not ended.
+    pub active_runs: u32,
+}
+
+/// The node already has a live connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("node is already connected")]
+pub struct AlreadyConnected;
+
+/// The connected nodes, indexed by id and by alias.
+///
+/// Implementations are safe to share between tasks and never hand out their internal map:
+/// every read returns values.
+#[cfg_attr(test, mockall::automock)]
+pub trait Registry: Send + Sync {
+    /// Adds a node whose registration was accepted.
+    ///
+    /// # Errors
+    /// [`AlreadyConnected`] when the node has a live connection; the registry is unchanged.
+    fn insert(&self, connection: NewConnection) -> Result<(), AlreadyConnected>;
+
+    /// Removes the node if `connection` is still its live connection; returns whether it did.
+    fn remove(&self, id: &NodeId, connection: ConnectionId) -> bool;
+
+    /// Whether the node has a live connection.
+    fn is_connected(&self, id: &NodeId) -> bool;
+
+    /// The connected node with this id or alias.
+    fn get(&self, id_or_alias: &str) -> Option<ConnectedNode>;
+
+    /// Every connected node, ordered by id.
+    fn snapshot(&self) -> Vec<ConnectedNode>;
+
+    /// Every connected node's definition and active runs, ordered by id, for selection.
+    fn loads(&self) -> Vec<NodeLoad>;
+
+    /// How many nodes are connected.
+    fn len(&self) -> usize;
+
+    /// Whether no node is connected.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The way to send to the node's live connection.
+    fn link(&self, id: &NodeId) -> Option<Arc<dyn NodeLink>>;
+
+    /// Records that the node's connection `connection` sent a frame at `at`.
+    fn touch(&self, id: &NodeId, connection: ConnectionId, at: SystemTime);
+
+    /// Adds `delta` to the node's active runs if `connection` is still its live connection.
+    fn adjust_active_runs(&self, id: &NodeId, connection: ConnectionId, delta: i32);
+}

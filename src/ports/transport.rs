@@ -1,0 +1,183 @@
+//! The NodeTransport port and its companions: sending to nodes, and hearing from them.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+
+use crate::domain::{AdapterName, NodeId, RunEventKind, RunId, Target};
+
+use super::registry::ConnectionId;
+
+/// A run as it is sent to a node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunAssignment {
+    /// The run's id.
+    pub run_id: RunId,
+    /// The adapter to run it with.
+    pub adapter: AdapterName,
+    /// The adapter's target.
+    pub target: Target,
+    /// The input, opaque to the edge.
+    pub input: Bytes,
+    /// What `input` is.
+    pub content_type: String,
+    /// Free-form parameters.
+    pub params: BTreeMap<String, String>,
+    /// Milliseconds the node has for it; 0 for no limit.
+    pub deadline_ms: u32,
+}
+
+/// What the edge sends a connected node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NodeCommand {
+    /// Run this.
+    Run(RunAssignment),
+    /// Stop this run and answer with a terminal event.
+    Cancel {
+        /// The run.
+        run_id: RunId,
+        /// Why.
+        reason: String,
+    },
+    /// The edge is stopping; the connection closes next.
+    Shutdown {
+        /// Why.
+        reason: String,
+    },
+}
+
+/// Why a connection closed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CloseReason {
+    /// The node closed it.
+    Eof,
+    /// The node broke the protocol (bad frame, wrong message, second registration).
+    ProtocolViolation,
+    /// A length prefix above the limit.
+    OversizedFrame,
+    /// No registration within the register timeout.
+    RegisterTimeout,
+    /// The registration was refused.
+    Rejected,
+    /// No frame for three heartbeat intervals.
+    HeartbeatTimeout,
+    /// The node did not read what the edge sent in time.
+    SlowConsumer,
+    /// The edge is shutting down.
+    Shutdown,
+    /// A socket error.
+    Io,
+}
+
+impl CloseReason {
+    /// Every reason, for metrics that pre-declare their label values.
+    pub const ALL: [CloseReason; 9] = [
+        Self::Eof,
+        Self::ProtocolViolation,
+        Self::OversizedFrame,
+        Self::RegisterTimeout,
+        Self::Rejected,
+        Self::HeartbeatTimeout,
+        Self::SlowConsumer,
+        Self::Shutdown,
+        Self::Io,
+    ];
+
+    /// A stable snake_case name for logs and metric labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Eof => "eof",
+            Self::ProtocolViolation => "protocol_violation",
+            Self::OversizedFrame => "oversized_frame",
+            Self::RegisterTimeout => "register_timeout",
+            Self::Rejected => "rejected",
+            Self::HeartbeatTimeout => "heartbeat_timeout",
+            Self::SlowConsumer => "slow_consumer",
+            Self::Shutdown => "shutdown",
+            Self::Io => "io_error",
+        }
+    }
+}
+
+impl fmt::Display for CloseReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Why a command could not be queued on a link.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum LinkError {
+    /// The connection is closed or closing.
+    #[error("connection closed")]
+    Closed,
+    /// The node is not reading: its outbound queue is full, so the connection is being
+    /// closed as a slow consumer.
+    #[error("node is not reading (outbound queue full)")]
+    Full,
+}
+
+/// One connected node's outbound side, held by the registry.
+pub trait NodeLink: Send + Sync {
+    /// Queues `command` for the node without waiting.
+    ///
+    /// # Errors
+    /// [`LinkError::Closed`] when the connection is gone, [`LinkError::Full`] when the node
+    /// has stopped reading (the link then closes the connection).
+    fn send(&self, command: NodeCommand) -> Result<(), LinkError>;
+}
+
+/// Why a command could not be sent to a node.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TransportError {
+    /// The node has no live connection.
+    #[error("node {0} is not connected")]
+    NotConnected(NodeId),
+    /// The node's connection refused the command.
+    #[error("node {node}: {error}")]
+    Link {
+        /// The node.
+        node: NodeId,
+        /// What the link said.
+        error: LinkError,
+    },
+}
+
+/// Sends commands to connected nodes.
+#[cfg_attr(test, mockall::automock)]
+pub trait NodeTransport: Send + Sync {
+    /// Queues `command` for node `node` without waiting.
+    ///
+    /// # Errors
+    /// [`TransportError`] when the node is not connected or its connection refused it; the
+    /// transport then treats the node as disconnecting.
+    fn send(&self, node: &NodeId, command: NodeCommand) -> Result<(), TransportError>;
+}
+
+/// A run event as a node reported it, before the edge matched it to a run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReportedEvent {
+    /// The run id the node gave.
+    pub run_id: String,
+    /// The node's sequence number.
+    pub seq: u64,
+    /// What happened.
+    pub kind: RunEventKind,
+}
+
+/// Hears what connected nodes say and when they come and go; implemented by the run service.
+#[cfg_attr(test, mockall::automock)]
+#[async_trait]
+pub trait NodeEventHandler: Send + Sync {
+    /// A node's registration was accepted and it is in the registry.
+    fn node_connected(&self, node: &NodeId);
+
+    /// A node reported a run event. The connection reads its next frame only after this
+    /// returns, which is how a node that floods the edge is slowed down.
+    async fn run_event(&self, node: &NodeId, connection: ConnectionId, event: ReportedEvent);
+
+    /// A registered node's connection ended (it is already out of the registry).
+    fn node_disconnected(&self, node: &NodeId, connection: ConnectionId, reason: CloseReason);
+}
