@@ -6,12 +6,14 @@
 //! them, and relays the events they stream back to event sinks and to the caller.
 //!
 //! The crate is hexagonal: [`domain`] is the pure core, [`ports`] the traits around it,
-//! [`adapters`] their implementations, and [`app`] composes everything.
+//! [`adapters`] their implementations, and [`app`] composes everything. [`client`] is the
+//! node side of the protocol, for the mock node, the load generator and the tests.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 pub mod adapters;
 pub mod app;
+pub mod client;
 pub mod domain;
 pub mod ports;
 mod wire;

@@ -1,1 +1,119 @@
-//! The composition root.
+//! The composition root: builds every adapter from the settings, wires them to the run
+//! service, and owns the edge's start and graceful stop.
+//!
+//! [`App::build`] binds the listeners (so tests can use port 0 and ask [`App::node_addr`]),
+//! and [`App::run_until_stopped`] serves until the stop signal, then drains.
+
+pub mod cli;
+pub mod console;
+pub mod logging;
+pub mod runs;
+pub mod settings;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use anyhow::Context;
+use tokio_util::sync::CancellationToken;
+use tracing::info;
+
+use crate::adapters::file_store::FileNodeStore;
+use crate::adapters::lock_registry::LockRegistry;
+use crate::adapters::sinks::{SinkSet, build_sinks};
+use crate::adapters::tcp::{ServerDeps, TcpServer, TcpTransport, TransportControl};
+use crate::ports::{EventSink, NodeStore, Registry};
+
+pub use runs::{RunHandle, RunService, StartError};
+pub use settings::Settings;
+
+/// A built edge, listening but not yet serving.
+pub struct App {
+    settings: Settings,
+    server: TcpServer,
+    parts: AppParts,
+}
+
+/// The running edge's parts, for the console, the HTTP API and tests. Cheap to clone.
+#[derive(Clone)]
+pub struct AppParts {
+    /// The pre-registered node definitions.
+    pub store: Arc<dyn NodeStore>,
+    /// The connected nodes.
+    pub registry: Arc<dyn Registry>,
+    /// Accepts and relays runs.
+    pub runs: RunService,
+    /// Drains and stops the node transport.
+    pub transport: TransportControl,
+    /// Cancel it to start the graceful stop.
+    pub stop: CancellationToken,
+}
+
+impl App {
+    /// Loads the node definitions, builds the sinks, and binds the node transport.
+    ///
+    /// # Errors
+    /// Invalid node definitions, a sink that cannot start (such as an unwritable file path),
+    /// or an address that cannot be bound — each naming what is wrong.
+    pub async fn build(settings: Settings) -> anyhow::Result<App> {
+        let store: Arc<dyn NodeStore> = Arc::new(FileNodeStore::load_from_config(&settings.source)?);
+        let registry: Arc<dyn Registry> = Arc::new(LockRegistry::new());
+        let sinks = build_sinks(&settings.events).context("cannot start the event sinks")?;
+        let sink: Arc<dyn EventSink> = Arc::new(SinkSet::new(sinks.into_iter().map(|s| s.sink).collect()));
+        let transport = Arc::new(TcpTransport::new(Arc::clone(&registry)));
+        let runs = RunService::new(Arc::clone(&registry), transport, sink, settings.runs.clone());
+        let deps = ServerDeps {
+            store: Arc::clone(&store),
+            registry: Arc::clone(&registry),
+            handler: Arc::new(runs.clone()),
+        };
+        let server = TcpServer::bind(settings.server.clone(), deps)
+            .await
+            .with_context(|| format!("cannot listen for nodes on {}", settings.server.listen))?;
+        let parts = AppParts {
+            store,
+            registry,
+            runs,
+            transport: server.control(),
+            stop: CancellationToken::new(),
+        };
+        Ok(App { settings, server, parts })
+    }
+
+    /// The address nodes connect to.
+    ///
+    /// # Errors
+    /// The socket error, which does not happen for a bound listener.
+    pub fn node_addr(&self) -> std::io::Result<SocketAddr> {
+        self.server.local_addr()
+    }
+
+    /// The running edge's parts.
+    pub fn parts(&self) -> AppParts {
+        self.parts.clone()
+    }
+
+    /// Serves until [`AppParts::stop`] is cancelled, then stops gracefully: refuses new
+    /// nodes and runs, waits up to `server.shutdown_grace_ms` for open runs, ends the rest
+    /// with `edge_shutdown`, sends `Shutdown` to every node and closes the connections.
+    ///
+    /// # Errors
+    /// None yet; the signature leaves room for listeners that can fail while serving.
+    pub async fn run_until_stopped(self) -> anyhow::Result<()> {
+        let App { settings, server, parts } = self;
+        info!(
+            listen = %server.local_addr()?,
+            nodes = parts.store.records().len(),
+            "edge is serving"
+        );
+        let accept_loop = tokio::spawn(server.run());
+        parts.stop.cancelled().await;
+        info!("stopping: refusing new nodes and runs, draining open runs");
+        let grace = settings.server.shutdown_grace();
+        parts.transport.start_draining();
+        parts.runs.drain(grace).await;
+        parts.transport.shut_down("edge shutting down", grace).await;
+        accept_loop.await.context("the accept loop panicked")?;
+        info!("edge stopped");
+        Ok(())
+    }
+}

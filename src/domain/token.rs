@@ -26,6 +26,11 @@ impl Token {
         self.0.is_empty()
     }
 
+    /// The secret itself, for the one place that must send it (a node's RegisterRequest).
+    pub fn expose_secret(&self) -> &str {
+        &self.0
+    }
+
     /// The SHA-256 digest that records are keyed by.
     pub fn digest(&self) -> TokenDigest {
         TokenDigest(Sha256::digest(self.0.as_bytes()).into())

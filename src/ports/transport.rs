@@ -178,6 +178,7 @@ pub trait NodeEventHandler: Send + Sync {
     /// returns, which is how a node that floods the edge is slowed down.
     async fn run_event(&self, node: &NodeId, connection: ConnectionId, event: ReportedEvent);
 
-    /// A registered node's connection ended (it is already out of the registry).
-    fn node_disconnected(&self, node: &NodeId, connection: ConnectionId, reason: CloseReason);
+    /// A registered node's connection ended (it is already out of the registry). Returns
+    /// once every run the node held has its terminal event.
+    async fn node_disconnected(&self, node: &NodeId, connection: ConnectionId, reason: CloseReason);
 }

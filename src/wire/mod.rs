@@ -1,3 +1,22 @@
-//! The node protocol's wire types, generated from `proto/` by `build.rs`.
-#![allow(missing_docs, clippy::all)]
-include!(concat!(env!("OUT_DIR"), "/iop.v1.rs"));
+//! The node protocol on the wire: the generated protobuf types, the varint-delimited frame
+//! codecs, and the only place where wire types and domain types meet.
+//!
+//! Generated code stays in the private `proto` module; nothing outside `wire` sees a prost
+//! type. The edge's transport reads [`NodeFrame`]s and writes [`EdgeFrame`]s through
+//! [`EdgeCodec`]; a node writes [`NodeFrame`]s and reads [`ReceivedEdgeFrame`]s through
+//! [`NodeCodec`].
+
+mod codec;
+mod config_payload;
+mod convert;
+
+pub use codec::{EdgeCodec, FrameError, NodeCodec};
+pub use convert::{
+    EdgeFrame, NodeFrame, ReceivedAdapter, ReceivedConfig, ReceivedEdgeFrame, RegisterOutcome,
+};
+
+/// The code prost-build generates from `proto/iop/v1/edge.proto`. Never edited by hand.
+#[allow(missing_docs, clippy::all, clippy::pedantic)]
+mod proto {
+    include!(concat!(env!("OUT_DIR"), "/iop.v1.rs"));
+}

@@ -1,0 +1,69 @@
+//! `cargo run --example mock_node -- --edge ADDR --token T`: a mock node for demos.
+//!
+//! It registers, prints the config the edge sent, heartbeats, and answers runs with an
+//! `echo` adapter. See `node.rs` for the behaviours.
+
+mod node;
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Parser;
+use node::{Behaviour, Ended, MockNode, MockOptions};
+
+#[derive(Debug, Parser)]
+#[command(about = "A mock node that answers runs with an echo adapter")]
+struct Args {
+    /// The edge's node transport address.
+    #[arg(long, default_value = "127.0.0.1:7100")]
+    edge: SocketAddr,
+    /// The node's pre-shared token.
+    #[arg(long)]
+    token: String,
+    /// The node id to claim (empty: let the token decide).
+    #[arg(long, default_value = "")]
+    node_id: String,
+    /// Milliseconds between output words.
+    #[arg(long, default_value_t = 100)]
+    delay_ms: u64,
+    /// What to do with runs: echo, fail, hang, drop, ignore_cancel (a run's `mock` param
+    /// overrides it).
+    #[arg(long, default_value = "echo", value_parser = ["echo", "fail", "hang", "drop", "ignore_cancel"])]
+    behaviour: String,
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let args = Args::parse();
+    let options = MockOptions {
+        token: args.token,
+        node_id: args.node_id,
+        delay: Duration::from_millis(args.delay_ms),
+        behaviour: Behaviour::parse(&args.behaviour).unwrap_or(Behaviour::Echo),
+        heartbeat: None,
+    };
+    let node = match MockNode::start(args.edge, options).await {
+        Ok(node) => node,
+        Err(error) => {
+            eprintln!("mock_node: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    println!("registered as {} (alias {})", node.outcome.node_id, node.outcome.alias);
+    if let Some(config) = &node.outcome.config {
+        for adapter in &config.adapters {
+            println!("  adapter {} targets {:?} settings {:?}", adapter.name, adapter.targets, adapter.settings);
+        }
+        println!(
+            "  runtime max_concurrent_runs={} heartbeat_interval_ms={} settings {:?}",
+            config.max_concurrent_runs, config.heartbeat_interval_ms, config.runtime_settings
+        );
+    }
+    match node.ended().await {
+        Ended::Shutdown(reason) => println!("edge shut down: {reason}"),
+        Ended::Closed => println!("edge closed the connection"),
+        Ended::Killed => println!("connection dropped"),
+    }
+    ExitCode::SUCCESS
+}

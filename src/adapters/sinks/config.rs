@@ -1,0 +1,95 @@
+//! Settings of the event sinks (`[events]` in the config file).
+
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+/// Which sink adapters receive relayed run events.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SinkKind {
+    /// The console router: one line per event on standard output.
+    Stdout,
+    /// JSON lines appended to a file.
+    File,
+    /// One `tracing` record per event.
+    Log,
+    /// Discards events (for benchmarks and for running without sinks).
+    Null,
+}
+
+impl SinkKind {
+    /// The sink's name in config, logs and metric labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Stdout => "stdout",
+            Self::File => "file",
+            Self::Log => "log",
+            Self::Null => "null",
+        }
+    }
+}
+
+/// How the stdout sink writes an event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LineFormat {
+    /// `run_id node adapter/target kind payload`.
+    #[default]
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// `[events]`: the sinks in use and their settings.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EventsConfig {
+    /// The sinks every event goes to, in order.
+    pub sinks: Vec<SinkKind>,
+    /// Events each sink may hold waiting to be written; see the overflow policy in
+    /// `docs/configuration.md`.
+    pub queue_capacity: usize,
+    /// `[events.stdout]`.
+    pub stdout: StdoutSinkConfig,
+    /// `[events.file]`.
+    pub file: FileSinkConfig,
+}
+
+impl Default for EventsConfig {
+    fn default() -> Self {
+        Self {
+            sinks: vec![SinkKind::Stdout],
+            queue_capacity: 8_192,
+            stdout: StdoutSinkConfig::default(),
+            file: FileSinkConfig::default(),
+        }
+    }
+}
+
+/// `[events.stdout]`.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StdoutSinkConfig {
+    /// `text` (default) or `json`.
+    pub format: LineFormat,
+}
+
+/// `[events.file]`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FileSinkConfig {
+    /// The file events are appended to, as JSON lines.
+    pub path: PathBuf,
+    /// Buffered lines are flushed at least this often, and whenever the queue runs empty.
+    pub flush_interval_ms: u64,
+}
+
+impl Default for FileSinkConfig {
+    fn default() -> Self {
+        Self {
+            path: PathBuf::from("edge-events.jsonl"),
+            flush_interval_ms: 200,
+        }
+    }
+}

@@ -1,0 +1,60 @@
+//! Settings of the node transport (`[server]` in the config file).
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+/// `[server]`: where nodes connect and the limits each connection lives under.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServerConfig {
+    /// Address the node transport listens on; port 0 picks a free port.
+    pub listen: SocketAddr,
+    /// How long a new connection has to send its RegisterRequest.
+    pub register_timeout_ms: u64,
+    /// The largest frame a registered node may send.
+    pub max_frame_bytes: usize,
+    /// The largest first frame (the RegisterRequest) an unauthenticated peer may send.
+    pub max_register_frame_bytes: usize,
+    /// How long a graceful stop waits for in-flight runs before ending them.
+    pub shutdown_grace_ms: u64,
+    /// Connections held at once; more are accepted and closed at once.
+    pub max_connections: usize,
+    /// Commands queued for one node before it counts as not reading (slow consumer).
+    pub outbound_queue: usize,
+    /// How long one write to a node may take before it counts as not reading.
+    pub write_timeout_ms: u64,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 7100)),
+            register_timeout_ms: 5_000,
+            max_frame_bytes: 4 * 1024 * 1024,
+            max_register_frame_bytes: 16 * 1024,
+            shutdown_grace_ms: 10_000,
+            max_connections: 16_384,
+            outbound_queue: 1_024,
+            write_timeout_ms: 10_000,
+        }
+    }
+}
+
+impl ServerConfig {
+    /// `register_timeout_ms` as a duration.
+    pub fn register_timeout(&self) -> Duration {
+        Duration::from_millis(self.register_timeout_ms)
+    }
+
+    /// `shutdown_grace_ms` as a duration.
+    pub fn shutdown_grace(&self) -> Duration {
+        Duration::from_millis(self.shutdown_grace_ms)
+    }
+
+    /// `write_timeout_ms` as a duration.
+    pub fn write_timeout(&self) -> Duration {
+        Duration::from_millis(self.write_timeout_ms)
+    }
+}

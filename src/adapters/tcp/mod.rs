@@ -1,0 +1,15 @@
+//! The node transport over TCP: varint-delimited protobuf frames, one connection per node.
+//!
+//! [`TcpServer`] accepts connections and runs one task per connection: the registration
+//! handshake, then relaying frames both ways with heartbeat liveness, until the node leaves,
+//! breaks the protocol, falls silent, stops reading, or the edge shuts down. Whatever ends a
+//! connection, the node leaves the registry and the run service hears of it.
+//! [`TcpTransport`] implements the `NodeTransport` port over the registry's links.
+
+pub mod config;
+mod connection;
+mod link;
+mod server;
+
+pub use link::TcpTransport;
+pub use server::{ServerDeps, TcpServer, TransportControl};

@@ -1,0 +1,171 @@
+//! The accept loop and the handle the application uses to drain and stop the transport.
+
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{Instrument, debug, info, info_span, warn};
+
+use super::config::ServerConfig;
+use super::connection::serve_connection;
+use crate::ports::{NodeCommand, NodeEventHandler, NodeStore, Registry};
+
+/// How long the accept loop pauses when the process is out of file descriptors.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+
+/// What the transport works with.
+#[derive(Clone)]
+pub struct ServerDeps {
+    /// The pre-registered node definitions.
+    pub store: Arc<dyn NodeStore>,
+    /// The connected nodes.
+    pub registry: Arc<dyn Registry>,
+    /// Who hears run events and node arrivals and departures.
+    pub handler: Arc<dyn NodeEventHandler>,
+}
+
+/// State shared by the accept loop and every connection task.
+pub(super) struct Shared {
+    pub(super) config: ServerConfig,
+    pub(super) deps: ServerDeps,
+    pub(super) draining: AtomicBool,
+    /// Cancelled to close every connection at once (the end of a graceful stop).
+    pub(super) close_all: CancellationToken,
+    next_connection: AtomicU64,
+}
+
+/// Drains and stops the transport; cheap to clone.
+#[derive(Clone)]
+pub struct TransportControl {
+    shared: Arc<Shared>,
+    stop_accepting: CancellationToken,
+    connections: TaskTracker,
+}
+
+impl TransportControl {
+    /// Refuses new registrations (`SHUTTING_DOWN`) and stops accepting connections.
+    pub fn start_draining(&self) {
+        self.shared.draining.store(true, Ordering::Release);
+        self.stop_accepting.cancel();
+    }
+
+    /// Whether the transport is draining.
+    pub fn is_draining(&self) -> bool {
+        self.shared.draining.load(Ordering::Acquire)
+    }
+
+    /// Sends `Shutdown` to every registered node, then waits up to `grace` for the
+    /// connections to close before closing whatever is left.
+    pub async fn shut_down(&self, reason: &str, grace: Duration) {
+        self.start_draining();
+        for node in self.shared.deps.registry.snapshot() {
+            if let Some(link) = self.shared.deps.registry.link(&node.record.id) {
+                // A node whose queue is full is closed as a slow consumer instead.
+                let _ = link.send(NodeCommand::Shutdown { reason: reason.to_owned() });
+            }
+        }
+        self.connections.close();
+        if tokio::time::timeout(grace, self.connections.wait()).await.is_err() {
+            warn!(open = self.connections.len(), "closing connections still open after the grace period");
+            self.shared.close_all.cancel();
+            self.connections.wait().await;
+        }
+    }
+}
+
+/// The node transport's listening socket and accept loop.
+pub struct TcpServer {
+    listener: TcpListener,
+    control: TransportControl,
+}
+
+impl TcpServer {
+    /// Binds `config.listen`.
+    ///
+    /// # Errors
+    /// The socket error when the address cannot be bound.
+    pub async fn bind(config: ServerConfig, deps: ServerDeps) -> io::Result<TcpServer> {
+        let listener = TcpListener::bind(config.listen).await?;
+        let shared = Arc::new(Shared {
+            config,
+            deps,
+            draining: AtomicBool::new(false),
+            close_all: CancellationToken::new(),
+            next_connection: AtomicU64::new(1),
+        });
+        let control = TransportControl {
+            shared,
+            stop_accepting: CancellationToken::new(),
+            connections: TaskTracker::new(),
+        };
+        Ok(TcpServer { listener, control })
+    }
+
+    /// The address actually bound (tells the port when the config asked for port 0).
+    ///
+    /// # Errors
+    /// The socket error, which does not happen for a bound listener.
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    /// The handle that drains and stops this server.
+    pub fn control(&self) -> TransportControl {
+        self.control.clone()
+    }
+
+    /// Accepts connections until draining starts, each served by its own task.
+    pub async fn run(self) {
+        let TcpServer { listener, control } = self;
+        let limit = Arc::new(Semaphore::new(control.shared.config.max_connections.max(1)));
+        loop {
+            let accepted = tokio::select! {
+                () = control.stop_accepting.cancelled() => break,
+                accepted = listener.accept() => accepted,
+            };
+            match accepted {
+                Ok((stream, peer)) => {
+                    let Ok(permit) = Arc::clone(&limit).try_acquire_owned() else {
+                        debug!(%peer, "connection limit reached; closing the new connection");
+                        drop(stream);
+                        continue;
+                    };
+                    let shared = Arc::clone(&control.shared);
+                    let id = shared.next_connection.fetch_add(1, Ordering::Relaxed);
+                    let span = info_span!("connection", %peer, connection = id, node = tracing::field::Empty, alias = tracing::field::Empty);
+                    control.connections.spawn(
+                        async move {
+                            serve(shared, stream, peer, id).await;
+                            drop(permit);
+                        }
+                        .instrument(span),
+                    );
+                }
+                Err(error) if is_out_of_descriptors(&error) => {
+                    warn!(%error, "out of file descriptors; pausing accept");
+                    tokio::time::sleep(ACCEPT_BACKOFF).await;
+                }
+                Err(error) => debug!(%error, "accept failed"),
+            }
+        }
+        info!("node transport stopped accepting");
+    }
+}
+
+async fn serve(shared: Arc<Shared>, stream: TcpStream, peer: SocketAddr, id: u64) {
+    if let Err(error) = stream.set_nodelay(true) {
+        debug!(%error, "could not disable Nagle's algorithm");
+    }
+    serve_connection(&shared, stream, peer, id).await;
+}
+
+fn is_out_of_descriptors(error: &io::Error) -> bool {
+    // EMFILE (per process) and ENFILE (system wide) on Linux.
+    matches!(error.raw_os_error(), Some(23 | 24))
+}

@@ -1,0 +1,210 @@
+//! The `edge` command line: `serve`, `check-config` and `token generate`.
+
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::{Args, Parser, Subcommand};
+
+use super::settings::{LogFormat, Settings};
+use super::{App, console, logging};
+use crate::adapters::file_store::FileNodeStore;
+use crate::adapters::sinks::config::SinkKind;
+use crate::domain::Token;
+use crate::ports::NodeStore;
+
+/// edge: binds model-execution nodes into one local execution group.
+#[derive(Debug, Parser)]
+#[command(name = "edge", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Serve nodes: accept their registrations, route runs to them, relay their events.
+    Serve(ServeArgs),
+    /// Validate a config file and print a summary (tokens are never printed).
+    CheckConfig {
+        /// The config file [default: config/edge.toml].
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
+    /// Node token helpers.
+    Token {
+        #[command(subcommand)]
+        command: TokenCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum TokenCommand {
+    /// Print a new random token (256 bits) and its SHA-256 for `token_sha256`.
+    Generate,
+}
+
+#[derive(Debug, Args)]
+struct ServeArgs {
+    /// The config file [default: config/edge.toml].
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Listen for nodes here instead of `server.listen` (port 0 picks a free port).
+    #[arg(long)]
+    listen: Option<SocketAddr>,
+    /// Read run commands from standard input while serving (`help` lists them).
+    #[arg(long)]
+    console: bool,
+    /// Log level or filter directives instead of `log.level` (RUST_LOG wins over both).
+    #[arg(long)]
+    log_level: Option<String>,
+    /// Log format instead of `log.format`.
+    #[arg(long, value_parser = ["pretty", "json"])]
+    log_format: Option<String>,
+}
+
+/// Runs the command line; the process exits with the returned code.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Serve(args) => serve(args),
+        Command::CheckConfig { config } => check_config(config),
+        Command::Token { command: TokenCommand::Generate } => {
+            print!("{}", generate_token());
+            Ok(())
+        }
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("edge: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let mut settings = Settings::load(args.config.as_deref())?;
+    if let Some(listen) = args.listen {
+        settings.server.listen = listen;
+    }
+    if let Some(level) = args.log_level {
+        settings.log.level = level;
+    }
+    if let Some(format) = args.log_format.as_deref() {
+        settings.log.format = if format == "json" { LogFormat::Json } else { LogFormat::Pretty };
+    }
+    if args.console && !settings.events.sinks.contains(&SinkKind::Stdout) {
+        // Console mode shows events on the console: the stdout sink is its router.
+        settings.events.sinks.push(SinkKind::Stdout);
+    }
+    logging::init(&settings.log.level, settings.log.format)?;
+    let runtime = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
+    runtime.block_on(async move {
+        let app = App::build(settings).await?;
+        let parts = app.parts();
+        tokio::spawn(stop_on_signal(parts.stop.clone()));
+        if args.console {
+            tokio::spawn(console::run(parts, tokio::io::stdin(), tokio::io::stdout()));
+        }
+        app.run_until_stopped().await
+    })
+}
+
+/// Cancels `stop` on SIGINT or SIGTERM.
+async fn stop_on_signal(stop: tokio_util::sync::CancellationToken) {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut terminate) => {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = terminate.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+    stop.cancel();
+}
+
+fn check_config(path: Option<PathBuf>) -> anyhow::Result<()> {
+    let settings = Settings::load(path.as_deref())?;
+    let store = FileNodeStore::load_from_config(&settings.source)?;
+    print!("{}", summary(&settings, &store));
+    Ok(())
+}
+
+/// What `check-config` prints: the effective settings and every node, never a token.
+fn summary(settings: &Settings, store: &FileNodeStore) -> String {
+    let mut out = String::new();
+    let sinks: Vec<&str> = settings.events.sinks.iter().map(|s| s.as_str()).collect();
+    let _ = writeln!(out, "config: {} (valid)", settings.source.path().display());
+    let _ = writeln!(out, "node transport: {}", settings.server.listen);
+    let _ = writeln!(out, "http: {}", settings.http.listen);
+    let _ = writeln!(out, "event sinks: {}", sinks.join(", "));
+    let records = store.records();
+    let _ = writeln!(out, "nodes: {}", records.len());
+    for record in records {
+        let adapters: Vec<String> = record
+            .adapters
+            .iter()
+            .map(|a| {
+                let targets: Vec<&str> = a.targets.iter().map(|t| t.as_str()).collect();
+                format!("{}[{}]", a.name, targets.join(", "))
+            })
+            .collect();
+        let _ = writeln!(
+            out,
+            "  - {} (alias {}): adapters {}; max_concurrent_runs {}; heartbeat {} ms; token <redacted>",
+            record.id,
+            record.alias,
+            adapters.join(" "),
+            record.runtime.max_concurrent_runs,
+            record.runtime.heartbeat_interval_ms,
+        );
+    }
+    out
+}
+
+/// A new 256-bit token, as config lines for both ways of writing it.
+fn generate_token() -> String {
+    let bytes: [u8; 32] = rand::random();
+    let token: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    let digest = Token::new(token.clone()).digest().to_hex();
+    format!(
+        "# give the node the token; give the edge either line below\ntoken = \"{token}\"\ntoken_sha256 = \"{digest}\"\n"
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::TokenDigest;
+
+    #[test]
+    fn generated_tokens_are_fresh_and_hash_to_their_digest() {
+        let first = generate_token();
+        assert_ne!(first, generate_token());
+        let value = |key: &str| {
+            first
+                .lines()
+                .find_map(|l| l.strip_prefix(&format!("{key} = \"")))
+                .and_then(|v| v.strip_suffix('"'))
+                .unwrap()
+                .to_owned()
+        };
+        let token = value("token");
+        assert_eq!(token.len(), 64);
+        assert!(TokenDigest::from_hex(&value("token_sha256")).unwrap().matches(&Token::new(token).digest()));
+    }
+}

@@ -1,0 +1,446 @@
+//! [`RunService`]: the run lifecycle from acceptance to its one terminal event.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::sync::{Notify, mpsc};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{Instrument, debug, info_span, warn};
+
+use super::table::{Delivery, Placement, Run, Table, lock};
+use crate::app::settings::RunsConfig;
+use crate::domain::{
+    EdgeFailure, EventOrigin, EventVerdict, NodeId, RunEvent, RunEventKind, RunId, RunSpec,
+    RunState, SelectError, select_node,
+};
+use crate::ports::{
+    CloseReason, ConnectionId, EventSink, NodeCommand, NodeEventHandler, NodeTransport, Registry,
+    ReportedEvent, RunAssignment,
+};
+
+/// Events buffered for a caller who reads slower than the node writes. When it is full the
+/// node's connection waits (it stops reading frames), which slows the node down.
+const CALLER_BUFFER: usize = 256;
+
+/// Why a run was not accepted. Accepted runs never fail this way: they end with a terminal
+/// event instead.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StartError {
+    /// No connected node can ever take it now (nobody serves it, or the pin is wrong).
+    #[error(transparent)]
+    NoNode(SelectError),
+    /// Every serving node is busy and the queue is full.
+    #[error("{cause}; the run queue is full ({capacity} runs waiting)")]
+    QueueFull {
+        /// Why it would have waited.
+        cause: SelectError,
+        /// The queue's capacity.
+        capacity: usize,
+    },
+    /// The edge is shutting down.
+    #[error("the edge is shutting down")]
+    ShuttingDown,
+}
+
+/// An accepted run: its id and the stream of its events, which ends after the terminal one.
+#[derive(Debug)]
+pub struct RunHandle {
+    /// The run's id.
+    pub run_id: RunId,
+    /// Every event of the run, in order; the last is terminal. Dropping it does not cancel
+    /// the run (call [`RunService::cancel`]); the events still reach the sinks.
+    pub events: mpsc::Receiver<Arc<RunEvent>>,
+}
+
+/// Counters of the run service, read by the metrics exporter and tests.
+#[derive(Debug, Default)]
+pub struct RunStats {
+    /// Events for runs the edge does not know (never existed, already ended, or held by
+    /// another node).
+    pub dropped_unknown_run: AtomicU64,
+    /// Events for a run after its terminal event.
+    pub dropped_after_terminal: AtomicU64,
+}
+
+/// Accepts runs and relays their events. Cheap to clone.
+#[derive(Clone)]
+pub struct RunService {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    registry: Arc<dyn Registry>,
+    transport: Arc<dyn NodeTransport>,
+    sink: Arc<dyn EventSink>,
+    config: RunsConfig,
+    table: Mutex<Table>,
+    turn: AtomicU64,
+    next_id: AtomicU64,
+    id_prefix: u32,
+    draining: AtomicBool,
+    /// Signalled whenever a run ends, for the drain wait.
+    run_ended: Notify,
+    timers: TaskTracker,
+    stats: RunStats,
+}
+
+impl RunService {
+    /// A run service placing runs on the nodes in `registry`, sending through `transport`
+    /// and relaying to `sink`.
+    pub fn new(
+        registry: Arc<dyn Registry>,
+        transport: Arc<dyn NodeTransport>,
+        sink: Arc<dyn EventSink>,
+        config: RunsConfig,
+    ) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                registry,
+                transport,
+                sink,
+                config,
+                table: Mutex::new(Table::default()),
+                turn: AtomicU64::new(0),
+                next_id: AtomicU64::new(1),
+                id_prefix: rand::random(),
+                draining: AtomicBool::new(false),
+                run_ended: Notify::new(),
+                timers: TaskTracker::new(),
+                stats: RunStats::default(),
+            }),
+        }
+    }
+
+    /// The service's counters.
+    pub fn stats(&self) -> &RunStats {
+        &self.inner.stats
+    }
+
+    /// How many runs are open (dispatched or queued).
+    pub fn open_runs(&self) -> usize {
+        lock(&self.inner.table).runs.len()
+    }
+
+    /// How many runs wait in the queue.
+    pub fn queued_runs(&self) -> usize {
+        lock(&self.inner.table).queue.len()
+    }
+
+    /// Accepts a run: sends it to a node now, or queues it when every serving node is busy.
+    ///
+    /// `spec.deadline` falls back to `runs.default_deadline_ms`.
+    ///
+    /// # Errors
+    /// [`StartError`] when the run is not accepted; an accepted run reports every outcome,
+    /// including waiting too long in the queue, as its terminal event.
+    pub fn start(&self, mut spec: RunSpec) -> Result<RunHandle, StartError> {
+        let inner = &self.inner;
+        if inner.draining.load(Ordering::Acquire) {
+            return Err(StartError::ShuttingDown);
+        }
+        if spec.deadline.is_none() && inner.config.default_deadline_ms > 0 {
+            spec.deadline = Some(Duration::from_millis(inner.config.default_deadline_ms));
+        }
+        let (caller, events) = mpsc::channel(CALLER_BUFFER);
+        let run = Arc::new(Run {
+            id: self.next_run_id(),
+            spec,
+            placement: Mutex::new(Placement::Queued),
+            delivery: tokio::sync::Mutex::new(Delivery { state: RunState::default(), caller: Some(caller) }),
+            ended: CancellationToken::new(),
+        });
+        let placed = {
+            let mut table = lock(&inner.table);
+            let placed = match self.place(&run) {
+                Ok(placed) => placed,
+                Err(cause) if cause.is_busy() => {
+                    if table.queue.len() >= inner.config.queue_capacity {
+                        return Err(StartError::QueueFull { cause, capacity: inner.config.queue_capacity });
+                    }
+                    debug!(run_id = %run.id, waiting = table.queued_like(&run.spec), "all serving nodes busy; queued");
+                    table.queue.push_back(Arc::clone(&run));
+                    None
+                }
+                Err(cause) => return Err(StartError::NoNode(cause)),
+            };
+            table.runs.insert(run.id.clone(), Arc::clone(&run));
+            placed
+        };
+        if let Some(node) = placed {
+            self.send_run(&run, &node);
+        }
+        self.watch(&run);
+        Ok(RunHandle { run_id: run.id.clone(), events })
+    }
+
+    /// Cancels a run. A queued run ends at once with `cancelled`; a dispatched run is sent
+    /// `CancelRun` and ends with the node's own terminal event, or the edge's `cancelled`
+    /// after `runs.cancel_grace_ms`. Returns whether the run was open.
+    pub async fn cancel(&self, run_id: &RunId, reason: &str) -> bool {
+        let Some(run) = lock(&self.inner.table).runs.get(run_id).cloned() else {
+            return false;
+        };
+        let cancelled = RunEventKind::Cancelled { reason: reason.to_owned() };
+        if lock(&self.inner.table).unqueue(run_id) {
+            self.deliver_edge(&run, cancelled).await;
+            return true;
+        }
+        self.send_cancel(&run, reason);
+        let service = self.clone();
+        let grace = Duration::from_millis(self.inner.config.cancel_grace_ms);
+        self.inner.timers.spawn(async move {
+            tokio::select! {
+                () = run.ended.cancelled() => {}
+                () = tokio::time::sleep(grace) => service.deliver_edge(&run, cancelled).await,
+            }
+        });
+        true
+    }
+
+    /// Stops accepting runs, waits up to `grace` for open runs to end, then ends the rest
+    /// with `failed`/`edge_shutdown` and flushes the sink.
+    pub async fn drain(&self, grace: Duration) {
+        let inner = &self.inner;
+        inner.draining.store(true, Ordering::Release);
+        let deadline = Instant::now() + grace;
+        loop {
+            let ended = inner.run_ended.notified();
+            if self.open_runs() == 0 {
+                break;
+            }
+            if tokio::time::timeout_at(deadline, ended).await.is_err() {
+                break;
+            }
+        }
+        let remaining: Vec<Arc<Run>> = {
+            let mut table = lock(&inner.table);
+            table.queue.clear();
+            table.runs.values().cloned().collect()
+        };
+        if !remaining.is_empty() {
+            warn!(runs = remaining.len(), "ending runs still open after the drain grace period");
+        }
+        for run in remaining {
+            self.send_cancel(&run, "edge shutting down");
+            self.deliver_edge(&run, EdgeFailure::EdgeShutdown.into_event_kind()).await;
+        }
+        inner.timers.close();
+        inner.timers.wait().await;
+        inner.sink.flush().await;
+    }
+
+    fn next_run_id(&self) -> RunId {
+        let n = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
+        RunId::new(format!("run-{:08x}-{n:06}", self.inner.id_prefix))
+    }
+
+    /// Picks a node for `run` and reserves a slot on it. Call with the table locked.
+    fn place(&self, run: &Run) -> Result<Option<NodeId>, SelectError> {
+        let inner = &self.inner;
+        let loads = inner.registry.loads();
+        let turn = inner.turn.fetch_add(1, Ordering::Relaxed);
+        let chosen = select_node(&loads, &run.spec.selector, turn)?.record.id.clone();
+        let Some(connection) = inner.registry.get(chosen.as_str()).map(|n| n.connection) else {
+            // The node left between the two reads; nobody else can take the slot.
+            return Ok(None);
+        };
+        inner.registry.adjust_active_runs(&chosen, connection, 1);
+        run.set_placement(Placement::Dispatched { node: chosen.clone(), connection });
+        Ok(Some(chosen))
+    }
+
+    /// Sends a placed run to its node; if the node is gone, ends the run.
+    fn send_run(&self, run: &Arc<Run>, node: &NodeId) {
+        let RunSpec { selector, input, content_type, params, deadline } = &run.spec;
+        let assignment = RunAssignment {
+            run_id: run.id.clone(),
+            adapter: selector.adapter.clone(),
+            target: selector.target.clone(),
+            input: input.clone(),
+            content_type: content_type.clone(),
+            params: params.clone(),
+            deadline_ms: deadline.map_or(0, |d| u32::try_from(d.as_millis()).unwrap_or(u32::MAX)),
+        };
+        if let Err(error) = self.inner.transport.send(node, NodeCommand::Run(assignment)) {
+            debug!(run_id = %run.id, %error, "could not send the run; the node is leaving");
+            let service = self.clone();
+            let run = Arc::clone(run);
+            self.inner.timers.spawn(async move {
+                service.deliver_edge(&run, EdgeFailure::NodeDisconnected.into_event_kind()).await;
+            });
+        }
+    }
+
+    fn send_cancel(&self, run: &Run, reason: &str) {
+        if let Placement::Dispatched { node, .. } = run.placement() {
+            let command = NodeCommand::Cancel { run_id: run.id.clone(), reason: reason.to_owned() };
+            // A node that cannot be reached ends its runs through its disconnect.
+            let _ = self.inner.transport.send(&node, command);
+        }
+    }
+
+    /// Starts the timers that end a run the node does not: the queue wait and the deadline.
+    fn watch(&self, run: &Arc<Run>) {
+        let queued = run.placement() == Placement::Queued;
+        let deadline = run.spec.deadline;
+        if !queued && deadline.is_none() {
+            return;
+        }
+        let service = self.clone();
+        let run = Arc::clone(run);
+        let queue_wait = Duration::from_millis(self.inner.config.queue_timeout_ms);
+        let span = info_span!("run", run_id = %run.id);
+        self.inner.timers.spawn(
+            async move {
+                let far = Duration::from_secs(86_400 * 365);
+                let started = Instant::now();
+                let expires = started + deadline.unwrap_or(far);
+                let mut queue_expires = queued.then(|| started + queue_wait);
+                loop {
+                    tokio::select! {
+                        () = run.ended.cancelled() => return,
+                        () = tokio::time::sleep_until(queue_expires.unwrap_or(started + far)), if queue_expires.is_some() => {
+                            queue_expires = None;
+                            if lock(&service.inner.table).unqueue(&run.id) {
+                                service.deliver_edge(&run, EdgeFailure::QueueTimeout.into_event_kind()).await;
+                                return;
+                            }
+                        }
+                        () = tokio::time::sleep_until(expires), if deadline.is_some() => {
+                            lock(&service.inner.table).unqueue(&run.id);
+                            service.send_cancel(&run, "deadline exceeded");
+                            service.deliver_edge(&run, EdgeFailure::DeadlineExceeded.into_event_kind()).await;
+                            return;
+                        }
+                    }
+                }
+            }
+            .instrument(span),
+        );
+    }
+
+    async fn deliver_edge(&self, run: &Arc<Run>, kind: RunEventKind) {
+        self.deliver(run, None, EventOrigin::Edge, kind).await;
+    }
+
+    /// Relays one event of `run` to the sink and the caller, in order; retires the run
+    /// after its terminal event and drops anything after it.
+    async fn deliver(&self, run: &Arc<Run>, seq: Option<u64>, origin: EventOrigin, kind: RunEventKind) {
+        let mut delivery = run.delivery.lock().await;
+        let seq = seq.unwrap_or_else(|| delivery.state.next_edge_seq());
+        let terminal = match delivery.state.offer(seq, &kind) {
+            EventVerdict::DropAfterTerminal => {
+                self.inner.stats.dropped_after_terminal.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+            EventVerdict::Relay => false,
+            EventVerdict::RelayTerminal => true,
+        };
+        let node = match run.placement() {
+            Placement::Dispatched { node, .. } => Some(node),
+            Placement::Queued => None,
+        };
+        let event = Arc::new(RunEvent {
+            run_id: run.id.clone(),
+            node,
+            adapter: run.spec.selector.adapter.clone(),
+            target: run.spec.selector.target.clone(),
+            seq,
+            origin,
+            kind,
+        });
+        self.inner.sink.publish(Arc::clone(&event));
+        if let Some(caller) = &delivery.caller {
+            if caller.send(event).await.is_err() {
+                delivery.caller = None;
+            }
+        }
+        if terminal {
+            delivery.caller = None;
+            drop(delivery);
+            self.retire(run);
+        }
+    }
+
+    /// Removes an ended run, frees its node's slot and hands the slot to a queued run.
+    fn retire(&self, run: &Run) {
+        run.ended.cancel();
+        let placed = {
+            let mut table = lock(&self.inner.table);
+            table.runs.remove(&run.id);
+            if let Placement::Dispatched { node, connection } = run.placement() {
+                self.inner.registry.adjust_active_runs(&node, connection, -1);
+            }
+            self.pump(&mut table)
+        };
+        for (queued, node) in placed {
+            self.send_run(&queued, &node);
+        }
+        self.inner.run_ended.notify_waiters();
+    }
+
+    /// Places every queued run that now fits, in queue order. Call with the table locked;
+    /// send the returned runs after unlocking.
+    fn pump(&self, table: &mut Table) -> Vec<(Arc<Run>, NodeId)> {
+        let mut placed = Vec::new();
+        let mut waiting = std::collections::VecDeque::with_capacity(table.queue.len());
+        while let Some(run) = table.queue.pop_front() {
+            match self.place(&run) {
+                Ok(Some(node)) => placed.push((run, node)),
+                Ok(None) | Err(_) => waiting.push_back(run),
+            }
+        }
+        table.queue = waiting;
+        placed
+    }
+
+    fn run_held_by(&self, run_id: &str, node: &NodeId, connection: ConnectionId) -> Option<Arc<Run>> {
+        let run = lock(&self.inner.table).runs.get(&RunId::new(run_id)).cloned()?;
+        match run.placement() {
+            Placement::Dispatched { node: n, connection: c } if &n == node && c == connection => Some(run),
+            _ => None,
+        }
+    }
+}
+
+#[async_trait]
+impl NodeEventHandler for RunService {
+    fn node_connected(&self, _node: &NodeId) {
+        let placed = self.pump(&mut lock(&self.inner.table));
+        for (run, node) in placed {
+            self.send_run(&run, &node);
+        }
+    }
+
+    async fn run_event(&self, node: &NodeId, connection: ConnectionId, event: ReportedEvent) {
+        let ReportedEvent { run_id, seq, kind } = event;
+        match self.run_held_by(&run_id, node, connection) {
+            Some(run) => self.deliver(&run, Some(seq), EventOrigin::Node, kind).await,
+            None => {
+                self.inner.stats.dropped_unknown_run.fetch_add(1, Ordering::Relaxed);
+                debug!(run_id, %node, "dropped an event for a run this node does not hold");
+            }
+        }
+    }
+
+    async fn node_disconnected(&self, node: &NodeId, connection: ConnectionId, reason: CloseReason) {
+        let held: Vec<Arc<Run>> = lock(&self.inner.table)
+            .runs
+            .values()
+            .filter(|run| {
+                matches!(run.placement(), Placement::Dispatched { node: n, connection: c } if &n == node && c == connection)
+            })
+            .cloned()
+            .collect();
+        if !held.is_empty() {
+            debug!(%node, %reason, runs = held.len(), "ending the runs of a disconnected node");
+        }
+        for run in held {
+            self.deliver_edge(&run, EdgeFailure::NodeDisconnected.into_event_kind()).await;
+        }
+    }
+}

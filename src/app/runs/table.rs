@@ -1,0 +1,83 @@
+//! The open runs and the queue of runs waiting for capacity.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::domain::{NodeId, RunEvent, RunId, RunSpec, RunState};
+use crate::ports::ConnectionId;
+
+/// Where a run is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Placement {
+    /// Waiting in the queue for a node with a free slot.
+    Queued,
+    /// Sent to this node's connection.
+    Dispatched {
+        /// The node.
+        node: NodeId,
+        /// Its connection at dispatch time.
+        connection: ConnectionId,
+    },
+}
+
+/// What is delivered for a run, guarded by one async lock so its events keep their order
+/// and exactly one of them is terminal.
+pub(super) struct Delivery {
+    pub(super) state: RunState,
+    /// The caller's stream; `None` once the run ended or the caller stopped listening.
+    pub(super) caller: Option<mpsc::Sender<Arc<RunEvent>>>,
+}
+
+/// One open run.
+pub(super) struct Run {
+    pub(super) id: RunId,
+    pub(super) spec: RunSpec,
+    pub(super) placement: Mutex<Placement>,
+    pub(super) delivery: tokio::sync::Mutex<Delivery>,
+    /// Cancelled when the run has had its terminal event; stops its timers.
+    pub(super) ended: CancellationToken,
+}
+
+impl Run {
+    pub(super) fn placement(&self) -> Placement {
+        lock(&self.placement).clone()
+    }
+
+    pub(super) fn set_placement(&self, placement: Placement) {
+        *lock(&self.placement) = placement;
+    }
+}
+
+/// Locks a std mutex, recovering from poisoning: every critical section here leaves the
+/// data consistent at each step, so a panic elsewhere cannot leave it half-updated.
+pub(super) fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// The open runs and the waiting queue. Guarded by one mutex that is never held across an
+/// `.await`, so selection and capacity reservation are atomic.
+#[derive(Default)]
+pub(super) struct Table {
+    pub(super) runs: HashMap<RunId, Arc<Run>>,
+    pub(super) queue: VecDeque<Arc<Run>>,
+}
+
+impl Table {
+    /// Takes `run` out of the queue; returns whether it was there.
+    pub(super) fn unqueue(&mut self, run: &RunId) -> bool {
+        let before = self.queue.len();
+        self.queue.retain(|queued| &queued.id != run);
+        self.queue.len() != before
+    }
+
+    /// How many queued runs want the same adapter and target as `spec`.
+    pub(super) fn queued_like(&self, spec: &RunSpec) -> usize {
+        self.queue
+            .iter()
+            .filter(|r| r.spec.selector.adapter == spec.selector.adapter && r.spec.selector.target == spec.selector.target)
+            .count()
+    }
+}

@@ -1,0 +1,563 @@
+//! The edge's settings: one TOML file, overridden key by key from `EDGE__SECTION__KEY`
+//! environment variables.
+//!
+//! [`Settings::load`] builds a single `config::Config` from both, checks every section
+//! (unknown keys are errors, every section is optional) and keeps the built config in
+//! [`Settings::source`] so the node store reads `[[nodes]]` from the very same source. It
+//! neither logs (logging is configured from these settings, afterwards) nor touches the
+//! network. No error message it produces contains a node's token. The reference for every
+//! key is `docs/configuration.md`.
+
+use std::io;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use config::{ConfigError, Environment, File, FileFormat};
+use serde::Deserialize;
+use serde::de::IgnoredAny;
+use tracing_subscriber::EnvFilter;
+
+use crate::adapters::file_store::ConfigSource;
+use crate::adapters::sinks::config::EventsConfig;
+use crate::adapters::tcp::config::ServerConfig;
+
+/// The config file read when no path is given, relative to the working directory.
+pub const DEFAULT_CONFIG_PATH: &str = "config/edge.toml";
+
+/// Environment variables starting with `EDGE__` override config keys.
+const ENV_PREFIX: &str = "EDGE";
+/// Separates the prefix, the section and the key: `EDGE__SERVER__LISTEN`.
+const ENV_SEPARATOR: &str = "__";
+/// Separates the items of a list-valued override: `EDGE__EVENTS__SINKS=stdout,file`.
+const ENV_LIST_SEPARATOR: &str = ",";
+/// The keys whose environment override is a list.
+const ENV_LIST_KEYS: &[&str] = &["events.sinks"];
+
+/// Everything the edge is configured with.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// `[server]`: the node transport.
+    pub server: ServerConfig,
+    /// `[events]`: the event sinks.
+    pub events: EventsConfig,
+    /// `[runs]`: queueing, cancelling and deadlines of runs.
+    pub runs: RunsConfig,
+    /// `[http]`: the HTTP API.
+    pub http: HttpConfig,
+    /// `[log]`: the edge's own logs.
+    pub log: LogConfig,
+    /// The file the settings came from and the merged config, from which the node store
+    /// reads `[[nodes]]`.
+    pub source: ConfigSource,
+}
+
+/// `[runs]`: how runs wait, are cancelled and are bounded in time.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RunsConfig {
+    /// Runs that may wait for a busy node at once; at least 1.
+    pub queue_capacity: usize,
+    /// The longest a run waits in the queue before it fails.
+    pub queue_timeout_ms: u64,
+    /// How long a cancelled run waits for the node's own `cancelled` event before the edge
+    /// ends it.
+    pub cancel_grace_ms: u64,
+    /// The deadline given to runs that do not set one; 0 for none.
+    pub default_deadline_ms: u64,
+}
+
+impl Default for RunsConfig {
+    fn default() -> Self {
+        Self {
+            queue_capacity: 1_024,
+            queue_timeout_ms: 30_000,
+            cancel_grace_ms: 5_000,
+            default_deadline_ms: 0,
+        }
+    }
+}
+
+impl RunsConfig {
+    /// `queue_timeout_ms` as a duration.
+    pub fn queue_timeout(&self) -> Duration {
+        Duration::from_millis(self.queue_timeout_ms)
+    }
+
+    /// `cancel_grace_ms` as a duration.
+    pub fn cancel_grace(&self) -> Duration {
+        Duration::from_millis(self.cancel_grace_ms)
+    }
+
+    /// `default_deadline_ms` as a duration, or `None` when it is 0 (no deadline).
+    pub fn default_deadline(&self) -> Option<Duration> {
+        (self.default_deadline_ms > 0).then(|| Duration::from_millis(self.default_deadline_ms))
+    }
+}
+
+/// `[http]`: the HTTP API.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HttpConfig {
+    /// Address the HTTP API listens on; port 0 picks a free port.
+    pub listen: SocketAddr,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+        }
+    }
+}
+
+/// `[log]`: the edge's own logs.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LogConfig {
+    /// A `tracing` filter directive, such as `info` or `info,edge::adapters::tcp=debug`.
+    pub level: String,
+    /// How log lines look.
+    pub format: LogFormat,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        Self {
+            level: "info".to_owned(),
+            format: LogFormat::default(),
+        }
+    }
+}
+
+/// How log lines look.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Pretty,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Why the settings could not be loaded. Every message names the config file.
+#[derive(Debug, thiserror::Error)]
+pub enum SettingsError {
+    /// The file was named explicitly and does not exist.
+    #[error("config file {} not found", .path.display())]
+    NotFound {
+        /// The file.
+        path: PathBuf,
+    },
+    /// The file exists but cannot be read.
+    #[error("cannot read config file {}: {reason}", .path.display())]
+    Unreadable {
+        /// The file.
+        path: PathBuf,
+        /// What the operating system said.
+        reason: io::Error,
+    },
+    /// The file is not valid TOML.
+    #[error("config file {} is not valid TOML: {detail}", .path.display())]
+    Syntax {
+        /// The file.
+        path: PathBuf,
+        /// Where and what, without quoting the offending line (it may hold a token).
+        detail: String,
+    },
+    /// A key is unknown, or a value has the wrong type or is out of range.
+    #[error(
+        "invalid settings in config file {} (or its EDGE__* environment overrides): {detail}",
+        .path.display()
+    )]
+    Invalid {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong, naming the key.
+        detail: String,
+    },
+}
+
+/// The sections of the file. `nodes` belongs to the node store and is only allowed here.
+#[derive(Deserialize, Default)]
+#[serde(default, deny_unknown_fields)]
+struct Sections {
+    server: ServerConfig,
+    events: EventsConfig,
+    runs: RunsConfig,
+    http: HttpConfig,
+    log: LogConfig,
+    nodes: IgnoredAny,
+}
+
+impl Settings {
+    /// Reads the config file at `path` (or [`DEFAULT_CONFIG_PATH`] when `None`) and applies
+    /// the `EDGE__SECTION__KEY` environment overrides.
+    ///
+    /// Every section is optional. A missing default file is not an error: defaults and
+    /// overrides apply, and [`ConfigSource::found`] says so.
+    ///
+    /// # Errors
+    /// [`SettingsError::NotFound`] when `path` was given and does not exist,
+    /// [`SettingsError::Unreadable`] when the file cannot be read,
+    /// [`SettingsError::Syntax`] when it is not TOML, and [`SettingsError::Invalid`] for an
+    /// unknown key, a value of the wrong type or out of range, or a bad `log.level`.
+    pub fn load(path: Option<&Path>) -> Result<Self, SettingsError> {
+        Self::load_with_env(path, None)
+    }
+
+    /// [`Settings::load`] with the environment taken from `env` instead of the process's,
+    /// when given, so tests do not race on process-wide variables.
+    fn load_with_env(
+        path: Option<&Path>,
+        env: Option<config::Map<String, String>>,
+    ) -> Result<Self, SettingsError> {
+        let (path, required) = match path {
+            Some(path) => (path.to_owned(), true),
+            None => (PathBuf::from(DEFAULT_CONFIG_PATH), false),
+        };
+        let text = match std::fs::read_to_string(&path) {
+            Ok(text) => Some(text),
+            Err(error) if error.kind() == io::ErrorKind::NotFound => {
+                if required {
+                    return Err(SettingsError::NotFound { path });
+                }
+                None
+            }
+            Err(reason) => return Err(SettingsError::Unreadable { path, reason }),
+        };
+
+        let mut builder = config::Config::builder();
+        if let Some(text) = &text {
+            builder = builder.add_source(File::from_str(text, FileFormat::Toml));
+        }
+        let config = match builder.add_source(environment(env)).build() {
+            Ok(config) => config,
+            Err(ConfigError::FileParse { cause, .. }) => {
+                return Err(SettingsError::Syntax {
+                    detail: without_quoted_source(&cause.to_string()),
+                    path,
+                });
+            }
+            Err(error) => {
+                return Err(SettingsError::Invalid {
+                    detail: error.to_string(),
+                    path,
+                });
+            }
+        };
+
+        let sections = match config.clone().try_deserialize::<Sections>() {
+            Ok(sections) => sections,
+            Err(error) => {
+                return Err(SettingsError::Invalid {
+                    detail: error.to_string(),
+                    path,
+                });
+            }
+        };
+        let problems = sections.problems();
+        if !problems.is_empty() {
+            return Err(SettingsError::Invalid {
+                detail: problems.join("; "),
+                path,
+            });
+        }
+
+        let Sections {
+            server,
+            events,
+            runs,
+            http,
+            log,
+            nodes: _,
+        } = sections;
+        Ok(Self {
+            server,
+            events,
+            runs,
+            http,
+            log,
+            source: ConfigSource::new(path, text.is_some(), config),
+        })
+    }
+}
+
+impl Sections {
+    /// Values that deserialize but cannot work: zero capacities (a zero-sized queue or
+    /// connection limit would stall everything) and a `log.level` that is not a filter.
+    fn problems(&self) -> Vec<String> {
+        let at_least_one = [
+            ("server.max_frame_bytes", self.server.max_frame_bytes),
+            (
+                "server.max_register_frame_bytes",
+                self.server.max_register_frame_bytes,
+            ),
+            ("server.max_connections", self.server.max_connections),
+            ("server.outbound_queue", self.server.outbound_queue),
+            ("events.queue_capacity", self.events.queue_capacity),
+            ("runs.queue_capacity", self.runs.queue_capacity),
+        ];
+        let mut problems: Vec<String> = at_least_one
+            .iter()
+            .filter(|(_, value)| *value == 0)
+            .map(|(key, _)| format!("`{key}` must be at least 1"))
+            .collect();
+        if let Err(error) = EnvFilter::try_new(&self.log.level) {
+            problems.push(format!(
+                "`log.level` {:?} is not a valid filter directive: {error}",
+                self.log.level
+            ));
+        }
+        problems
+    }
+}
+
+/// The `EDGE__SECTION__KEY` overrides, read from `source` when given, else from the process.
+fn environment(source: Option<config::Map<String, String>>) -> Environment {
+    let mut environment = Environment::with_prefix(ENV_PREFIX)
+        .prefix_separator(ENV_SEPARATOR)
+        .separator(ENV_SEPARATOR)
+        .ignore_empty(true)
+        .try_parsing(true)
+        .list_separator(ENV_LIST_SEPARATOR)
+        .source(source);
+    for key in ENV_LIST_KEYS {
+        environment = environment.with_list_parse_key(key);
+    }
+    environment
+}
+
+/// A TOML parse error without the lines that quote the file: the line at fault may hold a
+/// token. The position (`line 5, column 9`) and the reason remain.
+fn without_quoted_source(message: &str) -> String {
+    message
+        .lines()
+        .filter(|line| {
+            let rest = line
+                .trim_start()
+                .trim_start_matches(|c: char| c.is_ascii_digit());
+            !rest.trim_start().starts_with('|')
+        })
+        .map(str::trim)
+        .filter(|line| !line.is_empty())
+        .collect::<Vec<_>>()
+        .join(": ")
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+    use std::io::Write;
+
+    use tempfile::NamedTempFile;
+
+    use crate::adapters::file_store::FileNodeStore;
+    use crate::adapters::sinks::config::{LineFormat, SinkKind};
+    use crate::domain::Token;
+    use crate::ports::NodeStore;
+
+    use super::*;
+
+    fn file(toml: &str) -> NamedTempFile {
+        let mut file = NamedTempFile::new().unwrap();
+        file.write_all(toml.as_bytes()).unwrap();
+        file
+    }
+
+    fn load(toml: &str, env: &[(&str, &str)]) -> (NamedTempFile, Result<Settings, SettingsError>) {
+        let file = file(toml);
+        let env: HashMap<String, String> = env
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        let settings = Settings::load_with_env(Some(file.path()), Some(env));
+        (file, settings)
+    }
+
+    fn path_of(file: &NamedTempFile) -> String {
+        file.path().display().to_string()
+    }
+
+    #[test]
+    fn shipped_config_loads_with_two_nodes() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(DEFAULT_CONFIG_PATH);
+        let settings = Settings::load_with_env(Some(&path), Some(HashMap::new())).unwrap();
+        assert!(settings.source.found());
+        assert_eq!(settings.server, ServerConfig::default());
+        assert_eq!(settings.events, EventsConfig::default());
+        assert_eq!(settings.runs, RunsConfig::default());
+        assert_eq!(settings.http, HttpConfig::default());
+        assert_eq!(settings.log, LogConfig::default());
+
+        let store = FileNodeStore::load_from_config(&settings.source).unwrap();
+        let records = store.records();
+        let names: Vec<_> = records
+            .iter()
+            .map(|r| (r.id.as_str(), r.alias.as_str()))
+            .collect();
+        assert_eq!(names, [("node-a", "gpu-a"), ("node-b", "gpu-b")]);
+        let found = store
+            .find_by_token(&Token::new("example-token-node-a-CHANGE-ME"))
+            .unwrap();
+        assert_eq!(found.id.as_str(), "node-a");
+    }
+
+    #[test]
+    fn missing_sections_take_their_defaults() {
+        let (_file, settings) = load("[http]\nlisten = \"127.0.0.1:9000\"\n", &[]);
+        let settings = settings.unwrap();
+        assert_eq!(settings.http.listen, "127.0.0.1:9000".parse().unwrap());
+        assert_eq!(settings.server, ServerConfig::default());
+        assert_eq!(settings.server.listen, "127.0.0.1:7100".parse().unwrap());
+        assert_eq!(settings.events.sinks, [SinkKind::Stdout]);
+        assert_eq!(settings.runs.queue_capacity, 1_024);
+        assert_eq!(settings.runs.queue_timeout(), Duration::from_secs(30));
+        assert_eq!(settings.runs.cancel_grace(), Duration::from_secs(5));
+        assert_eq!(settings.runs.default_deadline(), None);
+        assert_eq!(settings.log.level, "info");
+        assert_eq!(settings.log.format, LogFormat::Pretty);
+    }
+
+    #[test]
+    fn an_empty_file_gives_all_defaults_and_no_nodes() {
+        let (_file, settings) = load("", &[]);
+        let settings = settings.unwrap();
+        assert_eq!(settings.runs, RunsConfig::default());
+        let store = FileNodeStore::load_from_config(&settings.source).unwrap();
+        assert!(store.records().is_empty());
+    }
+
+    #[test]
+    fn partial_sections_keep_defaults_for_the_other_keys() {
+        let toml = "[runs]\ndefault_deadline_ms = 1500\n[log]\nformat = \"json\"\n[events.stdout]\nformat = \"json\"\n";
+        let (_file, settings) = load(toml, &[]);
+        let settings = settings.unwrap();
+        assert_eq!(
+            settings.runs.default_deadline(),
+            Some(Duration::from_millis(1500))
+        );
+        assert_eq!(settings.runs.queue_timeout_ms, 30_000);
+        assert_eq!(settings.log.format, LogFormat::Json);
+        assert_eq!(settings.log.level, "info");
+        assert_eq!(settings.events.stdout.format, LineFormat::Json);
+        assert_eq!(settings.events.queue_capacity, 8_192);
+    }
+
+    #[test]
+    fn environment_overrides_server_listen() {
+        let (_file, settings) = load(
+            "[server]\nlisten = \"127.0.0.1:7100\"\nmax_connections = 10\n",
+            &[
+                ("EDGE__SERVER__LISTEN", "0.0.0.0:7200"),
+                ("EDGE__SERVER__REGISTER_TIMEOUT_MS", "250"),
+                ("EDGE__LOG__LEVEL", "info,edge=debug"),
+                ("OTHER__SERVER__LISTEN", "garbage"),
+            ],
+        );
+        let settings = settings.unwrap();
+        assert_eq!(settings.server.listen, "0.0.0.0:7200".parse().unwrap());
+        assert_eq!(settings.server.register_timeout_ms, 250);
+        assert_eq!(settings.server.max_connections, 10);
+        assert_eq!(settings.log.level, "info,edge=debug");
+    }
+
+    #[test]
+    fn environment_overrides_event_sinks_as_a_list() {
+        let (_file, settings) = load(
+            "[events]\nsinks = [\"stdout\"]\n",
+            &[("EDGE__EVENTS__SINKS", "file,log")],
+        );
+        assert_eq!(
+            settings.unwrap().events.sinks,
+            [SinkKind::File, SinkKind::Log]
+        );
+        let (_file, settings) = load("", &[("EDGE__EVENTS__SINKS", "null")]);
+        assert_eq!(settings.unwrap().events.sinks, [SinkKind::Null]);
+    }
+
+    #[test]
+    fn a_bad_environment_value_is_an_error_naming_the_key() {
+        let (_file, settings) = load("", &[("EDGE__HTTP__LISTEN", "not-an-address")]);
+        let message = settings.unwrap_err().to_string();
+        assert!(message.contains("http.listen"), "{message}");
+    }
+
+    #[test]
+    fn unknown_key_is_an_error_naming_file_and_key() {
+        let (file, settings) = load("[server]\nlisten_addr = \"127.0.0.1:1\"\n", &[]);
+        let error = settings.unwrap_err();
+        assert!(matches!(error, SettingsError::Invalid { .. }), "{error}");
+        let message = error.to_string();
+        assert!(message.contains(&path_of(&file)), "{message}");
+        assert!(message.contains("listen_addr"), "{message}");
+        assert!(message.contains("server"), "{message}");
+    }
+
+    #[test]
+    fn unknown_section_is_an_error() {
+        let (file, settings) = load("[sever]\nlisten = \"127.0.0.1:1\"\n", &[]);
+        let message = settings.unwrap_err().to_string();
+        assert!(message.contains(&path_of(&file)), "{message}");
+        assert!(message.contains("sever"), "{message}");
+    }
+
+    #[test]
+    fn wrong_type_is_an_error_naming_file_and_key() {
+        let (file, settings) = load("[runs]\nqueue_timeout_ms = \"soon\"\n", &[]);
+        let message = settings.unwrap_err().to_string();
+        assert!(message.contains(&path_of(&file)), "{message}");
+        assert!(message.contains("runs.queue_timeout_ms"), "{message}");
+    }
+
+    #[test]
+    fn zero_capacities_and_bad_log_levels_are_rejected() {
+        let (file, settings) = load(
+            "[runs]\nqueue_capacity = 0\n[server]\noutbound_queue = 0\n[log]\nlevel = \"info,=[\"\n",
+            &[],
+        );
+        let message = settings.unwrap_err().to_string();
+        assert!(message.contains(&path_of(&file)), "{message}");
+        assert!(
+            message.contains("`runs.queue_capacity` must be at least 1"),
+            "{message}"
+        );
+        assert!(
+            message.contains("`server.outbound_queue` must be at least 1"),
+            "{message}"
+        );
+        assert!(message.contains("`log.level`"), "{message}");
+    }
+
+    #[test]
+    fn malformed_toml_names_the_file_but_does_not_quote_it() {
+        let toml = "[server]\nlisten = \"127.0.0.1:7100\"\n\n[[nodes]]\nid = \"node-a\"\ntoken = \"tok-SECRET\n";
+        let (file, settings) = load(toml, &[]);
+        let error = settings.unwrap_err();
+        assert!(matches!(error, SettingsError::Syntax { .. }), "{error}");
+        let message = error.to_string();
+        assert!(message.contains(&path_of(&file)), "{message}");
+        assert!(message.contains("line 6"), "{message}");
+        assert!(!message.contains("SECRET"), "{message}");
+    }
+
+    #[test]
+    fn an_explicit_missing_file_is_an_error_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("absent.toml");
+        let error = Settings::load_with_env(Some(&path), Some(HashMap::new())).unwrap_err();
+        assert!(matches!(error, SettingsError::NotFound { .. }), "{error}");
+        assert!(error.to_string().contains(&path.display().to_string()));
+    }
+
+    #[test]
+    fn debug_output_never_shows_tokens() {
+        let (_file, settings) = load(
+            "[[nodes]]\nid = \"a\"\nalias = \"b\"\ntoken = \"tok-SECRET\"\n",
+            &[],
+        );
+        let settings = settings.unwrap();
+        assert!(!format!("{settings:?}").contains("SECRET"));
+    }
+}

@@ -1,0 +1,252 @@
+//! Varint-delimited protobuf framing.
+//!
+//! Every frame is a base-128 varint byte length followed by that many bytes of one protobuf
+//! message. The decoder checks the length against the limit before it reserves any memory,
+//! tells "incomplete" (wait for more bytes) from "invalid" (close the connection), and
+//! rejects varints longer than 10 bytes.
+
+use std::io;
+use std::marker::PhantomData;
+
+use bytes::{Buf, BytesMut};
+use prost::Message;
+use tokio_util::codec::{Decoder, Encoder};
+
+use super::convert::{EdgeFrame, NodeFrame, ReceivedEdgeFrame};
+use super::proto::{EdgeMessage, NodeMessage};
+
+/// The longest valid varint.
+const MAX_VARINT_BYTES: usize = 10;
+
+/// Why a frame could not be read or written.
+#[derive(Debug, thiserror::Error)]
+pub enum FrameError {
+    /// The socket failed.
+    #[error("i/o error: {0}")]
+    Io(#[from] io::Error),
+    /// The length prefix is above the limit; nothing was allocated for it.
+    #[error("frame of {length} bytes exceeds the limit of {max} bytes")]
+    Oversized {
+        /// The announced length.
+        length: u64,
+        /// The limit in force.
+        max: usize,
+    },
+    /// The length prefix is not a valid varint (longer than 10 bytes).
+    #[error("length prefix is not a valid varint")]
+    BadLength,
+    /// The frame's bytes do not decode as the expected message.
+    #[error("frame does not decode: {0}")]
+    Decode(#[from] prost::DecodeError),
+}
+
+/// Reads a varint length prefix from the front of `buf` without consuming it.
+///
+/// Returns `Ok(None)` when more bytes are needed, else the length and the prefix's size.
+fn peek_length(buf: &[u8]) -> Result<Option<(u64, usize)>, FrameError> {
+    let mut value: u64 = 0;
+    for (i, byte) in buf.iter().take(MAX_VARINT_BYTES).enumerate() {
+        let bits = u64::from(byte & 0x7f);
+        if i == MAX_VARINT_BYTES - 1 && *byte > 1 {
+            return Err(FrameError::BadLength);
+        }
+        value |= bits << (7 * i);
+        if byte & 0x80 == 0 {
+            return Ok(Some((value, i + 1)));
+        }
+    }
+    if buf.len() >= MAX_VARINT_BYTES { Err(FrameError::BadLength) } else { Ok(None) }
+}
+
+/// Splits one whole frame's message bytes off the front of `buf`, if it holds one.
+fn next_frame(buf: &mut BytesMut, max: usize) -> Result<Option<BytesMut>, FrameError> {
+    let Some((length, prefix)) = peek_length(buf)? else {
+        return Ok(None);
+    };
+    let length = usize::try_from(length)
+        .ok()
+        .filter(|l| *l <= max)
+        .ok_or(FrameError::Oversized { length, max })?;
+    let total = prefix + length;
+    if buf.len() < total {
+        buf.reserve(total - buf.len());
+        return Ok(None);
+    }
+    buf.advance(prefix);
+    Ok(Some(buf.split_to(length)))
+}
+
+fn encode_frame(message: &impl Message, dst: &mut BytesMut) {
+    dst.reserve(message.encoded_len() + MAX_VARINT_BYTES);
+    // Encoding into a `BytesMut` after reserving cannot run out of room.
+    let _ = message.encode_length_delimited(dst);
+}
+
+/// The framing shared by both ends; `R` is what it reads, `W` what it writes.
+#[derive(Debug)]
+pub struct FrameCodec<R, W> {
+    max_frame: usize,
+    direction: PhantomData<fn(W) -> R>,
+}
+
+impl<R, W> FrameCodec<R, W> {
+    /// A codec that refuses frames longer than `max_frame` bytes.
+    pub fn new(max_frame: usize) -> Self {
+        Self { max_frame, direction: PhantomData }
+    }
+
+    /// Changes the frame limit (the edge lowers it until a node has registered).
+    pub fn set_max_frame(&mut self, max_frame: usize) {
+        self.max_frame = max_frame;
+    }
+}
+
+/// The edge's end: reads what nodes send, writes what the edge sends.
+pub type EdgeCodec = FrameCodec<NodeFrame, EdgeFrame>;
+
+/// A node's end: reads what the edge sends, writes what nodes send.
+pub type NodeCodec = FrameCodec<ReceivedEdgeFrame, NodeFrame>;
+
+impl Decoder for EdgeCodec {
+    type Item = NodeFrame;
+    type Error = FrameError;
+
+    fn decode(&mut self, src: &mut BytesMut) -> Result<Option<NodeFrame>, FrameError> {
+        match next_frame(src, self.max_frame)? {
+            Some(frame) => Ok(Some(NodeFrame::from(NodeMessage::decode(frame.freeze())?))),
+            None => Ok(None),
+        }
+    }
+}
+
+impl Encoder<EdgeFrame> for EdgeCodec {
+    type Error = FrameError;
+
+    fn encode(&mut self, frame: EdgeFrame, dst: &mut BytesMut) -> Result<(), FrameError> {
+        encode_frame(&EdgeMessage::from(frame), dst);
+        Ok(())
+    }
+}
+
+impl Decoder for NodeCodec {
+    type Item = ReceivedEdgeFrame;
+    type Error = FrameError;
+
+    fn decode(&mut self, src: &mut BytesMut) -> Result<Option<ReceivedEdgeFrame>, FrameError> {
+        match next_frame(src, self.max_frame)? {
+            Some(frame) => Ok(Some(ReceivedEdgeFrame::from(EdgeMessage::decode(frame.freeze())?))),
+            None => Ok(None),
+        }
+    }
+}
+
+impl Encoder<NodeFrame> for NodeCodec {
+    type Error = FrameError;
+
+    fn encode(&mut self, frame: NodeFrame, dst: &mut BytesMut) -> Result<(), FrameError> {
+        encode_frame(&NodeMessage::from(frame), dst);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::domain::{RunEventKind, Token};
+    use crate::domain::RegisterAttempt;
+    use crate::ports::ReportedEvent;
+
+    fn heartbeat(active_runs: u32) -> NodeFrame {
+        NodeFrame::Heartbeat { active_runs }
+    }
+
+    fn encoded(frames: &[NodeFrame]) -> BytesMut {
+        let mut codec = NodeCodec::new(1 << 20);
+        let mut buf = BytesMut::new();
+        for frame in frames {
+            codec.encode(frame.clone(), &mut buf).unwrap();
+        }
+        buf
+    }
+
+    #[test]
+    fn an_oversized_prefix_is_refused_before_allocation() {
+        let mut codec = EdgeCodec::new(16);
+        let mut buf = BytesMut::from(&[0xff, 0xff, 0xff, 0xff, 0x0f][..]);
+        let capacity = buf.capacity();
+        assert!(matches!(codec.decode(&mut buf), Err(FrameError::Oversized { max: 16, .. })));
+        assert_eq!(buf.capacity(), capacity);
+    }
+
+    #[test]
+    fn an_eleven_byte_varint_is_refused() {
+        let mut codec = EdgeCodec::new(usize::MAX);
+        let mut buf = BytesMut::from(&[0x80u8; 11][..]);
+        assert!(matches!(codec.decode(&mut buf), Err(FrameError::BadLength)));
+        let mut short = BytesMut::from(&[0x80u8; 9][..]);
+        assert!(matches!(codec.decode(&mut short), Ok(None)));
+    }
+
+    #[test]
+    fn garbage_is_a_decode_error() {
+        let mut codec = EdgeCodec::new(1024);
+        let mut buf = BytesMut::from(&[0x03, 0xff, 0xff, 0xff][..]);
+        assert!(matches!(codec.decode(&mut buf), Err(FrameError::Decode(_))));
+    }
+
+    #[test]
+    fn frames_round_trip() {
+        let frames = vec![
+            NodeFrame::Register(RegisterAttempt {
+                token: Token::new("t"),
+                node_id: "n".into(),
+                node_version: "1".into(),
+                protocol_version: 1,
+                adapters: vec!["echo".into()],
+            }),
+            heartbeat(3),
+            NodeFrame::RunEvent(ReportedEvent {
+                run_id: "r1".into(),
+                seq: 2,
+                kind: RunEventKind::Cancelled { reason: "x".into() },
+            }),
+        ];
+        let mut buf = encoded(&frames);
+        let mut codec = EdgeCodec::new(1024);
+        let mut decoded = Vec::new();
+        while let Some(frame) = codec.decode(&mut buf).unwrap() {
+            decoded.push(frame);
+        }
+        assert_eq!(format!("{decoded:?}"), format!("{frames:?}"));
+    }
+
+    proptest! {
+        /// Frames arrive whole however the byte stream is cut.
+        #[test]
+        fn chunking_never_changes_what_is_decoded(
+            counts in proptest::collection::vec(0u32..100_000, 1..20),
+            cuts in proptest::collection::vec(1usize..7, 1..200),
+        ) {
+            let frames: Vec<NodeFrame> = counts.iter().map(|c| heartbeat(*c)).collect();
+            let bytes = encoded(&frames);
+            let mut codec = EdgeCodec::new(1024);
+            let mut buf = BytesMut::new();
+            let mut decoded = Vec::new();
+            let mut offset = 0;
+            for cut in cuts.iter().cycle() {
+                if offset >= bytes.len() {
+                    break;
+                }
+                let end = (offset + cut).min(bytes.len());
+                buf.extend_from_slice(&bytes[offset..end]);
+                offset = end;
+                while let Some(NodeFrame::Heartbeat { active_runs }) = codec.decode(&mut buf).unwrap() {
+                    decoded.push(active_runs);
+                }
+            }
+            prop_assert_eq!(decoded, counts);
+        }
+    }
+}

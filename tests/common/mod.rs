@@ -1,0 +1,102 @@
+//! The integration-test harness: a real edge on port 0 and real protocol clients.
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use edge::app::{App, AppParts, Settings};
+use edge::client::{NodeClient, Registration, RegisterOutcome};
+use tokio::task::JoinHandle;
+
+/// Two nodes: `node-a`/`gpu-a` (echo: default, 2 slots) and `node-b`/`gpu-b`
+/// (echo: default and fast, 2 slots), heartbeat every second.
+pub const TWO_NODES: &str = r#"
+[[nodes]]
+id = "node-a"
+alias = "gpu-a"
+token = "token-a"
+[nodes.runtime]
+max_concurrent_runs = 2
+heartbeat_interval_ms = 1000
+[[nodes.adapters]]
+name = "echo"
+targets = ["default"]
+[nodes.adapters.settings]
+mode = "words"
+
+[[nodes]]
+id = "node-b"
+alias = "gpu-b"
+token = "token-b"
+[nodes.runtime]
+max_concurrent_runs = 2
+heartbeat_interval_ms = 1000
+[[nodes.adapters]]
+name = "echo"
+targets = ["default", "fast"]
+"#;
+
+/// A running edge.
+pub struct TestApp {
+    /// Where nodes connect.
+    pub node_addr: SocketAddr,
+    /// The edge's parts (registry, run service, stop token).
+    pub parts: AppParts,
+    /// The serving task; ends after a stop.
+    pub serving: JoinHandle<anyhow::Result<()>>,
+    /// Holds the config file (and anything else written) alive.
+    pub dir: tempfile::TempDir,
+}
+
+impl TestApp {
+    /// A path inside the app's temporary directory.
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    /// Connects a client and registers with `token`.
+    pub async fn register(&self, token: &str) -> (NodeClient, RegisterOutcome) {
+        let mut client = NodeClient::connect(self.node_addr).await.expect("connect");
+        let outcome = client.register(Registration::with_token(token)).await.expect("register");
+        (client, outcome)
+    }
+
+    /// Stops the edge gracefully and waits for it.
+    pub async fn stop(self) {
+        self.parts.stop.cancel();
+        self.serving.await.expect("serving task").expect("clean stop");
+    }
+
+    /// Waits until `count` nodes are registered (registration completes asynchronously
+    /// with respect to the client reading its response).
+    pub async fn wait_for_nodes(&self, count: usize) {
+        for _ in 0..2_000 {
+            if self.parts.registry.len() == count {
+                return;
+            }
+            tokio::task::yield_now().await;
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        panic!("expected {count} nodes, have {}", self.parts.registry.len());
+    }
+}
+
+/// Starts an edge on port 0 with `config` (TOML; `server.listen` is replaced by port 0 and
+/// events go to the `null` sink unless the config says otherwise).
+pub async fn spawn_app(config: &str) -> TestApp {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("edge.toml");
+    std::fs::write(&path, config).expect("write config");
+    let mut settings = Settings::load(Some(&path)).expect("settings");
+    settings.server.listen = SocketAddr::from(([127, 0, 0, 1], 0));
+    settings.server.shutdown_grace_ms = 2_000;
+    if !config.contains("[events]") {
+        settings.events.sinks = vec![edge::adapters::sinks::config::SinkKind::Null];
+    }
+    let app = App::build(settings).await.expect("build");
+    let node_addr = app.node_addr().expect("addr");
+    let parts = app.parts();
+    let serving = tokio::spawn(app.run_until_stopped());
+    TestApp { node_addr, parts, serving, dir }
+}
