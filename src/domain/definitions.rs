@@ -206,36 +206,37 @@ pub fn validate_definitions(
             }
         }
 
-        if let (Some(id), Some(alias), Some(adapters), Some(token)) = (id, alias, adapters, token) {
-            if definition.max_concurrent_runs > 0 && definition.heartbeat_interval_ms > 0 {
-                records.push(NodeRecord {
-                    id,
-                    alias,
-                    token,
-                    adapters,
-                    runtime: RuntimeConfig {
-                        max_concurrent_runs: definition.max_concurrent_runs,
-                        heartbeat_interval_ms: definition.heartbeat_interval_ms,
-                        settings: definition.runtime_settings.clone(),
-                    },
-                });
-            }
+        if let (Some(id), Some(alias), Some(adapters), Some(token)) = (id, alias, adapters, token)
+            && definition.max_concurrent_runs > 0
+            && definition.heartbeat_interval_ms > 0
+        {
+            records.push(NodeRecord {
+                id,
+                alias,
+                token,
+                adapters,
+                runtime: RuntimeConfig {
+                    max_concurrent_runs: definition.max_concurrent_runs,
+                    heartbeat_interval_ms: definition.heartbeat_interval_ms,
+                    settings: definition.runtime_settings.clone(),
+                },
+            });
         }
     }
 
     // An alias may equal its own node's id, never another node's.
     for (index, definition) in definitions.iter().enumerate() {
-        if let Some(other) = first_by_id.get(definition.alias.as_str()) {
-            if other.index != index {
-                problems.push(DefinitionProblem::AliasIsAnotherId {
-                    at: EntryRef {
-                        index,
-                        id: definition.id.clone(),
-                    },
-                    alias: definition.alias.clone(),
-                    other: other.clone(),
-                });
-            }
+        if let Some(other) = first_by_id.get(definition.alias.as_str())
+            && other.index != index
+        {
+            problems.push(DefinitionProblem::AliasIsAnotherId {
+                at: EntryRef {
+                    index,
+                    id: definition.id.clone(),
+                },
+                alias: definition.alias.clone(),
+                other: other.clone(),
+            });
         }
     }
 

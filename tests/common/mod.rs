@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use edge::app::{App, AppParts, Settings};
-use edge::client::{NodeClient, Registration, RegisterOutcome};
+use edge::client::{NodeClient, RegisterOutcome, Registration};
 use tokio::task::JoinHandle;
 
 /// Two nodes: `node-a`/`gpu-a` (echo: default, 2 slots) and `node-b`/`gpu-b`
@@ -58,14 +58,20 @@ impl TestApp {
     /// Connects a client and registers with `token`.
     pub async fn register(&self, token: &str) -> (NodeClient, RegisterOutcome) {
         let mut client = NodeClient::connect(self.node_addr).await.expect("connect");
-        let outcome = client.register(Registration::with_token(token)).await.expect("register");
+        let outcome = client
+            .register(Registration::with_token(token))
+            .await
+            .expect("register");
         (client, outcome)
     }
 
     /// Stops the edge gracefully and waits for it.
     pub async fn stop(self) {
         self.parts.stop.cancel();
-        self.serving.await.expect("serving task").expect("clean stop");
+        self.serving
+            .await
+            .expect("serving task")
+            .expect("clean stop");
     }
 
     /// Waits until `count` nodes are registered (registration completes asynchronously
@@ -98,5 +104,10 @@ pub async fn spawn_app(config: &str) -> TestApp {
     let node_addr = app.node_addr().expect("addr");
     let parts = app.parts();
     let serving = tokio::spawn(app.run_until_stopped());
-    TestApp { node_addr, parts, serving, dir }
+    TestApp {
+        node_addr,
+        parts,
+        serving,
+        dir,
+    }
 }

@@ -354,10 +354,10 @@ impl RunService {
             kind,
         });
         self.inner.sink.publish(Arc::clone(&event));
-        if let Some(caller) = &delivery.caller {
-            if caller.send(event).await.is_err() {
-                delivery.caller = None;
-            }
+        if let Some(caller) = &delivery.caller
+            && caller.send(event).await.is_err()
+        {
+            delivery.caller = None;
         }
         if terminal {
             delivery.caller = None;
