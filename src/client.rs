@@ -91,15 +91,26 @@ impl NodeClient {
     pub async fn connect(addr: SocketAddr) -> Result<Self, ClientError> {
         let stream = TcpStream::connect(addr).await?;
         stream.set_nodelay(true)?;
-        Ok(Self { framed: Framed::new(stream, NodeCodec::new(MAX_FRAME_BYTES)) })
+        Ok(Self {
+            framed: Framed::new(stream, NodeCodec::new(MAX_FRAME_BYTES)),
+        })
     }
 
     /// Sends a RegisterRequest and returns the edge's answer.
     ///
     /// # Errors
     /// [`ClientError`] when the exchange fails or the edge answers with anything else.
-    pub async fn register(&mut self, registration: Registration) -> Result<RegisterOutcome, ClientError> {
-        let Registration { token, node_id, node_version, protocol_version, adapters } = registration;
+    pub async fn register(
+        &mut self,
+        registration: Registration,
+    ) -> Result<RegisterOutcome, ClientError> {
+        let Registration {
+            token,
+            node_id,
+            node_version,
+            protocol_version,
+            adapters,
+        } = registration;
         self.send(NodeFrame::Register(RegisterAttempt {
             token,
             node_id,
@@ -134,7 +145,12 @@ impl NodeClient {
     ///
     /// # Errors
     /// [`ClientError::Frame`] when the write fails.
-    pub async fn event(&mut self, run_id: &str, seq: u64, kind: RunEventKind) -> Result<(), ClientError> {
+    pub async fn event(
+        &mut self,
+        run_id: &str,
+        seq: u64,
+        kind: RunEventKind,
+    ) -> Result<(), ClientError> {
         self.send(run_event(run_id, seq, kind)).await
     }
 
@@ -144,7 +160,11 @@ impl NodeClient {
     /// [`ClientError::Closed`] when the edge closed the connection, [`ClientError::Frame`]
     /// when the read fails.
     pub async fn next(&mut self) -> Result<ReceivedEdgeFrame, ClientError> {
-        self.framed.next().await.ok_or(ClientError::Closed)?.map_err(ClientError::from)
+        self.framed
+            .next()
+            .await
+            .ok_or(ClientError::Closed)?
+            .map_err(ClientError::from)
     }
 
     /// Splits the connection so one task can read while another writes.
@@ -160,5 +180,9 @@ impl NodeClient {
 
 /// A `RunEvent` frame.
 pub fn run_event(run_id: &str, seq: u64, kind: RunEventKind) -> NodeFrame {
-    NodeFrame::RunEvent(ReportedEvent { run_id: run_id.to_owned(), seq, kind })
+    NodeFrame::RunEvent(ReportedEvent {
+        run_id: run_id.to_owned(),
+        seq,
+        kind,
+    })
 }

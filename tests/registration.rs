@@ -60,6 +60,17 @@ name = "echo"
 targets = ["default"]
 "#;
 
+/// [`TWO_NODES`] with `server_keys` added to `[server]`, and with timeouts far beyond
+/// [`PATIENCE`]: a connection that is closed within the test's patience was closed for what
+/// the test did, not because it stayed silent until a register or heartbeat timeout.
+fn patient(server_keys: &str) -> String {
+    let nodes = TWO_NODES.replace(
+        "heartbeat_interval_ms = 1000",
+        "heartbeat_interval_ms = 60000",
+    );
+    format!("[server]\nregister_timeout_ms = 60000\n{server_keys}\n{nodes}")
+}
+
 fn node_id(id: &str) -> NodeId {
     NodeId::parse(id).expect("valid node id")
 }
@@ -283,7 +294,7 @@ async fn a_registration_without_node_id_is_given_the_tokens_node() {
 
 #[tokio::test]
 async fn an_unknown_token_is_rejected_and_the_connection_closed() {
-    let app = spawn_app(TWO_NODES).await;
+    let app = spawn_app(&patient("")).await;
     let (mut client, outcome) = attempt(&app, Registration::with_token("no-such-token")).await;
     assert_rejected(&outcome, RegisterRejection::InvalidToken);
     assert_closed(&mut client).await;
@@ -293,7 +304,7 @@ async fn an_unknown_token_is_rejected_and_the_connection_closed() {
 
 #[tokio::test]
 async fn an_empty_token_is_rejected_and_the_connection_closed() {
-    let app = spawn_app(TWO_NODES).await;
+    let app = spawn_app(&patient("")).await;
     let (mut client, outcome) = attempt(&app, Registration::with_token("")).await;
     assert_rejected(&outcome, RegisterRejection::InvalidToken);
     assert_closed(&mut client).await;
@@ -303,7 +314,7 @@ async fn an_empty_token_is_rejected_and_the_connection_closed() {
 
 #[tokio::test]
 async fn a_node_id_that_is_not_the_tokens_node_is_rejected_and_the_connection_closed() {
-    let app = spawn_app(TWO_NODES).await;
+    let app = spawn_app(&patient("")).await;
     let (mut client, outcome) = attempt(&app, registration("token-a", "node-b")).await;
     assert_rejected(&outcome, RegisterRejection::NodeIdMismatch);
     assert_closed(&mut client).await;
@@ -313,7 +324,7 @@ async fn a_node_id_that_is_not_the_tokens_node_is_rejected_and_the_connection_cl
 
 #[tokio::test]
 async fn a_second_connection_of_a_connected_node_is_rejected_and_the_live_one_keeps_working() {
-    let app = spawn_app(TWO_NODES).await;
+    let app = spawn_app(&patient("")).await;
     let (mut live, connection) = registered(&app, "token-a", "node-a").await;
 
     for claimed in ["", "node-a"] {
@@ -329,7 +340,7 @@ async fn a_second_connection_of_a_connected_node_is_rejected_and_the_live_one_ke
 
 #[tokio::test]
 async fn an_unsupported_protocol_version_is_rejected_and_zero_is_read_as_one() {
-    let app = spawn_app(TWO_NODES).await;
+    let app = spawn_app(&patient("")).await;
     for version in [2, 3, u32::MAX] {
         let (mut client, outcome) = attempt(&app, versioned("token-a", version)).await;
         assert_rejected(&outcome, RegisterRejection::UnsupportedProtocol);
@@ -347,7 +358,7 @@ async fn an_unsupported_protocol_version_is_rejected_and_zero_is_read_as_one() {
 
 #[tokio::test]
 async fn a_first_message_that_is_not_a_registration_is_a_protocol_violation() {
-    let app = spawn_app(TWO_NODES).await;
+    let app = spawn_app(&patient("")).await;
     for first in [NodeFrame::Heartbeat { active_runs: 0 }, NodeFrame::Unknown] {
         let mut client = connect(&app).await;
         within(client.send(first)).await.expect("send");
@@ -368,7 +379,7 @@ async fn a_first_message_that_is_not_a_registration_is_a_protocol_violation() {
 /// before draining starts; it registers afterwards.
 #[tokio::test]
 async fn a_registration_while_the_edge_drains_is_told_it_is_shutting_down() {
-    let app = spawn_app(TWO_NODES).await;
+    let app = spawn_app(&patient("")).await;
     let mut early = connect(&app).await;
     // The accept loop takes connections in the order they were made, so once a later
     // connection has registered, `early` has been accepted and is waiting for its register.
@@ -402,7 +413,7 @@ async fn a_registration_while_the_edge_drains_is_told_it_is_shutting_down() {
 
 #[tokio::test]
 async fn a_registration_delivered_one_byte_at_a_time_is_accepted() {
-    let app = spawn_app(TWO_NODES).await;
+    let app = spawn_app(&patient("")).await;
     let bytes = encoded(NodeFrame::Register(
         registration("token-a", "node-a").into_attempt(),
     ))
@@ -427,8 +438,9 @@ async fn a_registration_delivered_one_byte_at_a_time_is_accepted() {
     app.stop().await;
 }
 
-/// Runs `misbehave` against a fresh connection while node-a is registered, then checks that
-/// the misbehaving connection was closed, node-a is still served, and node-b can still join.
+/// Sends `bytes` (nothing when empty) on a fresh connection while node-a is registered, then
+/// checks that the edge closed that connection, node-a is still served, and node-b can still
+/// join.
 async fn closes_without_harm(app: &TestApp, bytes: &[u8]) {
     let (mut live, connection) = registered(app, "token-a", "node-a").await;
 
@@ -447,7 +459,7 @@ async fn closes_without_harm(app: &TestApp, bytes: &[u8]) {
 
 #[tokio::test]
 async fn an_oversized_length_prefix_is_closed_without_harm_to_other_nodes() {
-    let app = spawn_app(TWO_NODES).await;
+    let app = spawn_app(&patient("")).await;
     // About 4 GiB announced, and nothing else sent: the edge must not wait for it.
     closes_without_harm(&app, &[0xff, 0xff, 0xff, 0xff, 0x0f]).await;
     app.stop().await;
@@ -455,7 +467,7 @@ async fn an_oversized_length_prefix_is_closed_without_harm_to_other_nodes() {
 
 #[tokio::test]
 async fn a_length_prefix_just_above_the_register_frame_limit_is_closed() {
-    let app = spawn_app("[server]\nmax_register_frame_bytes = 100\n".to_owned() + TWO_NODES).await;
+    let app = spawn_app(&patient("max_register_frame_bytes = 100")).await;
     // 101 as a varint.
     closes_without_harm(&app, &[101]).await;
     app.stop().await;
@@ -463,7 +475,7 @@ async fn a_length_prefix_just_above_the_register_frame_limit_is_closed() {
 
 #[tokio::test]
 async fn garbage_bytes_are_closed_without_harm_to_other_nodes() {
-    let app = spawn_app(TWO_NODES).await;
+    let app = spawn_app(&patient("")).await;
     // A three-byte frame whose bytes are not a NodeMessage.
     closes_without_harm(&app, &[0x03, 0xff, 0xff, 0xff]).await;
     app.stop().await;
@@ -471,7 +483,7 @@ async fn garbage_bytes_are_closed_without_harm_to_other_nodes() {
 
 #[tokio::test]
 async fn an_overlong_varint_is_closed_without_harm_to_other_nodes() {
-    let app = spawn_app(TWO_NODES).await;
+    let app = spawn_app(&patient("")).await;
     closes_without_harm(&app, &[0x80; 11]).await;
     app.stop().await;
 }
@@ -497,7 +509,7 @@ async fn a_client_that_sends_half_a_frame_is_closed_after_the_register_timeout()
 
 #[tokio::test]
 async fn an_oversized_frame_from_a_registered_node_closes_only_that_node() {
-    let app = spawn_app("[server]\nmax_frame_bytes = 1024\n".to_owned() + TWO_NODES).await;
+    let app = spawn_app(&patient("max_frame_bytes = 1024")).await;
     let (mut live, connection) = registered(&app, "token-a", "node-a").await;
     let (mut bad, _) = registered(&app, "token-b", "node-b").await;
 
@@ -541,13 +553,13 @@ async fn heartbeat_silence_evicts_the_node() {
 async fn heartbeats_keep_a_node_registered() {
     let config = TWO_NODES.replace(
         "heartbeat_interval_ms = 1000",
-        "heartbeat_interval_ms = 100",
+        "heartbeat_interval_ms = 200",
     );
     let app = spawn_app(&config).await;
     let (mut client, connection) = registered(&app, "token-a", "node-a").await;
-    // Well past three intervals, heartbeating at the configured pace.
-    for _ in 0..10 {
-        tokio::time::sleep(Duration::from_millis(50)).await;
+    // Well past three intervals, heartbeating twice as often as configured.
+    for _ in 0..15 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
         within(client.heartbeat(0)).await.expect("heartbeat");
     }
     assert_still_served(&app, &mut client, "node-a", connection).await;
@@ -556,7 +568,7 @@ async fn heartbeats_keep_a_node_registered() {
 
 #[tokio::test]
 async fn a_disconnect_removes_the_node_from_the_registry() {
-    let app = spawn_app(TWO_NODES).await;
+    let app = spawn_app(&patient("")).await;
     let (client, _) = registered(&app, "token-a", "node-a").await;
     let (mut other, other_connection) = registered(&app, "token-b", "node-b").await;
 
@@ -576,7 +588,7 @@ async fn a_disconnect_removes_the_node_from_the_registry() {
 
 #[tokio::test]
 async fn a_second_register_request_on_an_accepted_connection_closes_it() {
-    let app = spawn_app(TWO_NODES).await;
+    let app = spawn_app(&patient("")).await;
     let (mut client, _) = registered(&app, "token-a", "node-a").await;
 
     within(client.send(NodeFrame::Register(
@@ -594,7 +606,7 @@ async fn a_second_register_request_on_an_accepted_connection_closes_it() {
 
 #[tokio::test]
 async fn a_graceful_stop_sends_shutdown_to_every_node_and_ends_cleanly() {
-    let app = spawn_app(TWO_NODES).await;
+    let app = spawn_app(&patient("")).await;
     let (mut a, _) = registered(&app, "token-a", "node-a").await;
     let (mut b, _) = registered(&app, "token-b", "node-b").await;
 
@@ -617,7 +629,7 @@ async fn a_graceful_stop_sends_shutdown_to_every_node_and_ends_cleanly() {
 
 #[tokio::test]
 async fn a_rejection_never_tells_whether_a_node_exists() {
-    let app = spawn_app(TWO_NODES).await;
+    let app = spawn_app(&patient("")).await;
     let (_live, _) = registered(&app, "token-a", "node-a").await;
 
     let (_c, unknown) = attempt(&app, registration("no-such-token", "")).await;

@@ -50,10 +50,16 @@ async fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    println!("registered as {} (alias {})", node.outcome.node_id, node.outcome.alias);
+    println!(
+        "registered as {} (alias {})",
+        node.outcome.node_id, node.outcome.alias
+    );
     if let Some(config) = &node.outcome.config {
         for adapter in &config.adapters {
-            println!("  adapter {} targets {:?} settings {:?}", adapter.name, adapter.targets, adapter.settings);
+            println!(
+                "  adapter {} targets {:?} settings {:?}",
+                adapter.name, adapter.targets, adapter.settings
+            );
         }
         println!(
             "  runtime max_concurrent_runs={} heartbeat_interval_ms={} settings {:?}",

@@ -15,8 +15,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use edge::client::{
-    ClientError, NodeClient, NodeFrame, NodeSender, ReceivedEdgeFrame, Registration, RegisterOutcome,
-    run_event,
+    ClientError, NodeClient, NodeFrame, NodeSender, ReceivedEdgeFrame, RegisterOutcome,
+    Registration, run_event,
 };
 use edge::domain::{RunEventKind, Usage};
 use edge::ports::{NodeCommand, RunAssignment};
@@ -122,13 +122,27 @@ impl MockNode {
             return Err(MockError::Rejected(outcome));
         }
         let heartbeat = options.heartbeat.unwrap_or_else(|| {
-            let configured = outcome.config.as_ref().map_or(1_000, |c| c.heartbeat_interval_ms);
+            let configured = outcome
+                .config
+                .as_ref()
+                .map_or(1_000, |c| c.heartbeat_interval_ms);
             Duration::from_millis(u64::from(configured.max(1)))
         });
         let commands = Arc::new(Mutex::new(Vec::new()));
         let kill = CancellationToken::new();
-        let task = tokio::spawn(serve(client, options, heartbeat, Arc::clone(&commands), kill.clone()));
-        Ok(MockNode { outcome, commands, kill, task })
+        let task = tokio::spawn(serve(
+            client,
+            options,
+            heartbeat,
+            Arc::clone(&commands),
+            kill.clone(),
+        ));
+        Ok(MockNode {
+            outcome,
+            commands,
+            kill,
+            task,
+        })
     }
 
     /// Every command the edge sent so far.
@@ -176,7 +190,13 @@ async fn serve(
                 let cancel = CancellationToken::new();
                 runs.retain(|_, token| !token.is_cancelled());
                 runs.insert(run.run_id.to_string(), cancel.clone());
-                tokio::spawn(answer(run, options.clone(), frames.clone(), cancel, kill.clone()));
+                tokio::spawn(answer(
+                    run,
+                    options.clone(),
+                    frames.clone(),
+                    cancel,
+                    kill.clone(),
+                ));
             }
             NodeCommand::Cancel { run_id, .. } => {
                 if let Some(token) = runs.remove(run_id.as_str()) {
@@ -229,7 +249,9 @@ fn input_text(run: &RunAssignment) -> String {
         .and_then(|m| m.last())
         .and_then(|m| m["content"].as_str())
         .map(str::to_owned);
-    from_messages.or_else(|| body["prompt"].as_str().map(str::to_owned)).unwrap_or_default()
+    from_messages
+        .or_else(|| body["prompt"].as_str().map(str::to_owned))
+        .unwrap_or_default()
 }
 
 async fn answer(
@@ -239,7 +261,11 @@ async fn answer(
     cancel: CancellationToken,
     kill: CancellationToken,
 ) {
-    let behaviour = run.params.get("mock").and_then(|b| Behaviour::parse(b)).unwrap_or(options.behaviour);
+    let behaviour = run
+        .params
+        .get("mock")
+        .and_then(|b| Behaviour::parse(b))
+        .unwrap_or(options.behaviour);
     let id = run.run_id.to_string();
     let text = input_text(&run);
     let words: Vec<&str> = text.split_whitespace().collect();
@@ -248,7 +274,9 @@ async fn answer(
         seq += 1;
         run_event(&id, seq, kind)
     };
-    let cancelled = |reason: &str| RunEventKind::Cancelled { reason: reason.into() };
+    let cancelled = |reason: &str| RunEventKind::Cancelled {
+        reason: reason.into(),
+    };
     if behaviour == Behaviour::Hang {
         cancel.cancelled().await;
         let _ = frames.send(emit(cancelled("cancelled by the edge"))).await;
@@ -269,11 +297,23 @@ async fn answer(
             let _ = frames.send(emit(cancelled("cancelled by the edge"))).await;
             return;
         }
-        let piece = if i + 1 < words.len() { format!("{word} ") } else { (*word).to_owned() };
-        let _ = frames.send(emit(RunEventKind::Output { text: piece, data: Bytes::new() })).await;
+        let piece = if i + 1 < words.len() {
+            format!("{word} ")
+        } else {
+            (*word).to_owned()
+        };
+        let _ = frames
+            .send(emit(RunEventKind::Output {
+                text: piece,
+                data: Bytes::new(),
+            }))
+            .await;
         match behaviour {
             Behaviour::Fail => {
-                let failed = RunEventKind::Failed { code: "mock_failure".into(), message: "the mock node was told to fail".into() };
+                let failed = RunEventKind::Failed {
+                    code: "mock_failure".into(),
+                    message: "the mock node was told to fail".into(),
+                };
                 let _ = frames.send(emit(failed)).await;
                 return;
             }
@@ -289,8 +329,14 @@ async fn answer(
     if behaviour == Behaviour::IgnoreCancel && cancel.is_cancelled() {
         return;
     }
-    let usage = Usage { input_tokens: count(words.len()), output_tokens: count(words.len()) };
-    let completed = RunEventKind::Completed { finish_reason: "stop".into(), usage: Some(usage) };
+    let usage = Usage {
+        input_tokens: count(words.len()),
+        output_tokens: count(words.len()),
+    };
+    let completed = RunEventKind::Completed {
+        finish_reason: "stop".into(),
+        usage: Some(usage),
+    };
     let _ = frames.send(emit(completed)).await;
 }
 

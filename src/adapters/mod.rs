@@ -1,6 +1,7 @@
 //! Implementations of the ports, one folder per technology.
 
 pub mod file_store;
+pub mod http;
+pub mod lock_registry;
 pub mod sinks;
 pub mod tcp;
-pub mod lock_registry;

@@ -54,6 +54,10 @@ struct ServeArgs {
     /// Listen for nodes here instead of `server.listen` (port 0 picks a free port).
     #[arg(long)]
     listen: Option<SocketAddr>,
+    /// Serve HTTP (metrics, health, the API) here instead of `http.listen` (port 0 picks
+    /// a free port).
+    #[arg(long)]
+    http_listen: Option<SocketAddr>,
     /// Read run commands from standard input while serving (`help` lists them).
     #[arg(long)]
     console: bool,
@@ -71,7 +75,9 @@ pub fn main() -> ExitCode {
     let result = match cli.command {
         Command::Serve(args) => serve(args),
         Command::CheckConfig { config } => check_config(config),
-        Command::Token { command: TokenCommand::Generate } => {
+        Command::Token {
+            command: TokenCommand::Generate,
+        } => {
             print!("{}", generate_token());
             Ok(())
         }
@@ -90,11 +96,18 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     if let Some(listen) = args.listen {
         settings.server.listen = listen;
     }
+    if let Some(listen) = args.http_listen {
+        settings.http.listen = listen;
+    }
     if let Some(level) = args.log_level {
         settings.log.level = level;
     }
     if let Some(format) = args.log_format.as_deref() {
-        settings.log.format = if format == "json" { LogFormat::Json } else { LogFormat::Pretty };
+        settings.log.format = if format == "json" {
+            LogFormat::Json
+        } else {
+            LogFormat::Pretty
+        };
     }
     if args.console && !settings.events.sinks.contains(&SinkKind::Stdout) {
         // Console mode shows events on the console: the stdout sink is its router.
@@ -205,6 +218,10 @@ mod tests {
         };
         let token = value("token");
         assert_eq!(token.len(), 64);
-        assert!(TokenDigest::from_hex(&value("token_sha256")).unwrap().matches(&Token::new(token).digest()));
+        assert!(
+            TokenDigest::from_hex(&value("token_sha256"))
+                .unwrap()
+                .matches(&Token::new(token).digest())
+        );
     }
 }

@@ -24,7 +24,12 @@ commands:
 /// A parsed console command.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum ConsoleCommand {
-    Run { pin: Option<String>, adapter: AdapterName, target: Target, input: String },
+    Run {
+        pin: Option<String>,
+        adapter: AdapterName,
+        target: Target,
+        input: String,
+    },
     Cancel(RunId),
     Nodes,
     Help,
@@ -82,7 +87,11 @@ where
     W: AsyncWrite + Unpin,
 {
     let mut lines = BufReader::new(input).lines();
-    let _ = write_out(&mut output, "edge console ready; type `help` for commands\n").await;
+    let _ = write_out(
+        &mut output,
+        "edge console ready; type `help` for commands\n",
+    )
+    .await;
     loop {
         let line = tokio::select! {
             () = parts.stop.cancelled() => return,
@@ -109,9 +118,18 @@ async fn write_out<W: AsyncWrite + Unpin>(output: &mut W, text: &str) -> std::io
 
 async fn execute(parts: &AppParts, command: ConsoleCommand) -> String {
     match command {
-        ConsoleCommand::Run { pin, adapter, target, input } => {
+        ConsoleCommand::Run {
+            pin,
+            adapter,
+            target,
+            input,
+        } => {
             let spec = RunSpec {
-                selector: NodeSelector { adapter, target, pin },
+                selector: NodeSelector {
+                    adapter,
+                    target,
+                    pin,
+                },
                 input: Bytes::from(input),
                 content_type: "text/plain; charset=utf-8".into(),
                 params: Default::default(),
@@ -124,7 +142,11 @@ async fn execute(parts: &AppParts, command: ConsoleCommand) -> String {
             }
         }
         ConsoleCommand::Cancel(run_id) => {
-            if parts.runs.cancel(&run_id, "cancelled from the console").await {
+            if parts
+                .runs
+                .cancel(&run_id, "cancelled from the console")
+                .await
+            {
                 format!("cancelling run {run_id}\n")
             } else {
                 format!("error: no open run {run_id}\n")
@@ -141,7 +163,10 @@ fn nodes_table(parts: &AppParts) -> String {
     if nodes.is_empty() {
         return "no nodes connected\n".into();
     }
-    let mut out = format!("{:<16} {:<16} {:<22} {:<32} {:>6} {:>10}\n", "ID", "ALIAS", "PEER", "ADAPTERS", "ACTIVE", "LAST SEEN");
+    let mut out = format!(
+        "{:<16} {:<16} {:<22} {:<32} {:>6} {:>10}\n",
+        "ID", "ALIAS", "PEER", "ADAPTERS", "ACTIVE", "LAST SEEN"
+    );
     let now = SystemTime::now();
     for node in nodes {
         let adapters: Vec<String> = node
@@ -161,7 +186,10 @@ fn nodes_table(parts: &AppParts) -> String {
             node.record.alias,
             node.peer,
             adapters.join(" "),
-            format!("{}/{}", node.active_runs, node.record.runtime.max_concurrent_runs),
+            format!(
+                "{}/{}",
+                node.active_runs, node.record.runtime.max_concurrent_runs
+            ),
             seen.as_secs(),
         );
     }
@@ -183,19 +211,39 @@ mod tests {
                 input: "hello world".into(),
             }
         );
-        assert!(matches!(parse("run echo default hi").unwrap(), ConsoleCommand::Run { pin: None, .. }));
+        assert!(matches!(
+            parse("run echo default hi").unwrap(),
+            ConsoleCommand::Run { pin: None, .. }
+        ));
     }
 
     #[test]
     fn malformed_commands_say_what_is_wrong() {
         assert!(parse("run echo").unwrap_err().starts_with("usage: run"));
-        assert!(parse("run echo default").unwrap_err().starts_with("missing INPUT"));
+        assert!(
+            parse("run echo default")
+                .unwrap_err()
+                .starts_with("missing INPUT")
+        );
         assert!(parse("run --node").unwrap_err().contains("--node needs"));
-        assert!(parse("run ec!ho default x").unwrap_err().contains("adapter name"));
+        assert!(
+            parse("run ec!ho default x")
+                .unwrap_err()
+                .contains("adapter name")
+        );
         assert_eq!(parse("cancel").unwrap_err(), "usage: cancel RUN_ID");
-        assert_eq!(parse("frobnicate").unwrap_err(), "unknown command `frobnicate`");
-        assert_eq!(parse("nodes now").unwrap_err(), "`nodes` takes no arguments");
+        assert_eq!(
+            parse("frobnicate").unwrap_err(),
+            "unknown command `frobnicate`"
+        );
+        assert_eq!(
+            parse("nodes now").unwrap_err(),
+            "`nodes` takes no arguments"
+        );
         assert_eq!(parse("   ").unwrap(), ConsoleCommand::Nothing);
-        assert_eq!(parse("cancel run-1").unwrap(), ConsoleCommand::Cancel(RunId::new("run-1")));
+        assert_eq!(
+            parse("cancel run-1").unwrap(),
+            ConsoleCommand::Cancel(RunId::new("run-1"))
+        );
     }
 }

@@ -1,12 +1,14 @@
 //! The composition root: builds every adapter from the settings, wires them to the run
 //! service, and owns the edge's start and graceful stop.
 //!
-//! [`App::build`] binds the listeners (so tests can use port 0 and ask [`App::node_addr`]),
+//! [`App::build`] binds the listeners (so tests can use port 0 and ask [`App::node_addr`]
+//! and [`App::http_addr`]),
 //! and [`App::run_until_stopped`] serves until the stop signal, then drains.
 
 pub mod cli;
 pub mod console;
 pub mod logging;
+pub mod metrics;
 pub mod runs;
 pub mod settings;
 
@@ -18,10 +20,12 @@ use tokio_util::sync::CancellationToken;
 use tracing::info;
 
 use crate::adapters::file_store::FileNodeStore;
+use crate::adapters::http::{HttpServer, HttpState};
 use crate::adapters::lock_registry::LockRegistry;
 use crate::adapters::sinks::{SinkSet, build_sinks};
 use crate::adapters::tcp::{ServerDeps, TcpServer, TcpTransport, TransportControl};
 use crate::ports::{EventSink, NodeStore, Registry};
+use metrics::{MetricSources, Metrics};
 
 pub use runs::{RunHandle, RunService, StartError};
 pub use settings::Settings;
@@ -30,6 +34,8 @@ pub use settings::Settings;
 pub struct App {
     settings: Settings,
     server: TcpServer,
+    http: HttpServer,
+    metrics: Metrics,
     parts: AppParts,
 }
 
@@ -55,12 +61,20 @@ impl App {
     /// Invalid node definitions, a sink that cannot start (such as an unwritable file path),
     /// or an address that cannot be bound — each naming what is wrong.
     pub async fn build(settings: Settings) -> anyhow::Result<App> {
-        let store: Arc<dyn NodeStore> = Arc::new(FileNodeStore::load_from_config(&settings.source)?);
+        let store: Arc<dyn NodeStore> =
+            Arc::new(FileNodeStore::load_from_config(&settings.source)?);
         let registry: Arc<dyn Registry> = Arc::new(LockRegistry::new());
         let sinks = build_sinks(&settings.events).context("cannot start the event sinks")?;
-        let sink: Arc<dyn EventSink> = Arc::new(SinkSet::new(sinks.into_iter().map(|s| s.sink).collect()));
+        let sink: Arc<dyn EventSink> = Arc::new(SinkSet::from_built(&sinks));
         let transport = Arc::new(TcpTransport::new(Arc::clone(&registry)));
-        let runs = RunService::new(Arc::clone(&registry), transport, sink, settings.runs.clone());
+        let metrics = Metrics::new().context("cannot start the metrics exporter")?;
+        let runs = RunService::new(
+            Arc::clone(&registry),
+            transport,
+            sink,
+            settings.runs.clone(),
+            metrics.meter(),
+        );
         let deps = ServerDeps {
             store: Arc::clone(&store),
             registry: Arc::clone(&registry),
@@ -69,6 +83,22 @@ impl App {
         let server = TcpServer::bind(settings.server.clone(), deps)
             .await
             .with_context(|| format!("cannot listen for nodes on {}", settings.server.listen))?;
+        metrics.observe(MetricSources {
+            store: Arc::clone(&store),
+            registry: Arc::clone(&registry),
+            transport: server.control().stats(),
+            runs: runs.clone(),
+            sinks,
+        });
+        let http_state = HttpState {
+            metrics: metrics.registry(),
+            transport: server.control(),
+            runs: runs.clone(),
+            registry: Arc::clone(&registry),
+        };
+        let http = HttpServer::bind(settings.http.listen, http_state)
+            .await
+            .with_context(|| format!("cannot listen for HTTP on {}", settings.http.listen))?;
         let parts = AppParts {
             store,
             registry,
@@ -76,7 +106,21 @@ impl App {
             transport: server.control(),
             stop: CancellationToken::new(),
         };
-        Ok(App { settings, server, parts })
+        Ok(App {
+            settings,
+            server,
+            http,
+            metrics,
+            parts,
+        })
+    }
+
+    /// The address of the HTTP server (`/metrics`, health, the API).
+    ///
+    /// # Errors
+    /// The socket error, which does not happen for a bound listener.
+    pub fn http_addr(&self) -> std::io::Result<SocketAddr> {
+        self.http.local_addr()
     }
 
     /// The address nodes connect to.
@@ -97,15 +141,24 @@ impl App {
     /// with `edge_shutdown`, sends `Shutdown` to every node and closes the connections.
     ///
     /// # Errors
-    /// None yet; the signature leaves room for listeners that can fail while serving.
+    /// The HTTP server failed while serving.
     pub async fn run_until_stopped(self) -> anyhow::Result<()> {
-        let App { settings, server, parts } = self;
+        let App {
+            settings,
+            server,
+            http,
+            metrics,
+            parts,
+        } = self;
         info!(
             listen = %server.local_addr()?,
+            http = %http.local_addr()?,
             nodes = parts.store.records().len(),
             "edge is serving"
         );
         let accept_loop = tokio::spawn(server.run());
+        let http_stop = CancellationToken::new();
+        let http_serving = tokio::spawn(http.run(http_stop.clone()));
         parts.stop.cancelled().await;
         info!("stopping: refusing new nodes and runs, draining open runs");
         let grace = settings.server.shutdown_grace();
@@ -113,6 +166,13 @@ impl App {
         parts.runs.drain(grace).await;
         parts.transport.shut_down("edge shutting down", grace).await;
         accept_loop.await.context("the accept loop panicked")?;
+        // HTTP stays up while draining, so /readyz reports it; open streams have ended now.
+        http_stop.cancel();
+        http_serving
+            .await
+            .context("the HTTP server panicked")?
+            .context("the HTTP server failed")?;
+        metrics.shutdown();
         info!("edge stopped");
         Ok(())
     }

@@ -50,7 +50,8 @@ pub struct RunSpec {
     pub content_type: String,
     /// Free-form parameters passed to the node.
     pub params: BTreeMap<String, String>,
-    /// How long the run may take once dispatched; `None` for no limit.
+    /// How long the run may take from acceptance, queue wait included; `None` for no
+    /// limit. The node is sent what is left of it at dispatch.
     pub deadline: Option<Duration>,
 }
 

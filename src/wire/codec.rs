@@ -55,7 +55,11 @@ fn peek_length(buf: &[u8]) -> Result<Option<(u64, usize)>, FrameError> {
             return Ok(Some((value, i + 1)));
         }
     }
-    if buf.len() >= MAX_VARINT_BYTES { Err(FrameError::BadLength) } else { Ok(None) }
+    if buf.len() >= MAX_VARINT_BYTES {
+        Err(FrameError::BadLength)
+    } else {
+        Ok(None)
+    }
 }
 
 /// Splits one whole frame's message bytes off the front of `buf`, if it holds one.
@@ -76,6 +80,12 @@ fn next_frame(buf: &mut BytesMut, max: usize) -> Result<Option<BytesMut>, FrameE
     Ok(Some(buf.split_to(length)))
 }
 
+/// The size on the wire of a frame whose message is `length` bytes.
+fn frame_size(length: usize) -> u64 {
+    let prefix = prost::encoding::encoded_len_varint(length as u64);
+    (prefix + length) as u64
+}
+
 fn encode_frame(message: &impl Message, dst: &mut BytesMut) {
     dst.reserve(message.encoded_len() + MAX_VARINT_BYTES);
     // Encoding into a `BytesMut` after reserving cannot run out of room.
@@ -86,13 +96,42 @@ fn encode_frame(message: &impl Message, dst: &mut BytesMut) {
 #[derive(Debug)]
 pub struct FrameCodec<R, W> {
     max_frame: usize,
+    bytes_read: u64,
+    bytes_written: u64,
     direction: PhantomData<fn(W) -> R>,
 }
 
 impl<R, W> FrameCodec<R, W> {
     /// A codec that refuses frames longer than `max_frame` bytes.
     pub fn new(max_frame: usize) -> Self {
-        Self { max_frame, direction: PhantomData }
+        Self {
+            max_frame,
+            bytes_read: 0,
+            bytes_written: 0,
+            direction: PhantomData,
+        }
+    }
+
+    /// Bytes of whole frames read and written since the last call (prefixes included).
+    pub fn take_byte_counts(&mut self) -> (u64, u64) {
+        (
+            std::mem::take(&mut self.bytes_read),
+            std::mem::take(&mut self.bytes_written),
+        )
+    }
+
+    fn next_frame(&mut self, buf: &mut BytesMut) -> Result<Option<BytesMut>, FrameError> {
+        let frame = next_frame(buf, self.max_frame)?;
+        if let Some(frame) = &frame {
+            self.bytes_read += frame_size(frame.len());
+        }
+        Ok(frame)
+    }
+
+    fn encode_frame(&mut self, message: &impl Message, dst: &mut BytesMut) {
+        let before = dst.len();
+        encode_frame(message, dst);
+        self.bytes_written += (dst.len() - before) as u64;
     }
 
     /// Changes the frame limit (the edge lowers it until a node has registered).
@@ -112,7 +151,7 @@ impl Decoder for EdgeCodec {
     type Error = FrameError;
 
     fn decode(&mut self, src: &mut BytesMut) -> Result<Option<NodeFrame>, FrameError> {
-        match next_frame(src, self.max_frame)? {
+        match self.next_frame(src)? {
             Some(frame) => Ok(Some(NodeFrame::from(NodeMessage::decode(frame.freeze())?))),
             None => Ok(None),
         }
@@ -123,7 +162,7 @@ impl Encoder<EdgeFrame> for EdgeCodec {
     type Error = FrameError;
 
     fn encode(&mut self, frame: EdgeFrame, dst: &mut BytesMut) -> Result<(), FrameError> {
-        encode_frame(&EdgeMessage::from(frame), dst);
+        self.encode_frame(&EdgeMessage::from(frame), dst);
         Ok(())
     }
 }
@@ -133,8 +172,10 @@ impl Decoder for NodeCodec {
     type Error = FrameError;
 
     fn decode(&mut self, src: &mut BytesMut) -> Result<Option<ReceivedEdgeFrame>, FrameError> {
-        match next_frame(src, self.max_frame)? {
-            Some(frame) => Ok(Some(ReceivedEdgeFrame::from(EdgeMessage::decode(frame.freeze())?))),
+        match self.next_frame(src)? {
+            Some(frame) => Ok(Some(ReceivedEdgeFrame::from(EdgeMessage::decode(
+                frame.freeze(),
+            )?))),
             None => Ok(None),
         }
     }
@@ -144,7 +185,7 @@ impl Encoder<NodeFrame> for NodeCodec {
     type Error = FrameError;
 
     fn encode(&mut self, frame: NodeFrame, dst: &mut BytesMut) -> Result<(), FrameError> {
-        encode_frame(&NodeMessage::from(frame), dst);
+        self.encode_frame(&NodeMessage::from(frame), dst);
         Ok(())
     }
 }
@@ -154,8 +195,8 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
-    use crate::domain::{RunEventKind, Token};
     use crate::domain::RegisterAttempt;
+    use crate::domain::{RunEventKind, Token};
     use crate::ports::ReportedEvent;
 
     fn heartbeat(active_runs: u32) -> NodeFrame {
@@ -176,7 +217,10 @@ mod tests {
         let mut codec = EdgeCodec::new(16);
         let mut buf = BytesMut::from(&[0xff, 0xff, 0xff, 0xff, 0x0f][..]);
         let capacity = buf.capacity();
-        assert!(matches!(codec.decode(&mut buf), Err(FrameError::Oversized { max: 16, .. })));
+        assert!(matches!(
+            codec.decode(&mut buf),
+            Err(FrameError::Oversized { max: 16, .. })
+        ));
         assert_eq!(buf.capacity(), capacity);
     }
 

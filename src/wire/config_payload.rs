@@ -9,16 +9,32 @@ use super::proto;
 
 /// Builds the `NodeConfigPayload` for `record`.
 pub(super) fn build_config_payload(record: &NodeRecord) -> proto::NodeConfigPayload {
-    let NodeRecord { id: _, alias: _, token: _, adapters, runtime } = record;
-    let RuntimeConfig { max_concurrent_runs, heartbeat_interval_ms, settings } = runtime;
+    let NodeRecord {
+        id: _,
+        alias: _,
+        token: _,
+        adapters,
+        runtime,
+    } = record;
+    let RuntimeConfig {
+        max_concurrent_runs,
+        heartbeat_interval_ms,
+        settings,
+    } = runtime;
     proto::NodeConfigPayload {
         adapters: adapters
             .iter()
-            .map(|AdapterConfig { name, targets, settings }| proto::AdapterConfig {
-                name: name.to_string(),
-                targets: targets.iter().map(ToString::to_string).collect(),
-                settings: settings.clone().into_iter().collect(),
-            })
+            .map(
+                |AdapterConfig {
+                     name,
+                     targets,
+                     settings,
+                 }| proto::AdapterConfig {
+                    name: name.to_string(),
+                    targets: targets.iter().map(ToString::to_string).collect(),
+                    settings: settings.clone().into_iter().collect(),
+                },
+            )
             .collect(),
         runtime: Some(proto::RuntimeConfig {
             max_concurrent_runs: *max_concurrent_runs,
@@ -57,9 +73,15 @@ mod tests {
         assert_eq!(payload.adapters.len(), 1);
         assert_eq!(payload.adapters[0].name, "ollama");
         assert_eq!(payload.adapters[0].targets, ["llama3.1:8b", "qwen"]);
-        assert_eq!(payload.adapters[0].settings["url"], "http://127.0.0.1:11434");
+        assert_eq!(
+            payload.adapters[0].settings["url"],
+            "http://127.0.0.1:11434"
+        );
         let runtime = payload.runtime.unwrap();
-        assert_eq!((runtime.max_concurrent_runs, runtime.heartbeat_interval_ms), (3, 2500));
+        assert_eq!(
+            (runtime.max_concurrent_runs, runtime.heartbeat_interval_ms),
+            (3, 2500)
+        );
         assert_eq!(runtime.settings["gpu"], "0");
     }
 }

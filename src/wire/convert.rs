@@ -100,8 +100,13 @@ impl From<proto::NodeMessage> for NodeFrame {
         let proto::NodeMessage { body } = message;
         match body {
             Some(node_message::Body::Register(request)) => {
-                let proto::RegisterRequest { token, node_id, node_version, protocol_version, adapters } =
-                    request;
+                let proto::RegisterRequest {
+                    token,
+                    node_id,
+                    node_version,
+                    protocol_version,
+                    adapters,
+                } = request;
                 NodeFrame::Register(RegisterAttempt {
                     token: Token::new(token),
                     node_id,
@@ -141,7 +146,9 @@ impl From<NodeFrame> for proto::NodeMessage {
                 adapters,
             })),
             NodeFrame::Heartbeat { active_runs } => {
-                Some(node_message::Body::Heartbeat(proto::Heartbeat { active_runs }))
+                Some(node_message::Body::Heartbeat(proto::Heartbeat {
+                    active_runs,
+                }))
             }
             NodeFrame::RunEvent(ReportedEvent { run_id, seq, kind }) => {
                 Some(node_message::Body::RunEvent(proto::RunEvent {
@@ -159,16 +166,24 @@ impl From<NodeFrame> for proto::NodeMessage {
 fn event_kind_from_wire(kind: run_event::Kind) -> RunEventKind {
     match kind {
         run_event::Kind::Started(proto::RunStarted {}) => RunEventKind::Started,
-        run_event::Kind::Output(proto::RunOutput { text, data }) => RunEventKind::Output { text, data },
-        run_event::Kind::Completed(proto::RunCompleted { finish_reason, usage }) => {
-            RunEventKind::Completed {
-                finish_reason,
-                usage: usage.map(|proto::Usage { input_tokens, output_tokens }| Usage {
+        run_event::Kind::Output(proto::RunOutput { text, data }) => {
+            RunEventKind::Output { text, data }
+        }
+        run_event::Kind::Completed(proto::RunCompleted {
+            finish_reason,
+            usage,
+        }) => RunEventKind::Completed {
+            finish_reason,
+            usage: usage.map(
+                |proto::Usage {
+                     input_tokens,
+                     output_tokens,
+                 }| Usage {
                     input_tokens,
                     output_tokens,
-                }),
-            }
-        }
+                },
+            ),
+        },
         run_event::Kind::Failed(proto::RunFailed { code, message }) => {
             RunEventKind::Failed { code, message }
         }
@@ -181,16 +196,24 @@ fn event_kind_from_wire(kind: run_event::Kind) -> RunEventKind {
 fn event_kind_to_wire(kind: RunEventKind) -> run_event::Kind {
     match kind {
         RunEventKind::Started => run_event::Kind::Started(proto::RunStarted {}),
-        RunEventKind::Output { text, data } => run_event::Kind::Output(proto::RunOutput { text, data }),
-        RunEventKind::Completed { finish_reason, usage } => {
-            run_event::Kind::Completed(proto::RunCompleted {
-                finish_reason,
-                usage: usage.map(|Usage { input_tokens, output_tokens }| proto::Usage {
+        RunEventKind::Output { text, data } => {
+            run_event::Kind::Output(proto::RunOutput { text, data })
+        }
+        RunEventKind::Completed {
+            finish_reason,
+            usage,
+        } => run_event::Kind::Completed(proto::RunCompleted {
+            finish_reason,
+            usage: usage.map(
+                |Usage {
+                     input_tokens,
+                     output_tokens,
+                 }| proto::Usage {
                     input_tokens,
                     output_tokens,
-                }),
-            })
-        }
+                },
+            ),
+        }),
         RunEventKind::Failed { code, message } => {
             run_event::Kind::Failed(proto::RunFailed { code, message })
         }
@@ -234,14 +257,16 @@ impl From<EdgeFrame> for proto::EdgeMessage {
                 alias: record.alias.to_string(),
                 config: Some(build_config_payload(&record)),
             }),
-            EdgeFrame::Rejected(rejection) => edge_message::Body::Register(proto::RegisterResponse {
-                accepted: false,
-                error: rejection_to_wire(rejection).into(),
-                message: rejection.to_string(),
-                node_id: String::new(),
-                alias: String::new(),
-                config: None,
-            }),
+            EdgeFrame::Rejected(rejection) => {
+                edge_message::Body::Register(proto::RegisterResponse {
+                    accepted: false,
+                    error: rejection_to_wire(rejection).into(),
+                    message: rejection.to_string(),
+                    node_id: String::new(),
+                    alias: String::new(),
+                    config: None,
+                })
+            }
             EdgeFrame::Command(command) => command_to_wire(command),
         };
         proto::EdgeMessage { body: Some(body) }
@@ -267,10 +292,13 @@ fn command_to_wire(command: NodeCommand) -> edge_message::Body {
             params: params.into_iter().collect(),
             deadline_ms,
         }),
-        NodeCommand::Cancel { run_id, reason } => {
-            edge_message::Body::Cancel(proto::CancelRun { run_id: run_id.to_string(), reason })
+        NodeCommand::Cancel { run_id, reason } => edge_message::Body::Cancel(proto::CancelRun {
+            run_id: run_id.to_string(),
+            reason,
+        }),
+        NodeCommand::Shutdown { reason } => {
+            edge_message::Body::Shutdown(proto::Shutdown { reason })
         }
-        NodeCommand::Shutdown { reason } => edge_message::Body::Shutdown(proto::Shutdown { reason }),
     }
 }
 
@@ -282,9 +310,14 @@ impl From<proto::EdgeMessage> for ReceivedEdgeFrame {
                 ReceivedEdgeFrame::Registered(outcome_from_wire(response))
             }
             Some(edge_message::Body::Run(request)) => run_from_wire(request)
-                .map_or(ReceivedEdgeFrame::Unknown, |run| ReceivedEdgeFrame::Command(NodeCommand::Run(run))),
+                .map_or(ReceivedEdgeFrame::Unknown, |run| {
+                    ReceivedEdgeFrame::Command(NodeCommand::Run(run))
+                }),
             Some(edge_message::Body::Cancel(proto::CancelRun { run_id, reason })) => {
-                ReceivedEdgeFrame::Command(NodeCommand::Cancel { run_id: RunId::new(run_id), reason })
+                ReceivedEdgeFrame::Command(NodeCommand::Cancel {
+                    run_id: RunId::new(run_id),
+                    reason,
+                })
             }
             Some(edge_message::Body::Shutdown(proto::Shutdown { reason })) => {
                 ReceivedEdgeFrame::Command(NodeCommand::Shutdown { reason })
@@ -295,8 +328,15 @@ impl From<proto::EdgeMessage> for ReceivedEdgeFrame {
 }
 
 fn run_from_wire(request: proto::RunRequest) -> Option<RunAssignment> {
-    let proto::RunRequest { run_id, adapter, target, input, content_type, params, deadline_ms } =
-        request;
+    let proto::RunRequest {
+        run_id,
+        adapter,
+        target,
+        input,
+        content_type,
+        params,
+        deadline_ms,
+    } = request;
     Some(RunAssignment {
         run_id: RunId::new(run_id),
         adapter: AdapterName::parse(&adapter).ok()?,
@@ -309,7 +349,14 @@ fn run_from_wire(request: proto::RunRequest) -> Option<RunAssignment> {
 }
 
 fn outcome_from_wire(response: proto::RegisterResponse) -> RegisterOutcome {
-    let proto::RegisterResponse { accepted, error, message, node_id, alias, config } = response;
+    let proto::RegisterResponse {
+        accepted,
+        error,
+        message,
+        node_id,
+        alias,
+        config,
+    } = response;
     RegisterOutcome {
         accepted,
         rejection: rejection_from_wire(error),
@@ -317,16 +364,25 @@ fn outcome_from_wire(response: proto::RegisterResponse) -> RegisterOutcome {
         node_id,
         alias,
         config: config.map(|proto::NodeConfigPayload { adapters, runtime }| {
-            let proto::RuntimeConfig { max_concurrent_runs, heartbeat_interval_ms, settings } =
-                runtime.unwrap_or_default();
+            let proto::RuntimeConfig {
+                max_concurrent_runs,
+                heartbeat_interval_ms,
+                settings,
+            } = runtime.unwrap_or_default();
             ReceivedConfig {
                 adapters: adapters
                     .into_iter()
-                    .map(|proto::AdapterConfig { name, targets, settings }| ReceivedAdapter {
-                        name,
-                        targets,
-                        settings: settings.into_iter().collect(),
-                    })
+                    .map(
+                        |proto::AdapterConfig {
+                             name,
+                             targets,
+                             settings,
+                         }| ReceivedAdapter {
+                            name,
+                            targets,
+                            settings: settings.into_iter().collect(),
+                        },
+                    )
                     .collect(),
                 max_concurrent_runs,
                 heartbeat_interval_ms,

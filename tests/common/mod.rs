@@ -41,6 +41,8 @@ targets = ["default", "fast"]
 pub struct TestApp {
     /// Where nodes connect.
     pub node_addr: SocketAddr,
+    /// Where HTTP clients connect (`/metrics`, health, the API).
+    pub http_addr: SocketAddr,
     /// The edge's parts (registry, run service, stop token).
     pub parts: AppParts,
     /// The serving task; ends after a stop.
@@ -88,24 +90,27 @@ impl TestApp {
     }
 }
 
-/// Starts an edge on port 0 with `config` (TOML; `server.listen` is replaced by port 0 and
-/// events go to the `null` sink unless the config says otherwise).
+/// Starts an edge on port 0 with `config` (TOML; `server.listen` and `http.listen` are
+/// replaced by port 0, and events go to the `null` sink unless the config says otherwise).
 pub async fn spawn_app(config: &str) -> TestApp {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("edge.toml");
     std::fs::write(&path, config).expect("write config");
     let mut settings = Settings::load(Some(&path)).expect("settings");
     settings.server.listen = SocketAddr::from(([127, 0, 0, 1], 0));
+    settings.http.listen = SocketAddr::from(([127, 0, 0, 1], 0));
     settings.server.shutdown_grace_ms = 2_000;
     if !config.contains("[events]") {
         settings.events.sinks = vec![edge::adapters::sinks::config::SinkKind::Null];
     }
     let app = App::build(settings).await.expect("build");
     let node_addr = app.node_addr().expect("addr");
+    let http_addr = app.http_addr().expect("http addr");
     let parts = app.parts();
     let serving = tokio::spawn(app.run_until_stopped());
     TestApp {
         node_addr,
+        http_addr,
         parts,
         serving,
         dir,

@@ -28,7 +28,13 @@ struct Entry {
 
 impl Entry {
     fn report(&self) -> ConnectedNode {
-        let NewConnection { record, connection, peer, node_version, link: _ } = &self.connection;
+        let NewConnection {
+            record,
+            connection,
+            peer,
+            node_version,
+            link: _,
+        } = &self.connection;
         ConnectedNode {
             record: Arc::clone(record),
             connection: *connection,
@@ -86,15 +92,25 @@ impl LockRegistry {
     fn read(&self) -> RwLockReadGuard<'_, Maps> {
         // A panic while holding the lock cannot leave the maps half-updated (every write is
         // a single insert or remove), so a poisoned lock is still sound to use.
-        self.inner.maps.read().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.inner
+            .maps
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     fn write(&self) -> RwLockWriteGuard<'_, Maps> {
-        self.inner.maps.write().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.inner
+            .maps
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     fn live_entry(&self, id: &NodeId, connection: ConnectionId) -> Option<Arc<Entry>> {
-        self.read().by_id.get(id).filter(|e| e.connection.connection == connection).cloned()
+        self.read()
+            .by_id
+            .get(id)
+            .filter(|e| e.connection.connection == connection)
+            .cloned()
     }
 
     /// The entries ordered by id, rebuilding the snapshot if membership changed.
@@ -120,7 +136,8 @@ impl Registry for LockRegistry {
         if maps.by_id.contains_key(&id) {
             return Err(AlreadyConnected);
         }
-        maps.id_by_alias.insert(connection.record.alias.clone(), id.clone());
+        maps.id_by_alias
+            .insert(connection.record.alias.clone(), id.clone());
         maps.by_id.insert(
             id,
             Arc::new(Entry {
@@ -136,7 +153,10 @@ impl Registry for LockRegistry {
 
     fn remove(&self, id: &NodeId, connection: ConnectionId) -> bool {
         let mut maps = self.write();
-        let live = maps.by_id.get(id).is_some_and(|e| e.connection.connection == connection);
+        let live = maps
+            .by_id
+            .get(id)
+            .is_some_and(|e| e.connection.connection == connection);
         if live {
             if let Some(entry) = maps.by_id.remove(id) {
                 maps.id_by_alias.remove(&entry.connection.record.alias);
@@ -152,7 +172,9 @@ impl Registry for LockRegistry {
 
     fn get(&self, id_or_alias: &str) -> Option<ConnectedNode> {
         let maps = self.read();
-        let by_id = NodeId::parse(id_or_alias).ok().and_then(|id| maps.by_id.get(&id));
+        let by_id = NodeId::parse(id_or_alias)
+            .ok()
+            .and_then(|id| maps.by_id.get(&id));
         let by_alias = || {
             let alias = Alias::parse(id_or_alias).ok()?;
             maps.by_id.get(maps.id_by_alias.get(&alias)?)
@@ -173,7 +195,10 @@ impl Registry for LockRegistry {
     }
 
     fn link(&self, id: &NodeId) -> Option<Arc<dyn NodeLink>> {
-        self.read().by_id.get(id).map(|e| Arc::clone(&e.connection.link))
+        self.read()
+            .by_id
+            .get(id)
+            .map(|e| Arc::clone(&e.connection.link))
     }
 
     fn touch(&self, id: &NodeId, connection: ConnectionId, at: SystemTime) {
@@ -186,7 +211,9 @@ impl Registry for LockRegistry {
         if let Some(entry) = self.live_entry(id, connection) {
             let update = |runs: u32| Some(runs.saturating_add_signed(delta));
             // `fetch_update` with a closure that always returns `Some` cannot fail.
-            let _ = entry.active_runs.fetch_update(Ordering::AcqRel, Ordering::Acquire, update);
+            let _ = entry
+                .active_runs
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, update);
         }
     }
 }
@@ -241,11 +268,18 @@ mod tests {
         let registry = LockRegistry::new();
         registry.insert(connection("b", "gpu-b", 1)).unwrap();
         registry.insert(connection("a", "gpu-a", 2)).unwrap();
-        assert_eq!(registry.insert(connection("a", "other", 3)), Err(AlreadyConnected));
+        assert_eq!(
+            registry.insert(connection("a", "other", 3)),
+            Err(AlreadyConnected)
+        );
         assert_eq!(registry.get("gpu-a").unwrap().record.id, id("a"));
         assert_eq!(registry.get("b").unwrap().connection, 1);
         assert!(registry.get("nope").is_none());
-        let order: Vec<String> = registry.snapshot().iter().map(|n| n.record.id.to_string()).collect();
+        let order: Vec<String> = registry
+            .snapshot()
+            .iter()
+            .map(|n| n.record.id.to_string())
+            .collect();
         assert_eq!(order, ["a", "b"]);
         assert_eq!(registry.len(), 2);
     }
@@ -284,7 +318,9 @@ mod tests {
                 scope.spawn(move || {
                     for i in 0..200u64 {
                         let name = format!("n{t}-{i}");
-                        registry.insert(connection(&name, &format!("a{t}-{i}"), i)).unwrap();
+                        registry
+                            .insert(connection(&name, &format!("a{t}-{i}"), i))
+                            .unwrap();
                         let _ = registry.loads();
                         if i % 2 == 0 {
                             assert!(registry.remove(&id(&name), i));

@@ -1,9 +1,12 @@
 //! The file sink's writer: events as JSON lines appended to one file.
 //!
 //! The file is opened (created if missing, always appending) when the sink is built, so a
-//! bad path is a startup error naming it. After a write error (disk full, file or directory
+//! bad path is a startup error naming it. After a write error (disk full, directory
 //! removed) the handle is dropped and the file reopened for the next write, so the sink
 //! recovers by itself; queueing, batching, flushing and error reporting belong to the queue.
+//! Because a removed or replaced file (a deleted directory, log rotation) silently keeps
+//! accepting writes through an open handle on Unix, every write first checks that the path
+//! still names the open file, and reopens the path when it does not.
 
 use std::fs::{self, File, OpenOptions};
 use std::io;
@@ -19,18 +22,71 @@ fn open(path: &Path) -> io::Result<File> {
     OpenOptions::new().create(true).append(true).open(path)
 }
 
+/// The event file and the path it was opened at. Each write first makes sure the path
+/// still names this file and otherwise reopens the path; when that fails, so does the
+/// write, and the line writer's error handling takes over.
+pub(crate) struct EventFile {
+    path: PathBuf,
+    file: File,
+}
+
+impl EventFile {
+    /// Opens `path` for appending, creating it if missing.
+    fn open(path: &Path) -> io::Result<Self> {
+        Ok(Self {
+            path: path.to_owned(),
+            file: open(path)?,
+        })
+    }
+
+    /// Reopens the path when it no longer names the open file (removed or replaced).
+    fn follow_path(&mut self) -> io::Result<()> {
+        if !names_file(&self.path, &self.file) {
+            self.file = open(&self.path)?;
+        }
+        Ok(())
+    }
+}
+
+impl io::Write for EventFile {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.follow_path()?;
+        self.file.write(buf)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.file.flush()
+    }
+}
+
+/// Whether `path` names the open `file` (same device and inode).
+#[cfg(unix)]
+fn names_file(path: &Path, file: &File) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (fs::metadata(path), file.metadata()) {
+        (Ok(named), Ok(open)) => named.dev() == open.dev() && named.ino() == open.ino(),
+        _ => false,
+    }
+}
+
+/// Elsewhere an open file cannot be removed, so the path always names it.
+#[cfg(not(unix))]
+fn names_file(_path: &Path, _file: &File) -> bool {
+    true
+}
+
 /// Opens `path` and returns the writer appending JSON lines to it.
 ///
 /// # Errors
 /// [`SinkError::FileIsDirectory`] when `path` is a directory; [`SinkError::FileOpen`] when it
 /// cannot be opened for appending (its directory does not exist, permission denied, ...).
-pub(crate) fn file_writer(path: &Path) -> Result<LineWriter<File>, SinkError> {
+pub(crate) fn file_writer(path: &Path) -> Result<LineWriter<EventFile>, SinkError> {
     if fs::metadata(path).is_ok_and(|meta| meta.is_dir()) {
         return Err(SinkError::FileIsDirectory {
             path: path.to_owned(),
         });
     }
-    let file = open(path).map_err(|source| SinkError::FileOpen {
+    let file = EventFile::open(path).map_err(|source| SinkError::FileOpen {
         path: path.to_owned(),
         source,
     })?;
@@ -38,7 +94,7 @@ pub(crate) fn file_writer(path: &Path) -> Result<LineWriter<File>, SinkError> {
     Ok(LineWriter::new(
         LineFormat::Json,
         file,
-        Arc::new(move || open(&path)),
+        Arc::new(move || EventFile::open(&path)),
     ))
 }
 

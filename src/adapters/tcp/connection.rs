@@ -29,31 +29,42 @@ const MISSED_HEARTBEATS: u32 = 3;
 /// The registry's last-seen time is refreshed at most this often per connection.
 const TOUCH_INTERVAL: Duration = Duration::from_secs(1);
 
-/// Serves one connection until it closes.
+/// Serves one connection until it closes; returns why it closed.
 pub(super) async fn serve_connection(
     shared: &Shared,
     stream: TcpStream,
     peer: SocketAddr,
     connection: u64,
-) {
-    let mut framed = Framed::new(stream, EdgeCodec::new(shared.config.max_register_frame_bytes));
+) -> CloseReason {
+    let mut framed = Framed::new(
+        stream,
+        EdgeCodec::new(shared.config.max_register_frame_bytes),
+    );
     let first = tokio::select! {
-        () = shared.close_all.cancelled() => return,
+        () = shared.close_all.cancelled() => return CloseReason::Shutdown,
         first = timeout(shared.config.register_timeout(), framed.next()) => first,
     };
+    count_bytes(shared, &mut framed);
     let attempt = match first {
         Err(_elapsed) => return closed_before_registration(CloseReason::RegisterTimeout),
         Ok(None) => return closed_before_registration(CloseReason::Eof),
         Ok(Some(Err(error))) => return closed_before_registration(frame_error_reason(&error)),
         Ok(Some(Ok(NodeFrame::Register(attempt)))) => attempt,
         Ok(Some(Ok(_other))) => {
-            reject(&mut framed, shared, RegisterRejection::ProtocolViolation, "").await;
-            return;
+            reject(
+                &mut framed,
+                shared,
+                RegisterRejection::ProtocolViolation,
+                "",
+            )
+            .await;
+            return CloseReason::ProtocolViolation;
         }
     };
+    shared.stats.frames_in.fetch_add(1, Ordering::Relaxed);
 
     let Some(record) = register(shared, &mut framed, &attempt).await else {
-        return;
+        return CloseReason::Rejected;
     };
     let (link, commands, slow_consumer) = ConnectionLink::new(shared.config.outbound_queue);
     let registered = NewConnection {
@@ -65,26 +76,66 @@ pub(super) async fn serve_connection(
     };
     if shared.deps.registry.insert(registered).is_err() {
         // Another connection of the same node won the race since the policy looked.
-        reject(&mut framed, shared, RegisterRejection::AlreadyConnected, &attempt.node_id).await;
-        return;
+        reject(
+            &mut framed,
+            shared,
+            RegisterRejection::AlreadyConnected,
+            &attempt.node_id,
+        )
+        .await;
+        return CloseReason::Rejected;
     }
+    shared
+        .stats
+        .registrations_accepted
+        .fetch_add(1, Ordering::Relaxed);
     let span = tracing::Span::current();
     span.record("node", tracing::field::display(&record.id));
     span.record("alias", tracing::field::display(&record.alias));
     info!(node_version = %attempt.node_version, adapters = ?attempt.adapters, "node registered");
 
-    let reason = match send(&mut framed, shared, EdgeFrame::Accepted(Arc::clone(&record))).await {
+    let reason = match send(
+        &mut framed,
+        shared,
+        EdgeFrame::Accepted(Arc::clone(&record)),
+    )
+    .await
+    {
         Ok(()) => {
             shared.deps.handler.node_connected(&record.id);
-            framed.codec_mut().set_max_frame(shared.config.max_frame_bytes);
-            relay(shared, &mut framed, &record, connection, commands, slow_consumer).await
+            framed
+                .codec_mut()
+                .set_max_frame(shared.config.max_frame_bytes);
+            relay(
+                shared,
+                &mut framed,
+                &record,
+                connection,
+                commands,
+                slow_consumer,
+            )
+            .await
         }
         Err(reason) => reason,
     };
+    count_bytes(shared, &mut framed);
 
     shared.deps.registry.remove(&record.id, connection);
-    shared.deps.handler.node_disconnected(&record.id, connection, reason).await;
+    shared.stats.record_disconnect(reason);
+    shared
+        .deps
+        .handler
+        .node_disconnected(&record.id, connection, reason)
+        .await;
     info!(%reason, "node disconnected");
+    reason
+}
+
+/// Moves the codec's byte counts into the transport's counters.
+fn count_bytes(shared: &Shared, framed: &mut NodeStream) {
+    let (read, written) = framed.codec_mut().take_byte_counts();
+    shared.stats.bytes_in.fetch_add(read, Ordering::Relaxed);
+    shared.stats.bytes_out.fetch_add(written, Ordering::Relaxed);
 }
 
 /// Applies the registration policy; on refusal answers and returns `None`.
@@ -94,7 +145,9 @@ async fn register(
     attempt: &RegisterAttempt,
 ) -> Option<Arc<NodeRecord>> {
     let found = shared.deps.store.find_by_token(&attempt.token);
-    let already_connected = found.as_ref().is_some_and(|r| shared.deps.registry.is_connected(&r.id));
+    let already_connected = found
+        .as_ref()
+        .is_some_and(|r| shared.deps.registry.is_connected(&r.id));
     let draining = shared.draining.load(Ordering::Acquire);
     match decide_registration(attempt, found.as_deref(), already_connected, draining) {
         RegistrationDecision::Accept(_) => found,
@@ -112,19 +165,31 @@ async fn reject(
     rejection: RegisterRejection,
     claimed_node_id: &str,
 ) {
-    info!(reason = rejection.as_str(), claimed_node_id, "registration rejected");
+    shared.stats.record_rejection(rejection);
+    info!(
+        reason = rejection.as_str(),
+        claimed_node_id, "registration rejected"
+    );
     // The connection closes next either way; a failed write changes nothing.
     let _ = send(framed, shared, EdgeFrame::Rejected(rejection)).await;
 }
 
-fn closed_before_registration(reason: CloseReason) {
+fn closed_before_registration(reason: CloseReason) -> CloseReason {
     debug!(%reason, "connection closed before registering");
+    reason
 }
 
 /// Writes one frame within the write timeout.
-async fn send(framed: &mut NodeStream, shared: &Shared, frame: EdgeFrame) -> Result<(), CloseReason> {
+async fn send(
+    framed: &mut NodeStream,
+    shared: &Shared,
+    frame: EdgeFrame,
+) -> Result<(), CloseReason> {
     match timeout(shared.config.write_timeout(), framed.send(frame)).await {
-        Ok(Ok(())) => Ok(()),
+        Ok(Ok(())) => {
+            shared.stats.frames_out.fetch_add(1, Ordering::Relaxed);
+            Ok(())
+        }
         Ok(Err(error)) => Err(frame_error_reason(&error)),
         Err(_elapsed) => Err(CloseReason::SlowConsumer),
     }
@@ -175,6 +240,8 @@ async fn relay(
                     }
                     Some(Ok(frame)) => frame,
                 };
+                shared.stats.frames_in.fetch_add(1, Ordering::Relaxed);
+                count_bytes(shared, framed);
                 let now = Instant::now();
                 silent_until = now + silence_limit;
                 if now.duration_since(touched_at) >= TOUCH_INTERVAL {

@@ -23,7 +23,14 @@ impl ConnectionLink {
     pub(super) fn new(capacity: usize) -> (Self, mpsc::Receiver<NodeCommand>, CancellationToken) {
         let (commands, receiver) = mpsc::channel(capacity.max(1));
         let slow_consumer = CancellationToken::new();
-        (Self { commands, slow_consumer: slow_consumer.clone() }, receiver, slow_consumer)
+        (
+            Self {
+                commands,
+                slow_consumer: slow_consumer.clone(),
+            },
+            receiver,
+            slow_consumer,
+        )
     }
 }
 
@@ -60,7 +67,10 @@ impl NodeTransport for TcpTransport {
             .registry
             .link(node)
             .ok_or_else(|| TransportError::NotConnected(node.clone()))?;
-        link.send(command).map_err(|error| TransportError::Link { node: node.clone(), error })
+        link.send(command).map_err(|error| TransportError::Link {
+            node: node.clone(),
+            error,
+        })
     }
 }
 
@@ -70,7 +80,10 @@ mod tests {
     use crate::domain::RunId;
 
     fn cancel() -> NodeCommand {
-        NodeCommand::Cancel { run_id: RunId::new("r"), reason: "test".into() }
+        NodeCommand::Cancel {
+            run_id: RunId::new("r"),
+            reason: "test".into(),
+        }
     }
 
     #[test]

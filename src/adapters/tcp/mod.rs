@@ -10,6 +10,8 @@ pub mod config;
 mod connection;
 mod link;
 mod server;
+mod stats;
 
 pub use link::TcpTransport;
 pub use server::{ServerDeps, TcpServer, TransportControl};
+pub use stats::TransportStats;

@@ -14,6 +14,7 @@ use tracing::{Instrument, debug, info, info_span, warn};
 
 use super::config::ServerConfig;
 use super::connection::serve_connection;
+use super::stats::TransportStats;
 use crate::ports::{NodeCommand, NodeEventHandler, NodeStore, Registry};
 
 /// How long the accept loop pauses when the process is out of file descriptors.
@@ -37,6 +38,7 @@ pub(super) struct Shared {
     pub(super) draining: AtomicBool,
     /// Cancelled to close every connection at once (the end of a graceful stop).
     pub(super) close_all: CancellationToken,
+    pub(super) stats: Arc<TransportStats>,
     next_connection: AtomicU64,
 }
 
@@ -55,6 +57,11 @@ impl TransportControl {
         self.stop_accepting.cancel();
     }
 
+    /// The transport's counters.
+    pub fn stats(&self) -> Arc<TransportStats> {
+        Arc::clone(&self.shared.stats)
+    }
+
     /// Whether the transport is draining.
     pub fn is_draining(&self) -> bool {
         self.shared.draining.load(Ordering::Acquire)
@@ -67,12 +74,20 @@ impl TransportControl {
         for node in self.shared.deps.registry.snapshot() {
             if let Some(link) = self.shared.deps.registry.link(&node.record.id) {
                 // A node whose queue is full is closed as a slow consumer instead.
-                let _ = link.send(NodeCommand::Shutdown { reason: reason.to_owned() });
+                let _ = link.send(NodeCommand::Shutdown {
+                    reason: reason.to_owned(),
+                });
             }
         }
         self.connections.close();
-        if tokio::time::timeout(grace, self.connections.wait()).await.is_err() {
-            warn!(open = self.connections.len(), "closing connections still open after the grace period");
+        if tokio::time::timeout(grace, self.connections.wait())
+            .await
+            .is_err()
+        {
+            warn!(
+                open = self.connections.len(),
+                "closing connections still open after the grace period"
+            );
             self.shared.close_all.cancel();
             self.connections.wait().await;
         }
@@ -97,6 +112,7 @@ impl TcpServer {
             deps,
             draining: AtomicBool::new(false),
             close_all: CancellationToken::new(),
+            stats: Arc::new(TransportStats::default()),
             next_connection: AtomicU64::new(1),
         });
         let control = TransportControl {
@@ -133,6 +149,11 @@ impl TcpServer {
                 Ok((stream, peer)) => {
                     let Ok(permit) = Arc::clone(&limit).try_acquire_owned() else {
                         debug!(%peer, "connection limit reached; closing the new connection");
+                        control
+                            .shared
+                            .stats
+                            .connections_refused
+                            .fetch_add(1, Ordering::Relaxed);
                         drop(stream);
                         continue;
                     };
@@ -162,7 +183,16 @@ async fn serve(shared: Arc<Shared>, stream: TcpStream, peer: SocketAddr, id: u64
     if let Err(error) = stream.set_nodelay(true) {
         debug!(%error, "could not disable Nagle's algorithm");
     }
-    serve_connection(&shared, stream, peer, id).await;
+    shared
+        .stats
+        .connections_open
+        .fetch_add(1, Ordering::Relaxed);
+    let reason = serve_connection(&shared, stream, peer, id).await;
+    shared
+        .stats
+        .connections_open
+        .fetch_sub(1, Ordering::Relaxed);
+    shared.stats.record_close(reason);
 }
 
 fn is_out_of_descriptors(error: &io::Error) -> bool {

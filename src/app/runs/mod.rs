@@ -6,7 +6,10 @@
 //! the node cannot. Every run it accepts ends with exactly one terminal event, delivered to
 //! the event sink and to the caller's stream, whichever path ends it.
 
+mod metrics;
 mod service;
 mod table;
+#[cfg(test)]
+mod tests;
 
 pub use service::{RunHandle, RunService, RunStats, StartError};

@@ -5,12 +5,14 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use opentelemetry::metrics::Meter;
 use tokio::sync::{Notify, mpsc};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{Instrument, debug, info_span, warn};
 
+use super::metrics::RunMetrics;
 use super::table::{Delivery, Placement, Run, Table, lock};
 use crate::app::settings::RunsConfig;
 use crate::domain::{
@@ -25,6 +27,11 @@ use crate::ports::{
 /// Events buffered for a caller who reads slower than the node writes. When it is full the
 /// node's connection waits (it stops reading frames), which slows the node down.
 const CALLER_BUFFER: usize = 256;
+
+/// How long a full caller buffer may stay full before the edge stops feeding that caller
+/// (the run goes on, and its events still reach the sinks). Bounds how long a caller who
+/// stopped reading can hold up its node's connection, a deadline or a shutdown.
+const CALLER_STALL_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Why a run was not accepted. Accepted runs never fail this way: they end with a terminal
 /// event instead.
@@ -59,10 +66,10 @@ pub struct RunHandle {
 /// Counters of the run service, read by the metrics exporter and tests.
 #[derive(Debug, Default)]
 pub struct RunStats {
-    /// Events for runs the edge does not know (never existed, already ended, or held by
-    /// another node).
+    /// Events for runs the edge does not know (never existed, ended long ago, or held by
+    /// another node or connection).
     pub dropped_unknown_run: AtomicU64,
-    /// Events for a run after its terminal event.
+    /// Events for a run after its terminal event, from the connection that held it.
     pub dropped_after_terminal: AtomicU64,
 }
 
@@ -86,16 +93,18 @@ struct Inner {
     run_ended: Notify,
     timers: TaskTracker,
     stats: RunStats,
+    metrics: RunMetrics,
 }
 
 impl RunService {
     /// A run service placing runs on the nodes in `registry`, sending through `transport`
-    /// and relaying to `sink`.
+    /// and relaying to `sink`, with its instruments created from `meter`.
     pub fn new(
         registry: Arc<dyn Registry>,
         transport: Arc<dyn NodeTransport>,
         sink: Arc<dyn EventSink>,
         config: RunsConfig,
+        meter: &Meter,
     ) -> Self {
         Self {
             inner: Arc::new(Inner {
@@ -111,6 +120,7 @@ impl RunService {
                 run_ended: Notify::new(),
                 timers: TaskTracker::new(),
                 stats: RunStats::default(),
+                metrics: RunMetrics::new(meter),
             }),
         }
     }
@@ -150,16 +160,30 @@ impl RunService {
             id: self.next_run_id(),
             spec,
             placement: Mutex::new(Placement::Queued),
-            delivery: tokio::sync::Mutex::new(Delivery { state: RunState::default(), caller: Some(caller) }),
+            accepted_at: Instant::now(),
+            delivery: tokio::sync::Mutex::new(Delivery {
+                state: RunState::default(),
+                caller: Some(caller),
+                saw_output: false,
+            }),
             ended: CancellationToken::new(),
         });
         let placed = {
             let mut table = lock(&inner.table);
             let placed = match self.place(&run) {
-                Ok(placed) => placed,
+                Ok(Some(node)) => Some(node),
+                // The chosen node left between two registry reads: the run waits like one
+                // for a busy node (a rare race, so it may exceed the capacity by a few).
+                Ok(None) => {
+                    table.queue.push_back(Arc::clone(&run));
+                    None
+                }
                 Err(cause) if cause.is_busy() => {
                     if table.queue.len() >= inner.config.queue_capacity {
-                        return Err(StartError::QueueFull { cause, capacity: inner.config.queue_capacity });
+                        return Err(StartError::QueueFull {
+                            cause,
+                            capacity: inner.config.queue_capacity,
+                        });
                     }
                     debug!(run_id = %run.id, waiting = table.queued_like(&run.spec), "all serving nodes busy; queued");
                     table.queue.push_back(Arc::clone(&run));
@@ -174,7 +198,10 @@ impl RunService {
             self.send_run(&run, &node);
         }
         self.watch(&run);
-        Ok(RunHandle { run_id: run.id.clone(), events })
+        Ok(RunHandle {
+            run_id: run.id.clone(),
+            events,
+        })
     }
 
     /// Cancels a run. A queued run ends at once with `cancelled`; a dispatched run is sent
@@ -184,7 +211,9 @@ impl RunService {
         let Some(run) = lock(&self.inner.table).runs.get(run_id).cloned() else {
             return false;
         };
-        let cancelled = RunEventKind::Cancelled { reason: reason.to_owned() };
+        let cancelled = RunEventKind::Cancelled {
+            reason: reason.to_owned(),
+        };
         if lock(&self.inner.table).unqueue(run_id) {
             self.deliver_edge(&run, cancelled).await;
             return true;
@@ -222,12 +251,17 @@ impl RunService {
             table.runs.values().cloned().collect()
         };
         if !remaining.is_empty() {
-            warn!(runs = remaining.len(), "ending runs still open after the drain grace period");
+            warn!(
+                runs = remaining.len(),
+                "ending runs still open after the drain grace period"
+            );
         }
-        for run in remaining {
-            self.send_cancel(&run, "edge shutting down");
-            self.deliver_edge(&run, EdgeFailure::EdgeShutdown.into_event_kind()).await;
-        }
+        let endings = remaining.iter().map(|run| async move {
+            self.send_cancel(run, "edge shutting down");
+            self.deliver_edge(run, EdgeFailure::EdgeShutdown.into_event_kind())
+                .await;
+        });
+        futures::future::join_all(endings).await;
         inner.timers.close();
         inner.timers.wait().await;
         inner.sink.flush().await;
@@ -243,19 +277,34 @@ impl RunService {
         let inner = &self.inner;
         let loads = inner.registry.loads();
         let turn = inner.turn.fetch_add(1, Ordering::Relaxed);
-        let chosen = select_node(&loads, &run.spec.selector, turn)?.record.id.clone();
+        let chosen = select_node(&loads, &run.spec.selector, turn)?
+            .record
+            .id
+            .clone();
         let Some(connection) = inner.registry.get(chosen.as_str()).map(|n| n.connection) else {
             // The node left between the two reads; nobody else can take the slot.
             return Ok(None);
         };
         inner.registry.adjust_active_runs(&chosen, connection, 1);
-        run.set_placement(Placement::Dispatched { node: chosen.clone(), connection });
+        run.set_placement(Placement::Dispatched {
+            node: chosen.clone(),
+            connection,
+        });
+        inner
+            .metrics
+            .dispatched(&run.spec, run.accepted_at.elapsed());
         Ok(Some(chosen))
     }
 
     /// Sends a placed run to its node; if the node is gone, ends the run.
     fn send_run(&self, run: &Arc<Run>, node: &NodeId) {
-        let RunSpec { selector, input, content_type, params, deadline } = &run.spec;
+        let RunSpec {
+            selector,
+            input,
+            content_type,
+            params,
+            deadline,
+        } = &run.spec;
         let assignment = RunAssignment {
             run_id: run.id.clone(),
             adapter: selector.adapter.clone(),
@@ -263,21 +312,36 @@ impl RunService {
             input: input.clone(),
             content_type: content_type.clone(),
             params: params.clone(),
-            deadline_ms: deadline.map_or(0, |d| u32::try_from(d.as_millis()).unwrap_or(u32::MAX)),
+            // The deadline runs from acceptance: the node gets what is left of it.
+            deadline_ms: deadline.map_or(0, |d| {
+                let left = d
+                    .saturating_sub(run.accepted_at.elapsed())
+                    .max(Duration::from_millis(1));
+                u32::try_from(left.as_millis()).unwrap_or(u32::MAX)
+            }),
         };
-        if let Err(error) = self.inner.transport.send(node, NodeCommand::Run(assignment)) {
+        if let Err(error) = self
+            .inner
+            .transport
+            .send(node, NodeCommand::Run(assignment))
+        {
             debug!(run_id = %run.id, %error, "could not send the run; the node is leaving");
             let service = self.clone();
             let run = Arc::clone(run);
             self.inner.timers.spawn(async move {
-                service.deliver_edge(&run, EdgeFailure::NodeDisconnected.into_event_kind()).await;
+                service
+                    .deliver_edge(&run, EdgeFailure::NodeDisconnected.into_event_kind())
+                    .await;
             });
         }
     }
 
     fn send_cancel(&self, run: &Run, reason: &str) {
         if let Placement::Dispatched { node, .. } = run.placement() {
-            let command = NodeCommand::Cancel { run_id: run.id.clone(), reason: reason.to_owned() };
+            let command = NodeCommand::Cancel {
+                run_id: run.id.clone(),
+                reason: reason.to_owned(),
+            };
             // A node that cannot be reached ends its runs through its disconnect.
             let _ = self.inner.transport.send(&node, command);
         }
@@ -297,7 +361,7 @@ impl RunService {
         self.inner.timers.spawn(
             async move {
                 let far = Duration::from_secs(86_400 * 365);
-                let started = Instant::now();
+                let started = run.accepted_at;
                 let expires = started + deadline.unwrap_or(far);
                 let mut queue_expires = queued.then(|| started + queue_wait);
                 loop {
@@ -329,12 +393,21 @@ impl RunService {
 
     /// Relays one event of `run` to the sink and the caller, in order; retires the run
     /// after its terminal event and drops anything after it.
-    async fn deliver(&self, run: &Arc<Run>, seq: Option<u64>, origin: EventOrigin, kind: RunEventKind) {
+    async fn deliver(
+        &self,
+        run: &Arc<Run>,
+        seq: Option<u64>,
+        origin: EventOrigin,
+        kind: RunEventKind,
+    ) {
         let mut delivery = run.delivery.lock().await;
         let seq = seq.unwrap_or_else(|| delivery.state.next_edge_seq());
         let terminal = match delivery.state.offer(seq, &kind) {
             EventVerdict::DropAfterTerminal => {
-                self.inner.stats.dropped_after_terminal.fetch_add(1, Ordering::Relaxed);
+                self.inner
+                    .stats
+                    .dropped_after_terminal
+                    .fetch_add(1, Ordering::Relaxed);
                 return;
             }
             EventVerdict::Relay => false,
@@ -353,10 +426,22 @@ impl RunService {
             origin,
             kind,
         });
+        let first_output =
+            !delivery.saw_output && matches!(event.kind, RunEventKind::Output { .. });
+        delivery.saw_output |= first_output;
+        self.inner
+            .metrics
+            .relayed(&run.spec, &event, run.accepted_at.elapsed(), first_output);
         self.inner.sink.publish(Arc::clone(&event));
         if let Some(caller) = &delivery.caller
-            && caller.send(event).await.is_err()
+            && caller
+                .send_timeout(event, CALLER_STALL_TIMEOUT)
+                .await
+                .is_err()
         {
+            if !caller.is_closed() {
+                warn!(run_id = %run.id, "the caller stopped reading this run's events; no longer sending them");
+            }
             delivery.caller = None;
         }
         if terminal {
@@ -373,7 +458,10 @@ impl RunService {
             let mut table = lock(&self.inner.table);
             table.runs.remove(&run.id);
             if let Placement::Dispatched { node, connection } = run.placement() {
-                self.inner.registry.adjust_active_runs(&node, connection, -1);
+                self.inner
+                    .registry
+                    .adjust_active_runs(&node, connection, -1);
+                table.remember_ended(run.id.clone(), node, connection);
             }
             self.pump(&mut table)
         };
@@ -398,10 +486,21 @@ impl RunService {
         placed
     }
 
-    fn run_held_by(&self, run_id: &str, node: &NodeId, connection: ConnectionId) -> Option<Arc<Run>> {
-        let run = lock(&self.inner.table).runs.get(&RunId::new(run_id)).cloned()?;
+    fn run_held_by(
+        &self,
+        run_id: &str,
+        node: &NodeId,
+        connection: ConnectionId,
+    ) -> Option<Arc<Run>> {
+        let run = lock(&self.inner.table)
+            .runs
+            .get(&RunId::new(run_id))
+            .cloned()?;
         match run.placement() {
-            Placement::Dispatched { node: n, connection: c } if &n == node && c == connection => Some(run),
+            Placement::Dispatched {
+                node: n,
+                connection: c,
+            } if &n == node && c == connection => Some(run),
             _ => None,
         }
     }
@@ -420,14 +519,29 @@ impl NodeEventHandler for RunService {
         let ReportedEvent { run_id, seq, kind } = event;
         match self.run_held_by(&run_id, node, connection) {
             Some(run) => self.deliver(&run, Some(seq), EventOrigin::Node, kind).await,
+            None if lock(&self.inner.table).ended_on(&run_id, node, connection) => {
+                self.inner
+                    .stats
+                    .dropped_after_terminal
+                    .fetch_add(1, Ordering::Relaxed);
+                debug!(run_id, %node, "dropped an event for a run that has ended");
+            }
             None => {
-                self.inner.stats.dropped_unknown_run.fetch_add(1, Ordering::Relaxed);
+                self.inner
+                    .stats
+                    .dropped_unknown_run
+                    .fetch_add(1, Ordering::Relaxed);
                 debug!(run_id, %node, "dropped an event for a run this node does not hold");
             }
         }
     }
 
-    async fn node_disconnected(&self, node: &NodeId, connection: ConnectionId, reason: CloseReason) {
+    async fn node_disconnected(
+        &self,
+        node: &NodeId,
+        connection: ConnectionId,
+        reason: CloseReason,
+    ) {
         let held: Vec<Arc<Run>> = lock(&self.inner.table)
             .runs
             .values()
@@ -440,7 +554,8 @@ impl NodeEventHandler for RunService {
             debug!(%node, %reason, runs = held.len(), "ending the runs of a disconnected node");
         }
         for run in held {
-            self.deliver_edge(&run, EdgeFailure::NodeDisconnected.into_event_kind()).await;
+            self.deliver_edge(&run, EdgeFailure::NodeDisconnected.into_event_kind())
+                .await;
         }
     }
 }

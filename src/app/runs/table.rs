@@ -29,12 +29,16 @@ pub(super) struct Delivery {
     pub(super) state: RunState,
     /// The caller's stream; `None` once the run ended or the caller stopped listening.
     pub(super) caller: Option<mpsc::Sender<Arc<RunEvent>>>,
+    /// Whether an `output` event has been relayed (for time-to-first-output).
+    pub(super) saw_output: bool,
 }
 
 /// One open run.
 pub(super) struct Run {
     pub(super) id: RunId,
     pub(super) spec: RunSpec,
+    /// When the run was accepted; its deadline and latencies count from here.
+    pub(super) accepted_at: tokio::time::Instant,
     pub(super) placement: Mutex<Placement>,
     pub(super) delivery: tokio::sync::Mutex<Delivery>,
     /// Cancelled when the run has had its terminal event; stops its timers.
@@ -54,8 +58,14 @@ impl Run {
 /// Locks a std mutex, recovering from poisoning: every critical section here leaves the
 /// data consistent at each step, so a panic elsewhere cannot leave it half-updated.
 pub(super) fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
+
+/// How many ended runs the table remembers, so that a node's late events for them count as
+/// dropped after the terminal rather than as events for an unknown run.
+const REMEMBERED_ENDINGS: usize = 1_024;
 
 /// The open runs and the waiting queue. Guarded by one mutex that is never held across an
 /// `.await`, so selection and capacity reservation are atomic.
@@ -63,6 +73,9 @@ pub(super) fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 pub(super) struct Table {
     pub(super) runs: HashMap<RunId, Arc<Run>>,
     pub(super) queue: VecDeque<Arc<Run>>,
+    /// The most recently ended dispatched runs and the connection that held each, oldest
+    /// first; at most [`REMEMBERED_ENDINGS`].
+    ended: VecDeque<(RunId, NodeId, ConnectionId)>,
 }
 
 impl Table {
@@ -73,11 +86,29 @@ impl Table {
         self.queue.len() != before
     }
 
+    /// Remembers that `run`, held by `node` on `connection`, has ended.
+    pub(super) fn remember_ended(&mut self, run: RunId, node: NodeId, connection: ConnectionId) {
+        if self.ended.len() == REMEMBERED_ENDINGS {
+            self.ended.pop_front();
+        }
+        self.ended.push_back((run, node, connection));
+    }
+
+    /// Whether `run` recently ended while `node` held it on `connection`.
+    pub(super) fn ended_on(&self, run: &str, node: &NodeId, connection: ConnectionId) -> bool {
+        self.ended
+            .iter()
+            .any(|(r, n, c)| r.as_str() == run && n == node && *c == connection)
+    }
+
     /// How many queued runs want the same adapter and target as `spec`.
     pub(super) fn queued_like(&self, spec: &RunSpec) -> usize {
         self.queue
             .iter()
-            .filter(|r| r.spec.selector.adapter == spec.selector.adapter && r.spec.selector.target == spec.selector.target)
+            .filter(|r| {
+                r.spec.selector.adapter == spec.selector.adapter
+                    && r.spec.selector.target == spec.selector.target
+            })
             .count()
     }
 }

@@ -1,0 +1,10 @@
+//! The HTTP server in front of the edge: operations endpoints (`/metrics`, `/healthz`,
+//! `/readyz`) and the OpenAI-compatible API, served with axum.
+//!
+//! The API never reaches a node except through the run service, which speaks the node
+//! protocol; this adapter only translates HTTP to runs and run events to HTTP.
+
+mod health;
+mod server;
+
+pub use server::{HttpServer, HttpState};

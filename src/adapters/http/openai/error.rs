@@ -1,0 +1,248 @@
+//! Errors in OpenAI's shape, `{"error":{"message","type","param","code"}}`, with the status
+//! (and `Retry-After`) that fits, so the official clients raise the exception they document.
+//!
+//! Used for a response before streaming starts and, once an SSE stream has begun, as its
+//! last chunk. Messages name what the client sent, never an API key.
+
+use axum::Json;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+
+use crate::app::StartError;
+use crate::domain::EdgeFailure;
+
+const INVALID_REQUEST: &str = "invalid_request_error";
+const RATE_LIMIT: &str = "rate_limit_error";
+const SERVER: &str = "server_error";
+
+/// An error the API answers with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiError {
+    status: StatusCode,
+    kind: &'static str,
+    message: String,
+    param: Option<&'static str>,
+    code: Option<String>,
+    retry_after_secs: Option<u64>,
+}
+
+#[derive(Serialize)]
+struct Body<'a> {
+    error: Detail<'a>,
+}
+
+#[derive(Serialize)]
+struct Detail<'a> {
+    message: &'a str,
+    #[serde(rename = "type")]
+    kind: &'a str,
+    param: Option<&'a str>,
+    code: Option<&'a str>,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            kind,
+            message: message.into(),
+            param: None,
+            code: None,
+            retry_after_secs: None,
+        }
+    }
+
+    fn param(mut self, param: &'static str) -> Self {
+        self.param = Some(param);
+        self
+    }
+
+    fn code(mut self, code: impl Into<String>) -> Self {
+        self.code = Some(code.into());
+        self
+    }
+
+    fn retry_after(mut self, secs: u64) -> Self {
+        self.retry_after_secs = Some(secs);
+        self
+    }
+
+    /// The HTTP status.
+    pub fn status(&self) -> StatusCode {
+        self.status
+    }
+
+    /// The machine-readable code, if any.
+    pub fn error_code(&self) -> Option<&str> {
+        self.code.as_deref()
+    }
+
+    fn body(&self) -> Body<'_> {
+        Body {
+            error: Detail {
+                message: &self.message,
+                kind: self.kind,
+                param: self.param,
+                code: self.code.as_deref(),
+            },
+        }
+    }
+
+    /// The body as JSON text: the response body, or the SSE error chunk.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(&self.body()).unwrap_or_else(|_| {
+            r#"{"error":{"message":"internal error","type":"server_error","param":null,"code":null}}"#.to_owned()
+        })
+    }
+
+    /// 400: the body is not JSON (or not an object).
+    pub fn malformed_json(detail: &str) -> Self {
+        Self::new(
+            StatusCode::BAD_REQUEST,
+            INVALID_REQUEST,
+            format!("We could not parse the JSON body of your request: {detail}"),
+        )
+    }
+
+    /// 400: a required field is missing.
+    pub fn missing(param: &'static str) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, INVALID_REQUEST, format!("Missing required parameter: '{param}'."))
+            .param(param)
+            .code("missing_required_parameter")
+    }
+
+    /// 400: a field has a value the API does not accept.
+    pub fn invalid(param: &'static str, message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, INVALID_REQUEST, message).param(param).code("invalid_value")
+    }
+
+    /// 400: a header has a value the API does not accept.
+    pub fn invalid_header(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, INVALID_REQUEST, message).code("invalid_header")
+    }
+
+    /// 401: no API key, or a wrong one.
+    pub fn invalid_api_key(missing: bool) -> Self {
+        let message = if missing {
+            "You didn't provide an API key. Send it as `Authorization: Bearer <key>`."
+        } else {
+            "Incorrect API key provided."
+        };
+        Self::new(StatusCode::UNAUTHORIZED, INVALID_REQUEST, message).code("invalid_api_key")
+    }
+
+    /// 404: the model is not an alias, not `ADAPTER/TARGET`, or no connected node serves it.
+    pub fn model_not_found(model: &str) -> Self {
+        Self::new(
+            StatusCode::NOT_FOUND,
+            INVALID_REQUEST,
+            format!("The model `{model}` does not exist or no connected node serves it."),
+        )
+        .param("model")
+        .code("model_not_found")
+    }
+
+    /// 404 for a path the API does not have.
+    pub fn unknown_url(method: &str, path: &str) -> Self {
+        Self::new(StatusCode::NOT_FOUND, INVALID_REQUEST, format!("Unknown request URL: {method} {path}."))
+            .code("unknown_url")
+    }
+
+    /// 413: the body exceeds `api.max_body_bytes`.
+    pub fn body_too_large(limit: usize) -> Self {
+        Self::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            INVALID_REQUEST,
+            format!("The request body is larger than the limit of {limit} bytes."),
+        )
+        .code("request_too_large")
+    }
+
+    /// 500: something that should not happen.
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::INTERNAL_SERVER_ERROR, SERVER, message).code("internal_error")
+    }
+
+    /// Why the run service did not accept a run for `model`.
+    pub fn not_started(error: &StartError, model: &str, retry_after_secs: u64) -> Self {
+        match error {
+            StartError::NoNode(_) => Self::model_not_found(model),
+            StartError::QueueFull { capacity, .. } => Self::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                RATE_LIMIT,
+                format!(
+                    "Every node serving `{model}` is busy and the wait queue is full ({capacity} waiting). Retry later."
+                ),
+            )
+            .code("queue_full")
+            .retry_after(retry_after_secs),
+            StartError::ShuttingDown => {
+                Self::new(StatusCode::SERVICE_UNAVAILABLE, SERVER, "The edge is shutting down. Retry later.")
+                    .code(EdgeFailure::EdgeShutdown.code())
+                    .retry_after(retry_after_secs)
+            }
+        }
+    }
+
+    /// A run that ended with `failed`: the edge's own codes get their status (no capacity
+    /// 503, deadline 504), anything from the node is a 502 carrying the node's code.
+    pub fn run_failed(code: &str, message: &str, retry_after_secs: u64) -> Self {
+        let edge = |failure: EdgeFailure| failure.code() == code;
+        if edge(EdgeFailure::QueueTimeout) || edge(EdgeFailure::EdgeShutdown) {
+            Self::new(StatusCode::SERVICE_UNAVAILABLE, SERVER, format!("{message}. Retry later."))
+                .code(code)
+                .retry_after(retry_after_secs)
+        } else if edge(EdgeFailure::DeadlineExceeded) {
+            Self::new(StatusCode::GATEWAY_TIMEOUT, SERVER, message).code(code)
+        } else {
+            Self::new(StatusCode::BAD_GATEWAY, SERVER, format!("The node failed the request: {message}")).code(code)
+        }
+    }
+
+    /// A run cancelled by someone other than the client (an operator, the edge).
+    pub fn run_cancelled(reason: &str) -> Self {
+        Self::new(StatusCode::BAD_GATEWAY, SERVER, format!("The run was cancelled: {reason}")).code("run_cancelled")
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut response = (self.status, Json(self.body())).into_response();
+        let headers = response.headers_mut();
+        if let Some(secs) = self.retry_after_secs {
+            headers.insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        if self.status == StatusCode::UNAUTHORIZED {
+            headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shape_is_openai_s() {
+        let json: serde_json::Value = serde_json::from_str(&ApiError::missing("messages").to_json()).unwrap();
+        assert_eq!(json["error"]["type"], "invalid_request_error");
+        assert_eq!(json["error"]["param"], "messages");
+        assert_eq!(json["error"]["code"], "missing_required_parameter");
+        assert!(json["error"]["message"].as_str().unwrap().contains("messages"));
+        let json: serde_json::Value = serde_json::from_str(&ApiError::internal("x").to_json()).unwrap();
+        assert!(json["error"]["param"].is_null());
+    }
+
+    #[test]
+    fn failures_map_to_statuses() {
+        let status = |code| ApiError::run_failed(code, "m", 1).status();
+        assert_eq!(status("queue_timeout"), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(status("edge_shutdown"), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(status("deadline_exceeded"), StatusCode::GATEWAY_TIMEOUT);
+        assert_eq!(status("node_disconnected"), StatusCode::BAD_GATEWAY);
+        assert_eq!(status("cuda_oom"), StatusCode::BAD_GATEWAY);
+        assert_eq!(ApiError::run_failed("queue_timeout", "m", 7).retry_after_secs, Some(7));
+    }
+}

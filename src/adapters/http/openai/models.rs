@@ -1,0 +1,231 @@
+//! The `model` notion, which exists only here: an external model id maps to the
+//! `adapter + target` every run inside the edge is addressed by, and back for
+//! `GET /v1/models`.
+//!
+//! A model id is an alias from `[api.models]`, or else `ADAPTER/TARGET`, split at the first
+//! `/` (adapter names never contain one; targets may, as in `vllm/Qwen/Qwen2.5-7B`). Nothing
+//! past this module sees a model id.
+
+use std::collections::BTreeMap;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+
+use super::error::ApiError;
+use crate::adapters::http::HttpState;
+use crate::domain::{AdapterName, NameError, Target};
+use crate::ports::ConnectedNode;
+
+/// Where a model id leads: the adapter and target of its runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelRoute {
+    /// The adapter that runs it.
+    pub adapter: AdapterName,
+    /// The adapter's target.
+    pub target: Target,
+}
+
+/// Why a string is not an `ADAPTER/TARGET` model id.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ModelIdError {
+    /// There is no `/`.
+    #[error("model id {0:?} is not of the form ADAPTER/TARGET")]
+    NoSlash(String),
+    /// The adapter or the target is not a valid name.
+    #[error("model id {id:?} is not of the form ADAPTER/TARGET: {reason}")]
+    BadName {
+        /// The model id.
+        id: String,
+        /// What is wrong with the adapter or target.
+        reason: NameError,
+    },
+}
+
+impl ModelRoute {
+    /// Parses `ADAPTER/TARGET`, split at the first `/`.
+    ///
+    /// # Errors
+    /// [`ModelIdError`] when there is no `/` or either half is not a valid name.
+    pub fn parse(id: &str) -> Result<Self, ModelIdError> {
+        let (adapter, target) = id
+            .split_once('/')
+            .ok_or_else(|| ModelIdError::NoSlash(id.to_owned()))?;
+        let bad = |reason| ModelIdError::BadName { id: id.to_owned(), reason };
+        Ok(Self {
+            adapter: AdapterName::parse(adapter).map_err(bad)?,
+            target: Target::parse(target).map_err(bad)?,
+        })
+    }
+
+    /// The canonical model id, `ADAPTER/TARGET`.
+    pub fn id(&self) -> String {
+        format!("{}/{}", self.adapter, self.target)
+    }
+}
+
+/// The aliases of `[api.models]`, validated, and the rule for every other model id.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ModelMap {
+    aliases: BTreeMap<String, ModelRoute>,
+}
+
+impl ModelMap {
+    /// Builds the map from `[api.models]`.
+    ///
+    /// # Errors
+    /// Every invalid alias, one message each, naming the key and the alias.
+    pub fn new(aliases: &BTreeMap<String, String>) -> Result<Self, Vec<String>> {
+        let problems = Self::problems(aliases);
+        if !problems.is_empty() {
+            return Err(problems);
+        }
+        let aliases = aliases
+            .iter()
+            .filter_map(|(alias, id)| Some((alias.clone(), ModelRoute::parse(id).ok()?)))
+            .collect();
+        Ok(Self { aliases })
+    }
+
+    /// What is wrong with `[api.models]`: an empty alias, or a value that is not
+    /// `ADAPTER/TARGET` with valid names.
+    pub fn problems(aliases: &BTreeMap<String, String>) -> Vec<String> {
+        aliases
+            .iter()
+            .filter_map(|(alias, id)| {
+                if alias.trim().is_empty() {
+                    return Some(format!("`api.models` has an empty alias (for {id:?})"));
+                }
+                ModelRoute::parse(id)
+                    .err()
+                    .map(|error| format!("`api.models.{alias:?}` (alias {alias:?}): {error}"))
+            })
+            .collect()
+    }
+
+    /// Where `model` leads: its alias, or else its own `ADAPTER/TARGET`.
+    ///
+    /// # Errors
+    /// [`ModelIdError`] when `model` is neither an alias nor `ADAPTER/TARGET`.
+    pub fn resolve(&self, model: &str) -> Result<ModelRoute, ModelIdError> {
+        match self.aliases.get(model) {
+            Some(route) => Ok(route.clone()),
+            None => ModelRoute::parse(model),
+        }
+    }
+
+    /// The models `nodes` serve: every `ADAPTER/TARGET` they serve, and every alias leading
+    /// to one of those; sorted by id.
+    pub fn served(&self, nodes: &[ConnectedNode]) -> Vec<ListedModel> {
+        let mut served: BTreeMap<String, ListedModel> = BTreeMap::new();
+        for node in nodes {
+            let created = unix_seconds(node.connected_since);
+            for adapter in &node.record.adapters {
+                for target in &adapter.targets {
+                    let route = ModelRoute { adapter: adapter.name.clone(), target: target.clone() };
+                    add(&mut served, route.id(), created, &route);
+                    for (alias, aliased) in &self.aliases {
+                        if aliased == &route {
+                            add(&mut served, alias.clone(), created, &route);
+                        }
+                    }
+                }
+            }
+        }
+        served.into_values().collect()
+    }
+}
+
+fn add(served: &mut BTreeMap<String, ListedModel>, id: String, created: u64, route: &ModelRoute) {
+    let entry = served.entry(id.clone()).or_insert_with(|| ListedModel {
+        id,
+        object: "model",
+        created,
+        owned_by: route.adapter.to_string(),
+    });
+    entry.created = entry.created.min(created);
+}
+
+fn unix_seconds(at: SystemTime) -> u64 {
+    at.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+/// One entry of `GET /v1/models`, in OpenAI's `model` object shape.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ListedModel {
+    /// The model id clients send.
+    pub id: String,
+    /// Always `model`.
+    pub object: &'static str,
+    /// When the earliest node serving it connected (Unix seconds).
+    pub created: u64,
+    /// The adapter that runs it.
+    pub owned_by: String,
+}
+
+/// OpenAI's list shape.
+#[derive(Serialize)]
+struct ModelList {
+    object: &'static str,
+    data: Vec<ListedModel>,
+}
+
+/// `GET /v1/models`: the models the connected nodes serve right now.
+pub(super) async fn list(State(state): State<HttpState>) -> Response {
+    let data = state.api.models().served(&state.registry.snapshot());
+    Json(ModelList { object: "list", data }).into_response()
+}
+
+/// `GET /v1/models/{model}`: one served model, or 404.
+pub(super) async fn retrieve(State(state): State<HttpState>, Path(model): Path<String>) -> Response {
+    let served = state.api.models().served(&state.registry.snapshot());
+    match served.into_iter().find(|m| m.id == model) {
+        Some(found) => Json(found).into_response(),
+        None => ApiError::model_not_found(&model).into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn splits_at_the_first_slash() {
+        let route = ModelRoute::parse("vllm/Qwen/Qwen2.5-7B").unwrap();
+        assert_eq!(route.adapter.as_str(), "vllm");
+        assert_eq!(route.target.as_str(), "Qwen/Qwen2.5-7B");
+        assert_eq!(route.id(), "vllm/Qwen/Qwen2.5-7B");
+        assert!(matches!(ModelRoute::parse("gpt-4o"), Err(ModelIdError::NoSlash(_))));
+        assert!(matches!(ModelRoute::parse("/x"), Err(ModelIdError::BadName { .. })));
+        assert!(matches!(ModelRoute::parse("echo/"), Err(ModelIdError::BadName { .. })));
+        assert!(matches!(ModelRoute::parse("bad name/x"), Err(ModelIdError::BadName { .. })));
+    }
+
+    #[test]
+    fn aliases_win_over_the_split() {
+        let map = ModelMap::new(&BTreeMap::from([
+            ("gpt-4o-mini".to_owned(), "ollama/llama3.1:8b".to_owned()),
+            ("echo/default".to_owned(), "echo/fast".to_owned()),
+        ]))
+        .unwrap();
+        assert_eq!(map.resolve("gpt-4o-mini").unwrap().id(), "ollama/llama3.1:8b");
+        assert_eq!(map.resolve("echo/default").unwrap().id(), "echo/fast");
+        assert_eq!(map.resolve("echo/other").unwrap().id(), "echo/other");
+        assert!(map.resolve("gpt-4o").is_err());
+    }
+
+    #[test]
+    fn invalid_aliases_are_all_reported() {
+        let problems = ModelMap::new(&BTreeMap::from([
+            ("a".to_owned(), "nothing".to_owned()),
+            ("b".to_owned(), "ok/fine".to_owned()),
+            ("c".to_owned(), "bad adapter/x".to_owned()),
+        ]))
+        .unwrap_err();
+        assert_eq!(problems.len(), 2, "{problems:?}");
+        assert!(problems[0].contains("\"a\""));
+        assert!(problems[1].contains("\"c\""));
+    }
+}

@@ -1,0 +1,231 @@
+//! Turns an OpenAI request into a run: checks the body, maps `model` to `adapter + target`,
+//! and builds the [`RunSpec`] whose input is the body without `model` and `stream`.
+//!
+//! Everything the node needs stays in the body untouched (`messages`, `max_tokens`,
+//! `max_completion_tokens`, `temperature`, ...): the edge does not interpret it.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use axum::extract::rejection::BytesRejection;
+use axum::http::{HeaderMap, StatusCode};
+use bytes::Bytes;
+use serde_json::{Map, Value};
+
+use super::Api;
+use super::error::ApiError;
+use crate::domain::{NodeSelector, RunSpec};
+
+/// The header a client sets to ask for a deadline, in milliseconds.
+pub const DEADLINE_HEADER: &str = "x-edge-deadline-ms";
+
+/// What a request's body is read as by the node.
+pub const CONTENT_TYPE: &str = "application/json";
+
+/// Which endpoint a request came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Endpoint {
+    /// `POST /v1/chat/completions`.
+    Chat,
+    /// `POST /v1/completions`.
+    Completion,
+}
+
+impl Endpoint {
+    /// The field the endpoint cannot do without.
+    fn required(self) -> &'static str {
+        match self {
+            Self::Chat => "messages",
+            Self::Completion => "prompt",
+        }
+    }
+}
+
+/// A checked request, ready to start.
+#[derive(Debug)]
+pub(super) struct ApiRequest {
+    /// The model id as the client sent it (answers name it back).
+    pub model: String,
+    /// Whether the answer is an SSE stream.
+    pub stream: bool,
+    /// Whether a streamed answer ends with a usage chunk.
+    pub include_usage: bool,
+    /// The run.
+    pub spec: RunSpec,
+}
+
+/// Checks a request to `endpoint`.
+///
+/// # Errors
+/// 413 for a body over the limit, 400 for a body that is not a JSON object, a missing or
+/// mistyped field, or a bad deadline header, and 404 for a model that is neither an alias
+/// nor `ADAPTER/TARGET`.
+pub(super) fn prepare(
+    api: &Api,
+    endpoint: Endpoint,
+    headers: &HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<ApiRequest, ApiError> {
+    let body = body.map_err(|rejection| {
+        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::body_too_large(api.config().max_body_bytes)
+        } else {
+            ApiError::malformed_json(&rejection.body_text())
+        }
+    })?;
+    let mut fields = match serde_json::from_slice::<Value>(&body) {
+        Ok(Value::Object(fields)) => fields,
+        Ok(_) => return Err(ApiError::malformed_json("the body must be a JSON object")),
+        Err(error) => return Err(ApiError::malformed_json(&error.to_string())),
+    };
+    let model = match fields.remove("model") {
+        Some(Value::String(model)) if !model.is_empty() => model,
+        None | Some(Value::Null) => return Err(ApiError::missing("model")),
+        Some(_) => return Err(ApiError::invalid("model", "`model` must be a non-empty string.")),
+    };
+    let stream = match fields.remove("stream") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(stream)) => stream,
+        Some(_) => return Err(ApiError::invalid("stream", "`stream` must be a boolean.")),
+    };
+    let include_usage = include_usage(&fields)?;
+    check_required(endpoint, &fields)?;
+    if let Some(n) = fields.get("n")
+        && !(n.is_null() || n.as_u64() == Some(1))
+    {
+        return Err(ApiError::invalid("n", "Only `n: 1` is supported: a run produces one choice."));
+    }
+    let deadline = deadline(api, headers)?;
+    let route = api
+        .models()
+        .resolve(&model)
+        .map_err(|_| ApiError::model_not_found(&model))?;
+    let input = serde_json::to_vec(&Value::Object(fields))
+        .map_err(|error| ApiError::internal(format!("cannot encode the run input: {error}")))?;
+    let spec = RunSpec {
+        selector: NodeSelector { adapter: route.adapter, target: route.target, pin: None },
+        input: Bytes::from(input),
+        content_type: CONTENT_TYPE.to_owned(),
+        params: BTreeMap::new(),
+        deadline,
+    };
+    Ok(ApiRequest { model, stream, include_usage, spec })
+}
+
+/// `stream_options.include_usage`, false when absent.
+fn include_usage(fields: &Map<String, Value>) -> Result<bool, ApiError> {
+    let options = match fields.get("stream_options") {
+        None | Some(Value::Null) => return Ok(false),
+        Some(Value::Object(options)) => options,
+        Some(_) => return Err(ApiError::invalid("stream_options", "`stream_options` must be an object.")),
+    };
+    match options.get("include_usage") {
+        None | Some(Value::Null) => Ok(false),
+        Some(Value::Bool(include)) => Ok(*include),
+        Some(_) => Err(ApiError::invalid(
+            "stream_options",
+            "`stream_options.include_usage` must be a boolean.",
+        )),
+    }
+}
+
+/// `messages` (a non-empty array) for chat, `prompt` (a string or an array) for completions.
+fn check_required(endpoint: Endpoint, fields: &Map<String, Value>) -> Result<(), ApiError> {
+    let name = endpoint.required();
+    let valid = match (endpoint, fields.get(name)) {
+        (_, None | Some(Value::Null)) => return Err(ApiError::missing(name)),
+        (Endpoint::Chat, Some(Value::Array(messages))) => !messages.is_empty(),
+        (Endpoint::Completion, Some(Value::String(_) | Value::Array(_))) => true,
+        _ => false,
+    };
+    if valid {
+        Ok(())
+    } else {
+        Err(match endpoint {
+            Endpoint::Chat => ApiError::invalid(name, "`messages` must be a non-empty array."),
+            Endpoint::Completion => ApiError::invalid(name, "`prompt` must be a string or an array."),
+        })
+    }
+}
+
+/// The run's deadline: the header's (capped by `api.max_deadline_ms`), else the default.
+fn deadline(api: &Api, headers: &HeaderMap) -> Result<Option<Duration>, ApiError> {
+    let Some(value) = headers.get(DEADLINE_HEADER) else {
+        return Ok(api.config().default_deadline());
+    };
+    let millis = value
+        .to_str()
+        .ok()
+        .and_then(|text| text.trim().parse::<u64>().ok())
+        .filter(|millis| *millis > 0)
+        .ok_or_else(|| {
+            ApiError::invalid_header(format!("`{DEADLINE_HEADER}` must be a positive number of milliseconds."))
+        })?;
+    Ok(Some(Duration::from_millis(millis).min(api.config().max_deadline())))
+}
+
+#[cfg(test)]
+mod tests {
+    use axum::http::HeaderValue;
+
+    use super::*;
+    use crate::adapters::http::openai::ApiConfig;
+
+    fn api() -> Api {
+        let mut config = ApiConfig::default();
+        config.models.insert("gpt-4o-mini".into(), "echo/fast".into());
+        Api::new(config).unwrap()
+    }
+
+    fn prepare_json(endpoint: Endpoint, body: &str) -> Result<ApiRequest, ApiError> {
+        prepare(&api(), endpoint, &HeaderMap::new(), Ok(Bytes::from(body.to_owned())))
+    }
+
+    #[test]
+    fn the_input_is_the_body_without_model_and_stream() {
+        let request = prepare_json(
+            Endpoint::Chat,
+            r#"{"model":"gpt-4o-mini","stream":true,"stream_options":{"include_usage":true},
+                "messages":[{"role":"user","content":"hi"}],"max_tokens":7}"#,
+        )
+        .unwrap();
+        assert_eq!(request.model, "gpt-4o-mini");
+        assert!(request.stream && request.include_usage);
+        assert_eq!(request.spec.selector.adapter.as_str(), "echo");
+        assert_eq!(request.spec.selector.target.as_str(), "fast");
+        assert_eq!(request.spec.content_type, "application/json");
+        assert_eq!(request.spec.deadline, Some(Duration::from_secs(300)));
+        let input: Value = serde_json::from_slice(&request.spec.input).unwrap();
+        assert!(input.get("model").is_none() && input.get("stream").is_none());
+        assert_eq!(input["max_tokens"], 7);
+        assert_eq!(input["messages"][0]["content"], "hi");
+    }
+
+    #[test]
+    fn bad_bodies_are_400_and_unknown_models_404() {
+        let status = |endpoint, body| prepare_json(endpoint, body).unwrap_err().status();
+        assert_eq!(status(Endpoint::Chat, "{nope"), StatusCode::BAD_REQUEST);
+        assert_eq!(status(Endpoint::Chat, "[1]"), StatusCode::BAD_REQUEST);
+        assert_eq!(status(Endpoint::Chat, r#"{"messages":[{}]}"#), StatusCode::BAD_REQUEST);
+        assert_eq!(status(Endpoint::Chat, r#"{"model":"echo/x"}"#), StatusCode::BAD_REQUEST);
+        assert_eq!(status(Endpoint::Chat, r#"{"model":"echo/x","messages":[]}"#), StatusCode::BAD_REQUEST);
+        assert_eq!(status(Endpoint::Completion, r#"{"model":"echo/x"}"#), StatusCode::BAD_REQUEST);
+        assert_eq!(
+            status(Endpoint::Completion, r#"{"model":"echo/x","prompt":"a","stream":"yes"}"#),
+            StatusCode::BAD_REQUEST
+        );
+        assert_eq!(status(Endpoint::Completion, r#"{"model":"gpt-4o","prompt":"a"}"#), StatusCode::NOT_FOUND);
+    }
+
+    #[test]
+    fn the_deadline_header_is_capped() {
+        let mut headers = HeaderMap::new();
+        headers.insert(DEADLINE_HEADER, HeaderValue::from_static("999999999"));
+        let body = Ok(Bytes::from_static(br#"{"model":"echo/x","prompt":"a"}"#));
+        let request = prepare(&api(), Endpoint::Completion, &headers, body).unwrap();
+        assert_eq!(request.spec.deadline, Some(Duration::from_secs(600)));
+        headers.insert(DEADLINE_HEADER, HeaderValue::from_static("soon"));
+        let body = Ok(Bytes::from_static(br#"{"model":"echo/x","prompt":"a"}"#));
+        assert!(prepare(&api(), Endpoint::Completion, &headers, body).is_err());
+    }
+}

@@ -1,0 +1,68 @@
+//! The HTTP listener and its routes.
+
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::routing::get;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use super::health;
+use crate::adapters::tcp::TransportControl;
+use crate::app::runs::RunService;
+use crate::ports::Registry;
+
+/// What the handlers work with. Cheap to clone.
+#[derive(Clone)]
+pub struct HttpState {
+    /// The registry `/metrics` renders.
+    pub metrics: prometheus::Registry,
+    /// For readiness (draining or not).
+    pub transport: TransportControl,
+    /// Accepts runs.
+    pub runs: RunService,
+    /// The connected nodes.
+    pub registry: Arc<dyn Registry>,
+}
+
+/// The bound HTTP listener.
+pub struct HttpServer {
+    listener: TcpListener,
+    router: Router,
+}
+
+impl HttpServer {
+    /// Binds `addr` and builds the routes.
+    ///
+    /// # Errors
+    /// The socket error when the address cannot be bound.
+    pub async fn bind(addr: SocketAddr, state: HttpState) -> io::Result<HttpServer> {
+        let listener = TcpListener::bind(addr).await?;
+        let router = Router::new()
+            .route("/healthz", get(health::healthz))
+            .route("/readyz", get(health::readyz))
+            .route("/metrics", get(health::metrics))
+            .with_state(state);
+        Ok(HttpServer { listener, router })
+    }
+
+    /// The address actually bound.
+    ///
+    /// # Errors
+    /// The socket error, which does not happen for a bound listener.
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    /// Serves until `stop` is cancelled, then lets open requests finish.
+    ///
+    /// # Errors
+    /// The server failed while serving.
+    pub async fn run(self, stop: CancellationToken) -> io::Result<()> {
+        axum::serve(self.listener, self.router)
+            .with_graceful_shutdown(async move { stop.cancelled().await })
+            .await
+    }
+}

@@ -1,0 +1,66 @@
+//! Counters of the node transport, kept as atomics so the transport knows nothing of the
+//! metrics exporter; the application exports them.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::domain::RegisterRejection;
+use crate::ports::CloseReason;
+
+/// What the node transport has done since it started. Every field only grows, except
+/// `connections_open`.
+#[derive(Debug, Default)]
+pub struct TransportStats {
+    /// Connections open now.
+    pub connections_open: AtomicU64,
+    /// Connections refused because `server.max_connections` were open.
+    pub connections_refused: AtomicU64,
+    closed: [AtomicU64; CloseReason::ALL.len()],
+    /// Frames read from nodes.
+    pub frames_in: AtomicU64,
+    /// Frames written to nodes.
+    pub frames_out: AtomicU64,
+    /// Bytes read from nodes (length prefixes included).
+    pub bytes_in: AtomicU64,
+    /// Bytes written to nodes (length prefixes included).
+    pub bytes_out: AtomicU64,
+    /// Registrations accepted.
+    pub registrations_accepted: AtomicU64,
+    rejected: [AtomicU64; RegisterRejection::ALL.len()],
+    disconnects: [AtomicU64; CloseReason::ALL.len()],
+}
+
+fn index<T: PartialEq>(all: &[T], item: &T) -> usize {
+    all.iter().position(|x| x == item).unwrap_or(0)
+}
+
+impl TransportStats {
+    /// Counts a closed connection.
+    pub fn record_close(&self, reason: CloseReason) {
+        self.closed[index(&CloseReason::ALL, &reason)].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Connections closed for `reason`.
+    pub fn closed(&self, reason: CloseReason) -> u64 {
+        self.closed[index(&CloseReason::ALL, &reason)].load(Ordering::Relaxed)
+    }
+
+    /// Counts a refused registration.
+    pub fn record_rejection(&self, rejection: RegisterRejection) {
+        self.rejected[index(&RegisterRejection::ALL, &rejection)].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Registrations refused for `rejection`.
+    pub fn rejected(&self, rejection: RegisterRejection) -> u64 {
+        self.rejected[index(&RegisterRejection::ALL, &rejection)].load(Ordering::Relaxed)
+    }
+
+    /// Counts a registered node leaving.
+    pub fn record_disconnect(&self, reason: CloseReason) {
+        self.disconnects[index(&CloseReason::ALL, &reason)].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Registered nodes that left for `reason` (`heartbeat_timeout` counts evictions).
+    pub fn disconnects(&self, reason: CloseReason) -> u64 {
+        self.disconnects[index(&CloseReason::ALL, &reason)].load(Ordering::Relaxed)
+    }
+}

@@ -1,0 +1,1304 @@
+//! Tests of [`RunService`] through its public API and the [`NodeEventHandler`] calls the TCP
+//! transport makes, with the real in-memory [`LockRegistry`] and mockall doubles for the
+//! transport and the event sink.
+//!
+//! They check the guarantee the service exists for: every accepted run ends with exactly one
+//! terminal event, in the sink and on the caller's stream, whichever path ends it. Timers run
+//! on paused tokio time; nothing here sleeps for real or asserts how long anything took.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use proptest::prelude::*;
+use tokio::sync::mpsc::error::TryRecvError;
+use tokio::time::sleep;
+
+use super::{RunHandle, RunService, StartError};
+use crate::adapters::lock_registry::LockRegistry;
+use crate::app::settings::RunsConfig;
+use crate::domain::{
+    AdapterConfig, AdapterName, Alias, EventOrigin, NodeId, NodeLoad, NodeRecord, NodeSelector,
+    RunEvent, RunEventKind, RunId, RunSpec, RuntimeConfig, SelectError, Target, Token,
+};
+use crate::ports::event_sink::MockEventSink;
+use crate::ports::registry::MockRegistry;
+use crate::ports::transport::MockNodeTransport;
+use crate::ports::{
+    CloseReason, ConnectionId, LinkError, NewConnection, NodeCommand, NodeEventHandler, NodeLink,
+    Registry, ReportedEvent, RunAssignment, TransportError,
+};
+
+const ADAPTER: &str = "echo";
+const TARGET: &str = "t";
+
+fn node_id(id: &str) -> NodeId {
+    NodeId::parse(id).unwrap()
+}
+
+/// A node serving `echo`/`t` that takes `max_concurrent_runs` runs at once.
+fn record(id: &str, max_concurrent_runs: u32) -> Arc<NodeRecord> {
+    Arc::new(NodeRecord {
+        id: node_id(id),
+        alias: Alias::parse(&format!("{id}-alias")).unwrap(),
+        token: Token::new(format!("tok-{id}")).digest(),
+        adapters: vec![AdapterConfig {
+            name: AdapterName::parse(ADAPTER).unwrap(),
+            targets: vec![Target::parse(TARGET).unwrap()],
+            settings: BTreeMap::new(),
+        }],
+        runtime: RuntimeConfig {
+            max_concurrent_runs,
+            heartbeat_interval_ms: 1_000,
+            settings: BTreeMap::new(),
+        },
+    })
+}
+
+fn spec() -> RunSpec {
+    RunSpec {
+        selector: NodeSelector {
+            adapter: AdapterName::parse(ADAPTER).unwrap(),
+            target: Target::parse(TARGET).unwrap(),
+            pin: None,
+        },
+        input: Bytes::from_static(b"hello"),
+        content_type: "text/plain; charset=utf-8".into(),
+        params: BTreeMap::from([("temperature".to_owned(), "0".to_owned())]),
+        deadline: None,
+    }
+}
+
+fn with_deadline(deadline: Duration) -> RunSpec {
+    RunSpec {
+        deadline: Some(deadline),
+        ..spec()
+    }
+}
+
+fn config() -> RunsConfig {
+    RunsConfig {
+        queue_capacity: 8,
+        queue_timeout_ms: 1_000,
+        cancel_grace_ms: 500,
+        default_deadline_ms: 0,
+    }
+}
+
+fn output(text: &str) -> RunEventKind {
+    RunEventKind::Output {
+        text: text.into(),
+        data: Bytes::new(),
+    }
+}
+
+fn completed() -> RunEventKind {
+    RunEventKind::Completed {
+        finish_reason: "stop".into(),
+        usage: None,
+    }
+}
+
+fn cancelled(reason: &str) -> RunEventKind {
+    RunEventKind::Cancelled {
+        reason: reason.into(),
+    }
+}
+
+fn failure_code(event: &RunEvent) -> Option<&str> {
+    match &event.kind {
+        RunEventKind::Failed { code, .. } => Some(code),
+        _ => None,
+    }
+}
+
+/// The registry's way to reach a node. The tests watch the transport instead, which is what
+/// the service sends through.
+struct NullLink;
+
+impl NodeLink for NullLink {
+    fn send(&self, _command: NodeCommand) -> Result<(), LinkError> {
+        Ok(())
+    }
+}
+
+type Log<T> = Arc<Mutex<Vec<T>>>;
+
+fn record_events(log: &Log<Arc<RunEvent>>) -> impl FnMut(Arc<RunEvent>) + Send + 'static {
+    let log = Arc::clone(log);
+    move |event| log.lock().unwrap().push(event)
+}
+
+fn record_commands(
+    log: &Log<(NodeId, NodeCommand)>,
+) -> impl FnMut(&NodeId, NodeCommand) -> Result<(), TransportError> + Send + 'static {
+    let log = Arc::clone(log);
+    move |node: &NodeId, command: NodeCommand| {
+        log.lock().unwrap().push((node.clone(), command));
+        Ok(())
+    }
+}
+
+fn is_run(_node: &NodeId, command: &NodeCommand) -> bool {
+    matches!(command, NodeCommand::Run(_))
+}
+
+fn is_cancel(_node: &NodeId, command: &NodeCommand) -> bool {
+    matches!(command, NodeCommand::Cancel { .. })
+}
+
+/// Everything on a caller's stream so far, and whether the stream has ended.
+fn received(handle: &mut RunHandle) -> (Vec<Arc<RunEvent>>, bool) {
+    let mut events = Vec::new();
+    loop {
+        match handle.events.try_recv() {
+            Ok(event) => events.push(event),
+            Err(TryRecvError::Empty) => return (events, false),
+            Err(TryRecvError::Disconnected) => return (events, true),
+        }
+    }
+}
+
+/// What a test expects of the doubles beyond what it asserts itself. Mockall checks the
+/// counts when the harness is dropped; calls beyond them fall through to the recorder and
+/// show up in the test's own assertions.
+#[derive(Default)]
+struct Expect {
+    /// Terminal events the sink receives in all.
+    terminals: Option<usize>,
+    /// `Run` commands the transport receives in all.
+    runs_sent: Option<usize>,
+    /// `Cancel` commands the transport receives in all.
+    cancels_sent: Option<usize>,
+    /// Every `Run` is refused, as by a node whose connection is closing.
+    refuse_runs: bool,
+}
+
+/// A run service over a real registry, a recording mock transport and a recording mock
+/// sink, driven the way the TCP transport drives it.
+struct Harness {
+    service: RunService,
+    registry: LockRegistry,
+    published: Log<Arc<RunEvent>>,
+    commands: Log<(NodeId, NodeCommand)>,
+    /// Each connected node's live connection.
+    connections: HashMap<String, ConnectionId>,
+    last_connection: ConnectionId,
+}
+
+impl Harness {
+    fn new(config: RunsConfig, expect: Expect) -> Self {
+        let published = Log::default();
+        let commands = Log::default();
+
+        let mut sink = MockEventSink::new();
+        if let Some(terminals) = expect.terminals {
+            sink.expect_publish()
+                .withf(|event| event.kind.is_terminal())
+                .times(terminals)
+                .returning(record_events(&published));
+        }
+        sink.expect_publish().returning(record_events(&published));
+        sink.expect_flush().return_const(());
+
+        let mut transport = MockNodeTransport::new();
+        if expect.refuse_runs {
+            transport.expect_send().withf(is_run).returning(|node, _| {
+                Err(TransportError::Link {
+                    node: node.clone(),
+                    error: LinkError::Closed,
+                })
+            });
+        }
+        if let Some(runs) = expect.runs_sent {
+            transport
+                .expect_send()
+                .withf(is_run)
+                .times(runs)
+                .returning(record_commands(&commands));
+        }
+        if let Some(cancels) = expect.cancels_sent {
+            transport
+                .expect_send()
+                .withf(is_cancel)
+                .times(cancels)
+                .returning(record_commands(&commands));
+        }
+        transport
+            .expect_send()
+            .returning(record_commands(&commands));
+
+        let registry = LockRegistry::new();
+        let service = RunService::new(
+            Arc::new(registry.clone()),
+            Arc::new(transport),
+            Arc::new(sink),
+            config,
+            &opentelemetry::global::meter("edge-test"),
+        );
+        Self {
+            service,
+            registry,
+            published,
+            commands,
+            connections: HashMap::new(),
+            last_connection: 0,
+        }
+    }
+
+    /// Registers a node on a new connection and tells the service, as the transport does
+    /// once the node is accepted.
+    fn connect(&mut self, id: &str, max_concurrent_runs: u32) -> ConnectionId {
+        self.last_connection += 1;
+        let connection = self.last_connection;
+        self.registry
+            .insert(NewConnection {
+                record: record(id, max_concurrent_runs),
+                connection,
+                peer: SocketAddr::from(([127, 0, 0, 1], 9_000)),
+                node_version: "test".into(),
+                link: Arc::new(NullLink),
+            })
+            .unwrap();
+        self.connections.insert(id.to_owned(), connection);
+        self.service.node_connected(&node_id(id));
+        connection
+    }
+
+    /// Ends a node's connection as the transport does: out of the registry, then the
+    /// service hears of it.
+    async fn disconnect(&mut self, id: &str) {
+        let connection = self.connections.remove(id).unwrap();
+        assert!(self.registry.remove(&node_id(id), connection));
+        self.service
+            .node_disconnected(&node_id(id), connection, CloseReason::Eof)
+            .await;
+    }
+
+    /// A run event as node `node` reports it on `connection`.
+    async fn report(
+        &self,
+        node: &str,
+        connection: ConnectionId,
+        run: &RunId,
+        seq: u64,
+        kind: RunEventKind,
+    ) {
+        let event = ReportedEvent {
+            run_id: run.as_str().to_owned(),
+            seq,
+            kind,
+        };
+        self.service
+            .run_event(&node_id(node), connection, event)
+            .await;
+    }
+
+    fn active_runs(&self, node: &str) -> u32 {
+        self.registry.get(node).unwrap().active_runs
+    }
+
+    /// The events the sink received for `run`, in order.
+    fn published(&self, run: &RunId) -> Vec<Arc<RunEvent>> {
+        let published = self.published.lock().unwrap();
+        published
+            .iter()
+            .filter(|event| &event.run_id == run)
+            .cloned()
+            .collect()
+    }
+
+    /// The `Run` commands sent for `run`, with their nodes.
+    fn assignments(&self, run: &RunId) -> Vec<(NodeId, RunAssignment)> {
+        let commands = self.commands.lock().unwrap();
+        commands
+            .iter()
+            .filter_map(|(node, command)| match command {
+                NodeCommand::Run(assignment) if &assignment.run_id == run => {
+                    Some((node.clone(), assignment.clone()))
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The nodes `run` was sent to.
+    fn sent_to(&self, run: &RunId) -> Vec<NodeId> {
+        self.assignments(run)
+            .into_iter()
+            .map(|(node, _)| node)
+            .collect()
+    }
+
+    /// The `Cancel` commands sent for `run`: the node and the reason.
+    fn cancels(&self, run: &RunId) -> Vec<(NodeId, String)> {
+        let commands = self.commands.lock().unwrap();
+        commands
+            .iter()
+            .filter_map(|(node, command)| match command {
+                NodeCommand::Cancel { run_id, reason } if run_id == run => {
+                    Some((node.clone(), reason.clone()))
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn dropped_after_terminal(&self) -> u64 {
+        self.service
+            .stats()
+            .dropped_after_terminal
+            .load(Ordering::Relaxed)
+    }
+
+    fn dropped_unknown_run(&self) -> u64 {
+        self.service
+            .stats()
+            .dropped_unknown_run
+            .load(Ordering::Relaxed)
+    }
+
+    /// Checks the guarantee for one run: the sink received exactly one terminal event for
+    /// it, as its last event; the caller's stream carried the same events in the same order
+    /// and then ended. Returns the terminal event.
+    fn assert_ended_once(&self, handle: &mut RunHandle) -> Arc<RunEvent> {
+        let run = handle.run_id.clone();
+        let published = self.published(&run);
+        let terminals = published.iter().filter(|e| e.kind.is_terminal()).count();
+        assert_eq!(terminals, 1, "terminal events of {run}: {published:#?}");
+        let last = Arc::clone(published.last().unwrap());
+        assert!(
+            last.kind.is_terminal(),
+            "events after the terminal of {run}: {published:#?}"
+        );
+        let (streamed, ended) = received(handle);
+        assert_eq!(streamed, published, "the caller's stream of {run}");
+        assert!(ended, "the caller's stream of {run} did not end");
+        last
+    }
+
+    /// Ends the test: no run may be left open, and the service drains cleanly. Dropping the
+    /// harness then drops the mocks, which checks their expected call counts.
+    async fn finish(self) {
+        assert_eq!(self.service.open_runs(), 0, "runs left open");
+        assert_eq!(self.service.queued_runs(), 0, "runs left queued");
+        self.service.drain(Duration::ZERO).await;
+        let published = self.published.lock().unwrap().clone();
+        let mut by_run: HashMap<RunId, Vec<Arc<RunEvent>>> = HashMap::new();
+        for event in published {
+            by_run.entry(event.run_id.clone()).or_default().push(event);
+        }
+        for (run, events) in by_run {
+            let terminals = events.iter().filter(|e| e.kind.is_terminal()).count();
+            assert_eq!(terminals, 1, "terminal events of {run}: {events:#?}");
+            assert!(events.last().unwrap().kind.is_terminal());
+        }
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_run_the_node_completes_ends_with_its_completed_event() {
+    let mut h = Harness::new(
+        config(),
+        Expect {
+            terminals: Some(1),
+            runs_sent: Some(1),
+            cancels_sent: Some(0),
+            ..Expect::default()
+        },
+    );
+    let a = h.connect("a", 2);
+    let mut handle = h.service.start(spec()).unwrap();
+    let run = handle.run_id.clone();
+
+    let [(node, assignment)] = h.assignments(&run).try_into().unwrap();
+    assert_eq!(node, node_id("a"));
+    let RunSpec {
+        selector,
+        input,
+        content_type,
+        params,
+        ..
+    } = spec();
+    assert_eq!(
+        assignment,
+        RunAssignment {
+            run_id: run.clone(),
+            adapter: selector.adapter,
+            target: selector.target,
+            input,
+            content_type,
+            params,
+            deadline_ms: 0,
+        }
+    );
+    assert_eq!(h.active_runs("a"), 1);
+    assert_eq!(h.service.open_runs(), 1);
+
+    h.report("a", a, &run, 1, RunEventKind::Started).await;
+    h.report("a", a, &run, 2, output("hi")).await;
+    assert!(!handle.events.is_closed());
+    h.report("a", a, &run, 3, completed()).await;
+
+    let terminal = h.assert_ended_once(&mut handle);
+    assert_eq!(terminal.kind, completed());
+    let published = h.published(&run);
+    let kinds: Vec<_> = published.iter().map(|e| e.kind.clone()).collect();
+    assert_eq!(kinds, [RunEventKind::Started, output("hi"), completed()]);
+    for (event, seq) in published.iter().zip(1..) {
+        assert_eq!(event.seq, seq);
+        assert_eq!(event.origin, EventOrigin::Node);
+        assert_eq!(event.node, Some(node_id("a")));
+        assert_eq!(event.adapter.as_str(), ADAPTER);
+        assert_eq!(event.target.as_str(), TARGET);
+    }
+    assert_eq!(h.active_runs("a"), 0);
+    assert_eq!(h.service.open_runs(), 0);
+    h.finish().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_run_the_node_fails_ends_with_its_failed_event() {
+    let mut h = Harness::new(
+        config(),
+        Expect {
+            terminals: Some(1),
+            ..Expect::default()
+        },
+    );
+    let a = h.connect("a", 1);
+    let mut handle = h.service.start(spec()).unwrap();
+    let run = handle.run_id.clone();
+    h.report("a", a, &run, 1, RunEventKind::Started).await;
+    let failed = RunEventKind::Failed {
+        code: "adapter_error".into(),
+        message: "out of memory".into(),
+    };
+    h.report("a", a, &run, 2, failed.clone()).await;
+
+    let terminal = h.assert_ended_once(&mut handle);
+    assert_eq!(terminal.kind, failed);
+    assert_eq!(terminal.origin, EventOrigin::Node);
+    assert_eq!(h.active_runs("a"), 0);
+    h.finish().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_node_disconnecting_mid_stream_fails_its_runs() {
+    let mut h = Harness::new(
+        config(),
+        Expect {
+            terminals: Some(2),
+            ..Expect::default()
+        },
+    );
+    h.connect("a", 2);
+    let a = h.connections["a"];
+    let mut first = h.service.start(spec()).unwrap();
+    let mut second = h.service.start(spec()).unwrap();
+    h.report("a", a, &first.run_id, 1, RunEventKind::Started)
+        .await;
+    h.report("a", a, &first.run_id, 2, output("partial")).await;
+
+    h.disconnect("a").await;
+
+    for handle in [&mut first, &mut second] {
+        let terminal = h.assert_ended_once(handle);
+        assert_eq!(failure_code(&terminal), Some("node_disconnected"));
+        assert_eq!(terminal.origin, EventOrigin::Edge);
+        assert_eq!(terminal.node, Some(node_id("a")));
+    }
+    // The edge's event continues the node's numbering.
+    assert_eq!(h.published(&first.run_id).last().unwrap().seq, 3);
+    assert_eq!(h.service.open_runs(), 0);
+
+    // The node comes back on a new connection with a fresh count and takes new runs.
+    let a = h.connect("a", 2);
+    assert_eq!(h.active_runs("a"), 0);
+    let mut third = h.service.start(spec()).unwrap();
+    assert_eq!(h.sent_to(&third.run_id), [node_id("a")]);
+    h.report("a", a, &third.run_id, 1, completed()).await;
+    h.assert_ended_once(&mut third);
+    assert_eq!(h.active_runs("a"), 0);
+    h.finish().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_deadline_fails_the_run_and_cancels_it_on_the_node() {
+    let mut h = Harness::new(
+        config(),
+        Expect {
+            terminals: Some(1),
+            runs_sent: Some(1),
+            cancels_sent: Some(1),
+            ..Expect::default()
+        },
+    );
+    let a = h.connect("a", 1);
+    let mut handle = h
+        .service
+        .start(with_deadline(Duration::from_secs(2)))
+        .unwrap();
+    let run = handle.run_id.clone();
+    assert_eq!(h.assignments(&run)[0].1.deadline_ms, 2_000);
+    h.report("a", a, &run, 1, RunEventKind::Started).await;
+
+    sleep(Duration::from_millis(1_990)).await;
+    assert_eq!(h.service.open_runs(), 1);
+    assert!(h.cancels(&run).is_empty());
+    assert!(!handle.events.is_closed());
+
+    sleep(Duration::from_millis(20)).await;
+    assert_eq!(
+        h.cancels(&run),
+        [(node_id("a"), "deadline exceeded".to_owned())]
+    );
+    let terminal = h.assert_ended_once(&mut handle);
+    assert_eq!(failure_code(&terminal), Some("deadline_exceeded"));
+    assert_eq!(terminal.origin, EventOrigin::Edge);
+    assert_eq!(terminal.seq, 2);
+    assert_eq!(h.active_runs("a"), 0);
+
+    // The node's answer to the cancel arrives after the edge ended the run.
+    h.report("a", a, &run, 2, cancelled("deadline exceeded"))
+        .await;
+    assert_eq!(h.published(&run).len(), 2);
+    assert_eq!(h.dropped_after_terminal(), 1);
+    assert_eq!(h.dropped_unknown_run(), 0);
+    h.finish().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn runs_without_a_deadline_get_the_configured_default() {
+    let mut h = Harness::new(
+        RunsConfig {
+            default_deadline_ms: 1_500,
+            ..config()
+        },
+        Expect {
+            terminals: Some(1),
+            ..Expect::default()
+        },
+    );
+    h.connect("a", 1);
+    let mut handle = h.service.start(spec()).unwrap();
+    assert_eq!(h.assignments(&handle.run_id)[0].1.deadline_ms, 1_500);
+    sleep(Duration::from_millis(1_510)).await;
+    let terminal = h.assert_ended_once(&mut handle);
+    assert_eq!(failure_code(&terminal), Some("deadline_exceeded"));
+    h.finish().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn cancelling_a_queued_run_ends_it_at_once_and_never_sends_it() {
+    let mut h = Harness::new(
+        config(),
+        Expect {
+            terminals: Some(2),
+            runs_sent: Some(1),
+            ..Expect::default()
+        },
+    );
+    let a = h.connect("a", 1);
+    let mut busy = h.service.start(spec()).unwrap();
+    let mut queued = h.service.start(spec()).unwrap();
+    assert_eq!(h.service.queued_runs(), 1);
+    assert!(h.sent_to(&queued.run_id).is_empty());
+
+    assert!(h.service.cancel(&queued.run_id, "caller gave up").await);
+
+    let terminal = h.assert_ended_once(&mut queued);
+    assert_eq!(terminal.kind, cancelled("caller gave up"));
+    assert_eq!(terminal.origin, EventOrigin::Edge);
+    assert_eq!(terminal.node, None);
+    assert_eq!(h.service.queued_runs(), 0);
+    assert!(h.cancels(&queued.run_id).is_empty());
+    // Cancelling it again finds nothing.
+    assert!(!h.service.cancel(&queued.run_id, "again").await);
+
+    // The slot that frees later goes to nobody: the cancelled run is never sent.
+    h.report("a", a, &busy.run_id, 1, completed()).await;
+    h.assert_ended_once(&mut busy);
+    assert!(h.sent_to(&queued.run_id).is_empty());
+    assert_eq!(h.active_runs("a"), 0);
+    h.finish().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cancelled_run_ends_with_the_nodes_own_cancelled_event() {
+    let mut h = Harness::new(
+        config(),
+        Expect {
+            terminals: Some(1),
+            cancels_sent: Some(1),
+            ..Expect::default()
+        },
+    );
+    let a = h.connect("a", 1);
+    let mut handle = h.service.start(spec()).unwrap();
+    let run = handle.run_id.clone();
+    h.report("a", a, &run, 1, RunEventKind::Started).await;
+    h.report("a", a, &run, 2, output("so far")).await;
+
+    assert!(h.service.cancel(&run, "caller").await);
+    assert_eq!(h.cancels(&run), [(node_id("a"), "caller".to_owned())]);
+    assert_eq!(h.service.open_runs(), 1);
+
+    h.report("a", a, &run, 3, cancelled("caller")).await;
+    let terminal = h.assert_ended_once(&mut handle);
+    assert_eq!(terminal.origin, EventOrigin::Node);
+    assert_eq!(terminal.kind, cancelled("caller"));
+    assert_eq!(h.active_runs("a"), 0);
+
+    // The grace period passes without a second terminal event.
+    sleep(Duration::from_secs(1)).await;
+    assert_eq!(h.published(&run).len(), 3);
+    assert_eq!(h.dropped_after_terminal(), 0);
+    h.finish().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cancelled_run_the_node_ignores_ends_after_the_grace_period() {
+    let mut h = Harness::new(
+        config(),
+        Expect {
+            terminals: Some(1),
+            cancels_sent: Some(1),
+            ..Expect::default()
+        },
+    );
+    let a = h.connect("a", 1);
+    let mut handle = h.service.start(spec()).unwrap();
+    let run = handle.run_id.clone();
+    h.report("a", a, &run, 1, RunEventKind::Started).await;
+
+    assert!(h.service.cancel(&run, "caller").await);
+    sleep(Duration::from_millis(490)).await;
+    h.report("a", a, &run, 2, output("still going")).await;
+    assert_eq!(h.service.open_runs(), 1);
+    assert!(!handle.events.is_closed());
+
+    sleep(Duration::from_millis(20)).await;
+    let terminal = h.assert_ended_once(&mut handle);
+    assert_eq!(terminal.kind, cancelled("caller"));
+    assert_eq!(terminal.origin, EventOrigin::Edge);
+    assert_eq!(terminal.seq, 3);
+    assert_eq!(h.active_runs("a"), 0);
+
+    h.report("a", a, &run, 3, output("too late")).await;
+    assert_eq!(h.published(&run).len(), 3);
+    assert_eq!(h.dropped_after_terminal(), 1);
+    h.finish().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn drain_ends_open_runs_after_the_grace_and_refuses_new_ones() {
+    let mut h = Harness::new(
+        // The queued run outlives the grace period.
+        RunsConfig {
+            queue_timeout_ms: 60_000,
+            ..config()
+        },
+        Expect {
+            terminals: Some(2),
+            runs_sent: Some(1),
+            cancels_sent: Some(1),
+            ..Expect::default()
+        },
+    );
+    let a = h.connect("a", 1);
+    let mut dispatched = h.service.start(spec()).unwrap();
+    let mut queued = h.service.start(spec()).unwrap();
+    h.report("a", a, &dispatched.run_id, 1, RunEventKind::Started)
+        .await;
+
+    let service = h.service.clone();
+    let drain = tokio::spawn(async move { service.drain(Duration::from_secs(3)).await });
+    sleep(Duration::from_millis(10)).await;
+    assert_eq!(
+        h.service.start(spec()).unwrap_err(),
+        StartError::ShuttingDown
+    );
+
+    sleep(Duration::from_millis(2_900)).await;
+    assert!(!drain.is_finished());
+    assert_eq!(h.service.open_runs(), 2);
+    assert!(!dispatched.events.is_closed());
+
+    sleep(Duration::from_millis(200)).await;
+    assert!(drain.is_finished());
+    drain.await.unwrap();
+    for handle in [&mut dispatched, &mut queued] {
+        let terminal = h.assert_ended_once(handle);
+        assert_eq!(failure_code(&terminal), Some("edge_shutdown"));
+        assert_eq!(terminal.origin, EventOrigin::Edge);
+    }
+    assert_eq!(
+        h.cancels(&dispatched.run_id),
+        [(node_id("a"), "edge shutting down".to_owned())]
+    );
+    assert!(h.sent_to(&queued.run_id).is_empty());
+    assert_eq!(h.active_runs("a"), 0);
+    assert_eq!(
+        h.service.start(spec()).unwrap_err(),
+        StartError::ShuttingDown
+    );
+    h.finish().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn drain_returns_as_soon_as_the_open_runs_end() {
+    let mut h = Harness::new(
+        config(),
+        Expect {
+            terminals: Some(1),
+            cancels_sent: Some(0),
+            ..Expect::default()
+        },
+    );
+    let a = h.connect("a", 1);
+    let mut handle = h.service.start(spec()).unwrap();
+    let service = h.service.clone();
+    let drain = tokio::spawn(async move { service.drain(Duration::from_secs(60)).await });
+    sleep(Duration::from_secs(1)).await;
+    assert!(!drain.is_finished());
+
+    h.report("a", a, &handle.run_id, 1, completed()).await;
+    tokio::time::timeout(Duration::from_secs(1), drain)
+        .await
+        .expect("drain waited although no run was open")
+        .unwrap();
+    assert_eq!(h.assert_ended_once(&mut handle).kind, completed());
+    h.finish().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_run_that_waits_too_long_in_the_queue_fails() {
+    let mut h = Harness::new(
+        config(),
+        Expect {
+            terminals: Some(2),
+            runs_sent: Some(1),
+            ..Expect::default()
+        },
+    );
+    let a = h.connect("a", 1);
+    let mut busy = h.service.start(spec()).unwrap();
+    let mut queued = h.service.start(spec()).unwrap();
+
+    sleep(Duration::from_millis(990)).await;
+    assert_eq!(h.service.queued_runs(), 1);
+    assert!(!queued.events.is_closed());
+
+    sleep(Duration::from_millis(20)).await;
+    let terminal = h.assert_ended_once(&mut queued);
+    assert_eq!(failure_code(&terminal), Some("queue_timeout"));
+    assert_eq!(terminal.origin, EventOrigin::Edge);
+    assert_eq!(terminal.node, None);
+    assert_eq!(h.service.queued_runs(), 0);
+    assert_eq!(h.service.open_runs(), 1);
+
+    h.report("a", a, &busy.run_id, 1, completed()).await;
+    h.assert_ended_once(&mut busy);
+    assert!(h.sent_to(&queued.run_id).is_empty());
+    assert_eq!(h.active_runs("a"), 0);
+    h.finish().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn events_after_the_terminal_are_dropped_and_counted() {
+    let mut h = Harness::new(
+        config(),
+        Expect {
+            terminals: Some(1),
+            ..Expect::default()
+        },
+    );
+    let a = h.connect("a", 1);
+    let mut handle = h.service.start(spec()).unwrap();
+    let run = handle.run_id.clone();
+    h.report("a", a, &run, 1, RunEventKind::Started).await;
+    h.report("a", a, &run, 2, completed()).await;
+
+    h.report("a", a, &run, 3, output("late")).await;
+    h.report("a", a, &run, 4, completed()).await;
+
+    h.assert_ended_once(&mut handle);
+    assert_eq!(h.published(&run).len(), 2);
+    assert_eq!(h.dropped_after_terminal(), 2);
+    assert_eq!(h.dropped_unknown_run(), 0);
+    assert_eq!(h.active_runs("a"), 0);
+    h.finish().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_deadline_racing_the_nodes_terminal_adds_no_second_terminal_event() {
+    let mut h = Harness::new(
+        config(),
+        Expect {
+            terminals: Some(1),
+            ..Expect::default()
+        },
+    );
+    let a = h.connect("a", 1);
+    let mut handle = h
+        .service
+        .start(with_deadline(Duration::from_secs(1)))
+        .unwrap();
+    let run = handle.run_id.clone();
+    // The caller reads nothing until its buffer is full...
+    let buffered = u64::try_from(handle.events.max_capacity()).unwrap();
+    for seq in 1..=buffered {
+        h.report("a", a, &run, seq, output("x")).await;
+    }
+    // ...so the node's terminal event waits for room while the deadline passes.
+    let service = h.service.clone();
+    let event = ReportedEvent {
+        run_id: run.as_str().to_owned(),
+        seq: buffered + 1,
+        kind: completed(),
+    };
+    let completing = tokio::spawn(async move { service.run_event(&node_id("a"), a, event).await });
+    sleep(Duration::from_millis(1_100)).await;
+    assert!(!completing.is_finished());
+
+    let mut streamed = Vec::new();
+    while let Some(event) = handle.events.recv().await {
+        streamed.push(event);
+    }
+    completing.await.unwrap();
+    sleep(Duration::from_millis(1)).await;
+
+    // The stream ended (recv gave `None`) after the one terminal event, as in the sink.
+    let published = h.published(&run);
+    assert!(
+        streamed == published,
+        "the caller's stream differs from the sink"
+    );
+    let terminals: Vec<_> = published.iter().filter(|e| e.kind.is_terminal()).collect();
+    assert_eq!(terminals.len(), 1, "terminal events: {terminals:#?}");
+    assert_eq!(published.last().unwrap().kind, completed());
+    assert_eq!(h.dropped_after_terminal(), 1);
+    assert_eq!(h.service.open_runs(), 0);
+    assert_eq!(h.active_runs("a"), 0);
+    h.finish().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn events_for_runs_a_connection_does_not_hold_are_dropped_and_counted() {
+    let mut h = Harness::new(
+        config(),
+        Expect {
+            terminals: Some(1),
+            ..Expect::default()
+        },
+    );
+    let a = h.connect("a", 1);
+    let mut handle = h.service.start(spec()).unwrap();
+    let run = handle.run_id.clone();
+    let b = h.connect("b", 1);
+
+    h.report("a", a, &RunId::new("no-such-run"), 1, completed())
+        .await;
+    // The run is real, but node b does not hold it.
+    h.report("b", b, &run, 1, completed()).await;
+    // Node a holds it, but on this connection, not another.
+    h.report("a", a + 100, &run, 1, completed()).await;
+
+    assert_eq!(h.dropped_unknown_run(), 3);
+    assert_eq!(h.dropped_after_terminal(), 0);
+    assert!(h.published(&run).is_empty());
+    assert_eq!(h.service.open_runs(), 1);
+    assert_eq!(h.active_runs("a"), 1);
+    assert_eq!(h.active_runs("b"), 0);
+
+    h.report("a", a, &run, 1, completed()).await;
+    assert_eq!(h.assert_ended_once(&mut handle).origin, EventOrigin::Node);
+    assert_eq!(h.active_runs("a"), 0);
+    h.finish().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_old_connections_events_do_not_reach_the_nodes_new_runs() {
+    let mut h = Harness::new(
+        config(),
+        Expect {
+            terminals: Some(2),
+            ..Expect::default()
+        },
+    );
+    let old = h.connect("a", 1);
+    let mut first = h.service.start(spec()).unwrap();
+    h.disconnect("a").await;
+    assert_eq!(
+        failure_code(&h.assert_ended_once(&mut first)),
+        Some("node_disconnected")
+    );
+
+    let new = h.connect("a", 1);
+    let mut second = h.service.start(spec()).unwrap();
+    h.report("a", old, &second.run_id, 1, completed()).await;
+    assert_eq!(h.dropped_unknown_run(), 1);
+    assert!(h.published(&second.run_id).is_empty());
+
+    h.report("a", new, &second.run_id, 1, completed()).await;
+    h.assert_ended_once(&mut second);
+    h.finish().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_queued_run_is_dispatched_when_a_slot_frees() {
+    let mut h = Harness::new(
+        config(),
+        Expect {
+            terminals: Some(2),
+            runs_sent: Some(2),
+            ..Expect::default()
+        },
+    );
+    let a = h.connect("a", 1);
+    let mut first = h.service.start(spec()).unwrap();
+    let mut second = h.service.start(spec()).unwrap();
+    assert_eq!(h.service.queued_runs(), 1);
+    assert!(h.sent_to(&second.run_id).is_empty());
+
+    h.report("a", a, &first.run_id, 1, completed()).await;
+    h.assert_ended_once(&mut first);
+    assert_eq!(h.sent_to(&second.run_id), [node_id("a")]);
+    assert_eq!(h.service.queued_runs(), 0);
+    assert_eq!(h.active_runs("a"), 1);
+
+    h.report("a", a, &second.run_id, 1, RunEventKind::Started)
+        .await;
+    h.report("a", a, &second.run_id, 2, completed()).await;
+    let terminal = h.assert_ended_once(&mut second);
+    assert_eq!(terminal.node, Some(node_id("a")));
+    assert_eq!(h.active_runs("a"), 0);
+    h.finish().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_queued_run_is_dispatched_when_a_node_connects() {
+    let mut h = Harness::new(
+        config(),
+        Expect {
+            terminals: Some(2),
+            runs_sent: Some(2),
+            ..Expect::default()
+        },
+    );
+    let a = h.connect("a", 1);
+    let mut first = h.service.start(spec()).unwrap();
+    let mut second = h.service.start(spec()).unwrap();
+    assert_eq!(h.service.queued_runs(), 1);
+
+    let b = h.connect("b", 1);
+    assert_eq!(h.sent_to(&second.run_id), [node_id("b")]);
+    assert_eq!(h.service.queued_runs(), 0);
+    assert_eq!(h.active_runs("b"), 1);
+
+    h.report("b", b, &second.run_id, 1, completed()).await;
+    assert_eq!(h.assert_ended_once(&mut second).node, Some(node_id("b")));
+    h.report("a", a, &first.run_id, 1, completed()).await;
+    h.assert_ended_once(&mut first);
+    assert_eq!(h.active_runs("a"), 0);
+    assert_eq!(h.active_runs("b"), 0);
+    h.finish().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_run_nobody_serves_is_refused_at_once() {
+    let mut h = Harness::new(
+        config(),
+        Expect {
+            runs_sent: Some(0),
+            ..Expect::default()
+        },
+    );
+    let nobody = h.service.start(spec()).unwrap_err();
+    assert!(
+        matches!(nobody, StartError::NoNode(SelectError::NoNodeServes { .. })),
+        "{nobody:?}"
+    );
+
+    h.connect("a", 1);
+    let other_target = RunSpec {
+        selector: NodeSelector {
+            target: Target::parse("other").unwrap(),
+            ..spec().selector
+        },
+        ..spec()
+    };
+    let wrong = h.service.start(other_target).unwrap_err();
+    assert!(
+        matches!(wrong, StartError::NoNode(SelectError::NoNodeServes { .. })),
+        "{wrong:?}"
+    );
+    let pinned = RunSpec {
+        selector: NodeSelector {
+            pin: Some("zzz".into()),
+            ..spec().selector
+        },
+        ..spec()
+    };
+    let absent = h.service.start(pinned).unwrap_err();
+    assert_eq!(
+        absent,
+        StartError::NoNode(SelectError::PinnedNodeNotConnected { pin: "zzz".into() })
+    );
+
+    assert_eq!(h.service.open_runs(), 0);
+    assert!(h.published.lock().unwrap().is_empty());
+    assert!(h.commands.lock().unwrap().is_empty());
+    h.finish().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_run_is_refused_when_the_queue_is_full() {
+    let mut h = Harness::new(
+        RunsConfig {
+            queue_capacity: 1,
+            ..config()
+        },
+        Expect {
+            terminals: Some(2),
+            ..Expect::default()
+        },
+    );
+    let a = h.connect("a", 1);
+    let mut first = h.service.start(spec()).unwrap();
+    let mut second = h.service.start(spec()).unwrap();
+    let full = h.service.start(spec()).unwrap_err();
+    assert!(
+        matches!(
+            &full,
+            StartError::QueueFull {
+                capacity: 1,
+                cause: SelectError::AllBusy { serving: 1, .. },
+            }
+        ),
+        "{full:?}"
+    );
+    assert_eq!(h.service.open_runs(), 2);
+
+    h.report("a", a, &first.run_id, 1, completed()).await;
+    h.report("a", a, &second.run_id, 1, completed()).await;
+    h.assert_ended_once(&mut first);
+    h.assert_ended_once(&mut second);
+    h.finish().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_run_the_node_cannot_be_sent_fails_as_disconnected() {
+    let mut h = Harness::new(
+        config(),
+        Expect {
+            terminals: Some(1),
+            refuse_runs: true,
+            ..Expect::default()
+        },
+    );
+    h.connect("a", 1);
+    let mut handle = h.service.start(spec()).unwrap();
+    sleep(Duration::from_millis(1)).await;
+    let terminal = h.assert_ended_once(&mut handle);
+    assert_eq!(failure_code(&terminal), Some("node_disconnected"));
+    assert_eq!(h.active_runs("a"), 0);
+    h.finish().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_run_whose_node_leaves_during_placement_waits_in_the_queue() {
+    // The node is in the selection snapshot, but gone by the time the service looks up its
+    // connection: the race between a dispatch and a disconnect.
+    let mut registry = MockRegistry::new();
+    let a = record("a", 1);
+    registry.expect_loads().returning(move || {
+        vec![NodeLoad {
+            record: Arc::clone(&a),
+            active_runs: 0,
+        }]
+    });
+    registry.expect_get().returning(|_| None);
+    registry.expect_adjust_active_runs().never();
+    let published = Log::default();
+    let mut sink = MockEventSink::new();
+    sink.expect_publish()
+        .times(1)
+        .returning(record_events(&published));
+    sink.expect_flush().return_const(());
+    let mut transport = MockNodeTransport::new();
+    transport.expect_send().never();
+    let service = RunService::new(
+        Arc::new(registry),
+        Arc::new(transport),
+        Arc::new(sink),
+        config(),
+        &opentelemetry::global::meter("edge-test"),
+    );
+
+    let mut handle = service.start(spec()).unwrap();
+    assert_eq!(service.queued_runs(), 1);
+    sleep(Duration::from_millis(1_010)).await;
+
+    let (events, ended) = received(&mut handle);
+    assert!(ended);
+    let [terminal] = events.try_into().unwrap();
+    assert_eq!(failure_code(&terminal), Some("queue_timeout"));
+    assert_eq!(*published.lock().unwrap(), [terminal]);
+    assert_eq!(service.open_runs(), 0);
+    service.drain(Duration::ZERO).await;
+}
+
+/// One step of the property test below.
+#[derive(Debug, Clone)]
+enum Op {
+    /// A caller starts a run with this deadline.
+    Start { deadline_ms: u64 },
+    /// The node that holds run `run` reports an event (0 started, 1 output, 2 completed,
+    /// 3 failed, 4 cancelled).
+    Report { run: usize, kind: u8 },
+    /// Another node reports an event for run `run`.
+    Stray { run: usize },
+    /// The caller cancels run `run`.
+    Cancel { run: usize },
+    /// Node `node` disconnects.
+    Disconnect { node: usize },
+    /// Node `node` connects, if it is not connected.
+    Connect { node: usize },
+    /// Time passes.
+    Wait { ms: u64 },
+}
+
+const NODES: [(&str, u32); 2] = [("a", 2), ("b", 1)];
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        3 => (50u64..1_500).prop_map(|deadline_ms| Op::Start { deadline_ms }),
+        6 => (any::<usize>(), 0u8..5).prop_map(|(run, kind)| Op::Report { run, kind }),
+        1 => any::<usize>().prop_map(|run| Op::Stray { run }),
+        2 => any::<usize>().prop_map(|run| Op::Cancel { run }),
+        1 => (0..NODES.len()).prop_map(|node| Op::Disconnect { node }),
+        2 => (0..NODES.len()).prop_map(|node| Op::Connect { node }),
+        2 => (1u64..400).prop_map(|ms| Op::Wait { ms }),
+    ]
+}
+
+fn node_kind(kind: u8) -> RunEventKind {
+    match kind {
+        0 => RunEventKind::Started,
+        1 => output("x"),
+        2 => completed(),
+        3 => RunEventKind::Failed {
+            code: "adapter_error".into(),
+            message: "boom".into(),
+        },
+        _ => cancelled("node"),
+    }
+}
+
+/// Plays `ops` against a service with two nodes, then lets every timer run out.
+async fn interleave(ops: Vec<Op>) {
+    let mut h = Harness::new(
+        RunsConfig {
+            queue_capacity: 4,
+            queue_timeout_ms: 300,
+            cancel_grace_ms: 100,
+            default_deadline_ms: 0,
+        },
+        Expect::default(),
+    );
+    for (id, max) in NODES {
+        h.connect(id, max);
+    }
+    let mut handles: Vec<RunHandle> = Vec::new();
+    let mut seqs: Vec<u64> = Vec::new();
+    for op in ops {
+        match op {
+            Op::Start { deadline_ms } => {
+                let started = h
+                    .service
+                    .start(with_deadline(Duration::from_millis(deadline_ms)));
+                if let Ok(handle) = started {
+                    handles.push(handle);
+                    seqs.push(0);
+                }
+            }
+            Op::Report { run, kind } if !handles.is_empty() => {
+                let run = run % handles.len();
+                let run_id = handles[run].run_id.clone();
+                let holder = h
+                    .sent_to(&run_id)
+                    .last()
+                    .map_or("a".to_owned(), |n| n.to_string());
+                let connection = h.connections.get(&holder).copied().unwrap_or(0);
+                seqs[run] += 1;
+                h.report(&holder, connection, &run_id, seqs[run], node_kind(kind))
+                    .await;
+            }
+            Op::Stray { run } if !handles.is_empty() => {
+                let run_id = handles[run % handles.len()].run_id.clone();
+                let holder = h.sent_to(&run_id).last().map(ToString::to_string);
+                let other = if holder.as_deref() == Some("a") {
+                    "b"
+                } else {
+                    "a"
+                };
+                let connection = h.connections.get(other).copied().unwrap_or(0);
+                h.report(other, connection, &run_id, 1, completed()).await;
+            }
+            Op::Cancel { run } if !handles.is_empty() => {
+                let run_id = handles[run % handles.len()].run_id.clone();
+                h.service.cancel(&run_id, "caller").await;
+            }
+            Op::Disconnect { node } => {
+                if h.connections.contains_key(NODES[node].0) {
+                    h.disconnect(NODES[node].0).await;
+                }
+            }
+            Op::Connect { node } => {
+                let (id, max) = NODES[node];
+                if !h.connections.contains_key(id) {
+                    h.connect(id, max);
+                }
+            }
+            Op::Wait { ms } => sleep(Duration::from_millis(ms)).await,
+            Op::Report { .. } | Op::Stray { .. } | Op::Cancel { .. } => {}
+        }
+    }
+    // Every run has a deadline, and a queued one a queue wait: time ends them all.
+    sleep(Duration::from_secs(10)).await;
+
+    assert_eq!(h.service.open_runs(), 0);
+    assert_eq!(h.service.queued_runs(), 0);
+    for handle in &mut handles {
+        h.assert_ended_once(handle);
+    }
+    for (id, _) in NODES {
+        if h.connections.contains_key(id) {
+            assert_eq!(h.active_runs(id), 0, "active runs of {id}");
+        }
+    }
+    h.finish().await;
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    /// Whatever nodes, callers and timers do in whatever order, every accepted run ends with
+    /// exactly one terminal event, nothing follows it, and no run is left open.
+    #[test]
+    fn every_run_ends_with_exactly_one_terminal_event(
+        ops in proptest::collection::vec(op(), 1..40),
+    ) {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        runtime.block_on(interleave(ops));
+    }
+}

@@ -1,0 +1,816 @@
+//! Runs end to end over real TCP: a real edge on port 0, mock nodes speaking the real
+//! protocol, and the run service's caller streams and event sinks.
+//!
+//! Every scenario ends by checking that the edge forgot its runs: no open run, and no
+//! connected node still counting an active one.
+
+mod common;
+#[path = "../examples/mock_node/node.rs"]
+mod mock_node;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::{TWO_NODES, TestApp, spawn_app};
+use edge::app::{RunHandle, StartError};
+use edge::domain::{
+    AdapterName, EventOrigin, NodeSelector, RunEvent, RunEventKind, RunId, RunSpec, SelectError,
+    Target,
+};
+use edge::ports::NodeCommand;
+use mock_node::{Behaviour, Ended, MockNode, MockOptions};
+
+/// The longest any single asynchronous effect may take before a test gives up.
+const PATIENCE: Duration = Duration::from_secs(10);
+
+// ---------------------------------------------------------------------------------------
+// Helpers
+// ---------------------------------------------------------------------------------------
+
+/// A run of `echo/<target>` with `input`, told to behave as `mock` on the mock node.
+fn spec(target: &str, input: &str, mock: &str) -> RunSpec {
+    RunSpec {
+        selector: NodeSelector {
+            adapter: AdapterName::parse("echo").expect("adapter"),
+            target: Target::parse(target).expect("target"),
+            pin: None,
+        },
+        input: Bytes::from(input.to_owned()),
+        content_type: "text/plain; charset=utf-8".into(),
+        params: BTreeMap::from([("mock".to_owned(), mock.to_owned())]),
+        deadline: None,
+    }
+}
+
+/// [`spec`] pinned to the node with id or alias `pin`.
+fn pinned(pin: &str, input: &str, mock: &str) -> RunSpec {
+    let mut spec = spec("default", input, mock);
+    spec.selector.pin = Some(pin.to_owned());
+    spec
+}
+
+/// `count` words, for runs that should stream for a while.
+fn words(count: usize) -> String {
+    (0..count)
+        .map(|i| format!("w{i}"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Starts a mock node for `token` whose runs pause `delay` between words.
+async fn node(app: &TestApp, token: &str, delay: Duration, behaviour: Behaviour) -> MockNode {
+    let options = MockOptions {
+        delay,
+        behaviour,
+        ..MockOptions::new(token)
+    };
+    MockNode::start(app.node_addr, options)
+        .await
+        .expect("mock node registers")
+}
+
+/// Starts a run that must be accepted.
+fn start(app: &TestApp, spec: RunSpec) -> RunHandle {
+    app.parts.runs.start(spec).expect("run accepted")
+}
+
+/// The next event of a run.
+async fn next_event(handle: &mut RunHandle) -> Arc<RunEvent> {
+    tokio::time::timeout(PATIENCE, handle.events.recv())
+        .await
+        .unwrap_or_else(|_| panic!("run {} sent no event in time", handle.run_id))
+        .unwrap_or_else(|| panic!("run {} ended its stream early", handle.run_id))
+}
+
+/// Every remaining event of a run, until its stream ends.
+async fn rest(handle: &mut RunHandle) -> Vec<Arc<RunEvent>> {
+    let mut events = Vec::new();
+    loop {
+        match tokio::time::timeout(PATIENCE, handle.events.recv()).await {
+            Ok(Some(event)) => events.push(event),
+            Ok(None) => return events,
+            Err(_) => panic!(
+                "run {} did not end in time; so far {events:#?}",
+                handle.run_id
+            ),
+        }
+    }
+}
+
+/// Checks that `events` end in exactly one terminal event, all for `run_id`, and returns it.
+fn only_terminal<'a>(run_id: &RunId, events: &'a [Arc<RunEvent>]) -> &'a RunEvent {
+    assert!(events.iter().all(|e| &e.run_id == run_id), "{events:#?}");
+    let terminals = events.iter().filter(|e| e.kind.is_terminal()).count();
+    assert_eq!(
+        terminals, 1,
+        "expected exactly one terminal event: {events:#?}"
+    );
+    let last = events.last().expect("at least the terminal event");
+    assert!(
+        last.kind.is_terminal(),
+        "the terminal event must be last: {events:#?}"
+    );
+    last
+}
+
+/// The `failed` code of a terminal event.
+fn failure_code(event: &RunEvent) -> &str {
+    match &event.kind {
+        RunEventKind::Failed { code, .. } => code,
+        other => panic!("expected failed, got {other:?}"),
+    }
+}
+
+/// The output texts of `events`, in order.
+fn texts(events: &[Arc<RunEvent>]) -> Vec<String> {
+    events
+        .iter()
+        .filter_map(|e| match &e.kind {
+            RunEventKind::Output { text, .. } => Some(text.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The node an event names, as a string (`-` when none).
+fn node_of(event: &RunEvent) -> &str {
+    event.node.as_ref().map_or("-", |n| n.as_str())
+}
+
+/// The runs the edge sent `node`, in order.
+fn runs_sent(node: &MockNode) -> Vec<RunId> {
+    node.commands()
+        .into_iter()
+        .filter_map(|c| match c {
+            NodeCommand::Run(run) => Some(run.run_id),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The runs the edge told `node` to cancel, in order.
+fn cancels_sent(node: &MockNode) -> Vec<RunId> {
+    node.commands()
+        .into_iter()
+        .filter_map(|c| match c {
+            NodeCommand::Cancel { run_id, .. } => Some(run_id),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Polls `condition` until it holds; panics with `what` if it never does.
+async fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while !condition() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting until {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Waits until the edge has no open run and no connected node counts an active one.
+async fn assert_settled(app: &TestApp) {
+    let runs = &app.parts.runs;
+    let registry = &app.parts.registry;
+    eventually("every run is closed and every node idle", || {
+        runs.open_runs() == 0 && registry.snapshot().iter().all(|n| n.active_runs == 0)
+    })
+    .await;
+    assert_eq!(runs.queued_runs(), 0);
+}
+
+/// An edge config with `TWO_NODES` plus `extra` sections.
+fn config(extra: &str) -> String {
+    format!("{TWO_NODES}\n{extra}\n")
+}
+
+/// `[events]` sending events to `sinks` with the file sink at `path`.
+fn events_section(sinks: &[&str], path: &Path) -> String {
+    let sinks: Vec<String> = sinks.iter().map(|s| format!("{s:?}")).collect();
+    format!(
+        "[events]\nsinks = [{}]\n[events.file]\npath = {:?}\nflush_interval_ms = 20\n",
+        sinks.join(", "),
+        path.display().to_string(),
+    )
+}
+
+/// Every line of the file sink's file, parsed; panics on a line that is not JSON.
+fn json_lines(path: &Path) -> Vec<serde_json::Value> {
+    let text = std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("cannot read the event file {}: {e}", path.display()));
+    text.lines()
+        .map(|line| {
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("not a JSON line ({e}): {line:?}"))
+        })
+        .collect()
+}
+
+/// The file lines of one run, in file order.
+fn lines_of(lines: &[serde_json::Value], run_id: &RunId) -> Vec<serde_json::Value> {
+    lines
+        .iter()
+        .filter(|l| l["run_id"] == run_id.as_str())
+        .cloned()
+        .collect()
+}
+
+/// Checks that the file lines of a run say the same as the events its caller received.
+fn assert_file_matches(lines: &[serde_json::Value], events: &[Arc<RunEvent>]) {
+    assert_eq!(
+        lines.len(),
+        events.len(),
+        "file: {lines:#?}\ncaller: {events:#?}"
+    );
+    for (line, event) in lines.iter().zip(events) {
+        assert_eq!(line["run_id"], event.run_id.as_str());
+        assert_eq!(line["seq"], event.seq);
+        assert_eq!(line["kind"], event.kind.name());
+        assert_eq!(line["node"], node_of(event));
+        assert_eq!(line["adapter"], event.adapter.as_str());
+        assert_eq!(line["target"], event.target.as_str());
+        if let RunEventKind::Output { text, .. } = &event.kind {
+            assert_eq!(line["text"], text.as_str());
+        }
+    }
+}
+
+/// Runs one short echo on whatever node takes it and returns all its events.
+async fn echo_run(app: &TestApp, input: &str) -> (RunId, Vec<Arc<RunEvent>>) {
+    let mut handle = start(app, spec("default", input, "echo"));
+    let events = rest(&mut handle).await;
+    let last = only_terminal(&handle.run_id, &events);
+    assert!(
+        matches!(last.kind, RunEventKind::Completed { .. }),
+        "{events:#?}"
+    );
+    (handle.run_id, events)
+}
+
+// ---------------------------------------------------------------------------------------
+// Streaming and the sink
+// ---------------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn a_run_streams_every_delta_in_order_to_the_caller_and_the_file_sink() {
+    let out = tempfile::tempdir().expect("tempdir");
+    let path = out.path().join("events.jsonl");
+    let app = spawn_app(&config(&events_section(&["file"], &path))).await;
+    let _a = node(&app, "token-a", Duration::ZERO, Behaviour::Echo).await;
+
+    let mut handle = start(&app, spec("default", "hello brave new world", "echo"));
+    let events = rest(&mut handle).await;
+
+    let kinds: Vec<&str> = events.iter().map(|e| e.kind.name()).collect();
+    assert_eq!(
+        kinds,
+        [
+            "started",
+            "output",
+            "output",
+            "output",
+            "output",
+            "completed"
+        ]
+    );
+    assert_eq!(texts(&events), ["hello ", "brave ", "new ", "world"]);
+    let seqs: Vec<u64> = events.iter().map(|e| e.seq).collect();
+    assert_eq!(seqs, [1, 2, 3, 4, 5, 6]);
+    assert!(
+        events
+            .iter()
+            .all(|e| e.origin == EventOrigin::Node && node_of(e) == "node-a")
+    );
+    let last = only_terminal(&handle.run_id, &events);
+    assert!(
+        matches!(&last.kind, RunEventKind::Completed { finish_reason, .. } if finish_reason == "stop"),
+        "{last:?}"
+    );
+
+    assert_settled(&app).await;
+    app.stop().await;
+    let lines = json_lines(&path);
+    assert_file_matches(&lines_of(&lines, &handle.run_id), &events);
+    assert_eq!(
+        lines.len(),
+        events.len(),
+        "only this run's events: {lines:#?}"
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// Placement
+// ---------------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn two_nodes_share_the_load() {
+    let app = spawn_app(TWO_NODES).await;
+    let a = node(&app, "token-a", Duration::ZERO, Behaviour::Hang).await;
+    let b = node(&app, "token-b", Duration::ZERO, Behaviour::Hang).await;
+    app.wait_for_nodes(2).await;
+
+    let mut first = start(&app, spec("default", "one", "hang"));
+    let mut second = start(&app, spec("default", "two", "hang"));
+    eventually("both nodes received a run", || {
+        runs_sent(&a).len() + runs_sent(&b).len() == 2
+    })
+    .await;
+    assert_eq!(runs_sent(&a).len(), 1, "node-a got {:?}", runs_sent(&a));
+    assert_eq!(runs_sent(&b).len(), 1, "node-b got {:?}", runs_sent(&b));
+    let active: Vec<u32> = app
+        .parts
+        .registry
+        .snapshot()
+        .iter()
+        .map(|n| n.active_runs)
+        .collect();
+    assert_eq!(active, [1, 1]);
+
+    let mut ended_on = Vec::new();
+    for handle in [&mut first, &mut second] {
+        assert!(app.parts.runs.cancel(&handle.run_id, "test over").await);
+        let events = rest(handle).await;
+        let last = only_terminal(&handle.run_id, &events);
+        assert!(
+            matches!(last.kind, RunEventKind::Cancelled { .. }),
+            "{last:?}"
+        );
+        ended_on.push(node_of(last).to_owned());
+    }
+    ended_on.sort();
+    assert_eq!(ended_on, ["node-a", "node-b"]);
+    assert_settled(&app).await;
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn pinning_by_alias_and_by_id_picks_that_node() {
+    let app = spawn_app(TWO_NODES).await;
+    let _a = node(&app, "token-a", Duration::ZERO, Behaviour::Echo).await;
+    let _b = node(&app, "token-b", Duration::ZERO, Behaviour::Echo).await;
+    app.wait_for_nodes(2).await;
+
+    for (pin, expected) in [
+        ("gpu-b", "node-b"),
+        ("node-a", "node-a"),
+        ("gpu-a", "node-a"),
+        ("node-b", "node-b"),
+    ] {
+        // Several in a row, so a round-robin tie cannot pass for a pin.
+        for _ in 0..3 {
+            let mut handle = start(&app, pinned(pin, "pinned run", "echo"));
+            let events = rest(&mut handle).await;
+            only_terminal(&handle.run_id, &events);
+            assert!(
+                events.iter().all(|e| node_of(e) == expected),
+                "pin {pin}: {events:#?}"
+            );
+        }
+    }
+
+    // A pin never falls back to another node.
+    let mut fast = spec("fast", "x", "echo");
+    fast.selector.pin = Some("gpu-a".into());
+    assert!(matches!(
+        app.parts.runs.start(fast),
+        Err(StartError::NoNode(
+            SelectError::PinnedNodeDoesNotServe { .. }
+        ))
+    ));
+    assert!(matches!(
+        app.parts.runs.start(pinned("gpu-z", "x", "echo")),
+        Err(StartError::NoNode(SelectError::PinnedNodeNotConnected { pin })) if pin == "gpu-z"
+    ));
+    assert_settled(&app).await;
+    app.stop().await;
+}
+
+// ---------------------------------------------------------------------------------------
+// Capacity and the queue
+// ---------------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn busy_nodes_queue_runs_and_dispatch_them_when_a_slot_frees() {
+    let app = spawn_app(TWO_NODES).await;
+    let a = node(&app, "token-a", Duration::ZERO, Behaviour::Hang).await;
+
+    // node-a takes two runs at a time.
+    let mut first = start(&app, spec("default", "one", "hang"));
+    let mut second = start(&app, spec("default", "two", "hang"));
+    let mut third = start(&app, spec("default", "three", "hang"));
+    eventually("node-a holds two runs", || runs_sent(&a).len() == 2).await;
+    assert_eq!(app.parts.runs.queued_runs(), 1);
+    assert_eq!(app.parts.runs.open_runs(), 3);
+    assert_eq!(runs_sent(&a), [first.run_id.clone(), second.run_id.clone()]);
+
+    // Ending one hands its slot to the queued run.
+    assert!(app.parts.runs.cancel(&first.run_id, "make room").await);
+    let events = rest(&mut first).await;
+    assert!(matches!(
+        only_terminal(&first.run_id, &events).kind,
+        RunEventKind::Cancelled { .. }
+    ));
+    eventually("the queued run is dispatched", || runs_sent(&a).len() == 3).await;
+    assert_eq!(runs_sent(&a)[2], third.run_id);
+    assert_eq!(app.parts.runs.queued_runs(), 0);
+
+    for handle in [&mut second, &mut third] {
+        assert!(app.parts.runs.cancel(&handle.run_id, "test over").await);
+        let events = rest(handle).await;
+        let last = only_terminal(&handle.run_id, &events);
+        assert!(
+            matches!(last.kind, RunEventKind::Cancelled { .. }),
+            "{last:?}"
+        );
+        assert_eq!(last.origin, EventOrigin::Node);
+        assert_eq!(node_of(last), "node-a");
+    }
+    assert_settled(&app).await;
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_short_run_ending_frees_its_slot_for_a_queued_one() {
+    let app = spawn_app(TWO_NODES).await;
+    let a = node(&app, "token-a", Duration::from_millis(20), Behaviour::Echo).await;
+
+    let mut hanging = start(&app, spec("default", "one", "hang"));
+    let mut short = start(&app, spec("default", "a b c", "echo"));
+    let mut queued = start(&app, spec("default", "d e", "echo"));
+    // The queued run completes without anyone cancelling anything.
+    let events = rest(&mut queued).await;
+    let last = only_terminal(&queued.run_id, &events);
+    assert!(
+        matches!(last.kind, RunEventKind::Completed { .. }),
+        "{events:#?}"
+    );
+    assert_eq!(texts(&events), ["d ", "e"]);
+    let events = rest(&mut short).await;
+    assert!(matches!(
+        only_terminal(&short.run_id, &events).kind,
+        RunEventKind::Completed { .. }
+    ));
+    assert_eq!(
+        runs_sent(&a),
+        [
+            hanging.run_id.clone(),
+            short.run_id.clone(),
+            queued.run_id.clone()
+        ]
+    );
+
+    assert!(app.parts.runs.cancel(&hanging.run_id, "test over").await);
+    rest(&mut hanging).await;
+    assert_settled(&app).await;
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_full_queue_refuses_and_an_unserved_target_fails_at_once() {
+    let app = spawn_app(&config("[runs]\nqueue_capacity = 1\n")).await;
+    let _a = node(&app, "token-a", Duration::ZERO, Behaviour::Hang).await;
+
+    let mut held = vec![
+        start(&app, spec("default", "one", "hang")),
+        start(&app, spec("default", "two", "hang")),
+        start(&app, spec("default", "three", "hang")),
+    ];
+    assert_eq!(app.parts.runs.queued_runs(), 1);
+    match app.parts.runs.start(spec("default", "four", "hang")) {
+        Err(StartError::QueueFull { cause, capacity }) => {
+            assert_eq!(capacity, 1);
+            assert!(
+                matches!(cause, SelectError::AllBusy { serving: 1, .. }),
+                "{cause:?}"
+            );
+        }
+        other => panic!("expected QueueFull, got {other:?}"),
+    }
+    assert_eq!(app.parts.runs.open_runs(), 3);
+
+    // Nobody serves it: refused at once, even with a full queue and busy nodes.
+    match app.parts.runs.start(spec("nope", "x", "echo")) {
+        Err(StartError::NoNode(SelectError::NoNodeServes { adapter, target })) => {
+            assert_eq!(adapter.as_str(), "echo");
+            assert_eq!(target.as_str(), "nope");
+        }
+        other => panic!("expected NoNodeServes, got {other:?}"),
+    }
+    // node-b serves echo/fast but is not connected.
+    assert!(matches!(
+        app.parts.runs.start(spec("fast", "x", "echo")),
+        Err(StartError::NoNode(SelectError::NoNodeServes { .. }))
+    ));
+
+    for handle in &mut held {
+        assert!(app.parts.runs.cancel(&handle.run_id, "test over").await);
+        let events = rest(handle).await;
+        assert!(matches!(
+            only_terminal(&handle.run_id, &events).kind,
+            RunEventKind::Cancelled { .. }
+        ));
+    }
+    assert_settled(&app).await;
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn an_unserved_target_is_refused_even_with_no_node_connected() {
+    let app = spawn_app(TWO_NODES).await;
+    assert!(matches!(
+        app.parts.runs.start(spec("default", "x", "echo")),
+        Err(StartError::NoNode(SelectError::NoNodeServes { .. }))
+    ));
+    assert_settled(&app).await;
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_queued_run_whose_wait_expires_fails_with_queue_timeout() {
+    let app = spawn_app(&config("[runs]\nqueue_timeout_ms = 200\n")).await;
+    let a = node(&app, "token-a", Duration::ZERO, Behaviour::Hang).await;
+
+    let mut busy = vec![
+        start(&app, spec("default", "one", "hang")),
+        start(&app, spec("default", "two", "hang")),
+    ];
+    let mut waiting = start(&app, spec("default", "three", "hang"));
+    let events = rest(&mut waiting).await;
+    assert_eq!(events.len(), 1, "{events:#?}");
+    let last = only_terminal(&waiting.run_id, &events);
+    assert_eq!(failure_code(last), "queue_timeout");
+    assert_eq!(last.origin, EventOrigin::Edge);
+    assert_eq!(last.node, None, "it never reached a node");
+    assert!(!runs_sent(&a).contains(&waiting.run_id));
+    assert_eq!(app.parts.runs.queued_runs(), 0);
+
+    for handle in &mut busy {
+        assert!(app.parts.runs.cancel(&handle.run_id, "test over").await);
+        rest(handle).await;
+    }
+    assert_settled(&app).await;
+    app.stop().await;
+}
+
+// ---------------------------------------------------------------------------------------
+// The edge's own terminal events
+// ---------------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn killing_a_node_mid_stream_fails_every_run_it_held() {
+    let app = spawn_app(TWO_NODES).await;
+    let a = node(&app, "token-a", Duration::from_millis(20), Behaviour::Echo).await;
+
+    let mut handles = vec![
+        start(&app, spec("default", &words(500), "echo")),
+        start(&app, spec("default", &words(500), "echo")),
+    ];
+    let mut seen = Vec::new();
+    for handle in &mut handles {
+        // Wait until each run is streaming: started, then a first output.
+        let mut events = vec![next_event(handle).await, next_event(handle).await];
+        assert_eq!(events[1].kind.name(), "output");
+        seen.append(&mut events);
+    }
+    a.kill();
+
+    for handle in &mut handles {
+        let mut events: Vec<Arc<RunEvent>> = seen
+            .iter()
+            .filter(|e| e.run_id == handle.run_id)
+            .cloned()
+            .collect();
+        events.extend(rest(handle).await);
+        let last = only_terminal(&handle.run_id, &events);
+        assert_eq!(failure_code(last), "node_disconnected");
+        assert_eq!(last.origin, EventOrigin::Edge);
+        assert_eq!(node_of(last), "node-a");
+        let seqs: Vec<u64> = events.iter().map(|e| e.seq).collect();
+        assert!(
+            seqs.windows(2).all(|w| w[0] < w[1]),
+            "seq must grow: {seqs:?}"
+        );
+    }
+    eventually("node-a left the registry", || app.parts.registry.is_empty()).await;
+    assert_settled(&app).await;
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_caller_cancel_mid_stream_reaches_the_node_which_ends_the_run() {
+    let app = spawn_app(TWO_NODES).await;
+    let a = node(&app, "token-a", Duration::from_millis(20), Behaviour::Echo).await;
+
+    let mut handle = start(&app, spec("default", &words(500), "echo"));
+    assert_eq!(next_event(&mut handle).await.kind.name(), "started");
+    assert_eq!(next_event(&mut handle).await.kind.name(), "output");
+    assert!(
+        app.parts
+            .runs
+            .cancel(&handle.run_id, "caller changed their mind")
+            .await
+    );
+
+    let events = rest(&mut handle).await;
+    let last = only_terminal(&handle.run_id, &events);
+    assert!(
+        matches!(last.kind, RunEventKind::Cancelled { .. }),
+        "{last:?}"
+    );
+    assert_eq!(last.origin, EventOrigin::Node, "the node's own cancelled");
+    assert!(
+        a.commands().iter().any(|c| matches!(
+            c,
+            NodeCommand::Cancel { run_id, reason } if run_id == &handle.run_id && reason == "caller changed their mind"
+        )),
+        "{:?}",
+        a.commands()
+    );
+    // A second cancel of an ended run says it was not open.
+    assert!(!app.parts.runs.cancel(&handle.run_id, "again").await);
+    assert!(!app.parts.runs.cancel(&RunId::new("no-such-run"), "x").await);
+    assert_settled(&app).await;
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_node_that_ignores_a_cancel_gets_the_edges_cancelled_after_the_grace() {
+    let app = spawn_app(&config("[runs]\ncancel_grace_ms = 200\n")).await;
+    let a = node(&app, "token-a", Duration::from_millis(20), Behaviour::Echo).await;
+
+    let mut handle = start(&app, spec("default", &words(500), "ignore_cancel"));
+    assert_eq!(next_event(&mut handle).await.kind.name(), "started");
+    assert_eq!(next_event(&mut handle).await.kind.name(), "output");
+    assert!(app.parts.runs.cancel(&handle.run_id, "stop it").await);
+
+    let events = rest(&mut handle).await;
+    let last = only_terminal(&handle.run_id, &events);
+    assert_eq!(
+        last.origin,
+        EventOrigin::Edge,
+        "the edge's own cancelled: {last:?}"
+    );
+    assert!(
+        matches!(&last.kind, RunEventKind::Cancelled { reason } if reason == "stop it"),
+        "{last:?}"
+    );
+    assert!(cancels_sent(&a).contains(&handle.run_id));
+    assert_settled(&app).await;
+    // The node keeps streaming into the void: those events are dropped, not relayed.
+    eventually("late events are dropped", || {
+        let stats = app.parts.runs.stats();
+        let dropped =
+            stats.dropped_after_terminal.load(Relaxed) + stats.dropped_unknown_run.load(Relaxed);
+        dropped > 0
+    })
+    .await;
+    assert_settled(&app).await;
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_missed_deadline_fails_the_run_and_cancels_it_on_the_node() {
+    let app = spawn_app(TWO_NODES).await;
+    let a = node(&app, "token-a", Duration::ZERO, Behaviour::Hang).await;
+
+    let mut run = spec("default", "never answered", "hang");
+    run.deadline = Some(Duration::from_millis(200));
+    let mut handle = start(&app, run);
+    let events = rest(&mut handle).await;
+    let last = only_terminal(&handle.run_id, &events);
+    assert_eq!(failure_code(last), "deadline_exceeded");
+    assert_eq!(last.origin, EventOrigin::Edge);
+    assert_eq!(node_of(last), "node-a");
+
+    eventually("node-a is told to cancel", || {
+        cancels_sent(&a).contains(&handle.run_id)
+    })
+    .await;
+    let sent = a.commands().into_iter().find_map(|c| match c {
+        NodeCommand::Run(run) if run.run_id == handle.run_id => Some(run),
+        _ => None,
+    });
+    assert_eq!(sent.expect("the run reached node-a").deadline_ms, 200);
+    assert_settled(&app).await;
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_graceful_stop_ends_a_run_that_never_ends_with_edge_shutdown() {
+    let app = spawn_app(TWO_NODES).await;
+    // Started, then silence far longer than the test; cancels are ignored.
+    let a = node(
+        &app,
+        "token-a",
+        Duration::from_secs(3_600),
+        Behaviour::IgnoreCancel,
+    )
+    .await;
+
+    let mut handle = start(&app, spec("default", "never finished", "ignore_cancel"));
+    assert_eq!(next_event(&mut handle).await.kind.name(), "started");
+    let parts = app.parts.clone();
+    tokio::time::timeout(PATIENCE, app.stop())
+        .await
+        .expect("the edge stops within its grace");
+
+    let events = rest(&mut handle).await;
+    let last = only_terminal(&handle.run_id, &events);
+    assert_eq!(failure_code(last), "edge_shutdown");
+    assert_eq!(last.origin, EventOrigin::Edge);
+    eventually("node-a receives Shutdown", || {
+        a.commands()
+            .iter()
+            .any(|c| matches!(c, NodeCommand::Shutdown { .. }))
+    })
+    .await;
+    // The edge also told the node to stop the run it gave up on.
+    assert!(
+        cancels_sent(&a).contains(&handle.run_id),
+        "{:?}",
+        a.commands()
+    );
+    let ended = tokio::time::timeout(PATIENCE, a.ended())
+        .await
+        .expect("the node stops");
+    assert!(matches!(ended, Ended::Shutdown(_)), "{ended:?}");
+
+    assert!(matches!(
+        parts.runs.start(spec("default", "late", "echo")),
+        Err(StartError::ShuttingDown)
+    ));
+    assert_eq!(parts.runs.open_runs(), 0);
+    assert!(parts.registry.is_empty());
+}
+
+// ---------------------------------------------------------------------------------------
+// Sinks
+// ---------------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn the_file_sink_writes_json_lines_and_recovers_when_its_directory_returns() {
+    let out = tempfile::tempdir().expect("tempdir");
+    let sub: PathBuf = out.path().join("sub");
+    std::fs::create_dir(&sub).expect("create the events directory");
+    let path = sub.join("events.jsonl");
+    let app = spawn_app(&config(&events_section(&["file"], &path))).await;
+    let _a = node(&app, "token-a", Duration::ZERO, Behaviour::Echo).await;
+
+    let (before, before_events) = echo_run(&app, "written normally").await;
+    eventually("the first run is in the file", || {
+        std::fs::read_to_string(&path).is_ok_and(|text| text.lines().count() == before_events.len())
+    })
+    .await;
+    assert_file_matches(&lines_of(&json_lines(&path), &before), &before_events);
+
+    // The directory disappears: the sink cannot write, the edge keeps serving.
+    std::fs::remove_dir_all(&sub).expect("remove the events directory");
+    let (lost, _) = echo_run(&app, "lost to a missing directory").await;
+    // Give the sink a few flush intervals to try (and fail) to write the lost run.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    // The directory is back: the sink writes to the path again by itself.
+    std::fs::create_dir(&sub).expect("recreate the events directory");
+    let (after, after_events) = echo_run(&app, "written after recovery").await;
+    assert_eq!(app.parts.registry.len(), 1, "node-a stayed connected");
+    assert_settled(&app).await;
+    app.stop().await;
+
+    let lines = json_lines(&path);
+    assert_file_matches(&lines_of(&lines, &after), &after_events);
+    // The new file holds nothing from before the directory went away (the lost run may
+    // or may not be there, depending on whether its write came before the directory).
+    assert!(lines_of(&lines, &before).is_empty(), "{lines:#?}");
+    let others = lines
+        .iter()
+        .filter(|l| l["run_id"] != after.as_str() && l["run_id"] != lost.as_str());
+    assert_eq!(others.count(), 0, "{lines:#?}");
+}
+
+#[tokio::test]
+async fn swapping_the_sink_by_config_changes_where_events_go() {
+    for sinks in [&["file"][..], &["null"][..], &["log", "file"][..]] {
+        let out = tempfile::tempdir().expect("tempdir");
+        let path = out.path().join("events.jsonl");
+        let app = spawn_app(&config(&events_section(sinks, &path))).await;
+        let _a = node(&app, "token-a", Duration::ZERO, Behaviour::Echo).await;
+
+        let (run_id, events) = echo_run(&app, "where do I go").await;
+        assert_settled(&app).await;
+        app.stop().await;
+
+        if sinks.contains(&"file") {
+            let lines = json_lines(&path);
+            assert_file_matches(&lines_of(&lines, &run_id), &events);
+        } else {
+            let empty = std::fs::read_to_string(&path).map_or(true, |text| text.is_empty());
+            assert!(empty, "sinks {sinks:?} must not write the file");
+        }
+    }
+}
