@@ -16,4 +16,4 @@ pub mod app;
 pub mod client;
 pub mod domain;
 pub mod ports;
-mod wire;
+pub mod wire;

@@ -696,7 +696,12 @@ async fn a_missed_deadline_fails_the_run_and_cancels_it_on_the_node() {
         NodeCommand::Run(run) if run.run_id == handle.run_id => Some(run),
         _ => None,
     });
-    assert_eq!(sent.expect("the run reached node-a").deadline_ms, 200);
+    // The node is told the deadline (what is left of it when the run reaches the node).
+    let deadline_ms = sent.expect("the run reached node-a").deadline_ms;
+    assert!(
+        (1..=200).contains(&deadline_ms),
+        "deadline_ms {deadline_ms}"
+    );
     assert_settled(&app).await;
     app.stop().await;
 }

@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::info;
 
 use crate::adapters::file_store::FileNodeStore;
-use crate::adapters::http::{HttpServer, HttpState};
+use crate::adapters::http::{Api, HttpServer, HttpState};
 use crate::adapters::lock_registry::LockRegistry;
 use crate::adapters::sinks::{SinkSet, build_sinks};
 use crate::adapters::tcp::{ServerDeps, TcpServer, TcpTransport, TransportControl};
@@ -95,6 +95,7 @@ impl App {
             transport: server.control(),
             runs: runs.clone(),
             registry: Arc::clone(&registry),
+            api: Api::new(settings.api.clone())?,
         };
         let http = HttpServer::bind(settings.http.listen, http_state)
             .await

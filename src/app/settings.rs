@@ -19,6 +19,7 @@ use serde::de::IgnoredAny;
 use tracing_subscriber::EnvFilter;
 
 use crate::adapters::file_store::ConfigSource;
+use crate::adapters::http::ApiConfig;
 use crate::adapters::sinks::config::EventsConfig;
 use crate::adapters::tcp::config::ServerConfig;
 
@@ -32,7 +33,7 @@ const ENV_SEPARATOR: &str = "__";
 /// Separates the items of a list-valued override: `EDGE__EVENTS__SINKS=stdout,file`.
 const ENV_LIST_SEPARATOR: &str = ",";
 /// The keys whose environment override is a list.
-const ENV_LIST_KEYS: &[&str] = &["events.sinks"];
+const ENV_LIST_KEYS: &[&str] = &["events.sinks", "api.keys"];
 
 /// Everything the edge is configured with.
 #[derive(Debug, Clone)]
@@ -45,6 +46,8 @@ pub struct Settings {
     pub runs: RunsConfig,
     /// `[http]`: the HTTP API.
     pub http: HttpConfig,
+    /// `[api]`: the OpenAI-compatible API (keys, model aliases, limits, deadlines).
+    pub api: ApiConfig,
     /// `[log]`: the edge's own logs.
     pub log: LogConfig,
     /// The file the settings came from and the merged config, from which the node store
@@ -187,6 +190,7 @@ struct Sections {
     events: EventsConfig,
     runs: RunsConfig,
     http: HttpConfig,
+    api: ApiConfig,
     log: LogConfig,
     nodes: IgnoredAny,
 }
@@ -270,6 +274,7 @@ impl Settings {
             events,
             runs,
             http,
+            api,
             log,
             nodes: _,
         } = sections;
@@ -278,6 +283,7 @@ impl Settings {
             events,
             runs,
             http,
+            api,
             log,
             source: ConfigSource::new(path, text.is_some(), config),
         })
@@ -310,6 +316,7 @@ impl Sections {
                 self.log.level
             ));
         }
+        problems.extend(self.api.problems());
         problems
     }
 }
@@ -389,6 +396,7 @@ mod tests {
         assert_eq!(settings.events, EventsConfig::default());
         assert_eq!(settings.runs, RunsConfig::default());
         assert_eq!(settings.http, HttpConfig::default());
+        assert_eq!(settings.api, ApiConfig::default());
         assert_eq!(settings.log, LogConfig::default());
 
         let store = FileNodeStore::load_from_config(&settings.source).unwrap();
@@ -559,5 +567,32 @@ mod tests {
         );
         let settings = settings.unwrap();
         assert!(!format!("{settings:?}").contains("SECRET"));
+    }
+
+    #[test]
+    fn api_section_loads_keys_and_aliases_and_hides_keys() {
+        let (_file, settings) = load(
+            "[api]\nkeys = [\"sk-SECRET-1\"]\nmax_body_bytes = 10\n[api.models]\n\"gpt-4o-mini\" = \"ollama/llama3.1:8b\"\n",
+            &[("EDGE__API__DEFAULT_DEADLINE_MS", "1000")],
+        );
+        let settings = settings.unwrap();
+        assert_eq!(settings.api.keys.len(), 1);
+        assert_eq!(settings.api.max_body_bytes, 10);
+        assert_eq!(settings.api.default_deadline_ms, 1_000);
+        assert_eq!(settings.api.models["gpt-4o-mini"], "ollama/llama3.1:8b");
+        assert!(!format!("{settings:?}").contains("SECRET"));
+
+        let (_file, settings) = load("", &[("EDGE__API__KEYS", "sk-a,sk-b")]);
+        assert_eq!(settings.unwrap().api.keys.len(), 2);
+    }
+
+    #[test]
+    fn an_invalid_alias_is_an_error_naming_file_key_and_alias() {
+        let (file, settings) = load("[api.models]\n\"gpt-4o\" = \"no-slash-here\"\n", &[]);
+        let message = settings.unwrap_err().to_string();
+        assert!(message.contains(&path_of(&file)), "{message}");
+        assert!(message.contains("api.models"), "{message}");
+        assert!(message.contains("\"gpt-4o\""), "{message}");
+        assert!(message.contains("no-slash-here"), "{message}");
     }
 }

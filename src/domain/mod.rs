@@ -11,6 +11,7 @@ pub mod node;
 pub mod registration;
 pub mod run;
 pub mod selection;
+pub mod throttle;
 pub mod token;
 
 pub use definitions::{
@@ -26,4 +27,5 @@ pub use run::{
     EdgeFailure, EventOrigin, EventVerdict, RunEvent, RunEventKind, RunId, RunSpec, RunState, Usage,
 };
 pub use selection::{NodeLoad, NodeSelector, SelectError, select_node};
+pub use throttle::RegistrationThrottle;
 pub use token::{Token, TokenDigest};

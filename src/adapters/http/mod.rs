@@ -5,6 +5,8 @@
 //! protocol; this adapter only translates HTTP to runs and run events to HTTP.
 
 mod health;
+pub mod openai;
 mod server;
 
+pub use openai::{Api, ApiConfig};
 pub use server::{HttpServer, HttpState};

@@ -10,6 +10,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use super::health;
+use super::openai::{self, Api};
 use crate::adapters::tcp::TransportControl;
 use crate::app::runs::RunService;
 use crate::ports::Registry;
@@ -25,6 +26,8 @@ pub struct HttpState {
     pub runs: RunService,
     /// The connected nodes.
     pub registry: Arc<dyn Registry>,
+    /// The OpenAI-compatible API's settings and model map.
+    pub api: Api,
 }
 
 /// The bound HTTP listener.
@@ -34,7 +37,8 @@ pub struct HttpServer {
 }
 
 impl HttpServer {
-    /// Binds `addr` and builds the routes.
+    /// Binds `addr` and builds the routes: the operations endpoints, open to all, and the
+    /// OpenAI-compatible `/v1` API. Unknown paths get a 404 in OpenAI's error shape.
     ///
     /// # Errors
     /// The socket error when the address cannot be bound.
@@ -44,6 +48,8 @@ impl HttpServer {
             .route("/healthz", get(health::healthz))
             .route("/readyz", get(health::readyz))
             .route("/metrics", get(health::metrics))
+            .merge(openai::routes(&state))
+            .fallback(openai::unknown_route)
             .with_state(state);
         Ok(HttpServer { listener, router })
     }

@@ -25,6 +25,11 @@ pub struct ServerConfig {
     pub outbound_queue: usize,
     /// How long one write to a node may take before it counts as not reading.
     pub write_timeout_ms: u64,
+    /// The wait before answering a peer address's first failed registration (invalid
+    /// token); it doubles with each further failure from that address.
+    pub register_failure_delay_ms: u64,
+    /// The longest such wait.
+    pub register_failure_max_delay_ms: u64,
 }
 
 impl Default for ServerConfig {
@@ -38,6 +43,8 @@ impl Default for ServerConfig {
             max_connections: 16_384,
             outbound_queue: 1_024,
             write_timeout_ms: 10_000,
+            register_failure_delay_ms: 100,
+            register_failure_max_delay_ms: 5_000,
         }
     }
 }

@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, SystemTime};
 
 use futures::{SinkExt, StreamExt};
-use tokio::net::TcpStream;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::mpsc;
 use tokio::time::{Instant, sleep_until, timeout};
 use tokio_util::codec::Framed;
@@ -21,7 +21,12 @@ use crate::domain::{
 use crate::ports::{CloseReason, NewConnection, NodeCommand};
 use crate::wire::{EdgeCodec, EdgeFrame, FrameError, NodeFrame};
 
-type NodeStream = Framed<TcpStream, EdgeCodec>;
+/// A byte stream a node connection runs over: TCP, TLS over TCP, or an in-memory pipe.
+pub trait NodeIo: AsyncRead + AsyncWrite + Unpin + Send {}
+
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> NodeIo for T {}
+
+type NodeStream<S> = Framed<S, EdgeCodec>;
 
 /// A node is evicted after this many heartbeat intervals without a frame.
 const MISSED_HEARTBEATS: u32 = 3;
@@ -30,9 +35,9 @@ const MISSED_HEARTBEATS: u32 = 3;
 const TOUCH_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Serves one connection until it closes; returns why it closed.
-pub(super) async fn serve_connection(
+pub(super) async fn serve_connection<S: NodeIo>(
     shared: &Shared,
-    stream: TcpStream,
+    stream: S,
     peer: SocketAddr,
     connection: u64,
 ) -> CloseReason {
@@ -63,7 +68,7 @@ pub(super) async fn serve_connection(
     };
     shared.stats.frames_in.fetch_add(1, Ordering::Relaxed);
 
-    let Some(record) = register(shared, &mut framed, &attempt).await else {
+    let Some(record) = register(shared, &mut framed, &attempt, peer).await else {
         return CloseReason::Rejected;
     };
     let (link, commands, slow_consumer) = ConnectionLink::new(shared.config.outbound_queue);
@@ -132,17 +137,18 @@ pub(super) async fn serve_connection(
 }
 
 /// Moves the codec's byte counts into the transport's counters.
-fn count_bytes(shared: &Shared, framed: &mut NodeStream) {
+fn count_bytes<S: NodeIo>(shared: &Shared, framed: &mut NodeStream<S>) {
     let (read, written) = framed.codec_mut().take_byte_counts();
     shared.stats.bytes_in.fetch_add(read, Ordering::Relaxed);
     shared.stats.bytes_out.fetch_add(written, Ordering::Relaxed);
 }
 
 /// Applies the registration policy; on refusal answers and returns `None`.
-async fn register(
+async fn register<S: NodeIo>(
     shared: &Shared,
-    framed: &mut NodeStream,
+    framed: &mut NodeStream<S>,
     attempt: &RegisterAttempt,
+    peer: SocketAddr,
 ) -> Option<Arc<NodeRecord>> {
     let found = shared.deps.store.find_by_token(&attempt.token);
     let already_connected = found
@@ -152,6 +158,19 @@ async fn register(
     match decide_registration(attempt, found.as_deref(), already_connected, draining) {
         RegistrationDecision::Accept(_) => found,
         RegistrationDecision::Reject(rejection) => {
+            if rejection == RegisterRejection::InvalidToken {
+                // Slow down guessing: the answer to a wrong token comes later and later for
+                // the same address. Valid nodes are never delayed.
+                let delay = shared
+                    .throttle
+                    .lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner())
+                    .record_failure(peer.ip(), std::time::Instant::now());
+                tokio::select! {
+                    () = shared.close_all.cancelled() => return None,
+                    () = tokio::time::sleep(delay) => {}
+                }
+            }
             reject(framed, shared, rejection, &attempt.node_id).await;
             None
         }
@@ -159,8 +178,8 @@ async fn register(
 }
 
 /// Answers a refused registration and lets the connection close.
-async fn reject(
-    framed: &mut NodeStream,
+async fn reject<S: NodeIo>(
+    framed: &mut NodeStream<S>,
     shared: &Shared,
     rejection: RegisterRejection,
     claimed_node_id: &str,
@@ -180,8 +199,8 @@ fn closed_before_registration(reason: CloseReason) -> CloseReason {
 }
 
 /// Writes one frame within the write timeout.
-async fn send(
-    framed: &mut NodeStream,
+async fn send<S: NodeIo>(
+    framed: &mut NodeStream<S>,
     shared: &Shared,
     frame: EdgeFrame,
 ) -> Result<(), CloseReason> {
@@ -204,9 +223,9 @@ fn frame_error_reason(error: &FrameError) -> CloseReason {
 }
 
 /// Relays frames both ways until the connection must close; returns why.
-async fn relay(
+async fn relay<S: NodeIo>(
     shared: &Shared,
-    framed: &mut NodeStream,
+    framed: &mut NodeStream<S>,
     record: &NodeRecord,
     connection: u64,
     mut commands: mpsc::Receiver<NodeCommand>,

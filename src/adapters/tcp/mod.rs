@@ -12,6 +12,7 @@ mod link;
 mod server;
 mod stats;
 
+pub use connection::NodeIo;
 pub use link::TcpTransport;
 pub use server::{ServerDeps, TcpServer, TransportControl};
 pub use stats::TransportStats;

@@ -2,19 +2,20 @@
 
 use std::io;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use super::config::ServerConfig;
-use super::connection::serve_connection;
+use super::connection::{NodeIo, serve_connection};
 use super::stats::TransportStats;
+use crate::domain::RegistrationThrottle;
 use crate::ports::{NodeCommand, NodeEventHandler, NodeStore, Registry};
 
 /// How long the accept loop pauses when the process is out of file descriptors.
@@ -39,6 +40,8 @@ pub(super) struct Shared {
     /// Cancelled to close every connection at once (the end of a graceful stop).
     pub(super) close_all: CancellationToken,
     pub(super) stats: Arc<TransportStats>,
+    /// Failed registrations per peer address, for the brute-force brake.
+    pub(super) throttle: Mutex<RegistrationThrottle>,
     next_connection: AtomicU64,
 }
 
@@ -60,6 +63,25 @@ impl TransportControl {
     /// The transport's counters.
     pub fn stats(&self) -> Arc<TransportStats> {
         Arc::clone(&self.shared.stats)
+    }
+
+    /// Serves one node connection over an already-accepted stream until it closes: the
+    /// registration handshake, then the relay. The accept loop calls it for every TCP
+    /// connection; tests and fuzzing call it with in-memory streams.
+    pub async fn serve_stream<S: NodeIo>(&self, stream: S, peer: SocketAddr) {
+        let shared = &self.shared;
+        let id = shared.next_connection.fetch_add(1, Ordering::Relaxed);
+        let span = info_span!(
+            "connection",
+            %peer,
+            connection = id,
+            node = tracing::field::Empty,
+            alias = tracing::field::Empty
+        );
+        shared.stats.connections_open.fetch_add(1, Ordering::Relaxed);
+        let reason = serve_connection(shared, stream, peer, id).instrument(span).await;
+        shared.stats.connections_open.fetch_sub(1, Ordering::Relaxed);
+        shared.stats.record_close(reason);
     }
 
     /// Whether the transport is draining.
@@ -107,7 +129,12 @@ impl TcpServer {
     /// The socket error when the address cannot be bound.
     pub async fn bind(config: ServerConfig, deps: ServerDeps) -> io::Result<TcpServer> {
         let listener = TcpListener::bind(config.listen).await?;
+        let throttle = RegistrationThrottle::new(
+            Duration::from_millis(config.register_failure_delay_ms),
+            Duration::from_millis(config.register_failure_max_delay_ms),
+        );
         let shared = Arc::new(Shared {
+            throttle: Mutex::new(throttle),
             config,
             deps,
             draining: AtomicBool::new(false),
@@ -157,16 +184,14 @@ impl TcpServer {
                         drop(stream);
                         continue;
                     };
-                    let shared = Arc::clone(&control.shared);
-                    let id = shared.next_connection.fetch_add(1, Ordering::Relaxed);
-                    let span = info_span!("connection", %peer, connection = id, node = tracing::field::Empty, alias = tracing::field::Empty);
-                    control.connections.spawn(
-                        async move {
-                            serve(shared, stream, peer, id).await;
-                            drop(permit);
-                        }
-                        .instrument(span),
-                    );
+                    if let Err(error) = stream.set_nodelay(true) {
+                        debug!(%error, "could not disable Nagle's algorithm");
+                    }
+                    let control = control.clone();
+                    control.connections.clone().spawn(async move {
+                        control.serve_stream(stream, peer).await;
+                        drop(permit);
+                    });
                 }
                 Err(error) if is_out_of_descriptors(&error) => {
                     warn!(%error, "out of file descriptors; pausing accept");
@@ -177,22 +202,6 @@ impl TcpServer {
         }
         info!("node transport stopped accepting");
     }
-}
-
-async fn serve(shared: Arc<Shared>, stream: TcpStream, peer: SocketAddr, id: u64) {
-    if let Err(error) = stream.set_nodelay(true) {
-        debug!(%error, "could not disable Nagle's algorithm");
-    }
-    shared
-        .stats
-        .connections_open
-        .fetch_add(1, Ordering::Relaxed);
-    let reason = serve_connection(&shared, stream, peer, id).await;
-    shared
-        .stats
-        .connections_open
-        .fetch_sub(1, Ordering::Relaxed);
-    shared.stats.record_close(reason);
 }
 
 fn is_out_of_descriptors(error: &io::Error) -> bool {

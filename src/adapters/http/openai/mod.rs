@@ -1,0 +1,97 @@
+//! The OpenAI-compatible API: `GET /v1/models`, `POST /v1/chat/completions` and
+//! `POST /v1/completions`, JSON or Server-Sent Events, with OpenAI's error shape, so the
+//! official client libraries work unchanged.
+//!
+//! This is the only place the external `model` notion exists: a model id is mapped to
+//! `adapter + target` here ([`models`]) and every request becomes a run started through the
+//! run service, which dispatches it over the node protocol. Nothing here reaches a node any
+//! other way, runs an adapter, or interprets the body beyond the fields it needs.
+
+mod auth;
+mod chat;
+mod completions;
+mod config;
+mod error;
+pub mod models;
+mod reply;
+mod request;
+mod run;
+mod sse;
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, Request};
+use axum::middleware;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+
+pub use config::{ApiConfig, ApiKey};
+pub use error::ApiError;
+pub use models::{ModelMap, ModelRoute};
+pub use request::DEADLINE_HEADER;
+pub use run::{CLIENT_GONE, RUN_ID_HEADER};
+
+use super::HttpState;
+
+/// The API's settings and model map. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Api {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    config: ApiConfig,
+    models: ModelMap,
+}
+
+/// `[api]` settings the API cannot work with.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid [api] settings: {}", .problems.join("; "))]
+pub struct ApiConfigError {
+    /// Every problem, each naming its key.
+    pub problems: Vec<String>,
+}
+
+impl Api {
+    /// The API configured by `config`.
+    ///
+    /// # Errors
+    /// [`ApiConfigError`] listing every problem of [`ApiConfig::problems`] (settings loaded
+    /// through `Settings::load` have none).
+    pub fn new(config: ApiConfig) -> Result<Self, ApiConfigError> {
+        let problems = config.problems();
+        if !problems.is_empty() {
+            return Err(ApiConfigError { problems });
+        }
+        let models = ModelMap::new(&config.models).map_err(|problems| ApiConfigError { problems })?;
+        Ok(Self { inner: Arc::new(Inner { config, models }) })
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &ApiConfig {
+        &self.inner.config
+    }
+
+    /// The model map.
+    pub fn models(&self) -> &ModelMap {
+        &self.inner.models
+    }
+}
+
+/// The `/v1` routes, behind the API-key check and the body limit.
+pub(super) fn routes(state: &HttpState) -> Router<HttpState> {
+    Router::new()
+        .route("/v1/models", get(models::list))
+        .route("/v1/models/{*model}", get(models::retrieve))
+        .route("/v1/chat/completions", post(chat::create))
+        .route("/v1/completions", post(completions::create))
+        .route_layer(middleware::from_fn_with_state(state.clone(), auth::require_key))
+        .layer(DefaultBodyLimit::max(state.api.config().max_body_bytes))
+}
+
+/// Any other path: 404 in OpenAI's shape.
+pub(super) async fn unknown_route(request: Request) -> Response {
+    ApiError::unknown_url(request.method().as_str(), request.uri().path()).into_response()
+}

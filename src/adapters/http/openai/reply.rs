@@ -1,0 +1,110 @@
+//! The answer's envelope: the ids, timestamps and model name every JSON answer and SSE
+//! chunk carries, and the choice between the chat and the completion shapes.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde_json::{Value, json};
+
+use super::request::Endpoint;
+use super::run::Finished;
+use super::{chat, completions};
+use crate::domain::{RunId, Usage};
+
+/// One part of a streamed answer.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Piece<'a> {
+    /// The opening chunk (chat: the assistant role).
+    Start,
+    /// Some text.
+    Text(&'a str),
+    /// The closing chunk with the finish reason.
+    Finish(&'a str),
+    /// The usage chunk of `stream_options.include_usage`.
+    Usage(Option<Usage>),
+}
+
+/// What every part of one answer shares.
+#[derive(Debug, Clone)]
+pub(super) struct Reply {
+    /// Which endpoint's shape.
+    pub endpoint: Endpoint,
+    /// The answer's id (`chatcmpl-<run id>`, `cmpl-<run id>`).
+    pub id: String,
+    /// Unix seconds.
+    pub created: u64,
+    /// The model as the client named it.
+    pub model: String,
+    /// Whether chunks carry `usage` and a usage chunk closes the stream.
+    pub include_usage: bool,
+}
+
+impl Reply {
+    /// The envelope of the answer to run `run_id`.
+    pub fn new(endpoint: Endpoint, run_id: &RunId, model: String, include_usage: bool) -> Self {
+        let prefix = match endpoint {
+            Endpoint::Chat => "chatcmpl",
+            Endpoint::Completion => "cmpl",
+        };
+        Self {
+            endpoint,
+            id: format!("{prefix}-{run_id}"),
+            created: SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()),
+            model,
+            include_usage,
+        }
+    }
+
+    /// The non-streaming answer.
+    pub fn full(&self, text: &str, finished: &Finished) -> Value {
+        let mut body = match self.endpoint {
+            Endpoint::Chat => chat::full(self, text, &finished.finish_reason),
+            Endpoint::Completion => completions::full(self, text, &finished.finish_reason),
+        };
+        if let Some(usage) = finished.usage {
+            body["usage"] = usage_json(usage);
+        }
+        body
+    }
+
+    /// One SSE chunk, or `None` when the shape has no such chunk.
+    pub fn chunk(&self, piece: Piece<'_>) -> Option<Value> {
+        let mut chunk = match (self.endpoint, piece) {
+            (_, Piece::Usage(usage)) => {
+                let mut chunk = self.chunk_envelope(Value::Array(Vec::new()));
+                chunk["usage"] = usage.map_or(Value::Null, usage_json);
+                return Some(chunk);
+            }
+            (Endpoint::Chat, piece) => chat::chunk(self, piece)?,
+            (Endpoint::Completion, piece) => completions::chunk(self, piece)?,
+        };
+        if self.include_usage {
+            chunk["usage"] = Value::Null;
+        }
+        Some(chunk)
+    }
+
+    /// `{"id","object","created","model","choices"}` of a chunk.
+    pub fn chunk_envelope(&self, choices: Value) -> Value {
+        let object = match self.endpoint {
+            Endpoint::Chat => "chat.completion.chunk",
+            Endpoint::Completion => "text_completion",
+        };
+        json!({
+            "id": self.id,
+            "object": object,
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": null,
+            "choices": choices,
+        })
+    }
+}
+
+/// OpenAI's usage object.
+fn usage_json(usage: Usage) -> Value {
+    json!({
+        "prompt_tokens": usage.input_tokens,
+        "completion_tokens": usage.output_tokens,
+        "total_tokens": u64::from(usage.input_tokens) + u64::from(usage.output_tokens),
+    })
+}
