@@ -7,15 +7,27 @@
 
 use std::io;
 use std::net::SocketAddr;
+use std::path::Path;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
 
 use futures::stream::{SplitSink, SplitStream};
 use futures::{SinkExt, StreamExt};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio_util::codec::Framed;
+
+use crate::adapters::tls::{
+    TlsError, crypto_provider, load_certificates, load_private_key, load_roots,
+};
 
 use crate::domain::{PROTOCOL_VERSION, RegisterAttempt, RunEventKind, Token};
 use crate::ports::ReportedEvent;
 use crate::wire::NodeCodec;
+
+/// The name a TLS client checks the edge's certificate against (a DNS name or an IP address).
+pub use rustls::pki_types::ServerName;
 
 pub use crate::wire::{
     FrameError, NodeFrame, ReceivedAdapter, ReceivedConfig, ReceivedEdgeFrame, RegisterOutcome,
@@ -74,14 +86,117 @@ impl Registration {
 
 /// A connection to an edge.
 pub struct NodeClient {
-    framed: Framed<TcpStream, NodeCodec>,
+    framed: Framed<ClientStream, NodeCodec>,
 }
 
 /// The sending half of a split [`NodeClient`].
-pub type NodeSender = SplitSink<Framed<TcpStream, NodeCodec>, NodeFrame>;
+pub type NodeSender = SplitSink<Framed<ClientStream, NodeCodec>, NodeFrame>;
 
 /// The receiving half of a split [`NodeClient`].
-pub type NodeReceiver = SplitStream<Framed<TcpStream, NodeCodec>>;
+pub type NodeReceiver = SplitStream<Framed<ClientStream, NodeCodec>>;
+
+/// The byte stream under a [`NodeClient`]: plain TCP, or TLS over TCP. Either way the
+/// frames inside are the same.
+#[derive(Debug)]
+pub enum ClientStream {
+    /// Plain TCP.
+    Plain(TcpStream),
+    /// TLS over TCP (boxed: a TLS session is much larger than a socket).
+    Tls(Box<tokio_rustls::client::TlsStream<TcpStream>>),
+}
+
+impl AsyncRead for ClientStream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Self::Plain(stream) => Pin::new(stream).poll_read(cx, buf),
+            Self::Tls(stream) => Pin::new(stream).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for ClientStream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Self::Plain(stream) => Pin::new(stream).poll_write(cx, buf),
+            Self::Tls(stream) => Pin::new(stream).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Self::Plain(stream) => Pin::new(stream).poll_flush(cx),
+            Self::Tls(stream) => Pin::new(stream).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Self::Plain(stream) => Pin::new(stream).poll_shutdown(cx),
+            Self::Tls(stream) => Pin::new(stream).poll_shutdown(cx),
+        }
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Self::Plain(stream) => Pin::new(stream).poll_write_vectored(cx, bufs),
+            Self::Tls(stream) => Pin::new(stream).poll_write_vectored(cx, bufs),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            Self::Plain(stream) => stream.is_write_vectored(),
+            Self::Tls(stream) => stream.is_write_vectored(),
+        }
+    }
+}
+
+/// A TLS client configuration for [`NodeClient::connect_tls`]: trusts the CA certificates in
+/// the PEM file `ca_path`, and presents the certificate chain and key in `identity` (PEM
+/// files: certificate, key) when the edge requires mutual TLS.
+///
+/// # Errors
+/// [`TlsError`] naming the file when one cannot be read, holds no usable PEM, or the
+/// certificate and key do not belong together.
+pub fn tls_client_config(
+    ca_path: &Path,
+    identity: Option<(&Path, &Path)>,
+) -> Result<Arc<rustls::ClientConfig>, TlsError> {
+    let roots = load_roots(ca_path, "CA certificate")?;
+    let builder = rustls::ClientConfig::builder_with_provider(crypto_provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|error| TlsError::Internal(error.to_string()))?
+        .with_root_certificates(roots);
+    let config = match identity {
+        None => builder.with_no_client_auth(),
+        Some((cert_path, key_path)) => {
+            let certificates = load_certificates(cert_path, "client certificate")?;
+            let key = load_private_key(key_path, "client key")?;
+            builder
+                .with_client_auth_cert(certificates, key)
+                .map_err(|error| TlsError::Identity {
+                    cert_setting: "client certificate".to_owned(),
+                    cert_path: cert_path.to_owned(),
+                    key_setting: "client key".to_owned(),
+                    key_path: key_path.to_owned(),
+                    detail: error.to_string(),
+                })?
+        }
+    };
+    Ok(Arc::new(config))
+}
 
 impl NodeClient {
     /// Dials the edge at `addr`.
@@ -91,9 +206,34 @@ impl NodeClient {
     pub async fn connect(addr: SocketAddr) -> Result<Self, ClientError> {
         let stream = TcpStream::connect(addr).await?;
         stream.set_nodelay(true)?;
-        Ok(Self {
+        Ok(Self::over(ClientStream::Plain(stream)))
+    }
+
+    /// Dials the edge at `addr` and runs the TLS handshake, checking that the edge's
+    /// certificate is valid for `server_name` under `config` (see [`tls_client_config`]).
+    ///
+    /// With TLS 1.3 an edge that refuses the client's certificate (mutual TLS) may only say
+    /// so on the first read, so such a refusal can surface from [`NodeClient::register`].
+    ///
+    /// # Errors
+    /// The socket error when the edge cannot be reached, or the handshake's error.
+    pub async fn connect_tls(
+        addr: SocketAddr,
+        server_name: ServerName<'static>,
+        config: Arc<rustls::ClientConfig>,
+    ) -> Result<Self, ClientError> {
+        let stream = TcpStream::connect(addr).await?;
+        stream.set_nodelay(true)?;
+        let stream = tokio_rustls::TlsConnector::from(config)
+            .connect(server_name, stream)
+            .await?;
+        Ok(Self::over(ClientStream::Tls(Box::new(stream))))
+    }
+
+    fn over(stream: ClientStream) -> Self {
+        Self {
             framed: Framed::new(stream, NodeCodec::new(MAX_FRAME_BYTES)),
-        })
+        }
     }
 
     /// Sends a RegisterRequest and returns the edge's answer.
@@ -172,8 +312,8 @@ impl NodeClient {
         self.framed.split()
     }
 
-    /// The raw socket, for tests that send bytes no well-behaved node would.
-    pub fn stream_mut(&mut self) -> &mut TcpStream {
+    /// The raw stream (TCP or TLS), for tests that send bytes no well-behaved node would.
+    pub fn stream_mut(&mut self) -> &mut ClientStream {
         self.framed.get_mut()
     }
 }

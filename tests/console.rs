@@ -77,10 +77,10 @@ impl Console {
             let mut listening = Some(listening);
             let mut reader = BufReader::new(stderr).lines();
             while let Ok(Some(line)) = reader.next_line().await {
-                if let Some(addr) = serving_address(&line) {
-                    if let Some(listening) = listening.take() {
-                        let _ = listening.send(addr);
-                    }
+                if let Some(addr) = serving_address(&line)
+                    && let Some(listening) = listening.take()
+                {
+                    let _ = listening.send(addr);
                 }
                 kept.lock().expect("log lines").push(line);
             }
@@ -323,4 +323,43 @@ async fn console_mode_runs_cancels_and_quits_through_stdin() {
             .expect("the node stops");
         assert!(matches!(ended, Ended::Shutdown(_)), "{ended:?}");
     }
+}
+
+#[tokio::test]
+async fn console_mode_exits_on_sigterm_while_waiting_for_input() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = dir.path().join("edge.toml");
+    std::fs::write(&config, TWO_NODES).expect("write the config");
+    let (mut console, addr) = Console::start(&config).await;
+    console
+        .wait_for(0, "the console greeting", |l| {
+            l.starts_with("edge console ready")
+        })
+        .await;
+    let node_a = mock(addr, "token-a", Duration::ZERO).await;
+
+    // The console is blocked reading a line that never comes; stdin stays open.
+    let pid = console.child.id().expect("the edge is running").to_string();
+    let signalled = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .expect("run kill");
+    assert!(signalled.success());
+
+    let status = match timeout_at(console.deadline, console.child.wait()).await {
+        Ok(status) => status.expect("wait for the edge"),
+        Err(_) => panic!(
+            "the edge did not exit after SIGTERM; stderr: {:#?}",
+            console.logs()
+        ),
+    };
+    assert!(
+        status.success(),
+        "exit status {status}; stderr: {:#?}",
+        console.logs()
+    );
+    let ended = timeout_at(console.deadline, node_a.ended())
+        .await
+        .expect("the node stops");
+    assert!(matches!(ended, Ended::Shutdown(_)), "{ended:?}");
 }

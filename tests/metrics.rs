@@ -15,21 +15,27 @@ mod common;
 mod mock_node;
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering::SeqCst;
 use std::time::Duration;
 
 use bytes::Bytes;
 use common::{TWO_NODES, TestApp, spawn_app};
-use edge::app::RunHandle;
+use edge::app::{RunHandle, StartError};
+use edge::client::{NodeClient, NodeFrame, ReceivedEdgeFrame, Registration};
 use edge::domain::{
     AdapterName, NodeSelector, RegisterRejection, RunEvent, RunEventKind, RunId, RunSpec, Target,
 };
 use edge::ports::NodeCommand;
 use mock_node::{MockNode, MockOptions};
 use serde::Deserialize;
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::{TcpListener, TcpStream};
 
 /// The longest any single asynchronous effect may take before a test gives up. It only
 /// stops a broken edge from hanging the suite.
@@ -168,7 +174,7 @@ fn label_map(labels: &[(&str, &str)]) -> BTreeMap<String, String> {
 
 /// The Python interpreter of the test venv, which has `prometheus_client`.
 fn python() -> PathBuf {
-    PathBuf::from("/tmp/metrics-venv/bin/python") // DEV-ONLY
+    common::python::python()
 }
 
 /// `GET path` on the edge's HTTP address: the status and the body.
@@ -213,7 +219,10 @@ async fn scrape(client: &reqwest::Client, app: &TestApp) -> Scrape {
 /// Parses Prometheus text with the Python parser; panics with the parser's error when the
 /// text is not valid.
 async fn parse(text: &str) -> Vec<Sample> {
-    let python = python();
+    // The first call may create the venv: keep that off the edge's runtime threads.
+    let python = tokio::task::spawn_blocking(python)
+        .await
+        .expect("the test venv is ready");
     let mut child = tokio::process::Command::new(&python)
         .arg("-c")
         .arg(PARSE_SCRIPT)
@@ -248,6 +257,19 @@ async fn parse(text: &str) -> Vec<Sample> {
 
 /// A sample the scrape must show: name, exact labels and value.
 type Expected = (&'static str, Vec<(&'static str, &'static str)>, f64);
+
+/// `name{labels}` must be `value`.
+fn want(name: &'static str, labels: &[(&'static str, &'static str)], value: f64) -> Expected {
+    (name, labels.to_vec(), value)
+}
+
+/// `name{key="v"}` must be `value`, for each `(v, value)`.
+fn each(name: &'static str, key: &'static str, values: &[(&'static str, f64)]) -> Vec<Expected> {
+    values
+        .iter()
+        .map(|(v, value)| (name, vec![(key, *v)], *value))
+        .collect()
+}
 
 /// The expectations `scrape` does not meet, as readable lines.
 fn unmet(scrape: &Scrape, expected: &[Expected]) -> Vec<String> {
@@ -354,6 +376,24 @@ struct Scenario {
     events_file: PathBuf,
 }
 
+/// What the callers of the scenario's runs received.
+#[derive(Default)]
+struct Seen {
+    events: Vec<Arc<RunEvent>>,
+    run_ids: Vec<RunId>,
+}
+
+impl Seen {
+    /// Reads an accepted run to its end; returns its events and keeps a copy.
+    async fn collect_run(&mut self, handle: Result<RunHandle, StartError>) -> Vec<Arc<RunEvent>> {
+        let mut handle = handle.expect("run accepted");
+        let events = rest(&mut handle).await;
+        self.run_ids.push(handle.run_id);
+        self.events.extend(events.iter().cloned());
+        events
+    }
+}
+
 /// `TWO_NODES` with events going to the file sink at `path`.
 fn config_with_file_sink(path: &Path) -> String {
     format!(
@@ -386,58 +426,52 @@ async fn scripted_scenario() -> Scenario {
     assert_eq!(outcome.rejection, Some(RegisterRejection::AlreadyConnected));
     drop(twin);
 
-    let mut events = Vec::new();
-    let mut run_ids = Vec::new();
     let runs = &app.parts.runs;
-    let mut finish = |handle: &RunHandle, got: Vec<Arc<RunEvent>>| {
-        run_ids.push(handle.run_id.clone());
-        events.extend(got.iter().cloned());
-        got
-    };
+    let mut seen = Seen::default();
 
-    let mut completed = runs
-        .start(spec("default", "gpu-a", "one two three", "echo"))
-        .expect("accepted");
-    let got = finish(&completed, rest(&mut completed).await);
+    let got = seen
+        .collect_run(runs.start(spec("default", "gpu-a", "one two three", "echo")))
+        .await;
     assert!(matches!(terminal(&got), RunEventKind::Completed { .. }));
 
-    let mut fast = runs
-        .start(spec("fast", "node-b", "quick", "echo"))
-        .expect("accepted");
-    let got = finish(&fast, rest(&mut fast).await);
+    let got = seen
+        .collect_run(runs.start(spec("fast", "node-b", "quick", "echo")))
+        .await;
     assert!(matches!(terminal(&got), RunEventKind::Completed { .. }));
 
-    let mut failed = runs
-        .start(spec("default", "node-a", "doomed words", "fail"))
-        .expect("accepted");
-    let got = finish(&failed, rest(&mut failed).await);
+    let got = seen
+        .collect_run(runs.start(spec("default", "node-a", "doomed words", "fail")))
+        .await;
     assert!(matches!(terminal(&got), RunEventKind::Failed { code, .. } if code == "mock_failure"));
 
-    let mut cancelled = runs
-        .start(spec("default", "node-a", "never answered", "hang"))
+    let hanging = runs.start(spec("default", "node-a", "never answered", "hang"));
+    let run_id = hanging
+        .as_ref()
+        .map(|h| h.run_id.clone())
         .expect("accepted");
     wait_for_run_command(&node_a).await;
-    assert!(
-        runs.cancel(&cancelled.run_id, "the test changed its mind")
-            .await
-    );
-    let got = finish(&cancelled, rest(&mut cancelled).await);
+    assert!(runs.cancel(&run_id, "the test changed its mind").await);
+    let got = seen.collect_run(hanging).await;
     assert!(matches!(terminal(&got), RunEventKind::Cancelled { .. }));
 
-    let mut dropped = runs
-        .start(spec("default", "node-b", "lost midway", "drop"))
-        .expect("accepted");
-    let got = finish(&dropped, rest(&mut dropped).await);
+    let got = seen
+        .collect_run(runs.start(spec("default", "node-b", "lost midway", "drop")))
+        .await;
     assert!(
         matches!(terminal(&got), RunEventKind::Failed { code, .. } if code == "node_disconnected")
     );
-    assert_eq!(node_b.ended().await, mock_node::Ended::Killed);
+    let ended = tokio::time::timeout(PATIENCE, node_b.ended()).await;
+    assert_eq!(
+        ended.ok(),
+        Some(mock_node::Ended::Killed),
+        "node-b dropped its connection"
+    );
     app.wait_for_nodes(1).await;
 
     Scenario {
         app,
-        events,
-        run_ids,
+        events: seen.events,
+        run_ids: seen.run_ids,
         _node_a: node_a,
         _events_dir: events_dir,
         events_file,
@@ -447,6 +481,122 @@ async fn scripted_scenario() -> Scenario {
 /// How many of `events` are of kind `kind`.
 fn count_kind(events: &[Arc<RunEvent>], kind: &str) -> f64 {
     events.iter().filter(|e| e.kind.name() == kind).count() as f64
+}
+
+// ---------------------------------------------------------------------------------------
+// A counting relay between nodes and the edge
+// ---------------------------------------------------------------------------------------
+
+/// What crossed a [`CountingProxy`] in one direction.
+#[derive(Debug, Default)]
+struct Traffic {
+    bytes: AtomicU64,
+    /// Whole length-delimited frames (a varint length prefix and that many bytes).
+    frames: AtomicU64,
+}
+
+/// A TCP relay that nodes dial instead of the edge; it counts the bytes and frames each way,
+/// which is what the edge's transport counters must report.
+struct CountingProxy {
+    addr: SocketAddr,
+    up: Arc<Traffic>,
+    down: Arc<Traffic>,
+    /// Relayed connections not yet closed in both directions.
+    open: Arc<AtomicU64>,
+    accept: tokio::task::JoinHandle<()>,
+}
+
+impl CountingProxy {
+    async fn start(edge: SocketAddr) -> CountingProxy {
+        let listener = TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], 0)))
+            .await
+            .expect("bind the proxy");
+        let addr = listener.local_addr().expect("proxy addr");
+        let up = Arc::new(Traffic::default());
+        let down = Arc::new(Traffic::default());
+        let open = Arc::new(AtomicU64::new(0));
+        let (up2, down2, open2) = (Arc::clone(&up), Arc::clone(&down), Arc::clone(&open));
+        let accept = tokio::spawn(async move {
+            while let Ok((node, _)) = listener.accept().await {
+                let Ok(edge) = TcpStream::connect(edge).await else {
+                    continue;
+                };
+                let (node_read, node_write) = node.into_split();
+                let (edge_read, edge_write) = edge.into_split();
+                open2.fetch_add(2, SeqCst);
+                for (from, to, traffic) in [
+                    (node_read, edge_write, Arc::clone(&up2)),
+                    (edge_read, node_write, Arc::clone(&down2)),
+                ] {
+                    let open = Arc::clone(&open2);
+                    tokio::spawn(async move {
+                        relay(from, to, &traffic).await;
+                        open.fetch_sub(1, SeqCst);
+                    });
+                }
+            }
+        });
+        CountingProxy {
+            addr,
+            up,
+            down,
+            open,
+            accept,
+        }
+    }
+
+    /// Waits until every relayed connection has closed both ways.
+    async fn wait_closed(&self) {
+        let give_up = tokio::time::Instant::now() + PATIENCE;
+        while self.open.load(SeqCst) != 0 {
+            assert!(
+                tokio::time::Instant::now() < give_up,
+                "relayed connections still open"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+}
+
+impl Drop for CountingProxy {
+    fn drop(&mut self) {
+        self.accept.abort();
+    }
+}
+
+/// Copies `from` to `to` until either side closes, counting what was delivered.
+async fn relay(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, traffic: &Traffic) {
+    let mut buf = vec![0_u8; 16 * 1024];
+    let mut pending: Vec<u8> = Vec::new();
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        if to.write_all(&buf[..n]).await.is_err() {
+            break;
+        }
+        traffic.bytes.fetch_add(n as u64, SeqCst);
+        pending.extend_from_slice(&buf[..n]);
+        while let Some(size) = whole_frame(&pending) {
+            pending.drain(..size);
+            traffic.frames.fetch_add(1, SeqCst);
+        }
+    }
+    let _ = to.shutdown().await;
+}
+
+/// The size (prefix included) of the whole frame at the start of `bytes`, if it is all there.
+fn whole_frame(bytes: &[u8]) -> Option<usize> {
+    let mut len: usize = 0;
+    for (i, byte) in bytes.iter().enumerate().take(10) {
+        len |= usize::from(byte & 0x7f) << (7 * i);
+        if byte & 0x80 == 0 {
+            let size = i + 1 + len;
+            return (bytes.len() >= size).then_some(size);
+        }
+    }
+    None
 }
 
 // ---------------------------------------------------------------------------------------
@@ -486,160 +636,90 @@ async fn metrics_after_a_scripted_scenario_count_what_happened() {
 
     let default = [("adapter", "echo"), ("target", "default")];
     let fast = [("adapter", "echo"), ("target", "fast")];
-    let finished = |target, outcome, code| {
-        vec![
+    let mut expected: Vec<Expected> = vec![
+        want("edge_nodes_configured", &[], 2.0),
+        want("edge_nodes_connected", &[], 1.0),
+        want("edge_node_heartbeat_evictions_total", &[], 0.0),
+        // node-a's connection; the refused ones and node-b's are closed.
+        want("edge_connections_open", &[], 1.0),
+        want("edge_connections_refused_total", &[], 0.0),
+        want("edge_runs_started_total", &default, 4.0),
+        want("edge_runs_started_total", &fast, 1.0),
+        want("edge_runs_active", &[], 0.0),
+        want("edge_runs_queued", &[], 0.0),
+        want("edge_run_duration_seconds_count", &default, 4.0),
+        want("edge_run_duration_seconds_count", &fast, 1.0),
+        want("edge_run_queue_wait_seconds_count", &default, 4.0),
+        want("edge_run_queue_wait_seconds_count", &fast, 1.0),
+        want(
+            "edge_run_time_to_first_output_seconds_count",
+            &default,
+            first_output_default,
+        ),
+        want("edge_run_time_to_first_output_seconds_count", &fast, 1.0),
+        // The configured sink wrote every relayed event.
+        want(
+            "edge_sink_events_written_total",
+            &[("sink", "file")],
+            total_events,
+        ),
+        want("edge_sink_write_errors_total", &[("sink", "file")], 0.0),
+        want("edge_sink_events_dropped_total", &[("sink", "file")], 0.0),
+        want("edge_sink_queue_depth", &[("sink", "file")], 0.0),
+    ];
+    expected.extend(each(
+        "edge_node_registrations_total",
+        "result",
+        &[
+            ("accepted", 2.0),
+            ("invalid_token", 1.0),
+            ("already_connected", 1.0),
+            ("node_id_mismatch", 0.0),
+            ("unsupported_protocol", 0.0),
+            ("shutting_down", 0.0),
+            ("protocol_violation", 0.0),
+        ],
+    ));
+    expected.extend(each(
+        "edge_node_disconnects_total",
+        "reason",
+        &[("eof", 1.0), ("io_error", 0.0), ("heartbeat_timeout", 0.0)],
+    ));
+    expected.extend(each(
+        "edge_connections_closed_total",
+        "reason",
+        &[
+            ("rejected", 2.0),
+            ("eof", 1.0),
+            ("io_error", 0.0),
+            ("protocol_violation", 0.0),
+        ],
+    ));
+    for (target, outcome, code) in [
+        ("default", "completed", ""),
+        ("fast", "completed", ""),
+        ("default", "failed", "node_reported"),
+        ("default", "failed", "node_disconnected"),
+        ("default", "cancelled", ""),
+    ] {
+        let labels = [
             ("adapter", "echo"),
             ("target", target),
             ("outcome", outcome),
             ("code", code),
-        ]
-    };
-    let mut expected: Vec<Expected> = vec![
-        // Nodes and registrations.
-        ("edge_nodes_configured", vec![], 2.0),
-        ("edge_nodes_connected", vec![], 1.0),
-        (
-            "edge_node_registrations_total",
-            vec![("result", "accepted")],
-            2.0,
-        ),
-        (
-            "edge_node_registrations_total",
-            vec![("result", "invalid_token")],
-            1.0,
-        ),
-        (
-            "edge_node_registrations_total",
-            vec![("result", "already_connected")],
-            1.0,
-        ),
-        (
-            "edge_node_registrations_total",
-            vec![("result", "node_id_mismatch")],
-            0.0,
-        ),
-        (
-            "edge_node_registrations_total",
-            vec![("result", "unsupported_protocol")],
-            0.0,
-        ),
-        (
-            "edge_node_registrations_total",
-            vec![("result", "shutting_down")],
-            0.0,
-        ),
-        (
-            "edge_node_registrations_total",
-            vec![("result", "protocol_violation")],
-            0.0,
-        ),
-        ("edge_node_disconnects_total", vec![("reason", "eof")], 1.0),
-        (
-            "edge_node_disconnects_total",
-            vec![("reason", "io_error")],
-            0.0,
-        ),
-        (
-            "edge_node_disconnects_total",
-            vec![("reason", "heartbeat_timeout")],
-            0.0,
-        ),
-        ("edge_node_heartbeat_evictions_total", vec![], 0.0),
-        // Connections: two refused registrations, one node gone, one still open.
-        ("edge_connections_open", vec![], 1.0),
-        (
-            "edge_connections_closed_total",
-            vec![("reason", "rejected")],
-            2.0,
-        ),
-        (
-            "edge_connections_closed_total",
-            vec![("reason", "eof")],
-            1.0,
-        ),
-        (
-            "edge_connections_closed_total",
-            vec![("reason", "io_error")],
-            0.0,
-        ),
-        (
-            "edge_connections_closed_total",
-            vec![("reason", "protocol_violation")],
-            0.0,
-        ),
-        ("edge_connections_refused_total", vec![], 0.0),
-        // Runs.
-        ("edge_runs_started_total", default.to_vec(), 4.0),
-        ("edge_runs_started_total", fast.to_vec(), 1.0),
-        (
-            "edge_runs_finished_total",
-            finished("default", "completed", ""),
-            1.0,
-        ),
-        (
-            "edge_runs_finished_total",
-            finished("fast", "completed", ""),
-            1.0,
-        ),
-        (
-            "edge_runs_finished_total",
-            finished("default", "failed", "node_reported"),
-            1.0,
-        ),
-        (
-            "edge_runs_finished_total",
-            finished("default", "failed", "node_disconnected"),
-            1.0,
-        ),
-        (
-            "edge_runs_finished_total",
-            finished("default", "cancelled", ""),
-            1.0,
-        ),
-        ("edge_runs_active", vec![], 0.0),
-        ("edge_runs_queued", vec![], 0.0),
-        ("edge_run_duration_seconds_count", default.to_vec(), 4.0),
-        ("edge_run_duration_seconds_count", fast.to_vec(), 1.0),
-        ("edge_run_queue_wait_seconds_count", default.to_vec(), 4.0),
-        ("edge_run_queue_wait_seconds_count", fast.to_vec(), 1.0),
-        (
-            "edge_run_time_to_first_output_seconds_count",
-            default.to_vec(),
-            first_output_default,
-        ),
-        (
-            "edge_run_time_to_first_output_seconds_count",
-            fast.to_vec(),
-            1.0,
-        ),
-        (
-            "edge_run_events_dropped_total",
-            vec![("reason", "unknown_run")],
-            0.0,
-        ),
-        (
-            "edge_run_events_dropped_total",
-            vec![("reason", "after_terminal")],
-            0.0,
-        ),
-        // The configured sink wrote every relayed event.
-        (
-            "edge_sink_events_written_total",
-            vec![("sink", "file")],
-            total_events,
-        ),
-        ("edge_sink_write_errors_total", vec![("sink", "file")], 0.0),
-        (
-            "edge_sink_events_dropped_total",
-            vec![("sink", "file")],
-            0.0,
-        ),
-        ("edge_sink_queue_depth", vec![("sink", "file")], 0.0),
-    ];
+        ];
+        expected.push(want("edge_runs_finished_total", &labels, 1.0));
+    }
+    expected.extend(each(
+        "edge_run_events_dropped_total",
+        "reason",
+        &[("unknown_run", 0.0), ("after_terminal", 0.0)],
+    ));
     for kind in ["started", "output", "completed", "failed", "cancelled"] {
-        expected.push((
+        let labels = [("kind", kind)];
+        expected.push(want(
             "edge_run_events_relayed_total",
-            vec![("kind", kind)],
+            &labels,
             relayed(kind),
         ));
     }
@@ -736,7 +816,11 @@ async fn no_label_value_is_a_run_id_or_a_token() {
     let scrape = scrape_until(
         &http,
         &scenario.app,
-        &[("edge_node_disconnects_total", vec![("reason", "eof")], 1.0)],
+        &[want(
+            "edge_node_disconnects_total",
+            &[("reason", "eof")],
+            1.0,
+        )],
     )
     .await;
     assert!(!scenario.run_ids.is_empty());
@@ -831,4 +915,80 @@ async fn readyz_is_503_while_a_stop_drains_and_healthz_stays_200() {
         .expect("the edge stopped in time")
         .expect("serving task")
         .expect("clean stop");
+}
+
+/// The transport's byte and frame counters equal what crossed the wire, for refused
+/// registrations (a wrong token, a first frame that is not a registration) and for a node
+/// that registers, runs and leaves.
+#[tokio::test]
+async fn transport_counters_equal_the_bytes_and_frames_on_the_wire() {
+    let app = spawn_app(TWO_NODES).await;
+    let proxy = CountingProxy::start(app.node_addr).await;
+    let http = reqwest::Client::new();
+
+    let mut wrong = NodeClient::connect(proxy.addr).await.expect("connect");
+    let outcome = wrong
+        .register(Registration::with_token(WRONG_TOKEN))
+        .await
+        .expect("an answer");
+    assert_eq!(outcome.rejection, Some(RegisterRejection::InvalidToken));
+    drop(wrong);
+
+    let mut rude = NodeClient::connect(proxy.addr).await.expect("connect");
+    rude.send(NodeFrame::Heartbeat { active_runs: 0 })
+        .await
+        .expect("send");
+    match tokio::time::timeout(PATIENCE, rude.next()).await {
+        Ok(Ok(ReceivedEdgeFrame::Registered(outcome))) => {
+            assert_eq!(
+                outcome.rejection,
+                Some(RegisterRejection::ProtocolViolation)
+            );
+        }
+        other => panic!("expected a register response, got {other:?}"),
+    }
+    drop(rude);
+
+    let node = MockNode::start(proxy.addr, MockOptions::new("token-a"))
+        .await
+        .expect("node-a registers");
+    app.wait_for_nodes(1).await;
+    let mut seen = Seen::default();
+    let got = seen
+        .collect_run(
+            app.parts
+                .runs
+                .start(spec("default", "node-a", "counted on the wire", "echo")),
+        )
+        .await;
+    assert!(matches!(terminal(&got), RunEventKind::Completed { .. }));
+    node.kill();
+    proxy.wait_closed().await;
+
+    let up = &proxy.up;
+    let down = &proxy.down;
+    let count = |n: &AtomicU64| n.load(SeqCst) as f64;
+    let mut expected: Vec<Expected> = vec![
+        want("edge_connections_open", &[], 0.0),
+        want("edge_transport_received_bytes_total", &[], count(&up.bytes)),
+        want("edge_transport_sent_bytes_total", &[], count(&down.bytes)),
+        want("edge_frames_received_total", &[], count(&up.frames)),
+        want("edge_frames_sent_total", &[], count(&down.frames)),
+    ];
+    expected.extend(each(
+        "edge_connections_closed_total",
+        "reason",
+        &[("rejected", 1.0), ("protocol_violation", 1.0), ("eof", 1.0)],
+    ));
+    expected.extend(each(
+        "edge_node_registrations_total",
+        "result",
+        &[
+            ("invalid_token", 1.0),
+            ("protocol_violation", 1.0),
+            ("accepted", 1.0),
+        ],
+    ));
+    scrape_until(&http, &app, &expected).await;
+    app.stop().await;
 }

@@ -629,7 +629,11 @@ async fn a_graceful_stop_sends_shutdown_to_every_node_and_ends_cleanly() {
 
 #[tokio::test]
 async fn a_rejection_never_tells_whether_a_node_exists() {
-    let app = spawn_app(&patient("")).await;
+    // Six wrong tokens from one address: keep the brute-force brake's growing delay short.
+    let app = spawn_app(&patient(
+        "register_failure_delay_ms = 1\nregister_failure_max_delay_ms = 1",
+    ))
+    .await;
     let (_live, _) = registered(&app, "token-a", "node-a").await;
 
     let (_c, unknown) = attempt(&app, registration("no-such-token", "")).await;

@@ -1,15 +1,18 @@
 //! `cargo run --example mock_node -- --edge ADDR --token T`: a mock node for demos.
 //!
 //! It registers, prints the config the edge sent, heartbeats, and answers runs with an
-//! `echo` adapter. See `node.rs` for the behaviours.
+//! `echo` adapter. See `node.rs` for the behaviours. With `--tls-ca` it speaks TLS, and with
+//! `--tls-cert`/`--tls-key` it presents a client certificate (mutual TLS).
 
 mod node;
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
+use edge::client::{NodeClient, ServerName, tls_client_config};
 use node::{Behaviour, Ended, MockNode, MockOptions};
 
 #[derive(Debug, Parser)]
@@ -31,11 +34,49 @@ struct Args {
     /// overrides it).
     #[arg(long, default_value = "echo", value_parser = ["echo", "fail", "hang", "drop", "ignore_cancel"])]
     behaviour: String,
+    /// Speak TLS, trusting the CA certificates in this PEM file.
+    #[arg(long, value_name = "PATH")]
+    tls_ca: Option<PathBuf>,
+    /// The client certificate (PEM) to present for mutual TLS; needs --tls-key.
+    #[arg(long, value_name = "PATH", requires_all = ["tls_key", "tls_ca"])]
+    tls_cert: Option<PathBuf>,
+    /// The client certificate's private key (PEM); needs --tls-cert.
+    #[arg(long, value_name = "PATH", requires_all = ["tls_cert", "tls_ca"])]
+    tls_key: Option<PathBuf>,
+    /// The name the edge's certificate must be valid for (default: the --edge IP address).
+    #[arg(long, value_name = "NAME", requires = "tls_ca")]
+    tls_server_name: Option<String>,
+}
+
+/// Dials the edge, over TLS when `--tls-ca` is given.
+async fn connect(args: &Args) -> Result<NodeClient, String> {
+    let Some(ca) = &args.tls_ca else {
+        return NodeClient::connect(args.edge)
+            .await
+            .map_err(|error| error.to_string());
+    };
+    let identity = args.tls_cert.as_deref().zip(args.tls_key.as_deref());
+    let config = tls_client_config(ca, identity).map_err(|error| error.to_string())?;
+    let name = match &args.tls_server_name {
+        Some(name) => ServerName::try_from(name.clone())
+            .map_err(|error| format!("invalid --tls-server-name {name:?}: {error}"))?,
+        None => ServerName::from(args.edge.ip()),
+    };
+    NodeClient::connect_tls(args.edge, name, config)
+        .await
+        .map_err(|error| error.to_string())
 }
 
 #[tokio::main]
 async fn main() -> ExitCode {
     let args = Args::parse();
+    let client = match connect(&args).await {
+        Ok(client) => client,
+        Err(error) => {
+            eprintln!("mock_node: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
     let options = MockOptions {
         token: args.token,
         node_id: args.node_id,
@@ -43,7 +84,7 @@ async fn main() -> ExitCode {
         behaviour: Behaviour::parse(&args.behaviour).unwrap_or(Behaviour::Echo),
         heartbeat: None,
     };
-    let node = match MockNode::start(args.edge, options).await {
+    let node = match MockNode::start_on(client, options).await {
         Ok(node) => node,
         Err(error) => {
             eprintln!("mock_node: {error}");

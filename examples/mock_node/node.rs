@@ -113,7 +113,16 @@ pub enum MockError {
 impl MockNode {
     /// Connects to the edge at `edge`, registers, and starts serving runs.
     pub async fn start(edge: SocketAddr, options: MockOptions) -> Result<MockNode, MockError> {
-        let mut client = NodeClient::connect(edge).await?;
+        let client = NodeClient::connect(edge).await?;
+        Self::start_on(client, options).await
+    }
+
+    /// Registers over an already-open connection (such as one from
+    /// [`NodeClient::connect_tls`]) and starts serving runs.
+    pub async fn start_on(
+        mut client: NodeClient,
+        options: MockOptions,
+    ) -> Result<MockNode, MockError> {
         let mut registration = Registration::with_token(&options.token);
         registration.node_id = options.node_id.clone();
         registration.adapters = vec!["echo".into()];

@@ -5,3 +5,4 @@ pub mod http;
 pub mod lock_registry;
 pub mod sinks;
 pub mod tcp;
+pub mod tls;

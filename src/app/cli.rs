@@ -115,7 +115,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     }
     logging::init(&settings.log.level, settings.log.format)?;
     let runtime = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
-    runtime.block_on(async move {
+    let served = runtime.block_on(async move {
         let app = App::build(settings).await?;
         let parts = app.parts();
         tokio::spawn(stop_on_signal(parts.stop.clone()));
@@ -123,8 +123,17 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
             tokio::spawn(console::run(parts, tokio::io::stdin(), tokio::io::stdout()));
         }
         app.run_until_stopped().await
-    })
+    });
+    // The edge has stopped and flushed its sinks. The console's stdin read is a blocking
+    // read that cannot be cancelled: dropping the runtime would wait for it, keeping a
+    // stopped edge alive after SIGTERM until someone types a line.
+    runtime.shutdown_timeout(RUNTIME_SHUTDOWN_GRACE);
+    served
 }
+
+/// How long the stopped runtime waits for blocking tasks (such as the console's pending
+/// stdin read) before the process exits anyway.
+const RUNTIME_SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// Cancels `stop` on SIGINT or SIGTERM.
 async fn stop_on_signal(stop: tokio_util::sync::CancellationToken) {

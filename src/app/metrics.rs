@@ -196,7 +196,8 @@ impl Metrics {
             .with_description("Registered nodes that left, by reason")
             .with_callback(move |o| {
                 for reason in CloseReason::ALL {
-                    if reason != CloseReason::Rejected {
+                    // Neither happens to a registered node.
+                    if !matches!(reason, CloseReason::Rejected | CloseReason::TlsHandshake) {
                         let value = disconnects.disconnects(reason);
                         o.observe(value, &[KeyValue::new("reason", reason.as_str())]);
                     }

@@ -24,6 +24,7 @@ use crate::adapters::http::{Api, HttpServer, HttpState};
 use crate::adapters::lock_registry::LockRegistry;
 use crate::adapters::sinks::{SinkSet, build_sinks};
 use crate::adapters::tcp::{ServerDeps, TcpServer, TcpTransport, TransportControl};
+use crate::adapters::tls::{TlsAcceptor, TlsConfig};
 use crate::ports::{EventSink, NodeStore, Registry};
 use metrics::{MetricSources, Metrics};
 
@@ -59,7 +60,8 @@ impl App {
     ///
     /// # Errors
     /// Invalid node definitions, a sink that cannot start (such as an unwritable file path),
-    /// or an address that cannot be bound — each naming what is wrong.
+    /// TLS files (`server.tls`, `http.tls`) that cannot be read or hold no usable PEM, or an
+    /// address that cannot be bound — each naming what is wrong.
     pub async fn build(settings: Settings) -> anyhow::Result<App> {
         let store: Arc<dyn NodeStore> =
             Arc::new(FileNodeStore::load_from_config(&settings.source)?);
@@ -80,9 +82,16 @@ impl App {
             registry: Arc::clone(&registry),
             handler: Arc::new(runs.clone()),
         };
-        let server = TcpServer::bind(settings.server.clone(), deps)
+        let node_tls = load_tls(settings.server.tls.as_ref(), "server.tls", &[])
+            .context("cannot set up TLS for the node transport")?;
+        let http_tls = load_tls(settings.http.tls.as_ref(), "http.tls", &[b"http/1.1"])
+            .context("cannot set up TLS for the HTTP server")?;
+        let mut server = TcpServer::bind(settings.server.clone(), deps)
             .await
             .with_context(|| format!("cannot listen for nodes on {}", settings.server.listen))?;
+        if let Some(tls) = node_tls {
+            server = server.with_tls(tls);
+        }
         metrics.observe(MetricSources {
             store: Arc::clone(&store),
             registry: Arc::clone(&registry),
@@ -97,9 +106,12 @@ impl App {
             registry: Arc::clone(&registry),
             api: Api::new(settings.api.clone())?,
         };
-        let http = HttpServer::bind(settings.http.listen, http_state)
+        let mut http = HttpServer::bind(settings.http.listen, http_state)
             .await
             .with_context(|| format!("cannot listen for HTTP on {}", settings.http.listen))?;
+        if let Some(tls) = http_tls {
+            http = http.with_tls(tls);
+        }
         let parts = AppParts {
             store,
             registry,
@@ -155,6 +167,8 @@ impl App {
             listen = %server.local_addr()?,
             http = %http.local_addr()?,
             nodes = parts.store.records().len(),
+            node_tls = settings.server.tls.is_some(),
+            http_tls = settings.http.tls.is_some(),
             "edge is serving"
         );
         let accept_loop = tokio::spawn(server.run());
@@ -177,4 +191,17 @@ impl App {
         info!("edge stopped");
         Ok(())
     }
+}
+
+/// Loads a listener's TLS files, when its section has a `tls` table; `alpn` lists the
+/// application protocols offered.
+fn load_tls(
+    config: Option<&TlsConfig>,
+    section: &str,
+    alpn: &[&[u8]],
+) -> anyhow::Result<Option<TlsAcceptor>> {
+    config
+        .map(|config| TlsAcceptor::from_config(config, section, alpn))
+        .transpose()
+        .map_err(anyhow::Error::from)
 }

@@ -22,6 +22,7 @@ use crate::adapters::file_store::ConfigSource;
 use crate::adapters::http::ApiConfig;
 use crate::adapters::sinks::config::EventsConfig;
 use crate::adapters::tcp::config::ServerConfig;
+use crate::adapters::tls::TlsConfig;
 
 /// The config file read when no path is given, relative to the working directory.
 pub const DEFAULT_CONFIG_PATH: &str = "config/edge.toml";
@@ -104,12 +105,15 @@ impl RunsConfig {
 pub struct HttpConfig {
     /// Address the HTTP API listens on; port 0 picks a free port.
     pub listen: SocketAddr,
+    /// `[http.tls]`: when present, the API is served over HTTPS only.
+    pub tls: Option<TlsConfig>,
 }
 
 impl Default for HttpConfig {
     fn default() -> Self {
         Self {
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            tls: None,
         }
     }
 }
@@ -310,6 +314,17 @@ impl Sections {
             .filter(|(_, value)| *value == 0)
             .map(|(key, _)| format!("`{key}` must be at least 1"))
             .collect();
+        for (key, tls) in [
+            ("server.tls", &self.server.tls),
+            ("http.tls", &self.http.tls),
+        ] {
+            if tls
+                .as_ref()
+                .is_some_and(|tls| tls.handshake_timeout_ms == 0)
+            {
+                problems.push(format!("`{key}.handshake_timeout_ms` must be at least 1"));
+            }
+        }
         if let Err(error) = EnvFilter::try_new(&self.log.level) {
             problems.push(format!(
                 "`log.level` {:?} is not a valid filter directive: {error}",
@@ -557,6 +572,46 @@ mod tests {
         let error = Settings::load_with_env(Some(&path), Some(HashMap::new())).unwrap_err();
         assert!(matches!(error, SettingsError::NotFound { .. }), "{error}");
         assert!(error.to_string().contains(&path.display().to_string()));
+    }
+
+    #[test]
+    fn tls_tables_load_with_defaults_and_env_overrides() {
+        let (_file, settings) = load(
+            "[server.tls]\ncert_path = \"/tls/edge.pem\"\nkey_path = \"/tls/edge.key\"\nclient_ca_path = \"/tls/ca.pem\"\n",
+            &[
+                ("EDGE__HTTP__TLS__CERT_PATH", "/tls/http.pem"),
+                ("EDGE__HTTP__TLS__KEY_PATH", "/tls/http.key"),
+            ],
+        );
+        let settings = settings.unwrap();
+        let tls = settings.server.tls.unwrap();
+        assert_eq!(tls.cert_path, Path::new("/tls/edge.pem"));
+        assert_eq!(
+            tls.client_ca_path.as_deref(),
+            Some(Path::new("/tls/ca.pem"))
+        );
+        assert_eq!(tls.handshake_timeout(), Duration::from_secs(5));
+        let http = settings.http.tls.unwrap();
+        assert_eq!(http.key_path, Path::new("/tls/http.key"));
+        assert_eq!(http.client_ca_path, None);
+    }
+
+    #[test]
+    fn a_tls_table_needs_its_files_and_a_positive_timeout() {
+        let (file, settings) = load("[server.tls]\ncert_path = \"/tls/edge.pem\"\n", &[]);
+        let message = settings.unwrap_err().to_string();
+        assert!(message.contains(&path_of(&file)), "{message}");
+        assert!(message.contains("key_path"), "{message}");
+
+        let (_file, settings) = load(
+            "[http.tls]\ncert_path = \"a\"\nkey_path = \"b\"\nhandshake_timeout_ms = 0\n",
+            &[],
+        );
+        let message = settings.unwrap_err().to_string();
+        assert!(
+            message.contains("`http.tls.handshake_timeout_ms` must be at least 1"),
+            "{message}"
+        );
     }
 
     #[test]

@@ -69,11 +69,15 @@ pub enum CloseReason {
     Shutdown,
     /// A socket error.
     Io,
+    /// The TLS handshake failed or did not complete within its timeout (a plaintext peer,
+    /// a missing or untrusted client certificate); the connection never reached the node
+    /// protocol.
+    TlsHandshake,
 }
 
 impl CloseReason {
     /// Every reason, for metrics that pre-declare their label values.
-    pub const ALL: [CloseReason; 9] = [
+    pub const ALL: [CloseReason; 10] = [
         Self::Eof,
         Self::ProtocolViolation,
         Self::OversizedFrame,
@@ -83,6 +87,7 @@ impl CloseReason {
         Self::SlowConsumer,
         Self::Shutdown,
         Self::Io,
+        Self::TlsHandshake,
     ];
 
     /// A stable snake_case name for logs and metric labels.
@@ -97,6 +102,7 @@ impl CloseReason {
             Self::SlowConsumer => "slow_consumer",
             Self::Shutdown => "shutdown",
             Self::Io => "io_error",
+            Self::TlsHandshake => "tls_handshake",
         }
     }
 }

@@ -1,6 +1,8 @@
 //! The integration-test harness: a real edge on port 0 and real protocol clients.
 #![allow(dead_code)]
 
+pub mod python;
+
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;

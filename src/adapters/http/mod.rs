@@ -7,6 +7,7 @@
 mod health;
 pub mod openai;
 mod server;
+mod tls;
 
 pub use openai::{Api, ApiConfig};
 pub use server::{HttpServer, HttpState};

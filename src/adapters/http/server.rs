@@ -11,7 +11,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::health;
 use super::openai::{self, Api};
+use super::tls::TlsListener;
 use crate::adapters::tcp::TransportControl;
+use crate::adapters::tls::TlsAcceptor;
 use crate::app::runs::RunService;
 use crate::ports::Registry;
 
@@ -34,6 +36,7 @@ pub struct HttpState {
 pub struct HttpServer {
     listener: TcpListener,
     router: Router,
+    tls: Option<TlsAcceptor>,
 }
 
 impl HttpServer {
@@ -51,7 +54,11 @@ impl HttpServer {
             .merge(openai::routes(&state))
             .fallback(openai::unknown_route)
             .with_state(state);
-        Ok(HttpServer { listener, router })
+        Ok(HttpServer {
+            listener,
+            router,
+            tls: None,
+        })
     }
 
     /// The address actually bound.
@@ -67,8 +74,32 @@ impl HttpServer {
     /// # Errors
     /// The server failed while serving.
     pub async fn run(self, stop: CancellationToken) -> io::Result<()> {
-        axum::serve(self.listener, self.router)
-            .with_graceful_shutdown(async move { stop.cancelled().await })
-            .await
+        let HttpServer {
+            listener,
+            router,
+            tls,
+        } = self;
+        let shutdown = {
+            let stop = stop.clone();
+            async move { stop.cancelled().await }
+        };
+        let Some(tls) = tls else {
+            return axum::serve(listener, router)
+                .with_graceful_shutdown(shutdown)
+                .await;
+        };
+        let (listener, handshakes) = TlsListener::start(listener, tls)?;
+        let served = axum::serve(listener, router)
+            .with_graceful_shutdown(shutdown)
+            .await;
+        handshakes.stop().await;
+        served
+    }
+
+    /// Serves HTTPS only: every accepted connection completes a TLS handshake (bounded by
+    /// its timeout, off the accept path) before HTTP starts.
+    pub fn with_tls(mut self, tls: TlsAcceptor) -> Self {
+        self.tls = Some(tls);
+        self
     }
 }

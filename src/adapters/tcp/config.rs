@@ -5,6 +5,8 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::adapters::tls::TlsConfig;
+
 /// `[server]`: where nodes connect and the limits each connection lives under.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -30,6 +32,10 @@ pub struct ServerConfig {
     pub register_failure_delay_ms: u64,
     /// The longest such wait.
     pub register_failure_max_delay_ms: u64,
+    /// `[server.tls]`: when present, nodes must speak TLS (the same framing inside), and
+    /// mutual TLS when it names a client CA. The application loads the files at startup and
+    /// hands the result to [`TcpServer::with_tls`](super::TcpServer::with_tls).
+    pub tls: Option<TlsConfig>,
 }
 
 impl Default for ServerConfig {
@@ -45,6 +51,7 @@ impl Default for ServerConfig {
             write_timeout_ms: 10_000,
             register_failure_delay_ms: 100,
             register_failure_max_delay_ms: 5_000,
+            tls: None,
         }
     }
 }

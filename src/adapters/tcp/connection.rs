@@ -56,6 +56,7 @@ pub(super) async fn serve_connection<S: NodeIo>(
         Ok(Some(Err(error))) => return closed_before_registration(frame_error_reason(&error)),
         Ok(Some(Ok(NodeFrame::Register(attempt)))) => attempt,
         Ok(Some(Ok(_other))) => {
+            shared.stats.frames_in.fetch_add(1, Ordering::Relaxed);
             reject(
                 &mut framed,
                 shared,
@@ -191,6 +192,8 @@ async fn reject<S: NodeIo>(
     );
     // The connection closes next either way; a failed write changes nothing.
     let _ = send(framed, shared, EdgeFrame::Rejected(rejection)).await;
+    // Nothing counts this connection's bytes after the answer.
+    count_bytes(shared, framed);
 }
 
 fn closed_before_registration(reason: CloseReason) -> CloseReason {

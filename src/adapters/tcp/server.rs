@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -15,8 +15,9 @@ use tracing::{Instrument, debug, info, info_span, warn};
 use super::config::ServerConfig;
 use super::connection::{NodeIo, serve_connection};
 use super::stats::TransportStats;
+use crate::adapters::tls::TlsAcceptor;
 use crate::domain::RegistrationThrottle;
-use crate::ports::{NodeCommand, NodeEventHandler, NodeStore, Registry};
+use crate::ports::{CloseReason, NodeCommand, NodeEventHandler, NodeStore, Registry};
 
 /// How long the accept loop pauses when the process is out of file descriptors.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
@@ -54,10 +55,11 @@ pub struct TransportControl {
 }
 
 impl TransportControl {
-    /// Refuses new registrations (`SHUTTING_DOWN`) and stops accepting connections.
+    /// Refuses new registrations: nodes that connect from now on are told
+    /// `SHUTTING_DOWN` (the listener keeps accepting until [`TransportControl::shut_down`],
+    /// so they get that clean answer rather than a refused connection).
     pub fn start_draining(&self) {
         self.shared.draining.store(true, Ordering::Release);
-        self.stop_accepting.cancel();
     }
 
     /// The transport's counters.
@@ -84,6 +86,26 @@ impl TransportControl {
         shared.stats.record_close(reason);
     }
 
+    /// Runs the TLS handshake on an accepted TCP stream (bounded by the handshake timeout,
+    /// cut short by the final close), then serves the connection over TLS. A failed or
+    /// timed-out handshake closes the connection as `tls_handshake`.
+    async fn serve_tls(&self, tls: &TlsAcceptor, stream: TcpStream, peer: SocketAddr) {
+        let handshake = tokio::select! {
+            () = self.shared.close_all.cancelled() => {
+                self.shared.stats.record_close(CloseReason::Shutdown);
+                return;
+            }
+            handshake = tls.accept(stream) => handshake,
+        };
+        match handshake {
+            Ok(stream) => self.serve_stream(stream, peer).await,
+            Err(error) => {
+                info!(%peer, %error, "closing a node connection without a TLS session");
+                self.shared.stats.record_close(CloseReason::TlsHandshake);
+            }
+        }
+    }
+
     /// Whether the transport is draining.
     pub fn is_draining(&self) -> bool {
         self.shared.draining.load(Ordering::Acquire)
@@ -93,6 +115,7 @@ impl TransportControl {
     /// connections to close before closing whatever is left.
     pub async fn shut_down(&self, reason: &str, grace: Duration) {
         self.start_draining();
+        self.stop_accepting.cancel();
         for node in self.shared.deps.registry.snapshot() {
             if let Some(link) = self.shared.deps.registry.link(&node.record.id) {
                 // A node whose queue is full is closed as a slow consumer instead.
@@ -120,6 +143,7 @@ impl TransportControl {
 pub struct TcpServer {
     listener: TcpListener,
     control: TransportControl,
+    tls: Option<TlsAcceptor>,
 }
 
 impl TcpServer {
@@ -147,7 +171,11 @@ impl TcpServer {
             stop_accepting: CancellationToken::new(),
             connections: TaskTracker::new(),
         };
-        Ok(TcpServer { listener, control })
+        Ok(TcpServer {
+            listener,
+            control,
+            tls: None,
+        })
     }
 
     /// The address actually bound (tells the port when the config asked for port 0).
@@ -163,9 +191,22 @@ impl TcpServer {
         self.control.clone()
     }
 
-    /// Accepts connections until draining starts, each served by its own task.
+    /// Serves every connection over TLS: each connection's task runs the handshake (bounded
+    /// by its timeout) before the node protocol starts, so a slow handshake never holds up
+    /// the accept loop. Plaintext peers are closed as `tls_handshake`.
+    pub fn with_tls(mut self, tls: TlsAcceptor) -> Self {
+        self.tls = Some(tls);
+        self
+    }
+
+    /// Accepts connections until [`TransportControl::shut_down`], each served by its own
+    /// task.
     pub async fn run(self) {
-        let TcpServer { listener, control } = self;
+        let TcpServer {
+            listener,
+            control,
+            tls,
+        } = self;
         let limit = Arc::new(Semaphore::new(control.shared.config.max_connections.max(1)));
         loop {
             let accepted = tokio::select! {
@@ -188,8 +229,12 @@ impl TcpServer {
                         debug!(%error, "could not disable Nagle's algorithm");
                     }
                     let control = control.clone();
+                    let tls = tls.clone();
                     control.connections.clone().spawn(async move {
-                        control.serve_stream(stream, peer).await;
+                        match tls {
+                            None => control.serve_stream(stream, peer).await,
+                            Some(tls) => control.serve_tls(&tls, stream, peer).await,
+                        }
                         drop(permit);
                     });
                 }

@@ -15,7 +15,11 @@ use crate::domain::Token;
 
 /// Lets the request through when its key is one of `[api] keys` (or none are configured);
 /// answers 401 `invalid_api_key` otherwise.
-pub(super) async fn require_key(State(state): State<HttpState>, request: Request, next: Next) -> Response {
+pub(super) async fn require_key(
+    State(state): State<HttpState>,
+    request: Request,
+    next: Next,
+) -> Response {
     match check(&state.api.config().keys, request.headers()) {
         Ok(()) => next.run(request).await,
         Err(error) => error.into_response(),
@@ -36,8 +40,14 @@ fn check(keys: &[super::ApiKey], headers: &HeaderMap) -> Result<(), ApiError> {
         .filter(|key| !key.is_empty())
         .ok_or_else(|| ApiError::invalid_api_key(true))?;
     let digest = Token::new(presented).digest();
-    let matched = keys.iter().fold(false, |matched, key| matched | key.matches(&digest));
-    if matched { Ok(()) } else { Err(ApiError::invalid_api_key(false)) }
+    let matched = keys
+        .iter()
+        .fold(false, |matched, key| matched | key.matches(&digest));
+    if matched {
+        Ok(())
+    } else {
+        Err(ApiError::invalid_api_key(false))
+    }
 }
 
 #[cfg(test)]
@@ -49,7 +59,10 @@ mod tests {
 
     fn headers(authorization: &str) -> HeaderMap {
         let mut headers = HeaderMap::new();
-        headers.insert(header::AUTHORIZATION, HeaderValue::from_str(authorization).unwrap());
+        headers.insert(
+            header::AUTHORIZATION,
+            HeaderValue::from_str(authorization).unwrap(),
+        );
         headers
     }
 

@@ -107,14 +107,20 @@ impl ApiError {
 
     /// 400: a required field is missing.
     pub fn missing(param: &'static str) -> Self {
-        Self::new(StatusCode::BAD_REQUEST, INVALID_REQUEST, format!("Missing required parameter: '{param}'."))
-            .param(param)
-            .code("missing_required_parameter")
+        Self::new(
+            StatusCode::BAD_REQUEST,
+            INVALID_REQUEST,
+            format!("Missing required parameter: '{param}'."),
+        )
+        .param(param)
+        .code("missing_required_parameter")
     }
 
     /// 400: a field has a value the API does not accept.
     pub fn invalid(param: &'static str, message: impl Into<String>) -> Self {
-        Self::new(StatusCode::BAD_REQUEST, INVALID_REQUEST, message).param(param).code("invalid_value")
+        Self::new(StatusCode::BAD_REQUEST, INVALID_REQUEST, message)
+            .param(param)
+            .code("invalid_value")
     }
 
     /// 400: a header has a value the API does not accept.
@@ -145,8 +151,12 @@ impl ApiError {
 
     /// 404 for a path the API does not have.
     pub fn unknown_url(method: &str, path: &str) -> Self {
-        Self::new(StatusCode::NOT_FOUND, INVALID_REQUEST, format!("Unknown request URL: {method} {path}."))
-            .code("unknown_url")
+        Self::new(
+            StatusCode::NOT_FOUND,
+            INVALID_REQUEST,
+            format!("Unknown request URL: {method} {path}."),
+        )
+        .code("unknown_url")
     }
 
     /// 413: the body exceeds `api.max_body_bytes`.
@@ -190,19 +200,33 @@ impl ApiError {
     pub fn run_failed(code: &str, message: &str, retry_after_secs: u64) -> Self {
         let edge = |failure: EdgeFailure| failure.code() == code;
         if edge(EdgeFailure::QueueTimeout) || edge(EdgeFailure::EdgeShutdown) {
-            Self::new(StatusCode::SERVICE_UNAVAILABLE, SERVER, format!("{message}. Retry later."))
-                .code(code)
-                .retry_after(retry_after_secs)
+            Self::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                SERVER,
+                format!("{message}. Retry later."),
+            )
+            .code(code)
+            .retry_after(retry_after_secs)
         } else if edge(EdgeFailure::DeadlineExceeded) {
             Self::new(StatusCode::GATEWAY_TIMEOUT, SERVER, message).code(code)
         } else {
-            Self::new(StatusCode::BAD_GATEWAY, SERVER, format!("The node failed the request: {message}")).code(code)
+            Self::new(
+                StatusCode::BAD_GATEWAY,
+                SERVER,
+                format!("The node failed the request: {message}"),
+            )
+            .code(code)
         }
     }
 
     /// A run cancelled by someone other than the client (an operator, the edge).
     pub fn run_cancelled(reason: &str) -> Self {
-        Self::new(StatusCode::BAD_GATEWAY, SERVER, format!("The run was cancelled: {reason}")).code("run_cancelled")
+        Self::new(
+            StatusCode::BAD_GATEWAY,
+            SERVER,
+            format!("The run was cancelled: {reason}"),
+        )
+        .code("run_cancelled")
     }
 }
 
@@ -226,12 +250,19 @@ mod tests {
 
     #[test]
     fn shape_is_openai_s() {
-        let json: serde_json::Value = serde_json::from_str(&ApiError::missing("messages").to_json()).unwrap();
+        let json: serde_json::Value =
+            serde_json::from_str(&ApiError::missing("messages").to_json()).unwrap();
         assert_eq!(json["error"]["type"], "invalid_request_error");
         assert_eq!(json["error"]["param"], "messages");
         assert_eq!(json["error"]["code"], "missing_required_parameter");
-        assert!(json["error"]["message"].as_str().unwrap().contains("messages"));
-        let json: serde_json::Value = serde_json::from_str(&ApiError::internal("x").to_json()).unwrap();
+        assert!(
+            json["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("messages")
+        );
+        let json: serde_json::Value =
+            serde_json::from_str(&ApiError::internal("x").to_json()).unwrap();
         assert!(json["error"]["param"].is_null());
     }
 
@@ -243,6 +274,9 @@ mod tests {
         assert_eq!(status("deadline_exceeded"), StatusCode::GATEWAY_TIMEOUT);
         assert_eq!(status("node_disconnected"), StatusCode::BAD_GATEWAY);
         assert_eq!(status("cuda_oom"), StatusCode::BAD_GATEWAY);
-        assert_eq!(ApiError::run_failed("queue_timeout", "m", 7).retry_after_secs, Some(7));
+        assert_eq!(
+            ApiError::run_failed("queue_timeout", "m", 7).retry_after_secs,
+            Some(7)
+        );
     }
 }

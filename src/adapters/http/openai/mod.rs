@@ -65,8 +65,11 @@ impl Api {
         if !problems.is_empty() {
             return Err(ApiConfigError { problems });
         }
-        let models = ModelMap::new(&config.models).map_err(|problems| ApiConfigError { problems })?;
-        Ok(Self { inner: Arc::new(Inner { config, models }) })
+        let models =
+            ModelMap::new(&config.models).map_err(|problems| ApiConfigError { problems })?;
+        Ok(Self {
+            inner: Arc::new(Inner { config, models }),
+        })
     }
 
     /// The settings.
@@ -87,7 +90,10 @@ pub(super) fn routes(state: &HttpState) -> Router<HttpState> {
         .route("/v1/models/{*model}", get(models::retrieve))
         .route("/v1/chat/completions", post(chat::create))
         .route("/v1/completions", post(completions::create))
-        .route_layer(middleware::from_fn_with_state(state.clone(), auth::require_key))
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            auth::require_key,
+        ))
         .layer(DefaultBodyLimit::max(state.api.config().max_body_bytes))
 }
 

@@ -53,7 +53,10 @@ impl ModelRoute {
         let (adapter, target) = id
             .split_once('/')
             .ok_or_else(|| ModelIdError::NoSlash(id.to_owned()))?;
-        let bad = |reason| ModelIdError::BadName { id: id.to_owned(), reason };
+        let bad = |reason| ModelIdError::BadName {
+            id: id.to_owned(),
+            reason,
+        };
         Ok(Self {
             adapter: AdapterName::parse(adapter).map_err(bad)?,
             target: Target::parse(target).map_err(bad)?,
@@ -124,7 +127,10 @@ impl ModelMap {
             let created = unix_seconds(node.connected_since);
             for adapter in &node.record.adapters {
                 for target in &adapter.targets {
-                    let route = ModelRoute { adapter: adapter.name.clone(), target: target.clone() };
+                    let route = ModelRoute {
+                        adapter: adapter.name.clone(),
+                        target: target.clone(),
+                    };
                     add(&mut served, route.id(), created, &route);
                     for (alias, aliased) in &self.aliases {
                         if aliased == &route {
@@ -175,11 +181,18 @@ struct ModelList {
 /// `GET /v1/models`: the models the connected nodes serve right now.
 pub(super) async fn list(State(state): State<HttpState>) -> Response {
     let data = state.api.models().served(&state.registry.snapshot());
-    Json(ModelList { object: "list", data }).into_response()
+    Json(ModelList {
+        object: "list",
+        data,
+    })
+    .into_response()
 }
 
 /// `GET /v1/models/{model}`: one served model, or 404.
-pub(super) async fn retrieve(State(state): State<HttpState>, Path(model): Path<String>) -> Response {
+pub(super) async fn retrieve(
+    State(state): State<HttpState>,
+    Path(model): Path<String>,
+) -> Response {
     let served = state.api.models().served(&state.registry.snapshot());
     match served.into_iter().find(|m| m.id == model) {
         Some(found) => Json(found).into_response(),
@@ -197,10 +210,22 @@ mod tests {
         assert_eq!(route.adapter.as_str(), "vllm");
         assert_eq!(route.target.as_str(), "Qwen/Qwen2.5-7B");
         assert_eq!(route.id(), "vllm/Qwen/Qwen2.5-7B");
-        assert!(matches!(ModelRoute::parse("gpt-4o"), Err(ModelIdError::NoSlash(_))));
-        assert!(matches!(ModelRoute::parse("/x"), Err(ModelIdError::BadName { .. })));
-        assert!(matches!(ModelRoute::parse("echo/"), Err(ModelIdError::BadName { .. })));
-        assert!(matches!(ModelRoute::parse("bad name/x"), Err(ModelIdError::BadName { .. })));
+        assert!(matches!(
+            ModelRoute::parse("gpt-4o"),
+            Err(ModelIdError::NoSlash(_))
+        ));
+        assert!(matches!(
+            ModelRoute::parse("/x"),
+            Err(ModelIdError::BadName { .. })
+        ));
+        assert!(matches!(
+            ModelRoute::parse("echo/"),
+            Err(ModelIdError::BadName { .. })
+        ));
+        assert!(matches!(
+            ModelRoute::parse("bad name/x"),
+            Err(ModelIdError::BadName { .. })
+        ));
     }
 
     #[test]
@@ -210,7 +235,10 @@ mod tests {
             ("echo/default".to_owned(), "echo/fast".to_owned()),
         ]))
         .unwrap();
-        assert_eq!(map.resolve("gpt-4o-mini").unwrap().id(), "ollama/llama3.1:8b");
+        assert_eq!(
+            map.resolve("gpt-4o-mini").unwrap().id(),
+            "ollama/llama3.1:8b"
+        );
         assert_eq!(map.resolve("echo/default").unwrap().id(), "echo/fast");
         assert_eq!(map.resolve("echo/other").unwrap().id(), "echo/other");
         assert!(map.resolve("gpt-4o").is_err());

@@ -48,7 +48,9 @@ impl Reply {
         Self {
             endpoint,
             id: format!("{prefix}-{run_id}"),
-            created: SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()),
+            created: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
             model,
             include_usage,
         }

@@ -81,7 +81,12 @@ pub(super) fn prepare(
     let model = match fields.remove("model") {
         Some(Value::String(model)) if !model.is_empty() => model,
         None | Some(Value::Null) => return Err(ApiError::missing("model")),
-        Some(_) => return Err(ApiError::invalid("model", "`model` must be a non-empty string.")),
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "model",
+                "`model` must be a non-empty string.",
+            ));
+        }
     };
     let stream = match fields.remove("stream") {
         None | Some(Value::Null) => false,
@@ -93,7 +98,10 @@ pub(super) fn prepare(
     if let Some(n) = fields.get("n")
         && !(n.is_null() || n.as_u64() == Some(1))
     {
-        return Err(ApiError::invalid("n", "Only `n: 1` is supported: a run produces one choice."));
+        return Err(ApiError::invalid(
+            "n",
+            "Only `n: 1` is supported: a run produces one choice.",
+        ));
     }
     let deadline = deadline(api, headers)?;
     let route = api
@@ -103,13 +111,22 @@ pub(super) fn prepare(
     let input = serde_json::to_vec(&Value::Object(fields))
         .map_err(|error| ApiError::internal(format!("cannot encode the run input: {error}")))?;
     let spec = RunSpec {
-        selector: NodeSelector { adapter: route.adapter, target: route.target, pin: None },
+        selector: NodeSelector {
+            adapter: route.adapter,
+            target: route.target,
+            pin: None,
+        },
         input: Bytes::from(input),
         content_type: CONTENT_TYPE.to_owned(),
         params: BTreeMap::new(),
         deadline,
     };
-    Ok(ApiRequest { model, stream, include_usage, spec })
+    Ok(ApiRequest {
+        model,
+        stream,
+        include_usage,
+        spec,
+    })
 }
 
 /// `stream_options.include_usage`, false when absent.
@@ -117,7 +134,12 @@ fn include_usage(fields: &Map<String, Value>) -> Result<bool, ApiError> {
     let options = match fields.get("stream_options") {
         None | Some(Value::Null) => return Ok(false),
         Some(Value::Object(options)) => options,
-        Some(_) => return Err(ApiError::invalid("stream_options", "`stream_options` must be an object.")),
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "stream_options",
+                "`stream_options` must be an object.",
+            ));
+        }
     };
     match options.get("include_usage") {
         None | Some(Value::Null) => Ok(false),
@@ -143,7 +165,9 @@ fn check_required(endpoint: Endpoint, fields: &Map<String, Value>) -> Result<(),
     } else {
         Err(match endpoint {
             Endpoint::Chat => ApiError::invalid(name, "`messages` must be a non-empty array."),
-            Endpoint::Completion => ApiError::invalid(name, "`prompt` must be a string or an array."),
+            Endpoint::Completion => {
+                ApiError::invalid(name, "`prompt` must be a string or an array.")
+            }
         })
     }
 }
@@ -159,9 +183,13 @@ fn deadline(api: &Api, headers: &HeaderMap) -> Result<Option<Duration>, ApiError
         .and_then(|text| text.trim().parse::<u64>().ok())
         .filter(|millis| *millis > 0)
         .ok_or_else(|| {
-            ApiError::invalid_header(format!("`{DEADLINE_HEADER}` must be a positive number of milliseconds."))
+            ApiError::invalid_header(format!(
+                "`{DEADLINE_HEADER}` must be a positive number of milliseconds."
+            ))
         })?;
-    Ok(Some(Duration::from_millis(millis).min(api.config().max_deadline())))
+    Ok(Some(
+        Duration::from_millis(millis).min(api.config().max_deadline()),
+    ))
 }
 
 #[cfg(test)]
@@ -173,12 +201,19 @@ mod tests {
 
     fn api() -> Api {
         let mut config = ApiConfig::default();
-        config.models.insert("gpt-4o-mini".into(), "echo/fast".into());
+        config
+            .models
+            .insert("gpt-4o-mini".into(), "echo/fast".into());
         Api::new(config).unwrap()
     }
 
     fn prepare_json(endpoint: Endpoint, body: &str) -> Result<ApiRequest, ApiError> {
-        prepare(&api(), endpoint, &HeaderMap::new(), Ok(Bytes::from(body.to_owned())))
+        prepare(
+            &api(),
+            endpoint,
+            &HeaderMap::new(),
+            Ok(Bytes::from(body.to_owned())),
+        )
     }
 
     #[test]
@@ -206,15 +241,33 @@ mod tests {
         let status = |endpoint, body| prepare_json(endpoint, body).unwrap_err().status();
         assert_eq!(status(Endpoint::Chat, "{nope"), StatusCode::BAD_REQUEST);
         assert_eq!(status(Endpoint::Chat, "[1]"), StatusCode::BAD_REQUEST);
-        assert_eq!(status(Endpoint::Chat, r#"{"messages":[{}]}"#), StatusCode::BAD_REQUEST);
-        assert_eq!(status(Endpoint::Chat, r#"{"model":"echo/x"}"#), StatusCode::BAD_REQUEST);
-        assert_eq!(status(Endpoint::Chat, r#"{"model":"echo/x","messages":[]}"#), StatusCode::BAD_REQUEST);
-        assert_eq!(status(Endpoint::Completion, r#"{"model":"echo/x"}"#), StatusCode::BAD_REQUEST);
         assert_eq!(
-            status(Endpoint::Completion, r#"{"model":"echo/x","prompt":"a","stream":"yes"}"#),
+            status(Endpoint::Chat, r#"{"messages":[{}]}"#),
             StatusCode::BAD_REQUEST
         );
-        assert_eq!(status(Endpoint::Completion, r#"{"model":"gpt-4o","prompt":"a"}"#), StatusCode::NOT_FOUND);
+        assert_eq!(
+            status(Endpoint::Chat, r#"{"model":"echo/x"}"#),
+            StatusCode::BAD_REQUEST
+        );
+        assert_eq!(
+            status(Endpoint::Chat, r#"{"model":"echo/x","messages":[]}"#),
+            StatusCode::BAD_REQUEST
+        );
+        assert_eq!(
+            status(Endpoint::Completion, r#"{"model":"echo/x"}"#),
+            StatusCode::BAD_REQUEST
+        );
+        assert_eq!(
+            status(
+                Endpoint::Completion,
+                r#"{"model":"echo/x","prompt":"a","stream":"yes"}"#
+            ),
+            StatusCode::BAD_REQUEST
+        );
+        assert_eq!(
+            status(Endpoint::Completion, r#"{"model":"gpt-4o","prompt":"a"}"#),
+            StatusCode::NOT_FOUND
+        );
     }
 
     #[test]

@@ -39,11 +39,15 @@ pub(super) async fn respond(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let ApiRequest { model, stream, include_usage, spec } =
-        match request::prepare(&state.api, endpoint, &headers, body) {
-            Ok(request) => request,
-            Err(error) => return error.into_response(),
-        };
+    let ApiRequest {
+        model,
+        stream,
+        include_usage,
+        spec,
+    } = match request::prepare(&state.api, endpoint, &headers, body) {
+        Ok(request) => request,
+        Err(error) => return error.into_response(),
+    };
     let retry_after = state.api.config().retry_after_secs;
     let (adapter, target) = (spec.selector.adapter.clone(), spec.selector.target.clone());
     let handle = match state.runs.start(spec) {
@@ -113,7 +117,11 @@ impl ActiveRun {
         let RunHandle { run_id, events } = handle;
         Self {
             events,
-            guard: CancelOnDrop { runs, run_id, open: true },
+            guard: CancelOnDrop {
+                runs,
+                run_id,
+                open: true,
+            },
             retry_after_secs,
         }
     }
@@ -128,14 +136,23 @@ impl ActiveRun {
         loop {
             let Some(event) = self.events.recv().await else {
                 self.guard.open = false;
-                return Step::End(Err(ApiError::internal("the run ended without a terminal event")));
+                return Step::End(Err(ApiError::internal(
+                    "the run ended without a terminal event",
+                )));
             };
             let end = match &event.kind {
                 RunEventKind::Started => continue,
                 RunEventKind::Output { text, .. } if text.is_empty() => continue,
                 RunEventKind::Output { text, .. } => return Step::Output(text.clone()),
-                RunEventKind::Completed { finish_reason, usage } => Ok(Finished {
-                    finish_reason: if finish_reason.is_empty() { "stop".to_owned() } else { finish_reason.clone() },
+                RunEventKind::Completed {
+                    finish_reason,
+                    usage,
+                } => Ok(Finished {
+                    finish_reason: if finish_reason.is_empty() {
+                        "stop".to_owned()
+                    } else {
+                        finish_reason.clone()
+                    },
                     usage: *usage,
                 }),
                 RunEventKind::Failed { code, message } => {

@@ -8,9 +8,9 @@
 use std::collections::VecDeque;
 use std::convert::Infallible;
 
+use axum::http::{HeaderValue, header::HeaderName};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use axum::http::{HeaderValue, header::HeaderName};
 
 use super::reply::{Piece, Reply};
 use super::run::{ActiveRun, Step};
@@ -21,7 +21,12 @@ const DONE: &str = "[DONE]";
 /// Answers with an SSE stream whose first step (output or a successful end) has already
 /// been read.
 pub(super) fn respond(run: ActiveRun, reply: Reply, first: Step) -> Response {
-    let mut stream = Stream { run, reply, pending: VecDeque::new(), done: false };
+    let mut stream = Stream {
+        run,
+        reply,
+        pending: VecDeque::new(),
+        done: false,
+    };
     stream.push(Piece::Start);
     stream.absorb(first);
     let events = futures::stream::unfold(stream, |mut stream| async move {
@@ -36,11 +41,14 @@ pub(super) fn respond(run: ActiveRun, reply: Reply, first: Step) -> Response {
             stream.absorb(step);
         }
     });
-    let mut response = Sse::new(events).keep_alive(KeepAlive::default()).into_response();
+    let mut response = Sse::new(events)
+        .keep_alive(KeepAlive::default())
+        .into_response();
     // Ask proxies such as nginx not to buffer the stream.
-    response
-        .headers_mut()
-        .insert(HeaderName::from_static("x-accel-buffering"), HeaderValue::from_static("no"));
+    response.headers_mut().insert(
+        HeaderName::from_static("x-accel-buffering"),
+        HeaderValue::from_static("no"),
+    );
     response
 }
 
@@ -57,7 +65,8 @@ struct Stream {
 impl Stream {
     fn push(&mut self, piece: Piece<'_>) {
         if let Some(chunk) = self.reply.chunk(piece) {
-            self.pending.push_back(Event::default().data(chunk.to_string()));
+            self.pending
+                .push_back(Event::default().data(chunk.to_string()));
         }
     }
 
@@ -73,7 +82,8 @@ impl Stream {
                 self.done = true;
             }
             Step::End(Err(error)) => {
-                self.pending.push_back(Event::default().data(error.to_json()));
+                self.pending
+                    .push_back(Event::default().data(error.to_json()));
                 self.done = true;
             }
         }

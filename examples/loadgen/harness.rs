@@ -1,0 +1,258 @@
+//! The edge under test: generated configs with N node definitions, an in-process edge on
+//! its own runtime (for scenarios that drive the run service), and the `edge` binary as a
+//! separate process (for RSS figures of the edge alone).
+
+use std::io::{Read, Write as _};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use edge::adapters::sinks::config::SinkKind;
+use edge::app::{App, AppParts, Settings};
+use tokio::runtime::Runtime;
+use tokio::task::JoinHandle;
+
+/// The adapter and target every generated node serves.
+pub const ADAPTER: &str = "echo";
+pub const TARGET: &str = "default";
+
+/// The token of generated node `i`.
+pub fn token(i: usize) -> String {
+    format!("loadgen-token-{i:06}")
+}
+
+/// What the generated nodes look like.
+#[derive(Debug, Clone, Copy)]
+pub struct Nodes {
+    pub count: usize,
+    pub max_concurrent_runs: u32,
+    pub heartbeat_interval_ms: u32,
+}
+
+/// A config with `nodes` definitions (ids `lg-000000`.., tokens [`token`]) and `extra` TOML
+/// sections before them.
+pub fn config(nodes: Nodes, extra: &str) -> String {
+    let mut toml = String::with_capacity(256 * nodes.count + extra.len());
+    toml.push_str(extra);
+    toml.push('\n');
+    for i in 0..nodes.count {
+        toml.push_str(&format!(
+            "[[nodes]]\nid = \"lg-{i:06}\"\nalias = \"lga-{i:06}\"\ntoken = \"{}\"\n\
+             [nodes.runtime]\nmax_concurrent_runs = {}\nheartbeat_interval_ms = {}\n\
+             [[nodes.adapters]]\nname = \"{ADAPTER}\"\ntargets = [\"{TARGET}\"]\n\n",
+            token(i),
+            nodes.max_concurrent_runs,
+            nodes.heartbeat_interval_ms,
+        ));
+    }
+    toml
+}
+
+/// A runtime for the edge or for the load, with `threads` workers.
+pub fn runtime(name: &str, threads: usize) -> anyhow::Result<Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads.max(1))
+        .thread_name(name)
+        .enable_all()
+        .build()
+        .with_context(|| format!("cannot start the {name} runtime"))
+}
+
+/// Installs the edge's own logging once per process (the in-process edge logs like the
+/// binary does, to standard error).
+pub fn init_logging(level: &str) {
+    use std::sync::Once;
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        if let Err(error) = edge::app::logging::init(level, edge::app::settings::LogFormat::Pretty)
+        {
+            eprintln!("loadgen: cannot install the edge's logging: {error:#}");
+        }
+    });
+}
+
+/// An edge running inside this process on its own runtime.
+pub struct InProcessEdge {
+    pub runtime: Runtime,
+    pub node_addr: SocketAddr,
+    pub http_addr: SocketAddr,
+    pub parts: AppParts,
+    serving: Option<JoinHandle<anyhow::Result<()>>>,
+    /// Holds the config and the file sink's `events.jsonl`.
+    _dir: tempfile::TempDir,
+}
+
+impl InProcessEdge {
+    /// Builds and starts an edge with `config`, listening on loopback port 0, its events
+    /// going to `sinks` (the file sink writes `events.jsonl` in [`Self::dir`], the stdout
+    /// sink writes this process's standard output).
+    pub fn start(config: &str, sinks: &[SinkKind], threads: usize) -> anyhow::Result<Self> {
+        let dir = tempfile::tempdir().context("cannot make a temporary directory")?;
+        let path = dir.path().join("edge.toml");
+        std::fs::write(&path, config).context("cannot write the edge config")?;
+        let mut settings = Settings::load(Some(&path))?;
+        settings.server.listen = SocketAddr::from(([127, 0, 0, 1], 0));
+        settings.http.listen = SocketAddr::from(([127, 0, 0, 1], 0));
+        settings.server.shutdown_grace_ms = 2_000;
+        settings.events.sinks = sinks.to_vec();
+        settings.events.file.path = dir.path().join("events.jsonl");
+        let runtime = runtime("edge", threads)?;
+        let app = runtime.block_on(App::build(settings))?;
+        let node_addr = app.node_addr()?;
+        let http_addr = app.http_addr()?;
+        let parts = app.parts();
+        let serving = runtime.spawn(app.run_until_stopped());
+        Ok(Self {
+            runtime,
+            node_addr,
+            http_addr,
+            parts,
+            serving: Some(serving),
+            _dir: dir,
+        })
+    }
+
+    /// Stops the edge gracefully (bounded) and drops its runtime.
+    pub fn stop(mut self) {
+        self.parts.stop.cancel();
+        if let Some(serving) = self.serving.take() {
+            let stopped = self
+                .runtime
+                .block_on(async { tokio::time::timeout(Duration::from_secs(10), serving).await });
+            match stopped {
+                Ok(Ok(Ok(()))) => {}
+                Ok(Ok(Err(error))) => eprintln!("loadgen: the edge stopped with {error:#}"),
+                Ok(Err(error)) => eprintln!("loadgen: the edge task failed: {error}"),
+                Err(_) => eprintln!("loadgen: the edge did not stop within 10 s"),
+            }
+        }
+        self.runtime.shutdown_timeout(Duration::from_secs(2));
+    }
+}
+
+/// A free loopback port (bound, read, released; the edge binds it right after).
+fn free_port() -> anyhow::Result<SocketAddr> {
+    let listener = TcpListener::bind("127.0.0.1:0").context("cannot find a free port")?;
+    Ok(listener.local_addr()?)
+}
+
+/// The `edge` binary running as a child process.
+pub struct EdgeProcess {
+    child: Child,
+    pub node_addr: SocketAddr,
+    pub http_addr: SocketAddr,
+    _dir: tempfile::TempDir,
+}
+
+impl EdgeProcess {
+    /// Starts `binary serve` with `config` on free loopback ports, `threads` runtime
+    /// workers and `log_level`, its output discarded, and waits until it serves HTTP.
+    pub fn start(
+        binary: &Path,
+        config: &str,
+        threads: usize,
+        log_level: &str,
+    ) -> anyhow::Result<Self> {
+        let dir = tempfile::tempdir().context("cannot make a temporary directory")?;
+        let path = dir.path().join("edge.toml");
+        std::fs::write(&path, config).context("cannot write the edge config")?;
+        let node_addr = free_port()?;
+        let http_addr = free_port()?;
+        let child = Command::new(binary)
+            .arg("serve")
+            .arg("--config")
+            .arg(&path)
+            .arg("--listen")
+            .arg(node_addr.to_string())
+            .arg("--http-listen")
+            .arg(http_addr.to_string())
+            .arg("--log-level")
+            .arg(log_level)
+            .env("TOKIO_WORKER_THREADS", threads.max(1).to_string())
+            .env_remove("RUST_LOG")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .with_context(|| format!("cannot start {}", binary.display()))?;
+        let mut edge = Self {
+            child,
+            node_addr,
+            http_addr,
+            _dir: dir,
+        };
+        edge.wait_ready(Duration::from_secs(60))?;
+        Ok(edge)
+    }
+
+    fn wait_ready(&mut self, limit: Duration) -> anyhow::Result<()> {
+        let started = Instant::now();
+        while started.elapsed() < limit {
+            if let Some(status) = self.child.try_wait()? {
+                bail!("the edge exited at startup with {status}");
+            }
+            if http_get(self.http_addr, "/readyz").is_ok_and(|r| r.starts_with("HTTP/1.1 200")) {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        bail!("the edge was not ready within {limit:?}")
+    }
+
+    /// The edge's resident set size in KiB.
+    pub fn rss_kib(&self) -> anyhow::Result<u64> {
+        rss_kib(self.child.id())
+    }
+
+    /// `GET path` against the edge's HTTP port.
+    pub fn get(&self, path: &str) -> anyhow::Result<String> {
+        http_get(self.http_addr, path)
+    }
+}
+
+impl Drop for EdgeProcess {
+    fn drop(&mut self) {
+        // Only the child this struct started.
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `VmRSS` of process `pid` in KiB.
+pub fn rss_kib(pid: u32) -> anyhow::Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .with_context(|| format!("cannot read /proc/{pid}/status"))?;
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
+        .context("no VmRSS in /proc/PID/status")
+}
+
+/// A blocking `GET` with `Connection: close`; returns the whole response.
+pub fn http_get(addr: SocketAddr, path: &str) -> anyhow::Result<String> {
+    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
+    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response)?;
+    Ok(response)
+}
+
+/// The value of the Prometheus sample `name{...label...}` in `text` (the first match).
+pub fn metric(text: &str, name: &str, label: &str) -> Option<f64> {
+    text.lines()
+        .filter(|line| !line.starts_with('#'))
+        .filter(|line| {
+            line.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+        })
+        .find(|line| line.contains(label))
+        .and_then(|line| line.rsplit(' ').next())
+        .and_then(|value| value.parse().ok())
+}

@@ -1,0 +1,157 @@
+//! A lean simulated node: registers over the real protocol, then answers every run at once
+//! with a fixed plan of events, written in one batch per run so the node side costs as
+//! little of the shared CPU as possible. Output texts may carry the time they were sent
+//! (nanoseconds since [`epoch`]), so the receiving side can measure node→caller latency.
+
+use std::net::SocketAddr;
+use std::sync::OnceLock;
+use std::time::Instant;
+
+use anyhow::{Context, bail};
+use bytes::{Bytes, BytesMut};
+use edge::client::{
+    MAX_FRAME_BYTES, NodeClient, NodeFrame, ReceivedEdgeFrame, Registration, run_event,
+};
+use edge::domain::{RunEventKind, Usage};
+use edge::ports::NodeCommand;
+use edge::wire::NodeCodec;
+use tokio::io::AsyncWriteExt;
+use tokio_util::codec::Encoder;
+
+/// Digits of a send stamp at the start of an output text.
+pub const STAMP_DIGITS: usize = 20;
+
+/// The process-wide zero of send stamps.
+pub fn epoch() -> Instant {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    *EPOCH.get_or_init(Instant::now)
+}
+
+/// Nanoseconds since [`epoch`].
+pub fn now_nanos() -> u64 {
+    u64::try_from(epoch().elapsed().as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// Reads the send stamp at the start of `text`, if it has one.
+pub fn stamp_of(text: &str) -> Option<u64> {
+    text.get(..STAMP_DIGITS)?.parse().ok()
+}
+
+/// What a lean node answers every run with.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    /// Output events per run.
+    pub outputs: usize,
+    /// Bytes of text per output (at least [`STAMP_DIGITS`] when stamped).
+    pub text_bytes: usize,
+    /// Whether output texts start with a send stamp.
+    pub stamped: bool,
+    /// Fixed output texts to use in turn instead (for the API: chat words).
+    pub texts: Vec<String>,
+}
+
+impl Plan {
+    fn text(&self, index: usize) -> String {
+        if !self.texts.is_empty() {
+            return self.texts[index % self.texts.len()].clone();
+        }
+        let fill = if self.stamped {
+            self.text_bytes.saturating_sub(STAMP_DIGITS)
+        } else {
+            self.text_bytes
+        };
+        let mut text = String::with_capacity(self.text_bytes);
+        if self.stamped {
+            text.push_str(&"@".repeat(STAMP_DIGITS));
+        }
+        text.push_str(&"x".repeat(fill));
+        text
+    }
+}
+
+/// Connects to the edge and registers as generated node `index`.
+pub async fn register(edge: SocketAddr, token: &str) -> anyhow::Result<NodeClient> {
+    let mut client = NodeClient::connect(edge)
+        .await
+        .context("cannot connect to the edge")?;
+    let mut registration = Registration::with_token(token);
+    registration.adapters = vec![crate::harness::ADAPTER.into()];
+    let outcome = client.register(registration).await?;
+    if !outcome.accepted {
+        bail!("registration refused: {:?} {}", outcome.rejection, outcome.message);
+    }
+    Ok(client)
+}
+
+/// Encodes the events of one run into `out`; returns where the send stamps go.
+fn encode_run(run_id: &str, plan: &Plan, out: &mut BytesMut) -> anyhow::Result<Vec<usize>> {
+    let mut codec = NodeCodec::new(MAX_FRAME_BYTES);
+    let mut stamps = Vec::new();
+    let mut seq = 0;
+    let mut push = |kind: RunEventKind, out: &mut BytesMut| -> anyhow::Result<()> {
+        seq += 1;
+        let frame: NodeFrame = run_event(run_id, seq, kind);
+        codec.encode(frame, out)?;
+        Ok(())
+    };
+    for index in 0..plan.outputs {
+        let start = out.len();
+        push(
+            RunEventKind::Output {
+                text: plan.text(index),
+                data: Bytes::new(),
+            },
+            out,
+        )?;
+        if plan.stamped && plan.texts.is_empty() {
+            let frame = &out[start..];
+            let at = frame
+                .windows(STAMP_DIGITS)
+                .position(|w| w.iter().all(|b| *b == b'@'))
+                .context("the stamp placeholder is missing")?;
+            stamps.push(start + at);
+        }
+    }
+    let words = u32::try_from(plan.outputs).unwrap_or(u32::MAX);
+    push(
+        RunEventKind::Completed {
+            finish_reason: "stop".into(),
+            usage: Some(Usage {
+                input_tokens: words,
+                output_tokens: words,
+            }),
+        },
+        out,
+    )?;
+    Ok(stamps)
+}
+
+/// Answers runs until the edge closes the connection or shuts down; returns how many runs
+/// it answered.
+pub async fn serve(mut client: NodeClient, plan: &Plan) -> anyhow::Result<u64> {
+    let mut answered = 0;
+    let mut out = BytesMut::with_capacity(64 * 1024);
+    loop {
+        let frame = match client.next().await {
+            Ok(frame) => frame,
+            Err(edge::client::ClientError::Closed) => return Ok(answered),
+            Err(error) => return Err(error.into()),
+        };
+        match frame {
+            ReceivedEdgeFrame::Command(NodeCommand::Run(run)) => {
+                out.clear();
+                let stamps = encode_run(run.run_id.as_str(), plan, &mut out)?;
+                if !stamps.is_empty() {
+                    let stamp = format!("{:0width$}", now_nanos(), width = STAMP_DIGITS);
+                    for at in stamps {
+                        out[at..at + STAMP_DIGITS].copy_from_slice(stamp.as_bytes());
+                    }
+                }
+                client.stream_mut().write_all(&out).await?;
+                answered += 1;
+            }
+            ReceivedEdgeFrame::Command(NodeCommand::Shutdown { .. }) => return Ok(answered),
+            _ => {}
+        }
+    }
+}

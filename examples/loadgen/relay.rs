@@ -1,0 +1,232 @@
+//! `relay`: M simulated nodes each answer runs with K output events as fast as the edge
+//! takes them; events per second written by each sink kind (one fresh edge per kind) and
+//! received by the callers, and p50/p99 latency from the node's write to the caller's
+//! receipt (the run service publishes to the sink just before it hands the event to the
+//! caller, in the same step).
+//!
+//! The `stdout` sink writes this process's standard output, so that case runs in a child
+//! process of this program whose standard output is `/dev/null`.
+
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use bytes::Bytes;
+use clap::Args;
+use edge::adapters::sinks::config::SinkKind;
+use edge::app::AppParts;
+use edge::domain::{AdapterName, NodeSelector, RunEventKind, RunSpec, Target};
+
+use crate::harness::{self, InProcessEdge, Nodes};
+use crate::lean::{self, Plan};
+use crate::stats::{Histogram, Record};
+use crate::{Common, records_from_child};
+
+#[derive(Debug, Clone, Args)]
+pub struct RelayArgs {
+    /// Simulated nodes.
+    #[arg(long, default_value_t = 100)]
+    pub nodes: usize,
+    /// Output events per run.
+    #[arg(long, default_value_t = 64)]
+    pub events: usize,
+    /// Bytes of text per output event (at least 20: the send stamp).
+    #[arg(long, default_value_t = 32)]
+    pub bytes: usize,
+    /// Runs in flight per node (its max_concurrent_runs).
+    #[arg(long, default_value_t = 2)]
+    pub runs_per_node: u32,
+    /// Measured time per sink.
+    #[arg(long, default_value_t = 5_000)]
+    pub duration_ms: u64,
+    /// Unmeasured time before it.
+    #[arg(long, default_value_t = 1_000)]
+    pub warmup_ms: u64,
+    /// Sink kinds, each measured with its own edge: null, file, stdout, log.
+    #[arg(long, value_delimiter = ',', default_value = "null,file,stdout")]
+    pub sinks: Vec<String>,
+}
+
+fn sink_kind(name: &str) -> anyhow::Result<SinkKind> {
+    Ok(match name {
+        "null" => SinkKind::Null,
+        "file" => SinkKind::File,
+        "stdout" => SinkKind::Stdout,
+        "log" => SinkKind::Log,
+        other => bail!("unknown sink {other:?} (null, file, stdout, log)"),
+    })
+}
+
+pub fn run(args: &RelayArgs, common: &Common) -> anyhow::Result<Vec<Record>> {
+    if args.bytes < lean::STAMP_DIGITS {
+        bail!("--bytes must be at least {}", lean::STAMP_DIGITS);
+    }
+    let mut records = Vec::new();
+    for name in &args.sinks {
+        let kind = sink_kind(name)?;
+        if kind == SinkKind::Stdout && !common.child {
+            records.extend(run_in_child(args, common)?);
+        } else {
+            records.push(measure(args, common, kind)?);
+        }
+    }
+    Ok(records)
+}
+
+/// Runs the stdout case in a child whose standard output is `/dev/null`.
+fn run_in_child(args: &RelayArgs, common: &Common) -> anyhow::Result<Vec<Record>> {
+    let exe = std::env::current_exe().context("cannot find this program")?;
+    let mut command = Command::new(exe);
+    command.args(common.to_args()).arg("--child").arg("relay");
+    command.args([
+        format!("--nodes={}", args.nodes),
+        format!("--events={}", args.events),
+        format!("--bytes={}", args.bytes),
+        format!("--runs-per-node={}", args.runs_per_node),
+        format!("--duration-ms={}", args.duration_ms),
+        format!("--warmup-ms={}", args.warmup_ms),
+        "--sinks=stdout".to_owned(),
+    ]);
+    let output = command
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .output()
+        .context("cannot start the child for the stdout sink")?;
+    records_from_child(&output)
+}
+
+fn spec() -> anyhow::Result<RunSpec> {
+    Ok(RunSpec {
+        selector: NodeSelector {
+            adapter: AdapterName::parse(harness::ADAPTER)?,
+            target: Target::parse(harness::TARGET)?,
+            pin: None,
+        },
+        input: Bytes::new(),
+        content_type: "text/plain; charset=utf-8".into(),
+        params: Default::default(),
+        deadline: None,
+    })
+}
+
+/// What the callers share.
+struct Shared {
+    stop: AtomicBool,
+    measuring: AtomicBool,
+    events: AtomicU64,
+}
+
+/// Starts runs one after the other, reading each to its end.
+async fn drive(parts: AppParts, spec: RunSpec, shared: Arc<Shared>) -> anyhow::Result<Histogram> {
+    let mut latency = Histogram::default();
+    while !shared.stop.load(Ordering::Relaxed) {
+        let mut handle = parts
+            .runs
+            .start(spec.clone())
+            .map_err(|e| anyhow::anyhow!("run not accepted: {e}"))?;
+        let measuring = shared.measuring.load(Ordering::Relaxed);
+        let mut events = 0;
+        while let Some(event) = handle.events.recv().await {
+            events += 1;
+            match &event.kind {
+                RunEventKind::Output { text, .. } => {
+                    if measuring && let Some(sent) = lean::stamp_of(text) {
+                        latency.record(lean::now_nanos().saturating_sub(sent));
+                    }
+                }
+                RunEventKind::Completed { .. } => break,
+                other => bail!("run {} ended with {other:?}", handle.run_id),
+            }
+        }
+        shared.events.fetch_add(events, Ordering::Relaxed);
+    }
+    Ok(latency)
+}
+
+/// The sink's written and dropped counters, from the edge's `/metrics`.
+fn sink_counters(edge: &InProcessEdge, kind: SinkKind) -> anyhow::Result<(f64, f64)> {
+    let text = harness::http_get(edge.http_addr, "/metrics")?;
+    let label = format!("sink=\"{}\"", kind.as_str());
+    let read = |name: &str| {
+        harness::metric(&text, &format!("{name}_total"), &label)
+            .or_else(|| harness::metric(&text, name, &label))
+            .unwrap_or(0.0)
+    };
+    Ok((
+        read("edge_sink_events_written"),
+        read("edge_sink_events_dropped"),
+    ))
+}
+
+fn measure(args: &RelayArgs, common: &Common, kind: SinkKind) -> anyhow::Result<Record> {
+    harness::init_logging(&common.edge_log_level);
+    let nodes = Nodes {
+        count: args.nodes,
+        max_concurrent_runs: args.runs_per_node.max(1),
+        heartbeat_interval_ms: 600_000,
+    };
+    let extra = format!("[runs]\nqueue_capacity = {}\n", args.nodes * 4 + 64);
+    let edge = InProcessEdge::start(&harness::config(nodes, &extra), &[kind], common.edge_threads)?;
+    let load = harness::runtime("load", common.load_threads)?;
+    let plan = Arc::new(Plan {
+        outputs: args.events,
+        text_bytes: args.bytes,
+        stamped: true,
+        texts: Vec::new(),
+    });
+    let addr = edge.node_addr;
+    let servers = load.block_on(async {
+        let mut servers = Vec::with_capacity(args.nodes);
+        for i in 0..args.nodes {
+            let client = lean::register(addr, &harness::token(i)).await?;
+            let plan = Arc::clone(&plan);
+            servers.push(tokio::spawn(async move { lean::serve(client, &plan).await }));
+        }
+        anyhow::Ok(servers)
+    })?;
+    let shared = Arc::new(Shared {
+        stop: AtomicBool::new(false),
+        measuring: AtomicBool::new(false),
+        events: AtomicU64::new(0),
+    });
+    let spec = spec()?;
+    let drivers: Vec<_> = (0..args.nodes * args.runs_per_node.max(1) as usize)
+        .map(|_| load.spawn(drive(edge.parts.clone(), spec.clone(), Arc::clone(&shared))))
+        .collect();
+
+    std::thread::sleep(Duration::from_millis(args.warmup_ms));
+    let (written_0, dropped_0) = sink_counters(&edge, kind)?;
+    let events_0 = shared.events.load(Ordering::Relaxed);
+    shared.measuring.store(true, Ordering::Relaxed);
+    let started = Instant::now();
+    std::thread::sleep(Duration::from_millis(args.duration_ms));
+    let (written_1, dropped_1) = sink_counters(&edge, kind)?;
+    let events_1 = shared.events.load(Ordering::Relaxed);
+    let elapsed = started.elapsed().as_secs_f64();
+    shared.measuring.store(false, Ordering::Relaxed);
+    shared.stop.store(true, Ordering::Relaxed);
+
+    let mut latency = Histogram::default();
+    for driver in drivers {
+        latency.merge(&load.block_on(driver)??);
+    }
+    edge.stop();
+    for server in servers {
+        // The edge sent Shutdown and closed: every node ends.
+        let _ = load.block_on(server);
+    }
+    load.shutdown_timeout(Duration::from_secs(2));
+
+    Ok(Record::new(format!("sink={}", kind.as_str()))
+        .with("sink_events_per_s", (written_1 - written_0) / elapsed)
+        .with(
+            "caller_events_per_s",
+            (events_1 - events_0) as f64 / elapsed,
+        )
+        .with("sink_dropped", dropped_1 - dropped_0)
+        .with("latency_p50_us", latency.quantile_us(0.5))
+        .with("latency_p99_us", latency.quantile_us(0.99)))
+}

@@ -1,0 +1,353 @@
+//! Fuzz target `register_handshake`: arbitrary bytes as a node connection to the real TCP
+//! transport (`TransportControl::serve_stream` over an in-memory duplex pipe).
+//!
+//! Input: `[mode, bytes...]`. `mode` picks an optional valid-looking `RegisterRequest` the
+//! harness writes first (so the fuzzer reaches the relay after registration):
+//! - bits 0-1: none, `token-a`, `token-b`, or an unknown token;
+//! - bits 2-3: the claimed `node_id`: none, `node-a`, `node-b`, or an unknown id;
+//! - bits 4-5: `protocol_version` 1, 0, 2 or `u32::MAX`;
+//! - bit 6: start a run on the node as soon as it registers.
+//!
+//! Then `bytes` follow as they are, and the node closes its sending side and reads until the
+//! edge closes. Run events with an empty `run_id` are addressed to the run the harness
+//! started (a real node echoes the id it was sent; the fuzzer cannot read it).
+//!
+//! Invariants: nothing panics; `serve_stream` returns; afterwards the registry is empty, no
+//! run is open, the started run has exactly one terminal event in the sink and nothing after
+//! it, and what the edge wrote is well-formed (a register response first, nothing after a
+//! rejection).
+//!
+//! The transport is bound once per process. This file is shared by the libFuzzer binary and
+//! the root crate's corpus replay test, so it must build on stable and stay clippy-clean.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::{Bytes, BytesMut};
+use edge::adapters::file_store::FileNodeStore;
+use edge::adapters::lock_registry::LockRegistry;
+use edge::adapters::tcp::config::ServerConfig;
+use edge::adapters::tcp::{ServerDeps, TcpServer, TcpTransport, TransportControl};
+use edge::app::RunService;
+use edge::app::settings::RunsConfig;
+use edge::domain::{
+    AdapterDefinition, AdapterName, NodeDefinition, NodeId, NodeSelector, RegisterAttempt,
+    RunEvent, RunId, RunSpec, Target, Token,
+};
+use edge::ports::{
+    CloseReason, ConnectionId, EventSink, NodeEventHandler, Registry, ReportedEvent,
+};
+use edge::wire::{NodeCodec, NodeFrame, ReceivedEdgeFrame};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::runtime::Runtime;
+use tokio_util::codec::{Decoder, Encoder};
+
+/// Bytes the in-memory pipe holds in each direction; small, so frames arrive in pieces.
+const PIPE_BYTES: usize = 64;
+
+/// Far beyond any timeout the transport has: reaching it means `serve_stream` hangs. The
+/// clock is paused, so this costs no real time.
+const HANG: Duration = Duration::from_secs(24 * 3600);
+
+/// Runs one input.
+pub fn run(data: &[u8]) {
+    let Some((&mode, rest)) = data.split_first() else {
+        return;
+    };
+    let harness = harness();
+    let input = with_prelude(mode, rest);
+    harness.handler.reset(mode & 0x40 != 0);
+    lock(&harness.sink.events).clear();
+
+    let written = harness.runtime.block_on(async {
+        let (edge_side, node_side) = tokio::io::duplex(PIPE_BYTES);
+        let peer = SocketAddr::from(([127, 0, 0, 1], 40_000));
+        let serve = harness.control.serve_stream(edge_side, peer);
+        let node = node(node_side, input);
+        let ((), written) = tokio::time::timeout(HANG, async { tokio::join!(serve, node) })
+            .await
+            .expect("serve_stream did not return");
+        written
+    });
+
+    assert!(
+        harness.registry.is_empty(),
+        "the node is still registered after its connection closed"
+    );
+    assert_eq!(harness.service.open_runs(), 0, "a run outlived its node");
+    let started = lock(&harness.handler.started).clone();
+    check_events(&lock(&harness.sink.events), started.as_ref());
+    check_reply(&written);
+}
+
+/// The node's side: writes `input`, closes its sending half, and reads until the edge closes.
+async fn node(stream: tokio::io::DuplexStream, input: Vec<u8>) -> Vec<u8> {
+    let (mut reader, mut writer) = tokio::io::split(stream);
+    let write = async move {
+        // The edge may close first (it refuses or stops reading); that is not a failure.
+        if writer.write_all(&input).await.is_ok() {
+            let _ = writer.shutdown().await;
+        }
+    };
+    let read = async move {
+        let mut written = Vec::new();
+        let _ = reader.read_to_end(&mut written).await;
+        written
+    };
+    tokio::join!(write, read).1
+}
+
+/// `rest`, preceded by the register request `mode` asks for.
+fn with_prelude(mode: u8, rest: &[u8]) -> Vec<u8> {
+    let token = match mode & 0x03 {
+        0 => return rest.to_vec(),
+        1 => "token-a",
+        2 => "token-b",
+        _ => "token-x",
+    };
+    let node_id = ["", "node-a", "node-b", "node-x"][usize::from((mode >> 2) & 0x03)];
+    let protocol_version = [1, 0, 2, u32::MAX][usize::from((mode >> 4) & 0x03)];
+    let register = NodeFrame::Register(RegisterAttempt {
+        token: Token::new(token),
+        node_id: node_id.to_owned(),
+        node_version: "fuzz".to_owned(),
+        protocol_version,
+        adapters: vec!["echo".to_owned()],
+    });
+    let mut buf = BytesMut::new();
+    NodeCodec::new(usize::MAX)
+        .encode(register, &mut buf)
+        .expect("encoding into memory");
+    buf.extend_from_slice(rest);
+    buf.to_vec()
+}
+
+/// The started run, if any, has exactly one terminal event, the last; no other run has any.
+fn check_events(events: &[Arc<RunEvent>], started: Option<&RunId>) {
+    let Some(run_id) = started else {
+        assert!(events.is_empty(), "events without a run: {events:?}");
+        return;
+    };
+    assert!(
+        events.iter().all(|e| &e.run_id == run_id),
+        "events for a run nobody started: {events:?}"
+    );
+    let terminals = events.iter().filter(|e| e.kind.is_terminal()).count();
+    assert_eq!(terminals, 1, "run {run_id} has {terminals} terminal events");
+    assert!(
+        events.last().is_some_and(|e| e.kind.is_terminal()),
+        "run {run_id} has events after its terminal event: {events:?}"
+    );
+}
+
+/// What the edge wrote is a register response, then (only if it accepted) commands.
+fn check_reply(written: &[u8]) {
+    let mut codec = NodeCodec::new(usize::MAX);
+    let mut buf = BytesMut::from(written);
+    let mut frames = Vec::new();
+    while let Some(frame) = codec
+        .decode(&mut buf)
+        .expect("the edge wrote a frame that does not decode")
+    {
+        frames.push(frame);
+    }
+    assert!(buf.is_empty(), "the edge wrote part of a frame");
+    let Some((first, rest)) = frames.split_first() else {
+        return;
+    };
+    let ReceivedEdgeFrame::Registered(outcome) = first else {
+        panic!("the edge's first frame is not a register response: {first:?}");
+    };
+    if outcome.accepted {
+        assert!(
+            rest.iter()
+                .all(|f| matches!(f, ReceivedEdgeFrame::Command(_))),
+            "the edge sent more than commands after accepting: {rest:?}"
+        );
+    } else {
+        assert!(
+            rest.is_empty(),
+            "the edge wrote after a rejection: {rest:?}"
+        );
+    }
+}
+
+/// The transport, its collaborators and the runtime they live on, made once per process.
+struct Harness {
+    runtime: Runtime,
+    control: TransportControl,
+    registry: LockRegistry,
+    service: RunService,
+    handler: Arc<Handler>,
+    sink: Arc<RecordingSink>,
+}
+
+fn harness() -> &'static Harness {
+    static HARNESS: OnceLock<Harness> = OnceLock::new();
+    HARNESS.get_or_init(|| {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .start_paused(true)
+            .build()
+            .expect("a tokio runtime");
+        let store = FileNodeStore::from_definitions(&[
+            definition("node-a", "gpu-a", "token-a", 2, 1_000),
+            definition("node-b", "gpu-b", "token-b", 1, 1),
+        ])
+        .expect("valid definitions");
+        let registry = LockRegistry::new();
+        let shared_registry: Arc<dyn Registry> = Arc::new(registry.clone());
+        let sink = Arc::new(RecordingSink::default());
+        let service = RunService::new(
+            Arc::clone(&shared_registry),
+            Arc::new(TcpTransport::new(Arc::clone(&shared_registry))),
+            Arc::clone(&sink) as Arc<dyn EventSink>,
+            RunsConfig::default(),
+            &opentelemetry::global::meter("fuzz"),
+        );
+        let handler = Arc::new(Handler {
+            service: service.clone(),
+            start_runs: AtomicBool::new(false),
+            started: Mutex::new(None),
+        });
+        let config = ServerConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            register_timeout_ms: 50,
+            max_frame_bytes: 4_096,
+            max_register_frame_bytes: 512,
+            outbound_queue: 4,
+            write_timeout_ms: 1_000,
+            ..ServerConfig::default()
+        };
+        let deps = ServerDeps {
+            store: Arc::new(store),
+            registry: shared_registry,
+            handler: Arc::clone(&handler) as Arc<dyn NodeEventHandler>,
+        };
+        let server = runtime
+            .block_on(TcpServer::bind(config, deps))
+            .expect("bind 127.0.0.1:0");
+        Harness {
+            runtime,
+            control: server.control(),
+            registry,
+            service,
+            handler,
+            sink,
+        }
+    })
+}
+
+fn definition(
+    id: &str,
+    alias: &str,
+    token: &str,
+    max_concurrent_runs: u32,
+    heartbeat_interval_ms: u32,
+) -> NodeDefinition {
+    NodeDefinition {
+        id: id.to_owned(),
+        alias: alias.to_owned(),
+        token: Some(Token::new(token)),
+        adapters: vec![AdapterDefinition {
+            name: "echo".to_owned(),
+            targets: vec!["default".to_owned()],
+            settings: BTreeMap::new(),
+        }],
+        max_concurrent_runs,
+        heartbeat_interval_ms,
+        ..NodeDefinition::default()
+    }
+}
+
+/// The run service, plus a run started on each node that registers (when asked) and the
+/// addressing of empty-id run events to that run.
+struct Handler {
+    service: RunService,
+    start_runs: AtomicBool,
+    started: Mutex<Option<RunId>>,
+}
+
+impl Handler {
+    fn reset(&self, start_runs: bool) {
+        self.start_runs.store(start_runs, Ordering::Relaxed);
+        *lock(&self.started) = None;
+    }
+}
+
+#[async_trait]
+impl NodeEventHandler for Handler {
+    fn node_connected(&self, node: &NodeId) {
+        self.service.node_connected(node);
+        if !self.start_runs.load(Ordering::Relaxed) {
+            return;
+        }
+        let spec = RunSpec {
+            selector: NodeSelector {
+                adapter: AdapterName::parse("echo").expect("valid adapter"),
+                target: Target::parse("default").expect("valid target"),
+                pin: Some(node.as_str().to_owned()),
+            },
+            input: Bytes::from_static(b"fuzz"),
+            content_type: "text/plain; charset=utf-8".to_owned(),
+            params: BTreeMap::new(),
+            deadline: None,
+        };
+        // The caller's stream is dropped: the events still reach the sink.
+        let handle = self
+            .service
+            .start(spec)
+            .expect("a run for an idle, just-registered node is refused");
+        *lock(&self.started) = Some(handle.run_id);
+    }
+
+    async fn run_event(&self, node: &NodeId, connection: ConnectionId, mut event: ReportedEvent) {
+        if event.run_id.is_empty()
+            && let Some(run_id) = lock(&self.started).as_ref()
+        {
+            event.run_id = run_id.as_str().to_owned();
+        }
+        self.service.run_event(node, connection, event).await;
+    }
+
+    async fn node_disconnected(
+        &self,
+        node: &NodeId,
+        connection: ConnectionId,
+        reason: CloseReason,
+    ) {
+        self.service
+            .node_disconnected(node, connection, reason)
+            .await;
+    }
+}
+
+/// Keeps every event it is given.
+#[derive(Default)]
+struct RecordingSink {
+    events: Mutex<Vec<Arc<RunEvent>>>,
+}
+
+#[async_trait]
+impl EventSink for RecordingSink {
+    fn name(&self) -> &str {
+        "recording"
+    }
+
+    fn publish(&self, event: Arc<RunEvent>) {
+        lock(&self.events).push(event);
+    }
+
+    async fn flush(&self) {}
+}
+
+/// Locks a mutex; a panic elsewhere has already failed the input.
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
