@@ -196,8 +196,7 @@ impl Metrics {
             .with_description("Registered nodes that left, by reason")
             .with_callback(move |o| {
                 for reason in CloseReason::ALL {
-                    // Neither happens to a registered node.
-                    if !matches!(reason, CloseReason::Rejected | CloseReason::TlsHandshake) {
+                    if reason != CloseReason::Rejected {
                         let value = disconnects.disconnects(reason);
                         o.observe(value, &[KeyValue::new("reason", reason.as_str())]);
                     }
