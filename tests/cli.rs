@@ -60,18 +60,31 @@ targets = ["default"]
 "#,
     )
     .expect("write config");
-    let output = edge(&["check-config", "--config", path.to_str().expect("utf-8 path")]);
+    let output = edge(&[
+        "check-config",
+        "--config",
+        path.to_str().expect("utf-8 path"),
+    ]);
     let stderr = text(&output.stderr);
     assert!(!output.status.success());
     assert!(output.stdout.is_empty(), "nothing is printed as valid");
     assert!(stderr.contains("broken.toml"), "names the file: {stderr}");
-    assert!(stderr.contains("nodes[1] (id \"node-a\")"), "names the duplicate: {stderr}");
+    assert!(
+        stderr.contains("nodes[1] (id \"node-a\")"),
+        "names the duplicate: {stderr}"
+    );
     assert!(stderr.contains("duplicate id"), "{stderr}");
     assert!(stderr.contains("same token"), "{stderr}");
-    assert!(stderr.contains("nodes[2] (id \"node-c\")"), "names the third entry: {stderr}");
+    assert!(
+        stderr.contains("nodes[2] (id \"node-c\")"),
+        "names the third entry: {stderr}"
+    );
     assert!(stderr.contains("`token` is empty"), "{stderr}");
     assert!(stderr.contains("is the id of"), "{stderr}");
-    assert!(!stderr.contains("shared-secret-token"), "a token leaked: {stderr}");
+    assert!(
+        !stderr.contains("shared-secret-token"),
+        "a token leaked: {stderr}"
+    );
 }
 
 #[test]
@@ -79,17 +92,28 @@ fn check_config_names_an_unknown_key() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("typo.toml");
     std::fs::write(&path, "[server]\nlistn = \"127.0.0.1:7100\"\n").expect("write config");
-    let output = edge(&["check-config", "--config", path.to_str().expect("utf-8 path")]);
+    let output = edge(&[
+        "check-config",
+        "--config",
+        path.to_str().expect("utf-8 path"),
+    ]);
     let stderr = text(&output.stderr);
     assert!(!output.status.success());
-    assert!(stderr.contains("typo.toml") && stderr.contains("listn"), "{stderr}");
+    assert!(
+        stderr.contains("typo.toml") && stderr.contains("listn"),
+        "{stderr}"
+    );
 }
 
 #[test]
 fn serve_refuses_to_start_on_a_broken_config() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("empty-token.toml");
-    std::fs::write(&path, "[[nodes]]\nid = \"a\"\nalias = \"b\"\ntoken = \"\"\n").expect("write config");
+    std::fs::write(
+        &path,
+        "[[nodes]]\nid = \"a\"\nalias = \"b\"\ntoken = \"\"\n",
+    )
+    .expect("write config");
     let output = edge(&[
         "serve",
         "--config",
@@ -101,7 +125,10 @@ fn serve_refuses_to_start_on_a_broken_config() {
     ]);
     let stderr = text(&output.stderr);
     assert!(!output.status.success());
-    assert!(stderr.contains("empty-token.toml") && stderr.contains("`token` is empty"), "{stderr}");
+    assert!(
+        stderr.contains("empty-token.toml") && stderr.contains("`token` is empty"),
+        "{stderr}"
+    );
     assert!(!stderr.contains("edge is serving"), "{stderr}");
 }
 
@@ -110,8 +137,18 @@ fn token_generate_prints_a_fresh_token_and_its_digest() {
     let first = text(&edge(&["token", "generate"]).stdout);
     let second = text(&edge(&["token", "generate"]).stdout);
     assert_ne!(first, second);
-    let token_line = first.lines().find(|l| l.starts_with("token = ")).expect("token line");
-    let digest_line = first.lines().find(|l| l.starts_with("token_sha256 = ")).expect("digest line");
-    assert_eq!(token_line.len(), "token = \"\"".len() + 64, "256 bits as hex");
+    let token_line = first
+        .lines()
+        .find(|l| l.starts_with("token = "))
+        .expect("token line");
+    let digest_line = first
+        .lines()
+        .find(|l| l.starts_with("token_sha256 = "))
+        .expect("digest line");
+    assert_eq!(
+        token_line.len(),
+        "token = \"\"".len() + 64,
+        "256 bits as hex"
+    );
     assert_eq!(digest_line.len(), "token_sha256 = \"\"".len() + 64);
 }

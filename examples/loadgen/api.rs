@@ -23,12 +23,12 @@ use edge::adapters::sinks::config::SinkKind;
 use tokio::net::TcpListener;
 use tokio::runtime::Runtime;
 
+use crate::Common;
 use crate::harness::{self, InProcessEdge, Nodes};
 use crate::http::{Connection, post_json};
 use crate::lean::{self, Plan};
 use crate::mock_node::{MockNode, MockOptions};
 use crate::stats::{Histogram, Record};
-use crate::Common;
 
 const PATH: &str = "/v1/chat/completions";
 
@@ -91,22 +91,30 @@ struct Canned {
     events: Vec<Bytes>,
 }
 
-async fn baseline(axum::extract::State(canned): axum::extract::State<Arc<Canned>>, body: Bytes) -> Response {
+async fn baseline(
+    axum::extract::State(canned): axum::extract::State<Arc<Canned>>,
+    body: Bytes,
+) -> Response {
     let stream = body.windows(13).any(|w| w == b"\"stream\":true");
     if stream {
         let events = canned.events.clone();
-        let mut response =
-            Body::from_stream(futures::stream::iter(events.into_iter().map(Ok::<_, Infallible>)))
-                .into_response();
+        let mut response = Body::from_stream(futures::stream::iter(
+            events.into_iter().map(Ok::<_, Infallible>),
+        ))
+        .into_response();
         let headers = response.headers_mut();
-        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/event-stream"),
+        );
         headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
         response
     } else {
         let mut response = canned.full.clone().into_response();
-        response
-            .headers_mut()
-            .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        response.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
         response
     }
 }
@@ -178,7 +186,11 @@ async fn capture(addr: SocketAddr, chunks: usize) -> anyhow::Result<Canned> {
         .filter(|e| e.windows(10).any(|w| w == b"\"content\":"))
         .count();
     // The role chunk carries `"content":""` too.
-    if deltas != chunks + 1 || !events.last().is_some_and(|e| e.starts_with(b"data: [DONE]")) {
+    if deltas != chunks + 1
+        || !events
+            .last()
+            .is_some_and(|e| e.starts_with(b"data: [DONE]"))
+    {
         bail!(
             "unexpected stream ({deltas} content chunks): {}",
             String::from_utf8_lossy(&streamed.body)
@@ -297,7 +309,9 @@ pub fn run(args: &ApiArgs, common: &Common) -> anyhow::Result<Vec<Record>> {
                     stamped: false,
                     texts: words(args.chunks),
                 };
-                servers.push(tokio::spawn(async move { lean::serve(client, &plan).await }));
+                servers.push(tokio::spawn(
+                    async move { lean::serve(client, &plan).await },
+                ));
             }
         }
         anyhow::Ok((servers, mocks))

@@ -78,7 +78,11 @@ pub async fn register(edge: SocketAddr, token: &str) -> anyhow::Result<NodeClien
     registration.adapters = vec![crate::harness::ADAPTER.into()];
     let outcome = client.register(registration).await?;
     if !outcome.accepted {
-        bail!("registration refused: {:?} {}", outcome.rejection, outcome.message);
+        bail!(
+            "registration refused: {:?} {}",
+            outcome.rejection,
+            outcome.message
+        );
     }
     Ok(client)
 }

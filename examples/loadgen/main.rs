@@ -131,7 +131,9 @@ pub fn records_from_child(output: &Output) -> anyhow::Result<Vec<Record>> {
             let (name, value) = field.split_once('=').context("a bad record line")?;
             // Names are a small fixed set; leaking them keeps `Record` simple.
             let name: &'static str = Box::leak(name.to_owned().into_boxed_str());
-            record.values.push((name, value.parse().context("a bad record value")?));
+            record
+                .values
+                .push((name, value.parse().context("a bad record value")?));
         }
         records.push(record);
     }
@@ -168,7 +170,10 @@ fn main() -> ExitCode {
     }
     if !cli.common.child {
         for record in stats::medians(&repetitions) {
-            println!("{}", stats::line(scenario, &format!("median of {repeat} "), &record));
+            println!(
+                "{}",
+                stats::line(scenario, &format!("median of {repeat} "), &record)
+            );
         }
     }
     ExitCode::SUCCESS

@@ -169,7 +169,11 @@ fn measure(args: &RelayArgs, common: &Common, kind: SinkKind) -> anyhow::Result<
         heartbeat_interval_ms: 600_000,
     };
     let extra = format!("[runs]\nqueue_capacity = {}\n", args.nodes * 4 + 64);
-    let edge = InProcessEdge::start(&harness::config(nodes, &extra), &[kind], common.edge_threads)?;
+    let edge = InProcessEdge::start(
+        &harness::config(nodes, &extra),
+        &[kind],
+        common.edge_threads,
+    )?;
     let load = harness::runtime("load", common.load_threads)?;
     let plan = Arc::new(Plan {
         outputs: args.events,
@@ -183,7 +187,9 @@ fn measure(args: &RelayArgs, common: &Common, kind: SinkKind) -> anyhow::Result<
         for i in 0..args.nodes {
             let client = lean::register(addr, &harness::token(i)).await?;
             let plan = Arc::clone(&plan);
-            servers.push(tokio::spawn(async move { lean::serve(client, &plan).await }));
+            servers.push(tokio::spawn(
+                async move { lean::serve(client, &plan).await },
+            ));
         }
         anyhow::Ok(servers)
     })?;

@@ -237,7 +237,9 @@ pub fn run(args: &RunsArgs, common: &Common) -> anyhow::Result<Vec<Record>> {
         for i in 0..nodes.count {
             let client = lean::register(addr, &harness::token(i)).await?;
             let plan = Arc::clone(&plan);
-            servers.push(tokio::spawn(async move { lean::serve(client, &plan).await }));
+            servers.push(tokio::spawn(
+                async move { lean::serve(client, &plan).await },
+            ));
         }
         anyhow::Ok(servers)
     })?;
@@ -251,8 +253,11 @@ pub fn run(args: &RunsArgs, common: &Common) -> anyhow::Result<Vec<Record>> {
     };
     let callers: Vec<_> = (0..concurrency)
         .map(|_| {
-            edge.runtime
-                .spawn(caller(edge.parts.clone(), spec.clone(), Arc::clone(&window)))
+            edge.runtime.spawn(caller(
+                edge.parts.clone(),
+                spec.clone(),
+                Arc::clone(&window),
+            ))
         })
         .collect();
     let (secs, done) = window.run(warmup, duration);

@@ -115,7 +115,10 @@ impl Record {
     }
 
     pub fn get(&self, name: &str) -> Option<f64> {
-        self.values.iter().find(|(n, _)| *n == name).map(|(_, v)| *v)
+        self.values
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, v)| *v)
     }
 }
 

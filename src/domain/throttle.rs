@@ -32,7 +32,11 @@ impl RegistrationThrottle {
     /// A throttle whose first failure waits `base`, doubling with each further failure up
     /// to `max`.
     pub fn new(base: Duration, max: Duration) -> Self {
-        Self { base, max, strikes: HashMap::new() }
+        Self {
+            base,
+            max,
+            strikes: HashMap::new(),
+        }
     }
 
     /// Records a failed registration from `peer` at `now`; returns how long to wait before
@@ -41,7 +45,10 @@ impl RegistrationThrottle {
         if self.strikes.len() >= MAX_ADDRESSES && !self.strikes.contains_key(&peer) {
             self.forget_stale(now);
         }
-        let strikes = self.strikes.entry(peer).or_insert(Strikes { count: 0, last: now });
+        let strikes = self.strikes.entry(peer).or_insert(Strikes {
+            count: 0,
+            last: now,
+        });
         if now.saturating_duration_since(strikes.last) > FORGET_AFTER {
             strikes.count = 0;
         }
@@ -57,10 +64,15 @@ impl RegistrationThrottle {
     }
 
     fn forget_stale(&mut self, now: Instant) {
-        self.strikes.retain(|_, s| now.saturating_duration_since(s.last) <= FORGET_AFTER);
+        self.strikes
+            .retain(|_, s| now.saturating_duration_since(s.last) <= FORGET_AFTER);
         if self.strikes.len() >= MAX_ADDRESSES {
             // Every address is recent: drop the one idle longest.
-            let stalest = self.strikes.iter().min_by_key(|(_, s)| s.last).map(|(ip, _)| *ip);
+            let stalest = self
+                .strikes
+                .iter()
+                .min_by_key(|(_, s)| s.last)
+                .map(|(ip, _)| *ip);
             if let Some(ip) = stalest {
                 self.strikes.remove(&ip);
             }
@@ -80,36 +92,48 @@ mod tests {
 
     #[test]
     fn delay_doubles_per_failure_up_to_the_cap() {
-        let mut throttle = RegistrationThrottle::new(Duration::from_millis(100), Duration::from_secs(1));
+        let mut throttle =
+            RegistrationThrottle::new(Duration::from_millis(100), Duration::from_secs(1));
         let now = Instant::now();
-        let delays: Vec<u128> = (0..6).map(|_| throttle.record_failure(ip(1), now).as_millis()).collect();
+        let delays: Vec<u128> = (0..6)
+            .map(|_| throttle.record_failure(ip(1), now).as_millis())
+            .collect();
         assert_eq!(delays, [100, 200, 400, 800, 1000, 1000]);
     }
 
     #[test]
     fn addresses_are_throttled_independently() {
-        let mut throttle = RegistrationThrottle::new(Duration::from_millis(100), Duration::from_secs(5));
+        let mut throttle =
+            RegistrationThrottle::new(Duration::from_millis(100), Duration::from_secs(5));
         let now = Instant::now();
         for _ in 0..5 {
             throttle.record_failure(ip(1), now);
         }
-        assert_eq!(throttle.record_failure(ip(2), now), Duration::from_millis(100));
+        assert_eq!(
+            throttle.record_failure(ip(2), now),
+            Duration::from_millis(100)
+        );
     }
 
     #[test]
     fn failures_are_forgotten_after_a_quiet_minute() {
-        let mut throttle = RegistrationThrottle::new(Duration::from_millis(100), Duration::from_secs(5));
+        let mut throttle =
+            RegistrationThrottle::new(Duration::from_millis(100), Duration::from_secs(5));
         let start = Instant::now();
         for _ in 0..4 {
             throttle.record_failure(ip(1), start);
         }
         let later = start + FORGET_AFTER + Duration::from_secs(1);
-        assert_eq!(throttle.record_failure(ip(1), later), Duration::from_millis(100));
+        assert_eq!(
+            throttle.record_failure(ip(1), later),
+            Duration::from_millis(100)
+        );
     }
 
     #[test]
     fn memory_stays_bounded() {
-        let mut throttle = RegistrationThrottle::new(Duration::from_millis(1), Duration::from_millis(2));
+        let mut throttle =
+            RegistrationThrottle::new(Duration::from_millis(1), Duration::from_millis(2));
         let now = Instant::now();
         for i in 0..(MAX_ADDRESSES as u32 + 10) {
             throttle.record_failure(IpAddr::V4(Ipv4Addr::from(i)), now);

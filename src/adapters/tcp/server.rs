@@ -2,8 +2,8 @@
 
 use std::io;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::net::{TcpListener, TcpStream};
@@ -80,9 +80,17 @@ impl TransportControl {
             node = tracing::field::Empty,
             alias = tracing::field::Empty
         );
-        shared.stats.connections_open.fetch_add(1, Ordering::Relaxed);
-        let reason = serve_connection(shared, stream, peer, id).instrument(span).await;
-        shared.stats.connections_open.fetch_sub(1, Ordering::Relaxed);
+        shared
+            .stats
+            .connections_open
+            .fetch_add(1, Ordering::Relaxed);
+        let reason = serve_connection(shared, stream, peer, id)
+            .instrument(span)
+            .await;
+        shared
+            .stats
+            .connections_open
+            .fetch_sub(1, Ordering::Relaxed);
         shared.stats.record_close(reason);
     }
 

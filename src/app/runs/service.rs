@@ -156,8 +156,17 @@ impl RunService {
             spec.deadline = Some(Duration::from_millis(inner.config.default_deadline_ms));
         }
         let (caller, events) = mpsc::channel(CALLER_BUFFER);
+        let id = self.next_run_id();
+        let span = info_span!(
+            "run",
+            run_id = %id,
+            adapter = %spec.selector.adapter,
+            target = %spec.selector.target,
+            node = tracing::field::Empty,
+        );
         let run = Arc::new(Run {
-            id: self.next_run_id(),
+            id,
+            span,
             spec,
             placement: Mutex::new(Placement::Queued),
             accepted_at: Instant::now(),
@@ -290,6 +299,8 @@ impl RunService {
             node: chosen.clone(),
             connection,
         });
+        run.span.record("node", tracing::field::display(&chosen));
+        debug!(parent: &run.span, "run dispatched");
         inner
             .metrics
             .dispatched(&run.spec, run.accepted_at.elapsed());
@@ -357,7 +368,7 @@ impl RunService {
         let service = self.clone();
         let run = Arc::clone(run);
         let queue_wait = Duration::from_millis(self.inner.config.queue_timeout_ms);
-        let span = info_span!("run", run_id = %run.id);
+        let span = run.span.clone();
         self.inner.timers.spawn(
             async move {
                 let far = Duration::from_secs(86_400 * 365);
@@ -435,7 +446,7 @@ impl RunService {
         self.inner.sink.publish(Arc::clone(&event));
         if let Some(caller) = &delivery.caller
             && caller
-                .send_timeout(event, CALLER_STALL_TIMEOUT)
+                .send_timeout(Arc::clone(&event), CALLER_STALL_TIMEOUT)
                 .await
                 .is_err()
         {
@@ -445,6 +456,12 @@ impl RunService {
             delivery.caller = None;
         }
         if terminal {
+            match &event.kind {
+                RunEventKind::Failed { code, message } => {
+                    tracing::info!(parent: &run.span, code, message, origin = ?event.origin, "run failed");
+                }
+                kind => debug!(parent: &run.span, outcome = kind.name(), "run ended"),
+            }
             delivery.caller = None;
             drop(delivery);
             self.retire(run);

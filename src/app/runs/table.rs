@@ -43,6 +43,8 @@ pub(super) struct Run {
     pub(super) delivery: tokio::sync::Mutex<Delivery>,
     /// Cancelled when the run has had its terminal event; stops its timers.
     pub(super) ended: CancellationToken,
+    /// `run{run_id, adapter, target, node}`: every log line about the run is inside it.
+    pub(super) span: tracing::Span,
 }
 
 impl Run {
