@@ -205,6 +205,8 @@ async fn capture(addr: SocketAddr, chunks: usize) -> anyhow::Result<Canned> {
 /// The figures of one server at one concurrency.
 struct Load {
     requests_per_s: f64,
+    /// CPU of the server's runtime (the edge's threads) per request, in µs.
+    cpu_us_per_request: f64,
     first_byte: Histogram,
     total: Histogram,
     errors: u64,
@@ -256,9 +258,11 @@ fn drive(
     std::thread::sleep(warmup);
     measuring.store(true, Ordering::Relaxed);
     let done_0 = done.load(Ordering::Relaxed);
+    let cpu_0 = harness::threads_cpu_ms("edge");
     let started = Instant::now();
     std::thread::sleep(duration);
     let finished = done.load(Ordering::Relaxed) - done_0;
+    let cpu = harness::threads_cpu_ms("edge") - cpu_0;
     let elapsed = started.elapsed().as_secs_f64();
     measuring.store(false, Ordering::Relaxed);
     stop.store(true, Ordering::Relaxed);
@@ -271,6 +275,7 @@ fn drive(
     }
     Ok(Load {
         requests_per_s: finished as f64 / elapsed,
+        cpu_us_per_request: cpu as f64 * 1_000.0 / finished.max(1) as f64,
         first_byte,
         total,
         errors: errors.load(Ordering::Relaxed),
@@ -374,6 +379,8 @@ pub fn run(args: &ApiArgs, common: &Common) -> anyhow::Result<Vec<Record>> {
                     .with("edge_total_p99_us", through.total.quantile_us(0.99))
                     .with("direct_total_p50_us", baseline.total.quantile_us(0.5))
                     .with("direct_total_p99_us", baseline.total.quantile_us(0.99))
+                    .with("edge_cpu_us_per_request", through.cpu_us_per_request)
+                    .with("direct_cpu_us_per_request", baseline.cpu_us_per_request)
                     .with("errors", (through.errors + baseline.errors) as f64),
             );
         }

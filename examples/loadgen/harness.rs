@@ -206,6 +206,11 @@ impl EdgeProcess {
         rss_kib(self.child.id())
     }
 
+    /// CPU time the edge process used so far, in ms.
+    pub fn cpu_ms(&self) -> u64 {
+        process_cpu_ms(self.child.id())
+    }
+
     /// `GET path` against the edge's HTTP port.
     pub fn get(&self, path: &str) -> anyhow::Result<String> {
         http_get(self.http_addr, path)
@@ -255,4 +260,42 @@ pub fn metric(text: &str, name: &str, label: &str) -> Option<f64> {
         .find(|line| line.contains(label))
         .and_then(|line| line.rsplit(' ').next())
         .and_then(|value| value.parse().ok())
+}
+
+/// Clock ticks per second of `/proc` CPU times (`CLK_TCK`, 100 on Linux).
+const TICKS_PER_S: u64 = 100;
+
+/// User plus system CPU time in `stat` (the text of a `/proc/.../stat` file), in ms.
+fn stat_cpu_ms(stat: &str) -> Option<u64> {
+    // The command name may hold spaces: the fields start after its closing parenthesis.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let utime: u64 = fields.get(11)?.parse().ok()?;
+    let stime: u64 = fields.get(12)?.parse().ok()?;
+    Some((utime + stime) * 1_000 / TICKS_PER_S)
+}
+
+/// CPU time used so far by process `pid`, in ms (10 ms resolution).
+pub fn process_cpu_ms(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| stat_cpu_ms(&stat))
+        .unwrap_or(0)
+}
+
+/// CPU time used so far by this process's threads whose name starts with `prefix`
+/// (`edge` for the edge's runtime, workers and blocking pool alike), in ms.
+pub fn threads_cpu_ms(prefix: &str) -> u64 {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return 0;
+    };
+    tasks
+        .flatten()
+        .filter_map(|task| std::fs::read_to_string(task.path().join("stat")).ok())
+        .filter(|stat| {
+            stat.find('(')
+                .is_some_and(|at| stat[at + 1..].starts_with(prefix))
+        })
+        .filter_map(|stat| stat_cpu_ms(&stat))
+        .sum()
 }

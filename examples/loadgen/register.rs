@@ -66,6 +66,13 @@ impl Target {
         }
     }
 
+    fn cpu_ms(&self) -> u64 {
+        match self {
+            Self::Process(edge) => edge.cpu_ms(),
+            Self::InProcess(_) => harness::threads_cpu_ms("edge"),
+        }
+    }
+
     fn connected(&self) -> anyhow::Result<usize> {
         match self {
             Self::Process(edge) => {
@@ -132,6 +139,8 @@ pub fn run(args: &RegisterArgs, common: &Common) -> anyhow::Result<Vec<Record>> 
     let load = harness::runtime("load", common.load_threads)?;
     let next = Arc::new(AtomicUsize::new(0));
     let total = args.nodes;
+    let edge_cpu_0 = target.cpu_ms();
+    let load_cpu_0 = harness::threads_cpu_ms("load");
     let started = Instant::now();
     let workers: Vec<_> = (0..args.concurrency.clamp(1, total.max(1)))
         .map(|_| {
@@ -161,6 +170,8 @@ pub fn run(args: &RegisterArgs, common: &Common) -> anyhow::Result<Vec<Record>> 
         clients.append(&mut held);
     }
     let elapsed = started.elapsed();
+    let edge_cpu = target.cpu_ms() - edge_cpu_0;
+    let load_cpu = harness::threads_cpu_ms("load") - load_cpu_0;
     let connected = target.connected()?;
     if connected != total {
         bail!("{connected} of {total} nodes are connected");
@@ -185,6 +196,14 @@ pub fn run(args: &RegisterArgs, common: &Common) -> anyhow::Result<Vec<Record>> 
         )
         .with("handshake_p50_us", latency.quantile_us(0.5))
         .with("handshake_p99_us", latency.quantile_us(0.99))
+        .with(
+            "edge_cpu_us_per_registration",
+            edge_cpu as f64 * 1_000.0 / total.max(1) as f64,
+        )
+        .with(
+            "load_cpu_us_per_registration",
+            load_cpu as f64 * 1_000.0 / total.max(1) as f64,
+        )
         .with("rss_before_kib", rss_before as f64)
         .with("rss_after_kib", rss_after as f64)
         .with("rss_per_node_bytes", per_node),

@@ -206,11 +206,13 @@ fn measure(args: &RelayArgs, common: &Common, kind: SinkKind) -> anyhow::Result<
     std::thread::sleep(Duration::from_millis(args.warmup_ms));
     let (written_0, dropped_0) = sink_counters(&edge, kind)?;
     let events_0 = shared.events.load(Ordering::Relaxed);
+    let cpu_0 = harness::threads_cpu_ms("edge");
     shared.measuring.store(true, Ordering::Relaxed);
     let started = Instant::now();
     std::thread::sleep(Duration::from_millis(args.duration_ms));
     let (written_1, dropped_1) = sink_counters(&edge, kind)?;
     let events_1 = shared.events.load(Ordering::Relaxed);
+    let cpu = harness::threads_cpu_ms("edge") - cpu_0;
     let elapsed = started.elapsed().as_secs_f64();
     shared.measuring.store(false, Ordering::Relaxed);
     shared.stop.store(true, Ordering::Relaxed);
@@ -233,6 +235,11 @@ fn measure(args: &RelayArgs, common: &Common, kind: SinkKind) -> anyhow::Result<
             (events_1 - events_0) as f64 / elapsed,
         )
         .with("sink_dropped", dropped_1 - dropped_0)
+        .with("edge_cpu_cores", cpu as f64 / 1_000.0 / elapsed)
+        .with(
+            "edge_cpu_ns_per_event",
+            cpu as f64 * 1e6 / (events_1 - events_0).max(1) as f64,
+        )
         .with("latency_p50_us", latency.quantile_us(0.5))
         .with("latency_p99_us", latency.quantile_us(0.99)))
 }

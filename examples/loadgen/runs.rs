@@ -260,7 +260,10 @@ pub fn run(args: &RunsArgs, common: &Common) -> anyhow::Result<Vec<Record>> {
             ))
         })
         .collect();
+    let cpu_0 = harness::threads_cpu_ms("edge");
     let (secs, done) = window.run(warmup, duration);
+    // Includes the warm-up: CPU per run over every run the window saw.
+    let cpu = harness::threads_cpu_ms("edge") - cpu_0;
     let mut latency = Histogram::default();
     for caller in callers {
         latency.merge(&edge.runtime.block_on(caller)??);
@@ -281,6 +284,10 @@ pub fn run(args: &RunsArgs, common: &Common) -> anyhow::Result<Vec<Record>> {
             .with("raw_p50_us", raw.quantile_us(0.5))
             .with("raw_p99_us", raw.quantile_us(0.99))
             .with("added_p50_us", added(0.5))
-            .with("added_p99_us", added(0.99)),
+            .with("added_p99_us", added(0.99))
+            .with(
+                "edge_cpu_cores",
+                cpu as f64 / 1_000.0 / (secs + warmup.as_secs_f64()),
+            ),
     ])
 }

@@ -106,7 +106,7 @@ impl App {
             registry: Arc::clone(&registry),
             api: Api::new(settings.api.clone())?,
         };
-        let mut http = HttpServer::bind(settings.http.listen, http_state)
+        let mut http = HttpServer::bind(settings.http.clone(), http_state)
             .await
             .with_context(|| format!("cannot listen for HTTP on {}", settings.http.listen))?;
         if let Some(tls) = http_tls {

@@ -9,7 +9,6 @@
 //! key is `docs/configuration.md`.
 
 use std::io;
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -20,9 +19,9 @@ use tracing_subscriber::EnvFilter;
 
 use crate::adapters::file_store::ConfigSource;
 use crate::adapters::http::ApiConfig;
+pub use crate::adapters::http::HttpConfig;
 use crate::adapters::sinks::config::EventsConfig;
 use crate::adapters::tcp::config::ServerConfig;
-use crate::adapters::tls::TlsConfig;
 
 /// The config file read when no path is given, relative to the working directory.
 pub const DEFAULT_CONFIG_PATH: &str = "config/edge.toml";
@@ -45,7 +44,7 @@ pub struct Settings {
     pub events: EventsConfig,
     /// `[runs]`: queueing, cancelling and deadlines of runs.
     pub runs: RunsConfig,
-    /// `[http]`: the HTTP API.
+    /// `[http]`: the HTTP server (metrics, health, the API) and its limits.
     pub http: HttpConfig,
     /// `[api]`: the OpenAI-compatible API (keys, model aliases, limits, deadlines).
     pub api: ApiConfig,
@@ -96,25 +95,6 @@ impl RunsConfig {
     /// `default_deadline_ms` as a duration, or `None` when it is 0 (no deadline).
     pub fn default_deadline(&self) -> Option<Duration> {
         (self.default_deadline_ms > 0).then(|| Duration::from_millis(self.default_deadline_ms))
-    }
-}
-
-/// `[http]`: the HTTP API.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct HttpConfig {
-    /// Address the HTTP API listens on; port 0 picks a free port.
-    pub listen: SocketAddr,
-    /// `[http.tls]`: when present, the API is served over HTTPS only.
-    pub tls: Option<TlsConfig>,
-}
-
-impl Default for HttpConfig {
-    fn default() -> Self {
-        Self {
-            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
-            tls: None,
-        }
     }
 }
 

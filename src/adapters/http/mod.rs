@@ -4,10 +4,14 @@
 //! The API never reaches a node except through the run service, which speaks the node
 //! protocol; this adapter only translates HTTP to runs and run events to HTTP.
 
+mod config;
 mod health;
+mod limits;
 pub mod openai;
+mod serve;
 mod server;
 mod tls;
 
+pub use config::HttpConfig;
 pub use openai::{Api, ApiConfig};
 pub use server::{HttpServer, HttpState};

@@ -4,13 +4,17 @@ use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use axum::Router;
 use axum::routing::get;
+use axum::{Router, middleware};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
+use tower_http::timeout::RequestBodyTimeoutLayer;
 
+use super::config::HttpConfig;
 use super::health;
+use super::limits::{self, RequestSlots};
 use super::openai::{self, Api};
+use super::serve::serve;
 use super::tls::TlsListener;
 use crate::adapters::tcp::TransportControl;
 use crate::adapters::tls::TlsAcceptor;
@@ -36,27 +40,38 @@ pub struct HttpState {
 pub struct HttpServer {
     listener: TcpListener,
     router: Router,
+    config: HttpConfig,
     tls: Option<TlsAcceptor>,
 }
 
 impl HttpServer {
-    /// Binds `addr` and builds the routes: the operations endpoints, open to all, and the
-    /// OpenAI-compatible `/v1` API. Unknown paths get a 404 in OpenAI's error shape.
+    /// Binds `config.listen` and builds the routes: the operations endpoints, open to all
+    /// and never limited, and the OpenAI-compatible `/v1` API behind the concurrent-request
+    /// limit. Unknown paths get a 404 in OpenAI's error shape. Every request body must
+    /// arrive within `config.body_read_timeout_ms`.
     ///
     /// # Errors
     /// The socket error when the address cannot be bound.
-    pub async fn bind(addr: SocketAddr, state: HttpState) -> io::Result<HttpServer> {
-        let listener = TcpListener::bind(addr).await?;
+    pub async fn bind(config: HttpConfig, state: HttpState) -> io::Result<HttpServer> {
+        let listener = TcpListener::bind(config.listen).await?;
+        let slots = RequestSlots::new(
+            config.max_concurrent_requests,
+            state.api.config().retry_after_secs,
+        );
+        let api =
+            openai::routes(&state).layer(middleware::from_fn_with_state(slots, limits::limit));
         let router = Router::new()
             .route("/healthz", get(health::healthz))
             .route("/readyz", get(health::readyz))
             .route("/metrics", get(health::metrics))
-            .merge(openai::routes(&state))
+            .merge(api)
             .fallback(openai::unknown_route)
+            .layer(RequestBodyTimeoutLayer::new(config.body_read_timeout()))
             .with_state(state);
         Ok(HttpServer {
             listener,
             router,
+            config,
             tls: None,
         })
     }
@@ -77,23 +92,17 @@ impl HttpServer {
         let HttpServer {
             listener,
             router,
+            config,
             tls,
         } = self;
-        let shutdown = {
-            let stop = stop.clone();
-            async move { stop.cancelled().await }
-        };
         let Some(tls) = tls else {
-            return axum::serve(listener, router)
-                .with_graceful_shutdown(shutdown)
-                .await;
+            serve(listener, router, &config, stop).await;
+            return Ok(());
         };
         let (listener, handshakes) = TlsListener::start(listener, tls)?;
-        let served = axum::serve(listener, router)
-            .with_graceful_shutdown(shutdown)
-            .await;
+        serve(listener, router, &config, stop).await;
         handshakes.stop().await;
-        served
+        Ok(())
     }
 
     /// Serves HTTPS only: every accepted connection completes a TLS handshake (bounded by

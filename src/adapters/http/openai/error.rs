@@ -219,6 +219,17 @@ impl ApiError {
         }
     }
 
+    /// 503: the edge is serving `[http] max_concurrent_requests` API requests already.
+    pub fn overloaded(retry_after_secs: u64) -> Self {
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            SERVER,
+            "The edge is serving as many requests as it allows at once. Retry later.",
+        )
+        .code("server_overloaded")
+        .retry_after(retry_after_secs)
+    }
+
     /// A run cancelled by someone other than the client (an operator, the edge).
     pub fn run_cancelled(reason: &str) -> Self {
         Self::new(

@@ -1,0 +1,1018 @@
+//! Fault injection: what the edge does when a node dies, goes half-open, stops reading or
+//! sends garbage; when wrong tokens flood the node port; when an event sink cannot write;
+//! and when it is told to stop with runs in flight.
+//!
+//! Each scenario runs a real edge (in process on port 0, or the real binary) against nodes
+//! speaking the real protocol over real TCP, and checks the edge's guarantee — every
+//! accepted run ends with exactly one terminal event — together with what must keep
+//! working around the fault. Every wait is bounded by [`PATIENCE`]; no test asserts how
+//! long anything took. The catalogue of these faults is `docs/operations.md`, "Fault
+//! catalogue".
+
+mod common;
+#[path = "../examples/mock_node/node.rs"]
+mod mock_node;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{ExitStatus, Stdio};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::{TWO_NODES, TestApp, spawn_app};
+use edge::app::{RunHandle, StartError};
+use edge::client::{ClientError, NodeClient, ReceivedEdgeFrame, Registration};
+use edge::domain::{
+    AdapterName, EventOrigin, NodeSelector, RegisterRejection, RunEvent, RunEventKind, RunId,
+    RunSpec, Target,
+};
+use edge::ports::{CloseReason, NodeCommand};
+use futures::StreamExt;
+use mock_node::{Behaviour, Ended, MockNode, MockOptions};
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::process::{Child, Command};
+use tokio::sync::oneshot;
+
+/// The longest any single asynchronous effect may take before a test gives up. It only
+/// keeps a broken edge from hanging the suite; nothing asserts how long a step took.
+const PATIENCE: Duration = Duration::from_secs(15);
+
+// ---------------------------------------------------------------------------------------
+// Helpers: runs and their events
+// ---------------------------------------------------------------------------------------
+
+/// A run of `echo/default` pinned to `pin`, with `input`, told to behave as `mock`.
+fn pinned(pin: &str, input: impl Into<Bytes>, mock: &str) -> RunSpec {
+    RunSpec {
+        selector: NodeSelector {
+            adapter: AdapterName::parse("echo").expect("adapter"),
+            target: Target::parse("default").expect("target"),
+            pin: Some(pin.to_owned()),
+        },
+        input: input.into(),
+        content_type: "text/plain; charset=utf-8".into(),
+        params: BTreeMap::from([("mock".to_owned(), mock.to_owned())]),
+        deadline: None,
+    }
+}
+
+/// `count` words, for runs that should stream for a while.
+fn words(count: usize) -> String {
+    (0..count)
+        .map(|i| format!("w{i}"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Starts a run that must be accepted.
+fn start(app: &TestApp, spec: RunSpec) -> RunHandle {
+    app.parts.runs.start(spec).expect("run accepted")
+}
+
+/// The next event of a run.
+async fn next_event(handle: &mut RunHandle) -> Arc<RunEvent> {
+    tokio::time::timeout(PATIENCE, handle.events.recv())
+        .await
+        .unwrap_or_else(|_| panic!("run {} sent no event in time", handle.run_id))
+        .unwrap_or_else(|| panic!("run {} ended its stream early", handle.run_id))
+}
+
+/// Every remaining event of a run, until its stream ends.
+async fn rest(handle: &mut RunHandle) -> Vec<Arc<RunEvent>> {
+    let mut events = Vec::new();
+    loop {
+        match tokio::time::timeout(PATIENCE, handle.events.recv()).await {
+            Ok(Some(event)) => events.push(event),
+            Ok(None) => return events,
+            Err(_) => panic!(
+                "run {} did not end in time; so far {events:#?}",
+                handle.run_id
+            ),
+        }
+    }
+}
+
+/// Checks that `events` end in exactly one terminal event, all for `run_id`, with growing
+/// `seq`, and returns that terminal event.
+fn only_terminal<'a>(run_id: &RunId, events: &'a [Arc<RunEvent>]) -> &'a RunEvent {
+    assert!(events.iter().all(|e| &e.run_id == run_id), "{events:#?}");
+    let terminals = events.iter().filter(|e| e.kind.is_terminal()).count();
+    assert_eq!(terminals, 1, "expected one terminal event: {events:#?}");
+    let last = events.last().expect("at least the terminal event");
+    assert!(
+        last.kind.is_terminal(),
+        "terminal must be last: {events:#?}"
+    );
+    assert!(
+        events.windows(2).all(|w| w[0].seq < w[1].seq),
+        "seq must grow: {events:#?}"
+    );
+    last
+}
+
+/// The `failed` code of a terminal event.
+fn failure_code(event: &RunEvent) -> &str {
+    match &event.kind {
+        RunEventKind::Failed { code, .. } => code,
+        other => panic!("expected failed, got {other:?}"),
+    }
+}
+
+/// The output texts of `events`, joined.
+fn text_of(events: &[Arc<RunEvent>]) -> String {
+    events
+        .iter()
+        .filter_map(|e| match &e.kind {
+            RunEventKind::Output { text, .. } => Some(text.as_str()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Runs `input` to completion on node `pin` and checks every word came back.
+async fn completes_on(app: &TestApp, pin: &str, input: &str) {
+    let mut handle = start(app, pinned(pin, input.to_owned(), "echo"));
+    let events = rest(&mut handle).await;
+    let last = only_terminal(&handle.run_id, &events);
+    assert_eq!(last.kind.name(), "completed", "{events:#?}");
+    assert_eq!(last.node.as_ref().map(|n| n.as_str()), Some(pin));
+    assert_eq!(text_of(&events), input);
+}
+
+/// Waits for a run's stream to end and checks it ended with `failed`/`code` from the edge.
+async fn fails_with(handle: &mut RunHandle, code: &str) -> Vec<Arc<RunEvent>> {
+    let events = rest(handle).await;
+    let last = only_terminal(&handle.run_id, &events);
+    assert_eq!(failure_code(last), code, "{events:#?}");
+    assert_eq!(last.origin, EventOrigin::Edge);
+    events
+}
+
+// ---------------------------------------------------------------------------------------
+// Helpers: nodes, waiting, the edge's state
+// ---------------------------------------------------------------------------------------
+
+/// Starts a mock node for `token` whose runs pause `delay` between words.
+async fn mock(addr: SocketAddr, token: &str, delay: Duration, behaviour: Behaviour) -> MockNode {
+    let options = MockOptions {
+        delay,
+        behaviour,
+        ..MockOptions::new(token)
+    };
+    tokio::time::timeout(PATIENCE, MockNode::start(addr, options))
+        .await
+        .expect("the mock node registers in time")
+        .expect("mock node registers")
+}
+
+/// Registers a raw protocol client for `token`, offering the echo adapter; the test then
+/// decides what it reads and writes.
+async fn raw_node(app: &TestApp, token: &str) -> NodeClient {
+    let mut client = NodeClient::connect(app.node_addr).await.expect("connect");
+    let mut registration = Registration::with_token(token);
+    registration.adapters = vec!["echo".into()];
+    let outcome = within(client.register(registration))
+        .await
+        .expect("a register response");
+    assert!(outcome.accepted, "{outcome:?}");
+    client
+}
+
+/// Awaits `future`, failing the test if it has not finished within [`PATIENCE`].
+async fn within<F: Future>(future: F) -> F::Output {
+    tokio::time::timeout(PATIENCE, future)
+        .await
+        .expect("the step did not finish in time")
+}
+
+/// Polls `condition` until it holds; panics with `what` if it never does.
+async fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while !condition() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting until {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Asserts the edge closed `client`'s connection (EOF or a reset), after any commands it
+/// had already queued.
+async fn assert_closed_by_edge(client: &mut NodeClient) {
+    loop {
+        match within(client.next()).await {
+            Ok(ReceivedEdgeFrame::Command(_)) => {}
+            Err(ClientError::Closed | ClientError::Frame(edge::client::FrameError::Io(_))) => {
+                return;
+            }
+            other => panic!("expected the edge to close the connection, got {other:?}"),
+        }
+    }
+}
+
+/// Waits until the edge has no open run and no connected node counts an active one.
+async fn assert_settled(app: &TestApp) {
+    let runs = &app.parts.runs;
+    let registry = &app.parts.registry;
+    eventually("every run is closed and every node idle", || {
+        runs.open_runs() == 0 && registry.snapshot().iter().all(|n| n.active_runs == 0)
+    })
+    .await;
+    assert_eq!(runs.queued_runs(), 0);
+}
+
+/// The events the file sink wrote to `path`, one JSON object per line.
+fn json_lines(path: &Path) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("a JSON line"))
+        .collect()
+}
+
+/// The kinds of the lines of `run_id` in the file sink, in order.
+fn kinds_in_file(lines: &[Value], run_id: &str) -> Vec<String> {
+    lines
+        .iter()
+        .filter(|l| l["run_id"] == run_id)
+        .map(|l| l["kind"].as_str().unwrap_or_default().to_owned())
+        .collect()
+}
+
+/// `[events]` with only the file sink, writing to `path`, flushed often.
+fn file_sink(path: &Path) -> String {
+    format!(
+        "[events]\nsinks = [\"file\"]\n[events.file]\npath = {:?}\nflush_interval_ms = 20\n",
+        path.display().to_string()
+    )
+}
+
+/// The resident set size of this process, in KiB, from `/proc/self/status`.
+fn resident_kib() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
+// ---------------------------------------------------------------------------------------
+// Helpers: HTTP
+// ---------------------------------------------------------------------------------------
+
+fn http() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(PATIENCE)
+        .build()
+        .expect("client")
+}
+
+/// The sum of the samples of metric `name` whose labels include `label` (`key="value"`),
+/// from the edge's `/metrics`.
+async fn metric(http_addr: SocketAddr, name: &str, label: &str) -> f64 {
+    let body = http()
+        .get(format!("http://{http_addr}/metrics"))
+        .send()
+        .await
+        .expect("scrape /metrics")
+        .text()
+        .await
+        .expect("a metrics body");
+    body.lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")) && l.contains(label))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Waits until metric `name{label}` is above zero, and returns it.
+async fn metric_above_zero(http_addr: SocketAddr, name: &str, label: &str) -> f64 {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let value = metric(http_addr, name, label).await;
+        if value > 0.0 {
+            return value;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{name}{{{label}}} stayed at zero"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A legacy completion of `prompt` by `model`, answered whole.
+fn completion(model: &str, prompt: &str) -> Value {
+    json!({"model": model, "prompt": prompt})
+}
+
+// ---------------------------------------------------------------------------------------
+// Helpers: the real binary
+// ---------------------------------------------------------------------------------------
+
+/// The real `edge` binary, serving on free ports, its stderr (JSON logs) collected.
+struct EdgeProcess {
+    child: Child,
+    node_addr: SocketAddr,
+    http_addr: SocketAddr,
+    logs: Arc<Mutex<Vec<String>>>,
+}
+
+impl EdgeProcess {
+    /// Starts `edge serve` with `config`; `close_stdout` closes the read end of its stdout
+    /// pipe at once (otherwise stdout goes nowhere).
+    async fn start(config: &Path, close_stdout: bool) -> EdgeProcess {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_edge"))
+            .arg("serve")
+            .arg("--config")
+            .arg(config)
+            .args(["--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0"])
+            .args(["--log-format", "json"])
+            .env_remove("RUST_LOG")
+            .stdin(Stdio::null())
+            .stdout(if close_stdout {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn the edge binary");
+        // Closing our end of the pipe: every write to the edge's stdout now fails (EPIPE).
+        drop(child.stdout.take());
+        let stderr = child.stderr.take().expect("piped stderr");
+        let logs = Arc::new(Mutex::new(Vec::new()));
+        let (serving, bound) = oneshot::channel();
+        let kept = Arc::clone(&logs);
+        tokio::spawn(async move {
+            let mut serving = Some(serving);
+            let mut reader = BufReader::new(stderr).lines();
+            while let Ok(Some(line)) = reader.next_line().await {
+                if let Some(addrs) = serving_addresses(&line)
+                    && let Some(serving) = serving.take()
+                {
+                    let _ = serving.send(addrs);
+                }
+                kept.lock().expect("log lines").push(line);
+            }
+        });
+        let (node_addr, http_addr) = match tokio::time::timeout(PATIENCE, bound).await {
+            Ok(Ok(addrs)) => addrs,
+            _ => panic!(
+                "the edge never logged `edge is serving`; stderr: {:#?}",
+                logs.lock().map(|l| l.clone()).unwrap_or_default()
+            ),
+        };
+        EdgeProcess {
+            child,
+            node_addr,
+            http_addr,
+            logs,
+        }
+    }
+
+    fn logs(&self) -> Vec<String> {
+        self.logs.lock().map(|l| l.clone()).unwrap_or_default()
+    }
+
+    /// Sends SIGTERM.
+    fn terminate(&self) {
+        let pid = self.child.id().expect("the edge is running").to_string();
+        let signalled = std::process::Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .expect("run kill");
+        assert!(signalled.success(), "kill -TERM {pid} failed");
+    }
+
+    /// Waits for the process to exit.
+    async fn exit_status(&mut self) -> ExitStatus {
+        match tokio::time::timeout(PATIENCE, self.child.wait()).await {
+            Ok(status) => status.expect("wait for the edge"),
+            Err(_) => panic!("the edge did not exit; stderr: {:#?}", self.logs()),
+        }
+    }
+
+    /// Asserts the edge logged no panic.
+    fn assert_no_panic(&self) {
+        let logs = self.logs();
+        assert!(
+            !logs.iter().any(|l| l.contains("panicked")),
+            "the edge panicked: {logs:#?}"
+        );
+    }
+}
+
+/// The node and HTTP addresses of a JSON log line saying `edge is serving`.
+fn serving_addresses(line: &str) -> Option<(SocketAddr, SocketAddr)> {
+    let record: Value = serde_json::from_str(line).ok()?;
+    let field = |name: &str| {
+        record
+            .get(name)
+            .or_else(|| record.pointer(&format!("/fields/{name}")))
+            .cloned()
+    };
+    if field("message")? != "edge is serving" {
+        return None;
+    }
+    let listen = field("listen")?.as_str()?.parse().ok()?;
+    let http = field("http")?.as_str()?.parse().ok()?;
+    Some((listen, http))
+}
+
+// ---------------------------------------------------------------------------------------
+// A node dies
+// ---------------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn a_node_killed_mid_stream_fails_its_runs_and_the_other_node_streams_on() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let events = dir.path().join("events.jsonl");
+    let app = spawn_app(&format!("{TWO_NODES}\n{}", file_sink(&events))).await;
+    let a = mock(
+        app.node_addr,
+        "token-a",
+        Duration::from_millis(20),
+        Behaviour::Echo,
+    )
+    .await;
+    let _b = mock(
+        app.node_addr,
+        "token-b",
+        Duration::from_millis(10),
+        Behaviour::Echo,
+    )
+    .await;
+
+    let mut doomed = start(&app, pinned("node-a", words(500), "echo"));
+    let mut survivor = start(&app, pinned("node-b", words(60), "echo"));
+    let mut seen = vec![next_event(&mut doomed).await, next_event(&mut doomed).await];
+    assert_eq!(seen[1].kind.name(), "output", "node-a is streaming");
+    assert_eq!(next_event(&mut survivor).await.kind.name(), "started");
+    a.kill();
+
+    seen.extend(fails_with(&mut doomed, "node_disconnected").await);
+    let last = only_terminal(&doomed.run_id, &seen);
+    assert_eq!(last.node.as_ref().map(|n| n.as_str()), Some("node-a"));
+    let survived = rest(&mut survivor).await;
+    assert_eq!(
+        only_terminal(&survivor.run_id, &survived).kind.name(),
+        "completed"
+    );
+    assert_eq!(text_of(&survived), words(60), "node-b lost nothing");
+
+    eventually("node-a left the registry", || {
+        app.parts.registry.get("node-a").is_none()
+    })
+    .await;
+    let stats = app.parts.transport.stats();
+    assert_eq!(
+        stats.disconnects(CloseReason::Eof) + stats.disconnects(CloseReason::Io),
+        1,
+        "the killed node's connection counts as closed by the node"
+    );
+    // The node comes back and serves again.
+    let _a = mock(app.node_addr, "token-a", Duration::ZERO, Behaviour::Echo).await;
+    completes_on(&app, "node-a", "back again").await;
+    assert_settled(&app).await;
+    app.stop().await;
+
+    // The sink recorded the killed run's one terminal event, and it was the edge's.
+    let lines = json_lines(&events);
+    let kinds = kinds_in_file(&lines, doomed.run_id.as_str());
+    assert_eq!(
+        kinds.iter().filter(|k| *k == "failed").count(),
+        1,
+        "{kinds:?}"
+    );
+    assert_eq!(
+        kinds.last().map(String::as_str),
+        Some("failed"),
+        "{kinds:?}"
+    );
+    assert_eq!(
+        kinds_in_file(&lines, survivor.run_id.as_str())
+            .last()
+            .map(String::as_str),
+        Some("completed")
+    );
+}
+
+#[tokio::test]
+async fn a_half_open_node_is_evicted_by_the_heartbeat_timeout_and_its_run_fails() {
+    // node-a must heartbeat every 200 ms; node-b keeps the default 1 s.
+    let config = TWO_NODES.replacen(
+        "heartbeat_interval_ms = 1000",
+        "heartbeat_interval_ms = 200",
+        1,
+    );
+    let app = spawn_app(&config).await;
+    let _b = mock(app.node_addr, "token-b", Duration::ZERO, Behaviour::Echo).await;
+    let mut half_open = raw_node(&app, "token-a").await;
+    within(half_open.heartbeat(0)).await.expect("heartbeat");
+
+    let mut handle = start(&app, pinned("node-a", "never answered", "echo"));
+    match within(half_open.next()).await {
+        Ok(ReceivedEdgeFrame::Command(NodeCommand::Run(run))) => {
+            assert_eq!(run.run_id, handle.run_id);
+        }
+        other => panic!("expected the run, got {other:?}"),
+    }
+    // From here the node neither sends nor reads, and never closes its socket: the edge
+    // sees no FIN, only silence.
+    let events = fails_with(&mut handle, "node_disconnected").await;
+    assert_eq!(events.len(), 1, "the node never started: {events:#?}");
+    assert_eq!(
+        app.parts
+            .transport
+            .stats()
+            .disconnects(CloseReason::HeartbeatTimeout),
+        1
+    );
+    assert!(app.parts.registry.get("node-a").is_none());
+    completes_on(&app, "node-b", "still here").await;
+
+    // Seen from the node: the edge closed the connection.
+    assert_closed_by_edge(&mut half_open).await;
+    assert_settled(&app).await;
+    app.stop().await;
+}
+
+// ---------------------------------------------------------------------------------------
+// A node stops reading
+// ---------------------------------------------------------------------------------------
+
+/// node-a takes many runs at once and heartbeats rarely (so only its reading is at fault);
+/// node-b is an ordinary node. The edge queues 4 commands per node and gives one write
+/// 200 ms.
+const NOT_READING: &str = r#"
+[server]
+outbound_queue = 4
+write_timeout_ms = 200
+
+[[nodes]]
+id = "node-a"
+alias = "gpu-a"
+token = "token-a"
+[nodes.runtime]
+max_concurrent_runs = 1000
+heartbeat_interval_ms = 60000
+[[nodes.adapters]]
+name = "echo"
+targets = ["default"]
+
+[[nodes]]
+id = "node-b"
+alias = "gpu-b"
+token = "token-b"
+[nodes.runtime]
+max_concurrent_runs = 2
+heartbeat_interval_ms = 1000
+[[nodes.adapters]]
+name = "echo"
+targets = ["default"]
+"#;
+
+/// Runs offered to the node that does not read; 1 MiB each. Buffering them all would
+/// take this many MiB.
+const OFFERED_RUNS: usize = 256;
+const RUN_INPUT_BYTES: usize = 1024 * 1024;
+
+#[tokio::test]
+async fn a_node_that_stops_reading_is_closed_as_a_slow_consumer_with_bounded_memory() {
+    let app = spawn_app(NOT_READING).await;
+    let _b = mock(app.node_addr, "token-b", Duration::ZERO, Behaviour::Echo).await;
+    // Registers, then never reads its socket again (and never closes it).
+    let not_reading = raw_node(&app, "token-a").await;
+    let input = Bytes::from(vec![b'x'; RUN_INPUT_BYTES]);
+    let stats = app.parts.transport.stats();
+    let rss_before = resident_kib();
+    let mut rss_peak = rss_before;
+
+    // Offer 1 MiB runs one at a time, so the edge's socket buffers fill before its
+    // outbound queue does, until the edge gives up on the node.
+    let mut handles = Vec::new();
+    for _ in 0..OFFERED_RUNS {
+        match app
+            .parts
+            .runs
+            .start(pinned("node-a", input.clone(), "echo"))
+        {
+            Ok(handle) => handles.push(handle),
+            Err(StartError::NoNode(_)) => break,
+            Err(other) => panic!("unexpected refusal: {other}"),
+        }
+        rss_peak = rss_peak.max(resident_kib());
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(
+        app.parts.registry.get("node-a").is_none(),
+        "the edge kept taking runs for a node that reads nothing ({} accepted)",
+        handles.len()
+    );
+    assert!(!handles.is_empty());
+    for handle in &mut handles {
+        fails_with(handle, "node_disconnected").await;
+    }
+    assert_eq!(stats.closed(CloseReason::SlowConsumer), 1);
+    assert_eq!(stats.disconnects(CloseReason::SlowConsumer), 1);
+    // The edge wrote what the socket took and dropped the rest with the connection.
+    let written = stats.bytes_out.load(Relaxed);
+    let offered = u64::try_from(handles.len() * RUN_INPUT_BYTES).unwrap_or(u64::MAX);
+    assert!(
+        written < offered,
+        "{written} bytes written of {offered} offered"
+    );
+    // Memory stayed far below what buffering every offered run would take.
+    let grown_mib = rss_peak.saturating_sub(rss_before) / 1024;
+    assert!(
+        grown_mib < 64,
+        "resident memory grew by {grown_mib} MiB while the node did not read"
+    );
+
+    completes_on(&app, "node-b", "unaffected by the slow one").await;
+    drop(not_reading);
+    assert_settled(&app).await;
+    app.stop().await;
+}
+
+// ---------------------------------------------------------------------------------------
+// A node sends garbage
+// ---------------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn garbage_after_a_valid_registration_closes_that_node_and_fails_only_its_runs() {
+    // Long heartbeats: only the garbage can close node-a.
+    let config = TWO_NODES.replacen(
+        "heartbeat_interval_ms = 1000",
+        "heartbeat_interval_ms = 60000",
+        1,
+    );
+    let app = spawn_app(&config).await;
+    let _b = mock(
+        app.node_addr,
+        "token-b",
+        Duration::from_millis(10),
+        Behaviour::Echo,
+    )
+    .await;
+    let mut bad = raw_node(&app, "token-a").await;
+
+    let mut on_a = start(&app, pinned("node-a", "lost", "echo"));
+    match within(bad.next()).await {
+        Ok(ReceivedEdgeFrame::Command(NodeCommand::Run(run))) => {
+            assert_eq!(run.run_id, on_a.run_id);
+        }
+        other => panic!("expected the run, got {other:?}"),
+    }
+    let mut on_b = start(&app, pinned("node-b", words(40), "echo"));
+    assert_eq!(next_event(&mut on_b).await.kind.name(), "started");
+
+    // A three-byte frame whose bytes are not a NodeMessage.
+    bad.stream_mut()
+        .write_all(&[0x03, 0xff, 0xff, 0xff])
+        .await
+        .expect("write garbage");
+    assert_closed_by_edge(&mut bad).await;
+    fails_with(&mut on_a, "node_disconnected").await;
+    let streamed = rest(&mut on_b).await;
+    assert_eq!(
+        only_terminal(&on_b.run_id, &streamed).kind.name(),
+        "completed"
+    );
+    assert_eq!(text_of(&streamed), words(40), "node-b lost nothing");
+
+    eventually("node-a left the registry", || {
+        app.parts.registry.get("node-a").is_none()
+    })
+    .await;
+    assert!(app.parts.registry.get("node-b").is_some());
+    assert_eq!(
+        app.parts
+            .transport
+            .stats()
+            .disconnects(CloseReason::ProtocolViolation),
+        1
+    );
+    // node-a may come back.
+    let _a = mock(app.node_addr, "token-a", Duration::ZERO, Behaviour::Echo).await;
+    completes_on(&app, "node-a", "registered again").await;
+    assert_settled(&app).await;
+    app.stop().await;
+}
+
+// ---------------------------------------------------------------------------------------
+// A flood of wrong tokens
+// ---------------------------------------------------------------------------------------
+
+/// Wrong-token connections in the flood.
+const BAD_TOKENS: usize = 1_000;
+/// Wrong-token connections open at once.
+const BAD_AT_ONCE: usize = 64;
+
+#[tokio::test]
+async fn a_thousand_bad_tokens_are_refused_while_valid_nodes_keep_registering() {
+    // A small brake: 1 ms, doubling per failure from the same address, up to 100 ms.
+    let config = format!(
+        "[server]\nregister_failure_delay_ms = 1\nregister_failure_max_delay_ms = 100\n{TWO_NODES}"
+    );
+    let app = spawn_app(&config).await;
+    let addr = app.node_addr;
+
+    let flood = tokio::spawn(async move {
+        futures::stream::iter(0..BAD_TOKENS)
+            .map(|i| async move {
+                let mut client = within(NodeClient::connect(addr)).await.expect("connect");
+                let outcome =
+                    within(client.register(Registration::with_token(&format!("wrong-token-{i}"))))
+                        .await
+                        .expect("an answer to a wrong token");
+                assert!(!outcome.accepted, "{outcome:?}");
+                assert_eq!(outcome.rejection, Some(RegisterRejection::InvalidToken));
+                assert_closed_by_edge(&mut client).await;
+            })
+            .buffer_unordered(BAD_AT_ONCE)
+            .count()
+            .await
+    });
+
+    // Meanwhile valid nodes, from the very same address, keep joining, serving a run and
+    // leaving. Each must be let in (within the test's patience) while the flood lasts.
+    let mut rounds = 0;
+    while !flood.is_finished() || rounds < 3 {
+        for (token, id) in [("token-a", "node-a"), ("token-b", "node-b")] {
+            let node = mock(addr, token, Duration::ZERO, Behaviour::Echo).await;
+            assert_eq!(node.outcome.node_id, id);
+            completes_on(&app, id, &format!("round {rounds}")).await;
+            node.kill();
+            within(node.ended()).await;
+            eventually("the node left", || app.parts.registry.get(id).is_none()).await;
+        }
+        rounds += 1;
+    }
+    let refused = within(flood).await.expect("the flood task");
+    assert_eq!(refused, BAD_TOKENS);
+
+    let stats = app.parts.transport.stats();
+    assert_eq!(
+        stats.rejected(RegisterRejection::InvalidToken),
+        u64::try_from(BAD_TOKENS).unwrap_or(u64::MAX)
+    );
+    assert_eq!(
+        stats.registrations_accepted.load(Relaxed),
+        2 * u64::try_from(rounds).unwrap_or(u64::MAX)
+    );
+    eventually("every refused connection is closed", || {
+        stats.connections_open.load(Relaxed) == 0
+    })
+    .await;
+    assert_settled(&app).await;
+    app.stop().await;
+}
+
+// ---------------------------------------------------------------------------------------
+// Event sinks that cannot write
+// ---------------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn a_file_sink_on_a_full_disk_counts_write_errors_while_runs_complete() {
+    let app = spawn_app(&format!(
+        "{TWO_NODES}\n{}",
+        file_sink(Path::new("/dev/full"))
+    ))
+    .await;
+    let _a = mock(app.node_addr, "token-a", Duration::ZERO, Behaviour::Echo).await;
+    let _b = mock(app.node_addr, "token-b", Duration::ZERO, Behaviour::Echo).await;
+
+    for i in 0..20 {
+        let node = if i % 2 == 0 { "node-a" } else { "node-b" };
+        completes_on(&app, node, &format!("run {i} on a full disk")).await;
+    }
+    let errors = metric_above_zero(
+        app.http_addr,
+        "edge_sink_write_errors_total",
+        "sink=\"file\"",
+    )
+    .await;
+    assert!(errors >= 1.0);
+
+    // Still serving: health, nodes, and new runs.
+    let health = http()
+        .get(format!("http://{}/healthz", app.http_addr))
+        .send()
+        .await
+        .expect("healthz");
+    assert!(health.status().is_success());
+    assert_eq!(app.parts.registry.len(), 2);
+    completes_on(&app, "node-a", "and one more").await;
+    assert_settled(&app).await;
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_closed_stdout_does_not_stop_the_binary_serving_and_sigterm_exits_0() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = dir.path().join("edge.toml");
+    let events = "[events]\nsinks = [\"stdout\"]\n[events.stdout]\nformat = \"text\"\n";
+    std::fs::write(&config, format!("{TWO_NODES}\n{events}")).expect("write config");
+    let mut edge = EdgeProcess::start(&config, true).await;
+    let a = mock(edge.node_addr, "token-a", Duration::ZERO, Behaviour::Echo).await;
+    let b = mock(edge.node_addr, "token-b", Duration::ZERO, Behaviour::Echo).await;
+
+    let url = format!("http://{}/v1/completions", edge.http_addr);
+    for i in 0..10 {
+        let prompt = format!("run {i} with nowhere to print");
+        let response = http()
+            .post(&url)
+            .json(&completion("echo/default", &prompt))
+            .send()
+            .await
+            .expect("a completion");
+        assert!(response.status().is_success(), "{response:?}");
+        let answer: Value = response.json().await.expect("a JSON answer");
+        assert_eq!(answer["choices"][0]["text"], prompt.as_str());
+        assert_eq!(answer["choices"][0]["finish_reason"], "stop");
+    }
+    metric_above_zero(
+        edge.http_addr,
+        "edge_sink_write_errors_total",
+        "sink=\"stdout\"",
+    )
+    .await;
+    let health = http()
+        .get(format!("http://{}/healthz", edge.http_addr))
+        .send()
+        .await
+        .expect("healthz");
+    assert!(health.status().is_success());
+
+    edge.terminate();
+    let status = edge.exit_status().await;
+    assert!(
+        status.success(),
+        "exit {status}; stderr: {:#?}",
+        edge.logs()
+    );
+    edge.assert_no_panic();
+    for node in [a, b] {
+        let ended = within(node.ended()).await;
+        assert!(matches!(ended, Ended::Shutdown(_)), "{ended:?}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// SIGTERM with runs in flight
+// ---------------------------------------------------------------------------------------
+
+/// node-a serves `echo/stuck` and node-b `echo/quick`; a graceful stop waits 3 s for runs.
+const TWO_TARGETS: &str = r#"
+[server]
+shutdown_grace_ms = 3000
+
+[[nodes]]
+id = "node-a"
+alias = "gpu-a"
+token = "token-a"
+[nodes.runtime]
+max_concurrent_runs = 2
+heartbeat_interval_ms = 1000
+[[nodes.adapters]]
+name = "echo"
+targets = ["stuck"]
+
+[[nodes]]
+id = "node-b"
+alias = "gpu-b"
+token = "token-b"
+[nodes.runtime]
+max_concurrent_runs = 2
+heartbeat_interval_ms = 1000
+[[nodes.adapters]]
+name = "echo"
+targets = ["quick"]
+"#;
+
+#[tokio::test]
+async fn sigterm_lets_a_run_finish_within_the_grace_and_fails_the_one_that_never_ends() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = dir.path().join("edge.toml");
+    let events = dir.path().join("events.jsonl");
+    std::fs::write(&config, format!("{TWO_TARGETS}\n{}", file_sink(&events)))
+        .expect("write config");
+    let mut edge = EdgeProcess::start(&config, false).await;
+    let stuck = mock(edge.node_addr, "token-a", Duration::ZERO, Behaviour::Hang).await;
+    let quick = mock(
+        edge.node_addr,
+        "token-b",
+        Duration::from_millis(50),
+        Behaviour::Echo,
+    )
+    .await;
+    let url = format!("http://{}/v1/completions", edge.http_addr);
+
+    // The run that never ends: answered only when the edge ends it.
+    let never = tokio::spawn({
+        let request = http()
+            .post(&url)
+            .json(&completion("echo/stuck", "wait forever"));
+        async move { request.send().await.expect("an answer") }
+    });
+    eventually("node-a holds the stuck run", || {
+        stuck
+            .commands()
+            .iter()
+            .any(|c| matches!(c, NodeCommand::Run(_)))
+    })
+    .await;
+    let stuck_run = stuck
+        .commands()
+        .into_iter()
+        .find_map(|c| match c {
+            NodeCommand::Run(run) => Some(run.run_id),
+            _ => None,
+        })
+        .expect("the stuck run");
+
+    // The run that finishes within the grace: streamed, and in flight when SIGTERM lands.
+    let prompt = words(6);
+    let mut body = completion("echo/quick", &prompt);
+    body["stream"] = json!(true);
+    let response = http()
+        .post(&url)
+        .json(&body)
+        .send()
+        .await
+        .expect("a stream");
+    assert!(response.status().is_success(), "{response:?}");
+    let quick_run = response.headers()["x-edge-run-id"]
+        .to_str()
+        .expect("a run id")
+        .to_owned();
+    let mut stream = response.bytes_stream();
+    let mut streamed = String::new();
+    while !streamed.contains("\"text\":\"w0 \"") {
+        let chunk = within(stream.next())
+            .await
+            .expect("the stream goes on")
+            .expect("a chunk");
+        streamed.push_str(&String::from_utf8_lossy(&chunk));
+    }
+
+    edge.terminate();
+    while let Some(chunk) = within(stream.next()).await {
+        streamed.push_str(&String::from_utf8_lossy(&chunk.expect("a chunk")));
+    }
+    assert!(streamed.contains("data: [DONE]"), "{streamed}");
+    assert!(
+        streamed.contains("\"finish_reason\":\"stop\""),
+        "{streamed}"
+    );
+    let never = within(never).await.expect("the stuck request");
+    assert_eq!(never.status(), reqwest::StatusCode::SERVICE_UNAVAILABLE);
+
+    let status = edge.exit_status().await;
+    assert!(
+        status.success(),
+        "exit {status}; stderr: {:#?}",
+        edge.logs()
+    );
+    edge.assert_no_panic();
+    for node in [stuck, quick] {
+        let ended = within(node.ended()).await;
+        assert!(matches!(ended, Ended::Shutdown(_)), "{ended:?}");
+    }
+
+    // The sink, flushed before exit, holds one terminal event per run.
+    let lines = json_lines(&events);
+    let terminal = |run: &str| -> Vec<Value> {
+        lines
+            .iter()
+            .filter(|l| l["run_id"] == run)
+            .filter(|l| {
+                matches!(
+                    l["kind"].as_str(),
+                    Some("completed" | "failed" | "cancelled")
+                )
+            })
+            .cloned()
+            .collect()
+    };
+    let quick_end = terminal(&quick_run);
+    assert_eq!(quick_end.len(), 1, "{lines:#?}");
+    assert_eq!(quick_end[0]["kind"], "completed");
+    let stuck_end = terminal(stuck_run.as_str());
+    assert_eq!(stuck_end.len(), 1, "{lines:#?}");
+    assert_eq!(stuck_end[0]["kind"], "failed");
+    assert_eq!(stuck_end[0]["code"], "edge_shutdown");
+    assert_eq!(stuck_end[0]["origin"], "edge");
+    assert_eq!(
+        kinds_in_file(&lines, &quick_run).concat(),
+        format!("started{}completed", "output".repeat(6))
+    );
+}
