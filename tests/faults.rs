@@ -506,10 +506,10 @@ async fn a_node_killed_mid_stream_fails_its_runs_and_the_other_node_streams_on()
 
 #[tokio::test]
 async fn a_half_open_node_is_evicted_by_the_heartbeat_timeout_and_its_run_fails() {
-    // node-a must heartbeat every 200 ms; node-b keeps the default 1 s.
+    // node-a must heartbeat every 300 ms; node-b keeps the default 1 s.
     let config = TWO_NODES.replacen(
         "heartbeat_interval_ms = 1000",
-        "heartbeat_interval_ms = 200",
+        "heartbeat_interval_ms = 300",
         1,
     );
     let app = spawn_app(&config).await;
@@ -640,6 +640,48 @@ async fn a_node_that_stops_reading_is_closed_as_a_slow_consumer_with_bounded_mem
     drop(not_reading);
     assert_settled(&app).await;
     app.stop().await;
+}
+
+/// node-a takes many runs and heartbeats rarely; one write may take a minute — far longer
+/// than the graceful stop's 2 s grace (set by the harness) and than [`PATIENCE`].
+const STUCK_WRITE: &str = r#"
+[server]
+write_timeout_ms = 60000
+
+[[nodes]]
+id = "node-a"
+alias = "gpu-a"
+token = "token-a"
+[nodes.runtime]
+max_concurrent_runs = 1000
+heartbeat_interval_ms = 60000
+[[nodes.adapters]]
+name = "echo"
+targets = ["default"]
+"#;
+
+#[tokio::test]
+async fn a_node_stuck_in_a_write_does_not_hold_up_a_graceful_stop() {
+    let app = spawn_app(STUCK_WRITE).await;
+    let not_reading = raw_node(&app, "token-a").await;
+    // 32 MiB of runs: more than any socket buffer holds, so the edge's write blocks.
+    let input = Bytes::from(vec![b'x'; RUN_INPUT_BYTES]);
+    let mut handles: Vec<RunHandle> = (0..32)
+        .map(|_| start(&app, pinned("node-a", input.clone(), "echo")))
+        .collect();
+    let stats = app.parts.transport.stats();
+    let runs = app.parts.runs.clone();
+
+    // The stop ends the runs after the grace and then closes the connection, although the
+    // edge's write to it would not time out for a minute.
+    within(app.stop()).await;
+    for handle in &mut handles {
+        fails_with(handle, "edge_shutdown").await;
+    }
+    assert_eq!(runs.open_runs(), 0);
+    assert_eq!(stats.closed(CloseReason::Shutdown), 1);
+    assert_eq!(stats.closed(CloseReason::SlowConsumer), 0);
+    drop(not_reading);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -845,6 +887,14 @@ async fn a_closed_stdout_does_not_stop_the_binary_serving_and_sigterm_exits_0() 
         "sink=\"stdout\"",
     )
     .await;
+    // Still serving after the failed writes.
+    let response = http()
+        .post(&url)
+        .json(&completion("echo/default", "after the errors"))
+        .send()
+        .await
+        .expect("a completion");
+    assert!(response.status().is_success(), "{response:?}");
     let health = http()
         .get(format!("http://{}/healthz", edge.http_addr))
         .send()

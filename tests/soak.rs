@@ -275,7 +275,7 @@ async fn drive(edge: Handle, runs: RunService, index: usize, plan: Plan) -> Fini
 /// Connects mock node `k`, retrying while the edge still holds its previous connection.
 async fn connect(addr: SocketAddr, k: usize) -> MockNode {
     let options = MockOptions {
-        delay: Duration::from_millis(1),
+        delay: Duration::from_millis(2),
         behaviour: Behaviour::Echo,
         ..MockOptions::new(&format!("token-{k}"))
     };
@@ -309,8 +309,8 @@ struct Chaos {
     reconnects: usize,
 }
 
-/// Until `stop`: every 10–60 ms, reconnects the nodes that are gone (killed, or dropped
-/// by a `drop` run), then kills one node at random half of the time.
+/// Until `stop`: every 5–30 ms, reconnects the nodes that are gone (killed, or dropped
+/// by a `drop` run), then kills one node at random (with probability 0.6).
 async fn chaos(
     addr: SocketAddr,
     registry: Arc<dyn Registry>,
@@ -323,7 +323,7 @@ async fn chaos(
     }
     let (mut kills, mut reconnects) = (0, 0);
     loop {
-        let pause = Duration::from_millis(rng.random_range(10..=60));
+        let pause = Duration::from_millis(rng.random_range(5..=30));
         tokio::select! {
             () = stop.cancelled() => break,
             () = tokio::time::sleep(pause) => {}
@@ -337,7 +337,7 @@ async fn chaos(
                 reconnects += 1;
             }
         }
-        if rng.random_bool(0.5) {
+        if rng.random_bool(0.6) {
             let k = rng.random_range(0..NODES);
             if let Some(victim) = nodes[k].take() {
                 kill(victim).await;
