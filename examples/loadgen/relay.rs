@@ -207,12 +207,14 @@ fn measure(args: &RelayArgs, common: &Common, kind: SinkKind) -> anyhow::Result<
     let (written_0, dropped_0) = sink_counters(&edge, kind)?;
     let events_0 = shared.events.load(Ordering::Relaxed);
     let cpu_0 = harness::threads_cpu_ms("edge");
+    let load_cpu_0 = harness::threads_cpu_ms("load");
     shared.measuring.store(true, Ordering::Relaxed);
     let started = Instant::now();
     std::thread::sleep(Duration::from_millis(args.duration_ms));
     let (written_1, dropped_1) = sink_counters(&edge, kind)?;
     let events_1 = shared.events.load(Ordering::Relaxed);
     let cpu = harness::threads_cpu_ms("edge") - cpu_0;
+    let load_cpu = harness::threads_cpu_ms("load") - load_cpu_0;
     let elapsed = started.elapsed().as_secs_f64();
     shared.measuring.store(false, Ordering::Relaxed);
     shared.stop.store(true, Ordering::Relaxed);
@@ -239,6 +241,10 @@ fn measure(args: &RelayArgs, common: &Common, kind: SinkKind) -> anyhow::Result<
         .with(
             "edge_cpu_ns_per_event",
             cpu as f64 * 1e6 / (events_1 - events_0).max(1) as f64,
+        )
+        .with(
+            "load_cpu_ns_per_event",
+            load_cpu as f64 * 1e6 / (events_1 - events_0).max(1) as f64,
         )
         .with("latency_p50_us", latency.quantile_us(0.5))
         .with("latency_p99_us", latency.quantile_us(0.99)))

@@ -1,6 +1,8 @@
 //! Process-wide logging through `tracing`: level from `RUST_LOG` or the config/flag, format
 //! `pretty` or `json`.
 
+use std::io::IsTerminal;
+
 use tracing_subscriber::EnvFilter;
 
 use super::settings::LogFormat;
@@ -15,8 +17,11 @@ pub fn init(level: &str, format: LogFormat) -> anyhow::Result<()> {
         Ok(directives) if !directives.is_empty() => EnvFilter::try_new(directives)?,
         _ => EnvFilter::try_new(level)?,
     };
+    // Colour codes only for a terminal: in a file or a pipe they are noise, and cost time
+    // on every record.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
     let installed = match format {
         LogFormat::Pretty => builder.try_init(),

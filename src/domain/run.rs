@@ -27,6 +27,15 @@ impl RunId {
     }
 }
 
+/// Lets maps keyed by run id be searched with the `&str` a node sent, without building a
+/// `RunId` (an allocation) per event. Consistent with `Hash` and `Eq`: both are those of
+/// the id's text.
+impl std::borrow::Borrow<str> for RunId {
+    fn borrow(&self) -> &str {
+        &self.0
+    }
+}
+
 impl fmt::Display for RunId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.pad(&self.0)

@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::routing::get;
+use axum::serve::ListenerExt;
 use axum::{Router, middleware};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -96,6 +97,13 @@ impl HttpServer {
             tls,
         } = self;
         let Some(tls) = tls else {
+            // Streamed answers are many small writes: without TCP_NODELAY each waits for
+            // the client's delayed ACK of the previous one (Nagle), 40 ms at a time.
+            let listener = listener.tap_io(|tcp| {
+                if let Err(error) = tcp.set_nodelay(true) {
+                    tracing::debug!(%error, "could not disable Nagle's algorithm");
+                }
+            });
             serve(listener, router, &config, stop).await;
             return Ok(());
         };

@@ -121,6 +121,10 @@ async fn accept_loop(
             debug!(%peer, "too many TLS handshakes in progress; closing the new connection");
             continue;
         };
+        // Streamed answers are many small writes: see the plain listener in `server.rs`.
+        if let Err(error) = stream.set_nodelay(true) {
+            debug!(%peer, %error, "could not disable Nagle's algorithm");
+        }
         let tls = tls.clone();
         let accepted = accepted.clone();
         let stop = stop.clone();

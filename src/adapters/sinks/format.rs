@@ -8,8 +8,6 @@
 use std::fmt::{self, Write as _};
 use std::io::Write as _;
 
-use serde::Serialize;
-
 use crate::domain::{EventOrigin, RunEvent, RunEventKind};
 
 use super::config::LineFormat;
@@ -108,106 +106,127 @@ fn push_escaped(text: &str, out: &mut Vec<u8>) {
     out.extend_from_slice(&text.as_bytes()[start..]);
 }
 
-/// The JSON shape of one event; fields that do not apply to the event's kind are omitted.
-#[derive(Serialize)]
-struct JsonLine<'a> {
-    run_id: &'a str,
-    node: Option<&'a str>,
-    adapter: &'a str,
-    target: &'a str,
-    seq: u64,
-    origin: &'static str,
-    kind: &'static str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    text: Option<&'a str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    data: Option<Base64<'a>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    finish_reason: Option<&'a str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    input_tokens: Option<u32>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    output_tokens: Option<u32>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    code: Option<&'a str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    message: Option<&'a str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    reason: Option<&'a str>,
-}
-
-impl<'a> JsonLine<'a> {
-    fn new(event: &'a RunEvent) -> Self {
-        let mut line = Self {
-            run_id: event.run_id.as_str(),
-            node: event.node.as_ref().map(|node| node.as_str()),
-            adapter: event.adapter.as_str(),
-            target: event.target.as_str(),
-            seq: event.seq,
-            origin: match event.origin {
-                EventOrigin::Node => "node",
-                EventOrigin::Edge => "edge",
-            },
-            kind: event.kind.name(),
-            text: None,
-            data: None,
-            finish_reason: None,
-            input_tokens: None,
-            output_tokens: None,
-            code: None,
-            message: None,
-            reason: None,
-        };
-        match &event.kind {
-            RunEventKind::Started => {}
-            RunEventKind::Output { text, data } => {
-                line.text = Some(text);
-                line.data = (!data.is_empty()).then_some(Base64(data));
-            }
-            RunEventKind::Completed {
-                finish_reason,
-                usage,
-            } => {
-                line.finish_reason = Some(finish_reason);
-                line.input_tokens = usage.map(|usage| usage.input_tokens);
-                line.output_tokens = usage.map(|usage| usage.output_tokens);
-            }
-            RunEventKind::Failed { code, message } => {
-                line.code = Some(code);
-                line.message = Some(message);
-            }
-            RunEventKind::Cancelled { reason } => line.reason = Some(reason),
-        }
-        line
-    }
-}
-
 /// Appends `event` as one JSON object and `\n`:
 /// `{"run_id":..,"node":..|null,"adapter":..,"target":..,"seq":..,"origin":"node"|"edge",
 /// "kind":..,<payload fields>}`. Payload fields: `text` and `data` (standard base64, omitted
 /// when empty) for output; `finish_reason`, `input_tokens`, `output_tokens` (the token
 /// counts omitted when the node reported none) for completed; `code`, `message` for failed;
 /// `reason` for cancelled.
+///
+/// Written by hand, byte for byte what `serde_json` writes for the same object (a test
+/// holds it to that): this runs once per event in the file sink, and the generic
+/// serializer cost several times the rest of the relay.
 pub fn write_json_line(event: &RunEvent, out: &mut Vec<u8>) {
-    let before = out.len();
-    if serde_json::to_writer(&mut *out, &JsonLine::new(event)).is_err() {
-        // Unreachable: every field is a string, a number or base64 text, and a Vec does
-        // not fail. Keep the line well-formed anyway rather than leave half an object.
-        out.truncate(before);
-        out.extend_from_slice(b"{}");
+    out.extend_from_slice(b"{\"run_id\":");
+    push_json_str(event.run_id.as_str(), out);
+    out.extend_from_slice(b",\"node\":");
+    match &event.node {
+        Some(node) => push_json_str(node.as_str(), out),
+        None => out.extend_from_slice(b"null"),
     }
-    out.push(b'\n');
+    out.extend_from_slice(b",\"adapter\":");
+    push_json_str(event.adapter.as_str(), out);
+    out.extend_from_slice(b",\"target\":");
+    push_json_str(event.target.as_str(), out);
+    out.extend_from_slice(b",\"seq\":");
+    push_u64(event.seq, out);
+    out.extend_from_slice(match event.origin {
+        EventOrigin::Node => b",\"origin\":\"node\",\"kind\":\"",
+        EventOrigin::Edge => b",\"origin\":\"edge\",\"kind\":\"",
+    });
+    out.extend_from_slice(event.kind.name().as_bytes());
+    out.push(b'"');
+    match &event.kind {
+        RunEventKind::Started => {}
+        RunEventKind::Output { text, data } => {
+            out.extend_from_slice(b",\"text\":");
+            push_json_str(text, out);
+            if !data.is_empty() {
+                out.extend_from_slice(b",\"data\":\"");
+                // Writing into a Vec cannot fail.
+                let _ = write!(out, "{}", Base64(data));
+                out.push(b'"');
+            }
+        }
+        RunEventKind::Completed {
+            finish_reason,
+            usage,
+        } => {
+            out.extend_from_slice(b",\"finish_reason\":");
+            push_json_str(finish_reason, out);
+            if let Some(usage) = usage {
+                out.extend_from_slice(b",\"input_tokens\":");
+                push_u64(u64::from(usage.input_tokens), out);
+                out.extend_from_slice(b",\"output_tokens\":");
+                push_u64(u64::from(usage.output_tokens), out);
+            }
+        }
+        RunEventKind::Failed { code, message } => {
+            out.extend_from_slice(b",\"code\":");
+            push_json_str(code, out);
+            out.extend_from_slice(b",\"message\":");
+            push_json_str(message, out);
+        }
+        RunEventKind::Cancelled { reason } => {
+            out.extend_from_slice(b",\"reason\":");
+            push_json_str(reason, out);
+        }
+    }
+    out.extend_from_slice(b"}\n");
 }
 
-/// Bytes serialized as standard base64 (with padding), streamed into the output without an
+/// Appends `text` as a JSON string, escaped as `serde_json` escapes it: `"` and `\`, the
+/// short escapes `\b \f \n \r \t`, other control characters below U+0020 as `\u00xx`;
+/// everything else (U+007F and non-ASCII included) as is.
+fn push_json_str(text: &str, out: &mut Vec<u8>) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let bytes = text.as_bytes();
+    out.push(b'"');
+    let mut start = 0;
+    for (i, &byte) in bytes.iter().enumerate() {
+        let escape: &[u8] = match byte {
+            b'"' => b"\\\"",
+            b'\\' => b"\\\\",
+            b'\n' => b"\\n",
+            b'\r' => b"\\r",
+            b'\t' => b"\\t",
+            0x08 => b"\\b",
+            0x0c => b"\\f",
+            0..0x20 => b"",
+            _ => continue,
+        };
+        out.extend_from_slice(&bytes[start..i]);
+        if escape.is_empty() {
+            out.extend_from_slice(b"\\u00");
+            out.push(HEX[usize::from(byte >> 4)]);
+            out.push(HEX[usize::from(byte & 0x0f)]);
+        } else {
+            out.extend_from_slice(escape);
+        }
+        start = i + 1;
+    }
+    out.extend_from_slice(&bytes[start..]);
+    out.push(b'"');
+}
+
+/// Appends `n` in decimal.
+fn push_u64(mut n: u64, out: &mut Vec<u8>) {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&digits[at..]);
+}
+
+/// Bytes written as standard base64 (with padding), streamed into the output without an
 /// intermediate `String`.
 struct Base64<'a>(&'a [u8]);
-
-impl Serialize for Base64<'_> {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_str(self)
-    }
-}
 
 impl fmt::Display for Base64<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -422,6 +441,146 @@ pub(super) mod tests {
         ];
         for (input, expected) in cases {
             assert_eq!(Base64(input).to_string(), expected);
+        }
+    }
+
+    // ----------------------------------------------------------------------------------
+    // The serde_json shape `write_json_line` replaced, kept as its reference.
+
+    impl serde::Serialize for Base64<'_> {
+        fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+            serializer.collect_str(self)
+        }
+    }
+
+    /// The JSON shape of one event; fields that do not apply to the event's kind are omitted.
+    #[derive(serde::Serialize)]
+    struct JsonLine<'a> {
+        run_id: &'a str,
+        node: Option<&'a str>,
+        adapter: &'a str,
+        target: &'a str,
+        seq: u64,
+        origin: &'static str,
+        kind: &'static str,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        text: Option<&'a str>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        data: Option<Base64<'a>>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        finish_reason: Option<&'a str>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        input_tokens: Option<u32>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        output_tokens: Option<u32>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        code: Option<&'a str>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        message: Option<&'a str>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        reason: Option<&'a str>,
+    }
+
+    impl<'a> JsonLine<'a> {
+        pub(super) fn new(event: &'a RunEvent) -> Self {
+            let mut line = Self {
+                run_id: event.run_id.as_str(),
+                node: event.node.as_ref().map(|node| node.as_str()),
+                adapter: event.adapter.as_str(),
+                target: event.target.as_str(),
+                seq: event.seq,
+                origin: match event.origin {
+                    EventOrigin::Node => "node",
+                    EventOrigin::Edge => "edge",
+                },
+                kind: event.kind.name(),
+                text: None,
+                data: None,
+                finish_reason: None,
+                input_tokens: None,
+                output_tokens: None,
+                code: None,
+                message: None,
+                reason: None,
+            };
+            match &event.kind {
+                RunEventKind::Started => {}
+                RunEventKind::Output { text, data } => {
+                    line.text = Some(text);
+                    line.data = (!data.is_empty()).then_some(Base64(data));
+                }
+                RunEventKind::Completed {
+                    finish_reason,
+                    usage,
+                } => {
+                    line.finish_reason = Some(finish_reason);
+                    line.input_tokens = usage.map(|usage| usage.input_tokens);
+                    line.output_tokens = usage.map(|usage| usage.output_tokens);
+                }
+                RunEventKind::Failed { code, message } => {
+                    line.code = Some(code);
+                    line.message = Some(message);
+                }
+                RunEventKind::Cancelled { reason } => line.reason = Some(reason),
+            }
+            line
+        }
+    }
+
+    fn reference_json_line(event: &RunEvent) -> Vec<u8> {
+        let mut out = serde_json::to_vec(&JsonLine::new(event)).unwrap();
+        out.push(b'\n');
+        out
+    }
+
+    fn hand_written(event: &RunEvent) -> Vec<u8> {
+        let mut out = Vec::new();
+        write_json_line(event, &mut out);
+        out
+    }
+
+    #[test]
+    fn json_line_matches_serde_json_byte_for_byte() {
+        let mut events = vec![
+            event(RunEventKind::Started),
+            (*output("a\n\"b\"\\ \u{1} \u{7f} \u{8}\u{c}\t\r é ✓ \u{1f600}")).clone(),
+            (*completed()).clone(),
+            event(RunEventKind::Completed {
+                finish_reason: "length".into(),
+                usage: None,
+            }),
+            event(RunEventKind::Failed {
+                code: "deadline_exceeded".into(),
+                message: "too \"slow\"".into(),
+            }),
+            event(RunEventKind::Cancelled {
+                reason: "caller".into(),
+            }),
+            event(RunEventKind::Output {
+                text: String::new(),
+                data: Bytes::from_static(b"foobar\xff"),
+            }),
+        ];
+        let mut edge_made = event(RunEventKind::Started);
+        edge_made.origin = EventOrigin::Edge;
+        edge_made.node = None;
+        edge_made.seq = u64::MAX;
+        events.push(edge_made);
+        for event in &events {
+            assert_eq!(
+                String::from_utf8(hand_written(event)).unwrap(),
+                String::from_utf8(reference_json_line(event)).unwrap()
+            );
+        }
+    }
+
+    proptest::proptest! {
+        /// Any text and any counts come out exactly as serde_json writes them.
+        #[test]
+        fn any_output_matches_serde_json(text in ".*", seq in proptest::prelude::any::<u64>(), data in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..8)) {
+            let mut e = event(RunEventKind::Output { text, data: Bytes::from(data) });
+            e.seq = seq;
+            proptest::prop_assert_eq!(hand_written(&e), reference_json_line(&e));
         }
     }
 }

@@ -5,11 +5,12 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, SystemTime};
 
+use bytes::BytesMut;
 use futures::{SinkExt, StreamExt};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::mpsc;
 use tokio::time::{Instant, sleep_until, timeout};
-use tokio_util::codec::Framed;
+use tokio_util::codec::{Decoder, Framed};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info};
 
@@ -33,6 +34,14 @@ const MISSED_HEARTBEATS: u32 = 3;
 
 /// The registry's last-seen time is refreshed at most this often per connection.
 const TOUCH_INTERVAL: Duration = Duration::from_secs(1);
+
+/// The read buffer a node that sends several frames at a time gets (Framed's default).
+/// An idle node keeps only what its last frame needed.
+const READ_CAPACITY: usize = 8 * 1024;
+
+/// At most this many frames already in the read buffer are handled in a row before the
+/// relay loop looks at the edge's commands and stop signals again.
+const MAX_BATCH: usize = 128;
 
 /// Serves one connection until it closes; returns why it closed.
 pub(super) async fn serve_connection<S: NodeIo>(
@@ -112,6 +121,7 @@ pub(super) async fn serve_connection<S: NodeIo>(
             framed
                 .codec_mut()
                 .set_max_frame(shared.config.max_frame_bytes);
+            release_buffers(&mut framed);
             relay(
                 shared,
                 &mut framed,
@@ -135,6 +145,29 @@ pub(super) async fn serve_connection<S: NodeIo>(
         .await;
     info!(%reason, "node disconnected");
     reason
+}
+
+/// Gives back the handshake's read and write buffers (8 KiB each), keeping any bytes the
+/// node already sent: an idle node then holds almost no buffer memory, and a busy one
+/// grows them again (see [`READ_CAPACITY`]).
+fn release_buffers<S: NodeIo>(framed: &mut NodeStream<S>) {
+    let read = framed.read_buffer_mut();
+    *read = BytesMut::from(&read[..]);
+    if framed.write_buffer().is_empty() {
+        *framed.write_buffer_mut() = BytesMut::new();
+    }
+}
+
+/// The next whole frame already in the read buffer, decoded without reading the socket.
+fn buffered_frame<S: NodeIo>(framed: &mut NodeStream<S>) -> Result<Option<NodeFrame>, FrameError> {
+    if framed.read_buffer().is_empty() {
+        return Ok(None);
+    }
+    // The codec and the buffer are both inside `framed`: lend the buffer out meanwhile.
+    let mut buffer = std::mem::take(framed.read_buffer_mut());
+    let frame = framed.codec_mut().decode(&mut buffer);
+    *framed.read_buffer_mut() = buffer;
+    frame
 }
 
 /// Moves the codec's byte counts into the transport's counters.
@@ -226,6 +259,12 @@ fn frame_error_reason(error: &FrameError) -> CloseReason {
 }
 
 /// Relays frames both ways until the connection must close; returns why.
+///
+/// The stop signals and the silence timer are futures made once and kept across
+/// iterations (polling a fresh one registers a waiter or a timer entry every time), and
+/// every frame already buffered is handled before the next `select!`, at most
+/// [`MAX_BATCH`] in a row, so a node streaming events pays the loop's cost per read, not
+/// per frame.
 async fn relay<S: NodeIo>(
     shared: &Shared,
     framed: &mut NodeStream<S>,
@@ -236,17 +275,28 @@ async fn relay<S: NodeIo>(
 ) -> CloseReason {
     let silence_limit =
         Duration::from_millis(u64::from(record.runtime.heartbeat_interval_ms)) * MISSED_HEARTBEATS;
-    let mut silent_until = Instant::now() + silence_limit;
-    let mut touched_at = Instant::now();
+    let mut last_frame = Instant::now();
+    let mut touched_at = last_frame;
+    let close_all = shared.close_all.cancelled();
+    let slow = slow_consumer.cancelled();
+    let silence = sleep_until(last_frame + silence_limit);
+    tokio::pin!(close_all, slow, silence);
     loop {
         tokio::select! {
             biased;
-            () = shared.close_all.cancelled() => return CloseReason::Shutdown,
-            () = slow_consumer.cancelled() => return CloseReason::SlowConsumer,
+            () = &mut close_all => return CloseReason::Shutdown,
+            () = &mut slow => return CloseReason::SlowConsumer,
             command = commands.recv() => {
                 let Some(command) = command else { return CloseReason::Shutdown };
                 let shutdown = matches!(command, NodeCommand::Shutdown { .. });
-                if let Err(reason) = send(framed, shared, EdgeFrame::Command(command)).await {
+                // A write to a node that does not read can take up to the write timeout; the
+                // final close of a graceful stop must not wait for it.
+                let sent = tokio::select! {
+                    biased;
+                    () = &mut close_all => return CloseReason::Shutdown,
+                    sent = send(framed, shared, EdgeFrame::Command(command)) => sent,
+                };
+                if let Err(reason) = sent {
                     return reason;
                 }
                 if shutdown {
@@ -254,7 +304,7 @@ async fn relay<S: NodeIo>(
                 }
             }
             frame = framed.next() => {
-                let frame = match frame {
+                let mut frame = match frame {
                     None => return CloseReason::Eof,
                     Some(Err(error)) => {
                         debug!(%error, "bad frame");
@@ -262,26 +312,61 @@ async fn relay<S: NodeIo>(
                     }
                     Some(Ok(frame)) => frame,
                 };
-                shared.stats.frames_in.fetch_add(1, Ordering::Relaxed);
-                count_bytes(shared, framed);
                 let now = Instant::now();
-                silent_until = now + silence_limit;
+                last_frame = now;
                 if now.duration_since(touched_at) >= TOUCH_INTERVAL {
                     touched_at = now;
                     shared.deps.registry.touch(&record.id, connection, SystemTime::now());
                 }
-                match frame {
-                    NodeFrame::Register(_) => {
-                        debug!("second register request");
-                        return CloseReason::ProtocolViolation;
+                let mut handled = 0;
+                loop {
+                    handled += 1;
+                    match frame {
+                        NodeFrame::Register(_) => {
+                            debug!("second register request");
+                            shared.stats.frames_in.fetch_add(handled as u64, Ordering::Relaxed);
+                            count_bytes(shared, framed);
+                            return CloseReason::ProtocolViolation;
+                        }
+                        NodeFrame::RunEvent(event) => {
+                            shared.deps.handler.run_event(&record.id, connection, event).await;
+                        }
+                        NodeFrame::Heartbeat { .. } | NodeFrame::Unknown => {}
                     }
-                    NodeFrame::RunEvent(event) => {
-                        shared.deps.handler.run_event(&record.id, connection, event).await;
+                    if handled == MAX_BATCH || shared.close_all.is_cancelled() {
+                        break;
                     }
-                    NodeFrame::Heartbeat { .. } | NodeFrame::Unknown => {}
+                    // Frames taken from the buffer touch no socket, which is what would
+                    // otherwise spend the task's cooperative budget: spend it here, so a
+                    // streaming node yields to the sinks' drain tasks and other nodes.
+                    tokio::task::coop::consume_budget().await;
+                    frame = match buffered_frame(framed) {
+                        Ok(Some(frame)) => frame,
+                        Ok(None) => break,
+                        Err(error) => {
+                            debug!(%error, "bad frame");
+                            shared.stats.frames_in.fetch_add(handled as u64, Ordering::Relaxed);
+                            count_bytes(shared, framed);
+                            return frame_error_reason(&error);
+                        }
+                    };
+                }
+                shared.stats.frames_in.fetch_add(handled as u64, Ordering::Relaxed);
+                count_bytes(shared, framed);
+                let buffer = framed.read_buffer();
+                if buffer.capacity() < READ_CAPACITY && (handled > 1 || !buffer.is_empty()) {
+                    // Frames come faster than one per read (several arrived, or part of the
+                    // next one did): read them in batches.
+                    framed.read_buffer_mut().reserve(READ_CAPACITY);
                 }
             }
-            () = sleep_until(silent_until) => return CloseReason::HeartbeatTimeout,
+            () = &mut silence => {
+                let deadline = last_frame + silence_limit;
+                if deadline <= Instant::now() {
+                    return CloseReason::HeartbeatTimeout;
+                }
+                silence.as_mut().reset(deadline);
+            }
         }
     }
 }

@@ -241,7 +241,10 @@ impl TcpServer {
                     control.connections.clone().spawn(async move {
                         match tls {
                             None => control.serve_stream(stream, peer).await,
-                            Some(tls) => control.serve_tls(&tls, stream, peer).await,
+                            // Boxed: the TLS state machine is several KiB, and inline it
+                            // would make every plain connection's task as large (this task
+                            // lives as long as its node stays connected).
+                            Some(tls) => Box::pin(control.serve_tls(&tls, stream, peer)).await,
                         }
                         drop(permit);
                     });

@@ -442,13 +442,10 @@ impl RunService {
         delivery.saw_output |= first_output;
         self.inner
             .metrics
-            .relayed(&run.spec, &event, run.accepted_at.elapsed(), first_output);
+            .relayed(&run.spec, &event, run.accepted_at, first_output);
         self.inner.sink.publish(Arc::clone(&event));
         if let Some(caller) = &delivery.caller
-            && caller
-                .send_timeout(Arc::clone(&event), CALLER_STALL_TIMEOUT)
-                .await
-                .is_err()
+            && send_to_caller(caller, Arc::clone(&event)).await.is_err()
         {
             if !caller.is_closed() {
                 warn!(run_id = %run.id, "the caller stopped reading this run's events; no longer sending them");
@@ -509,10 +506,7 @@ impl RunService {
         node: &NodeId,
         connection: ConnectionId,
     ) -> Option<Arc<Run>> {
-        let run = lock(&self.inner.table)
-            .runs
-            .get(&RunId::new(run_id))
-            .cloned()?;
+        let run = lock(&self.inner.table).runs.get(run_id).cloned()?;
         match run.placement() {
             Placement::Dispatched {
                 node: n,
@@ -520,6 +514,22 @@ impl RunService {
             } if &n == node && c == connection => Some(run),
             _ => None,
         }
+    }
+}
+
+/// Hands `event` to the caller, waiting up to [`CALLER_STALL_TIMEOUT`] while its buffer is
+/// full. Room in the buffer is the common case, and it costs no timer.
+async fn send_to_caller(
+    caller: &mpsc::Sender<Arc<RunEvent>>,
+    event: Arc<RunEvent>,
+) -> Result<(), ()> {
+    match caller.try_send(event) {
+        Ok(()) => Ok(()),
+        Err(mpsc::error::TrySendError::Full(event)) => caller
+            .send_timeout(event, CALLER_STALL_TIMEOUT)
+            .await
+            .map_err(|_| ()),
+        Err(mpsc::error::TrySendError::Closed(_)) => Err(()),
     }
 }
 

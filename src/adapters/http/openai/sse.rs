@@ -26,6 +26,7 @@ pub(super) fn respond(run: ActiveRun, reply: Reply, first: Step) -> Response {
         reply,
         pending: VecDeque::new(),
         done: false,
+        text_chunk: None,
     };
     stream.push(Piece::Start);
     stream.absorb(first);
@@ -60,19 +61,41 @@ struct Stream {
     pending: VecDeque<Event>,
     /// The run has ended; send what is pending, then end.
     done: bool,
+    /// The text chunks' JSON around their text, made at the first text chunk.
+    text_chunk: Option<TextChunk>,
 }
 
 impl Stream {
     fn push(&mut self, piece: Piece<'_>) {
-        if let Some(chunk) = self.reply.chunk(piece) {
-            self.pending
-                .push_back(Event::default().data(chunk.to_string()));
+        // `serde_json::to_string` writes the same bytes as `Value`'s `Display`, without
+        // going through `fmt` for every token.
+        if let Some(data) = self
+            .reply
+            .chunk(piece)
+            .and_then(|chunk| serde_json::to_string(&chunk).ok())
+        {
+            self.pending.push_back(Event::default().data(data));
+        }
+    }
+
+    /// A text chunk: the cached JSON around the text, with the text's JSON string between.
+    fn push_text(&mut self, text: &str) {
+        if self.text_chunk.is_none() {
+            self.text_chunk = TextChunk::new(&self.reply);
+        }
+        match self
+            .text_chunk
+            .as_ref()
+            .and_then(|chunk| chunk.render(text))
+        {
+            Some(data) => self.pending.push_back(Event::default().data(data)),
+            None => self.push(Piece::Text(text)),
         }
     }
 
     fn absorb(&mut self, step: Step) {
         match step {
-            Step::Output(text) => self.push(Piece::Text(&text)),
+            Step::Output(text) => self.push_text(&text),
             Step::End(Ok(finished)) => {
                 self.push(Piece::Finish(&finished.finish_reason));
                 if self.reply.include_usage {
@@ -85,6 +108,78 @@ impl Stream {
                 self.pending
                     .push_back(Event::default().data(error.to_json()));
                 self.done = true;
+            }
+        }
+    }
+}
+
+/// A text chunk's JSON on either side of its text: every text chunk of a stream has the same
+/// envelope (id, created, model, ...), so it is serialized once, with a placeholder text,
+/// and each chunk is the two halves around the JSON string of its own text — byte for byte
+/// what serializing the whole chunk gives, without building a `serde_json::Value` tree per
+/// chunk (which cost more than everything else the edge does per streamed token).
+struct TextChunk {
+    before: String,
+    after: String,
+}
+
+/// Text no model output is: it holds NUL characters, which `\u0000` escapes in JSON.
+const PLACEHOLDER: &str = "\u{0}edge-text-placeholder\u{0}";
+
+impl TextChunk {
+    /// The halves around a text chunk's text, or `None` when they cannot be told apart
+    /// (then every chunk is serialized whole).
+    fn new(reply: &Reply) -> Option<Self> {
+        let chunk = serde_json::to_string(&reply.chunk(Piece::Text(PLACEHOLDER))?).ok()?;
+        let quoted = serde_json::to_string(PLACEHOLDER).ok()?;
+        let (before, after) = chunk.split_once(&quoted)?;
+        if after.contains(&quoted) {
+            return None;
+        }
+        Some(Self {
+            before: before.to_owned(),
+            after: after.to_owned(),
+        })
+    }
+
+    /// The chunk for `text`.
+    fn render(&self, text: &str) -> Option<String> {
+        let quoted = serde_json::to_string(text).ok()?;
+        let mut chunk = String::with_capacity(self.before.len() + quoted.len() + self.after.len());
+        chunk.push_str(&self.before);
+        chunk.push_str(&quoted);
+        chunk.push_str(&self.after);
+        Some(chunk)
+    }
+}
+
+#[cfg(test)]
+mod text_chunk_tests {
+    use super::*;
+    use crate::adapters::http::openai::request::Endpoint;
+    use crate::domain::RunId;
+
+    #[test]
+    fn a_rendered_text_chunk_is_the_serialized_chunk() {
+        for endpoint in [Endpoint::Chat, Endpoint::Completion] {
+            for include_usage in [false, true] {
+                // A model named like the placeholder: the halves cannot be told apart.
+                let reply = Reply::new(
+                    endpoint,
+                    &RunId::new("run-1"),
+                    PLACEHOLDER.to_owned(),
+                    include_usage,
+                );
+                assert!(TextChunk::new(&reply).is_none());
+                let model = "echo/\"quoted\"".to_owned();
+                let reply = Reply::new(endpoint, &RunId::new("run-1"), model, include_usage);
+                let chunk = TextChunk::new(&reply).unwrap();
+                for text in ["hello ", "", "a\"b\\c\nd\u{1}é✓"] {
+                    assert_eq!(
+                        chunk.render(text).unwrap(),
+                        reply.chunk(Piece::Text(text)).unwrap().to_string()
+                    );
+                }
             }
         }
     }
