@@ -11,7 +11,7 @@ mod mock_node;
 
 use std::time::Duration;
 
-use common::{TWO_NODES, TestApp, spawn_app};
+use common::{TWO_NODES, TestApp, eventually, spawn_app};
 use edge::ports::{NodeCommand, RunAssignment};
 use futures::StreamExt;
 use mock_node::{Behaviour, MockNode, MockOptions};
@@ -179,28 +179,6 @@ fn cancels_sent(node: &MockNode) -> Vec<(String, String)> {
         .collect()
 }
 
-/// Polls `condition` until it holds; panics with `what` if it never does.
-async fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    while !condition() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting until {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
-
-/// Waits until the edge has no open run and no connected node counts an active one.
-async fn assert_settled(app: &TestApp) {
-    let runs = &app.parts.runs;
-    let registry = &app.parts.registry;
-    eventually("every run is closed and every node idle", || {
-        runs.open_runs() == 0 && registry.snapshot().iter().all(|n| n.active_runs == 0)
-    })
-    .await;
-}
-
 /// The ids of `GET /v1/models`.
 async fn model_ids(app: &TestApp) -> Vec<String> {
     let response = get(app, "/v1/models").await;
@@ -334,7 +312,7 @@ async fn chat_completion_answers_with_the_whole_completion() {
     assert_eq!(input["temperature"], 0.5);
     assert_eq!(input["messages"], body["messages"]);
 
-    assert_settled(&app).await;
+    app.assert_settled().await;
     node_a.kill();
     app.stop().await;
 }
@@ -377,7 +355,7 @@ async fn chat_completion_streams_chunks_ending_with_done() {
             .all(|c| c["choices"][0]["finish_reason"].is_null())
     );
 
-    assert_settled(&app).await;
+    app.assert_settled().await;
     node_a.kill();
     app.stop().await;
 }
@@ -410,7 +388,7 @@ async fn include_usage_ends_the_stream_with_a_usage_chunk() {
     assert_eq!(rest.last().unwrap()["choices"][0]["finish_reason"], "stop");
     assert_eq!(chat_text(rest), "a b c");
 
-    assert_settled(&app).await;
+    app.assert_settled().await;
     node_a.kill();
     app.stop().await;
 }
@@ -451,7 +429,7 @@ async fn completions_answer_whole_and_streamed() {
     assert!(rest.iter().all(|c| c["object"] == "text_completion"));
     assert_eq!(rest.last().unwrap()["choices"][0]["finish_reason"], "stop");
 
-    assert_settled(&app).await;
+    app.assert_settled().await;
     node_a.kill();
     app.stop().await;
 }
@@ -491,7 +469,7 @@ async fn an_alias_routes_to_its_adapter_and_target() {
             .all(|r| r.adapter.as_str() == "echo" && r.target.as_str() == "fast")
     );
 
-    assert_settled(&app).await;
+    app.assert_settled().await;
     node_a.kill();
     node_b.kill();
     app.stop().await;
@@ -610,7 +588,7 @@ async fn api_keys_are_required_when_configured_and_ops_endpoints_stay_open() {
     for path in ["/healthz", "/readyz", "/metrics"] {
         assert_eq!(get(&app, path).await.status(), StatusCode::OK, "{path}");
     }
-    assert_settled(&app).await;
+    app.assert_settled().await;
     node_a.kill();
     app.stop().await;
 }
@@ -665,7 +643,7 @@ async fn an_oversized_body_is_413() {
     assert_eq!(fits.status(), StatusCode::OK);
 
     assert_eq!(runs_sent(&node_a).len(), 1);
-    assert_settled(&app).await;
+    app.assert_settled().await;
     node_a.kill();
     app.stop().await;
 }
@@ -716,7 +694,7 @@ async fn a_full_queue_is_429_with_retry_after() {
     for request in waiting {
         request.abort();
     }
-    assert_settled(&app).await;
+    app.assert_settled().await;
     assert_eq!(
         cancels_sent(&node_a).len(),
         2,
@@ -751,7 +729,7 @@ async fn an_expired_queue_wait_is_503_with_retry_after() {
     for request in holding {
         request.abort();
     }
-    assert_settled(&app).await;
+    app.assert_settled().await;
     node_a.kill();
     app.stop().await;
 }
@@ -804,7 +782,7 @@ async fn a_missed_deadline_is_504_and_the_header_is_capped() {
         .expect("request");
     assert_error_status(bad, StatusCode::BAD_REQUEST).await;
 
-    assert_settled(&app).await;
+    app.assert_settled().await;
     node_a.kill();
     app.stop().await;
 }
@@ -832,7 +810,7 @@ async fn a_node_failure_before_streaming_is_502() {
     )
     .await;
     assert_eq!(error["type"], "server_error");
-    assert_settled(&app).await;
+    app.assert_settled().await;
     failing.kill();
     app.wait_for_nodes(0).await;
 
@@ -852,7 +830,7 @@ async fn a_node_failure_before_streaming_is_502() {
     let response = request.await.expect("task").expect("request");
     assert_error(response, StatusCode::BAD_GATEWAY, "node_disconnected").await;
 
-    assert_settled(&app).await;
+    app.assert_settled().await;
     app.stop().await;
 }
 
@@ -883,7 +861,7 @@ async fn a_node_failure_after_streaming_began_is_an_error_chunk() {
         assert!(error["error"].get("param").is_some());
     }
 
-    assert_settled(&app).await;
+    app.assert_settled().await;
     failing.kill();
     app.stop().await;
 }
@@ -930,7 +908,7 @@ async fn a_client_disconnecting_mid_stream_cancels_the_run() {
         cancels_sent(&slow),
         [(run_id, "client disconnected".to_owned())]
     );
-    assert_settled(&app).await;
+    app.assert_settled().await;
     slow.kill();
     app.stop().await;
 }
@@ -961,7 +939,7 @@ async fn a_client_giving_up_on_a_whole_answer_cancels_the_run() {
         cancels_sent(&hanging),
         [(run_id, "client disconnected".to_owned())]
     );
-    assert_settled(&app).await;
+    app.assert_settled().await;
     hanging.kill();
     app.stop().await;
 }

@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::{TWO_NODES, TestApp, spawn_app};
+use common::{TWO_NODES, TestApp, eventually, spawn_app};
 use edge::app::{RunHandle, StartError};
 use edge::client::{ClientError, NodeClient, ReceivedEdgeFrame, Registration};
 use edge::domain::{
@@ -189,18 +189,6 @@ async fn within<F: Future>(future: F) -> F::Output {
         .expect("the step did not finish in time")
 }
 
-/// Polls `condition` until it holds; panics with `what` if it never does.
-async fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    while !condition() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting until {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
-
 /// Asserts the edge closed `client`'s connection (EOF or a reset), after any commands it
 /// had already queued.
 async fn assert_closed_by_edge(client: &mut NodeClient) {
@@ -213,17 +201,6 @@ async fn assert_closed_by_edge(client: &mut NodeClient) {
             other => panic!("expected the edge to close the connection, got {other:?}"),
         }
     }
-}
-
-/// Waits until the edge has no open run and no connected node counts an active one.
-async fn assert_settled(app: &TestApp) {
-    let runs = &app.parts.runs;
-    let registry = &app.parts.registry;
-    eventually("every run is closed and every node idle", || {
-        runs.open_runs() == 0 && registry.snapshot().iter().all(|n| n.active_runs == 0)
-    })
-    .await;
-    assert_eq!(runs.queued_runs(), 0);
 }
 
 /// The events the file sink wrote to `path`, one JSON object per line.
@@ -480,7 +457,7 @@ async fn a_node_killed_mid_stream_fails_its_runs_and_the_other_node_streams_on()
     // The node comes back and serves again.
     let _a = mock(app.node_addr, "token-a", Duration::ZERO, Behaviour::Echo).await;
     completes_on(&app, "node-a", "back again").await;
-    assert_settled(&app).await;
+    app.assert_settled().await;
     app.stop().await;
 
     // The sink recorded the killed run's one terminal event, and it was the edge's.
@@ -540,7 +517,7 @@ async fn a_half_open_node_is_evicted_by_the_heartbeat_timeout_and_its_run_fails(
 
     // Seen from the node: the edge closed the connection.
     assert_closed_by_edge(&mut half_open).await;
-    assert_settled(&app).await;
+    app.assert_settled().await;
     app.stop().await;
 }
 
@@ -638,7 +615,7 @@ async fn a_node_that_stops_reading_is_closed_as_a_slow_consumer_with_bounded_mem
 
     completes_on(&app, "node-b", "unaffected by the slow one").await;
     drop(not_reading);
-    assert_settled(&app).await;
+    app.assert_settled().await;
     app.stop().await;
 }
 
@@ -745,7 +722,7 @@ async fn garbage_after_a_valid_registration_closes_that_node_and_fails_only_its_
     // node-a may come back.
     let _a = mock(app.node_addr, "token-a", Duration::ZERO, Behaviour::Echo).await;
     completes_on(&app, "node-a", "registered again").await;
-    assert_settled(&app).await;
+    app.assert_settled().await;
     app.stop().await;
 }
 
@@ -814,7 +791,7 @@ async fn a_thousand_bad_tokens_are_refused_while_valid_nodes_keep_registering() 
         stats.connections_open.load(Relaxed) == 0
     })
     .await;
-    assert_settled(&app).await;
+    app.assert_settled().await;
     app.stop().await;
 }
 
@@ -853,7 +830,7 @@ async fn a_file_sink_on_a_full_disk_counts_write_errors_while_runs_complete() {
     assert!(health.status().is_success());
     assert_eq!(app.parts.registry.len(), 2);
     completes_on(&app, "node-a", "and one more").await;
-    assert_settled(&app).await;
+    app.assert_settled().await;
     app.stop().await;
 }
 

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use common::{TWO_NODES, TestApp, spawn_app};
+use common::{TWO_NODES, TestApp, eventually, spawn_app};
 use edge::client::{
     ClientError, NodeClient, NodeFrame, ReceivedAdapter, ReceivedConfig, ReceivedEdgeFrame,
     RegisterOutcome, Registration,
@@ -109,18 +109,6 @@ async fn within<F: Future>(future: F) -> F::Output {
     tokio::time::timeout(PATIENCE, future)
         .await
         .expect("the edge did not answer in time")
-}
-
-/// Polls `condition` with short waits until it holds, failing after a bounded number of
-/// tries. Used for effects the edge applies asynchronously (a node leaving the registry).
-async fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
-    for _ in 0..1_000 {
-        if condition() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("timed out waiting until {what}");
 }
 
 /// Asserts that `outcome` refuses the registration for `reason`.

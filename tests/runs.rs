@@ -15,7 +15,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::{TWO_NODES, TestApp, spawn_app};
+use common::{TWO_NODES, TestApp, eventually, spawn_app};
 use edge::app::{RunHandle, StartError};
 use edge::domain::{
     AdapterName, EventOrigin, NodeSelector, RunEvent, RunEventKind, RunId, RunSpec, SelectError,
@@ -163,29 +163,6 @@ fn cancels_sent(node: &MockNode) -> Vec<RunId> {
         .collect()
 }
 
-/// Polls `condition` until it holds; panics with `what` if it never does.
-async fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    while !condition() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting until {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
-
-/// Waits until the edge has no open run and no connected node counts an active one.
-async fn assert_settled(app: &TestApp) {
-    let runs = &app.parts.runs;
-    let registry = &app.parts.registry;
-    eventually("every run is closed and every node idle", || {
-        runs.open_runs() == 0 && registry.snapshot().iter().all(|n| n.active_runs == 0)
-    })
-    .await;
-    assert_eq!(runs.queued_runs(), 0);
-}
-
 /// An edge config with `TWO_NODES` plus `extra` sections.
 fn config(extra: &str) -> String {
     format!("{TWO_NODES}\n{extra}\n")
@@ -293,7 +270,7 @@ async fn a_run_streams_every_delta_in_order_to_the_caller_and_the_file_sink() {
         "{last:?}"
     );
 
-    assert_settled(&app).await;
+    app.assert_settled().await;
     app.stop().await;
     let lines = json_lines(&path);
     assert_file_matches(&lines_of(&lines, &handle.run_id), &events);
@@ -345,7 +322,7 @@ async fn two_nodes_share_the_load() {
     }
     ended_on.sort();
     assert_eq!(ended_on, ["node-a", "node-b"]);
-    assert_settled(&app).await;
+    app.assert_settled().await;
     app.stop().await;
 }
 
@@ -387,7 +364,7 @@ async fn pinning_by_alias_and_by_id_picks_that_node() {
         app.parts.runs.start(pinned("gpu-z", "x", "echo")),
         Err(StartError::NoNode(SelectError::PinnedNodeNotConnected { pin })) if pin == "gpu-z"
     ));
-    assert_settled(&app).await;
+    app.assert_settled().await;
     app.stop().await;
 }
 
@@ -431,7 +408,7 @@ async fn busy_nodes_queue_runs_and_dispatch_them_when_a_slot_frees() {
         assert_eq!(last.origin, EventOrigin::Node);
         assert_eq!(node_of(last), "node-a");
     }
-    assert_settled(&app).await;
+    app.assert_settled().await;
     app.stop().await;
 }
 
@@ -467,7 +444,7 @@ async fn a_short_run_ending_frees_its_slot_for_a_queued_one() {
 
     assert!(app.parts.runs.cancel(&hanging.run_id, "test over").await);
     rest(&mut hanging).await;
-    assert_settled(&app).await;
+    app.assert_settled().await;
     app.stop().await;
 }
 
@@ -516,7 +493,7 @@ async fn a_full_queue_refuses_and_an_unserved_target_fails_at_once() {
             RunEventKind::Cancelled { .. }
         ));
     }
-    assert_settled(&app).await;
+    app.assert_settled().await;
     app.stop().await;
 }
 
@@ -527,7 +504,7 @@ async fn an_unserved_target_is_refused_even_with_no_node_connected() {
         app.parts.runs.start(spec("default", "x", "echo")),
         Err(StartError::NoNode(SelectError::NoNodeServes { .. }))
     ));
-    assert_settled(&app).await;
+    app.assert_settled().await;
     app.stop().await;
 }
 
@@ -554,7 +531,7 @@ async fn a_queued_run_whose_wait_expires_fails_with_queue_timeout() {
         assert!(app.parts.runs.cancel(&handle.run_id, "test over").await);
         rest(handle).await;
     }
-    assert_settled(&app).await;
+    app.assert_settled().await;
     app.stop().await;
 }
 
@@ -598,7 +575,7 @@ async fn killing_a_node_mid_stream_fails_every_run_it_held() {
         );
     }
     eventually("node-a left the registry", || app.parts.registry.is_empty()).await;
-    assert_settled(&app).await;
+    app.assert_settled().await;
     app.stop().await;
 }
 
@@ -635,7 +612,7 @@ async fn a_caller_cancel_mid_stream_reaches_the_node_which_ends_the_run() {
     // A second cancel of an ended run says it was not open.
     assert!(!app.parts.runs.cancel(&handle.run_id, "again").await);
     assert!(!app.parts.runs.cancel(&RunId::new("no-such-run"), "x").await);
-    assert_settled(&app).await;
+    app.assert_settled().await;
     app.stop().await;
 }
 
@@ -661,7 +638,7 @@ async fn a_node_that_ignores_a_cancel_gets_the_edges_cancelled_after_the_grace()
         "{last:?}"
     );
     assert!(cancels_sent(&a).contains(&handle.run_id));
-    assert_settled(&app).await;
+    app.assert_settled().await;
     // The node keeps streaming into the void: those events are dropped, not relayed.
     eventually("late events are dropped", || {
         let stats = app.parts.runs.stats();
@@ -670,7 +647,7 @@ async fn a_node_that_ignores_a_cancel_gets_the_edges_cancelled_after_the_grace()
         dropped > 0
     })
     .await;
-    assert_settled(&app).await;
+    app.assert_settled().await;
     app.stop().await;
 }
 
@@ -702,7 +679,7 @@ async fn a_missed_deadline_fails_the_run_and_cancels_it_on_the_node() {
         (1..=200).contains(&deadline_ms),
         "deadline_ms {deadline_ms}"
     );
-    assert_settled(&app).await;
+    app.assert_settled().await;
     app.stop().await;
 }
 
@@ -784,7 +761,7 @@ async fn the_file_sink_writes_json_lines_and_recovers_when_its_directory_returns
     std::fs::create_dir(&sub).expect("recreate the events directory");
     let (after, after_events) = echo_run(&app, "written after recovery").await;
     assert_eq!(app.parts.registry.len(), 1, "node-a stayed connected");
-    assert_settled(&app).await;
+    app.assert_settled().await;
     app.stop().await;
 
     let lines = json_lines(&path);
@@ -807,7 +784,7 @@ async fn swapping_the_sink_by_config_changes_where_events_go() {
         let _a = node(&app, "token-a", Duration::ZERO, Behaviour::Echo).await;
 
         let (run_id, events) = echo_run(&app, "where do I go").await;
-        assert_settled(&app).await;
+        app.assert_settled().await;
         app.stop().await;
 
         if sinks.contains(&"file") {

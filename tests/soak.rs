@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::{TestApp, spawn_app};
+use common::{TestApp, eventually, spawn_app};
 use edge::app::{RunHandle, RunService, StartError};
 use edge::domain::{
     AdapterName, NodeSelector, RegisterRejection, RunEvent, RunEventKind, RunSpec, Target,
@@ -363,18 +363,6 @@ fn json_lines(path: &Path) -> Vec<Value> {
         .lines()
         .map(|line| serde_json::from_str(line).expect("a JSON line"))
         .collect()
-}
-
-/// Polls `condition` until it holds; panics with `what` if it never does.
-async fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    while !condition() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting until {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -78,17 +78,44 @@ impl TestApp {
             .expect("clean stop");
     }
 
-    /// Waits until `count` nodes are registered (registration completes asynchronously
-    /// with respect to the client reading its response).
+    /// Waits until `count` nodes are registered.
     pub async fn wait_for_nodes(&self, count: usize) {
-        for _ in 0..2_000 {
-            if self.parts.registry.len() == count {
-                return;
-            }
-            tokio::task::yield_now().await;
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
-        panic!("expected {count} nodes, have {}", self.parts.registry.len());
+        let registry = &self.parts.registry;
+        eventually(&format!("{count} nodes are registered"), || {
+            registry.len() == count
+        })
+        .await;
+    }
+
+    /// Waits until the edge has no open or queued run and no connected node counts an
+    /// active one.
+    pub async fn assert_settled(&self) {
+        let runs = &self.parts.runs;
+        let registry = &self.parts.registry;
+        eventually("every run is closed and every node idle", || {
+            runs.open_runs() == 0
+                && runs.queued_runs() == 0
+                && registry.snapshot().iter().all(|n| n.active_runs == 0)
+        })
+        .await;
+    }
+}
+
+/// The longest the harness waits for an asynchronous effect before failing the test. A
+/// bound against hangs, never a timing assertion.
+pub const PATIENCE: Duration = Duration::from_secs(15);
+
+/// Polls `condition` with short waits until it holds; panics naming `what` if it still
+/// does not after [`PATIENCE`]. For effects the edge applies asynchronously (a node
+/// leaving the registry, a run being retired).
+pub async fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while !condition() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting until {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
 

@@ -1,0 +1,141 @@
+//! Smoke runs of the load generator (`examples/loadgen`): every scenario, with tiny
+//! parameters, must complete and print its report line. Nothing here measures anything
+//! (figures are for `docs/benchmarks.md`, from release builds on a quiet machine).
+//!
+//! Cargo builds the examples before it runs integration tests; the binary sits beside this
+//! test's directory, in `target/<profile>/examples/loadgen`.
+
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// The longest a smoke run may take before it counts as hung.
+const LIMIT: Duration = Duration::from_secs(180);
+
+fn loadgen() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test's own path");
+    // target/<profile>/deps/loadgen_smoke-<hash> -> target/<profile>/examples/loadgen
+    let profile = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("target/<profile>");
+    let binary = profile.join("examples").join("loadgen");
+    assert!(
+        binary.is_file(),
+        "{} is missing: cargo builds examples before integration tests",
+        binary.display()
+    );
+    binary
+}
+
+/// Runs `loadgen ARGS` to its end (killing it after [`LIMIT`]).
+fn run(args: &[&str]) -> Output {
+    let mut child = Command::new(loadgen())
+        .args(["--edge-log-level", "warn"])
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start loadgen");
+    let started = Instant::now();
+    loop {
+        if child.try_wait().expect("wait for loadgen").is_some() {
+            break;
+        }
+        if started.elapsed() > LIMIT {
+            // Only the child this test started.
+            let _ = child.kill();
+            let output = child.wait_with_output().expect("collect loadgen");
+            panic!(
+                "loadgen {args:?} hung; stderr:\n{}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    child.wait_with_output().expect("collect loadgen")
+}
+
+/// Asserts a clean exit and a report line for `scenario` naming `case`; returns stdout.
+fn assert_reported(output: &Output, scenario: &str, case: &str) -> String {
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "loadgen {scenario} failed ({}):\nstdout:\n{stdout}\nstderr:\n{stderr}",
+        output.status
+    );
+    let prefix = format!("loadgen {scenario}: median of 1 {case}");
+    assert!(
+        stdout.lines().any(|line| line.starts_with(&prefix)),
+        "no `{prefix}` line:\n{stdout}\nstderr:\n{stderr}"
+    );
+    stdout
+}
+
+#[test]
+fn register_reports_rate_latency_and_rss() {
+    let output = run(&[
+        "register",
+        "--nodes=20",
+        "--concurrency=4",
+        "--settle-ms=50",
+        &format!("--edge-bin={}", env!("CARGO_BIN_EXE_edge")),
+    ]);
+    let stdout = assert_reported(&output, "register", "nodes=20 edge=process");
+    assert!(stdout.contains("registrations_per_s="), "{stdout}");
+    assert!(stdout.contains("rss_per_node_bytes="), "{stdout}");
+}
+
+#[test]
+fn relay_reports_every_sink_kind() {
+    let output = run(&[
+        "relay",
+        "--nodes=2",
+        "--events=4",
+        "--duration-ms=200",
+        "--warmup-ms=50",
+        "--sinks=null,file,stdout",
+    ]);
+    for sink in ["null", "file", "stdout"] {
+        let stdout = assert_reported(&output, "relay", &format!("sink={sink}"));
+        assert!(stdout.contains("sink_events_per_s="), "{stdout}");
+    }
+}
+
+#[test]
+fn runs_reports_added_latency() {
+    let output = run(&["runs", "--duration-ms=200", "--warmup-ms=50"]);
+    let stdout = assert_reported(&output, "runs", "concurrency=1 events=0");
+    assert!(stdout.contains("added_p99_us="), "{stdout}");
+}
+
+#[test]
+fn api_reports_both_modes_next_to_the_baseline() {
+    let output = run(&[
+        "api",
+        "--concurrency=1,2",
+        "--nodes=1",
+        "--duration-ms=200",
+        "--warmup-ms=50",
+    ]);
+    for case in ["mode=stream c=1", "mode=stream c=2", "mode=full c=2"] {
+        let stdout = assert_reported(&output, "api", case);
+        assert!(stdout.contains("ratio="), "{stdout}");
+    }
+}
+
+#[test]
+fn api_works_with_the_full_mock_node() {
+    let output = run(&[
+        "api",
+        "--node=mock",
+        "--concurrency=1",
+        "--modes=stream",
+        "--nodes=1",
+        "--duration-ms=200",
+        "--warmup-ms=50",
+    ]);
+    assert_reported(&output, "api", "mode=stream c=1");
+}
