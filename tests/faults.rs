@@ -22,12 +22,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
+use common::runs::{failure_code, next_event, only_terminal, rest, start, words};
 use common::{TWO_NODES, TestApp, eventually, spawn_app};
 use edge::app::{RunHandle, StartError};
 use edge::client::{ClientError, NodeClient, ReceivedEdgeFrame, Registration};
 use edge::domain::{
-    AdapterName, EventOrigin, NodeSelector, RegisterRejection, RunEvent, RunEventKind, RunId,
-    RunSpec, Target,
+    AdapterName, EventOrigin, NodeSelector, RegisterRejection, RunEvent, RunEventKind, RunSpec,
+    Target,
 };
 use edge::ports::{CloseReason, NodeCommand};
 use futures::StreamExt;
@@ -57,68 +58,6 @@ fn pinned(pin: &str, input: impl Into<Bytes>, mock: &str) -> RunSpec {
         content_type: "text/plain; charset=utf-8".into(),
         params: BTreeMap::from([("mock".to_owned(), mock.to_owned())]),
         deadline: None,
-    }
-}
-
-/// `count` words, for runs that should stream for a while.
-fn words(count: usize) -> String {
-    (0..count)
-        .map(|i| format!("w{i}"))
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
-/// Starts a run that must be accepted.
-fn start(app: &TestApp, spec: RunSpec) -> RunHandle {
-    app.parts.runs.start(spec).expect("run accepted")
-}
-
-/// The next event of a run.
-async fn next_event(handle: &mut RunHandle) -> Arc<RunEvent> {
-    tokio::time::timeout(PATIENCE, handle.events.recv())
-        .await
-        .unwrap_or_else(|_| panic!("run {} sent no event in time", handle.run_id))
-        .unwrap_or_else(|| panic!("run {} ended its stream early", handle.run_id))
-}
-
-/// Every remaining event of a run, until its stream ends.
-async fn rest(handle: &mut RunHandle) -> Vec<Arc<RunEvent>> {
-    let mut events = Vec::new();
-    loop {
-        match tokio::time::timeout(PATIENCE, handle.events.recv()).await {
-            Ok(Some(event)) => events.push(event),
-            Ok(None) => return events,
-            Err(_) => panic!(
-                "run {} did not end in time; so far {events:#?}",
-                handle.run_id
-            ),
-        }
-    }
-}
-
-/// Checks that `events` end in exactly one terminal event, all for `run_id`, with growing
-/// `seq`, and returns that terminal event.
-fn only_terminal<'a>(run_id: &RunId, events: &'a [Arc<RunEvent>]) -> &'a RunEvent {
-    assert!(events.iter().all(|e| &e.run_id == run_id), "{events:#?}");
-    let terminals = events.iter().filter(|e| e.kind.is_terminal()).count();
-    assert_eq!(terminals, 1, "expected one terminal event: {events:#?}");
-    let last = events.last().expect("at least the terminal event");
-    assert!(
-        last.kind.is_terminal(),
-        "terminal must be last: {events:#?}"
-    );
-    assert!(
-        events.windows(2).all(|w| w[0].seq < w[1].seq),
-        "seq must grow: {events:#?}"
-    );
-    last
-}
-
-/// The `failed` code of a terminal event.
-fn failure_code(event: &RunEvent) -> &str {
-    match &event.kind {
-        RunEventKind::Failed { code, .. } => code,
-        other => panic!("expected failed, got {other:?}"),
     }
 }
 

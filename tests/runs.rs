@@ -15,8 +15,9 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 use bytes::Bytes;
+use common::runs::{failure_code, next_event, only_terminal, rest, start, words};
 use common::{TWO_NODES, TestApp, eventually, spawn_app};
-use edge::app::{RunHandle, StartError};
+use edge::app::StartError;
 use edge::domain::{
     AdapterName, EventOrigin, NodeSelector, RunEvent, RunEventKind, RunId, RunSpec, SelectError,
     Target,
@@ -53,14 +54,6 @@ fn pinned(pin: &str, input: &str, mock: &str) -> RunSpec {
     spec
 }
 
-/// `count` words, for runs that should stream for a while.
-fn words(count: usize) -> String {
-    (0..count)
-        .map(|i| format!("w{i}"))
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
 /// Starts a mock node for `token` whose runs pause `delay` between words.
 async fn node(app: &TestApp, token: &str, delay: Duration, behaviour: Behaviour) -> MockNode {
     let options = MockOptions {
@@ -71,58 +64,6 @@ async fn node(app: &TestApp, token: &str, delay: Duration, behaviour: Behaviour)
     MockNode::start(app.node_addr, options)
         .await
         .expect("mock node registers")
-}
-
-/// Starts a run that must be accepted.
-fn start(app: &TestApp, spec: RunSpec) -> RunHandle {
-    app.parts.runs.start(spec).expect("run accepted")
-}
-
-/// The next event of a run.
-async fn next_event(handle: &mut RunHandle) -> Arc<RunEvent> {
-    tokio::time::timeout(PATIENCE, handle.events.recv())
-        .await
-        .unwrap_or_else(|_| panic!("run {} sent no event in time", handle.run_id))
-        .unwrap_or_else(|| panic!("run {} ended its stream early", handle.run_id))
-}
-
-/// Every remaining event of a run, until its stream ends.
-async fn rest(handle: &mut RunHandle) -> Vec<Arc<RunEvent>> {
-    let mut events = Vec::new();
-    loop {
-        match tokio::time::timeout(PATIENCE, handle.events.recv()).await {
-            Ok(Some(event)) => events.push(event),
-            Ok(None) => return events,
-            Err(_) => panic!(
-                "run {} did not end in time; so far {events:#?}",
-                handle.run_id
-            ),
-        }
-    }
-}
-
-/// Checks that `events` end in exactly one terminal event, all for `run_id`, and returns it.
-fn only_terminal<'a>(run_id: &RunId, events: &'a [Arc<RunEvent>]) -> &'a RunEvent {
-    assert!(events.iter().all(|e| &e.run_id == run_id), "{events:#?}");
-    let terminals = events.iter().filter(|e| e.kind.is_terminal()).count();
-    assert_eq!(
-        terminals, 1,
-        "expected exactly one terminal event: {events:#?}"
-    );
-    let last = events.last().expect("at least the terminal event");
-    assert!(
-        last.kind.is_terminal(),
-        "the terminal event must be last: {events:#?}"
-    );
-    last
-}
-
-/// The `failed` code of a terminal event.
-fn failure_code(event: &RunEvent) -> &str {
-    match &event.kind {
-        RunEventKind::Failed { code, .. } => code,
-        other => panic!("expected failed, got {other:?}"),
-    }
 }
 
 /// The output texts of `events`, in order.

@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod python;
+pub mod runs;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

@@ -1,0 +1,70 @@
+//! Helpers for following runs through the run service in tests.
+
+use std::sync::Arc;
+
+use edge::app::RunHandle;
+use edge::domain::{RunEvent, RunEventKind, RunId, RunSpec};
+
+use super::{PATIENCE, TestApp};
+
+/// `count` words, for runs that should stream for a while.
+pub fn words(count: usize) -> String {
+    (0..count)
+        .map(|i| format!("w{i}"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Starts a run that must be accepted.
+pub fn start(app: &TestApp, spec: RunSpec) -> RunHandle {
+    app.parts.runs.start(spec).expect("run accepted")
+}
+
+/// The next event of a run.
+pub async fn next_event(handle: &mut RunHandle) -> Arc<RunEvent> {
+    tokio::time::timeout(PATIENCE, handle.events.recv())
+        .await
+        .unwrap_or_else(|_| panic!("run {} sent no event in time", handle.run_id))
+        .unwrap_or_else(|| panic!("run {} ended its stream early", handle.run_id))
+}
+
+/// Every remaining event of a run, until its stream ends.
+pub async fn rest(handle: &mut RunHandle) -> Vec<Arc<RunEvent>> {
+    let mut events = Vec::new();
+    loop {
+        match tokio::time::timeout(PATIENCE, handle.events.recv()).await {
+            Ok(Some(event)) => events.push(event),
+            Ok(None) => return events,
+            Err(_) => panic!(
+                "run {} did not end in time; so far {events:#?}",
+                handle.run_id
+            ),
+        }
+    }
+}
+
+/// Checks that `events` end in exactly one terminal event, all for `run_id`, with growing
+/// `seq`, and returns that terminal event.
+pub fn only_terminal<'a>(run_id: &RunId, events: &'a [Arc<RunEvent>]) -> &'a RunEvent {
+    assert!(events.iter().all(|e| &e.run_id == run_id), "{events:#?}");
+    let terminals = events.iter().filter(|e| e.kind.is_terminal()).count();
+    assert_eq!(terminals, 1, "expected one terminal event: {events:#?}");
+    let last = events.last().expect("at least the terminal event");
+    assert!(
+        last.kind.is_terminal(),
+        "terminal must be last: {events:#?}"
+    );
+    assert!(
+        events.windows(2).all(|w| w[0].seq < w[1].seq),
+        "seq must grow: {events:#?}"
+    );
+    last
+}
+
+/// The `failed` code of a terminal event.
+pub fn failure_code(event: &RunEvent) -> &str {
+    match &event.kind {
+        RunEventKind::Failed { code, .. } => code,
+        other => panic!("expected failed, got {other:?}"),
+    }
+}
