@@ -44,6 +44,9 @@ pub struct RelayArgs {
     /// Unmeasured time before it.
     #[arg(long, default_value_t = 1_000)]
     pub warmup_ms: u64,
+    /// The sinks' `[events] queue_capacity` (0: the edge's default).
+    #[arg(long, default_value_t = 0)]
+    pub queue_capacity: usize,
     /// Sink kinds, each measured with its own edge: null, file, stdout, log.
     #[arg(long, value_delimiter = ',', default_value = "null,file,stdout")]
     pub sinks: Vec<String>,
@@ -87,6 +90,7 @@ fn run_in_child(args: &RelayArgs, common: &Common) -> anyhow::Result<Vec<Record>
         format!("--runs-per-node={}", args.runs_per_node),
         format!("--duration-ms={}", args.duration_ms),
         format!("--warmup-ms={}", args.warmup_ms),
+        format!("--queue-capacity={}", args.queue_capacity),
         "--sinks=stdout".to_owned(),
     ]);
     let output = command
@@ -168,7 +172,13 @@ fn measure(args: &RelayArgs, common: &Common, kind: SinkKind) -> anyhow::Result<
         max_concurrent_runs: args.runs_per_node.max(1),
         heartbeat_interval_ms: 600_000,
     };
-    let extra = format!("[runs]\nqueue_capacity = {}\n", args.nodes * 4 + 64);
+    let mut extra = format!("[runs]\nqueue_capacity = {}\n", args.nodes * 4 + 64);
+    if args.queue_capacity > 0 {
+        extra.push_str(&format!(
+            "[events]\nqueue_capacity = {}\n",
+            args.queue_capacity
+        ));
+    }
     let edge = InProcessEdge::start(
         &harness::config(nodes, &extra),
         &[kind],
@@ -230,7 +240,11 @@ fn measure(args: &RelayArgs, common: &Common, kind: SinkKind) -> anyhow::Result<
     }
     load.shutdown_timeout(Duration::from_secs(2));
 
-    Ok(Record::new(format!("sink={}", kind.as_str()))
+    let key = match args.queue_capacity {
+        0 => format!("sink={}", kind.as_str()),
+        capacity => format!("sink={} queue_capacity={capacity}", kind.as_str()),
+    };
+    Ok(Record::new(key)
         .with("sink_events_per_s", (written_1 - written_0) / elapsed)
         .with(
             "caller_events_per_s",

@@ -123,9 +123,7 @@ impl Record {
 }
 
 fn format_value(value: f64) -> String {
-    if value.fract() == 0.0 && value.abs() < 1e15 {
-        format!("{value:.0}")
-    } else if value.abs() >= 100.0 {
+    if (value.fract() == 0.0 && value.abs() < 1e15) || value.abs() >= 100.0 {
         format!("{value:.0}")
     } else if value.abs() >= 1.0 {
         format!("{value:.2}")

@@ -87,6 +87,12 @@ fn main() -> std::io::Result<()> {
         ("old-protocol", 0x21, Vec::new()),
         ("second-register", 0x41, raw_register.clone()),
         ("garbage-after-register", 0x41, vec![0x05, 0xff, 0xff]),
+        ("silent-before-register", 0x80, Vec::new()),
+        (
+            "silent-after-register",
+            0xc1,
+            events[..events.len() / 2].to_vec(),
+        ),
     ] {
         let mut data = vec![mode];
         data.extend_from_slice(&tail);

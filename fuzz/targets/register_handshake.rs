@@ -6,10 +6,12 @@
 //! - bits 0-1: none, `token-a`, `token-b`, or an unknown token;
 //! - bits 2-3: the claimed `node_id`: none, `node-a`, `node-b`, or an unknown id;
 //! - bits 4-5: `protocol_version` 1, 0, 2 or `u32::MAX`;
-//! - bit 6: start a run on the node as soon as it registers.
+//! - bit 6: start a run on the node as soon as it registers;
+//! - bit 7: after `bytes`, fall silent instead of closing (the edge must end the connection
+//!   itself: register timeout, heartbeat timeout).
 //!
-//! Then `bytes` follow as they are, and the node closes its sending side and reads until the
-//! edge closes. Run events with an empty `run_id` are addressed to the run the harness
+//! Then `bytes` follow as they are, and the node closes its sending side (or falls silent)
+//! and reads until the edge closes. Run events with an empty `run_id` are addressed to the run the harness
 //! started (a real node echoes the id it was sent; the fuzzer cannot read it).
 //!
 //! Invariants: nothing panics; `serve_stream` returns; afterwards the registry is empty, no
@@ -67,7 +69,7 @@ pub fn run(data: &[u8]) {
         let (edge_side, node_side) = tokio::io::duplex(PIPE_BYTES);
         let peer = SocketAddr::from(([127, 0, 0, 1], 40_000));
         let serve = harness.control.serve_stream(edge_side, peer);
-        let node = node(node_side, input);
+        let node = node(node_side, input, mode & 0x80 != 0);
         let ((), written) = tokio::time::timeout(HANG, async { tokio::join!(serve, node) })
             .await
             .expect("serve_stream did not return");
@@ -84,14 +86,17 @@ pub fn run(data: &[u8]) {
     check_reply(&written);
 }
 
-/// The node's side: writes `input`, closes its sending half, and reads until the edge closes.
-async fn node(stream: tokio::io::DuplexStream, input: Vec<u8>) -> Vec<u8> {
+/// The node's side: writes `input`, closes its sending half (unless it `lingers`), and reads
+/// until the edge closes.
+async fn node(stream: tokio::io::DuplexStream, input: Vec<u8>, linger: bool) -> Vec<u8> {
     let (mut reader, mut writer) = tokio::io::split(stream);
     let write = async move {
         // The edge may close first (it refuses or stops reading); that is not a failure.
-        if writer.write_all(&input).await.is_ok() {
+        if writer.write_all(&input).await.is_ok() && !linger {
             let _ = writer.shutdown().await;
         }
+        // Kept open until the edge has closed, when lingering.
+        writer
     };
     let read = async move {
         let mut written = Vec::new();

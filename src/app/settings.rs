@@ -628,6 +628,8 @@ mod tests {
         assert!(message.contains(&path_of(&file)), "{message}");
         assert!(message.contains("api.models"), "{message}");
         assert!(message.contains("\"gpt-4o\""), "{message}");
-        assert!(message.contains("no-slash-here"), "{message}");
+        assert!(message.contains("no `/`"), "{message}");
+        // The value is never repeated: a misplaced `token = "..."` could land in this table.
+        assert!(!message.contains("no-slash-here"), "{message}");
     }
 }

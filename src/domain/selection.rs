@@ -115,24 +115,28 @@ pub fn select_node<'a>(
         };
     }
 
+    // One pass over the nodes: the least busy candidates' positions are kept, so the
+    // round-robin pick among them needs no second pass (matching a node to the route is
+    // the costly part with thousands of nodes).
     let mut serving = 0;
     let mut least: Option<u32> = None;
-    let mut ties = 0u64;
-    for node in nodes.iter().filter(serves) {
+    let mut ties: Vec<usize> = Vec::new();
+    for (index, node) in nodes.iter().enumerate().filter(|(_, node)| serves(node)) {
         serving += 1;
         if !node.has_capacity() {
             continue;
         }
         match least {
             Some(l) if node.active_runs > l => {}
-            Some(l) if node.active_runs == l => ties += 1,
+            Some(l) if node.active_runs == l => ties.push(index),
             _ => {
                 least = Some(node.active_runs);
-                ties = 1;
+                ties.clear();
+                ties.push(index);
             }
         }
     }
-    let Some(least) = least else {
+    if least.is_none() {
         return Err(if serving == 0 {
             SelectError::NoNodeServes {
                 adapter: selector.adapter.clone(),
@@ -141,13 +145,10 @@ pub fn select_node<'a>(
         } else {
             all_busy(selector, serving)
         });
-    };
-    let pick = usize::try_from(turn % ties).unwrap_or(0);
-    nodes
-        .iter()
-        .filter(serves)
-        .filter(|n| n.has_capacity() && n.active_runs == least)
-        .nth(pick)
+    }
+    let pick = usize::try_from(turn % ties.len().max(1) as u64).unwrap_or(0);
+    ties.get(pick)
+        .and_then(|&index| nodes.get(index))
         .ok_or_else(|| all_busy(selector, serving))
 }
 

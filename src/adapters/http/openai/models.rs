@@ -94,6 +94,9 @@ impl ModelMap {
 
     /// What is wrong with `[api.models]`: an empty alias, or a value that is not
     /// `ADAPTER/TARGET` with valid names.
+    ///
+    /// A message names the alias but never repeats its value: a node's `token = "..."` whose
+    /// `[[nodes]]` header is missing lands in this table when it is the one above.
     pub fn problems(aliases: &BTreeMap<String, String>) -> Vec<String> {
         aliases
             .iter()
@@ -101,9 +104,13 @@ impl ModelMap {
                 if alias.trim().is_empty() {
                     return Some(format!("`api.models` has an empty alias (for {id:?})"));
                 }
-                ModelRoute::parse(id)
-                    .err()
-                    .map(|error| format!("`api.models.{alias:?}` (alias {alias:?}): {error}"))
+                ModelRoute::parse(id).err().map(|error| {
+                    format!(
+                        "`api.models.{alias:?}` (alias {alias:?}): the value is not a model id \
+                         of the form ADAPTER/TARGET: {} (the value is not repeated here)",
+                        without_value(&error)
+                    )
+                })
             })
             .collect()
     }
@@ -141,6 +148,22 @@ impl ModelMap {
             }
         }
         served.into_values().collect()
+    }
+}
+
+/// What is wrong with a model id, without quoting any of it.
+fn without_value(error: &ModelIdError) -> String {
+    match error {
+        ModelIdError::NoSlash(_) => "it has no `/`".to_owned(),
+        ModelIdError::BadName { reason, .. } => match reason {
+            NameError::Empty { kind } => format!("the {kind} is empty"),
+            NameError::TooLong { kind, max, .. } => {
+                format!("the {kind} is longer than {max} bytes")
+            }
+            NameError::BadCharacter { kind, allowed, .. } => {
+                format!("the {kind} holds a character outside {allowed}")
+            }
+        },
     }
 }
 
@@ -203,6 +226,21 @@ pub(super) async fn retrieve(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn config_problems_do_not_repeat_the_value() {
+        // Found by the `config_loader` fuzz target: a node token under a lost `[[nodes]]`.
+        for value in ["secret-token", "secret token/x", "echo/secret token"] {
+            let problems =
+                ModelMap::problems(&BTreeMap::from([("token".to_owned(), value.to_owned())]));
+            assert_eq!(problems.len(), 1);
+            assert!(
+                problems[0].contains("`api.models.\"token\"`"),
+                "{problems:?}"
+            );
+            assert!(!problems[0].contains("secret"), "{problems:?}");
+        }
+    }
 
     #[test]
     fn splits_at_the_first_slash() {

@@ -13,6 +13,7 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 
 use super::reply::{Piece, Reply};
+use super::request::Endpoint;
 use super::run::{ActiveRun, Step};
 
 /// The data of the stream's last event after success.
@@ -21,14 +22,15 @@ const DONE: &str = "[DONE]";
 /// Answers with an SSE stream whose first step (output or a successful end) has already
 /// been read.
 pub(super) fn respond(run: ActiveRun, reply: Reply, first: Step) -> Response {
+    let text_chunk = TextChunk::new(&reply);
     let mut stream = Stream {
         run,
         reply,
         pending: VecDeque::new(),
         done: false,
-        text_chunk: None,
+        text_chunk,
     };
-    stream.push(Piece::Start);
+    stream.push_framed(Piece::Start);
     stream.absorb(first);
     let events = futures::stream::unfold(stream, |mut stream| async move {
         loop {
@@ -61,7 +63,7 @@ struct Stream {
     pending: VecDeque<Event>,
     /// The run has ended; send what is pending, then end.
     done: bool,
-    /// The text chunks' JSON around their text, made at the first text chunk.
+    /// The text chunks' JSON around their text (`None`: serialize every chunk whole).
     text_chunk: Option<TextChunk>,
 }
 
@@ -78,11 +80,22 @@ impl Stream {
         }
     }
 
+    /// The opening or the closing chunk, from the cached envelope when it has the chat
+    /// shape, else serialized whole.
+    fn push_framed(&mut self, piece: Piece<'_>) {
+        let data = self.text_chunk.as_ref().and_then(|chunk| match piece {
+            Piece::Start => chunk.render_start(),
+            Piece::Finish(reason) => chunk.render_finish(reason),
+            Piece::Text(_) | Piece::Usage(_) => None,
+        });
+        match data {
+            Some(data) => self.pending.push_back(Event::default().data(data)),
+            None => self.push(piece),
+        }
+    }
+
     /// A text chunk: the cached JSON around the text, with the text's JSON string between.
     fn push_text(&mut self, text: &str) {
-        if self.text_chunk.is_none() {
-            self.text_chunk = TextChunk::new(&self.reply);
-        }
         match self
             .text_chunk
             .as_ref()
@@ -97,7 +110,7 @@ impl Stream {
         match step {
             Step::Output(text) => self.push_text(&text),
             Step::End(Ok(finished)) => {
-                self.push(Piece::Finish(&finished.finish_reason));
+                self.push_framed(Piece::Finish(&finished.finish_reason));
                 if self.reply.include_usage {
                     self.push(Piece::Usage(finished.usage));
                 }
@@ -121,7 +134,22 @@ impl Stream {
 struct TextChunk {
     before: String,
     after: String,
+    /// For the chat shape, the envelope around the whole delta and finish reason, so the
+    /// opening and the closing chunk come from it too.
+    chat: Option<ChatFrame>,
 }
+
+/// A chat chunk is `{"choices":[{"delta":DELTA,"finish_reason":REASON,` `"index":0,...`:
+/// `head` is what comes before DELTA, `tail` what follows REASON.
+struct ChatFrame {
+    head: String,
+    tail: String,
+}
+
+/// A chat text chunk's JSON just before its text.
+const CHAT_TEXT_BEFORE: &str = "{\"content\":";
+/// A chat text chunk's JSON just after its text.
+const CHAT_TEXT_AFTER: &str = "},\"finish_reason\":null";
 
 /// Text no model output is: it holds NUL characters, which `\u0000` escapes in JSON.
 const PLACEHOLDER: &str = "\u{0}edge-text-placeholder\u{0}";
@@ -136,10 +164,38 @@ impl TextChunk {
         if after.contains(&quoted) {
             return None;
         }
+        let chat = (reply.endpoint == Endpoint::Chat)
+            .then(|| {
+                Some(ChatFrame {
+                    head: before.strip_suffix(CHAT_TEXT_BEFORE)?.to_owned(),
+                    tail: after.strip_prefix(CHAT_TEXT_AFTER)?.to_owned(),
+                })
+            })
+            .flatten();
         Some(Self {
             before: before.to_owned(),
             after: after.to_owned(),
+            chat,
         })
+    }
+
+    /// The chat opening chunk (the assistant role, empty content).
+    fn render_start(&self) -> Option<String> {
+        let chat = self.chat.as_ref()?;
+        Some(format!(
+            "{}{{\"content\":\"\",\"role\":\"assistant\"}},\"finish_reason\":null{}",
+            chat.head, chat.tail
+        ))
+    }
+
+    /// The chat closing chunk (an empty delta and the finish reason).
+    fn render_finish(&self, reason: &str) -> Option<String> {
+        let chat = self.chat.as_ref()?;
+        let reason = serde_json::to_string(reason).ok()?;
+        Some(format!(
+            "{}{{}},\"finish_reason\":{reason}{}",
+            chat.head, chat.tail
+        ))
     }
 
     /// The chunk for `text`.
@@ -156,7 +212,6 @@ impl TextChunk {
 #[cfg(test)]
 mod text_chunk_tests {
     use super::*;
-    use crate::adapters::http::openai::request::Endpoint;
     use crate::domain::RunId;
 
     #[test]
@@ -179,6 +234,20 @@ mod text_chunk_tests {
                         chunk.render(text).unwrap(),
                         reply.chunk(Piece::Text(text)).unwrap().to_string()
                     );
+                }
+                if endpoint == Endpoint::Chat {
+                    assert_eq!(
+                        chunk.render_start().unwrap(),
+                        reply.chunk(Piece::Start).unwrap().to_string()
+                    );
+                    for reason in ["stop", "length", "we\"ird\n"] {
+                        assert_eq!(
+                            chunk.render_finish(reason).unwrap(),
+                            reply.chunk(Piece::Finish(reason)).unwrap().to_string()
+                        );
+                    }
+                } else {
+                    assert!(chunk.render_start().is_none());
                 }
             }
         }
