@@ -41,7 +41,7 @@ const READ_CAPACITY: usize = 8 * 1024;
 
 /// At most this many frames already in the read buffer are handled in a row before the
 /// relay loop looks at the edge's commands and stop signals again.
-const MAX_BATCH: usize = 128;
+const MAX_BATCH: u64 = 128;
 
 /// Serves one connection until it closes; returns why it closed.
 pub(super) async fn serve_connection<S: NodeIo>(
@@ -258,6 +258,51 @@ fn frame_error_reason(error: &FrameError) -> CloseReason {
     }
 }
 
+/// Handles `first` and then the frames already whole in the read buffer, up to
+/// [`MAX_BATCH`]; returns how many frames it handled and, if the connection must close, why.
+async fn handle_batch<S: NodeIo>(
+    shared: &Shared,
+    framed: &mut NodeStream<S>,
+    record: &NodeRecord,
+    connection: u64,
+    first: NodeFrame,
+) -> (u64, Option<CloseReason>) {
+    let mut frame = first;
+    let mut handled = 0;
+    loop {
+        handled += 1;
+        match frame {
+            NodeFrame::Register(_) => {
+                debug!("second register request");
+                return (handled, Some(CloseReason::ProtocolViolation));
+            }
+            NodeFrame::RunEvent(event) => {
+                shared
+                    .deps
+                    .handler
+                    .run_event(&record.id, connection, event)
+                    .await;
+            }
+            NodeFrame::Heartbeat { .. } | NodeFrame::Unknown => {}
+        }
+        if handled == MAX_BATCH || shared.close_all.is_cancelled() {
+            return (handled, None);
+        }
+        // Frames taken from the buffer touch no socket, which is what would otherwise
+        // spend the task's cooperative budget: spend it here, so a streaming node yields
+        // to the sinks' drain tasks and other nodes.
+        tokio::task::coop::consume_budget().await;
+        frame = match buffered_frame(framed) {
+            Ok(Some(frame)) => frame,
+            Ok(None) => return (handled, None),
+            Err(error) => {
+                debug!(%error, "bad frame");
+                return (handled, Some(frame_error_reason(&error)));
+            }
+        };
+    }
+}
+
 /// Relays frames both ways until the connection must close; returns why.
 ///
 /// The stop signals and the silence timer are futures made once and kept across
@@ -304,7 +349,7 @@ async fn relay<S: NodeIo>(
                 }
             }
             frame = framed.next() => {
-                let mut frame = match frame {
+                let frame = match frame {
                     None => return CloseReason::Eof,
                     Some(Err(error)) => {
                         debug!(%error, "bad frame");
@@ -318,41 +363,12 @@ async fn relay<S: NodeIo>(
                     touched_at = now;
                     shared.deps.registry.touch(&record.id, connection, SystemTime::now());
                 }
-                let mut handled = 0;
-                loop {
-                    handled += 1;
-                    match frame {
-                        NodeFrame::Register(_) => {
-                            debug!("second register request");
-                            shared.stats.frames_in.fetch_add(handled as u64, Ordering::Relaxed);
-                            count_bytes(shared, framed);
-                            return CloseReason::ProtocolViolation;
-                        }
-                        NodeFrame::RunEvent(event) => {
-                            shared.deps.handler.run_event(&record.id, connection, event).await;
-                        }
-                        NodeFrame::Heartbeat { .. } | NodeFrame::Unknown => {}
-                    }
-                    if handled == MAX_BATCH || shared.close_all.is_cancelled() {
-                        break;
-                    }
-                    // Frames taken from the buffer touch no socket, which is what would
-                    // otherwise spend the task's cooperative budget: spend it here, so a
-                    // streaming node yields to the sinks' drain tasks and other nodes.
-                    tokio::task::coop::consume_budget().await;
-                    frame = match buffered_frame(framed) {
-                        Ok(Some(frame)) => frame,
-                        Ok(None) => break,
-                        Err(error) => {
-                            debug!(%error, "bad frame");
-                            shared.stats.frames_in.fetch_add(handled as u64, Ordering::Relaxed);
-                            count_bytes(shared, framed);
-                            return frame_error_reason(&error);
-                        }
-                    };
-                }
-                shared.stats.frames_in.fetch_add(handled as u64, Ordering::Relaxed);
+                let (handled, closed) = handle_batch(shared, framed, record, connection, frame).await;
+                shared.stats.frames_in.fetch_add(handled, Ordering::Relaxed);
                 count_bytes(shared, framed);
+                if let Some(reason) = closed {
+                    return reason;
+                }
                 let buffer = framed.read_buffer();
                 if buffer.capacity() < READ_CAPACITY && (handled > 1 || !buffer.is_empty()) {
                     // Frames come faster than one per read (several arrived, or part of the
