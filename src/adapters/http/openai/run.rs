@@ -3,7 +3,9 @@
 //!
 //! The run service is the only way to a node: this module never touches the transport.
 
+use std::future::poll_fn;
 use std::sync::Arc;
+use std::task::{Context, Poll, ready};
 
 use axum::Json;
 use axum::extract::rejection::BytesRejection;
@@ -80,7 +82,7 @@ async fn collect(mut run: ActiveRun, reply: &Reply) -> Response {
     let mut text = String::new();
     loop {
         match run.next().await {
-            Step::Output(piece) => text.push_str(&piece),
+            Step::Output(piece) => text.push_str(piece.as_str()),
             Step::End(Ok(finished)) => return Json(reply.full(&text, &finished)).into_response(),
             Step::End(Err(error)) => return error.into_response(),
         }
@@ -100,7 +102,7 @@ pub(super) struct Finished {
 #[derive(Debug)]
 pub(super) enum Step {
     /// Some text.
-    Output(String),
+    Output(Text),
     /// The run ended: completed, or an error to answer with.
     End(Result<Finished, ApiError>),
 }
@@ -133,17 +135,23 @@ impl ActiveRun {
 
     /// Waits for the next text or the end, skipping `started` and empty output.
     pub async fn next(&mut self) -> Step {
+        poll_fn(|cx| self.poll_step(cx)).await
+    }
+
+    /// The next text or the end if the run has one ready, skipping `started` and empty
+    /// output; else registers `cx` to be woken when it has.
+    pub fn poll_step(&mut self, cx: &mut Context<'_>) -> Poll<Step> {
         loop {
-            let Some(event) = self.events.recv().await else {
+            let Some(event) = ready!(self.events.poll_recv(cx)) else {
                 self.guard.open = false;
-                return Step::End(Err(ApiError::internal(
+                return Poll::Ready(Step::End(Err(ApiError::internal(
                     "the run ended without a terminal event",
-                )));
+                ))));
             };
             let end = match &event.kind {
                 RunEventKind::Started => continue,
                 RunEventKind::Output { text, .. } if text.is_empty() => continue,
-                RunEventKind::Output { text, .. } => return Step::Output(text.clone()),
+                RunEventKind::Output { .. } => return Poll::Ready(Step::Output(Text(event))),
                 RunEventKind::Completed {
                     finish_reason,
                     usage,
@@ -162,7 +170,22 @@ impl ActiveRun {
                 RunEventKind::Cancelled { reason } => Err(ApiError::run_cancelled(reason)),
             };
             self.guard.open = false;
-            return Step::End(end);
+            return Poll::Ready(Step::End(end));
+        }
+    }
+}
+
+/// The text of one output event, kept in the event itself rather than copied out.
+#[derive(Debug)]
+pub(super) struct Text(Arc<RunEvent>);
+
+impl Text {
+    /// The text.
+    pub fn as_str(&self) -> &str {
+        match &self.0.kind {
+            RunEventKind::Output { text, .. } => text,
+            // `poll_step` makes a `Text` of output events only.
+            _ => "",
         }
     }
 }

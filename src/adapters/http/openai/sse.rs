@@ -3,14 +3,20 @@
 //! fails after streaming began. A stream never ends silently.
 //!
 //! The SSE body owns the run: when the client disconnects, hyper drops the body and the run
-//! is cancelled on the node.
+//! is cancelled on the node. Every event the run has ready when hyper asks for more goes
+//! out in one body frame (one write), rendered straight into that frame's buffer.
 
-use std::collections::VecDeque;
 use std::convert::Infallible;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
 
-use axum::http::{HeaderValue, header::HeaderName};
-use axum::response::sse::{Event, KeepAlive, Sse};
-use axum::response::{IntoResponse, Response};
+use axum::body::{Body, Bytes, HttpBody};
+use axum::http::{HeaderValue, header};
+use axum::response::Response;
+use bytes::{BufMut, BytesMut};
+use http_body::Frame;
+use tokio::time::{Instant, Sleep};
 
 use super::reply::{Piece, Reply};
 use super::request::Endpoint;
@@ -19,111 +25,185 @@ use super::run::{ActiveRun, Step};
 /// The data of the stream's last event after success.
 const DONE: &str = "[DONE]";
 
+/// How long a stream may stay silent before a comment line keeps idle-timeout proxies from
+/// closing it.
+const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(15);
+
+/// The keep-alive comment.
+const KEEP_ALIVE_COMMENT: &[u8] = b":\n\n";
+
+/// A frame stops taking ready events at this size; the rest go in the next one.
+const MAX_FRAME_BYTES: usize = 64 * 1024;
+
+/// The first buffer's size: a typical short completion fits in one.
+const FIRST_FRAME_CAPACITY: usize = 4 * 1024;
+
 /// Answers with an SSE stream whose first step (output or a successful end) has already
 /// been read.
 pub(super) fn respond(run: ActiveRun, reply: Reply, first: Step) -> Response {
     let text_chunk = TextChunk::new(&reply);
-    let mut stream = Stream {
+    let mut body = SseBody {
         run,
         reply,
-        pending: VecDeque::new(),
-        done: false,
         text_chunk,
+        frame: BytesMut::with_capacity(FIRST_FRAME_CAPACITY),
+        done: false,
+        last_sent: Instant::now(),
+        keep_alive: None,
     };
-    stream.push_framed(Piece::Start);
-    stream.absorb(first);
-    let events = futures::stream::unfold(stream, |mut stream| async move {
-        loop {
-            if let Some(event) = stream.pending.pop_front() {
-                return Some((Ok::<_, Infallible>(event), stream));
-            }
-            if stream.done {
-                return None;
-            }
-            let step = stream.run.next().await;
-            stream.absorb(step);
-        }
-    });
-    let mut response = Sse::new(events)
-        .keep_alive(KeepAlive::default())
-        .into_response();
+    body.push_framed(Piece::Start);
+    body.absorb(first);
+    let mut response = Response::new(Body::new(body));
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     // Ask proxies such as nginx not to buffer the stream.
-    response.headers_mut().insert(
-        HeaderName::from_static("x-accel-buffering"),
+    headers.insert(
+        header::HeaderName::from_static("x-accel-buffering"),
         HeaderValue::from_static("no"),
     );
     response
 }
 
-/// The state of one streamed answer.
-struct Stream {
+/// The body of one streamed answer.
+struct SseBody {
     run: ActiveRun,
     reply: Reply,
-    /// Events made from the last step, not yet sent.
-    pending: VecDeque<Event>,
-    /// The run has ended; send what is pending, then end.
-    done: bool,
     /// The text chunks' JSON around their text (`None`: serialize every chunk whole).
     text_chunk: Option<TextChunk>,
+    /// Events rendered and not yet handed to hyper.
+    frame: BytesMut,
+    /// The run has ended; send what is rendered, then end.
+    done: bool,
+    /// When the last frame was handed to hyper.
+    last_sent: Instant,
+    /// Armed only once the stream has had to wait (a stream answered at once needs none).
+    keep_alive: Option<Pin<Box<Sleep>>>,
 }
 
-impl Stream {
+impl HttpBody for SseBody {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        let body = self.get_mut();
+        while !body.done && body.frame.len() < MAX_FRAME_BYTES {
+            match body.run.poll_step(cx) {
+                Poll::Ready(step) => body.absorb(step),
+                Poll::Pending => break,
+            }
+        }
+        if !body.frame.is_empty() {
+            body.last_sent = Instant::now();
+            return Poll::Ready(Some(Ok(Frame::data(body.frame.split().freeze()))));
+        }
+        if body.done {
+            return Poll::Ready(None);
+        }
+        body.poll_keep_alive(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.done && self.frame.is_empty()
+    }
+}
+
+impl SseBody {
+    /// The keep-alive comment once the stream has been silent for the interval.
+    fn poll_keep_alive(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        let due = self.last_sent + KEEP_ALIVE_INTERVAL;
+        let timer = self
+            .keep_alive
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(due)));
+        if timer.deadline() != due {
+            timer.as_mut().reset(due);
+        }
+        if timer.as_mut().poll(cx).is_pending() {
+            return Poll::Pending;
+        }
+        self.last_sent = Instant::now();
+        Poll::Ready(Some(Ok(Frame::data(Bytes::from_static(
+            KEEP_ALIVE_COMMENT,
+        )))))
+    }
+
+    /// A chunk serialized whole.
     fn push(&mut self, piece: Piece<'_>) {
-        // `serde_json::to_string` writes the same bytes as `Value`'s `Display`, without
-        // going through `fmt` for every token.
-        if let Some(data) = self
-            .reply
-            .chunk(piece)
-            .and_then(|chunk| serde_json::to_string(&chunk).ok())
-        {
-            self.pending.push_back(Event::default().data(data));
+        if let Some(chunk) = self.reply.chunk(piece) {
+            // Writing JSON into a `BytesMut` cannot fail.
+            push_event(&mut self.frame, |frame| {
+                let _ = serde_json::to_writer(frame.writer(), &chunk);
+            });
         }
     }
 
     /// The opening or the closing chunk, from the cached envelope when it has the chat
     /// shape, else serialized whole.
     fn push_framed(&mut self, piece: Piece<'_>) {
-        let data = self.text_chunk.as_ref().and_then(|chunk| match piece {
-            Piece::Start => chunk.render_start(),
-            Piece::Finish(reason) => chunk.render_finish(reason),
-            Piece::Text(_) | Piece::Usage(_) => None,
-        });
-        match data {
-            Some(data) => self.pending.push_back(Event::default().data(data)),
-            None => self.push(piece),
+        let chat = self
+            .text_chunk
+            .as_ref()
+            .and_then(|chunk| chunk.chat.as_ref());
+        match (chat, piece) {
+            (Some(chat), Piece::Start) => push_event(&mut self.frame, |frame| {
+                chat.render_start(frame);
+            }),
+            (Some(chat), Piece::Finish(reason)) => push_event(&mut self.frame, |frame| {
+                chat.render_finish(reason, frame);
+            }),
+            _ => self.push(piece),
         }
     }
 
     /// A text chunk: the cached JSON around the text, with the text's JSON string between.
     fn push_text(&mut self, text: &str) {
-        match self
-            .text_chunk
-            .as_ref()
-            .and_then(|chunk| chunk.render(text))
-        {
-            Some(data) => self.pending.push_back(Event::default().data(data)),
+        match &self.text_chunk {
+            Some(chunk) => push_event(&mut self.frame, |frame| chunk.render(text, frame)),
             None => self.push(Piece::Text(text)),
         }
     }
 
     fn absorb(&mut self, step: Step) {
         match step {
-            Step::Output(text) => self.push_text(&text),
+            Step::Output(text) => self.push_text(text.as_str()),
             Step::End(Ok(finished)) => {
                 self.push_framed(Piece::Finish(&finished.finish_reason));
                 if self.reply.include_usage {
                     self.push(Piece::Usage(finished.usage));
                 }
-                self.pending.push_back(Event::default().data(DONE));
+                push_event(&mut self.frame, |frame| frame.put_slice(DONE.as_bytes()));
                 self.done = true;
             }
             Step::End(Err(error)) => {
-                self.pending
-                    .push_back(Event::default().data(error.to_json()));
+                let error = error.to_json();
+                push_event(&mut self.frame, |frame| frame.put_slice(error.as_bytes()));
                 self.done = true;
             }
         }
     }
+}
+
+/// Appends one SSE event whose data `write_data` writes (JSON, or `[DONE]`: never a line
+/// break).
+fn push_event(frame: &mut BytesMut, write_data: impl FnOnce(&mut BytesMut)) {
+    frame.put_slice(b"data: ");
+    write_data(frame);
+    frame.put_slice(b"\n\n");
+}
+
+/// Writes `text` as a JSON string.
+fn write_json_string(frame: &mut BytesMut, text: &str) {
+    // Writing JSON into a `BytesMut` cannot fail.
+    let _ = serde_json::to_writer(frame.writer(), text);
 }
 
 /// A text chunk's JSON on either side of its text: every text chunk of a stream has the same
@@ -179,33 +259,34 @@ impl TextChunk {
         })
     }
 
-    /// The chat opening chunk (the assistant role, empty content).
-    fn render_start(&self) -> Option<String> {
-        let chat = self.chat.as_ref()?;
-        Some(format!(
-            "{}{{\"content\":\"\",\"role\":\"assistant\"}},\"finish_reason\":null{}",
-            chat.head, chat.tail
-        ))
+    /// Writes the chunk for `text`.
+    fn render(&self, text: &str, frame: &mut BytesMut) {
+        frame.put_slice(self.before.as_bytes());
+        write_json_string(frame, text);
+        frame.put_slice(self.after.as_bytes());
+    }
+}
+
+/// The delta of the chat opening chunk (the assistant role, empty content).
+const CHAT_START_DELTA: &str = "{\"content\":\"\",\"role\":\"assistant\"},\"finish_reason\":null";
+
+/// The delta of the chat closing chunk, up to its finish reason.
+const CHAT_FINISH_DELTA: &str = "{},\"finish_reason\":";
+
+impl ChatFrame {
+    /// Writes the chat opening chunk.
+    fn render_start(&self, frame: &mut BytesMut) {
+        frame.put_slice(self.head.as_bytes());
+        frame.put_slice(CHAT_START_DELTA.as_bytes());
+        frame.put_slice(self.tail.as_bytes());
     }
 
-    /// The chat closing chunk (an empty delta and the finish reason).
-    fn render_finish(&self, reason: &str) -> Option<String> {
-        let chat = self.chat.as_ref()?;
-        let reason = serde_json::to_string(reason).ok()?;
-        Some(format!(
-            "{}{{}},\"finish_reason\":{reason}{}",
-            chat.head, chat.tail
-        ))
-    }
-
-    /// The chunk for `text`.
-    fn render(&self, text: &str) -> Option<String> {
-        let quoted = serde_json::to_string(text).ok()?;
-        let mut chunk = String::with_capacity(self.before.len() + quoted.len() + self.after.len());
-        chunk.push_str(&self.before);
-        chunk.push_str(&quoted);
-        chunk.push_str(&self.after);
-        Some(chunk)
+    /// Writes the chat closing chunk (an empty delta and the finish reason).
+    fn render_finish(&self, reason: &str, frame: &mut BytesMut) {
+        frame.put_slice(self.head.as_bytes());
+        frame.put_slice(CHAT_FINISH_DELTA.as_bytes());
+        write_json_string(frame, reason);
+        frame.put_slice(self.tail.as_bytes());
     }
 }
 
@@ -213,6 +294,12 @@ impl TextChunk {
 mod text_chunk_tests {
     use super::*;
     use crate::domain::RunId;
+
+    fn rendered(render: impl FnOnce(&mut BytesMut)) -> String {
+        let mut frame = BytesMut::new();
+        render(&mut frame);
+        String::from_utf8(frame.to_vec()).unwrap()
+    }
 
     #[test]
     fn a_rendered_text_chunk_is_the_serialized_chunk() {
@@ -231,23 +318,23 @@ mod text_chunk_tests {
                 let chunk = TextChunk::new(&reply).unwrap();
                 for text in ["hello ", "", "a\"b\\c\nd\u{1}é✓"] {
                     assert_eq!(
-                        chunk.render(text).unwrap(),
+                        rendered(|frame| chunk.render(text, frame)),
                         reply.chunk(Piece::Text(text)).unwrap().to_string()
                     );
                 }
-                if endpoint == Endpoint::Chat {
+                let Some(chat) = &chunk.chat else {
+                    assert_eq!(endpoint, Endpoint::Completion);
+                    continue;
+                };
+                assert_eq!(
+                    rendered(|frame| chat.render_start(frame)),
+                    reply.chunk(Piece::Start).unwrap().to_string()
+                );
+                for reason in ["stop", "length", "we\"ird\n"] {
                     assert_eq!(
-                        chunk.render_start().unwrap(),
-                        reply.chunk(Piece::Start).unwrap().to_string()
+                        rendered(|frame| chat.render_finish(reason, frame)),
+                        reply.chunk(Piece::Finish(reason)).unwrap().to_string()
                     );
-                    for reason in ["stop", "length", "we\"ird\n"] {
-                        assert_eq!(
-                            chunk.render_finish(reason).unwrap(),
-                            reply.chunk(Piece::Finish(reason)).unwrap().to_string()
-                        );
-                    }
-                } else {
-                    assert!(chunk.render_start().is_none());
                 }
             }
         }
