@@ -271,7 +271,10 @@ async fn chat_completion_answers_with_the_whole_completion() {
         .to_str()
         .unwrap()
         .to_owned();
+    // A whole answer has a known length (the request-slot wrapper keeps the size hint).
+    let length = response.content_length().expect("content-length");
     let answer: Value = response.json().await.expect("json");
+    assert_eq!(length, serde_json::to_vec(&answer).unwrap().len() as u64);
     assert_eq!(answer["object"], "chat.completion");
     assert_eq!(answer["id"], format!("chatcmpl-{run_id}"));
     assert_eq!(answer["model"], "echo/default");

@@ -1,16 +1,17 @@
 //! The bound on `/v1` requests served at once.
 
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
-use axum::body::Body;
+use axum::body::{Body, Bytes, HttpBody};
 use axum::extract::{Request, State};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use futures::StreamExt;
-use tokio::sync::Semaphore;
+use http_body::{Frame, SizeHint};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::openai::ApiError;
-
 /// Slots for `/v1` requests; a request holds one until its response body (a whole
 /// stream, for SSE) has been sent or dropped.
 #[derive(Clone)]
@@ -36,15 +37,37 @@ pub(super) async fn limit(
     request: Request,
     next: Next,
 ) -> Response {
-    let Ok(permit) = Arc::clone(&slots.slots).try_acquire_owned() else {
+    let Ok(slot) = Arc::clone(&slots.slots).try_acquire_owned() else {
         return ApiError::overloaded(slots.retry_after_secs).into_response();
     };
-    let response = next.run(request).await;
-    response.map(|body| {
-        let held = body.into_data_stream().map(move |chunk| {
-            let _slot = &permit;
-            chunk
-        });
-        Body::from_stream(held)
-    })
+    next.run(request)
+        .await
+        .map(|body| Body::new(HoldingSlot { body, _slot: slot }))
+}
+
+/// A response body that holds its request's slot until it is sent or dropped; otherwise
+/// the body itself, frame for frame (its size hint too, so `Content-Length` stays).
+struct HoldingSlot {
+    body: Body,
+    _slot: OwnedSemaphorePermit,
+}
+
+impl HttpBody for HoldingSlot {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
+        Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
 }

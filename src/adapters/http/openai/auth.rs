@@ -1,26 +1,23 @@
 //! Optional client authentication: `Authorization: Bearer <key>` against `[api] keys`.
 //!
 //! Keys are compared as SHA-256 digests in constant time, against every configured key
-//! (no early exit), and never logged. With no keys configured the API is open. Only the
-//! `/v1` routes are guarded; `/healthz`, `/readyz` and `/metrics` stay open.
+//! (no early exit), and never logged. With no keys configured the API is open (and this
+//! middleware is not installed). Only the `/v1` routes are guarded; `/healthz`, `/readyz`
+//! and `/metrics` stay open.
 
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
+use super::Api;
 use super::error::ApiError;
-use crate::adapters::http::HttpState;
 use crate::domain::Token;
 
 /// Lets the request through when its key is one of `[api] keys` (or none are configured);
 /// answers 401 `invalid_api_key` otherwise.
-pub(super) async fn require_key(
-    State(state): State<HttpState>,
-    request: Request,
-    next: Next,
-) -> Response {
-    match check(&state.api.config().keys, request.headers()) {
+pub(super) async fn require_key(State(api): State<Api>, request: Request, next: Next) -> Response {
+    match check(&api.config().keys, request.headers()) {
         Ok(()) => next.run(request).await,
         Err(error) => error.into_response(),
     }

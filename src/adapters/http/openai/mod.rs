@@ -83,18 +83,23 @@ impl Api {
     }
 }
 
-/// The `/v1` routes, behind the API-key check and the body limit.
+/// The `/v1` routes, behind the API-key check (when keys are configured) and the body
+/// limit.
 pub(super) fn routes(state: &HttpState) -> Router<HttpState> {
-    Router::new()
+    let routes = Router::new()
         .route("/v1/models", get(models::list))
         .route("/v1/models/{*model}", get(models::retrieve))
         .route("/v1/chat/completions", post(chat::create))
-        .route("/v1/completions", post(completions::create))
-        .route_layer(middleware::from_fn_with_state(
-            state.clone(),
+        .route("/v1/completions", post(completions::create));
+    let routes = if state.api.config().keys.is_empty() {
+        routes
+    } else {
+        routes.route_layer(middleware::from_fn_with_state(
+            state.api.clone(),
             auth::require_key,
         ))
-        .layer(DefaultBodyLimit::max(state.api.config().max_body_bytes))
+    };
+    routes.layer(DefaultBodyLimit::max(state.api.config().max_body_bytes))
 }
 
 /// Any other path: 404 in OpenAI's shape.

@@ -85,15 +85,19 @@ impl Reply {
         Some(chunk)
     }
 
-    /// `{"id","object","created","model","choices"}` of a chunk.
-    pub fn chunk_envelope(&self, choices: Value) -> Value {
-        let object = match self.endpoint {
+    /// The `object` of a chunk.
+    pub fn chunk_object(&self) -> &'static str {
+        match self.endpoint {
             Endpoint::Chat => "chat.completion.chunk",
             Endpoint::Completion => "text_completion",
-        };
+        }
+    }
+
+    /// `{"id","object","created","model","choices"}` of a chunk.
+    pub fn chunk_envelope(&self, choices: Value) -> Value {
         json!({
             "id": self.id,
-            "object": object,
+            "object": self.chunk_object(),
             "created": self.created,
             "model": self.model,
             "system_fingerprint": null,

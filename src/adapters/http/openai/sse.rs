@@ -16,6 +16,7 @@ use axum::http::{HeaderValue, header};
 use axum::response::Response;
 use bytes::{BufMut, BytesMut};
 use http_body::Frame;
+use serde::Serialize;
 use tokio::time::{Instant, Sleep};
 
 use super::reply::{Piece, Reply};
@@ -41,17 +42,16 @@ const FIRST_FRAME_CAPACITY: usize = 4 * 1024;
 /// Answers with an SSE stream whose first step (output or a successful end) has already
 /// been read.
 pub(super) fn respond(run: ActiveRun, reply: Reply, first: Step) -> Response {
-    let text_chunk = TextChunk::new(&reply);
     let mut body = SseBody {
         run,
+        chunks: ChunkWriter::new(&reply),
         reply,
-        text_chunk,
         frame: BytesMut::with_capacity(FIRST_FRAME_CAPACITY),
         done: false,
         last_sent: Instant::now(),
         keep_alive: None,
     };
-    body.push_framed(Piece::Start);
+    body.push(Piece::Start);
     body.absorb(first);
     let mut response = Response::new(Body::new(body));
     let headers = response.headers_mut();
@@ -72,8 +72,8 @@ pub(super) fn respond(run: ActiveRun, reply: Reply, first: Step) -> Response {
 struct SseBody {
     run: ActiveRun,
     reply: Reply,
-    /// The text chunks' JSON around their text (`None`: serialize every chunk whole).
-    text_chunk: Option<TextChunk>,
+    /// What every chunk of the stream ends with.
+    chunks: ChunkWriter,
     /// Events rendered and not yet handed to hyper.
     frame: BytesMut,
     /// The run has ended; send what is rendered, then end.
@@ -136,47 +136,28 @@ impl SseBody {
         )))))
     }
 
-    /// A chunk serialized whole.
+    /// A chunk of `piece`.
     fn push(&mut self, piece: Piece<'_>) {
-        if let Some(chunk) = self.reply.chunk(piece) {
-            // Writing JSON into a `BytesMut` cannot fail.
-            push_event(&mut self.frame, |frame| {
-                let _ = serde_json::to_writer(frame.writer(), &chunk);
-            });
-        }
-    }
-
-    /// The opening or the closing chunk, from the cached envelope when it has the chat
-    /// shape, else serialized whole.
-    fn push_framed(&mut self, piece: Piece<'_>) {
-        let chat = self
-            .text_chunk
-            .as_ref()
-            .and_then(|chunk| chunk.chat.as_ref());
-        match (chat, piece) {
-            (Some(chat), Piece::Start) => push_event(&mut self.frame, |frame| {
-                chat.render_start(frame);
-            }),
-            (Some(chat), Piece::Finish(reason)) => push_event(&mut self.frame, |frame| {
-                chat.render_finish(reason, frame);
-            }),
-            _ => self.push(piece),
-        }
-    }
-
-    /// A text chunk: the cached JSON around the text, with the text's JSON string between.
-    fn push_text(&mut self, text: &str) {
-        match &self.text_chunk {
-            Some(chunk) => push_event(&mut self.frame, |frame| chunk.render(text, frame)),
-            None => self.push(Piece::Text(text)),
+        let chunks = &self.chunks;
+        match piece {
+            Piece::Start if self.reply.endpoint == Endpoint::Completion => {}
+            Piece::Usage(_) => {
+                if let Some(chunk) = self.reply.chunk(piece) {
+                    // Writing JSON into a `BytesMut` cannot fail.
+                    push_event(&mut self.frame, |frame| {
+                        let _ = serde_json::to_writer(frame.writer(), &chunk);
+                    });
+                }
+            }
+            _ => push_event(&mut self.frame, |frame| chunks.render(piece, frame)),
         }
     }
 
     fn absorb(&mut self, step: Step) {
         match step {
-            Step::Output(text) => self.push_text(text.as_str()),
+            Step::Output(text) => self.push(Piece::Text(text.as_str())),
             Step::End(Ok(finished)) => {
-                self.push_framed(Piece::Finish(&finished.finish_reason));
+                self.push(Piece::Finish(&finished.finish_reason));
                 if self.reply.include_usage {
                     self.push(Piece::Usage(finished.usage));
                 }
@@ -206,135 +187,125 @@ fn write_json_string(frame: &mut BytesMut, text: &str) {
     let _ = serde_json::to_writer(frame.writer(), text);
 }
 
-/// A text chunk's JSON on either side of its text: every text chunk of a stream has the same
-/// envelope (id, created, model, ...), so it is serialized once, with a placeholder text,
-/// and each chunk is the two halves around the JSON string of its own text — byte for byte
-/// what serializing the whole chunk gives, without building a `serde_json::Value` tree per
-/// chunk (which cost more than everything else the edge does per streamed token).
-struct TextChunk {
-    before: String,
-    after: String,
-    /// For the chat shape, the envelope around the whole delta and finish reason, so the
-    /// opening and the closing chunk come from it too.
-    chat: Option<ChatFrame>,
+/// Writes the chunks of one stream without building a `serde_json::Value` tree per chunk
+/// (which cost more than everything else the edge does per streamed token).
+///
+/// A chunk is an object whose keys serde_json writes in order: `choices` first, then the
+/// envelope (`created`, `id`, `model`, `object`, `system_fingerprint`, and `usage` when
+/// asked for), the same for every chunk of the stream. So the envelope is serialized once
+/// and each chunk is its `choices` followed by it — byte for byte what serializing the
+/// chunk's `Value` gives (the tests compare both).
+struct ChunkWriter {
+    endpoint: Endpoint,
+    /// `"created":…,"id":…,…}`: the chunk after `"choices":[…],`.
+    envelope: String,
 }
 
-/// A chat chunk is `{"choices":[{"delta":DELTA,"finish_reason":REASON,` `"index":0,...`:
-/// `head` is what comes before DELTA, `tail` what follows REASON.
-struct ChatFrame {
-    head: String,
-    tail: String,
+/// The fields every chunk of a stream shares, in serde_json's key order.
+#[derive(Serialize)]
+struct Envelope<'a> {
+    created: u64,
+    id: &'a str,
+    model: &'a str,
+    object: &'static str,
+    system_fingerprint: (),
+    /// `Some(())`: `"usage":null` (`stream_options.include_usage`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    usage: Option<()>,
 }
 
-/// A chat text chunk's JSON just before its text.
-const CHAT_TEXT_BEFORE: &str = "{\"content\":";
-/// A chat text chunk's JSON just after its text.
-const CHAT_TEXT_AFTER: &str = "},\"finish_reason\":null";
-
-/// Text no model output is: it holds NUL characters, which `\u0000` escapes in JSON.
-const PLACEHOLDER: &str = "\u{0}edge-text-placeholder\u{0}";
-
-impl TextChunk {
-    /// The halves around a text chunk's text, or `None` when they cannot be told apart
-    /// (then every chunk is serialized whole).
-    fn new(reply: &Reply) -> Option<Self> {
-        let chunk = serde_json::to_string(&reply.chunk(Piece::Text(PLACEHOLDER))?).ok()?;
-        let quoted = serde_json::to_string(PLACEHOLDER).ok()?;
-        let (before, after) = chunk.split_once(&quoted)?;
-        if after.contains(&quoted) {
-            return None;
+impl ChunkWriter {
+    fn new(reply: &Reply) -> Self {
+        let envelope = Envelope {
+            created: reply.created,
+            id: &reply.id,
+            model: &reply.model,
+            object: reply.chunk_object(),
+            system_fingerprint: (),
+            usage: reply.include_usage.then_some(()),
+        };
+        // Serializing strings and numbers into a `String` cannot fail.
+        let envelope = serde_json::to_string(&envelope).unwrap_or_default();
+        Self {
+            endpoint: reply.endpoint,
+            envelope: envelope.get(1..).unwrap_or_default().to_owned(),
         }
-        let chat = (reply.endpoint == Endpoint::Chat)
-            .then(|| {
-                Some(ChatFrame {
-                    head: before.strip_suffix(CHAT_TEXT_BEFORE)?.to_owned(),
-                    tail: after.strip_prefix(CHAT_TEXT_AFTER)?.to_owned(),
-                })
-            })
-            .flatten();
-        Some(Self {
-            before: before.to_owned(),
-            after: after.to_owned(),
-            chat,
-        })
     }
 
-    /// Writes the chunk for `text`.
-    fn render(&self, text: &str, frame: &mut BytesMut) {
-        frame.put_slice(self.before.as_bytes());
-        write_json_string(frame, text);
-        frame.put_slice(self.after.as_bytes());
-    }
-}
-
-/// The delta of the chat opening chunk (the assistant role, empty content).
-const CHAT_START_DELTA: &str = "{\"content\":\"\",\"role\":\"assistant\"},\"finish_reason\":null";
-
-/// The delta of the chat closing chunk, up to its finish reason.
-const CHAT_FINISH_DELTA: &str = "{},\"finish_reason\":";
-
-impl ChatFrame {
-    /// Writes the chat opening chunk.
-    fn render_start(&self, frame: &mut BytesMut) {
-        frame.put_slice(self.head.as_bytes());
-        frame.put_slice(CHAT_START_DELTA.as_bytes());
-        frame.put_slice(self.tail.as_bytes());
-    }
-
-    /// Writes the chat closing chunk (an empty delta and the finish reason).
-    fn render_finish(&self, reason: &str, frame: &mut BytesMut) {
-        frame.put_slice(self.head.as_bytes());
-        frame.put_slice(CHAT_FINISH_DELTA.as_bytes());
-        write_json_string(frame, reason);
-        frame.put_slice(self.tail.as_bytes());
+    /// Writes the chunk of `piece`: an opening (chat only), text or closing chunk. The usage
+    /// chunk, which has no choice, is not written here.
+    fn render(&self, piece: Piece<'_>, frame: &mut BytesMut) {
+        let (text, finish_reason) = match piece {
+            Piece::Start | Piece::Usage(_) => ("", None),
+            Piece::Text(text) => (text, None),
+            Piece::Finish(reason) => ("", Some(reason)),
+        };
+        frame.put_slice(b"{\"choices\":[{");
+        if self.endpoint == Endpoint::Chat {
+            frame.put_slice(b"\"delta\":");
+            match piece {
+                Piece::Start => frame.put_slice(b"{\"content\":\"\",\"role\":\"assistant\"}"),
+                Piece::Text(text) => {
+                    frame.put_slice(b"{\"content\":");
+                    write_json_string(frame, text);
+                    frame.put_slice(b"}");
+                }
+                Piece::Finish(_) | Piece::Usage(_) => frame.put_slice(b"{}"),
+            }
+            frame.put_slice(b",");
+        }
+        frame.put_slice(b"\"finish_reason\":");
+        match finish_reason {
+            Some(reason) => write_json_string(frame, reason),
+            None => frame.put_slice(b"null"),
+        }
+        frame.put_slice(b",\"index\":0,\"logprobs\":null");
+        if self.endpoint == Endpoint::Completion {
+            frame.put_slice(b",\"text\":");
+            write_json_string(frame, text);
+        }
+        frame.put_slice(b"}],");
+        frame.put_slice(self.envelope.as_bytes());
     }
 }
 
 #[cfg(test)]
-mod text_chunk_tests {
+mod tests {
     use super::*;
     use crate::domain::RunId;
 
-    fn rendered(render: impl FnOnce(&mut BytesMut)) -> String {
-        let mut frame = BytesMut::new();
-        render(&mut frame);
-        String::from_utf8(frame.to_vec()).unwrap()
-    }
-
     #[test]
-    fn a_rendered_text_chunk_is_the_serialized_chunk() {
+    fn a_written_chunk_is_the_serialized_chunk() {
+        let models = ["echo/target", "echo/\"quoted\"\\ ✓", "\u{0}odd\u{0}"];
         for endpoint in [Endpoint::Chat, Endpoint::Completion] {
             for include_usage in [false, true] {
-                // A model named like the placeholder: the halves cannot be told apart.
-                let reply = Reply::new(
-                    endpoint,
-                    &RunId::new("run-1"),
-                    PLACEHOLDER.to_owned(),
-                    include_usage,
-                );
-                assert!(TextChunk::new(&reply).is_none());
-                let model = "echo/\"quoted\"".to_owned();
-                let reply = Reply::new(endpoint, &RunId::new("run-1"), model, include_usage);
-                let chunk = TextChunk::new(&reply).unwrap();
-                for text in ["hello ", "", "a\"b\\c\nd\u{1}é✓"] {
-                    assert_eq!(
-                        rendered(|frame| chunk.render(text, frame)),
-                        reply.chunk(Piece::Text(text)).unwrap().to_string()
+                for model in models {
+                    let reply = Reply::new(
+                        endpoint,
+                        &RunId::new("run-\"1\""),
+                        model.to_owned(),
+                        include_usage,
                     );
-                }
-                let Some(chat) = &chunk.chat else {
-                    assert_eq!(endpoint, Endpoint::Completion);
-                    continue;
-                };
-                assert_eq!(
-                    rendered(|frame| chat.render_start(frame)),
-                    reply.chunk(Piece::Start).unwrap().to_string()
-                );
-                for reason in ["stop", "length", "we\"ird\n"] {
-                    assert_eq!(
-                        rendered(|frame| chat.render_finish(reason, frame)),
-                        reply.chunk(Piece::Finish(reason)).unwrap().to_string()
-                    );
+                    let chunks = ChunkWriter::new(&reply);
+                    let texts = ["hello ", "", "a\"b\\c\nd\u{1}é✓"];
+                    let reasons = ["stop", "length", "we\"ird\n"];
+                    let pieces = texts
+                        .iter()
+                        .map(|text| Piece::Text(text))
+                        .chain(reasons.iter().map(|reason| Piece::Finish(reason)))
+                        .chain([Piece::Start]);
+                    for piece in pieces {
+                        let Some(expected) = reply.chunk(piece) else {
+                            continue;
+                        };
+                        let mut frame = BytesMut::new();
+                        chunks.render(piece, &mut frame);
+                        assert_eq!(
+                            std::str::from_utf8(&frame).unwrap(),
+                            expected.to_string(),
+                            "{endpoint:?} {piece:?} usage={include_usage}"
+                        );
+                    }
                 }
             }
         }
