@@ -143,9 +143,6 @@ pub fn records_from_child(output: &Output) -> anyhow::Result<Vec<Record>> {
     Ok(records)
 }
 
-/// The edge binary's allocator, so the in-process edge and its baseline run as shipped.
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
