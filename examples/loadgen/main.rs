@@ -143,7 +143,6 @@ pub fn records_from_child(output: &Output) -> anyhow::Result<Vec<Record>> {
     Ok(records)
 }
 
-
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let scenario = cli.scenario.name();
