@@ -54,6 +54,15 @@ pub enum SinkError {
         #[source]
         source: io::Error,
     },
+    /// The thread of a sink that writes to a file or standard output could not be started.
+    #[error("cannot start the thread of the `{}` event sink", .kind.as_str())]
+    Thread {
+        /// Which sink.
+        kind: SinkKind,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
     /// [`build_sinks`] was called outside a tokio runtime.
     #[error("event sinks must be built inside a tokio runtime (they spawn their drain tasks)")]
     NoRuntime,
@@ -69,15 +78,17 @@ pub struct BuiltSink {
     pub stats: SinkStats,
 }
 
-/// Builds the sinks `config` lists, in order, each behind its own queue and drain task.
+/// Builds the sinks `config` lists, in order, each behind its own queue and drain (a task,
+/// or a thread for the file and stdout sinks, whose writes block).
 ///
-/// Must be called inside a tokio runtime. A sink's drain task ends, after writing and
-/// flushing what it holds, once every handle to the sink is dropped.
+/// Must be called inside a tokio runtime. A sink's drain ends, after writing and flushing
+/// what it holds, once every handle to the sink is dropped.
 ///
 /// # Errors
 /// [`SinkError::ZeroCapacity`] and [`SinkError::Duplicate`] for bad settings;
 /// [`SinkError::FileIsDirectory`] and [`SinkError::FileOpen`] when the file sink's path is
-/// unusable; [`SinkError::NoRuntime`] outside a tokio runtime. Nothing keeps running after
+/// unusable; [`SinkError::Thread`] when a sink's thread cannot start;
+/// [`SinkError::NoRuntime`] outside a tokio runtime. Nothing keeps running after
 /// an error.
 pub fn build_sinks(config: &EventsConfig) -> Result<Vec<BuiltSink>, SinkError> {
     let runtime = Handle::try_current().map_err(|_| SinkError::NoRuntime)?;
@@ -121,7 +132,8 @@ pub fn build_sinks(config: &EventsConfig) -> Result<Vec<BuiltSink>, SinkError> {
                     settings(DEFAULT_FLUSH_INTERVAL),
                     &runtime,
                 ),
-            };
+            }
+            .map_err(|source| SinkError::Thread { kind, source })?;
             let stats = sink.stats();
             Ok(BuiltSink {
                 kind,

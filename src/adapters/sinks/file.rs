@@ -120,6 +120,7 @@ mod tests {
             settings,
             &Handle::current(),
         )
+        .unwrap()
     }
 
     fn lines(path: &Path) -> Vec<serde_json::Value> {

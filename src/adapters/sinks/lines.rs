@@ -1,6 +1,7 @@
 //! The line writer behind the stdout and file sinks: formats each batch into one reused
-//! buffer and writes that buffer to a blocking `std::io::Write` on tokio's blocking pool,
-//! never on the runtime's worker threads.
+//! buffer and writes that buffer to a blocking `std::io::Write`. It blocks
+//! ([`SinkWriter::BLOCKS`]), so its sink drains it on a thread of its own, never on the
+//! runtime's worker threads.
 //!
 //! After a failed write it drops its handle and the buffered lines, and opens a fresh
 //! handle for the next write, so a sink recovers by itself once its destination is writable
@@ -21,7 +22,7 @@ const HIGH_WATER: usize = 128 * 1024;
 /// A buffer that grew beyond this (a huge event) is given back rather than kept.
 const MAX_RETAINED: usize = 4 * 1024 * 1024;
 
-/// Opens (or reopens) the destination; runs on the blocking pool.
+/// Opens (or reopens) the destination; runs on the sink's thread.
 pub(crate) type Opener<O> = Arc<dyn Fn() -> io::Result<O> + Send + Sync>;
 
 /// A [`SinkWriter`] that writes events as lines in one [`LineFormat`] to `O`.
@@ -35,10 +36,9 @@ pub(crate) struct LineWriter<O> {
     broken_line: bool,
 }
 
-/// What a write on the blocking pool gives back.
+/// What a write gives back.
 struct Written<O> {
     out: Option<O>,
-    buf: Vec<u8>,
     result: io::Result<()>,
     broken_line: bool,
 }
@@ -56,48 +56,40 @@ impl<O: Write + Send + 'static> LineWriter<O> {
     }
 
     /// Writes the buffer out (and flushes `O` when `flush`), reopening `O` if needed.
-    async fn write_out(&mut self, flush: bool) -> io::Result<()> {
+    fn write_out(&mut self, flush: bool) -> io::Result<()> {
         if self.buf.is_empty() && (!flush || self.out.is_none()) {
             return Ok(());
         }
         if self.broken_line && !self.buf.is_empty() {
             self.buf.insert(0, b'\n');
         }
-        let out = self.out.take();
-        let buf = std::mem::take(&mut self.buf);
-        let open = Arc::clone(&self.open);
-        let broken_line = self.broken_line;
-        let written = tokio::task::spawn_blocking(move || {
-            write_blocking(out, buf, &*open, flush, broken_line)
-        })
-        .await;
-        match written {
-            Ok(Written {
-                out,
-                mut buf,
-                result,
-                broken_line,
-            }) => {
-                buf.clear();
-                if buf.capacity() > MAX_RETAINED {
-                    buf = Vec::with_capacity(HIGH_WATER);
-                }
-                self.buf = buf;
-                // On error `out` is `None`: the next write reopens.
-                self.out = out;
-                self.broken_line = broken_line;
-                result
-            }
-            Err(join) => Err(io::Error::other(format!("event write task failed: {join}"))),
+        let Written {
+            out,
+            result,
+            broken_line,
+        } = write_blocking(
+            self.out.take(),
+            &self.buf,
+            &*self.open,
+            flush,
+            self.broken_line,
+        );
+        self.buf.clear();
+        if self.buf.capacity() > MAX_RETAINED {
+            self.buf = Vec::with_capacity(HIGH_WATER);
         }
+        // On error `out` is `None`: the next write reopens.
+        self.out = out;
+        self.broken_line = broken_line;
+        result
     }
 }
 
-/// Writes `buf` to `out` (opened with `open` when `None`), on the blocking pool. Gives the
-/// handle back only when everything succeeded.
+/// Writes `buf` to `out` (opened with `open` when `None`). Gives the handle back only when
+/// everything succeeded.
 fn write_blocking<O: Write>(
     out: Option<O>,
-    buf: Vec<u8>,
+    buf: &[u8],
     open: &dyn Fn() -> io::Result<O>,
     flush: bool,
     broken_line: bool,
@@ -107,7 +99,6 @@ fn write_blocking<O: Write>(
         Err(error) => {
             return Written {
                 out: None,
-                buf,
                 result: Err(error),
                 broken_line,
             };
@@ -138,26 +129,27 @@ fn write_blocking<O: Write>(
     };
     Written {
         out: result.is_ok().then_some(out),
-        buf,
         result,
         broken_line,
     }
 }
 
 impl<O: Write + Send + 'static> SinkWriter for LineWriter<O> {
+    const BLOCKS: bool = true;
+
     async fn write_batch(&mut self, events: &[Arc<RunEvent>]) -> io::Result<()> {
         for event in events {
             write_line(self.format, event, &mut self.buf);
         }
         if self.buf.len() >= HIGH_WATER {
-            self.write_out(false).await
+            self.write_out(false)
         } else {
             Ok(())
         }
     }
 
     async fn flush(&mut self) -> io::Result<()> {
-        self.write_out(true).await
+        self.write_out(true)
     }
 }
 
@@ -194,7 +186,7 @@ mod tests {
             accepted: Vec::new(),
             limit: 5,
         };
-        let written = write_blocking(Some(out), b"abc\ndef\n".to_vec(), never, true, false);
+        let written = write_blocking(Some(out), b"abc\ndef\n", never, true, false);
         assert!(written.result.is_err());
         assert!(written.out.is_none());
         assert!(written.broken_line);
@@ -203,7 +195,7 @@ mod tests {
             accepted: Vec::new(),
             limit: 4,
         };
-        let written = write_blocking(Some(out), b"abc\n".to_vec(), never, true, false);
+        let written = write_blocking(Some(out), b"abc\n", never, true, false);
         assert!(written.result.is_ok());
         assert!(!written.broken_line);
     }

@@ -130,7 +130,7 @@ mod tests {
             tracing::subscriber::set_default(tracing_subscriber::registry().with(capture.clone()));
         // The current-thread test runtime runs the drain task on this thread, under the
         // default subscriber set above.
-        let sink = QueuedSink::spawn("log", LogWriter, settings(10), &Handle::current());
+        let sink = QueuedSink::spawn("log", LogWriter, settings(10), &Handle::current()).unwrap();
         sink.publish(output("hi"));
         sink.publish(Arc::new(event(RunEventKind::Failed {
             code: "node_disconnected".into(),

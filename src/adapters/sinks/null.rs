@@ -34,7 +34,7 @@ mod tests {
 
     #[tokio::test]
     async fn discards_and_counts_events() {
-        let sink = QueuedSink::spawn("null", NullWriter, settings(10), &Handle::current());
+        let sink = QueuedSink::spawn("null", NullWriter, settings(10), &Handle::current()).unwrap();
         for i in 0..5 {
             sink.publish(output(&i.to_string()));
         }

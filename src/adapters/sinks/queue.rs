@@ -1,6 +1,7 @@
 //! The one queue every sink sits behind: [`QueuedSink`] accepts events without waiting,
 //! holds them in a queue bounded for non-terminal events, and drains them in batches into a
-//! [`SinkWriter`] on its own task; [`SinkStats`] exposes its counters.
+//! [`SinkWriter`] — on a task of the edge's runtime, or on the sink's own thread for a
+//! writer that blocks on I/O; [`SinkStats`] exposes its counters.
 //!
 //! Overflow policy: when `capacity` events wait unwritten, a new non-terminal event is
 //! dropped and counted in `dropped_queue_full`; a terminal event is always admitted, so
@@ -33,6 +34,11 @@ const WARN_EVERY: Duration = Duration::from_secs(10);
 
 /// Where a [`QueuedSink`] writes its events; owned and driven by the sink's drain task.
 pub(crate) trait SinkWriter: Send + 'static {
+    /// Whether the writer blocks on I/O (files, standard output). Such a writer's drain runs
+    /// on the sink's own thread, so neither its formatting nor its writes take time from the
+    /// runtime's workers, which relay the events; others drain on a task of the runtime.
+    const BLOCKS: bool = false;
+
     /// Writes (or buffers) `events`, in order.
     ///
     /// # Errors
@@ -119,13 +125,17 @@ pub(crate) struct QueuedSink {
 }
 
 impl QueuedSink {
-    /// Starts the drain task for `writer` on `runtime` and returns the sink feeding it.
+    /// Starts the drain of `writer` (on `runtime`, or on a thread of its own when the
+    /// writer blocks: [`SinkWriter::BLOCKS`]) and returns the sink feeding it.
+    ///
+    /// # Errors
+    /// The thread of a blocking writer could not be started.
     pub(crate) fn spawn<W: SinkWriter>(
         name: &'static str,
         writer: W,
         settings: QueueSettings,
         runtime: &Handle,
-    ) -> Self {
+    ) -> io::Result<Self> {
         let (sender, receiver) = mpsc::unbounded_channel();
         let stats = SinkStats::default();
         let drain = Drain {
@@ -136,14 +146,22 @@ impl QueuedSink {
             flush_interval: settings.flush_interval,
             throttle: WarnThrottle::default(),
         };
-        // Not joined: the task ends by itself once `sender` (owned by this sink) is gone.
-        runtime.spawn(drain.run());
-        Self {
+        // Not joined: the drain ends by itself once `sender` (owned by this sink) is gone.
+        if W::BLOCKS {
+            // The drain needs no timer and no I/O driver: its writes are plain blocking calls.
+            let own = tokio::runtime::Builder::new_current_thread().build()?;
+            std::thread::Builder::new()
+                .name(format!("edge-sink-{name}"))
+                .spawn(move || own.block_on(drain.run()))?;
+        } else {
+            runtime.spawn(drain.run());
+        }
+        Ok(Self {
             name,
             capacity: settings.capacity,
             sender,
             stats,
-        }
+        })
     }
 
     /// The sink's counters.
@@ -400,7 +418,7 @@ pub(super) mod tests {
     }
 
     fn spawn(writer: Recorder, capacity: usize) -> QueuedSink {
-        QueuedSink::spawn("test", writer, settings(capacity), &Handle::current())
+        QueuedSink::spawn("test", writer, settings(capacity), &Handle::current()).unwrap()
     }
 
     #[tokio::test]

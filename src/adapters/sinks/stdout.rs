@@ -1,7 +1,7 @@
 //! The stdout sink's writer (the console router): one readable text line, or one JSON line,
 //! per event on standard output.
 //!
-//! Writes go through `std::io::stdout()` on tokio's blocking pool. A closed stdout (`EPIPE`;
+//! Writes go through `std::io::stdout()` on the sink's own thread. A closed stdout (`EPIPE`;
 //! Rust ignores `SIGPIPE`) is an ordinary write error: counted by the queue, never a panic.
 
 use std::io::{self, Stdout};
@@ -35,7 +35,8 @@ mod tests {
 
     #[tokio::test]
     async fn a_failing_stdout_counts_errors_and_keeps_accepting_events() {
-        let sink = QueuedSink::spawn("stdout", full_console(), settings(10), &Handle::current());
+        let sink =
+            QueuedSink::spawn("stdout", full_console(), settings(10), &Handle::current()).unwrap();
         let stats = sink.stats();
         sink.publish(output("a"));
         sink.flush().await;
@@ -57,7 +58,7 @@ mod tests {
             move || OpenOptions::new().create(true).append(true).open(&path)
         };
         let writer = LineWriter::new(LineFormat::Text, open().unwrap(), Arc::new(open));
-        let sink = QueuedSink::spawn("stdout", writer, settings(10), &Handle::current());
+        let sink = QueuedSink::spawn("stdout", writer, settings(10), &Handle::current()).unwrap();
         sink.publish(output("hi\nthere"));
         sink.publish(completed());
         sink.flush().await;
@@ -75,7 +76,8 @@ mod tests {
             stdout_writer(LineFormat::Json),
             settings(10),
             &Handle::current(),
-        );
+        )
+        .unwrap();
         sink.publish(completed());
         sink.flush().await;
         assert_eq!(sink.stats().written(), 1);
