@@ -10,7 +10,9 @@ use std::time::Duration;
 use axum::extract::rejection::BytesRejection;
 use axum::http::{HeaderMap, StatusCode};
 use bytes::Bytes;
-use serde_json::{Map, Value};
+use serde_json::Value;
+use serde_json::error::Category;
+use serde_json::value::RawValue;
 
 use super::Api;
 use super::error::ApiError;
@@ -73,12 +75,8 @@ pub(super) fn prepare(
             ApiError::malformed_json(&rejection.body_text())
         }
     })?;
-    let mut fields = match serde_json::from_slice::<Value>(&body) {
-        Ok(Value::Object(fields)) => fields,
-        Ok(_) => return Err(ApiError::malformed_json("the body must be a JSON object")),
-        Err(error) => return Err(ApiError::malformed_json(&error.to_string())),
-    };
-    let model = match fields.remove("model") {
+    let mut fields = parse_object(&body)?;
+    let model = match field_value(&mut fields, "model") {
         Some(Value::String(model)) if !model.is_empty() => model,
         None | Some(Value::Null) => return Err(ApiError::missing("model")),
         Some(_) => {
@@ -88,15 +86,15 @@ pub(super) fn prepare(
             ));
         }
     };
-    let stream = match fields.remove("stream") {
+    let stream = match field_value(&mut fields, "stream") {
         None | Some(Value::Null) => false,
         Some(Value::Bool(stream)) => stream,
         Some(_) => return Err(ApiError::invalid("stream", "`stream` must be a boolean.")),
     };
     let include_usage = include_usage(&fields)?;
     check_required(endpoint, &fields)?;
-    if let Some(n) = fields.get("n")
-        && !(n.is_null() || n.as_u64() == Some(1))
+    if let Some(n) = fields.get("n").map(|n| n.get())
+        && !(n == "null" || n == "1")
     {
         return Err(ApiError::invalid(
             "n",
@@ -108,15 +106,14 @@ pub(super) fn prepare(
         .models()
         .resolve(&model)
         .map_err(|_| ApiError::model_not_found(&model))?;
-    let input = serde_json::to_vec(&Value::Object(fields))
-        .map_err(|error| ApiError::internal(format!("cannot encode the run input: {error}")))?;
+    let input = encode_object(&fields);
     let spec = RunSpec {
         selector: NodeSelector {
             adapter: route.adapter,
             target: route.target,
             pin: None,
         },
-        input: Bytes::from(input),
+        input,
         content_type: CONTENT_TYPE.to_owned(),
         params: BTreeMap::new(),
         deadline,
@@ -129,12 +126,58 @@ pub(super) fn prepare(
     })
 }
 
+/// A body's top-level fields, each as the JSON text it came as: the edge reads the few it
+/// needs and passes the rest on without building a tree of them.
+type Fields<'a> = BTreeMap<String, &'a RawValue>;
+
+/// The body's fields; 400 unless it is a JSON object.
+fn parse_object(body: &[u8]) -> Result<Fields<'_>, ApiError> {
+    serde_json::from_slice(body).map_err(|error| match error.classify() {
+        Category::Data => ApiError::malformed_json("the body must be a JSON object"),
+        Category::Io | Category::Syntax | Category::Eof => {
+            ApiError::malformed_json(&error.to_string())
+        }
+    })
+}
+
+/// Takes field `name` out of `fields`, as a value.
+fn field_value(fields: &mut Fields<'_>, name: &str) -> Option<Value> {
+    // The text is JSON already checked by the parser, so it parses again.
+    fields
+        .remove(name)
+        .and_then(|raw| serde_json::from_str(raw.get()).ok())
+}
+
+/// The fields as one JSON object, in key order (as `serde_json` writes an object).
+fn encode_object(fields: &Fields<'_>) -> Bytes {
+    let size = fields
+        .iter()
+        .map(|(name, value)| name.len() + value.get().len() + 4)
+        .sum::<usize>();
+    let mut out = Vec::with_capacity(size + 2);
+    out.push(b'{');
+    for (i, (name, value)) in fields.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        // Writing a string into a `Vec` cannot fail.
+        let _ = serde_json::to_writer(&mut out, name);
+        out.push(b':');
+        out.extend_from_slice(value.get().as_bytes());
+    }
+    out.push(b'}');
+    Bytes::from(out)
+}
+
 /// `stream_options.include_usage`, false when absent.
-fn include_usage(fields: &Map<String, Value>) -> Result<bool, ApiError> {
-    let options = match fields.get("stream_options") {
-        None | Some(Value::Null) => return Ok(false),
-        Some(Value::Object(options)) => options,
-        Some(_) => {
+fn include_usage(fields: &Fields<'_>) -> Result<bool, ApiError> {
+    let Some(options) = fields.get("stream_options") else {
+        return Ok(false);
+    };
+    let options = match serde_json::from_str::<Value>(options.get()) {
+        Ok(Value::Null) => return Ok(false),
+        Ok(Value::Object(options)) => options,
+        _ => {
             return Err(ApiError::invalid(
                 "stream_options",
                 "`stream_options` must be an object.",
@@ -152,13 +195,18 @@ fn include_usage(fields: &Map<String, Value>) -> Result<bool, ApiError> {
 }
 
 /// `messages` (a non-empty array) for chat, `prompt` (a string or an array) for completions.
-fn check_required(endpoint: Endpoint, fields: &Map<String, Value>) -> Result<(), ApiError> {
+fn check_required(endpoint: Endpoint, fields: &Fields<'_>) -> Result<(), ApiError> {
     let name = endpoint.required();
-    let valid = match (endpoint, fields.get(name)) {
-        (_, None | Some(Value::Null)) => return Err(ApiError::missing(name)),
-        (Endpoint::Chat, Some(Value::Array(messages))) => !messages.is_empty(),
-        (Endpoint::Completion, Some(Value::String(_) | Value::Array(_))) => true,
-        _ => false,
+    let value = match fields.get(name).map(|value| value.get()) {
+        None | Some("null") => return Err(ApiError::missing(name)),
+        Some(value) => value,
+    };
+    let valid = match endpoint {
+        // An array with something other than whitespace between its brackets.
+        Endpoint::Chat => value
+            .strip_prefix('[')
+            .is_some_and(|inside| !inside.trim_start().starts_with(']')),
+        Endpoint::Completion => value.starts_with('"') || value.starts_with('['),
     };
     if valid {
         Ok(())
@@ -234,6 +282,22 @@ mod tests {
         assert!(input.get("model").is_none() && input.get("stream").is_none());
         assert_eq!(input["max_tokens"], 7);
         assert_eq!(input["messages"][0]["content"], "hi");
+    }
+
+    #[test]
+    fn fields_pass_to_the_node_as_they_came_in_key_order() {
+        let request = prepare_json(
+            Endpoint::Chat,
+            "{ \"z\" : [ 1, 2 ] ,\"model\": \"echo/x\" , \"n\" : 1 ,\n\
+             \"messages\" : [ {\"content\":\"a\\u00e9\"} ], \"a\\\"b\": null }",
+        )
+        .unwrap();
+        assert_eq!(
+            std::str::from_utf8(&request.spec.input).unwrap(),
+            r#"{"a\"b":null,"messages":[ {"content":"a\u00e9"} ],"n":1,"z":[ 1, 2 ]}"#
+        );
+        let whitespace_only = prepare_json(Endpoint::Chat, r#"{"model":"echo/x","messages":[ ]}"#);
+        assert!(whitespace_only.is_err());
     }
 
     #[test]
