@@ -29,6 +29,10 @@ use crate::ports::EventSink;
 /// The most messages the drain task takes from the queue for one batch.
 const MAX_BATCH: usize = 1_024;
 
+/// How long a blocking writer's drain waits for more events after a batch that did not fill
+/// [`MAX_BATCH`], on its own thread. Events then reach the writer up to this much later.
+const LINGER: Duration = Duration::from_millis(1);
+
 /// At most one warning per this long about a failing writer; the rest are counted.
 const WARN_EVERY: Duration = Duration::from_secs(10);
 
@@ -230,6 +234,7 @@ impl<W: SinkWriter> Drain<W> {
         let mut unflushed = false;
         let mut last_flush = Instant::now();
         while self.receiver.recv_many(&mut messages, MAX_BATCH).await > 0 {
+            let full_batch = messages.len() == MAX_BATCH;
             for message in messages.drain(..) {
                 match message {
                     Message::Event(event) => batch.push(event),
@@ -253,6 +258,11 @@ impl<W: SinkWriter> Drain<W> {
                 self.flush().await;
                 unflushed = false;
                 last_flush = Instant::now();
+            }
+            if W::BLOCKS && !full_batch {
+                // The sink's own thread: let events gather rather than being woken (a
+                // system call on the relaying thread) for every few of them.
+                std::thread::sleep(LINGER);
             }
         }
         if unflushed {
