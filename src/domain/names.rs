@@ -97,6 +97,11 @@ macro_rules! validated_name {
             pub fn as_str(&self) -> &str {
                 &self.0
             }
+
+            /// The name as a shared string, without copying it (for labels that keep it).
+            pub fn to_shared(&self) -> Arc<str> {
+                Arc::clone(&self.0)
+            }
         }
 
         impl fmt::Display for $name {

@@ -47,8 +47,8 @@ pub(super) struct RunMetrics {
 
 fn route(spec: &RunSpec) -> [KeyValue; 2] {
     [
-        KeyValue::new("adapter", spec.selector.adapter.to_string()),
-        KeyValue::new("target", spec.selector.target.to_string()),
+        KeyValue::new("adapter", spec.selector.adapter.to_shared()),
+        KeyValue::new("target", spec.selector.target.to_shared()),
     ]
 }
 
