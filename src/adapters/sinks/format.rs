@@ -258,7 +258,7 @@ impl fmt::Display for Base64<'_> {
 }
 
 #[cfg(test)]
-pub(super) mod tests {
+pub(crate) mod tests {
     use std::sync::Arc;
 
     use bytes::Bytes;

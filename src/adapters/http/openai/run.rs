@@ -115,7 +115,7 @@ pub(super) struct ActiveRun {
 }
 
 impl ActiveRun {
-    fn new(runs: RunService, handle: RunHandle, retry_after_secs: u64) -> Self {
+    pub(super) fn new(runs: RunService, handle: RunHandle, retry_after_secs: u64) -> Self {
         let RunHandle { run_id, events } = handle;
         Self {
             events,

@@ -271,8 +271,84 @@ impl ChunkWriter {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
+    use futures::FutureExt;
+    use tokio::sync::mpsc;
+
     use super::*;
-    use crate::domain::RunId;
+    use crate::adapters::lock_registry::LockRegistry;
+    use crate::adapters::sinks::format::tests::{completed, output};
+    use crate::app::settings::RunsConfig;
+    use crate::app::{RunHandle, RunService};
+    use crate::domain::{RunEvent, RunId};
+    use crate::ports::event_sink::MockEventSink;
+    use crate::ports::transport::MockNodeTransport;
+
+    /// A streamed chat answer fed by the returned sender, as the run service would feed it.
+    async fn streamed_chat() -> (mpsc::Sender<Arc<RunEvent>>, Body) {
+        let runs = RunService::new(
+            Arc::new(LockRegistry::new()),
+            Arc::new(MockNodeTransport::new()),
+            Arc::new(MockEventSink::new()),
+            RunsConfig::default(),
+            &opentelemetry::global::meter("edge-test"),
+        );
+        let (events, receiver) = mpsc::channel(64);
+        let handle = RunHandle {
+            run_id: RunId::new("r1"),
+            events: receiver,
+        };
+        let mut run = ActiveRun::new(runs, handle, 1);
+        let reply = Reply::new(Endpoint::Chat, run.id(), "echo/m1".to_owned(), false);
+        events.send(output("first")).await.unwrap();
+        let first = run.next().await;
+        (events, respond(run, reply, first).into_body())
+    }
+
+    /// The body's next frame as text, if it has one ready.
+    fn ready_frame(body: &mut Body) -> Option<Option<String>> {
+        let frame =
+            std::future::poll_fn(|cx| Pin::new(&mut *body).poll_frame(cx)).now_or_never()?;
+        Some(frame.map(|frame| {
+            let data = frame.unwrap().into_data().unwrap();
+            String::from_utf8(data.to_vec()).unwrap()
+        }))
+    }
+
+    fn events_in(frame: &str) -> Vec<&str> {
+        frame.split_terminator("\n\n").collect()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn ready_events_share_one_frame_and_silence_gets_a_keep_alive() {
+        let (events, mut body) = streamed_chat().await;
+        let opening = ready_frame(&mut body).unwrap().unwrap();
+        let opening = events_in(&opening);
+        assert_eq!(opening.len(), 2, "{opening:?}");
+        assert!(opening[0].contains(r#""role":"assistant""#));
+        assert!(opening[1].contains(r#""content":"first""#));
+
+        for text in ["a", "b", "c"] {
+            events.send(output(text)).await.unwrap();
+        }
+        let batch = ready_frame(&mut body).unwrap().unwrap();
+        let batch = events_in(&batch);
+        assert_eq!(batch.len(), 3, "{batch:?}");
+        assert!(batch.iter().all(|event| event.starts_with("data: {")));
+
+        assert!(ready_frame(&mut body).is_none(), "nothing to send yet");
+        tokio::time::sleep(KEEP_ALIVE_INTERVAL).await;
+        assert_eq!(ready_frame(&mut body).unwrap().unwrap(), ":\n\n");
+
+        events.send(completed()).await.unwrap();
+        let closing = ready_frame(&mut body).unwrap().unwrap();
+        let closing = events_in(&closing);
+        assert!(closing[0].contains(r#""finish_reason":"stop""#));
+        assert_eq!(closing.last(), Some(&"data: [DONE]"));
+        assert!(body.is_end_stream());
+        assert_eq!(ready_frame(&mut body), Some(None));
+    }
 
     #[test]
     fn a_written_chunk_is_the_serialized_chunk() {
