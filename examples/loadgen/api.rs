@@ -301,25 +301,23 @@ pub fn run(args: &ApiArgs, common: &Common) -> anyhow::Result<Vec<Record>> {
     let load = harness::runtime("load", common.load_threads)?;
     let addr = edge.node_addr;
     let (servers, mocks) = load.block_on(async {
-        let mut servers = Vec::new();
-        let mut mocks = Vec::new();
-        for i in 0..nodes.count {
-            if args.node == "mock" {
+        if args.node == "mock" {
+            let mut mocks = Vec::with_capacity(nodes.count);
+            for i in 0..nodes.count {
                 mocks.push(MockNode::start(addr, MockOptions::new(&harness::token(i))).await?);
-            } else {
-                let client = lean::register(addr, &harness::token(i)).await?;
-                let plan = Plan {
-                    outputs: args.chunks,
-                    text_bytes: 0,
-                    stamped: false,
-                    texts: words(args.chunks),
-                };
-                servers.push(tokio::spawn(
-                    async move { lean::serve(client, &plan).await },
-                ));
             }
+            return anyhow::Ok((Vec::new(), mocks));
         }
-        anyhow::Ok((servers, mocks))
+        let plan = Arc::new(Plan {
+            outputs: args.chunks,
+            text_bytes: 0,
+            stamped: false,
+            texts: words(args.chunks),
+        });
+        anyhow::Ok((
+            lean::start_nodes(addr, nodes.count, &plan).await?,
+            Vec::new(),
+        ))
     })?;
 
     let http = edge.http_addr;

@@ -4,7 +4,7 @@
 //! (nanoseconds since [`epoch`]), so the receiving side can measure node→caller latency.
 
 use std::net::SocketAddr;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use anyhow::{Context, bail};
@@ -16,7 +16,10 @@ use edge::domain::{RunEventKind, Usage};
 use edge::ports::NodeCommand;
 use edge::wire::NodeCodec;
 use tokio::io::AsyncWriteExt;
+use tokio::task::JoinHandle;
 use tokio_util::codec::Encoder;
+
+use crate::harness;
 
 /// Digits of a send stamp at the start of an output text.
 pub const STAMP_DIGITS: usize = 20;
@@ -163,6 +166,22 @@ impl Template {
             out[at..at + self.id_len].copy_from_slice(run_id.as_bytes());
         }
     }
+}
+
+/// Registers `count` lean nodes (the harness's node definitions `0..count`) with the edge at
+/// `edge`, each answering runs with `plan` on its own task; the tasks end with the edge.
+pub async fn start_nodes(
+    edge: SocketAddr,
+    count: usize,
+    plan: &Arc<Plan>,
+) -> anyhow::Result<Vec<JoinHandle<anyhow::Result<u64>>>> {
+    let mut nodes = Vec::with_capacity(count);
+    for i in 0..count {
+        let client = register(edge, &harness::token(i)).await?;
+        let plan = Arc::clone(plan);
+        nodes.push(tokio::spawn(async move { serve(client, &plan).await }));
+    }
+    Ok(nodes)
 }
 
 /// Answers runs until the edge closes the connection or shuts down; returns how many runs

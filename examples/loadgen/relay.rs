@@ -192,17 +192,7 @@ fn measure(args: &RelayArgs, common: &Common, kind: SinkKind) -> anyhow::Result<
         texts: Vec::new(),
     });
     let addr = edge.node_addr;
-    let servers = load.block_on(async {
-        let mut servers = Vec::with_capacity(args.nodes);
-        for i in 0..args.nodes {
-            let client = lean::register(addr, &harness::token(i)).await?;
-            let plan = Arc::clone(&plan);
-            servers.push(tokio::spawn(
-                async move { lean::serve(client, &plan).await },
-            ));
-        }
-        anyhow::Ok(servers)
-    })?;
+    let servers = load.block_on(lean::start_nodes(addr, args.nodes, &plan))?;
     let shared = Arc::new(Shared {
         stop: AtomicBool::new(false),
         measuring: AtomicBool::new(false),

@@ -232,17 +232,7 @@ pub fn run(args: &RunsArgs, common: &Common) -> anyhow::Result<Vec<Record>> {
 
     // The same through the edge.
     let addr = edge.node_addr;
-    let servers = load.block_on(async {
-        let mut servers = Vec::new();
-        for i in 0..nodes.count {
-            let client = lean::register(addr, &harness::token(i)).await?;
-            let plan = Arc::clone(&plan);
-            servers.push(tokio::spawn(
-                async move { lean::serve(client, &plan).await },
-            ));
-        }
-        anyhow::Ok(servers)
-    })?;
+    let servers = load.block_on(lean::start_nodes(addr, nodes.count, &plan))?;
     let window = Window::new();
     let spec = RunSpec {
         selector: selector()?,
