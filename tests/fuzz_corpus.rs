@@ -12,6 +12,8 @@ use std::path::{Path, PathBuf};
 mod config_loader;
 #[path = "../fuzz/targets/frame_decoder.rs"]
 mod frame_decoder;
+#[path = "../fuzz/targets/recording.rs"]
+mod recording;
 #[path = "../fuzz/targets/register_handshake.rs"]
 mod register_handshake;
 #[path = "../fuzz/targets/run_state_machine.rs"]

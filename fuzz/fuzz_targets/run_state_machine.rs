@@ -1,6 +1,8 @@
 //! libFuzzer entry point for `targets/run_state_machine.rs` (see `docs/fuzzing.md`).
 #![no_main]
 
+#[path = "../targets/recording.rs"]
+mod recording;
 #[path = "../targets/run_state_machine.rs"]
 mod run_state_machine;
 

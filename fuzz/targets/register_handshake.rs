@@ -25,7 +25,7 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -47,6 +47,8 @@ use edge::wire::{NodeCodec, NodeFrame, ReceivedEdgeFrame};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::runtime::Runtime;
 use tokio_util::codec::{Decoder, Encoder};
+
+use crate::recording::{RecordingSink, lock};
 
 /// Bytes the in-memory pipe holds in each direction; small, so frames arrive in pieces.
 const PIPE_BYTES: usize = 64;
@@ -329,30 +331,4 @@ impl NodeEventHandler for Handler {
             .node_disconnected(node, connection, reason)
             .await;
     }
-}
-
-/// Keeps every event it is given.
-#[derive(Default)]
-struct RecordingSink {
-    events: Mutex<Vec<Arc<RunEvent>>>,
-}
-
-#[async_trait]
-impl EventSink for RecordingSink {
-    fn name(&self) -> &str {
-        "recording"
-    }
-
-    fn publish(&self, event: Arc<RunEvent>) {
-        lock(&self.events).push(event);
-    }
-
-    async fn flush(&self) {}
-}
-
-/// Locks a mutex; a panic elsewhere has already failed the input.
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }

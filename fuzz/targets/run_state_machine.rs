@@ -20,13 +20,13 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use async_trait::async_trait;
 use bytes::Bytes;
 use edge::adapters::file_store::FileNodeStore;
 use edge::adapters::lock_registry::LockRegistry;
+use edge::adapters::tcp::TcpTransport;
 use edge::app::RunService;
 use edge::app::settings::RunsConfig;
 use edge::domain::{
@@ -35,10 +35,12 @@ use edge::domain::{
 };
 use edge::ports::{
     CloseReason, ConnectionId, EventSink, LinkError, NewConnection, NodeCommand, NodeEventHandler,
-    NodeLink, NodeStore, NodeTransport, Registry, ReportedEvent, TransportError,
+    NodeLink, NodeStore, Registry, ReportedEvent,
 };
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
+
+use crate::recording::{RecordingSink, lock};
 
 /// Far beyond every timer the service sets: reaching it means something hangs. The clock is
 /// paused, so this costs no real time.
@@ -198,43 +200,6 @@ impl NodeLink for FakeLink {
     }
 }
 
-/// Sends through the links in the registry, like `TcpTransport`.
-struct FakeTransport {
-    registry: LockRegistry,
-}
-
-impl NodeTransport for FakeTransport {
-    fn send(&self, node: &NodeId, command: NodeCommand) -> Result<(), TransportError> {
-        let link = self
-            .registry
-            .link(node)
-            .ok_or_else(|| TransportError::NotConnected(node.clone()))?;
-        link.send(command).map_err(|error| TransportError::Link {
-            node: node.clone(),
-            error,
-        })
-    }
-}
-
-/// Keeps every event it is given.
-#[derive(Default)]
-struct RecordingSink {
-    events: Mutex<Vec<Arc<RunEvent>>>,
-}
-
-#[async_trait]
-impl EventSink for RecordingSink {
-    fn name(&self) -> &str {
-        "recording"
-    }
-
-    fn publish(&self, event: Arc<RunEvent>) {
-        lock(&self.events).push(event);
-    }
-
-    async fn flush(&self) {}
-}
-
 /// A node of the scenario and its live connection, if any.
 struct Node {
     record: Arc<NodeRecord>,
@@ -277,9 +242,7 @@ impl World {
         };
         let service = RunService::new(
             Arc::new(registry.clone()),
-            Arc::new(FakeTransport {
-                registry: registry.clone(),
-            }),
+            Arc::new(TcpTransport::new(Arc::new(registry.clone()))),
             Arc::clone(&sink) as Arc<dyn EventSink>,
             runs,
             &opentelemetry::global::meter("fuzz"),
@@ -575,11 +538,4 @@ fn event(run_id: &str, seq: u8, kind: u8) -> ReportedEvent {
         seq: u64::from(seq),
         kind,
     }
-}
-
-/// Locks a mutex; a panic elsewhere has already failed the input.
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }

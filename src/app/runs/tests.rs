@@ -177,6 +177,82 @@ struct Expect {
     refuse_runs: bool,
 }
 
+impl Expect {
+    /// Expects the sink to receive `terminals` terminal events in all.
+    fn terminals(terminals: usize) -> Self {
+        Self {
+            terminals: Some(terminals),
+            ..Self::default()
+        }
+    }
+
+    /// Also expects the transport to receive `runs` `Run` commands in all.
+    fn runs_sent(self, runs: usize) -> Self {
+        Self {
+            runs_sent: Some(runs),
+            ..self
+        }
+    }
+
+    /// Also expects the transport to receive `cancels` `Cancel` commands in all.
+    fn cancels_sent(self, cancels: usize) -> Self {
+        Self {
+            cancels_sent: Some(cancels),
+            ..self
+        }
+    }
+
+    /// Also has the transport refuse every `Run`.
+    fn refusing_runs(self) -> Self {
+        Self {
+            refuse_runs: true,
+            ..self
+        }
+    }
+}
+
+/// Has `transport` take exactly `times` commands that `matches`, if given, logging them.
+fn expect_sends(
+    transport: &mut MockNodeTransport,
+    matches: fn(&NodeId, &NodeCommand) -> bool,
+    times: Option<usize>,
+    log: &Log<(NodeId, NodeCommand)>,
+) {
+    if let Some(times) = times {
+        transport
+            .expect_send()
+            .withf(matches)
+            .times(times)
+            .returning(record_commands(log));
+    }
+}
+
+/// A run service over the given doubles, with a test meter.
+fn service_over(
+    registry: Arc<dyn Registry>,
+    transport: MockNodeTransport,
+    sink: MockEventSink,
+    config: RunsConfig,
+) -> RunService {
+    RunService::new(
+        registry,
+        Arc::new(transport),
+        Arc::new(sink),
+        config,
+        &opentelemetry::global::meter("edge-test"),
+    )
+}
+
+/// Checks that the sink's `events` for `run` hold exactly one terminal event, as the last.
+fn assert_one_terminal_last(run: &RunId, events: &[Arc<RunEvent>]) {
+    let terminals = events.iter().filter(|e| e.kind.is_terminal()).count();
+    assert_eq!(terminals, 1, "terminal events of {run}: {events:#?}");
+    assert!(
+        events.last().unwrap().kind.is_terminal(),
+        "events after the terminal of {run}: {events:#?}"
+    );
+}
+
 /// A run service over a real registry, a recording mock transport and a recording mock
 /// sink, driven the way the TCP transport drives it.
 struct Harness {
@@ -190,6 +266,11 @@ struct Harness {
 }
 
 impl Harness {
+    /// A harness with the usual [`config()`].
+    fn expecting(expect: Expect) -> Self {
+        Self::new(config(), expect)
+    }
+
     fn new(config: RunsConfig, expect: Expect) -> Self {
         let published = Log::default();
         let commands = Log::default();
@@ -213,32 +294,14 @@ impl Harness {
                 })
             });
         }
-        if let Some(runs) = expect.runs_sent {
-            transport
-                .expect_send()
-                .withf(is_run)
-                .times(runs)
-                .returning(record_commands(&commands));
-        }
-        if let Some(cancels) = expect.cancels_sent {
-            transport
-                .expect_send()
-                .withf(is_cancel)
-                .times(cancels)
-                .returning(record_commands(&commands));
-        }
+        expect_sends(&mut transport, is_run, expect.runs_sent, &commands);
+        expect_sends(&mut transport, is_cancel, expect.cancels_sent, &commands);
         transport
             .expect_send()
             .returning(record_commands(&commands));
 
         let registry = LockRegistry::new();
-        let service = RunService::new(
-            Arc::new(registry.clone()),
-            Arc::new(transport),
-            Arc::new(sink),
-            config,
-            &opentelemetry::global::meter("edge-test"),
-        );
+        let service = service_over(Arc::new(registry.clone()), transport, sink, config);
         Self {
             service,
             registry,
@@ -278,6 +341,22 @@ impl Harness {
             .await;
     }
 
+    /// Starts a run of `spec`, which the service must accept.
+    fn start(&self, spec: RunSpec) -> RunHandle {
+        self.service.start(spec).unwrap()
+    }
+
+    /// Starts `N` runs of [`spec()`] in order, which the service must all accept.
+    fn start_runs<const N: usize>(&self) -> [RunHandle; N] {
+        std::array::from_fn(|_| self.start(spec()))
+    }
+
+    /// Drains the service with `grace` in a task of its own, as the shutdown path does.
+    fn spawn_drain(&self, grace: Duration) -> tokio::task::JoinHandle<()> {
+        let service = self.service.clone();
+        tokio::spawn(async move { service.drain(grace).await })
+    }
+
     /// A run event as node `node` reports it on `connection`.
     async fn report(
         &self,
@@ -297,6 +376,31 @@ impl Harness {
             .await;
     }
 
+    /// Node `node` reports `kinds` for `run` on `connection`, numbered from 1.
+    async fn report_each(
+        &self,
+        node: &str,
+        connection: ConnectionId,
+        run: &RunId,
+        kinds: impl IntoIterator<Item = RunEventKind>,
+    ) {
+        for (seq, kind) in (1..).zip(kinds) {
+            self.report(node, connection, run, seq, kind).await;
+        }
+    }
+
+    /// Node `node` completes the run with its first event; asserts it ended once; returns it.
+    async fn complete(
+        &self,
+        node: &str,
+        connection: ConnectionId,
+        handle: &mut RunHandle,
+    ) -> Arc<RunEvent> {
+        self.report(node, connection, &handle.run_id, 1, completed())
+            .await;
+        self.assert_ended_once(handle)
+    }
+
     fn active_runs(&self, node: &str) -> u32 {
         self.registry.get(node).unwrap().active_runs
     }
@@ -311,18 +415,21 @@ impl Harness {
             .collect()
     }
 
-    /// The `Run` commands sent for `run`, with their nodes.
-    fn assignments(&self, run: &RunId) -> Vec<(NodeId, RunAssignment)> {
+    /// The commands sent that `pick` takes, with their nodes, in order.
+    fn commands_picked<T>(&self, pick: impl Fn(&NodeCommand) -> Option<T>) -> Vec<(NodeId, T)> {
         let commands = self.commands.lock().unwrap();
         commands
             .iter()
-            .filter_map(|(node, command)| match command {
-                NodeCommand::Run(assignment) if &assignment.run_id == run => {
-                    Some((node.clone(), assignment.clone()))
-                }
-                _ => None,
-            })
+            .filter_map(|(node, command)| Some((node.clone(), pick(command)?)))
             .collect()
+    }
+
+    /// The `Run` commands sent for `run`, with their nodes.
+    fn assignments(&self, run: &RunId) -> Vec<(NodeId, RunAssignment)> {
+        self.commands_picked(|command| match command {
+            NodeCommand::Run(assignment) if &assignment.run_id == run => Some(assignment.clone()),
+            _ => None,
+        })
     }
 
     /// The nodes `run` was sent to.
@@ -335,16 +442,10 @@ impl Harness {
 
     /// The `Cancel` commands sent for `run`: the node and the reason.
     fn cancels(&self, run: &RunId) -> Vec<(NodeId, String)> {
-        let commands = self.commands.lock().unwrap();
-        commands
-            .iter()
-            .filter_map(|(node, command)| match command {
-                NodeCommand::Cancel { run_id, reason } if run_id == run => {
-                    Some((node.clone(), reason.clone()))
-                }
-                _ => None,
-            })
-            .collect()
+        self.commands_picked(|command| match command {
+            NodeCommand::Cancel { run_id, reason } if run_id == run => Some(reason.clone()),
+            _ => None,
+        })
     }
 
     fn dropped_after_terminal(&self) -> u64 {
@@ -367,17 +468,26 @@ impl Harness {
     fn assert_ended_once(&self, handle: &mut RunHandle) -> Arc<RunEvent> {
         let run = handle.run_id.clone();
         let published = self.published(&run);
-        let terminals = published.iter().filter(|e| e.kind.is_terminal()).count();
-        assert_eq!(terminals, 1, "terminal events of {run}: {published:#?}");
+        assert_one_terminal_last(&run, &published);
         let last = Arc::clone(published.last().unwrap());
-        assert!(
-            last.kind.is_terminal(),
-            "events after the terminal of {run}: {published:#?}"
-        );
         let (streamed, ended) = received(handle);
         assert_eq!(streamed, published, "the caller's stream of {run}");
         assert!(ended, "the caller's stream of {run} did not end");
         last
+    }
+
+    /// Checks that the run ended once, with a `Failed` event of `code`, and returns it.
+    fn assert_failed(&self, handle: &mut RunHandle, code: &str) -> Arc<RunEvent> {
+        let terminal = self.assert_ended_once(handle);
+        assert_eq!(failure_code(&terminal), Some(code));
+        terminal
+    }
+
+    /// Like [`Self::assert_failed`], and checks that the edge itself made the event.
+    fn assert_edge_failed(&self, handle: &mut RunHandle, code: &str) -> Arc<RunEvent> {
+        let terminal = self.assert_failed(handle, code);
+        assert_eq!(terminal.origin, EventOrigin::Edge);
+        terminal
     }
 
     /// Ends the test: no run may be left open, and the service drains cleanly. Dropping the
@@ -392,26 +502,16 @@ impl Harness {
             by_run.entry(event.run_id.clone()).or_default().push(event);
         }
         for (run, events) in by_run {
-            let terminals = events.iter().filter(|e| e.kind.is_terminal()).count();
-            assert_eq!(terminals, 1, "terminal events of {run}: {events:#?}");
-            assert!(events.last().unwrap().kind.is_terminal());
+            assert_one_terminal_last(&run, &events);
         }
     }
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_run_the_node_completes_ends_with_its_completed_event() {
-    let mut h = Harness::new(
-        config(),
-        Expect {
-            terminals: Some(1),
-            runs_sent: Some(1),
-            cancels_sent: Some(0),
-            ..Expect::default()
-        },
-    );
+    let mut h = Harness::expecting(Expect::terminals(1).runs_sent(1).cancels_sent(0));
     let a = h.connect("a", 2);
-    let mut handle = h.service.start(spec()).unwrap();
+    let mut handle = h.start(spec());
     let run = handle.run_id.clone();
 
     let [(node, assignment)] = h.assignments(&run).try_into().unwrap();
@@ -438,8 +538,8 @@ async fn a_run_the_node_completes_ends_with_its_completed_event() {
     assert_eq!(h.active_runs("a"), 1);
     assert_eq!(h.service.open_runs(), 1);
 
-    h.report("a", a, &run, 1, RunEventKind::Started).await;
-    h.report("a", a, &run, 2, output("hi")).await;
+    h.report_each("a", a, &run, [RunEventKind::Started, output("hi")])
+        .await;
     assert!(!handle.events.is_closed());
     h.report("a", a, &run, 3, completed()).await;
 
@@ -462,22 +562,20 @@ async fn a_run_the_node_completes_ends_with_its_completed_event() {
 
 #[tokio::test(start_paused = true)]
 async fn a_run_the_node_fails_ends_with_its_failed_event() {
-    let mut h = Harness::new(
-        config(),
-        Expect {
-            terminals: Some(1),
-            ..Expect::default()
-        },
-    );
+    let mut h = Harness::expecting(Expect::terminals(1));
     let a = h.connect("a", 1);
-    let mut handle = h.service.start(spec()).unwrap();
-    let run = handle.run_id.clone();
-    h.report("a", a, &run, 1, RunEventKind::Started).await;
+    let mut handle = h.start(spec());
     let failed = RunEventKind::Failed {
         code: "adapter_error".into(),
         message: "out of memory".into(),
     };
-    h.report("a", a, &run, 2, failed.clone()).await;
+    h.report_each(
+        "a",
+        a,
+        &handle.run_id,
+        [RunEventKind::Started, failed.clone()],
+    )
+    .await;
 
     let terminal = h.assert_ended_once(&mut handle);
     assert_eq!(terminal.kind, failed);
@@ -488,27 +586,22 @@ async fn a_run_the_node_fails_ends_with_its_failed_event() {
 
 #[tokio::test(start_paused = true)]
 async fn a_node_disconnecting_mid_stream_fails_its_runs() {
-    let mut h = Harness::new(
-        config(),
-        Expect {
-            terminals: Some(2),
-            ..Expect::default()
-        },
-    );
+    let mut h = Harness::expecting(Expect::terminals(2));
     h.connect("a", 2);
     let a = h.connections["a"];
-    let mut first = h.service.start(spec()).unwrap();
-    let mut second = h.service.start(spec()).unwrap();
-    h.report("a", a, &first.run_id, 1, RunEventKind::Started)
-        .await;
-    h.report("a", a, &first.run_id, 2, output("partial")).await;
+    let [mut first, mut second] = h.start_runs();
+    h.report_each(
+        "a",
+        a,
+        &first.run_id,
+        [RunEventKind::Started, output("partial")],
+    )
+    .await;
 
     h.disconnect("a").await;
 
     for handle in [&mut first, &mut second] {
-        let terminal = h.assert_ended_once(handle);
-        assert_eq!(failure_code(&terminal), Some("node_disconnected"));
-        assert_eq!(terminal.origin, EventOrigin::Edge);
+        let terminal = h.assert_edge_failed(handle, "node_disconnected");
         assert_eq!(terminal.node, Some(node_id("a")));
     }
     // The edge's event continues the node's numbering.
@@ -518,30 +611,18 @@ async fn a_node_disconnecting_mid_stream_fails_its_runs() {
     // The node comes back on a new connection with a fresh count and takes new runs.
     let a = h.connect("a", 2);
     assert_eq!(h.active_runs("a"), 0);
-    let mut third = h.service.start(spec()).unwrap();
+    let mut third = h.start(spec());
     assert_eq!(h.sent_to(&third.run_id), [node_id("a")]);
-    h.report("a", a, &third.run_id, 1, completed()).await;
-    h.assert_ended_once(&mut third);
+    h.complete("a", a, &mut third).await;
     assert_eq!(h.active_runs("a"), 0);
     h.finish().await;
 }
 
 #[tokio::test(start_paused = true)]
 async fn the_deadline_fails_the_run_and_cancels_it_on_the_node() {
-    let mut h = Harness::new(
-        config(),
-        Expect {
-            terminals: Some(1),
-            runs_sent: Some(1),
-            cancels_sent: Some(1),
-            ..Expect::default()
-        },
-    );
+    let mut h = Harness::expecting(Expect::terminals(1).runs_sent(1).cancels_sent(1));
     let a = h.connect("a", 1);
-    let mut handle = h
-        .service
-        .start(with_deadline(Duration::from_secs(2)))
-        .unwrap();
+    let mut handle = h.start(with_deadline(Duration::from_secs(2)));
     let run = handle.run_id.clone();
     assert_eq!(h.assignments(&run)[0].1.deadline_ms, 2_000);
     h.report("a", a, &run, 1, RunEventKind::Started).await;
@@ -556,9 +637,7 @@ async fn the_deadline_fails_the_run_and_cancels_it_on_the_node() {
         h.cancels(&run),
         [(node_id("a"), "deadline exceeded".to_owned())]
     );
-    let terminal = h.assert_ended_once(&mut handle);
-    assert_eq!(failure_code(&terminal), Some("deadline_exceeded"));
-    assert_eq!(terminal.origin, EventOrigin::Edge);
+    let terminal = h.assert_edge_failed(&mut handle, "deadline_exceeded");
     assert_eq!(terminal.seq, 2);
     assert_eq!(h.active_runs("a"), 0);
 
@@ -578,33 +657,21 @@ async fn runs_without_a_deadline_get_the_configured_default() {
             default_deadline_ms: 1_500,
             ..config()
         },
-        Expect {
-            terminals: Some(1),
-            ..Expect::default()
-        },
+        Expect::terminals(1),
     );
     h.connect("a", 1);
-    let mut handle = h.service.start(spec()).unwrap();
+    let mut handle = h.start(spec());
     assert_eq!(h.assignments(&handle.run_id)[0].1.deadline_ms, 1_500);
     sleep(Duration::from_millis(1_510)).await;
-    let terminal = h.assert_ended_once(&mut handle);
-    assert_eq!(failure_code(&terminal), Some("deadline_exceeded"));
+    h.assert_failed(&mut handle, "deadline_exceeded");
     h.finish().await;
 }
 
 #[tokio::test(start_paused = true)]
 async fn cancelling_a_queued_run_ends_it_at_once_and_never_sends_it() {
-    let mut h = Harness::new(
-        config(),
-        Expect {
-            terminals: Some(2),
-            runs_sent: Some(1),
-            ..Expect::default()
-        },
-    );
+    let mut h = Harness::expecting(Expect::terminals(2).runs_sent(1));
     let a = h.connect("a", 1);
-    let mut busy = h.service.start(spec()).unwrap();
-    let mut queued = h.service.start(spec()).unwrap();
+    let [mut busy, mut queued] = h.start_runs();
     assert_eq!(h.service.queued_runs(), 1);
     assert!(h.sent_to(&queued.run_id).is_empty());
 
@@ -620,8 +687,7 @@ async fn cancelling_a_queued_run_ends_it_at_once_and_never_sends_it() {
     assert!(!h.service.cancel(&queued.run_id, "again").await);
 
     // The slot that frees later goes to nobody: the cancelled run is never sent.
-    h.report("a", a, &busy.run_id, 1, completed()).await;
-    h.assert_ended_once(&mut busy);
+    h.complete("a", a, &mut busy).await;
     assert!(h.sent_to(&queued.run_id).is_empty());
     assert_eq!(h.active_runs("a"), 0);
     h.finish().await;
@@ -629,19 +695,12 @@ async fn cancelling_a_queued_run_ends_it_at_once_and_never_sends_it() {
 
 #[tokio::test(start_paused = true)]
 async fn a_cancelled_run_ends_with_the_nodes_own_cancelled_event() {
-    let mut h = Harness::new(
-        config(),
-        Expect {
-            terminals: Some(1),
-            cancels_sent: Some(1),
-            ..Expect::default()
-        },
-    );
+    let mut h = Harness::expecting(Expect::terminals(1).cancels_sent(1));
     let a = h.connect("a", 1);
-    let mut handle = h.service.start(spec()).unwrap();
+    let mut handle = h.start(spec());
     let run = handle.run_id.clone();
-    h.report("a", a, &run, 1, RunEventKind::Started).await;
-    h.report("a", a, &run, 2, output("so far")).await;
+    h.report_each("a", a, &run, [RunEventKind::Started, output("so far")])
+        .await;
 
     assert!(h.service.cancel(&run, "caller").await);
     assert_eq!(h.cancels(&run), [(node_id("a"), "caller".to_owned())]);
@@ -662,16 +721,9 @@ async fn a_cancelled_run_ends_with_the_nodes_own_cancelled_event() {
 
 #[tokio::test(start_paused = true)]
 async fn a_cancelled_run_the_node_ignores_ends_after_the_grace_period() {
-    let mut h = Harness::new(
-        config(),
-        Expect {
-            terminals: Some(1),
-            cancels_sent: Some(1),
-            ..Expect::default()
-        },
-    );
+    let mut h = Harness::expecting(Expect::terminals(1).cancels_sent(1));
     let a = h.connect("a", 1);
-    let mut handle = h.service.start(spec()).unwrap();
+    let mut handle = h.start(spec());
     let run = handle.run_id.clone();
     h.report("a", a, &run, 1, RunEventKind::Started).await;
 
@@ -702,21 +754,14 @@ async fn drain_ends_open_runs_after_the_grace_and_refuses_new_ones() {
             queue_timeout_ms: 60_000,
             ..config()
         },
-        Expect {
-            terminals: Some(2),
-            runs_sent: Some(1),
-            cancels_sent: Some(1),
-            ..Expect::default()
-        },
+        Expect::terminals(2).runs_sent(1).cancels_sent(1),
     );
     let a = h.connect("a", 1);
-    let mut dispatched = h.service.start(spec()).unwrap();
-    let mut queued = h.service.start(spec()).unwrap();
+    let [mut dispatched, mut queued] = h.start_runs();
     h.report("a", a, &dispatched.run_id, 1, RunEventKind::Started)
         .await;
 
-    let service = h.service.clone();
-    let drain = tokio::spawn(async move { service.drain(Duration::from_secs(3)).await });
+    let drain = h.spawn_drain(Duration::from_secs(3));
     sleep(Duration::from_millis(10)).await;
     assert_eq!(
         h.service.start(spec()).unwrap_err(),
@@ -732,9 +777,7 @@ async fn drain_ends_open_runs_after_the_grace_and_refuses_new_ones() {
     assert!(drain.is_finished());
     drain.await.unwrap();
     for handle in [&mut dispatched, &mut queued] {
-        let terminal = h.assert_ended_once(handle);
-        assert_eq!(failure_code(&terminal), Some("edge_shutdown"));
-        assert_eq!(terminal.origin, EventOrigin::Edge);
+        h.assert_edge_failed(handle, "edge_shutdown");
     }
     assert_eq!(
         h.cancels(&dispatched.run_id),
@@ -751,18 +794,10 @@ async fn drain_ends_open_runs_after_the_grace_and_refuses_new_ones() {
 
 #[tokio::test(start_paused = true)]
 async fn drain_returns_as_soon_as_the_open_runs_end() {
-    let mut h = Harness::new(
-        config(),
-        Expect {
-            terminals: Some(1),
-            cancels_sent: Some(0),
-            ..Expect::default()
-        },
-    );
+    let mut h = Harness::expecting(Expect::terminals(1).cancels_sent(0));
     let a = h.connect("a", 1);
-    let mut handle = h.service.start(spec()).unwrap();
-    let service = h.service.clone();
-    let drain = tokio::spawn(async move { service.drain(Duration::from_secs(60)).await });
+    let mut handle = h.start(spec());
+    let drain = h.spawn_drain(Duration::from_secs(60));
     sleep(Duration::from_secs(1)).await;
     assert!(!drain.is_finished());
 
@@ -777,32 +812,21 @@ async fn drain_returns_as_soon_as_the_open_runs_end() {
 
 #[tokio::test(start_paused = true)]
 async fn a_run_that_waits_too_long_in_the_queue_fails() {
-    let mut h = Harness::new(
-        config(),
-        Expect {
-            terminals: Some(2),
-            runs_sent: Some(1),
-            ..Expect::default()
-        },
-    );
+    let mut h = Harness::expecting(Expect::terminals(2).runs_sent(1));
     let a = h.connect("a", 1);
-    let mut busy = h.service.start(spec()).unwrap();
-    let mut queued = h.service.start(spec()).unwrap();
+    let [mut busy, mut queued] = h.start_runs();
 
     sleep(Duration::from_millis(990)).await;
     assert_eq!(h.service.queued_runs(), 1);
     assert!(!queued.events.is_closed());
 
     sleep(Duration::from_millis(20)).await;
-    let terminal = h.assert_ended_once(&mut queued);
-    assert_eq!(failure_code(&terminal), Some("queue_timeout"));
-    assert_eq!(terminal.origin, EventOrigin::Edge);
+    let terminal = h.assert_edge_failed(&mut queued, "queue_timeout");
     assert_eq!(terminal.node, None);
     assert_eq!(h.service.queued_runs(), 0);
     assert_eq!(h.service.open_runs(), 1);
 
-    h.report("a", a, &busy.run_id, 1, completed()).await;
-    h.assert_ended_once(&mut busy);
+    h.complete("a", a, &mut busy).await;
     assert!(h.sent_to(&queued.run_id).is_empty());
     assert_eq!(h.active_runs("a"), 0);
     h.finish().await;
@@ -810,21 +834,18 @@ async fn a_run_that_waits_too_long_in_the_queue_fails() {
 
 #[tokio::test(start_paused = true)]
 async fn events_after_the_terminal_are_dropped_and_counted() {
-    let mut h = Harness::new(
-        config(),
-        Expect {
-            terminals: Some(1),
-            ..Expect::default()
-        },
-    );
+    let mut h = Harness::expecting(Expect::terminals(1));
     let a = h.connect("a", 1);
-    let mut handle = h.service.start(spec()).unwrap();
+    let mut handle = h.start(spec());
     let run = handle.run_id.clone();
-    h.report("a", a, &run, 1, RunEventKind::Started).await;
-    h.report("a", a, &run, 2, completed()).await;
-
-    h.report("a", a, &run, 3, output("late")).await;
-    h.report("a", a, &run, 4, completed()).await;
+    // The node ends the run with its second event, then sends two more.
+    let kinds = [
+        RunEventKind::Started,
+        completed(),
+        output("late"),
+        completed(),
+    ];
+    h.report_each("a", a, &run, kinds).await;
 
     h.assert_ended_once(&mut handle);
     assert_eq!(h.published(&run).len(), 2);
@@ -836,18 +857,9 @@ async fn events_after_the_terminal_are_dropped_and_counted() {
 
 #[tokio::test(start_paused = true)]
 async fn a_deadline_racing_the_nodes_terminal_adds_no_second_terminal_event() {
-    let mut h = Harness::new(
-        config(),
-        Expect {
-            terminals: Some(1),
-            ..Expect::default()
-        },
-    );
+    let mut h = Harness::expecting(Expect::terminals(1));
     let a = h.connect("a", 1);
-    let mut handle = h
-        .service
-        .start(with_deadline(Duration::from_secs(1)))
-        .unwrap();
+    let mut handle = h.start(with_deadline(Duration::from_secs(1)));
     let run = handle.run_id.clone();
     // The caller reads nothing until its buffer is full...
     let buffered = u64::try_from(handle.events.max_capacity()).unwrap();
@@ -878,8 +890,7 @@ async fn a_deadline_racing_the_nodes_terminal_adds_no_second_terminal_event() {
         streamed == published,
         "the caller's stream differs from the sink"
     );
-    let terminals: Vec<_> = published.iter().filter(|e| e.kind.is_terminal()).collect();
-    assert_eq!(terminals.len(), 1, "terminal events: {terminals:#?}");
+    assert_one_terminal_last(&run, &published);
     assert_eq!(published.last().unwrap().kind, completed());
     assert_eq!(h.dropped_after_terminal(), 1);
     assert_eq!(h.service.open_runs(), 0);
@@ -889,15 +900,9 @@ async fn a_deadline_racing_the_nodes_terminal_adds_no_second_terminal_event() {
 
 #[tokio::test(start_paused = true)]
 async fn events_for_runs_a_connection_does_not_hold_are_dropped_and_counted() {
-    let mut h = Harness::new(
-        config(),
-        Expect {
-            terminals: Some(1),
-            ..Expect::default()
-        },
-    );
+    let mut h = Harness::expecting(Expect::terminals(1));
     let a = h.connect("a", 1);
-    let mut handle = h.service.start(spec()).unwrap();
+    let mut handle = h.start(spec());
     let run = handle.run_id.clone();
     let b = h.connect("b", 1);
 
@@ -915,65 +920,45 @@ async fn events_for_runs_a_connection_does_not_hold_are_dropped_and_counted() {
     assert_eq!(h.active_runs("a"), 1);
     assert_eq!(h.active_runs("b"), 0);
 
-    h.report("a", a, &run, 1, completed()).await;
-    assert_eq!(h.assert_ended_once(&mut handle).origin, EventOrigin::Node);
+    let terminal = h.complete("a", a, &mut handle).await;
+    assert_eq!(terminal.origin, EventOrigin::Node);
     assert_eq!(h.active_runs("a"), 0);
     h.finish().await;
 }
 
 #[tokio::test(start_paused = true)]
 async fn an_old_connections_events_do_not_reach_the_nodes_new_runs() {
-    let mut h = Harness::new(
-        config(),
-        Expect {
-            terminals: Some(2),
-            ..Expect::default()
-        },
-    );
+    let mut h = Harness::expecting(Expect::terminals(2));
     let old = h.connect("a", 1);
-    let mut first = h.service.start(spec()).unwrap();
+    let mut first = h.start(spec());
     h.disconnect("a").await;
-    assert_eq!(
-        failure_code(&h.assert_ended_once(&mut first)),
-        Some("node_disconnected")
-    );
+    h.assert_failed(&mut first, "node_disconnected");
 
     let new = h.connect("a", 1);
-    let mut second = h.service.start(spec()).unwrap();
+    let mut second = h.start(spec());
     h.report("a", old, &second.run_id, 1, completed()).await;
     assert_eq!(h.dropped_unknown_run(), 1);
     assert!(h.published(&second.run_id).is_empty());
 
-    h.report("a", new, &second.run_id, 1, completed()).await;
-    h.assert_ended_once(&mut second);
+    h.complete("a", new, &mut second).await;
     h.finish().await;
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_queued_run_is_dispatched_when_a_slot_frees() {
-    let mut h = Harness::new(
-        config(),
-        Expect {
-            terminals: Some(2),
-            runs_sent: Some(2),
-            ..Expect::default()
-        },
-    );
+    let mut h = Harness::expecting(Expect::terminals(2).runs_sent(2));
     let a = h.connect("a", 1);
-    let mut first = h.service.start(spec()).unwrap();
-    let mut second = h.service.start(spec()).unwrap();
+    let [mut first, mut second] = h.start_runs();
     assert_eq!(h.service.queued_runs(), 1);
     assert!(h.sent_to(&second.run_id).is_empty());
 
-    h.report("a", a, &first.run_id, 1, completed()).await;
-    h.assert_ended_once(&mut first);
+    h.complete("a", a, &mut first).await;
     assert_eq!(h.sent_to(&second.run_id), [node_id("a")]);
     assert_eq!(h.service.queued_runs(), 0);
     assert_eq!(h.active_runs("a"), 1);
 
-    h.report("a", a, &second.run_id, 1, RunEventKind::Started)
+    h.report_each("a", a, &second.run_id, [RunEventKind::Started, completed()])
         .await;
-    h.report("a", a, &second.run_id, 2, completed()).await;
     let terminal = h.assert_ended_once(&mut second);
     assert_eq!(terminal.node, Some(node_id("a")));
     assert_eq!(h.active_runs("a"), 0);
@@ -982,17 +967,9 @@ async fn a_queued_run_is_dispatched_when_a_slot_frees() {
 
 #[tokio::test(start_paused = true)]
 async fn a_queued_run_is_dispatched_when_a_node_connects() {
-    let mut h = Harness::new(
-        config(),
-        Expect {
-            terminals: Some(2),
-            runs_sent: Some(2),
-            ..Expect::default()
-        },
-    );
+    let mut h = Harness::expecting(Expect::terminals(2).runs_sent(2));
     let a = h.connect("a", 1);
-    let mut first = h.service.start(spec()).unwrap();
-    let mut second = h.service.start(spec()).unwrap();
+    let [mut first, mut second] = h.start_runs();
     assert_eq!(h.service.queued_runs(), 1);
 
     let b = h.connect("b", 1);
@@ -1000,10 +977,11 @@ async fn a_queued_run_is_dispatched_when_a_node_connects() {
     assert_eq!(h.service.queued_runs(), 0);
     assert_eq!(h.active_runs("b"), 1);
 
-    h.report("b", b, &second.run_id, 1, completed()).await;
-    assert_eq!(h.assert_ended_once(&mut second).node, Some(node_id("b")));
-    h.report("a", a, &first.run_id, 1, completed()).await;
-    h.assert_ended_once(&mut first);
+    assert_eq!(
+        h.complete("b", b, &mut second).await.node,
+        Some(node_id("b"))
+    );
+    h.complete("a", a, &mut first).await;
     assert_eq!(h.active_runs("a"), 0);
     assert_eq!(h.active_runs("b"), 0);
     h.finish().await;
@@ -1011,13 +989,7 @@ async fn a_queued_run_is_dispatched_when_a_node_connects() {
 
 #[tokio::test(start_paused = true)]
 async fn a_run_nobody_serves_is_refused_at_once() {
-    let mut h = Harness::new(
-        config(),
-        Expect {
-            runs_sent: Some(0),
-            ..Expect::default()
-        },
-    );
+    let mut h = Harness::expecting(Expect::default().runs_sent(0));
     let nobody = h.service.start(spec()).unwrap_err();
     assert!(
         matches!(nobody, StartError::NoNode(SelectError::NoNodeServes { .. })),
@@ -1063,14 +1035,10 @@ async fn a_run_is_refused_when_the_queue_is_full() {
             queue_capacity: 1,
             ..config()
         },
-        Expect {
-            terminals: Some(2),
-            ..Expect::default()
-        },
+        Expect::terminals(2),
     );
     let a = h.connect("a", 1);
-    let mut first = h.service.start(spec()).unwrap();
-    let mut second = h.service.start(spec()).unwrap();
+    let [mut first, mut second] = h.start_runs();
     let full = h.service.start(spec()).unwrap_err();
     assert!(
         matches!(
@@ -1084,28 +1052,18 @@ async fn a_run_is_refused_when_the_queue_is_full() {
     );
     assert_eq!(h.service.open_runs(), 2);
 
-    h.report("a", a, &first.run_id, 1, completed()).await;
-    h.report("a", a, &second.run_id, 1, completed()).await;
-    h.assert_ended_once(&mut first);
-    h.assert_ended_once(&mut second);
+    h.complete("a", a, &mut first).await;
+    h.complete("a", a, &mut second).await;
     h.finish().await;
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_run_the_node_cannot_be_sent_fails_as_disconnected() {
-    let mut h = Harness::new(
-        config(),
-        Expect {
-            terminals: Some(1),
-            refuse_runs: true,
-            ..Expect::default()
-        },
-    );
+    let mut h = Harness::expecting(Expect::terminals(1).refusing_runs());
     h.connect("a", 1);
-    let mut handle = h.service.start(spec()).unwrap();
+    let mut handle = h.start(spec());
     sleep(Duration::from_millis(1)).await;
-    let terminal = h.assert_ended_once(&mut handle);
-    assert_eq!(failure_code(&terminal), Some("node_disconnected"));
+    h.assert_failed(&mut handle, "node_disconnected");
     assert_eq!(h.active_runs("a"), 0);
     h.finish().await;
 }
@@ -1132,13 +1090,7 @@ async fn a_run_whose_node_leaves_during_placement_waits_in_the_queue() {
     sink.expect_flush().return_const(());
     let mut transport = MockNodeTransport::new();
     transport.expect_send().never();
-    let service = RunService::new(
-        Arc::new(registry),
-        Arc::new(transport),
-        Arc::new(sink),
-        config(),
-        &opentelemetry::global::meter("edge-test"),
-    );
+    let service = service_over(Arc::new(registry), transport, sink, config());
 
     let mut handle = service.start(spec()).unwrap();
     assert_eq!(service.queued_runs(), 1);
