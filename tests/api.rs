@@ -11,15 +11,24 @@ mod mock_node;
 
 use std::time::Duration;
 
+use common::runs::words;
 use common::{TWO_NODES, TestApp, eventually, spawn_app};
 use edge::ports::{NodeCommand, RunAssignment};
 use futures::StreamExt;
 use mock_node::{Behaviour, MockNode, MockOptions};
-use reqwest::StatusCode;
+use reqwest::{RequestBuilder, Response, StatusCode};
 use serde_json::{Value, json};
+use tokio::task::JoinHandle;
 
 /// The longest any single asynchronous effect may take before a test gives up.
 const PATIENCE: Duration = Duration::from_secs(10);
+
+/// The chat completions endpoint.
+const CHAT: &str = "/v1/chat/completions";
+/// The (legacy) text completions endpoint.
+const COMPLETIONS: &str = "/v1/completions";
+/// The reason the edge gives a node when it cancels a run whose client went away.
+const CLIENT_DISCONNECTED: &str = "client disconnected";
 
 // ---------------------------------------------------------------------------------------
 // Helpers
@@ -47,6 +56,29 @@ async fn echo(app: &TestApp, token: &str) -> MockNode {
     node(app, token, Behaviour::Echo, Duration::ZERO).await
 }
 
+/// Starts an edge with `config` and a registered `node-a` behaving as `behaviour` at once.
+async fn edge_with_node_a(config: &str, behaviour: Behaviour) -> (TestApp, MockNode) {
+    let app = spawn_app(config).await;
+    let node_a = node(&app, "token-a", behaviour, Duration::ZERO).await;
+    app.wait_for_nodes(1).await;
+    (app, node_a)
+}
+
+/// Kills `nodes`, then stops the edge.
+async fn kill_and_stop(app: TestApp, nodes: impl IntoIterator<Item = MockNode>) {
+    for node in nodes {
+        node.kill();
+    }
+    app.stop().await;
+}
+
+/// Checks that the edge forgot its runs, then kills `nodes` and stops the edge.
+async fn settle_and_stop(app: TestApp, nodes: impl IntoIterator<Item = MockNode>) {
+    app.assert_settled().await;
+    kill_and_stop(app, nodes).await;
+}
+
+/// An HTTP client that gives up after [`PATIENCE`].
 fn client() -> reqwest::Client {
     reqwest::Client::builder()
         .timeout(PATIENCE)
@@ -54,23 +86,53 @@ fn client() -> reqwest::Client {
         .expect("client")
 }
 
+/// The edge's HTTP URL for `path`.
 fn url(app: &TestApp, path: &str) -> String {
     format!("http://{}{path}", app.http_addr)
 }
 
+/// A POST to `path`, ready for a body and headers.
+fn post_request(app: &TestApp, path: &str) -> RequestBuilder {
+    client().post(url(app, path))
+}
+
+/// A GET of `path`, ready for headers.
+fn get_request(app: &TestApp, path: &str) -> RequestBuilder {
+    client().get(url(app, path))
+}
+
+/// Sends `request`, which must get a response.
+async fn send(request: RequestBuilder) -> Response {
+    request.send().await.expect("request")
+}
+
 /// POSTs `body` as JSON to `path`.
-async fn post(app: &TestApp, path: &str, body: &Value) -> reqwest::Response {
-    client()
-        .post(url(app, path))
-        .json(body)
-        .send()
-        .await
-        .expect("request")
+async fn post(app: &TestApp, path: &str, body: &Value) -> Response {
+    send(post_request(app, path).json(body)).await
+}
+
+/// POSTs `body` as JSON to the chat completions endpoint.
+async fn post_chat(app: &TestApp, body: &Value) -> Response {
+    post(app, CHAT, body).await
 }
 
 /// GETs `path`.
-async fn get(app: &TestApp, path: &str) -> reqwest::Response {
-    client().get(url(app, path)).send().await.expect("request")
+async fn get(app: &TestApp, path: &str) -> Response {
+    send(get_request(app, path)).await
+}
+
+/// The JSON body of a response that must be `200 OK`.
+async fn ok_json(response: Response) -> Value {
+    assert_eq!(response.status(), StatusCode::OK);
+    response.json().await.expect("json")
+}
+
+/// The run id the edge names in a response's `x-edge-run-id` header.
+fn run_id_of(response: &Response) -> String {
+    response.headers()["x-edge-run-id"]
+        .to_str()
+        .unwrap()
+        .to_owned()
 }
 
 /// A chat request for `model` whose last message says `content`.
@@ -93,8 +155,13 @@ fn streaming(mut body: Value, usage: bool) -> Value {
     body
 }
 
+/// `body` made [`streaming`] (with `usage`) when `stream`, else `body` unchanged.
+fn streaming_if(stream: bool, body: Value, usage: bool) -> Value {
+    if stream { streaming(body, usage) } else { body }
+}
+
 /// The error object of an OpenAI-shaped error body, checked for its four fields.
-async fn error_of(response: reqwest::Response) -> Value {
+async fn error_of(response: Response) -> Value {
     let body: Value = response.json().await.expect("a JSON error body");
     let error = body["error"].clone();
     for field in ["message", "type", "param", "code"] {
@@ -107,10 +174,15 @@ async fn error_of(response: reqwest::Response) -> Value {
     error
 }
 
-/// Asserts `response` is an OpenAI error with `status` and `code`; returns the error.
-async fn assert_error(response: reqwest::Response, status: StatusCode, code: &str) -> Value {
+/// Asserts `response` is an OpenAI error with `status`; returns the error.
+async fn assert_error_status(response: Response, status: StatusCode) -> Value {
     assert_eq!(response.status(), status);
-    let error = error_of(response).await;
+    error_of(response).await
+}
+
+/// Asserts `response` is an OpenAI error with `status` and `code`; returns the error.
+async fn assert_error(response: Response, status: StatusCode, code: &str) -> Value {
+    let error = assert_error_status(response, status).await;
     assert_eq!(error["code"], code, "{error}");
     error
 }
@@ -131,7 +203,7 @@ fn sse_data(body: &str) -> Vec<String> {
 }
 
 /// Reads a whole SSE response: the JSON chunks, and whether it ended with `[DONE]`.
-async fn read_sse(response: reqwest::Response) -> (Vec<Value>, bool) {
+async fn read_sse(response: Response) -> (Vec<Value>, bool) {
     assert_eq!(response.status(), StatusCode::OK);
     let content_type = response.headers()["content-type"]
         .to_str()
@@ -177,6 +249,15 @@ fn cancels_sent(node: &MockNode) -> Vec<(String, String)> {
             _ => None,
         })
         .collect()
+}
+
+/// Waits until the edge has sent `node` a cancel; returns [`cancels_sent`] then.
+async fn awaited_cancels(node: &MockNode) -> Vec<(String, String)> {
+    eventually("the node received CancelRun", || {
+        !cancels_sent(node).is_empty()
+    })
+    .await;
+    cancels_sent(node)
 }
 
 /// The ids of `GET /v1/models`.
@@ -246,8 +327,7 @@ async fn models_lists_what_the_connected_nodes_serve_right_now() {
     node_b.kill();
     app.wait_for_nodes(1).await;
     assert_eq!(model_ids(&app).await, ["echo/default"]);
-    node_a.kill();
-    app.stop().await;
+    kill_and_stop(app, [node_a]).await;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -256,21 +336,16 @@ async fn models_lists_what_the_connected_nodes_serve_right_now() {
 
 #[tokio::test]
 async fn chat_completion_answers_with_the_whole_completion() {
-    let app = spawn_app(TWO_NODES).await;
-    let node_a = echo(&app, "token-a").await;
-    app.wait_for_nodes(1).await;
+    let (app, node_a) = edge_with_node_a(TWO_NODES, Behaviour::Echo).await;
 
     let mut body = chat("echo/default", "hello brave new world");
     body["max_tokens"] = json!(64);
     body["max_completion_tokens"] = json!(32);
     body["temperature"] = json!(0.5);
     body["stream"] = json!(false);
-    let response = post(&app, "/v1/chat/completions", &body).await;
+    let response = post_chat(&app, &body).await;
     assert_eq!(response.status(), StatusCode::OK);
-    let run_id = response.headers()["x-edge-run-id"]
-        .to_str()
-        .unwrap()
-        .to_owned();
+    let run_id = run_id_of(&response);
     // A whole answer has a known length (the request-slot wrapper keeps the size hint).
     let length = response.content_length().expect("content-length");
     let answer: Value = response.json().await.expect("json");
@@ -315,27 +390,19 @@ async fn chat_completion_answers_with_the_whole_completion() {
     assert_eq!(input["temperature"], 0.5);
     assert_eq!(input["messages"], body["messages"]);
 
-    app.assert_settled().await;
-    node_a.kill();
-    app.stop().await;
+    settle_and_stop(app, [node_a]).await;
 }
 
 #[tokio::test]
 async fn chat_completion_streams_chunks_ending_with_done() {
-    let app = spawn_app(TWO_NODES).await;
-    let node_a = echo(&app, "token-a").await;
-    app.wait_for_nodes(1).await;
+    let (app, node_a) = edge_with_node_a(TWO_NODES, Behaviour::Echo).await;
 
-    let response = post(
+    let response = post_chat(
         &app,
-        "/v1/chat/completions",
         &streaming(chat("echo/default", "one two three"), false),
     )
     .await;
-    let run_id = response.headers()["x-edge-run-id"]
-        .to_str()
-        .unwrap()
-        .to_owned();
+    let run_id = run_id_of(&response);
     let (chunks, done) = read_sse(response).await;
     assert!(done, "{chunks:#?}");
     assert!(chunks.len() >= 3, "{chunks:#?}");
@@ -358,23 +425,14 @@ async fn chat_completion_streams_chunks_ending_with_done() {
             .all(|c| c["choices"][0]["finish_reason"].is_null())
     );
 
-    app.assert_settled().await;
-    node_a.kill();
-    app.stop().await;
+    settle_and_stop(app, [node_a]).await;
 }
 
 #[tokio::test]
 async fn include_usage_ends_the_stream_with_a_usage_chunk() {
-    let app = spawn_app(TWO_NODES).await;
-    let node_a = echo(&app, "token-a").await;
-    app.wait_for_nodes(1).await;
+    let (app, node_a) = edge_with_node_a(TWO_NODES, Behaviour::Echo).await;
 
-    let response = post(
-        &app,
-        "/v1/chat/completions",
-        &streaming(chat("echo/default", "a b c"), true),
-    )
-    .await;
+    let response = post_chat(&app, &streaming(chat("echo/default", "a b c"), true)).await;
     let (chunks, done) = read_sse(response).await;
     assert!(done);
     let (usage, rest) = chunks.split_last().unwrap();
@@ -391,9 +449,7 @@ async fn include_usage_ends_the_stream_with_a_usage_chunk() {
     assert_eq!(rest.last().unwrap()["choices"][0]["finish_reason"], "stop");
     assert_eq!(chat_text(rest), "a b c");
 
-    app.assert_settled().await;
-    node_a.kill();
-    app.stop().await;
+    settle_and_stop(app, [node_a]).await;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -402,14 +458,10 @@ async fn include_usage_ends_the_stream_with_a_usage_chunk() {
 
 #[tokio::test]
 async fn completions_answer_whole_and_streamed() {
-    let app = spawn_app(TWO_NODES).await;
-    let node_a = echo(&app, "token-a").await;
-    app.wait_for_nodes(1).await;
+    let (app, node_a) = edge_with_node_a(TWO_NODES, Behaviour::Echo).await;
 
     let body = json!({"model": "echo/default", "prompt": "say this please", "max_tokens": 5});
-    let response = post(&app, "/v1/completions", &body).await;
-    assert_eq!(response.status(), StatusCode::OK);
-    let answer: Value = response.json().await.expect("json");
+    let answer = ok_json(post(&app, COMPLETIONS, &body).await).await;
     assert_eq!(answer["object"], "text_completion");
     assert!(answer["id"].as_str().unwrap().starts_with("cmpl-"));
     assert_eq!(answer["choices"][0]["text"], "say this please");
@@ -418,7 +470,7 @@ async fn completions_answer_whole_and_streamed() {
     let input: Value = serde_json::from_slice(&runs_sent(&node_a)[0].input).expect("JSON input");
     assert_eq!(input, json!({"prompt": "say this please", "max_tokens": 5}));
 
-    let response = post(&app, "/v1/completions", &streaming(body, true)).await;
+    let response = post(&app, COMPLETIONS, &streaming(body, true)).await;
     let (chunks, done) = read_sse(response).await;
     assert!(done);
     let (usage, rest) = chunks.split_last().unwrap();
@@ -432,9 +484,7 @@ async fn completions_answer_whole_and_streamed() {
     assert!(rest.iter().all(|c| c["object"] == "text_completion"));
     assert_eq!(rest.last().unwrap()["choices"][0]["finish_reason"], "stop");
 
-    app.assert_settled().await;
-    node_a.kill();
-    app.stop().await;
+    settle_and_stop(app, [node_a]).await;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -449,14 +499,7 @@ async fn an_alias_routes_to_its_adapter_and_target() {
     app.wait_for_nodes(2).await;
 
     for _ in 0..3 {
-        let response = post(
-            &app,
-            "/v1/chat/completions",
-            &chat("gpt-4o-mini", "via alias"),
-        )
-        .await;
-        assert_eq!(response.status(), StatusCode::OK);
-        let answer: Value = response.json().await.expect("json");
+        let answer = ok_json(post_chat(&app, &chat("gpt-4o-mini", "via alias")).await).await;
         assert_eq!(
             answer["model"], "gpt-4o-mini",
             "answers name the model as asked"
@@ -472,10 +515,7 @@ async fn an_alias_routes_to_its_adapter_and_target() {
             .all(|r| r.adapter.as_str() == "echo" && r.target.as_str() == "fast")
     );
 
-    app.assert_settled().await;
-    node_a.kill();
-    node_b.kill();
-    app.stop().await;
+    settle_and_stop(app, [node_a, node_b]).await;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -484,127 +524,87 @@ async fn an_alias_routes_to_its_adapter_and_target() {
 
 #[tokio::test]
 async fn malformed_json_and_missing_fields_are_400() {
-    let app = spawn_app(TWO_NODES).await;
-    let node_a = echo(&app, "token-a").await;
-    app.wait_for_nodes(1).await;
+    let (app, node_a) = edge_with_node_a(TWO_NODES, Behaviour::Echo).await;
 
-    for path in ["/v1/chat/completions", "/v1/completions"] {
-        let response = client()
-            .post(url(&app, path))
-            .header("content-type", "application/json")
-            .body("{\"model\": \"echo/default\", \"messages\": [")
-            .send()
-            .await
-            .expect("request");
+    for path in [CHAT, COMPLETIONS] {
+        let response = send(
+            post_request(&app, path)
+                .header("content-type", "application/json")
+                .body("{\"model\": \"echo/default\", \"messages\": ["),
+        )
+        .await;
         let error = assert_error_status(response, StatusCode::BAD_REQUEST).await;
         assert_eq!(error["type"], "invalid_request_error");
     }
 
-    let error = assert_error(
-        post(
-            &app,
-            "/v1/chat/completions",
-            &json!({"model": "echo/default"}),
+    for (path, body, missing) in [
+        (CHAT, json!({"model": "echo/default"}), "messages"),
+        (COMPLETIONS, json!({"model": "echo/default"}), "prompt"),
+        (
+            CHAT,
+            json!({"messages": [{"role": "user", "content": "x"}]}),
+            "model",
+        ),
+    ] {
+        let error = assert_error(
+            post(&app, path, &body).await,
+            StatusCode::BAD_REQUEST,
+            "missing_required_parameter",
         )
-        .await,
-        StatusCode::BAD_REQUEST,
-        "missing_required_parameter",
-    )
-    .await;
-    assert_eq!(error["param"], "messages");
-    let error = assert_error(
-        post(&app, "/v1/completions", &json!({"model": "echo/default"})).await,
-        StatusCode::BAD_REQUEST,
-        "missing_required_parameter",
-    )
-    .await;
-    assert_eq!(error["param"], "prompt");
-    let error = assert_error(
-        post(
-            &app,
-            "/v1/chat/completions",
-            &json!({"messages": [{"role": "user", "content": "x"}]}),
-        )
-        .await,
-        StatusCode::BAD_REQUEST,
-        "missing_required_parameter",
-    )
-    .await;
-    assert_eq!(error["param"], "model");
+        .await;
+        assert_eq!(error["param"], missing);
+    }
 
     assert!(runs_sent(&node_a).is_empty(), "no run for a bad request");
-    node_a.kill();
-    app.stop().await;
-}
-
-/// Asserts `response` is an OpenAI error with `status`; returns the error.
-async fn assert_error_status(response: reqwest::Response, status: StatusCode) -> Value {
-    assert_eq!(response.status(), status);
-    error_of(response).await
+    kill_and_stop(app, [node_a]).await;
 }
 
 #[tokio::test]
 async fn api_keys_are_required_when_configured_and_ops_endpoints_stay_open() {
-    let app = spawn_app(&config(
-        "[api]\nkeys = [\"sk-test-one\", \"sk-test-two\"]\n",
-    ))
+    let (app, node_a) = edge_with_node_a(
+        &config("[api]\nkeys = [\"sk-test-one\", \"sk-test-two\"]\n"),
+        Behaviour::Echo,
+    )
     .await;
-    let node_a = echo(&app, "token-a").await;
-    app.wait_for_nodes(1).await;
 
     let body = chat("echo/default", "secret stuff");
-    let missing = post(&app, "/v1/chat/completions", &body).await;
+    let missing = post_chat(&app, &body).await;
     assert!(missing.headers().contains_key("www-authenticate"));
     assert_error(missing, StatusCode::UNAUTHORIZED, "invalid_api_key").await;
-    let wrong = client()
-        .post(url(&app, "/v1/chat/completions"))
-        .bearer_auth("sk-test-three")
-        .json(&body)
-        .send()
-        .await
-        .expect("request");
+    let wrong = send(
+        post_request(&app, CHAT)
+            .bearer_auth("sk-test-three")
+            .json(&body),
+    )
+    .await;
     assert_error(wrong, StatusCode::UNAUTHORIZED, "invalid_api_key").await;
-    let models = client()
-        .get(url(&app, "/v1/models"))
-        .send()
-        .await
-        .expect("request");
+    let models = get(&app, "/v1/models").await;
     assert_error(models, StatusCode::UNAUTHORIZED, "invalid_api_key").await;
     assert!(runs_sent(&node_a).is_empty());
 
-    let right = client()
-        .post(url(&app, "/v1/chat/completions"))
-        .bearer_auth("sk-test-two")
-        .json(&body)
-        .send()
-        .await
-        .expect("request");
+    let right = send(
+        post_request(&app, CHAT)
+            .bearer_auth("sk-test-two")
+            .json(&body),
+    )
+    .await;
     assert_eq!(right.status(), StatusCode::OK);
-    let models = client()
-        .get(url(&app, "/v1/models"))
-        .bearer_auth("sk-test-one")
-        .send()
-        .await
-        .expect("request");
+    let models = send(get_request(&app, "/v1/models").bearer_auth("sk-test-one")).await;
     assert_eq!(models.status(), StatusCode::OK);
 
     for path in ["/healthz", "/readyz", "/metrics"] {
         assert_eq!(get(&app, path).await.status(), StatusCode::OK, "{path}");
     }
-    app.assert_settled().await;
-    node_a.kill();
-    app.stop().await;
+    settle_and_stop(app, [node_a]).await;
 }
 
 #[tokio::test]
 async fn an_unknown_model_is_404() {
-    let app = spawn_app(TWO_NODES).await;
-    let node_a = echo(&app, "token-a").await;
-    app.wait_for_nodes(1).await;
+    let (app, node_a) = edge_with_node_a(TWO_NODES, Behaviour::Echo).await;
 
     for model in ["echo/fast", "ollama/llama3.1:8b", "gpt-4o", "bad adapter/x"] {
         let error = assert_error(
-            post(&app, "/v1/chat/completions", &chat(model, "hi")).await,
+            post_chat(&app, &chat(model, "hi")).await,
             StatusCode::NOT_FOUND,
             "model_not_found",
         )
@@ -615,7 +615,7 @@ async fn an_unknown_model_is_404() {
         );
         let streamed = post(
             &app,
-            "/v1/completions",
+            COMPLETIONS,
             &streaming(json!({"model": model, "prompt": "x"}), false),
         )
         .await;
@@ -625,30 +625,26 @@ async fn an_unknown_model_is_404() {
     assert_error(unknown, StatusCode::NOT_FOUND, "unknown_url").await;
 
     assert!(runs_sent(&node_a).is_empty());
-    node_a.kill();
-    app.stop().await;
+    kill_and_stop(app, [node_a]).await;
 }
 
 #[tokio::test]
 async fn an_oversized_body_is_413() {
-    let app = spawn_app(&config("[api]\nmax_body_bytes = 1024\n")).await;
-    let node_a = echo(&app, "token-a").await;
-    app.wait_for_nodes(1).await;
+    let (app, node_a) =
+        edge_with_node_a(&config("[api]\nmax_body_bytes = 1024\n"), Behaviour::Echo).await;
 
     let big = "word ".repeat(400);
     assert_error(
-        post(&app, "/v1/chat/completions", &chat("echo/default", &big)).await,
+        post_chat(&app, &chat("echo/default", &big)).await,
         StatusCode::PAYLOAD_TOO_LARGE,
         "request_too_large",
     )
     .await;
-    let fits = post(&app, "/v1/chat/completions", &chat("echo/default", "small")).await;
+    let fits = post_chat(&app, &chat("echo/default", "small")).await;
     assert_eq!(fits.status(), StatusCode::OK);
 
     assert_eq!(runs_sent(&node_a).len(), 1);
-    app.assert_settled().await;
-    node_a.kill();
-    app.stop().await;
+    settle_and_stop(app, [node_a]).await;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -656,85 +652,74 @@ async fn an_oversized_body_is_413() {
 // ---------------------------------------------------------------------------------------
 
 /// Sends a chat request in the background; its result comes back through the handle.
-fn background(
-    app: &TestApp,
-    body: Value,
-) -> tokio::task::JoinHandle<reqwest::Result<reqwest::Response>> {
-    let request = client().post(url(app, "/v1/chat/completions")).json(&body);
-    tokio::spawn(request.send())
+fn background(app: &TestApp, body: Value) -> JoinHandle<reqwest::Result<Response>> {
+    tokio::spawn(post_request(app, CHAT).json(&body).send())
+}
+
+/// Sends `count` chat requests in the background (`hang 0`, `hang 1`, ...).
+fn background_chats(app: &TestApp, count: usize) -> Vec<JoinHandle<reqwest::Result<Response>>> {
+    (0..count)
+        .map(|i| background(app, chat("echo/default", &format!("hang {i}"))))
+        .collect()
+}
+
+/// Aborts `requests`, as clients that give up waiting.
+fn abort_all(requests: Vec<JoinHandle<reqwest::Result<Response>>>) {
+    for request in requests {
+        request.abort();
+    }
 }
 
 #[tokio::test]
 async fn a_full_queue_is_429_with_retry_after() {
-    let app = spawn_app(&config(
-        "[runs]\nqueue_capacity = 1\n[api]\nretry_after_secs = 3\n",
-    ))
+    let (app, node_a) = edge_with_node_a(
+        &config("[runs]\nqueue_capacity = 1\n[api]\nretry_after_secs = 3\n"),
+        Behaviour::Hang,
+    )
     .await;
-    let node_a = node(&app, "token-a", Behaviour::Hang, Duration::ZERO).await;
-    app.wait_for_nodes(1).await;
 
     // Two runs fill node-a's two slots, a third waits in the one-place queue.
-    let waiting: Vec<_> = (0..3)
-        .map(|i| background(&app, chat("echo/default", &format!("hang {i}"))))
-        .collect();
+    let waiting = background_chats(&app, 3);
     let runs = app.parts.runs.clone();
     eventually("two runs on the node and one queued", || {
         runs.open_runs() == 3 && runs.queued_runs() == 1
     })
     .await;
 
-    let full = post(
-        &app,
-        "/v1/chat/completions",
-        &chat("echo/default", "one too many"),
-    )
-    .await;
+    let full = post_chat(&app, &chat("echo/default", "one too many")).await;
     assert_eq!(full.headers()["retry-after"], "3");
     let error = assert_error(full, StatusCode::TOO_MANY_REQUESTS, "queue_full").await;
     assert_eq!(error["type"], "rate_limit_error");
 
     // The waiting clients give up; their runs are cancelled and the edge settles.
-    for request in waiting {
-        request.abort();
-    }
+    abort_all(waiting);
     app.assert_settled().await;
     assert_eq!(
         cancels_sent(&node_a).len(),
         2,
         "the two dispatched runs were cancelled"
     );
-    node_a.kill();
-    app.stop().await;
+    kill_and_stop(app, [node_a]).await;
 }
 
 #[tokio::test]
 async fn an_expired_queue_wait_is_503_with_retry_after() {
-    let app = spawn_app(&config("[runs]\nqueue_timeout_ms = 200\n")).await;
-    let node_a = node(&app, "token-a", Behaviour::Hang, Duration::ZERO).await;
-    app.wait_for_nodes(1).await;
+    let (app, node_a) =
+        edge_with_node_a(&config("[runs]\nqueue_timeout_ms = 200\n"), Behaviour::Hang).await;
 
-    let holding: Vec<_> = (0..2)
-        .map(|i| background(&app, chat("echo/default", &format!("hang {i}"))))
-        .collect();
+    let holding = background_chats(&app, 2);
     let runs = app.parts.runs.clone();
     eventually("both slots taken", || runs.open_runs() == 2).await;
 
     for stream in [false, true] {
-        let mut body = chat("echo/default", "waits too long");
-        if stream {
-            body = streaming(body, true);
-        }
-        let expired = post(&app, "/v1/chat/completions", &body).await;
+        let body = streaming_if(stream, chat("echo/default", "waits too long"), true);
+        let expired = post_chat(&app, &body).await;
         assert_eq!(expired.headers()["retry-after"], "1");
         assert_error(expired, StatusCode::SERVICE_UNAVAILABLE, "queue_timeout").await;
     }
 
-    for request in holding {
-        request.abort();
-    }
-    app.assert_settled().await;
-    node_a.kill();
-    app.stop().await;
+    abort_all(holding);
+    settle_and_stop(app, [node_a]).await;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -743,25 +728,20 @@ async fn an_expired_queue_wait_is_503_with_retry_after() {
 
 #[tokio::test]
 async fn a_missed_deadline_is_504_and_the_header_is_capped() {
-    let app = spawn_app(&config(
-        "[api]\ndefault_deadline_ms = 100\nmax_deadline_ms = 150\n",
-    ))
+    let (app, node_a) = edge_with_node_a(
+        &config("[api]\ndefault_deadline_ms = 100\nmax_deadline_ms = 150\n"),
+        Behaviour::Hang,
+    )
     .await;
-    let node_a = node(&app, "token-a", Behaviour::Hang, Duration::ZERO).await;
-    app.wait_for_nodes(1).await;
 
     for (header, stream) in [("100", false), ("100", true), ("999999", false)] {
-        let mut body = chat("echo/default", "too slow");
-        if stream {
-            body = streaming(body, false);
-        }
-        let response = client()
-            .post(url(&app, "/v1/chat/completions"))
-            .header("x-edge-deadline-ms", header)
-            .json(&body)
-            .send()
-            .await
-            .expect("request");
+        let body = streaming_if(stream, chat("echo/default", "too slow"), false);
+        let response = send(
+            post_request(&app, CHAT)
+                .header("x-edge-deadline-ms", header)
+                .json(&body),
+        )
+        .await;
         assert_error(response, StatusCode::GATEWAY_TIMEOUT, "deadline_exceeded").await;
     }
     // The header's deadline, capped at max_deadline_ms (the node gets what is left of it).
@@ -776,18 +756,15 @@ async fn a_missed_deadline_is_504_and_the_header_is_capped() {
             .all(|(_, reason)| reason == "deadline exceeded")
     );
 
-    let bad = client()
-        .post(url(&app, "/v1/chat/completions"))
-        .header("x-edge-deadline-ms", "soon")
-        .json(&chat("echo/default", "x"))
-        .send()
-        .await
-        .expect("request");
+    let bad = send(
+        post_request(&app, CHAT)
+            .header("x-edge-deadline-ms", "soon")
+            .json(&chat("echo/default", "x")),
+    )
+    .await;
     assert_error_status(bad, StatusCode::BAD_REQUEST).await;
 
-    app.assert_settled().await;
-    node_a.kill();
-    app.stop().await;
+    settle_and_stop(app, [node_a]).await;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -796,18 +773,10 @@ async fn a_missed_deadline_is_504_and_the_header_is_capped() {
 
 #[tokio::test]
 async fn a_node_failure_before_streaming_is_502() {
-    let app = spawn_app(TWO_NODES).await;
-
     // Non-streaming: the node fails the run after some output.
-    let failing = node(&app, "token-a", Behaviour::Fail, Duration::ZERO).await;
-    app.wait_for_nodes(1).await;
+    let (app, failing) = edge_with_node_a(TWO_NODES, Behaviour::Fail).await;
     let error = assert_error(
-        post(
-            &app,
-            "/v1/chat/completions",
-            &chat("echo/default", "fail please"),
-        )
-        .await,
+        post_chat(&app, &chat("echo/default", "fail please")).await,
         StatusCode::BAD_GATEWAY,
         "mock_failure",
     )
@@ -820,11 +789,10 @@ async fn a_node_failure_before_streaming_is_502() {
     // Streaming: the node dies before its first output, so no stream has begun.
     let hanging = node(&app, "token-b", Behaviour::Hang, Duration::ZERO).await;
     app.wait_for_nodes(1).await;
-    let request = client()
-        .post(url(&app, "/v1/chat/completions"))
-        .json(&streaming(chat("echo/default", "never answered"), true))
-        .send();
-    let request = tokio::spawn(request);
+    let request = background(
+        &app,
+        streaming(chat("echo/default", "never answered"), true),
+    );
     eventually("the run reached the node", || {
         !runs_sent(&hanging).is_empty()
     })
@@ -833,17 +801,14 @@ async fn a_node_failure_before_streaming_is_502() {
     let response = request.await.expect("task").expect("request");
     assert_error(response, StatusCode::BAD_GATEWAY, "node_disconnected").await;
 
-    app.assert_settled().await;
-    app.stop().await;
+    settle_and_stop(app, []).await;
 }
 
 #[tokio::test]
 async fn a_node_failure_after_streaming_began_is_an_error_chunk() {
-    let app = spawn_app(TWO_NODES).await;
-    let failing = node(&app, "token-a", Behaviour::Fail, Duration::ZERO).await;
-    app.wait_for_nodes(1).await;
+    let (app, failing) = edge_with_node_a(TWO_NODES, Behaviour::Fail).await;
 
-    for path in ["/v1/chat/completions", "/v1/completions"] {
+    for path in [CHAT, COMPLETIONS] {
         let body = json!({
             "model": "echo/default",
             "messages": [{"role": "user", "content": "partial answer"}],
@@ -864,9 +829,7 @@ async fn a_node_failure_after_streaming_began_is_an_error_chunk() {
         assert!(error["error"].get("param").is_some());
     }
 
-    app.assert_settled().await;
-    failing.kill();
-    app.stop().await;
+    settle_and_stop(app, [failing]).await;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -879,18 +842,9 @@ async fn a_client_disconnecting_mid_stream_cancels_the_run() {
     let slow = node(&app, "token-a", Behaviour::Echo, Duration::from_millis(20)).await;
     app.wait_for_nodes(1).await;
 
-    let words: Vec<String> = (0..500).map(|i| format!("w{i}")).collect();
-    let response = post(
-        &app,
-        "/v1/chat/completions",
-        &streaming(chat("echo/default", &words.join(" ")), false),
-    )
-    .await;
+    let response = post_chat(&app, &streaming(chat("echo/default", &words(500)), false)).await;
     assert_eq!(response.status(), StatusCode::OK);
-    let run_id = response.headers()["x-edge-run-id"]
-        .to_str()
-        .unwrap()
-        .to_owned();
+    let run_id = run_id_of(&response);
     let mut body = response.bytes_stream();
     let mut seen = String::new();
     while !seen.contains("w1 ") {
@@ -903,46 +857,30 @@ async fn a_client_disconnecting_mid_stream_cancels_the_run() {
     }
     drop(body);
 
-    eventually("the node received CancelRun", || {
-        !cancels_sent(&slow).is_empty()
-    })
-    .await;
     assert_eq!(
-        cancels_sent(&slow),
-        [(run_id, "client disconnected".to_owned())]
+        awaited_cancels(&slow).await,
+        [(run_id, CLIENT_DISCONNECTED.to_owned())]
     );
-    app.assert_settled().await;
-    slow.kill();
-    app.stop().await;
+    settle_and_stop(app, [slow]).await;
 }
 
 #[tokio::test]
 async fn a_client_giving_up_on_a_whole_answer_cancels_the_run() {
-    let app = spawn_app(TWO_NODES).await;
-    let hanging = node(&app, "token-a", Behaviour::Hang, Duration::ZERO).await;
-    app.wait_for_nodes(1).await;
+    let (app, hanging) = edge_with_node_a(TWO_NODES, Behaviour::Hang).await;
 
     let impatient = reqwest::Client::builder()
         .timeout(Duration::from_millis(300))
         .build()
         .expect("client");
     let outcome = impatient
-        .post(url(&app, "/v1/completions"))
+        .post(url(&app, COMPLETIONS))
         .json(&json!({"model": "echo/default", "prompt": "never answered"}))
         .send()
         .await;
     assert!(outcome.is_err_and(|e| e.is_timeout()));
 
-    eventually("the node received CancelRun", || {
-        !cancels_sent(&hanging).is_empty()
-    })
-    .await;
+    let cancels = awaited_cancels(&hanging).await;
     let run_id = runs_sent(&hanging)[0].run_id.to_string();
-    assert_eq!(
-        cancels_sent(&hanging),
-        [(run_id, "client disconnected".to_owned())]
-    );
-    app.assert_settled().await;
-    hanging.kill();
-    app.stop().await;
+    assert_eq!(cancels, [(run_id, CLIENT_DISCONNECTED.to_owned())]);
+    settle_and_stop(app, [hanging]).await;
 }

@@ -1,6 +1,10 @@
 //! The `edge` command line: `check-config` and `token generate`, run as a real process.
 
+mod common;
+
 use std::process::{Command, Output};
+
+use common::NodeTable;
 
 fn edge(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_edge"))
@@ -12,6 +16,16 @@ fn edge(args: &[&str]) -> Output {
 
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// Writes `contents` to a temporary file `file_name` and runs
+/// `edge <command> --config <that file> <extra_args>`.
+fn edge_on_config(command: &str, file_name: &str, contents: &str, extra_args: &[&str]) -> Output {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join(file_name);
+    std::fs::write(&path, contents).expect("write config");
+    let config = path.to_str().expect("utf-8 path");
+    edge(&[&[command, "--config", config], extra_args].concat())
 }
 
 #[test]
@@ -29,42 +43,16 @@ fn check_config_summarises_the_shipped_config_without_tokens() {
 
 #[test]
 fn check_config_on_a_broken_file_fails_and_names_every_offending_entry() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let path = dir.path().join("broken.toml");
-    std::fs::write(
-        &path,
-        r#"
-[[nodes]]
-id = "node-a"
-alias = "gpu-a"
-token = "shared-secret-token"
-[[nodes.adapters]]
-name = "echo"
-targets = ["default"]
-
-[[nodes]]
-id = "node-a"
-alias = "gpu-b"
-token = "shared-secret-token"
-[[nodes.adapters]]
-name = "echo"
-targets = ["default"]
-
-[[nodes]]
-id = "node-c"
-alias = "node-a"
-token = ""
-[[nodes.adapters]]
-name = "echo"
-targets = ["default"]
-"#,
-    )
-    .expect("write config");
-    let output = edge(&[
-        "check-config",
-        "--config",
-        path.to_str().expect("utf-8 path"),
-    ]);
+    let broken = [
+        NodeTable::new("node-a", "gpu-a", "shared-secret-token"),
+        // nodes[1]: node-a's id again, and its token.
+        NodeTable::new("node-a", "gpu-b", "shared-secret-token"),
+        // nodes[2]: an empty token, and an alias that is node-a's id.
+        NodeTable::new("node-c", "node-a", ""),
+    ]
+    .map(|node| node.echo(&["default"]).to_string())
+    .join("\n");
+    let output = edge_on_config("check-config", "broken.toml", &broken, &[]);
     let stderr = text(&output.stderr);
     assert!(!output.status.success());
     assert!(output.stdout.is_empty(), "nothing is printed as valid");
@@ -89,14 +77,8 @@ targets = ["default"]
 
 #[test]
 fn check_config_names_an_unknown_key() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let path = dir.path().join("typo.toml");
-    std::fs::write(&path, "[server]\nlistn = \"127.0.0.1:7100\"\n").expect("write config");
-    let output = edge(&[
-        "check-config",
-        "--config",
-        path.to_str().expect("utf-8 path"),
-    ]);
+    let typo = "[server]\nlistn = \"127.0.0.1:7100\"\n";
+    let output = edge_on_config("check-config", "typo.toml", typo, &[]);
     let stderr = text(&output.stderr);
     assert!(!output.status.success());
     assert!(
@@ -107,22 +89,12 @@ fn check_config_names_an_unknown_key() {
 
 #[test]
 fn serve_refuses_to_start_on_a_broken_config() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let path = dir.path().join("empty-token.toml");
-    std::fs::write(
-        &path,
-        "[[nodes]]\nid = \"a\"\nalias = \"b\"\ntoken = \"\"\n",
-    )
-    .expect("write config");
-    let output = edge(&[
+    let output = edge_on_config(
         "serve",
-        "--config",
-        path.to_str().expect("utf-8 path"),
-        "--listen",
-        "127.0.0.1:0",
-        "--http-listen",
-        "127.0.0.1:0",
-    ]);
+        "empty-token.toml",
+        &NodeTable::new("a", "b", "").to_string(),
+        &["--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0"],
+    );
     let stderr = text(&output.stderr);
     assert!(!output.status.success());
     assert!(

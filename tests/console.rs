@@ -11,14 +11,13 @@ mod mock_node;
 
 use std::net::SocketAddr;
 use std::process::Stdio;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::TWO_NODES;
+use common::{Logs, TWO_NODES, edge_serve, logged, watch_stderr, write_config};
 use mock_node::{Behaviour, Ended, MockNode, MockOptions};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-use tokio::process::{Child, ChildStdin, Command};
-use tokio::sync::{mpsc, oneshot};
+use tokio::process::{Child, ChildStdin};
+use tokio::sync::mpsc;
 use tokio::time::{Instant, timeout_at};
 
 /// The whole conversation must finish within this.
@@ -32,26 +31,22 @@ struct Console {
     /// Every stdout line so far, in order.
     seen: Vec<String>,
     /// Every stderr line so far (the edge's JSON logs), for failure messages.
-    logs: Arc<Mutex<Vec<String>>>,
+    logs: Logs,
     deadline: Instant,
+    /// Holds the config file alive.
+    _dir: tempfile::TempDir,
 }
 
 impl Console {
-    /// Starts the edge with `config` on a free port and returns it with its node address.
-    async fn start(config: &std::path::Path) -> (Console, SocketAddr) {
+    /// Starts the edge with `config` (TOML) on a free port, waits for the console's
+    /// greeting, and returns it with its node address.
+    async fn start(config: &str) -> (Console, SocketAddr) {
         let deadline = Instant::now() + OVERALL;
-        let mut child = Command::new(env!("CARGO_BIN_EXE_edge"))
-            .arg("serve")
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut child = edge_serve(&write_config(dir.path(), config))
             .arg("--console")
-            .arg("--config")
-            .arg(config)
-            .args(["--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0"])
-            .args(["--log-format", "json"])
-            .env_remove("RUST_LOG")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
             .spawn()
             .expect("spawn the edge binary");
         let stdin = child.stdin.take().expect("piped stdin");
@@ -68,44 +63,37 @@ impl Console {
             }
         });
 
-        // The edge logs `edge is serving` with a `listen` field once it is bound; the rest
-        // of stderr is kept for failure messages (and read, so the pipe never fills).
-        let logs = Arc::new(Mutex::new(Vec::new()));
-        let (listening, bound) = oneshot::channel();
-        let kept = Arc::clone(&logs);
-        tokio::spawn(async move {
-            let mut listening = Some(listening);
-            let mut reader = BufReader::new(stderr).lines();
-            while let Ok(Some(line)) = reader.next_line().await {
-                if let Some(addr) = serving_address(&line)
-                    && let Some(listening) = listening.take()
-                {
-                    let _ = listening.send(addr);
-                }
-                kept.lock().expect("log lines").push(line);
-            }
-        });
+        // The edge logs `edge is serving` with its addresses once it is bound; the rest of
+        // stderr is kept for failure messages.
+        let (logs, bound) = watch_stderr(stderr);
 
-        let console = Console {
+        let mut console = Console {
             child,
             stdin: Some(stdin),
             stdout: stdout_lines,
             seen: Vec::new(),
             logs,
             deadline,
+            _dir: dir,
         };
         let addr = match timeout_at(deadline, bound).await {
-            Ok(Ok(addr)) => addr,
+            Ok(Ok((node_addr, _http_addr))) => node_addr,
             _ => panic!(
                 "the edge never logged `edge is serving`; stderr: {:#?}",
                 console.logs()
             ),
         };
+        console
+            .wait_for(0, "the console greeting", |l| {
+                l.starts_with("edge console ready")
+            })
+            .await;
         (console, addr)
     }
 
+    /// Its stderr lines so far.
     fn logs(&self) -> Vec<String> {
-        self.logs.lock().map(|l| l.clone()).unwrap_or_default()
+        logged(&self.logs)
     }
 
     /// Where the next stdout line will be in `seen`: waits that start here see only what
@@ -148,12 +136,42 @@ impl Console {
         }
     }
 
-    /// Sends `command` and returns the run id from its `run <id> accepted` answer.
-    async fn start_run(&mut self, command: &str) -> String {
+    /// Waits for the edge to exit, which it must do with success; `after` names what should
+    /// have made it exit.
+    async fn assert_exits_cleanly(&mut self, after: &str) {
+        let status = match timeout_at(self.deadline, self.child.wait()).await {
+            Ok(status) => status.expect("wait for the edge"),
+            Err(_) => panic!(
+                "the edge did not exit after {after}; stderr: {:#?}",
+                self.logs()
+            ),
+        };
+        assert!(
+            status.success(),
+            "exit status {status}; stderr: {:#?}",
+            self.logs()
+        );
+    }
+
+    /// Waits for `node` to stop, which it must do because the edge told it to shut down.
+    async fn assert_told_of_shutdown(&self, node: MockNode) {
+        let ended = timeout_at(self.deadline, node.ended())
+            .await
+            .expect("the node stops");
+        assert!(matches!(ended, Ended::Shutdown(_)), "{ended:?}");
+    }
+
+    /// Sends `command` and waits for the first line after it for which `wanted` holds.
+    async fn ask(&mut self, command: &str, what: &str, wanted: impl Fn(&str) -> bool) -> String {
         let mark = self.mark();
         self.send(command).await;
+        self.wait_for(mark, what, wanted).await
+    }
+
+    /// Sends `command` and returns the run id from its `run <id> accepted` answer.
+    async fn start_run(&mut self, command: &str) -> String {
         let accepted = self
-            .wait_for(mark, &format!("`{command}` to be accepted"), |l| {
+            .ask(command, &format!("`{command}` to be accepted"), |l| {
                 (l.starts_with("run ") && l.ends_with(" accepted")) || l.starts_with("error:")
             })
             .await;
@@ -163,21 +181,6 @@ impl Console {
             .unwrap_or_else(|| panic!("`{command}` was refused: {accepted}"));
         id.to_owned()
     }
-}
-
-/// The `listen` address of a JSON log line saying `edge is serving`.
-fn serving_address(line: &str) -> Option<SocketAddr> {
-    let record: serde_json::Value = serde_json::from_str(line).ok()?;
-    let message = record
-        .get("message")
-        .or_else(|| record.pointer("/fields/message"))?;
-    if message != "edge is serving" {
-        return None;
-    }
-    let listen = record
-        .get("listen")
-        .or_else(|| record.pointer("/fields/listen"))?;
-    listen.as_str()?.parse().ok()
 }
 
 /// A mock node with `token` whose runs pause `delay` between words.
@@ -194,23 +197,14 @@ async fn mock(addr: SocketAddr, token: &str, delay: Duration) -> MockNode {
 
 #[tokio::test]
 async fn console_mode_runs_cancels_and_quits_through_stdin() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let config = dir.path().join("edge.toml");
-    std::fs::write(&config, TWO_NODES).expect("write the config");
-    let (mut console, addr) = Console::start(&config).await;
-    console
-        .wait_for(0, "the console greeting", |l| {
-            l.starts_with("edge console ready")
-        })
-        .await;
+    let (mut console, addr) = Console::start(TWO_NODES).await;
 
     // node-a alone first, so an unpinned run has only one place to go.
     let node_a = mock(addr, "token-a", Duration::ZERO).await;
 
     let mark = console.mark();
-    console.send("nodes").await;
     console
-        .wait_for(mark, "the node table header", |l| {
+        .ask("nodes", "the node table header", |l| {
             l.starts_with("ID ") && l.contains("ALIAS")
         })
         .await;
@@ -253,11 +247,11 @@ async fn console_mode_runs_cancels_and_quits_through_stdin() {
             l.starts_with(&streaming)
         })
         .await;
-    let mark = console.mark();
-    console.send(&format!("cancel {slow}")).await;
     let cancelling = format!("cancelling run {slow}");
     console
-        .wait_for(mark, "the cancel answer", |l| l == cancelling)
+        .ask(&format!("cancel {slow}"), "the cancel answer", |l| {
+            l == cancelling
+        })
         .await;
     let cancelled = format!("{slow} node-b echo/default cancelled");
     console
@@ -271,25 +265,20 @@ async fn console_mode_runs_cancels_and_quits_through_stdin() {
     );
 
     // Mistakes are answered, not fatal.
-    let mark = console.mark();
-    console.send("cancel nope").await;
     console
-        .wait_for(mark, "the answer to `cancel nope`", |l| {
+        .ask("cancel nope", "the answer to `cancel nope`", |l| {
             l == "error: no open run nope"
         })
         .await;
-    let mark = console.mark();
-    console.send("run echo").await;
     console
-        .wait_for(mark, "the usage error", |l| {
+        .ask("run echo", "the usage error", |l| {
             l.starts_with("error: usage: run ")
         })
         .await;
 
     let mark = console.mark();
-    console.send("help").await;
     console
-        .wait_for(mark, "the help text", |l| l == "commands:")
+        .ask("help", "the help text", |l| l == "commands:")
         .await;
     console
         .wait_for(mark, "help for cancel", |l| {
@@ -297,69 +286,26 @@ async fn console_mode_runs_cancels_and_quits_through_stdin() {
         })
         .await;
 
-    let mark = console.mark();
-    console.send("quit").await;
     console
-        .wait_for(mark, "the goodbye", |l| l == "stopping the edge")
+        .ask("quit", "the goodbye", |l| l == "stopping the edge")
         .await;
     drop(console.stdin.take());
-    let status = match timeout_at(console.deadline, console.child.wait()).await {
-        Ok(status) => status.expect("wait for the edge"),
-        Err(_) => panic!(
-            "the edge did not exit after `quit`; stderr: {:#?}",
-            console.logs()
-        ),
-    };
-    assert!(
-        status.success(),
-        "exit status {status}; stderr: {:#?}",
-        console.logs()
-    );
+    console.assert_exits_cleanly("`quit`").await;
 
     // The nodes were told the edge is going away.
     for node in [node_a, node_b] {
-        let ended = timeout_at(console.deadline, node.ended())
-            .await
-            .expect("the node stops");
-        assert!(matches!(ended, Ended::Shutdown(_)), "{ended:?}");
+        console.assert_told_of_shutdown(node).await;
     }
 }
 
 #[tokio::test]
 async fn console_mode_exits_on_sigterm_while_waiting_for_input() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let config = dir.path().join("edge.toml");
-    std::fs::write(&config, TWO_NODES).expect("write the config");
-    let (mut console, addr) = Console::start(&config).await;
-    console
-        .wait_for(0, "the console greeting", |l| {
-            l.starts_with("edge console ready")
-        })
-        .await;
+    let (mut console, addr) = Console::start(TWO_NODES).await;
     let node_a = mock(addr, "token-a", Duration::ZERO).await;
 
     // The console is blocked reading a line that never comes; stdin stays open.
-    let pid = console.child.id().expect("the edge is running").to_string();
-    let signalled = std::process::Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .expect("run kill");
-    assert!(signalled.success());
+    common::terminate(&console.child);
 
-    let status = match timeout_at(console.deadline, console.child.wait()).await {
-        Ok(status) => status.expect("wait for the edge"),
-        Err(_) => panic!(
-            "the edge did not exit after SIGTERM; stderr: {:#?}",
-            console.logs()
-        ),
-    };
-    assert!(
-        status.success(),
-        "exit status {status}; stderr: {:#?}",
-        console.logs()
-    );
-    let ended = timeout_at(console.deadline, node_a.ended())
-        .await
-        .expect("the node stops");
-    assert!(matches!(ended, Ended::Shutdown(_)), "{ended:?}");
+    console.assert_exits_cleanly("SIGTERM").await;
+    console.assert_told_of_shutdown(node_a).await;
 }

@@ -17,13 +17,16 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{ExitStatus, Stdio};
+use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
 use common::runs::{failure_code, next_event, only_terminal, rest, start, words};
-use common::{TWO_NODES, TestApp, eventually, spawn_app};
+use common::{
+    Logs, NodeTable, PATIENCE, TWO_NODES, TestApp, edge_serve, eventually, logged, spawn_app,
+    two_nodes_with_node_a_heartbeat, watch_stderr, write_config,
+};
 use edge::app::{RunHandle, StartError};
 use edge::client::{ClientError, NodeClient, ReceivedEdgeFrame, Registration};
 use edge::domain::{
@@ -34,13 +37,8 @@ use edge::ports::{CloseReason, NodeCommand};
 use futures::StreamExt;
 use mock_node::{Behaviour, Ended, MockNode, MockOptions};
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-use tokio::process::{Child, Command};
-use tokio::sync::oneshot;
-
-/// The longest any single asynchronous effect may take before a test gives up. It only
-/// keeps a broken edge from hanging the suite; nothing asserts how long a step took.
-const PATIENCE: Duration = Duration::from_secs(15);
+use tokio::io::AsyncWriteExt;
+use tokio::process::Child;
 
 // ---------------------------------------------------------------------------------------
 // Helpers: runs and their events
@@ -82,6 +80,16 @@ async fn completes_on(app: &TestApp, pin: &str, input: &str) {
     assert_eq!(text_of(&events), input);
 }
 
+/// Waits for a run of `words(count)` to end and checks it completed having lost nothing.
+async fn completes_with_every_word(handle: &mut RunHandle, count: usize) {
+    let events = rest(handle).await;
+    assert_eq!(
+        only_terminal(&handle.run_id, &events).kind.name(),
+        "completed"
+    );
+    assert_eq!(text_of(&events), words(count), "the run lost nothing");
+}
+
 /// Waits for a run's stream to end and checks it ended with `failed`/`code` from the edge.
 async fn fails_with(handle: &mut RunHandle, code: &str) -> Vec<Arc<RunEvent>> {
     let events = rest(handle).await;
@@ -106,6 +114,12 @@ async fn mock(addr: SocketAddr, token: &str, delay: Duration, behaviour: Behavio
         .await
         .expect("the mock node registers in time")
         .expect("mock node registers")
+}
+
+/// Starts a mock node for `token` that echoes its runs' input, pausing `delay` between
+/// words.
+async fn echo_mock(addr: SocketAddr, token: &str, delay: Duration) -> MockNode {
+    mock(addr, token, delay, Behaviour::Echo).await
 }
 
 /// Registers a raw protocol client for `token`, offering the echo adapter; the test then
@@ -222,6 +236,16 @@ async fn metric_above_zero(http_addr: SocketAddr, name: &str, label: &str) -> f6
     }
 }
 
+/// Asserts the edge at `http_addr` answers `/healthz` with success.
+async fn assert_healthy(http_addr: SocketAddr) {
+    let health = http()
+        .get(format!("http://{http_addr}/healthz"))
+        .send()
+        .await
+        .expect("healthz");
+    assert!(health.status().is_success());
+}
+
 /// A legacy completion of `prompt` by `model`, answered whole.
 fn completion(model: &str, prompt: &str) -> Value {
     json!({"model": model, "prompt": prompt})
@@ -236,53 +260,30 @@ struct EdgeProcess {
     child: Child,
     node_addr: SocketAddr,
     http_addr: SocketAddr,
-    logs: Arc<Mutex<Vec<String>>>,
+    logs: Logs,
 }
 
 impl EdgeProcess {
     /// Starts `edge serve` with `config`; `close_stdout` closes the read end of its stdout
     /// pipe at once (otherwise stdout goes nowhere).
     async fn start(config: &Path, close_stdout: bool) -> EdgeProcess {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_edge"))
-            .arg("serve")
-            .arg("--config")
-            .arg(config)
-            .args(["--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0"])
-            .args(["--log-format", "json"])
-            .env_remove("RUST_LOG")
+        let mut child = edge_serve(config)
             .stdin(Stdio::null())
             .stdout(if close_stdout {
                 Stdio::piped()
             } else {
                 Stdio::null()
             })
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
             .spawn()
             .expect("spawn the edge binary");
         // Closing our end of the pipe: every write to the edge's stdout now fails (EPIPE).
         drop(child.stdout.take());
-        let stderr = child.stderr.take().expect("piped stderr");
-        let logs = Arc::new(Mutex::new(Vec::new()));
-        let (serving, bound) = oneshot::channel();
-        let kept = Arc::clone(&logs);
-        tokio::spawn(async move {
-            let mut serving = Some(serving);
-            let mut reader = BufReader::new(stderr).lines();
-            while let Ok(Some(line)) = reader.next_line().await {
-                if let Some(addrs) = serving_addresses(&line)
-                    && let Some(serving) = serving.take()
-                {
-                    let _ = serving.send(addrs);
-                }
-                kept.lock().expect("log lines").push(line);
-            }
-        });
+        let (logs, bound) = watch_stderr(child.stderr.take().expect("piped stderr"));
         let (node_addr, http_addr) = match tokio::time::timeout(PATIENCE, bound).await {
             Ok(Ok(addrs)) => addrs,
             _ => panic!(
                 "the edge never logged `edge is serving`; stderr: {:#?}",
-                logs.lock().map(|l| l.clone()).unwrap_or_default()
+                logged(&logs)
             ),
         };
         EdgeProcess {
@@ -293,18 +294,14 @@ impl EdgeProcess {
         }
     }
 
+    /// Its stderr lines so far.
     fn logs(&self) -> Vec<String> {
-        self.logs.lock().map(|l| l.clone()).unwrap_or_default()
+        logged(&self.logs)
     }
 
     /// Sends SIGTERM.
     fn terminate(&self) {
-        let pid = self.child.id().expect("the edge is running").to_string();
-        let signalled = std::process::Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .expect("run kill");
-        assert!(signalled.success(), "kill -TERM {pid} failed");
+        common::terminate(&self.child);
     }
 
     /// Waits for the process to exit.
@@ -323,23 +320,22 @@ impl EdgeProcess {
             "the edge panicked: {logs:#?}"
         );
     }
-}
 
-/// The node and HTTP addresses of a JSON log line saying `edge is serving`.
-fn serving_addresses(line: &str) -> Option<(SocketAddr, SocketAddr)> {
-    let record: Value = serde_json::from_str(line).ok()?;
-    let field = |name: &str| {
-        record
-            .get(name)
-            .or_else(|| record.pointer(&format!("/fields/{name}")))
-            .cloned()
-    };
-    if field("message")? != "edge is serving" {
-        return None;
+    /// Waits for the process to exit and checks it exited 0, logged no panic, and told each
+    /// of `nodes` to shut down.
+    async fn assert_clean_exit(&mut self, nodes: [MockNode; 2]) {
+        let status = self.exit_status().await;
+        assert!(
+            status.success(),
+            "exit {status}; stderr: {:#?}",
+            self.logs()
+        );
+        self.assert_no_panic();
+        for node in nodes {
+            let ended = within(node.ended()).await;
+            assert!(matches!(ended, Ended::Shutdown(_)), "{ended:?}");
+        }
     }
-    let listen = field("listen")?.as_str()?.parse().ok()?;
-    let http = field("http")?.as_str()?.parse().ok()?;
-    Some((listen, http))
 }
 
 // ---------------------------------------------------------------------------------------
@@ -351,20 +347,8 @@ async fn a_node_killed_mid_stream_fails_its_runs_and_the_other_node_streams_on()
     let dir = tempfile::tempdir().expect("tempdir");
     let events = dir.path().join("events.jsonl");
     let app = spawn_app(&format!("{TWO_NODES}\n{}", file_sink(&events))).await;
-    let a = mock(
-        app.node_addr,
-        "token-a",
-        Duration::from_millis(20),
-        Behaviour::Echo,
-    )
-    .await;
-    let _b = mock(
-        app.node_addr,
-        "token-b",
-        Duration::from_millis(10),
-        Behaviour::Echo,
-    )
-    .await;
+    let a = echo_mock(app.node_addr, "token-a", Duration::from_millis(20)).await;
+    let _b = echo_mock(app.node_addr, "token-b", Duration::from_millis(10)).await;
 
     let mut doomed = start(&app, pinned("node-a", words(500), "echo"));
     let mut survivor = start(&app, pinned("node-b", words(60), "echo"));
@@ -376,17 +360,9 @@ async fn a_node_killed_mid_stream_fails_its_runs_and_the_other_node_streams_on()
     seen.extend(fails_with(&mut doomed, "node_disconnected").await);
     let last = only_terminal(&doomed.run_id, &seen);
     assert_eq!(last.node.as_ref().map(|n| n.as_str()), Some("node-a"));
-    let survived = rest(&mut survivor).await;
-    assert_eq!(
-        only_terminal(&survivor.run_id, &survived).kind.name(),
-        "completed"
-    );
-    assert_eq!(text_of(&survived), words(60), "node-b lost nothing");
+    completes_with_every_word(&mut survivor, 60).await;
 
-    eventually("node-a left the registry", || {
-        app.parts.registry.get("node-a").is_none()
-    })
-    .await;
+    app.wait_until_left("node-a").await;
     let stats = app.parts.transport.stats();
     assert_eq!(
         stats.disconnects(CloseReason::Eof) + stats.disconnects(CloseReason::Io),
@@ -394,7 +370,7 @@ async fn a_node_killed_mid_stream_fails_its_runs_and_the_other_node_streams_on()
         "the killed node's connection counts as closed by the node"
     );
     // The node comes back and serves again.
-    let _a = mock(app.node_addr, "token-a", Duration::ZERO, Behaviour::Echo).await;
+    let _a = echo_mock(app.node_addr, "token-a", Duration::ZERO).await;
     completes_on(&app, "node-a", "back again").await;
     app.assert_settled().await;
     app.stop().await;
@@ -423,13 +399,8 @@ async fn a_node_killed_mid_stream_fails_its_runs_and_the_other_node_streams_on()
 #[tokio::test]
 async fn a_half_open_node_is_evicted_by_the_heartbeat_timeout_and_its_run_fails() {
     // node-a must heartbeat every 300 ms; node-b keeps the default 1 s.
-    let config = TWO_NODES.replacen(
-        "heartbeat_interval_ms = 1000",
-        "heartbeat_interval_ms = 300",
-        1,
-    );
-    let app = spawn_app(&config).await;
-    let _b = mock(app.node_addr, "token-b", Duration::ZERO, Behaviour::Echo).await;
+    let app = spawn_app(&two_nodes_with_node_a_heartbeat(300)).await;
+    let _b = echo_mock(app.node_addr, "token-b", Duration::ZERO).await;
     let mut half_open = raw_node(&app, "token-a").await;
     within(half_open.heartbeat(0)).await.expect("heartbeat");
 
@@ -464,36 +435,25 @@ async fn a_half_open_node_is_evicted_by_the_heartbeat_timeout_and_its_run_fails(
 // A node stops reading
 // ---------------------------------------------------------------------------------------
 
-/// node-a takes many runs at once and heartbeats rarely (so only its reading is at fault);
-/// node-b is an ordinary node. The edge queues 4 commands per node and gives one write
-/// 200 ms.
-const NOT_READING: &str = r#"
-[server]
-outbound_queue = 4
-write_timeout_ms = 200
+/// node-a (`echo/default`): takes many runs at once and heartbeats rarely, so only what
+/// it reads or writes can be at fault.
+fn greedy_node_a() -> NodeTable {
+    NodeTable::new("node-a", "gpu-a", "token-a")
+        .runtime(1000, 60000)
+        .echo(&["default"])
+}
 
-[[nodes]]
-id = "node-a"
-alias = "gpu-a"
-token = "token-a"
-[nodes.runtime]
-max_concurrent_runs = 1000
-heartbeat_interval_ms = 60000
-[[nodes.adapters]]
-name = "echo"
-targets = ["default"]
-
-[[nodes]]
-id = "node-b"
-alias = "gpu-b"
-token = "token-b"
-[nodes.runtime]
-max_concurrent_runs = 2
-heartbeat_interval_ms = 1000
-[[nodes.adapters]]
-name = "echo"
-targets = ["default"]
-"#;
+/// node-a from [`greedy_node_a`] and node-b, an ordinary node. The edge queues 4 commands
+/// per node and gives one write 200 ms.
+fn not_reading() -> String {
+    let node_b = NodeTable::new("node-b", "gpu-b", "token-b")
+        .runtime(2, 1000)
+        .echo(&["default"]);
+    format!(
+        "[server]\noutbound_queue = 4\nwrite_timeout_ms = 200\n\n{}\n{node_b}",
+        greedy_node_a()
+    )
+}
 
 /// Runs offered to the node that does not read; 1 MiB each. Buffering them all would
 /// take this many MiB.
@@ -502,8 +462,8 @@ const RUN_INPUT_BYTES: usize = 1024 * 1024;
 
 #[tokio::test]
 async fn a_node_that_stops_reading_is_closed_as_a_slow_consumer_with_bounded_memory() {
-    let app = spawn_app(NOT_READING).await;
-    let _b = mock(app.node_addr, "token-b", Duration::ZERO, Behaviour::Echo).await;
+    let app = spawn_app(&not_reading()).await;
+    let _b = echo_mock(app.node_addr, "token-b", Duration::ZERO).await;
     // Registers, then never reads its socket again (and never closes it).
     let not_reading = raw_node(&app, "token-a").await;
     let input = Bytes::from(vec![b'x'; RUN_INPUT_BYTES]);
@@ -558,27 +518,15 @@ async fn a_node_that_stops_reading_is_closed_as_a_slow_consumer_with_bounded_mem
     app.stop().await;
 }
 
-/// node-a takes many runs and heartbeats rarely; one write may take a minute — far longer
-/// than the graceful stop's 2 s grace (set by the harness) and than [`PATIENCE`].
-const STUCK_WRITE: &str = r#"
-[server]
-write_timeout_ms = 60000
-
-[[nodes]]
-id = "node-a"
-alias = "gpu-a"
-token = "token-a"
-[nodes.runtime]
-max_concurrent_runs = 1000
-heartbeat_interval_ms = 60000
-[[nodes.adapters]]
-name = "echo"
-targets = ["default"]
-"#;
+/// node-a from [`greedy_node_a`] alone; one write may take a minute — far longer than the
+/// graceful stop's 2 s grace (set by the harness) and than [`PATIENCE`].
+fn stuck_write() -> String {
+    format!("[server]\nwrite_timeout_ms = 60000\n\n{}", greedy_node_a())
+}
 
 #[tokio::test]
 async fn a_node_stuck_in_a_write_does_not_hold_up_a_graceful_stop() {
-    let app = spawn_app(STUCK_WRITE).await;
+    let app = spawn_app(&stuck_write()).await;
     let not_reading = raw_node(&app, "token-a").await;
     // 32 MiB of runs: more than any socket buffer holds, so the edge's write blocks.
     let input = Bytes::from(vec![b'x'; RUN_INPUT_BYTES]);
@@ -607,19 +555,8 @@ async fn a_node_stuck_in_a_write_does_not_hold_up_a_graceful_stop() {
 #[tokio::test]
 async fn garbage_after_a_valid_registration_closes_that_node_and_fails_only_its_runs() {
     // Long heartbeats: only the garbage can close node-a.
-    let config = TWO_NODES.replacen(
-        "heartbeat_interval_ms = 1000",
-        "heartbeat_interval_ms = 60000",
-        1,
-    );
-    let app = spawn_app(&config).await;
-    let _b = mock(
-        app.node_addr,
-        "token-b",
-        Duration::from_millis(10),
-        Behaviour::Echo,
-    )
-    .await;
+    let app = spawn_app(&two_nodes_with_node_a_heartbeat(60000)).await;
+    let _b = echo_mock(app.node_addr, "token-b", Duration::from_millis(10)).await;
     let mut bad = raw_node(&app, "token-a").await;
 
     let mut on_a = start(&app, pinned("node-a", "lost", "echo"));
@@ -639,17 +576,9 @@ async fn garbage_after_a_valid_registration_closes_that_node_and_fails_only_its_
         .expect("write garbage");
     assert_closed_by_edge(&mut bad).await;
     fails_with(&mut on_a, "node_disconnected").await;
-    let streamed = rest(&mut on_b).await;
-    assert_eq!(
-        only_terminal(&on_b.run_id, &streamed).kind.name(),
-        "completed"
-    );
-    assert_eq!(text_of(&streamed), words(40), "node-b lost nothing");
+    completes_with_every_word(&mut on_b, 40).await;
 
-    eventually("node-a left the registry", || {
-        app.parts.registry.get("node-a").is_none()
-    })
-    .await;
+    app.wait_until_left("node-a").await;
     assert!(app.parts.registry.get("node-b").is_some());
     assert_eq!(
         app.parts
@@ -659,7 +588,7 @@ async fn garbage_after_a_valid_registration_closes_that_node_and_fails_only_its_
         1
     );
     // node-a may come back.
-    let _a = mock(app.node_addr, "token-a", Duration::ZERO, Behaviour::Echo).await;
+    let _a = echo_mock(app.node_addr, "token-a", Duration::ZERO).await;
     completes_on(&app, "node-a", "registered again").await;
     app.assert_settled().await;
     app.stop().await;
@@ -705,12 +634,12 @@ async fn a_thousand_bad_tokens_are_refused_while_valid_nodes_keep_registering() 
     let mut rounds = 0;
     while !flood.is_finished() || rounds < 3 {
         for (token, id) in [("token-a", "node-a"), ("token-b", "node-b")] {
-            let node = mock(addr, token, Duration::ZERO, Behaviour::Echo).await;
+            let node = echo_mock(addr, token, Duration::ZERO).await;
             assert_eq!(node.outcome.node_id, id);
             completes_on(&app, id, &format!("round {rounds}")).await;
             node.kill();
             within(node.ended()).await;
-            eventually("the node left", || app.parts.registry.get(id).is_none()).await;
+            app.wait_until_left(id).await;
         }
         rounds += 1;
     }
@@ -745,8 +674,8 @@ async fn a_file_sink_on_a_full_disk_counts_write_errors_while_runs_complete() {
         file_sink(Path::new("/dev/full"))
     ))
     .await;
-    let _a = mock(app.node_addr, "token-a", Duration::ZERO, Behaviour::Echo).await;
-    let _b = mock(app.node_addr, "token-b", Duration::ZERO, Behaviour::Echo).await;
+    let _a = echo_mock(app.node_addr, "token-a", Duration::ZERO).await;
+    let _b = echo_mock(app.node_addr, "token-b", Duration::ZERO).await;
 
     for i in 0..20 {
         let node = if i % 2 == 0 { "node-a" } else { "node-b" };
@@ -761,12 +690,7 @@ async fn a_file_sink_on_a_full_disk_counts_write_errors_while_runs_complete() {
     assert!(errors >= 1.0);
 
     // Still serving: health, nodes, and new runs.
-    let health = http()
-        .get(format!("http://{}/healthz", app.http_addr))
-        .send()
-        .await
-        .expect("healthz");
-    assert!(health.status().is_success());
+    assert_healthy(app.http_addr).await;
     assert_eq!(app.parts.registry.len(), 2);
     completes_on(&app, "node-a", "and one more").await;
     app.assert_settled().await;
@@ -776,12 +700,11 @@ async fn a_file_sink_on_a_full_disk_counts_write_errors_while_runs_complete() {
 #[tokio::test]
 async fn a_closed_stdout_does_not_stop_the_binary_serving_and_sigterm_exits_0() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let config = dir.path().join("edge.toml");
     let events = "[events]\nsinks = [\"stdout\"]\n[events.stdout]\nformat = \"text\"\n";
-    std::fs::write(&config, format!("{TWO_NODES}\n{events}")).expect("write config");
+    let config = write_config(dir.path(), &format!("{TWO_NODES}\n{events}"));
     let mut edge = EdgeProcess::start(&config, true).await;
-    let a = mock(edge.node_addr, "token-a", Duration::ZERO, Behaviour::Echo).await;
-    let b = mock(edge.node_addr, "token-b", Duration::ZERO, Behaviour::Echo).await;
+    let a = echo_mock(edge.node_addr, "token-a", Duration::ZERO).await;
+    let b = echo_mock(edge.node_addr, "token-b", Duration::ZERO).await;
 
     let url = format!("http://{}/v1/completions", edge.http_addr);
     for i in 0..10 {
@@ -811,25 +734,10 @@ async fn a_closed_stdout_does_not_stop_the_binary_serving_and_sigterm_exits_0() 
         .await
         .expect("a completion");
     assert!(response.status().is_success(), "{response:?}");
-    let health = http()
-        .get(format!("http://{}/healthz", edge.http_addr))
-        .send()
-        .await
-        .expect("healthz");
-    assert!(health.status().is_success());
+    assert_healthy(edge.http_addr).await;
 
     edge.terminate();
-    let status = edge.exit_status().await;
-    assert!(
-        status.success(),
-        "exit {status}; stderr: {:#?}",
-        edge.logs()
-    );
-    edge.assert_no_panic();
-    for node in [a, b] {
-        let ended = within(node.ended()).await;
-        assert!(matches!(ended, Ended::Shutdown(_)), "{ended:?}");
-    }
+    edge.assert_clean_exit([a, b]).await;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -837,49 +745,27 @@ async fn a_closed_stdout_does_not_stop_the_binary_serving_and_sigterm_exits_0() 
 // ---------------------------------------------------------------------------------------
 
 /// node-a serves `echo/stuck` and node-b `echo/quick`; a graceful stop waits 3 s for runs.
-const TWO_TARGETS: &str = r#"
-[server]
-shutdown_grace_ms = 3000
-
-[[nodes]]
-id = "node-a"
-alias = "gpu-a"
-token = "token-a"
-[nodes.runtime]
-max_concurrent_runs = 2
-heartbeat_interval_ms = 1000
-[[nodes.adapters]]
-name = "echo"
-targets = ["stuck"]
-
-[[nodes]]
-id = "node-b"
-alias = "gpu-b"
-token = "token-b"
-[nodes.runtime]
-max_concurrent_runs = 2
-heartbeat_interval_ms = 1000
-[[nodes.adapters]]
-name = "echo"
-targets = ["quick"]
-"#;
+fn two_targets() -> String {
+    let node_a = NodeTable::new("node-a", "gpu-a", "token-a")
+        .runtime(2, 1000)
+        .echo(&["stuck"]);
+    let node_b = NodeTable::new("node-b", "gpu-b", "token-b")
+        .runtime(2, 1000)
+        .echo(&["quick"]);
+    format!("[server]\nshutdown_grace_ms = 3000\n\n{node_a}\n{node_b}")
+}
 
 #[tokio::test]
 async fn sigterm_lets_a_run_finish_within_the_grace_and_fails_the_one_that_never_ends() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let config = dir.path().join("edge.toml");
     let events = dir.path().join("events.jsonl");
-    std::fs::write(&config, format!("{TWO_TARGETS}\n{}", file_sink(&events)))
-        .expect("write config");
+    let config = write_config(
+        dir.path(),
+        &format!("{}\n{}", two_targets(), file_sink(&events)),
+    );
     let mut edge = EdgeProcess::start(&config, false).await;
     let stuck = mock(edge.node_addr, "token-a", Duration::ZERO, Behaviour::Hang).await;
-    let quick = mock(
-        edge.node_addr,
-        "token-b",
-        Duration::from_millis(50),
-        Behaviour::Echo,
-    )
-    .await;
+    let quick = echo_mock(edge.node_addr, "token-b", Duration::from_millis(50)).await;
     let url = format!("http://{}/v1/completions", edge.http_addr);
 
     // The run that never ends: answered only when the edge ends it.
@@ -942,17 +828,7 @@ async fn sigterm_lets_a_run_finish_within_the_grace_and_fails_the_one_that_never
     let never = within(never).await.expect("the stuck request");
     assert_eq!(never.status(), reqwest::StatusCode::SERVICE_UNAVAILABLE);
 
-    let status = edge.exit_status().await;
-    assert!(
-        status.success(),
-        "exit {status}; stderr: {:#?}",
-        edge.logs()
-    );
-    edge.assert_no_panic();
-    for node in [stuck, quick] {
-        let ended = within(node.ended()).await;
-        assert!(matches!(ended, Ended::Shutdown(_)), "{ended:?}");
-    }
+    edge.assert_clean_exit([stuck, quick]).await;
 
     // The sink, flushed before exit, holds one terminal event per run.
     let lines = json_lines(&events);

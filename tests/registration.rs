@@ -8,7 +8,9 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use common::{TWO_NODES, TestApp, eventually, spawn_app};
+use common::{
+    NodeTable, TWO_NODES, TestApp, eventually, numbered_nodes, spawn_app, two_nodes_with_heartbeat,
+};
 use edge::client::{
     ClientError, NodeClient, NodeFrame, ReceivedAdapter, ReceivedConfig, ReceivedEdgeFrame,
     RegisterOutcome, Registration,
@@ -24,7 +26,12 @@ const PATIENCE: Duration = Duration::from_secs(10);
 
 /// Two nodes whose config exercises every field of the payload, with a short register
 /// timeout for the silent-client test.
-const RICH_NODES: &str = r#"
+fn rich_nodes() -> String {
+    let node_b = NodeTable::new("node-b", "gpu-b", "token-b")
+        .runtime(1, 2500)
+        .echo(&["default"]);
+    format!(
+        r#"
 [server]
 register_timeout_ms = 300
 
@@ -48,26 +55,15 @@ keep_alive = "5m"
 name = "echo"
 targets = ["default"]
 
-[[nodes]]
-id = "node-b"
-alias = "gpu-b"
-token = "token-b"
-[nodes.runtime]
-max_concurrent_runs = 1
-heartbeat_interval_ms = 2500
-[[nodes.adapters]]
-name = "echo"
-targets = ["default"]
-"#;
+{node_b}"#
+    )
+}
 
 /// [`TWO_NODES`] with `server_keys` added to `[server]`, and with timeouts far beyond
 /// [`PATIENCE`]: a connection that is closed within the test's patience was closed for what
 /// the test did, not because it stayed silent until a register or heartbeat timeout.
 fn patient(server_keys: &str) -> String {
-    let nodes = TWO_NODES.replace(
-        "heartbeat_interval_ms = 1000",
-        "heartbeat_interval_ms = 60000",
-    );
+    let nodes = two_nodes_with_heartbeat(60000);
     format!("[server]\nregister_timeout_ms = 60000\n{server_keys}\n{nodes}")
 }
 
@@ -213,7 +209,7 @@ async fn encoded(frame: NodeFrame) -> Vec<u8> {
 
 #[tokio::test]
 async fn an_accepted_registration_returns_the_configured_node_and_config() {
-    let app = spawn_app(RICH_NODES).await;
+    let app = spawn_app(&rich_nodes()).await;
     let (_client, outcome) = attempt(&app, registration("token-a", "node-a")).await;
 
     let settings = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
@@ -280,34 +276,42 @@ async fn a_registration_without_node_id_is_given_the_tokens_node() {
     app.stop().await;
 }
 
-#[tokio::test]
-async fn an_unknown_token_is_rejected_and_the_connection_closed() {
+/// On a fresh [`patient`] edge, checks that `registration` is refused for `reason`, its
+/// connection closed, and no node registered.
+async fn refused_on_a_fresh_edge(registration: Registration, reason: RegisterRejection) {
     let app = spawn_app(&patient("")).await;
-    let (mut client, outcome) = attempt(&app, Registration::with_token("no-such-token")).await;
-    assert_rejected(&outcome, RegisterRejection::InvalidToken);
+    let (mut client, outcome) = attempt(&app, registration).await;
+    assert_rejected(&outcome, reason);
     assert_closed(&mut client).await;
     assert!(app.parts.registry.is_empty());
     app.stop().await;
+}
+
+#[tokio::test]
+async fn an_unknown_token_is_rejected_and_the_connection_closed() {
+    refused_on_a_fresh_edge(
+        Registration::with_token("no-such-token"),
+        RegisterRejection::InvalidToken,
+    )
+    .await;
 }
 
 #[tokio::test]
 async fn an_empty_token_is_rejected_and_the_connection_closed() {
-    let app = spawn_app(&patient("")).await;
-    let (mut client, outcome) = attempt(&app, Registration::with_token("")).await;
-    assert_rejected(&outcome, RegisterRejection::InvalidToken);
-    assert_closed(&mut client).await;
-    assert!(app.parts.registry.is_empty());
-    app.stop().await;
+    refused_on_a_fresh_edge(
+        Registration::with_token(""),
+        RegisterRejection::InvalidToken,
+    )
+    .await;
 }
 
 #[tokio::test]
 async fn a_node_id_that_is_not_the_tokens_node_is_rejected_and_the_connection_closed() {
-    let app = spawn_app(&patient("")).await;
-    let (mut client, outcome) = attempt(&app, registration("token-a", "node-b")).await;
-    assert_rejected(&outcome, RegisterRejection::NodeIdMismatch);
-    assert_closed(&mut client).await;
-    assert!(app.parts.registry.is_empty());
-    app.stop().await;
+    refused_on_a_fresh_edge(
+        registration("token-a", "node-b"),
+        RegisterRejection::NodeIdMismatch,
+    )
+    .await;
 }
 
 #[tokio::test]
@@ -478,15 +482,15 @@ async fn an_overlong_varint_is_closed_without_harm_to_other_nodes() {
 
 #[tokio::test]
 async fn a_silent_client_is_closed_after_the_register_timeout_without_harm() {
-    // RICH_NODES sets register_timeout_ms = 300.
-    let app = spawn_app(RICH_NODES).await;
+    // rich_nodes() sets register_timeout_ms = 300.
+    let app = spawn_app(&rich_nodes()).await;
     closes_without_harm(&app, &[]).await;
     app.stop().await;
 }
 
 #[tokio::test]
 async fn a_client_that_sends_half_a_frame_is_closed_after_the_register_timeout() {
-    let app = spawn_app(RICH_NODES).await;
+    let app = spawn_app(&rich_nodes()).await;
     let bytes = encoded(NodeFrame::Register(
         Registration::with_token("token-b").into_attempt(),
     ))
@@ -507,28 +511,18 @@ async fn an_oversized_frame_from_a_registered_node_closes_only_that_node() {
         .await
         .expect("write");
     assert_closed(&mut bad).await;
-    eventually("node-b has left the registry", || {
-        app.parts.registry.get("node-b").is_none()
-    })
-    .await;
+    app.wait_until_left("node-b").await;
     assert_still_served(&app, &mut live, "node-a", connection).await;
     app.stop().await;
 }
 
 #[tokio::test]
 async fn heartbeat_silence_evicts_the_node() {
-    let config = TWO_NODES.replace(
-        "heartbeat_interval_ms = 1000",
-        "heartbeat_interval_ms = 100",
-    );
-    let app = spawn_app(&config).await;
+    let app = spawn_app(&two_nodes_with_heartbeat(100)).await;
     let (mut silent, _) = registered(&app, "token-a", "node-a").await;
 
     assert_closed(&mut silent).await;
-    eventually("the silent node has left the registry", || {
-        app.parts.registry.get("node-a").is_none()
-    })
-    .await;
+    app.wait_until_left("node-a").await;
     assert!(app.parts.registry.is_empty());
 
     // Eviction frees the node to register again.
@@ -539,11 +533,7 @@ async fn heartbeat_silence_evicts_the_node() {
 
 #[tokio::test]
 async fn heartbeats_keep_a_node_registered() {
-    let config = TWO_NODES.replace(
-        "heartbeat_interval_ms = 1000",
-        "heartbeat_interval_ms = 200",
-    );
-    let app = spawn_app(&config).await;
+    let app = spawn_app(&two_nodes_with_heartbeat(200)).await;
     let (mut client, connection) = registered(&app, "token-a", "node-a").await;
     // Well past three intervals, heartbeating twice as often as configured.
     for _ in 0..15 {
@@ -561,10 +551,7 @@ async fn a_disconnect_removes_the_node_from_the_registry() {
     let (mut other, other_connection) = registered(&app, "token-b", "node-b").await;
 
     drop(client);
-    eventually("node-a has left the registry", || {
-        app.parts.registry.get("node-a").is_none()
-    })
-    .await;
+    app.wait_until_left("node-a").await;
     assert!(app.parts.registry.get("gpu-a").is_none());
     assert_still_served(&app, &mut other, "node-b", other_connection).await;
 
@@ -585,10 +572,7 @@ async fn a_second_register_request_on_an_accepted_connection_closes_it() {
     .await
     .expect("send");
     assert_closed(&mut client).await;
-    eventually("node-a has left the registry", || {
-        app.parts.registry.get("node-a").is_none()
-    })
-    .await;
+    app.wait_until_left("node-a").await;
     app.stop().await;
 }
 
@@ -645,15 +629,7 @@ async fn a_rejection_never_tells_whether_a_node_exists() {
 #[tokio::test]
 async fn fifty_nodes_register_concurrently_and_all_leave_on_disconnect() {
     const NODES: usize = 50;
-    let mut config = String::new();
-    for i in 0..NODES {
-        config.push_str(&format!(
-            "[[nodes]]\nid = \"node-{i}\"\nalias = \"alias-{i}\"\ntoken = \"token-{i}\"\n\
-             [nodes.runtime]\nmax_concurrent_runs = 1\nheartbeat_interval_ms = 60000\n\
-             [[nodes.adapters]]\nname = \"echo\"\ntargets = [\"default\"]\n\n"
-        ));
-    }
-    let app = spawn_app(&config).await;
+    let app = spawn_app(&numbered_nodes(NODES, "alias", 1, 60000)).await;
     let addr = app.node_addr;
 
     let joins: Vec<_> = (0..NODES)

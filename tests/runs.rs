@@ -17,7 +17,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use common::runs::{failure_code, next_event, only_terminal, rest, start, words};
 use common::{TWO_NODES, TestApp, eventually, spawn_app};
-use edge::app::StartError;
+use edge::app::{RunHandle, StartError};
 use edge::domain::{
     AdapterName, EventOrigin, NodeSelector, RunEvent, RunEventKind, RunId, RunSpec, SelectError,
     Target,
@@ -54,6 +54,16 @@ fn pinned(pin: &str, input: &str, mock: &str) -> RunSpec {
     spec
 }
 
+/// Starts a run of `echo/default` with `input` that the mock node holds until cancelled.
+fn start_hanging(app: &TestApp, input: &str) -> RunHandle {
+    start(app, spec("default", input, "hang"))
+}
+
+/// Starts a 500-word run of `echo/default` behaving as `mock`: long enough to interrupt.
+fn start_long_run(app: &TestApp, mock: &str) -> RunHandle {
+    start(app, spec("default", &words(500), mock))
+}
+
 /// Starts a mock node for `token` whose runs pause `delay` between words.
 async fn node(app: &TestApp, token: &str, delay: Duration, behaviour: Behaviour) -> MockNode {
     let options = MockOptions {
@@ -64,6 +74,76 @@ async fn node(app: &TestApp, token: &str, delay: Duration, behaviour: Behaviour)
     MockNode::start(app.node_addr, options)
         .await
         .expect("mock node registers")
+}
+
+/// Starts an edge with `TWO_NODES` and both nodes registered, each behaving as `behaviour`
+/// at once.
+async fn edge_with_both_nodes(behaviour: Behaviour) -> (TestApp, MockNode, MockNode) {
+    let app = spawn_app(TWO_NODES).await;
+    let a = node(&app, "token-a", Duration::ZERO, behaviour).await;
+    let b = node(&app, "token-b", Duration::ZERO, behaviour).await;
+    app.wait_for_nodes(2).await;
+    (app, a, b)
+}
+
+/// Starts an edge with `config` and a `node-a` that holds every run until it is cancelled.
+async fn edge_with_hanging_node_a(config: &str) -> (TestApp, MockNode) {
+    let app = spawn_app(config).await;
+    let node_a = node(&app, "token-a", Duration::ZERO, Behaviour::Hang).await;
+    (app, node_a)
+}
+
+/// Starts an edge with `config` and a `node-a` echoing with a 20 ms pause between words,
+/// so long runs stream a while.
+async fn edge_with_slow_echo_node_a(config: &str) -> (TestApp, MockNode) {
+    let app = spawn_app(config).await;
+    let node_a = node(&app, "token-a", Duration::from_millis(20), Behaviour::Echo).await;
+    (app, node_a)
+}
+
+/// Waits until a run is streaming: its first event is `started`, its second an output.
+async fn wait_until_streaming(handle: &mut RunHandle) {
+    assert_eq!(next_event(handle).await.kind.name(), "started");
+    assert_eq!(next_event(handle).await.kind.name(), "output");
+}
+
+/// Checks that the edge forgot its runs, then stops it.
+async fn settle_and_stop(app: TestApp) {
+    app.assert_settled().await;
+    app.stop().await;
+}
+
+/// Reads the rest of a run's events, checks they end in exactly one terminal event, and
+/// returns them with that terminal event.
+async fn run_to_end(handle: &mut RunHandle) -> (Vec<Arc<RunEvent>>, RunEvent) {
+    let events = rest(handle).await;
+    let last = only_terminal(&handle.run_id, &events).clone();
+    (events, last)
+}
+
+/// Cancels a run that must still be open and returns the rest of its events.
+async fn cancel_open(app: &TestApp, handle: &mut RunHandle, reason: &str) -> Vec<Arc<RunEvent>> {
+    assert!(app.parts.runs.cancel(&handle.run_id, reason).await);
+    rest(handle).await
+}
+
+/// Cancels an open run and checks it ends in exactly one `cancelled`, which it returns.
+async fn cancel_to_cancelled(app: &TestApp, handle: &mut RunHandle, reason: &str) -> RunEvent {
+    let events = cancel_open(app, handle, reason).await;
+    let last = only_terminal(&handle.run_id, &events);
+    assert!(
+        matches!(last.kind, RunEventKind::Cancelled { .. }),
+        "{last:?}"
+    );
+    last.clone()
+}
+
+/// Checks that a run's terminal event `last` is `completed`, showing all its `events` if not.
+fn assert_completed(last: &RunEvent, events: &[Arc<RunEvent>]) {
+    assert!(
+        matches!(last.kind, RunEventKind::Completed { .. }),
+        "{events:#?}"
+    );
 }
 
 /// The output texts of `events`, in order.
@@ -119,6 +199,21 @@ fn events_section(sinks: &[&str], path: &Path) -> String {
     )
 }
 
+/// A fresh temporary directory (kept alive by the caller) and `events.jsonl` inside it.
+fn events_file() -> (tempfile::TempDir, PathBuf) {
+    let out = tempfile::tempdir().expect("tempdir");
+    let path = out.path().join("events.jsonl");
+    (out, path)
+}
+
+/// Starts an edge sending events to `sinks` (the file sink writing `path`) and an echo
+/// `node-a`.
+async fn edge_with_sinks(sinks: &[&str], path: &Path) -> (TestApp, MockNode) {
+    let app = spawn_app(&config(&events_section(sinks, path))).await;
+    let node_a = node(&app, "token-a", Duration::ZERO, Behaviour::Echo).await;
+    (app, node_a)
+}
+
 /// Every line of the file sink's file, parsed; panics on a line that is not JSON.
 fn json_lines(path: &Path) -> Vec<serde_json::Value> {
     let text = std::fs::read_to_string(path)
@@ -162,12 +257,8 @@ fn assert_file_matches(lines: &[serde_json::Value], events: &[Arc<RunEvent>]) {
 /// Runs one short echo on whatever node takes it and returns all its events.
 async fn echo_run(app: &TestApp, input: &str) -> (RunId, Vec<Arc<RunEvent>>) {
     let mut handle = start(app, spec("default", input, "echo"));
-    let events = rest(&mut handle).await;
-    let last = only_terminal(&handle.run_id, &events);
-    assert!(
-        matches!(last.kind, RunEventKind::Completed { .. }),
-        "{events:#?}"
-    );
+    let (events, last) = run_to_end(&mut handle).await;
+    assert_completed(&last, &events);
     (handle.run_id, events)
 }
 
@@ -177,10 +268,8 @@ async fn echo_run(app: &TestApp, input: &str) -> (RunId, Vec<Arc<RunEvent>>) {
 
 #[tokio::test]
 async fn a_run_streams_every_delta_in_order_to_the_caller_and_the_file_sink() {
-    let out = tempfile::tempdir().expect("tempdir");
-    let path = out.path().join("events.jsonl");
-    let app = spawn_app(&config(&events_section(&["file"], &path))).await;
-    let _a = node(&app, "token-a", Duration::ZERO, Behaviour::Echo).await;
+    let (_out, path) = events_file();
+    let (app, _a) = edge_with_sinks(&["file"], &path).await;
 
     let mut handle = start(&app, spec("default", "hello brave new world", "echo"));
     let events = rest(&mut handle).await;
@@ -211,8 +300,7 @@ async fn a_run_streams_every_delta_in_order_to_the_caller_and_the_file_sink() {
         "{last:?}"
     );
 
-    app.assert_settled().await;
-    app.stop().await;
+    settle_and_stop(app).await;
     let lines = json_lines(&path);
     assert_file_matches(&lines_of(&lines, &handle.run_id), &events);
     assert_eq!(
@@ -228,13 +316,10 @@ async fn a_run_streams_every_delta_in_order_to_the_caller_and_the_file_sink() {
 
 #[tokio::test]
 async fn two_nodes_share_the_load() {
-    let app = spawn_app(TWO_NODES).await;
-    let a = node(&app, "token-a", Duration::ZERO, Behaviour::Hang).await;
-    let b = node(&app, "token-b", Duration::ZERO, Behaviour::Hang).await;
-    app.wait_for_nodes(2).await;
+    let (app, a, b) = edge_with_both_nodes(Behaviour::Hang).await;
 
-    let mut first = start(&app, spec("default", "one", "hang"));
-    let mut second = start(&app, spec("default", "two", "hang"));
+    let mut first = start_hanging(&app, "one");
+    let mut second = start_hanging(&app, "two");
     eventually("both nodes received a run", || {
         runs_sent(&a).len() + runs_sent(&b).len() == 2
     })
@@ -252,27 +337,17 @@ async fn two_nodes_share_the_load() {
 
     let mut ended_on = Vec::new();
     for handle in [&mut first, &mut second] {
-        assert!(app.parts.runs.cancel(&handle.run_id, "test over").await);
-        let events = rest(handle).await;
-        let last = only_terminal(&handle.run_id, &events);
-        assert!(
-            matches!(last.kind, RunEventKind::Cancelled { .. }),
-            "{last:?}"
-        );
-        ended_on.push(node_of(last).to_owned());
+        let last = cancel_to_cancelled(&app, handle, "test over").await;
+        ended_on.push(node_of(&last).to_owned());
     }
     ended_on.sort();
     assert_eq!(ended_on, ["node-a", "node-b"]);
-    app.assert_settled().await;
-    app.stop().await;
+    settle_and_stop(app).await;
 }
 
 #[tokio::test]
 async fn pinning_by_alias_and_by_id_picks_that_node() {
-    let app = spawn_app(TWO_NODES).await;
-    let _a = node(&app, "token-a", Duration::ZERO, Behaviour::Echo).await;
-    let _b = node(&app, "token-b", Duration::ZERO, Behaviour::Echo).await;
-    app.wait_for_nodes(2).await;
+    let (app, _a, _b) = edge_with_both_nodes(Behaviour::Echo).await;
 
     for (pin, expected) in [
         ("gpu-b", "node-b"),
@@ -283,8 +358,7 @@ async fn pinning_by_alias_and_by_id_picks_that_node() {
         // Several in a row, so a round-robin tie cannot pass for a pin.
         for _ in 0..3 {
             let mut handle = start(&app, pinned(pin, "pinned run", "echo"));
-            let events = rest(&mut handle).await;
-            only_terminal(&handle.run_id, &events);
+            let (events, _) = run_to_end(&mut handle).await;
             assert!(
                 events.iter().all(|e| node_of(e) == expected),
                 "pin {pin}: {events:#?}"
@@ -305,8 +379,7 @@ async fn pinning_by_alias_and_by_id_picks_that_node() {
         app.parts.runs.start(pinned("gpu-z", "x", "echo")),
         Err(StartError::NoNode(SelectError::PinnedNodeNotConnected { pin })) if pin == "gpu-z"
     ));
-    app.assert_settled().await;
-    app.stop().await;
+    settle_and_stop(app).await;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -315,65 +388,44 @@ async fn pinning_by_alias_and_by_id_picks_that_node() {
 
 #[tokio::test]
 async fn busy_nodes_queue_runs_and_dispatch_them_when_a_slot_frees() {
-    let app = spawn_app(TWO_NODES).await;
-    let a = node(&app, "token-a", Duration::ZERO, Behaviour::Hang).await;
+    let (app, a) = edge_with_hanging_node_a(TWO_NODES).await;
 
     // node-a takes two runs at a time.
-    let mut first = start(&app, spec("default", "one", "hang"));
-    let mut second = start(&app, spec("default", "two", "hang"));
-    let mut third = start(&app, spec("default", "three", "hang"));
+    let mut first = start_hanging(&app, "one");
+    let mut second = start_hanging(&app, "two");
+    let mut third = start_hanging(&app, "three");
     eventually("node-a holds two runs", || runs_sent(&a).len() == 2).await;
     assert_eq!(app.parts.runs.queued_runs(), 1);
     assert_eq!(app.parts.runs.open_runs(), 3);
     assert_eq!(runs_sent(&a), [first.run_id.clone(), second.run_id.clone()]);
 
     // Ending one hands its slot to the queued run.
-    assert!(app.parts.runs.cancel(&first.run_id, "make room").await);
-    let events = rest(&mut first).await;
-    assert!(matches!(
-        only_terminal(&first.run_id, &events).kind,
-        RunEventKind::Cancelled { .. }
-    ));
+    cancel_to_cancelled(&app, &mut first, "make room").await;
     eventually("the queued run is dispatched", || runs_sent(&a).len() == 3).await;
     assert_eq!(runs_sent(&a)[2], third.run_id);
     assert_eq!(app.parts.runs.queued_runs(), 0);
 
     for handle in [&mut second, &mut third] {
-        assert!(app.parts.runs.cancel(&handle.run_id, "test over").await);
-        let events = rest(handle).await;
-        let last = only_terminal(&handle.run_id, &events);
-        assert!(
-            matches!(last.kind, RunEventKind::Cancelled { .. }),
-            "{last:?}"
-        );
+        let last = cancel_to_cancelled(&app, handle, "test over").await;
         assert_eq!(last.origin, EventOrigin::Node);
-        assert_eq!(node_of(last), "node-a");
+        assert_eq!(node_of(&last), "node-a");
     }
-    app.assert_settled().await;
-    app.stop().await;
+    settle_and_stop(app).await;
 }
 
 #[tokio::test]
 async fn a_short_run_ending_frees_its_slot_for_a_queued_one() {
-    let app = spawn_app(TWO_NODES).await;
-    let a = node(&app, "token-a", Duration::from_millis(20), Behaviour::Echo).await;
+    let (app, a) = edge_with_slow_echo_node_a(TWO_NODES).await;
 
-    let mut hanging = start(&app, spec("default", "one", "hang"));
+    let mut hanging = start_hanging(&app, "one");
     let mut short = start(&app, spec("default", "a b c", "echo"));
     let mut queued = start(&app, spec("default", "d e", "echo"));
     // The queued run completes without anyone cancelling anything.
-    let events = rest(&mut queued).await;
-    let last = only_terminal(&queued.run_id, &events);
-    assert!(
-        matches!(last.kind, RunEventKind::Completed { .. }),
-        "{events:#?}"
-    );
+    let (events, last) = run_to_end(&mut queued).await;
+    assert_completed(&last, &events);
     assert_eq!(texts(&events), ["d ", "e"]);
-    let events = rest(&mut short).await;
-    assert!(matches!(
-        only_terminal(&short.run_id, &events).kind,
-        RunEventKind::Completed { .. }
-    ));
+    let (events, last) = run_to_end(&mut short).await;
+    assert_completed(&last, &events);
     assert_eq!(
         runs_sent(&a),
         [
@@ -383,21 +435,18 @@ async fn a_short_run_ending_frees_its_slot_for_a_queued_one() {
         ]
     );
 
-    assert!(app.parts.runs.cancel(&hanging.run_id, "test over").await);
-    rest(&mut hanging).await;
-    app.assert_settled().await;
-    app.stop().await;
+    cancel_open(&app, &mut hanging, "test over").await;
+    settle_and_stop(app).await;
 }
 
 #[tokio::test]
 async fn a_full_queue_refuses_and_an_unserved_target_fails_at_once() {
-    let app = spawn_app(&config("[runs]\nqueue_capacity = 1\n")).await;
-    let _a = node(&app, "token-a", Duration::ZERO, Behaviour::Hang).await;
+    let (app, _a) = edge_with_hanging_node_a(&config("[runs]\nqueue_capacity = 1\n")).await;
 
     let mut held = vec![
-        start(&app, spec("default", "one", "hang")),
-        start(&app, spec("default", "two", "hang")),
-        start(&app, spec("default", "three", "hang")),
+        start_hanging(&app, "one"),
+        start_hanging(&app, "two"),
+        start_hanging(&app, "three"),
     ];
     assert_eq!(app.parts.runs.queued_runs(), 1);
     match app.parts.runs.start(spec("default", "four", "hang")) {
@@ -427,15 +476,9 @@ async fn a_full_queue_refuses_and_an_unserved_target_fails_at_once() {
     ));
 
     for handle in &mut held {
-        assert!(app.parts.runs.cancel(&handle.run_id, "test over").await);
-        let events = rest(handle).await;
-        assert!(matches!(
-            only_terminal(&handle.run_id, &events).kind,
-            RunEventKind::Cancelled { .. }
-        ));
+        cancel_to_cancelled(&app, handle, "test over").await;
     }
-    app.assert_settled().await;
-    app.stop().await;
+    settle_and_stop(app).await;
 }
 
 #[tokio::test]
@@ -445,20 +488,15 @@ async fn an_unserved_target_is_refused_even_with_no_node_connected() {
         app.parts.runs.start(spec("default", "x", "echo")),
         Err(StartError::NoNode(SelectError::NoNodeServes { .. }))
     ));
-    app.assert_settled().await;
-    app.stop().await;
+    settle_and_stop(app).await;
 }
 
 #[tokio::test]
 async fn a_queued_run_whose_wait_expires_fails_with_queue_timeout() {
-    let app = spawn_app(&config("[runs]\nqueue_timeout_ms = 200\n")).await;
-    let a = node(&app, "token-a", Duration::ZERO, Behaviour::Hang).await;
+    let (app, a) = edge_with_hanging_node_a(&config("[runs]\nqueue_timeout_ms = 200\n")).await;
 
-    let mut busy = vec![
-        start(&app, spec("default", "one", "hang")),
-        start(&app, spec("default", "two", "hang")),
-    ];
-    let mut waiting = start(&app, spec("default", "three", "hang"));
+    let mut busy = vec![start_hanging(&app, "one"), start_hanging(&app, "two")];
+    let mut waiting = start_hanging(&app, "three");
     let events = rest(&mut waiting).await;
     assert_eq!(events.len(), 1, "{events:#?}");
     let last = only_terminal(&waiting.run_id, &events);
@@ -469,11 +507,9 @@ async fn a_queued_run_whose_wait_expires_fails_with_queue_timeout() {
     assert_eq!(app.parts.runs.queued_runs(), 0);
 
     for handle in &mut busy {
-        assert!(app.parts.runs.cancel(&handle.run_id, "test over").await);
-        rest(handle).await;
+        cancel_open(&app, handle, "test over").await;
     }
-    app.assert_settled().await;
-    app.stop().await;
+    settle_and_stop(app).await;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -482,13 +518,9 @@ async fn a_queued_run_whose_wait_expires_fails_with_queue_timeout() {
 
 #[tokio::test]
 async fn killing_a_node_mid_stream_fails_every_run_it_held() {
-    let app = spawn_app(TWO_NODES).await;
-    let a = node(&app, "token-a", Duration::from_millis(20), Behaviour::Echo).await;
+    let (app, a) = edge_with_slow_echo_node_a(TWO_NODES).await;
 
-    let mut handles = vec![
-        start(&app, spec("default", &words(500), "echo")),
-        start(&app, spec("default", &words(500), "echo")),
-    ];
+    let mut handles = vec![start_long_run(&app, "echo"), start_long_run(&app, "echo")];
     let mut seen = Vec::new();
     for handle in &mut handles {
         // Wait until each run is streaming: started, then a first output.
@@ -516,31 +548,16 @@ async fn killing_a_node_mid_stream_fails_every_run_it_held() {
         );
     }
     eventually("node-a left the registry", || app.parts.registry.is_empty()).await;
-    app.assert_settled().await;
-    app.stop().await;
+    settle_and_stop(app).await;
 }
 
 #[tokio::test]
 async fn a_caller_cancel_mid_stream_reaches_the_node_which_ends_the_run() {
-    let app = spawn_app(TWO_NODES).await;
-    let a = node(&app, "token-a", Duration::from_millis(20), Behaviour::Echo).await;
+    let (app, a) = edge_with_slow_echo_node_a(TWO_NODES).await;
 
-    let mut handle = start(&app, spec("default", &words(500), "echo"));
-    assert_eq!(next_event(&mut handle).await.kind.name(), "started");
-    assert_eq!(next_event(&mut handle).await.kind.name(), "output");
-    assert!(
-        app.parts
-            .runs
-            .cancel(&handle.run_id, "caller changed their mind")
-            .await
-    );
-
-    let events = rest(&mut handle).await;
-    let last = only_terminal(&handle.run_id, &events);
-    assert!(
-        matches!(last.kind, RunEventKind::Cancelled { .. }),
-        "{last:?}"
-    );
+    let mut handle = start_long_run(&app, "echo");
+    wait_until_streaming(&mut handle).await;
+    let last = cancel_to_cancelled(&app, &mut handle, "caller changed their mind").await;
     assert_eq!(last.origin, EventOrigin::Node, "the node's own cancelled");
     assert!(
         a.commands().iter().any(|c| matches!(
@@ -553,21 +570,16 @@ async fn a_caller_cancel_mid_stream_reaches_the_node_which_ends_the_run() {
     // A second cancel of an ended run says it was not open.
     assert!(!app.parts.runs.cancel(&handle.run_id, "again").await);
     assert!(!app.parts.runs.cancel(&RunId::new("no-such-run"), "x").await);
-    app.assert_settled().await;
-    app.stop().await;
+    settle_and_stop(app).await;
 }
 
 #[tokio::test]
 async fn a_node_that_ignores_a_cancel_gets_the_edges_cancelled_after_the_grace() {
-    let app = spawn_app(&config("[runs]\ncancel_grace_ms = 200\n")).await;
-    let a = node(&app, "token-a", Duration::from_millis(20), Behaviour::Echo).await;
+    let (app, a) = edge_with_slow_echo_node_a(&config("[runs]\ncancel_grace_ms = 200\n")).await;
 
-    let mut handle = start(&app, spec("default", &words(500), "ignore_cancel"));
-    assert_eq!(next_event(&mut handle).await.kind.name(), "started");
-    assert_eq!(next_event(&mut handle).await.kind.name(), "output");
-    assert!(app.parts.runs.cancel(&handle.run_id, "stop it").await);
-
-    let events = rest(&mut handle).await;
+    let mut handle = start_long_run(&app, "ignore_cancel");
+    wait_until_streaming(&mut handle).await;
+    let events = cancel_open(&app, &mut handle, "stop it").await;
     let last = only_terminal(&handle.run_id, &events);
     assert_eq!(
         last.origin,
@@ -588,23 +600,20 @@ async fn a_node_that_ignores_a_cancel_gets_the_edges_cancelled_after_the_grace()
         dropped > 0
     })
     .await;
-    app.assert_settled().await;
-    app.stop().await;
+    settle_and_stop(app).await;
 }
 
 #[tokio::test]
 async fn a_missed_deadline_fails_the_run_and_cancels_it_on_the_node() {
-    let app = spawn_app(TWO_NODES).await;
-    let a = node(&app, "token-a", Duration::ZERO, Behaviour::Hang).await;
+    let (app, a) = edge_with_hanging_node_a(TWO_NODES).await;
 
     let mut run = spec("default", "never answered", "hang");
     run.deadline = Some(Duration::from_millis(200));
     let mut handle = start(&app, run);
-    let events = rest(&mut handle).await;
-    let last = only_terminal(&handle.run_id, &events);
-    assert_eq!(failure_code(last), "deadline_exceeded");
+    let (_, last) = run_to_end(&mut handle).await;
+    assert_eq!(failure_code(&last), "deadline_exceeded");
     assert_eq!(last.origin, EventOrigin::Edge);
-    assert_eq!(node_of(last), "node-a");
+    assert_eq!(node_of(&last), "node-a");
 
     eventually("node-a is told to cancel", || {
         cancels_sent(&a).contains(&handle.run_id)
@@ -620,8 +629,7 @@ async fn a_missed_deadline_fails_the_run_and_cancels_it_on_the_node() {
         (1..=200).contains(&deadline_ms),
         "deadline_ms {deadline_ms}"
     );
-    app.assert_settled().await;
-    app.stop().await;
+    settle_and_stop(app).await;
 }
 
 #[tokio::test]
@@ -643,9 +651,8 @@ async fn a_graceful_stop_ends_a_run_that_never_ends_with_edge_shutdown() {
         .await
         .expect("the edge stops within its grace");
 
-    let events = rest(&mut handle).await;
-    let last = only_terminal(&handle.run_id, &events);
-    assert_eq!(failure_code(last), "edge_shutdown");
+    let (_, last) = run_to_end(&mut handle).await;
+    assert_eq!(failure_code(&last), "edge_shutdown");
     assert_eq!(last.origin, EventOrigin::Edge);
     eventually("node-a receives Shutdown", || {
         a.commands()
@@ -682,8 +689,7 @@ async fn the_file_sink_writes_json_lines_and_recovers_when_its_directory_returns
     let sub: PathBuf = out.path().join("sub");
     std::fs::create_dir(&sub).expect("create the events directory");
     let path = sub.join("events.jsonl");
-    let app = spawn_app(&config(&events_section(&["file"], &path))).await;
-    let _a = node(&app, "token-a", Duration::ZERO, Behaviour::Echo).await;
+    let (app, _a) = edge_with_sinks(&["file"], &path).await;
 
     let (before, before_events) = echo_run(&app, "written normally").await;
     eventually("the first run is in the file", || {
@@ -702,8 +708,7 @@ async fn the_file_sink_writes_json_lines_and_recovers_when_its_directory_returns
     std::fs::create_dir(&sub).expect("recreate the events directory");
     let (after, after_events) = echo_run(&app, "written after recovery").await;
     assert_eq!(app.parts.registry.len(), 1, "node-a stayed connected");
-    app.assert_settled().await;
-    app.stop().await;
+    settle_and_stop(app).await;
 
     let lines = json_lines(&path);
     assert_file_matches(&lines_of(&lines, &after), &after_events);
@@ -719,14 +724,11 @@ async fn the_file_sink_writes_json_lines_and_recovers_when_its_directory_returns
 #[tokio::test]
 async fn swapping_the_sink_by_config_changes_where_events_go() {
     for sinks in [&["file"][..], &["null"][..], &["log", "file"][..]] {
-        let out = tempfile::tempdir().expect("tempdir");
-        let path = out.path().join("events.jsonl");
-        let app = spawn_app(&config(&events_section(sinks, &path))).await;
-        let _a = node(&app, "token-a", Duration::ZERO, Behaviour::Echo).await;
+        let (_out, path) = events_file();
+        let (app, _a) = edge_with_sinks(sinks, &path).await;
 
         let (run_id, events) = echo_run(&app, "where do I go").await;
-        app.assert_settled().await;
-        app.stop().await;
+        settle_and_stop(app).await;
 
         if sinks.contains(&"file") {
             let lines = json_lines(&path);

@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::{TestApp, eventually, spawn_app};
+use common::{TestApp, eventually, numbered_nodes, spawn_app};
 use edge::app::{RunHandle, RunService, StartError};
 use edge::domain::{
     AdapterName, NodeSelector, RegisterRejection, RunEvent, RunEventKind, RunSpec, Target,
@@ -174,7 +174,7 @@ impl Finished {
 /// `NODES` nodes serving `echo/default`, 8 slots each; a long queue; the file sink with a
 /// queue large enough that it never drops an event.
 fn config(events: &Path) -> String {
-    let mut config = format!(
+    let sections = format!(
         r#"
 [runs]
 queue_capacity = 4096
@@ -190,23 +190,7 @@ flush_interval_ms = 50
 "#,
         events.display().to_string()
     );
-    for k in 0..NODES {
-        config.push_str(&format!(
-            r#"
-[[nodes]]
-id = "node-{k}"
-alias = "mock-{k}"
-token = "token-{k}"
-[nodes.runtime]
-max_concurrent_runs = 8
-heartbeat_interval_ms = 1000
-[[nodes.adapters]]
-name = "echo"
-targets = ["default"]
-"#
-        ));
-    }
-    config
+    format!("{sections}\n{}", numbered_nodes(NODES, "mock", 8, 1000))
 }
 
 /// Starts `spec` on the edge's runtime (so the timers it spawns belong to the edge),

@@ -9,13 +9,13 @@ mod mock_node;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::{TWO_NODES, TestApp, spawn_app};
-use edge::app::{App, Settings};
+use common::{TWO_NODES, TestApp, settings_on_free_ports, spawn_app};
+use edge::app::App;
 use edge::client::{
     ClientError, NodeClient, RegisterOutcome, Registration, ServerName, tls_client_config,
 };
@@ -113,10 +113,11 @@ impl Pki {
 
     /// A `[<section>.tls]` table with the edge's certificate, plus `extra` lines.
     fn section(&self, section: &str, extra: &str) -> String {
-        format!(
-            "\n[{section}.tls]\ncert_path = {:?}\nkey_path = {:?}\n{extra}\n",
-            self.path("server.pem").display().to_string(),
-            self.path("server.key").display().to_string(),
+        tls_table(
+            section,
+            &self.path("server.pem"),
+            &self.path("server.key"),
+            extra,
         )
     }
 
@@ -145,6 +146,15 @@ impl Pki {
         )
         .expect("client TLS config")
     }
+}
+
+/// A `[<section>.tls]` table naming `cert` and `key`, plus `extra` lines.
+fn tls_table(section: &str, cert: &Path, key: &Path, extra: &str) -> String {
+    format!(
+        "\n[{section}.tls]\ncert_path = {:?}\nkey_path = {:?}\n{extra}\n",
+        cert.display().to_string(),
+        key.display().to_string(),
+    )
 }
 
 fn localhost() -> ServerName<'static> {
@@ -207,12 +217,7 @@ fn echo_run(input: &str) -> RunSpec {
 /// Builds an edge from `config` on port 0 and returns its error, which must happen.
 async fn build_error(config: &str) -> String {
     let dir = tempfile::tempdir().expect("tempdir");
-    let path = dir.path().join("edge.toml");
-    std::fs::write(&path, config).expect("write config");
-    let mut settings = Settings::load(Some(&path)).expect("settings");
-    settings.server.listen = SocketAddr::from(([127, 0, 0, 1], 0));
-    settings.http.listen = SocketAddr::from(([127, 0, 0, 1], 0));
-    match App::build(settings).await {
+    match App::build(settings_on_free_ports(dir.path(), config)).await {
         Ok(_) => panic!("the edge started with bad TLS files"),
         Err(error) => format!("{error:#}"),
     }
@@ -345,6 +350,19 @@ async fn mutual_tls_app(pki: &Pki) -> TestApp {
     .await
 }
 
+/// Checks that node-a presenting `identity` (see [`Pki::client`]; `None` for no
+/// certificate) cannot register: the handshake is closed and no node is registered.
+async fn assert_refused_by_mtls(app: &TestApp, pki: &Pki, identity: Option<&str>) {
+    let attempt = try_register(app, pki.client(identity), "token-a").await;
+    assert!(
+        attempt.is_err(),
+        "registered presenting certificate {identity:?}: {:?}",
+        attempt.map(|(_, outcome)| outcome)
+    );
+    wait_for_closed(app, CloseReason::TlsHandshake, 1).await;
+    assert_eq!(app.parts.registry.len(), 0);
+}
+
 #[tokio::test]
 async fn mtls_accepts_a_node_whose_certificate_the_ca_signed() {
     let pki = Pki::new();
@@ -362,14 +380,7 @@ async fn mtls_accepts_a_node_whose_certificate_the_ca_signed() {
 async fn mtls_refuses_a_node_without_a_certificate() {
     let pki = Pki::new();
     let app = mutual_tls_app(&pki).await;
-    let attempt = try_register(&app, pki.client(None), "token-a").await;
-    assert!(
-        attempt.is_err(),
-        "registered without a certificate: {:?}",
-        attempt.map(|(_, outcome)| outcome)
-    );
-    wait_for_closed(&app, CloseReason::TlsHandshake, 1).await;
-    assert_eq!(app.parts.registry.len(), 0);
+    assert_refused_by_mtls(&app, &pki, None).await;
     assert_eq!(
         app.parts
             .transport
@@ -385,14 +396,7 @@ async fn mtls_refuses_a_node_without_a_certificate() {
 async fn mtls_refuses_a_node_whose_certificate_another_ca_signed() {
     let pki = Pki::new();
     let app = mutual_tls_app(&pki).await;
-    let attempt = try_register(&app, pki.client(Some("stranger")), "token-a").await;
-    assert!(
-        attempt.is_err(),
-        "registered with a stranger's certificate: {:?}",
-        attempt.map(|(_, outcome)| outcome)
-    );
-    wait_for_closed(&app, CloseReason::TlsHandshake, 1).await;
-    assert_eq!(app.parts.registry.len(), 0);
+    assert_refused_by_mtls(&app, &pki, Some("stranger")).await;
 
     // The right certificate still gets in.
     let (_node, outcome) = try_register(&app, pki.client(Some("client")), "token-a")
@@ -409,44 +413,34 @@ async fn mtls_refuses_a_node_whose_certificate_another_ca_signed() {
 #[tokio::test]
 async fn a_missing_certificate_file_stops_startup_naming_the_file_and_key() {
     let pki = Pki::new();
-    let missing = pki.path("no-such-cert.pem").display().to_string();
-    let config = format!(
-        "[server.tls]\ncert_path = {missing:?}\nkey_path = {:?}\n",
-        pki.path("server.key").display().to_string()
-    );
+    let missing = pki.path("no-such-cert.pem");
+    let config = tls_table("server", &missing, &pki.path("server.key"), "");
     let message = build_error(&config).await;
     assert!(message.contains("server.tls.cert_path"), "{message}");
-    assert!(message.contains(&missing), "{message}");
+    assert!(
+        message.contains(&missing.display().to_string()),
+        "{message}"
+    );
 }
 
 #[tokio::test]
 async fn garbage_pem_stops_startup_naming_the_file_and_key() {
     let pki = Pki::new();
-    let garbage = pki.path("garbage.pem");
-    std::fs::write(&garbage, "this is not PEM at all\n").expect("write");
-    let garbage = garbage.display().to_string();
+    let garbage_path = pki.path("garbage.pem");
+    std::fs::write(&garbage_path, "this is not PEM at all\n").expect("write");
+    let garbage = garbage_path.display().to_string();
 
-    let config = format!(
-        "[server.tls]\ncert_path = {:?}\nkey_path = {garbage:?}\n",
-        pki.path("server.pem").display().to_string()
-    );
+    let config = tls_table("server", &pki.path("server.pem"), &garbage_path, "");
     let message = build_error(&config).await;
     assert!(message.contains("server.tls.key_path"), "{message}");
     assert!(message.contains(&garbage), "{message}");
 
-    let config = format!(
-        "[server.tls]\ncert_path = {:?}\nkey_path = {:?}\nclient_ca_path = {garbage:?}\n",
-        pki.path("server.pem").display().to_string(),
-        pki.path("server.key").display().to_string()
-    );
+    let config = pki.section("server", &format!("client_ca_path = {garbage:?}"));
     let message = build_error(&config).await;
     assert!(message.contains("server.tls.client_ca_path"), "{message}");
     assert!(message.contains(&garbage), "{message}");
 
-    let config = format!(
-        "[http.tls]\ncert_path = {garbage:?}\nkey_path = {:?}\n",
-        pki.path("server.key").display().to_string()
-    );
+    let config = tls_table("http", &garbage_path, &pki.path("server.key"), "");
     let message = build_error(&config).await;
     assert!(message.contains("http.tls.cert_path"), "{message}");
     assert!(message.contains(&garbage), "{message}");
@@ -455,10 +449,11 @@ async fn garbage_pem_stops_startup_naming_the_file_and_key() {
 #[tokio::test]
 async fn a_key_that_does_not_match_the_certificate_stops_startup() {
     let pki = Pki::new();
-    let config = format!(
-        "[server.tls]\ncert_path = {:?}\nkey_path = {:?}\n",
-        pki.path("server.pem").display().to_string(),
-        pki.path("client.key").display().to_string()
+    let config = tls_table(
+        "server",
+        &pki.path("server.pem"),
+        &pki.path("client.key"),
+        "",
     );
     let message = build_error(&config).await;
     assert!(message.contains("server.tls.cert_path"), "{message}");

@@ -4,12 +4,18 @@
 pub mod python;
 pub mod runs;
 
+use std::fmt;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use edge::app::{App, AppParts, Settings};
 use edge::client::{NodeClient, RegisterOutcome, Registration};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, ChildStderr, Command};
+use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 /// Two nodes: `node-a`/`gpu-a` (echo: default, 2 slots) and `node-b`/`gpu-b`
@@ -39,6 +45,96 @@ heartbeat_interval_ms = 1000
 name = "echo"
 targets = ["default", "fast"]
 "#;
+
+/// [`TWO_NODES`] with both nodes heartbeating every `interval_ms`.
+pub fn two_nodes_with_heartbeat(interval_ms: u64) -> String {
+    TWO_NODES.replace(
+        "heartbeat_interval_ms = 1000",
+        &format!("heartbeat_interval_ms = {interval_ms}"),
+    )
+}
+
+/// [`TWO_NODES`] with node-a heartbeating every `interval_ms`; node-b keeps 1 s.
+pub fn two_nodes_with_node_a_heartbeat(interval_ms: u64) -> String {
+    TWO_NODES.replacen(
+        "heartbeat_interval_ms = 1000",
+        &format!("heartbeat_interval_ms = {interval_ms}"),
+        1,
+    )
+}
+
+/// One `[[nodes]]` table of a config fixture, built up key by key; `Display` gives the TOML.
+pub struct NodeTable(String);
+
+impl NodeTable {
+    /// `[[nodes]]` with `id`, `alias` and `token`, and nothing else yet.
+    pub fn new(id: &str, alias: &str, token: &str) -> Self {
+        Self(format!(
+            "[[nodes]]\nid = {id:?}\nalias = {alias:?}\ntoken = {token:?}\n"
+        ))
+    }
+
+    /// Adds `[nodes.runtime]` with `max_concurrent_runs` and `heartbeat_interval_ms`.
+    pub fn runtime(mut self, max_concurrent_runs: u32, heartbeat_interval_ms: u64) -> Self {
+        self.0.push_str(&format!(
+            "[nodes.runtime]\nmax_concurrent_runs = {max_concurrent_runs}\n\
+             heartbeat_interval_ms = {heartbeat_interval_ms}\n"
+        ));
+        self
+    }
+
+    /// Adds the `echo` adapter, serving `targets`.
+    pub fn echo(mut self, targets: &[&str]) -> Self {
+        self.0.push_str(&format!(
+            "[[nodes.adapters]]\nname = \"echo\"\ntargets = {targets:?}\n"
+        ));
+        self
+    }
+}
+
+impl fmt::Display for NodeTable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// `count` nodes `node-{i}` (alias `{alias_prefix}-{i}`, token `token-{i}`), each serving
+/// `echo/default` with the given runtime limits.
+pub fn numbered_nodes(
+    count: usize,
+    alias_prefix: &str,
+    max_concurrent_runs: u32,
+    heartbeat_interval_ms: u64,
+) -> String {
+    (0..count)
+        .map(|i| {
+            NodeTable::new(
+                &format!("node-{i}"),
+                &format!("{alias_prefix}-{i}"),
+                &format!("token-{i}"),
+            )
+            .runtime(max_concurrent_runs, heartbeat_interval_ms)
+            .echo(&["default"])
+            .to_string()
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Writes `config` to `edge.toml` in `dir` and returns its path.
+pub fn write_config(dir: &Path, config: &str) -> PathBuf {
+    let path = dir.join("edge.toml");
+    std::fs::write(&path, config).expect("write config");
+    path
+}
+
+/// Writes `config` into `dir` and loads it with the node and HTTP listeners on port 0.
+pub fn settings_on_free_ports(dir: &Path, config: &str) -> Settings {
+    let mut settings = Settings::load(Some(&write_config(dir, config))).expect("settings");
+    settings.server.listen = SocketAddr::from(([127, 0, 0, 1], 0));
+    settings.http.listen = SocketAddr::from(([127, 0, 0, 1], 0));
+    settings
+}
 
 /// A running edge.
 pub struct TestApp {
@@ -88,6 +184,15 @@ impl TestApp {
         .await;
     }
 
+    /// Waits until node `id` (or alias) has left the registry.
+    pub async fn wait_until_left(&self, id: &str) {
+        let registry = &self.parts.registry;
+        eventually(&format!("{id} has left the registry"), || {
+            registry.get(id).is_none()
+        })
+        .await;
+    }
+
     /// Waits until the edge has no open or queued run and no connected node counts an
     /// active one.
     pub async fn assert_settled(&self) {
@@ -124,11 +229,7 @@ pub async fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
 /// replaced by port 0, and events go to the `null` sink unless the config says otherwise).
 pub async fn spawn_app(config: &str) -> TestApp {
     let dir = tempfile::tempdir().expect("tempdir");
-    let path = dir.path().join("edge.toml");
-    std::fs::write(&path, config).expect("write config");
-    let mut settings = Settings::load(Some(&path)).expect("settings");
-    settings.server.listen = SocketAddr::from(([127, 0, 0, 1], 0));
-    settings.http.listen = SocketAddr::from(([127, 0, 0, 1], 0));
+    let mut settings = settings_on_free_ports(dir.path(), config);
     settings.server.shutdown_grace_ms = 2_000;
     if !config.contains("[events]") {
         settings.events.sinks = vec![edge::adapters::sinks::config::SinkKind::Null];
@@ -145,4 +246,76 @@ pub async fn spawn_app(config: &str) -> TestApp {
         serving,
         dir,
     }
+}
+
+/// What the real `edge` binary has written to stderr (its JSON logs), line by line.
+pub type Logs = Arc<Mutex<Vec<String>>>;
+
+/// `edge serve` on `config` with both listeners on free ports and JSON logs on a piped
+/// stderr; the process is killed if dropped. The caller adds flags and stdio, then spawns.
+pub fn edge_serve(config: &Path) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_edge"));
+    command
+        .arg("serve")
+        .arg("--config")
+        .arg(config)
+        .args(["--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0"])
+        .args(["--log-format", "json"])
+        .env_remove("RUST_LOG")
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    command
+}
+
+/// Reads the binary's `stderr` in the background, keeping every line (and so never letting
+/// the pipe fill); the receiver gets the node and HTTP addresses once it logs that it serves.
+pub fn watch_stderr(stderr: ChildStderr) -> (Logs, oneshot::Receiver<(SocketAddr, SocketAddr)>) {
+    let logs = Arc::new(Mutex::new(Vec::new()));
+    let (serving, bound) = oneshot::channel();
+    let kept = Arc::clone(&logs);
+    tokio::spawn(async move {
+        let mut serving = Some(serving);
+        let mut reader = BufReader::new(stderr).lines();
+        while let Ok(Some(line)) = reader.next_line().await {
+            if let Some(addrs) = serving_addresses(&line)
+                && let Some(serving) = serving.take()
+            {
+                let _ = serving.send(addrs);
+            }
+            kept.lock().expect("log lines").push(line);
+        }
+    });
+    (logs, bound)
+}
+
+/// The lines in `logs` so far.
+pub fn logged(logs: &Logs) -> Vec<String> {
+    logs.lock().map(|l| l.clone()).unwrap_or_default()
+}
+
+/// The node and HTTP addresses of a JSON log line saying `edge is serving`.
+fn serving_addresses(line: &str) -> Option<(SocketAddr, SocketAddr)> {
+    let record: serde_json::Value = serde_json::from_str(line).ok()?;
+    let field = |name: &str| {
+        record
+            .get(name)
+            .or_else(|| record.pointer(&format!("/fields/{name}")))
+            .cloned()
+    };
+    if field("message")? != "edge is serving" {
+        return None;
+    }
+    let listen = field("listen")?.as_str()?.parse().ok()?;
+    let http = field("http")?.as_str()?.parse().ok()?;
+    Some((listen, http))
+}
+
+/// Sends SIGTERM to the running `child`.
+pub fn terminate(child: &Child) {
+    let pid = child.id().expect("the edge is running").to_string();
+    let signalled = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .expect("run kill");
+    assert!(signalled.success(), "kill -TERM {pid} failed");
 }
