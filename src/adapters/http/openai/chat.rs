@@ -1,6 +1,6 @@
-//! `POST /v1/chat/completions`: the chat shapes (`chat.completion` and
-//! `chat.completion.chunk`). The request itself goes to the node as it came, without
-//! `model` and `stream`.
+//! `POST /v1/chat/completions`: the whole chat answer (`chat.completion`; the streamed
+//! `chat.completion.chunk`s are written by `sse.rs`). The request itself goes to the node as
+//! it came, without `model` and `stream`.
 
 use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
@@ -9,7 +9,7 @@ use axum::response::Response;
 use bytes::Bytes;
 use serde_json::{Value, json};
 
-use super::reply::{Piece, Reply};
+use super::reply::Reply;
 use super::request::Endpoint;
 use super::run;
 use crate::adapters::http::HttpState;
@@ -38,21 +38,4 @@ pub(super) fn full(reply: &Reply, text: &str, finish_reason: &str) -> Value {
             "finish_reason": finish_reason,
         }],
     })
-}
-
-/// A `chat.completion.chunk`: the role first, then content deltas, then an empty delta
-/// with the finish reason.
-pub(super) fn chunk(reply: &Reply, piece: Piece<'_>) -> Option<Value> {
-    let (delta, finish_reason) = match piece {
-        Piece::Start => (json!({ "role": "assistant", "content": "" }), Value::Null),
-        Piece::Text(text) => (json!({ "content": text }), Value::Null),
-        Piece::Finish(reason) => (json!({}), Value::from(reason)),
-        Piece::Usage(_) => return None,
-    };
-    Some(reply.chunk_envelope(json!([{
-        "index": 0,
-        "delta": delta,
-        "logprobs": null,
-        "finish_reason": finish_reason,
-    }])))
 }

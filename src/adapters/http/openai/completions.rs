@@ -1,5 +1,6 @@
-//! `POST /v1/completions` (legacy text completions): the `text_completion` shape, whole or
-//! in chunks. The request goes to the node as it came, without `model` and `stream`.
+//! `POST /v1/completions` (legacy text completions): the whole `text_completion` (its
+//! streamed chunks are written by `sse.rs`). The request goes to the node as it came,
+//! without `model` and `stream`.
 
 use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
@@ -8,7 +9,7 @@ use axum::response::Response;
 use bytes::Bytes;
 use serde_json::{Value, json};
 
-use super::reply::{Piece, Reply};
+use super::reply::Reply;
 use super::request::Endpoint;
 use super::run;
 use crate::adapters::http::HttpState;
@@ -37,20 +38,4 @@ pub(super) fn full(reply: &Reply, text: &str, finish_reason: &str) -> Value {
             "finish_reason": finish_reason,
         }],
     })
-}
-
-/// A streamed `text_completion`: text pieces, then an empty text with the finish reason.
-/// There is no opening chunk.
-pub(super) fn chunk(reply: &Reply, piece: Piece<'_>) -> Option<Value> {
-    let (text, finish_reason) = match piece {
-        Piece::Start | Piece::Usage(_) => return None,
-        Piece::Text(text) => (text, Value::Null),
-        Piece::Finish(reason) => ("", Value::from(reason)),
-    };
-    Some(reply.chunk_envelope(json!([{
-        "text": text,
-        "index": 0,
-        "logprobs": null,
-        "finish_reason": finish_reason,
-    }])))
 }

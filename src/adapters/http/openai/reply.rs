@@ -68,23 +68,6 @@ impl Reply {
         body
     }
 
-    /// One SSE chunk, or `None` when the shape has no such chunk.
-    pub fn chunk(&self, piece: Piece<'_>) -> Option<Value> {
-        let mut chunk = match (self.endpoint, piece) {
-            (_, Piece::Usage(usage)) => {
-                let mut chunk = self.chunk_envelope(Value::Array(Vec::new()));
-                chunk["usage"] = usage.map_or(Value::Null, usage_json);
-                return Some(chunk);
-            }
-            (Endpoint::Chat, piece) => chat::chunk(self, piece)?,
-            (Endpoint::Completion, piece) => completions::chunk(self, piece)?,
-        };
-        if self.include_usage {
-            chunk["usage"] = Value::Null;
-        }
-        Some(chunk)
-    }
-
     /// The `object` of a chunk.
     pub fn chunk_object(&self) -> &'static str {
         match self.endpoint {
@@ -92,22 +75,10 @@ impl Reply {
             Endpoint::Completion => "text_completion",
         }
     }
-
-    /// `{"id","object","created","model","choices"}` of a chunk.
-    pub fn chunk_envelope(&self, choices: Value) -> Value {
-        json!({
-            "id": self.id,
-            "object": self.chunk_object(),
-            "created": self.created,
-            "model": self.model,
-            "system_fingerprint": null,
-            "choices": choices,
-        })
-    }
 }
 
 /// OpenAI's usage object.
-fn usage_json(usage: Usage) -> Value {
+pub(super) fn usage_json(usage: Usage) -> Value {
     json!({
         "prompt_tokens": usage.input_tokens,
         "completion_tokens": usage.output_tokens,

@@ -17,9 +17,10 @@ use axum::response::Response;
 use bytes::{BufMut, BytesMut};
 use http_body::Frame;
 use serde::Serialize;
+use serde_json::Value;
 use tokio::time::{Instant, Sleep};
 
-use super::reply::{Piece, Reply};
+use super::reply::{Piece, Reply, usage_json};
 use super::request::Endpoint;
 use super::run::{ActiveRun, Step};
 
@@ -136,21 +137,13 @@ impl SseBody {
         )))))
     }
 
-    /// A chunk of `piece`.
+    /// A chunk of `piece` (completions have no opening chunk).
     fn push(&mut self, piece: Piece<'_>) {
-        let chunks = &self.chunks;
-        match piece {
-            Piece::Start if self.reply.endpoint == Endpoint::Completion => {}
-            Piece::Usage(_) => {
-                if let Some(chunk) = self.reply.chunk(piece) {
-                    // Writing JSON into a `BytesMut` cannot fail.
-                    push_event(&mut self.frame, |frame| {
-                        let _ = serde_json::to_writer(frame.writer(), &chunk);
-                    });
-                }
-            }
-            _ => push_event(&mut self.frame, |frame| chunks.render(piece, frame)),
+        if matches!(piece, Piece::Start) && self.reply.endpoint == Endpoint::Completion {
+            return;
         }
+        let chunks = &self.chunks;
+        push_event(&mut self.frame, |frame| chunks.render(piece, frame));
     }
 
     fn absorb(&mut self, step: Step) {
@@ -191,14 +184,17 @@ fn write_json_string(frame: &mut BytesMut, text: &str) {
 /// (which cost more than everything else the edge does per streamed token).
 ///
 /// A chunk is an object whose keys serde_json writes in order: `choices` first, then the
-/// envelope (`created`, `id`, `model`, `object`, `system_fingerprint`, and `usage` when
-/// asked for), the same for every chunk of the stream. So the envelope is serialized once
-/// and each chunk is its `choices` followed by it — byte for byte what serializing the
-/// chunk's `Value` gives (the tests compare both).
+/// envelope (`created`, `id`, `model`, `object`, `system_fingerprint`), the same for every
+/// chunk of the stream, then `usage` when asked for. So the envelope is serialized once and
+/// each chunk is its `choices`, the envelope and its `usage` — byte for byte what
+/// serializing the chunk's `Value` gives (the tests compare both).
 struct ChunkWriter {
     endpoint: Endpoint,
-    /// `"created":…,"id":…,…}`: the chunk after `"choices":[…],`.
+    /// `"created":…,"system_fingerprint":null`: the chunk between `"choices":[…],` and
+    /// `usage` or the closing brace.
     envelope: String,
+    /// Every chunk carries `usage` (`stream_options.include_usage`).
+    include_usage: bool,
 }
 
 /// The fields every chunk of a stream shares, in serde_json's key order.
@@ -209,9 +205,6 @@ struct Envelope<'a> {
     model: &'a str,
     object: &'static str,
     system_fingerprint: (),
-    /// `Some(())`: `"usage":null` (`stream_options.include_usage`).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    usage: Option<()>,
 }
 
 impl ChunkWriter {
@@ -222,25 +215,49 @@ impl ChunkWriter {
             model: &reply.model,
             object: reply.chunk_object(),
             system_fingerprint: (),
-            usage: reply.include_usage.then_some(()),
         };
         // Serializing strings and numbers into a `String` cannot fail.
         let envelope = serde_json::to_string(&envelope).unwrap_or_default();
         Self {
             endpoint: reply.endpoint,
-            envelope: envelope.get(1..).unwrap_or_default().to_owned(),
+            envelope: envelope
+                .get(1..envelope.len().saturating_sub(1))
+                .unwrap_or_default()
+                .to_owned(),
+            include_usage: reply.include_usage,
         }
     }
 
-    /// Writes the chunk of `piece`: an opening (chat only), text or closing chunk. The usage
-    /// chunk, which has no choice, is not written here.
+    /// Writes the chunk of `piece`.
     fn render(&self, piece: Piece<'_>, frame: &mut BytesMut) {
+        frame.put_slice(b"{\"choices\":[");
+        if let Piece::Usage(usage) = piece {
+            frame.put_slice(b"],");
+            frame.put_slice(self.envelope.as_bytes());
+            frame.put_slice(b",\"usage\":");
+            let usage = usage.map_or(Value::Null, usage_json);
+            // Writing JSON into a `BytesMut` cannot fail.
+            let _ = serde_json::to_writer(frame.writer(), &usage);
+            frame.put_slice(b"}");
+            return;
+        }
+        frame.put_slice(b"{");
+        self.render_choice(piece, frame);
+        frame.put_slice(b"}],");
+        frame.put_slice(self.envelope.as_bytes());
+        if self.include_usage {
+            frame.put_slice(b",\"usage\":null");
+        }
+        frame.put_slice(b"}");
+    }
+
+    /// Writes the one choice of an opening (chat only), text or closing chunk.
+    fn render_choice(&self, piece: Piece<'_>, frame: &mut BytesMut) {
         let (text, finish_reason) = match piece {
             Piece::Start | Piece::Usage(_) => ("", None),
             Piece::Text(text) => (text, None),
             Piece::Finish(reason) => ("", Some(reason)),
         };
-        frame.put_slice(b"{\"choices\":[{");
         if self.endpoint == Endpoint::Chat {
             frame.put_slice(b"\"delta\":");
             match piece {
@@ -264,8 +281,6 @@ impl ChunkWriter {
             frame.put_slice(b",\"text\":");
             write_json_string(frame, text);
         }
-        frame.put_slice(b"}],");
-        frame.put_slice(self.envelope.as_bytes());
     }
 }
 
@@ -274,6 +289,7 @@ mod tests {
     use std::sync::Arc;
 
     use futures::FutureExt;
+    use serde_json::json;
     use tokio::sync::mpsc;
 
     use super::*;
@@ -281,7 +297,7 @@ mod tests {
     use crate::adapters::sinks::format::tests::{completed, output};
     use crate::app::settings::RunsConfig;
     use crate::app::{RunHandle, RunService};
-    use crate::domain::{RunEvent, RunId};
+    use crate::domain::{RunEvent, RunId, Usage};
     use crate::ports::event_sink::MockEventSink;
     use crate::ports::transport::MockNodeTransport;
 
@@ -350,6 +366,41 @@ mod tests {
         assert_eq!(ready_frame(&mut body), Some(None));
     }
 
+    /// A chunk built as a `serde_json::Value` tree, the plain way: what the writer must
+    /// match byte for byte once serialized. `None` for the completion's opening chunk.
+    fn value_chunk(reply: &Reply, piece: Piece<'_>) -> Option<Value> {
+        let (text, delta, finish_reason) = match piece {
+            Piece::Start => ("", json!({"role": "assistant", "content": ""}), Value::Null),
+            Piece::Text(text) => (text, json!({"content": text}), Value::Null),
+            Piece::Finish(reason) => ("", json!({}), Value::from(reason)),
+            Piece::Usage(_) => ("", Value::Null, Value::Null),
+        };
+        let choices = match (reply.endpoint, piece) {
+            (_, Piece::Usage(_)) => json!([]),
+            (Endpoint::Completion, Piece::Start) => return None,
+            (Endpoint::Chat, _) => json!([{
+                "index": 0, "delta": delta, "logprobs": null, "finish_reason": finish_reason,
+            }]),
+            (Endpoint::Completion, _) => json!([{
+                "text": text, "index": 0, "logprobs": null, "finish_reason": finish_reason,
+            }]),
+        };
+        let mut chunk = json!({
+            "id": reply.id,
+            "object": reply.chunk_object(),
+            "created": reply.created,
+            "model": reply.model,
+            "system_fingerprint": null,
+            "choices": choices,
+        });
+        if let Piece::Usage(usage) = piece {
+            chunk["usage"] = usage.map_or(Value::Null, usage_json);
+        } else if reply.include_usage {
+            chunk["usage"] = Value::Null;
+        }
+        Some(chunk)
+    }
+
     #[test]
     fn a_written_chunk_is_the_serialized_chunk() {
         let models = ["echo/target", "echo/\"quoted\"\\ ✓", "\u{0}odd\u{0}"];
@@ -369,9 +420,13 @@ mod tests {
                         .iter()
                         .map(|text| Piece::Text(text))
                         .chain(reasons.iter().map(|reason| Piece::Finish(reason)))
-                        .chain([Piece::Start]);
+                        .chain([Piece::Start, Piece::Usage(None)])
+                        .chain([Piece::Usage(Some(Usage {
+                            input_tokens: 3,
+                            output_tokens: 4,
+                        }))]);
                     for piece in pieces {
-                        let Some(expected) = reply.chunk(piece) else {
+                        let Some(expected) = value_chunk(&reply, piece) else {
                             continue;
                         };
                         let mut frame = BytesMut::new();
