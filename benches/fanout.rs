@@ -4,7 +4,6 @@
 use std::hint::black_box;
 use std::sync::Arc;
 
-use bytes::Bytes;
 use criterion::{Criterion, criterion_group, criterion_main};
 use edge::adapters::sinks::config::{EventsConfig, SinkKind};
 use edge::adapters::sinks::format::{write_json_line, write_text_line};
@@ -20,10 +19,7 @@ fn event() -> RunEvent {
         target: Target::parse("default").unwrap(),
         seq: 7,
         origin: EventOrigin::Node,
-        kind: RunEventKind::Output {
-            text: "0123456789abcdef0123456789abcdef".into(),
-            data: Bytes::new(),
-        },
+        kind: RunEventKind::text("0123456789abcdef0123456789abcdef"),
     }
 }
 

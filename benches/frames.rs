@@ -19,10 +19,7 @@ fn output(seq: u64) -> NodeFrame {
     run_event(
         "run-1a2b3c4d-000042",
         seq,
-        RunEventKind::Output {
-            text: "0123456789abcdef0123456789abcdef".into(),
-            data: Bytes::new(),
-        },
+        RunEventKind::text("0123456789abcdef0123456789abcdef"),
     )
 }
 
@@ -44,6 +41,7 @@ fn run_request() -> EdgeFrame {
         content_type: "application/json".into(),
         params: BTreeMap::new(),
         deadline_ms: 30_000,
+        operation: edge::domain::Operation::Unspecified,
     }))
 }
 

@@ -22,7 +22,9 @@ use crate::adapters::tls::{
     TlsError, crypto_provider, load_certificates, load_private_key, load_roots,
 };
 
-use crate::domain::{PROTOCOL_VERSION, RegisterAttempt, RunEventKind, Token};
+use crate::domain::{
+    Availability, PROTOCOL_VERSION, RegisterAttempt, ResumeClaim, RunEventKind, Token,
+};
 use crate::ports::ReportedEvent;
 use crate::wire::NodeCodec;
 
@@ -69,6 +71,11 @@ pub struct Registration {
     pub protocol_version: u32,
     /// The adapters the node can run.
     pub adapters: Vec<String>,
+    /// This node process's instance id (see [`new_instance_id`]); empty to register as a
+    /// v1 node, which cannot take over its own half-open connection.
+    pub instance_id: String,
+    /// The runs the node still holds after a reconnect, to resume them.
+    pub resume: Vec<ResumeClaim>,
 }
 
 impl Registration {
@@ -80,8 +87,22 @@ impl Registration {
             node_version: env!("CARGO_PKG_VERSION").into(),
             protocol_version: PROTOCOL_VERSION,
             adapters: Vec::new(),
+            instance_id: String::new(),
+            resume: Vec::new(),
         }
     }
+
+    /// The same registration, presenting `instance_id`.
+    #[must_use]
+    pub fn instance(mut self, instance_id: impl Into<String>) -> Self {
+        self.instance_id = instance_id.into();
+        self
+    }
+}
+
+/// A fresh random instance id (128 bits, hex), made once per node process start.
+pub fn new_instance_id() -> String {
+    format!("{:032x}", rand::random::<u128>())
 }
 
 /// A connection to an edge.
@@ -250,6 +271,8 @@ impl NodeClient {
             node_version,
             protocol_version,
             adapters,
+            instance_id,
+            resume,
         } = registration;
         self.send(NodeFrame::Register(RegisterAttempt {
             token,
@@ -257,6 +280,8 @@ impl NodeClient {
             node_version,
             protocol_version,
             adapters,
+            instance_id,
+            resume,
         }))
         .await?;
         match self.next().await? {
@@ -278,7 +303,7 @@ impl NodeClient {
     /// # Errors
     /// [`ClientError::Frame`] when the write fails.
     pub async fn heartbeat(&mut self, active_runs: u32) -> Result<(), ClientError> {
-        self.send(NodeFrame::Heartbeat { active_runs }).await
+        self.send(heartbeat(active_runs, 0, None)).await
     }
 
     /// Sends a run event.
@@ -325,4 +350,14 @@ pub fn run_event(run_id: &str, seq: u64, kind: RunEventKind) -> NodeFrame {
         seq,
         kind,
     })
+}
+
+/// A `Heartbeat` frame: `ping` not 0 asks the edge for a `HeartbeatAck` carrying it;
+/// `availability` reports the targets the node can serve now.
+pub fn heartbeat(active_runs: u32, ping: u64, availability: Option<Availability>) -> NodeFrame {
+    NodeFrame::Heartbeat {
+        active_runs,
+        ping,
+        availability,
+    }
 }

@@ -56,6 +56,7 @@ fn pinned(pin: &str, input: impl Into<Bytes>, mock: &str) -> RunSpec {
         content_type: "text/plain; charset=utf-8".into(),
         params: BTreeMap::from([("mock".to_owned(), mock.to_owned())]),
         deadline: None,
+        operation: edge::domain::Operation::Unspecified,
     }
 }
 

@@ -321,6 +321,7 @@ fn spec(target: &str, pin: &str, input: &str, mock: &str) -> RunSpec {
         content_type: "text/plain; charset=utf-8".into(),
         params: BTreeMap::from([("mock".to_owned(), mock.to_owned())]),
         deadline: None,
+        operation: edge::domain::Operation::Unspecified,
     }
 }
 
@@ -935,9 +936,13 @@ async fn transport_counters_equal_the_bytes_and_frames_on_the_wire() {
     drop(wrong);
 
     let mut rude = NodeClient::connect(proxy.addr).await.expect("connect");
-    rude.send(NodeFrame::Heartbeat { active_runs: 0 })
-        .await
-        .expect("send");
+    rude.send(NodeFrame::Heartbeat {
+        active_runs: 0,
+        ping: 0,
+        availability: None,
+    })
+    .await
+    .expect("send");
     match tokio::time::timeout(PATIENCE, rude.next()).await {
         Ok(Ok(ReceivedEdgeFrame::Registered(outcome))) => {
             assert_eq!(

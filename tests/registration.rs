@@ -224,6 +224,7 @@ async fn an_accepted_registration_returns_the_configured_node_and_config() {
         message: outcome.message.clone(),
         node_id: "node-a".into(),
         alias: "gpu-a".into(),
+        resumed: Vec::new(),
         config: Some(ReceivedConfig {
             adapters: vec![
                 ReceivedAdapter {
@@ -351,7 +352,14 @@ async fn an_unsupported_protocol_version_is_rejected_and_zero_is_read_as_one() {
 #[tokio::test]
 async fn a_first_message_that_is_not_a_registration_is_a_protocol_violation() {
     let app = spawn_app(&patient("")).await;
-    for first in [NodeFrame::Heartbeat { active_runs: 0 }, NodeFrame::Unknown] {
+    for first in [
+        NodeFrame::Heartbeat {
+            active_runs: 0,
+            ping: 0,
+            availability: None,
+        },
+        NodeFrame::Unknown,
+    ] {
         let mut client = connect(&app).await;
         within(client.send(first)).await.expect("send");
         match within(client.next()).await {
@@ -683,6 +691,8 @@ impl IntoAttempt for Registration {
             node_version,
             protocol_version,
             adapters,
+            instance_id,
+            resume,
         } = self;
         edge::domain::RegisterAttempt {
             token,
@@ -690,6 +700,8 @@ impl IntoAttempt for Registration {
             node_version,
             protocol_version,
             adapters,
+            instance_id,
+            resume,
         }
     }
 }

@@ -44,6 +44,7 @@ fn spec(target: &str, input: &str, mock: &str) -> RunSpec {
         content_type: "text/plain; charset=utf-8".into(),
         params: BTreeMap::from([("mock".to_owned(), mock.to_owned())]),
         deadline: None,
+        operation: edge::domain::Operation::Unspecified,
     }
 }
 

@@ -90,6 +90,7 @@ impl Plan {
             content_type: "text/plain; charset=utf-8".into(),
             params: BTreeMap::from([("mock".to_owned(), mock.to_owned())]),
             deadline,
+            operation: edge::domain::Operation::Unspecified,
         }
     }
 }

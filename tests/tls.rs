@@ -211,6 +211,7 @@ fn echo_run(input: &str) -> RunSpec {
         content_type: "text/plain; charset=utf-8".into(),
         params: BTreeMap::new(),
         deadline: None,
+        operation: edge::domain::Operation::Unspecified,
     }
 }
 

@@ -8,7 +8,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use anyhow::{Context, bail};
-use bytes::{Bytes, BytesMut};
+use bytes::BytesMut;
 use edge::client::{
     MAX_FRAME_BYTES, NodeClient, NodeFrame, ReceivedEdgeFrame, Registration, run_event,
 };
@@ -103,13 +103,7 @@ fn encode_run(run_id: &str, plan: &Plan, out: &mut BytesMut) -> anyhow::Result<V
     };
     for index in 0..plan.outputs {
         let start = out.len();
-        push(
-            RunEventKind::Output {
-                text: plan.text(index),
-                data: Bytes::new(),
-            },
-            out,
-        )?;
+        push(RunEventKind::text(plan.text(index)), out)?;
         if plan.stamped && plan.texts.is_empty() {
             let frame = &out[start..];
             let at = frame
@@ -123,10 +117,7 @@ fn encode_run(run_id: &str, plan: &Plan, out: &mut BytesMut) -> anyhow::Result<V
     push(
         RunEventKind::Completed {
             finish_reason: "stop".into(),
-            usage: Some(Usage {
-                input_tokens: words,
-                output_tokens: words,
-            }),
+            usage: Some(Usage::new(words, words)),
         },
         out,
     )?;

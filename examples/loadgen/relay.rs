@@ -113,6 +113,7 @@ fn spec() -> anyhow::Result<RunSpec> {
         content_type: "text/plain; charset=utf-8".into(),
         params: Default::default(),
         deadline: None,
+        operation: edge::domain::Operation::Unspecified,
     })
 }
 

@@ -120,7 +120,12 @@ async fn raw_edge_side(listener: TcpListener, window: Arc<Window>) -> anyhow::Re
         Some(Ok(NodeFrame::Register(_))) => {}
         other => bail!("expected a register request, got {other:?}"),
     }
-    framed.send(EdgeFrame::Accepted(raw_record()?)).await?;
+    framed
+        .send(EdgeFrame::Accepted {
+            record: raw_record()?,
+            resumed: Vec::new(),
+        })
+        .await?;
     let mut latency = Histogram::default();
     let mut n = 0u64;
     while !window.stop.load(Ordering::Relaxed) {
@@ -133,6 +138,7 @@ async fn raw_edge_side(listener: TcpListener, window: Arc<Window>) -> anyhow::Re
             content_type: "text/plain; charset=utf-8".into(),
             params: BTreeMap::new(),
             deadline_ms: 0,
+            operation: edge::domain::Operation::Unspecified,
         };
         let begun = Instant::now();
         framed
@@ -240,6 +246,7 @@ pub fn run(args: &RunsArgs, common: &Common) -> anyhow::Result<Vec<Record>> {
         content_type: "text/plain; charset=utf-8".into(),
         params: BTreeMap::new(),
         deadline: None,
+        operation: edge::domain::Operation::Unspecified,
     };
     let callers: Vec<_> = (0..concurrency)
         .map(|_| {

@@ -13,7 +13,6 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bytes::Bytes;
 use edge::client::{
     ClientError, NodeClient, NodeFrame, NodeSender, ReceivedEdgeFrame, RegisterOutcome,
     Registration, run_event,
@@ -231,7 +230,7 @@ async fn write_frames(
     loop {
         let frame = tokio::select! {
             () = kill.cancelled() => return,
-            _ = ticker.tick() => NodeFrame::Heartbeat { active_runs: 0 },
+            _ = ticker.tick() => NodeFrame::Heartbeat { active_runs: 0, ping: 0, availability: None },
             frame = outgoing.recv() => match frame {
                 Some(frame) => frame,
                 None => return,
@@ -311,18 +310,10 @@ async fn answer(
         } else {
             (*word).to_owned()
         };
-        let _ = frames
-            .send(emit(RunEventKind::Output {
-                text: piece,
-                data: Bytes::new(),
-            }))
-            .await;
+        let _ = frames.send(emit(RunEventKind::text(piece))).await;
         match behaviour {
             Behaviour::Fail => {
-                let failed = RunEventKind::Failed {
-                    code: "mock_failure".into(),
-                    message: "the mock node was told to fail".into(),
-                };
+                let failed = RunEventKind::failed("mock_failure", "the mock node was told to fail");
                 let _ = frames.send(emit(failed)).await;
                 return;
             }
@@ -338,10 +329,7 @@ async fn answer(
     if behaviour == Behaviour::IgnoreCancel && cancel.is_cancelled() {
         return;
     }
-    let usage = Usage {
-        input_tokens: count(words.len()),
-        output_tokens: count(words.len()),
-    };
+    let usage = Usage::new(count(words.len()), count(words.len()));
     let completed = RunEventKind::Completed {
         finish_reason: "stop".into(),
         usage: Some(usage),

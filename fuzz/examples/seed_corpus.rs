@@ -80,7 +80,7 @@ fn main() -> std::io::Result<()> {
         (
             "heartbeat-first",
             0x00,
-            node_frames(&[NodeFrame::Heartbeat { active_runs: 0 }]),
+            node_frames(&[NodeFrame::Heartbeat { active_runs: 0, ping: 0, availability: None }]),
         ),
         ("unknown-token", 0x03, Vec::new()),
         ("mismatched-id", 0x09, Vec::new()),
@@ -179,6 +179,8 @@ fn register(token: &str, node_id: &str) -> NodeFrame {
         node_version: "seed".to_owned(),
         protocol_version: 1,
         adapters: vec!["echo".to_owned()],
+        instance_id: String::new(),
+        resume: Vec::new(),
     })
 }
 
@@ -193,31 +195,22 @@ fn all_node_frames(run_id: &str) -> Vec<NodeFrame> {
     };
     vec![
         register("token-a", "node-a"),
-        NodeFrame::Heartbeat { active_runs: 1 },
+        NodeFrame::Heartbeat { active_runs: 1, ping: 0, availability: None },
         event(1, RunEventKind::Started),
         event(
             2,
-            RunEventKind::Output {
-                text: "hello".to_owned(),
-                data: Bytes::from_static(b"\x00\x01"),
-            },
+            RunEventKind::Output { text: "hello".to_owned(), data: Bytes::from_static(b"\x00\x01"), structured: None },
         ),
         event(
             3,
             RunEventKind::Completed {
                 finish_reason: "stop".to_owned(),
-                usage: Some(Usage {
-                    input_tokens: 3,
-                    output_tokens: 5,
-                }),
+                usage: Some(Usage::new(3, 5)),
             },
         ),
         event(
             4,
-            RunEventKind::Failed {
-                code: "late".to_owned(),
-                message: "after the end".to_owned(),
-            },
+            RunEventKind::failed("late".to_owned(), "after the end".to_owned()),
         ),
         event(
             5,
@@ -267,6 +260,7 @@ fn edge_frames() -> Vec<u8> {
             content_type: "text/plain; charset=utf-8".to_owned(),
             params: BTreeMap::from([("k".to_owned(), "v".to_owned())]),
             deadline_ms: 1_000,
+            operation: edge::domain::Operation::Unspecified,
         })),
         EdgeFrame::Command(NodeCommand::Cancel {
             run_id,

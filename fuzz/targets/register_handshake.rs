@@ -124,6 +124,8 @@ fn with_prelude(mode: u8, rest: &[u8]) -> Vec<u8> {
         node_version: "fuzz".to_owned(),
         protocol_version,
         adapters: vec!["echo".to_owned()],
+        instance_id: String::new(),
+        resume: Vec::new(),
     });
     let mut buf = BytesMut::new();
     NodeCodec::new(usize::MAX)
@@ -303,6 +305,7 @@ impl NodeEventHandler for Handler {
             content_type: "text/plain; charset=utf-8".to_owned(),
             params: BTreeMap::new(),
             deadline: None,
+            operation: edge::domain::Operation::Unspecified,
         };
         // The caller's stream is dropped: the events still reach the sink.
         let handle = self

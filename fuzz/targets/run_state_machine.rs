@@ -406,6 +406,7 @@ impl World {
             content_type: "text/plain; charset=utf-8".to_owned(),
             params: BTreeMap::new(),
             deadline,
+            operation: edge::domain::Operation::Unspecified,
         };
         let Ok(handle) = self.service.start(spec) else {
             return;
@@ -514,21 +515,12 @@ fn definition(
 fn event(run_id: &str, seq: u8, kind: u8) -> ReportedEvent {
     let kind = match kind % 6 {
         0 => RunEventKind::Started,
-        1 | 2 => RunEventKind::Output {
-            text: "out".to_owned(),
-            data: Bytes::new(),
-        },
+        1 | 2 => RunEventKind::text("out".to_owned()),
         3 => RunEventKind::Completed {
             finish_reason: "stop".to_owned(),
-            usage: Some(Usage {
-                input_tokens: 1,
-                output_tokens: 2,
-            }),
+            usage: Some(Usage::new(1, 2)),
         },
-        4 => RunEventKind::Failed {
-            code: "boom".to_owned(),
-            message: "the node failed".to_owned(),
-        },
+        4 => RunEventKind::failed("boom".to_owned(), "the node failed".to_owned()),
         _ => RunEventKind::Cancelled {
             reason: "node".to_owned(),
         },

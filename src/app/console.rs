@@ -10,7 +10,7 @@ use bytes::Bytes;
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
 
 use super::AppParts;
-use crate::domain::{AdapterName, NodeSelector, RunId, RunSpec, Target};
+use crate::domain::{AdapterName, NodeSelector, Operation, RunId, RunSpec, Target};
 
 const HELP: &str = "\
 commands:
@@ -134,6 +134,7 @@ async fn execute(parts: &AppParts, command: ConsoleCommand) -> String {
                 content_type: "text/plain; charset=utf-8".into(),
                 params: Default::default(),
                 deadline: None,
+                operation: Operation::Unspecified,
             };
             match parts.runs.start(spec) {
                 // The events reach the console through the stdout sink.

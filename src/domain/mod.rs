@@ -8,7 +8,9 @@
 pub mod definitions;
 pub mod names;
 pub mod node;
+pub mod output;
 pub mod registration;
+pub mod resume;
 pub mod run;
 pub mod selection;
 pub mod throttle;
@@ -19,12 +21,15 @@ pub use definitions::{
     validate_definitions,
 };
 pub use names::{AdapterName, Alias, NameError, NodeId, Target};
-pub use node::{AdapterConfig, NodeRecord, RuntimeConfig};
+pub use node::{AdapterConfig, Availability, NodeRecord, RuntimeConfig};
+pub use output::{Embedding, StructuredOutput, TokenLogprob, ToolCallDelta, TopLogprob};
 pub use registration::{
     PROTOCOL_VERSION, RegisterAttempt, RegisterRejection, RegistrationDecision, decide_registration,
 };
+pub use resume::{ResumeAnswer, ResumeClaim, ResumeRefusal, decide_resume};
 pub use run::{
-    EdgeFailure, EventOrigin, EventVerdict, RunEvent, RunEventKind, RunId, RunSpec, RunState, Usage,
+    EdgeFailure, EventOrigin, EventVerdict, FailureClass, Operation, RunEvent, RunEventKind, RunId,
+    RunSpec, RunState, Usage,
 };
 pub use selection::{NodeLoad, NodeSelector, SelectError, select_node};
 pub use throttle::RegistrationThrottle;

@@ -55,3 +55,32 @@ impl NodeRecord {
         self.id.as_str() == name || self.alias.as_str() == name
     }
 }
+
+/// The adapter-target pairs a node says it can serve now. A node that never reports is
+/// taken to serve everything its config lists.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Availability {
+    available: Vec<(AdapterName, Target)>,
+}
+
+impl Availability {
+    /// The pairs in `available` (duplicates are kept once).
+    pub fn new(available: impl IntoIterator<Item = (AdapterName, Target)>) -> Self {
+        let mut available: Vec<_> = available.into_iter().collect();
+        available.sort();
+        available.dedup();
+        Self { available }
+    }
+
+    /// Whether `adapter + target` is available.
+    pub fn serves(&self, adapter: &AdapterName, target: &Target) -> bool {
+        self.available
+            .binary_search_by(|(a, t)| (a, t).cmp(&(adapter, target)))
+            .is_ok()
+    }
+
+    /// Every available pair, ordered by adapter then target.
+    pub fn pairs(&self) -> &[(AdapterName, Target)] {
+        &self.available
+    }
+}

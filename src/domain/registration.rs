@@ -5,6 +5,7 @@
 //! some other node: an unknown token and an empty token get the same answer.
 
 use super::node::NodeRecord;
+use super::resume::ResumeClaim;
 use super::token::Token;
 
 /// The protocol version this edge speaks. A request's `0` is read as `1`.
@@ -23,6 +24,10 @@ pub struct RegisterAttempt {
     pub protocol_version: u32,
     /// The adapters the node reports it can run, for logs.
     pub adapters: Vec<String>,
+    /// Random per node process start; empty from a node that does not send one.
+    pub instance_id: String,
+    /// The runs the node still holds after a reconnect.
+    pub resume: Vec<ResumeClaim>,
 }
 
 /// Why a registration is refused; each maps to one protocol `RegisterError`.
@@ -143,6 +148,8 @@ mod tests {
             node_version: "test".into(),
             protocol_version,
             adapters: vec![],
+            instance_id: String::new(),
+            resume: vec![],
         }
     }
 

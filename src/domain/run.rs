@@ -9,6 +9,7 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use super::names::{AdapterName, NodeId, Target};
+use super::output::StructuredOutput;
 use super::selection::NodeSelector;
 
 /// The edge-assigned, unique id of a run.
@@ -62,6 +63,34 @@ pub struct RunSpec {
     /// How long the run may take from acceptance, queue wait included; `None` for no
     /// limit. The node is sent what is left of it at dispatch.
     pub deadline: Option<Duration>,
+    /// What kind of work `input` asks for.
+    pub operation: Operation,
+}
+
+/// What kind of work a run's input asks for, so a node keeps one input form per kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Operation {
+    /// Not said: `text/plain` input is a prompt, `application/json` input a chat request.
+    #[default]
+    Unspecified,
+    /// An OpenAI chat-completions body without `model` and `stream`.
+    Chat,
+    /// An OpenAI completions body without `model` and `stream`.
+    Completion,
+    /// An OpenAI embeddings body without `model`.
+    Embeddings,
+}
+
+impl Operation {
+    /// A stable snake_case name for logs and metric labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Unspecified => "unspecified",
+            Self::Chat => "chat",
+            Self::Completion => "completion",
+            Self::Embeddings => "embeddings",
+        }
+    }
 }
 
 /// Token counts a node reports with a completed run.
@@ -71,10 +100,53 @@ pub struct Usage {
     pub input_tokens: u32,
     /// Tokens generated.
     pub output_tokens: u32,
+    /// Prompt tokens the engine served from its cache (part of `input_tokens`).
+    pub cached_input_tokens: u32,
+    /// Generated tokens spent on reasoning (part of `output_tokens`).
+    pub reasoning_tokens: u32,
+}
+
+impl Usage {
+    /// Prompt and generated token counts, with no cache or reasoning detail.
+    pub fn new(input_tokens: u32, output_tokens: u32) -> Self {
+        Self {
+            input_tokens,
+            output_tokens,
+            ..Self::default()
+        }
+    }
+}
+
+/// Whose fault a failed run is, which decides retries, circuit breakers and the status the
+/// API answers with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum FailureClass {
+    /// Not said (a v1 node): final, judged by its code.
+    #[default]
+    Unspecified,
+    /// The request itself is bad: never retried, never held against the node.
+    Request,
+    /// The node or its engine failed: retried elsewhere before any output, counted by the
+    /// node's circuit breaker.
+    Node,
+    /// The node declined the run without trying it: retried elsewhere, not held against it.
+    Refused,
+}
+
+impl FailureClass {
+    /// A stable snake_case name for logs, sinks and metric labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Unspecified => "unspecified",
+            Self::Request => "request",
+            Self::Node => "node",
+            Self::Refused => "refused",
+        }
+    }
 }
 
 /// What happened in a run.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum RunEventKind {
     /// The node began the run.
     Started,
@@ -84,6 +156,9 @@ pub enum RunEventKind {
         text: String,
         /// Binary output.
         data: Bytes,
+        /// Reasoning, tool calls, log probabilities or embeddings, when the piece has any
+        /// (boxed: rare, and text events stay small).
+        structured: Option<Box<StructuredOutput>>,
     },
     /// Terminal: the run finished.
     Completed {
@@ -98,6 +173,10 @@ pub enum RunEventKind {
         code: String,
         /// A human-readable explanation.
         message: String,
+        /// Whose fault it is.
+        class: FailureClass,
+        /// The HTTP status the node's upstream answered, when it did.
+        status: Option<u16>,
     },
     /// Terminal: the run was cancelled.
     Cancelled {
@@ -107,6 +186,25 @@ pub enum RunEventKind {
 }
 
 impl RunEventKind {
+    /// An output event with `text` only.
+    pub fn text(text: impl Into<String>) -> Self {
+        Self::Output {
+            text: text.into(),
+            data: Bytes::new(),
+            structured: None,
+        }
+    }
+
+    /// A failure with no class or status (as a v1 node reports one).
+    pub fn failed(code: impl Into<String>, message: impl Into<String>) -> Self {
+        Self::Failed {
+            code: code.into(),
+            message: message.into(),
+            class: FailureClass::Unspecified,
+            status: None,
+        }
+    }
+
     /// Whether this event ends the run.
     pub fn is_terminal(&self) -> bool {
         matches!(
@@ -137,7 +235,7 @@ pub enum EventOrigin {
 }
 
 /// One event of one run, with the context every sink and caller needs.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct RunEvent {
     /// The run.
     pub run_id: RunId,
@@ -181,15 +279,29 @@ impl EdgeFailure {
 
     /// The terminal event for this failure.
     pub fn into_event_kind(self) -> RunEventKind {
-        let message = match self {
-            Self::NodeDisconnected => "the node disconnected before the run ended",
-            Self::DeadlineExceeded => "the run did not finish before its deadline",
-            Self::EdgeShutdown => "the edge shut down before the run ended",
-            Self::QueueTimeout => "no node had capacity before the queue wait expired",
+        let (message, class) = match self {
+            Self::NodeDisconnected => (
+                "the node disconnected before the run ended",
+                FailureClass::Node,
+            ),
+            Self::DeadlineExceeded => (
+                "the run did not finish before its deadline",
+                FailureClass::Unspecified,
+            ),
+            Self::EdgeShutdown => (
+                "the edge shut down before the run ended",
+                FailureClass::Unspecified,
+            ),
+            Self::QueueTimeout => (
+                "no node had capacity before the queue wait expired",
+                FailureClass::Unspecified,
+            ),
         };
         RunEventKind::Failed {
             code: self.code().into(),
             message: message.into(),
+            class,
+            status: None,
         }
     }
 }
@@ -247,10 +359,7 @@ mod tests {
     fn kind_strategy() -> impl Strategy<Value = RunEventKind> {
         prop_oneof![
             Just(RunEventKind::Started),
-            ".{0,8}".prop_map(|text| RunEventKind::Output {
-                text,
-                data: Bytes::new()
-            }),
+            ".{0,8}".prop_map(RunEventKind::text),
             Just(RunEventKind::Completed {
                 finish_reason: "stop".into(),
                 usage: None
@@ -292,13 +401,7 @@ mod tests {
         let mut state = RunState::default();
         assert_eq!(state.offer(1, &RunEventKind::Started), EventVerdict::Relay);
         assert_eq!(
-            state.offer(
-                2,
-                &RunEventKind::Output {
-                    text: "a".into(),
-                    data: Bytes::new()
-                }
-            ),
+            state.offer(2, &RunEventKind::text("a")),
             EventVerdict::Relay
         );
         assert_eq!(state.next_edge_seq(), 3);

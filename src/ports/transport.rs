@@ -6,7 +6,7 @@ use std::fmt;
 use async_trait::async_trait;
 use bytes::Bytes;
 
-use crate::domain::{AdapterName, NodeId, RunEventKind, RunId, Target};
+use crate::domain::{AdapterName, NodeId, Operation, RunEventKind, RunId, Target};
 
 use super::registry::ConnectionId;
 
@@ -27,6 +27,8 @@ pub struct RunAssignment {
     pub params: BTreeMap<String, String>,
     /// Milliseconds the node has for it; 0 for no limit.
     pub deadline_ms: u32,
+    /// What kind of work `input` asks for.
+    pub operation: Operation,
 }
 
 /// What the edge sends a connected node.
@@ -163,7 +165,7 @@ pub trait NodeTransport: Send + Sync {
 }
 
 /// A run event as a node reported it, before the edge matched it to a run.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct ReportedEvent {
     /// The run id the node gave.
     pub run_id: String,

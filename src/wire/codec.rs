@@ -200,7 +200,11 @@ mod tests {
     use crate::ports::ReportedEvent;
 
     fn heartbeat(active_runs: u32) -> NodeFrame {
-        NodeFrame::Heartbeat { active_runs }
+        NodeFrame::Heartbeat {
+            active_runs,
+            ping: 0,
+            availability: None,
+        }
     }
 
     fn encoded(frames: &[NodeFrame]) -> BytesMut {
@@ -249,6 +253,8 @@ mod tests {
                 node_version: "1".into(),
                 protocol_version: 1,
                 adapters: vec!["echo".into()],
+                instance_id: String::new(),
+                resume: Vec::new(),
             }),
             heartbeat(3),
             NodeFrame::RunEvent(ReportedEvent {
@@ -264,6 +270,131 @@ mod tests {
             decoded.push(frame);
         }
         assert_eq!(format!("{decoded:?}"), format!("{frames:?}"));
+    }
+
+    /// Every v1.1 addition survives a trip through the codecs, both ways.
+    #[test]
+    fn v1_1_additions_round_trip() {
+        use crate::domain::{
+            AdapterName, Availability, FailureClass, Operation, ResumeClaim, RunId,
+            StructuredOutput, Target, TokenLogprob, ToolCallDelta, TopLogprob, Usage,
+        };
+        use crate::ports::{NodeCommand, RunAssignment};
+        use crate::wire::{EdgeFrame, ReceivedEdgeFrame};
+
+        let pair = |a: &str, t: &str| (AdapterName::parse(a).unwrap(), Target::parse(t).unwrap());
+        let structured = StructuredOutput {
+            reasoning: "thinking".into(),
+            tool_calls: vec![ToolCallDelta {
+                index: 1,
+                id: "call_1".into(),
+                name: "get_weather".into(),
+                arguments: "{\"city\":".into(),
+            }],
+            logprobs: vec![TokenLogprob {
+                token: "hi".into(),
+                logprob: -0.25,
+                bytes: b"hi".to_vec(),
+                top: vec![TopLogprob {
+                    token: "ho".into(),
+                    logprob: -1.5,
+                    bytes: b"ho".to_vec(),
+                }],
+            }],
+            embeddings: vec![crate::domain::Embedding {
+                index: 0,
+                values: vec![0.5, -1.0],
+            }],
+        };
+        let node_frames = vec![
+            NodeFrame::Register(RegisterAttempt {
+                token: Token::new("t"),
+                node_id: String::new(),
+                node_version: "1".into(),
+                protocol_version: 1,
+                adapters: vec![],
+                instance_id: "0123abcd".into(),
+                resume: vec![ResumeClaim {
+                    run_id: "r1".into(),
+                    next_seq: 7,
+                    first_buffered_seq: 3,
+                }],
+            }),
+            NodeFrame::Heartbeat {
+                active_runs: 1,
+                ping: 42,
+                availability: Some(Availability::new([
+                    pair("openai", "b"),
+                    pair("openai", "a"),
+                    pair("echo", "x"),
+                ])),
+            },
+            NodeFrame::RunEvent(ReportedEvent {
+                run_id: "r1".into(),
+                seq: 2,
+                kind: RunEventKind::Output {
+                    text: "t".into(),
+                    data: bytes::Bytes::new(),
+                    structured: Some(Box::new(structured)),
+                },
+            }),
+            NodeFrame::RunEvent(ReportedEvent {
+                run_id: "r1".into(),
+                seq: 3,
+                kind: RunEventKind::Completed {
+                    finish_reason: "tool_calls".into(),
+                    usage: Some(Usage {
+                        input_tokens: 9,
+                        output_tokens: 5,
+                        cached_input_tokens: 4,
+                        reasoning_tokens: 2,
+                    }),
+                },
+            }),
+            NodeFrame::RunEvent(ReportedEvent {
+                run_id: "r2".into(),
+                seq: 1,
+                kind: RunEventKind::Failed {
+                    code: "context_length_exceeded".into(),
+                    message: "too long".into(),
+                    class: FailureClass::Request,
+                    status: Some(400),
+                },
+            }),
+        ];
+        let mut buf = encoded(&node_frames);
+        let mut codec = EdgeCodec::new(1 << 20);
+        let mut decoded = Vec::new();
+        while let Some(frame) = codec.decode(&mut buf).unwrap() {
+            decoded.push(frame);
+        }
+        assert_eq!(format!("{decoded:?}"), format!("{node_frames:?}"));
+
+        let run = RunAssignment {
+            run_id: RunId::new("r3"),
+            adapter: AdapterName::parse("openai").unwrap(),
+            target: Target::parse("qwen").unwrap(),
+            input: bytes::Bytes::from_static(b"{}"),
+            content_type: "application/json".into(),
+            params: std::collections::BTreeMap::new(),
+            deadline_ms: 5,
+            operation: Operation::Embeddings,
+        };
+        let mut edge = EdgeCodec::new(1 << 20);
+        let mut out = BytesMut::new();
+        edge.encode(EdgeFrame::HeartbeatAck { ping: 42 }, &mut out)
+            .unwrap();
+        edge.encode(EdgeFrame::Command(NodeCommand::Run(run.clone())), &mut out)
+            .unwrap();
+        let mut node = NodeCodec::new(1 << 20);
+        assert_eq!(
+            node.decode(&mut out).unwrap(),
+            Some(ReceivedEdgeFrame::HeartbeatAck { ping: 42 })
+        );
+        assert_eq!(
+            node.decode(&mut out).unwrap(),
+            Some(ReceivedEdgeFrame::Command(NodeCommand::Run(run)))
+        );
     }
 
     proptest! {
@@ -286,7 +417,7 @@ mod tests {
                 let end = (offset + cut).min(bytes.len());
                 buf.extend_from_slice(&bytes[offset..end]);
                 offset = end;
-                while let Some(NodeFrame::Heartbeat { active_runs }) = codec.decode(&mut buf).unwrap() {
+                while let Some(NodeFrame::Heartbeat { active_runs, .. }) = codec.decode(&mut buf).unwrap() {
                     decoded.push(active_runs);
                 }
             }

@@ -7,13 +7,14 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::domain::{
-    AdapterName, NodeRecord, RegisterAttempt, RegisterRejection, RunEventKind, RunId, Target,
-    Token, Usage,
+    AdapterName, Availability, NodeRecord, RegisterAttempt, RegisterRejection, ResumeAnswer,
+    ResumeClaim, ResumeRefusal, RunId, Target, Token,
 };
-use crate::ports::{NodeCommand, ReportedEvent, RunAssignment};
+use crate::ports::{NodeCommand, ReportedEvent};
 
 use super::config_payload::build_config_payload;
-use super::proto::{self, edge_message, node_message, run_event};
+use super::events::{event_kind_from_wire, event_kind_to_wire, run_from_wire, run_to_wire};
+use super::proto::{self, edge_message, node_message};
 
 /// A message a node sends.
 #[derive(Debug, Clone)]
@@ -24,6 +25,10 @@ pub enum NodeFrame {
     Heartbeat {
         /// Runs the node is working on.
         active_runs: u32,
+        /// Not 0: the node wants a `HeartbeatAck` carrying it.
+        ping: u64,
+        /// The targets the node can serve now, when it reports them.
+        availability: Option<Availability>,
     },
     /// `RunEvent`.
     RunEvent(ReportedEvent),
@@ -35,12 +40,23 @@ pub enum NodeFrame {
 /// A message the edge sends.
 #[derive(Debug, Clone)]
 pub enum EdgeFrame {
-    /// `RegisterResponse` accepting the node, carrying its config.
-    Accepted(Arc<NodeRecord>),
+    /// `RegisterResponse` accepting the node, carrying its config and the answers to its
+    /// resume claims.
+    Accepted {
+        /// The node's definition, from which the one mapper builds its config.
+        record: Arc<NodeRecord>,
+        /// One answer per resume claim.
+        resumed: Vec<ResumeAnswer>,
+    },
     /// `RegisterResponse` refusing the node.
     Rejected(RegisterRejection),
     /// `RunRequest`, `CancelRun` or `Shutdown`.
     Command(NodeCommand),
+    /// `HeartbeatAck`, answering a heartbeat's `ping`.
+    HeartbeatAck {
+        /// The heartbeat's `ping`.
+        ping: u64,
+    },
 }
 
 /// A message from the edge as a node reads it.
@@ -50,6 +66,11 @@ pub enum ReceivedEdgeFrame {
     Registered(RegisterOutcome),
     /// `RunRequest`, `CancelRun` or `Shutdown`.
     Command(NodeCommand),
+    /// `HeartbeatAck`.
+    HeartbeatAck {
+        /// The `ping` of the heartbeat it answers.
+        ping: u64,
+    },
     /// A message with no body, or one this node cannot read.
     Unknown,
 }
@@ -69,6 +90,8 @@ pub struct RegisterOutcome {
     pub alias: String,
     /// The node's central config, when accepted.
     pub config: Option<ReceivedConfig>,
+    /// The edge's answers to the node's resume claims, when accepted.
+    pub resumed: Vec<ResumeAnswer>,
 }
 
 /// A node's central config as the node reads it.
@@ -106,6 +129,8 @@ impl From<proto::NodeMessage> for NodeFrame {
                     node_version,
                     protocol_version,
                     adapters,
+                    instance_id,
+                    resume,
                 } = request;
                 NodeFrame::Register(RegisterAttempt {
                     token: Token::new(token),
@@ -113,11 +138,19 @@ impl From<proto::NodeMessage> for NodeFrame {
                     node_version,
                     protocol_version,
                     adapters,
+                    instance_id,
+                    resume: resume.into_iter().map(claim_from_wire).collect(),
                 })
             }
-            Some(node_message::Body::Heartbeat(proto::Heartbeat { active_runs })) => {
-                NodeFrame::Heartbeat { active_runs }
-            }
+            Some(node_message::Body::Heartbeat(proto::Heartbeat {
+                active_runs,
+                ping,
+                availability,
+            })) => NodeFrame::Heartbeat {
+                active_runs,
+                ping,
+                availability: availability.map(availability_from_wire),
+            },
             Some(node_message::Body::RunEvent(proto::RunEvent { run_id, seq, kind })) => {
                 match kind.map(event_kind_from_wire) {
                     Some(kind) => NodeFrame::RunEvent(ReportedEvent { run_id, seq, kind }),
@@ -138,18 +171,26 @@ impl From<NodeFrame> for proto::NodeMessage {
                 node_version,
                 protocol_version,
                 adapters,
+                instance_id,
+                resume,
             }) => Some(node_message::Body::Register(proto::RegisterRequest {
                 token: token.expose_secret().to_owned(),
                 node_id,
                 node_version,
                 protocol_version,
                 adapters,
+                instance_id,
+                resume: resume.into_iter().map(claim_to_wire).collect(),
             })),
-            NodeFrame::Heartbeat { active_runs } => {
-                Some(node_message::Body::Heartbeat(proto::Heartbeat {
-                    active_runs,
-                }))
-            }
+            NodeFrame::Heartbeat {
+                active_runs,
+                ping,
+                availability,
+            } => Some(node_message::Body::Heartbeat(proto::Heartbeat {
+                active_runs,
+                ping,
+                availability: availability.map(availability_to_wire),
+            })),
             NodeFrame::RunEvent(ReportedEvent { run_id, seq, kind }) => {
                 Some(node_message::Body::RunEvent(proto::RunEvent {
                     run_id,
@@ -160,66 +201,6 @@ impl From<NodeFrame> for proto::NodeMessage {
             NodeFrame::Unknown => None,
         };
         proto::NodeMessage { body }
-    }
-}
-
-fn event_kind_from_wire(kind: run_event::Kind) -> RunEventKind {
-    match kind {
-        run_event::Kind::Started(proto::RunStarted {}) => RunEventKind::Started,
-        run_event::Kind::Output(proto::RunOutput { text, data }) => {
-            RunEventKind::Output { text, data }
-        }
-        run_event::Kind::Completed(proto::RunCompleted {
-            finish_reason,
-            usage,
-        }) => RunEventKind::Completed {
-            finish_reason,
-            usage: usage.map(
-                |proto::Usage {
-                     input_tokens,
-                     output_tokens,
-                 }| Usage {
-                    input_tokens,
-                    output_tokens,
-                },
-            ),
-        },
-        run_event::Kind::Failed(proto::RunFailed { code, message }) => {
-            RunEventKind::Failed { code, message }
-        }
-        run_event::Kind::Cancelled(proto::RunCancelled { reason }) => {
-            RunEventKind::Cancelled { reason }
-        }
-    }
-}
-
-fn event_kind_to_wire(kind: RunEventKind) -> run_event::Kind {
-    match kind {
-        RunEventKind::Started => run_event::Kind::Started(proto::RunStarted {}),
-        RunEventKind::Output { text, data } => {
-            run_event::Kind::Output(proto::RunOutput { text, data })
-        }
-        RunEventKind::Completed {
-            finish_reason,
-            usage,
-        } => run_event::Kind::Completed(proto::RunCompleted {
-            finish_reason,
-            usage: usage.map(
-                |Usage {
-                     input_tokens,
-                     output_tokens,
-                 }| proto::Usage {
-                    input_tokens,
-                    output_tokens,
-                },
-            ),
-        }),
-        RunEventKind::Failed { code, message } => {
-            run_event::Kind::Failed(proto::RunFailed { code, message })
-        }
-        RunEventKind::Cancelled { reason } => {
-            run_event::Kind::Cancelled(proto::RunCancelled { reason })
-        }
     }
 }
 
@@ -249,14 +230,17 @@ fn rejection_from_wire(error: i32) -> Option<RegisterRejection> {
 impl From<EdgeFrame> for proto::EdgeMessage {
     fn from(frame: EdgeFrame) -> Self {
         let body = match frame {
-            EdgeFrame::Accepted(record) => edge_message::Body::Register(proto::RegisterResponse {
-                accepted: true,
-                error: proto::RegisterError::Unspecified.into(),
-                message: "registered".into(),
-                node_id: record.id.to_string(),
-                alias: record.alias.to_string(),
-                config: Some(build_config_payload(&record)),
-            }),
+            EdgeFrame::Accepted { record, resumed } => {
+                edge_message::Body::Register(proto::RegisterResponse {
+                    accepted: true,
+                    error: proto::RegisterError::Unspecified.into(),
+                    message: "registered".into(),
+                    node_id: record.id.to_string(),
+                    alias: record.alias.to_string(),
+                    config: Some(build_config_payload(&record)),
+                    resumed: resumed.into_iter().map(answer_to_wire).collect(),
+                })
+            }
             EdgeFrame::Rejected(rejection) => {
                 edge_message::Body::Register(proto::RegisterResponse {
                     accepted: false,
@@ -265,9 +249,13 @@ impl From<EdgeFrame> for proto::EdgeMessage {
                     node_id: String::new(),
                     alias: String::new(),
                     config: None,
+                    resumed: Vec::new(),
                 })
             }
             EdgeFrame::Command(command) => command_to_wire(command),
+            EdgeFrame::HeartbeatAck { ping } => {
+                edge_message::Body::HeartbeatAck(proto::HeartbeatAck { ping })
+            }
         };
         proto::EdgeMessage { body: Some(body) }
     }
@@ -275,23 +263,7 @@ impl From<EdgeFrame> for proto::EdgeMessage {
 
 fn command_to_wire(command: NodeCommand) -> edge_message::Body {
     match command {
-        NodeCommand::Run(RunAssignment {
-            run_id,
-            adapter,
-            target,
-            input,
-            content_type,
-            params,
-            deadline_ms,
-        }) => edge_message::Body::Run(proto::RunRequest {
-            run_id: run_id.to_string(),
-            adapter: adapter.to_string(),
-            target: target.to_string(),
-            input,
-            content_type,
-            params: params.into_iter().collect(),
-            deadline_ms,
-        }),
+        NodeCommand::Run(run) => edge_message::Body::Run(run_to_wire(run)),
         NodeCommand::Cancel { run_id, reason } => edge_message::Body::Cancel(proto::CancelRun {
             run_id: run_id.to_string(),
             reason,
@@ -322,30 +294,12 @@ impl From<proto::EdgeMessage> for ReceivedEdgeFrame {
             Some(edge_message::Body::Shutdown(proto::Shutdown { reason })) => {
                 ReceivedEdgeFrame::Command(NodeCommand::Shutdown { reason })
             }
+            Some(edge_message::Body::HeartbeatAck(proto::HeartbeatAck { ping })) => {
+                ReceivedEdgeFrame::HeartbeatAck { ping }
+            }
             None => ReceivedEdgeFrame::Unknown,
         }
     }
-}
-
-fn run_from_wire(request: proto::RunRequest) -> Option<RunAssignment> {
-    let proto::RunRequest {
-        run_id,
-        adapter,
-        target,
-        input,
-        content_type,
-        params,
-        deadline_ms,
-    } = request;
-    Some(RunAssignment {
-        run_id: RunId::new(run_id),
-        adapter: AdapterName::parse(&adapter).ok()?,
-        target: Target::parse(&target).ok()?,
-        input,
-        content_type,
-        params: params.into_iter().collect(),
-        deadline_ms,
-    })
 }
 
 fn outcome_from_wire(response: proto::RegisterResponse) -> RegisterOutcome {
@@ -356,6 +310,7 @@ fn outcome_from_wire(response: proto::RegisterResponse) -> RegisterOutcome {
         node_id,
         alias,
         config,
+        resumed,
     } = response;
     RegisterOutcome {
         accepted,
@@ -363,6 +318,7 @@ fn outcome_from_wire(response: proto::RegisterResponse) -> RegisterOutcome {
         message,
         node_id,
         alias,
+        resumed: resumed.into_iter().map(answer_from_wire).collect(),
         config: config.map(|proto::NodeConfigPayload { adapters, runtime }| {
             let proto::RuntimeConfig {
                 max_concurrent_runs,
@@ -389,5 +345,150 @@ fn outcome_from_wire(response: proto::RegisterResponse) -> RegisterOutcome {
                 runtime_settings: settings.into_iter().collect(),
             }
         }),
+    }
+}
+
+fn claim_from_wire(claim: proto::ResumeClaim) -> ResumeClaim {
+    let proto::ResumeClaim {
+        run_id,
+        next_seq,
+        first_buffered_seq,
+    } = claim;
+    ResumeClaim {
+        run_id,
+        next_seq,
+        first_buffered_seq,
+    }
+}
+
+fn claim_to_wire(claim: ResumeClaim) -> proto::ResumeClaim {
+    let ResumeClaim {
+        run_id,
+        next_seq,
+        first_buffered_seq,
+    } = claim;
+    proto::ResumeClaim {
+        run_id,
+        next_seq,
+        first_buffered_seq,
+    }
+}
+
+fn answer_to_wire(answer: ResumeAnswer) -> proto::ResumeAnswer {
+    let ResumeAnswer { run_id, outcome } = answer;
+    match outcome {
+        Ok(resume_from_seq) => proto::ResumeAnswer {
+            run_id,
+            accepted: true,
+            resume_from_seq,
+            reason: String::new(),
+        },
+        Err(refusal) => proto::ResumeAnswer {
+            run_id,
+            accepted: false,
+            resume_from_seq: 0,
+            reason: refusal.as_str().to_owned(),
+        },
+    }
+}
+
+/// A node reads a refusal's reason as text only; the edge's [`ResumeRefusal`] codes are
+/// matched back where they are known.
+fn answer_from_wire(answer: proto::ResumeAnswer) -> ResumeAnswer {
+    let proto::ResumeAnswer {
+        run_id,
+        accepted,
+        resume_from_seq,
+        reason,
+    } = answer;
+    let outcome = if accepted {
+        Ok(resume_from_seq)
+    } else {
+        Err(ResumeRefusal::from_code(&reason))
+    };
+    ResumeAnswer { run_id, outcome }
+}
+
+/// Pairs whose adapter or target is not a valid name are left out: no run can ask for them.
+fn availability_from_wire(availability: proto::TargetAvailability) -> Availability {
+    let proto::TargetAvailability { adapters } = availability;
+    Availability::new(adapters.into_iter().flat_map(
+        |proto::AdapterTargets { adapter, targets }| {
+            let adapter = AdapterName::parse(&adapter).ok();
+            targets
+                .into_iter()
+                .filter_map(move |target| Some((adapter.clone()?, Target::parse(&target).ok()?)))
+        },
+    ))
+}
+
+fn availability_to_wire(availability: Availability) -> proto::TargetAvailability {
+    let mut adapters: Vec<proto::AdapterTargets> = Vec::new();
+    for (adapter, target) in availability.pairs() {
+        match adapters.last_mut() {
+            Some(last) if last.adapter == adapter.as_str() => {
+                last.targets.push(target.to_string());
+            }
+            _ => adapters.push(proto::AdapterTargets {
+                adapter: adapter.to_string(),
+                targets: vec![target.to_string()],
+            }),
+        }
+    }
+    proto::TargetAvailability { adapters }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resume_answers_round_trip() {
+        let answers = [
+            ResumeAnswer {
+                run_id: "r1".into(),
+                outcome: Ok(5),
+            },
+            ResumeAnswer {
+                run_id: "r2".into(),
+                outcome: Err(ResumeRefusal::EventsLost),
+            },
+            ResumeAnswer {
+                run_id: "r3".into(),
+                outcome: Err(ResumeRefusal::SequenceBehind),
+            },
+            ResumeAnswer {
+                run_id: "r4".into(),
+                outcome: Err(ResumeRefusal::UnknownRun),
+            },
+            ResumeAnswer {
+                run_id: "r5".into(),
+                outcome: Err(ResumeRefusal::Disabled),
+            },
+        ];
+        for answer in answers {
+            assert_eq!(answer_from_wire(answer_to_wire(answer.clone())), answer);
+        }
+    }
+
+    #[test]
+    fn unknown_availability_names_are_left_out() {
+        let wire = proto::TargetAvailability {
+            adapters: vec![
+                proto::AdapterTargets {
+                    adapter: "openai".into(),
+                    targets: vec!["qwen".into(), "bad target!".into()],
+                },
+                proto::AdapterTargets {
+                    adapter: "".into(),
+                    targets: vec!["x".into()],
+                },
+            ],
+        };
+        let availability = availability_from_wire(wire);
+        assert_eq!(availability.pairs().len(), 1);
+        let back = availability_to_wire(availability);
+        assert_eq!(back.adapters.len(), 1);
+        assert_eq!(back.adapters[0].targets, vec!["qwen".to_owned()]);
     }
 }

@@ -9,6 +9,7 @@
 mod codec;
 mod config_payload;
 mod convert;
+mod events;
 
 pub use codec::{EdgeCodec, FrameError, NodeCodec};
 pub use convert::{

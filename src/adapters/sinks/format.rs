@@ -42,7 +42,7 @@ pub fn write_text_line(event: &RunEvent, out: &mut Vec<u8>) {
     out.extend_from_slice(event.kind.name().as_bytes());
     match &event.kind {
         RunEventKind::Started => {}
-        RunEventKind::Output { text, data } => {
+        RunEventKind::Output { text, data, .. } => {
             out.push(b' ');
             push_escaped(text, out);
             if !data.is_empty() {
@@ -67,7 +67,7 @@ pub fn write_text_line(event: &RunEvent, out: &mut Vec<u8>) {
                 );
             }
         }
-        RunEventKind::Failed { code, message } => {
+        RunEventKind::Failed { code, message, .. } => {
             out.extend_from_slice(b" code=");
             push_escaped(code, out);
             out.extend_from_slice(b" message=");
@@ -138,7 +138,7 @@ pub fn write_json_line(event: &RunEvent, out: &mut Vec<u8>) {
     out.push(b'"');
     match &event.kind {
         RunEventKind::Started => {}
-        RunEventKind::Output { text, data } => {
+        RunEventKind::Output { text, data, .. } => {
             out.extend_from_slice(b",\"text\":");
             push_json_str(text, out);
             if !data.is_empty() {
@@ -161,7 +161,7 @@ pub fn write_json_line(event: &RunEvent, out: &mut Vec<u8>) {
                 push_u64(u64::from(usage.output_tokens), out);
             }
         }
-        RunEventKind::Failed { code, message } => {
+        RunEventKind::Failed { code, message, .. } => {
             out.extend_from_slice(b",\"code\":");
             push_json_str(code, out);
             out.extend_from_slice(b",\"message\":");
@@ -281,20 +281,14 @@ pub(crate) mod tests {
 
     /// A non-terminal output event whose text is `text`.
     pub(crate) fn output(text: &str) -> Arc<RunEvent> {
-        Arc::new(event(RunEventKind::Output {
-            text: text.into(),
-            data: Bytes::new(),
-        }))
+        Arc::new(event(RunEventKind::text(text)))
     }
 
     /// A terminal `completed` event.
     pub(crate) fn completed() -> Arc<RunEvent> {
         Arc::new(event(RunEventKind::Completed {
             finish_reason: "stop".into(),
-            usage: Some(Usage {
-                input_tokens: 5,
-                output_tokens: 7,
-            }),
+            usage: Some(Usage::new(5, 7)),
         }))
     }
 
@@ -334,10 +328,10 @@ pub(crate) mod tests {
             "r1 node-a echo/m1 completed finish_reason=length\n"
         );
         assert_eq!(
-            text(&event(RunEventKind::Failed {
-                code: "node_disconnected".into(),
-                message: "the node went away".into()
-            })),
+            text(&event(RunEventKind::failed(
+                "node_disconnected",
+                "the node went away"
+            ))),
             "r1 node-a echo/m1 failed code=node_disconnected message=the node went away\n"
         );
         assert_eq!(
@@ -373,6 +367,7 @@ pub(crate) mod tests {
             event(RunEventKind::Output {
                 text: text.into(),
                 data: Bytes::from_static(&[0, 1, 2, 3]),
+                structured: None,
             })
         };
         assert_eq!(text(&binary("")), "r1 node-a echo/m1 output <4 bytes>\n");
@@ -400,10 +395,7 @@ pub(crate) mod tests {
         assert_eq!(done["finish_reason"], "stop");
         assert_eq!(done["input_tokens"], 5);
         assert_eq!(done["output_tokens"], 7);
-        let mut failed = event(RunEventKind::Failed {
-            code: "deadline_exceeded".into(),
-            message: "too slow".into(),
-        });
+        let mut failed = event(RunEventKind::failed("deadline_exceeded", "too slow"));
         failed.origin = EventOrigin::Edge;
         failed.node = None;
         let failed = json(&failed);
@@ -423,6 +415,7 @@ pub(crate) mod tests {
         let line = json(&event(RunEventKind::Output {
             text: String::new(),
             data: Bytes::from_static(b"foobar\xff"),
+            structured: None,
         }));
         assert_eq!(line["text"], "");
         assert_eq!(line["data"], "Zm9vYmFy/w==");
@@ -505,7 +498,7 @@ pub(crate) mod tests {
             };
             match &event.kind {
                 RunEventKind::Started => {}
-                RunEventKind::Output { text, data } => {
+                RunEventKind::Output { text, data, .. } => {
                     line.text = Some(text);
                     line.data = (!data.is_empty()).then_some(Base64(data));
                 }
@@ -517,7 +510,7 @@ pub(crate) mod tests {
                     line.input_tokens = usage.map(|usage| usage.input_tokens);
                     line.output_tokens = usage.map(|usage| usage.output_tokens);
                 }
-                RunEventKind::Failed { code, message } => {
+                RunEventKind::Failed { code, message, .. } => {
                     line.code = Some(code);
                     line.message = Some(message);
                 }
@@ -549,16 +542,14 @@ pub(crate) mod tests {
                 finish_reason: "length".into(),
                 usage: None,
             }),
-            event(RunEventKind::Failed {
-                code: "deadline_exceeded".into(),
-                message: "too \"slow\"".into(),
-            }),
+            event(RunEventKind::failed("deadline_exceeded", "too \"slow\"")),
             event(RunEventKind::Cancelled {
                 reason: "caller".into(),
             }),
             event(RunEventKind::Output {
                 text: String::new(),
                 data: Bytes::from_static(b"foobar\xff"),
+                structured: None,
             }),
         ];
         let mut edge_made = event(RunEventKind::Started);
@@ -578,7 +569,7 @@ pub(crate) mod tests {
         /// Any text and any counts come out exactly as serde_json writes them.
         #[test]
         fn any_output_matches_serde_json(text in ".*", seq in proptest::prelude::any::<u64>(), data in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..8)) {
-            let mut e = event(RunEventKind::Output { text, data: Bytes::from(data) });
+            let mut e = event(RunEventKind::Output { text, data: Bytes::from(data), structured: None });
             e.seq = seq;
             proptest::prop_assert_eq!(hand_written(&e), reference_json_line(&e));
         }

@@ -42,7 +42,7 @@ pub(crate) struct LogWriter;
 fn record(event: &RunEvent) {
     match &event.kind {
         RunEventKind::Started => event_record!(event, "run event"),
-        RunEventKind::Output { text, data } => {
+        RunEventKind::Output { text, data, .. } => {
             event_record!(event, text = text.as_str(), bytes = data.len(), "run event");
         }
         RunEventKind::Completed {
@@ -55,7 +55,7 @@ fn record(event: &RunEvent) {
             output_tokens = usage.map(|usage| usage.output_tokens),
             "run event"
         ),
-        RunEventKind::Failed { code, message } => event_record!(
+        RunEventKind::Failed { code, message, .. } => event_record!(
             event,
             code = code.as_str(),
             error_message = message.as_str(),
@@ -132,10 +132,10 @@ mod tests {
         // default subscriber set above.
         let sink = QueuedSink::spawn("log", LogWriter, settings(10), &Handle::current()).unwrap();
         sink.publish(output("hi"));
-        sink.publish(Arc::new(event(RunEventKind::Failed {
-            code: "node_disconnected".into(),
-            message: "gone".into(),
-        })));
+        sink.publish(Arc::new(event(RunEventKind::failed(
+            "node_disconnected",
+            "gone",
+        ))));
         sink.publish(completed());
         sink.flush().await;
         assert_eq!(sink.stats().written(), 3);

@@ -115,7 +115,10 @@ pub(super) async fn serve_connection<S: NodeIo>(
     let reason = match send(
         &mut framed,
         shared,
-        EdgeFrame::Accepted(Arc::clone(&record)),
+        EdgeFrame::Accepted {
+            record: Arc::clone(&record),
+            resumed: Vec::new(),
+        },
     )
     .await
     {

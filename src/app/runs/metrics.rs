@@ -153,18 +153,12 @@ mod tests {
     fn kind_labels_are_the_kinds_names() {
         let kinds = [
             RunEventKind::Started,
-            RunEventKind::Output {
-                text: String::new(),
-                data: bytes::Bytes::new(),
-            },
+            RunEventKind::text(""),
             RunEventKind::Completed {
                 finish_reason: String::new(),
                 usage: None,
             },
-            RunEventKind::Failed {
-                code: String::new(),
-                message: String::new(),
-            },
+            RunEventKind::failed(String::new(), String::new()),
             RunEventKind::Cancelled {
                 reason: String::new(),
             },

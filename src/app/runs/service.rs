@@ -315,6 +315,7 @@ impl RunService {
             content_type,
             params,
             deadline,
+            operation,
         } = &run.spec;
         let assignment = RunAssignment {
             run_id: run.id.clone(),
@@ -330,6 +331,7 @@ impl RunService {
                     .max(Duration::from_millis(1));
                 u32::try_from(left.as_millis()).unwrap_or(u32::MAX)
             }),
+            operation: *operation,
         };
         if let Err(error) = self
             .inner
@@ -454,7 +456,7 @@ impl RunService {
         }
         if terminal {
             match &event.kind {
-                RunEventKind::Failed { code, message } => {
+                RunEventKind::Failed { code, message, .. } => {
                     tracing::info!(parent: &run.span, code, message, origin = ?event.origin, "run failed");
                 }
                 kind => debug!(parent: &run.span, outcome = kind.name(), "run ended"),

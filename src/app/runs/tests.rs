@@ -69,6 +69,7 @@ fn spec() -> RunSpec {
         content_type: "text/plain; charset=utf-8".into(),
         params: BTreeMap::from([("temperature".to_owned(), "0".to_owned())]),
         deadline: None,
+        operation: crate::domain::Operation::Unspecified,
     }
 }
 
@@ -89,10 +90,7 @@ fn config() -> RunsConfig {
 }
 
 fn output(text: &str) -> RunEventKind {
-    RunEventKind::Output {
-        text: text.into(),
-        data: Bytes::new(),
-    }
+    RunEventKind::text(text)
 }
 
 fn completed() -> RunEventKind {
@@ -533,6 +531,7 @@ async fn a_run_the_node_completes_ends_with_its_completed_event() {
             content_type,
             params,
             deadline_ms: 0,
+            operation: crate::domain::Operation::Unspecified,
         }
     );
     assert_eq!(h.active_runs("a"), 1);
@@ -565,10 +564,7 @@ async fn a_run_the_node_fails_ends_with_its_failed_event() {
     let mut h = Harness::expecting(Expect::terminals(1));
     let a = h.connect("a", 1);
     let mut handle = h.start(spec());
-    let failed = RunEventKind::Failed {
-        code: "adapter_error".into(),
-        message: "out of memory".into(),
-    };
+    let failed = RunEventKind::failed("adapter_error", "out of memory");
     h.report_each(
         "a",
         a,
@@ -1144,10 +1140,7 @@ fn node_kind(kind: u8) -> RunEventKind {
         0 => RunEventKind::Started,
         1 => output("x"),
         2 => completed(),
-        3 => RunEventKind::Failed {
-            code: "adapter_error".into(),
-            message: "boom".into(),
-        },
+        3 => RunEventKind::failed("adapter_error", "boom"),
         _ => cancelled("node"),
     }
 }

@@ -16,7 +16,7 @@ use serde_json::value::RawValue;
 
 use super::Api;
 use super::error::ApiError;
-use crate::domain::{NodeSelector, RunSpec};
+use crate::domain::{NodeSelector, Operation, RunSpec};
 
 /// The header a client sets to ask for a deadline, in milliseconds.
 pub const DEADLINE_HEADER: &str = "x-edge-deadline-ms";
@@ -34,6 +34,14 @@ pub(super) enum Endpoint {
 }
 
 impl Endpoint {
+    /// The kind of work the endpoint's runs ask of a node.
+    fn operation(self) -> Operation {
+        match self {
+            Self::Chat => Operation::Chat,
+            Self::Completion => Operation::Completion,
+        }
+    }
+
     /// The field the endpoint cannot do without.
     fn required(self) -> &'static str {
         match self {
@@ -117,6 +125,7 @@ pub(super) fn prepare(
         content_type: CONTENT_TYPE.to_owned(),
         params: BTreeMap::new(),
         deadline,
+        operation: endpoint.operation(),
     };
     Ok(ApiRequest {
         model,

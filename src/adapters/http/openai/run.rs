@@ -163,7 +163,7 @@ impl ActiveRun {
                     },
                     usage: *usage,
                 }),
-                RunEventKind::Failed { code, message } => {
+                RunEventKind::Failed { code, message, .. } => {
                     debug!(run_id = %event.run_id, code, message, "API run failed");
                     Err(ApiError::run_failed(code, message, self.retry_after_secs))
                 }

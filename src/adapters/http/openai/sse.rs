@@ -421,10 +421,7 @@ mod tests {
                         .map(|text| Piece::Text(text))
                         .chain(reasons.iter().map(|reason| Piece::Finish(reason)))
                         .chain([Piece::Start, Piece::Usage(None)])
-                        .chain([Piece::Usage(Some(Usage {
-                            input_tokens: 3,
-                            output_tokens: 4,
-                        }))]);
+                        .chain([Piece::Usage(Some(Usage::new(3, 4)))]);
                     for piece in pieces {
                         let Some(expected) = value_chunk(&reply, piece) else {
                             continue;
