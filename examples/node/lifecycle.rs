@@ -11,8 +11,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use edge::client::{Backoff, ClientError, NodeClient, Registration, new_instance_id};
-use edge::domain::RegisterRejection;
+use edge::client::{
+    Backoff, ClientError, NodeClient, RegisterOutcome, Registration, new_instance_id,
+};
+use edge::domain::{RegisterRejection, ResumeClaim};
 use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -176,32 +178,15 @@ enum Failure {
     Fatal(NodeError),
 }
 
-/// One connection: dial, register, serve until it ends.
+/// One connection: dial and register (given up at once if the node exits meanwhile), then
+/// serve until it ends.
 async fn attempt(core: &Core) -> Result<SessionEnd, Failure> {
-    let mut client = dial(&core.options)
-        .await
-        .map_err(|error| Failure::Retry(error.to_string()))?;
     let claims = core.table.claims();
-    let mut registration =
-        Registration::with_token(&core.options.token).instance(core.instance_id.clone());
-    registration.node_id = core.options.node_id.clone();
-    registration.adapters = vec![super::openai::KIND.to_owned()];
-    registration.resume = claims.clone();
-    let outcome = tokio::time::timeout(DIAL_TIMEOUT, client.register(registration))
-        .await
-        .map_err(|_| Failure::Retry("no registration answer in time".into()))?
-        .map_err(|error| Failure::Retry(error.to_string()))?;
-    if !outcome.accepted {
-        return Err(match outcome.rejection {
-            Some(RegisterRejection::AlreadyConnected | RegisterRejection::ShuttingDown) | None => {
-                Failure::Retry(format!("refused: {}", outcome.message))
-            }
-            Some(rejection) => Failure::Fatal(NodeError::Rejected {
-                rejection,
-                message: outcome.message,
-            }),
-        });
-    }
+    let registered = tokio::select! {
+        registered = register(core, &claims) => registered?,
+        () = core.exit.cancelled() => return Ok(SessionEnd::Exit),
+    };
+    let (client, outcome) = registered;
     let config = outcome.config.unwrap_or_default();
     core.adapters.configure(&config.adapters, &core.tasks);
     core.table.link_up();
@@ -214,6 +199,37 @@ async fn attempt(core: &Core) -> Result<SessionEnd, Failure> {
     let end = session::serve(sender, receiver, core, &config).await;
     core.table.link_down();
     Ok(end)
+}
+
+/// Dials and registers with this process's instance id and `claims`.
+async fn register(
+    core: &Core,
+    claims: &[ResumeClaim],
+) -> Result<(NodeClient, RegisterOutcome), Failure> {
+    let mut client = dial(&core.options)
+        .await
+        .map_err(|error| Failure::Retry(error.to_string()))?;
+    let mut registration =
+        Registration::with_token(&core.options.token).instance(core.instance_id.clone());
+    registration.node_id = core.options.node_id.clone();
+    registration.adapters = vec![super::openai::KIND.to_owned()];
+    registration.resume = claims.to_vec();
+    let outcome = tokio::time::timeout(DIAL_TIMEOUT, client.register(registration))
+        .await
+        .map_err(|_| Failure::Retry("no registration answer in time".into()))?
+        .map_err(|error| Failure::Retry(error.to_string()))?;
+    if outcome.accepted {
+        return Ok((client, outcome));
+    }
+    Err(match outcome.rejection {
+        Some(RegisterRejection::AlreadyConnected | RegisterRejection::ShuttingDown) | None => {
+            Failure::Retry(format!("refused: {}", outcome.message))
+        }
+        Some(rejection) => Failure::Fatal(NodeError::Rejected {
+            rejection,
+            message: outcome.message,
+        }),
+    })
 }
 
 /// Dials the edge, with TCP keepalive and TLS as configured.
