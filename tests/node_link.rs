@@ -69,6 +69,21 @@ async fn connected(
     (edge, conn, node, definition)
 }
 
+/// Scripts the engine to stream `letters` one chunk each, one per permit of the returned gate.
+fn gated_letters(engine: &ScriptedEngine, letters: &str) -> Arc<Semaphore> {
+    let gate = Arc::new(Semaphore::new(0));
+    let mut chunks: Vec<String> = letters.chars().map(|c| content(&c.to_string())).collect();
+    let stop = json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]});
+    chunks.extend([stop.to_string(), "[DONE]".to_owned()]);
+    let reply = Reply::Sse {
+        chunks,
+        gate: Some(Arc::clone(&gate)),
+        hang: false,
+    };
+    engine.script(QWEN, reply);
+    gate
+}
+
 fn text_of(events: &[ReportedEvent]) -> String {
     events
         .iter()
@@ -153,22 +168,7 @@ async fn an_edge_that_answered_pings_and_then_falls_silent_is_left_for_a_new_con
 #[tokio::test]
 async fn after_a_cut_the_node_claims_its_run_and_an_accepted_resume_continues_the_stream() {
     let engine = ScriptedEngine::start(&[QWEN]).await;
-    let gate = Arc::new(Semaphore::new(0));
-    let mut chunks: Vec<String> = ["a", "b", "c", "d", "e", "f"]
-        .iter()
-        .map(|t| content(t))
-        .collect();
-    chunks
-        .push(json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}).to_string());
-    chunks.push("[DONE]".into());
-    engine.script(
-        QWEN,
-        Reply::Sse {
-            chunks,
-            gate: Some(Arc::clone(&gate)),
-            hang: false,
-        },
-    );
+    let gate = gated_letters(&engine, "abcdef");
     let (edge, mut conn, node, definition) = connected(&engine, 2, 1_000).await;
     conn.run(chat_run("r1", "qwen")).await;
     gate.add_permits(2);

@@ -207,10 +207,16 @@ impl Buffers {
     }
 
     /// The unsent events of attached runs (at most `max` frames), marked as written in
-    /// batch `batch`; trims sent events past `keep_sent` and retires delivered runs.
+    /// batch `batch`; trims sent events past what is kept and retires delivered runs.
     pub fn take_unsent(&mut self, batch: u64, max: usize) -> Unsent {
         let mut unsent = Unsent::default();
-        let keep_sent = self.limits.keep_sent;
+        // An acking edge confirms what it read, so unconfirmed events are kept (up to the
+        // per-run bound); with one that never acks, only the last few.
+        let keep_sent = if self.edge_acks {
+            self.limits.run_events
+        } else {
+            self.limits.keep_sent
+        };
         for (run_id, entry) in self.runs.iter_mut().filter(|(_, e)| e.attached) {
             let from = entry.sent_upto;
             for held in entry.held.iter_mut().filter(|h| h.seq > from) {

@@ -25,15 +25,46 @@ pub fn start_run(
     tasks: &TaskTracker,
     max_running: usize,
 ) {
-    let run_id = run.run_id.to_string();
-    let adapter = match adapters.lookup(run.adapter.as_str(), run.target.as_str()) {
-        Lookup::Unknown => {
-            return refuse(
+    let Some(adapter) = adapter_for(&run, adapters, table) else {
+        return;
+    };
+    match table.admit(run.run_id.as_str(), max_running) {
+        Ok((emitter, signal)) => {
+            tasks.spawn(drive(adapter, run, emitter, signal));
+        }
+        Err(Refusal::Busy) => {
+            let message = format!("the node is running its {max_running} runs");
+            refuse(table, &run, "node_busy", message);
+        }
+        Err(Refusal::Draining) => {
+            refuse(
                 table,
                 &run,
+                "node_draining",
+                "the node is shutting down".into(),
+            );
+        }
+        Err(Refusal::Duplicate) => {
+            tracing::warn!(run_id = %run.run_id, "the edge sent a run the node already holds; ignored");
+        }
+    }
+}
+
+/// The adapter that can take `run` now; otherwise the run is answered with its refusal.
+fn adapter_for(
+    run: &RunAssignment,
+    adapters: &AdapterSet,
+    table: &RunTable,
+) -> Option<Arc<OpenAiAdapter>> {
+    match adapters.lookup(run.adapter.as_str(), run.target.as_str()) {
+        Lookup::Unknown => {
+            refuse(
+                table,
+                run,
                 "unknown_adapter",
                 "this node has no such adapter".into(),
             );
+            None
         }
         Lookup::Broken(problem) => {
             let failed = RunEventKind::Failed {
@@ -42,41 +73,18 @@ pub fn start_run(
                 class: FailureClass::Node,
                 status: None,
             };
-            return table.refuse(&run_id, failed);
+            table.refuse(run.run_id.as_str(), failed);
+            None
         }
         Lookup::Ready {
             available: Some(false),
             ..
         } => {
-            return refuse(
-                table,
-                &run,
-                "target_unavailable",
-                format!("the engine does not serve {} now", run.target),
-            );
+            let message = format!("the engine does not serve {} now", run.target);
+            refuse(table, run, "target_unavailable", message);
+            None
         }
-        Lookup::Ready { adapter, .. } => adapter,
-    };
-    match table.admit(&run_id, max_running) {
-        Ok((emitter, signal)) => {
-            tasks.spawn(drive(adapter, run, emitter, signal));
-        }
-        Err(Refusal::Busy) => refuse(
-            table,
-            &run,
-            "node_busy",
-            format!("the node is running its {max_running} runs"),
-        ),
-        Err(Refusal::Draining) => refuse(
-            table,
-            &run,
-            "node_draining",
-            "the node is shutting down".into(),
-        ),
-        Err(Refusal::Duplicate) => tracing::warn!(
-            run_id,
-            "the edge sent a run the node already holds; ignored"
-        ),
+        Lookup::Ready { adapter, .. } => Some(adapter),
     }
 }
 

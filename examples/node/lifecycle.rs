@@ -64,8 +64,6 @@ pub struct Core {
 /// # Errors
 /// [`NodeError::Rejected`] when the edge refuses the node for good.
 pub async fn run(options: NodeOptions, stop: CancellationToken) -> Result<(), NodeError> {
-    // reqwest is built without a default TLS provider; ring is the one this project uses.
-    let _ = rustls::crypto::ring::default_provider().install_default();
     let core = Arc::new(Core {
         table: RunTable::new(options.buffers),
         options,

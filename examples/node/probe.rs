@@ -70,7 +70,7 @@ pub async fn probe_loop(adapter: Arc<OpenAiAdapter>, board: AdapterSet, stop: Ca
             (Err(fault), Some(true) | None) => {
                 tracing::warn!(
                     adapter = adapter.name(),
-                    ?fault,
+                    %fault,
                     "engine is down: reporting none of its targets"
                 );
             }

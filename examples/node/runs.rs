@@ -41,7 +41,9 @@ pub struct Resumed {
 pub struct BufferLimits {
     /// Unsent events a run may get ahead of the writer while connected before it waits.
     pub window: usize,
-    /// Sent events each run keeps while connected, to send again after a cut.
+    /// Sent events each run keeps while connected to an edge that does not acknowledge, to
+    /// send again after a cut (with one that does, everything not yet acknowledged is kept,
+    /// up to `run_events`).
     pub keep_sent: usize,
     /// Events one run may hold while disconnected before it is given up.
     pub run_events: usize,

@@ -152,7 +152,10 @@ async fn write_loop(
         batch: 0,
     };
     let mut availability = core.adapters.subscribe();
-    core.adapters.wait_probed(FIRST_PROBE_WAIT).await;
+    // Bounded by the heartbeat interval too: the edge counts silence from registration on.
+    core.adapters
+        .wait_probed(FIRST_PROBE_WAIT.min(interval))
+        .await;
     let first = availability.borrow_and_update().clone();
     if let Err(error) = writer.heartbeat(Some(first)).await {
         return SessionEnd::Failed(error.to_string());

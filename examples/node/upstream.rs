@@ -54,7 +54,7 @@ impl Upstream {
     /// A client for the engine at `base_url` (up to and including `/v1`).
     ///
     /// # Errors
-    /// The client builder's error (no TLS provider installed, for one).
+    /// The client builder's error.
     pub fn new(
         base_url: &str,
         api_key: Option<String>,

@@ -36,6 +36,25 @@ pub enum UpstreamFault {
     InStream(Value),
 }
 
+impl std::fmt::Display for UpstreamFault {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Unreachable(detail) => write!(f, "unreachable: {detail}"),
+            Self::Timeout(what) => write!(f, "timed out ({what})"),
+            Self::Status { status, body } => {
+                write!(
+                    f,
+                    "HTTP {status}: {}",
+                    clip(String::from_utf8_lossy(body).into_owned())
+                )
+            }
+            Self::Broken(detail) => write!(f, "broken off: {detail}"),
+            Self::Malformed(detail) => write!(f, "malformed: {detail}"),
+            Self::InStream(error) => write!(f, "error in the stream: {error}"),
+        }
+    }
+}
+
 /// The terminal event for `fault`.
 pub fn classify(fault: &UpstreamFault) -> RunEventKind {
     match fault {
@@ -185,6 +204,8 @@ mod tests {
 
     use super::*;
 
+    type Expected = (FailureClass, &'static str, Option<u16>);
+
     fn parts(kind: &RunEventKind) -> (FailureClass, &str, Option<u16>, &str) {
         match kind {
             RunEventKind::Failed {
@@ -204,102 +225,86 @@ mod tests {
         })
     }
 
+    fn check(kind: &RunEventKind, (class, code, status): Expected) {
+        let (got_class, got_code, got_status, _) = parts(kind);
+        assert_eq!(
+            (got_class, got_code, got_status),
+            (class, code, status),
+            "{kind:?}"
+        );
+    }
+
     #[test]
-    fn the_classification_table() {
+    fn engine_statuses_and_their_error_bodies() {
         use FailureClass::{Node, Refused, Request};
-        let openai = json!({"error": {"message": "maximum context length is 4096", "type": "invalid_request_error", "code": "context_length_exceeded"}});
-        let llama = json!({"error": {"code": 400, "message": "bad tool schema", "type": "invalid_request_error"}});
-        let vllm = json!({"object": "error", "message": "The model `x` does not exist.", "type": "NotFoundError", "code": 404});
+        let openai = json!({"error": {"message": "maximum context length is 4096",
+            "type": "invalid_request_error", "code": "context_length_exceeded"}});
+        let llama = json!({"error": {"code": 400, "message": "bad tool schema",
+            "type": "invalid_request_error"}});
+        let vllm = json!({"object": "error", "message": "The model `x` does not exist.",
+            "type": "NotFoundError", "code": 404});
         let tgi = json!({"error": "Input validation error", "error_type": "validation"});
-        let cases: Vec<(RunEventKind, FailureClass, &str, Option<u16>)> = vec![
+        let loading = json!({"error": {"message": "Loading model"}});
+        let table = [
+            (400, openai, Request, "context_length_exceeded"),
+            (400, llama, Request, "invalid_request_error"),
+            (404, vllm, Request, "NotFoundError"),
+            (422, tgi, Request, "validation"),
+            (404, json!("no body"), Request, "not_found"),
+            (401, json!({}), Node, "engine_auth"),
+            (408, json!({}), Node, "engine_timeout"),
+            (429, json!({}), Refused, "engine_busy"),
+            (500, json!({}), Node, "engine_error"),
+            (503, loading, Node, "engine_unavailable"),
+        ];
+        for (code, body, class, name) in table {
+            check(&status(code, body), (class, name, Some(code)));
+        }
+    }
+
+    #[test]
+    fn transport_and_stream_faults() {
+        use FailureClass::{Node, Request};
+        let too_long = json!({"error": {"code": 400, "message": "too long"}});
+        let table = [
             (
-                status(400, openai),
-                Request,
-                "context_length_exceeded",
-                Some(400),
+                UpstreamFault::Unreachable("connection refused".into()),
+                (Node, "engine_unavailable", None),
             ),
             (
-                status(400, llama),
-                Request,
-                "invalid_request_error",
-                Some(400),
-            ),
-            (status(404, vllm), Request, "NotFoundError", Some(404)),
-            (status(422, tgi), Request, "validation", Some(422)),
-            (
-                status(404, json!("no body")),
-                Request,
-                "not_found",
-                Some(404),
-            ),
-            (status(401, json!({})), Node, "engine_auth", Some(401)),
-            (status(408, json!({})), Node, "engine_timeout", Some(408)),
-            (status(429, json!({})), Refused, "engine_busy", Some(429)),
-            (status(500, json!({})), Node, "engine_error", Some(500)),
-            (
-                status(503, json!({"error": {"message": "Loading model"}})),
-                Node,
-                "engine_unavailable",
-                Some(503),
+                UpstreamFault::Timeout("idle"),
+                (Node, "engine_timeout", None),
             ),
             (
-                classify(&UpstreamFault::Unreachable("connection refused".into())),
-                Node,
-                "engine_unavailable",
-                None,
+                UpstreamFault::Broken("eof".into()),
+                (Node, "engine_error", None),
             ),
             (
-                classify(&UpstreamFault::Timeout("idle")),
-                Node,
-                "engine_timeout",
-                None,
+                UpstreamFault::Malformed("not json".into()),
+                (Node, "engine_error", None),
             ),
             (
-                classify(&UpstreamFault::Broken("eof".into())),
-                Node,
-                "engine_error",
-                None,
+                UpstreamFault::InStream(too_long),
+                (Request, "invalid_request", Some(400)),
             ),
             (
-                classify(&UpstreamFault::Malformed("not json".into())),
-                Node,
-                "engine_error",
-                None,
-            ),
-            (
-                classify(&UpstreamFault::InStream(
-                    json!({"error": {"code": 400, "message": "too long"}}),
-                )),
-                Request,
-                "invalid_request",
-                Some(400),
-            ),
-            (
-                classify(&UpstreamFault::InStream(
-                    json!({"error": {"message": "oom"}}),
-                )),
-                Node,
-                "engine_error",
-                None,
+                UpstreamFault::InStream(json!({"error": {"message": "oom"}})),
+                (Node, "engine_error", None),
             ),
         ];
-        for (kind, class, code, status) in &cases {
-            let (got_class, got_code, got_status, _) = parts(kind);
-            assert_eq!(
-                (got_class, got_code, got_status),
-                (*class, *code, *status),
-                "{kind:?}"
-            );
+        for (fault, expected) in table {
+            check(&classify(&fault), expected);
         }
     }
 
     #[test]
     fn request_failures_carry_the_engines_own_message() {
-        let kind = status(
-            400,
-            json!({"error": {"message": "maximum context length is 4096", "code": "context_length_exceeded"}}),
+        let body = json!({"error": {"message": "maximum context length is 4096",
+            "code": "context_length_exceeded"}});
+        assert_eq!(
+            parts(&status(400, body)).3,
+            "maximum context length is 4096"
         );
-        assert_eq!(parts(&kind).3, "maximum context length is 4096");
         let long = status(400, json!({"error": {"message": "é".repeat(2_000)}}));
         assert!(parts(&long).3.len() <= MAX_MESSAGE + '…'.len_utf8());
     }

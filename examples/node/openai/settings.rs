@@ -22,7 +22,8 @@ pub enum AvailabilityMode {
 /// The validated settings of one `openai` adapter.
 #[derive(Clone, PartialEq, Eq)]
 pub struct OpenAiSettings {
-    /// The engine's OpenAI base URL, up to and including `/v1`, without a trailing slash.
+    /// The engine's OpenAI base URL (`http://`), up to and including `/v1`, without a
+    /// trailing slash.
     pub base_url: String,
     /// The name of the environment variable holding the engine's API key, if it needs one.
     pub api_key_env: Option<String>,
@@ -92,8 +93,11 @@ impl OpenAiSettings {
         let base_url = settings
             .get("base_url")
             .map(|url| url.trim().trim_end_matches('/').to_owned())
-            .filter(|url| url.starts_with("http://") || url.starts_with("https://"))
-            .ok_or("`base_url` must be set to the engine's http(s)://HOST:PORT/v1 URL")?;
+            .filter(|url| url.starts_with("http://"))
+            .ok_or(
+                "`base_url` must be set to the engine's http://HOST:PORT/v1 URL \
+                 (this node speaks plain HTTP to engines)",
+            )?;
         let models = settings
             .iter()
             .filter_map(|(key, value)| {
@@ -211,6 +215,7 @@ mod tests {
         let cases = [
             (map(&[]), "base_url"),
             (map(&[("base_url", "localhost:8080")]), "base_url"),
+            (map(&[("base_url", "https://engine/v1")]), "base_url"),
             (
                 map(&[("base_url", "http://h/v1"), ("probe_interval_ms", "soon")]),
                 "probe_interval_ms",
