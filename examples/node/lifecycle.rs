@@ -1,0 +1,259 @@
+//! The node's life: dial the edge, register (with the process's instance id and resume
+//! claims), serve the session, and after any disconnect dial again with exponential backoff
+//! and full jitter, until told to stop; then drain.
+//!
+//! Draining (SIGTERM/SIGINT, or the caller's stop token): refuse new runs and report nothing
+//! available, let running runs finish for up to the grace, cancel the rest (upstream too),
+//! give the edge their terminal events, and return. Registration refusals that retrying
+//! cannot fix (a wrong token or node id, an unsupported protocol) end the node with an error;
+//! `ALREADY_CONNECTED` and `SHUTTING_DOWN` are retried with the same backoff.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use edge::client::{
+    Backoff, ClientError, NodeClient, RegisterOutcome, Registration, new_instance_id,
+};
+use edge::domain::{RegisterRejection, ResumeClaim};
+use tokio::net::TcpStream;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use super::adapters::AdapterSet;
+use super::options::NodeOptions;
+use super::runs::{RunTable, Stop};
+use super::session::{self, SessionEnd};
+
+/// The longest a dial, a TLS handshake or a registration answer may take.
+const DIAL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Why the node gave up.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    /// The edge refused the registration in a way retrying cannot fix.
+    #[error("the edge refused the registration ({rejection:?}): {message}")]
+    Rejected {
+        /// The refusal.
+        rejection: RegisterRejection,
+        /// The edge's explanation.
+        message: String,
+    },
+}
+
+/// Everything a session and the drain share.
+#[derive(Debug)]
+pub struct Core {
+    /// The node's options.
+    pub options: NodeOptions,
+    /// The runs.
+    pub table: RunTable,
+    /// The adapters and what they serve now.
+    pub adapters: AdapterSet,
+    /// Run tasks and probers.
+    pub tasks: TaskTracker,
+    /// Cancelled once the node has drained (or failed): the session ends, the node returns.
+    pub exit: CancellationToken,
+    /// Cancelled when draining starts.
+    pub draining: CancellationToken,
+    /// This process's instance id, presented on every registration.
+    pub instance_id: String,
+}
+
+/// Runs the node until `stop` is cancelled and it has drained.
+///
+/// # Errors
+/// [`NodeError::Rejected`] when the edge refuses the node for good.
+pub async fn run(options: NodeOptions, stop: CancellationToken) -> Result<(), NodeError> {
+    let core = Arc::new(Core {
+        table: RunTable::new(options.buffers),
+        options,
+        adapters: AdapterSet::default(),
+        tasks: TaskTracker::new(),
+        exit: CancellationToken::new(),
+        draining: CancellationToken::new(),
+        instance_id: new_instance_id(),
+    });
+    let drainer = tokio::spawn(drain(Arc::clone(&core), stop));
+    let result = connect_loop(&core).await;
+    core.exit.cancel();
+    core.adapters.stop();
+    core.table.stop_all(&Stop::Forget);
+    let _ = drainer.await;
+    core.tasks.close();
+    if tokio::time::timeout(core.options.flush_timeout, core.tasks.wait())
+        .await
+        .is_err()
+    {
+        tracing::warn!("some run tasks did not end in time");
+    }
+    result
+}
+
+async fn drain(core: Arc<Core>, stop: CancellationToken) {
+    tokio::select! {
+        () = stop.cancelled() => {}
+        () = core.exit.cancelled() => return,
+    }
+    let running = core.table.running();
+    tracing::info!(
+        running,
+        grace_ms = core.options.shutdown_grace.as_millis() as u64,
+        "stopping: no new runs, waiting for running ones"
+    );
+    core.draining.cancel();
+    core.table.set_draining();
+    core.adapters.set_draining();
+    if !wait_until(&core.table, core.options.shutdown_grace, |t| {
+        t.running() == 0
+    })
+    .await
+    {
+        tracing::info!(
+            running = core.table.running(),
+            "grace over: cancelling the remaining runs"
+        );
+        core.table.stop_all(&Stop::Shutdown);
+    }
+    if !wait_until(&core.table, core.options.flush_timeout, RunTable::is_empty).await {
+        tracing::warn!("exiting before the edge took every last event");
+    }
+    core.exit.cancel();
+}
+
+/// Waits up to `limit` for `done`; returns whether it came true.
+async fn wait_until(table: &RunTable, limit: Duration, done: impl Fn(&RunTable) -> bool) -> bool {
+    let waiting = async {
+        loop {
+            let progress = table.progress();
+            tokio::pin!(progress);
+            progress.as_mut().enable();
+            if done(table) {
+                return;
+            }
+            progress.await;
+        }
+    };
+    tokio::time::timeout(limit, waiting).await.is_ok()
+}
+
+async fn connect_loop(core: &Core) -> Result<(), NodeError> {
+    let options = &core.options;
+    let mut backoff = Backoff::new(options.reconnect_min, options.reconnect_max);
+    while !core.exit.is_cancelled() {
+        match attempt(core).await {
+            Ok(SessionEnd::Exit) => break,
+            Ok(end) => {
+                backoff.reset();
+                tracing::warn!(?end, "disconnected from the edge");
+                if let SessionEnd::EdgeShutdown(_) = end {
+                    // The edge ended every open run before saying so.
+                    core.table.stop_all(&Stop::Forget);
+                }
+            }
+            Err(Failure::Fatal(error)) => return Err(error),
+            Err(Failure::Retry(reason)) => {
+                tracing::warn!(%reason, "could not register with the edge")
+            }
+        }
+        if core.exit.is_cancelled() {
+            break;
+        }
+        let delay = backoff.next_delay(rand::random::<f64>());
+        tracing::info!(
+            delay_ms = delay.as_millis() as u64,
+            "reconnecting after a delay"
+        );
+        tokio::select! {
+            () = tokio::time::sleep(delay) => {}
+            () = core.exit.cancelled() => {}
+        }
+    }
+    Ok(())
+}
+
+enum Failure {
+    Retry(String),
+    Fatal(NodeError),
+}
+
+/// One connection: dial and register (given up at once if the node exits meanwhile), then
+/// serve until it ends.
+async fn attempt(core: &Core) -> Result<SessionEnd, Failure> {
+    let claims = core.table.claims();
+    let registered = tokio::select! {
+        registered = register(core, &claims) => registered?,
+        () = core.exit.cancelled() => return Ok(SessionEnd::Exit),
+    };
+    let (client, outcome) = registered;
+    let config = outcome.config.unwrap_or_default();
+    core.adapters.configure(&config.adapters, &core.tasks);
+    core.table.link_up();
+    let resumed = core.table.apply_answers(&claims, &outcome.resumed);
+    tracing::info!(
+        node_id = %outcome.node_id, alias = %outcome.alias, instance_id = %core.instance_id,
+        claimed = claims.len(), resumed = resumed.accepted, dropped = resumed.refused, "registered with the edge"
+    );
+    let (sender, receiver) = client.split();
+    let end = session::serve(sender, receiver, core, &config).await;
+    core.table.link_down();
+    Ok(end)
+}
+
+/// Dials and registers with this process's instance id and `claims`.
+async fn register(
+    core: &Core,
+    claims: &[ResumeClaim],
+) -> Result<(NodeClient, RegisterOutcome), Failure> {
+    let mut client = dial(&core.options)
+        .await
+        .map_err(|error| Failure::Retry(error.to_string()))?;
+    let mut registration =
+        Registration::with_token(&core.options.token).instance(core.instance_id.clone());
+    registration.node_id = core.options.node_id.clone();
+    registration.adapters = vec![super::openai::KIND.to_owned()];
+    registration.resume = claims.to_vec();
+    let outcome = tokio::time::timeout(DIAL_TIMEOUT, client.register(registration))
+        .await
+        .map_err(|_| Failure::Retry("no registration answer in time".into()))?
+        .map_err(|error| Failure::Retry(error.to_string()))?;
+    if outcome.accepted {
+        return Ok((client, outcome));
+    }
+    Err(match outcome.rejection {
+        Some(RegisterRejection::AlreadyConnected | RegisterRejection::ShuttingDown) | None => {
+            Failure::Retry(format!("refused: {}", outcome.message))
+        }
+        Some(rejection) => Failure::Fatal(NodeError::Rejected {
+            rejection,
+            message: outcome.message,
+        }),
+    })
+}
+
+/// Dials the edge, with TCP keepalive and TLS as configured.
+async fn dial(options: &NodeOptions) -> Result<NodeClient, ClientError> {
+    let connect = async {
+        let stream = TcpStream::connect(&options.edge).await?;
+        if let Some(idle) = options.tcp_keepalive {
+            let keepalive = socket2::TcpKeepalive::new()
+                .with_time(idle)
+                .with_interval((idle / 3).max(Duration::from_secs(1)))
+                .with_retries(3);
+            socket2::SockRef::from(&stream).set_tcp_keepalive(&keepalive)?;
+        }
+        match &options.tls {
+            None => NodeClient::over_tcp(stream),
+            Some(tls) => {
+                NodeClient::over_tls(stream, tls.server_name.clone(), Arc::clone(&tls.config)).await
+            }
+        }
+    };
+    tokio::time::timeout(DIAL_TIMEOUT, connect)
+        .await
+        .map_err(|_| {
+            ClientError::from(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "dialling the edge timed out",
+            ))
+        })?
+}

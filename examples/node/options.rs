@@ -1,0 +1,64 @@
+//! How the node itself is run: where the edge is, how to reconnect, how long to drain, how
+//! much to buffer. Everything about the engines comes from the edge at registration instead.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use edge::client::ServerName;
+
+use super::runs::BufferLimits;
+
+/// TLS towards the edge.
+#[derive(Debug, Clone)]
+pub struct TlsOptions {
+    /// Trusted CAs and, for mutual TLS, the node's certificate.
+    pub config: Arc<rustls::ClientConfig>,
+    /// The name the edge's certificate must be valid for.
+    pub server_name: ServerName<'static>,
+}
+
+/// The node's own options (the CLI flags).
+#[derive(Debug, Clone)]
+pub struct NodeOptions {
+    /// The edge's node address, `HOST:PORT`; resolved again on every connect.
+    pub edge: String,
+    /// The pre-shared token.
+    pub token: String,
+    /// The node id to claim; empty lets the token decide.
+    pub node_id: String,
+    /// TLS, when the edge speaks it.
+    pub tls: Option<TlsOptions>,
+    /// The first reconnect delay's ceiling.
+    pub reconnect_min: Duration,
+    /// The largest reconnect delay.
+    pub reconnect_max: Duration,
+    /// Heartbeat intervals of silence (with a ping unanswered) after which the link is dead.
+    pub dead_after_intervals: u32,
+    /// TCP keepalive idle time (probes follow at a third of it, 3 of them); `None` for off.
+    pub tcp_keepalive: Option<Duration>,
+    /// How long running runs may go on after SIGTERM before they are cancelled.
+    pub shutdown_grace: Duration,
+    /// How long to wait for the edge to take the last events before exiting anyway.
+    pub flush_timeout: Duration,
+    /// Buffer bounds.
+    pub buffers: BufferLimits,
+}
+
+impl NodeOptions {
+    /// Options for `edge` and `token` with every default.
+    pub fn new(edge: impl Into<String>, token: impl Into<String>) -> Self {
+        Self {
+            edge: edge.into(),
+            token: token.into(),
+            node_id: String::new(),
+            tls: None,
+            reconnect_min: Duration::from_millis(500),
+            reconnect_max: Duration::from_secs(30),
+            dead_after_intervals: 3,
+            tcp_keepalive: Some(Duration::from_secs(30)),
+            shutdown_grace: Duration::from_secs(30),
+            flush_timeout: Duration::from_secs(5),
+            buffers: BufferLimits::default(),
+        }
+    }
+}

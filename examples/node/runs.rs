@@ -1,0 +1,286 @@
+//! The node's runs and their events, as the run tasks and the connection see them: a
+//! cheap-to-clone handle over the [`Buffers`] behind one lock, plus the wake-ups between
+//! the run tasks (which emit) and the connection's writer (which sends).
+//!
+//! Every event a run produces goes into its entry, numbered from 1; the writer takes what is
+//! unsent, so events reach the edge in order whatever happens to the connection. While
+//! connected, a run may run ahead of the writer by a small window, then [`Emitter::emit`]
+//! waits, and the run stops reading its engine: flow control all the way up. While
+//! disconnected, runs keep running and their events pile up, bounded per run and in total;
+//! past a bound the run is given up and never claimed. On reconnect every entry becomes a
+//! resume claim, and the edge's answers decide which runs go on.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use edge::client::NodeFrame;
+use edge::domain::{ResumeAnswer, ResumeClaim, RunEventKind};
+use tokio::sync::{Notify, watch};
+
+use super::buffer::{Buffers, Push};
+
+/// What [`RunTable::take_unsent`] found.
+#[derive(Debug, Default)]
+pub struct Unsent {
+    /// The frames to write, each run's in order.
+    pub frames: Vec<NodeFrame>,
+    /// Whether any of them ends a run.
+    pub terminal: bool,
+}
+
+/// How the edge's resume answers went.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Resumed {
+    /// Runs re-attached.
+    pub accepted: usize,
+    /// Runs refused (or left unanswered) and forgotten.
+    pub refused: usize,
+}
+
+/// How much a run may buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BufferLimits {
+    /// Unsent events a run may get ahead of the writer while connected before it waits.
+    pub window: usize,
+    /// Sent events each run keeps while connected to an edge that does not acknowledge, to
+    /// send again after a cut (with one that does, everything not yet acknowledged is kept,
+    /// up to `run_events`).
+    pub keep_sent: usize,
+    /// Events one run may hold while disconnected before it is given up.
+    pub run_events: usize,
+    /// Bytes all runs together may hold (roughly) while disconnected.
+    pub total_bytes: usize,
+}
+
+impl Default for BufferLimits {
+    fn default() -> Self {
+        Self {
+            window: 64,
+            keep_sent: 32,
+            run_events: 4_096,
+            total_bytes: 64 * 1024 * 1024,
+        }
+    }
+}
+
+/// Why a run must stop.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Stop {
+    /// The edge cancelled it: answer `cancelled` with this reason.
+    Cancel(String),
+    /// The node is shutting down: answer `cancelled`.
+    Shutdown,
+    /// Drop it without a word: the edge refused its resume, or its buffer overflowed.
+    Forget,
+}
+
+/// Why a run was not admitted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// `max_concurrent_runs` runs are already running.
+    Busy,
+    /// The node is shutting down.
+    Draining,
+    /// A run with this id is already here.
+    Duplicate,
+}
+
+/// The run is no longer the node's (forgotten, given up, or ended): stop producing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Gone;
+
+#[derive(Debug)]
+struct Shared {
+    buffers: Mutex<Buffers>,
+    wake_writer: Notify,
+    progress: Notify,
+}
+
+/// The node's runs (see the module docs).
+#[derive(Debug, Clone)]
+pub struct RunTable {
+    shared: Arc<Shared>,
+}
+
+impl RunTable {
+    /// An empty table.
+    pub fn new(limits: BufferLimits) -> Self {
+        Self {
+            shared: Arc::new(Shared {
+                buffers: Mutex::new(Buffers::new(limits)),
+                wake_writer: Notify::new(),
+                progress: Notify::new(),
+            }),
+        }
+    }
+
+    fn buffers(&self) -> MutexGuard<'_, Buffers> {
+        // Every update leaves the buffers consistent before it can panic, so a poisoned
+        // lock is used as it is.
+        self.shared
+            .buffers
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Wakes waiting run tasks and drains (and, with `write`, the writer).
+    fn changed(&self, write: bool) {
+        self.shared.progress.notify_waiters();
+        if write {
+            self.shared.wake_writer.notify_one();
+        }
+    }
+
+    /// Admits run `run_id` if fewer than `max_running` runs are running.
+    ///
+    /// # Errors
+    /// The [`Refusal`] when the node is draining, busy, or already has the run.
+    pub fn admit(
+        &self,
+        run_id: &str,
+        max_running: usize,
+    ) -> Result<(Emitter, StopSignal), Refusal> {
+        let stop = self.buffers().admit(run_id, max_running)?;
+        let emitter = Emitter {
+            table: self.clone(),
+            run_id: run_id.to_owned(),
+        };
+        Ok((emitter, StopSignal(stop)))
+    }
+
+    /// Answers a run that was not admitted with its one terminal event.
+    pub fn refuse(&self, run_id: &str, kind: RunEventKind) {
+        self.buffers().refuse(run_id, kind);
+        self.changed(true);
+    }
+
+    /// Asks run `run_id` to stop; false when the node does not hold it.
+    pub fn stop(&self, run_id: &str, stop: Stop) -> bool {
+        self.buffers().stop(run_id, &stop)
+    }
+
+    /// Asks every run to stop.
+    pub fn stop_all(&self, stop: &Stop) {
+        self.buffers().stop_all(stop);
+    }
+
+    /// From now on, runs are refused with [`Refusal::Draining`].
+    pub fn set_draining(&self) {
+        self.buffers().set_draining();
+    }
+
+    /// Runs that have not produced their terminal event yet.
+    pub fn running(&self) -> usize {
+        self.buffers().running()
+    }
+
+    /// Whether the table holds nothing: every run ended and its events are delivered.
+    pub fn is_empty(&self) -> bool {
+        self.buffers().is_empty()
+    }
+
+    /// Resolves the next time runs end, events are written or acknowledged, or the link
+    /// changes. Create (and enable) it before checking the condition it waits for.
+    pub fn progress(&self) -> tokio::sync::futures::Notified<'_> {
+        self.shared.progress.notified()
+    }
+
+    /// Resolves when there may be events to write.
+    pub fn unsent_ready(&self) -> tokio::sync::futures::Notified<'_> {
+        self.shared.wake_writer.notified()
+    }
+
+    /// The unsent events of attached runs, at most `max`, as written in batch `batch`.
+    pub fn take_unsent(&self, batch: u64, max: usize) -> Unsent {
+        let unsent = self.buffers().take_unsent(batch, max);
+        self.changed(false);
+        unsent
+    }
+
+    /// The edge acknowledged everything written up to batch `batch`.
+    pub fn acknowledged(&self, batch: u64) {
+        self.buffers().acknowledged(batch);
+        self.changed(false);
+    }
+
+    /// A connection is registered: runs admitted from now on are attached to it.
+    pub fn link_up(&self) {
+        self.buffers().link_up();
+    }
+
+    /// The connection is gone: every run is detached and buffers until the next one.
+    pub fn link_down(&self) {
+        self.buffers().link_down();
+        self.changed(false);
+    }
+
+    /// The resume claims for every run the node holds.
+    pub fn claims(&self) -> Vec<ResumeClaim> {
+        self.buffers().claims()
+    }
+
+    /// Applies the edge's resume `answers` to `claims` (see [`Buffers::apply_answers`]).
+    pub fn apply_answers(&self, claims: &[ResumeClaim], answers: &[ResumeAnswer]) -> Resumed {
+        let resumed = self.buffers().apply_answers(claims, answers);
+        self.changed(true);
+        resumed
+    }
+}
+
+/// Where one run's events go.
+#[derive(Debug, Clone)]
+pub struct Emitter {
+    table: RunTable,
+    run_id: String,
+}
+
+impl Emitter {
+    /// The run's id.
+    pub fn run_id(&self) -> &str {
+        &self.run_id
+    }
+
+    /// Adds the run's next event; waits while the run is a window ahead of a connected
+    /// writer.
+    ///
+    /// # Errors
+    /// [`Gone`] when the node no longer holds the run (forgotten, given up, or ended).
+    pub async fn emit(&self, kind: RunEventKind) -> Result<(), Gone> {
+        let mut kind = Some(kind);
+        loop {
+            let progress = self.table.progress();
+            tokio::pin!(progress);
+            progress.as_mut().enable();
+            let pushed = self.table.buffers().push(&self.run_id, &mut kind);
+            match pushed {
+                Push::Done => {
+                    self.table.changed(true);
+                    return Ok(());
+                }
+                Push::Gone => {
+                    self.table.changed(false);
+                    return Err(Gone);
+                }
+                Push::Wait => progress.await,
+            }
+        }
+    }
+}
+
+/// Tells a run task why it must stop.
+#[derive(Debug)]
+pub struct StopSignal(watch::Receiver<Option<Stop>>);
+
+impl StopSignal {
+    /// Resolves with the reason once the run must stop ([`Stop::Forget`] if the table let
+    /// go of the run without one).
+    pub async fn stopped(&mut self) -> Stop {
+        match self.0.wait_for(Option::is_some).await {
+            Ok(stop) => stop.clone().unwrap_or(Stop::Forget),
+            Err(_) => Stop::Forget,
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "runs_tests.rs"]
+mod tests;

@@ -1,0 +1,100 @@
+//! Test support for the reference node (`examples/node`): a scripted OpenAI-compatible
+//! engine, a fake edge, a cuttable TCP relay, and helpers that run the node in process.
+//!
+//! The node runs in process (its module tree included with `#[path]`, like the mock node)
+//! rather than as a spawned example binary: Cargo gives tests no path to example binaries,
+//! in-process nodes start in milliseconds, and a test can stop one with a token where a
+//! process would need a signal. The binary's own code is only the CLI in `main.rs`.
+#![allow(dead_code)]
+
+pub mod fake_edge;
+pub mod relay;
+pub mod upstream;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::node::NodeOptions;
+use crate::node::lifecycle::NodeError;
+
+pub use crate::common::PATIENCE;
+
+/// A node running in this process.
+pub struct RunningNode {
+    /// Cancel to drain and stop it (as SIGTERM does).
+    pub stop: CancellationToken,
+    task: JoinHandle<Result<(), NodeError>>,
+}
+
+impl RunningNode {
+    /// Drains the node and waits for it to return.
+    pub async fn stop(self) -> Result<(), NodeError> {
+        self.stop.cancel();
+        self.ended().await
+    }
+
+    /// Waits for the node to return on its own.
+    pub async fn ended(self) -> Result<(), NodeError> {
+        tokio::time::timeout(PATIENCE, self.task)
+            .await
+            .expect("the node stops in time")
+            .expect("the node task")
+    }
+}
+
+/// Starts a node for `edge` with `token`, reconnecting fast; `tweak` adjusts its options.
+pub fn spawn_node(
+    edge: SocketAddr,
+    token: &str,
+    tweak: impl FnOnce(&mut NodeOptions),
+) -> RunningNode {
+    let mut options = NodeOptions::new(edge.to_string(), token);
+    options.reconnect_min = Duration::from_millis(20);
+    options.reconnect_max = Duration::from_millis(200);
+    options.shutdown_grace = Duration::from_millis(300);
+    options.flush_timeout = Duration::from_millis(500);
+    tweak(&mut options);
+    let stop = CancellationToken::new();
+    let task = tokio::spawn(crate::node::run(options, stop.clone()));
+    RunningNode { stop, task }
+}
+
+/// The `openai` adapter settings for an engine at `base_url`: `qwen` maps to the upstream
+/// model `Qwen/Qwen2.5-0.5B-Instruct`, and the engine is probed every `probe_ms`.
+pub fn adapter_settings(base_url: &str, probe_ms: u32) -> Vec<(&'static str, String)> {
+    vec![
+        ("base_url", base_url.to_owned()),
+        ("model.qwen", QWEN.to_owned()),
+        ("probe_interval_ms", probe_ms.to_string()),
+        ("probe_down_interval_ms", probe_ms.to_string()),
+    ]
+}
+
+/// The upstream name of the `qwen` target.
+pub const QWEN: &str = "Qwen/Qwen2.5-0.5B-Instruct";
+
+/// An edge config with one node (`node-1`, token `token-1`, heartbeat `heartbeat_ms`) whose
+/// `llama` adapter serves `targets` from the engine at `base_url`.
+pub fn edge_config(base_url: &str, targets: &[&str], heartbeat_ms: u32) -> String {
+    format!(
+        r#"
+[[nodes]]
+id = "node-1"
+alias = "box-1"
+token = "token-1"
+[nodes.runtime]
+max_concurrent_runs = 8
+heartbeat_interval_ms = {heartbeat_ms}
+[[nodes.adapters]]
+name = "llama"
+targets = {targets:?}
+[nodes.adapters.settings]
+base_url = "{base_url}"
+"model.qwen" = "{QWEN}"
+probe_interval_ms = "60000"
+"#
+    )
+}

@@ -1,0 +1,252 @@
+//! A scripted OpenAI-compatible engine for the node's tests: answers per upstream model
+//! name with SSE chunks (optionally paced by a gate, optionally hanging at the end), an
+//! error status with a body, or a whole JSON body; lists its models; records what it was
+//! asked; counts the streams a client dropped before they ended; and can be stopped and
+//! started again on the same port (an engine going down and coming back).
+
+use std::collections::{HashMap, VecDeque};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode, Uri, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde_json::{Value, json};
+use tokio::sync::Semaphore;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+/// How the engine answers one model.
+#[derive(Debug, Clone)]
+pub enum Reply {
+    /// `200 text/event-stream`: each chunk as `data: CHUNK\n\n` (one permit of `gate` per
+    /// chunk when set); then the body ends, or with `hang` stays open until dropped.
+    Sse {
+        /// The `data` payloads, `[DONE]` included when wanted.
+        chunks: Vec<String>,
+        /// Releases one chunk per permit.
+        gate: Option<Arc<Semaphore>>,
+        /// Keep the body open after the last chunk.
+        hang: bool,
+    },
+    /// This status and JSON body.
+    Status(u16, Value),
+    /// `200` with this JSON body.
+    Json(Value),
+}
+
+impl Reply {
+    /// Streams `chunks` at once and ends.
+    pub fn sse(chunks: &[Value], done: bool) -> Self {
+        let mut chunks: Vec<String> = chunks.iter().map(Value::to_string).collect();
+        if done {
+            chunks.push("[DONE]".into());
+        }
+        Self::Sse {
+            chunks,
+            gate: None,
+            hang: false,
+        }
+    }
+}
+
+/// A request the engine received.
+#[derive(Debug, Clone)]
+pub struct Seen {
+    /// The path (`/v1/chat/completions`, ...).
+    pub path: String,
+    /// The JSON body.
+    pub body: Value,
+    /// The `Authorization` header, if any.
+    pub authorization: Option<String>,
+}
+
+#[derive(Debug, Default)]
+struct Engine {
+    replies: Mutex<HashMap<String, Reply>>,
+    models: Mutex<Vec<String>>,
+    seen: Mutex<Vec<Seen>>,
+    dropped: AtomicUsize,
+    finished: AtomicUsize,
+}
+
+/// The running (or stopped) scripted engine.
+pub struct ScriptedEngine {
+    /// Where it listens (kept across restarts).
+    pub addr: SocketAddr,
+    engine: Arc<Engine>,
+    server: Option<(CancellationToken, JoinHandle<()>)>,
+}
+
+impl ScriptedEngine {
+    /// Starts an engine on a free port listing `models`.
+    pub async fn start(models: &[&str]) -> Self {
+        let engine = Arc::new(Engine::default());
+        *engine.models.lock().expect("models") = models.iter().map(|m| (*m).to_owned()).collect();
+        let mut scripted = Self {
+            addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            engine,
+            server: None,
+        };
+        scripted.up().await;
+        scripted
+    }
+
+    /// `http://ADDR/v1`, the adapter's `base_url`.
+    pub fn base_url(&self) -> String {
+        format!("http://{}/v1", self.addr)
+    }
+
+    /// Answers requests for `model` with `reply`.
+    pub fn script(&self, model: &str, reply: Reply) {
+        self.engine
+            .replies
+            .lock()
+            .expect("replies")
+            .insert(model.to_owned(), reply);
+    }
+
+    /// Every request so far.
+    pub fn seen(&self) -> Vec<Seen> {
+        self.engine.seen.lock().expect("seen").clone()
+    }
+
+    /// Streams a client dropped before they ended (a cancelled run closing its connection).
+    pub fn dropped_streams(&self) -> usize {
+        self.engine.dropped.load(Ordering::SeqCst)
+    }
+
+    /// Stops listening and closes every connection (the engine is down).
+    pub async fn down(&mut self) {
+        if let Some((stop, serving)) = self.server.take() {
+            stop.cancel();
+            let aborter = serving.abort_handle();
+            if tokio::time::timeout(Duration::from_secs(5), serving)
+                .await
+                .is_err()
+            {
+                aborter.abort();
+            }
+        }
+    }
+
+    /// Listens again on the same address.
+    pub async fn up(&mut self) {
+        let listener = tokio::net::TcpListener::bind(self.addr)
+            .await
+            .expect("bind the engine");
+        self.addr = listener.local_addr().expect("engine addr");
+        let app = Router::new()
+            .route("/v1/models", get(models))
+            .route("/v1/chat/completions", post(answer))
+            .route("/v1/completions", post(answer))
+            .route("/v1/embeddings", post(answer))
+            .with_state(Arc::clone(&self.engine));
+        let stop = CancellationToken::new();
+        let signal = stop.clone().cancelled_owned();
+        let serving = tokio::spawn(async move {
+            let _ = axum::serve(listener, app)
+                .with_graceful_shutdown(signal)
+                .await;
+        });
+        self.server = Some((stop, serving));
+    }
+}
+
+async fn models(State(engine): State<Arc<Engine>>) -> Response {
+    let models = engine.models.lock().expect("models").clone();
+    let data: Vec<Value> = models
+        .iter()
+        .map(|id| json!({"id": id, "object": "model"}))
+        .collect();
+    axum::Json(json!({"object": "list", "data": data})).into_response()
+}
+
+async fn answer(
+    State(engine): State<Arc<Engine>>,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let model = body["model"].as_str().unwrap_or_default().to_owned();
+    engine.seen.lock().expect("seen").push(Seen {
+        path: uri.path().to_owned(),
+        body,
+        authorization: headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned),
+    });
+    let reply = engine.replies.lock().expect("replies").get(&model).cloned();
+    match reply {
+        None => error(
+            404,
+            json!({"error": {"message": format!("model {model} not found"), "code": "model_not_found"}}),
+        ),
+        Some(Reply::Status(status, body)) => error(status, body),
+        Some(Reply::Json(body)) => axum::Json(body).into_response(),
+        Some(Reply::Sse { chunks, gate, hang }) => sse(engine, chunks.into(), gate, hang),
+    }
+}
+
+fn error(status: u16, body: Value) -> Response {
+    let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    (status, axum::Json(body)).into_response()
+}
+
+/// Counts the stream as dropped unless it reached its end.
+struct Guard {
+    engine: Arc<Engine>,
+    finished: bool,
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        let counter = if self.finished {
+            &self.engine.finished
+        } else {
+            &self.engine.dropped
+        };
+        counter.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+fn sse(
+    engine: Arc<Engine>,
+    chunks: VecDeque<String>,
+    gate: Option<Arc<Semaphore>>,
+    hang: bool,
+) -> Response {
+    let guard = Guard {
+        engine,
+        finished: false,
+    };
+    let stream = futures::stream::unfold((chunks, guard), move |(mut chunks, mut guard)| {
+        let gate = gate.clone();
+        async move {
+            let Some(chunk) = chunks.pop_front() else {
+                if hang {
+                    std::future::pending::<()>().await;
+                }
+                guard.finished = true;
+                drop(guard);
+                return None;
+            };
+            if let Some(gate) = gate {
+                gate.acquire().await.expect("gate open").forget();
+            }
+            let frame = Bytes::from(format!("data: {chunk}\n\n"));
+            Some((Ok::<_, std::io::Error>(frame), (chunks, guard)))
+        }
+    });
+    Response::builder()
+        .header(header::CONTENT_TYPE, "text/event-stream")
+        .body(Body::from_stream(stream))
+        .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
+}
