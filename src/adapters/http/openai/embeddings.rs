@@ -10,7 +10,8 @@ use axum::extract::rejection::BytesRejection;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
-use serde_json::{Value, json};
+use serde::Serialize;
+use serde_json::Value;
 
 use super::error::ApiError;
 use super::output::Collected;
@@ -19,7 +20,7 @@ use super::request::{
 };
 use super::run::{self, Finished};
 use crate::adapters::http::HttpState;
-use crate::domain::{Embedding, Operation};
+use crate::domain::{Embedding, FailureClass, Operation};
 
 /// How the vectors are rendered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -114,57 +115,88 @@ fn check_input(raw: Option<&str>) -> Result<(), ApiError> {
     }
 }
 
+/// The `list` answer.
+#[derive(Debug, Serialize)]
+pub(super) struct EmbeddingList<'a> {
+    object: &'static str,
+    data: Vec<EmbeddingItem>,
+    model: &'a str,
+    usage: EmbeddingUsage,
+}
+
+#[derive(Debug, Serialize)]
+struct EmbeddingItem {
+    object: &'static str,
+    index: u32,
+    embedding: Vector,
+}
+
+/// A vector as the client asked: `f32`s written as such (shortest form, as OpenAI writes
+/// them), or base64 text.
+#[derive(Debug, Serialize)]
+#[serde(untagged)]
+enum Vector {
+    Float(Vec<f32>),
+    Base64(String),
+}
+
+#[derive(Debug, Serialize)]
+struct EmbeddingUsage {
+    prompt_tokens: u32,
+    total_tokens: u32,
+}
+
 /// The `list` of embeddings, ordered by index, with the usage.
-pub(super) fn answer(
-    model: &str,
+///
+/// # Errors
+/// 502 when the node completed the run without any vector.
+pub(super) fn answer<'a>(
+    model: &'a str,
     encoding: Encoding,
     collected: Collected,
     finished: &Finished,
-) -> Result<Value, ApiError> {
+) -> Result<EmbeddingList<'a>, ApiError> {
     let mut embeddings = collected.embeddings;
     if embeddings.is_empty() {
         return Err(ApiError::run_failed(
             "no_embeddings",
             "the node completed the run without any embedding",
-            crate::domain::FailureClass::Node,
+            FailureClass::Node,
             None,
             0,
         ));
     }
     embeddings.sort_by_key(|embedding| embedding.index);
-    let data: Vec<Value> = embeddings
-        .iter()
-        .map(|embedding| {
-            json!({
-                "object": "embedding",
-                "index": embedding.index,
-                "embedding": render(embedding, encoding),
-            })
+    let data = embeddings
+        .into_iter()
+        .map(|embedding| EmbeddingItem {
+            object: "embedding",
+            index: embedding.index,
+            embedding: render(embedding, encoding),
         })
         .collect();
     let prompt_tokens = finished.usage.map_or(0, |usage| usage.input_tokens);
-    Ok(json!({
-        "object": "list",
-        "data": data,
-        "model": model,
-        "usage": { "prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens },
-    }))
+    Ok(EmbeddingList {
+        object: "list",
+        data,
+        model,
+        usage: EmbeddingUsage {
+            prompt_tokens,
+            total_tokens: prompt_tokens,
+        },
+    })
 }
 
-fn render(embedding: &Embedding, encoding: Encoding) -> Value {
+fn render(embedding: Embedding, encoding: Encoding) -> Vector {
     match encoding {
-        Encoding::Float => embedding
-            .values
-            .iter()
-            .map(|v| Value::from(f64::from(*v)))
-            .collect(),
+        Encoding::Float => Vector::Float(embedding.values),
         Encoding::Base64 => {
             let bytes: Vec<u8> = embedding
                 .values
                 .iter()
                 .flat_map(|value| value.to_le_bytes())
                 .collect();
-            Value::String(base64(&bytes))
+            Vector::Base64(base64(&bytes))
         }
     }
 }
@@ -193,6 +225,8 @@ fn base64(bytes: &[u8]) -> String {
 
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
     use super::*;
     use crate::domain::Usage;
 
@@ -236,11 +270,12 @@ mod tests {
             finish_reason: "stop".into(),
             usage: Some(Usage::new(4, 0)),
         };
-        let body = answer("m", Encoding::Float, collected.clone(), &finished).unwrap();
+        let json = |list: EmbeddingList<'_>| serde_json::to_value(list).unwrap();
+        let body = json(answer("m", Encoding::Float, collected.clone(), &finished).unwrap());
         assert_eq!(body["data"][0]["embedding"], json!([1.0, -2.0]));
         assert_eq!(body["data"][1]["index"], 1);
         assert_eq!(body["usage"]["prompt_tokens"], 4);
-        let body = answer("m", Encoding::Base64, collected, &finished).unwrap();
+        let body = json(answer("m", Encoding::Base64, collected, &finished).unwrap());
         assert_eq!(
             body["data"][0]["embedding"],
             base64(&[0, 0, 128, 63, 0, 0, 0, 192])

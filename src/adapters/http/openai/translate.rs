@@ -84,3 +84,97 @@ pub(super) fn arguments_value(arguments: &str) -> Value {
     }
     serde_json::from_str(arguments).unwrap_or_else(|_| Value::String(arguments.to_owned()))
 }
+
+/// Generators of run-output sequences for the translators' property tests.
+#[cfg(test)]
+pub(super) mod strategies {
+    use proptest::prelude::*;
+
+    use super::super::error::ApiError;
+    use super::super::run::Finished;
+    use super::{ApiEvent, StreamTranslator};
+    use crate::domain::{StructuredOutput, ToolCallDelta, Usage};
+
+    /// One piece of run output, for generating event sequences.
+    #[derive(Debug, Clone)]
+    pub(in crate::adapters::http::openai) enum Piece {
+        Text(String),
+        Reasoning(String),
+        Tool {
+            index: u32,
+            name: String,
+            arguments: String,
+        },
+    }
+
+    pub(in crate::adapters::http::openai) fn piece() -> impl Strategy<Value = Piece> {
+        prop_oneof![
+            ".{0,6}".prop_map(Piece::Text),
+            ".{0,6}".prop_map(Piece::Reasoning),
+            (0u32..3, "[a-z]{0,3}", ".{0,5}").prop_map(|(index, name, arguments)| Piece::Tool {
+                index,
+                name,
+                arguments
+            }),
+        ]
+    }
+
+    /// A terminal: a completion with a finish reason, or a failure.
+    pub(in crate::adapters::http::openai) fn end()
+    -> impl Strategy<Value = Result<Finished, ApiError>> {
+        prop_oneof![
+            prop_oneof![
+                Just("stop"),
+                Just("length"),
+                Just("tool_calls"),
+                Just("content_filter"),
+                Just("")
+            ]
+            .prop_map(|reason| Ok(Finished {
+                finish_reason: reason.to_owned(),
+                usage: Some(Usage::new(2, 3))
+            })),
+            Just(Err(ApiError::internal("boom"))),
+        ]
+    }
+
+    /// Feeds `pieces` and `end` to `translator`; returns every event.
+    pub(in crate::adapters::http::openai) fn play(
+        translator: &mut impl StreamTranslator,
+        pieces: &[Piece],
+        end: &Result<Finished, ApiError>,
+    ) -> Vec<ApiEvent> {
+        let mut events = translator.open();
+        for piece in pieces {
+            let (text, structured) = match piece {
+                Piece::Text(text) => (text.as_str(), None),
+                Piece::Reasoning(reasoning) => (
+                    "",
+                    Some(StructuredOutput {
+                        reasoning: reasoning.clone(),
+                        ..StructuredOutput::default()
+                    }),
+                ),
+                Piece::Tool {
+                    index,
+                    name,
+                    arguments,
+                } => (
+                    "",
+                    Some(StructuredOutput {
+                        tool_calls: vec![ToolCallDelta {
+                            index: *index,
+                            id: String::new(),
+                            name: name.clone(),
+                            arguments: arguments.clone(),
+                        }],
+                        ..StructuredOutput::default()
+                    }),
+                ),
+            };
+            events.extend(translator.output(text, structured.as_ref()));
+        }
+        events.extend(translator.close(end.as_ref()));
+        events
+    }
+}
