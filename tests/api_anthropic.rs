@@ -113,7 +113,7 @@ async fn a_streamed_message_is_anthropic_s_event_sequence() {
 }
 
 #[tokio::test]
-async fn tool_use_whole_streamed_and_round_trip() {
+async fn tool_use_whole_and_its_round_trip() {
     let edge = Edge::start("").await;
     let whole = ok_json(
         edge.send(MESSAGES, &messages("echo/tools", json!("Oslo"), false))
@@ -127,35 +127,6 @@ async fn tool_use_whole_streamed_and_round_trip() {
     assert_eq!(content[0]["name"], "lookup");
     assert_eq!(content[0]["input"], json!({"city": "Oslo0"}));
     assert_eq!(content[1]["input"], json!({"city": "Oslo1"}));
-
-    let events = read_events(
-        edge.send(MESSAGES, &messages("echo/tools", json!("Oslo"), true))
-            .await,
-    )
-    .await;
-    let starts: Vec<Value> = events
-        .iter()
-        .filter(|e| e.event.as_deref() == Some("content_block_start"))
-        .map(Sse::json)
-        .collect();
-    assert_eq!(starts.len(), 2);
-    assert_eq!(starts[1]["index"], 1);
-    assert_eq!(starts[1]["content_block"]["type"], "tool_use");
-    let json_of = |index: u64| -> String {
-        events
-            .iter()
-            .map(Sse::json)
-            .filter(|e| e["type"] == "content_block_delta" && e["index"] == index)
-            .map(|e| e["delta"]["partial_json"].as_str().unwrap().to_owned())
-            .collect()
-    };
-    assert_eq!(json_of(0), r#"{"city": "Oslo0"}"#);
-    let stop = events
-        .iter()
-        .map(Sse::json)
-        .find(|e| e["type"] == "message_delta")
-        .unwrap();
-    assert_eq!(stop["delta"]["stop_reason"], "tool_use");
 
     let id = content[0]["id"].as_str().unwrap();
     let mut round_trip = messages("echo/tools", json!("Oslo"), false);
@@ -185,6 +156,41 @@ async fn tool_use_whole_streamed_and_round_trip() {
         sent[3],
         json!({"role": "tool", "tool_call_id": id, "content": "sunny"})
     );
+    edge.stop().await;
+}
+
+#[tokio::test]
+async fn tool_use_streams_as_tool_use_blocks() {
+    let edge = Edge::start("").await;
+    let events = read_events(
+        edge.send(MESSAGES, &messages("echo/tools", json!("Oslo"), true))
+            .await,
+    )
+    .await;
+    let starts: Vec<Value> = events
+        .iter()
+        .filter(|e| e.event.as_deref() == Some("content_block_start"))
+        .map(Sse::json)
+        .collect();
+    assert_eq!(starts.len(), 2);
+    assert_eq!(starts[1]["index"], 1);
+    assert_eq!(starts[1]["content_block"]["type"], "tool_use");
+    let json_of = |index: u64| -> String {
+        events
+            .iter()
+            .map(Sse::json)
+            .filter(|e| e["type"] == "content_block_delta" && e["index"] == index)
+            .map(|e| e["delta"]["partial_json"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    assert_eq!(json_of(0), r#"{"city": "Oslo0"}"#);
+    let stop = events
+        .iter()
+        .map(Sse::json)
+        .find(|e| e["type"] == "message_delta")
+        .unwrap();
+    assert_eq!(stop["delta"]["stop_reason"], "tool_use");
+
     edge.stop().await;
 }
 

@@ -304,6 +304,15 @@ fn input_text(run: &RunAssignment) -> String {
         .unwrap_or_default()
 }
 
+/// The run's `mock` param, else its target when named after a behaviour, else `default`.
+fn behaviour_of(run: &RunAssignment, default: Behaviour) -> Behaviour {
+    run.params
+        .get("mock")
+        .and_then(|b| Behaviour::parse(b))
+        .or_else(|| Behaviour::parse(run.target.as_str()))
+        .unwrap_or(default)
+}
+
 async fn answer(
     run: RunAssignment,
     options: MockOptions,
@@ -311,16 +320,11 @@ async fn answer(
     cancel: CancellationToken,
     kill: CancellationToken,
 ) {
-    let behaviour = run
-        .params
-        .get("mock")
-        .and_then(|b| Behaviour::parse(b))
-        .or_else(|| Behaviour::parse(run.target.as_str()))
-        .unwrap_or(options.behaviour);
+    let behaviour = behaviour_of(&run, options.behaviour);
     let id = run.run_id.to_string();
     let text = input_text(&run);
     if let Some(events) = scripts::script(behaviour, &run, &text) {
-        play(&id, events, &options, &frames, &cancel).await;
+        scripts::play(&id, events, options.delay, &frames, &cancel).await;
         return;
     }
     let words: Vec<&str> = text.split_whitespace().collect();
@@ -386,34 +390,4 @@ async fn answer(
 
 fn count(n: usize) -> u32 {
     u32::try_from(n).unwrap_or(u32::MAX)
-}
-
-/// Sends `started` and `events` (pausing `options.delay` before each output), or
-/// `cancelled` once the edge cancels the run.
-async fn play(
-    id: &str,
-    events: Vec<RunEventKind>,
-    options: &MockOptions,
-    frames: &mpsc::Sender<NodeFrame>,
-    cancel: &CancellationToken,
-) {
-    let mut seq = 1;
-    let _ = frames.send(run_event(id, seq, RunEventKind::Started)).await;
-    for kind in events {
-        if !options.delay.is_zero() && !kind.is_terminal() {
-            tokio::select! {
-                () = tokio::time::sleep(options.delay) => {}
-                () = cancel.cancelled() => {}
-            }
-        }
-        seq += 1;
-        if cancel.is_cancelled() {
-            let cancelled = RunEventKind::Cancelled {
-                reason: "cancelled by the edge".into(),
-            };
-            let _ = frames.send(run_event(id, seq, cancelled)).await;
-            return;
-        }
-        let _ = frames.send(run_event(id, seq, kind)).await;
-    }
 }

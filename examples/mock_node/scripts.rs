@@ -6,8 +6,13 @@ use edge::domain::{
     Embedding, FailureClass, Operation, RunEventKind, StructuredOutput, TokenLogprob,
     ToolCallDelta, TopLogprob, Usage,
 };
+use std::time::Duration;
+
+use edge::client::{NodeFrame, run_event};
 use edge::ports::RunAssignment;
 use serde_json::Value;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
 
 use super::Behaviour;
 
@@ -254,4 +259,34 @@ pub fn embeddings(body: &Value) -> Vec<RunEventKind> {
         }),
         completed("stop", Usage::new(tokens, 0)),
     ]
+}
+
+/// Sends `started` and `events` (pausing `options.delay` before each output), or
+/// `cancelled` once the edge cancels the run.
+pub async fn play(
+    id: &str,
+    events: Vec<RunEventKind>,
+    delay: Duration,
+    frames: &mpsc::Sender<NodeFrame>,
+    cancel: &CancellationToken,
+) {
+    let mut seq = 1;
+    let _ = frames.send(run_event(id, seq, RunEventKind::Started)).await;
+    for kind in events {
+        if !delay.is_zero() && !kind.is_terminal() {
+            tokio::select! {
+                () = tokio::time::sleep(delay) => {}
+                () = cancel.cancelled() => {}
+            }
+        }
+        seq += 1;
+        if cancel.is_cancelled() {
+            let cancelled = RunEventKind::Cancelled {
+                reason: "cancelled by the edge".into(),
+            };
+            let _ = frames.send(run_event(id, seq, cancelled)).await;
+            return;
+        }
+        let _ = frames.send(run_event(id, seq, kind)).await;
+    }
 }

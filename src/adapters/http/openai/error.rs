@@ -88,11 +88,6 @@ impl ApiError {
         self.retry_after_secs
     }
 
-    /// The field the error is about, if any.
-    pub fn param_name(&self) -> Option<&'static str> {
-        self.param
-    }
-
     /// A 400 about `param` with `message` and `code`, for an API's own request checks.
     pub fn bad_request(
         param: Option<&'static str>,
@@ -104,7 +99,7 @@ impl ApiError {
         error
     }
 
-    /// The response headers every rendering of this error carries (`Retry-After`).
+    /// Adds the headers every rendering of this error carries (`Retry-After`).
     pub fn add_headers(&self, response: &mut Response) {
         if let Some(secs) = self.retry_after_secs {
             response
@@ -230,10 +225,8 @@ impl ApiError {
         }
     }
 
-    /// A run that ended with `failed`, by the failure's class: a bad request answers with
-    /// the node's 4xx status (400 when it gave none), code and message; a node failure 502;
-    /// a refusal 503 with `Retry-After`. Unclassified failures are judged by code: the edge's
-    /// own get their status (no capacity 503, deadline 504), anything else is a 502.
+    /// A run that ended with `failed`, by class: REQUEST the node's 4xx (else 400), code and
+    /// message; NODE 502; REFUSED 503 with `Retry-After`; unclassified by code.
     pub fn run_failed(
         code: &str,
         message: &str,
@@ -385,8 +378,7 @@ mod tests {
         assert_eq!(request.message(), "upstream says");
         assert_eq!(request.error_code(), Some("c"));
         for status in [None, Some(500), Some(200), Some(99)] {
-            let request = failed(FailureClass::Request, status);
-            assert_eq!(request.status(), StatusCode::BAD_REQUEST, "{status:?}");
+            assert_eq!(failed(FailureClass::Request, status).status().as_u16(), 400);
         }
         let limited = failed(FailureClass::Request, Some(429));
         assert_eq!(

@@ -90,7 +90,7 @@ fn invalid_and_unsupported_requests_are_400s_naming_the_field() {
     ];
     for error in cases {
         assert_eq!(error.status().as_u16(), 400, "{error:?}");
-        assert!(error.param_name().is_some(), "{error:?}");
+        assert!(!error.to_json().contains(r#""param":null"#), "{error:?}");
     }
     assert!(translate(&json!([1])).is_err());
     assert!(translate(&json!({"max_tokens": 1, "messages": []})).is_err());
@@ -174,8 +174,7 @@ fn check_messages_stream(
     events: &[ApiEvent],
     failed: bool,
 ) -> Result<(String, Vec<String>), TestCaseError> {
-    prop_assert_eq!(events[0].name, "message_start");
-    prop_assert_eq!(events[1].name, "ping");
+    prop_assert_eq!((events[0].name, events[1].name), ("message_start", "ping"));
     let mut kinds: Vec<String> = Vec::new();
     let mut open: Vec<bool> = Vec::new();
     let (mut text, mut tools) = (String::new(), Vec::new());
