@@ -156,12 +156,13 @@ impl StreamTranslator for MessagesStream {
         if self.ended {
             return events;
         }
-        if let Some(structured) = structured {
-            if self.thinking && !structured.reasoning.is_empty() {
-                let index = self.ensure(true, &mut events);
-                let delta = json!({ "type": "thinking_delta", "thinking": structured.reasoning });
-                events.push(block_delta(index, delta));
-            }
+        if let Some(structured) = structured
+            && self.thinking
+            && !structured.reasoning.is_empty()
+        {
+            let index = self.ensure(true, &mut events);
+            let delta = json!({ "type": "thinking_delta", "thinking": structured.reasoning });
+            events.push(block_delta(index, delta));
         }
         if !text.is_empty() {
             let index = self.ensure(false, &mut events);

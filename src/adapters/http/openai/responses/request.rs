@@ -158,10 +158,10 @@ fn options(object: &Map<String, Value>, chat: &mut Map<String, Value>) -> Result
     if let Some(choice) = object.get("tool_choice").filter(|c| !c.is_null()) {
         chat.insert("tool_choice".into(), translate_tool_choice(choice)?);
     }
-    if let Some(format) = object.get("text").and_then(|text| text.get("format")) {
-        if let Some(format) = translate_format(format)? {
-            chat.insert("response_format".into(), format);
-        }
+    if let Some(format) = object.get("text").and_then(|text| text.get("format"))
+        && let Some(format) = translate_format(format)?
+    {
+        chat.insert("response_format".into(), format);
     }
     if let Some(effort) = object
         .get("reasoning")
