@@ -135,6 +135,26 @@ fn routing(c: &mut Criterion) {
             black_box(select_node(&loads, &all, turn).unwrap());
         });
     });
+    let plain: Vec<NodeStatus> = loads.iter().map(NodeStatus::from).collect();
+    let no_breakers = BreakerBook::default();
+    group.bench_function("decide_least_busy_no_filters", |b| {
+        b.iter(|| {
+            turn += 1;
+            let request = RouteRequest {
+                selector: &all,
+                affinity: None,
+                tried: &tried,
+            };
+            let ctx = RouteContext {
+                catalog: &catalog,
+                breakers: &no_breakers,
+                load_factor: LoadFactor::default(),
+                now,
+                turn,
+            };
+            black_box(decide(&plain, &request, &ctx));
+        });
+    });
     let place = |selector: &NodeSelector, keyed: bool, turn: u64| {
         let key = keyed.then(|| {
             AffinityKey::from_client(KeySource::Session, &format!("session-{}", turn % 1000))

@@ -8,7 +8,7 @@
 //! of the slots, so load is measured relative to `max_concurrent_runs`. The run goes to the
 //! first node in the key's rendezvous order within its bound (and below its slots).
 
-use super::candidates::{NodeStatus, Pool};
+use super::candidates::{Pool, Seat};
 use super::hash::{AffinityKey, score, weighted_score};
 use super::reason::AffinityOutcome;
 
@@ -60,43 +60,50 @@ pub(super) struct AffinityChoice {
     pub(super) outcome: AffinityOutcome,
 }
 
-/// The key's order value for a node: raw scores when every serving node has equal slots
+/// The key's order value for a seat: raw scores when every serving node has equal slots
 /// (the same order weighting would give), weighted by slots otherwise.
-fn rank(key: AffinityKey, node: &NodeStatus, uniform: bool) -> u64 {
-    let raw = score(key, node.hash);
+fn rank(key: AffinityKey, seat: &Seat, uniform: bool) -> u64 {
+    let raw = score(key, seat.hash);
     if uniform {
         raw
     } else {
-        weighted_score(raw, node.slots())
+        weighted_score(raw, seat.slots)
     }
 }
 
-/// The first node in `key`'s rendezvous order that is within its load bound; `None` when
-/// no eligible node is (only possible when every one is full).
-pub(super) fn choose(
-    nodes: &[NodeStatus],
-    pool: &Pool,
-    key: AffinityKey,
-    c: super::LoadFactor,
-) -> Option<AffinityChoice> {
+/// The first eligible node in `key`'s rendezvous order that is within its load bound;
+/// `None` when none is (only possible when every one is full).
+pub(super) fn choose(pool: &Pool, key: AffinityKey, c: LoadFactor) -> Option<AffinityChoice> {
+    // The bound depends only on a node's slots: computed once per distinct slot count
+    // in a row (once in all for equal nodes), not once per node.
+    let mut memo: Option<(u32, u64)> = None;
+    let mut bound = |slots: u32| match memo {
+        Some((s, b)) if s == slots => b,
+        _ => {
+            let b = c.bound(pool.load, slots, pool.slots);
+            memo = Some((slots, b));
+            b
+        }
+    };
     let mut home: Option<(u64, usize)> = None;
     let mut fit: Option<(u64, usize)> = None;
-    for &index in &pool.eligible {
-        let node = &nodes[index];
-        let r = rank(key, node, pool.uniform);
+    for seat in &pool.eligible {
+        let r = rank(key, seat, pool.uniform);
         if home.is_none_or(|(best, _)| r > best) {
-            home = Some((r, index));
+            home = Some((r, seat.index));
         }
-        let within = u64::from(node.active_runs) < c.bound(pool.load, node.slots(), pool.slots);
-        if within && node.has_room() && fit.is_none_or(|(best, _)| r > best) {
-            fit = Some((r, index));
+        if fit.is_none_or(|(best, _)| r > best)
+            && seat.has_room()
+            && u64::from(seat.active) < bound(seat.slots)
+        {
+            fit = Some((r, seat.index));
         }
     }
     let ((home_rank, home_index), (fit_rank, index)) = (home?, fit?);
     let left_out_home = pool
         .left_out
         .iter()
-        .map(|&i| rank(key, &nodes[i], pool.uniform))
+        .map(|s| rank(key, s, pool.uniform))
         .max();
     let outcome = if left_out_home.is_some_and(|r| r > home_rank) {
         AffinityOutcome::Miss
@@ -106,7 +113,7 @@ pub(super) fn choose(
         let ahead = pool
             .eligible
             .iter()
-            .filter(|&&i| rank(key, &nodes[i], pool.uniform) > fit_rank)
+            .filter(|s| rank(key, s, pool.uniform) > fit_rank)
             .count();
         AffinityOutcome::Overloaded {
             rank: u32::try_from(ahead + 1).unwrap_or(u32::MAX),
@@ -117,24 +124,20 @@ pub(super) fn choose(
 
 /// The eligible node with room and the fewest active runs per slot; ties rotate with
 /// `turn` in node order (as `select_node` does, so equal fleets route as before).
-pub(super) fn least_busy(nodes: &[NodeStatus], pool: &Pool, turn: u64) -> Option<usize> {
+pub(super) fn least_busy(pool: &Pool, turn: u64) -> Option<usize> {
     let mut least: Option<(u64, u64)> = None;
     let mut ties: Vec<usize> = Vec::new();
-    for &index in &pool.eligible {
-        let node = &nodes[index];
-        if !node.has_room() {
-            continue;
-        }
-        let load = (u64::from(node.active_runs), u64::from(node.slots()));
+    for seat in pool.eligible.iter().filter(|s| s.has_room()) {
+        let load = (u64::from(seat.active), u64::from(seat.slots));
         // a/b against c/d without division: a·d against c·b.
         let order = least.map(|(a, b)| (load.0 * b).cmp(&(a * load.1)));
         match order {
             Some(std::cmp::Ordering::Greater) => {}
-            Some(std::cmp::Ordering::Equal) => ties.push(index),
+            Some(std::cmp::Ordering::Equal) => ties.push(seat.index),
             _ => {
                 least = Some(load);
                 ties.clear();
-                ties.push(index);
+                ties.push(seat.index);
             }
         }
     }

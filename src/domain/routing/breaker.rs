@@ -253,15 +253,33 @@ impl Breaker {
     }
 }
 
+/// Bits in [`BreakerBook`]'s filter of nodes whose breaker is not closed.
+const FILTER_BITS: usize = 4096;
+
 /// Every node's breaker, owned by the run service. Only nodes that ever failed have an
-/// entry (bounded by the node definitions); a node without one is closed. While every
-/// breaker is closed, [`admits`](Self::admits) answers without a look-up.
-#[derive(Debug, Clone, Default)]
+/// entry (bounded by the node definitions); a node without one is closed. Filtering asks
+/// about every node on every placement, so [`admits`](Self::admits) answers without a
+/// look-up while every breaker is closed, and otherwise looks up only nodes whose bit is
+/// set in a small filter of the not-closed ones (a Bloom filter with one hash).
+#[derive(Debug, Clone)]
 pub struct BreakerBook {
     policy: BreakerPolicy,
     /// By node hash; a collision of two ids shares a bucket, told apart by id.
     entries: HashMap<NodeHash, Vec<(NodeId, Breaker)>, BuildPassThrough>,
     not_closed: usize,
+    /// Bit `hash % FILTER_BITS` is set for every node whose breaker is not closed.
+    filter: Box<[u64; FILTER_BITS / 64]>,
+}
+
+impl Default for BreakerBook {
+    fn default() -> Self {
+        Self::new(BreakerPolicy::default())
+    }
+}
+
+fn filter_bit(hash: NodeHash) -> (usize, u64) {
+    let bit = (hash.get() % FILTER_BITS as u64) as usize;
+    (bit / 64, 1 << (bit % 64))
 }
 
 impl BreakerBook {
@@ -269,13 +287,19 @@ impl BreakerBook {
     pub fn new(policy: BreakerPolicy) -> Self {
         Self {
             policy,
-            ..Self::default()
+            entries: HashMap::default(),
+            not_closed: 0,
+            filter: Box::new([0; FILTER_BITS / 64]),
         }
     }
 
     /// Whether the node's breaker would let a run through at `now`.
     pub fn admits(&self, hash: NodeHash, id: &NodeId, now: Instant) -> bool {
-        self.not_closed == 0 || self.get(hash, id).is_none_or(|b| b.admits(now))
+        if self.not_closed == 0 {
+            return true;
+        }
+        let (word, bit) = filter_bit(hash);
+        self.filter[word] & bit == 0 || self.get(hash, id).is_none_or(|b| b.admits(now))
     }
 
     /// The node's breaker state.
@@ -332,12 +356,27 @@ impl BreakerBook {
         let breaker = &mut bucket[position].1;
         let was_closed = breaker.is_closed();
         let result = f(breaker);
-        match (was_closed, breaker.is_closed()) {
-            (true, false) => self.not_closed += 1,
-            (false, true) => self.not_closed -= 1,
-            _ => {}
+        let is_closed = breaker.is_closed();
+        if was_closed != is_closed {
+            if is_closed {
+                self.not_closed -= 1;
+            } else {
+                self.not_closed += 1;
+            }
+            self.refilter();
         }
         result
+    }
+
+    /// Rebuilds the filter from the entries (on a change between closed and not closed).
+    fn refilter(&mut self) {
+        self.filter.fill(0);
+        for (hash, bucket) in &self.entries {
+            if bucket.iter().any(|(_, b)| !b.is_closed()) {
+                let (word, bit) = filter_bit(*hash);
+                self.filter[word] |= bit;
+            }
+        }
     }
 }
 
@@ -468,6 +507,25 @@ mod tests {
             Some(Transition::Closed)
         );
         assert_eq!(book.not_closed, 0);
+    }
+
+    #[test]
+    fn the_filter_never_hides_an_open_breaker() {
+        let now = Instant::now();
+        let mut book = BreakerBook::new(policy());
+        let ids: Vec<NodeId> = (0..6000)
+            .map(|i| NodeId::parse(&format!("n{i}")).unwrap())
+            .collect();
+        // Trip every other node: far more than the filter has bits.
+        for id in ids.iter().step_by(2) {
+            for _ in 0..3 {
+                let (admission, _) = book.admit(NodeHash::of(id), id, now).unwrap();
+                book.record(NodeHash::of(id), id, admission, Outcome::NodeFailure, now);
+            }
+        }
+        for (i, id) in ids.iter().enumerate() {
+            assert_eq!(book.admits(NodeHash::of(id), id, now), i % 2 == 1, "{id}");
+        }
     }
 
     #[derive(Debug, Clone)]

@@ -138,11 +138,28 @@ impl Filtered {
     }
 }
 
+/// What choosing needs of one candidate, copied out of its node during filtering so the
+/// choosing passes read one compact array instead of chasing every node's record again.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Seat {
+    /// Its position in the node list.
+    pub(super) index: usize,
+    pub(super) active: u32,
+    pub(super) slots: u32,
+    pub(super) hash: NodeHash,
+}
+
+impl Seat {
+    pub(super) fn has_room(&self) -> bool {
+        self.active < self.slots
+    }
+}
+
 /// The eligible nodes of one placement and the sums the load bound needs.
 #[derive(Debug, Default)]
 pub(super) struct Pool {
-    /// Positions in the node list of every eligible node, full or not.
-    pub(super) eligible: Vec<usize>,
+    /// Every eligible node, full or not, in node order.
+    pub(super) eligible: Vec<Seat>,
     /// Active runs summed over the eligible nodes.
     pub(super) load: u64,
     /// Slots summed over the eligible nodes.
@@ -150,7 +167,7 @@ pub(super) struct Pool {
     /// Whether every serving node has as many slots as the first.
     pub(super) uniform: bool,
     /// Serving nodes left out for a reason other than load (affinity's "miss" looks at them).
-    pub(super) left_out: Vec<usize>,
+    pub(super) left_out: Vec<Seat>,
     pub(super) filtered: Filtered,
 }
 
@@ -179,6 +196,7 @@ impl Filter<'_> {
     fn fill(&self, pool: &mut Pool, nodes: &[NodeStatus], indices: std::ops::Range<usize>) {
         let (adapter, target) = (&self.selector.adapter, &self.selector.target);
         let mut first_slots = None;
+        pool.eligible.reserve(indices.len());
         for (index, node) in nodes
             .get(indices.clone())
             .unwrap_or_default()
@@ -192,6 +210,12 @@ impl Filter<'_> {
             let slots = node.slots();
             pool.uniform &= *first_slots.get_or_insert(slots) == slots;
             pool.filtered.serving += 1;
+            let seat = Seat {
+                index,
+                active: node.active_runs,
+                slots,
+                hash: node.hash,
+            };
             let counter = if self.tried.contains(node.hash, &node.record.id) {
                 &mut pool.filtered.tried
             } else if node.drained {
@@ -204,11 +228,11 @@ impl Filter<'_> {
                 pool.filtered.full += u32::from(!node.has_room());
                 pool.load += u64::from(node.active_runs);
                 pool.slots += u64::from(slots);
-                pool.eligible.push(index);
+                pool.eligible.push(seat);
                 continue;
             };
             *counter += 1;
-            pool.left_out.push(index);
+            pool.left_out.push(seat);
         }
     }
 }

@@ -185,7 +185,7 @@ pub fn decide(
     if filtered.full == filtered.eligible() {
         return wait(WaitCause::AllBusy, filtered);
     }
-    let chosen = choose(nodes, &pool, pinned, request.affinity, ctx);
+    let chosen = choose(&pool, pinned, request.affinity, ctx);
     match chosen {
         Some((index, rule)) => Decision::Place {
             index,
@@ -202,7 +202,6 @@ pub fn decide(
 
 /// Chooses among the eligible nodes of `pool`, at least one of which has room.
 fn choose(
-    nodes: &[NodeStatus],
     pool: &Pool,
     pinned: Option<usize>,
     key: Option<AffinityKey>,
@@ -210,7 +209,7 @@ fn choose(
 ) -> Option<(usize, RouteRule)> {
     let chosen = match (pinned, key) {
         (Some(index), _) => Some((index, RouteRule::Pinned)),
-        (None, Some(key)) => affinity::choose(nodes, pool, key, ctx.load_factor).map(|c| {
+        (None, Some(key)) => affinity::choose(pool, key, ctx.load_factor).map(|c| {
             let rule = RouteRule::Affinity {
                 source: key.source(),
                 outcome: c.outcome,
@@ -221,9 +220,8 @@ fn choose(
     };
     // Bounded load always leaves a node within its bound while any has room; least busy
     // covers keyless runs (and would cover a keyed run if that ever failed).
-    chosen.or_else(|| {
-        affinity::least_busy(nodes, pool, ctx.turn).map(|index| (index, RouteRule::LeastBusy))
-    })
+    chosen
+        .or_else(|| affinity::least_busy(pool, ctx.turn).map(|index| (index, RouteRule::LeastBusy)))
 }
 
 fn wait(cause: WaitCause, filtered: Filtered) -> Decision {
