@@ -15,7 +15,7 @@ URL=https://files.pythonhosted.org/packages/ec/e9/e7de2b0463ea3ffbf0ede6cb21b58c
 # Bump when the build flags below change: a new recipe builds into a new directory.
 RECIPE=r1
 
-CACHE=${EDGE_ENGINE_CACHE:-$HOME/.cache/edge-engines}
+CACHE=${EDGE_ENGINE_CACHE:-${HOME:?set HOME or EDGE_ENGINE_CACHE}/.cache/edge-engines}
 PREFIX=$CACHE/llama.cpp-$VERSION-$RECIPE
 BIN=$PREFIX/bin/llama-server
 STAMP=$PREFIX/.complete

@@ -42,8 +42,8 @@ CONTEXT = 4096
 # The reply, as SentencePiece pieces ("▁" is a space); each must be one token of the vocab.
 REPLY = ["▁Hello", "▁from", "▁the", "▁tiny", "▁test", "▁model", "."]
 # Logit of the chosen successor, and of REPLY's first token after any other token.
-CHAIN_LOGIT = 40.0
-START_LOGIT = 20.0
+CHAIN_LOGIT = 100.0
+START_LOGIT = 50.0
 # Rendered by llama-server's Jinja engine (and by minja-compatible engines in general).
 CHAT_TEMPLATE = (
     "{%- for message in messages -%}"
