@@ -179,6 +179,13 @@ async fn llama_server_comes_back_on_the_same_port() {
     assert_eq!(server.addr(), addr);
     let answer = post(&server, "/chat/completions", chat("Back?")).await;
     assert_eq!(answer["choices"][0]["message"]["content"], TINY_REPLY);
+
+    server.terminate().await;
+    assert!(!server.is_running());
+    assert!(
+        TcpStream::connect(addr).await.is_err(),
+        "{addr} still accepts after SIGTERM"
+    );
 }
 
 #[tokio::test]

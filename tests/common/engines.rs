@@ -23,7 +23,7 @@ use sha2::{Digest, Sha256};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::net::TcpStream;
 use tokio::process::{Child, Command};
-use tokio::time::{Instant, sleep, timeout};
+use tokio::time::{sleep, timeout};
 
 /// The longest an engine may take from spawn to serving before the test fails. A bound
 /// against hangs (the tiny model loads in well under a second), never a timing assertion.
@@ -246,13 +246,14 @@ impl Process {
         tail(&self.log_text())
     }
 
-    /// Polls `ready` until it holds, the process exits, or [`STARTUP_PATIENCE`] passes.
+    /// Polls `ready` until it holds, the process exits, or [`STARTUP_PATIENCE`] of real
+    /// time passes (a wall-clock deadline: a test that paused tokio's clock still waits).
     async fn wait_ready<F, Fut>(&mut self, what: &str, mut ready: F) -> Result<(), String>
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = bool>,
     {
-        let deadline = Instant::now() + STARTUP_PATIENCE;
+        let deadline = std::time::Instant::now() + STARTUP_PATIENCE;
         loop {
             if let Some(status) = self.exited() {
                 self.child = None;
@@ -261,7 +262,7 @@ impl Process {
             if ready().await {
                 return Ok(());
             }
-            if Instant::now() >= deadline {
+            if std::time::Instant::now() >= deadline {
                 self.kill().await;
                 return Err(format!(
                     "{} did not reach {what} within {STARTUP_PATIENCE:?}",

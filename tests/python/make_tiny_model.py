@@ -38,7 +38,7 @@ LAYERS = 2
 HEADS = 4
 HEADS_KV = 2
 FFN = 64
-CONTEXT = 4096
+CONTEXT = 32768  # the context length it declares; a long one costs little (KV cache: 4 MB)
 # The reply, as SentencePiece pieces ("▁" is a space); each must be one token of the vocab.
 REPLY = ["▁Hello", "▁from", "▁the", "▁tiny", "▁test", "▁model", "."]
 # Logit of the chosen successor, and of REPLY's first token after any other token.
