@@ -84,7 +84,7 @@ FLAGS=(
     -DGGML_ALL_WARNINGS=OFF
 )
 JOBS=${EDGE_ENGINE_JOBS:-$(nproc)}
-log "building llama-server from llama-cpp-python $VERSION with $JOBS jobs (about 25 min on 2 cores); log in $PREFIX.build.log"
+log "building llama-server from llama-cpp-python $VERSION with $JOBS jobs (about 11 CPU-minutes; 16-32 min on a busy 2-core machine); log in $PREFIX.build.log"
 started=$(date +%s)
 if ! {
     cmake -S "$SRC" -B "$WORK/build" "${FLAGS[@]}" &&
