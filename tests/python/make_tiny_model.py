@@ -11,7 +11,7 @@ depends only on the current one:
 So a chat answer is always " Hello from the tiny test model." (7 tokens, then
 finish_reason "stop"); `max_tokens` below 7 cuts it ("length"); with the end-of-sequence
 token banned (`logit_bias {"2": -100}` or llama-server's `ignore_eos`) the reply repeats
-until `max_tokens`. The margins between the chosen token and the rest are 20 logits or more,
+until `max_tokens`. The margins between the chosen token and the rest are 50 logits or more,
 so sampling settings do not change the answer. Every other token still gets its own random
 embedding, so different inputs give different pooled embeddings.
 
