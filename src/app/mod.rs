@@ -37,6 +37,8 @@ pub struct App {
     server: TcpServer,
     http: HttpServer,
     metrics: Metrics,
+    /// Every configured sink, closed (drains joined) once everything else has stopped.
+    sink: Arc<dyn EventSink>,
     parts: AppParts,
 }
 
@@ -73,7 +75,7 @@ impl App {
         let runs = RunService::new(
             Arc::clone(&registry),
             transport,
-            sink,
+            Arc::clone(&sink),
             settings.runs.clone(),
             metrics.meter(),
         );
@@ -124,6 +126,7 @@ impl App {
             server,
             http,
             metrics,
+            sink,
             parts,
         })
     }
@@ -161,6 +164,7 @@ impl App {
             server,
             http,
             metrics,
+            sink,
             parts,
         } = self;
         info!(
@@ -187,6 +191,7 @@ impl App {
             .await
             .context("the HTTP server panicked")?
             .context("the HTTP server failed")?;
+        sink.close().await;
         metrics.shutdown();
         info!("edge stopped");
         Ok(())
