@@ -13,7 +13,7 @@ use tokio_util::task::TaskTracker;
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use super::config::ServerConfig;
-use super::connection::{NodeIo, serve_connection};
+use super::connection::{Connection, NodeIo};
 use super::stats::TransportStats;
 use crate::adapters::tls::TlsAcceptor;
 use crate::domain::RegistrationThrottle;
@@ -84,7 +84,8 @@ impl TransportControl {
             .stats
             .connections_open
             .fetch_add(1, Ordering::Relaxed);
-        let reason = serve_connection(shared, stream, peer, id)
+        let reason = Connection::new(shared, stream, peer, id)
+            .serve()
             .instrument(span)
             .await;
         shared
