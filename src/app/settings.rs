@@ -398,13 +398,13 @@ mod tests {
         let records = store.records();
         let names: Vec<_> = records
             .iter()
-            .map(|r| (r.id.as_str(), r.alias.as_str()))
+            .map(|r| (r.id().as_str(), r.alias().as_str()))
             .collect();
         assert_eq!(names, [("node-a", "gpu-a"), ("node-b", "gpu-b")]);
         let found = store
             .find_by_token(&Token::new("example-token-node-a-CHANGE-ME"))
             .unwrap();
-        assert_eq!(found.id.as_str(), "node-a");
+        assert_eq!(found.id().as_str(), "node-a");
     }
 
     #[test]

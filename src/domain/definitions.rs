@@ -206,21 +206,15 @@ pub fn validate_definitions(
             }
         }
 
+        // A zero limit was reported above; the constructor refuses it again.
         if let (Some(id), Some(alias), Some(adapters), Some(token)) = (id, alias, adapters, token)
-            && definition.max_concurrent_runs > 0
-            && definition.heartbeat_interval_ms > 0
+            && let Ok(runtime) = RuntimeConfig::new(
+                definition.max_concurrent_runs,
+                definition.heartbeat_interval_ms,
+                definition.runtime_settings.clone(),
+            )
         {
-            records.push(NodeRecord {
-                id,
-                alias,
-                token,
-                adapters,
-                runtime: RuntimeConfig {
-                    max_concurrent_runs: definition.max_concurrent_runs,
-                    heartbeat_interval_ms: definition.heartbeat_interval_ms,
-                    settings: definition.runtime_settings.clone(),
-                },
-            });
+            records.push(NodeRecord::new(id, alias, token, adapters, runtime));
         }
     }
 
@@ -359,11 +353,13 @@ impl FieldCheck<'_> {
                 .map(|(j, t)| self.parse(&format!("adapters[{i}].targets[{j}]"), t, Target::parse))
                 .collect();
             match (name, targets.into_iter().collect::<Option<Vec<_>>>()) {
-                (Some(name), Some(targets)) => adapters.push(AdapterConfig {
-                    name,
-                    targets,
-                    settings: definition.settings.clone(),
-                }),
+                // No target was reported above; the constructor refuses it again.
+                (Some(name), Some(targets)) => {
+                    match AdapterConfig::new(name, targets, definition.settings.clone()) {
+                        Ok(adapter) => adapters.push(adapter),
+                        Err(_) => valid = false,
+                    }
+                }
                 _ => valid = false,
             }
         }
@@ -408,8 +404,8 @@ mod tests {
         let records =
             validate_definitions(&[node("a", "gpu-a", "ta"), node("b", "b", "tb")]).unwrap();
         assert_eq!(records.len(), 2);
-        assert_eq!(records[0].alias.as_str(), "gpu-a");
-        assert!(records[0].token.matches(&Token::new("ta").digest()));
+        assert_eq!(records[0].alias().as_str(), "gpu-a");
+        assert!(records[0].token().matches(&Token::new("ta").digest()));
         assert!(records[0].serves(
             &AdapterName::parse("echo").unwrap(),
             &Target::parse("default").unwrap()

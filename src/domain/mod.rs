@@ -19,7 +19,10 @@ pub use definitions::{
     validate_definitions,
 };
 pub use names::{AdapterName, Alias, NameError, NodeId, Target};
-pub use node::{AdapterConfig, NodeRecord, RuntimeConfig};
+pub use node::{
+    AdapterConfig, AdapterParts, NodeConfigError, NodeRecord, NodeRecordParts, RuntimeConfig,
+    RuntimeParts,
+};
 pub use registration::{
     PROTOCOL_VERSION, RegisterAttempt, RegisterRejection, RegistrationDecision, decide_registration,
 };

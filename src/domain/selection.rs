@@ -21,7 +21,7 @@ pub struct NodeLoad {
 
 impl NodeLoad {
     fn has_capacity(&self) -> bool {
-        self.active_runs < self.record.runtime.max_concurrent_runs
+        self.active_runs < self.record.runtime().max_concurrent_runs()
     }
 }
 
@@ -172,21 +172,20 @@ mod tests {
 
     fn node(id: &str, targets: &[&str], max: u32, active: u32) -> NodeLoad {
         NodeLoad {
-            record: Arc::new(NodeRecord {
-                id: NodeId::parse(id).unwrap(),
-                alias: Alias::parse(&format!("alias-{id}")).unwrap(),
-                token: Token::new(id).digest(),
-                adapters: vec![AdapterConfig {
-                    name: AdapterName::parse("echo").unwrap(),
-                    targets: targets.iter().map(|t| Target::parse(t).unwrap()).collect(),
-                    settings: BTreeMap::new(),
-                }],
-                runtime: RuntimeConfig {
-                    max_concurrent_runs: max,
-                    heartbeat_interval_ms: 1000,
-                    settings: BTreeMap::new(),
-                },
-            }),
+            record: Arc::new(NodeRecord::new(
+                NodeId::parse(id).unwrap(),
+                Alias::parse(&format!("alias-{id}")).unwrap(),
+                Token::new(id).digest(),
+                vec![
+                    AdapterConfig::new(
+                        AdapterName::parse("echo").unwrap(),
+                        targets.iter().map(|t| Target::parse(t).unwrap()).collect(),
+                        BTreeMap::new(),
+                    )
+                    .unwrap(),
+                ],
+                RuntimeConfig::new(max, 1000, BTreeMap::new()).unwrap(),
+            )),
             active_runs: active,
         }
     }
@@ -203,7 +202,7 @@ mod tests {
         select_node(nodes, selector, turn)
             .unwrap()
             .record
-            .id
+            .id()
             .to_string()
     }
 
@@ -295,10 +294,10 @@ mod tests {
                 .collect();
             match select_node(&nodes, &want("t", None), turn) {
                 Ok(pick) => {
-                    prop_assert!(pick.active_runs < pick.record.runtime.max_concurrent_runs);
-                    prop_assert!(pick.record.serves(&pick.record.adapters[0].name, &Target::parse("t").unwrap()));
+                    prop_assert!(pick.active_runs < pick.record.runtime().max_concurrent_runs());
+                    prop_assert!(pick.record.serves(pick.record.adapters()[0].name(), &Target::parse("t").unwrap()));
                     let least = nodes.iter()
-                        .filter(|n| n.record.adapters[0].targets[0].as_str() == "t" && n.has_capacity())
+                        .filter(|n| n.record.adapters()[0].targets()[0].as_str() == "t" && n.has_capacity())
                         .map(|n| n.active_runs).min();
                     prop_assert_eq!(Some(pick.active_runs), least);
                 }
@@ -306,7 +305,7 @@ mod tests {
                     prop_assert!(loads.iter().all(|(_, _, serves)| !serves));
                 }
                 Err(SelectError::AllBusy { .. }) => {
-                    prop_assert!(nodes.iter().all(|n| n.record.adapters[0].targets[0].as_str() != "t" || !n.has_capacity()));
+                    prop_assert!(nodes.iter().all(|n| n.record.adapters()[0].targets()[0].as_str() != "t" || !n.has_capacity()));
                 }
                 Err(other) => prop_assert!(false, "unexpected {other:?}"),
             }

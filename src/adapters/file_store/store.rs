@@ -183,8 +183,8 @@ impl FileNodeStore {
         let mut by_token = HashMap::with_capacity(records.len());
         let mut by_id = HashMap::with_capacity(records.len());
         for (index, record) in records.iter().enumerate() {
-            by_token.entry(record.token).or_insert(index);
-            by_id.entry(record.id.clone()).or_insert(index);
+            by_token.entry(*record.token()).or_insert(index);
+            by_id.entry(record.id().clone()).or_insert(index);
         }
         Self {
             records,
@@ -209,7 +209,7 @@ impl NodeStore for FileNodeStore {
         let digest = token.digest();
         let index = *self.by_token.get(&digest)?;
         let record = self.records.get(index)?;
-        record.token.matches(&digest).then(|| Arc::clone(record))
+        record.token().matches(&digest).then(|| Arc::clone(record))
     }
 
     fn find_by_id(&self, id: &NodeId) -> Option<Arc<NodeRecord>> {
@@ -307,16 +307,16 @@ token = "secret-b"
         let records = store.records();
         assert_eq!(records.len(), 2);
         let a = &records[0];
-        assert_eq!(a.id.as_str(), "node-a");
-        assert_eq!(a.runtime.max_concurrent_runs, 2);
-        assert_eq!(a.runtime.heartbeat_interval_ms, 5_000);
-        assert_eq!(a.runtime.settings["threads"], "8");
-        assert_eq!(a.adapters[0].targets.len(), 2);
-        assert_eq!(a.adapters[0].settings["greeting"], "hi");
+        assert_eq!(a.id().as_str(), "node-a");
+        assert_eq!(a.runtime().max_concurrent_runs(), 2);
+        assert_eq!(a.runtime().heartbeat_interval_ms(), 5_000);
+        assert_eq!(a.runtime().settings()["threads"], "8");
+        assert_eq!(a.adapters()[0].targets().len(), 2);
+        assert_eq!(a.adapters()[0].settings()["greeting"], "hi");
         let b = &records[1];
-        assert_eq!(b.runtime.max_concurrent_runs, 4);
-        assert!(b.runtime.settings.is_empty());
-        assert!(b.adapters.is_empty());
+        assert_eq!(b.runtime().max_concurrent_runs(), 4);
+        assert!(b.runtime().settings().is_empty());
+        assert!(b.adapters().is_empty());
     }
 
     #[test]
@@ -336,7 +336,7 @@ token = "secret-b"
         let store =
             load(&(node("node-a", "gpu-a", "ta") + &node("node-b", "gpu-b", "tb"))).unwrap();
         let found = store.find_by_token(&Token::new("tb")).unwrap();
-        assert_eq!(found.id.as_str(), "node-b");
+        assert_eq!(found.id().as_str(), "node-b");
         assert!(store.find_by_token(&Token::new("tc")).is_none());
         assert!(store.find_by_token(&Token::new("t")).is_none());
         assert!(store.find_by_token(&Token::new("")).is_none());
@@ -347,7 +347,7 @@ token = "secret-b"
         let store =
             load(&(node("node-a", "gpu-a", "ta") + &node("node-b", "gpu-b", "tb"))).unwrap();
         assert_eq!(
-            store.find_by_id(&id("node-a")).unwrap().alias.as_str(),
+            store.find_by_id(&id("node-a")).unwrap().alias().as_str(),
             "gpu-a"
         );
         assert!(store.find_by_id(&id("gpu-a")).is_none());
@@ -363,7 +363,7 @@ token = "secret-b"
         );
         let store = load(&toml).unwrap();
         let found = store.find_by_token(&Token::new("hashed-secret")).unwrap();
-        assert_eq!(found.id.as_str(), "node-a");
+        assert_eq!(found.id().as_str(), "node-a");
         assert!(store.find_by_token(&Token::new(digest)).is_none());
     }
 

@@ -102,12 +102,12 @@ impl<'a, S: NodeIo> Connection<'a, S> {
     /// the node's runs). Returns `reason`.
     pub(super) async fn leave(&self, record: &NodeRecord, reason: CloseReason) -> CloseReason {
         let shared = self.shared;
-        shared.deps.registry.remove(&record.id, self.id);
+        shared.deps.registry.remove(record.id(), self.id);
         shared.stats.record_disconnect(reason);
         shared
             .deps
             .handler
-            .node_disconnected(&record.id, self.id, reason)
+            .node_disconnected(record.id(), self.id, reason)
             .await;
         info!(%reason, "node disconnected");
         reason
@@ -121,9 +121,7 @@ impl<'a, S: NodeIo> Connection<'a, S> {
     /// [`MAX_BATCH`] in a row, so a node streaming events pays the loop's cost per read,
     /// not per frame.
     pub(super) async fn run(&mut self, session: &mut Session) -> CloseReason {
-        let heartbeat =
-            Duration::from_millis(u64::from(session.record.runtime.heartbeat_interval_ms));
-        let silence_limit = heartbeat * MISSED_HEARTBEATS;
+        let silence_limit = session.record.runtime().heartbeat_interval() * MISSED_HEARTBEATS;
         let mut last_frame = Instant::now();
         let mut touched_at = last_frame;
         let close_all = self.shared.close_all.cancelled();
@@ -162,7 +160,7 @@ impl<'a, S: NodeIo> Connection<'a, S> {
                     last_frame = Instant::now();
                     if last_frame.duration_since(touched_at) >= TOUCH_INTERVAL {
                         touched_at = last_frame;
-                        self.shared.deps.registry.touch(&session.record.id, self.id, SystemTime::now());
+                        self.shared.deps.registry.touch(session.record.id(), self.id, SystemTime::now());
                     }
                     if let Some(reason) = self.handle_frames(&session.record, frame).await {
                         return reason;
@@ -225,7 +223,7 @@ impl<'a, S: NodeIo> Connection<'a, S> {
                 }
                 NodeFrame::RunEvent(event) => {
                     let handler = &self.shared.deps.handler;
-                    handler.run_event(&record.id, self.id, event).await;
+                    handler.run_event(record.id(), self.id, event).await;
                 }
                 NodeFrame::Heartbeat { .. } | NodeFrame::Unknown => {}
             }

@@ -34,7 +34,7 @@ impl<S: NodeIo> Connection<'_, S> {
             self.count_bytes();
             return Err(self.leave(&session.record, reason).await);
         }
-        self.shared.deps.handler.node_connected(&session.record.id);
+        self.shared.deps.handler.node_connected(session.record.id());
         let limit = self.shared.config.max_frame_bytes;
         self.framed.codec_mut().set_max_frame(limit);
         self.release_buffers();
@@ -75,7 +75,7 @@ impl<S: NodeIo> Connection<'_, S> {
         let found = shared.deps.store.find_by_token(&attempt.token);
         let already_connected = found
             .as_ref()
-            .is_some_and(|r| shared.deps.registry.is_connected(&r.id));
+            .is_some_and(|r| shared.deps.registry.is_connected(r.id()));
         let draining = shared.draining.load(Ordering::Acquire);
         let rejection =
             match decide_registration(attempt, found.as_deref(), already_connected, draining) {
@@ -126,8 +126,8 @@ impl<S: NodeIo> Connection<'_, S> {
             .registrations_accepted
             .fetch_add(1, Ordering::Relaxed);
         let span = tracing::Span::current();
-        span.record("node", tracing::field::display(&record.id));
-        span.record("alias", tracing::field::display(&record.alias));
+        span.record("node", tracing::field::display(&record.id()));
+        span.record("alias", tracing::field::display(&record.alias()));
         info!(node_version = %attempt.node_version, adapters = ?attempt.adapters, "node registered");
         Ok(Session {
             record,

@@ -126,7 +126,7 @@ impl TransportControl {
         self.start_draining();
         self.stop_accepting.cancel();
         for node in self.shared.deps.registry.snapshot() {
-            if let Some(link) = self.shared.deps.registry.link(&node.record.id) {
+            if let Some(link) = self.shared.deps.registry.link(node.record.id()) {
                 // A node whose queue is full is closed as a slow consumer instead.
                 let _ = link.send(NodeCommand::Shutdown {
                     reason: reason.to_owned(),

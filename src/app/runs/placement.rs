@@ -63,7 +63,7 @@ impl RunService {
         let turn = table.next_turn();
         let chosen = select_node(&loads, &run.spec.selector, turn)?
             .record
-            .id
+            .id()
             .clone();
         let Some(connection) = inner.registry.get(chosen.as_str()).map(|n| n.connection) else {
             // The node left between the two reads; nobody else can take the slot.
