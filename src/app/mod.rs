@@ -103,7 +103,7 @@ impl App {
         });
         let http_state = HttpState {
             metrics: metrics.registry(),
-            transport: server.control(),
+            readiness: server.control().readiness(),
             runs: runs.clone(),
             registry: Arc::clone(&registry),
             api: Api::new(settings.api.clone())?,

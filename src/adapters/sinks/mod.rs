@@ -7,7 +7,7 @@
 //! Every sink sits behind the same queue (`queue.rs`), so a slow or failing sink never
 //! blocks the relay of any run, nor the other sinks: `publish` only enqueues, and each
 //! sink's drain writes the queue in batches into the sink's writer, a plain synchronous
-//! [`SinkWriter`](queue::SinkWriter). The drain of a writer that blocks on I/O (`stdout`,
+//! `SinkWriter` (`queue.rs`). The drain of a writer that blocks on I/O (`stdout`,
 //! `file`) runs on a std thread of its own (`edge-sink-stdout`, `edge-sink-file`); the
 //! drain of one that never blocks (`log`, `null`) is a task of the edge's runtime. The
 //! adapter modules (`stdout.rs`, `file.rs`, `log.rs`, `null.rs`, with `lines.rs` and

@@ -76,7 +76,7 @@ impl<S: NodeIo> Connection<'_, S> {
         let already_connected = found
             .as_ref()
             .is_some_and(|r| shared.deps.registry.is_connected(r.id()));
-        let draining = shared.draining.load(Ordering::Acquire);
+        let draining = shared.readiness.is_draining();
         let rejection =
             match decide_registration(attempt, found.as_deref(), already_connected, draining) {
                 RegistrationDecision::Accept(_) => return found,
