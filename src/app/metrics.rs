@@ -151,6 +151,12 @@ impl Metrics {
                 None => builder.build(),
             };
         }
+        self.observe_connections(stats);
+    }
+
+    /// Connections open and closed, registrations, departures and evictions.
+    fn observe_connections(&self, stats: &Arc<TransportStats>) {
+        let meter = &self.meter;
         let open = Arc::clone(stats);
         meter
             .u64_observable_gauge("edge_connections_open")

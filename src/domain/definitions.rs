@@ -152,9 +152,7 @@ pub fn validate_definitions(
 ) -> Result<Vec<NodeRecord>, DefinitionsError> {
     let mut problems = Vec::new();
     let mut records = Vec::new();
-    let mut first_by_token: HashMap<TokenDigest, EntryRef> = HashMap::new();
-    let mut first_by_id: HashMap<&str, EntryRef> = HashMap::new();
-    let mut first_by_alias: HashMap<&str, EntryRef> = HashMap::new();
+    let mut firsts = Firsts::default();
 
     for (index, definition) in definitions.iter().enumerate() {
         let at = EntryRef {
@@ -177,34 +175,7 @@ pub fn validate_definitions(
             definition.heartbeat_interval_ms,
         );
         let token = token_digest(definition, &at, &mut problems);
-
-        if let Some(first) = first_by_id.get(definition.id.as_str()) {
-            problems.push(DefinitionProblem::DuplicateId {
-                at: at.clone(),
-                first: first.clone(),
-            });
-        } else {
-            first_by_id.insert(&definition.id, at.clone());
-        }
-        if let Some(first) = first_by_alias.get(definition.alias.as_str()) {
-            problems.push(DefinitionProblem::DuplicateAlias {
-                at: at.clone(),
-                alias: definition.alias.clone(),
-                first: first.clone(),
-            });
-        } else {
-            first_by_alias.insert(&definition.alias, at.clone());
-        }
-        if let Some(token) = token {
-            if let Some(first) = first_by_token.get(&token) {
-                problems.push(DefinitionProblem::DuplicateToken {
-                    at: at.clone(),
-                    first: first.clone(),
-                });
-            } else {
-                first_by_token.insert(token, at.clone());
-            }
-        }
+        firsts.check(definition, token, &at, &mut problems);
 
         // A zero limit was reported above; the constructor refuses it again.
         if let (Some(id), Some(alias), Some(adapters), Some(token)) = (id, alias, adapters, token)
@@ -217,28 +188,79 @@ pub fn validate_definitions(
             records.push(NodeRecord::new(id, alias, token, adapters, runtime));
         }
     }
-
-    // An alias may equal its own node's id, never another node's.
-    for (index, definition) in definitions.iter().enumerate() {
-        if let Some(other) = first_by_id.get(definition.alias.as_str())
-            && other.index != index
-        {
-            problems.push(DefinitionProblem::AliasIsAnotherId {
-                at: EntryRef {
-                    index,
-                    id: definition.id.clone(),
-                },
-                alias: definition.alias.clone(),
-                other: other.clone(),
-            });
-        }
-    }
+    firsts.check_aliases(definitions, &mut problems);
 
     if problems.is_empty() {
         Ok(records)
     } else {
         problems.sort_by_key(problem_index);
         Err(DefinitionsError { problems })
+    }
+}
+
+/// The first entry seen with each token, id and alias, for telling duplicates.
+#[derive(Default)]
+struct Firsts<'a> {
+    by_token: HashMap<TokenDigest, EntryRef>,
+    by_id: HashMap<&'a str, EntryRef>,
+    by_alias: HashMap<&'a str, EntryRef>,
+}
+
+impl<'a> Firsts<'a> {
+    /// Reports `definition`'s id, alias and token if an earlier entry had them; remembers
+    /// them otherwise.
+    fn check(
+        &mut self,
+        definition: &'a NodeDefinition,
+        token: Option<TokenDigest>,
+        at: &EntryRef,
+        problems: &mut Vec<DefinitionProblem>,
+    ) {
+        if let Some(first) = self.by_id.get(definition.id.as_str()) {
+            problems.push(DefinitionProblem::DuplicateId {
+                at: at.clone(),
+                first: first.clone(),
+            });
+        } else {
+            self.by_id.insert(&definition.id, at.clone());
+        }
+        if let Some(first) = self.by_alias.get(definition.alias.as_str()) {
+            problems.push(DefinitionProblem::DuplicateAlias {
+                at: at.clone(),
+                alias: definition.alias.clone(),
+                first: first.clone(),
+            });
+        } else {
+            self.by_alias.insert(&definition.alias, at.clone());
+        }
+        if let Some(token) = token {
+            if let Some(first) = self.by_token.get(&token) {
+                problems.push(DefinitionProblem::DuplicateToken {
+                    at: at.clone(),
+                    first: first.clone(),
+                });
+            } else {
+                self.by_token.insert(token, at.clone());
+            }
+        }
+    }
+
+    /// Reports every alias equal to another node's id (an alias may equal its own id).
+    fn check_aliases(&self, definitions: &[NodeDefinition], problems: &mut Vec<DefinitionProblem>) {
+        for (index, definition) in definitions.iter().enumerate() {
+            if let Some(other) = self.by_id.get(definition.alias.as_str())
+                && other.index != index
+            {
+                problems.push(DefinitionProblem::AliasIsAnotherId {
+                    at: EntryRef {
+                        index,
+                        id: definition.id.clone(),
+                    },
+                    alias: definition.alias.clone(),
+                    other: other.clone(),
+                });
+            }
+        }
     }
 }
 

@@ -95,25 +95,10 @@ pub fn select_node<'a>(
     selector: &NodeSelector,
     turn: u64,
 ) -> Result<&'a NodeLoad, SelectError> {
-    let serves = |node: &&NodeLoad| node.record.serves(&selector.adapter, &selector.target);
     if let Some(pin) = &selector.pin {
-        let node = nodes
-            .iter()
-            .find(|n| n.record.is_named(pin))
-            .ok_or_else(|| SelectError::PinnedNodeNotConnected { pin: pin.clone() })?;
-        if !serves(&node) {
-            return Err(SelectError::PinnedNodeDoesNotServe {
-                pin: pin.clone(),
-                adapter: selector.adapter.clone(),
-                target: selector.target.clone(),
-            });
-        }
-        return if node.has_capacity() {
-            Ok(node)
-        } else {
-            Err(all_busy(selector, 1))
-        };
+        return select_pinned(nodes, selector, pin);
     }
+    let serves = |node: &&NodeLoad| node.record.serves(&selector.adapter, &selector.target);
 
     // One pass over the nodes: the least busy candidates' positions are kept, so the
     // round-robin pick among them needs no second pass (matching a node to the route is
@@ -150,6 +135,32 @@ pub fn select_node<'a>(
     ties.get(pick)
         .and_then(|&index| nodes.get(index))
         .ok_or_else(|| all_busy(selector, serving))
+}
+
+/// The pinned node named `pin` (by id or alias), if it serves the run and has room.
+fn select_pinned<'a>(
+    nodes: &'a [NodeLoad],
+    selector: &NodeSelector,
+    pin: &str,
+) -> Result<&'a NodeLoad, SelectError> {
+    let node = nodes
+        .iter()
+        .find(|n| n.record.is_named(pin))
+        .ok_or_else(|| SelectError::PinnedNodeNotConnected {
+            pin: pin.to_owned(),
+        })?;
+    if !node.record.serves(&selector.adapter, &selector.target) {
+        return Err(SelectError::PinnedNodeDoesNotServe {
+            pin: pin.to_owned(),
+            adapter: selector.adapter.clone(),
+            target: selector.target.clone(),
+        });
+    }
+    if node.has_capacity() {
+        Ok(node)
+    } else {
+        Err(all_busy(selector, 1))
+    }
 }
 
 fn all_busy(selector: &NodeSelector, serving: usize) -> SelectError {

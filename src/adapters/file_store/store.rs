@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use config::ConfigError;
@@ -74,6 +74,44 @@ impl fmt::Display for MalformedEntry {
     }
 }
 
+/// Reads the `index`th `[[nodes]]` entry into a definition, or says what is wrong with it.
+fn read_entry(index: usize, value: config::Value) -> Result<NodeDefinition, MalformedEntry> {
+    // Checked first because the config reader's own message for a non-table entry quotes
+    // the value, which may be a token written in the wrong place.
+    let Ok(mut table) = value.clone().into_table() else {
+        return Err(MalformedEntry {
+            at: EntryRef {
+                index,
+                id: String::new(),
+            },
+            reason: "is not a table; write each node as a [[nodes]] section".into(),
+        });
+    };
+    let id = table
+        .remove("id")
+        .and_then(|id| id.into_string().ok())
+        .unwrap_or_default();
+    value
+        .try_deserialize::<NodeEntry>()
+        .map(NodeDefinition::from)
+        .map_err(|error| MalformedEntry {
+            at: EntryRef { index, id },
+            reason: describe(&error),
+        })
+}
+
+/// Logs how many node definitions `path` held; none at all is worth a warning.
+fn log_loaded(path: &Path, nodes: usize) {
+    if nodes == 0 {
+        tracing::warn!(
+            file = %path.display(),
+            "no [[nodes]] are defined: every node registration will be refused"
+        );
+    } else {
+        tracing::info!(file = %path.display(), nodes, "loaded node definitions");
+    }
+}
+
 fn render(entries: &[MalformedEntry]) -> String {
     entries
         .iter()
@@ -118,28 +156,9 @@ impl FileNodeStore {
         let mut definitions = Vec::with_capacity(values.len());
         let mut malformed = Vec::new();
         for (index, value) in values.into_iter().enumerate() {
-            // Checked first because the config reader's own message for a non-table entry
-            // quotes the value, which may be a token written in the wrong place.
-            let Ok(mut table) = value.clone().into_table() else {
-                malformed.push(MalformedEntry {
-                    at: EntryRef {
-                        index,
-                        id: String::new(),
-                    },
-                    reason: "is not a table; write each node as a [[nodes]] section".into(),
-                });
-                continue;
-            };
-            let id = table
-                .remove("id")
-                .and_then(|id| id.into_string().ok())
-                .unwrap_or_default();
-            match value.try_deserialize::<NodeEntry>() {
-                Ok(entry) => definitions.push(NodeDefinition::from(entry)),
-                Err(error) => malformed.push(MalformedEntry {
-                    at: EntryRef { index, id },
-                    reason: describe(&error),
-                }),
+            match read_entry(index, value) {
+                Ok(definition) => definitions.push(definition),
+                Err(entry) => malformed.push(entry),
             }
         }
         if !malformed.is_empty() {
@@ -154,18 +173,7 @@ impl FileNodeStore {
                 path: path.to_owned(),
                 definitions,
             })?;
-        if store.records.is_empty() {
-            tracing::warn!(
-                file = %path.display(),
-                "no [[nodes]] are defined: every node registration will be refused"
-            );
-        } else {
-            tracing::info!(
-                file = %path.display(),
-                nodes = store.records.len(),
-                "loaded node definitions"
-            );
-        }
+        log_loaded(path, store.records.len());
         Ok(store)
     }
 

@@ -40,6 +40,7 @@
 
 mod builder;
 pub mod config;
+mod drain;
 mod file;
 pub mod format;
 mod lines;

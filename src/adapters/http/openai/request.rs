@@ -76,21 +76,8 @@ pub(super) fn prepare(
         }
     })?;
     let mut fields = parse_object(&body)?;
-    let model = match field_value(&mut fields, "model") {
-        Some(Value::String(model)) if !model.is_empty() => model,
-        None | Some(Value::Null) => return Err(ApiError::missing("model")),
-        Some(_) => {
-            return Err(ApiError::invalid(
-                "model",
-                "`model` must be a non-empty string.",
-            ));
-        }
-    };
-    let stream = match field_value(&mut fields, "stream") {
-        None | Some(Value::Null) => false,
-        Some(Value::Bool(stream)) => stream,
-        Some(_) => return Err(ApiError::invalid("stream", "`stream` must be a boolean.")),
-    };
+    let model = take_model(&mut fields)?;
+    let stream = take_stream(&mut fields)?;
     let include_usage = include_usage(&fields)?;
     check_required(endpoint, &fields)?;
     if let Some(n) = fields.get("n").map(|n| n.get())
@@ -124,6 +111,27 @@ pub(super) fn prepare(
         include_usage,
         spec,
     })
+}
+
+/// Takes `model` out of `fields`: a non-empty string.
+fn take_model(fields: &mut Fields<'_>) -> Result<String, ApiError> {
+    match field_value(fields, "model") {
+        Some(Value::String(model)) if !model.is_empty() => Ok(model),
+        None | Some(Value::Null) => Err(ApiError::missing("model")),
+        Some(_) => Err(ApiError::invalid(
+            "model",
+            "`model` must be a non-empty string.",
+        )),
+    }
+}
+
+/// Takes `stream` out of `fields`: a boolean, false when absent.
+fn take_stream(fields: &mut Fields<'_>) -> Result<bool, ApiError> {
+    match field_value(fields, "stream") {
+        None | Some(Value::Null) => Ok(false),
+        Some(Value::Bool(stream)) => Ok(stream),
+        Some(_) => Err(ApiError::invalid("stream", "`stream` must be a boolean.")),
+    }
 }
 
 /// A body's top-level fields, each as the JSON text it came as: the edge reads the few it
