@@ -3,9 +3,8 @@
 //! TLS. Covers plain TLS, mutual TLS, peers that are not TLS or never handshake, bad TLS
 //! files at startup, and HTTPS.
 
-mod common;
-#[path = "../examples/mock_node/node.rs"]
-mod mock_node;
+use crate::common;
+use crate::mock_node;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;

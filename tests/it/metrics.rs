@@ -10,9 +10,8 @@
 //! ends), so checks poll `/metrics` until the expected values appear, within a bound; no
 //! test asserts how long anything took.
 
-mod common;
-#[path = "../examples/mock_node/node.rs"]
-mod mock_node;
+use crate::common;
+use crate::mock_node;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;

@@ -4,9 +4,8 @@
 //! Every scenario ends by checking that the edge forgot its runs: no open run, and no
 //! connected node still counting an active one.
 
-mod common;
-#[path = "../examples/mock_node/node.rs"]
-mod mock_node;
+use crate::common;
+use crate::mock_node;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -1,9 +1,8 @@
 //! The HTTP server's limits over real sockets: slow headers, slow bodies, too many
 //! connections, too many concurrent API requests.
 
-mod common;
-#[path = "../examples/mock_node/node.rs"]
-mod mock_node;
+use crate::common;
+use crate::mock_node;
 
 use std::time::Duration;
 

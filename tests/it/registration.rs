@@ -2,7 +2,7 @@
 //! protocol client: what an accepted node is told, every reason a registration is refused,
 //! hostile or broken peers, liveness, disconnects, graceful shutdown, and many nodes at once.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;

@@ -10,9 +10,8 @@
 //! still make the interleavings differ). Every wait is bounded; nothing asserts how long
 //! anything took.
 
-mod common;
-#[path = "../examples/mock_node/node.rs"]
-mod mock_node;
+use crate::common;
+use crate::mock_node;
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;

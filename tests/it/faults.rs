@@ -9,9 +9,8 @@
 //! long anything took. The catalogue of these faults is `docs/operations.md`, "Fault
 //! catalogue".
 
-mod common;
-#[path = "../examples/mock_node/node.rs"]
-mod mock_node;
+use crate::common;
+use crate::mock_node;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -180,16 +179,6 @@ fn file_sink(path: &Path) -> String {
         "[events]\nsinks = [\"file\"]\n[events.file]\npath = {:?}\nflush_interval_ms = 20\n",
         path.display().to_string()
     )
-}
-
-/// The resident set size of this process, in KiB, from `/proc/self/status`.
-fn resident_kib() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or(0)
 }
 
 // ---------------------------------------------------------------------------------------
@@ -468,8 +457,6 @@ async fn a_node_that_stops_reading_is_closed_as_a_slow_consumer_with_bounded_mem
     let not_reading = raw_node(&app, "token-a").await;
     let input = Bytes::from(vec![b'x'; RUN_INPUT_BYTES]);
     let stats = app.parts.transport.stats();
-    let rss_before = resident_kib();
-    let mut rss_peak = rss_before;
 
     // Offer 1 MiB runs one at a time, so the edge's socket buffers fill before its
     // outbound queue does, until the edge gives up on the node.
@@ -484,7 +471,6 @@ async fn a_node_that_stops_reading_is_closed_as_a_slow_consumer_with_bounded_mem
             Err(StartError::NoNode(_)) => break,
             Err(other) => panic!("unexpected refusal: {other}"),
         }
-        rss_peak = rss_peak.max(resident_kib());
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     assert!(
@@ -505,12 +491,9 @@ async fn a_node_that_stops_reading_is_closed_as_a_slow_consumer_with_bounded_mem
         written < offered,
         "{written} bytes written of {offered} offered"
     );
-    // Memory stayed far below what buffering every offered run would take.
-    let grown_mib = rss_peak.saturating_sub(rss_before) / 1024;
-    assert!(
-        grown_mib < 64,
-        "resident memory grew by {grown_mib} MiB while the node did not read"
-    );
+    // Memory stays bounded because nothing beyond the outbound queue is buffered: the
+    // bytes above show it. The process's resident memory is not asserted here, since the
+    // tests of this binary share one process; the load generator measures the edge's.
 
     completes_on(&app, "node-b", "unaffected by the slow one").await;
     drop(not_reading);
