@@ -23,8 +23,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use common::runs::{failure_code, next_event, only_terminal, rest, start, words};
 use common::{
-    Logs, NodeTable, PATIENCE, TWO_NODES, TestApp, edge_serve, eventually, logged, spawn_app,
-    two_nodes_with_node_a_heartbeat, watch_stderr, write_config,
+    Logs, NodeTable, PATIENCE, TWO_NODES, TestApp, edge_serve, eventually, eventually_ok, logged,
+    spawn_app, two_nodes_with_node_a_heartbeat, watch_stderr, write_config,
 };
 use edge::app::{RunHandle, StartError};
 use edge::client::{ClientError, NodeClient, ReceivedEdgeFrame, Registration};
@@ -211,18 +211,15 @@ async fn metric(http_addr: SocketAddr, name: &str, label: &str) -> f64 {
 
 /// Waits until metric `name{label}` is above zero, and returns it.
 async fn metric_above_zero(http_addr: SocketAddr, name: &str, label: &str) -> f64 {
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    loop {
+    eventually_ok(&format!("{name}{{{label}}} is above zero"), || async move {
         let value = metric(http_addr, name, label).await;
         if value > 0.0 {
-            return value;
+            Ok(value)
+        } else {
+            Err("it is zero")
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{name}{{{label}}} stayed at zero"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    })
+    .await
 }
 
 /// Asserts the edge at `http_addr` answers `/healthz` with success.
