@@ -37,6 +37,8 @@ pub struct App {
     server: TcpServer,
     http: HttpServer,
     metrics: Metrics,
+    /// Every configured sink, closed (drains joined) once everything else has stopped.
+    sink: Arc<dyn EventSink>,
     parts: AppParts,
 }
 
@@ -73,7 +75,7 @@ impl App {
         let runs = RunService::new(
             Arc::clone(&registry),
             transport,
-            sink,
+            Arc::clone(&sink),
             settings.runs.clone(),
             metrics.meter(),
         );
@@ -82,16 +84,7 @@ impl App {
             registry: Arc::clone(&registry),
             handler: Arc::new(runs.clone()),
         };
-        let node_tls = load_tls(settings.server.tls.as_ref(), "server.tls", &[])
-            .context("cannot set up TLS for the node transport")?;
-        let http_tls = load_tls(settings.http.tls.as_ref(), "http.tls", &[b"http/1.1"])
-            .context("cannot set up TLS for the HTTP server")?;
-        let mut server = TcpServer::bind(settings.server.clone(), deps)
-            .await
-            .with_context(|| format!("cannot listen for nodes on {}", settings.server.listen))?;
-        if let Some(tls) = node_tls {
-            server = server.with_tls(tls);
-        }
+        let server = bind_node_server(&settings, deps).await?;
         metrics.observe(MetricSources {
             store: Arc::clone(&store),
             registry: Arc::clone(&registry),
@@ -101,17 +94,12 @@ impl App {
         });
         let http_state = HttpState {
             metrics: metrics.registry(),
-            transport: server.control(),
+            readiness: server.control().readiness(),
             runs: runs.clone(),
             registry: Arc::clone(&registry),
             api: Api::new(settings.api.clone())?,
         };
-        let mut http = HttpServer::bind(settings.http.clone(), http_state)
-            .await
-            .with_context(|| format!("cannot listen for HTTP on {}", settings.http.listen))?;
-        if let Some(tls) = http_tls {
-            http = http.with_tls(tls);
-        }
+        let http = bind_http_server(&settings, http_state).await?;
         let parts = AppParts {
             store,
             registry,
@@ -124,6 +112,7 @@ impl App {
             server,
             http,
             metrics,
+            sink,
             parts,
         })
     }
@@ -161,6 +150,7 @@ impl App {
             server,
             http,
             metrics,
+            sink,
             parts,
         } = self;
         info!(
@@ -187,10 +177,37 @@ impl App {
             .await
             .context("the HTTP server panicked")?
             .context("the HTTP server failed")?;
+        sink.close().await;
         metrics.shutdown();
         info!("edge stopped");
         Ok(())
     }
+}
+
+/// Binds the node transport's listener, with TLS when `[server.tls]` is set.
+async fn bind_node_server(settings: &Settings, deps: ServerDeps) -> anyhow::Result<TcpServer> {
+    let tls = load_tls(settings.server.tls.as_ref(), "server.tls", &[])
+        .context("cannot set up TLS for the node transport")?;
+    let server = TcpServer::bind(settings.server.clone(), deps)
+        .await
+        .with_context(|| format!("cannot listen for nodes on {}", settings.server.listen))?;
+    Ok(match tls {
+        Some(tls) => server.with_tls(tls),
+        None => server,
+    })
+}
+
+/// Binds the HTTP listener, with TLS when `[http.tls]` is set.
+async fn bind_http_server(settings: &Settings, state: HttpState) -> anyhow::Result<HttpServer> {
+    let tls = load_tls(settings.http.tls.as_ref(), "http.tls", &[b"http/1.1"])
+        .context("cannot set up TLS for the HTTP server")?;
+    let http = HttpServer::bind(settings.http.clone(), state)
+        .await
+        .with_context(|| format!("cannot listen for HTTP on {}", settings.http.listen))?;
+    Ok(match tls {
+        Some(tls) => http.with_tls(tls),
+        None => http,
+    })
 }
 
 /// Loads a listener's TLS files, when its section has a `tls` table; `alpn` lists the

@@ -5,11 +5,13 @@
 
 pub mod event_sink;
 pub mod node_store;
+pub mod readiness;
 pub mod registry;
 pub mod transport;
 
 pub use event_sink::EventSink;
 pub use node_store::NodeStore;
+pub use readiness::Readiness;
 pub use registry::{AlreadyConnected, ConnectedNode, ConnectionId, NewConnection, Registry};
 pub use transport::{
     CloseReason, LinkError, NodeCommand, NodeEventHandler, NodeLink, NodeTransport, ReportedEvent,

@@ -4,9 +4,8 @@
 //! streamed), completions, and checks the SDK's exceptions. It asserts everything itself
 //! and exits non-zero on the first failure.
 
-mod common;
-#[path = "../examples/mock_node/node.rs"]
-mod mock_node;
+use crate::common;
+use crate::mock_node;
 
 use std::path::Path;
 use std::time::Duration;

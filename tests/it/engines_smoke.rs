@@ -3,7 +3,7 @@
 //! after a stop, and serves embeddings; `nats-server` runs JetStream and keeps its streams
 //! across a restart. The first run on a machine builds llama-server (see docs/engines.md).
 
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 

@@ -6,7 +6,7 @@
 //! cancelled, exactly as the baseline describes. Everything the edge sends it must decode
 //! as v1, and the frames a v1 node cares about carry no field it does not know.
 
-mod common;
+use crate::common;
 
 use bytes::{Buf, BytesMut};
 use common::spawn_app;

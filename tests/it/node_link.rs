@@ -3,11 +3,10 @@
 //! goes, pings and the dead-link rule, retries, resume claims after a cut and what the node
 //! does with the edge's answers, refusals, and a graceful stop.
 
-mod common;
+use crate::common;
 #[allow(dead_code, unused_imports)]
-#[path = "../examples/node/lib.rs"]
-mod node;
-mod node_support;
+use crate::node;
+use crate::node_support;
 
 use std::sync::Arc;
 

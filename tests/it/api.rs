@@ -5,9 +5,8 @@
 //! it matters, what the node received (the run's adapter, target, input and deadline, or a
 //! `CancelRun`); each ends by checking that the edge forgot its runs.
 
-mod common;
-#[path = "../examples/mock_node/node.rs"]
-mod mock_node;
+use crate::common;
+use crate::mock_node;
 
 use std::time::Duration;
 

@@ -4,9 +4,8 @@
 //! Every scenario ends by checking that the edge forgot its runs: no open run, and no
 //! connected node still counting an active one.
 
-mod common;
-#[path = "../examples/mock_node/node.rs"]
-mod mock_node;
+use crate::common;
+use crate::mock_node;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -16,7 +15,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use common::runs::{failure_code, next_event, only_terminal, rest, start, words};
-use common::{TWO_NODES, TestApp, eventually, spawn_app};
+use common::{TWO_NODES, TestApp, eventually, eventually_ok, spawn_app};
 use edge::app::{RunHandle, StartError};
 use edge::domain::{
     AdapterName, EventOrigin, NodeSelector, RunEvent, RunEventKind, RunId, RunSpec, SelectError,
@@ -702,8 +701,27 @@ async fn the_file_sink_writes_json_lines_and_recovers_when_its_directory_returns
     // The directory disappears: the sink cannot write, the edge keeps serving.
     std::fs::remove_dir_all(&sub).expect("remove the events directory");
     let (lost, _) = echo_run(&app, "lost to a missing directory").await;
-    // Give the sink a few flush intervals to try (and fail) to write the lost run.
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The sink tries (and fails) to write the lost run.
+    eventually_ok("the file sink failed to write", || async {
+        let url = format!("http://{}/metrics", app.http_addr);
+        let text = reqwest::get(url)
+            .await
+            .map_err(|e| e.to_string())?
+            .text()
+            .await;
+        let text = text.map_err(|e| e.to_string())?;
+        let errors = text
+            .lines()
+            .find_map(|l| l.strip_prefix("edge_sink_write_errors_total{sink=\"file\"} "))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .unwrap_or(0.0);
+        if errors > 0.0 {
+            Ok(())
+        } else {
+            Err("no write error yet".to_owned())
+        }
+    })
+    .await;
 
     // The directory is back: the sink writes to the path again by itself.
     std::fs::create_dir(&sub).expect("recreate the events directory");

@@ -10,9 +10,8 @@
 //! ends), so checks poll `/metrics` until the expected values appear, within a bound; no
 //! test asserts how long anything took.
 
-mod common;
-#[path = "../examples/mock_node/node.rs"]
-mod mock_node;
+use crate::common;
+use crate::mock_node;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
@@ -24,7 +23,7 @@ use std::sync::atomic::Ordering::SeqCst;
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::{TWO_NODES, TestApp, spawn_app};
+use common::{TWO_NODES, TestApp, eventually, eventually_ok, spawn_app};
 use edge::app::{RunHandle, StartError};
 use edge::client::{NodeClient, NodeFrame, ReceivedEdgeFrame, Registration};
 use edge::domain::{
@@ -40,9 +39,6 @@ use tokio::net::{TcpListener, TcpStream};
 /// The longest any single asynchronous effect may take before a test gives up. It only
 /// stops a broken edge from hanging the suite.
 const PATIENCE: Duration = Duration::from_secs(10);
-
-/// Pause between two scrapes while waiting for a value.
-const SCRAPE_PAUSE: Duration = Duration::from_millis(50);
 
 /// The token the refused registration presents.
 const WRONG_TOKEN: &str = "not-a-configured-token";
@@ -286,22 +282,20 @@ fn unmet(scrape: &Scrape, expected: &[Expected]) -> Vec<String> {
 /// Scrapes until every expectation holds, and returns that scrape; panics with what is
 /// still missing when they do not hold within [`PATIENCE`].
 async fn scrape_until(client: &reqwest::Client, app: &TestApp, expected: &[Expected]) -> Scrape {
-    let give_up = tokio::time::Instant::now() + PATIENCE;
-    loop {
+    eventually_ok("the metrics match", || async {
         let scrape = scrape(client, app).await;
         let missing = unmet(&scrape, expected);
         if missing.is_empty() {
-            return scrape;
-        }
-        if tokio::time::Instant::now() >= give_up {
-            panic!(
-                "metrics never matched:\n{}\n--- last scrape ---\n{}",
+            Ok(scrape)
+        } else {
+            Err(format!(
+                "never matched:\n{}\n--- last scrape ---\n{}",
                 missing.join("\n"),
                 scrape.text
-            );
+            ))
         }
-        tokio::time::sleep(SCRAPE_PAUSE).await;
-    }
+    })
+    .await
 }
 
 // ---------------------------------------------------------------------------------------
@@ -346,18 +340,12 @@ fn terminal(events: &[Arc<RunEvent>]) -> &RunEventKind {
 
 /// Waits until the mock node has received a `Run` command.
 async fn wait_for_run_command(node: &MockNode) {
-    let give_up = tokio::time::Instant::now() + PATIENCE;
-    while !node
-        .commands()
-        .iter()
-        .any(|c| matches!(c, NodeCommand::Run(_)))
-    {
-        assert!(
-            tokio::time::Instant::now() < give_up,
-            "the node never received its run"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    eventually("the node received its run", || {
+        node.commands()
+            .iter()
+            .any(|c| matches!(c, NodeCommand::Run(_)))
+    })
+    .await;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -548,14 +536,10 @@ impl CountingProxy {
 
     /// Waits until every relayed connection has closed both ways.
     async fn wait_closed(&self) {
-        let give_up = tokio::time::Instant::now() + PATIENCE;
-        while self.open.load(SeqCst) != 0 {
-            assert!(
-                tokio::time::Instant::now() < give_up,
-                "relayed connections still open"
-            );
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        eventually("every relayed connection closed", || {
+            self.open.load(SeqCst) == 0
+        })
+        .await;
     }
 }
 
@@ -894,14 +878,15 @@ async fn readyz_is_503_while_a_stop_drains_and_healthz_stays_200() {
     );
 
     app.parts.stop.cancel();
-    let give_up = tokio::time::Instant::now() + PATIENCE;
-    let readyz = loop {
+    let readyz = eventually_ok("/readyz stops answering 200", || async {
         let answer = get(&http, &app, "/readyz").await;
-        if answer.0 != 200 || tokio::time::Instant::now() >= give_up {
-            break answer;
+        if answer.0 == 200 {
+            Err("still 200")
+        } else {
+            Ok(answer)
         }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    };
+    })
+    .await;
     assert_eq!(readyz, (503, "draining\n".to_owned()));
     assert_eq!(get(&http, &app, "/healthz").await, (200, "ok\n".to_owned()));
 

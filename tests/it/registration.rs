@@ -2,7 +2,7 @@
 //! protocol client: what an accepted node is told, every reason a registration is refused,
 //! hostile or broken peers, liveness, disconnects, graceful shutdown, and many nodes at once.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -248,9 +248,9 @@ async fn an_accepted_registration_returns_the_configured_node_and_config() {
     app.wait_for_nodes(1).await;
     let by_id = app.parts.registry.get("node-a").expect("found by id");
     let by_alias = app.parts.registry.get("gpu-a").expect("found by alias");
-    assert_eq!(by_id.record.id.as_str(), "node-a");
-    assert_eq!(by_id.record.alias.as_str(), "gpu-a");
-    assert_eq!(by_alias.record.id.as_str(), "node-a");
+    assert_eq!(by_id.record.id().as_str(), "node-a");
+    assert_eq!(by_id.record.alias().as_str(), "gpu-a");
+    assert_eq!(by_alias.record.id().as_str(), "node-a");
     assert_eq!(by_alias.connection, by_id.connection);
     assert_eq!(by_id.node_version, env!("CARGO_PKG_VERSION"));
     assert!(app.parts.registry.get("node-b").is_none());
@@ -667,7 +667,7 @@ async fn fifty_nodes_register_concurrently_and_all_leave_on_disconnect() {
             .registry
             .get(&format!("alias-{i}"))
             .expect("by alias");
-        assert_eq!(by_alias.record.id.as_str(), format!("node-{i}"));
+        assert_eq!(by_alias.record.id().as_str(), format!("node-{i}"));
     }
 
     drop(clients);

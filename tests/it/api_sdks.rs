@@ -5,11 +5,8 @@
 //! and Anthropic Messages, and checks both SDKs' exception types. It asserts everything
 //! itself and exits non-zero on the first failure.
 
-#[path = "api_support/mod.rs"]
-mod api_support;
-mod common;
-#[path = "../examples/mock_node/node.rs"]
-mod mock_node;
+use crate::api_support;
+use crate::common;
 
 use std::path::Path;
 use std::time::Duration;

@@ -3,11 +3,10 @@
 //! node claims its run on reconnect, and since this edge does not resume, the unanswered
 //! claim makes the node close the engine request while the edge fails the run.
 
-mod common;
+use crate::common;
 #[allow(dead_code, unused_imports)]
-#[path = "../examples/node/lib.rs"]
-mod node;
-mod node_support;
+use crate::node;
+use crate::node_support;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;

@@ -1,6 +1,7 @@
 //! Replays every saved fuzz input through its target, on stable, as part of `cargo test`.
 //!
-//! The targets' bodies live in `fuzz/targets/` and are compiled here unchanged; the
+//! The targets' bodies live in `fuzz/targets/` and are compiled unchanged into this binary
+//! (`main.rs` declares them); the
 //! libFuzzer binaries in `fuzz/` (a separate cargo workspace, built with `cargo +nightly
 //! fuzz`) wrap the same code. Each test replays `fuzz/corpus/<target>/` (the minimized
 //! corpus) and `fuzz/regressions/<target>/` (inputs that once found a bug). See
@@ -8,16 +9,7 @@
 
 use std::path::{Path, PathBuf};
 
-#[path = "../fuzz/targets/config_loader.rs"]
-mod config_loader;
-#[path = "../fuzz/targets/frame_decoder.rs"]
-mod frame_decoder;
-#[path = "../fuzz/targets/recording.rs"]
-mod recording;
-#[path = "../fuzz/targets/register_handshake.rs"]
-mod register_handshake;
-#[path = "../fuzz/targets/run_state_machine.rs"]
-mod run_state_machine;
+use crate::{config_loader, frame_decoder, register_handshake, run_state_machine};
 
 /// Runs `target` on every file saved for it; fails if there is none, so a misplaced corpus
 /// cannot pass silently.

@@ -2,11 +2,8 @@
 //! run on the node, deadlines end runs, and the body limit answers 413; each in the route's
 //! own error shape.
 
-#[path = "api_support/mod.rs"]
-mod api_support;
-mod common;
-#[path = "../examples/mock_node/node.rs"]
-mod mock_node;
+use crate::api_support;
+use crate::common;
 
 use api_support::{Edge, json_with};
 use common::eventually;

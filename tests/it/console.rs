@@ -5,9 +5,8 @@
 //! Every wait is bounded by one overall deadline, so a hang fails the test instead of
 //! blocking it.
 
-mod common;
-#[path = "../examples/mock_node/node.rs"]
-mod mock_node;
+use crate::common;
+use crate::mock_node;
 
 use std::net::SocketAddr;
 use std::process::Stdio;

@@ -3,11 +3,10 @@
 //! terminal event; engine failures arrive classified; cancels and deadlines close the
 //! engine's connection.
 
-mod common;
+use crate::common;
 #[allow(dead_code, unused_imports)]
-#[path = "../examples/node/lib.rs"]
-mod node;
-mod node_support;
+use crate::node;
+use crate::node_support;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

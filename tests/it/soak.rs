@@ -10,9 +10,8 @@
 //! still make the interleavings differ). Every wait is bounded; nothing asserts how long
 //! anything took.
 
-mod common;
-#[path = "../examples/mock_node/node.rs"]
-mod mock_node;
+use crate::common;
+use crate::mock_node;
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
@@ -21,7 +20,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::{TestApp, eventually, numbered_nodes, spawn_app};
+use common::{TestApp, eventually, eventually_ok, numbered_nodes, spawn_app};
 use edge::app::{RunHandle, RunService, StartError};
 use edge::domain::{
     AdapterName, NodeSelector, RegisterRejection, RunEvent, RunEventKind, RunSpec, Target,
@@ -197,20 +196,18 @@ flush_interval_ms = 50
 /// Starts `spec` on the edge's runtime (so the timers it spawns belong to the edge),
 /// retrying while no node is connected at all.
 async fn start(edge: &Handle, runs: &RunService, spec: &RunSpec) -> RunHandle {
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    loop {
+    eventually_ok("a node takes the run", || {
         let started = {
             let _edge = edge.enter();
             runs.start(spec.clone())
         };
-        match started {
-            Ok(handle) => return handle,
-            Err(StartError::NoNode(_)) if tokio::time::Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
+        std::future::ready(match started {
+            Ok(handle) => Ok(handle),
+            Err(error @ StartError::NoNode(_)) => Err(error),
             Err(error) => panic!("run refused: {error}"),
-        }
-    }
+        })
+    })
+    .await
 }
 
 /// Every event of a run until its stream ends.
@@ -264,19 +261,19 @@ async fn connect(addr: SocketAddr, k: usize) -> MockNode {
         behaviour: Behaviour::Echo,
         ..MockOptions::new(&format!("token-{k}"))
     };
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    loop {
+    // Its previous connection may not have left the registry yet.
+    eventually_ok(&format!("node-{k} reconnects"), || async {
         match MockNode::start(addr, options.clone()).await {
-            Ok(node) => return node,
+            Ok(node) => Ok(node),
             Err(MockError::Rejected(outcome))
-                if outcome.rejection == Some(RegisterRejection::AlreadyConnected)
-                    && tokio::time::Instant::now() < deadline =>
+                if outcome.rejection == Some(RegisterRejection::AlreadyConnected) =>
             {
-                tokio::time::sleep(Duration::from_millis(2)).await;
+                Err("its old connection is still registered")
             }
             Err(error) => panic!("node-{k} could not reconnect: {error}"),
         }
-    }
+    })
+    .await
 }
 
 /// Kills node `k` (if it still runs) and waits for its task to end.

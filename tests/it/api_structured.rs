@@ -3,11 +3,7 @@
 //! whole and streamed; and a run's failure class decides the status the client gets. A real
 //! edge, a mock node over real TCP, `reqwest` as the client.
 
-#[path = "api_support/mod.rs"]
-mod api_support;
-mod common;
-#[path = "../examples/mock_node/node.rs"]
-mod mock_node;
+use crate::api_support;
 
 use api_support::{Edge, json_with, ok_json, read_chunks};
 use reqwest::StatusCode;

@@ -3,9 +3,8 @@
 //! TLS. Covers plain TLS, mutual TLS, peers that are not TLS or never handshake, bad TLS
 //! files at startup, and HTTPS.
 
-mod common;
-#[path = "../examples/mock_node/node.rs"]
-mod mock_node;
+use crate::common;
+use crate::mock_node;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -14,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::{TWO_NODES, TestApp, settings_on_free_ports, spawn_app};
+use common::{TWO_NODES, TestApp, eventually, settings_on_free_ports, spawn_app};
 use edge::app::App;
 use edge::client::{
     ClientError, NodeClient, RegisterOutcome, Registration, ServerName, tls_client_config,
@@ -192,10 +191,8 @@ async fn try_register(
 /// Waits until the transport has closed `count` connections for `reason`.
 async fn wait_for_closed(app: &TestApp, reason: CloseReason, count: u64) {
     let stats = app.parts.transport.stats();
-    within(async {
-        while stats.closed(reason) < count {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+    eventually(&format!("{count} connections closed as {reason}"), || {
+        stats.closed(reason) >= count
     })
     .await;
 }

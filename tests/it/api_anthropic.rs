@@ -3,11 +3,7 @@
 //! reasons, errors in Anthropic's shape, `x-api-key` and Bearer keys, and what the node
 //! receives (the chat body the chat endpoint would send).
 
-#[path = "api_support/mod.rs"]
-mod api_support;
-mod common;
-#[path = "../examples/mock_node/node.rs"]
-mod mock_node;
+use crate::api_support;
 
 use api_support::{Edge, Sse, json_with, ok_json, read_events};
 use edge::domain::Operation;

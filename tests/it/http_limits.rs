@@ -1,13 +1,12 @@
 //! The HTTP server's limits over real sockets: slow headers, slow bodies, too many
 //! connections, too many concurrent API requests.
 
-mod common;
-#[path = "../examples/mock_node/node.rs"]
-mod mock_node;
+use crate::common;
+use crate::mock_node;
 
 use std::time::Duration;
 
-use common::{TWO_NODES, spawn_app};
+use common::{TWO_NODES, eventually, spawn_app};
 use mock_node::{Behaviour, MockNode, MockOptions};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -110,14 +109,7 @@ async fn api_requests_beyond_the_limit_get_503_and_ops_endpoints_still_answer() 
         let (client, url, body) = (client.clone(), url.clone(), body(false));
         async move { client.post(url).json(&body).send().await }
     });
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    while app.parts.runs.open_runs() == 0 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the first run never started"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    eventually("the first run started", || app.parts.runs.open_runs() > 0).await;
 
     let refused = client
         .post(&url)

@@ -3,11 +3,7 @@
 //! outputs sent back, incomplete answers, and errors in OpenAI's shape (stored state refused
 //! by name).
 
-#[path = "api_support/mod.rs"]
-mod api_support;
-mod common;
-#[path = "../examples/mock_node/node.rs"]
-mod mock_node;
+use crate::api_support;
 
 use api_support::{Edge, Sse, json_with, ok_json, read_events};
 use edge::domain::Operation;

@@ -27,27 +27,27 @@ pub fn record(
     max_runs: u32,
     heartbeat_ms: u32,
 ) -> Arc<NodeRecord> {
-    Arc::new(NodeRecord {
-        id: NodeId::parse("node-1").expect("id"),
-        alias: Alias::parse("box-1").expect("alias"),
-        token: Token::new("token-1").digest(),
-        adapters: vec![AdapterConfig {
-            name: AdapterName::parse(adapter).expect("adapter"),
-            targets: targets
-                .iter()
-                .map(|t| Target::parse(t).expect("target"))
-                .collect(),
-            settings: settings
-                .iter()
-                .map(|(k, v)| ((*k).to_owned(), v.clone()))
-                .collect::<BTreeMap<_, _>>(),
-        }],
-        runtime: RuntimeConfig {
-            max_concurrent_runs: max_runs,
-            heartbeat_interval_ms: heartbeat_ms,
-            settings: BTreeMap::new(),
-        },
-    })
+    let adapter = AdapterConfig::new(
+        AdapterName::parse(adapter).expect("adapter"),
+        targets
+            .iter()
+            .map(|t| Target::parse(t).expect("target"))
+            .collect(),
+        settings
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), v.clone()))
+            .collect::<BTreeMap<_, _>>(),
+    )
+    .expect("adapter config");
+    let runtime =
+        RuntimeConfig::new(max_runs, heartbeat_ms, BTreeMap::new()).expect("runtime config");
+    Arc::new(NodeRecord::new(
+        NodeId::parse("node-1").expect("id"),
+        Alias::parse("box-1").expect("alias"),
+        Token::new("token-1").digest(),
+        vec![adapter],
+        runtime,
+    ))
 }
 
 /// Listens for nodes.

@@ -2,11 +2,7 @@
 //! run per request, float and base64 answers, `dimensions` passed through, token-array
 //! inputs, and malformed bodies answered in OpenAI's shape.
 
-#[path = "api_support/mod.rs"]
-mod api_support;
-mod common;
-#[path = "../examples/mock_node/node.rs"]
-mod mock_node;
+use crate::api_support;
 
 use api_support::{Edge, json_with, ok_json};
 use edge::domain::Operation;

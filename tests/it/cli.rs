@@ -1,6 +1,6 @@
 //! The `edge` command line: `check-config` and `token generate`, run as a real process.
 
-mod common;
+use crate::common;
 
 use std::process::{Command, Output};
 

@@ -9,9 +9,8 @@
 //! long anything took. The catalogue of these faults is `docs/operations.md`, "Fault
 //! catalogue".
 
-mod common;
-#[path = "../examples/mock_node/node.rs"]
-mod mock_node;
+use crate::common;
+use crate::mock_node;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -24,8 +23,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use common::runs::{failure_code, next_event, only_terminal, rest, start, words};
 use common::{
-    Logs, NodeTable, PATIENCE, TWO_NODES, TestApp, edge_serve, eventually, logged, spawn_app,
-    two_nodes_with_node_a_heartbeat, watch_stderr, write_config,
+    Logs, NodeTable, PATIENCE, TWO_NODES, TestApp, edge_serve, eventually, eventually_ok, logged,
+    spawn_app, two_nodes_with_node_a_heartbeat, watch_stderr, write_config,
 };
 use edge::app::{RunHandle, StartError};
 use edge::client::{ClientError, NodeClient, ReceivedEdgeFrame, Registration};
@@ -183,16 +182,6 @@ fn file_sink(path: &Path) -> String {
     )
 }
 
-/// The resident set size of this process, in KiB, from `/proc/self/status`.
-fn resident_kib() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or(0)
-}
-
 // ---------------------------------------------------------------------------------------
 // Helpers: HTTP
 // ---------------------------------------------------------------------------------------
@@ -223,18 +212,15 @@ async fn metric(http_addr: SocketAddr, name: &str, label: &str) -> f64 {
 
 /// Waits until metric `name{label}` is above zero, and returns it.
 async fn metric_above_zero(http_addr: SocketAddr, name: &str, label: &str) -> f64 {
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    loop {
+    eventually_ok(&format!("{name}{{{label}}} is above zero"), || async move {
         let value = metric(http_addr, name, label).await;
         if value > 0.0 {
-            return value;
+            Ok(value)
+        } else {
+            Err("it is zero")
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{name}{{{label}}} stayed at zero"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    })
+    .await
 }
 
 /// Asserts the edge at `http_addr` answers `/healthz` with success.
@@ -469,8 +455,6 @@ async fn a_node_that_stops_reading_is_closed_as_a_slow_consumer_with_bounded_mem
     let not_reading = raw_node(&app, "token-a").await;
     let input = Bytes::from(vec![b'x'; RUN_INPUT_BYTES]);
     let stats = app.parts.transport.stats();
-    let rss_before = resident_kib();
-    let mut rss_peak = rss_before;
 
     // Offer 1 MiB runs one at a time, so the edge's socket buffers fill before its
     // outbound queue does, until the edge gives up on the node.
@@ -485,7 +469,6 @@ async fn a_node_that_stops_reading_is_closed_as_a_slow_consumer_with_bounded_mem
             Err(StartError::NoNode(_)) => break,
             Err(other) => panic!("unexpected refusal: {other}"),
         }
-        rss_peak = rss_peak.max(resident_kib());
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     assert!(
@@ -506,12 +489,9 @@ async fn a_node_that_stops_reading_is_closed_as_a_slow_consumer_with_bounded_mem
         written < offered,
         "{written} bytes written of {offered} offered"
     );
-    // Memory stayed far below what buffering every offered run would take.
-    let grown_mib = rss_peak.saturating_sub(rss_before) / 1024;
-    assert!(
-        grown_mib < 64,
-        "resident memory grew by {grown_mib} MiB while the node did not read"
-    );
+    // Memory stays bounded because nothing beyond the outbound queue is buffered: the
+    // bytes above show it. The process's resident memory is not asserted here, since the
+    // tests of this binary share one process; the load generator measures the edge's.
 
     completes_on(&app, "node-b", "unaffected by the slow one").await;
     drop(not_reading);
