@@ -313,6 +313,7 @@ pub fn run(args: &ApiArgs, common: &Common) -> anyhow::Result<Vec<Record>> {
             text_bytes: 0,
             stamped: false,
             texts: words(args.chunks),
+            ping: false,
         });
         anyhow::Ok((
             lean::start_nodes(addr, nodes.count, &plan).await?,

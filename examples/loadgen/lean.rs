@@ -10,7 +10,7 @@ use std::time::Instant;
 use anyhow::{Context, bail};
 use bytes::BytesMut;
 use edge::client::{
-    MAX_FRAME_BYTES, NodeClient, NodeFrame, ReceivedEdgeFrame, Registration, run_event,
+    MAX_FRAME_BYTES, NodeClient, NodeFrame, ReceivedEdgeFrame, Registration, heartbeat, run_event,
 };
 use edge::domain::{RunEventKind, Usage};
 use edge::ports::NodeCommand;
@@ -51,6 +51,9 @@ pub struct Plan {
     pub stamped: bool,
     /// Fixed output texts to use in turn instead (for the API: chat words).
     pub texts: Vec<String>,
+    /// Whether each run's events are followed by a heartbeat with a `ping` (in the same
+    /// write), which the edge answers with an ack: the link check at its most frequent.
+    pub ping: bool,
 }
 
 impl Plan {
@@ -121,6 +124,9 @@ fn encode_run(run_id: &str, plan: &Plan, out: &mut BytesMut) -> anyhow::Result<V
         },
         out,
     )?;
+    if plan.ping {
+        codec.encode(heartbeat(0, 1, None), out)?;
+    }
     Ok(stamps)
 }
 

@@ -47,6 +47,10 @@ pub struct RelayArgs {
     /// The sinks' `[events] queue_capacity` (0: the edge's default).
     #[arg(long, default_value_t = 0)]
     pub queue_capacity: usize,
+    /// Follow every run's events with a pinging heartbeat (answered by an ack), to measure
+    /// what the link check costs the relay.
+    #[arg(long)]
+    pub pings: bool,
     /// Sink kinds, each measured with its own edge: null, file, stdout, log.
     #[arg(long, value_delimiter = ',', default_value = "null,file,stdout")]
     pub sinks: Vec<String>,
@@ -191,6 +195,7 @@ fn measure(args: &RelayArgs, common: &Common, kind: SinkKind) -> anyhow::Result<
         text_bytes: args.bytes,
         stamped: true,
         texts: Vec::new(),
+        ping: args.pings,
     });
     let addr = edge.node_addr;
     let servers = load.block_on(lean::start_nodes(addr, args.nodes, &plan))?;
@@ -231,10 +236,13 @@ fn measure(args: &RelayArgs, common: &Common, kind: SinkKind) -> anyhow::Result<
     }
     load.shutdown_timeout(Duration::from_secs(2));
 
-    let key = match args.queue_capacity {
+    let mut key = match args.queue_capacity {
         0 => format!("sink={}", kind.as_str()),
         capacity => format!("sink={} queue_capacity={capacity}", kind.as_str()),
     };
+    if args.pings {
+        key.push_str(" pings=per_run");
+    }
     Ok(Record::new(key)
         .with("sink_events_per_s", (written_1 - written_0) / elapsed)
         .with(

@@ -211,6 +211,7 @@ pub fn run(args: &RunsArgs, common: &Common) -> anyhow::Result<Vec<Record>> {
         text_bytes: 32,
         stamped: false,
         texts: Vec::new(),
+        ping: false,
     });
     let warmup = Duration::from_millis(args.warmup_ms);
     let duration = Duration::from_millis(args.duration_ms);

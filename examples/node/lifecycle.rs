@@ -12,10 +12,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use edge::client::{
-    Backoff, ClientError, NodeClient, RegisterOutcome, Registration, new_instance_id,
+    Backoff, ClientError, Keepalive, LinkEnd, NodeClient, RegisterOutcome, Registration,
+    dial as dial_tcp, new_instance_id,
 };
 use edge::domain::{RegisterRejection, ResumeClaim};
-use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -144,7 +144,7 @@ async fn connect_loop(core: &Core) -> Result<(), NodeError> {
             Ok(SessionEnd::Exit) => break,
             Ok(end) => {
                 backoff.reset();
-                tracing::warn!(?end, "disconnected from the edge");
+                log_link_end(core, &end);
                 if let SessionEnd::EdgeShutdown(_) = end {
                     // The edge ended every open run before saying so.
                     core.table.stop_all(&Stop::Forget);
@@ -169,6 +169,25 @@ async fn connect_loop(core: &Core) -> Result<(), NodeError> {
         }
     }
     Ok(())
+}
+
+/// Counts how the session's link ended and logs it with the counts so far.
+fn log_link_end(core: &Core, end: &SessionEnd) {
+    let ended = match end {
+        SessionEnd::LinkDead => LinkEnd::DeclaredDead,
+        SessionEnd::Closed | SessionEnd::EdgeShutdown(_) => LinkEnd::ClosedByEdge,
+        SessionEnd::Failed(_) => LinkEnd::Broken,
+        SessionEnd::Exit => return,
+    };
+    let links = &core.options.link_stats;
+    links.record(ended);
+    tracing::warn!(
+        ?end,
+        links_declared_dead = links.count(LinkEnd::DeclaredDead),
+        links_closed_by_edge = links.count(LinkEnd::ClosedByEdge),
+        links_broken = links.count(LinkEnd::Broken),
+        "disconnected from the edge"
+    );
 }
 
 enum Failure {
@@ -232,15 +251,9 @@ async fn register(
 
 /// Dials the edge, with TCP keepalive and TLS as configured.
 async fn dial(options: &NodeOptions) -> Result<NodeClient, ClientError> {
+    let keepalive = options.tcp_keepalive.map(Keepalive::after_idle);
     let connect = async {
-        let stream = TcpStream::connect(&options.edge).await?;
-        if let Some(idle) = options.tcp_keepalive {
-            let keepalive = socket2::TcpKeepalive::new()
-                .with_time(idle)
-                .with_interval((idle / 3).max(Duration::from_secs(1)))
-                .with_retries(3);
-            socket2::SockRef::from(&stream).set_tcp_keepalive(&keepalive)?;
-        }
+        let stream = dial_tcp(options.edge.as_str(), keepalive.as_ref()).await?;
         match &options.tls {
             None => NodeClient::over_tcp(stream),
             Some(tls) => {

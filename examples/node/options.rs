@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use edge::client::ServerName;
+use edge::client::{LinkStats, ServerName};
 
 use super::runs::BufferLimits;
 
@@ -42,6 +42,9 @@ pub struct NodeOptions {
     pub flush_timeout: Duration,
     /// Buffer bounds.
     pub buffers: BufferLimits,
+    /// Where the node counts how its connections to the edge ended (shared, so whoever
+    /// started the node can read it).
+    pub link_stats: Arc<LinkStats>,
 }
 
 impl NodeOptions {
@@ -59,6 +62,7 @@ impl NodeOptions {
             shutdown_grace: Duration::from_secs(30),
             flush_timeout: Duration::from_secs(5),
             buffers: BufferLimits::default(),
+            link_stats: Arc::default(),
         }
     }
 }

@@ -309,6 +309,7 @@ impl Sections {
             .filter(|(_, value)| *value == 0)
             .map(|(key, _)| format!("`{key}` must be at least 1"))
             .collect();
+        problems.extend(self.server.keepalive_problems());
         for (key, tls) in [
             ("server.tls", &self.server.tls),
             ("http.tls", &self.http.tls),

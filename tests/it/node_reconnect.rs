@@ -8,63 +8,15 @@ use crate::common;
 use crate::node;
 use crate::node_support;
 
-use std::collections::BTreeMap;
 use std::net::SocketAddr;
 
-use bytes::Bytes;
 use common::runs::{failure_code, next_event, only_terminal, rest, start};
-use common::{TestApp, eventually, settings_on_free_ports};
-use edge::adapters::sinks::config::SinkKind;
-use edge::app::App;
-use edge::domain::{AdapterName, NodeSelector, Operation, RunEventKind, RunSpec, Target};
+use common::{TestApp, eventually};
+use edge::domain::RunEventKind;
 use node_support::relay::Relay;
 use node_support::upstream::{Reply, ScriptedEngine};
-use node_support::{QWEN, edge_config, spawn_node};
+use node_support::{QWEN, answer, edge_config, edge_on, prompt, spawn_node};
 use serde_json::json;
-
-/// An edge with `config` whose node transport listens on `node_addr` (port 0 for any).
-async fn edge_on(config: &str, node_addr: SocketAddr) -> TestApp {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let mut settings = settings_on_free_ports(dir.path(), config);
-    settings.server.listen = node_addr;
-    settings.server.shutdown_grace_ms = 500;
-    settings.events.sinks = vec![SinkKind::Null];
-    let app = App::build(settings).await.expect("build the edge");
-    let node_addr = app.node_addr().expect("node addr");
-    let http_addr = app.http_addr().expect("http addr");
-    let parts = app.parts();
-    let serving = tokio::spawn(app.run_until_stopped());
-    TestApp {
-        node_addr,
-        http_addr,
-        parts,
-        serving,
-        dir,
-    }
-}
-
-fn prompt(text: &str) -> RunSpec {
-    RunSpec {
-        selector: NodeSelector {
-            adapter: AdapterName::parse("llama").expect("adapter"),
-            target: Target::parse("qwen").expect("target"),
-            pin: None,
-        },
-        input: Bytes::from(text.to_owned()),
-        content_type: "text/plain; charset=utf-8".into(),
-        params: BTreeMap::new(),
-        deadline: None,
-        operation: Operation::Unspecified,
-    }
-}
-
-fn answer(text: &str) -> Reply {
-    let chunks = [
-        json!({"choices": [{"index": 0, "delta": {"content": text}}]}),
-        json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}),
-    ];
-    Reply::sse(&chunks, true)
-}
 
 async fn completes(app: &TestApp, text: &str) {
     let mut handle = start(app, prompt(text));

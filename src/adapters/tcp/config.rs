@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use super::keepalive::Keepalive;
 use crate::adapters::tls::TlsConfig;
 
 /// `[server]`: where nodes connect and the limits each connection lives under.
@@ -32,6 +33,12 @@ pub struct ServerConfig {
     pub register_failure_delay_ms: u64,
     /// The longest such wait.
     pub register_failure_max_delay_ms: u64,
+    /// TCP keepalive on node sockets: idle time before the first probe; 0 turns it off.
+    pub tcp_keepalive_idle_ms: u64,
+    /// TCP keepalive: time between probes.
+    pub tcp_keepalive_interval_ms: u64,
+    /// TCP keepalive: unanswered probes before the kernel closes the connection.
+    pub tcp_keepalive_retries: u32,
     /// `[server.tls]`: when present, nodes must speak TLS (the same framing inside), and
     /// mutual TLS when it names a client CA. The application loads the files at startup and
     /// hands the result to [`TcpServer::with_tls`](super::TcpServer::with_tls).
@@ -51,6 +58,9 @@ impl Default for ServerConfig {
             write_timeout_ms: 10_000,
             register_failure_delay_ms: 100,
             register_failure_max_delay_ms: 5_000,
+            tcp_keepalive_idle_ms: 30_000,
+            tcp_keepalive_interval_ms: 10_000,
+            tcp_keepalive_retries: 3,
             tls: None,
         }
     }
@@ -70,5 +80,79 @@ impl ServerConfig {
     /// `write_timeout_ms` as a duration.
     pub fn write_timeout(&self) -> Duration {
         Duration::from_millis(self.write_timeout_ms)
+    }
+
+    /// The TCP keepalive set on accepted node sockets; `None` when it is off.
+    pub fn keepalive(&self) -> Option<Keepalive> {
+        (self.tcp_keepalive_idle_ms > 0).then(|| Keepalive {
+            idle: Duration::from_millis(self.tcp_keepalive_idle_ms),
+            interval: Duration::from_millis(self.tcp_keepalive_interval_ms),
+            retries: self.tcp_keepalive_retries,
+        })
+    }
+
+    /// What is wrong with the keepalive keys: the kernel counts whole seconds and at least
+    /// one probe.
+    pub fn keepalive_problems(&self) -> Vec<String> {
+        let mut problems = Vec::new();
+        if self.tcp_keepalive_idle_ms == 0 {
+            return problems;
+        }
+        for (key, value) in [
+            ("tcp_keepalive_idle_ms", self.tcp_keepalive_idle_ms),
+            ("tcp_keepalive_interval_ms", self.tcp_keepalive_interval_ms),
+        ] {
+            if value < 1_000 {
+                problems.push(format!(
+                    "`server.{key}` must be at least 1000 (the kernel counts whole seconds) while keepalive is on"
+                ));
+            }
+        }
+        if self.tcp_keepalive_retries == 0 {
+            problems.push(
+                "`server.tcp_keepalive_retries` must be at least 1 while keepalive is on".into(),
+            );
+        }
+        problems
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keepalive_is_on_by_default_and_off_at_zero_idle() {
+        let config = ServerConfig::default();
+        let keepalive = config.keepalive().expect("on by default");
+        assert_eq!(keepalive.idle, Duration::from_secs(30));
+        assert_eq!(keepalive.dead_after(), Duration::from_secs(60));
+        assert!(config.keepalive_problems().is_empty());
+        let off = ServerConfig {
+            tcp_keepalive_idle_ms: 0,
+            tcp_keepalive_interval_ms: 0,
+            tcp_keepalive_retries: 0,
+            ..ServerConfig::default()
+        };
+        assert_eq!(off.keepalive(), None);
+        assert!(off.keepalive_problems().is_empty());
+    }
+
+    #[test]
+    fn sub_second_or_probeless_keepalive_is_refused() {
+        let config = ServerConfig {
+            tcp_keepalive_idle_ms: 500,
+            tcp_keepalive_interval_ms: 999,
+            tcp_keepalive_retries: 0,
+            ..ServerConfig::default()
+        };
+        let problems = config.keepalive_problems().join("\n");
+        for key in [
+            "tcp_keepalive_idle_ms",
+            "tcp_keepalive_interval_ms",
+            "tcp_keepalive_retries",
+        ] {
+            assert!(problems.contains(&format!("`server.{key}`")), "{problems}");
+        }
     }
 }

@@ -14,6 +14,7 @@ use tracing::{Instrument, debug, info, info_span, warn};
 
 use super::config::ServerConfig;
 use super::connection::{Connection, NodeIo};
+use super::keepalive::Keepalive;
 use super::stats::TransportStats;
 use crate::adapters::tls::TlsAcceptor;
 use crate::domain::RegistrationThrottle;
@@ -223,6 +224,7 @@ impl TcpServer {
             tls,
         } = self;
         let limit = Arc::new(Semaphore::new(control.shared.config.max_connections.max(1)));
+        let keepalive = control.shared.config.keepalive();
         loop {
             let accepted = tokio::select! {
                 () = control.stop_accepting.cancelled() => break,
@@ -240,9 +242,7 @@ impl TcpServer {
                         drop(stream);
                         continue;
                     };
-                    if let Err(error) = stream.set_nodelay(true) {
-                        debug!(%error, "could not disable Nagle's algorithm");
-                    }
+                    tune(&stream, keepalive.as_ref());
                     let control = control.clone();
                     let tls = tls.clone();
                     control.connections.clone().spawn(async move {
@@ -264,6 +264,19 @@ impl TcpServer {
             }
         }
         info!("node transport stopped accepting");
+    }
+}
+
+/// Sets the socket options of an accepted node socket: no Nagle delay, and TCP keepalive
+/// when configured. A failure only loses the option.
+fn tune(stream: &TcpStream, keepalive: Option<&Keepalive>) {
+    if let Err(error) = stream.set_nodelay(true) {
+        debug!(%error, "could not disable Nagle's algorithm");
+    }
+    if let Some(keepalive) = keepalive
+        && let Err(error) = keepalive.apply(stream)
+    {
+        debug!(%error, "could not turn on TCP keepalive");
     }
 }
 

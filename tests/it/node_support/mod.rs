@@ -11,14 +11,22 @@ pub mod fake_edge;
 pub mod relay;
 pub mod upstream;
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use bytes::Bytes;
+use edge::adapters::sinks::config::SinkKind;
+use edge::app::App;
+use edge::domain::{AdapterName, NodeSelector, Operation, RunSpec, Target};
+use serde_json::json;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use crate::common::{TestApp, settings_on_free_ports};
 use crate::node::NodeOptions;
 use crate::node::lifecycle::NodeError;
+use upstream::Reply;
 
 pub use crate::common::PATIENCE;
 
@@ -26,6 +34,8 @@ pub use crate::common::PATIENCE;
 pub struct RunningNode {
     /// Cancel to drain and stop it (as SIGTERM does).
     pub stop: CancellationToken,
+    /// How its connections to the edge ended so far.
+    pub links: std::sync::Arc<edge::client::LinkStats>,
     task: JoinHandle<Result<(), NodeError>>,
 }
 
@@ -58,8 +68,9 @@ pub fn spawn_node(
     options.flush_timeout = Duration::from_millis(500);
     tweak(&mut options);
     let stop = CancellationToken::new();
+    let links = std::sync::Arc::clone(&options.link_stats);
     let task = tokio::spawn(crate::node::run(options, stop.clone()));
-    RunningNode { stop, task }
+    RunningNode { stop, links, task }
 }
 
 /// The `openai` adapter settings for an engine at `base_url`: `qwen` maps to the upstream
@@ -97,4 +108,48 @@ base_url = "{base_url}"
 probe_interval_ms = "60000"
 "#
     )
+}
+
+/// A real edge with `config` whose node transport listens on `node_addr` (port 0 for any).
+pub async fn edge_on(config: &str, node_addr: SocketAddr) -> TestApp {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut settings = settings_on_free_ports(dir.path(), config);
+    settings.server.listen = node_addr;
+    settings.server.shutdown_grace_ms = 500;
+    settings.events.sinks = vec![SinkKind::Null];
+    let app = App::build(settings).await.expect("build the edge");
+    let node_addr = app.node_addr().expect("node addr");
+    let http_addr = app.http_addr().expect("http addr");
+    let parts = app.parts();
+    let serving = tokio::spawn(app.run_until_stopped());
+    TestApp {
+        node_addr,
+        http_addr,
+        parts,
+        serving,
+        dir,
+    }
+}
+
+pub fn prompt(text: &str) -> RunSpec {
+    RunSpec {
+        selector: NodeSelector {
+            adapter: AdapterName::parse("llama").expect("adapter"),
+            target: Target::parse("qwen").expect("target"),
+            pin: None,
+        },
+        input: Bytes::from(text.to_owned()),
+        content_type: "text/plain; charset=utf-8".into(),
+        params: BTreeMap::new(),
+        deadline: None,
+        operation: Operation::Unspecified,
+    }
+}
+
+pub fn answer(text: &str) -> Reply {
+    let chunks = [
+        json!({"choices": [{"index": 0, "delta": {"content": text}}]}),
+        json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}),
+    ];
+    Reply::sse(&chunks, true)
 }
