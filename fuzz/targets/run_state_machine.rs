@@ -34,8 +34,8 @@ use edge::domain::{
     RunEventKind, RunId, RunSpec, Target, Token, Usage,
 };
 use edge::ports::{
-    CloseReason, ConnectionId, EventSink, LinkError, NewConnection, NodeCommand, NodeEventHandler,
-    NodeLink, NodeStore, Registry, ReportedEvent,
+    CloseReason, ConnectionId, EventSink, LastFrame, LinkError, NewConnection, NodeCommand,
+    NodeEventHandler, NodeLink, NodeStore, Registry, ReportedEvent,
 };
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -183,6 +183,10 @@ impl FakeLink {
 }
 
 impl NodeLink for FakeLink {
+    fn supersede(&self) {
+        self.close(CloseReason::Superseded);
+    }
+
     fn send(&self, command: NodeCommand) -> Result<(), LinkError> {
         if self.closing.load(Ordering::Relaxed) {
             return Err(LinkError::Closed);
@@ -354,6 +358,8 @@ impl World {
             peer: SocketAddr::from(([127, 0, 0, 1], 40_000)),
             node_version: "fuzz".to_owned(),
             link: Arc::clone(&link) as Arc<dyn NodeLink>,
+            instance_id: String::new(),
+            last_frame: Arc::new(LastFrame::new(std::time::Instant::now())),
         };
         if self.registry.insert(registered).is_err() {
             // Its previous connection has not finished closing yet.

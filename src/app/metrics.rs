@@ -17,7 +17,7 @@ use opentelemetry_sdk::metrics::SdkMeterProvider;
 
 use crate::adapters::sinks::{BuiltSink, SinkStats};
 use crate::adapters::tcp::TransportStats;
-use crate::domain::RegisterRejection;
+use crate::domain::{RegisterRejection, TakeoverReason, TakeoverRefusal};
 use crate::ports::{CloseReason, NodeStore, Registry};
 
 use super::runs::RunService;
@@ -202,12 +202,52 @@ impl Metrics {
                 }
             })
             .build();
-        let evictions = Arc::clone(stats);
+        self.observe_takeovers(stats);
+    }
+
+    /// Dead links by the side that declared them, takeovers and refused takeovers.
+    fn observe_takeovers(&self, stats: &Arc<TransportStats>) {
+        let meter = &self.meter;
+        let dead = Arc::clone(stats);
         meter
-            .u64_observable_counter("edge_node_heartbeat_evictions")
-            .with_description("Registered nodes closed after three heartbeat intervals of silence")
+            .u64_observable_counter("edge_node_links_declared_dead")
+            .with_description(
+                "Links to registered nodes found dead, by the side that declared it (edge: \
+                 heartbeat silence; node: the same node instance came back on a new connection)",
+            )
             .with_callback(move |o| {
-                o.observe(evictions.disconnects(CloseReason::HeartbeatTimeout), &[])
+                o.observe(
+                    dead.links_declared_dead(false),
+                    &[KeyValue::new("by", "edge")],
+                );
+                o.observe(
+                    dead.links_declared_dead(true),
+                    &[KeyValue::new("by", "node")],
+                );
+            })
+            .build();
+        let takeovers = Arc::clone(stats);
+        meter
+            .u64_observable_counter("edge_node_takeovers")
+            .with_description("Registrations that took over the node's live connection, by reason")
+            .with_callback(move |o| {
+                for reason in TakeoverReason::ALL {
+                    let value = takeovers.takeovers(reason);
+                    o.observe(value, &[KeyValue::new("reason", reason.as_str())]);
+                }
+            })
+            .build();
+        let refusals = Arc::clone(stats);
+        meter
+            .u64_observable_counter("edge_node_takeover_refusals")
+            .with_description(
+                "Registrations refused ALREADY_CONNECTED because the live connection stays, by reason",
+            )
+            .with_callback(move |o| {
+                for refusal in TakeoverRefusal::ALL {
+                    let value = refusals.takeover_refusals(refusal);
+                    o.observe(value, &[KeyValue::new("reason", refusal.as_str())]);
+                }
             })
             .build();
     }

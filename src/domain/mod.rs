@@ -28,7 +28,8 @@ pub use node::{
 };
 pub use output::{Embedding, StructuredOutput, TokenLogprob, ToolCallDelta, TopLogprob};
 pub use registration::{
-    PROTOCOL_VERSION, RegisterAttempt, RegisterRejection, RegistrationDecision, decide_registration,
+    LiveConnection, PROTOCOL_VERSION, RegisterAttempt, RegisterRejection, RegistrationDecision,
+    TakeoverReason, TakeoverRefusal, decide_registration,
 };
 pub use resume::{ResumeAnswer, ResumeClaim, ResumeRefusal, decide_resume};
 pub use run::{

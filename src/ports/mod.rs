@@ -12,7 +12,9 @@ pub mod transport;
 pub use event_sink::EventSink;
 pub use node_store::NodeStore;
 pub use readiness::Readiness;
-pub use registry::{AlreadyConnected, ConnectedNode, ConnectionId, NewConnection, Registry};
+pub use registry::{
+    AlreadyConnected, ConnectedNode, ConnectionId, LastFrame, NewConnection, Registry,
+};
 pub use transport::{
     CloseReason, LinkError, NodeCommand, NodeEventHandler, NodeLink, NodeTransport, ReportedEvent,
     RunAssignment, TransportError,

@@ -2,7 +2,8 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::SystemTime;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime};
 
 use crate::domain::{NodeId, NodeLoad, NodeRecord};
 
@@ -24,6 +25,42 @@ pub struct NewConnection {
     pub node_version: String,
     /// The way to send to this node.
     pub link: Arc<dyn NodeLink>,
+    /// The node process's instance id (`RegisterRequest.instance_id`); empty from a v1 node.
+    pub instance_id: String,
+    /// When this connection last sent a frame; the connection keeps it current.
+    pub last_frame: Arc<LastFrame>,
+}
+
+/// When a connection last sent a frame: written by the connection's task as frames arrive,
+/// read by the registration policy to judge whether an old connection is still alive (see
+/// `decide_registration`). Monotonic, microsecond resolution, one writer.
+#[derive(Debug)]
+pub struct LastFrame {
+    origin: Instant,
+    since_origin_us: AtomicU64,
+}
+
+impl LastFrame {
+    /// A connection whose last frame (its registration) arrived at `at`.
+    pub fn new(at: Instant) -> Self {
+        Self {
+            origin: at,
+            since_origin_us: AtomicU64::new(0),
+        }
+    }
+
+    /// Records a frame that arrived at `at` (an earlier time than the last one is ignored).
+    pub fn record(&self, at: Instant) {
+        let since = at.saturating_duration_since(self.origin).as_micros();
+        let since = u64::try_from(since).unwrap_or(u64::MAX);
+        self.since_origin_us.fetch_max(since, Ordering::Relaxed);
+    }
+
+    /// When the last frame arrived.
+    pub fn at(&self) -> Instant {
+        let since = Duration::from_micros(self.since_origin_us.load(Ordering::Relaxed));
+        self.origin.checked_add(since).unwrap_or(self.origin)
+    }
 }
 
 /// A connected node as the registry reports it: a copy, never a reference into its map.
@@ -39,8 +76,12 @@ pub struct ConnectedNode {
     pub node_version: String,
     /// When the registration was accepted.
     pub connected_since: SystemTime,
-    /// When the node last sent a frame.
+    /// When the node last sent a frame (wall clock, refreshed at most once a second).
     pub last_seen: SystemTime,
+    /// When the node last sent a frame (monotonic, exact), for the registration policy.
+    pub last_frame_at: Instant,
+    /// The node process's instance id; empty from a v1 node.
+    pub instance_id: String,
     /// Runs the edge has sent it that have not ended.
     pub active_runs: u32,
 }
@@ -61,6 +102,20 @@ pub trait Registry: Send + Sync {
     /// # Errors
     /// [`AlreadyConnected`] when the node has a live connection; the registry is unchanged.
     fn insert(&self, connection: NewConnection) -> Result<(), AlreadyConnected>;
+
+    /// Replaces the node's live connection `old` with `connection` in one step (a takeover),
+    /// or inserts `connection` when the node has no live connection any more. Returns the
+    /// replaced connection's link, so the caller can close it; the replaced connection's
+    /// later `remove` finds nothing to remove.
+    ///
+    /// # Errors
+    /// [`AlreadyConnected`] when the node's live connection is another one than `old` (a
+    /// third connection won the race); the registry is unchanged.
+    fn replace(
+        &self,
+        connection: NewConnection,
+        old: ConnectionId,
+    ) -> Result<Option<Arc<dyn NodeLink>>, AlreadyConnected>;
 
     /// Removes the node if `connection` is still its live connection; returns whether it did.
     fn remove(&self, id: &NodeId, connection: ConnectionId) -> bool;

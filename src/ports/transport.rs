@@ -75,11 +75,14 @@ pub enum CloseReason {
     /// a missing or untrusted client certificate); the connection never reached the node
     /// protocol.
     TlsHandshake,
+    /// The same node registered again on a newer connection and took over (its own half-open
+    /// connection, or one silent for more than a heartbeat interval).
+    Superseded,
 }
 
 impl CloseReason {
     /// Every reason, for metrics that pre-declare their label values.
-    pub const ALL: [CloseReason; 10] = [
+    pub const ALL: [CloseReason; 11] = [
         Self::Eof,
         Self::ProtocolViolation,
         Self::OversizedFrame,
@@ -90,6 +93,7 @@ impl CloseReason {
         Self::Shutdown,
         Self::Io,
         Self::TlsHandshake,
+        Self::Superseded,
     ];
 
     /// A stable snake_case name for logs and metric labels.
@@ -105,6 +109,7 @@ impl CloseReason {
             Self::Shutdown => "shutdown",
             Self::Io => "io_error",
             Self::TlsHandshake => "tls_handshake",
+            Self::Superseded => "superseded",
         }
     }
 }
@@ -135,6 +140,11 @@ pub trait NodeLink: Send + Sync {
     /// [`LinkError::Closed`] when the connection is gone, [`LinkError::Full`] when the node
     /// has stopped reading (the link then closes the connection).
     fn send(&self, command: NodeCommand) -> Result<(), LinkError>;
+
+    /// The node took over from a newer connection: closes this one without waiting. Its
+    /// task leaves as [`CloseReason::Superseded`] (already out of the registry, so its
+    /// departure cannot remove the new connection); commands still queued are dropped.
+    fn supersede(&self);
 }
 
 /// Why a command could not be sent to a node.

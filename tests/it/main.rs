@@ -47,6 +47,8 @@ mod engines_smoke;
 mod faults;
 mod fuzz_corpus;
 mod http_limits;
+mod link_faults;
+mod link_protocol;
 mod loadgen_smoke;
 mod metrics;
 mod node_engine;

@@ -64,12 +64,14 @@ for family in text_string_to_metric_families(sys.stdin.read()):
 
 /// Every metric `docs/operations.md` lists, as `prometheus_client` names its family
 /// (counters without `_total`), with its type.
-const DOCUMENTED: [(&str, &str); 25] = [
+const DOCUMENTED: [(&str, &str); 27] = [
     ("edge_nodes_configured", "gauge"),
     ("edge_nodes_connected", "gauge"),
     ("edge_node_registrations", "counter"),
     ("edge_node_disconnects", "counter"),
-    ("edge_node_heartbeat_evictions", "counter"),
+    ("edge_node_links_declared_dead", "counter"),
+    ("edge_node_takeovers", "counter"),
+    ("edge_node_takeover_refusals", "counter"),
     ("edge_connections_open", "gauge"),
     ("edge_connections_closed", "counter"),
     ("edge_connections_refused", "counter"),
@@ -94,8 +96,8 @@ const DOCUMENTED: [(&str, &str); 25] = [
 
 /// Every label name a metric may carry; anything else (a run id, a node id, a token) would
 /// make the label set unbounded.
-const LABEL_NAMES: [&str; 9] = [
-    "result", "reason", "adapter", "target", "outcome", "code", "kind", "sink", "le",
+const LABEL_NAMES: [&str; 10] = [
+    "result", "reason", "adapter", "target", "outcome", "code", "kind", "sink", "le", "by",
 ];
 
 // ---------------------------------------------------------------------------------------
@@ -624,7 +626,6 @@ async fn metrics_after_a_scripted_scenario_count_what_happened() {
     let mut expected: Vec<Expected> = vec![
         want("edge_nodes_configured", &[], 2.0),
         want("edge_nodes_connected", &[], 1.0),
-        want("edge_node_heartbeat_evictions_total", &[], 0.0),
         // node-a's connection; the refused ones and node-b's are closed.
         want("edge_connections_open", &[], 1.0),
         want("edge_connections_refused_total", &[], 0.0),
@@ -663,6 +664,26 @@ async fn metrics_after_a_scripted_scenario_count_what_happened() {
             ("unsupported_protocol", 0.0),
             ("shutting_down", 0.0),
             ("protocol_violation", 0.0),
+        ],
+    ));
+    expected.extend(each(
+        "edge_node_links_declared_dead_total",
+        "by",
+        &[("edge", 0.0), ("node", 0.0)],
+    ));
+    expected.extend(each(
+        "edge_node_takeovers_total",
+        "reason",
+        &[("same_instance", 0.0), ("presumed_dead", 0.0)],
+    ));
+    // The second connection of node-a is a v1 registration: it cannot take over.
+    expected.extend(each(
+        "edge_node_takeover_refusals_total",
+        "reason",
+        &[
+            ("no_instance_id", 1.0),
+            ("other_instance_alive", 0.0),
+            ("raced", 0.0),
         ],
     ));
     expected.extend(each(

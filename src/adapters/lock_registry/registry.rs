@@ -27,6 +27,15 @@ struct Entry {
 }
 
 impl Entry {
+    fn new(connection: NewConnection, now: SystemTime) -> Self {
+        Self {
+            connection,
+            connected_since: now,
+            last_seen_ms: AtomicI64::new(to_millis(now)),
+            active_runs: AtomicU32::new(0),
+        }
+    }
+
     fn report(&self) -> ConnectedNode {
         let NewConnection {
             record,
@@ -34,6 +43,8 @@ impl Entry {
             peer,
             node_version,
             link: _,
+            instance_id,
+            last_frame,
         } = &self.connection;
         ConnectedNode {
             record: Arc::clone(record),
@@ -42,6 +53,8 @@ impl Entry {
             node_version: node_version.clone(),
             connected_since: self.connected_since,
             last_seen: from_millis(self.last_seen_ms.load(Ordering::Relaxed)),
+            last_frame_at: last_frame.at(),
+            instance_id: instance_id.clone(),
             active_runs: self.active_runs.load(Ordering::Relaxed),
         }
     }
@@ -138,17 +151,31 @@ impl Registry for LockRegistry {
         }
         maps.id_by_alias
             .insert(connection.record.alias().clone(), id.clone());
-        maps.by_id.insert(
-            id,
-            Arc::new(Entry {
-                connection,
-                connected_since: now,
-                last_seen_ms: AtomicI64::new(to_millis(now)),
-                active_runs: AtomicU32::new(0),
-            }),
-        );
+        maps.by_id.insert(id, Arc::new(Entry::new(connection, now)));
         self.inner.stale.store(true, Ordering::Release);
         Ok(())
+    }
+
+    fn replace(
+        &self,
+        connection: NewConnection,
+        old: ConnectionId,
+    ) -> Result<Option<Arc<dyn NodeLink>>, AlreadyConnected> {
+        let now = SystemTime::now();
+        let mut maps = self.write();
+        let id = connection.record.id().clone();
+        let replaced = match maps.by_id.get(&id) {
+            Some(entry) if entry.connection.connection != old => return Err(AlreadyConnected),
+            Some(entry) => Some(Arc::clone(&entry.connection.link)),
+            None => None,
+        };
+        // The alias comes from the same record, so the alias index needs no change when an
+        // entry is replaced; it is set for the insert case.
+        maps.id_by_alias
+            .insert(connection.record.alias().clone(), id.clone());
+        maps.by_id.insert(id, Arc::new(Entry::new(connection, now)));
+        self.inner.stale.store(true, Ordering::Release);
+        Ok(replaced)
     }
 
     fn remove(&self, id: &NodeId, connection: ConnectionId) -> bool {
@@ -225,7 +252,8 @@ mod tests {
 
     use super::*;
     use crate::domain::{AdapterConfig, AdapterName, NodeRecord, RuntimeConfig, Target, Token};
-    use crate::ports::{LinkError, NodeCommand};
+    use crate::ports::{LastFrame, LinkError, NodeCommand};
+    use proptest::prelude::*;
 
     struct NullLink;
 
@@ -233,6 +261,8 @@ mod tests {
         fn send(&self, _command: NodeCommand) -> Result<(), LinkError> {
             Ok(())
         }
+
+        fn supersede(&self) {}
     }
 
     fn connection(id: &str, alias: &str, connection: ConnectionId) -> NewConnection {
@@ -255,6 +285,8 @@ mod tests {
             peer: SocketAddr::from(([127, 0, 0, 1], 9)),
             node_version: "test".into(),
             link: Arc::new(NullLink),
+            instance_id: String::new(),
+            last_frame: Arc::new(LastFrame::new(std::time::Instant::now())),
         }
     }
 
@@ -330,5 +362,146 @@ mod tests {
         });
         assert_eq!(registry.len(), 400);
         assert_eq!(registry.snapshot().len(), 400);
+    }
+
+    #[test]
+    fn a_takeover_replaces_exactly_the_connection_it_names() {
+        let registry = LockRegistry::new();
+        registry.insert(connection("a", "x", 1)).unwrap();
+        registry.adjust_active_runs(&id("a"), 1, 1);
+        assert!(
+            registry
+                .replace(connection("a", "x", 2), 1)
+                .unwrap()
+                .is_some()
+        );
+        // The new connection starts with its own counters; the old one can no longer
+        // touch, count or remove anything.
+        assert_eq!(registry.get("x").unwrap().connection, 2);
+        assert_eq!(registry.get("a").unwrap().active_runs, 0);
+        registry.adjust_active_runs(&id("a"), 1, 1);
+        assert_eq!(registry.get("a").unwrap().active_runs, 0);
+        assert!(!registry.remove(&id("a"), 1));
+        // A takeover that names a connection no longer live loses to the one that is.
+        assert_eq!(
+            registry.replace(connection("a", "x", 3), 1).err(),
+            Some(AlreadyConnected)
+        );
+        assert_eq!(registry.get("a").unwrap().connection, 2);
+        // The old connection left meanwhile: the takeover is a plain insert.
+        assert!(registry.remove(&id("a"), 2));
+        assert!(
+            registry
+                .replace(connection("a", "x", 4), 2)
+                .unwrap()
+                .is_none()
+        );
+        assert_eq!(registry.snapshot().len(), 1);
+        assert_eq!(registry.get("x").unwrap().connection, 4);
+    }
+
+    #[test]
+    fn racing_takeovers_leave_one_live_connection_that_no_loser_can_remove() {
+        let registry = LockRegistry::new();
+        registry.insert(connection("a", "x", 0)).unwrap();
+        let winners = std::sync::Mutex::new(vec![0]);
+        std::thread::scope(|scope| {
+            for t in 0..4u64 {
+                let (registry, winners) = (&registry, &winners);
+                scope.spawn(move || {
+                    for i in 0..200u64 {
+                        let new = 1 + t * 1_000 + i;
+                        let live = registry.get("a").map(|n| n.connection);
+                        let won = match live {
+                            Some(old) => registry.replace(connection("a", "x", new), old).is_ok(),
+                            None => registry.insert(connection("a", "x", new)).is_ok(),
+                        };
+                        if won {
+                            winners.lock().unwrap().push(new);
+                        }
+                    }
+                });
+            }
+        });
+        assert_eq!(registry.len(), 1);
+        let live = registry.get("a").unwrap().connection;
+        let winners = winners.into_inner().unwrap();
+        assert!(winners.contains(&live));
+        for old in winners.into_iter().filter(|c| *c != live) {
+            assert!(!registry.remove(&id("a"), old));
+        }
+        assert_eq!(registry.get("x").unwrap().connection, live);
+    }
+
+    /// One step of a registry's life, for the model test.
+    #[derive(Debug, Clone)]
+    enum Op {
+        Insert(usize),
+        /// Take over node `.0` from the connection `.1` steps back in the history.
+        Replace(usize, usize),
+        /// The departure of the connection `.1` steps back in node `.0`'s history.
+        Remove(usize, usize),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            (0..2usize).prop_map(Op::Insert),
+            (0..2usize, 0..4usize).prop_map(|(n, back)| Op::Replace(n, back)),
+            (0..2usize, 0..4usize).prop_map(|(n, back)| Op::Remove(n, back)),
+        ]
+    }
+
+    proptest! {
+        /// Against a model (one live connection per node, or none): whatever order of
+        /// registrations, takeovers and departures, a node never has two live
+        /// connections, and a departure only ever removes the connection it names.
+        #[test]
+        fn a_node_never_has_two_live_connections_and_departures_remove_only_their_own(
+            ops in proptest::collection::vec(op(), 1..60)
+        ) {
+            let registry = LockRegistry::new();
+            let nodes = ["a", "b"];
+            let mut live: [Option<ConnectionId>; 2] = [None, None];
+            let mut history: [Vec<ConnectionId>; 2] = [vec![0], vec![0]];
+            let mut next: ConnectionId = 1;
+            for op in ops {
+                match op {
+                    Op::Insert(n) => {
+                        let inserted = registry.insert(connection(nodes[n], nodes[n], next)).is_ok();
+                        prop_assert_eq!(inserted, live[n].is_none());
+                        if inserted {
+                            live[n] = Some(next);
+                        }
+                        history[n].push(next);
+                        next += 1;
+                    }
+                    Op::Replace(n, back) => {
+                        let old = history[n][history[n].len().saturating_sub(1 + back)];
+                        let replaced = registry.replace(connection(nodes[n], nodes[n], next), old);
+                        let allowed = live[n].is_none_or(|c| c == old);
+                        prop_assert_eq!(replaced.is_ok(), allowed);
+                        if allowed {
+                            live[n] = Some(next);
+                        }
+                        history[n].push(next);
+                        next += 1;
+                    }
+                    Op::Remove(n, back) => {
+                        let gone = history[n][history[n].len().saturating_sub(1 + back)];
+                        let removed = registry.remove(&id(nodes[n]), gone);
+                        prop_assert_eq!(removed, live[n] == Some(gone));
+                        if removed {
+                            live[n] = None;
+                        }
+                    }
+                }
+                for (n, node) in nodes.iter().enumerate() {
+                    prop_assert_eq!(registry.get(node).map(|c| c.connection), live[n]);
+                }
+                let snapshot = registry.snapshot();
+                prop_assert_eq!(snapshot.len(), live.iter().flatten().count());
+                prop_assert_eq!(registry.len(), snapshot.len());
+            }
+        }
     }
 }

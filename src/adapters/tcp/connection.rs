@@ -21,9 +21,10 @@ use tokio_util::codec::{Decoder, Framed};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info};
 
+use super::link::LinkSignals;
 use super::server::Shared;
 use crate::domain::NodeRecord;
-use crate::ports::{CloseReason, ConnectionId, NodeCommand};
+use crate::ports::{CloseReason, ConnectionId, LastFrame, NodeCommand};
 use crate::wire::{EdgeCodec, EdgeFrame, FrameError, NodeFrame};
 
 /// A byte stream a node connection runs over: TCP, TLS over TCP, or an in-memory pipe.
@@ -62,8 +63,10 @@ pub(super) struct Session {
     pub(super) record: Arc<NodeRecord>,
     /// What the run service queued for the node (the registry's link is the other end).
     pub(super) commands: mpsc::Receiver<NodeCommand>,
-    /// Cancelled by the link when the node stops reading what the edge sends.
-    pub(super) slow_consumer: CancellationToken,
+    /// Set by the link when the node stops reading, or when a newer connection took over.
+    pub(super) signals: LinkSignals,
+    /// When the node last sent a frame, shared with the registry for takeover decisions.
+    pub(super) last_frame: Arc<LastFrame>,
 }
 
 /// What [`Connection::write_commands`] wrote.
@@ -124,22 +127,21 @@ impl<'a, S: NodeIo> Connection<'a, S> {
         let silence_limit = session.record.runtime().heartbeat_interval() * MISSED_HEARTBEATS;
         let mut last_frame = Instant::now();
         let mut touched_at = last_frame;
-        let close_all = self.shared.close_all.cancelled();
-        let slow = session.slow_consumer.cancelled();
+        let stop = stopped(&self.shared.close_all, &session.signals);
         let silence = sleep_until(last_frame + silence_limit);
-        tokio::pin!(close_all, slow, silence);
+        tokio::pin!(stop, silence);
         loop {
             tokio::select! {
                 biased;
-                () = &mut close_all => return CloseReason::Shutdown,
-                () = &mut slow => return CloseReason::SlowConsumer,
+                reason = &mut stop => return reason,
                 command = session.commands.recv() => {
                     let Some(command) = command else { return CloseReason::Shutdown };
                     // A write to a node that does not read can take up to the write
-                    // timeout; the final close of a graceful stop must not wait for it.
+                    // timeout; a stop signal (the final close of a graceful stop, a
+                    // takeover) must not wait for it.
                     let sent = tokio::select! {
                         biased;
-                        () = &mut close_all => return CloseReason::Shutdown,
+                        reason = &mut stop => return reason,
                         sent = self.write_commands(command, &mut session.commands) => sent,
                     };
                     match sent {
@@ -158,6 +160,7 @@ impl<'a, S: NodeIo> Connection<'a, S> {
                         Some(Ok(frame)) => frame,
                     };
                     last_frame = Instant::now();
+                    session.last_frame.record(last_frame.into_std());
                     if last_frame.duration_since(touched_at) >= TOUCH_INTERVAL {
                         touched_at = last_frame;
                         self.shared.deps.registry.touch(session.record.id(), self.id, SystemTime::now());
@@ -225,7 +228,16 @@ impl<'a, S: NodeIo> Connection<'a, S> {
                     let handler = &self.shared.deps.handler;
                     handler.run_event(record.id(), self.id, event).await;
                 }
-                NodeFrame::Heartbeat { .. } | NodeFrame::Unknown => {}
+                NodeFrame::Heartbeat { ping, .. } => {
+                    // Answered at once, after every frame before it was handled: the ack
+                    // tells the node the edge has read (and relayed) all of those.
+                    if ping != 0
+                        && let Err(reason) = self.send(EdgeFrame::HeartbeatAck { ping }).await
+                    {
+                        return (handled, Some(reason));
+                    }
+                }
+                NodeFrame::Unknown => {}
             }
             if handled == MAX_BATCH || self.shared.close_all.is_cancelled() {
                 return (handled, None);
@@ -335,6 +347,17 @@ impl<'a, S: NodeIo> Connection<'a, S> {
         let stats = &self.shared.stats;
         stats.bytes_in.fetch_add(read, Ordering::Relaxed);
         stats.bytes_out.fetch_add(written, Ordering::Relaxed);
+    }
+}
+
+/// Resolves when the connection must close for a reason outside it: the edge's final close,
+/// a node that stopped reading, or a newer connection of the node taking over.
+async fn stopped(close_all: &CancellationToken, signals: &LinkSignals) -> CloseReason {
+    tokio::select! {
+        biased;
+        () = close_all.cancelled() => CloseReason::Shutdown,
+        () = signals.slow_consumer.cancelled() => CloseReason::SlowConsumer,
+        () = signals.superseded.cancelled() => CloseReason::Superseded,
     }
 }
 

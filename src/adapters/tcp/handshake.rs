@@ -1,22 +1,30 @@
 //! The registration handshake of a node connection: read the `RegisterRequest`, apply the
 //! domain's policy ([`decide_registration`]) to what the store and the registry say, enter
-//! the registry, and answer. Everything the edge decides about a node joining is in
-//! [`Connection::register`], one screen long.
+//! the registry (taking over the node's live connection when the policy says so), and
+//! answer. Everything the edge decides about a node joining is in [`Connection::register`],
+//! one screen long.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use futures::StreamExt;
-use tokio::time::timeout;
+use tokio::time::{Instant, timeout};
 use tracing::{debug, info};
 
 use super::connection::{Connection, NodeIo, Session, frame_error_reason};
 use super::link::ConnectionLink;
 use crate::domain::{
-    NodeRecord, RegisterAttempt, RegisterRejection, RegistrationDecision, decide_registration,
+    LiveConnection, NodeRecord, RegisterAttempt, RegisterRejection, RegistrationDecision,
+    TakeoverReason, TakeoverRefusal, decide_registration,
 };
-use crate::ports::{CloseReason, NewConnection};
+use crate::ports::{CloseReason, ConnectionId, LastFrame, NewConnection};
 use crate::wire::{EdgeFrame, NodeFrame};
+
+/// A registration the policy admitted: the node, and the live connection it takes over.
+struct Admission {
+    record: Arc<NodeRecord>,
+    takeover: Option<(ConnectionId, TakeoverReason)>,
+}
 
 impl<S: NodeIo> Connection<'_, S> {
     /// Registers the node: reads its request within the register timeout, applies the
@@ -25,8 +33,8 @@ impl<S: NodeIo> Connection<'_, S> {
     /// (or nothing, if it broke off) and the reason the connection closes is returned.
     pub(super) async fn handshake(&mut self) -> Result<Session, CloseReason> {
         let attempt = self.read_register().await?;
-        let record = self.register(&attempt).await.ok_or(CloseReason::Rejected)?;
-        let session = self.enter_registry(record, &attempt).await?;
+        let admission = self.register(&attempt).await.ok_or(CloseReason::Rejected)?;
+        let session = self.enter_registry(admission, &attempt).await?;
         if let Err(reason) = self
             .send(EdgeFrame::Accepted {
                 record: Arc::clone(&session.record),
@@ -73,69 +81,118 @@ impl<S: NodeIo> Connection<'_, S> {
 
     /// Applies the registration policy to what the store and the registry say; on refusal
     /// answers (a wrong token later and later for the same address) and returns `None`.
-    async fn register(&mut self, attempt: &RegisterAttempt) -> Option<Arc<NodeRecord>> {
+    async fn register(&mut self, attempt: &RegisterAttempt) -> Option<Admission> {
         let shared = self.shared;
         let found = shared.deps.store.find_by_token(&attempt.token);
-        let already_connected = found
+        let live = found
             .as_ref()
-            .is_some_and(|r| shared.deps.registry.is_connected(r.id()));
+            .and_then(|record| shared.deps.registry.get(record.id().as_str()));
+        let view = live.as_ref().map(|node| LiveConnection {
+            instance_id: &node.instance_id,
+            last_frame_at: node.last_frame_at,
+        });
         let draining = shared.readiness.is_draining();
-        let rejection =
-            match decide_registration(attempt, found.as_deref(), already_connected, draining) {
-                RegistrationDecision::Accept(_) => return found,
-                RegistrationDecision::Reject(rejection) => rejection,
-            };
+        let now = Instant::now().into_std();
+        let decision = decide_registration(attempt, found.as_deref(), view, draining, now);
+        let takeover = match decision {
+            RegistrationDecision::Accept(_) => None,
+            RegistrationDecision::TakeOver(_, reason) => {
+                live.as_ref().map(|n| (n.connection, reason))
+            }
+            RegistrationDecision::KeepLive(refusal) => {
+                self.reject_live(refusal, &attempt.node_id).await;
+                return None;
+            }
+            RegistrationDecision::Reject(rejection) => {
+                self.refuse(rejection, &attempt.node_id).await;
+                return None;
+            }
+        };
+        found.map(|record| Admission { record, takeover })
+    }
+
+    /// Answers a refusal other than a live connection's, a wrong token later and later for
+    /// the same address (valid nodes are never delayed).
+    async fn refuse(&mut self, rejection: RegisterRejection, claimed_node_id: &str) {
         if rejection == RegisterRejection::InvalidToken {
-            // Slow down guessing: the answer to a wrong token comes later and later for the
-            // same address. Valid nodes are never delayed.
+            let shared = self.shared;
             let delay = shared
                 .throttle
                 .lock()
                 .unwrap_or_else(|poisoned| poisoned.into_inner())
                 .record_failure(self.peer.ip(), std::time::Instant::now());
             tokio::select! {
-                () = shared.close_all.cancelled() => return None,
+                () = shared.close_all.cancelled() => return,
                 () = tokio::time::sleep(delay) => {}
             }
         }
-        self.reject(rejection, &attempt.node_id).await;
-        None
+        self.reject(rejection, claimed_node_id).await;
     }
 
-    /// Puts the accepted node in the registry with the link its runs are sent through.
-    /// Another connection of the same node may have won the race since the policy looked:
-    /// that is answered `AlreadyConnected`.
+    /// Answers `ALREADY_CONNECTED` because the node's live connection stays, saying why.
+    async fn reject_live(&mut self, refusal: TakeoverRefusal, claimed_node_id: &str) {
+        self.shared.stats.record_takeover_refusal(refusal);
+        info!(
+            refusal = refusal.as_str(),
+            "the node's live connection stays"
+        );
+        self.reject(RegisterRejection::AlreadyConnected, claimed_node_id)
+            .await;
+    }
+
+    /// Puts the accepted node in the registry with the link its runs are sent through,
+    /// replacing (and closing) the live connection it takes over. Another connection of the
+    /// same node may have won the race since the policy looked: that is answered
+    /// `AlreadyConnected`.
     async fn enter_registry(
         &mut self,
-        record: Arc<NodeRecord>,
+        admission: Admission,
         attempt: &RegisterAttempt,
     ) -> Result<Session, CloseReason> {
         let shared = self.shared;
-        let (link, commands, slow_consumer) = ConnectionLink::new(shared.config.outbound_queue);
+        let Admission { record, takeover } = admission;
+        let (link, commands, signals) = ConnectionLink::new(shared.config.outbound_queue);
+        let last_frame = Arc::new(LastFrame::new(Instant::now().into_std()));
         let registered = NewConnection {
             record: Arc::clone(&record),
             connection: self.id,
             peer: self.peer,
             node_version: attempt.node_version.clone(),
             link: Arc::new(link),
+            instance_id: attempt.instance_id.clone(),
+            last_frame: Arc::clone(&last_frame),
         };
-        if shared.deps.registry.insert(registered).is_err() {
-            self.reject(RegisterRejection::AlreadyConnected, &attempt.node_id)
+        let entered = match takeover {
+            None => shared.deps.registry.insert(registered).map(|()| None),
+            Some((old, _)) => shared.deps.registry.replace(registered, old),
+        };
+        let Ok(replaced) = entered else {
+            self.reject_live(TakeoverRefusal::Raced, &attempt.node_id)
                 .await;
             return Err(CloseReason::Rejected);
+        };
+        let span = tracing::Span::current();
+        span.record("node", tracing::field::display(&record.id()));
+        span.record("alias", tracing::field::display(&record.alias()));
+        if let (Some(old_link), Some((old, reason))) = (replaced, takeover) {
+            old_link.supersede();
+            shared.stats.record_takeover(reason);
+            info!(
+                reason = reason.as_str(),
+                old_connection = old,
+                "took over the node's previous connection"
+            );
         }
         shared
             .stats
             .registrations_accepted
             .fetch_add(1, Ordering::Relaxed);
-        let span = tracing::Span::current();
-        span.record("node", tracing::field::display(&record.id()));
-        span.record("alias", tracing::field::display(&record.alias()));
         info!(node_version = %attempt.node_version, adapters = ?attempt.adapters, "node registered");
         Ok(Session {
             record,
             commands,
-            slow_consumer,
+            signals,
+            last_frame,
         })
     }
 

@@ -15,22 +15,28 @@ use crate::ports::{LinkError, NodeCommand, NodeLink, NodeTransport, Registry, Tr
 /// consumer, which ends its runs with `node_disconnected` instead of buffering without bound.
 pub(super) struct ConnectionLink {
     commands: mpsc::Sender<NodeCommand>,
-    slow_consumer: CancellationToken,
+    signals: LinkSignals,
+}
+
+/// Why the link wants its connection closed, watched by the connection's task.
+#[derive(Clone, Default)]
+pub(super) struct LinkSignals {
+    /// Cancelled when the node stops reading what the edge sends.
+    pub(super) slow_consumer: CancellationToken,
+    /// Cancelled when a newer connection of the node took over.
+    pub(super) superseded: CancellationToken,
 }
 
 impl ConnectionLink {
-    /// A link and the receiving end its connection task drains.
-    pub(super) fn new(capacity: usize) -> (Self, mpsc::Receiver<NodeCommand>, CancellationToken) {
+    /// A link, the receiving end its connection task drains, and the signals it watches.
+    pub(super) fn new(capacity: usize) -> (Self, mpsc::Receiver<NodeCommand>, LinkSignals) {
         let (commands, receiver) = mpsc::channel(capacity.max(1));
-        let slow_consumer = CancellationToken::new();
-        (
-            Self {
-                commands,
-                slow_consumer: slow_consumer.clone(),
-            },
-            receiver,
-            slow_consumer,
-        )
+        let signals = LinkSignals::default();
+        let link = Self {
+            commands,
+            signals: signals.clone(),
+        };
+        (link, receiver, signals)
     }
 }
 
@@ -39,11 +45,15 @@ impl NodeLink for ConnectionLink {
         match self.commands.try_send(command) {
             Ok(()) => Ok(()),
             Err(mpsc::error::TrySendError::Full(_)) => {
-                self.slow_consumer.cancel();
+                self.signals.slow_consumer.cancel();
                 Err(LinkError::Full)
             }
             Err(mpsc::error::TrySendError::Closed(_)) => Err(LinkError::Closed),
         }
+    }
+
+    fn supersede(&self) {
+        self.signals.superseded.cancel();
     }
 }
 
@@ -88,11 +98,14 @@ mod tests {
 
     #[test]
     fn a_full_queue_marks_the_node_a_slow_consumer() {
-        let (link, mut receiver, slow) = ConnectionLink::new(1);
+        let (link, mut receiver, signals) = ConnectionLink::new(1);
         assert_eq!(link.send(cancel()), Ok(()));
-        assert!(!slow.is_cancelled());
+        assert!(!signals.slow_consumer.is_cancelled());
         assert_eq!(link.send(cancel()), Err(LinkError::Full));
-        assert!(slow.is_cancelled());
+        assert!(signals.slow_consumer.is_cancelled());
+        assert!(!signals.superseded.is_cancelled());
+        link.supersede();
+        assert!(signals.superseded.is_cancelled());
         assert_eq!(receiver.try_recv().ok(), Some(cancel()));
         receiver.close();
         assert_eq!(link.send(cancel()), Err(LinkError::Closed));

@@ -3,7 +3,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::domain::RegisterRejection;
+use crate::domain::{RegisterRejection, TakeoverReason, TakeoverRefusal};
 use crate::ports::CloseReason;
 
 /// What the node transport has done since it started. Every field only grows, except
@@ -27,6 +27,8 @@ pub struct TransportStats {
     pub registrations_accepted: AtomicU64,
     rejected: [AtomicU64; RegisterRejection::ALL.len()],
     disconnects: [AtomicU64; CloseReason::ALL.len()],
+    takeovers: [AtomicU64; TakeoverReason::ALL.len()],
+    takeover_refusals: [AtomicU64; TakeoverRefusal::ALL.len()],
 }
 
 fn index<T: PartialEq>(all: &[T], item: &T) -> usize {
@@ -62,5 +64,39 @@ impl TransportStats {
     /// Registered nodes that left for `reason` (`heartbeat_timeout` counts evictions).
     pub fn disconnects(&self, reason: CloseReason) -> u64 {
         self.disconnects[index(&CloseReason::ALL, &reason)].load(Ordering::Relaxed)
+    }
+
+    /// Counts a registration that took over the node's live connection.
+    pub fn record_takeover(&self, reason: TakeoverReason) {
+        self.takeovers[index(&TakeoverReason::ALL, &reason)].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Registrations that took over the node's live connection for `reason`.
+    pub fn takeovers(&self, reason: TakeoverReason) -> u64 {
+        self.takeovers[index(&TakeoverReason::ALL, &reason)].load(Ordering::Relaxed)
+    }
+
+    /// Counts a registration refused `ALREADY_CONNECTED` because the live connection stays.
+    pub fn record_takeover_refusal(&self, refusal: TakeoverRefusal) {
+        self.takeover_refusals[index(&TakeoverRefusal::ALL, &refusal)]
+            .fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Registrations refused `ALREADY_CONNECTED` for `refusal`.
+    pub fn takeover_refusals(&self, refusal: TakeoverRefusal) -> u64 {
+        self.takeover_refusals[index(&TakeoverRefusal::ALL, &refusal)].load(Ordering::Relaxed)
+    }
+
+    /// Links to registered nodes found dead, by the side that declared it: `edge` — closed
+    /// after three heartbeat intervals of silence, or presumed dead when another instance
+    /// registered after two; `node` — the node (same instance) came back on a new
+    /// connection while the edge still held the old one.
+    pub fn links_declared_dead(&self, by_node: bool) -> u64 {
+        if by_node {
+            self.takeovers(TakeoverReason::SameInstance)
+        } else {
+            self.disconnects(CloseReason::HeartbeatTimeout)
+                + self.takeovers(TakeoverReason::PresumedDead)
+        }
     }
 }

@@ -28,8 +28,8 @@ use crate::ports::event_sink::MockEventSink;
 use crate::ports::registry::MockRegistry;
 use crate::ports::transport::MockNodeTransport;
 use crate::ports::{
-    CloseReason, ConnectionId, LinkError, NewConnection, NodeCommand, NodeEventHandler, NodeLink,
-    Registry, ReportedEvent, RunAssignment, TransportError,
+    CloseReason, ConnectionId, LastFrame, LinkError, NewConnection, NodeCommand, NodeEventHandler,
+    NodeLink, Registry, ReportedEvent, RunAssignment, TransportError,
 };
 
 const ADAPTER: &str = "echo";
@@ -120,6 +120,8 @@ impl NodeLink for NullLink {
     fn send(&self, _command: NodeCommand) -> Result<(), LinkError> {
         Ok(())
     }
+
+    fn supersede(&self) {}
 }
 
 type Log<T> = Arc<Mutex<Vec<T>>>;
@@ -321,6 +323,8 @@ impl Harness {
                 peer: SocketAddr::from(([127, 0, 0, 1], 9_000)),
                 node_version: "test".into(),
                 link: Arc::new(NullLink),
+                instance_id: String::new(),
+                last_frame: Arc::new(LastFrame::new(std::time::Instant::now())),
             })
             .unwrap();
         self.connections.insert(id.to_owned(), connection);
