@@ -145,14 +145,8 @@ impl App {
     /// # Errors
     /// The HTTP server failed while serving.
     pub async fn run_until_stopped(self) -> anyhow::Result<()> {
-        let App {
-            settings,
-            server,
-            http,
-            metrics,
-            sink,
-            parts,
-        } = self;
+        let (settings, parts) = (&self.settings, &self.parts);
+        let (server, http) = (self.server, self.http);
         info!(
             listen = %server.local_addr()?,
             http = %http.local_addr()?,
@@ -177,8 +171,8 @@ impl App {
             .await
             .context("the HTTP server panicked")?
             .context("the HTTP server failed")?;
-        sink.close().await;
-        metrics.shutdown();
+        self.sink.close().await;
+        self.metrics.shutdown();
         info!("edge stopped");
         Ok(())
     }
