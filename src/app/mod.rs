@@ -145,14 +145,8 @@ impl App {
     /// # Errors
     /// The HTTP server failed while serving.
     pub async fn run_until_stopped(self) -> anyhow::Result<()> {
-        let App {
-            settings,
-            server,
-            http,
-            metrics,
-            sink,
-            parts,
-        } = self;
+        let (settings, parts) = (&self.settings, &self.parts);
+        let (server, http) = (self.server, self.http);
         info!(
             listen = %server.local_addr()?,
             http = %http.local_addr()?,
@@ -177,8 +171,8 @@ impl App {
             .await
             .context("the HTTP server panicked")?
             .context("the HTTP server failed")?;
-        sink.close().await;
-        metrics.shutdown();
+        self.sink.close().await;
+        self.metrics.shutdown();
         info!("edge stopped");
         Ok(())
     }
@@ -188,26 +182,20 @@ impl App {
 async fn bind_node_server(settings: &Settings, deps: ServerDeps) -> anyhow::Result<TcpServer> {
     let tls = load_tls(settings.server.tls.as_ref(), "server.tls", &[])
         .context("cannot set up TLS for the node transport")?;
-    let server = TcpServer::bind(settings.server.clone(), deps)
-        .await
-        .with_context(|| format!("cannot listen for nodes on {}", settings.server.listen))?;
-    Ok(match tls {
-        Some(tls) => server.with_tls(tls),
-        None => server,
-    })
+    let listen = settings.server.listen;
+    let server = TcpServer::bind(settings.server.clone(), deps).await;
+    let server = server.with_context(|| format!("cannot listen for nodes on {listen}"))?;
+    Ok(tls.into_iter().fold(server, TcpServer::with_tls))
 }
 
 /// Binds the HTTP listener, with TLS when `[http.tls]` is set.
 async fn bind_http_server(settings: &Settings, state: HttpState) -> anyhow::Result<HttpServer> {
     let tls = load_tls(settings.http.tls.as_ref(), "http.tls", &[b"http/1.1"])
         .context("cannot set up TLS for the HTTP server")?;
-    let http = HttpServer::bind(settings.http.clone(), state)
-        .await
-        .with_context(|| format!("cannot listen for HTTP on {}", settings.http.listen))?;
-    Ok(match tls {
-        Some(tls) => http.with_tls(tls),
-        None => http,
-    })
+    let listen = settings.http.listen;
+    let http = HttpServer::bind(settings.http.clone(), state).await;
+    let http = http.with_context(|| format!("cannot listen for HTTP on {listen}"))?;
+    Ok(tls.into_iter().fold(http, HttpServer::with_tls))
 }
 
 /// Loads a listener's TLS files, when its section has a `tls` table; `alpn` lists the
