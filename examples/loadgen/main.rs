@@ -10,6 +10,8 @@
 //! - `runs`: runs through the run service with instant nodes; runs/s and the latency the
 //!   edge adds over the raw loopback round trip measured in the same run.
 //! - `api`: OpenAI chat completions through the HTTP API next to a direct HTTP baseline.
+//! - `slow-consumer`: a node that stops reading while large runs are offered to it; how
+//!   far the edge's memory grows before it closes the node as a slow consumer.
 //!
 //! It is an example, not part of the release build. The method and the figures are in
 //! `docs/benchmarks.md`; every load goes to loopback only and every loop is bounded in time.
@@ -23,6 +25,7 @@ mod mock_node;
 mod register;
 mod relay;
 mod runs;
+mod slow;
 mod stats;
 
 use std::process::{ExitCode, Output};
@@ -82,6 +85,8 @@ enum Scenario {
     Runs(runs::RunsArgs),
     /// OpenAI chat completions through the HTTP API versus a direct HTTP baseline.
     Api(api::ApiArgs),
+    /// A node that stops reading: the edge's memory growth until it closes the node.
+    SlowConsumer(slow::SlowArgs),
 }
 
 impl Scenario {
@@ -91,6 +96,7 @@ impl Scenario {
             Self::Relay(_) => "relay",
             Self::Runs(_) => "runs",
             Self::Api(_) => "api",
+            Self::SlowConsumer(_) => "slow-consumer",
         }
     }
 
@@ -100,6 +106,7 @@ impl Scenario {
             Self::Relay(args) => relay::run(args, common),
             Self::Runs(args) => runs::run(args, common),
             Self::Api(args) => api::run(args, common),
+            Self::SlowConsumer(args) => slow::run(args, common),
         }
     }
 }

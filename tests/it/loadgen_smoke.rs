@@ -139,3 +139,11 @@ fn api_works_with_the_full_mock_node() {
     ]);
     assert_reported(&output, "api", "mode=stream c=1");
 }
+
+#[test]
+fn slow_consumer_reports_memory_growth_until_the_node_is_closed() {
+    let output = run(&["slow-consumer", "--runs=16", "--run-bytes=65536"]);
+    let stdout = assert_reported(&output, "slow-consumer", "runs=16");
+    assert!(stdout.contains("rss_growth_mib="), "{stdout}");
+    assert!(stdout.contains("closed_as_slow_consumer="), "{stdout}");
+}
