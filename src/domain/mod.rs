@@ -33,7 +33,7 @@ pub use registration::{
 pub use resume::{ResumeAnswer, ResumeClaim, ResumeRefusal, decide_resume};
 pub use run::{
     EdgeFailure, EventOrigin, EventVerdict, FailureClass, Operation, RunEvent, RunEventKind, RunId,
-    RunSpec, RunState, Usage,
+    RunRouting, RunSpec, RunState, Usage,
 };
 pub use selection::{NodeLoad, NodeSelector, SelectError, select_node};
 pub use throttle::RegistrationThrottle;

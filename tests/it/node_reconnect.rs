@@ -55,6 +55,7 @@ fn prompt(text: &str) -> RunSpec {
         params: BTreeMap::new(),
         deadline: None,
         operation: Operation::Unspecified,
+        routing: Default::default(),
     }
 }
 

@@ -22,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info};
 
 use super::server::Shared;
-use crate::domain::NodeRecord;
+use crate::domain::{Availability, NodeRecord};
 use crate::ports::{CloseReason, ConnectionId, NodeCommand};
 use crate::wire::{EdgeCodec, EdgeFrame, FrameError, NodeFrame};
 
@@ -225,6 +225,10 @@ impl<'a, S: NodeIo> Connection<'a, S> {
                     let handler = &self.shared.deps.handler;
                     handler.run_event(record.id(), self.id, event).await;
                 }
+                NodeFrame::Heartbeat {
+                    availability: Some(availability),
+                    ..
+                } => self.availability(record, availability),
                 NodeFrame::Heartbeat { .. } | NodeFrame::Unknown => {}
             }
             if handled == MAX_BATCH || self.shared.close_all.is_cancelled() {
@@ -242,6 +246,19 @@ impl<'a, S: NodeIo> Connection<'a, S> {
                     return (handled, Some(frame_error_reason(&error)));
                 }
             };
+        }
+    }
+
+    /// Stores what the node reports it can serve now and, if that changed, tells the run
+    /// service (queued runs may fit now).
+    fn availability(&self, record: &NodeRecord, availability: Availability) {
+        let deps = &self.shared.deps;
+        if deps
+            .registry
+            .set_availability(record.id(), self.id, availability)
+        {
+            debug!("availability changed");
+            deps.handler.node_changed(record.id());
         }
     }
 

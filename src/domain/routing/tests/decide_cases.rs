@@ -107,6 +107,39 @@ fn pins() {
 }
 
 #[test]
+fn failover_waits_only_for_configured_nodes_it_has_not_tried() {
+    let a = status("a", &["t"], 4, 0);
+    let b = status("b", &["t"], 4, 0);
+    let mut setup = Setup::new(catalog_of(&[a.clone(), b]));
+    setup.tried.push(NodeId::parse("a").unwrap());
+    // `a` failed it (and may have left); `b` is configured and away: wait for it.
+    for nodes in [vec![a.clone()], vec![]] {
+        assert!(matches!(
+            setup.decide(&nodes, &want("t", None), None, 0),
+            Decision::Wait {
+                cause: WaitCause::NoNodeAvailable,
+                ..
+            }
+        ));
+    }
+    // Every configured node tried, connected or not: nothing to wait for.
+    setup.tried.push(NodeId::parse("b").unwrap());
+    for nodes in [vec![a.clone()], vec![]] {
+        assert_eq!(
+            setup.decide(&nodes, &want("t", None), None, 0),
+            Decision::Refuse(Unroutable::Exhausted { tried: 2 })
+        );
+    }
+    // A pinned run whose node left after its attempt does not wait for it.
+    let mut pinned = Setup::new(catalog_of(&[a]));
+    pinned.tried.push(NodeId::parse("a").unwrap());
+    assert_eq!(
+        pinned.decide(&[], &want("t", Some("a")), None, 0),
+        Decision::Refuse(Unroutable::Exhausted { tried: 1 })
+    );
+}
+
+#[test]
 fn failover_excludes_tried_nodes_and_ends_when_none_is_left() {
     let nodes = [status("a", &["t"], 4, 0), status("b", &["t"], 4, 3)];
     let mut setup = Setup::new(catalog_of(&nodes));
