@@ -12,7 +12,7 @@ use super::failover::Tried;
 use super::hash::NodeHash;
 use crate::domain::names::{AdapterName, Target};
 use crate::domain::node::{Availability, NodeRecord};
-use crate::domain::selection::{NodeLoad, NodeSelector};
+use crate::domain::selection::NodeSelector;
 
 /// A connected node as routing sees it: the registry's facts about it, copied per placement.
 #[derive(Debug, Clone)]
@@ -59,12 +59,6 @@ impl NodeStatus {
         self.availability
             .as_ref()
             .is_none_or(|a| a.serves(adapter, target))
-    }
-}
-
-impl From<&NodeLoad> for NodeStatus {
-    fn from(load: &NodeLoad) -> Self {
-        Self::new(Arc::clone(&load.record), load.active_runs)
     }
 }
 
