@@ -20,6 +20,7 @@ fn event() -> RunEvent {
         seq: 7,
         origin: EventOrigin::Node,
         kind: RunEventKind::text("0123456789abcdef0123456789abcdef"),
+        route: None,
     }
 }
 

@@ -1,6 +1,8 @@
-//! Node selection over 10,000 connected nodes: today's `edge::domain::select_node` next to
-//! the routing decision (`edge::domain::routing::decide`) with affinity, breakers, drain and
-//! availability on, measured in the same run.
+//! Routing over 10,000 connected nodes: the placement decision
+//! (`edge::domain::routing::decide`) without filters, with availability, drain and breakers
+//! busy, and with affinity keys; and the whole placement read as the run service does it
+//! (`Registry::statuses` of a `LockRegistry`, then `decide`). The figures from before
+//! routing (`select_node`, since removed) are in `docs/benchmarks.md`.
 
 use std::collections::BTreeMap;
 use std::hint::black_box;
@@ -9,27 +11,29 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group, criterion_main};
+use edge::adapters::lock_registry::LockRegistry;
 use edge::domain::routing::{
     AffinityKey, BreakerBook, Catalog, Decision, KeySource, LoadFactor, NodeStatus, Outcome,
     RouteContext, RouteRequest, Tried, decide,
 };
 use edge::domain::{
-    AdapterConfig, AdapterName, Alias, Availability, NodeId, NodeLoad, NodeRecord, NodeSelector,
-    RuntimeConfig, Target, Token, select_node,
+    AdapterConfig, AdapterName, Alias, Availability, NodeId, NodeRecord, NodeSelector,
+    RuntimeConfig, Target, Token,
 };
+use edge::ports::{LastFrame, LinkError, NewConnection, NodeCommand, NodeLink, Registry};
 
 const NODES: usize = 10_000;
 
 /// `NODES` nodes serving `echo/default`, every hundredth also `echo/rare`, with loads 0..4.
-fn nodes() -> Vec<NodeLoad> {
+fn nodes() -> Vec<NodeStatus> {
     (0..NODES)
         .map(|i| {
             let mut targets = vec![Target::parse("default").unwrap()];
             if i % 100 == 0 {
                 targets.push(Target::parse("rare").unwrap());
             }
-            NodeLoad {
-                record: Arc::new(NodeRecord::new(
+            NodeStatus::new(
+                Arc::new(NodeRecord::new(
                     NodeId::parse(&format!("node-{i:05}")).unwrap(),
                     Alias::parse(&format!("gpu-{i:05}")).unwrap(),
                     Token::new(format!("token-{i}")).digest(),
@@ -43,8 +47,8 @@ fn nodes() -> Vec<NodeLoad> {
                     ],
                     RuntimeConfig::new(4, 5_000, BTreeMap::new()).unwrap(),
                 )),
-                active_runs: (i % 4) as u32,
-            }
+                (i % 4) as u32,
+            )
         })
         .collect()
 }
@@ -57,35 +61,10 @@ fn selector(target: &str, pin: Option<&str>) -> NodeSelector {
     }
 }
 
-fn selection(c: &mut Criterion) {
-    let nodes = nodes();
-    let mut group = c.benchmark_group("select_node_10k");
-    let mut turn = 0u64;
-    let all = selector("default", None);
-    group.bench_function("all_serve", |b| {
-        b.iter(|| {
-            turn += 1;
-            black_box(select_node(&nodes, &all, turn).unwrap());
-        });
-    });
-    let rare = selector("rare", None);
-    group.bench_function("one_in_100_serves", |b| {
-        b.iter(|| {
-            turn += 1;
-            black_box(select_node(&nodes, &rare, turn).unwrap());
-        });
-    });
-    let pinned = selector("default", Some("gpu-09999"));
-    group.bench_function("pinned_by_alias", |b| {
-        b.iter(|| black_box(select_node(&nodes, &pinned, 0).unwrap()));
-    });
-    group.finish();
-}
-
 /// The same nodes as routing sees them, with routing's filters busy: every 10th node has
 /// reported availability (still listing both targets), every 100th (offset by 25) is drained,
 /// and every 100th (offset by 50) has an open breaker.
-fn statuses(loads: &[NodeLoad], now: Instant) -> (Vec<NodeStatus>, BreakerBook) {
+fn statuses(loads: &[NodeStatus], now: Instant) -> (Vec<NodeStatus>, BreakerBook) {
     let echo = AdapterName::parse("echo").unwrap();
     let reported = Arc::new(Availability::new(
         ["default", "rare"].map(|t| (echo.clone(), Target::parse(t).unwrap())),
@@ -95,7 +74,7 @@ fn statuses(loads: &[NodeLoad], now: Instant) -> (Vec<NodeStatus>, BreakerBook) 
         .iter()
         .enumerate()
         .map(|(i, load)| {
-            let mut status = NodeStatus::from(load);
+            let mut status = load.clone();
             if i % 10 == 0 {
                 status.availability = Some(Arc::clone(&reported));
             }
@@ -129,13 +108,7 @@ fn routing(c: &mut Criterion) {
     let mut group = c.benchmark_group("route_10k");
     let mut turn = 0u64;
     let all = selector("default", None);
-    group.bench_function("select_node_today", |b| {
-        b.iter(|| {
-            turn += 1;
-            black_box(select_node(&loads, &all, turn).unwrap());
-        });
-    });
-    let plain: Vec<NodeStatus> = loads.iter().map(NodeStatus::from).collect();
+    let plain = loads.clone();
     let no_breakers = BreakerBook::default();
     group.bench_function("decide_least_busy_no_filters", |b| {
         b.iter(|| {
@@ -198,5 +171,64 @@ fn routing(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, selection, routing);
+/// A link that takes every command: the registry needs one per node.
+struct NullLink;
+
+impl NodeLink for NullLink {
+    fn send(&self, _command: NodeCommand) -> Result<(), LinkError> {
+        Ok(())
+    }
+
+    fn supersede(&self) {}
+}
+
+/// The whole read of a placement as the run service makes it: the registry's statuses of
+/// 10,000 connected nodes (one allocation of the list), then `decide` with an affinity key
+/// (the run service holds its breakers, so none are open here).
+fn placement(c: &mut Criterion) {
+    let loads = nodes();
+    let registry = LockRegistry::new();
+    for (i, node) in loads.iter().enumerate() {
+        let connection = NewConnection {
+            record: Arc::clone(&node.record),
+            connection: i as u64,
+            peer: std::net::SocketAddr::from(([127, 0, 0, 1], 9_000)),
+            node_version: "bench".into(),
+            link: Arc::new(NullLink),
+            instance_id: String::new(),
+            last_frame: Arc::new(LastFrame::new(std::time::Instant::now())),
+        };
+        registry.insert(connection).unwrap();
+        registry.adjust_active_runs(node.record.id(), i as u64, node.active_runs as i32);
+    }
+    let catalog = Catalog::new(loads.iter().map(|l| Arc::clone(&l.record)));
+    let breakers = BreakerBook::default();
+    let tried = Tried::default();
+    let all = selector("default", None);
+    let mut group = c.benchmark_group("place_10k");
+    let mut turn = 0u64;
+    group.bench_function("statuses_then_decide_affinity", |b| {
+        b.iter(|| {
+            turn += 1;
+            let statuses = registry.statuses();
+            let key = AffinityKey::from_client(KeySource::Session, &format!("s-{}", turn % 1000));
+            let request = RouteRequest {
+                selector: &all,
+                affinity: key,
+                tried: &tried,
+            };
+            let ctx = RouteContext {
+                catalog: &catalog,
+                breakers: &breakers,
+                load_factor: LoadFactor::default(),
+                now: Instant::now(),
+                turn,
+            };
+            black_box(decide(&statuses, &request, &ctx));
+        });
+    });
+    group.finish();
+}
+
+criterion_group!(benches, routing, placement);
 criterion_main!(benches);

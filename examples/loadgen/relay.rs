@@ -118,6 +118,7 @@ fn spec() -> anyhow::Result<RunSpec> {
         params: Default::default(),
         deadline: None,
         operation: edge::domain::Operation::Unspecified,
+        routing: Default::default(),
     })
 }
 

@@ -247,6 +247,7 @@ pub fn run(args: &RunsArgs, common: &Common) -> anyhow::Result<Vec<Record>> {
         params: BTreeMap::new(),
         deadline: None,
         operation: edge::domain::Operation::Unspecified,
+        routing: Default::default(),
     };
     let callers: Vec<_> = (0..concurrency)
         .map(|_| {

@@ -116,5 +116,6 @@ fn spec(input: &Bytes) -> anyhow::Result<RunSpec> {
         params: Default::default(),
         deadline: None,
         operation: Operation::Unspecified,
+        routing: Default::default(),
     })
 }

@@ -35,13 +35,15 @@ use edge::adapters::lock_registry::LockRegistry;
 use edge::adapters::tcp::config::ServerConfig;
 use edge::adapters::tcp::{ServerDeps, TcpServer, TcpTransport, TransportControl};
 use edge::app::RunService;
+use edge::app::runs::Routing;
 use edge::app::settings::RunsConfig;
+use edge::domain::routing::{BreakerPolicy, Catalog, RoutingPolicy};
 use edge::domain::{
     AdapterDefinition, AdapterName, NodeDefinition, NodeId, NodeSelector, RegisterAttempt,
     RunEvent, RunId, RunSpec, Target, Token,
 };
 use edge::ports::{
-    CloseReason, ConnectionId, EventSink, NodeEventHandler, Registry, ReportedEvent,
+    CloseReason, ConnectionId, EventSink, NodeEventHandler, NodeStore, Registry, ReportedEvent,
 };
 use edge::wire::{NodeCodec, NodeFrame, ReceivedEdgeFrame};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -216,6 +218,20 @@ fn harness() -> &'static Harness {
             Arc::new(TcpTransport::new(Arc::clone(&shared_registry))),
             Arc::clone(&sink) as Arc<dyn EventSink>,
             RunsConfig::default(),
+            Routing {
+                catalog: Catalog::new(store.records()),
+                // The harness serves every input: a breaker tripped by earlier inputs'
+                // disconnects would make a later input's pinned run wait.
+                policy: RoutingPolicy {
+                    breaker: BreakerPolicy::new(
+                        u32::MAX,
+                        Duration::from_millis(1),
+                        Duration::from_millis(1),
+                    )
+                    .expect("a valid breaker policy"),
+                    ..RoutingPolicy::default()
+                },
+            },
             &opentelemetry::global::meter("fuzz"),
         );
         let handler = Arc::new(Handler {
@@ -290,6 +306,10 @@ impl Handler {
 
 #[async_trait]
 impl NodeEventHandler for Handler {
+    fn node_changed(&self, node: &NodeId) {
+        self.service.node_changed(node);
+    }
+
     fn node_connected(&self, node: &NodeId) {
         self.service.node_connected(node);
         if !self.start_runs.load(Ordering::Relaxed) {
@@ -306,6 +326,7 @@ impl NodeEventHandler for Handler {
             params: BTreeMap::new(),
             deadline: None,
             operation: edge::domain::Operation::Unspecified,
+            routing: Default::default(),
         };
         // The caller's stream is dropped: the events still reach the sink.
         let handle = self

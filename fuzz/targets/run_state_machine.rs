@@ -28,10 +28,12 @@ use edge::adapters::file_store::FileNodeStore;
 use edge::adapters::lock_registry::LockRegistry;
 use edge::adapters::tcp::TcpTransport;
 use edge::app::RunService;
+use edge::app::runs::{BreakerConfig, LimitsConfig, Routing, RoutingConfig, policy};
 use edge::app::settings::RunsConfig;
+use edge::domain::routing::{AffinityKey, Catalog, KeySource, Priority, TenantKey};
 use edge::domain::{
-    AdapterDefinition, AdapterName, NodeDefinition, NodeId, NodeRecord, NodeSelector, RunEvent,
-    RunEventKind, RunId, RunSpec, Target, Token, Usage,
+    AdapterDefinition, AdapterName, FailureClass, NodeDefinition, NodeId, NodeRecord, NodeSelector,
+    RunEvent, RunEventKind, RunId, RunRouting, RunSpec, Target, Token, Usage,
 };
 use edge::ports::{
     CloseReason, ConnectionId, EventSink, LastFrame, LinkError, NewConnection, NodeCommand,
@@ -241,14 +243,33 @@ impl World {
         let runs = RunsConfig {
             queue_capacity: [1, 2, 8, 1_024][usize::from(config % 4)],
             queue_timeout_ms: [50, 1_000, 30_000, 0][usize::from(config / 4 % 4)],
+            no_node_timeout_ms: [20, 700, 10_000, 0][usize::from(config / 16 % 4)],
+            max_attempts: 1 + u32::from(config / 2 % 4),
             cancel_grace_ms: [0, 20, 500, 5_000][usize::from(config / 16 % 4)],
             default_deadline_ms: [0, 0, 300, 2_000][usize::from(config / 64 % 4)],
+        };
+        let routing_config = RoutingConfig {
+            breaker: BreakerConfig {
+                failure_threshold: 1 + u32::from(config / 8 % 3),
+                cooldown_ms: 100,
+                max_cooldown_ms: 400,
+            },
+            ..RoutingConfig::default()
+        };
+        let limits = LimitsConfig {
+            max_concurrent_runs_per_key: u32::from(config / 32 % 4),
+            ..LimitsConfig::default()
+        };
+        let routing = Routing {
+            catalog: Catalog::new(store.records()),
+            policy: policy(&runs, &routing_config, &limits).expect("a valid policy"),
         };
         let service = RunService::new(
             Arc::new(registry.clone()),
             Arc::new(TcpTransport::new(Arc::new(registry.clone()))),
             Arc::clone(&sink) as Arc<dyn EventSink>,
             runs,
+            routing,
             &opentelemetry::global::meter("fuzz"),
         );
         Self {
@@ -390,6 +411,7 @@ impl World {
     }
 
     fn start(&mut self, selector: u8, deadline: u8) {
+        let deadline_byte = deadline;
         let adapter = ["echo", "llm", "none"][usize::from(selector % 3)];
         let target = ["t0", "t1", "tx"][usize::from(selector / 3 % 3)];
         let pin = [
@@ -413,6 +435,17 @@ impl World {
             params: BTreeMap::new(),
             deadline,
             operation: edge::domain::Operation::Unspecified,
+            routing: RunRouting {
+                affinity: AffinityKey::from_client(
+                    KeySource::Session,
+                    ["", "s1", "s2"][usize::from(deadline_byte % 3)],
+                ),
+                tenant: TenantKey::parse(["k1", "k2"][usize::from(selector / 45 % 2)])
+                    .expect("a valid tenant"),
+                priority: [Priority::Interactive, Priority::Batch]
+                    [usize::from(deadline_byte / 6 % 2)],
+                limits: None,
+            },
         };
         let Ok(handle) = self.service.start(spec) else {
             return;
@@ -520,7 +553,13 @@ fn definition(
 }
 
 fn event(run_id: &str, seq: u8, kind: u8) -> ReportedEvent {
-    let kind = match kind % 6 {
+    let classed = |class| RunEventKind::Failed {
+        code: "classed".to_owned(),
+        message: "the node failed".to_owned(),
+        class,
+        status: None,
+    };
+    let kind = match kind % 9 {
         0 => RunEventKind::Started,
         1 | 2 => RunEventKind::text("out".to_owned()),
         3 => RunEventKind::Completed {
@@ -528,6 +567,9 @@ fn event(run_id: &str, seq: u8, kind: u8) -> ReportedEvent {
             usage: Some(Usage::new(1, 2)),
         },
         4 => RunEventKind::failed("boom".to_owned(), "the node failed".to_owned()),
+        5 => classed(FailureClass::Node),
+        6 => classed(FailureClass::Refused),
+        7 => classed(FailureClass::Request),
         _ => RunEventKind::Cancelled {
             reason: "node".to_owned(),
         },

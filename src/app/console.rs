@@ -10,13 +10,16 @@ use bytes::Bytes;
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
 
 use super::AppParts;
-use crate::domain::{AdapterName, NodeSelector, Operation, RunId, RunSpec, Target};
+use super::runs::{Placed, waiting_for};
+use crate::domain::routing::{BreakerState, TenantKey};
+use crate::domain::{AdapterName, NodeSelector, Operation, RunId, RunRouting, RunSpec, Target};
+use crate::ports::ConnectedNode;
 
 const HELP: &str = "\
 commands:
   run [--node ID|ALIAS] ADAPTER TARGET INPUT...   start a run; events follow on stdout
   cancel RUN_ID                                  cancel an open run
-  nodes                                          list connected nodes
+  nodes                                          list connected nodes, their status and breakers
   help                                           show this help
   quit                                           stop the edge gracefully
 ";
@@ -135,10 +138,23 @@ async fn execute(parts: &AppParts, command: ConsoleCommand) -> String {
                 params: Default::default(),
                 deadline: None,
                 operation: Operation::Unspecified,
+                routing: RunRouting {
+                    tenant: TenantKey::parse("console").unwrap_or_else(|_| TenantKey::anonymous()),
+                    ..RunRouting::default()
+                },
             };
             match parts.runs.start(spec) {
                 // The events reach the console through the stdout sink.
-                Ok(handle) => format!("run {} accepted\n", handle.run_id),
+                Ok(handle) => match handle.placed {
+                    Placed::Sent(node) => {
+                        format!("run {} accepted, sent to {node}\n", handle.run_id)
+                    }
+                    Placed::Waiting(cause) => format!(
+                        "run {} accepted, waiting: {}\n",
+                        handle.run_id,
+                        waiting_for(cause)
+                    ),
+                },
                 Err(error) => format!("error: {error}\n"),
             }
         }
@@ -165,37 +181,88 @@ fn nodes_table(parts: &AppParts) -> String {
         return "no nodes connected\n".into();
     }
     let mut out = format!(
-        "{:<16} {:<16} {:<22} {:<32} {:>6} {:>10}\n",
-        "ID", "ALIAS", "PEER", "ADAPTERS", "ACTIVE", "LAST SEEN"
+        "{:<16} {:<16} {:<22} {:<32} {:>6} {:<12} {:<14} {:>10}\n",
+        "ID", "ALIAS", "PEER", "ADAPTERS", "ACTIVE", "STATUS", "BREAKER", "LAST SEEN"
     );
     let now = SystemTime::now();
     for node in nodes {
-        let adapters: Vec<String> = node
-            .record
-            .adapters()
-            .iter()
-            .map(|a| {
-                let targets: Vec<&str> = a.targets().iter().map(|t| t.as_str()).collect();
-                format!("{}/{}", a.name(), targets.join(","))
-            })
-            .collect();
         let seen = now.duration_since(node.last_seen).unwrap_or(Duration::ZERO);
+        let breaker = breaker_text(parts.runs.breaker_state(node.record.id()));
         let _ = writeln!(
             out,
-            "{:<16} {:<16} {:<22} {:<32} {:>6} {:>9}s",
+            "{:<16} {:<16} {:<22} {:<32} {:>6} {:<12} {:<14} {:>9}s",
             node.record.id(),
             node.record.alias(),
             node.peer,
-            adapters.join(" "),
+            adapters_text(&node),
             format!(
                 "{}/{}",
                 node.active_runs,
                 node.record.runtime().max_concurrent_runs()
             ),
+            status_text(&node),
+            breaker,
             seen.as_secs(),
         );
     }
     out
+}
+
+/// `adapter/target,target` per adapter; a target the node reported unavailable is marked
+/// with `!`.
+fn adapters_text(node: &ConnectedNode) -> String {
+    let adapters: Vec<String> = node
+        .record
+        .adapters()
+        .iter()
+        .map(|a| {
+            let targets: Vec<String> = a
+                .targets()
+                .iter()
+                .map(|t| {
+                    let away = node
+                        .availability
+                        .as_ref()
+                        .is_some_and(|av| !av.serves(a.name(), t));
+                    format!("{t}{}", if away { "!" } else { "" })
+                })
+                .collect();
+            format!("{}/{}", a.name(), targets.join(","))
+        })
+        .collect();
+    adapters.join(" ")
+}
+
+/// `drained`, `unavailable` (it reported none of its targets), or `ready`.
+fn status_text(node: &ConnectedNode) -> &'static str {
+    if node.drained {
+        "drained"
+    } else if node
+        .availability
+        .as_ref()
+        .is_some_and(|a| a.pairs().is_empty())
+    {
+        "unavailable"
+    } else {
+        "ready"
+    }
+}
+
+/// The breaker's state as the operator reads it.
+fn breaker_text(state: BreakerState) -> String {
+    match state {
+        BreakerState::Closed { failures: 0 } => "closed".to_owned(),
+        BreakerState::Closed { failures } => format!("closed ({failures}x)"),
+        BreakerState::Open { until } => {
+            let left = until.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                "half-open".to_owned()
+            } else {
+                format!("open {}s", left.as_secs().max(1))
+            }
+        }
+        BreakerState::HalfOpen { .. } => "half-open".to_owned(),
+    }
 }
 
 #[cfg(test)]

@@ -265,6 +265,22 @@ impl Metrics {
                 );
             })
             .build();
+        let waiting = runs.clone();
+        meter
+            .u64_observable_gauge("edge_runs_waiting")
+            .with_description("Queued runs by why they wait: every serving node busy, or none connected and available")
+            .with_callback(move |o| {
+                let [busy, absent] = waiting.waiting_by_cause();
+                o.observe(count(busy), &[KeyValue::new("reason", "all_busy")]);
+                o.observe(count(absent), &[KeyValue::new("reason", "no_node_available")]);
+            })
+            .build();
+        let breakers = runs.clone();
+        meter
+            .u64_observable_gauge("edge_breakers_open")
+            .with_description("Nodes whose circuit breaker is open or half-open")
+            .with_callback(move |o| o.observe(count(breakers.open_breakers()), &[]))
+            .build();
         let queued = runs.clone();
         meter
             .u64_observable_gauge("edge_runs_queued")

@@ -25,10 +25,11 @@ use crate::adapters::lock_registry::LockRegistry;
 use crate::adapters::sinks::{SinkSet, build_sinks};
 use crate::adapters::tcp::{ServerDeps, TcpServer, TcpTransport, TransportControl};
 use crate::adapters::tls::{TlsAcceptor, TlsConfig};
+use crate::domain::routing::Catalog;
 use crate::ports::{EventSink, NodeStore, Registry};
 use metrics::{MetricSources, Metrics};
 
-pub use runs::{RunHandle, RunService, StartError};
+pub use runs::{Placed, RunHandle, RunService, StartError};
 pub use settings::Settings;
 
 /// A built edge, listening but not yet serving.
@@ -77,6 +78,7 @@ impl App {
             transport,
             Arc::clone(&sink),
             settings.runs.clone(),
+            routing(&settings, store.as_ref())?,
             metrics.meter(),
         );
         let deps = ServerDeps {
@@ -176,6 +178,17 @@ impl App {
         info!("edge stopped");
         Ok(())
     }
+}
+
+/// The run service's routing: every node definition, and the `[runs]`, `[routing]` and
+/// `[limits]` settings as the domain's policy.
+fn routing(settings: &Settings, store: &dyn NodeStore) -> anyhow::Result<runs::Routing> {
+    let policy = runs::policy(&settings.runs, &settings.routing, &settings.limits)
+        .map_err(|problems| anyhow::anyhow!("invalid routing settings: {}", problems.join("; ")))?;
+    Ok(runs::Routing {
+        catalog: Catalog::new(store.records()),
+        policy,
+    })
 }
 
 /// Binds the node transport's listener, with TLS when `[server.tls]` is set.

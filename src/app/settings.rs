@@ -22,6 +22,7 @@ use crate::adapters::http::ApiConfig;
 pub use crate::adapters::http::HttpConfig;
 use crate::adapters::sinks::config::EventsConfig;
 use crate::adapters::tcp::config::ServerConfig;
+use crate::app::runs::{LimitsConfig, RoutingConfig};
 
 /// The config file read when no path is given, relative to the working directory.
 pub const DEFAULT_CONFIG_PATH: &str = "config/edge.toml";
@@ -42,8 +43,12 @@ pub struct Settings {
     pub server: ServerConfig,
     /// `[events]`: the event sinks.
     pub events: EventsConfig,
-    /// `[runs]`: queueing, cancelling and deadlines of runs.
+    /// `[runs]`: queueing, failover, cancelling and deadlines of runs.
     pub runs: RunsConfig,
+    /// `[routing]`: affinity and circuit breakers.
+    pub routing: RoutingConfig,
+    /// `[limits]`: what one API key may start.
+    pub limits: LimitsConfig,
     /// `[http]`: the HTTP server (metrics, health, the API) and its limits.
     pub http: HttpConfig,
     /// `[api]`: the OpenAI-compatible API (keys, model aliases, limits, deadlines).
@@ -55,14 +60,19 @@ pub struct Settings {
     pub source: ConfigSource,
 }
 
-/// `[runs]`: how runs wait, are cancelled and are bounded in time.
+/// `[runs]`: how runs wait, fail over, are cancelled and are bounded in time.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RunsConfig {
-    /// Runs that may wait for a busy node at once; at least 1.
+    /// Runs that may wait for a node at once; at least 1.
     pub queue_capacity: usize,
-    /// The longest a run waits in the queue before it fails.
+    /// The longest a run waits in the queue for a busy node before it fails.
     pub queue_timeout_ms: u64,
+    /// The longest a run waits for a node serving it to connect or become available.
+    pub no_node_timeout_ms: u64,
+    /// Attempts per run, the first included: a run that fails for a node's reason before
+    /// any output is placed again on another node (1 to 10; 1 turns failover off).
+    pub max_attempts: u32,
     /// How long a cancelled run waits for the node's own `cancelled` event before the edge
     /// ends it.
     pub cancel_grace_ms: u64,
@@ -75,6 +85,8 @@ impl Default for RunsConfig {
         Self {
             queue_capacity: 1_024,
             queue_timeout_ms: 30_000,
+            no_node_timeout_ms: 10_000,
+            max_attempts: 3,
             cancel_grace_ms: 5_000,
             default_deadline_ms: 0,
         }
@@ -173,6 +185,8 @@ struct Sections {
     server: ServerConfig,
     events: EventsConfig,
     runs: RunsConfig,
+    routing: RoutingConfig,
+    limits: LimitsConfig,
     http: HttpConfig,
     api: ApiConfig,
     log: LogConfig,
@@ -229,6 +243,8 @@ impl Settings {
             server,
             events,
             runs,
+            routing,
+            limits,
             http,
             api,
             log,
@@ -238,6 +254,8 @@ impl Settings {
             server,
             events,
             runs,
+            routing,
+            limits,
             http,
             api,
             log,
@@ -328,6 +346,9 @@ impl Sections {
             ));
         }
         problems.extend(self.api.problems());
+        if let Err(routing) = crate::app::runs::policy(&self.runs, &self.routing, &self.limits) {
+            problems.extend(routing);
+        }
         problems
     }
 }

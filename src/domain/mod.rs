@@ -1,5 +1,5 @@
-//! The pure core of the edge: validated node definitions, the registration policy, node
-//! selection and routing, and the run state machine.
+//! The pure core of the edge: validated node definitions, the registration policy,
+//! routing, and the run state machine.
 //!
 //! Nothing here does I/O, reads a clock, spawns a task or knows a protobuf type: callers pass
 //! in what a decision needs (the store's answer, the registry's state, `now`) and act on the
@@ -34,8 +34,8 @@ pub use registration::{
 pub use resume::{ResumeAnswer, ResumeClaim, ResumeRefusal, decide_resume};
 pub use run::{
     EdgeFailure, EventOrigin, EventVerdict, FailureClass, Operation, RunEvent, RunEventKind, RunId,
-    RunSpec, RunState, Usage,
+    RunRouting, RunSpec, RunState, Usage,
 };
-pub use selection::{NodeLoad, NodeSelector, SelectError, select_node};
+pub use selection::NodeSelector;
 pub use throttle::RegistrationThrottle;
 pub use token::{Token, TokenDigest};

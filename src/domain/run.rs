@@ -10,6 +10,7 @@ use bytes::Bytes;
 
 use super::names::{AdapterName, NodeId, Target};
 use super::output::StructuredOutput;
+use super::routing::{AffinityKey, LimitPolicy, Priority, RouteReason, TenantKey};
 use super::selection::NodeSelector;
 
 /// The edge-assigned, unique id of a run.
@@ -65,6 +66,33 @@ pub struct RunSpec {
     pub deadline: Option<Duration>,
     /// What kind of work `input` asks for.
     pub operation: Operation,
+    /// What routing needs to know about the caller: affinity, tenant, priority, limits.
+    pub routing: RunRouting,
+}
+
+/// What routing needs to know about a run's caller, set by the API (or the console).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunRouting {
+    /// Runs with equal keys go to the same node while it stays within its load bound.
+    pub affinity: Option<AffinityKey>,
+    /// Whom the run counts against for fair queueing and limits (an API key's name).
+    pub tenant: TenantKey,
+    /// Its class in the wait queue.
+    pub priority: Priority,
+    /// The caller's own limits; `None` applies the edge's `[limits]`.
+    pub limits: Option<LimitPolicy>,
+}
+
+impl Default for RunRouting {
+    /// No affinity, the anonymous tenant, interactive, the edge's limits.
+    fn default() -> Self {
+        Self {
+            affinity: None,
+            tenant: TenantKey::anonymous(),
+            priority: Priority::default(),
+            limits: None,
+        }
+    }
 }
 
 /// What kind of work a run's input asks for, so a node keeps one input form per kind.
@@ -251,6 +279,9 @@ pub struct RunEvent {
     pub origin: EventOrigin,
     /// What happened.
     pub kind: RunEventKind,
+    /// On a `started` event: why the run went to this node, and which attempt it is (boxed:
+    /// one event per attempt carries it, and every other event stays small).
+    pub route: Option<Box<RouteReason>>,
 }
 
 /// The terminal failures the edge makes on a node's behalf.
@@ -264,6 +295,10 @@ pub enum EdgeFailure {
     EdgeShutdown,
     /// The run waited in the queue longer than allowed.
     QueueTimeout,
+    /// No node serving the run's route was connected and eligible before its wait expired.
+    NoNodeAvailable,
+    /// The run waited in a full queue and gave its place to a run with a better claim.
+    QueueFull,
 }
 
 impl EdgeFailure {
@@ -274,6 +309,8 @@ impl EdgeFailure {
             Self::DeadlineExceeded => "deadline_exceeded",
             Self::EdgeShutdown => "edge_shutdown",
             Self::QueueTimeout => "queue_timeout",
+            Self::NoNodeAvailable => "no_node_available",
+            Self::QueueFull => "queue_full",
         }
     }
 
@@ -294,6 +331,14 @@ impl EdgeFailure {
             ),
             Self::QueueTimeout => (
                 "no node had capacity before the queue wait expired",
+                FailureClass::Unspecified,
+            ),
+            Self::NoNodeAvailable => (
+                "no node serving the model was connected and available before the wait expired",
+                FailureClass::Unspecified,
+            ),
+            Self::QueueFull => (
+                "the run queue is full and the run gave its place to another",
                 FailureClass::Unspecified,
             ),
         };

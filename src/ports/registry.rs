@@ -5,7 +5,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
-use crate::domain::{NodeId, NodeLoad, NodeRecord};
+use crate::domain::routing::NodeStatus;
+use crate::domain::{AdapterName, Availability, NodeId, NodeRecord, Target};
 
 use super::transport::NodeLink;
 
@@ -84,6 +85,24 @@ pub struct ConnectedNode {
     pub instance_id: String,
     /// Runs the edge has sent it that have not ended.
     pub active_runs: u32,
+    /// What the node last reported it can serve now; `None` when it never reported
+    /// (everything its config lists).
+    pub availability: Option<Arc<Availability>>,
+    /// An operator drained it: it keeps its runs but takes no new ones.
+    pub drained: bool,
+}
+
+impl ConnectedNode {
+    /// Whether the node takes new runs of `adapter + target` now, load aside: its config
+    /// serves them, its last availability report lists them, and it is not drained.
+    pub fn serves_now(&self, adapter: &AdapterName, target: &Target) -> bool {
+        !self.drained
+            && self.record.serves(adapter, target)
+            && self
+                .availability
+                .as_ref()
+                .is_none_or(|a| a.serves(adapter, target))
+    }
 }
 
 /// The node already has a live connection.
@@ -129,8 +148,9 @@ pub trait Registry: Send + Sync {
     /// Every connected node, ordered by id.
     fn snapshot(&self) -> Vec<ConnectedNode>;
 
-    /// Every connected node's definition and active runs, ordered by id, for selection.
-    fn loads(&self) -> Vec<NodeLoad>;
+    /// Every connected node as routing sees it (definition, active runs, availability,
+    /// drain), ordered by id.
+    fn statuses(&self) -> Vec<NodeStatus>;
 
     /// How many nodes are connected.
     fn len(&self) -> usize;
@@ -148,4 +168,18 @@ pub trait Registry: Send + Sync {
 
     /// Adds `delta` to the node's active runs if `connection` is still its live connection.
     fn adjust_active_runs(&self, id: &NodeId, connection: ConnectionId, delta: i32);
+
+    /// Replaces what the node's live connection `connection` can serve now (a heartbeat's
+    /// `availability`). Returns whether that changed anything.
+    fn set_availability(
+        &self,
+        id: &NodeId,
+        connection: ConnectionId,
+        availability: Availability,
+    ) -> bool;
+
+    /// Drains the node (it keeps its runs but takes no new ones) or undrains it. The flag
+    /// belongs to the node id, not to a connection: a drained node that reconnects stays
+    /// drained. Returns whether the flag changed.
+    fn set_drained(&self, id: &NodeId, drained: bool) -> bool;
 }

@@ -191,6 +191,10 @@ pub trait NodeEventHandler: Send + Sync {
     /// A node's registration was accepted and it is in the registry.
     fn node_connected(&self, node: &NodeId);
 
+    /// A connected node's availability changed (or an operator drained or undrained it):
+    /// runs waiting for it may fit now.
+    fn node_changed(&self, node: &NodeId);
+
     /// A node reported a run event. The connection reads its next frame only after this
     /// returns, which is how a node that floods the edge is slowed down.
     async fn run_event(&self, node: &NodeId, connection: ConnectionId, event: ReportedEvent);

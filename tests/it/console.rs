@@ -171,12 +171,12 @@ impl Console {
     async fn start_run(&mut self, command: &str) -> String {
         let accepted = self
             .ask(command, &format!("`{command}` to be accepted"), |l| {
-                (l.starts_with("run ") && l.ends_with(" accepted")) || l.starts_with("error:")
+                (l.starts_with("run ") && l.contains(" accepted")) || l.starts_with("error:")
             })
             .await;
         let id = accepted
             .strip_prefix("run ")
-            .and_then(|rest| rest.strip_suffix(" accepted"))
+            .and_then(|rest| rest.split_once(" accepted").map(|(id, _)| id))
             .unwrap_or_else(|| panic!("`{command}` was refused: {accepted}"));
         id.to_owned()
     }

@@ -26,7 +26,7 @@ use common::{
     Logs, NodeTable, PATIENCE, TWO_NODES, TestApp, edge_serve, eventually, eventually_ok, logged,
     spawn_app, two_nodes_with_node_a_heartbeat, watch_stderr, write_config,
 };
-use edge::app::{RunHandle, StartError};
+use edge::app::{Placed, RunHandle};
 use edge::client::{ClientError, NodeClient, ReceivedEdgeFrame, Registration};
 use edge::domain::{
     AdapterName, EventOrigin, NodeSelector, RegisterRejection, RunEvent, RunEventKind, RunSpec,
@@ -56,6 +56,7 @@ fn pinned(pin: &str, input: impl Into<Bytes>, mock: &str) -> RunSpec {
         params: BTreeMap::from([("mock".to_owned(), mock.to_owned())]),
         deadline: None,
         operation: edge::domain::Operation::Unspecified,
+        routing: Default::default(),
     }
 }
 
@@ -465,17 +466,27 @@ async fn a_node_that_stops_reading_is_closed_as_a_slow_consumer_with_bounded_mem
             .runs
             .start(pinned("node-a", input.clone(), "echo"))
         {
-            Ok(handle) => handles.push(handle),
-            Err(StartError::NoNode(_)) => break,
+            Ok(handle) if matches!(handle.placed, Placed::Sent(_)) => handles.push(handle),
+            // node-a has left, or its breaker opened on the sends that failed: a run pinned
+            // to it now waits for it.
+            Ok(mut waiting) => {
+                app.parts.runs.cancel(&waiting.run_id, "node-a left").await;
+                let events = rest(&mut waiting).await;
+                assert_eq!(
+                    only_terminal(&waiting.run_id, &events).kind.name(),
+                    "cancelled"
+                );
+                break;
+            }
             Err(other) => panic!("unexpected refusal: {other}"),
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     assert!(
-        app.parts.registry.get("node-a").is_none(),
-        "the edge kept taking runs for a node that reads nothing ({} accepted)",
-        handles.len()
+        handles.len() < OFFERED_RUNS,
+        "the edge kept taking runs for a node that reads nothing"
     );
+    app.wait_until_left("node-a").await;
     assert!(!handles.is_empty());
     for handle in &mut handles {
         fails_with(handle, "node_disconnected").await;

@@ -99,6 +99,7 @@ fn echo_run() -> RunSpec {
         params: Default::default(),
         deadline: None,
         operation: Operation::Unspecified,
+        routing: Default::default(),
     }
 }
 

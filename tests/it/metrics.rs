@@ -64,7 +64,7 @@ for family in text_string_to_metric_families(sys.stdin.read()):
 
 /// Every metric `docs/operations.md` lists, as `prometheus_client` names its family
 /// (counters without `_total`), with its type.
-const DOCUMENTED: [(&str, &str); 27] = [
+const DOCUMENTED: [(&str, &str); 33] = [
     ("edge_nodes_configured", "gauge"),
     ("edge_nodes_connected", "gauge"),
     ("edge_node_registrations", "counter"),
@@ -88,6 +88,12 @@ const DOCUMENTED: [(&str, &str); 27] = [
     ("edge_run_duration_seconds", "histogram"),
     ("edge_run_events_relayed", "counter"),
     ("edge_run_events_dropped", "counter"),
+    ("edge_run_placements", "counter"),
+    ("edge_run_failovers", "counter"),
+    ("edge_run_refusals", "counter"),
+    ("edge_runs_waiting", "gauge"),
+    ("edge_breaker_transitions", "counter"),
+    ("edge_breakers_open", "gauge"),
     ("edge_sink_events_written", "counter"),
     ("edge_sink_write_errors", "counter"),
     ("edge_sink_events_dropped", "counter"),
@@ -96,8 +102,9 @@ const DOCUMENTED: [(&str, &str); 27] = [
 
 /// Every label name a metric may carry; anything else (a run id, a node id, a token) would
 /// make the label set unbounded.
-const LABEL_NAMES: [&str; 10] = [
-    "result", "reason", "adapter", "target", "outcome", "code", "kind", "sink", "le", "by",
+const LABEL_NAMES: [&str; 15] = [
+    "result", "reason", "adapter", "target", "outcome", "code", "kind", "sink", "le", "by", "rule",
+    "failover", "priority", "to", "limit",
 ];
 
 // ---------------------------------------------------------------------------------------
@@ -318,6 +325,7 @@ fn spec(target: &str, pin: &str, input: &str, mock: &str) -> RunSpec {
         params: BTreeMap::from([("mock".to_owned(), mock.to_owned())]),
         deadline: None,
         operation: edge::domain::Operation::Unspecified,
+        routing: Default::default(),
     }
 }
 
@@ -623,6 +631,9 @@ async fn metrics_after_a_scripted_scenario_count_what_happened() {
 
     let default = [("adapter", "echo"), ("target", "default")];
     let fast = [("adapter", "echo"), ("target", "fast")];
+    let interactive = |route: [(&'static str, &'static str); 2]| {
+        [route[0], route[1], ("priority", "interactive")]
+    };
     let mut expected: Vec<Expected> = vec![
         want("edge_nodes_configured", &[], 2.0),
         want("edge_nodes_connected", &[], 1.0),
@@ -635,8 +646,27 @@ async fn metrics_after_a_scripted_scenario_count_what_happened() {
         want("edge_runs_queued", &[], 0.0),
         want("edge_run_duration_seconds_count", &default, 4.0),
         want("edge_run_duration_seconds_count", &fast, 1.0),
-        want("edge_run_queue_wait_seconds_count", &default, 4.0),
-        want("edge_run_queue_wait_seconds_count", &fast, 1.0),
+        want(
+            "edge_run_queue_wait_seconds_count",
+            &interactive(default),
+            4.0,
+        ),
+        want("edge_run_queue_wait_seconds_count", &interactive(fast), 1.0),
+        want("edge_runs_waiting", &[("reason", "all_busy")], 0.0),
+        want("edge_runs_waiting", &[("reason", "no_node_available")], 0.0),
+        want("edge_breakers_open", &[], 0.0),
+        want(
+            "edge_run_placements_total",
+            &[("rule", "pinned"), ("failover", "false")],
+            5.0,
+        ),
+        want(
+            "edge_run_failovers_total",
+            &[("reason", "node_failure")],
+            0.0,
+        ),
+        want("edge_breaker_transitions_total", &[("to", "open")], 0.0),
+        want("edge_run_refusals_total", &[("limit", "queue_full")], 0.0),
         want(
             "edge_run_time_to_first_output_seconds_count",
             &default,

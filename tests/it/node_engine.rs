@@ -49,6 +49,7 @@ fn spec(target: &str, operation: Operation, input: Value) -> RunSpec {
         params: BTreeMap::new(),
         deadline: None,
         operation,
+        routing: Default::default(),
     }
 }
 

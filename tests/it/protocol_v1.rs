@@ -309,6 +309,7 @@ async fn a_v1_node_registers_runs_and_is_cancelled() {
         params: Default::default(),
         deadline: None,
         operation: edge::domain::Operation::Unspecified,
+        routing: Default::default(),
     };
     let mut handle = app.parts.runs.start(spec.clone()).expect("accepted");
     let (message, understood) = node.next().await;

@@ -16,10 +16,10 @@ use std::time::Duration;
 use bytes::Bytes;
 use common::runs::{failure_code, next_event, only_terminal, rest, start, words};
 use common::{TWO_NODES, TestApp, eventually, eventually_ok, spawn_app};
-use edge::app::{RunHandle, StartError};
+use edge::app::{Placed, RunHandle, StartError};
+use edge::domain::routing::{Unroutable, WaitCause};
 use edge::domain::{
-    AdapterName, EventOrigin, NodeSelector, RunEvent, RunEventKind, RunId, RunSpec, SelectError,
-    Target,
+    AdapterName, EventOrigin, NodeSelector, RunEvent, RunEventKind, RunId, RunSpec, Target,
 };
 use edge::ports::NodeCommand;
 use mock_node::{Behaviour, Ended, MockNode, MockOptions};
@@ -44,6 +44,7 @@ fn spec(target: &str, input: &str, mock: &str) -> RunSpec {
         params: BTreeMap::from([("mock".to_owned(), mock.to_owned())]),
         deadline: None,
         operation: edge::domain::Operation::Unspecified,
+        routing: Default::default(),
     }
 }
 
@@ -371,13 +372,11 @@ async fn pinning_by_alias_and_by_id_picks_that_node() {
     fast.selector.pin = Some("gpu-a".into());
     assert!(matches!(
         app.parts.runs.start(fast),
-        Err(StartError::NoNode(
-            SelectError::PinnedNodeDoesNotServe { .. }
-        ))
+        Err(StartError::NoNode(Unroutable::PinDoesNotServe { .. }))
     ));
     assert!(matches!(
         app.parts.runs.start(pinned("gpu-z", "x", "echo")),
-        Err(StartError::NoNode(SelectError::PinnedNodeNotConnected { pin })) if pin == "gpu-z"
+        Err(StartError::NoNode(Unroutable::UnknownNode { pin })) if pin == "gpu-z"
     ));
     settle_and_stop(app).await;
 }
@@ -452,27 +451,28 @@ async fn a_full_queue_refuses_and_an_unserved_target_fails_at_once() {
     match app.parts.runs.start(spec("default", "four", "hang")) {
         Err(StartError::QueueFull { cause, capacity }) => {
             assert_eq!(capacity, 1);
-            assert!(
-                matches!(cause, SelectError::AllBusy { serving: 1, .. }),
-                "{cause:?}"
-            );
+            assert_eq!(cause, WaitCause::AllBusy);
         }
         other => panic!("expected QueueFull, got {other:?}"),
     }
     assert_eq!(app.parts.runs.open_runs(), 3);
 
-    // Nobody serves it: refused at once, even with a full queue and busy nodes.
+    // No node is configured for it: refused at once, even with a full queue and busy nodes.
     match app.parts.runs.start(spec("nope", "x", "echo")) {
-        Err(StartError::NoNode(SelectError::NoNodeServes { adapter, target })) => {
+        Err(StartError::NoNode(Unroutable::UnknownRoute { adapter, target })) => {
             assert_eq!(adapter.as_str(), "echo");
             assert_eq!(target.as_str(), "nope");
         }
-        other => panic!("expected NoNodeServes, got {other:?}"),
+        other => panic!("expected UnknownRoute, got {other:?}"),
     }
-    // node-b serves echo/fast but is not connected.
+    // node-b serves echo/fast but is not connected: it would wait for node-b, but the queue
+    // is full.
     assert!(matches!(
         app.parts.runs.start(spec("fast", "x", "echo")),
-        Err(StartError::NoNode(SelectError::NoNodeServes { .. }))
+        Err(StartError::QueueFull {
+            cause: WaitCause::NoNodeAvailable,
+            ..
+        })
     ));
 
     for handle in &mut held {
@@ -482,12 +482,12 @@ async fn a_full_queue_refuses_and_an_unserved_target_fails_at_once() {
 }
 
 #[tokio::test]
-async fn an_unserved_target_is_refused_even_with_no_node_connected() {
+async fn a_configured_target_waits_when_no_node_is_connected() {
     let app = spawn_app(TWO_NODES).await;
-    assert!(matches!(
-        app.parts.runs.start(spec("default", "x", "echo")),
-        Err(StartError::NoNode(SelectError::NoNodeServes { .. }))
-    ));
+    let mut waiting = start(&app, spec("default", "x", "echo"));
+    assert_eq!(waiting.placed, Placed::Waiting(WaitCause::NoNodeAvailable));
+    assert_eq!(app.parts.runs.waiting_by_cause(), [0, 1]);
+    cancel_to_cancelled(&app, &mut waiting, "test over").await;
     settle_and_stop(app).await;
 }
 

@@ -90,6 +90,7 @@ impl Plan {
             params: BTreeMap::from([("mock".to_owned(), mock.to_owned())]),
             deadline,
             operation: edge::domain::Operation::Unspecified,
+            routing: Default::default(),
         }
     }
 }
@@ -144,7 +145,8 @@ impl Finished {
             context()
         );
         let ended = outcome(last);
-        if ended == "failed/node_disconnected" {
+        // Any run may lose its node to a kill, and wait in vain while every node is away.
+        if ended == "failed/node_disconnected" || ended == "failed/no_node_available" {
             return;
         }
         match plan {

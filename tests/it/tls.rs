@@ -209,6 +209,7 @@ fn echo_run(input: &str) -> RunSpec {
         params: BTreeMap::new(),
         deadline: None,
         operation: edge::domain::Operation::Unspecified,
+        routing: Default::default(),
     }
 }
 

@@ -1,18 +1,20 @@
 //! [`LockRegistry`]: the connected nodes, indexed by id and by alias.
 //!
-//! Writes (a node joins or leaves) take the lock. Per-node counters (last seen, active runs)
-//! are atomics updated under the read lock. Selection reads a snapshot ordered by id that is
-//! rebuilt only after the membership changed, so a burst of registrations costs no rebuilds
-//! and a run dispatch costs no allocation of the map.
+//! Writes (a node joins or leaves, a drain) take the lock. Per-node state that changes
+//! while connected (last seen, active runs, availability, drain) is atomic, updated under
+//! the read lock. Routing reads a snapshot ordered by id that is rebuilt only after the
+//! membership changed, so a burst of registrations costs no rebuilds and a run dispatch
+//! costs no allocation of the map.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, Ordering};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use arc_swap::ArcSwap;
+use arc_swap::{ArcSwap, ArcSwapOption};
 
-use crate::domain::{Alias, NodeId, NodeLoad};
+use crate::domain::routing::{NodeHash, NodeStatus};
+use crate::domain::{Alias, Availability, NodeId};
 use crate::ports::{
     AlreadyConnected, ConnectedNode, ConnectionId, NewConnection, NodeLink, Registry,
 };
@@ -24,15 +26,25 @@ struct Entry {
     /// Milliseconds since the Unix epoch.
     last_seen_ms: AtomicI64,
     active_runs: AtomicU32,
+    /// The node's last availability report; empty until it sends one.
+    availability: ArcSwapOption<Availability>,
+    /// A copy of whether the node id is in [`Maps::drained`], for lock-free reads.
+    drained: AtomicBool,
+    /// Its id's routing hash, computed once.
+    hash: NodeHash,
 }
 
 impl Entry {
-    fn new(connection: NewConnection, now: SystemTime) -> Self {
+    fn new(connection: NewConnection, now: SystemTime, drained: bool) -> Self {
+        let hash = NodeHash::of(connection.record.id());
         Self {
             connection,
             connected_since: now,
             last_seen_ms: AtomicI64::new(to_millis(now)),
             active_runs: AtomicU32::new(0),
+            availability: ArcSwapOption::empty(),
+            drained: AtomicBool::new(drained),
+            hash,
         }
     }
 
@@ -56,13 +68,18 @@ impl Entry {
             last_frame_at: last_frame.at(),
             instance_id: instance_id.clone(),
             active_runs: self.active_runs.load(Ordering::Relaxed),
+            availability: self.availability.load_full(),
+            drained: self.drained.load(Ordering::Relaxed),
         }
     }
 
-    fn load(&self) -> NodeLoad {
-        NodeLoad {
+    fn status(&self) -> NodeStatus {
+        NodeStatus {
             record: Arc::clone(&self.connection.record),
             active_runs: self.active_runs.load(Ordering::Relaxed),
+            availability: self.availability.load_full(),
+            drained: self.drained.load(Ordering::Relaxed),
+            hash: self.hash,
         }
     }
 }
@@ -80,6 +97,8 @@ fn from_millis(ms: i64) -> SystemTime {
 struct Maps {
     by_id: HashMap<NodeId, Arc<Entry>>,
     id_by_alias: HashMap<Alias, NodeId>,
+    /// Drained node ids, connected or not (bounded by what operators drain).
+    drained: HashSet<NodeId>,
 }
 
 /// The connected nodes, safe to share between tasks. Cheap to clone.
@@ -151,7 +170,9 @@ impl Registry for LockRegistry {
         }
         maps.id_by_alias
             .insert(connection.record.alias().clone(), id.clone());
-        maps.by_id.insert(id, Arc::new(Entry::new(connection, now)));
+        let drained = maps.drained.contains(&id);
+        maps.by_id
+            .insert(id, Arc::new(Entry::new(connection, now, drained)));
         self.inner.stale.store(true, Ordering::Release);
         Ok(())
     }
@@ -173,7 +194,9 @@ impl Registry for LockRegistry {
         // entry is replaced; it is set for the insert case.
         maps.id_by_alias
             .insert(connection.record.alias().clone(), id.clone());
-        maps.by_id.insert(id, Arc::new(Entry::new(connection, now)));
+        let drained = maps.drained.contains(&id);
+        maps.by_id
+            .insert(id, Arc::new(Entry::new(connection, now, drained)));
         self.inner.stale.store(true, Ordering::Release);
         Ok(replaced)
     }
@@ -213,8 +236,8 @@ impl Registry for LockRegistry {
         self.sorted().iter().map(|entry| entry.report()).collect()
     }
 
-    fn loads(&self) -> Vec<NodeLoad> {
-        self.sorted().iter().map(|entry| entry.load()).collect()
+    fn statuses(&self) -> Vec<NodeStatus> {
+        self.sorted().iter().map(|entry| entry.status()).collect()
     }
 
     fn len(&self) -> usize {
@@ -242,6 +265,40 @@ impl Registry for LockRegistry {
                 .active_runs
                 .fetch_update(Ordering::AcqRel, Ordering::Acquire, update);
         }
+    }
+
+    fn set_availability(
+        &self,
+        id: &NodeId,
+        connection: ConnectionId,
+        availability: Availability,
+    ) -> bool {
+        let Some(entry) = self.live_entry(id, connection) else {
+            return false;
+        };
+        // One connection's frames are handled in order, so nothing races this swap.
+        let changed = entry
+            .availability
+            .load()
+            .as_deref()
+            .is_none_or(|old| *old != availability);
+        if changed {
+            entry.availability.store(Some(Arc::new(availability)));
+        }
+        changed
+    }
+
+    fn set_drained(&self, id: &NodeId, drained: bool) -> bool {
+        let mut maps = self.write();
+        let changed = if drained {
+            maps.drained.insert(id.clone())
+        } else {
+            maps.drained.remove(id)
+        };
+        if let Some(entry) = maps.by_id.get(id) {
+            entry.drained.store(drained, Ordering::Relaxed);
+        }
+        changed
     }
 }
 
@@ -325,11 +382,11 @@ mod tests {
         registry.adjust_active_runs(&id("a"), 1, 1);
         assert_eq!(registry.get("a").unwrap().active_runs, 0);
         registry.adjust_active_runs(&id("a"), 2, 1);
-        assert_eq!(registry.loads()[0].active_runs, 1);
+        assert_eq!(registry.statuses()[0].active_runs, 1);
         assert!(registry.remove(&id("a"), 2));
         assert!(registry.get("x").is_none());
         assert!(registry.is_empty());
-        assert!(registry.loads().is_empty());
+        assert!(registry.statuses().is_empty());
     }
 
     #[test]
@@ -352,7 +409,7 @@ mod tests {
                         registry
                             .insert(connection(&name, &format!("a{t}-{i}"), i))
                             .unwrap();
-                        let _ = registry.loads();
+                        let _ = registry.statuses();
                         if i % 2 == 0 {
                             assert!(registry.remove(&id(&name), i));
                         }

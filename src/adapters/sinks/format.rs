@@ -11,6 +11,7 @@ use std::io::Write as _;
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
 
+use crate::domain::routing::RouteReason;
 use crate::domain::{EventOrigin, RunEvent, RunEventKind};
 
 use super::config::LineFormat;
@@ -28,8 +29,9 @@ pub fn write_line(format: LineFormat, event: &RunEvent, out: &mut Vec<u8>) {
 /// The payload is the output text (with `\`, newlines and other control characters
 /// escaped, so one event is one line) or `<N bytes>` for binary output;
 /// `finish_reason=.. input_tokens=.. output_tokens=..` for completed runs;
-/// `code=.. message=..` for failed ones; `reason=..` for cancelled ones; nothing for
-/// `started` (the line then ends after the kind).
+/// `code=.. message=..` for failed ones; `reason=..` for cancelled ones; for `started`,
+/// `attempt=.. route=..` (the rule, attempt, eligible nodes and queue wait of its
+/// placement) when the edge placed it, else nothing (the line then ends after the kind).
 pub fn write_text_line(event: &RunEvent, out: &mut Vec<u8>) {
     out.extend_from_slice(event.run_id.as_str().as_bytes());
     out.push(b' ');
@@ -44,7 +46,7 @@ pub fn write_text_line(event: &RunEvent, out: &mut Vec<u8>) {
     out.push(b' ');
     out.extend_from_slice(event.kind.name().as_bytes());
     match &event.kind {
-        RunEventKind::Started => {}
+        RunEventKind::Started => push_text_route(event.route.as_deref(), out),
         RunEventKind::Output { text, data, .. } => {
             out.push(b' ');
             push_escaped(text, out);
@@ -112,8 +114,9 @@ fn push_escaped(text: &str, out: &mut Vec<u8>) {
 
 /// Appends `event` as one JSON object and `\n`:
 /// `{"run_id":..,"node":..|null,"adapter":..,"target":..,"seq":..,"origin":"node"|"edge",
-/// "kind":..,<payload fields>}`. Payload fields: `text` and `data` (standard base64, omitted
-/// when empty) for output; `finish_reason`, `input_tokens`, `output_tokens` (the token
+/// "kind":..,<payload fields>}`. Payload fields: `attempt`, `reason` (the rule's label) and
+/// `route` (the whole reason) for started, when the edge placed it; `text` and `data`
+/// (standard base64, omitted when empty) for output; `finish_reason`, `input_tokens`, `output_tokens` (the token
 /// counts omitted when the node reported none) for completed; `code`, `message` for failed;
 /// `reason` for cancelled.
 ///
@@ -141,7 +144,7 @@ pub fn write_json_line(event: &RunEvent, out: &mut Vec<u8>) {
     out.extend_from_slice(event.kind.name().as_bytes());
     out.push(b'"');
     match &event.kind {
-        RunEventKind::Started => {}
+        RunEventKind::Started => push_json_route(event.route.as_deref(), out),
         RunEventKind::Output { text, data, .. } => {
             out.extend_from_slice(b",\"text\":");
             push_json_str(text, out);
@@ -178,6 +181,29 @@ pub fn write_json_line(event: &RunEvent, out: &mut Vec<u8>) {
     out.extend_from_slice(b"}\n");
 }
 
+/// Appends a started event's ` attempt=.. route=..`, if the edge placed it.
+fn push_text_route(route: Option<&RouteReason>, out: &mut Vec<u8>) {
+    if let Some(route) = route {
+        out.extend_from_slice(b" attempt=");
+        push_u64(u64::from(route.attempt), out);
+        out.extend_from_slice(b" route=");
+        // Writing into a Vec cannot fail.
+        let _ = write!(out, "{route}");
+    }
+}
+
+/// Appends a started event's `,"attempt":..,"reason":..,"route":..`, if the edge placed it.
+fn push_json_route(route: Option<&RouteReason>, out: &mut Vec<u8>) {
+    if let Some(route) = route {
+        out.extend_from_slice(b",\"attempt\":");
+        push_u64(u64::from(route.attempt), out);
+        out.extend_from_slice(b",\"reason\":\"");
+        out.extend_from_slice(route.label().as_bytes());
+        out.extend_from_slice(b"\",\"route\":");
+        push_json_str(&route.to_string(), out);
+    }
+}
+
 /// Appends `text` as a JSON string, escaped by `serde_json`.
 fn push_json_str(text: &str, out: &mut Vec<u8>) {
     // Serializing a `str` into a Vec cannot fail.
@@ -207,6 +233,7 @@ pub(crate) mod tests {
     use bytes::Bytes;
 
     use super::*;
+    use crate::domain::routing::{RouteReason, RouteRule};
     use crate::domain::{AdapterName, NodeId, RunId, Target, Usage};
 
     /// An event of `kind` for run `r1` on `node-a`, `echo/m1`, seq 3.
@@ -219,7 +246,20 @@ pub(crate) mod tests {
             seq: 3,
             origin: EventOrigin::Node,
             kind,
+            route: None,
         }
+    }
+
+    /// A `started` event of a second attempt placed least busy among 3 nodes.
+    fn started_again() -> RunEvent {
+        let mut started = event(RunEventKind::Started);
+        started.route = Some(Box::new(RouteReason {
+            rule: RouteRule::LeastBusy,
+            attempt: 2,
+            eligible: 3,
+            queue_wait: None,
+        }));
+        started
     }
 
     /// A non-terminal output event whose text is `text`.
@@ -283,6 +323,18 @@ pub(crate) mod tests {
             })),
             "r1 node-a echo/m1 cancelled reason=caller\n"
         );
+    }
+
+    #[test]
+    fn started_lines_carry_the_route() {
+        assert_eq!(
+            text(&started_again()),
+            "r1 node-a echo/m1 started attempt=2 route=least_busy; attempt=2; eligible=3\n"
+        );
+        let line = json(&started_again());
+        assert_eq!(line["attempt"], 2);
+        assert_eq!(line["reason"], "least_busy");
+        assert_eq!(line["route"], "least_busy; attempt=2; eligible=3");
     }
 
     #[test]
@@ -396,6 +448,12 @@ pub(crate) mod tests {
         origin: &'static str,
         kind: &'static str,
         #[serde(skip_serializing_if = "Option::is_none")]
+        attempt: Option<u32>,
+        #[serde(rename = "reason", skip_serializing_if = "Option::is_none")]
+        reason_label: Option<&'static str>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        route: Option<String>,
+        #[serde(skip_serializing_if = "Option::is_none")]
         text: Option<&'a str>,
         #[serde(skip_serializing_if = "Option::is_none")]
         data: Option<String>,
@@ -426,6 +484,9 @@ pub(crate) mod tests {
                     EventOrigin::Edge => "edge",
                 },
                 kind: event.kind.name(),
+                attempt: None,
+                reason_label: None,
+                route: None,
                 text: None,
                 data: None,
                 finish_reason: None,
@@ -436,7 +497,13 @@ pub(crate) mod tests {
                 reason: None,
             };
             match &event.kind {
-                RunEventKind::Started => {}
+                RunEventKind::Started => {
+                    if let Some(route) = &event.route {
+                        line.attempt = Some(route.attempt);
+                        line.reason_label = Some(route.label());
+                        line.route = Some(route.to_string());
+                    }
+                }
                 RunEventKind::Output { text, data, .. } => {
                     line.text = Some(text);
                     line.data = (!data.is_empty()).then(|| STANDARD.encode(data));
@@ -475,6 +542,7 @@ pub(crate) mod tests {
     fn json_line_matches_serde_json_byte_for_byte() {
         let mut events = vec![
             event(RunEventKind::Started),
+            started_again(),
             (*output("a\n\"b\"\\ \u{1} \u{7f} \u{8}\u{c}\t\r é ✓ \u{1f600}")).clone(),
             (*completed()).clone(),
             event(RunEventKind::Completed {

@@ -2,8 +2,8 @@
 //! with structured fields, so events reach whatever subscriber the edge installed.
 //!
 //! Fields: `run_id`, `node` (absent when the run never reached one), `adapter`, `target`,
-//! `seq`, `origin`, `kind`, and the payload: `text` and `bytes` (the length of binary
-//! output) for output; `finish_reason`, `input_tokens`, `output_tokens` for completed;
+//! `seq`, `origin`, `kind`, and the payload: `attempt` and `route` for a started event the
+//! edge placed; `text` and `bytes` (the length of binary output) for output; `finish_reason`, `input_tokens`, `output_tokens` for completed;
 //! `code` and `error_message` for failed (`message` is tracing's own field); `reason` for
 //! cancelled. This writer never fails; the subscriber decides where records go.
 
@@ -41,7 +41,15 @@ pub(crate) struct LogWriter;
 /// Emits the record for one event.
 fn record(event: &RunEvent) {
     match &event.kind {
-        RunEventKind::Started => event_record!(event, "run event"),
+        RunEventKind::Started => match &event.route {
+            Some(route) => event_record!(
+                event,
+                attempt = route.attempt,
+                route = %route,
+                "run event"
+            ),
+            None => event_record!(event, "run event"),
+        },
         RunEventKind::Output { text, data, .. } => {
             event_record!(event, text = text.as_str(), bytes = data.len(), "run event");
         }

@@ -23,7 +23,7 @@ use tracing::{debug, info};
 
 use super::link::LinkSignals;
 use super::server::Shared;
-use crate::domain::NodeRecord;
+use crate::domain::{Availability, NodeRecord};
 use crate::ports::{CloseReason, ConnectionId, LastFrame, NodeCommand};
 use crate::wire::{EdgeCodec, EdgeFrame, FrameError, NodeFrame};
 
@@ -228,7 +228,12 @@ impl<'a, S: NodeIo> Connection<'a, S> {
                     let handler = &self.shared.deps.handler;
                     handler.run_event(record.id(), self.id, event).await;
                 }
-                NodeFrame::Heartbeat { ping, .. } => {
+                NodeFrame::Heartbeat {
+                    ping, availability, ..
+                } => {
+                    if let Some(availability) = availability {
+                        self.availability(record, availability);
+                    }
                     // Answered at once, after every frame before it was handled: the ack
                     // tells the node the edge has read (and relayed) all of those.
                     if ping != 0
@@ -254,6 +259,19 @@ impl<'a, S: NodeIo> Connection<'a, S> {
                     return (handled, Some(frame_error_reason(&error)));
                 }
             };
+        }
+    }
+
+    /// Stores what the node reports it can serve now and, if that changed, tells the run
+    /// service (queued runs may fit now).
+    fn availability(&self, record: &NodeRecord, availability: Availability) {
+        let deps = &self.shared.deps;
+        if deps
+            .registry
+            .set_availability(record.id(), self.id, availability)
+        {
+            debug!("availability changed");
+            deps.handler.node_changed(record.id());
         }
     }
 

@@ -2,6 +2,12 @@
 //! caller, in order, with exactly one terminal event — [`RunService::relay_event`] for
 //! what a node reports, [`RunService::end_run`] for the terminal events the edge makes.
 //!
+//! An attempt's terminal event first goes to failover (`failover.rs`): when the run is
+//! placed again, the event is neither offered to the run's state nor relayed, and the next
+//! attempt's events continue the run's numbering. So the caller and the sinks see one
+//! stream: a `started` per attempt (each with its route), the output of the one attempt
+//! that produced any, and one terminal event.
+//!
 //! This is the relay's hot path (benchmarked): one async lock per run, no allocation
 //! beyond the event itself, the sink only enqueues, and the caller's buffer costs no timer
 //! while it has room.
@@ -14,8 +20,9 @@ use tokio::sync::mpsc;
 use tracing::{debug, warn};
 
 use super::service::RunService;
-use super::table::{Placement, Run};
-use crate::domain::{EventOrigin, EventVerdict, RunEvent, RunEventKind, RunState};
+use super::table::{Placement, Run, lock};
+use crate::domain::{EventOrigin, EventVerdict, NodeId, RunEvent, RunEventKind, RunState};
+use crate::ports::ConnectionId;
 
 /// Events buffered for a caller who reads slower than the node writes. When it is full the
 /// node's connection waits (it stops reading frames), which slows the node down.
@@ -32,8 +39,12 @@ pub(super) struct Delivery {
     state: RunState,
     /// The caller's stream; `None` once the run ended or the caller stopped listening.
     caller: Option<mpsc::Sender<Arc<RunEvent>>>,
-    /// Whether an `output` event has been relayed (for time-to-first-output).
+    /// Whether an `output` event has been relayed (for time-to-first-output, and because
+    /// no attempt is made after output reached the caller).
     saw_output: bool,
+    /// Added to a node's sequence numbers: the last number relayed before the current
+    /// attempt, so the attempts of a failed-over run number one stream.
+    seq_base: u64,
 }
 
 impl Delivery {
@@ -43,29 +54,63 @@ impl Delivery {
             state: RunState::default(),
             caller: Some(caller),
             saw_output: false,
+            seq_base: 0,
         }
     }
+}
+
+/// Which attempt an event belongs to: the one on a node's connection, or whichever is
+/// current (the edge's own endings: deadline, cancel, queue wait, shutdown).
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Source<'a> {
+    /// The attempt `node` holds on `connection`; dropped if the run has moved on.
+    Attempt(&'a NodeId, ConnectionId),
+    /// Like `Attempt`, for one of several runs a departing connection held: its loss is
+    /// not held against the node's breaker (the first run's loss counted, once for the
+    /// whole departure).
+    Departed(&'a NodeId, ConnectionId),
+    /// The run, whatever its attempt.
+    Run,
 }
 
 impl RunService {
     /// Ends `run` with a terminal event the edge makes (a timeout, a cancel, a lost node),
     /// unless it has ended already.
     pub(super) async fn end_run(&self, run: &Arc<Run>, kind: RunEventKind) {
-        self.relay_event(run, None, EventOrigin::Edge, kind).await;
+        self.relay_event(run, Source::Run, None, EventOrigin::Edge, kind)
+            .await;
     }
 
     /// Relays one event of `run` to the sink and the caller, in order; retires the run
     /// after its terminal event and drops anything after it. `seq` is the node's; the
-    /// edge's own events (`None`) take the next one.
+    /// edge's own events (`None`) take the next one. An attempt's terminal event may
+    /// instead place the run again (failover).
     pub(super) async fn relay_event(
         &self,
         run: &Arc<Run>,
+        source: Source<'_>,
         seq: Option<u64>,
         origin: EventOrigin,
         kind: RunEventKind,
     ) {
         let mut delivery = run.delivery.lock().await;
-        let seq = seq.unwrap_or_else(|| delivery.state.next_edge_seq());
+        if self.is_stale(run, source) {
+            return;
+        }
+        let blame = !matches!(source, Source::Departed(..));
+        if kind.is_terminal()
+            && !delivery.state.is_finished()
+            && let Some(next) = self.fail_over(run, delivery.saw_output, &kind, blame)
+        {
+            delivery.seq_base = delivery.state.next_edge_seq() - 1;
+            drop(delivery);
+            self.continue_run(run, next);
+            return;
+        }
+        let seq = match seq {
+            Some(seq) => seq.saturating_add(delivery.seq_base),
+            None => delivery.state.next_edge_seq(),
+        };
         let terminal = match delivery.state.offer(seq, &kind) {
             EventVerdict::DropAfterTerminal => {
                 let dropped = &self.inner.stats.dropped_after_terminal;
@@ -75,19 +120,7 @@ impl RunService {
             EventVerdict::Relay => false,
             EventVerdict::RelayTerminal => true,
         };
-        let node = match run.placement() {
-            Placement::Dispatched { node, .. } => Some(node),
-            Placement::Queued => None,
-        };
-        let event = Arc::new(RunEvent {
-            run_id: run.id.clone(),
-            node,
-            adapter: run.spec.selector.adapter.clone(),
-            target: run.spec.selector.target.clone(),
-            seq,
-            origin,
-            kind,
-        });
+        let event = Arc::new(event_of(run, seq, origin, kind));
         let first_output =
             !delivery.saw_output && matches!(event.kind, RunEventKind::Output { .. });
         delivery.saw_output |= first_output;
@@ -109,6 +142,47 @@ impl RunService {
             drop(delivery);
             self.retire(run);
         }
+    }
+}
+
+impl RunService {
+    /// Whether an event from `source` belongs to an attempt that has ended (failed over)
+    /// while it waited for the run's lock; such an event is dropped and counted.
+    fn is_stale(&self, run: &Run, source: Source<'_>) -> bool {
+        let (Source::Attempt(node, connection) | Source::Departed(node, connection)) = source
+        else {
+            return false;
+        };
+        let stale = !run.is_on(node, connection);
+        if stale {
+            let dropped = &self.inner.stats.dropped_after_terminal;
+            dropped.fetch_add(1, Ordering::Relaxed);
+        }
+        stale
+    }
+}
+
+/// The event of `run` numbered `seq`, with its current node and, on `started`, the
+/// current attempt's route.
+fn event_of(run: &Run, seq: u64, origin: EventOrigin, kind: RunEventKind) -> RunEvent {
+    let (node, route) = {
+        let current = lock(&run.route);
+        let node = match &current.placement {
+            Placement::Dispatched { node, .. } => Some(node.clone()),
+            Placement::Queued => None,
+        };
+        let started = matches!(kind, RunEventKind::Started);
+        (node, current.reason.filter(|_| started).map(Box::new))
+    };
+    RunEvent {
+        run_id: run.id.clone(),
+        node,
+        adapter: run.spec.selector.adapter.clone(),
+        target: run.spec.selector.target.clone(),
+        seq,
+        origin,
+        kind,
+        route,
     }
 }
 

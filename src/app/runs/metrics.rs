@@ -1,4 +1,5 @@
-//! The run service's OpenTelemetry instruments.
+//! The run service's OpenTelemetry instruments: runs and their events, and routing
+//! (placements by rule, failovers, breaker transitions, refusals by limit).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -8,6 +9,8 @@ use opentelemetry::KeyValue;
 use opentelemetry::metrics::{Counter, Histogram, Meter};
 use tokio::time::Instant;
 
+use super::routing_metrics::{Refusal, RoutingCounts};
+use crate::domain::routing::{AttemptEnd, RouteReason, Transition};
 use crate::domain::{EventOrigin, RunEvent, RunEventKind, RunSpec};
 
 /// Bucket bounds in seconds for run latencies: from milliseconds (an instant answer) to
@@ -43,6 +46,7 @@ pub(super) struct RunMetrics {
     queue_wait: Histogram<f64>,
     first_output: Histogram<f64>,
     duration: Histogram<f64>,
+    routing: Arc<RoutingCounts>,
 }
 
 fn route(spec: &RunSpec) -> [KeyValue; 2] {
@@ -95,14 +99,23 @@ impl RunMetrics {
                 "edge_run_duration",
                 "Time from acceptance to the terminal event",
             ),
+            routing: RoutingCounts::register(meter),
         }
     }
 
-    /// A run was sent to a node after waiting `waited`.
-    pub(super) fn dispatched(&self, spec: &RunSpec, waited: Duration) {
-        let labels = route(spec);
-        self.started.add(1, &labels);
-        self.queue_wait.record(waited.as_secs_f64(), &labels);
+    /// An attempt of a run was placed on a node for `reason`; the first attempt's
+    /// placement after waiting `waited` since acceptance also counts the run as started.
+    pub(super) fn dispatched(&self, spec: &RunSpec, reason: &RouteReason, waited: Duration) {
+        let failover = reason.is_failover();
+        self.routing.placed(reason);
+        if failover {
+            return;
+        }
+        let [adapter, target] = route(spec);
+        self.started.add(1, &[adapter.clone(), target.clone()]);
+        let priority = KeyValue::new("priority", spec.routing.priority.as_str());
+        self.queue_wait
+            .record(waited.as_secs_f64(), &[adapter, target, priority]);
     }
 
     /// An event of a run accepted at `accepted_at` was relayed; `first_output` says whether
@@ -142,6 +155,21 @@ impl RunMetrics {
             self.duration
                 .record(since_accepted.as_secs_f64(), &labels[..2]);
         }
+    }
+
+    /// An attempt that ended with `end` is placed again.
+    pub(super) fn failed_over(&self, end: AttemptEnd) {
+        self.routing.failed_over(end);
+    }
+
+    /// A circuit breaker changed state.
+    pub(super) fn breaker(&self, transition: Transition) {
+        self.routing.breaker(transition);
+    }
+
+    /// A run was refused by `limit`.
+    pub(super) fn refused(&self, limit: Refusal) {
+        self.routing.refused(limit);
     }
 }
 

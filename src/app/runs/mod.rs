@@ -1,30 +1,39 @@
-//! The run service: accepts runs, places them on nodes, and relays what nodes report.
+//! The run service: accepts runs, routes them to nodes, fails them over, and relays what
+//! nodes report.
 //!
-//! Decisions come from the domain (`select_node`, `RunState`); this module holds the
-//! bookkeeping around them, one concern per file:
+//! Decisions come from the domain (`routing::decide`, `after_attempt`, the breakers, the
+//! fair queue, the key limits, `RunState`); this module holds the bookkeeping around them,
+//! one concern per file:
 //!
 //! - `service.rs` — [`RunService`], the public API (start, cancel, drain) and the
 //!   `NodeEventHandler` the node transport calls;
-//! - `placement.rs` — selecting a node and reserving its slot, the bounded queue of runs
-//!   waiting for a busy node, and sending runs and cancels; every step that must be atomic
+//! - `placement.rs` — routing a run and reserving its slot, the bounded fair queue of runs
+//!   waiting for a node, and sending runs and cancels; every step that must be atomic
 //!   takes the locked table as `&mut Table`;
+//! - `failover.rs` — what happens when an attempt ends: the breaker's record, another
+//!   attempt on another node, the disconnect hook;
+//! - `config.rs` — the `[routing]` and `[limits]` sections and the policy they build;
 //! - `delivery.rs` — the per-run state machine and the event relay
 //!   (`RunService::relay_event`): every event to the sink and the caller, in order;
 //! - `timers.rs` — the queue wait, the deadline and the cancel grace, which let the edge
 //!   end a run the node cannot;
-//! - `table.rs` — the table of open runs and the queue, behind one mutex;
-//! - `metrics.rs` — the service's OpenTelemetry instruments.
+//! - `table.rs` — the table of open runs, the queue, breakers and limits, behind one mutex;
+//! - `metrics.rs`, `routing_metrics.rs` — the service's OpenTelemetry instruments.
 //!
 //! Every run it accepts ends with exactly one terminal event, delivered to the event sink
 //! and to the caller's stream, whichever path ends it.
 
+mod config;
 mod delivery;
+mod failover;
 mod metrics;
 mod placement;
+mod routing_metrics;
 mod service;
 mod table;
 #[cfg(test)]
 mod tests;
 mod timers;
 
-pub use service::{RunHandle, RunService, RunStats, StartError};
+pub use config::{BreakerConfig, LimitsConfig, RoutingConfig, policy};
+pub use service::{Placed, Routing, RunHandle, RunService, RunStats, StartError, waiting_for};

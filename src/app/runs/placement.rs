@@ -1,109 +1,280 @@
-//! Placement and the queue: which node takes a run, reserving its slot, queueing the runs
-//! no node has room for, handing freed slots to them, and sending runs and cancels to
-//! nodes.
+//! Placement and the queue: routing a run (the domain's `decide`), claiming its node's
+//! breaker admission and slot, queueing the runs no node can take now, handing freed
+//! slots to them in fair order, and sending runs and cancels to nodes.
 //!
-//! Every decision that reads the registry's loads and reserves a slot takes the locked
-//! [`Table`] as `&mut Table`, so selection and reservation are atomic by construction
-//! (decision 6); sending to a node happens after the lock is released.
+//! Every step that reads the registry's state and reserves a slot takes the locked
+//! [`Table`] as `&mut Table` (and the run's [`Route`], locked after the table), so a
+//! decision, the breaker's admission and the reservation are atomic by construction
+//! (decision 6); sending to a node happens after the locks are released.
 
-use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::time::Instant;
 use tracing::debug;
 
-use super::service::{RunService, StartError};
-use super::table::{Placement, Run, Table, lock};
-use crate::domain::{EdgeFailure, NodeId, RunSpec, SelectError, select_node};
+use super::routing_metrics::Refusal;
+use super::service::{Dispatch, RunService, StartError};
+use super::table::{Placement, Route, Run, Table, Waiting, lock};
+use crate::domain::routing::{
+    Decision, LimitRefusal, NodeStatus, RouteContext, RouteReason, RouteRequest, Unroutable,
+    WaitCause, Waiter, decide,
+};
+use crate::domain::{AdapterName, EdgeFailure, NodeId, RunEventKind, RunSpec, Target};
 use crate::ports::{NodeCommand, RunAssignment};
 
+/// What routing did with a run, under the table lock.
+pub(super) enum Routed {
+    /// Placed on this node, its slot reserved: send it after unlocking.
+    Placed(NodeId),
+    /// It waits, for this reason.
+    Waits(WaitCause),
+    /// It cannot be placed.
+    Refused(Unroutable),
+}
+
+/// What a pump of the queue did: runs to send, and failed-over runs with no node left.
+#[derive(Default)]
+pub(super) struct Pumped {
+    placed: Vec<(Arc<Run>, NodeId)>,
+    exhausted: Vec<Arc<Run>>,
+}
+
 impl RunService {
-    /// Places a newly accepted run on a node or queues it, and enters it in the table.
-    /// Returns the node to send it to, if it was placed.
+    /// Routes a newly accepted run — places it or queues it — and enters it in the table.
     ///
     /// # Errors
-    /// [`StartError::QueueFull`] when it would wait and the queue is full;
-    /// [`StartError::NoNode`] when no connected node serves it.
-    pub(super) fn admit(
+    /// [`StartError::Limited`] when its key is over a limit, [`StartError::QueueFull`]
+    /// when it would wait and the queue is full, [`StartError::NoNode`] when no node is
+    /// configured to serve it.
+    pub(super) fn admit(&self, table: &mut Table, run: &Arc<Run>) -> Result<Dispatch, StartError> {
+        let now = Instant::now();
+        let routing = &run.spec.routing;
+        let limits = routing.limits.unwrap_or(self.inner.routing.policy.limits);
+        let tenant = &routing.tenant;
+        if let Err(refusal) = table.limits.try_start_with(tenant, limits, now.into_std()) {
+            let limit = match refusal {
+                LimitRefusal::Concurrency { .. } => Refusal::Concurrency,
+                LimitRefusal::Rate { .. } => Refusal::Rate,
+            };
+            self.inner.metrics.refused(limit);
+            return Err(StartError::Limited(refusal));
+        }
+        let mut nodes = self.inner.registry.statuses();
+        let mut route = lock(&run.route);
+        let dispatch = match self.route(table, &mut nodes, run, &mut route, now) {
+            Routed::Placed(node) => Dispatch::Sent(node),
+            Routed::Waits(cause) => match self.enqueue(table, run, &mut route, cause, now) {
+                Ok(displaced) => Dispatch::Waiting { cause, displaced },
+                Err(()) => {
+                    table.limits.finish(tenant);
+                    self.inner.metrics.refused(Refusal::QueueFull);
+                    let capacity = table.queue.capacity();
+                    return Err(StartError::QueueFull { cause, capacity });
+                }
+            },
+            Routed::Refused(refusal) => {
+                table.limits.finish(tenant);
+                return Err(StartError::NoNode(refusal));
+            }
+        };
+        drop(route);
+        table.runs.insert(run.id.clone(), Arc::clone(run));
+        Ok(dispatch)
+    }
+
+    /// Decides where `run` goes now, changing nothing but the turn.
+    pub(super) fn decide(
+        &self,
+        table: &mut Table,
+        nodes: &[NodeStatus],
+        run: &Run,
+        route: &Route,
+        now: Instant,
+    ) -> Decision {
+        let turn = table.next_turn();
+        let request = RouteRequest {
+            selector: &run.spec.selector,
+            affinity: run.spec.routing.affinity,
+            tried: &route.tried,
+        };
+        let ctx = RouteContext {
+            catalog: &self.inner.routing.catalog,
+            breakers: &table.breakers,
+            load_factor: self.inner.routing.policy.load_factor,
+            now: now.into_std(),
+            turn,
+        };
+        decide(nodes, &request, &ctx)
+    }
+
+    /// Routes `run` now: places it on the node `decide` chooses, or says why not.
+    pub(super) fn route(
+        &self,
+        table: &mut Table,
+        nodes: &mut [NodeStatus],
+        run: &Run,
+        route: &mut Route,
+        now: Instant,
+    ) -> Routed {
+        match self.decide(table, nodes, run, route, now) {
+            Decision::Place { index, reason } => {
+                let seat = nodes.get_mut(index);
+                match seat.and_then(|s| self.take_seat(table, s, reason, run, route, now)) {
+                    Some(node) => Routed::Placed(node),
+                    // The node left between the registry's two reads: as if it had not been
+                    // there (a rare race).
+                    None => Routed::Waits(WaitCause::NoNodeAvailable),
+                }
+            }
+            Decision::Wait { cause, .. } => Routed::Waits(cause),
+            Decision::Refuse(refusal) => Routed::Refused(refusal),
+        }
+    }
+
+    /// Puts `run` on the node of `status`: claims its breaker's admission, reserves its
+    /// slot and records the attempt and its reason. `None` when the node has left.
+    pub(super) fn take_seat(
+        &self,
+        table: &mut Table,
+        status: &mut NodeStatus,
+        reason: RouteReason,
+        run: &Run,
+        route: &mut Route,
+        now: Instant,
+    ) -> Option<NodeId> {
+        let inner = &self.inner;
+        let id = status.record.id().clone();
+        let connection = inner.registry.get(id.as_str())?.connection;
+        let (admission, transition) = table.breakers.admit(status.hash, &id, now.into_std())?;
+        if let Some(transition) = transition {
+            self.breaker_changed(&id, transition);
+        }
+        inner.registry.adjust_active_runs(&id, connection, 1);
+        status.active_runs += 1;
+        route.tried.push(id.clone());
+        route.admission = Some((status.hash, admission));
+        route.placement = Placement::Dispatched {
+            node: id.clone(),
+            connection,
+        };
+        let reason = match route.waiting.take() {
+            Some(waiting) => reason.with_queue_wait(now.saturating_duration_since(waiting.since)),
+            None => reason,
+        };
+        route.reason = Some(reason);
+        run.span.record("node", tracing::field::display(&id));
+        run.span.record("attempt", reason.attempt);
+        debug!(parent: &run.span, route = %reason, "run dispatched");
+        let waited = now.saturating_duration_since(run.accepted_at);
+        inner.metrics.dispatched(&run.spec, &reason, waited);
+        Some(id)
+    }
+
+    /// Queues `run`, which waits for `cause`. Returns the run it displaced from a full
+    /// queue (the caller ends it); `Err` when the queue is full and nobody yields.
+    pub(super) fn enqueue(
         &self,
         table: &mut Table,
         run: &Arc<Run>,
-    ) -> Result<Option<NodeId>, StartError> {
-        let placed = match self.place(table, run) {
-            Ok(Some(node)) => Some(node),
-            // The chosen node left between two registry reads: the run waits like one for
-            // a busy node (a rare race, so it may exceed the capacity by a few).
-            Ok(None) => {
-                table.queue.push_back(Arc::clone(run));
-                None
-            }
-            Err(cause) if cause.is_busy() => {
-                let capacity = self.inner.config.queue_capacity;
-                if table.queue.len() >= capacity {
-                    return Err(StartError::QueueFull { cause, capacity });
-                }
-                debug!(run_id = %run.id, waiting = table.queued_like(&run.spec), "all serving nodes busy; queued");
-                table.queue.push_back(Arc::clone(run));
-                None
-            }
-            Err(cause) => return Err(StartError::NoNode(cause)),
+        route: &mut Route,
+        cause: WaitCause,
+        now: Instant,
+    ) -> Result<Option<Arc<Run>>, ()> {
+        let waiter = Waiter {
+            id: run.id.clone(),
+            tenant: run.spec.routing.tenant.clone(),
+            priority: run.spec.routing.priority,
+            queued_at: now.into_std(),
+            item: Arc::clone(run),
         };
-        table.runs.insert(run.id.clone(), Arc::clone(run));
-        Ok(placed)
-    }
-
-    /// Picks a node for `run` and reserves a slot on it.
-    pub(super) fn place(
-        &self,
-        table: &mut Table,
-        run: &Run,
-    ) -> Result<Option<NodeId>, SelectError> {
-        let inner = &self.inner;
-        let loads = inner.registry.loads();
-        let turn = table.next_turn();
-        let chosen = select_node(&loads, &run.spec.selector, turn)?
-            .record
-            .id()
-            .clone();
-        let Some(connection) = inner.registry.get(chosen.as_str()).map(|n| n.connection) else {
-            // The node left between the two reads; nobody else can take the slot.
-            return Ok(None);
-        };
-        inner.registry.adjust_active_runs(&chosen, connection, 1);
-        run.set_placement(Placement::Dispatched {
-            node: chosen.clone(),
-            connection,
+        let displaced = table.queue.push(waiter).map_err(|_| ())?;
+        route.placement = Placement::Queued;
+        route.stays += 1;
+        route.waiting = Some(Waiting {
+            since: now,
+            cause,
+            stay: route.stays,
         });
-        run.span.record("node", tracing::field::display(&chosen));
-        debug!(parent: &run.span, "run dispatched");
-        inner
-            .metrics
-            .dispatched(&run.spec, run.accepted_at.elapsed());
-        Ok(Some(chosen))
+        debug!(parent: &run.span, cause = cause.expiry_code(), "run queued");
+        Ok(displaced.map(|waiter| waiter.item))
     }
 
-    /// Places every queued run that now fits, in queue order; the caller sends the
-    /// returned runs after unlocking.
-    pub(super) fn pump(&self, table: &mut Table) -> Vec<(Arc<Run>, NodeId)> {
-        let mut placed = Vec::new();
-        let mut waiting = VecDeque::with_capacity(table.queue.len());
-        while let Some(run) = table.queue.pop_front() {
-            match self.place(table, &run) {
-                Ok(Some(node)) => placed.push((run, node)),
-                Ok(None) | Err(_) => waiting.push_back(run),
-            }
+    /// Offers every queued run a node, in fair order (see `FairQueue::pump`); the caller
+    /// hands the result to [`RunService::dispatch`] after unlocking. A first attempt for a
+    /// route that already came back "wait" in this pump is not decided again.
+    pub(super) fn pump(&self, table: &mut Table) -> Pumped {
+        if table.queue.is_empty() {
+            return Pumped::default();
         }
-        table.queue = waiting;
-        placed
+        let now = Instant::now();
+        let mut nodes = self.inner.registry.statuses();
+        let mut blocked: Vec<(AdapterName, Target, WaitCause)> = Vec::new();
+        let mut exhausted = Vec::new();
+        let mut queue =
+            std::mem::replace(&mut table.queue, crate::domain::routing::FairQueue::new(1));
+        let placed = queue.pump(|waiter| {
+            let run = &waiter.item;
+            let mut route = lock(&run.route);
+            let selector = &run.spec.selector;
+            let first = route.tried.attempts() == 0 && selector.pin.is_none();
+            let known = blocked
+                .iter()
+                .find(|(a, t, _)| first && *a == selector.adapter && *t == selector.target);
+            if let Some((_, _, cause)) = known {
+                set_cause(run, &mut route, *cause);
+                return None;
+            }
+            match self.route(table, &mut nodes, run, &mut route, now) {
+                Routed::Placed(node) => Some(node),
+                Routed::Waits(cause) => {
+                    set_cause(run, &mut route, cause);
+                    if first {
+                        let (a, t) = (selector.adapter.clone(), selector.target.clone());
+                        blocked.push((a, t, cause));
+                    }
+                    None
+                }
+                Routed::Refused(_) => {
+                    exhausted.push(Arc::clone(run));
+                    None
+                }
+            }
+        });
+        for run in &exhausted {
+            queue.remove(&run.id);
+        }
+        table.queue = queue;
+        let placed = placed.into_iter().map(|(w, node)| (w.item, node)).collect();
+        Pumped { placed, exhausted }
     }
 
-    /// Removes an ended run, frees its node's slot and hands the slot to a queued run.
+    /// Sends the runs a pump placed and ends the failed-over runs it found no node for.
+    pub(super) fn dispatch(&self, pumped: Pumped) {
+        for (run, node) in pumped.placed {
+            self.send_run(&run, &node);
+        }
+        for run in pumped.exhausted {
+            let failure = lock(&run.route).last_failure.take();
+            let kind = failure.unwrap_or_else(|| EdgeFailure::NoNodeAvailable.into_event_kind());
+            self.end_soon(run, kind);
+        }
+    }
+
+    /// Removes an ended run, frees its node's slot and its key's count, and hands the slot
+    /// to queued runs.
     pub(super) fn retire(&self, run: &Run) {
         run.ended.cancel();
-        let placed = {
+        let pumped = {
             let mut table = lock(&self.inner.table);
             table.runs.remove(&run.id);
-            if let Placement::Dispatched { node, connection } = run.placement() {
+            table.limits.finish(&run.spec.routing.tenant);
+            let placement = {
+                let mut route = lock(&run.route);
+                route.waiting = None;
+                route.placement.clone()
+            };
+            if let Placement::Dispatched { node, connection } = placement {
                 self.inner
                     .registry
                     .adjust_active_runs(&node, connection, -1);
@@ -111,21 +282,32 @@ impl RunService {
             }
             self.pump(&mut table)
         };
-        for (queued, node) in placed {
-            self.send_run(&queued, &node);
-        }
+        self.dispatch(pumped);
         self.inner.run_ended.notify_waiters();
     }
 
-    /// Sends a placed run to its node; if the node is gone, ends the run.
+    /// Places queued runs that may fit now (a node connected or changed, a breaker cooled
+    /// down) and sends them.
+    pub(super) fn pump_and_send(&self) {
+        let pumped = self.pump(&mut lock(&self.inner.table));
+        self.dispatch(pumped);
+    }
+
+    /// Sends a placed run to its node; if the node is gone, ends that attempt as a
+    /// disconnect (which may fail it over).
     pub(super) fn send_run(&self, run: &Arc<Run>, node: &NodeId) {
         let command = NodeCommand::Run(assignment(run));
         if let Err(error) = self.inner.transport.send(node, command) {
             debug!(run_id = %run.id, %error, "could not send the run; the node is leaving");
-            self.end_soon(
-                Arc::clone(run),
-                EdgeFailure::NodeDisconnected.into_event_kind(),
-            );
+            if let Placement::Dispatched {
+                node: held,
+                connection,
+            } = run.placement()
+                && &held == node
+            {
+                let lost = EdgeFailure::NodeDisconnected.into_event_kind();
+                self.end_attempt_soon(Arc::clone(run), held, connection, lost);
+            }
         }
     }
 
@@ -142,6 +324,35 @@ impl RunService {
     }
 }
 
+/// Records a waiting run's latest cause; a change wakes its wait timer.
+fn set_cause(run: &Run, route: &mut Route, cause: WaitCause) {
+    if let Some(waiting) = route.waiting.as_mut()
+        && waiting.cause != cause
+    {
+        waiting.cause = cause;
+        run.wait_changed.notify_one();
+    }
+}
+
+/// The terminal event of a run whose wait expired with `cause`, saying how many attempts
+/// failed before it waited, if any.
+pub(super) fn wait_expired(cause: WaitCause, route: &Route) -> RunEventKind {
+    let failure = match cause {
+        WaitCause::AllBusy => EdgeFailure::QueueTimeout,
+        WaitCause::NoNodeAvailable => EdgeFailure::NoNodeAvailable,
+    };
+    let mut kind = failure.into_event_kind();
+    if let (RunEventKind::Failed { message, .. }, Some(RunEventKind::Failed { code, .. })) =
+        (&mut kind, &route.last_failure)
+    {
+        let attempts = route.tried.attempts();
+        message.push_str(&format!(
+            " (after {attempts} failed attempt(s); the last ended with {code})"
+        ));
+    }
+    kind
+}
+
 /// What the node is sent for `run`: the spec, with what is left of its deadline (the
 /// deadline runs from acceptance).
 fn assignment(run: &Run) -> RunAssignment {
@@ -152,6 +363,7 @@ fn assignment(run: &Run) -> RunAssignment {
         params,
         deadline,
         operation,
+        routing: _,
     } = &run.spec;
     RunAssignment {
         run_id: run.id.clone(),

@@ -1,7 +1,7 @@
 //! [`RunService`]: the public face of the run service — accepting, cancelling and draining
 //! runs — and the [`NodeEventHandler`] the node transport calls. The work is done in the
-//! modules beside it: placement and the queue (`placement.rs`), the relay of events
-//! (`delivery.rs`) and the timers (`timers.rs`).
+//! modules beside it: placement and the queue (`placement.rs`), failover and breakers
+//! (`failover.rs`), the relay of events (`delivery.rs`) and the timers (`timers.rs`).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -15,13 +15,15 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, info_span, warn};
 
-use super::delivery::{CALLER_BUFFER, Delivery};
+use super::delivery::{CALLER_BUFFER, Delivery, Source};
 use super::metrics::RunMetrics;
-use super::table::{Miss, Placement, Run, Table, lock};
+use super::table::{Miss, Route, Run, Table, lock};
 use crate::app::settings::RunsConfig;
-use crate::domain::{
-    EdgeFailure, EventOrigin, NodeId, RunEvent, RunEventKind, RunId, RunSpec, SelectError,
+use crate::domain::routing::{
+    BreakerBook, BreakerState, Catalog, KeyLimits, LimitRefusal, RoutingPolicy, Unroutable,
+    WaitCause,
 };
+use crate::domain::{EdgeFailure, EventOrigin, NodeId, RunEvent, RunEventKind, RunId, RunSpec};
 use crate::ports::{
     CloseReason, ConnectionId, EventSink, NodeEventHandler, NodeTransport, Registry, ReportedEvent,
 };
@@ -30,20 +32,61 @@ use crate::ports::{
 /// event instead.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum StartError {
-    /// No connected node can ever take it now (nobody serves it, or the pin is wrong).
+    /// No node is configured to serve it (or the pin names no configured node, or one that
+    /// does not serve it). A configured node that is away makes the run wait instead.
     #[error(transparent)]
-    NoNode(SelectError),
-    /// Every serving node is busy and the queue is full.
-    #[error("{cause}; the run queue is full ({capacity} runs waiting)")]
+    NoNode(Unroutable),
+    /// It would wait and the queue is full.
+    #[error("{}; the run queue is full ({capacity} runs waiting)", waiting_for(*.cause))]
     QueueFull {
         /// Why it would have waited.
-        cause: SelectError,
+        cause: WaitCause,
         /// The queue's capacity.
         capacity: usize,
     },
+    /// Its API key is over one of its limits.
+    #[error("refused by the key's limits: {0}")]
+    Limited(LimitRefusal),
     /// The edge is shutting down.
     #[error("the edge is shutting down")]
     ShuttingDown,
+}
+
+/// What a run waiting for `cause` waits for, for messages.
+pub fn waiting_for(cause: WaitCause) -> &'static str {
+    match cause {
+        WaitCause::AllBusy => "every node serving it is busy",
+        WaitCause::NoNodeAvailable => "no node serving it is connected and available now",
+    }
+}
+
+/// What became of an accepted run at once.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Placed {
+    /// Sent to this node.
+    Sent(NodeId),
+    /// Waiting in the queue, for this reason.
+    Waiting(WaitCause),
+}
+
+/// What placement did with a new run, before it is sent.
+pub(super) enum Dispatch {
+    /// Send it to this node.
+    Sent(NodeId),
+    /// It waits; `displaced` left the full queue for it and must be ended.
+    Waiting {
+        cause: WaitCause,
+        displaced: Option<Arc<Run>>,
+    },
+}
+
+/// How the run service routes: every configured node and the routing settings.
+#[derive(Debug, Clone, Default)]
+pub struct Routing {
+    /// Every node definition, connected or not.
+    pub catalog: Catalog,
+    /// Failover, waits, affinity, breakers and limits.
+    pub policy: RoutingPolicy,
 }
 
 /// An accepted run: its id and the stream of its events, which ends after the terminal one.
@@ -54,6 +97,8 @@ pub struct RunHandle {
     /// Every event of the run, in order; the last is terminal. Dropping it does not cancel
     /// the run (call [`RunService::cancel`]); the events still reach the sinks.
     pub events: mpsc::Receiver<Arc<RunEvent>>,
+    /// Where it went at once.
+    pub placed: Placed,
 }
 
 /// Counters of the run service, read by the metrics exporter and tests.
@@ -78,11 +123,14 @@ pub(super) struct Inner {
     pub(super) transport: Arc<dyn NodeTransport>,
     pub(super) sink: Arc<dyn EventSink>,
     pub(super) config: RunsConfig,
+    pub(super) routing: Routing,
     /// The open runs and the queue; see [`Table`] for what must happen under it.
     pub(super) table: Mutex<Table>,
     next_id: AtomicU64,
     id_prefix: u32,
     draining: AtomicBool,
+    /// Cancelled when the drain begins: stops the timers that wait for breakers to cool.
+    pub(super) stopping: CancellationToken,
     /// Signalled whenever a run ends, for the drain wait.
     pub(super) run_ended: Notify,
     pub(super) timers: TaskTracker,
@@ -91,25 +139,35 @@ pub(super) struct Inner {
 }
 
 impl RunService {
-    /// A run service placing runs on the nodes in `registry`, sending through `transport`
-    /// and relaying to `sink`, with its instruments created from `meter`.
+    /// A run service placing runs on the nodes in `registry` as `routing` says, sending
+    /// through `transport` and relaying to `sink`, with its instruments created from
+    /// `meter`. The waits and attempts come from `routing.policy`; `config` gives the
+    /// queue's capacity, the cancel grace and the default deadline.
     pub fn new(
         registry: Arc<dyn Registry>,
         transport: Arc<dyn NodeTransport>,
         sink: Arc<dyn EventSink>,
         config: RunsConfig,
+        routing: Routing,
         meter: &Meter,
     ) -> Self {
+        let table = Table::new(
+            config.queue_capacity,
+            BreakerBook::new(routing.policy.breaker),
+            KeyLimits::new(routing.policy.limits),
+        );
         Self {
             inner: Arc::new(Inner {
                 registry,
                 transport,
                 sink,
                 config,
-                table: Mutex::new(Table::default()),
+                routing,
+                table: Mutex::new(table),
                 next_id: AtomicU64::new(1),
                 id_prefix: rand::random(),
                 draining: AtomicBool::new(false),
+                stopping: CancellationToken::new(),
                 run_ended: Notify::new(),
                 timers: TaskTracker::new(),
                 stats: RunStats::default(),
@@ -133,7 +191,35 @@ impl RunService {
         lock(&self.inner.table).queue.len()
     }
 
-    /// Accepts a run: sends it to a node now, or queues it when every serving node is busy.
+    /// How many circuit breakers are not closed (open or half-open).
+    pub fn open_breakers(&self) -> usize {
+        lock(&self.inner.table).breakers.not_closed()
+    }
+
+    /// The circuit breaker of `node`.
+    pub fn breaker_state(&self, node: &NodeId) -> BreakerState {
+        let hash = crate::domain::routing::NodeHash::of(node);
+        lock(&self.inner.table).breakers.state(hash, node)
+    }
+
+    /// Queued runs by why they wait: `[every serving node busy, no node available]`.
+    pub fn waiting_by_cause(&self) -> [usize; 2] {
+        lock(&self.inner.table).waiting_by_cause()
+    }
+
+    /// Drains node `id` (it keeps its runs but gets no new ones; the flag outlives its
+    /// connection) or undrains it, which offers it the queued runs at once. Returns whether
+    /// the flag changed.
+    pub fn set_drained(&self, id: &NodeId, drained: bool) -> bool {
+        let changed = self.inner.registry.set_drained(id, drained);
+        if changed && !drained {
+            self.pump_and_send();
+        }
+        changed
+    }
+
+    /// Accepts a run: sends it to a node now, or queues it when no eligible node has room
+    /// (every serving node busy, or none connected and available now).
     ///
     /// `spec.deadline` falls back to `runs.default_deadline_ms`.
     ///
@@ -142,7 +228,7 @@ impl RunService {
     /// including waiting too long in the queue, as its terminal event.
     pub fn start(&self, mut spec: RunSpec) -> Result<RunHandle, StartError> {
         let inner = &self.inner;
-        if inner.draining.load(Ordering::Acquire) {
+        if self.is_draining() {
             return Err(StartError::ShuttingDown);
         }
         if spec.deadline.is_none() && inner.config.default_deadline_ms > 0 {
@@ -150,15 +236,31 @@ impl RunService {
         }
         let (caller, events) = mpsc::channel(CALLER_BUFFER);
         let run = Arc::new(self.new_run(spec, caller));
-        let placed = self.admit(&mut lock(&inner.table), &run)?;
-        if let Some(node) = placed {
-            self.send_run(&run, &node);
-        }
+        let dispatch = self.admit(&mut lock(&inner.table), &run)?;
+        let placed = match dispatch {
+            Dispatch::Sent(node) => {
+                self.send_run(&run, &node);
+                Placed::Sent(node)
+            }
+            Dispatch::Waiting { cause, displaced } => {
+                self.arm_wait(&run);
+                if let Some(displaced) = displaced {
+                    self.end_soon(displaced, EdgeFailure::QueueFull.into_event_kind());
+                }
+                Placed::Waiting(cause)
+            }
+        };
         self.watch(&run);
         Ok(RunHandle {
             run_id: run.id.clone(),
             events,
+            placed,
         })
+    }
+
+    /// Whether the drain has begun.
+    pub(super) fn is_draining(&self) -> bool {
+        self.inner.draining.load(Ordering::Acquire)
     }
 
     /// A fresh run with the next id, not yet in the table.
@@ -171,15 +273,17 @@ impl RunService {
             adapter = %spec.selector.adapter,
             target = %spec.selector.target,
             node = tracing::field::Empty,
+            attempt = tracing::field::Empty,
         );
         Run {
             id,
             span,
             spec,
-            placement: Mutex::new(Placement::Queued),
+            route: Mutex::new(Route::default()),
             accepted_at: Instant::now(),
             delivery: tokio::sync::Mutex::new(Delivery::new(caller)),
             ended: CancellationToken::new(),
+            wait_changed: Notify::new(),
         }
     }
 
@@ -193,7 +297,12 @@ impl RunService {
         let cancelled = RunEventKind::Cancelled {
             reason: reason.to_owned(),
         };
-        if lock(&self.inner.table).unqueue(run_id) {
+        let queued = {
+            let mut table = lock(&self.inner.table);
+            lock(&run.route).cancelling = true;
+            table.unqueue(run_id)
+        };
+        if queued {
             self.end_run(&run, cancelled).await;
             return true;
         }
@@ -207,6 +316,7 @@ impl RunService {
     pub async fn drain(&self, grace: Duration) {
         let inner = &self.inner;
         inner.draining.store(true, Ordering::Release);
+        inner.stopping.cancel();
         let deadline = Instant::now() + grace;
         loop {
             let ended = inner.run_ended.notified();
@@ -219,7 +329,7 @@ impl RunService {
         }
         let remaining: Vec<Arc<Run>> = {
             let mut table = lock(&inner.table);
-            table.queue.clear();
+            table.queue.drain();
             table.runs.values().cloned().collect()
         };
         if !remaining.is_empty() {
@@ -243,10 +353,11 @@ impl RunService {
 #[async_trait]
 impl NodeEventHandler for RunService {
     fn node_connected(&self, _node: &NodeId) {
-        let placed = self.pump(&mut lock(&self.inner.table));
-        for (run, node) in placed {
-            self.send_run(&run, &node);
-        }
+        self.pump_and_send();
+    }
+
+    fn node_changed(&self, _node: &NodeId) {
+        self.pump_and_send();
     }
 
     async fn run_event(&self, node: &NodeId, connection: ConnectionId, event: ReportedEvent) {
@@ -255,7 +366,8 @@ impl NodeEventHandler for RunService {
         let stats = &self.inner.stats;
         match held {
             Ok(run) => {
-                self.relay_event(&run, Some(seq), EventOrigin::Node, kind)
+                let source = Source::Attempt(node, connection);
+                self.relay_event(&run, source, Some(seq), EventOrigin::Node, kind)
                     .await;
             }
             Err(Miss::Ended) => {
@@ -279,9 +391,8 @@ impl NodeEventHandler for RunService {
         if !held.is_empty() {
             debug!(%node, %reason, runs = held.len(), "ending the runs of a disconnected node");
         }
-        for run in held {
-            self.end_run(&run, EdgeFailure::NodeDisconnected.into_event_kind())
-                .await;
+        for (index, run) in held.iter().enumerate() {
+            self.lose_attempt(run, node, connection, index == 0).await;
         }
     }
 }

@@ -1,19 +1,24 @@
-//! The open runs and the queue of runs waiting for capacity: [`Table`], behind the one
-//! mutex of the run service, and [`Run`], one open run.
+//! The open runs and the routing state behind the run service's one mutex: [`Table`]
+//! (runs, the fair wait queue, the circuit breakers, the per-key limits) and [`Run`], one
+//! open run with its [`Route`] (where it is, which nodes it tried, why it waits).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::delivery::Delivery;
-use crate::domain::{NodeId, RunId, RunSpec};
+use crate::domain::routing::{
+    Admission, BreakerBook, FairQueue, KeyLimits, NodeHash, RouteReason, Tried, WaitCause,
+};
+use crate::domain::{NodeId, RunEventKind, RunId, RunSpec};
 use crate::ports::ConnectionId;
 
 /// Where a run is.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum Placement {
-    /// Waiting in the queue for a node with a free slot.
+    /// Waiting in the queue for a node (or ended before reaching one).
     Queued,
     /// Sent to this node's connection.
     Dispatched {
@@ -24,32 +29,86 @@ pub(super) enum Placement {
     },
 }
 
+/// Why and since when a run waits in the queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Waiting {
+    /// When it entered the queue (this time: a failover queues it again).
+    pub(super) since: Instant,
+    /// The latest reason it could not be placed; re-decided at every pump.
+    pub(super) cause: WaitCause,
+    /// Which of the run's stays in the queue this is, so a timer armed for an earlier one
+    /// leaves this one alone.
+    pub(super) stay: u32,
+}
+
+/// How a run is routed: changed only while the table is locked (the table's lock is always
+/// taken first), read on its own by the relay.
+#[derive(Debug)]
+pub(super) struct Route {
+    pub(super) placement: Placement,
+    /// Every node the run was placed on, in order; its length is the attempts made.
+    pub(super) tried: Tried,
+    /// The current attempt's leave from its node's breaker, until the attempt's outcome is
+    /// recorded (exactly once).
+    pub(super) admission: Option<(NodeHash, Admission)>,
+    /// Why the current attempt went where it did.
+    pub(super) reason: Option<RouteReason>,
+    /// Set while the run waits in the queue.
+    pub(super) waiting: Option<Waiting>,
+    /// Stays in the queue so far.
+    pub(super) stays: u32,
+    /// The failure of the latest attempt that was failed over, for the run's end when no
+    /// further attempt comes.
+    pub(super) last_failure: Option<RunEventKind>,
+    /// A cancel was asked for (by the caller, the deadline or the edge): no more attempts.
+    pub(super) cancelling: bool,
+}
+
+impl Default for Route {
+    fn default() -> Self {
+        Self {
+            placement: Placement::Queued,
+            tried: Tried::default(),
+            admission: None,
+            reason: None,
+            waiting: None,
+            stays: 0,
+            last_failure: None,
+            cancelling: false,
+        }
+    }
+}
+
 /// One open run.
 pub(super) struct Run {
     pub(super) id: RunId,
     pub(super) spec: RunSpec,
     /// When the run was accepted; its deadline and latencies count from here.
-    pub(super) accepted_at: tokio::time::Instant,
-    pub(super) placement: Mutex<Placement>,
+    pub(super) accepted_at: Instant,
+    pub(super) route: Mutex<Route>,
     pub(super) delivery: tokio::sync::Mutex<Delivery>,
     /// Cancelled when the run has had its terminal event; stops its timers.
     pub(super) ended: CancellationToken,
-    /// `run{run_id, adapter, target, node}`: every log line about the run is inside it.
+    /// Notified when the cause of its wait changes, so its wait timer looks again.
+    pub(super) wait_changed: tokio::sync::Notify,
+    /// `run{run_id, adapter, target, node, attempt}`: every log line about the run is in it.
     pub(super) span: tracing::Span,
 }
 
 impl Run {
     pub(super) fn placement(&self) -> Placement {
-        lock(&self.placement).clone()
+        lock(&self.route).placement.clone()
     }
 
-    pub(super) fn set_placement(&self, placement: Placement) {
-        *lock(&self.placement) = placement;
+    /// Whether the run's current attempt is on `node`'s connection `connection`.
+    pub(super) fn is_on(&self, node: &NodeId, connection: ConnectionId) -> bool {
+        matches!(&lock(&self.route).placement, Placement::Dispatched { node: n, connection: c } if n == node && *c == connection)
     }
 
-    /// Whether the run was dispatched to `node` on `connection`.
-    fn is_on(&self, node: &NodeId, connection: ConnectionId) -> bool {
-        matches!(&*lock(&self.placement), Placement::Dispatched { node: n, connection: c } if n == node && *c == connection)
+    /// What is left of the deadline at `now`; `None` without a deadline.
+    pub(super) fn time_left(&self, now: Instant) -> Option<std::time::Duration> {
+        let spent = now.saturating_duration_since(self.accepted_at);
+        self.spec.deadline.map(|d| d.saturating_sub(spent))
     }
 }
 
@@ -61,21 +120,22 @@ pub(super) fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// How many ended runs the table remembers, so that a node's late events for them count as
-/// dropped after the terminal rather than as events for an unknown run.
+/// How many ended attempts the table remembers, so that a node's late events for them count
+/// as dropped after the terminal rather than as events for an unknown run.
 const REMEMBERED_ENDINGS: usize = 1_024;
 
-/// The open runs and the waiting queue. Guarded by one mutex that is never held across an
-/// `.await`; whatever must happen under it takes `&mut Table`, so selection and capacity
-/// reservation are atomic.
-#[derive(Default)]
+/// The open runs, the wait queue, the breakers and the limits. Guarded by one mutex that is
+/// never held across an `.await`; whatever must happen under it takes `&mut Table`, so a
+/// decision, the breaker's admission and the slot's reservation are atomic.
 pub(super) struct Table {
     pub(super) runs: HashMap<RunId, Arc<Run>>,
-    pub(super) queue: VecDeque<Arc<Run>>,
-    /// The most recently ended dispatched runs and the connection that held each, oldest
-    /// first; at most [`REMEMBERED_ENDINGS`].
+    pub(super) queue: FairQueue<Arc<Run>>,
+    pub(super) breakers: BreakerBook,
+    pub(super) limits: KeyLimits,
+    /// The most recently ended attempts and the connection that held each, oldest first;
+    /// at most [`REMEMBERED_ENDINGS`].
     ended: VecDeque<(RunId, NodeId, ConnectionId)>,
-    /// Placements so far: the round-robin turn that breaks ties between equal nodes.
+    /// Placements so far: the turn that rotates ties between equally busy nodes.
     turn: u64,
 }
 
@@ -89,7 +149,19 @@ pub(super) enum Miss {
 }
 
 impl Table {
-    /// The next round-robin turn for a placement.
+    /// An empty table.
+    pub(super) fn new(queue_capacity: usize, breakers: BreakerBook, limits: KeyLimits) -> Self {
+        Self {
+            runs: HashMap::new(),
+            queue: FairQueue::new(queue_capacity),
+            breakers,
+            limits,
+            ended: VecDeque::new(),
+            turn: 0,
+        }
+    }
+
+    /// The next turn for a placement.
     pub(super) fn next_turn(&mut self) -> u64 {
         let turn = self.turn;
         self.turn = self.turn.wrapping_add(1);
@@ -121,12 +193,10 @@ impl Table {
 
     /// Takes `run` out of the queue; returns whether it was there.
     pub(super) fn unqueue(&mut self, run: &RunId) -> bool {
-        let before = self.queue.len();
-        self.queue.retain(|queued| &queued.id != run);
-        self.queue.len() != before
+        self.queue.remove(run).is_some()
     }
 
-    /// Remembers that `run`, held by `node` on `connection`, has ended.
+    /// Remembers that `run`'s attempt on `node`'s `connection` has ended.
     pub(super) fn remember_ended(&mut self, run: RunId, node: NodeId, connection: ConnectionId) {
         if self.ended.len() == REMEMBERED_ENDINGS {
             self.ended.pop_front();
@@ -134,21 +204,23 @@ impl Table {
         self.ended.push_back((run, node, connection));
     }
 
-    /// Whether `run` recently ended while `node` held it on `connection`.
+    /// Whether an attempt of `run` recently ended while `node` held it on `connection`.
     fn ended_on(&self, run: &str, node: &NodeId, connection: ConnectionId) -> bool {
         self.ended
             .iter()
             .any(|(r, n, c)| r.as_str() == run && n == node && *c == connection)
     }
 
-    /// How many queued runs want the same adapter and target as `spec`.
-    pub(super) fn queued_like(&self, spec: &RunSpec) -> usize {
-        self.queue
-            .iter()
-            .filter(|r| {
-                r.spec.selector.adapter == spec.selector.adapter
-                    && r.spec.selector.target == spec.selector.target
-            })
-            .count()
+    /// Queued runs by their latest wait cause: `[all busy, no node available]`.
+    pub(super) fn waiting_by_cause(&self) -> [usize; 2] {
+        let mut counts = [0; 2];
+        for run in self.runs.values() {
+            match lock(&run.route).waiting.map(|w| w.cause) {
+                Some(WaitCause::AllBusy) => counts[0] += 1,
+                Some(WaitCause::NoNodeAvailable) => counts[1] += 1,
+                None => {}
+            }
+        }
+        counts
     }
 }

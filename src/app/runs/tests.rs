@@ -6,6 +6,8 @@
 //! terminal event, in the sink and on the caller's stream, whichever path ends it. Timers run
 //! on paused tokio time; nothing here sleeps for real or asserts how long anything took.
 
+mod routing;
+
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
@@ -17,12 +19,13 @@ use proptest::prelude::*;
 use tokio::sync::mpsc::error::TryRecvError;
 use tokio::time::sleep;
 
-use super::{RunHandle, RunService, StartError};
+use super::{LimitsConfig, Routing, RoutingConfig, RunHandle, RunService, StartError, policy};
 use crate::adapters::lock_registry::LockRegistry;
 use crate::app::settings::RunsConfig;
+use crate::domain::routing::{Catalog, NodeStatus, Unroutable, WaitCause};
 use crate::domain::{
-    AdapterConfig, AdapterName, Alias, EventOrigin, NodeId, NodeLoad, NodeRecord, NodeSelector,
-    RunEvent, RunEventKind, RunId, RunSpec, RuntimeConfig, SelectError, Target, Token,
+    AdapterConfig, AdapterName, Alias, EventOrigin, NodeId, NodeRecord, NodeSelector, RunEvent,
+    RunEventKind, RunId, RunRouting, RunSpec, RuntimeConfig, Target, Token,
 };
 use crate::ports::event_sink::MockEventSink;
 use crate::ports::registry::MockRegistry;
@@ -69,6 +72,7 @@ fn spec() -> RunSpec {
         params: BTreeMap::from([("temperature".to_owned(), "0".to_owned())]),
         deadline: None,
         operation: crate::domain::Operation::Unspecified,
+        routing: RunRouting::default(),
     }
 }
 
@@ -83,8 +87,21 @@ fn config() -> RunsConfig {
     RunsConfig {
         queue_capacity: 8,
         queue_timeout_ms: 1_000,
+        no_node_timeout_ms: 800,
+        max_attempts: 3,
         cancel_grace_ms: 500,
         default_deadline_ms: 0,
+    }
+}
+
+/// The nodes every test may connect: `a` to `e`, each serving `echo`/`t`.
+const CONFIGURED: [&str; 5] = ["a", "b", "c", "d", "e"];
+
+/// Routing over [`CONFIGURED`] with `config`'s waits and attempts and default breakers.
+fn routing(config: &RunsConfig) -> Routing {
+    Routing {
+        catalog: Catalog::new(CONFIGURED.map(|id| record(id, 1))),
+        policy: policy(config, &RoutingConfig::default(), &LimitsConfig::default()).unwrap(),
     }
 }
 
@@ -233,11 +250,13 @@ fn service_over(
     sink: MockEventSink,
     config: RunsConfig,
 ) -> RunService {
+    let routing = routing(&config);
     RunService::new(
         registry,
         Arc::new(transport),
         Arc::new(sink),
         config,
+        routing,
         &opentelemetry::global::meter("edge-test"),
     )
 }
@@ -584,8 +603,8 @@ async fn a_run_the_node_fails_ends_with_its_failed_event() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_node_disconnecting_mid_stream_fails_its_runs() {
-    let mut h = Harness::expecting(Expect::terminals(2));
+async fn a_node_disconnecting_fails_runs_with_output_and_fails_over_the_rest() {
+    let mut h = Harness::expecting(Expect::terminals(3));
     h.connect("a", 2);
     let a = h.connections["a"];
     let [mut first, mut second] = h.start_runs();
@@ -596,18 +615,47 @@ async fn a_node_disconnecting_mid_stream_fails_its_runs() {
         [RunEventKind::Started, output("partial")],
     )
     .await;
+    h.report("a", a, &second.run_id, 1, RunEventKind::Started)
+        .await;
 
     h.disconnect("a").await;
 
-    for handle in [&mut first, &mut second] {
-        let terminal = h.assert_edge_failed(handle, "node_disconnected");
-        assert_eq!(terminal.node, Some(node_id("a")));
-    }
+    // Output reached the caller: no second attempt.
+    let terminal = h.assert_edge_failed(&mut first, "node_disconnected");
+    assert_eq!(terminal.node, Some(node_id("a")));
     // The edge's event continues the node's numbering.
-    assert_eq!(h.published(&first.run_id).last().unwrap().seq, 3);
-    assert_eq!(h.service.open_runs(), 0);
+    assert_eq!(terminal.seq, 3);
+    // Nothing but `started` reached the caller: the run waits for another node.
+    assert_eq!(h.service.open_runs(), 1);
+    assert_eq!(h.service.queued_runs(), 1);
+    let b = h.connect("b", 1);
+    assert_eq!(h.sent_to(&second.run_id), [node_id("a"), node_id("b")]);
+    h.report_each(
+        "b",
+        b,
+        &second.run_id,
+        [RunEventKind::Started, output("whole"), completed()],
+    )
+    .await;
+    let terminal = h.assert_ended_once(&mut second);
+    assert_eq!(terminal.kind, completed());
+    let published = h.published(&second.run_id);
+    let attempts: Vec<_> = published
+        .iter()
+        .map(|e| (e.seq, e.node.clone(), e.route.as_ref().map(|r| r.attempt)))
+        .collect();
+    assert_eq!(
+        attempts,
+        [
+            (1, Some(node_id("a")), Some(1)),
+            (2, Some(node_id("b")), Some(2)),
+            (3, Some(node_id("b")), None),
+            (4, Some(node_id("b")), None),
+        ]
+    );
 
     // The node comes back on a new connection with a fresh count and takes new runs.
+    h.disconnect("b").await;
     let a = h.connect("a", 2);
     assert_eq!(h.active_runs("a"), 0);
     let mut third = h.start(spec());
@@ -930,6 +978,7 @@ async fn an_old_connections_events_do_not_reach_the_nodes_new_runs() {
     let mut h = Harness::expecting(Expect::terminals(2));
     let old = h.connect("a", 1);
     let mut first = h.start(spec());
+    h.report("a", old, &first.run_id, 1, output("some")).await;
     h.disconnect("a").await;
     h.assert_failed(&mut first, "node_disconnected");
 
@@ -987,14 +1036,8 @@ async fn a_queued_run_is_dispatched_when_a_node_connects() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_run_nobody_serves_is_refused_at_once() {
+async fn a_run_no_node_is_configured_for_is_refused_at_once() {
     let mut h = Harness::expecting(Expect::default().runs_sent(0));
-    let nobody = h.service.start(spec()).unwrap_err();
-    assert!(
-        matches!(nobody, StartError::NoNode(SelectError::NoNodeServes { .. })),
-        "{nobody:?}"
-    );
-
     h.connect("a", 1);
     let other_target = RunSpec {
         selector: NodeSelector {
@@ -1003,10 +1046,10 @@ async fn a_run_nobody_serves_is_refused_at_once() {
         },
         ..spec()
     };
-    let wrong = h.service.start(other_target).unwrap_err();
+    let unknown = h.service.start(other_target).unwrap_err();
     assert!(
-        matches!(wrong, StartError::NoNode(SelectError::NoNodeServes { .. })),
-        "{wrong:?}"
+        matches!(unknown, StartError::NoNode(Unroutable::UnknownRoute { .. })),
+        "{unknown:?}"
     );
     let pinned = RunSpec {
         selector: NodeSelector {
@@ -1018,12 +1061,34 @@ async fn a_run_nobody_serves_is_refused_at_once() {
     let absent = h.service.start(pinned).unwrap_err();
     assert_eq!(
         absent,
-        StartError::NoNode(SelectError::PinnedNodeNotConnected { pin: "zzz".into() })
+        StartError::NoNode(Unroutable::UnknownNode { pin: "zzz".into() })
     );
 
     assert_eq!(h.service.open_runs(), 0);
     assert!(h.published.lock().unwrap().is_empty());
     assert!(h.commands.lock().unwrap().is_empty());
+    h.finish().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_configured_route_with_no_node_connected_waits_for_one() {
+    let mut h = Harness::expecting(Expect::terminals(2).runs_sent(1));
+    // Nothing is connected, but `echo`/`t` is configured: the run waits, not 404.
+    let mut waits = h.start(spec());
+    assert_eq!(h.service.queued_runs(), 1);
+    assert_eq!(h.service.waiting_by_cause(), [0, 1]);
+    sleep(Duration::from_millis(500)).await;
+    let a = h.connect("a", 1);
+    assert_eq!(h.sent_to(&waits.run_id), [node_id("a")]);
+    h.complete("a", a, &mut waits).await;
+
+    // A run whose node never comes back fails `no_node_available` after its wait.
+    h.disconnect("a").await;
+    let mut expires = h.start(spec());
+    sleep(Duration::from_millis(790)).await;
+    assert_eq!(h.service.queued_runs(), 1);
+    sleep(Duration::from_millis(20)).await;
+    h.assert_edge_failed(&mut expires, "no_node_available");
     h.finish().await;
 }
 
@@ -1044,7 +1109,7 @@ async fn a_run_is_refused_when_the_queue_is_full() {
             &full,
             StartError::QueueFull {
                 capacity: 1,
-                cause: SelectError::AllBusy { serving: 1, .. },
+                cause: WaitCause::AllBusy,
             }
         ),
         "{full:?}"
@@ -1057,13 +1122,23 @@ async fn a_run_is_refused_when_the_queue_is_full() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_run_the_node_cannot_be_sent_fails_as_disconnected() {
+async fn a_run_the_node_cannot_be_sent_fails_over_and_then_waits() {
     let mut h = Harness::expecting(Expect::terminals(1).refusing_runs());
     h.connect("a", 1);
+    h.connect("b", 1);
     let mut handle = h.start(spec());
     sleep(Duration::from_millis(1)).await;
-    h.assert_failed(&mut handle, "node_disconnected");
+    // Both connected nodes were tried; c, d and e are configured but away.
+    assert_eq!(h.service.queued_runs(), 1);
+    sleep(Duration::from_millis(800)).await;
+    let terminal = h.assert_edge_failed(&mut handle, "no_node_available");
+    let RunEventKind::Failed { message, .. } = &terminal.kind else {
+        unreachable!()
+    };
+    assert!(message.contains("after 2 failed attempt(s)"), "{message}");
+    assert!(message.contains("node_disconnected"), "{message}");
     assert_eq!(h.active_runs("a"), 0);
+    assert_eq!(h.active_runs("b"), 0);
     h.finish().await;
 }
 
@@ -1073,12 +1148,9 @@ async fn a_run_whose_node_leaves_during_placement_waits_in_the_queue() {
     // connection: the race between a dispatch and a disconnect.
     let mut registry = MockRegistry::new();
     let a = record("a", 1);
-    registry.expect_loads().returning(move || {
-        vec![NodeLoad {
-            record: Arc::clone(&a),
-            active_runs: 0,
-        }]
-    });
+    registry
+        .expect_statuses()
+        .returning(move || vec![NodeStatus::new(Arc::clone(&a), 0)]);
     registry.expect_get().returning(|_| None);
     registry.expect_adjust_active_runs().never();
     let published = Log::default();
@@ -1093,12 +1165,12 @@ async fn a_run_whose_node_leaves_during_placement_waits_in_the_queue() {
 
     let mut handle = service.start(spec()).unwrap();
     assert_eq!(service.queued_runs(), 1);
-    sleep(Duration::from_millis(1_010)).await;
+    sleep(Duration::from_millis(810)).await;
 
     let (events, ended) = received(&mut handle);
     assert!(ended);
     let [terminal] = events.try_into().unwrap();
-    assert_eq!(failure_code(&terminal), Some("queue_timeout"));
+    assert_eq!(failure_code(&terminal), Some("no_node_available"));
     assert_eq!(*published.lock().unwrap(), [terminal]);
     assert_eq!(service.open_runs(), 0);
     service.drain(Duration::ZERO).await;
@@ -1154,6 +1226,8 @@ async fn interleave(ops: Vec<Op>) {
         RunsConfig {
             queue_capacity: 4,
             queue_timeout_ms: 300,
+            no_node_timeout_ms: 200,
+            max_attempts: 3,
             cancel_grace_ms: 100,
             default_deadline_ms: 0,
         },

@@ -1,58 +1,118 @@
-//! Timers: the tasks that end a run the node does not — the queue wait, the deadline, the
-//! cancel grace — and the deferred ending of a run its node could not be sent. Each is a
-//! task in the service's `TaskTracker` that ends when its run ends; `drain` waits for them.
+//! Timers: the tasks that end a run the node does not — the deadline, the queue wait, the
+//! cancel grace — the deferred ending of a run, and the pump when a breaker's cooldown
+//! ends. Each is a task in the service's `TaskTracker` that ends when its run ends (or, for
+//! a cooldown, when the drain begins); `drain` waits for them.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::time::Instant;
 use tracing::Instrument;
 
+use super::placement::wait_expired;
 use super::service::RunService;
-use super::table::{Placement, Run, lock};
+use super::table::{Run, lock};
+use crate::domain::routing::WaitCause;
 use crate::domain::{EdgeFailure, RunEventKind};
 
-/// Stands in for "never" where a timer needs an instant.
-const FAR: Duration = Duration::from_secs(86_400 * 365);
-
 impl RunService {
-    /// Starts the timers that end a run the node does not: the queue wait (while it is
-    /// queued) and the deadline.
+    /// Starts the timer of the run's deadline, if it has one.
     pub(super) fn watch(&self, run: &Arc<Run>) {
-        let queued = run.placement() == Placement::Queued;
-        let deadline = run.spec.deadline;
-        if !queued && deadline.is_none() {
+        let Some(deadline) = run.spec.deadline else {
             return;
-        }
+        };
         let service = self.clone();
         let run = Arc::clone(run);
-        let queue_wait = Duration::from_millis(self.inner.config.queue_timeout_ms);
         let span = run.span.clone();
         self.inner.timers.spawn(
             async move {
-                let started = run.accepted_at;
-                let expires = started + deadline.unwrap_or(FAR);
-                let mut queue_expires = queued.then(|| started + queue_wait);
-                loop {
-                    tokio::select! {
-                        () = run.ended.cancelled() => return,
-                        () = tokio::time::sleep_until(queue_expires.unwrap_or(started + FAR)), if queue_expires.is_some() => {
-                            queue_expires = None;
-                            if lock(&service.inner.table).unqueue(&run.id) {
-                                service.end_run(&run, EdgeFailure::QueueTimeout.into_event_kind()).await;
-                                return;
-                            }
+                tokio::select! {
+                    () = run.ended.cancelled() => {}
+                    () = tokio::time::sleep_until(run.accepted_at + deadline) => {
+                        {
+                            let mut table = lock(&service.inner.table);
+                            lock(&run.route).cancelling = true;
+                            table.unqueue(&run.id);
                         }
-                        () = tokio::time::sleep_until(expires), if deadline.is_some() => {
-                            lock(&service.inner.table).unqueue(&run.id);
-                            service.send_cancel(&run, "deadline exceeded");
-                            service.end_run(&run, EdgeFailure::DeadlineExceeded.into_event_kind()).await;
-                            return;
-                        }
+                        service.send_cancel(&run, "deadline exceeded");
+                        service.end_run(&run, EdgeFailure::DeadlineExceeded.into_event_kind()).await;
                     }
                 }
             }
             .instrument(span),
         );
+    }
+
+    /// Starts the timer of the run's current stay in the queue: it ends the run when the
+    /// wait for its latest cause expires (`queue_timeout` for a busy node,
+    /// `no_node_available` for an absent one), counted from when it was queued.
+    pub(super) fn arm_wait(&self, run: &Arc<Run>) {
+        let Some(stay) = lock(&run.route).waiting.map(|w| w.stay) else {
+            return;
+        };
+        let service = self.clone();
+        let run = Arc::clone(run);
+        let span = run.span.clone();
+        self.inner.timers.spawn(
+            async move {
+                while let Some(expires) = service.wait_expires(&run, stay) {
+                    tokio::select! {
+                        () = run.ended.cancelled() => return,
+                        // The cause changed: the expiry may be sooner.
+                        () = run.wait_changed.notified() => continue,
+                        () = tokio::time::sleep_until(expires) => {}
+                    }
+                    if let Some(kind) = service.expire_wait(&run, stay) {
+                        service.end_run(&run, kind).await;
+                        return;
+                    }
+                }
+            }
+            .instrument(span),
+        );
+    }
+
+    /// When `run`'s stay `stay` in the queue expires by its latest cause; `None` once that
+    /// stay is over.
+    fn wait_expires(&self, run: &Run, stay: u32) -> Option<Instant> {
+        let waiting = lock(&run.route).waiting.filter(|w| w.stay == stay)?;
+        Some(waiting.since + self.wait_limit(waiting.cause))
+    }
+
+    /// How long a run may wait for `cause`.
+    fn wait_limit(&self, cause: WaitCause) -> Duration {
+        let limits = self.inner.routing.policy.wait;
+        match cause {
+            WaitCause::AllBusy => limits.busy,
+            WaitCause::NoNodeAvailable => limits.no_node,
+        }
+    }
+
+    /// Takes `run` out of the queue if its stay `stay` has expired by now, and says how it
+    /// ends.
+    fn expire_wait(&self, run: &Run, stay: u32) -> Option<RunEventKind> {
+        let mut table = lock(&self.inner.table);
+        let route = lock(&run.route);
+        let waiting = route.waiting.filter(|w| w.stay == stay)?;
+        if Instant::now() < waiting.since + self.wait_limit(waiting.cause) {
+            return None;
+        }
+        table
+            .unqueue(&run.id)
+            .then(|| wait_expired(waiting.cause, &route))
+    }
+
+    /// After `cooldown` (a breaker opened), offers the queued runs the nodes again: the
+    /// breaker lets its probe through now. Stops early when the drain begins.
+    pub(super) fn pump_after(&self, cooldown: Duration) {
+        let service = self.clone();
+        let stopping = self.inner.stopping.clone();
+        self.inner.timers.spawn(async move {
+            tokio::select! {
+                () = stopping.cancelled() => {}
+                () = tokio::time::sleep(cooldown) => service.pump_and_send(),
+            }
+        });
     }
 
     /// After a cancel was sent to the node: ends the run with `cancelled` unless the node

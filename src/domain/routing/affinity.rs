@@ -123,7 +123,8 @@ pub(super) fn choose(pool: &Pool, key: AffinityKey, c: LoadFactor) -> Option<Aff
 }
 
 /// The eligible node with room and the fewest active runs per slot; ties rotate with
-/// `turn` in node order (as `select_node` does, so equal fleets route as before).
+/// `turn` in node order (as the edge's selection did before routing, so equal fleets route
+/// as before).
 pub(super) fn least_busy(pool: &Pool, turn: u64) -> Option<usize> {
     let mut least: Option<(u64, u64)> = None;
     let mut ties: Vec<usize> = Vec::new();

@@ -302,6 +302,11 @@ impl BreakerBook {
         self.filter[word] & bit == 0 || self.get(hash, id).is_none_or(|b| b.admits(now))
     }
 
+    /// How many breakers are not closed (open or half-open).
+    pub fn not_closed(&self) -> usize {
+        self.not_closed
+    }
+
     /// The node's breaker state.
     pub fn state(&self, hash: NodeHash, id: &NodeId) -> State {
         self.get(hash, id)

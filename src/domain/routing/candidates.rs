@@ -12,7 +12,7 @@ use super::failover::Tried;
 use super::hash::NodeHash;
 use crate::domain::names::{AdapterName, Target};
 use crate::domain::node::{Availability, NodeRecord};
-use crate::domain::selection::{NodeLoad, NodeSelector};
+use crate::domain::selection::NodeSelector;
 
 /// A connected node as routing sees it: the registry's facts about it, copied per placement.
 #[derive(Debug, Clone)]
@@ -62,18 +62,13 @@ impl NodeStatus {
     }
 }
 
-impl From<&NodeLoad> for NodeStatus {
-    fn from(load: &NodeLoad) -> Self {
-        Self::new(Arc::clone(&load.record), load.active_runs)
-    }
-}
-
 /// Everything the node definitions configure, connected or not: which routes exist and
 /// which names a pin may use. Built once from the definitions, which never change at run
 /// time, so "unknown" (404) can be told from "configured but not connected now" (wait).
 #[derive(Debug, Clone, Default)]
 pub struct Catalog {
-    routes: BTreeMap<AdapterName, BTreeSet<Target>>,
+    /// Each configured route and how many definitions serve it.
+    routes: BTreeMap<AdapterName, BTreeMap<Target, u32>>,
     by_name: HashMap<String, Arc<NodeRecord>>,
 }
 
@@ -84,7 +79,10 @@ impl Catalog {
         for record in records {
             for adapter in record.adapters() {
                 let targets = catalog.routes.entry(adapter.name().clone()).or_default();
-                targets.extend(adapter.targets().iter().cloned());
+                let distinct: BTreeSet<&Target> = adapter.targets().iter().collect();
+                for target in distinct {
+                    *targets.entry(target.clone()).or_default() += 1;
+                }
             }
             catalog
                 .by_name
@@ -98,7 +96,16 @@ impl Catalog {
 
     /// Whether some definition serves `adapter + target`.
     pub fn knows(&self, adapter: &AdapterName, target: &Target) -> bool {
-        self.routes.get(adapter).is_some_and(|t| t.contains(target))
+        self.serving(adapter, target) > 0
+    }
+
+    /// How many definitions serve `adapter + target`, connected or not.
+    pub fn serving(&self, adapter: &AdapterName, target: &Target) -> u32 {
+        self.routes
+            .get(adapter)
+            .and_then(|t| t.get(target))
+            .copied()
+            .unwrap_or(0)
     }
 
     /// The definition with this id or alias.
@@ -271,6 +278,9 @@ mod tests {
             assert!(catalog.knows(&echo, &Target::parse(t).unwrap()));
         }
         assert!(!catalog.knows(&echo, &Target::parse("w").unwrap()));
+        assert_eq!(catalog.serving(&echo, &Target::parse("u").unwrap()), 1);
+        let both = Catalog::new([record("a", &["t"]), record("b", &["t", "t"])]);
+        assert_eq!(both.serving(&echo, &Target::parse("t").unwrap()), 2);
         assert!(!catalog.knows(&other, &Target::parse("t").unwrap()));
         assert_eq!(catalog.node("b-alias").map(|r| r.id().as_str()), Some("b"));
         assert_eq!(catalog.node("a").map(|r| r.id().as_str()), Some("a"));

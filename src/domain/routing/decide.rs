@@ -120,8 +120,9 @@ pub enum Unroutable {
         /// The requested target.
         target: Target,
     },
-    /// A failover found every connected serving node already tried and nothing that could
-    /// change: the run ends with its last attempt's failure.
+    /// A failover found no eligible node, none that could become eligible, and no
+    /// configured node it has not tried that could still connect: the run ends with its
+    /// last attempt's failure.
     #[error("every connected node serving the route was tried ({tried} attempt(s))")]
     Exhausted {
         /// Attempts made.
@@ -163,7 +164,13 @@ pub fn decide(
         Err(refusal) => return Decision::Refuse(refusal),
     };
     if selector.pin.is_some() && pinned.is_none() {
-        return wait(WaitCause::NoNodeAvailable, Filtered::default());
+        // Only the pinned node may take it: once tried, it is never tried again.
+        let tried = request.tried.attempts();
+        return if tried > 0 {
+            Decision::Refuse(Unroutable::Exhausted { tried })
+        } else {
+            wait(WaitCause::NoNodeAvailable, Filtered::default())
+        };
     }
     let filter = Filter {
         selector,
@@ -174,7 +181,11 @@ pub fn decide(
     let pool = filter.pool(nodes, pinned);
     let filtered = pool.filtered;
     if pool.eligible.is_empty() {
-        return if filtered.tried > 0 && !filtered.could_change() {
+        let configured = match selector.pin {
+            Some(_) => 1,
+            None => ctx.catalog.serving(&selector.adapter, &selector.target),
+        };
+        return if exhausted(request.tried.attempts(), configured, &filtered) {
             Decision::Refuse(Unroutable::Exhausted {
                 tried: request.tried.attempts(),
             })
@@ -222,6 +233,19 @@ fn choose(
     // covers keyless runs (and would cover a keyed run if that ever failed).
     chosen
         .or_else(|| affinity::least_busy(pool, ctx.turn).map(|index| (index, RouteRule::LeastBusy)))
+}
+
+/// Whether a run that made `attempts` attempts, with no eligible node now, could never be
+/// placed: no node left out now could come back (drained, unavailable, open, full), and
+/// no configured node it has not tried is away (one could connect). `configured` counts the
+/// definitions serving the route (the pinned one alone with a pin); every node tried serves
+/// it, and so does every connected node counted in `filtered`.
+fn exhausted(attempts: u32, configured: u32, filtered: &Filtered) -> bool {
+    let untried_connected = filtered.serving - filtered.tried;
+    let untried_away = configured
+        .saturating_sub(attempts)
+        .saturating_sub(untried_connected);
+    attempts > 0 && !filtered.could_change() && untried_away == 0
 }
 
 fn wait(cause: WaitCause, filtered: Filtered) -> Decision {

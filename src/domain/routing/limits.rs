@@ -90,7 +90,21 @@ impl KeyLimits {
     /// # Errors
     /// [`LimitRefusal`] when `tenant` is at its concurrency limit or over its rate.
     pub fn try_start(&mut self, tenant: &TenantKey, now: Instant) -> Result<(), LimitRefusal> {
-        if self.policy.max_concurrent.is_none() && self.policy.per_minute.is_none() {
+        self.try_start_with(tenant, self.policy, now)
+    }
+
+    /// [`try_start`](Self::try_start) under `policy` instead of the one every tenant gets:
+    /// an API key configured with limits of its own.
+    ///
+    /// # Errors
+    /// [`LimitRefusal`] when `tenant` is at its concurrency limit or over its rate.
+    pub fn try_start_with(
+        &mut self,
+        tenant: &TenantKey,
+        policy: LimitPolicy,
+        now: Instant,
+    ) -> Result<(), LimitRefusal> {
+        if policy.max_concurrent.is_none() && policy.per_minute.is_none() {
             return Ok(());
         }
         if self.tenants.len() >= SWEEP_ABOVE && !self.tenants.contains_key(tenant) {
@@ -98,7 +112,7 @@ impl KeyLimits {
                 .retain(|_, u| u.open > 0 || u.rested_at.is_some_and(|at| at > now));
         }
         let usage = self.tenants.entry(tenant.clone()).or_default();
-        if let Some(limit) = self.policy.max_concurrent
+        if let Some(limit) = policy.max_concurrent
             && usage.open >= limit.get()
         {
             return Err(LimitRefusal::Concurrency {
@@ -106,9 +120,9 @@ impl KeyLimits {
                 retry_after: CONCURRENCY_RETRY,
             });
         }
-        if let Some(per_minute) = self.policy.per_minute {
+        if let Some(per_minute) = policy.per_minute {
             let interval = Duration::from_secs(60) / per_minute.get();
-            let burst = self.policy.burst.unwrap_or(per_minute).get();
+            let burst = policy.burst.unwrap_or(per_minute).get();
             let tolerance = interval * (burst - 1);
             let rested_at = usage.rested_at.map_or(now, |at| at.max(now));
             let allowed_from = rested_at.checked_sub(tolerance).unwrap_or(now);

@@ -1,5 +1,5 @@
 //! Tests of the placement decision as a whole: the three placement cases, filtering,
-//! affinity's properties, failover, and agreement with `select_node`.
+//! affinity's properties, failover, and least busy without a key.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -10,8 +10,7 @@ use proptest::prelude::*;
 use super::*;
 use crate::domain::node::{AdapterConfig, Availability, RuntimeConfig};
 use crate::domain::{
-    AdapterName, Alias, FailureClass, NodeId, NodeLoad, NodeRecord, NodeSelector, SelectError,
-    Target, Token, select_node,
+    AdapterName, Alias, FailureClass, NodeId, NodeRecord, NodeSelector, Target, Token,
 };
 
 mod affinity_props;

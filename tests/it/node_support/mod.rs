@@ -143,6 +143,7 @@ pub fn prompt(text: &str) -> RunSpec {
         params: BTreeMap::new(),
         deadline: None,
         operation: Operation::Unspecified,
+        routing: Default::default(),
     }
 }
 

@@ -9,6 +9,7 @@ use axum::response::Response;
 use bytes::Bytes;
 use serde_json::{Value, json};
 
+use super::auth::Caller;
 use super::output::{Collected, chat_logprobs_json, tool_calls_json};
 use super::reply::{self, Reply};
 use super::request::Endpoint;
@@ -17,10 +18,11 @@ use crate::adapters::http::HttpState;
 /// `POST /v1/chat/completions`.
 pub(super) async fn create(
     State(state): State<HttpState>,
+    caller: Caller,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    reply::respond(state, Endpoint::Chat, headers, body).await
+    reply::respond(state, Endpoint::Chat, caller, headers, body).await
 }
 
 /// A `chat.completion` with one choice (usage is added by the caller): the text, the

@@ -13,14 +13,16 @@ use bytes::Bytes;
 use serde::Serialize;
 use serde_json::Value;
 
+use super::auth::Caller;
 use super::error::ApiError;
 use super::output::Collected;
 use super::request::{
-    deadline, encode_object, field_value, parse_object, read_body, run_spec, take_model,
+    Fields, deadline, encode_object, field_value, parse_object, read_body, run_spec, take_model,
 };
+use super::routing::{ClientKeys, run_routing};
 use super::run::{self, Finished};
 use crate::adapters::http::HttpState;
-use crate::domain::{Embedding, FailureClass, Operation};
+use crate::domain::{Embedding, FailureClass, Operation, RunRouting};
 
 /// How the vectors are rendered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,6 +36,7 @@ pub(super) enum Encoding {
 /// `POST /v1/embeddings`.
 pub(super) async fn create(
     State(state): State<HttpState>,
+    caller: Caller,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
@@ -62,27 +65,44 @@ pub(super) async fn create(
             ));
         }
         let deadline = deadline(&state.api, &headers)?;
+        let routing = embeddings_routing(&caller, &headers, &fields)?;
         let input = encode_object(&fields);
-        let spec = run_spec(&state.api, &model, input, Operation::Embeddings, deadline)?;
+        let operation = Operation::Embeddings;
+        let spec = run_spec(&state.api, &model, input, operation, deadline, routing)?;
         Ok((model, encoding, spec))
     });
     let (model, encoding, spec) = match prepared {
         Ok(prepared) => prepared,
         Err(error) => return error.into_response(),
     };
-    let run = match run::start(&state, spec, &model) {
+    let mut run = match run::start(&state, spec, &model) {
         Ok(run) => run,
         Err(error) => return error.into_response(),
     };
-    let run_id = run.id().clone();
-    let response = match run::collect(run).await {
+    let response = match run::collect(&mut run).await {
         Ok((collected, finished)) => match answer(&model, encoding, collected, &finished) {
             Ok(body) => Json(body).into_response(),
             Err(error) => error.into_response(),
         },
         Err(error) => error.into_response(),
     };
-    run::with_run_id(response, &run_id)
+    run::with_headers(response, &run.headers())
+}
+
+/// The routing of an embeddings run: keyed by its `user` or session, never by content.
+fn embeddings_routing(
+    caller: &Caller,
+    headers: &HeaderMap,
+    fields: &Fields<'_>,
+) -> Result<RunRouting, ApiError> {
+    let user = fields
+        .get("user")
+        .and_then(|raw| serde_json::from_str::<String>(raw.get()).ok());
+    let keys = ClientKeys {
+        user: user.as_deref(),
+        ..ClientKeys::default()
+    };
+    run_routing(caller, headers, keys, || None)
 }
 
 /// `input`: a string, an array of strings, an array of token ids, or an array of arrays of

@@ -10,6 +10,8 @@ use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
 use crate::app::StartError;
+use crate::app::runs::waiting_for;
+use crate::domain::routing::LimitRefusal;
 use crate::domain::{EdgeFailure, FailureClass};
 
 const INVALID_REQUEST: &str = "invalid_request_error";
@@ -168,12 +170,13 @@ impl ApiError {
         Self::new(StatusCode::UNAUTHORIZED, INVALID_REQUEST, message).code("invalid_api_key")
     }
 
-    /// 404: the model is not an alias, not `ADAPTER/TARGET`, or no connected node serves it.
+    /// 404: the model is not an alias, not `ADAPTER/TARGET`, or no node is configured to
+    /// serve it (a configured model whose nodes are away is not unknown: its runs wait).
     pub fn model_not_found(model: &str) -> Self {
         Self::new(
             StatusCode::NOT_FOUND,
             INVALID_REQUEST,
-            format!("The model `{model}` does not exist or no connected node serves it."),
+            format!("The model `{model}` does not exist: no node is configured to serve it."),
         )
         .param("model")
         .code("model_not_found")
@@ -208,21 +211,38 @@ impl ApiError {
     pub fn not_started(error: &StartError, model: &str, retry_after_secs: u64) -> Self {
         match error {
             StartError::NoNode(_) => Self::model_not_found(model),
-            StartError::QueueFull { capacity, .. } => Self::new(
+            StartError::QueueFull { capacity, cause } => Self::new(
                 StatusCode::TOO_MANY_REQUESTS,
                 RATE_LIMIT,
                 format!(
-                    "Every node serving `{model}` is busy and the wait queue is full ({capacity} waiting). Retry later."
+                    "No node can take `{model}` now ({}) and the wait queue is full ({capacity} waiting). Retry later.",
+                    waiting_for(*cause)
                 ),
             )
             .code("queue_full")
             .retry_after(retry_after_secs),
+            StartError::Limited(refusal) => Self::limited(refusal),
             StartError::ShuttingDown => {
                 Self::new(StatusCode::SERVICE_UNAVAILABLE, SERVER, "The edge is shutting down. Retry later.")
                     .code(EdgeFailure::EdgeShutdown.code())
                     .retry_after(retry_after_secs)
             }
         }
+    }
+
+    /// 429: the API key is over one of its limits, with the time until it may try again.
+    pub fn limited(refusal: &LimitRefusal) -> Self {
+        let code = match refusal {
+            LimitRefusal::Concurrency { .. } => "concurrency_limit_exceeded",
+            LimitRefusal::Rate { .. } => "rate_limit_exceeded",
+        };
+        Self::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            RATE_LIMIT,
+            format!("Refused by your API key's limits: {refusal}. Retry later."),
+        )
+        .code(code)
+        .retry_after(refusal.retry_after_secs())
     }
 
     /// A run that ended with `failed`, by class: REQUEST the node's 4xx (else 400), code and
@@ -277,7 +297,13 @@ impl ApiError {
     /// A failure without a class, judged by its code.
     fn unclassified(code: &str, message: &str, retry_after_secs: u64) -> Self {
         let edge = |failure: EdgeFailure| failure.code() == code;
-        if edge(EdgeFailure::QueueTimeout) || edge(EdgeFailure::EdgeShutdown) {
+        let unavailable = [
+            EdgeFailure::QueueTimeout,
+            EdgeFailure::EdgeShutdown,
+            EdgeFailure::NoNodeAvailable,
+            EdgeFailure::QueueFull,
+        ];
+        if unavailable.into_iter().any(edge) {
             Self::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 SERVER,
@@ -360,6 +386,8 @@ mod tests {
         let status = |code| ApiError::run_failed(code, "m", unclassified, None, 1).status();
         assert_eq!(status("queue_timeout"), StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(status("edge_shutdown"), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(status("no_node_available"), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(status("queue_full"), StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(status("deadline_exceeded"), StatusCode::GATEWAY_TIMEOUT);
         assert_eq!(status("node_disconnected"), StatusCode::BAD_GATEWAY);
         assert_eq!(status("cuda_oom"), StatusCode::BAD_GATEWAY);

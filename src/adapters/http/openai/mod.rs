@@ -21,6 +21,7 @@ mod output;
 mod reply;
 mod request;
 mod responses;
+mod routing;
 mod run;
 mod sse;
 mod translate;
@@ -37,7 +38,8 @@ pub use config::{ApiConfig, ApiKey};
 pub use error::ApiError;
 pub use models::{ModelMap, ModelRoute};
 pub use request::DEADLINE_HEADER;
-pub use run::{CLIENT_GONE, RUN_ID_HEADER};
+pub use routing::{PRIORITY_HEADER, SESSION_HEADER};
+pub use run::{CLIENT_GONE, NODE_HEADER, ROUTE_HEADER, RUN_ID_HEADER};
 
 use super::HttpState;
 
@@ -47,10 +49,12 @@ pub struct Api {
     inner: Arc<Inner>,
 }
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct Inner {
     config: ApiConfig,
     models: ModelMap,
+    /// `routing.prefix_affinity`: key chat runs by their prompt prefix.
+    prefix_affinity: bool,
 }
 
 /// `[api]` settings the API cannot work with.
@@ -75,8 +79,25 @@ impl Api {
         let models =
             ModelMap::new(&config.models).map_err(|problems| ApiConfigError { problems })?;
         Ok(Self {
-            inner: Arc::new(Inner { config, models }),
+            inner: Arc::new(Inner {
+                config,
+                models,
+                prefix_affinity: true,
+            }),
         })
+    }
+
+    /// The same API, keying chat runs by their prompt prefix or not
+    /// (`routing.prefix_affinity`, on by default).
+    #[must_use]
+    pub fn with_prefix_affinity(mut self, on: bool) -> Self {
+        Arc::make_mut(&mut self.inner).prefix_affinity = on;
+        self
+    }
+
+    /// Whether chat runs are keyed by their prompt prefix.
+    pub fn prefix_affinity(&self) -> bool {
+        self.inner.prefix_affinity
     }
 
     /// The settings.

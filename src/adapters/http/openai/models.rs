@@ -126,14 +126,18 @@ impl ModelMap {
         }
     }
 
-    /// The models `nodes` serve: every `ADAPTER/TARGET` they serve, and every alias leading
-    /// to one of those; sorted by id.
+    /// The models `nodes` can serve now: every `ADAPTER/TARGET` some node's config lists,
+    /// its last availability report too (if it sent one), and that is not drained; and
+    /// every alias leading to one of those; sorted by id.
     pub fn served(&self, nodes: &[ConnectedNode]) -> Vec<ListedModel> {
         let mut served: BTreeMap<String, ListedModel> = BTreeMap::new();
         for node in nodes {
             let created = unix_seconds(node.connected_since);
             for adapter in node.record.adapters() {
                 for target in adapter.targets() {
+                    if !node.serves_now(adapter.name(), target) {
+                        continue;
+                    }
                     let route = ModelRoute {
                         adapter: adapter.name().clone(),
                         target: target.clone(),
@@ -201,7 +205,7 @@ struct ModelList {
     data: Vec<ListedModel>,
 }
 
-/// `GET /v1/models`: the models the connected nodes serve right now.
+/// `GET /v1/models`: the models the connected nodes can serve right now.
 pub(super) async fn list(State(state): State<HttpState>) -> Response {
     let data = state.api.models().served(&state.registry.snapshot());
     Json(ModelList {

@@ -10,6 +10,7 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use serde_json::Value;
 
+use super::auth::Caller;
 use super::chunks::ChunkWriter;
 use super::output::{Collected, usage_json};
 use super::request::{self, ApiRequest, Endpoint};
@@ -26,6 +27,7 @@ use crate::domain::RunId;
 pub(super) async fn respond(
     state: HttpState,
     endpoint: Endpoint,
+    caller: Caller,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
@@ -34,7 +36,7 @@ pub(super) async fn respond(
         stream,
         include_usage,
         spec,
-    } = match request::prepare(&state.api, endpoint, &headers, body) {
+    } = match request::prepare(&state.api, endpoint, &caller, &headers, body) {
         Ok(request) => request,
         Err(error) => return error.into_response(),
     };
@@ -42,20 +44,23 @@ pub(super) async fn respond(
         Ok(run) => run,
         Err(error) => return error.into_response(),
     };
-    let run_id = run.id().clone();
-    let reply = Reply::new(endpoint, &run_id, model, include_usage);
-    let response = if stream {
-        match run.next().await {
+    let reply = Reply::new(endpoint, run.id(), model, include_usage);
+    let (response, headers) = if stream {
+        let first = run.next().await;
+        let headers = run.headers();
+        let response = match first {
             Step::End(Err(error)) => error.into_response(),
             first => sse::respond(run, ChunkWriter::new(&reply), first),
-        }
+        };
+        (response, headers)
     } else {
-        match run::collect(run).await {
+        let response = match run::collect(&mut run).await {
             Ok((collected, finished)) => Json(reply.full(&collected, &finished)).into_response(),
             Err(error) => error.into_response(),
-        }
+        };
+        (response, run.headers())
     };
-    run::with_run_id(response, &run_id)
+    run::with_headers(response, &headers)
 }
 
 /// What every part of one answer shares.

@@ -15,8 +15,10 @@ use serde_json::error::Category;
 use serde_json::value::RawValue;
 
 use super::Api;
+use super::auth::Caller;
 use super::error::ApiError;
-use crate::domain::{NodeSelector, Operation, RunSpec};
+use super::routing::{ClientKeys, prefix_of_raw, run_routing};
+use crate::domain::{NodeSelector, Operation, RunRouting, RunSpec};
 
 /// The header a client sets to ask for a deadline, in milliseconds.
 pub const DEADLINE_HEADER: &str = "x-edge-deadline-ms";
@@ -64,15 +66,16 @@ pub(super) struct ApiRequest {
     pub spec: RunSpec,
 }
 
-/// Checks a request to `endpoint`.
+/// Checks a request to `endpoint` from `caller`.
 ///
 /// # Errors
 /// 413 for a body over the limit, 400 for a body that is not a JSON object, a missing or
-/// mistyped field, or a bad deadline header, and 404 for a model that is neither an alias
-/// nor `ADAPTER/TARGET`.
+/// mistyped field, or a bad deadline or priority header, and 404 for a model that is
+/// neither an alias nor `ADAPTER/TARGET`.
 pub(super) fn prepare(
     api: &Api,
     endpoint: Endpoint,
+    caller: &Caller,
     headers: &HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<ApiRequest, ApiError> {
@@ -91,8 +94,9 @@ pub(super) fn prepare(
         ));
     }
     let deadline = deadline(api, headers)?;
+    let routing = fields_routing(api, endpoint, caller, headers, &fields)?;
     let input = encode_object(&fields);
-    let spec = run_spec(api, &model, input, endpoint.operation(), deadline)?;
+    let spec = run_spec(api, &model, input, endpoint.operation(), deadline, routing)?;
     Ok(ApiRequest {
         model,
         stream,
@@ -124,6 +128,33 @@ pub(super) fn take_model(fields: &mut Fields<'_>) -> Result<String, ApiError> {
     }
 }
 
+/// The routing of a chat or completions request: the client's keys from its fields, and
+/// for chat the prompt prefix when `routing.prefix_affinity` is on.
+fn fields_routing(
+    api: &Api,
+    endpoint: Endpoint,
+    caller: &Caller,
+    headers: &HeaderMap,
+    fields: &Fields<'_>,
+) -> Result<RunRouting, ApiError> {
+    let text = |name| {
+        fields
+            .get(name)
+            .and_then(|raw| serde_json::from_str::<String>(raw.get()).ok())
+    };
+    let (prompt_cache_key, user) = (text("prompt_cache_key"), text("user"));
+    let keys = ClientKeys {
+        prompt_cache_key: prompt_cache_key.as_deref(),
+        user: user.as_deref(),
+    };
+    let prefix = api.prefix_affinity() && endpoint == Endpoint::Chat;
+    run_routing(caller, headers, keys, || {
+        prefix
+            .then(|| prefix_of_raw(fields.get("messages").copied()))
+            .flatten()
+    })
+}
+
 /// The run of `input` for `model`: its alias or `ADAPTER/TARGET`, or 404.
 pub(super) fn run_spec(
     api: &Api,
@@ -131,6 +162,7 @@ pub(super) fn run_spec(
     input: Bytes,
     operation: Operation,
     deadline: Option<Duration>,
+    routing: RunRouting,
 ) -> Result<RunSpec, ApiError> {
     let route = api
         .models()
@@ -147,6 +179,7 @@ pub(super) fn run_spec(
         params: BTreeMap::new(),
         deadline,
         operation,
+        routing,
     })
 }
 
@@ -292,6 +325,7 @@ mod tests {
         prepare(
             &api(),
             endpoint,
+            &Caller::default(),
             &HeaderMap::new(),
             Ok(Bytes::from(body.to_owned())),
         )
@@ -372,10 +406,11 @@ mod tests {
         let mut headers = HeaderMap::new();
         headers.insert(DEADLINE_HEADER, HeaderValue::from_static("999999999"));
         let body = Ok(Bytes::from_static(br#"{"model":"echo/x","prompt":"a"}"#));
-        let request = prepare(&api(), Endpoint::Completion, &headers, body).unwrap();
+        let caller = Caller::default();
+        let request = prepare(&api(), Endpoint::Completion, &caller, &headers, body).unwrap();
         assert_eq!(request.spec.deadline, Some(Duration::from_secs(600)));
         headers.insert(DEADLINE_HEADER, HeaderValue::from_static("soon"));
         let body = Ok(Bytes::from_static(br#"{"model":"echo/x","prompt":"a"}"#));
-        assert!(prepare(&api(), Endpoint::Completion, &headers, body).is_err());
+        assert!(prepare(&api(), Endpoint::Completion, &caller, &headers, body).is_err());
     }
 }

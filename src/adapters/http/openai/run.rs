@@ -19,13 +19,21 @@ use super::error::ApiError;
 use super::output::Collected;
 use crate::adapters::http::HttpState;
 use crate::app::{RunHandle, RunService};
-use crate::domain::{RunEvent, RunEventKind, RunId, RunSpec, StructuredOutput, Usage};
+use crate::domain::routing::RouteReason;
+use crate::domain::{NodeId, RunEvent, RunEventKind, RunId, RunSpec, StructuredOutput, Usage};
 
 /// The reason a run is cancelled with when its client disconnects.
 pub const CLIENT_GONE: &str = "client disconnected";
 
 /// The header every answer to an accepted run carries, for correlating with event sinks.
 pub const RUN_ID_HEADER: &str = "x-edge-run-id";
+
+/// The node whose attempt the answer comes from (absent when the run reached no node).
+pub const NODE_HEADER: &str = "x-edge-node";
+
+/// Why the run went to that node: the rule, the attempt, the eligible nodes, the queue wait
+/// (`least_busy; attempt=2; eligible=3; queued_ms=40`).
+pub const ROUTE_HEADER: &str = "x-edge-route";
 
 /// Starts the run of `spec` for a client that named `model`.
 ///
@@ -47,10 +55,29 @@ pub(super) fn start(state: &HttpState, spec: RunSpec, model: &str) -> Result<Act
     }
 }
 
-/// `response` with the [`RUN_ID_HEADER`] of run `run_id`.
-pub(super) fn with_run_id(mut response: Response, run_id: &RunId) -> Response {
-    if let Ok(value) = HeaderValue::from_str(run_id.as_str()) {
-        response.headers_mut().insert(RUN_ID_HEADER, value);
+/// What an answer says about its run in headers: its id, and where and why it ran.
+#[derive(Debug, Clone)]
+pub(super) struct RunHeaders {
+    run_id: RunId,
+    node: Option<NodeId>,
+    route: Option<Box<RouteReason>>,
+}
+
+/// `response` with the [`RUN_ID_HEADER`], [`NODE_HEADER`] and [`ROUTE_HEADER`] of a run.
+pub(super) fn with_headers(mut response: Response, run: &RunHeaders) -> Response {
+    let headers = response.headers_mut();
+    if let Ok(value) = HeaderValue::from_str(run.run_id.as_str()) {
+        headers.insert(RUN_ID_HEADER, value);
+    }
+    if let Some(Ok(value)) = run.node.as_ref().map(|n| HeaderValue::from_str(n.as_str())) {
+        headers.insert(NODE_HEADER, value);
+    }
+    if let Some(Ok(value)) = run
+        .route
+        .as_ref()
+        .map(|r| HeaderValue::from_str(&r.to_string()))
+    {
+        headers.insert(ROUTE_HEADER, value);
     }
     response
 }
@@ -59,7 +86,7 @@ pub(super) fn with_run_id(mut response: Response, run_id: &RunId) -> Response {
 ///
 /// # Errors
 /// The API's answer for a run that failed or was cancelled.
-pub(super) async fn collect(mut run: ActiveRun) -> Result<(Collected, Finished), ApiError> {
+pub(super) async fn collect(run: &mut ActiveRun) -> Result<(Collected, Finished), ApiError> {
     let mut collected = Collected::default();
     loop {
         match run.next().await {
@@ -93,11 +120,14 @@ pub(super) struct ActiveRun {
     events: mpsc::Receiver<Arc<RunEvent>>,
     guard: CancelOnDrop,
     retry_after_secs: u64,
+    /// The node of the latest attempt seen, and why it was chosen.
+    node: Option<NodeId>,
+    route: Option<Box<RouteReason>>,
 }
 
 impl ActiveRun {
     pub(super) fn new(runs: RunService, handle: RunHandle, retry_after_secs: u64) -> Self {
-        let RunHandle { run_id, events } = handle;
+        let RunHandle { run_id, events, .. } = handle;
         Self {
             events,
             guard: CancelOnDrop {
@@ -106,12 +136,23 @@ impl ActiveRun {
                 open: true,
             },
             retry_after_secs,
+            node: None,
+            route: None,
         }
     }
 
     /// The run's id.
     pub fn id(&self) -> &RunId {
         &self.guard.run_id
+    }
+
+    /// The headers that tell where the run went, as far as its events have said so far.
+    pub fn headers(&self) -> RunHeaders {
+        RunHeaders {
+            run_id: self.guard.run_id.clone(),
+            node: self.node.clone(),
+            route: self.route.clone(),
+        }
     }
 
     /// Waits for the next output or the end, skipping `started` and empty output.
@@ -130,43 +171,68 @@ impl ActiveRun {
                 ))));
             };
             let end = match &event.kind {
-                RunEventKind::Started => continue,
+                RunEventKind::Started => {
+                    // A failed-over run has one per attempt; the latest one counts.
+                    self.node.clone_from(&event.node);
+                    self.route.clone_from(&event.route);
+                    continue;
+                }
                 RunEventKind::Output {
                     text, structured, ..
                 } if text.is_empty() && structured.as_ref().is_none_or(|s| s.is_empty()) => {
                     continue;
                 }
-                RunEventKind::Output { .. } => return Poll::Ready(Step::Output(Output(event))),
-                RunEventKind::Completed {
-                    finish_reason,
-                    usage,
-                } => Ok(Finished {
-                    finish_reason: if finish_reason.is_empty() {
-                        "stop".to_owned()
-                    } else {
-                        finish_reason.clone()
-                    },
-                    usage: *usage,
-                }),
-                RunEventKind::Failed {
-                    code,
-                    message,
-                    class,
-                    status,
-                } => {
-                    debug!(run_id = %event.run_id, code, message, class = class.as_str(), "API run failed");
-                    Err(ApiError::run_failed(
-                        code,
-                        message,
-                        *class,
-                        *status,
-                        self.retry_after_secs,
-                    ))
+                RunEventKind::Output { .. } => {
+                    if self.node.is_none() {
+                        self.node.clone_from(&event.node);
+                    }
+                    return Poll::Ready(Step::Output(Output(event)));
                 }
-                RunEventKind::Cancelled { reason } => Err(ApiError::run_cancelled(reason)),
+                kind => self.end_of(&event.run_id, kind),
             };
+            if event.node.is_some() {
+                self.node.clone_from(&event.node);
+            }
             self.guard.open = false;
             return Poll::Ready(Step::End(end));
+        }
+    }
+}
+
+impl ActiveRun {
+    /// What a terminal event means for the API: how the run finished, or its error.
+    fn end_of(&self, run_id: &RunId, kind: &RunEventKind) -> Result<Finished, ApiError> {
+        match kind {
+            RunEventKind::Completed {
+                finish_reason,
+                usage,
+            } => Ok(Finished {
+                finish_reason: if finish_reason.is_empty() {
+                    "stop".to_owned()
+                } else {
+                    finish_reason.clone()
+                },
+                usage: *usage,
+            }),
+            RunEventKind::Failed {
+                code,
+                message,
+                class,
+                status,
+            } => {
+                debug!(%run_id, code, message, class = class.as_str(), "API run failed");
+                Err(ApiError::run_failed(
+                    code,
+                    message,
+                    *class,
+                    *status,
+                    self.retry_after_secs,
+                ))
+            }
+            RunEventKind::Cancelled { reason } => Err(ApiError::run_cancelled(reason)),
+            RunEventKind::Started | RunEventKind::Output { .. } => {
+                Err(ApiError::internal("a run's event was taken for its end"))
+            }
         }
     }
 }

@@ -192,8 +192,10 @@ mod tests {
     use super::*;
     use crate::adapters::lock_registry::LockRegistry;
     use crate::adapters::sinks::format::tests::{completed, output};
+    use crate::app::runs::Routing;
     use crate::app::settings::RunsConfig;
-    use crate::app::{RunHandle, RunService};
+    use crate::app::{Placed, RunHandle, RunService};
+    use crate::domain::routing::WaitCause;
     use crate::domain::{RunEvent, RunId};
     use crate::ports::event_sink::MockEventSink;
     use crate::ports::transport::MockNodeTransport;
@@ -205,12 +207,14 @@ mod tests {
             Arc::new(MockNodeTransport::new()),
             Arc::new(MockEventSink::new()),
             RunsConfig::default(),
+            Routing::default(),
             &opentelemetry::global::meter("edge-test"),
         );
         let (events, receiver) = mpsc::channel(64);
         let handle = RunHandle {
             run_id: RunId::new("r1"),
             events: receiver,
+            placed: Placed::Waiting(WaitCause::AllBusy),
         };
         let mut run = ActiveRun::new(runs, handle, 1);
         let reply = Reply::new(Endpoint::Chat, run.id(), "echo/m1".to_owned(), false);

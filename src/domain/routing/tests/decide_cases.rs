@@ -1,4 +1,4 @@
-//! The placement cases, filters, pins, failover, and agreement with `select_node`.
+//! The placement cases, filters, pins, failover, and least busy without a key.
 
 use super::*;
 
@@ -102,6 +102,39 @@ fn pins() {
     setup.tried.push(NodeId::parse("a").unwrap());
     assert_eq!(
         setup.decide(&nodes, &want("t", Some("a")), None, 0),
+        Decision::Refuse(Unroutable::Exhausted { tried: 1 })
+    );
+}
+
+#[test]
+fn failover_waits_only_for_configured_nodes_it_has_not_tried() {
+    let a = status("a", &["t"], 4, 0);
+    let b = status("b", &["t"], 4, 0);
+    let mut setup = Setup::new(catalog_of(&[a.clone(), b]));
+    setup.tried.push(NodeId::parse("a").unwrap());
+    // `a` failed it (and may have left); `b` is configured and away: wait for it.
+    for nodes in [vec![a.clone()], vec![]] {
+        assert!(matches!(
+            setup.decide(&nodes, &want("t", None), None, 0),
+            Decision::Wait {
+                cause: WaitCause::NoNodeAvailable,
+                ..
+            }
+        ));
+    }
+    // Every configured node tried, connected or not: nothing to wait for.
+    setup.tried.push(NodeId::parse("b").unwrap());
+    for nodes in [vec![a.clone()], vec![]] {
+        assert_eq!(
+            setup.decide(&nodes, &want("t", None), None, 0),
+            Decision::Refuse(Unroutable::Exhausted { tried: 2 })
+        );
+    }
+    // A pinned run whose node left after its attempt does not wait for it.
+    let mut pinned = Setup::new(catalog_of(&[a]));
+    pinned.tried.push(NodeId::parse("a").unwrap());
+    assert_eq!(
+        pinned.decide(&[], &want("t", Some("a")), None, 0),
         Decision::Refuse(Unroutable::Exhausted { tried: 1 })
     );
 }
@@ -333,31 +366,38 @@ proptest! {
         }
     }
 
-    /// On equal nodes with no key, no availability, drain or breaker, the new decision
-    /// routes exactly as `select_node` does.
+    /// On equal nodes with no key, no availability, drain or breaker, a run goes where the
+    /// edge sent runs before routing (phase 1 checked this against the old `select_node`,
+    /// since removed): the serving node with room and the fewest active runs, ties rotating
+    /// with the turn in node order; nobody with room means all busy.
     #[test]
-    fn agrees_with_select_node(
-        fleet in proptest::collection::vec((0u32..4, any::<bool>()), 0..20),
-        pin in prop::option::of(0usize..22),
+    fn keyless_runs_go_to_the_least_busy_node_with_ties_rotating(
+        fleet in proptest::collection::vec((0u32..4, any::<bool>()), 1..20),
         turn in any::<u64>(),
     ) {
-        let loads: Vec<NodeLoad> = fleet.iter().enumerate().map(|(i, (active, serves))| NodeLoad {
-            record: record(&format!("n{i:02}"), if *serves { &["t"] } else { &["u"] }, 3),
-            active_runs: (*active).min(3),
+        let nodes: Vec<NodeStatus> = fleet.iter().enumerate().map(|(i, (active, serves))| {
+            status(&format!("n{i:02}"), if *serves { &["t"] } else { &["u"] }, 3, (*active).min(3))
         }).collect();
-        let nodes: Vec<NodeStatus> = loads.iter().map(NodeStatus::from).collect();
         let setup = Setup::new(catalog_of(&nodes));
-        let pin = pin.map(|p| format!("n{p:02}"));
-        let selector = want("t", pin.as_deref());
-        let old = select_node(&loads, &selector, turn).map(|n| n.record.id().clone());
-        let new = setup.decide(&nodes, &selector, None, turn);
-        match (old, new) {
-            (Ok(id), Decision::Place { index, .. }) => prop_assert_eq!(&id, nodes[index].record.id()),
-            (Err(SelectError::NoNodeServes { .. }), Decision::Refuse(Unroutable::UnknownRoute { .. }))
-            | (Err(SelectError::PinnedNodeNotConnected { .. }), Decision::Refuse(Unroutable::UnknownNode { .. }))
-            | (Err(SelectError::PinnedNodeDoesNotServe { .. }), Decision::Refuse(Unroutable::PinDoesNotServe { .. }))
-            | (Err(SelectError::AllBusy { .. }), Decision::Wait { cause: WaitCause::AllBusy, .. }) => {}
-            (old, new) => prop_assert!(false, "select_node {:?} but decide {:?}", old, new),
+        let with_room: Vec<usize> = (0..nodes.len())
+            .filter(|&i| fleet[i].1 && nodes[i].active_runs < 3)
+            .collect();
+        let least = with_room.iter().map(|&i| nodes[i].active_runs).min();
+        let ties: Vec<usize> = with_room.iter().copied()
+            .filter(|&i| Some(nodes[i].active_runs) == least).collect();
+        let decision = setup.decide(&nodes, &want("t", None), None, turn);
+        match decision {
+            Decision::Place { index, .. } => {
+                let expected = ties[usize::try_from(turn % ties.len() as u64).unwrap()];
+                prop_assert_eq!(index, expected);
+            }
+            Decision::Wait { cause: WaitCause::AllBusy, .. } => {
+                prop_assert!(ties.is_empty() && fleet.iter().any(|f| f.1));
+            }
+            Decision::Refuse(Unroutable::UnknownRoute { .. }) => {
+                prop_assert!(fleet.iter().all(|f| !f.1));
+            }
+            other => prop_assert!(false, "unexpected {:?}", other),
         }
     }
 }

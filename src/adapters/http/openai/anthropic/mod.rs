@@ -18,9 +18,11 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use serde_json::{Value, json};
 
+use super::auth::Caller;
 use super::error::ApiError;
 use super::output::Collected;
 use super::request::{deadline, read_body, run_spec};
+use super::routing::{ClientKeys, prefix_of_value, run_routing};
 use super::run::{self, Finished, Step};
 use super::sse;
 use super::translate::{NamedEvents, arguments_value};
@@ -31,6 +33,7 @@ use stream::MessagesStream;
 /// `POST /v1/messages`.
 pub(super) async fn create(
     State(state): State<HttpState>,
+    caller: Caller,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
@@ -39,14 +42,18 @@ pub(super) async fn create(
             .map_err(|error| ApiError::malformed_json(&error.to_string()))?;
         let translated = request::translate(&value)?;
         let deadline = deadline(&state.api, &headers)?;
+        let user = value.pointer("/metadata/user_id").and_then(Value::as_str);
+        let keys = ClientKeys {
+            user,
+            ..ClientKeys::default()
+        };
+        let prefix = state.api.prefix_affinity();
+        let routing = run_routing(&caller, &headers, keys, || {
+            prefix.then(|| prefix_of_value(&translated.chat)).flatten()
+        })?;
         let input = Bytes::from(translated.chat.to_string());
-        let spec = run_spec(
-            &state.api,
-            &translated.model,
-            input,
-            Operation::Chat,
-            deadline,
-        )?;
+        let model = &translated.model;
+        let spec = run_spec(&state.api, model, input, Operation::Chat, deadline, routing)?;
         Ok((translated, spec))
     });
     let (translated, spec) = match prepared {
@@ -57,18 +64,20 @@ pub(super) async fn create(
         Ok(run) => run,
         Err(error) => return error_response(&error),
     };
-    let run_id = run.id().clone();
-    let id = format!("msg_{run_id}");
-    let response = if translated.stream {
-        match run.next().await {
+    let id = format!("msg_{}", run.id());
+    let (response, headers) = if translated.stream {
+        let first = run.next().await;
+        let headers = run.headers();
+        let response = match first {
             Step::End(Err(error)) => error_response(&error),
             first => {
                 let stream = MessagesStream::new(id, translated.model, translated.thinking);
                 sse::respond(run, NamedEvents(stream), first)
             }
-        }
+        };
+        (response, headers)
     } else {
-        match run::collect(run).await {
+        let response = match run::collect(&mut run).await {
             Ok((collected, finished)) => {
                 let answer = message(
                     &id,
@@ -80,9 +89,10 @@ pub(super) async fn create(
                 Json(answer).into_response()
             }
             Err(error) => error_response(&error),
-        }
+        };
+        (response, run.headers())
     };
-    run::with_run_id(response, &run_id)
+    run::with_headers(response, &headers)
 }
 
 /// The whole answer: a `message` with thinking (when asked for), text and `tool_use`

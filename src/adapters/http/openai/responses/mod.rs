@@ -19,9 +19,11 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use serde_json::Value;
 
+use super::auth::Caller;
 use super::error::ApiError;
 use super::reply::unix_now;
 use super::request::{deadline, read_body, run_spec};
+use super::routing::{ClientKeys, prefix_of_value, run_routing};
 use super::run::{self, Step};
 use super::sse;
 use super::translate::NamedEvents;
@@ -33,6 +35,7 @@ use stream::ResponsesStream;
 /// `POST /v1/responses`.
 pub(super) async fn create(
     State(state): State<HttpState>,
+    caller: Caller,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
@@ -41,14 +44,14 @@ pub(super) async fn create(
             .map_err(|error| ApiError::malformed_json(&error.to_string()))?;
         let translated = request::translate(&value)?;
         let deadline = deadline(&state.api, &headers)?;
+        let keys = ClientKeys::of(&value);
+        let prefix = state.api.prefix_affinity();
+        let routing = run_routing(&caller, &headers, keys, || {
+            prefix.then(|| prefix_of_value(&translated.chat)).flatten()
+        })?;
         let input = Bytes::from(translated.chat.to_string());
-        let spec = run_spec(
-            &state.api,
-            &translated.model,
-            input,
-            Operation::Chat,
-            deadline,
-        )?;
+        let model = &translated.model;
+        let spec = run_spec(&state.api, model, input, Operation::Chat, deadline, routing)?;
         Ok((translated, spec))
     });
     let (translated, spec) = match prepared {
@@ -59,20 +62,22 @@ pub(super) async fn create(
         Ok(run) => run,
         Err(error) => return error.into_response(),
     };
-    let run_id = run.id().clone();
     let base = ResponseBase {
-        id: format!("resp_{run_id}"),
+        id: format!("resp_{}", run.id()),
         model: translated.model,
         created_at: unix_now(),
         instructions: translated.instructions,
     };
-    let response = if translated.stream {
-        match run.next().await {
+    let (response, headers) = if translated.stream {
+        let first = run.next().await;
+        let headers = run.headers();
+        let response = match first {
             Step::End(Err(error)) => error.into_response(),
             first => sse::respond(run, NamedEvents(ResponsesStream::new(base)), first),
-        }
+        };
+        (response, headers)
     } else {
-        match run::collect(run).await {
+        let response = match run::collect(&mut run).await {
             Ok((collected, finished)) => {
                 let output = collected_items(&base, &collected)
                     .iter()
@@ -81,7 +86,8 @@ pub(super) async fn create(
                 Json(response_json(&base, &Outcome::Finished(&finished), output)).into_response()
             }
             Err(error) => error.into_response(),
-        }
+        };
+        (response, run.headers())
     };
-    run::with_run_id(response, &run_id)
+    run::with_headers(response, &headers)
 }

@@ -1,0 +1,230 @@
+//! What routing needs from a request: the caller's tenant, priority and limits, and the
+//! affinity key — the first of the body's `prompt_cache_key`, the `x-session-id` header,
+//! the body's `user`, and, for chat runs with `routing.prefix_affinity` on, a hash of the
+//! prompt's stable prefix (the system messages before the first user message, and that
+//! message).
+//!
+//! Only reads: the body goes to the node untouched. Messages and Responses requests are
+//! keyed by the chat body they are translated into, so the same conversation gets the same
+//! key through any of the three APIs.
+
+use axum::http::HeaderMap;
+use serde_json::Value;
+use serde_json::value::RawValue;
+
+use super::auth::Caller;
+use super::error::ApiError;
+use crate::domain::RunRouting;
+use crate::domain::routing::{AffinityKey, KeySource, Priority};
+
+/// The header a client sets to keep its runs on one node (a conversation, a session).
+pub const SESSION_HEADER: &str = "x-session-id";
+
+/// The header a client whose key allows it sets to choose its priority class
+/// (`interactive` or `batch`).
+pub const PRIORITY_HEADER: &str = "x-edge-priority";
+
+/// The values a client gave to key its runs by, as found in its request.
+#[derive(Debug, Default, Clone, Copy)]
+pub(super) struct ClientKeys<'a> {
+    /// `prompt_cache_key`.
+    pub prompt_cache_key: Option<&'a str>,
+    /// `user` (Anthropic: `metadata.user_id`).
+    pub user: Option<&'a str>,
+}
+
+impl<'a> ClientKeys<'a> {
+    /// The keys of a JSON request object.
+    pub fn of(body: &'a Value) -> Self {
+        Self {
+            prompt_cache_key: body.get("prompt_cache_key").and_then(Value::as_str),
+            user: body.get("user").and_then(Value::as_str),
+        }
+    }
+}
+
+/// The routing of a run `caller` asks for with `headers`: affinity from `keys` or the
+/// session header, else from `prefix` (called only when needed).
+///
+/// # Errors
+/// 400 `invalid_header` when `x-edge-priority` is neither `interactive` nor `batch`.
+pub(super) fn run_routing(
+    caller: &Caller,
+    headers: &HeaderMap,
+    keys: ClientKeys<'_>,
+    prefix: impl FnOnce() -> Option<AffinityKey>,
+) -> Result<RunRouting, ApiError> {
+    let session = headers
+        .get(SESSION_HEADER)
+        .and_then(|value| value.to_str().ok());
+    let affinity = keys
+        .prompt_cache_key
+        .and_then(|key| AffinityKey::from_client(KeySource::PromptCacheKey, key))
+        .or_else(|| session.and_then(|s| AffinityKey::from_client(KeySource::Session, s)))
+        .or_else(|| {
+            keys.user
+                .and_then(|u| AffinityKey::from_client(KeySource::User, u))
+        })
+        .or_else(prefix);
+    Ok(RunRouting {
+        affinity,
+        tenant: caller.tenant.clone(),
+        priority: priority(caller, headers)?,
+        limits: caller.limits,
+    })
+}
+
+/// The caller's class, or the header's when the caller may choose (otherwise the header is
+/// ignored: the key's class stands).
+fn priority(caller: &Caller, headers: &HeaderMap) -> Result<Priority, ApiError> {
+    let Some(value) = headers.get(PRIORITY_HEADER) else {
+        return Ok(caller.priority);
+    };
+    let asked = value
+        .to_str()
+        .ok()
+        .and_then(|text| Priority::parse(text.trim()).ok())
+        .ok_or_else(|| {
+            ApiError::invalid_header(format!(
+                "`{PRIORITY_HEADER}` must be `interactive` or `batch`."
+            ))
+        })?;
+    Ok(if caller.allow_priority_header {
+        asked
+    } else {
+        caller.priority
+    })
+}
+
+/// The prefix key of a chat body's `messages` as the client sent it (raw JSON).
+pub(super) fn prefix_of_raw(messages: Option<&RawValue>) -> Option<AffinityKey> {
+    let messages: Vec<&RawValue> = serde_json::from_str(messages?.get()).ok()?;
+    let parsed = messages
+        .into_iter()
+        .map_while(|raw| serde_json::from_str::<Value>(raw.get()).ok());
+    prefix_of(parsed)
+}
+
+/// The prefix key of a chat body's `messages` (a translated body's).
+pub(super) fn prefix_of_value(chat: &Value) -> Option<AffinityKey> {
+    let messages = chat.get("messages")?.as_array()?;
+    prefix_of(messages.iter().cloned())
+}
+
+/// The system (and developer) messages before the first user message, and that message,
+/// hashed; `None` when they are all empty. Stops reading at the first user message.
+fn prefix_of(messages: impl Iterator<Item = Value>) -> Option<AffinityKey> {
+    let mut system = Vec::new();
+    let mut first_user = None;
+    for message in messages {
+        match message.get("role").and_then(Value::as_str) {
+            Some("system" | "developer") => system.push(text_of(message.get("content"))),
+            Some("user") => {
+                first_user = Some(text_of(message.get("content")));
+                break;
+            }
+            _ => {}
+        }
+    }
+    let system: Vec<&str> = system.iter().map(String::as_str).collect();
+    AffinityKey::from_prompt_prefix(&system, first_user.as_deref())
+}
+
+/// A message's text: the string, or its text parts joined by newlines (images and other
+/// parts left out).
+fn text_of(content: Option<&Value>) -> String {
+    match content {
+        Some(Value::String(text)) => text.clone(),
+        Some(Value::Array(parts)) => parts
+            .iter()
+            .filter_map(|part| part.get("text").and_then(Value::as_str))
+            .collect::<Vec<_>>()
+            .join("\n"),
+        _ => String::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use axum::http::HeaderValue;
+    use serde_json::json;
+
+    use super::*;
+
+    fn raw(value: &Value) -> Box<RawValue> {
+        RawValue::from_string(value.to_string()).unwrap()
+    }
+
+    #[test]
+    fn later_turns_of_a_conversation_share_the_prefix_key() {
+        let first = json!([
+            {"role": "system", "content": "be brief"},
+            {"role": "user", "content": "hello"},
+        ]);
+        let later = json!([
+            {"role": "system", "content": [{"type": "text", "text": "be brief"}]},
+            {"role": "user", "content": "hello"},
+            {"role": "assistant", "content": "hi"},
+            {"role": "user", "content": "more"},
+        ]);
+        let other = json!([{"role": "user", "content": "goodbye"}]);
+        let key = |messages: &Value| prefix_of_raw(Some(&raw(messages)));
+        assert!(key(&first).is_some());
+        assert_eq!(key(&first), key(&later));
+        assert_ne!(key(&first), key(&other));
+        assert_eq!(
+            key(&first),
+            prefix_of_value(&json!({ "messages": first.clone() }))
+        );
+        assert_eq!(key(&json!([{"role": "user", "content": ""}])), None);
+        assert_eq!(prefix_of_raw(None), None);
+        assert_eq!(key(&json!("not an array")), None);
+    }
+
+    #[test]
+    fn client_keys_come_first_then_the_session_then_the_user() {
+        let caller = Caller::default();
+        let mut headers = HeaderMap::new();
+        let keys = ClientKeys {
+            prompt_cache_key: Some("pck"),
+            user: Some("u"),
+        };
+        let prefix = || AffinityKey::from_client(KeySource::Prefix, "p");
+        let source = |headers: &HeaderMap, keys| {
+            run_routing(&caller, headers, keys, prefix)
+                .unwrap()
+                .affinity
+                .map(AffinityKey::source)
+        };
+        assert_eq!(source(&headers, keys), Some(KeySource::PromptCacheKey));
+        headers.insert(SESSION_HEADER, HeaderValue::from_static("s"));
+        let no_pck = ClientKeys {
+            prompt_cache_key: None,
+            ..keys
+        };
+        assert_eq!(source(&headers, no_pck), Some(KeySource::Session));
+        assert_eq!(source(&HeaderMap::new(), no_pck), Some(KeySource::User));
+        assert_eq!(
+            source(&HeaderMap::new(), ClientKeys::default()),
+            Some(KeySource::Prefix)
+        );
+    }
+
+    #[test]
+    fn the_priority_header_counts_only_when_the_key_allows_it() {
+        let mut headers = HeaderMap::new();
+        headers.insert(PRIORITY_HEADER, HeaderValue::from_static("batch"));
+        let open = Caller::default();
+        assert_eq!(priority(&open, &headers).unwrap(), Priority::Batch);
+        let strict = Caller {
+            allow_priority_header: false,
+            ..Caller::default()
+        };
+        assert_eq!(priority(&strict, &headers).unwrap(), Priority::Interactive);
+        headers.insert(PRIORITY_HEADER, HeaderValue::from_static("urgent"));
+        assert_eq!(
+            priority(&open, &headers).unwrap_err().error_code(),
+            Some("invalid_header")
+        );
+    }
+}
