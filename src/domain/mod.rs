@@ -6,12 +6,14 @@
 //! returned value, so every rule is a plain function tested without a runtime.
 
 pub mod definitions;
+pub mod drain;
 pub mod names;
 pub mod node;
 pub mod output;
 pub mod registration;
 pub mod resume;
 pub mod run;
+pub mod run_record;
 pub mod selection;
 pub mod throttle;
 pub mod token;
@@ -20,6 +22,7 @@ pub use definitions::{
     AdapterDefinition, DefinitionProblem, DefinitionsError, EntryRef, NodeDefinition,
     validate_definitions,
 };
+pub use drain::{Drain, NodeState};
 pub use names::{AdapterName, Alias, NameError, NodeId, Target};
 pub use node::{AdapterConfig, Availability, NodeRecord, RuntimeConfig};
 pub use output::{Embedding, StructuredOutput, TokenLogprob, ToolCallDelta, TopLogprob};
@@ -30,6 +33,10 @@ pub use resume::{ResumeAnswer, ResumeClaim, ResumeRefusal, decide_resume};
 pub use run::{
     EdgeFailure, EventOrigin, EventVerdict, FailureClass, Operation, RunEvent, RunEventKind, RunId,
     RunSpec, RunState, Usage,
+};
+pub use run_record::{
+    AcceptedRun, Attempt, EDGE_CRASHED, RunCursor, RunOutcome, RunPage, RunQuery, RunRecord,
+    RunStateFilter, merge_page,
 };
 pub use selection::{NodeLoad, NodeSelector, SelectError, select_node};
 pub use throttle::RegistrationThrottle;

@@ -4,11 +4,13 @@
 //! application in `crate::app` depends on them; tests substitute mockall mocks or fakes.
 
 pub mod event_sink;
+pub mod journal;
 pub mod node_store;
 pub mod registry;
 pub mod transport;
 
 pub use event_sink::EventSink;
+pub use journal::{JournalEntry, JournalError, JournalStats, RunJournal, StoredEvent};
 pub use node_store::NodeStore;
 pub use registry::{AlreadyConnected, ConnectedNode, ConnectionId, NewConnection, Registry};
 pub use transport::{
