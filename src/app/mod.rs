@@ -7,7 +7,9 @@
 
 pub mod cli;
 pub mod console;
+pub mod drains;
 pub mod logging;
+pub mod management;
 pub mod metrics;
 pub mod runs;
 pub mod settings;

@@ -18,6 +18,8 @@ pub struct Drain {
 /// How a node is doing, as the management API shows it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum NodeState {
+    /// Configured but not connected.
+    Disconnected,
     /// Taking runs.
     Serving,
     /// Drained, still finishing runs.
@@ -30,16 +32,26 @@ pub enum NodeState {
 
 impl NodeState {
     /// Every state, in the order the API documents them.
-    pub const ALL: [NodeState; 4] = [
+    pub const ALL: [NodeState; 5] = [
+        Self::Disconnected,
         Self::Serving,
         Self::Draining,
         Self::Drained,
         Self::BreakerOpen,
     ];
 
-    /// The state of a node that holds `active_runs` runs, is drained or not, and whose
-    /// breaker is open or not. A drain is the operator's word and wins over the breaker.
-    pub fn of(drain: Option<&Drain>, active_runs: u32, breaker_open: bool) -> Self {
+    /// The state of a node, connected or not, that holds `active_runs` runs, is drained or
+    /// not, and whose breaker is open or not. A drain is the operator's word and wins over
+    /// the breaker; a node that is not connected is `disconnected` whatever else holds.
+    pub fn of(
+        connected: bool,
+        drain: Option<&Drain>,
+        active_runs: u32,
+        breaker_open: bool,
+    ) -> Self {
+        if !connected {
+            return Self::Disconnected;
+        }
         match (drain, breaker_open) {
             (Some(_), _) if active_runs > 0 => Self::Draining,
             (Some(_), _) => Self::Drained,
@@ -51,6 +63,7 @@ impl NodeState {
     /// The stable snake_case name used in the API and the console.
     pub fn as_str(self) -> &'static str {
         match self {
+            Self::Disconnected => "disconnected",
             Self::Serving => "serving",
             Self::Draining => "draining",
             Self::Drained => "drained",
@@ -75,11 +88,30 @@ mod tests {
             since_ms: 1,
             deadline_ms: None,
         };
-        assert_eq!(NodeState::of(None, 3, false), NodeState::Serving);
-        assert_eq!(NodeState::of(None, 0, true), NodeState::BreakerOpen);
-        assert_eq!(NodeState::of(Some(&drain), 2, true), NodeState::Draining);
-        assert_eq!(NodeState::of(Some(&drain), 0, false), NodeState::Drained);
+        assert_eq!(NodeState::of(true, None, 3, false), NodeState::Serving);
+        assert_eq!(NodeState::of(true, None, 0, true), NodeState::BreakerOpen);
+        assert_eq!(
+            NodeState::of(true, Some(&drain), 2, true),
+            NodeState::Draining
+        );
+        assert_eq!(
+            NodeState::of(true, Some(&drain), 0, false),
+            NodeState::Drained
+        );
+        assert_eq!(
+            NodeState::of(false, Some(&drain), 0, false),
+            NodeState::Disconnected
+        );
         let names: Vec<&str> = NodeState::ALL.iter().map(|s| s.as_str()).collect();
-        assert_eq!(names, ["serving", "draining", "drained", "breaker_open"]);
+        assert_eq!(
+            names,
+            [
+                "disconnected",
+                "serving",
+                "draining",
+                "drained",
+                "breaker_open"
+            ]
+        );
     }
 }
