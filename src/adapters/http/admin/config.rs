@@ -48,7 +48,7 @@ impl AdminConfig {
             .key_sha256
             .iter()
             .filter_map(|hex| TokenDigest::from_hex(hex).ok());
-        self.keys.iter().map(|k| k.0.clone()).chain(given).collect()
+        self.keys.iter().map(|k| k.0).chain(given).collect()
     }
 
     /// Values that deserialize but cannot work, each naming its key and entry (never the
