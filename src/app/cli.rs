@@ -38,6 +38,9 @@ enum Command {
         #[command(subcommand)]
         command: TokenCommand,
     },
+    /// Operator commands against a running edge's management API.
+    #[command(flatten)]
+    Admin(super::admin_client::AdminCommand),
 }
 
 #[derive(Debug, Subcommand)]
@@ -81,6 +84,7 @@ pub fn main() -> ExitCode {
             print!("{}", generate_token());
             Ok(())
         }
+        Command::Admin(command) => admin(command),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -89,6 +93,15 @@ pub fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Runs an operator command on a small runtime of its own.
+fn admin(command: super::admin_client::AdminCommand) -> anyhow::Result<()> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?
+        .block_on(super::admin_client::run(command))
 }
 
 fn serve(args: ServeArgs) -> anyhow::Result<()> {

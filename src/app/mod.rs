@@ -5,6 +5,7 @@
 //! and [`App::http_addr`]),
 //! and [`App::run_until_stopped`] serves until the stop signal, then drains.
 
+pub mod admin_client;
 pub mod cli;
 pub mod console;
 pub mod drains;
