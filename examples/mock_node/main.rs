@@ -30,9 +30,12 @@ struct Args {
     /// Milliseconds between output words.
     #[arg(long, default_value_t = 100)]
     delay_ms: u64,
-    /// What to do with runs: echo, fail, hang, drop, ignore_cancel (a run's `mock` param
-    /// overrides it).
-    #[arg(long, default_value = "echo", value_parser = ["echo", "fail", "hang", "drop", "ignore_cancel"])]
+    /// What to do with runs (a run's `mock` param, or a target named after a behaviour,
+    /// overrides it); see node.rs.
+    #[arg(long, default_value = "echo", value_parser = [
+        "echo", "fail", "hang", "drop", "ignore_cancel", "reasoning", "tools", "logprobs",
+        "length", "filtered", "bad_request", "node_error", "refused",
+    ])]
     behaviour: String,
     /// Speak TLS, trusting the CA certificates in this PEM file.
     #[arg(long, value_name = "PATH")]

@@ -2,11 +2,20 @@
 //! adapter that streams the input back word by word. A test double for demos and tests;
 //! the edge itself never runs adapters.
 //!
-//! Behaviour per run comes from the run's `mock` param, else from the node's default:
-//! `echo` (stream and complete), `fail` (one output, then `failed`/`mock_failure`), `hang`
-//! (never answer, though cancels are still honoured), `drop` (one output, then drop the
-//! whole connection), `ignore_cancel` (echo, but never answer a cancel).
+//! Behaviour per run comes from the run's `mock` param, else from its target when the
+//! target is named after a behaviour (`echo/tools`: API requests carry no params), else from
+//! the node's default: `echo` (stream and complete), `fail` (one output, then
+//! `failed`/`mock_failure`), `hang` (never answer, though cancels are still honoured),
+//! `drop` (one output, then drop the whole connection), `ignore_cancel` (echo, but never
+//! answer a cancel). The scripted behaviours of `scripts.rs` produce structured output:
+//! `reasoning`, `tools` (two parallel streamed tool calls, or an answer to tool results),
+//! `logprobs`, `length` and `filtered` (other finish reasons), and classed failures
+//! `bad_request` (REQUEST, 400, `context_length_exceeded`), `node_error` (NODE) and
+//! `refused` (REFUSED). Embeddings runs always get deterministic vectors.
 #![allow(dead_code)]
+
+#[path = "scripts.rs"]
+mod scripts;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -37,6 +46,22 @@ pub enum Behaviour {
     Drop,
     /// Echo, but never answer a cancel.
     IgnoreCancel,
+    /// Reasoning pieces, then the echo.
+    Reasoning,
+    /// Two parallel tool calls (or an answer to tool results).
+    Tools,
+    /// The echo with log probabilities.
+    Logprobs,
+    /// The echo, finishing with `length`.
+    Length,
+    /// The echo, finishing with `content_filter`.
+    Filtered,
+    /// A REQUEST-class failure (400 `context_length_exceeded`).
+    BadRequest,
+    /// A NODE-class failure.
+    NodeError,
+    /// A REFUSED-class failure.
+    Refused,
 }
 
 impl Behaviour {
@@ -48,6 +73,14 @@ impl Behaviour {
             "hang" => Self::Hang,
             "drop" => Self::Drop,
             "ignore_cancel" => Self::IgnoreCancel,
+            "reasoning" => Self::Reasoning,
+            "tools" => Self::Tools,
+            "logprobs" => Self::Logprobs,
+            "length" => Self::Length,
+            "filtered" => Self::Filtered,
+            "bad_request" => Self::BadRequest,
+            "node_error" => Self::NodeError,
+            "refused" => Self::Refused,
             _ => return None,
         })
     }
@@ -255,11 +288,29 @@ fn input_text(run: &RunAssignment) -> String {
     let from_messages = body["messages"]
         .as_array()
         .and_then(|m| m.last())
-        .and_then(|m| m["content"].as_str())
-        .map(str::to_owned);
+        .and_then(|m| match &m["content"] {
+            serde_json::Value::String(text) => Some(text.clone()),
+            serde_json::Value::Array(parts) => Some(
+                parts
+                    .iter()
+                    .filter_map(|part| part["text"].as_str())
+                    .collect::<Vec<_>>()
+                    .join(" "),
+            ),
+            _ => None,
+        });
     from_messages
         .or_else(|| body["prompt"].as_str().map(str::to_owned))
         .unwrap_or_default()
+}
+
+/// The run's `mock` param, else its target when named after a behaviour, else `default`.
+fn behaviour_of(run: &RunAssignment, default: Behaviour) -> Behaviour {
+    run.params
+        .get("mock")
+        .and_then(|b| Behaviour::parse(b))
+        .or_else(|| Behaviour::parse(run.target.as_str()))
+        .unwrap_or(default)
 }
 
 async fn answer(
@@ -269,13 +320,13 @@ async fn answer(
     cancel: CancellationToken,
     kill: CancellationToken,
 ) {
-    let behaviour = run
-        .params
-        .get("mock")
-        .and_then(|b| Behaviour::parse(b))
-        .unwrap_or(options.behaviour);
+    let behaviour = behaviour_of(&run, options.behaviour);
     let id = run.run_id.to_string();
     let text = input_text(&run);
+    if let Some(events) = scripts::script(behaviour, &run, &text) {
+        scripts::play(&id, events, options.delay, &frames, &cancel).await;
+        return;
+    }
     let words: Vec<&str> = text.split_whitespace().collect();
     let mut seq = 0;
     let mut emit = |kind: RunEventKind| {

@@ -1,5 +1,5 @@
 //! The pure core of the edge: validated node definitions, the registration policy, node
-//! selection and the run state machine.
+//! selection and routing, and the run state machine.
 //!
 //! Nothing here does I/O, reads a clock, spawns a task or knows a protobuf type: callers pass
 //! in what a decision needs (the store's answer, the registry's state, `now`) and act on the
@@ -12,6 +12,7 @@ pub mod node;
 pub mod output;
 pub mod registration;
 pub mod resume;
+pub mod routing;
 pub mod run;
 pub mod run_record;
 pub mod selection;

@@ -1,6 +1,7 @@
 //! The integration-test harness: a real edge on port 0 and real protocol clients.
 #![allow(dead_code)]
 
+pub mod engines;
 pub mod python;
 pub mod runs;
 

@@ -7,7 +7,7 @@ use std::task::{Context, Poll};
 use axum::body::{Body, Bytes, HttpBody};
 use axum::extract::{Request, State};
 use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use http_body::{Frame, SizeHint};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
@@ -38,7 +38,8 @@ pub(super) async fn limit(
     next: Next,
 ) -> Response {
     let Ok(slot) = Arc::clone(&slots.slots).try_acquire_owned() else {
-        return ApiError::overloaded(slots.retry_after_secs).into_response();
+        let error = ApiError::overloaded(slots.retry_after_secs);
+        return super::openai::error_response_for(request.uri().path(), &error);
     };
     next.run(request)
         .await

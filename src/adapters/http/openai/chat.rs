@@ -9,9 +9,9 @@ use axum::response::Response;
 use bytes::Bytes;
 use serde_json::{Value, json};
 
-use super::reply::Reply;
+use super::output::{Collected, chat_logprobs_json, tool_calls_json};
+use super::reply::{self, Reply};
 use super::request::Endpoint;
-use super::run;
 use crate::adapters::http::HttpState;
 
 /// `POST /v1/chat/completions`.
@@ -20,11 +20,25 @@ pub(super) async fn create(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    run::respond(state, Endpoint::Chat, headers, body).await
+    reply::respond(state, Endpoint::Chat, headers, body).await
 }
 
-/// A `chat.completion` with one choice (usage is added by the caller).
-pub(super) fn full(reply: &Reply, text: &str, finish_reason: &str) -> Value {
+/// A `chat.completion` with one choice (usage is added by the caller): the text, the
+/// reasoning as `reasoning_content`, the tool calls (`content` null when there are only
+/// tool calls), and the log probabilities.
+pub(super) fn full(reply: &Reply, collected: &Collected, finish_reason: &str) -> Value {
+    let content = if collected.text.is_empty() && !collected.tool_calls.is_empty() {
+        Value::Null
+    } else {
+        Value::from(collected.text.as_str())
+    };
+    let mut message = json!({ "role": "assistant", "content": content, "refusal": null });
+    if !collected.reasoning.is_empty() {
+        message["reasoning_content"] = Value::from(collected.reasoning.as_str());
+    }
+    if !collected.tool_calls.is_empty() {
+        message["tool_calls"] = tool_calls_json(&collected.tool_calls);
+    }
     json!({
         "id": reply.id,
         "object": "chat.completion",
@@ -33,8 +47,8 @@ pub(super) fn full(reply: &Reply, text: &str, finish_reason: &str) -> Value {
         "system_fingerprint": null,
         "choices": [{
             "index": 0,
-            "message": { "role": "assistant", "content": text, "refusal": null },
-            "logprobs": null,
+            "message": message,
+            "logprobs": chat_logprobs_json(&collected.logprobs),
             "finish_reason": finish_reason,
         }],
     })

@@ -9,9 +9,9 @@ use axum::response::Response;
 use bytes::Bytes;
 use serde_json::{Value, json};
 
-use super::reply::Reply;
+use super::output::{Collected, legacy_logprobs_json};
+use super::reply::{self, Reply};
 use super::request::Endpoint;
-use super::run;
 use crate::adapters::http::HttpState;
 
 /// `POST /v1/completions`.
@@ -20,11 +20,12 @@ pub(super) async fn create(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    run::respond(state, Endpoint::Completion, headers, body).await
+    reply::respond(state, Endpoint::Completion, headers, body).await
 }
 
-/// A `text_completion` with one choice (usage is added by the caller).
-pub(super) fn full(reply: &Reply, text: &str, finish_reason: &str) -> Value {
+/// A `text_completion` with one choice (usage is added by the caller), with the legacy
+/// `logprobs` when the node sent any.
+pub(super) fn full(reply: &Reply, collected: &Collected, finish_reason: &str) -> Value {
     json!({
         "id": reply.id,
         "object": "text_completion",
@@ -32,9 +33,9 @@ pub(super) fn full(reply: &Reply, text: &str, finish_reason: &str) -> Value {
         "model": reply.model,
         "system_fingerprint": null,
         "choices": [{
-            "text": text,
+            "text": collected.text,
             "index": 0,
-            "logprobs": null,
+            "logprobs": legacy_logprobs_json(&collected.logprobs, &mut 0),
             "finish_reason": finish_reason,
         }],
     })

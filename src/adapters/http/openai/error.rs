@@ -10,7 +10,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
 use crate::app::StartError;
-use crate::domain::EdgeFailure;
+use crate::domain::{EdgeFailure, FailureClass};
 
 const INVALID_REQUEST: &str = "invalid_request_error";
 const RATE_LIMIT: &str = "rate_limit_error";
@@ -78,6 +78,36 @@ impl ApiError {
         self.code.as_deref()
     }
 
+    /// The human-readable message.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
+    /// The `Retry-After` the answer carries, in seconds, if any.
+    pub fn retry_after_secs(&self) -> Option<u64> {
+        self.retry_after_secs
+    }
+
+    /// A 400 about `param` with `message` and `code`, for an API's own request checks.
+    pub fn bad_request(
+        param: Option<&'static str>,
+        code: &str,
+        message: impl Into<String>,
+    ) -> Self {
+        let mut error = Self::new(StatusCode::BAD_REQUEST, INVALID_REQUEST, message).code(code);
+        error.param = param;
+        error
+    }
+
+    /// Adds the headers every rendering of this error carries (`Retry-After`).
+    pub fn add_headers(&self, response: &mut Response) {
+        if let Some(secs) = self.retry_after_secs {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+    }
+
     fn body(&self) -> Body<'_> {
         Body {
             error: Detail {
@@ -131,7 +161,7 @@ impl ApiError {
     /// 401: no API key, or a wrong one.
     pub fn invalid_api_key(missing: bool) -> Self {
         let message = if missing {
-            "You didn't provide an API key. Send it as `Authorization: Bearer <key>`."
+            "You didn't provide an API key. Send it as `Authorization: Bearer <key>` or `x-api-key: <key>`."
         } else {
             "Incorrect API key provided."
         };
@@ -195,9 +225,57 @@ impl ApiError {
         }
     }
 
-    /// A run that ended with `failed`: the edge's own codes get their status (no capacity
-    /// 503, deadline 504), anything from the node is a 502 carrying the node's code.
-    pub fn run_failed(code: &str, message: &str, retry_after_secs: u64) -> Self {
+    /// A run that ended with `failed`, by class: REQUEST the node's 4xx (else 400), code and
+    /// message; NODE 502; REFUSED 503 with `Retry-After`; unclassified by code.
+    pub fn run_failed(
+        code: &str,
+        message: &str,
+        class: FailureClass,
+        status: Option<u16>,
+        retry_after_secs: u64,
+    ) -> Self {
+        match class {
+            FailureClass::Request => Self::bad_run_request(code, message, status, retry_after_secs),
+            FailureClass::Node => Self::new(
+                StatusCode::BAD_GATEWAY,
+                SERVER,
+                format!("The node failed the request: {message}"),
+            )
+            .code(code),
+            FailureClass::Refused => Self::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                SERVER,
+                format!("No node could take the request: {message}. Retry later."),
+            )
+            .code(code)
+            .retry_after(retry_after_secs),
+            FailureClass::Unspecified => Self::unclassified(code, message, retry_after_secs),
+        }
+    }
+
+    /// A run its node judged a bad request: the node's 4xx status, code and message.
+    fn bad_run_request(code: &str, message: &str, status: Option<u16>, retry_after: u64) -> Self {
+        let status = status
+            .and_then(|status| StatusCode::from_u16(status).ok())
+            .filter(StatusCode::is_client_error)
+            .unwrap_or(StatusCode::BAD_REQUEST);
+        let kind = match status.as_u16() {
+            401 => "authentication_error",
+            403 => "permission_error",
+            429 => RATE_LIMIT,
+            _ => INVALID_REQUEST,
+        };
+        let message = if message.is_empty() { code } else { message };
+        let error = Self::new(status, kind, message).code(code);
+        if status == StatusCode::TOO_MANY_REQUESTS {
+            error.retry_after(retry_after)
+        } else {
+            error
+        }
+    }
+
+    /// A failure without a class, judged by its code.
+    fn unclassified(code: &str, message: &str, retry_after_secs: u64) -> Self {
         let edge = |failure: EdgeFailure| failure.code() == code;
         if edge(EdgeFailure::QueueTimeout) || edge(EdgeFailure::EdgeShutdown) {
             Self::new(
@@ -244,12 +322,11 @@ impl ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let mut response = (self.status, Json(self.body())).into_response();
-        let headers = response.headers_mut();
-        if let Some(secs) = self.retry_after_secs {
-            headers.insert(header::RETRY_AFTER, HeaderValue::from(secs));
-        }
+        self.add_headers(&mut response);
         if self.status == StatusCode::UNAUTHORIZED {
-            headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            response
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         }
         response
     }
@@ -279,15 +356,42 @@ mod tests {
 
     #[test]
     fn failures_map_to_statuses() {
-        let status = |code| ApiError::run_failed(code, "m", 1).status();
+        let unclassified = FailureClass::Unspecified;
+        let status = |code| ApiError::run_failed(code, "m", unclassified, None, 1).status();
         assert_eq!(status("queue_timeout"), StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(status("edge_shutdown"), StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(status("deadline_exceeded"), StatusCode::GATEWAY_TIMEOUT);
         assert_eq!(status("node_disconnected"), StatusCode::BAD_GATEWAY);
         assert_eq!(status("cuda_oom"), StatusCode::BAD_GATEWAY);
         assert_eq!(
-            ApiError::run_failed("queue_timeout", "m", 7).retry_after_secs,
+            ApiError::run_failed("queue_timeout", "m", unclassified, None, 7).retry_after_secs,
             Some(7)
         );
+    }
+
+    #[test]
+    fn failure_classes_choose_the_status() {
+        let failed = |class, status| ApiError::run_failed("c", "upstream says", class, status, 2);
+        let request = failed(FailureClass::Request, Some(413));
+        assert_eq!(request.status(), StatusCode::PAYLOAD_TOO_LARGE);
+        assert_eq!(request.kind, INVALID_REQUEST);
+        assert_eq!(request.message(), "upstream says");
+        assert_eq!(request.error_code(), Some("c"));
+        for status in [None, Some(500), Some(200), Some(99)] {
+            assert_eq!(failed(FailureClass::Request, status).status().as_u16(), 400);
+        }
+        let limited = failed(FailureClass::Request, Some(429));
+        assert_eq!(
+            (limited.kind, limited.retry_after_secs),
+            (RATE_LIMIT, Some(2))
+        );
+        let node = failed(FailureClass::Node, Some(500));
+        assert_eq!(
+            (node.status(), node.kind),
+            (StatusCode::BAD_GATEWAY, SERVER)
+        );
+        let refused = failed(FailureClass::Refused, None);
+        assert_eq!(refused.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(refused.retry_after_secs(), Some(2));
     }
 }

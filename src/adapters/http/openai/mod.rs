@@ -1,5 +1,6 @@
-//! The OpenAI-compatible API: `GET /v1/models`, `POST /v1/chat/completions` and
-//! `POST /v1/completions`, JSON or Server-Sent Events, with OpenAI's error shape, so the
+//! The client-facing APIs: OpenAI's `GET /v1/models`, `POST /v1/chat/completions`,
+//! `POST /v1/completions`, `POST /v1/embeddings` and `POST /v1/responses`, and Anthropic's
+//! `POST /v1/messages`; JSON or Server-Sent Events, each with its API's error shape, so the
 //! official client libraries work unchanged.
 //!
 //! This is the only place the external `model` notion exists: a model id is mapped to
@@ -7,16 +8,22 @@
 //! run service, which dispatches it over the node protocol. Nothing here reaches a node any
 //! other way, runs an adapter, or interprets the body beyond the fields it needs.
 
+mod anthropic;
 mod auth;
 mod chat;
+mod chunks;
 mod completions;
 mod config;
+mod embeddings;
 mod error;
 pub mod models;
+mod output;
 mod reply;
 mod request;
+mod responses;
 mod run;
 mod sse;
+mod translate;
 
 use std::sync::Arc;
 
@@ -83,6 +90,19 @@ impl Api {
     }
 }
 
+/// Anthropic's Messages endpoint: its errors (401, 503 before the handler too) take
+/// Anthropic's shape.
+pub(super) const MESSAGES_PATH: &str = "/v1/messages";
+
+/// `error` as a response in the shape of the API at `path`.
+pub(super) fn error_response_for(path: &str, error: &ApiError) -> Response {
+    if path == MESSAGES_PATH {
+        anthropic::error_response(error)
+    } else {
+        error.clone().into_response()
+    }
+}
+
 /// The `/v1` routes, behind the API-key check (when keys are configured) and the body
 /// limit.
 pub(super) fn routes(state: &HttpState) -> Router<HttpState> {
@@ -90,7 +110,10 @@ pub(super) fn routes(state: &HttpState) -> Router<HttpState> {
         .route("/v1/models", get(models::list))
         .route("/v1/models/{*model}", get(models::retrieve))
         .route("/v1/chat/completions", post(chat::create))
-        .route("/v1/completions", post(completions::create));
+        .route("/v1/completions", post(completions::create))
+        .route("/v1/embeddings", post(embeddings::create))
+        .route("/v1/responses", post(responses::create))
+        .route(MESSAGES_PATH, post(anthropic::create));
     let routes = if state.api.config().keys.is_empty() {
         routes
     } else {

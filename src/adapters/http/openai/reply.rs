@@ -1,26 +1,61 @@
-//! The answer's envelope: the ids, timestamps and model name every JSON answer and SSE
-//! chunk carries, and the choice between the chat and the completion shapes.
+//! The chat and completions answers: serving one request as one run, and the envelope (ids,
+//! timestamps, model name) every JSON answer and SSE chunk carries.
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use serde_json::{Value, json};
+use axum::Json;
+use axum::extract::rejection::BytesRejection;
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use serde_json::Value;
 
-use super::request::Endpoint;
-use super::run::Finished;
-use super::{chat, completions};
-use crate::domain::{RunId, Usage};
+use super::chunks::ChunkWriter;
+use super::output::{Collected, usage_json};
+use super::request::{self, ApiRequest, Endpoint};
+use super::run::{self, Finished, Step};
+use super::{chat, completions, sse};
+use crate::adapters::http::HttpState;
+use crate::domain::RunId;
 
-/// One part of a streamed answer.
-#[derive(Debug, Clone, Copy)]
-pub(super) enum Piece<'a> {
-    /// The opening chunk (chat: the assistant role).
-    Start,
-    /// Some text.
-    Text(&'a str),
-    /// The closing chunk with the finish reason.
-    Finish(&'a str),
-    /// The usage chunk of `stream_options.include_usage`.
-    Usage(Option<Usage>),
+/// Serves a chat or completion request: checks it, starts its run, and answers with JSON
+/// or, for `stream: true`, with SSE.
+///
+/// No status is chosen before the run's first output or terminal event: a run that fails
+/// before producing anything gets a proper error status even when streaming was asked for.
+pub(super) async fn respond(
+    state: HttpState,
+    endpoint: Endpoint,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let ApiRequest {
+        model,
+        stream,
+        include_usage,
+        spec,
+    } = match request::prepare(&state.api, endpoint, &headers, body) {
+        Ok(request) => request,
+        Err(error) => return error.into_response(),
+    };
+    let mut run = match run::start(&state, spec, &model) {
+        Ok(run) => run,
+        Err(error) => return error.into_response(),
+    };
+    let run_id = run.id().clone();
+    let reply = Reply::new(endpoint, &run_id, model, include_usage);
+    let response = if stream {
+        match run.next().await {
+            Step::End(Err(error)) => error.into_response(),
+            first => sse::respond(run, ChunkWriter::new(&reply), first),
+        }
+    } else {
+        match run::collect(run).await {
+            Ok((collected, finished)) => Json(reply.full(&collected, &finished)).into_response(),
+            Err(error) => error.into_response(),
+        }
+    };
+    run::with_run_id(response, &run_id)
 }
 
 /// What every part of one answer shares.
@@ -48,19 +83,17 @@ impl Reply {
         Self {
             endpoint,
             id: format!("{prefix}-{run_id}"),
-            created: SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map_or(0, |d| d.as_secs()),
+            created: unix_now(),
             model,
             include_usage,
         }
     }
 
     /// The non-streaming answer.
-    pub fn full(&self, text: &str, finished: &Finished) -> Value {
+    pub fn full(&self, collected: &Collected, finished: &Finished) -> Value {
         let mut body = match self.endpoint {
-            Endpoint::Chat => chat::full(self, text, &finished.finish_reason),
-            Endpoint::Completion => completions::full(self, text, &finished.finish_reason),
+            Endpoint::Chat => chat::full(self, collected, &finished.finish_reason),
+            Endpoint::Completion => completions::full(self, collected, &finished.finish_reason),
         };
         if let Some(usage) = finished.usage {
             body["usage"] = usage_json(usage);
@@ -77,11 +110,9 @@ impl Reply {
     }
 }
 
-/// OpenAI's usage object.
-pub(super) fn usage_json(usage: Usage) -> Value {
-    json!({
-        "prompt_tokens": usage.input_tokens,
-        "completion_tokens": usage.output_tokens,
-        "total_tokens": u64::from(usage.input_tokens) + u64::from(usage.output_tokens),
-    })
+/// Now, in Unix seconds.
+pub(super) fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }

@@ -76,24 +76,9 @@ pub(super) fn prepare(
     headers: &HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<ApiRequest, ApiError> {
-    let body = body.map_err(|rejection| {
-        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::body_too_large(api.config().max_body_bytes)
-        } else {
-            ApiError::malformed_json(&rejection.body_text())
-        }
-    })?;
+    let body = read_body(api, body)?;
     let mut fields = parse_object(&body)?;
-    let model = match field_value(&mut fields, "model") {
-        Some(Value::String(model)) if !model.is_empty() => model,
-        None | Some(Value::Null) => return Err(ApiError::missing("model")),
-        Some(_) => {
-            return Err(ApiError::invalid(
-                "model",
-                "`model` must be a non-empty string.",
-            ));
-        }
-    };
+    let model = take_model(&mut fields)?;
     let stream = match field_value(&mut fields, "stream") {
         None | Some(Value::Null) => false,
         Some(Value::Bool(stream)) => stream,
@@ -110,12 +95,52 @@ pub(super) fn prepare(
         ));
     }
     let deadline = deadline(api, headers)?;
+    let input = encode_object(&fields);
+    let spec = run_spec(api, &model, input, endpoint.operation(), deadline)?;
+    Ok(ApiRequest {
+        model,
+        stream,
+        include_usage,
+        spec,
+    })
+}
+
+/// The body, or 413 when it is over the limit (400 when it could not be read).
+pub(super) fn read_body(api: &Api, body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+    body.map_err(|rejection| {
+        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::body_too_large(api.config().max_body_bytes)
+        } else {
+            ApiError::malformed_json(&rejection.body_text())
+        }
+    })
+}
+
+/// Takes `model` out of `fields`: a non-empty string.
+pub(super) fn take_model(fields: &mut Fields<'_>) -> Result<String, ApiError> {
+    match field_value(fields, "model") {
+        Some(Value::String(model)) if !model.is_empty() => Ok(model),
+        None | Some(Value::Null) => Err(ApiError::missing("model")),
+        Some(_) => Err(ApiError::invalid(
+            "model",
+            "`model` must be a non-empty string.",
+        )),
+    }
+}
+
+/// The run of `input` for `model`: its alias or `ADAPTER/TARGET`, or 404.
+pub(super) fn run_spec(
+    api: &Api,
+    model: &str,
+    input: Bytes,
+    operation: Operation,
+    deadline: Option<Duration>,
+) -> Result<RunSpec, ApiError> {
     let route = api
         .models()
-        .resolve(&model)
-        .map_err(|_| ApiError::model_not_found(&model))?;
-    let input = encode_object(&fields);
-    let spec = RunSpec {
+        .resolve(model)
+        .map_err(|_| ApiError::model_not_found(model))?;
+    Ok(RunSpec {
         selector: NodeSelector {
             adapter: route.adapter,
             target: route.target,
@@ -125,22 +150,16 @@ pub(super) fn prepare(
         content_type: CONTENT_TYPE.to_owned(),
         params: BTreeMap::new(),
         deadline,
-        operation: endpoint.operation(),
-    };
-    Ok(ApiRequest {
-        model,
-        stream,
-        include_usage,
-        spec,
+        operation,
     })
 }
 
 /// A body's top-level fields, each as the JSON text it came as: the edge reads the few it
 /// needs and passes the rest on without building a tree of them.
-type Fields<'a> = BTreeMap<String, &'a RawValue>;
+pub(super) type Fields<'a> = BTreeMap<String, &'a RawValue>;
 
 /// The body's fields; 400 unless it is a JSON object.
-fn parse_object(body: &[u8]) -> Result<Fields<'_>, ApiError> {
+pub(super) fn parse_object(body: &[u8]) -> Result<Fields<'_>, ApiError> {
     serde_json::from_slice(body).map_err(|error| match error.classify() {
         Category::Data => ApiError::malformed_json("the body must be a JSON object"),
         Category::Io | Category::Syntax | Category::Eof => {
@@ -150,7 +169,7 @@ fn parse_object(body: &[u8]) -> Result<Fields<'_>, ApiError> {
 }
 
 /// Takes field `name` out of `fields`, as a value.
-fn field_value(fields: &mut Fields<'_>, name: &str) -> Option<Value> {
+pub(super) fn field_value(fields: &mut Fields<'_>, name: &str) -> Option<Value> {
     // The text is JSON already checked by the parser, so it parses again.
     fields
         .remove(name)
@@ -158,7 +177,7 @@ fn field_value(fields: &mut Fields<'_>, name: &str) -> Option<Value> {
 }
 
 /// The fields as one JSON object, in key order (as `serde_json` writes an object).
-fn encode_object(fields: &Fields<'_>) -> Bytes {
+pub(super) fn encode_object(fields: &Fields<'_>) -> Bytes {
     let size = fields
         .iter()
         .map(|(name, value)| name.len() + value.get().len() + 4)
@@ -230,7 +249,7 @@ fn check_required(endpoint: Endpoint, fields: &Fields<'_>) -> Result<(), ApiErro
 }
 
 /// The run's deadline: the header's (capped by `api.max_deadline_ms`), else the default.
-fn deadline(api: &Api, headers: &HeaderMap) -> Result<Option<Duration>, ApiError> {
+pub(super) fn deadline(api: &Api, headers: &HeaderMap) -> Result<Option<Duration>, ApiError> {
     let Some(value) = headers.get(DEADLINE_HEADER) else {
         return Ok(api.config().default_deadline());
     };

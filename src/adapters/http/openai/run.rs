@@ -1,28 +1,25 @@
 //! One API request as one run: start it through the run service, read its events, and
 //! cancel it on the node when the client goes away before it ends.
 //!
-//! The run service is the only way to a node: this module never touches the transport.
+//! Shared by every API the edge serves (chat, completions, embeddings, Anthropic Messages,
+//! Responses). The run service is the only way to a node: this module never touches the
+//! transport, and it knows no API's shapes beyond [`ApiError`].
 
 use std::future::poll_fn;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
-use axum::Json;
-use axum::extract::rejection::BytesRejection;
-use axum::http::{HeaderMap, HeaderValue};
-use axum::response::{IntoResponse, Response};
-use bytes::Bytes;
+use axum::http::HeaderValue;
+use axum::response::Response;
 use tokio::runtime::Handle;
 use tokio::sync::mpsc;
 use tracing::debug;
 
 use super::error::ApiError;
-use super::reply::Reply;
-use super::request::{self, ApiRequest, Endpoint};
-use super::sse;
+use super::output::Collected;
 use crate::adapters::http::HttpState;
 use crate::app::{RunHandle, RunService};
-use crate::domain::{RunEvent, RunEventKind, RunId, Usage};
+use crate::domain::{RunEvent, RunEventKind, RunId, RunSpec, StructuredOutput, Usage};
 
 /// The reason a run is cancelled with when its client disconnects.
 pub const CLIENT_GONE: &str = "client disconnected";
@@ -30,61 +27,44 @@ pub const CLIENT_GONE: &str = "client disconnected";
 /// The header every answer to an accepted run carries, for correlating with event sinks.
 pub const RUN_ID_HEADER: &str = "x-edge-run-id";
 
-/// Serves a chat or completion request: checks it, starts its run, and answers with JSON
-/// or, for `stream: true`, with SSE.
+/// Starts the run of `spec` for a client that named `model`.
 ///
-/// No status is chosen before the run's first output or terminal event: a run that fails
-/// before producing anything gets a proper error status even when streaming was asked for.
-pub(super) async fn respond(
-    state: HttpState,
-    endpoint: Endpoint,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
-) -> Response {
-    let ApiRequest {
-        model,
-        stream,
-        include_usage,
-        spec,
-    } = match request::prepare(&state.api, endpoint, &headers, body) {
-        Ok(request) => request,
-        Err(error) => return error.into_response(),
-    };
+/// # Errors
+/// The API's answer when the run service does not accept the run (404, 429, 503).
+pub(super) fn start(state: &HttpState, spec: RunSpec, model: &str) -> Result<ActiveRun, ApiError> {
     let retry_after = state.api.config().retry_after_secs;
     let (adapter, target) = (spec.selector.adapter.clone(), spec.selector.target.clone());
-    let handle = match state.runs.start(spec) {
-        Ok(handle) => handle,
+    let operation = spec.operation.as_str();
+    match state.runs.start(spec) {
+        Ok(handle) => {
+            debug!(run_id = %handle.run_id, %model, %adapter, %target, operation, "API run accepted");
+            Ok(ActiveRun::new(state.runs.clone(), handle, retry_after))
+        }
         Err(error) => {
             debug!(%model, %adapter, %target, %error, "API run not accepted");
-            return ApiError::not_started(&error, &model, retry_after).into_response();
+            Err(ApiError::not_started(&error, model, retry_after))
         }
-    };
-    debug!(run_id = %handle.run_id, %model, %adapter, %target, stream, "API run accepted");
-    let mut run = ActiveRun::new(state.runs.clone(), handle, retry_after);
-    let reply = Reply::new(endpoint, run.id(), model, include_usage);
-    let run_id = HeaderValue::from_str(run.id().as_str()).ok();
-    let mut response = if stream {
-        match run.next().await {
-            Step::End(Err(error)) => error.into_response(),
-            first => sse::respond(run, reply, first),
-        }
-    } else {
-        collect(run, &reply).await
-    };
-    if let Some(run_id) = run_id {
-        response.headers_mut().insert(RUN_ID_HEADER, run_id);
+    }
+}
+
+/// `response` with the [`RUN_ID_HEADER`] of run `run_id`.
+pub(super) fn with_run_id(mut response: Response, run_id: &RunId) -> Response {
+    if let Ok(value) = HeaderValue::from_str(run_id.as_str()) {
+        response.headers_mut().insert(RUN_ID_HEADER, value);
     }
     response
 }
 
-/// Reads the whole run and answers with one JSON object.
-async fn collect(mut run: ActiveRun, reply: &Reply) -> Response {
-    let mut text = String::new();
+/// Reads the whole run: everything it output, and how it ended.
+///
+/// # Errors
+/// The API's answer for a run that failed or was cancelled.
+pub(super) async fn collect(mut run: ActiveRun) -> Result<(Collected, Finished), ApiError> {
+    let mut collected = Collected::default();
     loop {
         match run.next().await {
-            Step::Output(piece) => text.push_str(piece.as_str()),
-            Step::End(Ok(finished)) => return Json(reply.full(&text, &finished)).into_response(),
-            Step::End(Err(error)) => return error.into_response(),
+            Step::Output(output) => collected.push(output.text(), output.structured()),
+            Step::End(end) => return end.map(|finished| (collected, finished)),
         }
     }
 }
@@ -92,7 +72,8 @@ async fn collect(mut run: ActiveRun, reply: &Reply) -> Response {
 /// How a run ended well.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct Finished {
-    /// Why generation stopped (`stop`, `length`, ...).
+    /// Why generation stopped (`stop`, `length`, `tool_calls`, ...); `stop` when the node
+    /// gave none.
     pub finish_reason: String,
     /// Token counts, when the node reported them.
     pub usage: Option<Usage>,
@@ -101,8 +82,8 @@ pub(super) struct Finished {
 /// What a run did next, as the API sees it.
 #[derive(Debug)]
 pub(super) enum Step {
-    /// Some text.
-    Output(Text),
+    /// Some output.
+    Output(Output),
     /// The run ended: completed, or an error to answer with.
     End(Result<Finished, ApiError>),
 }
@@ -133,13 +114,13 @@ impl ActiveRun {
         &self.guard.run_id
     }
 
-    /// Waits for the next text or the end, skipping `started` and empty output.
+    /// Waits for the next output or the end, skipping `started` and empty output.
     pub async fn next(&mut self) -> Step {
         poll_fn(|cx| self.poll_step(cx)).await
     }
 
-    /// The next text or the end if the run has one ready, skipping `started` and empty
-    /// output; else registers `cx` to be woken when it has.
+    /// The next output or the end if the run has one ready, skipping `started` and output
+    /// with neither text nor structured parts; else registers `cx` to be woken when it has.
     pub fn poll_step(&mut self, cx: &mut Context<'_>) -> Poll<Step> {
         loop {
             let Some(event) = ready!(self.events.poll_recv(cx)) else {
@@ -150,8 +131,12 @@ impl ActiveRun {
             };
             let end = match &event.kind {
                 RunEventKind::Started => continue,
-                RunEventKind::Output { text, .. } if text.is_empty() => continue,
-                RunEventKind::Output { .. } => return Poll::Ready(Step::Output(Text(event))),
+                RunEventKind::Output {
+                    text, structured, ..
+                } if text.is_empty() && structured.as_ref().is_none_or(|s| s.is_empty()) => {
+                    continue;
+                }
+                RunEventKind::Output { .. } => return Poll::Ready(Step::Output(Output(event))),
                 RunEventKind::Completed {
                     finish_reason,
                     usage,
@@ -163,9 +148,20 @@ impl ActiveRun {
                     },
                     usage: *usage,
                 }),
-                RunEventKind::Failed { code, message, .. } => {
-                    debug!(run_id = %event.run_id, code, message, "API run failed");
-                    Err(ApiError::run_failed(code, message, self.retry_after_secs))
+                RunEventKind::Failed {
+                    code,
+                    message,
+                    class,
+                    status,
+                } => {
+                    debug!(run_id = %event.run_id, code, message, class = class.as_str(), "API run failed");
+                    Err(ApiError::run_failed(
+                        code,
+                        message,
+                        *class,
+                        *status,
+                        self.retry_after_secs,
+                    ))
                 }
                 RunEventKind::Cancelled { reason } => Err(ApiError::run_cancelled(reason)),
             };
@@ -175,17 +171,27 @@ impl ActiveRun {
     }
 }
 
-/// The text of one output event, kept in the event itself rather than copied out.
+/// One output event, kept in the event itself rather than copied out.
 #[derive(Debug)]
-pub(super) struct Text(Arc<RunEvent>);
+pub(super) struct Output(Arc<RunEvent>);
 
-impl Text {
-    /// The text.
-    pub fn as_str(&self) -> &str {
+impl Output {
+    /// The text (may be empty when the piece is structured only).
+    pub fn text(&self) -> &str {
         match &self.0.kind {
             RunEventKind::Output { text, .. } => text,
-            // `poll_step` makes a `Text` of output events only.
+            // `poll_step` makes an `Output` of output events only.
             _ => "",
+        }
+    }
+
+    /// Reasoning, tool-call pieces, log probabilities or embeddings, when the piece has any.
+    pub fn structured(&self) -> Option<&StructuredOutput> {
+        match &self.0.kind {
+            RunEventKind::Output { structured, .. } => {
+                structured.as_deref().filter(|s| !s.is_empty())
+            }
+            _ => None,
         }
     }
 }

@@ -1,6 +1,7 @@
-//! The streamed answer: Server-Sent Events in OpenAI's chunk format, ending with
-//! `data: [DONE]` after success, or with one error chunk (`{"error":{...}}`) when the run
-//! fails after streaming began. A stream never ends silently.
+//! The streamed answer's body, for every API: Server-Sent Events written by an API's
+//! [`EventWriter`] as the run's events arrive. A stream never ends silently: the writer
+//! closes it with the API's own end (`[DONE]`, `message_stop`, `response.completed`) or
+//! error event.
 //!
 //! The SSE body owns the run: when the client disconnects, hyper drops the body and the run
 //! is cancelled on the node. Every event the run has ready when hyper asks for more goes
@@ -17,22 +18,17 @@ use axum::response::Response;
 use bytes::{BufMut, BytesMut};
 use http_body::Frame;
 use serde::Serialize;
-use serde_json::Value;
 use tokio::time::{Instant, Sleep};
 
-use super::reply::{Piece, Reply, usage_json};
-use super::request::Endpoint;
-use super::run::{ActiveRun, Step};
-
-/// The data of the stream's last event after success.
-const DONE: &str = "[DONE]";
+use super::error::ApiError;
+use super::run::{ActiveRun, Finished, Output, Step};
 
 /// How long a stream may stay silent before a comment line keeps idle-timeout proxies from
 /// closing it.
 const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(15);
 
 /// The keep-alive comment.
-const KEEP_ALIVE_COMMENT: &[u8] = b":\n\n";
+pub(super) const KEEP_ALIVE_COMMENT: &[u8] = b":\n\n";
 
 /// A frame stops taking ready events at this size; the rest go in the next one.
 const MAX_FRAME_BYTES: usize = 64 * 1024;
@@ -40,19 +36,34 @@ const MAX_FRAME_BYTES: usize = 64 * 1024;
 /// The first buffer's size: a typical short completion fits in one.
 const FIRST_FRAME_CAPACITY: usize = 4 * 1024;
 
+/// Renders one API's stream: the opening events, one or more events per run output, and the
+/// closing events of a run's end, each appended to the frame being filled.
+pub(super) trait EventWriter: Send + Unpin + 'static {
+    /// The events that open the stream (written before the first output).
+    fn open(&mut self, frame: &mut BytesMut);
+    /// The events of one piece of output.
+    fn output(&mut self, output: &Output, frame: &mut BytesMut);
+    /// The events that end the stream: after success, or the API's error event.
+    fn close(&mut self, end: Result<Finished, ApiError>, frame: &mut BytesMut);
+    /// What is sent when the stream has been silent for a while (an SSE comment unless the
+    /// API has an event for it).
+    fn keep_alive(&self) -> Bytes {
+        Bytes::from_static(KEEP_ALIVE_COMMENT)
+    }
+}
+
 /// Answers with an SSE stream whose first step (output or a successful end) has already
 /// been read.
-pub(super) fn respond(run: ActiveRun, reply: Reply, first: Step) -> Response {
+pub(super) fn respond<W: EventWriter>(run: ActiveRun, writer: W, first: Step) -> Response {
     let mut body = SseBody {
         run,
-        chunks: ChunkWriter::new(&reply),
-        reply,
+        writer,
         frame: BytesMut::with_capacity(FIRST_FRAME_CAPACITY),
         done: false,
         last_sent: Instant::now(),
         keep_alive: None,
     };
-    body.push(Piece::Start);
+    body.writer.open(&mut body.frame);
     body.absorb(first);
     let mut response = Response::new(Body::new(body));
     let headers = response.headers_mut();
@@ -70,11 +81,10 @@ pub(super) fn respond(run: ActiveRun, reply: Reply, first: Step) -> Response {
 }
 
 /// The body of one streamed answer.
-struct SseBody {
+struct SseBody<W> {
     run: ActiveRun,
-    reply: Reply,
-    /// What every chunk of the stream ends with.
-    chunks: ChunkWriter,
+    /// Renders the API's events.
+    writer: W,
     /// Events rendered and not yet handed to hyper.
     frame: BytesMut,
     /// The run has ended; send what is rendered, then end.
@@ -85,7 +95,7 @@ struct SseBody {
     keep_alive: Option<Pin<Box<Sleep>>>,
 }
 
-impl HttpBody for SseBody {
+impl<W: EventWriter> HttpBody for SseBody<W> {
     type Data = Bytes;
     type Error = Infallible;
 
@@ -115,8 +125,8 @@ impl HttpBody for SseBody {
     }
 }
 
-impl SseBody {
-    /// The keep-alive comment once the stream has been silent for the interval.
+impl<W: EventWriter> SseBody<W> {
+    /// The keep-alive once the stream has been silent for the interval.
     fn poll_keep_alive(
         &mut self,
         cx: &mut Context<'_>,
@@ -132,156 +142,41 @@ impl SseBody {
             return Poll::Pending;
         }
         self.last_sent = Instant::now();
-        Poll::Ready(Some(Ok(Frame::data(Bytes::from_static(
-            KEEP_ALIVE_COMMENT,
-        )))))
-    }
-
-    /// A chunk of `piece` (completions have no opening chunk).
-    fn push(&mut self, piece: Piece<'_>) {
-        if matches!(piece, Piece::Start) && self.reply.endpoint == Endpoint::Completion {
-            return;
-        }
-        let chunks = &self.chunks;
-        push_event(&mut self.frame, |frame| chunks.render(piece, frame));
+        Poll::Ready(Some(Ok(Frame::data(self.writer.keep_alive()))))
     }
 
     fn absorb(&mut self, step: Step) {
         match step {
-            Step::Output(text) => self.push(Piece::Text(text.as_str())),
-            Step::End(Ok(finished)) => {
-                self.push(Piece::Finish(&finished.finish_reason));
-                if self.reply.include_usage {
-                    self.push(Piece::Usage(finished.usage));
-                }
-                push_event(&mut self.frame, |frame| frame.put_slice(DONE.as_bytes()));
-                self.done = true;
-            }
-            Step::End(Err(error)) => {
-                let error = error.to_json();
-                push_event(&mut self.frame, |frame| frame.put_slice(error.as_bytes()));
+            Step::Output(output) => self.writer.output(&output, &mut self.frame),
+            Step::End(end) => {
+                self.writer.close(end, &mut self.frame);
                 self.done = true;
             }
         }
     }
 }
 
-/// Appends one SSE event whose data `write_data` writes (JSON, or `[DONE]`: never a line
-/// break).
-fn push_event(frame: &mut BytesMut, write_data: impl FnOnce(&mut BytesMut)) {
+/// Appends one unnamed SSE event whose data `write_data` writes (JSON, or `[DONE]`: never
+/// a line break).
+pub(super) fn push_event(frame: &mut BytesMut, write_data: impl FnOnce(&mut BytesMut)) {
     frame.put_slice(b"data: ");
     write_data(frame);
     frame.put_slice(b"\n\n");
 }
 
-/// Writes `text` as a JSON string.
-fn write_json_string(frame: &mut BytesMut, text: &str) {
+/// Appends one SSE event named `name` whose data is `data` as JSON.
+pub(super) fn push_named_event(frame: &mut BytesMut, name: &str, data: &impl Serialize) {
+    frame.put_slice(b"event: ");
+    frame.put_slice(name.as_bytes());
+    frame.put_slice(b"\ndata: ");
+    write_json(frame, data);
+    frame.put_slice(b"\n\n");
+}
+
+/// Writes `value` as JSON (serde_json escapes line breaks inside strings, so it is one line).
+pub(super) fn write_json(frame: &mut BytesMut, value: &impl Serialize) {
     // Writing JSON into a `BytesMut` cannot fail.
-    let _ = serde_json::to_writer(frame.writer(), text);
-}
-
-/// Writes the chunks of one stream without building a `serde_json::Value` tree per chunk
-/// (which cost more than everything else the edge does per streamed token).
-///
-/// A chunk is an object whose keys serde_json writes in order: `choices` first, then the
-/// envelope (`created`, `id`, `model`, `object`, `system_fingerprint`), the same for every
-/// chunk of the stream, then `usage` when asked for. So the envelope is serialized once and
-/// each chunk is its `choices`, the envelope and its `usage` — byte for byte what
-/// serializing the chunk's `Value` gives (the tests compare both).
-struct ChunkWriter {
-    endpoint: Endpoint,
-    /// `"created":…,"system_fingerprint":null`: the chunk between `"choices":[…],` and
-    /// `usage` or the closing brace.
-    envelope: String,
-    /// Every chunk carries `usage` (`stream_options.include_usage`).
-    include_usage: bool,
-}
-
-/// The fields every chunk of a stream shares, in serde_json's key order.
-#[derive(Serialize)]
-struct Envelope<'a> {
-    created: u64,
-    id: &'a str,
-    model: &'a str,
-    object: &'static str,
-    system_fingerprint: (),
-}
-
-impl ChunkWriter {
-    fn new(reply: &Reply) -> Self {
-        let envelope = Envelope {
-            created: reply.created,
-            id: &reply.id,
-            model: &reply.model,
-            object: reply.chunk_object(),
-            system_fingerprint: (),
-        };
-        // Serializing strings and numbers into a `String` cannot fail.
-        let envelope = serde_json::to_string(&envelope).unwrap_or_default();
-        Self {
-            endpoint: reply.endpoint,
-            envelope: envelope
-                .get(1..envelope.len().saturating_sub(1))
-                .unwrap_or_default()
-                .to_owned(),
-            include_usage: reply.include_usage,
-        }
-    }
-
-    /// Writes the chunk of `piece`.
-    fn render(&self, piece: Piece<'_>, frame: &mut BytesMut) {
-        frame.put_slice(b"{\"choices\":[");
-        if let Piece::Usage(usage) = piece {
-            frame.put_slice(b"],");
-            frame.put_slice(self.envelope.as_bytes());
-            frame.put_slice(b",\"usage\":");
-            let usage = usage.map_or(Value::Null, usage_json);
-            // Writing JSON into a `BytesMut` cannot fail.
-            let _ = serde_json::to_writer(frame.writer(), &usage);
-            frame.put_slice(b"}");
-            return;
-        }
-        frame.put_slice(b"{");
-        self.render_choice(piece, frame);
-        frame.put_slice(b"}],");
-        frame.put_slice(self.envelope.as_bytes());
-        if self.include_usage {
-            frame.put_slice(b",\"usage\":null");
-        }
-        frame.put_slice(b"}");
-    }
-
-    /// Writes the one choice of an opening (chat only), text or closing chunk.
-    fn render_choice(&self, piece: Piece<'_>, frame: &mut BytesMut) {
-        let (text, finish_reason) = match piece {
-            Piece::Start | Piece::Usage(_) => ("", None),
-            Piece::Text(text) => (text, None),
-            Piece::Finish(reason) => ("", Some(reason)),
-        };
-        if self.endpoint == Endpoint::Chat {
-            frame.put_slice(b"\"delta\":");
-            match piece {
-                Piece::Start => frame.put_slice(b"{\"content\":\"\",\"role\":\"assistant\"}"),
-                Piece::Text(text) => {
-                    frame.put_slice(b"{\"content\":");
-                    write_json_string(frame, text);
-                    frame.put_slice(b"}");
-                }
-                Piece::Finish(_) | Piece::Usage(_) => frame.put_slice(b"{}"),
-            }
-            frame.put_slice(b",");
-        }
-        frame.put_slice(b"\"finish_reason\":");
-        match finish_reason {
-            Some(reason) => write_json_string(frame, reason),
-            None => frame.put_slice(b"null"),
-        }
-        frame.put_slice(b",\"index\":0,\"logprobs\":null");
-        if self.endpoint == Endpoint::Completion {
-            frame.put_slice(b",\"text\":");
-            write_json_string(frame, text);
-        }
-    }
+    let _ = serde_json::to_writer(frame.writer(), value);
 }
 
 #[cfg(test)]
@@ -289,15 +184,17 @@ mod tests {
     use std::sync::Arc;
 
     use futures::FutureExt;
-    use serde_json::json;
     use tokio::sync::mpsc;
 
+    use super::super::chunks::ChunkWriter;
+    use super::super::reply::Reply;
+    use super::super::request::Endpoint;
     use super::*;
     use crate::adapters::lock_registry::LockRegistry;
     use crate::adapters::sinks::format::tests::{completed, output};
     use crate::app::settings::RunsConfig;
     use crate::app::{RunHandle, RunService};
-    use crate::domain::{RunEvent, RunId, Usage};
+    use crate::domain::{RunEvent, RunId};
     use crate::ports::event_sink::MockEventSink;
     use crate::ports::transport::MockNodeTransport;
 
@@ -319,7 +216,10 @@ mod tests {
         let reply = Reply::new(Endpoint::Chat, run.id(), "echo/m1".to_owned(), false);
         events.send(output("first")).await.unwrap();
         let first = run.next().await;
-        (events, respond(run, reply, first).into_body())
+        (
+            events,
+            respond(run, ChunkWriter::new(&reply), first).into_body(),
+        )
     }
 
     /// The body's next frame as text, if it has one ready.
@@ -364,78 +264,5 @@ mod tests {
         assert_eq!(closing.last(), Some(&"data: [DONE]"));
         assert!(body.is_end_stream());
         assert_eq!(ready_frame(&mut body), Some(None));
-    }
-
-    /// A chunk built as a `serde_json::Value` tree, the plain way: what the writer must
-    /// match byte for byte once serialized. `None` for the completion's opening chunk.
-    fn value_chunk(reply: &Reply, piece: Piece<'_>) -> Option<Value> {
-        let (text, delta, finish_reason) = match piece {
-            Piece::Start => ("", json!({"role": "assistant", "content": ""}), Value::Null),
-            Piece::Text(text) => (text, json!({"content": text}), Value::Null),
-            Piece::Finish(reason) => ("", json!({}), Value::from(reason)),
-            Piece::Usage(_) => ("", Value::Null, Value::Null),
-        };
-        let choices = match (reply.endpoint, piece) {
-            (_, Piece::Usage(_)) => json!([]),
-            (Endpoint::Completion, Piece::Start) => return None,
-            (Endpoint::Chat, _) => json!([{
-                "index": 0, "delta": delta, "logprobs": null, "finish_reason": finish_reason,
-            }]),
-            (Endpoint::Completion, _) => json!([{
-                "text": text, "index": 0, "logprobs": null, "finish_reason": finish_reason,
-            }]),
-        };
-        let mut chunk = json!({
-            "id": reply.id,
-            "object": reply.chunk_object(),
-            "created": reply.created,
-            "model": reply.model,
-            "system_fingerprint": null,
-            "choices": choices,
-        });
-        if let Piece::Usage(usage) = piece {
-            chunk["usage"] = usage.map_or(Value::Null, usage_json);
-        } else if reply.include_usage {
-            chunk["usage"] = Value::Null;
-        }
-        Some(chunk)
-    }
-
-    #[test]
-    fn a_written_chunk_is_the_serialized_chunk() {
-        let models = ["echo/target", "echo/\"quoted\"\\ ✓", "\u{0}odd\u{0}"];
-        for endpoint in [Endpoint::Chat, Endpoint::Completion] {
-            for include_usage in [false, true] {
-                for model in models {
-                    let reply = Reply::new(
-                        endpoint,
-                        &RunId::new("run-\"1\""),
-                        model.to_owned(),
-                        include_usage,
-                    );
-                    let chunks = ChunkWriter::new(&reply);
-                    let texts = ["hello ", "", "a\"b\\c\nd\u{1}é✓"];
-                    let reasons = ["stop", "length", "we\"ird\n"];
-                    let pieces = texts
-                        .iter()
-                        .map(|text| Piece::Text(text))
-                        .chain(reasons.iter().map(|reason| Piece::Finish(reason)))
-                        .chain([Piece::Start, Piece::Usage(None)])
-                        .chain([Piece::Usage(Some(Usage::new(3, 4)))]);
-                    for piece in pieces {
-                        let Some(expected) = value_chunk(&reply, piece) else {
-                            continue;
-                        };
-                        let mut frame = BytesMut::new();
-                        chunks.render(piece, &mut frame);
-                        assert_eq!(
-                            std::str::from_utf8(&frame).unwrap(),
-                            expected.to_string(),
-                            "{endpoint:?} {piece:?} usage={include_usage}"
-                        );
-                    }
-                }
-            }
-        }
     }
 }

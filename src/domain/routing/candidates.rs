@@ -1,0 +1,314 @@
+//! Who may take a run: the connected nodes as routing sees them, the catalog of what is
+//! configured at all, and the one filtering pass that keeps the eligible nodes and counts
+//! why every other serving node was left out.
+//!
+//! Filtering only narrows; choosing among the eligible is `affinity` and `least_busy`'s job.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+
+use super::breaker::BreakerBook;
+use super::failover::Tried;
+use super::hash::NodeHash;
+use crate::domain::names::{AdapterName, Target};
+use crate::domain::node::{Availability, NodeRecord};
+use crate::domain::selection::{NodeLoad, NodeSelector};
+
+/// A connected node as routing sees it: the registry's facts about it, copied per placement.
+#[derive(Debug, Clone)]
+pub struct NodeStatus {
+    /// The node's definition.
+    pub record: Arc<NodeRecord>,
+    /// Runs the edge has sent it that have not ended.
+    pub active_runs: u32,
+    /// What the node last reported it can serve now; `None` when it never reported, which
+    /// means everything its config lists.
+    pub availability: Option<Arc<Availability>>,
+    /// An operator drained it: it keeps its runs but takes no new ones.
+    pub drained: bool,
+    /// [`NodeHash::of`] its id, computed once when it connected.
+    pub hash: NodeHash,
+}
+
+impl NodeStatus {
+    /// A connected node that never reported availability and is not drained.
+    pub fn new(record: Arc<NodeRecord>, active_runs: u32) -> Self {
+        let hash = NodeHash::of(&record.id);
+        Self {
+            record,
+            active_runs,
+            availability: None,
+            drained: false,
+            hash,
+        }
+    }
+
+    /// Its slots: `max_concurrent_runs`.
+    pub fn slots(&self) -> u32 {
+        self.record.runtime.max_concurrent_runs
+    }
+
+    /// Whether it has a free slot.
+    pub fn has_room(&self) -> bool {
+        self.active_runs < self.slots()
+    }
+
+    /// Whether it can serve `adapter + target` now: its config lists the pair and, if it
+    /// reported availability, so did its last report.
+    fn available_for(&self, adapter: &AdapterName, target: &Target) -> bool {
+        self.availability
+            .as_ref()
+            .is_none_or(|a| a.serves(adapter, target))
+    }
+}
+
+impl From<&NodeLoad> for NodeStatus {
+    fn from(load: &NodeLoad) -> Self {
+        Self::new(Arc::clone(&load.record), load.active_runs)
+    }
+}
+
+/// Everything the node definitions configure, connected or not: which routes exist and
+/// which names a pin may use. Built once from the definitions, which never change at run
+/// time, so "unknown" (404) can be told from "configured but not connected now" (wait).
+#[derive(Debug, Clone, Default)]
+pub struct Catalog {
+    routes: BTreeMap<AdapterName, BTreeSet<Target>>,
+    by_name: HashMap<String, Arc<NodeRecord>>,
+}
+
+impl Catalog {
+    /// The catalog of `records` (every node definition).
+    pub fn new(records: impl IntoIterator<Item = Arc<NodeRecord>>) -> Self {
+        let mut catalog = Self::default();
+        for record in records {
+            for adapter in &record.adapters {
+                let targets = catalog.routes.entry(adapter.name.clone()).or_default();
+                targets.extend(adapter.targets.iter().cloned());
+            }
+            catalog
+                .by_name
+                .insert(record.alias.as_str().to_owned(), Arc::clone(&record));
+            catalog
+                .by_name
+                .insert(record.id.as_str().to_owned(), record);
+        }
+        catalog
+    }
+
+    /// Whether some definition serves `adapter + target`.
+    pub fn knows(&self, adapter: &AdapterName, target: &Target) -> bool {
+        self.routes.get(adapter).is_some_and(|t| t.contains(target))
+    }
+
+    /// The definition with this id or alias.
+    pub fn node(&self, id_or_alias: &str) -> Option<&NodeRecord> {
+        self.by_name.get(id_or_alias).map(|r| &**r)
+    }
+}
+
+/// Why connected serving nodes were left out of a placement, one reason per node (the first
+/// that applies, in this order), so a decision can say why nothing was eligible.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Filtered {
+    /// Connected nodes whose config serves the route (only the pinned one, with a pin).
+    pub serving: u32,
+    /// Already tried by this run (failover never goes back to one).
+    pub tried: u32,
+    /// Drained by an operator.
+    pub drained: u32,
+    /// Reported availability without the route.
+    pub unavailable: u32,
+    /// Their circuit breaker is open (or half-open with its probe out).
+    pub breaker_open: u32,
+    /// Eligible but at `max_concurrent_runs`.
+    pub full: u32,
+}
+
+impl Filtered {
+    /// Nodes that passed every filter, full or not.
+    pub fn eligible(&self) -> u32 {
+        self.serving - self.tried - self.drained - self.unavailable - self.breaker_open
+    }
+
+    /// Whether a node left out now could take the run later without this run's own
+    /// history changing: it could become available, undrained, closed, or free a slot.
+    pub fn could_change(&self) -> bool {
+        self.drained + self.unavailable + self.breaker_open + self.full > 0
+    }
+}
+
+/// What choosing needs of one candidate, copied out of its node during filtering so the
+/// choosing passes read one compact array instead of chasing every node's record again.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Seat {
+    /// Its position in the node list.
+    pub(super) index: usize,
+    pub(super) active: u32,
+    pub(super) slots: u32,
+    pub(super) hash: NodeHash,
+}
+
+impl Seat {
+    pub(super) fn has_room(&self) -> bool {
+        self.active < self.slots
+    }
+}
+
+/// The eligible nodes of one placement and the sums the load bound needs.
+#[derive(Debug, Default)]
+pub(super) struct Pool {
+    /// Every eligible node, full or not, in node order.
+    pub(super) eligible: Vec<Seat>,
+    /// Active runs summed over the eligible nodes.
+    pub(super) load: u64,
+    /// Slots summed over the eligible nodes.
+    pub(super) slots: u64,
+    /// Whether every serving node has as many slots as the first.
+    pub(super) uniform: bool,
+    /// Serving nodes left out for a reason other than load (affinity's "miss" looks at them).
+    pub(super) left_out: Vec<Seat>,
+    pub(super) filtered: Filtered,
+}
+
+/// What filtering looks at besides the nodes.
+pub(super) struct Filter<'a> {
+    pub(super) selector: &'a NodeSelector,
+    pub(super) tried: &'a Tried,
+    pub(super) breakers: &'a BreakerBook,
+    pub(super) now: std::time::Instant,
+}
+
+impl Filter<'_> {
+    /// One pass over `nodes` (or just `pinned`): the eligible ones and why the rest are not.
+    pub(super) fn pool(&self, nodes: &[NodeStatus], pinned: Option<usize>) -> Pool {
+        let mut pool = Pool {
+            uniform: true,
+            ..Pool::default()
+        };
+        match pinned {
+            Some(index) => self.fill(&mut pool, nodes, index..index + 1),
+            None => self.fill(&mut pool, nodes, 0..nodes.len()),
+        }
+        pool
+    }
+
+    fn fill(&self, pool: &mut Pool, nodes: &[NodeStatus], indices: std::ops::Range<usize>) {
+        let (adapter, target) = (&self.selector.adapter, &self.selector.target);
+        let mut first_slots = None;
+        pool.eligible.reserve(indices.len());
+        for (index, node) in nodes
+            .get(indices.clone())
+            .unwrap_or_default()
+            .iter()
+            .enumerate()
+        {
+            let index = indices.start + index;
+            if !node.record.serves(adapter, target) {
+                continue;
+            }
+            let slots = node.slots();
+            pool.uniform &= *first_slots.get_or_insert(slots) == slots;
+            pool.filtered.serving += 1;
+            let seat = Seat {
+                index,
+                active: node.active_runs,
+                slots,
+                hash: node.hash,
+            };
+            let counter = if self.tried.contains(node.hash, &node.record.id) {
+                &mut pool.filtered.tried
+            } else if node.drained {
+                &mut pool.filtered.drained
+            } else if !node.available_for(adapter, target) {
+                &mut pool.filtered.unavailable
+            } else if !self.breakers.admits(node.hash, &node.record.id, self.now) {
+                &mut pool.filtered.breaker_open
+            } else {
+                pool.filtered.full += u32::from(!node.has_room());
+                pool.load += u64::from(node.active_runs);
+                pool.slots += u64::from(slots);
+                pool.eligible.push(seat);
+                continue;
+            };
+            *counter += 1;
+            pool.left_out.push(seat);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::domain::node::{AdapterConfig, RuntimeConfig};
+    use crate::domain::{Alias, NodeId, Token};
+
+    fn record(id: &str, targets: &[&str]) -> Arc<NodeRecord> {
+        Arc::new(NodeRecord {
+            id: NodeId::parse(id).unwrap(),
+            alias: Alias::parse(&format!("{id}-alias")).unwrap(),
+            token: Token::new(id).digest(),
+            adapters: vec![AdapterConfig {
+                name: AdapterName::parse("echo").unwrap(),
+                targets: targets.iter().map(|t| Target::parse(t).unwrap()).collect(),
+                settings: BTreeMap::new(),
+            }],
+            runtime: RuntimeConfig {
+                max_concurrent_runs: 2,
+                heartbeat_interval_ms: 1000,
+                settings: BTreeMap::new(),
+            },
+        })
+    }
+
+    #[test]
+    fn the_catalog_knows_every_configured_route_and_name() {
+        let catalog = Catalog::new([record("a", &["t"]), record("b", &["u", "v"])]);
+        let echo = AdapterName::parse("echo").unwrap();
+        let other = AdapterName::parse("other").unwrap();
+        for t in ["t", "u", "v"] {
+            assert!(catalog.knows(&echo, &Target::parse(t).unwrap()));
+        }
+        assert!(!catalog.knows(&echo, &Target::parse("w").unwrap()));
+        assert!(!catalog.knows(&other, &Target::parse("t").unwrap()));
+        assert_eq!(catalog.node("b-alias").map(|r| r.id.as_str()), Some("b"));
+        assert_eq!(catalog.node("a").map(|r| r.id.as_str()), Some("a"));
+        assert!(catalog.node("c").is_none());
+    }
+
+    #[test]
+    fn a_node_that_never_reported_serves_its_config() {
+        let mut node = NodeStatus::new(record("a", &["t", "u"]), 1);
+        let (echo, t) = (
+            AdapterName::parse("echo").unwrap(),
+            Target::parse("t").unwrap(),
+        );
+        assert!(node.available_for(&echo, &t) && node.has_room() && !node.drained);
+        node.availability = Some(Arc::new(Availability::new([])));
+        assert!(!node.available_for(&echo, &t));
+        node.active_runs = 2;
+        assert!(!node.has_room());
+    }
+
+    #[test]
+    fn filtered_counts_add_up() {
+        let filtered = Filtered {
+            serving: 6,
+            tried: 1,
+            drained: 1,
+            unavailable: 1,
+            breaker_open: 1,
+            full: 1,
+        };
+        assert_eq!(filtered.eligible(), 2);
+        assert!(filtered.could_change());
+        let only_tried = Filtered {
+            serving: 2,
+            tried: 2,
+            ..Filtered::default()
+        };
+        assert!(!only_tried.could_change());
+    }
+}

@@ -1,0 +1,122 @@
+//! Tests of the placement decision as a whole: the three placement cases, filtering,
+//! affinity's properties, failover, and agreement with `select_node`.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use proptest::prelude::*;
+
+use super::*;
+use crate::domain::node::{AdapterConfig, Availability, RuntimeConfig};
+use crate::domain::{
+    AdapterName, Alias, FailureClass, NodeId, NodeLoad, NodeRecord, NodeSelector, SelectError,
+    Target, Token, select_node,
+};
+
+mod affinity_props;
+mod decide_cases;
+
+fn record(id: &str, targets: &[&str], slots: u32) -> Arc<NodeRecord> {
+    Arc::new(NodeRecord {
+        id: NodeId::parse(id).unwrap(),
+        alias: Alias::parse(&format!("alias-{id}")).unwrap(),
+        token: Token::new(id).digest(),
+        adapters: vec![AdapterConfig {
+            name: AdapterName::parse("echo").unwrap(),
+            targets: targets.iter().map(|t| Target::parse(t).unwrap()).collect(),
+            settings: BTreeMap::new(),
+        }],
+        runtime: RuntimeConfig {
+            max_concurrent_runs: slots,
+            heartbeat_interval_ms: 1000,
+            settings: BTreeMap::new(),
+        },
+    })
+}
+
+fn status(id: &str, targets: &[&str], slots: u32, active: u32) -> NodeStatus {
+    NodeStatus::new(record(id, targets, slots), active)
+}
+
+fn want(target: &str, pin: Option<&str>) -> NodeSelector {
+    NodeSelector {
+        adapter: AdapterName::parse("echo").unwrap(),
+        target: Target::parse(target).unwrap(),
+        pin: pin.map(str::to_owned),
+    }
+}
+
+fn pair(target: &str) -> (AdapterName, Target) {
+    (
+        AdapterName::parse("echo").unwrap(),
+        Target::parse(target).unwrap(),
+    )
+}
+
+fn catalog_of(nodes: &[NodeStatus]) -> Catalog {
+    Catalog::new(nodes.iter().map(|n| Arc::clone(&n.record)))
+}
+
+/// A decision with no history: empty breakers, nothing tried, `c` = 1.25.
+struct Setup {
+    catalog: Catalog,
+    breakers: BreakerBook,
+    tried: Tried,
+    now: Instant,
+}
+
+impl Setup {
+    fn new(catalog: Catalog) -> Self {
+        Self {
+            catalog,
+            breakers: BreakerBook::default(),
+            tried: Tried::default(),
+            now: Instant::now(),
+        }
+    }
+
+    fn decide(
+        &self,
+        nodes: &[NodeStatus],
+        selector: &NodeSelector,
+        key: Option<AffinityKey>,
+        turn: u64,
+    ) -> Decision {
+        let request = RouteRequest {
+            selector,
+            affinity: key,
+            tried: &self.tried,
+        };
+        let ctx = RouteContext {
+            catalog: &self.catalog,
+            breakers: &self.breakers,
+            load_factor: LoadFactor::default(),
+            now: self.now,
+            turn,
+        };
+        decide(nodes, &request, &ctx)
+    }
+
+    /// Trips `id`'s breaker.
+    fn trip(&mut self, id: &str) {
+        let id = NodeId::parse(id).unwrap();
+        let hash = NodeHash::of(&id);
+        for _ in 0..3 {
+            let (admission, _) = self.breakers.admit(hash, &id, self.now).unwrap();
+            self.breakers
+                .record(hash, &id, admission, Outcome::NodeFailure, self.now);
+        }
+    }
+}
+
+fn placed(decision: &Decision) -> Option<usize> {
+    match decision {
+        Decision::Place { index, .. } => Some(*index),
+        _ => None,
+    }
+}
+
+fn key(n: u64) -> AffinityKey {
+    AffinityKey::from_client(KeySource::Session, &format!("session-{n}")).unwrap()
+}

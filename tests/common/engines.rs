@@ -1,0 +1,662 @@
+//! Real third-party engines for the integration tests: llama.cpp's `llama-server` serving a
+//! tiny generated model, and `nats-server`, each as a child process on a free loopback port,
+//! waited for until it serves, stoppable and restartable on the same port, killed on drop.
+//!
+//! The binaries come from `.ci/engines/*.sh`, which build or install them into the engine
+//! cache (`EDGE_ENGINE_CACHE`, default `~/.cache/edge-engines`) when they are missing:
+//! the first use on a fresh machine builds llama-server (tens of minutes; the scripts lock
+//! against concurrent installers), every later one finds it at once. `.ci/run` runs the same
+//! scripts before `cargo test`. The tiny model is written by `tests/python/make_tiny_model.py`
+//! (in the test venv) into the cache, once per version of that script. See docs/engines.md.
+//!
+//! This module starts processes and probes them; it never decides what a test asserts.
+
+use std::ffi::OsString;
+use std::fs::{self, File, OpenOptions};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{ExitStatus, Stdio};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::net::TcpStream;
+use tokio::process::{Child, Command};
+use tokio::time::{sleep, timeout};
+
+/// The longest an engine may take from spawn to serving before the test fails. A bound
+/// against hangs (the tiny model loads in well under a second), never a timing assertion.
+pub const STARTUP_PATIENCE: Duration = Duration::from_secs(60);
+
+/// The longest [`LlamaServer::terminate`] and [`NatsServer::terminate`] wait for a graceful
+/// exit before they kill.
+pub const SHUTDOWN_PATIENCE: Duration = Duration::from_secs(10);
+
+/// The reply of the tiny model to any chat, and to any prompt that does not end inside the
+/// reply: seven tokens, then end-of-sequence (see `tests/python/make_tiny_model.py`).
+/// llama-server counts the end-of-sequence token too: `usage.completion_tokens` is 8.
+pub const TINY_REPLY: &str = " Hello from the tiny test model.";
+
+/// [`TINY_REPLY`]'s tokens, one string each.
+pub const TINY_REPLY_TOKENS: [&str; 7] =
+    [" Hello", " from", " the", " tiny", " test", " model", "."];
+
+/// The tiny model's hidden size: the length of its embeddings.
+pub const TINY_EMBEDDING_LENGTH: usize = 32;
+
+/// The tiny model's end-of-sequence token id (ban it with `logit_bias` for endless output).
+pub const TINY_EOS_TOKEN: u32 = 2;
+
+/// The engine cache: `EDGE_ENGINE_CACHE`, or `~/.cache/edge-engines`.
+pub fn cache_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("EDGE_ENGINE_CACHE").filter(|d| !d.is_empty()) {
+        return PathBuf::from(dir);
+    }
+    let home = std::env::var_os("HOME").expect("HOME is set (or set EDGE_ENGINE_CACHE)");
+    Path::new(&home).join(".cache").join("edge-engines")
+}
+
+/// The cached `llama-server`, built by `.ci/engines/llama-server.sh` when missing.
+pub fn llama_server_binary() -> PathBuf {
+    static BINARY: OnceLock<PathBuf> = OnceLock::new();
+    BINARY.get_or_init(|| install("llama-server.sh")).clone()
+}
+
+/// The `nats-server` binary, apt-installed by `.ci/engines/nats-server.sh` when missing.
+pub fn nats_server_binary() -> PathBuf {
+    static BINARY: OnceLock<PathBuf> = OnceLock::new();
+    BINARY.get_or_init(|| install("nats-server.sh")).clone()
+}
+
+/// A vocab-only GGUF file shipped with llama.cpp (`ggml-vocab-{name}.gguf`, for example
+/// `llama-spm`), kept in the cache next to `llama-server`.
+pub fn vocab(name: &str) -> PathBuf {
+    let binary = llama_server_binary();
+    let prefix = binary
+        .parent()
+        .and_then(Path::parent)
+        .expect("llama-server lives in <prefix>/bin");
+    prefix
+        .join("models")
+        .join(format!("ggml-vocab-{name}.gguf"))
+}
+
+/// The tiny model (a few MB of GGUF), generated into `<cache>/models` on first use and
+/// again whenever `make_tiny_model.py` changes.
+pub fn tiny_model() -> PathBuf {
+    static MODEL: OnceLock<PathBuf> = OnceLock::new();
+    MODEL.get_or_init(make_tiny_model).clone()
+}
+
+fn make_tiny_model() -> PathBuf {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let script = root.join("tests/python/make_tiny_model.py");
+    let source =
+        fs::read(&script).unwrap_or_else(|e| panic!("cannot read {}: {e}", script.display()));
+    let vocab = vocab("llama-spm");
+    let version: String = Sha256::digest(&source)
+        .iter()
+        .take(6)
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let dir = cache_dir().join("models");
+    let model = dir.join(format!("tiny-llama-{version}.gguf"));
+    if model.exists() {
+        return model;
+    }
+    fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
+    let lock_path = dir.join("tiny-model.lock");
+    let lock = File::create(&lock_path)
+        .unwrap_or_else(|e| panic!("cannot create {}: {e}", lock_path.display()));
+    lock.lock()
+        .unwrap_or_else(|e| panic!("cannot lock {}: {e}", lock_path.display()));
+    if model.exists() {
+        return model;
+    }
+    let output = std::process::Command::new(super::python::python())
+        .arg(&script)
+        .arg("--vocab")
+        .arg(&vocab)
+        .arg("--out")
+        .arg(&model)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
+    assert!(
+        output.status.success() && model.exists(),
+        "make_tiny_model.py failed ({}):\n{}\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    model
+}
+
+/// Runs `.ci/engines/{script}` (which installs when needed) and returns the path it prints.
+/// Its progress messages go to the test's stderr.
+fn install(script: &str) -> PathBuf {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join(".ci/engines")
+        .join(script);
+    let output = std::process::Command::new("bash")
+        .arg(&path)
+        .stdin(Stdio::null())
+        .stderr(Stdio::inherit())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", path.display()));
+    assert!(
+        output.status.success(),
+        "{} failed ({}); its messages are above",
+        path.display(),
+        output.status
+    );
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let binary = PathBuf::from(stdout.lines().last().unwrap_or_default().trim());
+    assert!(
+        binary.is_file(),
+        "{} printed {stdout:?}, not the path of a binary",
+        path.display()
+    );
+    binary
+}
+
+/// A free loopback port: bound, then released for the engine to take.
+fn free_port() -> u16 {
+    TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+        .and_then(|listener| listener.local_addr())
+        .map(|addr| addr.port())
+        .expect("bind a free loopback port")
+}
+
+/// How long to wait between two probes of an engine that is starting.
+const POLL: Duration = Duration::from_millis(20);
+
+/// One engine process: its command line (which names its port), its log file (appended
+/// across restarts) and, while it runs, the child.
+struct Process {
+    name: &'static str,
+    binary: PathBuf,
+    args: Vec<OsString>,
+    log: PathBuf,
+    child: Option<Child>,
+}
+
+impl Process {
+    fn spawn(&mut self) {
+        let log = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .unwrap_or_else(|e| panic!("cannot open {}: {e}", self.log.display()));
+        let stderr = log
+            .try_clone()
+            .unwrap_or_else(|e| panic!("cannot share {}: {e}", self.log.display()));
+        let child = Command::new(&self.binary)
+            .args(&self.args)
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(stderr)
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {}: {e}", self.binary.display()));
+        self.child = Some(child);
+    }
+
+    /// The exit status, if the process has ended; `None` while it runs or when not started.
+    fn exited(&mut self) -> Option<ExitStatus> {
+        self.child
+            .as_mut()
+            .and_then(|c| c.try_wait().ok().flatten())
+    }
+
+    fn is_running(&mut self) -> bool {
+        self.child.is_some() && self.exited().is_none()
+    }
+
+    /// SIGKILL, then waits for the exit (so the port is free once this returns).
+    async fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill().await;
+        }
+    }
+
+    /// SIGTERM, then waits up to [`SHUTDOWN_PATIENCE`] for the exit, then kills.
+    async fn terminate(&mut self) {
+        let Some(child) = self.child.as_mut() else {
+            return;
+        };
+        if let Some(pid) = child.id() {
+            let _ = std::process::Command::new("kill")
+                .args(["-TERM", &pid.to_string()])
+                .status();
+        }
+        if timeout(SHUTDOWN_PATIENCE, child.wait()).await.is_ok() {
+            self.child = None;
+        } else {
+            self.kill().await;
+        }
+    }
+
+    fn log_text(&self) -> String {
+        fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// The last lines of the log, for failure messages.
+    fn log_tail(&self) -> String {
+        tail(&self.log_text())
+    }
+
+    /// Polls `ready` until it holds, the process exits, or [`STARTUP_PATIENCE`] of real
+    /// time passes (a wall-clock deadline: a test that paused tokio's clock still waits).
+    async fn wait_ready<F, Fut>(&mut self, what: &str, mut ready: F) -> Result<(), String>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = bool>,
+    {
+        let deadline = std::time::Instant::now() + STARTUP_PATIENCE;
+        loop {
+            if let Some(status) = self.exited() {
+                self.child = None;
+                return Err(format!("{} exited ({status}) before {what}", self.name));
+            }
+            if ready().await {
+                return Ok(());
+            }
+            if std::time::Instant::now() >= deadline {
+                self.kill().await;
+                return Err(format!(
+                    "{} did not reach {what} within {STARTUP_PATIENCE:?}",
+                    self.name
+                ));
+            }
+            sleep(POLL).await;
+        }
+    }
+}
+
+/// The last 40 lines of `text`.
+fn tail(text: &str) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(40)..].join("\n")
+}
+
+/// What [`LlamaServer::start_with`] passes to `llama-server`.
+#[derive(Clone, Debug)]
+pub struct LlamaOptions {
+    model: Option<PathBuf>,
+    alias: String,
+    context: u32,
+    parallel: u32,
+    threads: u32,
+    embeddings: bool,
+    extra: Vec<String>,
+}
+
+impl Default for LlamaOptions {
+    /// The tiny model as `tiny`, a 4096-token context shared by 4 slots, 1 thread.
+    fn default() -> Self {
+        Self {
+            model: None,
+            alias: "tiny".to_owned(),
+            context: 4096,
+            parallel: 4,
+            threads: 1,
+            embeddings: false,
+            extra: Vec::new(),
+        }
+    }
+}
+
+impl LlamaOptions {
+    /// Serves `model` instead of the tiny model.
+    pub fn model(mut self, model: impl Into<PathBuf>) -> Self {
+        self.model = Some(model.into());
+        self
+    }
+
+    /// The model id `/v1/models` lists (`--alias`).
+    pub fn alias(mut self, alias: &str) -> Self {
+        alias.clone_into(&mut self.alias);
+        self
+    }
+
+    /// The total context (`--ctx-size`), split evenly between the slots.
+    pub fn context(mut self, tokens: u32) -> Self {
+        self.context = tokens;
+        self
+    }
+
+    /// How many requests it decodes at once (`--parallel`); more wait in its queue.
+    pub fn parallel(mut self, slots: u32) -> Self {
+        self.parallel = slots;
+        self
+    }
+
+    /// Serves `/v1/embeddings` (`--embeddings --pooling mean`).
+    pub fn embeddings(mut self) -> Self {
+        self.embeddings = true;
+        self
+    }
+
+    /// One more command-line argument, passed as is after the others.
+    pub fn arg(mut self, arg: &str) -> Self {
+        self.extra.push(arg.to_owned());
+        self
+    }
+
+    fn args(&self, model: &Path, port: u16) -> Vec<OsString> {
+        let mut args: Vec<OsString> = vec!["--model".into(), model.into()];
+        let threads = self.threads.to_string();
+        for arg in [
+            "--alias",
+            &self.alias,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            &port.to_string(),
+            "--ctx-size",
+            &self.context.to_string(),
+            "--parallel",
+            &self.parallel.to_string(),
+            "--threads",
+            &threads,
+            "--threads-batch",
+            &threads,
+            "--no-warmup",
+            "--no-webui",
+        ] {
+            args.push(arg.into());
+        }
+        if self.embeddings {
+            args.extend(["--embeddings", "--pooling", "mean"].map(OsString::from));
+        }
+        args.extend(self.extra.iter().map(OsString::from));
+        args
+    }
+}
+
+/// A running `llama-server` on `127.0.0.1`, serving the OpenAI-compatible API; killed on
+/// drop.
+pub struct LlamaServer {
+    process: Process,
+    addr: SocketAddr,
+    model: String,
+    http: reqwest::Client,
+    _dir: tempfile::TempDir,
+}
+
+impl LlamaServer {
+    /// `llama-server` with [`LlamaOptions::default`], once `/health` says ok.
+    pub async fn start() -> Self {
+        Self::start_with(LlamaOptions::default()).await
+    }
+
+    /// `llama-server` with `options` on a free port, once `/health` says ok. Panics, with
+    /// the end of its log, when it does not come up.
+    pub async fn start_with(options: LlamaOptions) -> Self {
+        let binary = llama_server_binary();
+        let model = options.model.clone().unwrap_or_else(tiny_model);
+        let dir = tempfile::tempdir().expect("tempdir for the llama-server log");
+        let log = dir.path().join("llama-server.log");
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(5))
+            .build()
+            .expect("http client");
+        let mut errors = Vec::new();
+        // A port found free can be taken before the server binds it: then try another.
+        for _ in 0..3 {
+            let port = free_port();
+            let mut process = Process {
+                name: "llama-server",
+                binary: binary.clone(),
+                args: options.args(&model, port),
+                log: log.clone(),
+                child: None,
+            };
+            let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+            match launch_llama(&mut process, &http, addr).await {
+                Ok(()) => {
+                    return Self {
+                        process,
+                        addr,
+                        model: options.alias,
+                        http,
+                        _dir: dir,
+                    };
+                }
+                Err(error) => {
+                    errors.push(format!("port {port}: {error}"));
+                    if !error.contains("exited") {
+                        break;
+                    }
+                }
+            }
+        }
+        panic!(
+            "llama-server did not start: {}; its log ends:\n{}",
+            errors.join("; "),
+            tail(&fs::read_to_string(&log).unwrap_or_default())
+        );
+    }
+
+    /// Where it listens.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `http://127.0.0.1:PORT`: `/health`, `/metrics`, `/completion` and the rest.
+    pub fn base_url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// `http://127.0.0.1:PORT/v1`: the OpenAI-compatible API.
+    pub fn v1_url(&self) -> String {
+        format!("{}/v1", self.base_url())
+    }
+
+    /// The model id it serves (its `--alias`).
+    pub fn model(&self) -> &str {
+        &self.model
+    }
+
+    /// Whether the process is still running.
+    pub fn is_running(&mut self) -> bool {
+        self.process.is_running()
+    }
+
+    /// Kills it (SIGKILL: in-flight requests break off) and waits until it has exited, so
+    /// its port refuses connections once this returns.
+    pub async fn stop(&mut self) {
+        self.process.kill().await;
+    }
+
+    /// Asks it to stop (SIGTERM) and waits for it, killing it after [`SHUTDOWN_PATIENCE`].
+    pub async fn terminate(&mut self) {
+        self.process.terminate().await;
+    }
+
+    /// Starts it again on the same port with the same arguments (stopping it first if it
+    /// runs) and waits until `/health` says ok.
+    pub async fn restart(&mut self) {
+        self.stop().await;
+        if let Err(error) = launch_llama(&mut self.process, &self.http, self.addr).await {
+            panic!(
+                "restarting llama-server on {}: {error}; its log ends:\n{}",
+                self.addr,
+                self.process.log_tail()
+            );
+        }
+    }
+
+    /// Everything it has logged so far, across restarts.
+    pub fn log(&self) -> String {
+        self.process.log_text()
+    }
+}
+
+async fn launch_llama(
+    process: &mut Process,
+    http: &reqwest::Client,
+    addr: SocketAddr,
+) -> Result<(), String> {
+    process.spawn();
+    let url = format!("http://{addr}/health");
+    process
+        .wait_ready("/health says ok", || healthy(http, &url))
+        .await
+}
+
+/// Whether `GET url` answers 200 with `{"status": "ok"}`.
+async fn healthy(http: &reqwest::Client, url: &str) -> bool {
+    let Ok(response) = http.get(url).send().await else {
+        return false;
+    };
+    if !response.status().is_success() {
+        return false;
+    }
+    response
+        .json::<serde_json::Value>()
+        .await
+        .is_ok_and(|body| body["status"] == "ok")
+}
+
+/// A running `nats-server` on `127.0.0.1`, optionally with JetStream storing into a
+/// temporary directory that outlives restarts; killed on drop.
+pub struct NatsServer {
+    process: Process,
+    addr: SocketAddr,
+    store: Option<PathBuf>,
+    _dir: tempfile::TempDir,
+}
+
+impl NatsServer {
+    /// Core NATS (no JetStream) on a free port, once it greets clients.
+    pub async fn start() -> Self {
+        Self::start_inner(false).await
+    }
+
+    /// NATS with JetStream (`-js`, file store in a temporary directory) on a free port,
+    /// once it greets clients.
+    pub async fn start_jetstream() -> Self {
+        Self::start_inner(true).await
+    }
+
+    async fn start_inner(jetstream: bool) -> Self {
+        let binary = nats_server_binary();
+        let dir = tempfile::tempdir().expect("tempdir for nats-server");
+        let store = jetstream.then(|| dir.path().join("jetstream"));
+        let mut errors = Vec::new();
+        // A port found free can be taken before the server binds it: then try another.
+        for _ in 0..3 {
+            let port = free_port();
+            let mut args: Vec<OsString> = ["-a", "127.0.0.1", "-p", &port.to_string()]
+                .map(OsString::from)
+                .to_vec();
+            if let Some(store) = &store {
+                args.extend(["-js".into(), "-sd".into(), store.into()]);
+            }
+            let mut process = Process {
+                name: "nats-server",
+                binary: binary.clone(),
+                args,
+                log: dir.path().join("nats-server.log"),
+                child: None,
+            };
+            let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+            match launch_nats(&mut process, addr).await {
+                Ok(()) => {
+                    return Self {
+                        process,
+                        addr,
+                        store,
+                        _dir: dir,
+                    };
+                }
+                Err(error) => {
+                    errors.push(format!("port {port}: {error}"));
+                    if !error.contains("exited") {
+                        break;
+                    }
+                }
+            }
+        }
+        let log = fs::read_to_string(dir.path().join("nats-server.log")).unwrap_or_default();
+        panic!(
+            "nats-server did not start: {}; its log ends:\n{}",
+            errors.join("; "),
+            tail(&log)
+        );
+    }
+
+    /// Where clients connect.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `nats://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("nats://{}", self.addr)
+    }
+
+    /// The JetStream store directory, when started with JetStream.
+    pub fn store_dir(&self) -> Option<&Path> {
+        self.store.as_deref()
+    }
+
+    /// Whether the process is still running.
+    pub fn is_running(&mut self) -> bool {
+        self.process.is_running()
+    }
+
+    /// Kills it (SIGKILL) and waits until it has exited.
+    pub async fn stop(&mut self) {
+        self.process.kill().await;
+    }
+
+    /// Asks it to stop (SIGTERM) and waits for it, killing it after [`SHUTDOWN_PATIENCE`].
+    pub async fn terminate(&mut self) {
+        self.process.terminate().await;
+    }
+
+    /// Starts it again on the same port with the same store (stopping it first if it runs)
+    /// and waits until it greets clients.
+    pub async fn restart(&mut self) {
+        self.stop().await;
+        if let Err(error) = launch_nats(&mut self.process, self.addr).await {
+            panic!(
+                "restarting nats-server on {}: {error}; its log ends:\n{}",
+                self.addr,
+                self.process.log_tail()
+            );
+        }
+    }
+
+    /// Everything it has logged so far, across restarts.
+    pub fn log(&self) -> String {
+        self.process.log_text()
+    }
+}
+
+async fn launch_nats(process: &mut Process, addr: SocketAddr) -> Result<(), String> {
+    process.spawn();
+    process
+        .wait_ready("greeting clients", || async move {
+            nats_info(addr).await.is_some()
+        })
+        .await
+}
+
+/// The JSON of the `INFO` line a NATS server greets a new connection with, if it does
+/// within a second.
+pub async fn nats_info(addr: SocketAddr) -> Option<serde_json::Value> {
+    let greeting = async {
+        let stream = TcpStream::connect(addr).await.ok()?;
+        let mut line = String::new();
+        BufReader::new(stream).read_line(&mut line).await.ok()?;
+        serde_json::from_str(line.strip_prefix("INFO ")?.trim()).ok()
+    };
+    timeout(Duration::from_secs(1), greeting)
+        .await
+        .ok()
+        .flatten()
+}
