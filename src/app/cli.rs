@@ -61,6 +61,9 @@ struct ServeArgs {
     /// a free port).
     #[arg(long)]
     http_listen: Option<SocketAddr>,
+    /// Serve the management API here instead of `admin.listen` (port 0 picks a free port).
+    #[arg(long)]
+    admin_listen: Option<SocketAddr>,
     /// Read run commands from standard input while serving (`help` lists them).
     #[arg(long)]
     console: bool,
@@ -111,6 +114,9 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     }
     if let Some(listen) = args.http_listen {
         settings.http.listen = listen;
+    }
+    if let Some(listen) = args.admin_listen {
+        settings.admin.listen = listen;
     }
     if let Some(level) = args.log_level {
         settings.log.level = level;

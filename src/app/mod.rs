@@ -5,6 +5,7 @@
 //! and [`App::http_addr`]),
 //! and [`App::run_until_stopped`] serves until the stop signal, then drains.
 
+mod admin;
 pub mod admin_client;
 pub mod cli;
 pub mod console;
@@ -23,12 +24,15 @@ use tokio_util::sync::CancellationToken;
 use tracing::info;
 
 use crate::adapters::file_store::FileNodeStore;
+use crate::adapters::http::admin::AdminServer;
 use crate::adapters::http::{Api, HttpServer, HttpState};
 use crate::adapters::lock_registry::LockRegistry;
 use crate::adapters::sinks::{SinkSet, build_sinks};
 use crate::adapters::tcp::{ServerDeps, TcpServer, TcpTransport, TransportControl};
 use crate::adapters::tls::{TlsAcceptor, TlsConfig};
-use crate::ports::{EventSink, NodeStore, Registry};
+use crate::ports::{EventSink, NodeStore, Registry, RunJournal};
+use drains::Drains;
+use management::Management;
 use metrics::{MetricSources, Metrics};
 
 pub use runs::{RunHandle, RunService, StartError};
@@ -41,6 +45,8 @@ pub struct App {
     http: HttpServer,
     metrics: Metrics,
     parts: AppParts,
+    /// The management API's own listener (none with `admin.on_http_listener`).
+    admin: Option<AdminServer>,
 }
 
 /// The running edge's parts, for the console, the HTTP API and tests. Cheap to clone.
@@ -56,6 +62,10 @@ pub struct AppParts {
     pub transport: TransportControl,
     /// Cancel it to start the graceful stop.
     pub stop: CancellationToken,
+    /// Node status, drains, run records and events: what the management API serves.
+    pub management: Management,
+    /// The run journal (one that keeps nothing when `[journal] enabled = false`).
+    pub journal: Arc<dyn RunJournal>,
 }
 
 impl App {
@@ -73,10 +83,13 @@ impl App {
         let sink: Arc<dyn EventSink> = Arc::new(SinkSet::from_built(&sinks));
         let transport = Arc::new(TcpTransport::new(Arc::clone(&registry)));
         let metrics = Metrics::new().context("cannot start the metrics exporter")?;
-        let runs = RunService::new(
+        let journal = admin::journal(&settings)?;
+        let drains = Drains::new();
+        let runs = RunService::with_journal(
             Arc::clone(&registry),
             transport,
             sink,
+            (Arc::clone(&journal), drains.clone()),
             settings.runs.clone(),
             metrics.meter(),
         );
@@ -87,8 +100,6 @@ impl App {
         };
         let node_tls = load_tls(settings.server.tls.as_ref(), "server.tls", &[])
             .context("cannot set up TLS for the node transport")?;
-        let http_tls = load_tls(settings.http.tls.as_ref(), "http.tls", &[b"http/1.1"])
-            .context("cannot set up TLS for the HTTP server")?;
         let mut server = TcpServer::bind(settings.server.clone(), deps)
             .await
             .with_context(|| format!("cannot listen for nodes on {}", settings.server.listen))?;
@@ -102,25 +113,25 @@ impl App {
             runs: runs.clone(),
             sinks,
         });
-        let http_state = HttpState {
-            metrics: metrics.registry(),
-            transport: server.control(),
-            runs: runs.clone(),
-            registry: Arc::clone(&registry),
-            api: Api::new(settings.api.clone())?,
-        };
-        let mut http = HttpServer::bind(settings.http.clone(), http_state)
-            .await
-            .with_context(|| format!("cannot listen for HTTP on {}", settings.http.listen))?;
-        if let Some(tls) = http_tls {
-            http = http.with_tls(tls);
-        }
+        let http = bind_http(&settings, &metrics, &server, &runs, &registry).await?;
+        let live = Arc::new(runs.clone());
+        let management = Management::new(
+            Arc::clone(&store),
+            Arc::clone(&registry),
+            live,
+            Arc::clone(&journal),
+            drains.clone(),
+        );
+        management::metrics::observe(metrics.meter(), drains, Arc::clone(&journal));
+        let (http, admin) = admin::bind(&settings, &management, http).await?;
         let parts = AppParts {
             store,
             registry,
             runs,
             transport: server.control(),
             stop: CancellationToken::new(),
+            management,
+            journal,
         };
         Ok(App {
             settings,
@@ -128,6 +139,7 @@ impl App {
             http,
             metrics,
             parts,
+            admin,
         })
     }
 
@@ -137,6 +149,14 @@ impl App {
     /// The socket error, which does not happen for a bound listener.
     pub fn http_addr(&self) -> std::io::Result<SocketAddr> {
         self.http.local_addr()
+    }
+
+    /// The address of the management API (its own listener, or the HTTP one's).
+    ///
+    /// # Errors
+    /// The socket error, which does not happen for a bound listener.
+    pub fn admin_addr(&self) -> std::io::Result<SocketAddr> {
+        admin::address(self.admin.as_ref(), self.http.local_addr()?)
     }
 
     /// The address nodes connect to.
@@ -165,10 +185,13 @@ impl App {
             http,
             metrics,
             parts,
+            admin,
         } = self;
         info!(
             listen = %server.local_addr()?,
             http = %http.local_addr()?,
+            admin = %admin::address(admin.as_ref(), http.local_addr()?)?,
+            journal = parts.journal.enabled(),
             nodes = parts.store.records().len(),
             node_tls = settings.server.tls.is_some(),
             http_tls = settings.http.tls.is_some(),
@@ -177,11 +200,15 @@ impl App {
         let accept_loop = tokio::spawn(server.run());
         let http_stop = CancellationToken::new();
         let http_serving = tokio::spawn(http.run(http_stop.clone()));
+        let admin_serving = admin::AdminServing::start(admin);
         parts.stop.cancelled().await;
         info!("stopping: refusing new nodes and runs, draining open runs");
         let grace = settings.server.shutdown_grace();
         parts.transport.start_draining();
         parts.runs.drain(grace).await;
+        parts.management.stop(grace).await;
+        // Every run has ended: its record and events go to disk before the edge exits.
+        parts.journal.close().await;
         parts.transport.shut_down("edge shutting down", grace).await;
         accept_loop.await.context("the accept loop panicked")?;
         // HTTP stays up while draining, so /readyz reports it; open streams have ended now.
@@ -190,15 +217,42 @@ impl App {
             .await
             .context("the HTTP server panicked")?
             .context("the HTTP server failed")?;
+        admin_serving.stop().await?;
         metrics.shutdown();
         info!("edge stopped");
         Ok(())
     }
 }
 
+/// Binds the HTTP listener (`/metrics`, health, the API) with its TLS, if any.
+async fn bind_http(
+    settings: &Settings,
+    metrics: &Metrics,
+    server: &TcpServer,
+    runs: &RunService,
+    registry: &Arc<dyn Registry>,
+) -> anyhow::Result<HttpServer> {
+    let http_tls = load_tls(settings.http.tls.as_ref(), "http.tls", &[b"http/1.1"])
+        .context("cannot set up TLS for the HTTP server")?;
+    let http_state = HttpState {
+        metrics: metrics.registry(),
+        transport: server.control(),
+        runs: runs.clone(),
+        registry: Arc::clone(registry),
+        api: Api::new(settings.api.clone())?,
+    };
+    let mut http = HttpServer::bind(settings.http.clone(), http_state)
+        .await
+        .with_context(|| format!("cannot listen for HTTP on {}", settings.http.listen))?;
+    if let Some(tls) = http_tls {
+        http = http.with_tls(tls);
+    }
+    Ok(http)
+}
+
 /// Loads a listener's TLS files, when its section has a `tls` table; `alpn` lists the
 /// application protocols offered.
-fn load_tls(
+pub(crate) fn load_tls(
     config: Option<&TlsConfig>,
     section: &str,
     alpn: &[&[u8]],

@@ -20,6 +20,8 @@ use tracing_subscriber::EnvFilter;
 use crate::adapters::file_store::ConfigSource;
 use crate::adapters::http::ApiConfig;
 pub use crate::adapters::http::HttpConfig;
+pub use crate::adapters::http::admin::AdminConfig;
+pub use crate::adapters::journal::JournalConfig;
 use crate::adapters::sinks::config::EventsConfig;
 use crate::adapters::tcp::config::ServerConfig;
 
@@ -33,7 +35,7 @@ const ENV_SEPARATOR: &str = "__";
 /// Separates the items of a list-valued override: `EDGE__EVENTS__SINKS=stdout,file`.
 const ENV_LIST_SEPARATOR: &str = ",";
 /// The keys whose environment override is a list.
-const ENV_LIST_KEYS: &[&str] = &["events.sinks", "api.keys"];
+const ENV_LIST_KEYS: &[&str] = &["events.sinks", "api.keys", "admin.keys", "admin.key_sha256"];
 
 /// Everything the edge is configured with.
 #[derive(Debug, Clone)]
@@ -50,6 +52,10 @@ pub struct Settings {
     pub api: ApiConfig,
     /// `[log]`: the edge's own logs.
     pub log: LogConfig,
+    /// `[admin]`: the management API.
+    pub admin: AdminConfig,
+    /// `[journal]`: the durable run journal.
+    pub journal: JournalConfig,
     /// The file the settings came from and the merged config, from which the node store
     /// reads `[[nodes]]`.
     pub source: ConfigSource,
@@ -176,6 +182,8 @@ struct Sections {
     http: HttpConfig,
     api: ApiConfig,
     log: LogConfig,
+    admin: AdminConfig,
+    journal: JournalConfig,
     nodes: IgnoredAny,
 }
 
@@ -260,6 +268,8 @@ impl Settings {
             http,
             api,
             log,
+            admin,
+            journal,
             nodes: _,
         } = sections;
         Ok(Self {
@@ -269,6 +279,8 @@ impl Settings {
             http,
             api,
             log,
+            admin,
+            journal,
             source: ConfigSource::new(path, text.is_some(), config),
         })
     }
@@ -312,6 +324,11 @@ impl Sections {
             ));
         }
         problems.extend(self.api.problems());
+        let api_keys = &self.api.keys;
+        problems.extend(self.admin.problems(self.http.listen, |admin| {
+            api_keys.iter().any(|api| api.matches(admin))
+        }));
+        problems.extend(self.journal.problems());
         problems
     }
 }

@@ -7,6 +7,7 @@
 //! protocol. Nothing here talks to a node directly.
 
 mod feed;
+pub mod metrics;
 mod nodes;
 mod runs;
 

@@ -6,6 +6,7 @@
 //! the node cannot. Every run it accepts ends with exactly one terminal event, delivered to
 //! the event sink and to the caller's stream, whichever path ends it.
 
+mod live;
 mod metrics;
 mod service;
 mod table;

@@ -14,14 +14,16 @@ use tracing::{Instrument, debug, info_span, warn};
 
 use super::metrics::RunMetrics;
 use super::table::{Delivery, Placement, Run, Table, lock};
+use crate::adapters::journal::NoopJournal;
+use crate::app::drains::Drains;
 use crate::app::settings::RunsConfig;
 use crate::domain::{
     EdgeFailure, EventOrigin, EventVerdict, NodeId, RunEvent, RunEventKind, RunId, RunSpec,
     RunState, SelectError, select_node,
 };
 use crate::ports::{
-    CloseReason, ConnectionId, EventSink, NodeCommand, NodeEventHandler, NodeTransport, Registry,
-    ReportedEvent, RunAssignment,
+    CloseReason, ConnectionId, EventSink, JournalEntry, NodeCommand, NodeEventHandler,
+    NodeTransport, Registry, ReportedEvent, RunAssignment, RunJournal,
 };
 
 /// Events buffered for a caller who reads slower than the node writes. When it is full the
@@ -76,15 +78,19 @@ pub struct RunStats {
 /// Accepts runs and relays their events. Cheap to clone.
 #[derive(Clone)]
 pub struct RunService {
-    inner: Arc<Inner>,
+    pub(super) inner: Arc<Inner>,
 }
 
-struct Inner {
-    registry: Arc<dyn Registry>,
+pub(super) struct Inner {
+    pub(super) registry: Arc<dyn Registry>,
     transport: Arc<dyn NodeTransport>,
     sink: Arc<dyn EventSink>,
+    /// Where run records and events are kept (nothing, when disabled).
+    pub(super) journal: Arc<dyn RunJournal>,
+    /// Nodes an operator drained: placement passes them over.
+    pub(super) drains: Drains,
     config: RunsConfig,
-    table: Mutex<Table>,
+    pub(super) table: Mutex<Table>,
     turn: AtomicU64,
     next_id: AtomicU64,
     id_prefix: u32,
@@ -98,11 +104,26 @@ struct Inner {
 
 impl RunService {
     /// A run service placing runs on the nodes in `registry`, sending through `transport`
-    /// and relaying to `sink`, with its instruments created from `meter`.
+    /// and relaying to `sink`, with its instruments created from `meter`; it keeps no
+    /// journal and knows no drain.
     pub fn new(
         registry: Arc<dyn Registry>,
         transport: Arc<dyn NodeTransport>,
         sink: Arc<dyn EventSink>,
+        config: RunsConfig,
+        meter: &Meter,
+    ) -> Self {
+        let extras = (Arc::new(NoopJournal) as Arc<dyn RunJournal>, Drains::new());
+        Self::with_journal(registry, transport, sink, extras, config, meter)
+    }
+
+    /// [`RunService::new`] that also records every run in `journal` and passes over the
+    /// nodes in `drains` when placing runs.
+    pub fn with_journal(
+        registry: Arc<dyn Registry>,
+        transport: Arc<dyn NodeTransport>,
+        sink: Arc<dyn EventSink>,
+        (journal, drains): (Arc<dyn RunJournal>, Drains),
         config: RunsConfig,
         meter: &Meter,
     ) -> Self {
@@ -111,6 +132,8 @@ impl RunService {
                 registry,
                 transport,
                 sink,
+                journal,
+                drains,
                 config,
                 table: Mutex::new(Table::default()),
                 turn: AtomicU64::new(0),
@@ -164,6 +187,7 @@ impl RunService {
             target = %spec.selector.target,
             node = tracing::field::Empty,
         );
+        let accepted = super::live::accepted(&id, &spec);
         let run = Arc::new(Run {
             id,
             span,
@@ -174,9 +198,18 @@ impl RunService {
                 state: RunState::default(),
                 caller: Some(caller),
                 saw_output: false,
+                followers: Vec::new(),
             }),
             ended: CancellationToken::new(),
+            accepted,
+            attempts: Mutex::new(Vec::new()),
+            relayed: AtomicU64::new(0),
+            first_output_ms: AtomicU64::new(0),
         });
+        if inner.journal.enabled() {
+            let entry = JournalEntry::Accepted(Box::new(run.accepted.clone()));
+            inner.journal.record(entry);
+        }
         let placed = {
             let mut table = lock(&inner.table);
             let placed = match self.place(&run) {
@@ -284,7 +317,8 @@ impl RunService {
     /// Picks a node for `run` and reserves a slot on it. Call with the table locked.
     fn place(&self, run: &Run) -> Result<Option<NodeId>, SelectError> {
         let inner = &self.inner;
-        let loads = inner.registry.loads();
+        let mut loads = inner.registry.loads();
+        inner.drains.exclude_from(&mut loads);
         let turn = inner.turn.fetch_add(1, Ordering::Relaxed);
         let chosen = select_node(&loads, &run.spec.selector, turn)?
             .record
@@ -299,6 +333,7 @@ impl RunService {
             node: chosen.clone(),
             connection,
         });
+        self.record_attempt(run, &chosen);
         run.span.record("node", tracing::field::display(&chosen));
         debug!(parent: &run.span, "run dispatched");
         inner
@@ -442,6 +477,7 @@ impl RunService {
         let first_output =
             !delivery.saw_output && matches!(event.kind, RunEventKind::Output { .. });
         delivery.saw_output |= first_output;
+        self.tap(run, &mut delivery.followers, &event, first_output);
         self.inner
             .metrics
             .relayed(&run.spec, &event, run.accepted_at, first_output);
@@ -462,6 +498,7 @@ impl RunService {
                 kind => debug!(parent: &run.span, outcome = kind.name(), "run ended"),
             }
             delivery.caller = None;
+            delivery.followers.clear();
             drop(delivery);
             self.retire(run);
         }

@@ -1,12 +1,13 @@
 //! The open runs and the queue of runs waiting for capacity.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::domain::{NodeId, RunEvent, RunId, RunSpec, RunState};
+use crate::domain::{AcceptedRun, Attempt, NodeId, RunEvent, RunId, RunSpec, RunState};
 use crate::ports::ConnectionId;
 
 /// Where a run is.
@@ -31,6 +32,9 @@ pub(super) struct Delivery {
     pub(super) caller: Option<mpsc::Sender<Arc<RunEvent>>>,
     /// Whether an `output` event has been relayed (for time-to-first-output).
     pub(super) saw_output: bool,
+    /// Management API followers of the run's events, with each event's position; one that
+    /// falls behind is dropped, never waited for.
+    pub(super) followers: Vec<mpsc::Sender<(u64, Arc<RunEvent>)>>,
 }
 
 /// One open run.
@@ -45,6 +49,14 @@ pub(super) struct Run {
     pub(super) ended: CancellationToken,
     /// `run{run_id, adapter, target, node}`: every log line about the run is inside it.
     pub(super) span: tracing::Span,
+    /// What the journal and the management API know of it from acceptance.
+    pub(super) accepted: AcceptedRun,
+    /// Its placements so far.
+    pub(super) attempts: Mutex<Vec<Attempt>>,
+    /// Events relayed so far (the next event's position); written under `delivery`.
+    pub(super) relayed: AtomicU64,
+    /// When its first output was relayed, ms since the Unix epoch; 0 before.
+    pub(super) first_output_ms: AtomicU64,
 }
 
 impl Run {
