@@ -50,6 +50,18 @@ pub fn config(nodes: Nodes, extra: &str) -> String {
     toml
 }
 
+/// Whether edges started here keep the run journal (`--journal`), set once by `main`.
+static JOURNAL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+
+/// Turns the run journal on for every edge this process starts.
+pub fn keep_journal(on: bool) {
+    let _ = JOURNAL.set(on);
+}
+
+fn journal_on() -> bool {
+    JOURNAL.get().copied().unwrap_or(false)
+}
+
 /// A runtime for the edge or for the load, with `threads` workers.
 pub fn runtime(name: &str, threads: usize) -> anyhow::Result<Runtime> {
     tokio::runtime::Builder::new_multi_thread()
@@ -95,6 +107,9 @@ impl InProcessEdge {
         let mut settings = Settings::load(Some(&path))?;
         settings.server.listen = SocketAddr::from(([127, 0, 0, 1], 0));
         settings.http.listen = SocketAddr::from(([127, 0, 0, 1], 0));
+        settings.admin.listen = SocketAddr::from(([127, 0, 0, 1], 0));
+        settings.journal.enabled = journal_on();
+        settings.journal.path = dir.path().join("journal.sqlite3");
         settings.server.shutdown_grace_ms = 2_000;
         settings.events.sinks = sinks.to_vec();
         settings.events.file.path = dir.path().join("events.jsonl");
@@ -168,6 +183,9 @@ impl EdgeProcess {
             .arg(node_addr.to_string())
             .arg("--http-listen")
             .arg(http_addr.to_string())
+            .args(["--admin-listen", "127.0.0.1:0"])
+            .env("EDGE__JOURNAL__ENABLED", journal_on().to_string())
+            .env("EDGE__JOURNAL__PATH", dir.path().join("journal.sqlite3"))
             .arg("--log-level")
             .arg(log_level)
             .env("TOKIO_WORKER_THREADS", threads.max(1).to_string())

@@ -56,6 +56,10 @@ pub struct Common {
     /// The edge's log level (the shipped config says `info`).
     #[arg(long, global = true, default_value = "info")]
     pub edge_log_level: String,
+    /// Keep the run journal (SQLite, in the run's temporary directory); off by default, as
+    /// `[journal] enabled = false`.
+    #[arg(long, global = true)]
+    pub journal: bool,
     /// Internal: run as a child of another loadgen and report records on stderr.
     #[arg(long, global = true, hide = true)]
     pub child: bool,
@@ -69,6 +73,9 @@ impl Common {
             format!("--load-threads={}", self.load_threads),
             format!("--edge-log-level={}", self.edge_log_level),
         ]
+        .into_iter()
+        .chain(self.journal.then(|| "--journal".to_owned()))
+        .collect()
     }
 }
 
@@ -145,6 +152,7 @@ pub fn records_from_child(output: &Output) -> anyhow::Result<Vec<Record>> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    harness::keep_journal(cli.common.journal);
     let scenario = cli.scenario.name();
     let repeat = cli.common.repeat.max(1);
     let mut repetitions = Vec::new();
