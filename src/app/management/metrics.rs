@@ -21,17 +21,17 @@ pub fn observe(meter: &Meter, drains: Drains, journal: Arc<dyn RunJournal>) {
     }
     let counters: [(&'static str, &'static str, fn(&JournalStats) -> u64); 3] = [
         (
-            "edge_journal_entries_written_total",
+            "edge_journal_entries_written",
             "Run records and events written to the journal",
             |s| s.written,
         ),
         (
-            "edge_journal_write_errors_total",
+            "edge_journal_write_errors",
             "Journal transactions that failed (their entries are lost)",
             |s| s.write_errors,
         ),
         (
-            "edge_journal_runs_expired_total",
+            "edge_journal_runs_expired",
             "Finished runs removed by retention",
             |s| s.runs_expired,
         ),
@@ -46,7 +46,7 @@ pub fn observe(meter: &Meter, drains: Drains, journal: Arc<dyn RunJournal>) {
     }
     let dropped = Arc::clone(&journal);
     meter
-        .u64_observable_counter("edge_journal_events_dropped_total")
+        .u64_observable_counter("edge_journal_events_dropped")
         .with_description("Events not journaled: the run's cap was reached, or the queue was full")
         .with_callback(move |o| {
             let stats = dropped.stats();
