@@ -71,7 +71,9 @@ async fn start_edge(config: &Path) -> Edge {
 
 fn admin_address(line: &str) -> Option<SocketAddr> {
     let record: Value = serde_json::from_str(line).ok()?;
-    let admin = record.get("admin").or_else(|| record.pointer("/fields/admin"))?;
+    let admin = record
+        .get("admin")
+        .or_else(|| record.pointer("/fields/admin"))?;
     admin.as_str()?.parse().ok()
 }
 
@@ -133,7 +135,10 @@ async fn after_kill_9_mid_load_the_journal_opens_with_finished_runs_and_no_false
         if finished.len() >= 20 && open.len() >= 5 {
             break (finished, open);
         }
-        assert!(tokio::time::Instant::now() < deadline, "load did not progress");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "load did not progress"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
     // More load in flight while the edge dies.
@@ -169,14 +174,26 @@ async fn after_kill_9_mid_load_the_journal_opens_with_finished_runs_and_no_false
     assert!(all.len() >= finished.len() + open.len());
     for run in all.iter().filter(|r| r["outcome"] == "completed") {
         let id = run["id"].as_str().expect("an id");
-        let lines = text(edge.admin, &format!("/admin/v1/runs/{id}/events?format=jsonl")).await;
+        let lines = text(
+            edge.admin,
+            &format!("/admin/v1/runs/{id}/events?format=jsonl"),
+        )
+        .await;
         let lines: Vec<&str> = lines.lines().collect();
         assert_eq!(Some(lines.len() as u64), run["events"].as_u64(), "{run}");
-        assert!(lines.last().is_some_and(|l| l.contains("\"kind\":\"completed\"")), "{lines:?}");
+        assert!(
+            lines
+                .last()
+                .is_some_and(|l| l.contains("\"kind\":\"completed\"")),
+            "{lines:?}"
+        );
     }
     let unknown: Vec<&Value> = all.iter().filter(|r| r["outcome"] == "unknown").collect();
     assert!(unknown.len() >= 5, "the hanging runs at least: {all:?}");
-    assert!(unknown.iter().all(|r| r["code"] == "edge_crashed"), "{unknown:?}");
+    assert!(
+        unknown.iter().all(|r| r["code"] == "edge_crashed"),
+        "{unknown:?}"
+    );
     let still_open = runs_of(&get(edge.admin, "/admin/v1/runs?state=open").await);
     assert!(still_open.is_empty(), "{still_open:?}");
     drop(edge);
