@@ -9,6 +9,9 @@ use opentelemetry::metrics::Meter;
 use crate::app::drains::Drains;
 use crate::ports::{JournalStats, RunJournal};
 
+/// An instrument read from the journal's counters: name, description, reader.
+type JournalInstrument = (&'static str, &'static str, fn(&JournalStats) -> u64);
+
 /// Registers `edge_nodes_draining` and the `edge_journal_*` instruments.
 pub fn observe(meter: &Meter, drains: Drains, journal: Arc<dyn RunJournal>) {
     meter
@@ -19,7 +22,7 @@ pub fn observe(meter: &Meter, drains: Drains, journal: Arc<dyn RunJournal>) {
     if !journal.enabled() {
         return;
     }
-    let counters: [(&'static str, &'static str, fn(&JournalStats) -> u64); 3] = [
+    let counters: [JournalInstrument; 3] = [
         (
             "edge_journal_entries_written",
             "Run records and events written to the journal",
@@ -60,7 +63,7 @@ pub fn observe(meter: &Meter, drains: Drains, journal: Arc<dyn RunJournal>) {
             );
         })
         .build();
-    let gauges: [(&'static str, &'static str, fn(&JournalStats) -> u64); 2] = [
+    let gauges: [JournalInstrument; 2] = [
         (
             "edge_journal_queue_depth",
             "Entries waiting to be written",
