@@ -29,21 +29,20 @@ fn nodes() -> Vec<NodeLoad> {
                 targets.push(Target::parse("rare").unwrap());
             }
             NodeLoad {
-                record: Arc::new(NodeRecord {
-                    id: NodeId::parse(&format!("node-{i:05}")).unwrap(),
-                    alias: Alias::parse(&format!("gpu-{i:05}")).unwrap(),
-                    token: Token::new(format!("token-{i}")).digest(),
-                    adapters: vec![AdapterConfig {
-                        name: AdapterName::parse("echo").unwrap(),
-                        targets,
-                        settings: BTreeMap::new(),
-                    }],
-                    runtime: RuntimeConfig {
-                        max_concurrent_runs: 4,
-                        heartbeat_interval_ms: 5_000,
-                        settings: BTreeMap::new(),
-                    },
-                }),
+                record: Arc::new(NodeRecord::new(
+                    NodeId::parse(&format!("node-{i:05}")).unwrap(),
+                    Alias::parse(&format!("gpu-{i:05}")).unwrap(),
+                    Token::new(format!("token-{i}")).digest(),
+                    vec![
+                        AdapterConfig::new(
+                            AdapterName::parse("echo").unwrap(),
+                            targets,
+                            BTreeMap::new(),
+                        )
+                        .unwrap(),
+                    ],
+                    RuntimeConfig::new(4, 5_000, BTreeMap::new()).unwrap(),
+                )),
                 active_runs: (i % 4) as u32,
             }
         })
@@ -103,11 +102,12 @@ fn statuses(loads: &[NodeLoad], now: Instant) -> (Vec<NodeStatus>, BreakerBook) 
             status.drained = i % 100 == 25;
             if i % 100 == 50 {
                 for _ in 0..3 {
-                    let (admission, _) =
-                        breakers.admit(status.hash, &status.record.id, now).unwrap();
+                    let (admission, _) = breakers
+                        .admit(status.hash, status.record.id(), now)
+                        .unwrap();
                     breakers.record(
                         status.hash,
-                        &status.record.id,
+                        status.record.id(),
                         admission,
                         Outcome::NodeFailure,
                         now,

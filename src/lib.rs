@@ -5,9 +5,22 @@
 //! keeps the connected ones in a registry, routes runs addressed as `adapter + target` to
 //! them, and relays the events they stream back to event sinks and to the caller.
 //!
-//! The crate is hexagonal: [`domain`] is the pure core, [`ports`] the traits around it,
-//! [`adapters`] their implementations, and [`app`] composes everything. [`client`] is the
-//! node side of the protocol, for the mock node, the load generator and the tests.
+//! The crate is hexagonal (`docs/architecture.md` draws it):
+//!
+//! - [`domain`] — the pure core: validated names and node records, the registration
+//!   policy, node selection, the run state machine. No I/O, no clock, no protobuf.
+//! - [`ports`] — the traits around it (`NodeStore`, `Registry`, `EventSink`,
+//!   `NodeTransport`, `NodeLink`, `NodeEventHandler`) and the `Readiness` flag.
+//! - [`adapters`] — their implementations by technology: `tcp` (the node transport and its
+//!   `Connection`), `lock_registry`, `file_store`, `sinks`, `http` (operations endpoints,
+//!   metrics rendering, the OpenAI-compatible API), `tls`.
+//! - [`wire`] — the protocol's edge: the generated prost types (private), the frame codec,
+//!   the conversions to and from domain frames, and the one mapper from a node record to
+//!   the config a node receives (`wire/config_payload.rs`, the seed's `BuildConfigPayload`).
+//! - [`app`] — composition (`App::build`), the run service (`app::runs`), settings, the
+//!   metrics pipeline, the console and the command line.
+//! - [`client`] — the node side of the protocol, for the mock node, the load generator and
+//!   the tests.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 

@@ -61,21 +61,20 @@ fn selector() -> anyhow::Result<NodeSelector> {
 }
 
 fn raw_record() -> anyhow::Result<Arc<NodeRecord>> {
-    Ok(Arc::new(NodeRecord {
-        id: NodeId::parse("raw")?,
-        alias: Alias::parse("raw-alias")?,
-        token: Token::new("raw").digest(),
-        adapters: vec![AdapterConfig {
-            name: AdapterName::parse(harness::ADAPTER)?,
-            targets: vec![Target::parse(harness::TARGET)?],
-            settings: BTreeMap::new(),
-        }],
-        runtime: RuntimeConfig {
-            max_concurrent_runs: 1,
-            heartbeat_interval_ms: 600_000,
-            settings: BTreeMap::new(),
-        },
-    }))
+    Ok(Arc::new(NodeRecord::new(
+        NodeId::parse("raw")?,
+        Alias::parse("raw-alias")?,
+        Token::new("raw").digest(),
+        vec![
+            AdapterConfig::new(
+                AdapterName::parse(harness::ADAPTER)?,
+                vec![Target::parse(harness::TARGET)?],
+                BTreeMap::new(),
+            )
+            .unwrap(),
+        ],
+        RuntimeConfig::new(1, 600_000, BTreeMap::new()).unwrap(),
+    )))
 }
 
 /// The window flags every measuring loop reads.

@@ -341,7 +341,7 @@ impl World {
         let (actions, mut queue) = mpsc::unbounded_channel();
         let record = Arc::clone(&self.nodes[index].record);
         let link = Arc::new(FakeLink {
-            node: record.id.clone(),
+            node: record.id().clone(),
             connection,
             actions,
             closing: AtomicBool::new(false),
@@ -360,25 +360,25 @@ impl World {
             return;
         }
         self.nodes[index].live = Some(link);
-        self.service.node_connected(&record.id);
+        self.service.node_connected(record.id());
         let service = self.service.clone();
         let registry = self.registry.clone();
         self.connections.push(tokio::spawn(async move {
             let reason = loop {
                 match queue.recv().await {
                     Some(Action::Event(event)) => {
-                        service.run_event(&record.id, connection, event).await;
+                        service.run_event(record.id(), connection, event).await;
                     }
                     Some(Action::Close(reason)) => break reason,
                     None => break CloseReason::Eof,
                 }
             };
             assert!(
-                registry.remove(&record.id, connection),
+                registry.remove(record.id(), connection),
                 "the registry lost a live connection"
             );
             service
-                .node_disconnected(&record.id, connection, reason)
+                .node_disconnected(record.id(), connection, reason)
                 .await;
         }));
     }
@@ -435,9 +435,10 @@ impl World {
         assert_eq!(self.service.queued_runs(), 0, "runs queued after the drain");
         for node in self.registry.snapshot() {
             assert_eq!(
-                node.active_runs, 0,
+                node.active_runs,
+                0,
                 "node {} counts active runs after every run ended",
-                node.record.id
+                node.record.id()
             );
         }
         for node in &mut self.nodes {

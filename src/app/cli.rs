@@ -197,21 +197,21 @@ fn summary(settings: &Settings, store: &FileNodeStore) -> String {
     let _ = writeln!(out, "nodes: {}", records.len());
     for record in records {
         let adapters: Vec<String> = record
-            .adapters
+            .adapters()
             .iter()
             .map(|a| {
-                let targets: Vec<&str> = a.targets.iter().map(|t| t.as_str()).collect();
-                format!("{}[{}]", a.name, targets.join(", "))
+                let targets: Vec<&str> = a.targets().iter().map(|t| t.as_str()).collect();
+                format!("{}[{}]", a.name(), targets.join(", "))
             })
             .collect();
         let _ = writeln!(
             out,
             "  - {} (alias {}): adapters {}; max_concurrent_runs {}; heartbeat {} ms; token <redacted>",
-            record.id,
-            record.alias,
+            record.id(),
+            record.alias(),
             adapters.join(" "),
-            record.runtime.max_concurrent_runs,
-            record.runtime.heartbeat_interval_ms,
+            record.runtime().max_concurrent_runs(),
+            record.runtime().heartbeat_interval_ms(),
         );
     }
     out

@@ -172,24 +172,25 @@ fn nodes_table(parts: &AppParts) -> String {
     for node in nodes {
         let adapters: Vec<String> = node
             .record
-            .adapters
+            .adapters()
             .iter()
             .map(|a| {
-                let targets: Vec<&str> = a.targets.iter().map(|t| t.as_str()).collect();
-                format!("{}/{}", a.name, targets.join(","))
+                let targets: Vec<&str> = a.targets().iter().map(|t| t.as_str()).collect();
+                format!("{}/{}", a.name(), targets.join(","))
             })
             .collect();
         let seen = now.duration_since(node.last_seen).unwrap_or(Duration::ZERO);
         let _ = writeln!(
             out,
             "{:<16} {:<16} {:<22} {:<32} {:>6} {:>9}s",
-            node.record.id,
-            node.record.alias,
+            node.record.id(),
+            node.record.alias(),
             node.peer,
             adapters.join(" "),
             format!(
                 "{}/{}",
-                node.active_runs, node.record.runtime.max_concurrent_runs
+                node.active_runs,
+                node.record.runtime().max_concurrent_runs()
             ),
             seen.as_secs(),
         );

@@ -70,7 +70,7 @@ impl Drains {
             return;
         }
         let drains = self.inner.drains.read().unwrap_or_else(|p| p.into_inner());
-        loads.retain(|load| !drains.contains_key(&load.record.id));
+        loads.retain(|load| !drains.contains_key(load.record.id()));
     }
 }
 

@@ -1,7 +1,8 @@
 //! The metrics pipeline: OpenTelemetry instruments exported in Prometheus text format.
 //!
 //! [`Metrics`] owns the meter provider and the Prometheus registry it exports into; the
-//! HTTP adapter renders that registry at `GET /metrics`. Counters kept as atomics by the
+//! HTTP adapter renders that registry at `GET /metrics` (rendering is the adapter's, not
+//! this module's). Counters kept as atomics by the
 //! adapters (transport, sinks) and the run service are exported through observable
 //! instruments registered in [`Metrics::observe`], so those components stay free of the
 //! exporter. Label values are bounded: reasons and outcomes from fixed lists, adapters and
@@ -82,14 +83,6 @@ impl Metrics {
         self.registry.clone()
     }
 
-    /// Renders every metric in the Prometheus text format.
-    ///
-    /// # Errors
-    /// The encoder failed (a metric family it cannot encode).
-    pub fn render(&self) -> anyhow::Result<String> {
-        render(&self.registry)
-    }
-
     /// Registers the observable instruments that read the sources on every scrape.
     pub fn observe(&self, sources: MetricSources) {
         let MetricSources {
@@ -158,6 +151,12 @@ impl Metrics {
                 None => builder.build(),
             };
         }
+        self.observe_connections(stats);
+    }
+
+    /// Connections open and closed, registrations, departures and evictions.
+    fn observe_connections(&self, stats: &Arc<TransportStats>) {
+        let meter = &self.meter;
         let open = Arc::clone(stats);
         meter
             .u64_observable_gauge("edge_connections_open")
@@ -300,17 +299,6 @@ impl Metrics {
     pub fn shutdown(&self) {
         let _ = self.provider.shutdown();
     }
-}
-
-/// Renders `registry` in the Prometheus text format.
-///
-/// # Errors
-/// The encoder failed.
-pub fn render(registry: &prometheus::Registry) -> anyhow::Result<String> {
-    use prometheus::Encoder as _;
-    let mut out = Vec::new();
-    prometheus::TextEncoder::new().encode(&registry.gather(), &mut out)?;
-    Ok(String::from_utf8(out)?)
 }
 
 fn count(n: usize) -> u64 {

@@ -44,6 +44,8 @@ pub struct App {
     server: TcpServer,
     http: HttpServer,
     metrics: Metrics,
+    /// Every configured sink, closed (drains joined) once everything else has stopped.
+    sink: Arc<dyn EventSink>,
     parts: AppParts,
     /// The management API's own listener (none with `admin.on_http_listener`).
     admin: Option<AdminServer>,
@@ -88,7 +90,7 @@ impl App {
         let runs = RunService::with_journal(
             Arc::clone(&registry),
             transport,
-            sink,
+            Arc::clone(&sink),
             (Arc::clone(&journal), drains.clone()),
             settings.runs.clone(),
             metrics.meter(),
@@ -98,14 +100,7 @@ impl App {
             registry: Arc::clone(&registry),
             handler: Arc::new(runs.clone()),
         };
-        let node_tls = load_tls(settings.server.tls.as_ref(), "server.tls", &[])
-            .context("cannot set up TLS for the node transport")?;
-        let mut server = TcpServer::bind(settings.server.clone(), deps)
-            .await
-            .with_context(|| format!("cannot listen for nodes on {}", settings.server.listen))?;
-        if let Some(tls) = node_tls {
-            server = server.with_tls(tls);
-        }
+        let server = bind_node_server(&settings, deps).await?;
         metrics.observe(MetricSources {
             store: Arc::clone(&store),
             registry: Arc::clone(&registry),
@@ -113,7 +108,14 @@ impl App {
             runs: runs.clone(),
             sinks,
         });
-        let http = bind_http(&settings, &metrics, &server, &runs, &registry).await?;
+        let http_state = HttpState {
+            metrics: metrics.registry(),
+            readiness: server.control().readiness(),
+            runs: runs.clone(),
+            registry: Arc::clone(&registry),
+            api: Api::new(settings.api.clone())?,
+        };
+        let http = bind_http_server(&settings, http_state).await?;
         let live = Arc::new(runs.clone());
         let management = Management::new(
             Arc::clone(&store),
@@ -138,6 +140,7 @@ impl App {
             server,
             http,
             metrics,
+            sink,
             parts,
             admin,
         })
@@ -184,6 +187,7 @@ impl App {
             server,
             http,
             metrics,
+            sink,
             parts,
             admin,
         } = self;
@@ -217,6 +221,7 @@ impl App {
             .await
             .context("the HTTP server panicked")?
             .context("the HTTP server failed")?;
+        sink.close().await;
         admin_serving.stop().await?;
         metrics.shutdown();
         info!("edge stopped");
@@ -224,30 +229,30 @@ impl App {
     }
 }
 
-/// Binds the HTTP listener (`/metrics`, health, the API) with its TLS, if any.
-async fn bind_http(
-    settings: &Settings,
-    metrics: &Metrics,
-    server: &TcpServer,
-    runs: &RunService,
-    registry: &Arc<dyn Registry>,
-) -> anyhow::Result<HttpServer> {
-    let http_tls = load_tls(settings.http.tls.as_ref(), "http.tls", &[b"http/1.1"])
+/// Binds the node transport's listener, with TLS when `[server.tls]` is set.
+async fn bind_node_server(settings: &Settings, deps: ServerDeps) -> anyhow::Result<TcpServer> {
+    let tls = load_tls(settings.server.tls.as_ref(), "server.tls", &[])
+        .context("cannot set up TLS for the node transport")?;
+    let server = TcpServer::bind(settings.server.clone(), deps)
+        .await
+        .with_context(|| format!("cannot listen for nodes on {}", settings.server.listen))?;
+    Ok(match tls {
+        Some(tls) => server.with_tls(tls),
+        None => server,
+    })
+}
+
+/// Binds the HTTP listener, with TLS when `[http.tls]` is set.
+async fn bind_http_server(settings: &Settings, state: HttpState) -> anyhow::Result<HttpServer> {
+    let tls = load_tls(settings.http.tls.as_ref(), "http.tls", &[b"http/1.1"])
         .context("cannot set up TLS for the HTTP server")?;
-    let http_state = HttpState {
-        metrics: metrics.registry(),
-        transport: server.control(),
-        runs: runs.clone(),
-        registry: Arc::clone(registry),
-        api: Api::new(settings.api.clone())?,
-    };
-    let mut http = HttpServer::bind(settings.http.clone(), http_state)
+    let http = HttpServer::bind(settings.http.clone(), state)
         .await
         .with_context(|| format!("cannot listen for HTTP on {}", settings.http.listen))?;
-    if let Some(tls) = http_tls {
-        http = http.with_tls(tls);
-    }
-    Ok(http)
+    Ok(match tls {
+        Some(tls) => http.with_tls(tls),
+        None => http,
+    })
 }
 
 /// Loads a listener's TLS files, when its section has a `tls` table; `alpn` lists the

@@ -213,36 +213,8 @@ impl Settings {
             Some(path) => (path.to_owned(), true),
             None => (PathBuf::from(DEFAULT_CONFIG_PATH), false),
         };
-        let text = match std::fs::read_to_string(&path) {
-            Ok(text) => Some(text),
-            Err(error) if error.kind() == io::ErrorKind::NotFound => {
-                if required {
-                    return Err(SettingsError::NotFound { path });
-                }
-                None
-            }
-            Err(reason) => return Err(SettingsError::Unreadable { path, reason }),
-        };
-
-        let mut builder = config::Config::builder();
-        if let Some(text) = &text {
-            builder = builder.add_source(File::from_str(text, FileFormat::Toml));
-        }
-        let config = match builder.add_source(environment(env)).build() {
-            Ok(config) => config,
-            Err(ConfigError::FileParse { cause, .. }) => {
-                return Err(SettingsError::Syntax {
-                    detail: without_quoted_source(&cause.to_string()),
-                    path,
-                });
-            }
-            Err(error) => {
-                return Err(SettingsError::Invalid {
-                    detail: error.to_string(),
-                    path,
-                });
-            }
-        };
+        let text = read_config_file(&path, required)?;
+        let config = build_config(text.as_deref(), env, &path)?;
 
         let sections = match config.clone().try_deserialize::<Sections>() {
             Ok(sections) => sections,
@@ -283,6 +255,49 @@ impl Settings {
             journal,
             source: ConfigSource::new(path, text.is_some(), config),
         })
+    }
+}
+
+/// The config file's text; `None` when it is missing and not `required`.
+fn read_config_file(path: &Path, required: bool) -> Result<Option<String>, SettingsError> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => Ok(Some(text)),
+        Err(error) if error.kind() == io::ErrorKind::NotFound => {
+            if required {
+                Err(SettingsError::NotFound {
+                    path: path.to_owned(),
+                })
+            } else {
+                Ok(None)
+            }
+        }
+        Err(reason) => Err(SettingsError::Unreadable {
+            path: path.to_owned(),
+            reason,
+        }),
+    }
+}
+
+/// The file's TOML (if any) under the environment overrides (`env`, or the process's).
+fn build_config(
+    text: Option<&str>,
+    env: Option<config::Map<String, String>>,
+    path: &Path,
+) -> Result<config::Config, SettingsError> {
+    let mut builder = config::Config::builder();
+    if let Some(text) = text {
+        builder = builder.add_source(File::from_str(text, FileFormat::Toml));
+    }
+    match builder.add_source(environment(env)).build() {
+        Ok(config) => Ok(config),
+        Err(ConfigError::FileParse { cause, .. }) => Err(SettingsError::Syntax {
+            detail: without_quoted_source(&cause.to_string()),
+            path: path.to_owned(),
+        }),
+        Err(error) => Err(SettingsError::Invalid {
+            detail: error.to_string(),
+            path: path.to_owned(),
+        }),
     }
 }
 
@@ -415,13 +430,13 @@ mod tests {
         let records = store.records();
         let names: Vec<_> = records
             .iter()
-            .map(|r| (r.id.as_str(), r.alias.as_str()))
+            .map(|r| (r.id().as_str(), r.alias().as_str()))
             .collect();
         assert_eq!(names, [("node-a", "gpu-a"), ("node-b", "gpu-b")]);
         let found = store
             .find_by_token(&Token::new("example-token-node-a-CHANGE-ME"))
             .unwrap();
-        assert_eq!(found.id.as_str(), "node-a");
+        assert_eq!(found.id().as_str(), "node-a");
     }
 
     #[test]

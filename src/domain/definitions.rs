@@ -152,9 +152,7 @@ pub fn validate_definitions(
 ) -> Result<Vec<NodeRecord>, DefinitionsError> {
     let mut problems = Vec::new();
     let mut records = Vec::new();
-    let mut first_by_token: HashMap<TokenDigest, EntryRef> = HashMap::new();
-    let mut first_by_id: HashMap<&str, EntryRef> = HashMap::new();
-    let mut first_by_alias: HashMap<&str, EntryRef> = HashMap::new();
+    let mut firsts = Firsts::default();
 
     for (index, definition) in definitions.iter().enumerate() {
         let at = EntryRef {
@@ -177,74 +175,92 @@ pub fn validate_definitions(
             definition.heartbeat_interval_ms,
         );
         let token = token_digest(definition, &at, &mut problems);
+        firsts.check(definition, token, &at, &mut problems);
 
-        if let Some(first) = first_by_id.get(definition.id.as_str()) {
-            problems.push(DefinitionProblem::DuplicateId {
-                at: at.clone(),
-                first: first.clone(),
-            });
-        } else {
-            first_by_id.insert(&definition.id, at.clone());
-        }
-        if let Some(first) = first_by_alias.get(definition.alias.as_str()) {
-            problems.push(DefinitionProblem::DuplicateAlias {
-                at: at.clone(),
-                alias: definition.alias.clone(),
-                first: first.clone(),
-            });
-        } else {
-            first_by_alias.insert(&definition.alias, at.clone());
-        }
-        if let Some(token) = token {
-            if let Some(first) = first_by_token.get(&token) {
-                problems.push(DefinitionProblem::DuplicateToken {
-                    at: at.clone(),
-                    first: first.clone(),
-                });
-            } else {
-                first_by_token.insert(token, at.clone());
-            }
-        }
-
+        // A zero limit was reported above; the constructor refuses it again.
         if let (Some(id), Some(alias), Some(adapters), Some(token)) = (id, alias, adapters, token)
-            && definition.max_concurrent_runs > 0
-            && definition.heartbeat_interval_ms > 0
+            && let Ok(runtime) = RuntimeConfig::new(
+                definition.max_concurrent_runs,
+                definition.heartbeat_interval_ms,
+                definition.runtime_settings.clone(),
+            )
         {
-            records.push(NodeRecord {
-                id,
-                alias,
-                token,
-                adapters,
-                runtime: RuntimeConfig {
-                    max_concurrent_runs: definition.max_concurrent_runs,
-                    heartbeat_interval_ms: definition.heartbeat_interval_ms,
-                    settings: definition.runtime_settings.clone(),
-                },
-            });
+            records.push(NodeRecord::new(id, alias, token, adapters, runtime));
         }
     }
-
-    // An alias may equal its own node's id, never another node's.
-    for (index, definition) in definitions.iter().enumerate() {
-        if let Some(other) = first_by_id.get(definition.alias.as_str())
-            && other.index != index
-        {
-            problems.push(DefinitionProblem::AliasIsAnotherId {
-                at: EntryRef {
-                    index,
-                    id: definition.id.clone(),
-                },
-                alias: definition.alias.clone(),
-                other: other.clone(),
-            });
-        }
-    }
+    firsts.check_aliases(definitions, &mut problems);
 
     if problems.is_empty() {
         Ok(records)
     } else {
         problems.sort_by_key(problem_index);
         Err(DefinitionsError { problems })
+    }
+}
+
+/// The first entry seen with each token, id and alias, for telling duplicates.
+#[derive(Default)]
+struct Firsts<'a> {
+    by_token: HashMap<TokenDigest, EntryRef>,
+    by_id: HashMap<&'a str, EntryRef>,
+    by_alias: HashMap<&'a str, EntryRef>,
+}
+
+impl<'a> Firsts<'a> {
+    /// Reports `definition`'s id, alias and token if an earlier entry had them; remembers
+    /// them otherwise.
+    fn check(
+        &mut self,
+        definition: &'a NodeDefinition,
+        token: Option<TokenDigest>,
+        at: &EntryRef,
+        problems: &mut Vec<DefinitionProblem>,
+    ) {
+        if let Some(first) = self.by_id.get(definition.id.as_str()) {
+            problems.push(DefinitionProblem::DuplicateId {
+                at: at.clone(),
+                first: first.clone(),
+            });
+        } else {
+            self.by_id.insert(&definition.id, at.clone());
+        }
+        if let Some(first) = self.by_alias.get(definition.alias.as_str()) {
+            problems.push(DefinitionProblem::DuplicateAlias {
+                at: at.clone(),
+                alias: definition.alias.clone(),
+                first: first.clone(),
+            });
+        } else {
+            self.by_alias.insert(&definition.alias, at.clone());
+        }
+        if let Some(token) = token {
+            if let Some(first) = self.by_token.get(&token) {
+                problems.push(DefinitionProblem::DuplicateToken {
+                    at: at.clone(),
+                    first: first.clone(),
+                });
+            } else {
+                self.by_token.insert(token, at.clone());
+            }
+        }
+    }
+
+    /// Reports every alias equal to another node's id (an alias may equal its own id).
+    fn check_aliases(&self, definitions: &[NodeDefinition], problems: &mut Vec<DefinitionProblem>) {
+        for (index, definition) in definitions.iter().enumerate() {
+            if let Some(other) = self.by_id.get(definition.alias.as_str())
+                && other.index != index
+            {
+                problems.push(DefinitionProblem::AliasIsAnotherId {
+                    at: EntryRef {
+                        index,
+                        id: definition.id.clone(),
+                    },
+                    alias: definition.alias.clone(),
+                    other: other.clone(),
+                });
+            }
+        }
     }
 }
 
@@ -359,11 +375,13 @@ impl FieldCheck<'_> {
                 .map(|(j, t)| self.parse(&format!("adapters[{i}].targets[{j}]"), t, Target::parse))
                 .collect();
             match (name, targets.into_iter().collect::<Option<Vec<_>>>()) {
-                (Some(name), Some(targets)) => adapters.push(AdapterConfig {
-                    name,
-                    targets,
-                    settings: definition.settings.clone(),
-                }),
+                // No target was reported above; the constructor refuses it again.
+                (Some(name), Some(targets)) => {
+                    match AdapterConfig::new(name, targets, definition.settings.clone()) {
+                        Ok(adapter) => adapters.push(adapter),
+                        Err(_) => valid = false,
+                    }
+                }
                 _ => valid = false,
             }
         }
@@ -408,8 +426,8 @@ mod tests {
         let records =
             validate_definitions(&[node("a", "gpu-a", "ta"), node("b", "b", "tb")]).unwrap();
         assert_eq!(records.len(), 2);
-        assert_eq!(records[0].alias.as_str(), "gpu-a");
-        assert!(records[0].token.matches(&Token::new("ta").digest()));
+        assert_eq!(records[0].alias().as_str(), "gpu-a");
+        assert!(records[0].token().matches(&Token::new("ta").digest()));
         assert!(records[0].serves(
             &AdapterName::parse("echo").unwrap(),
             &Target::parse("default").unwrap()

@@ -25,7 +25,10 @@ pub use definitions::{
 };
 pub use drain::{Drain, NodeState};
 pub use names::{AdapterName, Alias, NameError, NodeId, Target};
-pub use node::{AdapterConfig, Availability, NodeRecord, RuntimeConfig};
+pub use node::{
+    AdapterConfig, AdapterParts, Availability, NodeConfigError, NodeRecord, NodeRecordParts,
+    RuntimeConfig, RuntimeParts,
+};
 pub use output::{Embedding, StructuredOutput, TokenLogprob, ToolCallDelta, TopLogprob};
 pub use registration::{
     PROTOCOL_VERSION, RegisterAttempt, RegisterRejection, RegistrationDecision, decide_registration,

@@ -1,48 +1,264 @@
 //! A pre-registered node definition, as the edge holds it after validation.
+//!
+//! The fields are private: a record, an adapter config and a runtime config are made only
+//! through their constructors, which keep the invariants the rest of the edge relies on
+//! (an adapter serves at least one target; a node takes at least one run at a time and
+//! heartbeats at a non-zero interval). The `*Parts` views let the one config mapper
+//! destructure every field, so a field added here is a compile error there.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use super::names::{AdapterName, Alias, NodeId, Target};
 use super::token::TokenDigest;
 
+/// Why a config value was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum NodeConfigError {
+    /// An adapter lists no target.
+    #[error("an adapter must serve at least one target")]
+    NoTargets,
+    /// `max_concurrent_runs` is 0.
+    #[error("max_concurrent_runs must be at least 1")]
+    NoConcurrentRuns,
+    /// `heartbeat_interval_ms` is 0.
+    #[error("heartbeat_interval_ms must be at least 1")]
+    NoHeartbeatInterval,
+}
+
 /// One adapter a node runs, with the targets it serves and free-form settings passed to it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AdapterConfig {
+    name: AdapterName,
+    targets: Vec<Target>,
+    settings: BTreeMap<String, String>,
+}
+
+/// Every field of an [`AdapterConfig`], borrowed.
+#[derive(Debug, Clone, Copy)]
+pub struct AdapterParts<'a> {
     /// The adapter's name.
-    pub name: AdapterName,
-    /// The targets (models, profiles) this adapter serves on this node.
-    pub targets: Vec<Target>,
+    pub name: &'a AdapterName,
+    /// The targets (models, profiles) this adapter serves on this node; never empty.
+    pub targets: &'a [Target],
     /// Settings handed to the node untouched.
-    pub settings: BTreeMap<String, String>,
+    pub settings: &'a BTreeMap<String, String>,
+}
+
+impl AdapterConfig {
+    /// An adapter serving `targets`.
+    ///
+    /// # Errors
+    /// [`NodeConfigError::NoTargets`] when `targets` is empty.
+    pub fn new(
+        name: AdapterName,
+        targets: Vec<Target>,
+        settings: BTreeMap<String, String>,
+    ) -> Result<Self, NodeConfigError> {
+        if targets.is_empty() {
+            return Err(NodeConfigError::NoTargets);
+        }
+        Ok(Self {
+            name,
+            targets,
+            settings,
+        })
+    }
+
+    /// The adapter's name.
+    pub fn name(&self) -> &AdapterName {
+        &self.name
+    }
+
+    /// The targets (models, profiles) this adapter serves on this node; never empty.
+    pub fn targets(&self) -> &[Target] {
+        &self.targets
+    }
+
+    /// Settings handed to the node untouched.
+    pub fn settings(&self) -> &BTreeMap<String, String> {
+        &self.settings
+    }
+
+    /// Every field, borrowed, for a mapper that must handle each.
+    pub fn parts(&self) -> AdapterParts<'_> {
+        let Self {
+            name,
+            targets,
+            settings,
+        } = self;
+        AdapterParts {
+            name,
+            targets,
+            settings,
+        }
+    }
 }
 
 /// How a node is asked to run: its concurrency and heartbeat, plus free-form settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RuntimeConfig {
+    max_concurrent_runs: u32,
+    heartbeat_interval_ms: u32,
+    settings: BTreeMap<String, String>,
+}
+
+/// Every field of a [`RuntimeConfig`], borrowed.
+#[derive(Debug, Clone, Copy)]
+pub struct RuntimeParts<'a> {
     /// How many runs the edge sends this node at once (at least 1).
     pub max_concurrent_runs: u32,
     /// How often the node must send a heartbeat, in milliseconds (at least 1).
     pub heartbeat_interval_ms: u32,
     /// Settings handed to the node untouched.
-    pub settings: BTreeMap<String, String>,
+    pub settings: &'a BTreeMap<String, String>,
+}
+
+impl RuntimeConfig {
+    /// A runtime config.
+    ///
+    /// # Errors
+    /// [`NodeConfigError::NoConcurrentRuns`] or [`NodeConfigError::NoHeartbeatInterval`]
+    /// when either is 0.
+    pub fn new(
+        max_concurrent_runs: u32,
+        heartbeat_interval_ms: u32,
+        settings: BTreeMap<String, String>,
+    ) -> Result<Self, NodeConfigError> {
+        if max_concurrent_runs == 0 {
+            return Err(NodeConfigError::NoConcurrentRuns);
+        }
+        if heartbeat_interval_ms == 0 {
+            return Err(NodeConfigError::NoHeartbeatInterval);
+        }
+        Ok(Self {
+            max_concurrent_runs,
+            heartbeat_interval_ms,
+            settings,
+        })
+    }
+
+    /// How many runs the edge sends this node at once (at least 1).
+    pub fn max_concurrent_runs(&self) -> u32 {
+        self.max_concurrent_runs
+    }
+
+    /// How often the node must send a heartbeat, in milliseconds (at least 1).
+    pub fn heartbeat_interval_ms(&self) -> u32 {
+        self.heartbeat_interval_ms
+    }
+
+    /// How often the node must send a heartbeat.
+    pub fn heartbeat_interval(&self) -> Duration {
+        Duration::from_millis(u64::from(self.heartbeat_interval_ms))
+    }
+
+    /// Settings handed to the node untouched.
+    pub fn settings(&self) -> &BTreeMap<String, String> {
+        &self.settings
+    }
+
+    /// Every field, borrowed, for a mapper that must handle each.
+    pub fn parts(&self) -> RuntimeParts<'_> {
+        let Self {
+            max_concurrent_runs,
+            heartbeat_interval_ms,
+            settings,
+        } = self;
+        RuntimeParts {
+            max_concurrent_runs: *max_concurrent_runs,
+            heartbeat_interval_ms: *heartbeat_interval_ms,
+            settings,
+        }
+    }
 }
 
 /// A validated node definition: who the node is, how it proves it, and its central config.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NodeRecord {
+    id: NodeId,
+    alias: Alias,
+    token: TokenDigest,
+    adapters: Vec<AdapterConfig>,
+    runtime: RuntimeConfig,
+}
+
+/// Every field of a [`NodeRecord`], borrowed.
+#[derive(Debug, Clone, Copy)]
+pub struct NodeRecordParts<'a> {
     /// The node's id.
-    pub id: NodeId,
+    pub id: &'a NodeId,
     /// The node's alias.
-    pub alias: Alias,
+    pub alias: &'a Alias,
     /// The digest of the node's pre-shared token.
-    pub token: TokenDigest,
+    pub token: &'a TokenDigest,
     /// The adapters the node runs.
-    pub adapters: Vec<AdapterConfig>,
+    pub adapters: &'a [AdapterConfig],
     /// The node's runtime settings.
-    pub runtime: RuntimeConfig,
+    pub runtime: &'a RuntimeConfig,
 }
 
 impl NodeRecord {
+    /// A record of already validated parts.
+    pub fn new(
+        id: NodeId,
+        alias: Alias,
+        token: TokenDigest,
+        adapters: Vec<AdapterConfig>,
+        runtime: RuntimeConfig,
+    ) -> Self {
+        Self {
+            id,
+            alias,
+            token,
+            adapters,
+            runtime,
+        }
+    }
+
+    /// The node's id.
+    pub fn id(&self) -> &NodeId {
+        &self.id
+    }
+
+    /// The node's alias.
+    pub fn alias(&self) -> &Alias {
+        &self.alias
+    }
+
+    /// The digest of the node's pre-shared token.
+    pub fn token(&self) -> &TokenDigest {
+        &self.token
+    }
+
+    /// The adapters the node runs.
+    pub fn adapters(&self) -> &[AdapterConfig] {
+        &self.adapters
+    }
+
+    /// The node's runtime settings.
+    pub fn runtime(&self) -> &RuntimeConfig {
+        &self.runtime
+    }
+
+    /// Every field, borrowed, for a mapper that must handle each.
+    pub fn parts(&self) -> NodeRecordParts<'_> {
+        let Self {
+            id,
+            alias,
+            token,
+            adapters,
+            runtime,
+        } = self;
+        NodeRecordParts {
+            id,
+            alias,
+            token,
+            adapters,
+            runtime,
+        }
+    }
+
     /// Whether this node's config serves `target` through `adapter`.
     pub fn serves(&self, adapter: &AdapterName, target: &Target) -> bool {
         self.adapters
@@ -82,5 +298,31 @@ impl Availability {
     /// Every available pair, ordered by adapter then target.
     pub fn pairs(&self) -> &[(AdapterName, Target)] {
         &self.available
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn constructors_refuse_what_would_break_an_invariant() {
+        let target = Target::parse("m").unwrap();
+        let name = AdapterName::parse("echo").unwrap();
+        assert_eq!(
+            AdapterConfig::new(name.clone(), vec![], BTreeMap::new()),
+            Err(NodeConfigError::NoTargets)
+        );
+        assert!(AdapterConfig::new(name, vec![target], BTreeMap::new()).is_ok());
+        assert_eq!(
+            RuntimeConfig::new(0, 1_000, BTreeMap::new()),
+            Err(NodeConfigError::NoConcurrentRuns)
+        );
+        assert_eq!(
+            RuntimeConfig::new(1, 0, BTreeMap::new()),
+            Err(NodeConfigError::NoHeartbeatInterval)
+        );
+        let runtime = RuntimeConfig::new(1, 1_500, BTreeMap::new()).unwrap();
+        assert_eq!(runtime.heartbeat_interval(), Duration::from_millis(1_500));
     }
 }

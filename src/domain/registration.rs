@@ -110,7 +110,7 @@ pub fn decide_registration<'a>(
         Some(record) if !attempt.token.is_empty() => record,
         _ => return Reject(RegisterRejection::InvalidToken),
     };
-    if !attempt.node_id.is_empty() && attempt.node_id != record.id.as_str() {
+    if !attempt.node_id.is_empty() && attempt.node_id != record.id().as_str() {
         return Reject(RegisterRejection::NodeIdMismatch);
     }
     if already_connected {

@@ -21,7 +21,7 @@ pub struct NodeLoad {
 
 impl NodeLoad {
     fn has_capacity(&self) -> bool {
-        self.active_runs < self.record.runtime.max_concurrent_runs
+        self.active_runs < self.record.runtime().max_concurrent_runs()
     }
 }
 
@@ -95,25 +95,10 @@ pub fn select_node<'a>(
     selector: &NodeSelector,
     turn: u64,
 ) -> Result<&'a NodeLoad, SelectError> {
-    let serves = |node: &&NodeLoad| node.record.serves(&selector.adapter, &selector.target);
     if let Some(pin) = &selector.pin {
-        let node = nodes
-            .iter()
-            .find(|n| n.record.is_named(pin))
-            .ok_or_else(|| SelectError::PinnedNodeNotConnected { pin: pin.clone() })?;
-        if !serves(&node) {
-            return Err(SelectError::PinnedNodeDoesNotServe {
-                pin: pin.clone(),
-                adapter: selector.adapter.clone(),
-                target: selector.target.clone(),
-            });
-        }
-        return if node.has_capacity() {
-            Ok(node)
-        } else {
-            Err(all_busy(selector, 1))
-        };
+        return select_pinned(nodes, selector, pin);
     }
+    let serves = |node: &&NodeLoad| node.record.serves(&selector.adapter, &selector.target);
 
     // One pass over the nodes: the least busy candidates' positions are kept, so the
     // round-robin pick among them needs no second pass (matching a node to the route is
@@ -152,6 +137,32 @@ pub fn select_node<'a>(
         .ok_or_else(|| all_busy(selector, serving))
 }
 
+/// The pinned node named `pin` (by id or alias), if it serves the run and has room.
+fn select_pinned<'a>(
+    nodes: &'a [NodeLoad],
+    selector: &NodeSelector,
+    pin: &str,
+) -> Result<&'a NodeLoad, SelectError> {
+    let node = nodes
+        .iter()
+        .find(|n| n.record.is_named(pin))
+        .ok_or_else(|| SelectError::PinnedNodeNotConnected {
+            pin: pin.to_owned(),
+        })?;
+    if !node.record.serves(&selector.adapter, &selector.target) {
+        return Err(SelectError::PinnedNodeDoesNotServe {
+            pin: pin.to_owned(),
+            adapter: selector.adapter.clone(),
+            target: selector.target.clone(),
+        });
+    }
+    if node.has_capacity() {
+        Ok(node)
+    } else {
+        Err(all_busy(selector, 1))
+    }
+}
+
 fn all_busy(selector: &NodeSelector, serving: usize) -> SelectError {
     SelectError::AllBusy {
         adapter: selector.adapter.clone(),
@@ -172,21 +183,20 @@ mod tests {
 
     fn node(id: &str, targets: &[&str], max: u32, active: u32) -> NodeLoad {
         NodeLoad {
-            record: Arc::new(NodeRecord {
-                id: NodeId::parse(id).unwrap(),
-                alias: Alias::parse(&format!("alias-{id}")).unwrap(),
-                token: Token::new(id).digest(),
-                adapters: vec![AdapterConfig {
-                    name: AdapterName::parse("echo").unwrap(),
-                    targets: targets.iter().map(|t| Target::parse(t).unwrap()).collect(),
-                    settings: BTreeMap::new(),
-                }],
-                runtime: RuntimeConfig {
-                    max_concurrent_runs: max,
-                    heartbeat_interval_ms: 1000,
-                    settings: BTreeMap::new(),
-                },
-            }),
+            record: Arc::new(NodeRecord::new(
+                NodeId::parse(id).unwrap(),
+                Alias::parse(&format!("alias-{id}")).unwrap(),
+                Token::new(id).digest(),
+                vec![
+                    AdapterConfig::new(
+                        AdapterName::parse("echo").unwrap(),
+                        targets.iter().map(|t| Target::parse(t).unwrap()).collect(),
+                        BTreeMap::new(),
+                    )
+                    .unwrap(),
+                ],
+                RuntimeConfig::new(max, 1000, BTreeMap::new()).unwrap(),
+            )),
             active_runs: active,
         }
     }
@@ -203,7 +213,7 @@ mod tests {
         select_node(nodes, selector, turn)
             .unwrap()
             .record
-            .id
+            .id()
             .to_string()
     }
 
@@ -295,10 +305,10 @@ mod tests {
                 .collect();
             match select_node(&nodes, &want("t", None), turn) {
                 Ok(pick) => {
-                    prop_assert!(pick.active_runs < pick.record.runtime.max_concurrent_runs);
-                    prop_assert!(pick.record.serves(&pick.record.adapters[0].name, &Target::parse("t").unwrap()));
+                    prop_assert!(pick.active_runs < pick.record.runtime().max_concurrent_runs());
+                    prop_assert!(pick.record.serves(pick.record.adapters()[0].name(), &Target::parse("t").unwrap()));
                     let least = nodes.iter()
-                        .filter(|n| n.record.adapters[0].targets[0].as_str() == "t" && n.has_capacity())
+                        .filter(|n| n.record.adapters()[0].targets()[0].as_str() == "t" && n.has_capacity())
                         .map(|n| n.active_runs).min();
                     prop_assert_eq!(Some(pick.active_runs), least);
                 }
@@ -306,7 +316,7 @@ mod tests {
                     prop_assert!(loads.iter().all(|(_, _, serves)| !serves));
                 }
                 Err(SelectError::AllBusy { .. }) => {
-                    prop_assert!(nodes.iter().all(|n| n.record.adapters[0].targets[0].as_str() != "t" || !n.has_capacity()));
+                    prop_assert!(nodes.iter().all(|n| n.record.adapters()[0].targets()[0].as_str() != "t" || !n.has_capacity()));
                 }
                 Err(other) => prop_assert!(false, "unexpected {other:?}"),
             }

@@ -22,4 +22,11 @@ pub trait EventSink: Send + Sync {
 
     /// Writes out everything accepted so far; called on shutdown. Returns when done.
     async fn flush(&self);
+
+    /// Writes out everything accepted so far and stops: whatever drains the sink (a task,
+    /// a thread) has ended when this returns, and events published afterwards are lost
+    /// (and counted as such). Called once, as the edge stops. By default only flushes.
+    async fn close(&self) {
+        self.flush().await;
+    }
 }

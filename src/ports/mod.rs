@@ -6,12 +6,14 @@
 pub mod event_sink;
 pub mod journal;
 pub mod node_store;
+pub mod readiness;
 pub mod registry;
 pub mod transport;
 
 pub use event_sink::EventSink;
 pub use journal::{JournalEntry, JournalError, JournalStats, RunJournal, StoredEvent};
 pub use node_store::NodeStore;
+pub use readiness::Readiness;
 pub use registry::{AlreadyConnected, ConnectedNode, ConnectionId, NewConnection, Registry};
 pub use transport::{
     CloseReason, LinkError, NodeCommand, NodeEventHandler, NodeLink, NodeTransport, ReportedEvent,

@@ -8,7 +8,6 @@ use crate::domain::{NodeId, NodeRecord, Token};
 ///
 /// Implementations are seeded once (from the config file) and never change afterwards, so
 /// every method is a cheap, infallible read.
-#[cfg_attr(test, mockall::automock)]
 pub trait NodeStore: Send + Sync {
     /// The record whose token is `token`, or `None` (also for an empty token).
     ///

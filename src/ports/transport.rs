@@ -176,7 +176,6 @@ pub struct ReportedEvent {
 }
 
 /// Hears what connected nodes say and when they come and go; implemented by the run service.
-#[cfg_attr(test, mockall::automock)]
 #[async_trait]
 pub trait NodeEventHandler: Send + Sync {
     /// A node's registration was accepted and it is in the registry.

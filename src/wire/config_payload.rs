@@ -3,29 +3,30 @@
 //! This is the only place adapter and runtime config is converted (the seed's
 //! `BuildConfigPayload`); the transport only hands a record to the codec.
 
-use crate::domain::{AdapterConfig, NodeRecord, RuntimeConfig};
+use crate::domain::{AdapterParts, NodeRecord, NodeRecordParts, RuntimeParts};
 
 use super::proto;
 
 /// Builds the `NodeConfigPayload` for `record`.
 pub(super) fn build_config_payload(record: &NodeRecord) -> proto::NodeConfigPayload {
-    let NodeRecord {
+    let NodeRecordParts {
         id: _,
         alias: _,
         token: _,
         adapters,
         runtime,
-    } = record;
-    let RuntimeConfig {
+    } = record.parts();
+    let RuntimeParts {
         max_concurrent_runs,
         heartbeat_interval_ms,
         settings,
-    } = runtime;
+    } = runtime.parts();
     proto::NodeConfigPayload {
         adapters: adapters
             .iter()
+            .map(|adapter| adapter.parts())
             .map(
-                |AdapterConfig {
+                |AdapterParts {
                      name,
                      targets,
                      settings,
@@ -37,8 +38,8 @@ pub(super) fn build_config_payload(record: &NodeRecord) -> proto::NodeConfigPayl
             )
             .collect(),
         runtime: Some(proto::RuntimeConfig {
-            max_concurrent_runs: *max_concurrent_runs,
-            heartbeat_interval_ms: *heartbeat_interval_ms,
+            max_concurrent_runs,
+            heartbeat_interval_ms,
             settings: settings.clone().into_iter().collect(),
         }),
     }

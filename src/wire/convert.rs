@@ -235,8 +235,8 @@ impl From<EdgeFrame> for proto::EdgeMessage {
                     accepted: true,
                     error: proto::RegisterError::Unspecified.into(),
                     message: "registered".into(),
-                    node_id: record.id.to_string(),
-                    alias: record.alias.to_string(),
+                    node_id: record.id().to_string(),
+                    alias: record.alias().to_string(),
                     config: Some(build_config_payload(&record)),
                     resumed: resumed.into_iter().map(answer_to_wire).collect(),
                 })

@@ -222,15 +222,35 @@ pub const PATIENCE: Duration = Duration::from_secs(15);
 /// does not after [`PATIENCE`]. For effects the edge applies asynchronously (a node
 /// leaving the registry, a run being retired).
 pub async fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
+    eventually_ok(what, || {
+        std::future::ready(condition().then_some(()).ok_or("it did not"))
+    })
+    .await;
+}
+
+/// Polls the asynchronous `probe` with short waits until it returns `Ok`, and returns the
+/// value; panics naming `what` and the last error if it has not after [`PATIENCE`]. For
+/// effects observed through I/O (a metric scraped, a health check, a retried start).
+pub async fn eventually_ok<T, E: fmt::Display, F: std::future::Future<Output = Result<T, E>>>(
+    what: &str,
+    mut probe: impl FnMut() -> F,
+) -> T {
     let deadline = tokio::time::Instant::now() + PATIENCE;
-    while !condition() {
+    loop {
+        let error = match probe().await {
+            Ok(value) => return value,
+            Err(error) => error,
+        };
         assert!(
             tokio::time::Instant::now() < deadline,
-            "timed out waiting until {what}"
+            "timed out waiting until {what}: {error}"
         );
-        tokio::time::sleep(Duration::from_millis(5)).await;
+        tokio::time::sleep(POLL).await;
     }
 }
+
+/// How long [`eventually`] and [`eventually_ok`] wait between two looks.
+const POLL: Duration = Duration::from_millis(5);
 
 /// Starts an edge on port 0 with `config` (TOML; `server.listen` and `http.listen` are
 /// replaced by port 0, and events go to the `null` sink unless the config says otherwise).

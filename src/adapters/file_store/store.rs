@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use config::ConfigError;
@@ -74,6 +74,44 @@ impl fmt::Display for MalformedEntry {
     }
 }
 
+/// Reads the `index`th `[[nodes]]` entry into a definition, or says what is wrong with it.
+fn read_entry(index: usize, value: config::Value) -> Result<NodeDefinition, MalformedEntry> {
+    // Checked first because the config reader's own message for a non-table entry quotes
+    // the value, which may be a token written in the wrong place.
+    let Ok(mut table) = value.clone().into_table() else {
+        return Err(MalformedEntry {
+            at: EntryRef {
+                index,
+                id: String::new(),
+            },
+            reason: "is not a table; write each node as a [[nodes]] section".into(),
+        });
+    };
+    let id = table
+        .remove("id")
+        .and_then(|id| id.into_string().ok())
+        .unwrap_or_default();
+    value
+        .try_deserialize::<NodeEntry>()
+        .map(NodeDefinition::from)
+        .map_err(|error| MalformedEntry {
+            at: EntryRef { index, id },
+            reason: describe(&error),
+        })
+}
+
+/// Logs how many node definitions `path` held; none at all is worth a warning.
+fn log_loaded(path: &Path, nodes: usize) {
+    if nodes == 0 {
+        tracing::warn!(
+            file = %path.display(),
+            "no [[nodes]] are defined: every node registration will be refused"
+        );
+    } else {
+        tracing::info!(file = %path.display(), nodes, "loaded node definitions");
+    }
+}
+
 fn render(entries: &[MalformedEntry]) -> String {
     entries
         .iter()
@@ -118,28 +156,9 @@ impl FileNodeStore {
         let mut definitions = Vec::with_capacity(values.len());
         let mut malformed = Vec::new();
         for (index, value) in values.into_iter().enumerate() {
-            // Checked first because the config reader's own message for a non-table entry
-            // quotes the value, which may be a token written in the wrong place.
-            let Ok(mut table) = value.clone().into_table() else {
-                malformed.push(MalformedEntry {
-                    at: EntryRef {
-                        index,
-                        id: String::new(),
-                    },
-                    reason: "is not a table; write each node as a [[nodes]] section".into(),
-                });
-                continue;
-            };
-            let id = table
-                .remove("id")
-                .and_then(|id| id.into_string().ok())
-                .unwrap_or_default();
-            match value.try_deserialize::<NodeEntry>() {
-                Ok(entry) => definitions.push(NodeDefinition::from(entry)),
-                Err(error) => malformed.push(MalformedEntry {
-                    at: EntryRef { index, id },
-                    reason: describe(&error),
-                }),
+            match read_entry(index, value) {
+                Ok(definition) => definitions.push(definition),
+                Err(entry) => malformed.push(entry),
             }
         }
         if !malformed.is_empty() {
@@ -154,18 +173,7 @@ impl FileNodeStore {
                 path: path.to_owned(),
                 definitions,
             })?;
-        if store.records.is_empty() {
-            tracing::warn!(
-                file = %path.display(),
-                "no [[nodes]] are defined: every node registration will be refused"
-            );
-        } else {
-            tracing::info!(
-                file = %path.display(),
-                nodes = store.records.len(),
-                "loaded node definitions"
-            );
-        }
+        log_loaded(path, store.records.len());
         Ok(store)
     }
 
@@ -183,8 +191,8 @@ impl FileNodeStore {
         let mut by_token = HashMap::with_capacity(records.len());
         let mut by_id = HashMap::with_capacity(records.len());
         for (index, record) in records.iter().enumerate() {
-            by_token.entry(record.token).or_insert(index);
-            by_id.entry(record.id.clone()).or_insert(index);
+            by_token.entry(*record.token()).or_insert(index);
+            by_id.entry(record.id().clone()).or_insert(index);
         }
         Self {
             records,
@@ -209,7 +217,7 @@ impl NodeStore for FileNodeStore {
         let digest = token.digest();
         let index = *self.by_token.get(&digest)?;
         let record = self.records.get(index)?;
-        record.token.matches(&digest).then(|| Arc::clone(record))
+        record.token().matches(&digest).then(|| Arc::clone(record))
     }
 
     fn find_by_id(&self, id: &NodeId) -> Option<Arc<NodeRecord>> {
@@ -307,16 +315,16 @@ token = "secret-b"
         let records = store.records();
         assert_eq!(records.len(), 2);
         let a = &records[0];
-        assert_eq!(a.id.as_str(), "node-a");
-        assert_eq!(a.runtime.max_concurrent_runs, 2);
-        assert_eq!(a.runtime.heartbeat_interval_ms, 5_000);
-        assert_eq!(a.runtime.settings["threads"], "8");
-        assert_eq!(a.adapters[0].targets.len(), 2);
-        assert_eq!(a.adapters[0].settings["greeting"], "hi");
+        assert_eq!(a.id().as_str(), "node-a");
+        assert_eq!(a.runtime().max_concurrent_runs(), 2);
+        assert_eq!(a.runtime().heartbeat_interval_ms(), 5_000);
+        assert_eq!(a.runtime().settings()["threads"], "8");
+        assert_eq!(a.adapters()[0].targets().len(), 2);
+        assert_eq!(a.adapters()[0].settings()["greeting"], "hi");
         let b = &records[1];
-        assert_eq!(b.runtime.max_concurrent_runs, 4);
-        assert!(b.runtime.settings.is_empty());
-        assert!(b.adapters.is_empty());
+        assert_eq!(b.runtime().max_concurrent_runs(), 4);
+        assert!(b.runtime().settings().is_empty());
+        assert!(b.adapters().is_empty());
     }
 
     #[test]
@@ -336,7 +344,7 @@ token = "secret-b"
         let store =
             load(&(node("node-a", "gpu-a", "ta") + &node("node-b", "gpu-b", "tb"))).unwrap();
         let found = store.find_by_token(&Token::new("tb")).unwrap();
-        assert_eq!(found.id.as_str(), "node-b");
+        assert_eq!(found.id().as_str(), "node-b");
         assert!(store.find_by_token(&Token::new("tc")).is_none());
         assert!(store.find_by_token(&Token::new("t")).is_none());
         assert!(store.find_by_token(&Token::new("")).is_none());
@@ -347,7 +355,7 @@ token = "secret-b"
         let store =
             load(&(node("node-a", "gpu-a", "ta") + &node("node-b", "gpu-b", "tb"))).unwrap();
         assert_eq!(
-            store.find_by_id(&id("node-a")).unwrap().alias.as_str(),
+            store.find_by_id(&id("node-a")).unwrap().alias().as_str(),
             "gpu-a"
         );
         assert!(store.find_by_id(&id("gpu-a")).is_none());
@@ -363,7 +371,7 @@ token = "secret-b"
         );
         let store = load(&toml).unwrap();
         let found = store.find_by_token(&Token::new("hashed-secret")).unwrap();
-        assert_eq!(found.id.as_str(), "node-a");
+        assert_eq!(found.id().as_str(), "node-a");
         assert!(store.find_by_token(&Token::new(digest)).is_none());
     }
 

@@ -1,4 +1,5 @@
-//! `GET /healthz`, `GET /readyz` and `GET /metrics`.
+//! `GET /healthz`, `GET /readyz` and `GET /metrics`: the operations endpoints, and the
+//! one place the metrics registry is rendered in the Prometheus text format.
 
 use axum::extract::State;
 use axum::http::{StatusCode, header};
@@ -14,7 +15,7 @@ pub(super) async fn healthz() -> &'static str {
 /// Ready for work: the node transport is listening, the config is loaded (both hold once
 /// the server runs), and the edge is not draining.
 pub(super) async fn readyz(State(state): State<HttpState>) -> Response {
-    if state.transport.is_draining() {
+    if state.readiness.is_draining() {
         (StatusCode::SERVICE_UNAVAILABLE, "draining\n").into_response()
     } else {
         (StatusCode::OK, "ready\n").into_response()
@@ -23,7 +24,7 @@ pub(super) async fn readyz(State(state): State<HttpState>) -> Response {
 
 /// Every metric in the Prometheus text format.
 pub(super) async fn metrics(State(state): State<HttpState>) -> Response {
-    match crate::app::metrics::render(&state.metrics) {
+    match render(&state.metrics) {
         Ok(text) => (
             [(
                 header::CONTENT_TYPE,
@@ -38,4 +39,23 @@ pub(super) async fn metrics(State(state): State<HttpState>) -> Response {
         )
             .into_response(),
     }
+}
+
+/// Renders `registry` in the Prometheus text format.
+fn render(registry: &prometheus::Registry) -> Result<String, RenderError> {
+    use prometheus::Encoder as _;
+    let mut out = Vec::new();
+    prometheus::TextEncoder::new().encode(&registry.gather(), &mut out)?;
+    Ok(String::from_utf8(out)?)
+}
+
+/// Why the metrics could not be rendered.
+#[derive(Debug, thiserror::Error)]
+enum RenderError {
+    /// The encoder refused a metric family.
+    #[error(transparent)]
+    Encode(#[from] prometheus::Error),
+    /// The encoder wrote something that is not UTF-8.
+    #[error(transparent)]
+    Utf8(#[from] std::string::FromUtf8Error),
 }

@@ -17,18 +17,17 @@ use super::limits::{self, RequestSlots};
 use super::openai::{self, Api};
 use super::serve::serve;
 use super::tls::TlsListener;
-use crate::adapters::tcp::TransportControl;
 use crate::adapters::tls::TlsAcceptor;
 use crate::app::runs::RunService;
-use crate::ports::Registry;
+use crate::ports::{Readiness, Registry};
 
 /// What the handlers work with. Cheap to clone.
 #[derive(Clone)]
 pub struct HttpState {
     /// The registry `/metrics` renders.
     pub metrics: prometheus::Registry,
-    /// For readiness (draining or not).
-    pub transport: TransportControl,
+    /// For `/readyz`: whether the edge is draining.
+    pub readiness: Readiness,
     /// Accepts runs.
     pub runs: RunService,
     /// The connected nodes.

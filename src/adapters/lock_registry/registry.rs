@@ -121,7 +121,7 @@ impl LockRegistry {
             let maps = self.read();
             self.inner.stale.store(false, Ordering::Release);
             let mut entries: Vec<Arc<Entry>> = maps.by_id.values().cloned().collect();
-            entries.sort_by(|a, b| a.connection.record.id.cmp(&b.connection.record.id));
+            entries.sort_by(|a, b| a.connection.record.id().cmp(b.connection.record.id()));
             self.inner.sorted.store(Arc::new(entries));
         }
         self.inner.sorted.load_full()
@@ -132,12 +132,12 @@ impl Registry for LockRegistry {
     fn insert(&self, connection: NewConnection) -> Result<(), AlreadyConnected> {
         let now = SystemTime::now();
         let mut maps = self.write();
-        let id = connection.record.id.clone();
+        let id = connection.record.id().clone();
         if maps.by_id.contains_key(&id) {
             return Err(AlreadyConnected);
         }
         maps.id_by_alias
-            .insert(connection.record.alias.clone(), id.clone());
+            .insert(connection.record.alias().clone(), id.clone());
         maps.by_id.insert(
             id,
             Arc::new(Entry {
@@ -159,7 +159,7 @@ impl Registry for LockRegistry {
             .is_some_and(|e| e.connection.connection == connection);
         if live {
             if let Some(entry) = maps.by_id.remove(id) {
-                maps.id_by_alias.remove(&entry.connection.record.alias);
+                maps.id_by_alias.remove(entry.connection.record.alias());
             }
             self.inner.stale.store(true, Ordering::Release);
         }
@@ -237,21 +237,20 @@ mod tests {
 
     fn connection(id: &str, alias: &str, connection: ConnectionId) -> NewConnection {
         NewConnection {
-            record: Arc::new(NodeRecord {
-                id: NodeId::parse(id).unwrap(),
-                alias: Alias::parse(alias).unwrap(),
-                token: Token::new(id).digest(),
-                adapters: vec![AdapterConfig {
-                    name: AdapterName::parse("echo").unwrap(),
-                    targets: vec![Target::parse("t").unwrap()],
-                    settings: BTreeMap::new(),
-                }],
-                runtime: RuntimeConfig {
-                    max_concurrent_runs: 2,
-                    heartbeat_interval_ms: 1000,
-                    settings: BTreeMap::new(),
-                },
-            }),
+            record: Arc::new(NodeRecord::new(
+                NodeId::parse(id).unwrap(),
+                Alias::parse(alias).unwrap(),
+                Token::new(id).digest(),
+                vec![
+                    AdapterConfig::new(
+                        AdapterName::parse("echo").unwrap(),
+                        vec![Target::parse("t").unwrap()],
+                        BTreeMap::new(),
+                    )
+                    .unwrap(),
+                ],
+                RuntimeConfig::new(2, 1000, BTreeMap::new()).unwrap(),
+            )),
             connection,
             peer: SocketAddr::from(([127, 0, 0, 1], 9)),
             node_version: "test".into(),
@@ -272,13 +271,13 @@ mod tests {
             registry.insert(connection("a", "other", 3)),
             Err(AlreadyConnected)
         );
-        assert_eq!(registry.get("gpu-a").unwrap().record.id, id("a"));
+        assert_eq!(registry.get("gpu-a").unwrap().record.id(), &id("a"));
         assert_eq!(registry.get("b").unwrap().connection, 1);
         assert!(registry.get("nope").is_none());
         let order: Vec<String> = registry
             .snapshot()
             .iter()
-            .map(|n| n.record.id.to_string())
+            .map(|n| n.record.id().to_string())
             .collect();
         assert_eq!(order, ["a", "b"]);
         assert_eq!(registry.len(), 2);

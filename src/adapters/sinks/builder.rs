@@ -108,30 +108,28 @@ pub fn build_sinks(config: &EventsConfig) -> Result<Vec<BuiltSink>, SinkError> {
         .iter()
         .map(|&kind| {
             let sink = match kind {
-                SinkKind::Stdout => QueuedSink::spawn(
+                SinkKind::Stdout => QueuedSink::on_thread(
                     kind.as_str(),
                     stdout_writer(config.stdout.format),
                     settings(DEFAULT_FLUSH_INTERVAL),
-                    &runtime,
                 ),
-                SinkKind::File => QueuedSink::spawn(
+                SinkKind::File => QueuedSink::on_thread(
                     kind.as_str(),
                     file_writer(&config.file.path)?,
                     settings(Duration::from_millis(config.file.flush_interval_ms)),
-                    &runtime,
                 ),
-                SinkKind::Log => QueuedSink::spawn(
+                SinkKind::Log => Ok(QueuedSink::on_task(
                     kind.as_str(),
                     LogWriter,
                     settings(DEFAULT_FLUSH_INTERVAL),
                     &runtime,
-                ),
-                SinkKind::Null => QueuedSink::spawn(
+                )),
+                SinkKind::Null => Ok(QueuedSink::on_task(
                     kind.as_str(),
                     NullWriter,
                     settings(DEFAULT_FLUSH_INTERVAL),
                     &runtime,
-                ),
+                )),
             }
             .map_err(|source| SinkError::Thread { kind, source })?;
             let stats = sink.stats();

@@ -102,8 +102,6 @@ pub(crate) fn file_writer(path: &Path) -> Result<LineWriter<EventFile>, SinkErro
 mod tests {
     use std::time::Duration;
 
-    use tokio::runtime::Handle;
-
     use super::*;
     use crate::adapters::sinks::format::tests::{completed, output};
     use crate::adapters::sinks::queue::{QueueSettings, QueuedSink};
@@ -114,13 +112,7 @@ mod tests {
             capacity: 1_000,
             flush_interval: Duration::from_millis(200),
         };
-        QueuedSink::spawn(
-            "file",
-            file_writer(path).unwrap(),
-            settings,
-            &Handle::current(),
-        )
-        .unwrap()
+        QueuedSink::on_thread("file", file_writer(path).unwrap(), settings).unwrap()
     }
 
     fn lines(path: &Path) -> Vec<serde_json::Value> {

@@ -2,11 +2,14 @@
 //! stdout and the file sink format events.
 //!
 //! Formatting appends to a caller-owned `Vec<u8>` so the hot path reuses one buffer and does
-//! not allocate per event. Nothing here does I/O; every line ends with `\n` and holds no
-//! other newline.
+//! not allocate per event: numbers through `itoa`, bytes through `base64`, JSON strings
+//! through `serde_json`'s own escaping. Nothing here does I/O; every line ends with `\n` and
+//! holds no other newline.
 
-use std::fmt::{self, Write as _};
 use std::io::Write as _;
+
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD;
 
 use crate::domain::{EventOrigin, RunEvent, RunEventKind};
 
@@ -49,8 +52,9 @@ pub fn write_text_line(event: &RunEvent, out: &mut Vec<u8>) {
                 if !text.is_empty() {
                     out.push(b' ');
                 }
-                // Writing into a Vec cannot fail.
-                let _ = write!(out, "<{} bytes>", data.len());
+                out.push(b'<');
+                push_u64(data.len() as u64, out);
+                out.extend_from_slice(b" bytes>");
             }
         }
         RunEventKind::Completed {
@@ -60,11 +64,10 @@ pub fn write_text_line(event: &RunEvent, out: &mut Vec<u8>) {
             out.extend_from_slice(b" finish_reason=");
             push_escaped(finish_reason, out);
             if let Some(usage) = usage {
-                let _ = write!(
-                    out,
-                    " input_tokens={} output_tokens={}",
-                    usage.input_tokens, usage.output_tokens
-                );
+                out.extend_from_slice(b" input_tokens=");
+                push_u64(u64::from(usage.input_tokens), out);
+                out.extend_from_slice(b" output_tokens=");
+                push_u64(u64::from(usage.output_tokens), out);
             }
         }
         RunEventKind::Failed { code, message, .. } => {
@@ -97,6 +100,7 @@ fn push_escaped(text: &str, out: &mut Vec<u8>) {
         };
         out.extend_from_slice(&text.as_bytes()[start..i]);
         if escape.is_empty() {
+            // Writing into a Vec cannot fail.
             let _ = write!(out, "\\u{{{:x}}}", u32::from(c));
         } else {
             out.extend_from_slice(escape);
@@ -113,9 +117,9 @@ fn push_escaped(text: &str, out: &mut Vec<u8>) {
 /// counts omitted when the node reported none) for completed; `code`, `message` for failed;
 /// `reason` for cancelled.
 ///
-/// Written by hand, byte for byte what `serde_json` writes for the same object (a test
-/// holds it to that): this runs once per event in the file sink, and the generic
-/// serializer cost several times the rest of the relay.
+/// Written field by field, byte for byte what `serde_json` writes for the same object (a
+/// test holds it to that): this runs once per event in the file sink, and serializing a
+/// struct through the generic serializer cost several times the rest of the relay.
 pub fn write_json_line(event: &RunEvent, out: &mut Vec<u8>) {
     out.extend_from_slice(b"{\"run_id\":");
     push_json_str(event.run_id.as_str(), out);
@@ -143,8 +147,7 @@ pub fn write_json_line(event: &RunEvent, out: &mut Vec<u8>) {
             push_json_str(text, out);
             if !data.is_empty() {
                 out.extend_from_slice(b",\"data\":\"");
-                // Writing into a Vec cannot fail.
-                let _ = write!(out, "{}", Base64(data));
+                push_base64(data, out);
                 out.push(b'"');
             }
         }
@@ -175,85 +178,25 @@ pub fn write_json_line(event: &RunEvent, out: &mut Vec<u8>) {
     out.extend_from_slice(b"}\n");
 }
 
-/// Appends `text` as a JSON string, escaped as `serde_json` escapes it: `"` and `\`, the
-/// short escapes `\b \f \n \r \t`, other control characters below U+0020 as `\u00xx`;
-/// everything else (U+007F and non-ASCII included) as is.
+/// Appends `text` as a JSON string, escaped by `serde_json`.
 fn push_json_str(text: &str, out: &mut Vec<u8>) {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    let bytes = text.as_bytes();
-    out.push(b'"');
-    let mut start = 0;
-    for (i, &byte) in bytes.iter().enumerate() {
-        let escape: &[u8] = match byte {
-            b'"' => b"\\\"",
-            b'\\' => b"\\\\",
-            b'\n' => b"\\n",
-            b'\r' => b"\\r",
-            b'\t' => b"\\t",
-            0x08 => b"\\b",
-            0x0c => b"\\f",
-            0..0x20 => b"",
-            _ => continue,
-        };
-        out.extend_from_slice(&bytes[start..i]);
-        if escape.is_empty() {
-            out.extend_from_slice(b"\\u00");
-            out.push(HEX[usize::from(byte >> 4)]);
-            out.push(HEX[usize::from(byte & 0x0f)]);
-        } else {
-            out.extend_from_slice(escape);
-        }
-        start = i + 1;
-    }
-    out.extend_from_slice(&bytes[start..]);
-    out.push(b'"');
+    // Serializing a `str` into a Vec cannot fail.
+    let _ = serde_json::to_writer(&mut *out, text);
 }
 
 /// Appends `n` in decimal.
-fn push_u64(mut n: u64, out: &mut Vec<u8>) {
-    let mut digits = [0u8; 20];
-    let mut at = digits.len();
-    loop {
-        at -= 1;
-        digits[at] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    out.extend_from_slice(&digits[at..]);
+fn push_u64(n: u64, out: &mut Vec<u8>) {
+    out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
 }
 
-/// Bytes written as standard base64 (with padding), streamed into the output without an
-/// intermediate `String`.
-struct Base64<'a>(&'a [u8]);
-
-impl fmt::Display for Base64<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        const ALPHABET: &[u8; 64] =
-            b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-        let mut chunk = [0u8; 4];
-        for group in self.0.chunks(3) {
-            let b0 = group[0];
-            let b1 = group.get(1).copied().unwrap_or(0);
-            let b2 = group.get(2).copied().unwrap_or(0);
-            chunk[0] = ALPHABET[usize::from(b0 >> 2)];
-            chunk[1] = ALPHABET[usize::from(((b0 & 0x03) << 4) | (b1 >> 4))];
-            chunk[2] = if group.len() > 1 {
-                ALPHABET[usize::from(((b1 & 0x0f) << 2) | (b2 >> 6))]
-            } else {
-                b'='
-            };
-            chunk[3] = if group.len() > 2 {
-                ALPHABET[usize::from(b2 & 0x3f)]
-            } else {
-                b'='
-            };
-            for &c in &chunk {
-                f.write_char(char::from(c))?;
-            }
-        }
-        Ok(())
+/// Appends `data` as standard base64 (with padding), straight into `out`.
+fn push_base64(data: &[u8], out: &mut Vec<u8>) {
+    let start = out.len();
+    let len = base64::encoded_len(data.len(), true).unwrap_or(0);
+    out.resize(start + len, 0);
+    if STANDARD.encode_slice(data, &mut out[start..]).is_err() {
+        // Only a length overflow, which no event reaches: write nothing rather than zeros.
+        out.truncate(start);
     }
 }
 
@@ -433,18 +376,14 @@ pub(crate) mod tests {
             (b"foobar", "Zm9vYmFy"),
         ];
         for (input, expected) in cases {
-            assert_eq!(Base64(input).to_string(), expected);
+            let mut out = b"x".to_vec();
+            push_base64(input, &mut out);
+            assert_eq!(out, [b"x", expected.as_bytes()].concat());
         }
     }
 
     // ----------------------------------------------------------------------------------
     // The serde_json shape `write_json_line` replaced, kept as its reference.
-
-    impl serde::Serialize for Base64<'_> {
-        fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-            serializer.collect_str(self)
-        }
-    }
 
     /// The JSON shape of one event; fields that do not apply to the event's kind are omitted.
     #[derive(serde::Serialize)]
@@ -459,7 +398,7 @@ pub(crate) mod tests {
         #[serde(skip_serializing_if = "Option::is_none")]
         text: Option<&'a str>,
         #[serde(skip_serializing_if = "Option::is_none")]
-        data: Option<Base64<'a>>,
+        data: Option<String>,
         #[serde(skip_serializing_if = "Option::is_none")]
         finish_reason: Option<&'a str>,
         #[serde(skip_serializing_if = "Option::is_none")]
@@ -500,7 +439,7 @@ pub(crate) mod tests {
                 RunEventKind::Started => {}
                 RunEventKind::Output { text, data, .. } => {
                     line.text = Some(text);
-                    line.data = (!data.is_empty()).then_some(Base64(data));
+                    line.data = (!data.is_empty()).then(|| STANDARD.encode(data));
                 }
                 RunEventKind::Completed {
                     finish_reason,

@@ -1,7 +1,7 @@
 //! The line writer behind the stdout and file sinks: formats each batch into one reused
-//! buffer and writes that buffer to a blocking `std::io::Write`. It blocks
-//! ([`SinkWriter::BLOCKS`]), so its sink drains it on a thread of its own, never on the
-//! runtime's worker threads.
+//! buffer and writes that buffer to a blocking `std::io::Write`. It blocks, so its sink
+//! drains it on a thread of its own (`QueuedSink::on_thread`), never on the runtime's
+//! worker threads.
 //!
 //! After a failed write it drops its handle and the buffered lines, and opens a fresh
 //! handle for the next write, so a sink recovers by itself once its destination is writable
@@ -135,9 +135,7 @@ fn write_blocking<O: Write>(
 }
 
 impl<O: Write + Send + 'static> SinkWriter for LineWriter<O> {
-    const BLOCKS: bool = true;
-
-    async fn write_batch(&mut self, events: &[Arc<RunEvent>]) -> io::Result<()> {
+    fn write_batch(&mut self, events: &[Arc<RunEvent>]) -> io::Result<()> {
         for event in events {
             write_line(self.format, event, &mut self.buf);
         }
@@ -148,7 +146,7 @@ impl<O: Write + Send + 'static> SinkWriter for LineWriter<O> {
         }
     }
 
-    async fn flush(&mut self) -> io::Result<()> {
+    fn flush(&mut self) -> io::Result<()> {
         self.write_out(true)
     }
 }

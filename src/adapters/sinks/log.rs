@@ -68,14 +68,14 @@ fn record(event: &RunEvent) {
 }
 
 impl SinkWriter for LogWriter {
-    async fn write_batch(&mut self, events: &[Arc<RunEvent>]) -> io::Result<()> {
+    fn write_batch(&mut self, events: &[Arc<RunEvent>]) -> io::Result<()> {
         for event in events {
             record(event);
         }
         Ok(())
     }
 
-    async fn flush(&mut self) -> io::Result<()> {
+    fn flush(&mut self) -> io::Result<()> {
         Ok(())
     }
 }
@@ -130,7 +130,7 @@ mod tests {
             tracing::subscriber::set_default(tracing_subscriber::registry().with(capture.clone()));
         // The current-thread test runtime runs the drain task on this thread, under the
         // default subscriber set above.
-        let sink = QueuedSink::spawn("log", LogWriter, settings(10), &Handle::current()).unwrap();
+        let sink = QueuedSink::on_task("log", LogWriter, settings(10), &Handle::current());
         sink.publish(output("hi"));
         sink.publish(Arc::new(event(RunEventKind::failed(
             "node_disconnected",

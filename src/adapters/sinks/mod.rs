@@ -5,9 +5,13 @@
 //! [`build_sinks`] starts them and [`SinkSet`] fans every event out to all of them.
 //!
 //! Every sink sits behind the same queue (`queue.rs`), so a slow or failing sink never
-//! blocks the relay of any run, nor the other sinks: `publish` only enqueues, and a task
-//! per sink drains the queue in batches into the sink's writer. The adapter modules
-//! (`stdout.rs`, `file.rs`, `log.rs`, `null.rs`) are writers only.
+//! blocks the relay of any run, nor the other sinks: `publish` only enqueues, and each
+//! sink's drain writes the queue in batches into the sink's writer, a plain synchronous
+//! `SinkWriter` (`queue.rs`). The drain of a writer that blocks on I/O (`stdout`,
+//! `file`) runs on a std thread of its own (`edge-sink-stdout`, `edge-sink-file`); the
+//! drain of one that never blocks (`log`, `null`) is a task of the edge's runtime. The
+//! adapter modules (`stdout.rs`, `file.rs`, `log.rs`, `null.rs`, with `lines.rs` and
+//! `format.rs` behind the first two) are writers only.
 //!
 //! # Overflow policy
 //!
@@ -29,11 +33,14 @@
 //!
 //! A sink's writer is flushed whenever its queue runs empty and at least every flush
 //! interval (`[events.file] flush_interval_ms` for the file sink). `EventSink::flush`
-//! returns once every event accepted before the call is written and flushed. A drain task
-//! ends, after writing what is left, when its sink is dropped.
+//! returns once every event accepted before the call is written and flushed;
+//! `EventSink::close`, called as the edge stops, does the same and then ends the drain
+//! and joins its task or thread. A drain also ends, after writing what is left, when its
+//! sink is dropped.
 
 mod builder;
 pub mod config;
+mod drain;
 mod file;
 pub mod format;
 mod lines;

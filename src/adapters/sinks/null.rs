@@ -13,11 +13,11 @@ use super::queue::SinkWriter;
 pub(crate) struct NullWriter;
 
 impl SinkWriter for NullWriter {
-    async fn write_batch(&mut self, _events: &[Arc<RunEvent>]) -> io::Result<()> {
+    fn write_batch(&mut self, _events: &[Arc<RunEvent>]) -> io::Result<()> {
         Ok(())
     }
 
-    async fn flush(&mut self) -> io::Result<()> {
+    fn flush(&mut self) -> io::Result<()> {
         Ok(())
     }
 }
@@ -34,7 +34,7 @@ mod tests {
 
     #[tokio::test]
     async fn discards_and_counts_events() {
-        let sink = QueuedSink::spawn("null", NullWriter, settings(10), &Handle::current()).unwrap();
+        let sink = QueuedSink::on_task("null", NullWriter, settings(10), &Handle::current());
         for i in 0..5 {
             sink.publish(output(&i.to_string()));
         }

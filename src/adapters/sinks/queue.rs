@@ -1,7 +1,8 @@
 //! The one queue every sink sits behind: [`QueuedSink`] accepts events without waiting,
 //! holds them in a queue bounded for non-terminal events, and drains them in batches into a
-//! [`SinkWriter`] — on a task of the edge's runtime, or on the sink's own thread for a
-//! writer that blocks on I/O; [`SinkStats`] exposes its counters.
+//! [`SinkWriter`] — on a task of the edge's runtime ([`QueuedSink::on_task`]), or on a std
+//! thread of its own for a writer that blocks on I/O ([`QueuedSink::on_thread`]);
+//! [`SinkStats`] exposes its counters.
 //!
 //! Overflow policy: when `capacity` events wait unwritten, a new non-terminal event is
 //! dropped and counted in `dropped_queue_full`; a terminal event is always admitted, so
@@ -9,56 +10,40 @@
 //! below `capacity` plus one event per open run. Events count against the capacity until
 //! they have been written, so a stalled writer fills the queue.
 //!
-//! This module must not know what a writer does with events (formatting, files, stdout):
-//! that lives in the adapter modules beside it.
+//! The drain itself (batching, flushing, error reporting) is in `drain.rs`. Neither module
+//! knows what a writer does with events (formatting, files, stdout): that lives in the
+//! adapter modules beside them.
 
-use std::future::Future;
 use std::io;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use tokio::runtime::Handle;
 use tokio::sync::{mpsc, oneshot};
-use tokio::time::Instant;
 
+use super::drain::Drain;
 use crate::domain::RunEvent;
 use crate::ports::EventSink;
 
-/// The most messages the drain task takes from the queue for one batch.
-const MAX_BATCH: usize = 1_024;
-
-/// How long a blocking writer's drain waits for more events after a batch that did not fill
-/// [`MAX_BATCH`], on its own thread. Events then reach the writer up to this much later.
-const LINGER: Duration = Duration::from_millis(1);
-
-/// At most one warning per this long about a failing writer; the rest are counted.
-const WARN_EVERY: Duration = Duration::from_secs(10);
-
-/// Where a [`QueuedSink`] writes its events; owned and driven by the sink's drain task.
+/// Where a [`QueuedSink`] writes its events: plain synchronous calls, made by the sink's
+/// drain only (a task for a writer that never blocks, a thread of its own for one that
+/// does).
 pub(crate) trait SinkWriter: Send + 'static {
-    /// Whether the writer blocks on I/O (files, standard output). Such a writer's drain runs
-    /// on the sink's own thread, so neither its formatting nor its writes take time from the
-    /// runtime's workers, which relay the events; others drain on a task of the runtime.
-    const BLOCKS: bool = false;
-
     /// Writes (or buffers) `events`, in order.
     ///
     /// # Errors
     /// The I/O error that stopped the write; the events of this batch, and any the writer
     /// still buffered, are lost. The writer must accept the next batch (reopening what it
     /// writes to if it has to).
-    fn write_batch(
-        &mut self,
-        events: &[Arc<RunEvent>],
-    ) -> impl Future<Output = io::Result<()>> + Send;
+    fn write_batch(&mut self, events: &[Arc<RunEvent>]) -> io::Result<()>;
 
     /// Writes out anything buffered so it reaches its destination.
     ///
     /// # Errors
     /// The I/O error that stopped the write; the buffered events are lost.
-    fn flush(&mut self) -> impl Future<Output = io::Result<()>> + Send;
+    fn flush(&mut self) -> io::Result<()>;
 }
 
 /// How a [`QueuedSink`] queues and flushes.
@@ -70,19 +55,19 @@ pub(crate) struct QueueSettings {
     pub flush_interval: Duration,
 }
 
-/// The counters of one sink, shared by the sink and its drain task.
+/// The counters of one sink, shared by the sink and its drain.
 #[derive(Debug, Default)]
-struct Counters {
-    written: AtomicU64,
-    dropped_queue_full: AtomicU64,
-    write_errors: AtomicU64,
-    queue_depth: AtomicUsize,
+pub(super) struct Counters {
+    pub(super) written: AtomicU64,
+    pub(super) dropped_queue_full: AtomicU64,
+    pub(super) write_errors: AtomicU64,
+    pub(super) queue_depth: AtomicUsize,
 }
 
 /// A cheap-to-clone, read-only view of one sink's counters, for metrics export.
 #[derive(Debug, Clone, Default)]
 pub struct SinkStats {
-    counters: Arc<Counters>,
+    pub(super) counters: Arc<Counters>,
 }
 
 impl SinkStats {
@@ -108,64 +93,91 @@ impl SinkStats {
 }
 
 /// What travels through a sink's queue.
-enum Message {
+pub(super) enum Message {
     /// An event to write.
     Event(Arc<RunEvent>),
     /// Write and flush everything before this marker, then answer.
     Flush(oneshot::Sender<()>),
+    /// Write and flush everything before this marker, answer, and end the drain.
+    Close(oneshot::Sender<()>),
 }
 
-/// An [`EventSink`] that queues events and writes them with `W` on its own task.
+/// The drain of a sink: a task of the runtime or a thread of its own, joined on close.
+enum Worker {
+    Task(tokio::task::JoinHandle<()>),
+    Thread(std::thread::JoinHandle<()>),
+}
+
+/// An [`EventSink`] that queues events and writes them with a [`SinkWriter`] on its drain.
 ///
 /// The queue is an unbounded channel behind a depth gate: `publish` admits a non-terminal
 /// event only while fewer than `capacity` events wait unwritten, and always admits terminal
-/// events (see the module docs). The drain task ends, after writing and flushing what is
-/// left, once the sink is dropped.
+/// events (see the module docs). The drain ends, after writing and flushing what is left,
+/// on [`EventSink::close`] (which joins it) or once the sink is dropped.
 pub(crate) struct QueuedSink {
     name: &'static str,
     capacity: usize,
     sender: mpsc::UnboundedSender<Message>,
     stats: SinkStats,
+    /// Taken by `close`; never touched by `publish`.
+    worker: Mutex<Option<Worker>>,
 }
 
 impl QueuedSink {
-    /// Starts the drain of `writer` (on `runtime`, or on a thread of its own when the
-    /// writer blocks: [`SinkWriter::BLOCKS`]) and returns the sink feeding it.
-    ///
-    /// # Errors
-    /// The thread of a blocking writer could not be started.
-    pub(crate) fn spawn<W: SinkWriter>(
+    /// Starts the drain of `writer`, which never blocks, as a task on `runtime`.
+    pub(crate) fn on_task<W: SinkWriter>(
         name: &'static str,
         writer: W,
         settings: QueueSettings,
         runtime: &Handle,
+    ) -> Self {
+        let (sender, receiver) = mpsc::unbounded_channel();
+        let stats = SinkStats::default();
+        let drain = Drain::new(name, writer, &stats, settings);
+        let task = runtime.spawn(drain.run_on_task(receiver));
+        Self::new(name, settings, sender, stats, Worker::Task(task))
+    }
+
+    /// Starts the drain of `writer`, whose writes block on I/O, on a std thread of its own
+    /// (`edge-sink-<name>`), so neither its formatting nor its writes take time from the
+    /// runtime's workers, which relay the events.
+    ///
+    /// # Errors
+    /// The thread could not be started.
+    pub(crate) fn on_thread<W: SinkWriter>(
+        name: &'static str,
+        writer: W,
+        settings: QueueSettings,
     ) -> io::Result<Self> {
         let (sender, receiver) = mpsc::unbounded_channel();
         let stats = SinkStats::default();
-        let drain = Drain {
+        let drain = Drain::new(name, writer, &stats, settings);
+        let thread = std::thread::Builder::new()
+            .name(format!("edge-sink-{name}"))
+            .spawn(move || drain.run_on_thread(receiver))?;
+        Ok(Self::new(
             name,
-            writer,
-            receiver,
-            counters: Arc::clone(&stats.counters),
-            flush_interval: settings.flush_interval,
-            throttle: WarnThrottle::default(),
-        };
-        // Not joined: the drain ends by itself once `sender` (owned by this sink) is gone.
-        if W::BLOCKS {
-            // The drain needs no timer and no I/O driver: its writes are plain blocking calls.
-            let own = tokio::runtime::Builder::new_current_thread().build()?;
-            std::thread::Builder::new()
-                .name(format!("edge-sink-{name}"))
-                .spawn(move || own.block_on(drain.run()))?;
-        } else {
-            runtime.spawn(drain.run());
-        }
-        Ok(Self {
+            settings,
+            sender,
+            stats,
+            Worker::Thread(thread),
+        ))
+    }
+
+    fn new(
+        name: &'static str,
+        settings: QueueSettings,
+        sender: mpsc::UnboundedSender<Message>,
+        stats: SinkStats,
+        worker: Worker,
+    ) -> Self {
+        Self {
             name,
             capacity: settings.capacity,
             sender,
             stats,
-        })
+            worker: Mutex::new(Some(worker)),
+        }
     }
 
     /// The sink's counters.
@@ -186,6 +198,16 @@ impl QueuedSink {
             })
             .is_ok()
     }
+
+    /// Sends a marker the drain answers once it has written and flushed what came before;
+    /// returns when it has (or at once when the drain is gone).
+    async fn marker(&self, message: fn(oneshot::Sender<()>) -> Message) {
+        let (done, written) = oneshot::channel();
+        if self.sender.send(message(done)).is_ok() {
+            // An error means the drain is gone; there is nothing left to wait for.
+            let _ = written.await;
+        }
+    }
 }
 
 #[async_trait]
@@ -201,168 +223,39 @@ impl EventSink for QueuedSink {
             return;
         }
         if self.sender.send(Message::Event(event)).is_err() {
-            // The drain task is gone (it panicked): nothing can be written any more.
+            // The drain is gone (closed, or it panicked): nothing can be written any more.
             counters.queue_depth.fetch_sub(1, Ordering::Relaxed);
             counters.write_errors.fetch_add(1, Ordering::Relaxed);
         }
     }
 
     async fn flush(&self) {
-        let (done, written) = oneshot::channel();
-        if self.sender.send(Message::Flush(done)).is_ok() {
-            // An error means the drain task is gone; there is nothing left to wait for.
-            let _ = written.await;
-        }
-    }
-}
-
-/// The drain task's state.
-struct Drain<W> {
-    name: &'static str,
-    writer: W,
-    receiver: mpsc::UnboundedReceiver<Message>,
-    counters: Arc<Counters>,
-    flush_interval: Duration,
-    throttle: WarnThrottle,
-}
-
-impl<W: SinkWriter> Drain<W> {
-    /// Drains the queue until every sender is gone, then writes and flushes the rest.
-    async fn run(mut self) {
-        let mut messages = Vec::with_capacity(MAX_BATCH);
-        let mut batch: Vec<Arc<RunEvent>> = Vec::with_capacity(MAX_BATCH);
-        let mut unflushed = false;
-        let mut last_flush = Instant::now();
-        while self.receiver.recv_many(&mut messages, MAX_BATCH).await > 0 {
-            let full_batch = messages.len() == MAX_BATCH;
-            for message in messages.drain(..) {
-                match message {
-                    Message::Event(event) => batch.push(event),
-                    Message::Flush(done) => {
-                        self.write(&mut batch).await;
-                        self.flush().await;
-                        unflushed = false;
-                        last_flush = Instant::now();
-                        // The caller may have stopped waiting; that is fine.
-                        let _ = done.send(());
-                    }
-                }
-            }
-            if !batch.is_empty() {
-                self.write(&mut batch).await;
-                unflushed = true;
-            }
-            if unflushed
-                && (self.receiver.is_empty() || last_flush.elapsed() >= self.flush_interval)
-            {
-                self.flush().await;
-                unflushed = false;
-                last_flush = Instant::now();
-            }
-            if W::BLOCKS && !full_batch {
-                // The sink's own thread: let events gather rather than being woken (a
-                // system call on the relaying thread) for every few of them.
-                std::thread::sleep(LINGER);
-            }
-        }
-        if unflushed {
-            self.flush().await;
-        }
+        self.marker(Message::Flush).await;
     }
 
-    /// Writes `batch` and empties it; the events leave the queue whatever the outcome.
-    async fn write(&mut self, batch: &mut Vec<Arc<RunEvent>>) {
-        if batch.is_empty() {
-            return;
-        }
-        let result = self.writer.write_batch(batch).await;
-        let count = batch.len();
-        batch.clear();
-        self.counters
-            .queue_depth
-            .fetch_sub(count, Ordering::Relaxed);
-        match result {
-            Ok(()) => {
-                self.counters
-                    .written
-                    .fetch_add(count as u64, Ordering::Relaxed);
+    async fn close(&self) {
+        self.marker(Message::Close).await;
+        let worker = self
+            .worker
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .take();
+        // The drain has answered the close and is returning: the joins are immediate.
+        match worker {
+            Some(Worker::Task(task)) => {
+                let _ = task.await;
             }
-            Err(error) => self.failed(&error),
-        }
-    }
-
-    async fn flush(&mut self) {
-        match self.writer.flush().await {
-            Ok(()) => self.recovered(),
-            Err(error) => self.failed(&error),
-        }
-    }
-
-    fn failed(&mut self, error: &io::Error) {
-        self.counters.write_errors.fetch_add(1, Ordering::Relaxed);
-        if let Some(suppressed) = self.throttle.on_error(Instant::now()) {
-            tracing::warn!(
-                sink = self.name,
-                %error,
-                suppressed,
-                "event sink write failed; the events in that write are lost \
-                 (further failures are counted and reported at most every 10 s)"
-            );
-        }
-    }
-
-    fn recovered(&mut self) {
-        if let Some(suppressed) = self.throttle.on_success() {
-            tracing::info!(
-                sink = self.name,
-                suppressed,
-                "event sink writes again after failing"
-            );
-        }
-    }
-}
-
-/// Rate-limits log records about a failing writer: at most one warning per [`WARN_EVERY`],
-/// carrying the number of failures not reported since the last one, and at most one
-/// "writes again" record per warning.
-#[derive(Debug, Default)]
-struct WarnThrottle {
-    last_warning: Option<Instant>,
-    suppressed: u64,
-    warned: bool,
-}
-
-impl WarnThrottle {
-    /// Records a failure at `now`; returns `Some(suppressed)` when it should be reported.
-    fn on_error(&mut self, now: Instant) -> Option<u64> {
-        match self.last_warning {
-            Some(last) if now.saturating_duration_since(last) < WARN_EVERY => {
-                self.suppressed += 1;
-                None
+            Some(Worker::Thread(thread)) => {
+                let _ = tokio::task::spawn_blocking(move || thread.join()).await;
             }
-            _ => {
-                self.last_warning = Some(now);
-                self.warned = true;
-                Some(std::mem::take(&mut self.suppressed))
-            }
+            None => {}
         }
-    }
-
-    /// Records a success; returns `Some(suppressed)` when it follows a reported failure
-    /// (and reports the failures not reported since).
-    fn on_success(&mut self) -> Option<u64> {
-        if !std::mem::take(&mut self.warned) {
-            return None;
-        }
-        Some(std::mem::take(&mut self.suppressed))
     }
 }
 
 #[cfg(test)]
 pub(super) mod tests {
-    use std::sync::Mutex;
-
-    use tokio::sync::Semaphore;
+    use std::sync::Condvar;
 
     use super::*;
     use crate::adapters::sinks::format::tests::{completed, output};
@@ -373,12 +266,32 @@ pub(super) mod tests {
     pub(crate) struct Recorder {
         pub written: Arc<Mutex<Vec<Arc<RunEvent>>>>,
         pub flushes: Arc<AtomicUsize>,
-        gate: Option<Arc<Semaphore>>,
+        gate: Option<Gate>,
         fail_next: Arc<AtomicUsize>,
     }
 
+    /// Permits a blocking writer waits for, one per batch.
+    #[derive(Clone, Default)]
+    struct Gate(Arc<(Mutex<usize>, Condvar)>);
+
+    impl Gate {
+        fn add_permits(&self, n: usize) {
+            let (permits, added) = &*self.0;
+            *permits.lock().unwrap() += n;
+            added.notify_all();
+        }
+
+        fn acquire(&self) {
+            let (permits, added) = &*self.0;
+            let mut permits = added
+                .wait_while(permits.lock().unwrap(), |permits| *permits == 0)
+                .unwrap();
+            *permits -= 1;
+        }
+    }
+
     impl Recorder {
-        fn gated(gate: Arc<Semaphore>) -> Self {
+        fn gated(gate: Gate) -> Self {
             Self {
                 gate: Some(gate),
                 ..Self::default()
@@ -399,9 +312,9 @@ pub(super) mod tests {
     }
 
     impl SinkWriter for Recorder {
-        async fn write_batch(&mut self, events: &[Arc<RunEvent>]) -> io::Result<()> {
+        fn write_batch(&mut self, events: &[Arc<RunEvent>]) -> io::Result<()> {
             if let Some(gate) = &self.gate {
-                gate.acquire().await.unwrap().forget();
+                gate.acquire();
             }
             let fail = self
                 .fail_next
@@ -414,7 +327,7 @@ pub(super) mod tests {
             Ok(())
         }
 
-        async fn flush(&mut self) -> io::Result<()> {
+        fn flush(&mut self) -> io::Result<()> {
             self.flushes.fetch_add(1, Ordering::Relaxed);
             Ok(())
         }
@@ -428,7 +341,12 @@ pub(super) mod tests {
     }
 
     fn spawn(writer: Recorder, capacity: usize) -> QueuedSink {
-        QueuedSink::spawn("test", writer, settings(capacity), &Handle::current()).unwrap()
+        QueuedSink::on_task("test", writer, settings(capacity), &Handle::current())
+    }
+
+    /// The drain on a thread of its own, where a writer may block.
+    fn spawn_thread(writer: Recorder, capacity: usize) -> QueuedSink {
+        QueuedSink::on_thread("test", writer, settings(capacity)).unwrap()
     }
 
     #[tokio::test]
@@ -453,9 +371,9 @@ pub(super) mod tests {
 
     #[tokio::test]
     async fn a_full_queue_drops_exactly_the_excess_non_terminal_events() {
-        let gate = Arc::new(Semaphore::new(0));
-        let writer = Recorder::gated(Arc::clone(&gate));
-        let sink = spawn(writer.clone(), 4);
+        let gate = Gate::default();
+        let writer = Recorder::gated(gate.clone());
+        let sink = spawn_thread(writer.clone(), 4);
         let stats = sink.stats();
         for i in 0..7 {
             sink.publish(output(&format!("o{i}")));
@@ -521,22 +439,29 @@ pub(super) mod tests {
         assert!(writer.flushes.load(Ordering::Relaxed) >= 1);
     }
 
-    #[test]
-    fn warnings_are_limited_to_one_per_window_with_the_suppressed_count() {
-        let start = Instant::now();
-        let mut throttle = WarnThrottle::default();
-        assert_eq!(throttle.on_success(), None);
-        assert_eq!(throttle.on_error(start), Some(0));
-        assert_eq!(throttle.on_error(start + Duration::from_secs(1)), None);
-        assert_eq!(throttle.on_error(start + Duration::from_secs(9)), None);
-        assert_eq!(throttle.on_error(start + Duration::from_secs(10)), Some(2));
-        assert_eq!(throttle.on_error(start + Duration::from_secs(11)), None);
-        assert_eq!(throttle.on_success(), Some(1));
-        assert_eq!(throttle.on_success(), None);
-        // A failure inside the window is counted, not reported, and not followed by a
-        // recovery record of its own.
-        assert_eq!(throttle.on_error(start + Duration::from_secs(12)), None);
-        assert_eq!(throttle.on_success(), None);
-        assert_eq!(throttle.on_error(start + Duration::from_secs(20)), Some(1));
+    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+    async fn close_writes_the_rest_and_joins_the_drain() {
+        for on_thread in [false, true] {
+            let writer = Recorder::default();
+            let sink = if on_thread {
+                spawn_thread(writer.clone(), 10)
+            } else {
+                spawn(writer.clone(), 10)
+            };
+            sink.publish(output("a"));
+            sink.publish(completed());
+            sink.close().await;
+            // Joined: the drain dropped its writer, the only other clone of `written`.
+            assert_eq!(Arc::strong_count(&writer.written), 1, "thread: {on_thread}");
+            assert_eq!(writer.texts(), ["a", "completed"]);
+            assert!(writer.flushes.load(Ordering::Relaxed) >= 1);
+            // Nothing is written after the close; what comes is counted as lost.
+            sink.publish(completed());
+            let stats = sink.stats();
+            assert_eq!(stats.write_errors(), 1);
+            assert_eq!(stats.queue_depth(), 0);
+            sink.flush().await;
+            sink.close().await;
+        }
     }
 }

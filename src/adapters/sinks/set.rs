@@ -55,6 +55,11 @@ impl EventSink for SinkSet {
     async fn flush(&self) {
         futures::future::join_all(self.sinks.iter().map(|sink| sink.flush())).await;
     }
+
+    /// Closes every sink concurrently; returns when every drain has ended.
+    async fn close(&self) {
+        futures::future::join_all(self.sinks.iter().map(|sink| sink.close())).await;
+    }
 }
 
 #[cfg(test)]

@@ -18,7 +18,6 @@ pub(crate) fn stdout_writer(format: LineFormat) -> LineWriter<Stdout> {
 #[cfg(test)]
 mod tests {
     use std::fs::{self, File, OpenOptions};
-    use tokio::runtime::Handle;
 
     use super::*;
     use crate::adapters::sinks::format::tests::{completed, output};
@@ -35,8 +34,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_failing_stdout_counts_errors_and_keeps_accepting_events() {
-        let sink =
-            QueuedSink::spawn("stdout", full_console(), settings(10), &Handle::current()).unwrap();
+        let sink = QueuedSink::on_thread("stdout", full_console(), settings(10)).unwrap();
         let stats = sink.stats();
         sink.publish(output("a"));
         sink.flush().await;
@@ -58,7 +56,7 @@ mod tests {
             move || OpenOptions::new().create(true).append(true).open(&path)
         };
         let writer = LineWriter::new(LineFormat::Text, open().unwrap(), Arc::new(open));
-        let sink = QueuedSink::spawn("stdout", writer, settings(10), &Handle::current()).unwrap();
+        let sink = QueuedSink::on_thread("stdout", writer, settings(10)).unwrap();
         sink.publish(output("hi\nthere"));
         sink.publish(completed());
         sink.flush().await;
@@ -71,13 +69,8 @@ mod tests {
 
     #[tokio::test]
     async fn the_stdout_writer_builds_and_writes() {
-        let sink = QueuedSink::spawn(
-            "stdout",
-            stdout_writer(LineFormat::Json),
-            settings(10),
-            &Handle::current(),
-        )
-        .unwrap();
+        let sink =
+            QueuedSink::on_thread("stdout", stdout_writer(LineFormat::Json), settings(10)).unwrap();
         sink.publish(completed());
         sink.flush().await;
         assert_eq!(sink.stats().written(), 1);

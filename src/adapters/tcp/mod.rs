@@ -8,6 +8,7 @@
 
 pub mod config;
 mod connection;
+mod handshake;
 mod link;
 mod server;
 mod stats;

@@ -2,7 +2,7 @@
 
 use std::io;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -13,11 +13,11 @@ use tokio_util::task::TaskTracker;
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use super::config::ServerConfig;
-use super::connection::{NodeIo, serve_connection};
+use super::connection::{Connection, NodeIo};
 use super::stats::TransportStats;
 use crate::adapters::tls::TlsAcceptor;
 use crate::domain::RegistrationThrottle;
-use crate::ports::{CloseReason, NodeCommand, NodeEventHandler, NodeStore, Registry};
+use crate::ports::{CloseReason, NodeCommand, NodeEventHandler, NodeStore, Readiness, Registry};
 
 /// How long the accept loop pauses when the process is out of file descriptors.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
@@ -37,7 +37,8 @@ pub struct ServerDeps {
 pub(super) struct Shared {
     pub(super) config: ServerConfig,
     pub(super) deps: ServerDeps,
-    pub(super) draining: AtomicBool,
+    /// Set when draining: new registrations are refused.
+    pub(super) readiness: Readiness,
     /// Cancelled to close every connection at once (the end of a graceful stop).
     pub(super) close_all: CancellationToken,
     pub(super) stats: Arc<TransportStats>,
@@ -59,7 +60,12 @@ impl TransportControl {
     /// `SHUTTING_DOWN` (the listener keeps accepting until [`TransportControl::shut_down`],
     /// so they get that clean answer rather than a refused connection).
     pub fn start_draining(&self) {
-        self.shared.draining.store(true, Ordering::Release);
+        self.shared.readiness.start_draining();
+    }
+
+    /// The readiness flag this transport sets when draining, for health checks.
+    pub fn readiness(&self) -> Readiness {
+        self.shared.readiness.clone()
     }
 
     /// The transport's counters.
@@ -84,7 +90,8 @@ impl TransportControl {
             .stats
             .connections_open
             .fetch_add(1, Ordering::Relaxed);
-        let reason = serve_connection(shared, stream, peer, id)
+        let reason = Connection::new(shared, stream, peer, id)
+            .serve()
             .instrument(span)
             .await;
         shared
@@ -116,7 +123,7 @@ impl TransportControl {
 
     /// Whether the transport is draining.
     pub fn is_draining(&self) -> bool {
-        self.shared.draining.load(Ordering::Acquire)
+        self.shared.readiness.is_draining()
     }
 
     /// Sends `Shutdown` to every registered node, then waits up to `grace` for the
@@ -125,7 +132,7 @@ impl TransportControl {
         self.start_draining();
         self.stop_accepting.cancel();
         for node in self.shared.deps.registry.snapshot() {
-            if let Some(link) = self.shared.deps.registry.link(&node.record.id) {
+            if let Some(link) = self.shared.deps.registry.link(node.record.id()) {
                 // A node whose queue is full is closed as a slow consumer instead.
                 let _ = link.send(NodeCommand::Shutdown {
                     reason: reason.to_owned(),
@@ -169,7 +176,7 @@ impl TcpServer {
             throttle: Mutex::new(throttle),
             config,
             deps,
-            draining: AtomicBool::new(false),
+            readiness: Readiness::default(),
             close_all: CancellationToken::new(),
             stats: Arc::new(TransportStats::default()),
             next_connection: AtomicU64::new(1),

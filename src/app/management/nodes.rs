@@ -64,13 +64,13 @@ impl Management {
         let connected = self.inner.registry.snapshot();
         let mut connected = connected.iter().peekable();
         let mut records = self.inner.store.records();
-        records.sort_by(|a, b| a.id.cmp(&b.id));
+        records.sort_by(|a, b| a.id().cmp(b.id()));
         records
             .into_iter()
             .map(|record| {
                 // Both lists are ordered by id: walk them together.
-                while connected.next_if(|c| c.record.id < record.id).is_some() {}
-                let live = connected.next_if(|c| c.record.id == record.id);
+                while connected.next_if(|c| c.record.id() < record.id()).is_some() {}
+                let live = connected.next_if(|c| c.record.id() == record.id());
                 self.status(record, live)
             })
             .collect()
@@ -84,12 +84,12 @@ impl Management {
             .records()
             .into_iter()
             .find(|r| r.is_named(name))?;
-        let live = self.inner.registry.get(record.id.as_str());
+        let live = self.inner.registry.get(record.id().as_str());
         Some(self.status(record, live.as_ref()))
     }
 
     fn status(&self, record: Arc<NodeRecord>, live: Option<&ConnectedNode>) -> NodeStatus {
-        let drain = self.inner.drains.get(&record.id);
+        let drain = self.inner.drains.get(&record.id());
         let connection = live.map(ConnectedNodeView::of);
         let active = connection.as_ref().map_or(0, |c| c.active_runs);
         let state = NodeState::of(connection.is_some(), drain.as_ref(), active, false);
@@ -111,7 +111,7 @@ impl Management {
         let status = self
             .node(name)
             .ok_or_else(|| ManageError::UnknownNode(name.to_owned()))?;
-        let id = status.record.id.clone();
+        let id = status.record.id().clone();
         let since_ms = now_ms();
         let deadline_ms = deadline
             .map(|d| since_ms.saturating_add(u64::try_from(d.as_millis()).unwrap_or(u64::MAX)));
@@ -136,12 +136,12 @@ impl Management {
         let status = self
             .node(name)
             .ok_or_else(|| ManageError::UnknownNode(name.to_owned()))?;
-        if self.inner.drains.resume(&status.record.id).is_some() {
-            info!(node = %status.record.id, "node resumed");
+        if self.inner.drains.resume(&status.record.id()).is_some() {
+            info!(node = %status.record.id(), "node resumed");
             // Queued runs may fit on it now.
-            self.inner.live.node_resumed(&status.record.id);
+            self.inner.live.node_resumed(&status.record.id());
         }
-        self.node(status.record.id.as_str())
+        self.node(status.record.id().as_str())
             .ok_or_else(|| ManageError::UnknownNode(name.to_owned()))
     }
 

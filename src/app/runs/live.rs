@@ -132,11 +132,10 @@ impl LiveRuns for RunService {
     async fn follow(&self, id: &RunId) -> Option<Follow> {
         let run = lock(&self.inner.table).runs.get(id).cloned()?;
         let mut delivery = run.delivery.lock().await;
-        if delivery.state.is_finished() {
+        let (sender, events) = mpsc::channel(FOLLOWER_BUFFER);
+        if !delivery.follow(sender) {
             return None;
         }
-        let (sender, events) = mpsc::channel(FOLLOWER_BUFFER);
-        delivery.followers.push(sender);
         Some(Follow {
             next_index: run.relayed.load(Ordering::Acquire),
             events,

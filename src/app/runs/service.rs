@@ -1,4 +1,7 @@
-//! [`RunService`]: the run lifecycle from acceptance to its one terminal event.
+//! [`RunService`]: the public face of the run service — accepting, cancelling and draining
+//! runs — and the [`NodeEventHandler`] the node transport calls. The work is done in the
+//! modules beside it: placement and the queue (`placement.rs`), the relay of events
+//! (`delivery.rs`) and the timers (`timers.rs`).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -10,30 +13,21 @@ use tokio::sync::{Notify, mpsc};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tracing::{Instrument, debug, info_span, warn};
+use tracing::{debug, info_span, warn};
 
+use super::delivery::{CALLER_BUFFER, Delivery};
 use super::metrics::RunMetrics;
-use super::table::{Delivery, Placement, Run, Table, lock};
+use super::table::{Miss, Placement, Run, Table, lock};
 use crate::adapters::journal::NoopJournal;
 use crate::app::drains::Drains;
 use crate::app::settings::RunsConfig;
 use crate::domain::{
-    EdgeFailure, EventOrigin, EventVerdict, NodeId, RunEvent, RunEventKind, RunId, RunSpec,
-    RunState, SelectError, select_node,
+    EdgeFailure, EventOrigin, NodeId, RunEvent, RunEventKind, RunId, RunSpec, SelectError,
 };
 use crate::ports::{
-    CloseReason, ConnectionId, EventSink, JournalEntry, NodeCommand, NodeEventHandler,
-    NodeTransport, Registry, ReportedEvent, RunAssignment, RunJournal,
+    CloseReason, ConnectionId, EventSink, JournalEntry, NodeEventHandler, NodeTransport, Registry,
+    ReportedEvent, RunJournal,
 };
-
-/// Events buffered for a caller who reads slower than the node writes. When it is full the
-/// node's connection waits (it stops reading frames), which slows the node down.
-const CALLER_BUFFER: usize = 256;
-
-/// How long a full caller buffer may stay full before the edge stops feeding that caller
-/// (the run goes on, and its events still reach the sinks). Bounds how long a caller who
-/// stopped reading can hold up its node's connection, a deadline or a shutdown.
-const CALLER_STALL_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Why a run was not accepted. Accepted runs never fail this way: they end with a terminal
 /// event instead.
@@ -81,25 +75,26 @@ pub struct RunService {
     pub(super) inner: Arc<Inner>,
 }
 
+/// What every part of the run service shares.
 pub(super) struct Inner {
     pub(super) registry: Arc<dyn Registry>,
-    transport: Arc<dyn NodeTransport>,
-    sink: Arc<dyn EventSink>,
+    pub(super) transport: Arc<dyn NodeTransport>,
+    pub(super) sink: Arc<dyn EventSink>,
     /// Where run records and events are kept (nothing, when disabled).
     pub(super) journal: Arc<dyn RunJournal>,
     /// Nodes an operator drained: placement passes them over.
     pub(super) drains: Drains,
-    config: RunsConfig,
+    pub(super) config: RunsConfig,
+    /// The open runs and the queue; see [`Table`] for what must happen under it.
     pub(super) table: Mutex<Table>,
-    turn: AtomicU64,
     next_id: AtomicU64,
     id_prefix: u32,
     draining: AtomicBool,
     /// Signalled whenever a run ends, for the drain wait.
-    run_ended: Notify,
-    timers: TaskTracker,
-    stats: RunStats,
-    metrics: RunMetrics,
+    pub(super) run_ended: Notify,
+    pub(super) timers: TaskTracker,
+    pub(super) stats: RunStats,
+    pub(super) metrics: RunMetrics,
 }
 
 impl RunService {
@@ -136,7 +131,6 @@ impl RunService {
                 drains,
                 config,
                 table: Mutex::new(Table::default()),
-                turn: AtomicU64::new(0),
                 next_id: AtomicU64::new(1),
                 id_prefix: rand::random(),
                 draining: AtomicBool::new(false),
@@ -179,63 +173,12 @@ impl RunService {
             spec.deadline = Some(Duration::from_millis(inner.config.default_deadline_ms));
         }
         let (caller, events) = mpsc::channel(CALLER_BUFFER);
-        let id = self.next_run_id();
-        let span = info_span!(
-            "run",
-            run_id = %id,
-            adapter = %spec.selector.adapter,
-            target = %spec.selector.target,
-            node = tracing::field::Empty,
-        );
-        let accepted = super::live::accepted(&id, &spec);
-        let run = Arc::new(Run {
-            id,
-            span,
-            spec,
-            placement: Mutex::new(Placement::Queued),
-            accepted_at: Instant::now(),
-            delivery: tokio::sync::Mutex::new(Delivery {
-                state: RunState::default(),
-                caller: Some(caller),
-                saw_output: false,
-                followers: Vec::new(),
-            }),
-            ended: CancellationToken::new(),
-            accepted,
-            attempts: Mutex::new(Vec::new()),
-            relayed: AtomicU64::new(0),
-            first_output_ms: AtomicU64::new(0),
-        });
+        let run = Arc::new(self.new_run(spec, caller));
         if inner.journal.enabled() {
             let entry = JournalEntry::Accepted(Box::new(run.accepted.clone()));
             inner.journal.record(entry);
         }
-        let placed = {
-            let mut table = lock(&inner.table);
-            let placed = match self.place(&run) {
-                Ok(Some(node)) => Some(node),
-                // The chosen node left between two registry reads: the run waits like one
-                // for a busy node (a rare race, so it may exceed the capacity by a few).
-                Ok(None) => {
-                    table.queue.push_back(Arc::clone(&run));
-                    None
-                }
-                Err(cause) if cause.is_busy() => {
-                    if table.queue.len() >= inner.config.queue_capacity {
-                        return Err(StartError::QueueFull {
-                            cause,
-                            capacity: inner.config.queue_capacity,
-                        });
-                    }
-                    debug!(run_id = %run.id, waiting = table.queued_like(&run.spec), "all serving nodes busy; queued");
-                    table.queue.push_back(Arc::clone(&run));
-                    None
-                }
-                Err(cause) => return Err(StartError::NoNode(cause)),
-            };
-            table.runs.insert(run.id.clone(), Arc::clone(&run));
-            placed
-        };
+        let placed = self.admit(&mut lock(&inner.table), &run)?;
         if let Some(node) = placed {
             self.send_run(&run, &node);
         }
@@ -244,6 +187,33 @@ impl RunService {
             run_id: run.id.clone(),
             events,
         })
+    }
+
+    /// A fresh run with the next id, not yet in the table.
+    fn new_run(&self, spec: RunSpec, caller: mpsc::Sender<Arc<RunEvent>>) -> Run {
+        let n = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
+        let id = RunId::new(format!("run-{:08x}-{n:06}", self.inner.id_prefix));
+        let span = info_span!(
+            "run",
+            run_id = %id,
+            adapter = %spec.selector.adapter,
+            target = %spec.selector.target,
+            node = tracing::field::Empty,
+        );
+        let accepted = super::live::accepted(&id, &spec);
+        Run {
+            id,
+            span,
+            spec,
+            placement: Mutex::new(Placement::Queued),
+            accepted_at: Instant::now(),
+            delivery: tokio::sync::Mutex::new(Delivery::new(caller)),
+            ended: CancellationToken::new(),
+            accepted,
+            attempts: Mutex::new(Vec::new()),
+            relayed: AtomicU64::new(0),
+            first_output_ms: AtomicU64::new(0),
+        }
     }
 
     /// Cancels a run. A queued run ends at once with `cancelled`; a dispatched run is sent
@@ -257,18 +227,11 @@ impl RunService {
             reason: reason.to_owned(),
         };
         if lock(&self.inner.table).unqueue(run_id) {
-            self.deliver_edge(&run, cancelled).await;
+            self.end_run(&run, cancelled).await;
             return true;
         }
         self.send_cancel(&run, reason);
-        let service = self.clone();
-        let grace = Duration::from_millis(self.inner.config.cancel_grace_ms);
-        self.inner.timers.spawn(async move {
-            tokio::select! {
-                () = run.ended.cancelled() => {}
-                () = tokio::time::sleep(grace) => service.deliver_edge(&run, cancelled).await,
-            }
-        });
+        self.arm_cancel_grace(run, cancelled);
         true
     }
 
@@ -300,275 +263,13 @@ impl RunService {
         }
         let endings = remaining.iter().map(|run| async move {
             self.send_cancel(run, "edge shutting down");
-            self.deliver_edge(run, EdgeFailure::EdgeShutdown.into_event_kind())
+            self.end_run(run, EdgeFailure::EdgeShutdown.into_event_kind())
                 .await;
         });
         futures::future::join_all(endings).await;
         inner.timers.close();
         inner.timers.wait().await;
         inner.sink.flush().await;
-    }
-
-    fn next_run_id(&self) -> RunId {
-        let n = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
-        RunId::new(format!("run-{:08x}-{n:06}", self.inner.id_prefix))
-    }
-
-    /// Picks a node for `run` and reserves a slot on it. Call with the table locked.
-    fn place(&self, run: &Run) -> Result<Option<NodeId>, SelectError> {
-        let inner = &self.inner;
-        let mut loads = inner.registry.loads();
-        inner.drains.exclude_from(&mut loads);
-        let turn = inner.turn.fetch_add(1, Ordering::Relaxed);
-        let chosen = select_node(&loads, &run.spec.selector, turn)?
-            .record
-            .id
-            .clone();
-        let Some(connection) = inner.registry.get(chosen.as_str()).map(|n| n.connection) else {
-            // The node left between the two reads; nobody else can take the slot.
-            return Ok(None);
-        };
-        inner.registry.adjust_active_runs(&chosen, connection, 1);
-        run.set_placement(Placement::Dispatched {
-            node: chosen.clone(),
-            connection,
-        });
-        self.record_attempt(run, &chosen);
-        run.span.record("node", tracing::field::display(&chosen));
-        debug!(parent: &run.span, "run dispatched");
-        inner
-            .metrics
-            .dispatched(&run.spec, run.accepted_at.elapsed());
-        Ok(Some(chosen))
-    }
-
-    /// Sends a placed run to its node; if the node is gone, ends the run.
-    fn send_run(&self, run: &Arc<Run>, node: &NodeId) {
-        let RunSpec {
-            selector,
-            input,
-            content_type,
-            params,
-            deadline,
-            operation,
-        } = &run.spec;
-        let assignment = RunAssignment {
-            run_id: run.id.clone(),
-            adapter: selector.adapter.clone(),
-            target: selector.target.clone(),
-            input: input.clone(),
-            content_type: content_type.clone(),
-            params: params.clone(),
-            // The deadline runs from acceptance: the node gets what is left of it.
-            deadline_ms: deadline.map_or(0, |d| {
-                let left = d
-                    .saturating_sub(run.accepted_at.elapsed())
-                    .max(Duration::from_millis(1));
-                u32::try_from(left.as_millis()).unwrap_or(u32::MAX)
-            }),
-            operation: *operation,
-        };
-        if let Err(error) = self
-            .inner
-            .transport
-            .send(node, NodeCommand::Run(assignment))
-        {
-            debug!(run_id = %run.id, %error, "could not send the run; the node is leaving");
-            let service = self.clone();
-            let run = Arc::clone(run);
-            self.inner.timers.spawn(async move {
-                service
-                    .deliver_edge(&run, EdgeFailure::NodeDisconnected.into_event_kind())
-                    .await;
-            });
-        }
-    }
-
-    fn send_cancel(&self, run: &Run, reason: &str) {
-        if let Placement::Dispatched { node, .. } = run.placement() {
-            let command = NodeCommand::Cancel {
-                run_id: run.id.clone(),
-                reason: reason.to_owned(),
-            };
-            // A node that cannot be reached ends its runs through its disconnect.
-            let _ = self.inner.transport.send(&node, command);
-        }
-    }
-
-    /// Starts the timers that end a run the node does not: the queue wait and the deadline.
-    fn watch(&self, run: &Arc<Run>) {
-        let queued = run.placement() == Placement::Queued;
-        let deadline = run.spec.deadline;
-        if !queued && deadline.is_none() {
-            return;
-        }
-        let service = self.clone();
-        let run = Arc::clone(run);
-        let queue_wait = Duration::from_millis(self.inner.config.queue_timeout_ms);
-        let span = run.span.clone();
-        self.inner.timers.spawn(
-            async move {
-                let far = Duration::from_secs(86_400 * 365);
-                let started = run.accepted_at;
-                let expires = started + deadline.unwrap_or(far);
-                let mut queue_expires = queued.then(|| started + queue_wait);
-                loop {
-                    tokio::select! {
-                        () = run.ended.cancelled() => return,
-                        () = tokio::time::sleep_until(queue_expires.unwrap_or(started + far)), if queue_expires.is_some() => {
-                            queue_expires = None;
-                            if lock(&service.inner.table).unqueue(&run.id) {
-                                service.deliver_edge(&run, EdgeFailure::QueueTimeout.into_event_kind()).await;
-                                return;
-                            }
-                        }
-                        () = tokio::time::sleep_until(expires), if deadline.is_some() => {
-                            lock(&service.inner.table).unqueue(&run.id);
-                            service.send_cancel(&run, "deadline exceeded");
-                            service.deliver_edge(&run, EdgeFailure::DeadlineExceeded.into_event_kind()).await;
-                            return;
-                        }
-                    }
-                }
-            }
-            .instrument(span),
-        );
-    }
-
-    async fn deliver_edge(&self, run: &Arc<Run>, kind: RunEventKind) {
-        self.deliver(run, None, EventOrigin::Edge, kind).await;
-    }
-
-    /// Relays one event of `run` to the sink and the caller, in order; retires the run
-    /// after its terminal event and drops anything after it.
-    async fn deliver(
-        &self,
-        run: &Arc<Run>,
-        seq: Option<u64>,
-        origin: EventOrigin,
-        kind: RunEventKind,
-    ) {
-        let mut delivery = run.delivery.lock().await;
-        let seq = seq.unwrap_or_else(|| delivery.state.next_edge_seq());
-        let terminal = match delivery.state.offer(seq, &kind) {
-            EventVerdict::DropAfterTerminal => {
-                self.inner
-                    .stats
-                    .dropped_after_terminal
-                    .fetch_add(1, Ordering::Relaxed);
-                return;
-            }
-            EventVerdict::Relay => false,
-            EventVerdict::RelayTerminal => true,
-        };
-        let node = match run.placement() {
-            Placement::Dispatched { node, .. } => Some(node),
-            Placement::Queued => None,
-        };
-        let event = Arc::new(RunEvent {
-            run_id: run.id.clone(),
-            node,
-            adapter: run.spec.selector.adapter.clone(),
-            target: run.spec.selector.target.clone(),
-            seq,
-            origin,
-            kind,
-        });
-        let first_output =
-            !delivery.saw_output && matches!(event.kind, RunEventKind::Output { .. });
-        delivery.saw_output |= first_output;
-        self.tap(run, &mut delivery.followers, &event, first_output);
-        self.inner
-            .metrics
-            .relayed(&run.spec, &event, run.accepted_at, first_output);
-        self.inner.sink.publish(Arc::clone(&event));
-        if let Some(caller) = &delivery.caller
-            && send_to_caller(caller, Arc::clone(&event)).await.is_err()
-        {
-            if !caller.is_closed() {
-                warn!(run_id = %run.id, "the caller stopped reading this run's events; no longer sending them");
-            }
-            delivery.caller = None;
-        }
-        if terminal {
-            match &event.kind {
-                RunEventKind::Failed { code, message, .. } => {
-                    tracing::info!(parent: &run.span, code, message, origin = ?event.origin, "run failed");
-                }
-                kind => debug!(parent: &run.span, outcome = kind.name(), "run ended"),
-            }
-            delivery.caller = None;
-            delivery.followers.clear();
-            drop(delivery);
-            self.retire(run);
-        }
-    }
-
-    /// Removes an ended run, frees its node's slot and hands the slot to a queued run.
-    fn retire(&self, run: &Run) {
-        run.ended.cancel();
-        let placed = {
-            let mut table = lock(&self.inner.table);
-            table.runs.remove(&run.id);
-            if let Placement::Dispatched { node, connection } = run.placement() {
-                self.inner
-                    .registry
-                    .adjust_active_runs(&node, connection, -1);
-                table.remember_ended(run.id.clone(), node, connection);
-            }
-            self.pump(&mut table)
-        };
-        for (queued, node) in placed {
-            self.send_run(&queued, &node);
-        }
-        self.inner.run_ended.notify_waiters();
-    }
-
-    /// Places every queued run that now fits, in queue order. Call with the table locked;
-    /// send the returned runs after unlocking.
-    fn pump(&self, table: &mut Table) -> Vec<(Arc<Run>, NodeId)> {
-        let mut placed = Vec::new();
-        let mut waiting = std::collections::VecDeque::with_capacity(table.queue.len());
-        while let Some(run) = table.queue.pop_front() {
-            match self.place(&run) {
-                Ok(Some(node)) => placed.push((run, node)),
-                Ok(None) | Err(_) => waiting.push_back(run),
-            }
-        }
-        table.queue = waiting;
-        placed
-    }
-
-    fn run_held_by(
-        &self,
-        run_id: &str,
-        node: &NodeId,
-        connection: ConnectionId,
-    ) -> Option<Arc<Run>> {
-        let run = lock(&self.inner.table).runs.get(run_id).cloned()?;
-        match run.placement() {
-            Placement::Dispatched {
-                node: n,
-                connection: c,
-            } if &n == node && c == connection => Some(run),
-            _ => None,
-        }
-    }
-}
-
-/// Hands `event` to the caller, waiting up to [`CALLER_STALL_TIMEOUT`] while its buffer is
-/// full. Room in the buffer is the common case, and it costs no timer.
-async fn send_to_caller(
-    caller: &mpsc::Sender<Arc<RunEvent>>,
-    event: Arc<RunEvent>,
-) -> Result<(), ()> {
-    match caller.try_send(event) {
-        Ok(()) => Ok(()),
-        Err(mpsc::error::TrySendError::Full(event)) => caller
-            .send_timeout(event, CALLER_STALL_TIMEOUT)
-            .await
-            .map_err(|_| ()),
-        Err(mpsc::error::TrySendError::Closed(_)) => Err(()),
     }
 }
 
@@ -583,20 +284,19 @@ impl NodeEventHandler for RunService {
 
     async fn run_event(&self, node: &NodeId, connection: ConnectionId, event: ReportedEvent) {
         let ReportedEvent { run_id, seq, kind } = event;
-        match self.run_held_by(&run_id, node, connection) {
-            Some(run) => self.deliver(&run, Some(seq), EventOrigin::Node, kind).await,
-            None if lock(&self.inner.table).ended_on(&run_id, node, connection) => {
-                self.inner
-                    .stats
-                    .dropped_after_terminal
-                    .fetch_add(1, Ordering::Relaxed);
+        let held = lock(&self.inner.table).held_by(&run_id, node, connection);
+        let stats = &self.inner.stats;
+        match held {
+            Ok(run) => {
+                self.relay_event(&run, Some(seq), EventOrigin::Node, kind)
+                    .await;
+            }
+            Err(Miss::Ended) => {
+                stats.dropped_after_terminal.fetch_add(1, Ordering::Relaxed);
                 debug!(run_id, %node, "dropped an event for a run that has ended");
             }
-            None => {
-                self.inner
-                    .stats
-                    .dropped_unknown_run
-                    .fetch_add(1, Ordering::Relaxed);
+            Err(Miss::Unknown) => {
+                stats.dropped_unknown_run.fetch_add(1, Ordering::Relaxed);
                 debug!(run_id, %node, "dropped an event for a run this node does not hold");
             }
         }
@@ -608,19 +308,12 @@ impl NodeEventHandler for RunService {
         connection: ConnectionId,
         reason: CloseReason,
     ) {
-        let held: Vec<Arc<Run>> = lock(&self.inner.table)
-            .runs
-            .values()
-            .filter(|run| {
-                matches!(run.placement(), Placement::Dispatched { node: n, connection: c } if &n == node && c == connection)
-            })
-            .cloned()
-            .collect();
+        let held = lock(&self.inner.table).runs_on(node, connection);
         if !held.is_empty() {
             debug!(%node, %reason, runs = held.len(), "ending the runs of a disconnected node");
         }
         for run in held {
-            self.deliver_edge(&run, EdgeFailure::NodeDisconnected.into_event_kind())
+            self.end_run(&run, EdgeFailure::NodeDisconnected.into_event_kind())
                 .await;
         }
     }

@@ -1,13 +1,14 @@
-//! The open runs and the queue of runs waiting for capacity.
+//! The open runs and the queue of runs waiting for capacity: [`Table`], behind the one
+//! mutex of the run service, and [`Run`], one open run.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 
-use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::domain::{AcceptedRun, Attempt, NodeId, RunEvent, RunId, RunSpec, RunState};
+use super::delivery::Delivery;
+use crate::domain::{AcceptedRun, Attempt, NodeId, RunId, RunSpec};
 use crate::ports::ConnectionId;
 
 /// Where a run is.
@@ -22,19 +23,6 @@ pub(super) enum Placement {
         /// Its connection at dispatch time.
         connection: ConnectionId,
     },
-}
-
-/// What is delivered for a run, guarded by one async lock so its events keep their order
-/// and exactly one of them is terminal.
-pub(super) struct Delivery {
-    pub(super) state: RunState,
-    /// The caller's stream; `None` once the run ended or the caller stopped listening.
-    pub(super) caller: Option<mpsc::Sender<Arc<RunEvent>>>,
-    /// Whether an `output` event has been relayed (for time-to-first-output).
-    pub(super) saw_output: bool,
-    /// Management API followers of the run's events, with each event's position; one that
-    /// falls behind is dropped, never waited for.
-    pub(super) followers: Vec<mpsc::Sender<(u64, Arc<RunEvent>)>>,
 }
 
 /// One open run.
@@ -67,6 +55,11 @@ impl Run {
     pub(super) fn set_placement(&self, placement: Placement) {
         *lock(&self.placement) = placement;
     }
+
+    /// Whether the run was dispatched to `node` on `connection`.
+    fn is_on(&self, node: &NodeId, connection: ConnectionId) -> bool {
+        matches!(&*lock(&self.placement), Placement::Dispatched { node: n, connection: c } if n == node && *c == connection)
+    }
 }
 
 /// Locks a std mutex, recovering from poisoning: every critical section here leaves the
@@ -82,7 +75,8 @@ pub(super) fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 const REMEMBERED_ENDINGS: usize = 1_024;
 
 /// The open runs and the waiting queue. Guarded by one mutex that is never held across an
-/// `.await`, so selection and capacity reservation are atomic.
+/// `.await`; whatever must happen under it takes `&mut Table`, so selection and capacity
+/// reservation are atomic.
 #[derive(Default)]
 pub(super) struct Table {
     pub(super) runs: HashMap<RunId, Arc<Run>>,
@@ -90,9 +84,50 @@ pub(super) struct Table {
     /// The most recently ended dispatched runs and the connection that held each, oldest
     /// first; at most [`REMEMBERED_ENDINGS`].
     ended: VecDeque<(RunId, NodeId, ConnectionId)>,
+    /// Placements so far: the round-robin turn that breaks ties between equal nodes.
+    turn: u64,
+}
+
+/// Why an event's run is not one the reporting connection holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Miss {
+    /// It recently ended on that connection: a late event after the terminal one.
+    Ended,
+    /// It never existed, ended long ago, or another node or connection holds it.
+    Unknown,
 }
 
 impl Table {
+    /// The next round-robin turn for a placement.
+    pub(super) fn next_turn(&mut self) -> u64 {
+        let turn = self.turn;
+        self.turn = self.turn.wrapping_add(1);
+        turn
+    }
+
+    /// The open run `run_id`, if `node` holds it on `connection`.
+    pub(super) fn held_by(
+        &self,
+        run_id: &str,
+        node: &NodeId,
+        connection: ConnectionId,
+    ) -> Result<Arc<Run>, Miss> {
+        match self.runs.get(run_id) {
+            Some(run) if run.is_on(node, connection) => Ok(Arc::clone(run)),
+            _ if self.ended_on(run_id, node, connection) => Err(Miss::Ended),
+            _ => Err(Miss::Unknown),
+        }
+    }
+
+    /// The open runs `node` holds on `connection`.
+    pub(super) fn runs_on(&self, node: &NodeId, connection: ConnectionId) -> Vec<Arc<Run>> {
+        self.runs
+            .values()
+            .filter(|run| run.is_on(node, connection))
+            .cloned()
+            .collect()
+    }
+
     /// Takes `run` out of the queue; returns whether it was there.
     pub(super) fn unqueue(&mut self, run: &RunId) -> bool {
         let before = self.queue.len();
@@ -109,7 +144,7 @@ impl Table {
     }
 
     /// Whether `run` recently ended while `node` held it on `connection`.
-    pub(super) fn ended_on(&self, run: &str, node: &NodeId, connection: ConnectionId) -> bool {
+    fn ended_on(&self, run: &str, node: &NodeId, connection: ConnectionId) -> bool {
         self.ended
             .iter()
             .any(|(r, n, c)| r.as_str() == run && n == node && *c == connection)

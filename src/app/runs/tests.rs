@@ -41,21 +41,20 @@ fn node_id(id: &str) -> NodeId {
 
 /// A node serving `echo`/`t` that takes `max_concurrent_runs` runs at once.
 fn record(id: &str, max_concurrent_runs: u32) -> Arc<NodeRecord> {
-    Arc::new(NodeRecord {
-        id: node_id(id),
-        alias: Alias::parse(&format!("{id}-alias")).unwrap(),
-        token: Token::new(format!("tok-{id}")).digest(),
-        adapters: vec![AdapterConfig {
-            name: AdapterName::parse(ADAPTER).unwrap(),
-            targets: vec![Target::parse(TARGET).unwrap()],
-            settings: BTreeMap::new(),
-        }],
-        runtime: RuntimeConfig {
-            max_concurrent_runs,
-            heartbeat_interval_ms: 1_000,
-            settings: BTreeMap::new(),
-        },
-    })
+    Arc::new(NodeRecord::new(
+        node_id(id),
+        Alias::parse(&format!("{id}-alias")).unwrap(),
+        Token::new(format!("tok-{id}")).digest(),
+        vec![
+            AdapterConfig::new(
+                AdapterName::parse(ADAPTER).unwrap(),
+                vec![Target::parse(TARGET).unwrap()],
+                BTreeMap::new(),
+            )
+            .unwrap(),
+        ],
+        RuntimeConfig::new(max_concurrent_runs, 1_000, BTreeMap::new()).unwrap(),
+    ))
 }
 
 fn spec() -> RunSpec {

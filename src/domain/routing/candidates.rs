@@ -33,7 +33,7 @@ pub struct NodeStatus {
 impl NodeStatus {
     /// A connected node that never reported availability and is not drained.
     pub fn new(record: Arc<NodeRecord>, active_runs: u32) -> Self {
-        let hash = NodeHash::of(&record.id);
+        let hash = NodeHash::of(record.id());
         Self {
             record,
             active_runs,
@@ -45,7 +45,7 @@ impl NodeStatus {
 
     /// Its slots: `max_concurrent_runs`.
     pub fn slots(&self) -> u32 {
-        self.record.runtime.max_concurrent_runs
+        self.record.runtime().max_concurrent_runs()
     }
 
     /// Whether it has a free slot.
@@ -82,16 +82,16 @@ impl Catalog {
     pub fn new(records: impl IntoIterator<Item = Arc<NodeRecord>>) -> Self {
         let mut catalog = Self::default();
         for record in records {
-            for adapter in &record.adapters {
-                let targets = catalog.routes.entry(adapter.name.clone()).or_default();
-                targets.extend(adapter.targets.iter().cloned());
+            for adapter in record.adapters() {
+                let targets = catalog.routes.entry(adapter.name().clone()).or_default();
+                targets.extend(adapter.targets().iter().cloned());
             }
             catalog
                 .by_name
-                .insert(record.alias.as_str().to_owned(), Arc::clone(&record));
+                .insert(record.alias().as_str().to_owned(), Arc::clone(&record));
             catalog
                 .by_name
-                .insert(record.id.as_str().to_owned(), record);
+                .insert(record.id().as_str().to_owned(), record);
         }
         catalog
     }
@@ -216,13 +216,13 @@ impl Filter<'_> {
                 slots,
                 hash: node.hash,
             };
-            let counter = if self.tried.contains(node.hash, &node.record.id) {
+            let counter = if self.tried.contains(node.hash, node.record.id()) {
                 &mut pool.filtered.tried
             } else if node.drained {
                 &mut pool.filtered.drained
             } else if !node.available_for(adapter, target) {
                 &mut pool.filtered.unavailable
-            } else if !self.breakers.admits(node.hash, &node.record.id, self.now) {
+            } else if !self.breakers.admits(node.hash, node.record.id(), self.now) {
                 &mut pool.filtered.breaker_open
             } else {
                 pool.filtered.full += u32::from(!node.has_room());
@@ -246,21 +246,20 @@ mod tests {
     use crate::domain::{Alias, NodeId, Token};
 
     fn record(id: &str, targets: &[&str]) -> Arc<NodeRecord> {
-        Arc::new(NodeRecord {
-            id: NodeId::parse(id).unwrap(),
-            alias: Alias::parse(&format!("{id}-alias")).unwrap(),
-            token: Token::new(id).digest(),
-            adapters: vec![AdapterConfig {
-                name: AdapterName::parse("echo").unwrap(),
-                targets: targets.iter().map(|t| Target::parse(t).unwrap()).collect(),
-                settings: BTreeMap::new(),
-            }],
-            runtime: RuntimeConfig {
-                max_concurrent_runs: 2,
-                heartbeat_interval_ms: 1000,
-                settings: BTreeMap::new(),
-            },
-        })
+        Arc::new(NodeRecord::new(
+            NodeId::parse(id).unwrap(),
+            Alias::parse(&format!("{id}-alias")).unwrap(),
+            Token::new(id).digest(),
+            vec![
+                AdapterConfig::new(
+                    AdapterName::parse("echo").unwrap(),
+                    targets.iter().map(|t| Target::parse(t).unwrap()).collect(),
+                    BTreeMap::new(),
+                )
+                .unwrap(),
+            ],
+            RuntimeConfig::new(2, 1000, BTreeMap::new()).unwrap(),
+        ))
     }
 
     #[test]
@@ -273,8 +272,8 @@ mod tests {
         }
         assert!(!catalog.knows(&echo, &Target::parse("w").unwrap()));
         assert!(!catalog.knows(&other, &Target::parse("t").unwrap()));
-        assert_eq!(catalog.node("b-alias").map(|r| r.id.as_str()), Some("b"));
-        assert_eq!(catalog.node("a").map(|r| r.id.as_str()), Some("a"));
+        assert_eq!(catalog.node("b-alias").map(|r| r.id().as_str()), Some("b"));
+        assert_eq!(catalog.node("a").map(|r| r.id().as_str()), Some("a"));
         assert!(catalog.node("c").is_none());
     }
 

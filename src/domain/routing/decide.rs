@@ -256,5 +256,5 @@ fn pin_position(
             target: target.clone(),
         });
     }
-    Ok(nodes.iter().position(|n| n.record.id == record.id))
+    Ok(nodes.iter().position(|n| n.record.id() == record.id()))
 }

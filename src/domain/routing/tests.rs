@@ -17,22 +17,21 @@ use crate::domain::{
 mod affinity_props;
 mod decide_cases;
 
+/// A node serving `targets` through `echo` (no adapter at all when `targets` is empty: an
+/// adapter must serve at least one target).
 fn record(id: &str, targets: &[&str], slots: u32) -> Arc<NodeRecord> {
-    Arc::new(NodeRecord {
-        id: NodeId::parse(id).unwrap(),
-        alias: Alias::parse(&format!("alias-{id}")).unwrap(),
-        token: Token::new(id).digest(),
-        adapters: vec![AdapterConfig {
-            name: AdapterName::parse("echo").unwrap(),
-            targets: targets.iter().map(|t| Target::parse(t).unwrap()).collect(),
-            settings: BTreeMap::new(),
-        }],
-        runtime: RuntimeConfig {
-            max_concurrent_runs: slots,
-            heartbeat_interval_ms: 1000,
-            settings: BTreeMap::new(),
-        },
-    })
+    let adapters = AdapterConfig::new(
+        AdapterName::parse("echo").unwrap(),
+        targets.iter().map(|t| Target::parse(t).unwrap()).collect(),
+        BTreeMap::new(),
+    );
+    Arc::new(NodeRecord::new(
+        NodeId::parse(id).unwrap(),
+        Alias::parse(&format!("alias-{id}")).unwrap(),
+        Token::new(id).digest(),
+        adapters.into_iter().collect(),
+        RuntimeConfig::new(slots, 1000, BTreeMap::new()).unwrap(),
+    ))
 }
 
 fn status(id: &str, targets: &[&str], slots: u32, active: u32) -> NodeStatus {

@@ -86,7 +86,7 @@ fn run_query(state: &AdminState, params: RunListParams) -> Result<RunQuery, Admi
     let node = params
         .node
         .map(|name| match state.management.node(&name) {
-            Some(status) => Ok(status.record.id.clone()),
+            Some(status) => Ok(status.record.id().clone()),
             None => NodeId::parse(&name).map_err(|e| bad(&format!("`node`: {e}"))),
         })
         .transpose()?;

@@ -199,8 +199,8 @@ impl NodeView {
         let record = &status.record;
         let connection = status.connection.as_ref();
         Self {
-            id: record.id.to_string(),
-            alias: record.alias.to_string(),
+            id: record.id().to_string(),
+            alias: record.alias().to_string(),
             state: status.state.as_str().to_owned(),
             peer: connection.map(|c| c.peer.to_string()),
             node_version: connection.map(|c| c.node_version.clone()),
@@ -208,20 +208,20 @@ impl NodeView {
             last_heartbeat_ms: connection.map(|c| c.last_seen_ms),
             active_runs: connection.map_or(0, |c| c.active_runs),
             limits: NodeLimits {
-                max_concurrent_runs: record.runtime.max_concurrent_runs,
-                heartbeat_interval_ms: record.runtime.heartbeat_interval_ms,
+                max_concurrent_runs: record.runtime().max_concurrent_runs(),
+                heartbeat_interval_ms: record.runtime().heartbeat_interval_ms(),
             },
             adapters: record
-                .adapters
+                .adapters()
                 .iter()
                 .map(|a| AdapterView {
-                    name: a.name.to_string(),
+                    name: a.name().to_string(),
                     targets: a
-                        .targets
+                        .targets()
                         .iter()
                         .map(|t| TargetView {
                             name: t.to_string(),
-                            available: status.available(&a.name, t),
+                            available: status.available(a.name(), t),
                         })
                         .collect(),
                 })

@@ -132,10 +132,10 @@ impl ModelMap {
         let mut served: BTreeMap<String, ListedModel> = BTreeMap::new();
         for node in nodes {
             let created = unix_seconds(node.connected_since);
-            for adapter in &node.record.adapters {
-                for target in &adapter.targets {
+            for adapter in node.record.adapters() {
+                for target in adapter.targets() {
                     let route = ModelRoute {
-                        adapter: adapter.name.clone(),
+                        adapter: adapter.name().clone(),
                         target: target.clone(),
                     };
                     add(&mut served, route.id(), created, &route);

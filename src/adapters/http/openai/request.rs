@@ -79,11 +79,7 @@ pub(super) fn prepare(
     let body = read_body(api, body)?;
     let mut fields = parse_object(&body)?;
     let model = take_model(&mut fields)?;
-    let stream = match field_value(&mut fields, "stream") {
-        None | Some(Value::Null) => false,
-        Some(Value::Bool(stream)) => stream,
-        Some(_) => return Err(ApiError::invalid("stream", "`stream` must be a boolean.")),
-    };
+    let stream = take_stream(&mut fields)?;
     let include_usage = include_usage(&fields)?;
     check_required(endpoint, &fields)?;
     if let Some(n) = fields.get("n").map(|n| n.get())
@@ -152,6 +148,15 @@ pub(super) fn run_spec(
         deadline,
         operation,
     })
+}
+
+/// Takes `stream` out of `fields`: a boolean, false when absent.
+fn take_stream(fields: &mut Fields<'_>) -> Result<bool, ApiError> {
+    match field_value(fields, "stream") {
+        None | Some(Value::Null) => Ok(false),
+        Some(Value::Bool(stream)) => Ok(stream),
+        Some(_) => Err(ApiError::invalid("stream", "`stream` must be a boolean.")),
+    }
 }
 
 /// A body's top-level fields, each as the JSON text it came as: the edge reads the few it

@@ -14,7 +14,7 @@ fn homes(nodes: &[NodeStatus], keys: std::ops::Range<u64>) -> Vec<NodeId> {
     let setup = Setup::new(catalog_of(nodes));
     keys.map(|k| {
         let index = placed(&setup.decide(nodes, &want("t", None), Some(key(k)), 0)).unwrap();
-        nodes[index].record.id.clone()
+        nodes[index].record.id().clone()
     })
     .collect()
 }
@@ -100,7 +100,7 @@ proptest! {
         let before = homes(&nodes, 0..KEYS);
         let gone = leaving % n;
         let mut fewer = nodes.clone();
-        let removed = fewer.remove(gone).record.id.clone();
+        let removed = fewer.remove(gone).record.id().clone();
         for (old, new) in before.iter().zip(homes(&fewer, 0..KEYS)) {
             if *old != removed {
                 prop_assert_eq!(old, &new);

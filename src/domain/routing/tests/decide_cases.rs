@@ -162,7 +162,7 @@ fn affinity_outcomes_are_explained() {
     drained[home].drained = true;
     let miss = reason_of(setup.decide(&drained, &want("t", None), Some(k), 0));
     assert_eq!(miss.label(), "affinity_miss");
-    setup.tried.push(nodes[home].record.id.clone());
+    setup.tried.push(nodes[home].record.id().clone());
     let retry = setup.decide(&nodes, &want("t", None), Some(k), 0);
     assert_ne!(placed(&retry), Some(home));
     assert_eq!(reason_of(retry).label(), "affinity_miss");
@@ -249,7 +249,7 @@ fn build(fleet: &[Gen]) -> (Vec<NodeStatus>, Setup) {
             ))
         });
         if g.open {
-            setup.trip(r.id.as_str());
+            setup.trip(r.id().as_str());
         }
         nodes.push(node);
     }
@@ -314,7 +314,7 @@ proptest! {
                 }
                 _ => break,
             };
-            let id = &nodes[index].record.id;
+            let id = nodes[index].record.id();
             prop_assert!(!setup.tried.contains(NodeHash::of(id), id));
             setup.tried.push(id.clone());
             prop_assert!(setup.tried.attempts() <= max.get());
@@ -349,10 +349,10 @@ proptest! {
         let setup = Setup::new(catalog_of(&nodes));
         let pin = pin.map(|p| format!("n{p:02}"));
         let selector = want("t", pin.as_deref());
-        let old = select_node(&loads, &selector, turn).map(|n| n.record.id.clone());
+        let old = select_node(&loads, &selector, turn).map(|n| n.record.id().clone());
         let new = setup.decide(&nodes, &selector, None, turn);
         match (old, new) {
-            (Ok(id), Decision::Place { index, .. }) => prop_assert_eq!(&id, &nodes[index].record.id),
+            (Ok(id), Decision::Place { index, .. }) => prop_assert_eq!(&id, nodes[index].record.id()),
             (Err(SelectError::NoNodeServes { .. }), Decision::Refuse(Unroutable::UnknownRoute { .. }))
             | (Err(SelectError::PinnedNodeNotConnected { .. }), Decision::Refuse(Unroutable::UnknownNode { .. }))
             | (Err(SelectError::PinnedNodeDoesNotServe { .. }), Decision::Refuse(Unroutable::PinDoesNotServe { .. }))

@@ -1,0 +1,268 @@
+//! The drain of a sink's queue: takes the queued messages in batches, writes the events
+//! with the sink's [`SinkWriter`], flushes when the queue runs empty or the flush interval
+//! passes, answers flush and close markers, and reports failing writes at most once per
+//! [`WARN_EVERY`]. [`Drain::run_on_task`] and [`Drain::run_on_thread`] differ only in how
+//! they wait for messages; everything else is plain synchronous code.
+
+use std::io;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
+
+use super::queue::{Counters, Message, QueueSettings, SinkStats, SinkWriter};
+use crate::domain::RunEvent;
+
+/// The most messages the drain takes from the queue for one batch.
+const MAX_BATCH: usize = 1_024;
+
+/// How long a drain on its own thread waits for more events after a batch that did not
+/// fill [`MAX_BATCH`]. Events then reach the writer up to this much later.
+const LINGER: Duration = Duration::from_millis(1);
+
+/// At most one warning per this long about a failing writer; the rest are counted.
+const WARN_EVERY: Duration = Duration::from_secs(10);
+
+/// The drain's state: the writer, the batch being written, and when it last flushed. Its
+/// methods are plain synchronous calls; [`Drain::run_on_task`] and
+/// [`Drain::run_on_thread`] only differ in how they wait for messages.
+pub(super) struct Drain<W> {
+    name: &'static str,
+    writer: W,
+    counters: Arc<Counters>,
+    flush_interval: Duration,
+    throttle: WarnThrottle,
+    batch: Vec<Arc<RunEvent>>,
+    unflushed: bool,
+    last_flush: Instant,
+}
+
+impl<W: SinkWriter> Drain<W> {
+    pub(super) fn new(
+        name: &'static str,
+        writer: W,
+        stats: &SinkStats,
+        settings: QueueSettings,
+    ) -> Self {
+        Self {
+            name,
+            writer,
+            counters: Arc::clone(&stats.counters),
+            flush_interval: settings.flush_interval,
+            throttle: WarnThrottle::default(),
+            batch: Vec::with_capacity(MAX_BATCH),
+            unflushed: false,
+            last_flush: Instant::now(),
+        }
+    }
+
+    /// Drains the queue on a task until it is closed or every sender is gone.
+    pub(super) async fn run_on_task(mut self, mut receiver: mpsc::UnboundedReceiver<Message>) {
+        let mut messages = Vec::with_capacity(MAX_BATCH);
+        while receiver.recv_many(&mut messages, MAX_BATCH).await > 0 {
+            if let Some(closed) = self.take(&mut messages, &receiver) {
+                self.end(receiver, closed);
+                return;
+            }
+        }
+        self.finish();
+    }
+
+    /// Drains the queue on the sink's own thread until it is closed or every sender is
+    /// gone; after a batch that did not fill, lingers so that it is not woken (a system
+    /// call on the relaying thread) for every few events.
+    pub(super) fn run_on_thread(mut self, mut receiver: mpsc::UnboundedReceiver<Message>) {
+        let mut messages = Vec::with_capacity(MAX_BATCH);
+        while let Some(first) = receiver.blocking_recv() {
+            messages.push(first);
+            while messages.len() < MAX_BATCH {
+                match receiver.try_recv() {
+                    Ok(message) => messages.push(message),
+                    Err(_) => break,
+                }
+            }
+            let full_batch = messages.len() == MAX_BATCH;
+            if let Some(closed) = self.take(&mut messages, &receiver) {
+                self.end(receiver, closed);
+                return;
+            }
+            if !full_batch {
+                std::thread::sleep(LINGER);
+            }
+        }
+        self.finish();
+    }
+
+    /// Handles one batch of messages in order: writes the events, answers flushes, and
+    /// flushes when the queue ran empty or the flush interval passed. Returns the answer
+    /// of a close, after which the drain ends; anything behind a close is lost.
+    fn take(
+        &mut self,
+        messages: &mut Vec<Message>,
+        receiver: &mpsc::UnboundedReceiver<Message>,
+    ) -> Option<oneshot::Sender<()>> {
+        let mut closed = None;
+        for message in messages.drain(..) {
+            match (message, closed.is_some()) {
+                (Message::Event(event), false) => self.batch.push(event),
+                (Message::Flush(done), false) => {
+                    self.write();
+                    self.flush();
+                    // The caller may have stopped waiting; that is fine.
+                    let _ = done.send(());
+                }
+                (Message::Close(done), false) => closed = Some(done),
+                (message, true) => self.lose(message),
+            }
+        }
+        if !self.batch.is_empty() {
+            self.write();
+            self.unflushed = true;
+        }
+        let due = receiver.is_empty() || self.last_flush.elapsed() >= self.flush_interval;
+        if self.unflushed && (due || closed.is_some()) {
+            self.flush();
+        }
+        closed
+    }
+
+    /// Ends the drain after a close: whatever is still queued is lost, then the close is
+    /// answered.
+    fn end(mut self, mut receiver: mpsc::UnboundedReceiver<Message>, closed: oneshot::Sender<()>) {
+        receiver.close();
+        while let Ok(message) = receiver.try_recv() {
+            self.lose(message);
+        }
+        let _ = closed.send(());
+    }
+
+    /// Flushes what is unflushed once the queue's senders are all gone.
+    fn finish(&mut self) {
+        if self.unflushed {
+            self.flush();
+        }
+    }
+
+    /// Drops a message that came after a close; an event counts as a lost write.
+    fn lose(&mut self, message: Message) {
+        if let Message::Event(_) = message {
+            self.counters.queue_depth.fetch_sub(1, Ordering::Relaxed);
+            self.counters.write_errors.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Writes the batch and empties it; the events leave the queue whatever the outcome.
+    fn write(&mut self) {
+        if self.batch.is_empty() {
+            return;
+        }
+        let result = self.writer.write_batch(&self.batch);
+        let count = self.batch.len();
+        self.batch.clear();
+        self.counters
+            .queue_depth
+            .fetch_sub(count, Ordering::Relaxed);
+        match result {
+            Ok(()) => {
+                self.counters
+                    .written
+                    .fetch_add(count as u64, Ordering::Relaxed);
+            }
+            Err(error) => self.failed(&error),
+        }
+    }
+
+    fn flush(&mut self) {
+        match self.writer.flush() {
+            Ok(()) => self.recovered(),
+            Err(error) => self.failed(&error),
+        }
+        self.unflushed = false;
+        self.last_flush = Instant::now();
+    }
+
+    fn failed(&mut self, error: &io::Error) {
+        self.counters.write_errors.fetch_add(1, Ordering::Relaxed);
+        if let Some(suppressed) = self.throttle.on_error(Instant::now()) {
+            tracing::warn!(
+                sink = self.name,
+                %error,
+                suppressed,
+                "event sink write failed; the events in that write are lost \
+                 (further failures are counted and reported at most every 10 s)"
+            );
+        }
+    }
+
+    fn recovered(&mut self) {
+        if let Some(suppressed) = self.throttle.on_success() {
+            tracing::info!(
+                sink = self.name,
+                suppressed,
+                "event sink writes again after failing"
+            );
+        }
+    }
+}
+
+/// Rate-limits log records about a failing writer: at most one warning per [`WARN_EVERY`],
+/// carrying the number of failures not reported since the last one, and at most one
+/// "writes again" record per warning.
+#[derive(Debug, Default)]
+struct WarnThrottle {
+    last_warning: Option<Instant>,
+    suppressed: u64,
+    warned: bool,
+}
+
+impl WarnThrottle {
+    /// Records a failure at `now`; returns `Some(suppressed)` when it should be reported.
+    fn on_error(&mut self, now: Instant) -> Option<u64> {
+        match self.last_warning {
+            Some(last) if now.saturating_duration_since(last) < WARN_EVERY => {
+                self.suppressed += 1;
+                None
+            }
+            _ => {
+                self.last_warning = Some(now);
+                self.warned = true;
+                Some(std::mem::take(&mut self.suppressed))
+            }
+        }
+    }
+
+    /// Records a success; returns `Some(suppressed)` when it follows a reported failure
+    /// (and reports the failures not reported since).
+    fn on_success(&mut self) -> Option<u64> {
+        if !std::mem::take(&mut self.warned) {
+            return None;
+        }
+        Some(std::mem::take(&mut self.suppressed))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn warnings_are_limited_to_one_per_window_with_the_suppressed_count() {
+        let start = Instant::now();
+        let mut throttle = WarnThrottle::default();
+        assert_eq!(throttle.on_success(), None);
+        assert_eq!(throttle.on_error(start), Some(0));
+        assert_eq!(throttle.on_error(start + Duration::from_secs(1)), None);
+        assert_eq!(throttle.on_error(start + Duration::from_secs(9)), None);
+        assert_eq!(throttle.on_error(start + Duration::from_secs(10)), Some(2));
+        assert_eq!(throttle.on_error(start + Duration::from_secs(11)), None);
+        assert_eq!(throttle.on_success(), Some(1));
+        assert_eq!(throttle.on_success(), None);
+        // A failure inside the window is counted, not reported, and not followed by a
+        // recovery record of its own.
+        assert_eq!(throttle.on_error(start + Duration::from_secs(12)), None);
+        assert_eq!(throttle.on_success(), None);
+        assert_eq!(throttle.on_error(start + Duration::from_secs(20)), Some(1));
+    }
+}

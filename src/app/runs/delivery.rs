@@ -1,0 +1,154 @@
+//! Delivery: the per-run state machine and the relay of each event to the sinks and the
+//! caller, in order, with exactly one terminal event — [`RunService::relay_event`] for
+//! what a node reports, [`RunService::end_run`] for the terminal events the edge makes.
+//!
+//! This is the relay's hot path (benchmarked): one async lock per run, no allocation
+//! beyond the event itself, the sink only enqueues, and the caller's buffer costs no timer
+//! while it has room.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tracing::{debug, warn};
+
+use super::service::RunService;
+use super::table::{Placement, Run};
+use crate::domain::{EventOrigin, EventVerdict, RunEvent, RunEventKind, RunState};
+
+/// Events buffered for a caller who reads slower than the node writes. When it is full the
+/// node's connection waits (it stops reading frames), which slows the node down.
+pub(super) const CALLER_BUFFER: usize = 256;
+
+/// How long a full caller buffer may stay full before the edge stops feeding that caller
+/// (the run goes on, and its events still reach the sinks). Bounds how long a caller who
+/// stopped reading can hold up its node's connection, a deadline or a shutdown.
+const CALLER_STALL_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// What is delivered for a run, guarded by one async lock so its events keep their order
+/// and exactly one of them is terminal.
+pub(super) struct Delivery {
+    state: RunState,
+    /// The caller's stream; `None` once the run ended or the caller stopped listening.
+    caller: Option<mpsc::Sender<Arc<RunEvent>>>,
+    /// Whether an `output` event has been relayed (for time-to-first-output).
+    saw_output: bool,
+    /// Management API followers of the run's events, with each event's position; one that
+    /// falls behind is dropped, never waited for.
+    followers: Vec<mpsc::Sender<(u64, Arc<RunEvent>)>>,
+}
+
+impl Delivery {
+    /// A run's delivery before its first event, feeding `caller`.
+    pub(super) fn new(caller: mpsc::Sender<Arc<RunEvent>>) -> Self {
+        Self {
+            state: RunState::default(),
+            caller: Some(caller),
+            saw_output: false,
+            followers: Vec::new(),
+        }
+    }
+
+    /// Adds a follower of the run's next events; `false` when the run has ended.
+    pub(super) fn follow(&mut self, follower: mpsc::Sender<(u64, Arc<RunEvent>)>) -> bool {
+        if self.state.is_finished() {
+            return false;
+        }
+        self.followers.push(follower);
+        true
+    }
+}
+
+impl RunService {
+    /// Ends `run` with a terminal event the edge makes (a timeout, a cancel, a lost node),
+    /// unless it has ended already.
+    pub(super) async fn end_run(&self, run: &Arc<Run>, kind: RunEventKind) {
+        self.relay_event(run, None, EventOrigin::Edge, kind).await;
+    }
+
+    /// Relays one event of `run` to the sink and the caller, in order; retires the run
+    /// after its terminal event and drops anything after it. `seq` is the node's; the
+    /// edge's own events (`None`) take the next one.
+    pub(super) async fn relay_event(
+        &self,
+        run: &Arc<Run>,
+        seq: Option<u64>,
+        origin: EventOrigin,
+        kind: RunEventKind,
+    ) {
+        let mut delivery = run.delivery.lock().await;
+        let seq = seq.unwrap_or_else(|| delivery.state.next_edge_seq());
+        let terminal = match delivery.state.offer(seq, &kind) {
+            EventVerdict::DropAfterTerminal => {
+                let dropped = &self.inner.stats.dropped_after_terminal;
+                dropped.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+            EventVerdict::Relay => false,
+            EventVerdict::RelayTerminal => true,
+        };
+        let node = match run.placement() {
+            Placement::Dispatched { node, .. } => Some(node),
+            Placement::Queued => None,
+        };
+        let event = Arc::new(RunEvent {
+            run_id: run.id.clone(),
+            node,
+            adapter: run.spec.selector.adapter.clone(),
+            target: run.spec.selector.target.clone(),
+            seq,
+            origin,
+            kind,
+        });
+        let first_output =
+            !delivery.saw_output && matches!(event.kind, RunEventKind::Output { .. });
+        delivery.saw_output |= first_output;
+        self.tap(run, &mut delivery.followers, &event, first_output);
+        self.inner
+            .metrics
+            .relayed(&run.spec, &event, run.accepted_at, first_output);
+        self.inner.sink.publish(Arc::clone(&event));
+        if let Some(caller) = &delivery.caller
+            && send_to_caller(caller, Arc::clone(&event)).await.is_err()
+        {
+            if !caller.is_closed() {
+                warn!(run_id = %run.id, "the caller stopped reading this run's events; no longer sending them");
+            }
+            delivery.caller = None;
+        }
+        if terminal {
+            log_end(run, &event);
+            delivery.caller = None;
+            delivery.followers.clear();
+            drop(delivery);
+            self.retire(run);
+        }
+    }
+}
+
+/// Logs how a run ended: a failure at INFO, anything else at DEBUG.
+fn log_end(run: &Run, event: &RunEvent) {
+    match &event.kind {
+        RunEventKind::Failed { code, message, .. } => {
+            tracing::info!(parent: &run.span, code, message, origin = ?event.origin, "run failed");
+        }
+        kind => debug!(parent: &run.span, outcome = kind.name(), "run ended"),
+    }
+}
+
+/// Hands `event` to the caller, waiting up to [`CALLER_STALL_TIMEOUT`] while its buffer is
+/// full. Room in the buffer is the common case, and it costs no timer.
+async fn send_to_caller(
+    caller: &mpsc::Sender<Arc<RunEvent>>,
+    event: Arc<RunEvent>,
+) -> Result<(), ()> {
+    match caller.try_send(event) {
+        Ok(()) => Ok(()),
+        Err(mpsc::error::TrySendError::Full(event)) => caller
+            .send_timeout(event, CALLER_STALL_TIMEOUT)
+            .await
+            .map_err(|_| ()),
+        Err(mpsc::error::TrySendError::Closed(_)) => Err(()),
+    }
+}

@@ -1,0 +1,126 @@
+//! The `edge` command line: `check-config` and `token generate`, run as a real process.
+
+use crate::common;
+
+use std::process::{Command, Output};
+
+use common::NodeTable;
+
+fn edge(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_edge"))
+        .args(args)
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("run edge")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// Writes `contents` to a temporary file `file_name` and runs
+/// `edge <command> --config <that file> <extra_args>`.
+fn edge_on_config(command: &str, file_name: &str, contents: &str, extra_args: &[&str]) -> Output {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join(file_name);
+    std::fs::write(&path, contents).expect("write config");
+    let config = path.to_str().expect("utf-8 path");
+    edge(&[&[command, "--config", config], extra_args].concat())
+}
+
+#[test]
+fn check_config_summarises_the_shipped_config_without_tokens() {
+    let shipped = concat!(env!("CARGO_MANIFEST_DIR"), "/config/edge.toml");
+    let output = edge(&["check-config", "--config", shipped]);
+    let stdout = text(&output.stdout);
+    assert!(output.status.success(), "stderr: {}", text(&output.stderr));
+    assert!(stdout.contains("(valid)"), "{stdout}");
+    assert!(stdout.contains("nodes: 2"), "{stdout}");
+    assert!(stdout.contains("node-a (alias gpu-a)"), "{stdout}");
+    assert!(stdout.contains("token <redacted>"), "{stdout}");
+    assert!(!stdout.contains("CHANGE-ME"), "a token leaked: {stdout}");
+}
+
+#[test]
+fn check_config_on_a_broken_file_fails_and_names_every_offending_entry() {
+    let broken = [
+        NodeTable::new("node-a", "gpu-a", "shared-secret-token"),
+        // nodes[1]: node-a's id again, and its token.
+        NodeTable::new("node-a", "gpu-b", "shared-secret-token"),
+        // nodes[2]: an empty token, and an alias that is node-a's id.
+        NodeTable::new("node-c", "node-a", ""),
+    ]
+    .map(|node| node.echo(&["default"]).to_string())
+    .join("\n");
+    let output = edge_on_config("check-config", "broken.toml", &broken, &[]);
+    let stderr = text(&output.stderr);
+    assert!(!output.status.success());
+    assert!(output.stdout.is_empty(), "nothing is printed as valid");
+    assert!(stderr.contains("broken.toml"), "names the file: {stderr}");
+    assert!(
+        stderr.contains("nodes[1] (id \"node-a\")"),
+        "names the duplicate: {stderr}"
+    );
+    assert!(stderr.contains("duplicate id"), "{stderr}");
+    assert!(stderr.contains("same token"), "{stderr}");
+    assert!(
+        stderr.contains("nodes[2] (id \"node-c\")"),
+        "names the third entry: {stderr}"
+    );
+    assert!(stderr.contains("`token` is empty"), "{stderr}");
+    assert!(stderr.contains("is the id of"), "{stderr}");
+    assert!(
+        !stderr.contains("shared-secret-token"),
+        "a token leaked: {stderr}"
+    );
+}
+
+#[test]
+fn check_config_names_an_unknown_key() {
+    let typo = "[server]\nlistn = \"127.0.0.1:7100\"\n";
+    let output = edge_on_config("check-config", "typo.toml", typo, &[]);
+    let stderr = text(&output.stderr);
+    assert!(!output.status.success());
+    assert!(
+        stderr.contains("typo.toml") && stderr.contains("listn"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn serve_refuses_to_start_on_a_broken_config() {
+    let output = edge_on_config(
+        "serve",
+        "empty-token.toml",
+        &NodeTable::new("a", "b", "").to_string(),
+        &["--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0"],
+    );
+    let stderr = text(&output.stderr);
+    assert!(!output.status.success());
+    assert!(
+        stderr.contains("empty-token.toml") && stderr.contains("`token` is empty"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("edge is serving"), "{stderr}");
+}
+
+#[test]
+fn token_generate_prints_a_fresh_token_and_its_digest() {
+    let first = text(&edge(&["token", "generate"]).stdout);
+    let second = text(&edge(&["token", "generate"]).stdout);
+    assert_ne!(first, second);
+    let token_line = first
+        .lines()
+        .find(|l| l.starts_with("token = "))
+        .expect("token line");
+    let digest_line = first
+        .lines()
+        .find(|l| l.starts_with("token_sha256 = "))
+        .expect("digest line");
+    assert_eq!(
+        token_line.len(),
+        "token = \"\"".len() + 64,
+        "256 bits as hex"
+    );
+    assert_eq!(digest_line.len(), "token_sha256 = \"\"".len() + 64);
+}

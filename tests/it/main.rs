@@ -1,0 +1,65 @@
+//! The integration tests: one binary, so a 2-core machine links the project once for all
+//! of them instead of once per test file. Each module is one former test crate; `common`
+//! (in `tests/common/`) is the shared harness, `mock_node` the mock node the tests drive
+//! (the same file as `examples/mock_node/node.rs`), and the fuzz targets' bodies are
+//! declared here for `fuzz_corpus` to replay.
+//!
+//! Every test here shares the process: none may set process-global state (environment
+//! variables, the global tracing subscriber, the working directory) or assert on the
+//! process as a whole (resident memory, thread count); such a test belongs in a binary of
+//! its own.
+
+#[path = "../common/mod.rs"]
+mod common;
+#[path = "../../examples/mock_node/node.rs"]
+mod mock_node;
+// The reference node (its own unit tests run here too), driven in process by `node_*`.
+#[path = "../../examples/node/lib.rs"]
+#[allow(unused_imports)]
+mod node;
+
+// The fuzz targets, compiled unchanged from `fuzz/targets/` (they name each other from the
+// crate root, as `crate::recording`), for `fuzz_corpus`.
+#[path = "../../fuzz/targets/config_loader.rs"]
+mod config_loader;
+#[path = "../../fuzz/targets/frame_decoder.rs"]
+mod frame_decoder;
+#[path = "../../fuzz/targets/recording.rs"]
+mod recording;
+#[path = "../../fuzz/targets/register_handshake.rs"]
+mod register_handshake;
+#[path = "../../fuzz/targets/run_state_machine.rs"]
+mod run_state_machine;
+
+mod admin_support;
+mod api_support;
+mod node_support;
+
+mod admin_api;
+mod admin_crash;
+mod admin_journal;
+mod admin_openapi;
+mod api;
+mod api_anthropic;
+mod api_embeddings;
+mod api_responses;
+mod api_routes;
+mod api_sdks;
+mod api_structured;
+mod cli;
+mod console;
+mod engines_smoke;
+mod faults;
+mod fuzz_corpus;
+mod http_limits;
+mod loadgen_smoke;
+mod metrics;
+mod node_engine;
+mod node_link;
+mod node_reconnect;
+mod openai_python;
+mod protocol_v1;
+mod registration;
+mod runs;
+mod soak;
+mod tls;
