@@ -8,12 +8,14 @@ use anyhow::Context;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use super::Settings;
+use super::drains::Drains;
 use super::management::Management;
+use super::metrics::Metrics;
+use super::{RunService, Settings};
 use crate::adapters::http::HttpServer;
 use crate::adapters::http::admin::{AdminServer, AdminState, routes};
 use crate::adapters::journal::open_journal;
-use crate::ports::RunJournal;
+use crate::ports::{NodeStore, Registry, RunJournal};
 
 /// The journal `[journal]` asks for.
 ///
@@ -21,6 +23,27 @@ use crate::ports::RunJournal;
 /// The enabled journal's file cannot be used (the message names it).
 pub(super) fn journal(settings: &Settings) -> anyhow::Result<Arc<dyn RunJournal>> {
     open_journal(&settings.journal).context("cannot open the run journal")
+}
+
+/// The management service over the edge's parts, its metrics registered.
+pub(super) fn management(
+    store: &Arc<dyn NodeStore>,
+    registry: &Arc<dyn Registry>,
+    runs: &RunService,
+    journal: &Arc<dyn RunJournal>,
+    drains: Drains,
+    metrics: &Metrics,
+) -> Management {
+    let live = Arc::new(runs.clone());
+    let management = Management::new(
+        Arc::clone(store),
+        Arc::clone(registry),
+        live,
+        Arc::clone(journal),
+        drains.clone(),
+    );
+    super::management::metrics::observe(metrics.meter(), drains, Arc::clone(journal));
+    management
 }
 
 /// Puts the management API on the HTTP listener (`admin.on_http_listener`), or binds its

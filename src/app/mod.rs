@@ -30,7 +30,7 @@ use crate::adapters::lock_registry::LockRegistry;
 use crate::adapters::sinks::{SinkSet, build_sinks};
 use crate::adapters::tcp::{ServerDeps, TcpServer, TcpTransport, TransportControl};
 use crate::adapters::tls::{TlsAcceptor, TlsConfig};
-use crate::ports::{EventSink, NodeStore, Registry, RunJournal};
+use crate::ports::{EventSink, NodeStore, Readiness, Registry, RunJournal};
 use drains::Drains;
 use management::Management;
 use metrics::{MetricSources, Metrics};
@@ -85,15 +85,16 @@ impl App {
         let sink: Arc<dyn EventSink> = Arc::new(SinkSet::from_built(&sinks));
         let transport = Arc::new(TcpTransport::new(Arc::clone(&registry)));
         let metrics = Metrics::new().context("cannot start the metrics exporter")?;
-        let journal = admin::journal(&settings)?;
-        let drains = Drains::new();
+        let (journal, drains) = (admin::journal(&settings)?, Drains::new());
+        let extras = (Arc::clone(&journal), drains.clone());
+        let (runs_config, meter) = (settings.runs.clone(), metrics.meter());
         let runs = RunService::with_journal(
             Arc::clone(&registry),
             transport,
             Arc::clone(&sink),
-            (Arc::clone(&journal), drains.clone()),
-            settings.runs.clone(),
-            metrics.meter(),
+            extras,
+            runs_config,
+            meter,
         );
         let deps = ServerDeps {
             store: Arc::clone(&store),
@@ -108,23 +109,13 @@ impl App {
             runs: runs.clone(),
             sinks,
         });
-        let http_state = HttpState {
-            metrics: metrics.registry(),
-            readiness: server.control().readiness(),
-            runs: runs.clone(),
-            registry: Arc::clone(&registry),
-            api: Api::new(settings.api.clone())?,
-        };
-        let http = bind_http_server(&settings, http_state).await?;
-        let live = Arc::new(runs.clone());
-        let management = Management::new(
-            Arc::clone(&store),
-            Arc::clone(&registry),
-            live,
-            Arc::clone(&journal),
-            drains.clone(),
-        );
-        management::metrics::observe(metrics.meter(), drains, Arc::clone(&journal));
+        let readiness = server.control().readiness();
+        let http = bind_http_server(
+            &settings,
+            http_state(&metrics, readiness, &runs, &registry, &settings)?,
+        )
+        .await?;
+        let management = admin::management(&store, &registry, &runs, &journal, drains, &metrics);
         let (http, admin) = admin::bind(&settings, &management, http).await?;
         let parts = AppParts {
             store,
@@ -239,6 +230,23 @@ async fn bind_node_server(settings: &Settings, deps: ServerDeps) -> anyhow::Resu
     Ok(match tls {
         Some(tls) => server.with_tls(tls),
         None => server,
+    })
+}
+
+/// What the HTTP handlers work with.
+fn http_state(
+    metrics: &Metrics,
+    readiness: Readiness,
+    runs: &RunService,
+    registry: &Arc<dyn Registry>,
+    settings: &Settings,
+) -> anyhow::Result<HttpState> {
+    Ok(HttpState {
+        metrics: metrics.registry(),
+        readiness,
+        runs: runs.clone(),
+        registry: Arc::clone(registry),
+        api: Api::new(settings.api.clone())?,
     })
 }
 

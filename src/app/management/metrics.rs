@@ -19,9 +19,13 @@ pub fn observe(meter: &Meter, drains: Drains, journal: Arc<dyn RunJournal>) {
         .with_description("Nodes an operator has drained (connected or not)")
         .with_callback(move |o| o.observe(drains.len() as u64, &[]))
         .build();
-    if !journal.enabled() {
-        return;
+    if journal.enabled() {
+        observe_counters(meter, &journal);
+        observe_gauges(meter, &journal);
     }
+}
+
+fn observe_counters(meter: &Meter, journal: &Arc<dyn RunJournal>) {
     let counters: [JournalInstrument; 3] = [
         (
             "edge_journal_entries_written",
@@ -40,14 +44,14 @@ pub fn observe(meter: &Meter, drains: Drains, journal: Arc<dyn RunJournal>) {
         ),
     ];
     for (name, description, read) in counters {
-        let journal = Arc::clone(&journal);
+        let journal = Arc::clone(journal);
         meter
             .u64_observable_counter(name)
             .with_description(description)
             .with_callback(move |o| o.observe(read(&journal.stats()), &[]))
             .build();
     }
-    let dropped = Arc::clone(&journal);
+    let dropped = Arc::clone(journal);
     meter
         .u64_observable_counter("edge_journal_events_dropped")
         .with_description("Events not journaled: the run's cap was reached, or the queue was full")
@@ -63,6 +67,9 @@ pub fn observe(meter: &Meter, drains: Drains, journal: Arc<dyn RunJournal>) {
             );
         })
         .build();
+}
+
+fn observe_gauges(meter: &Meter, journal: &Arc<dyn RunJournal>) {
     let gauges: [JournalInstrument; 2] = [
         (
             "edge_journal_queue_depth",
@@ -76,7 +83,7 @@ pub fn observe(meter: &Meter, drains: Drains, journal: Arc<dyn RunJournal>) {
         ),
     ];
     for (name, description, read) in gauges {
-        let journal = Arc::clone(&journal);
+        let journal = Arc::clone(journal);
         meter
             .u64_observable_gauge(name)
             .with_description(description)
