@@ -89,7 +89,7 @@ impl Management {
     }
 
     fn status(&self, record: Arc<NodeRecord>, live: Option<&ConnectedNode>) -> NodeStatus {
-        let drain = self.inner.drains.get(&record.id());
+        let drain = self.inner.drains.get(record.id());
         let connection = live.map(ConnectedNodeView::of);
         let active = connection.as_ref().map_or(0, |c| c.active_runs);
         let state = NodeState::of(connection.is_some(), drain.as_ref(), active, false);
@@ -136,10 +136,10 @@ impl Management {
         let status = self
             .node(name)
             .ok_or_else(|| ManageError::UnknownNode(name.to_owned()))?;
-        if self.inner.drains.resume(&status.record.id()).is_some() {
+        if self.inner.drains.resume(status.record.id()).is_some() {
             info!(node = %status.record.id(), "node resumed");
             // Queued runs may fit on it now.
-            self.inner.live.node_resumed(&status.record.id());
+            self.inner.live.node_resumed(status.record.id());
         }
         self.node(status.record.id().as_str())
             .ok_or_else(|| ManageError::UnknownNode(name.to_owned()))
