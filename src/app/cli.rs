@@ -193,6 +193,22 @@ fn summary(settings: &Settings, store: &FileNodeStore) -> String {
     let _ = writeln!(out, "node transport: {}", settings.server.listen);
     let _ = writeln!(out, "http: {}", settings.http.listen);
     let _ = writeln!(out, "event sinks: {}", sinks.join(", "));
+    let admin = &settings.admin;
+    let where_admin = if admin.on_http_listener {
+        format!("on the http listener ({})", settings.http.listen)
+    } else {
+        admin.listen.to_string()
+    };
+    let _ = writeln!(
+        out,
+        "management api: {where_admin}; {} admin key(s)",
+        admin.digests().len()
+    );
+    let journal = &settings.journal;
+    let _ = match journal.enabled {
+        true => writeln!(out, "run journal: {}", journal.path.display()),
+        false => writeln!(out, "run journal: off"),
+    };
     let records = store.records();
     let _ = writeln!(out, "nodes: {}", records.len());
     for record in records {

@@ -425,6 +425,8 @@ mod tests {
         assert_eq!(settings.http, HttpConfig::default());
         assert_eq!(settings.api, ApiConfig::default());
         assert_eq!(settings.log, LogConfig::default());
+        assert_eq!(settings.admin, AdminConfig::default());
+        assert_eq!(settings.journal, JournalConfig::default());
 
         let store = FileNodeStore::load_from_config(&settings.source).unwrap();
         let records = store.records();
@@ -625,6 +627,37 @@ mod tests {
             message.contains("`http.tls.handshake_timeout_ms` must be at least 1"),
             "{message}"
         );
+    }
+
+    #[test]
+    fn admin_and_journal_load_and_refuse_what_cannot_work() {
+        let (_file, settings) = load(
+            "[admin]\nkeys = [\"adm-SECRET\"]\nlisten = \"0.0.0.0:9001\"\n[journal]\nretention_max_age = \"12h\"\npath = \"/var/lib/edge/j.db\"\n",
+            &[("EDGE__JOURNAL__MAX_EVENTS_PER_RUN", "50")],
+        );
+        let settings = settings.unwrap();
+        assert_eq!(settings.admin.digests().len(), 1);
+        assert!(!format!("{settings:?}").contains("SECRET"));
+        assert_eq!(
+            settings.journal.retention_max_age.0,
+            Duration::from_secs(43_200)
+        );
+        assert_eq!(settings.journal.max_events_per_run, 50);
+
+        assert_refused(
+            "[journal]\nretention_max_age = \"7 weeks\"\n",
+            &["journal.retention_max_age"],
+        );
+        assert_refused(
+            "[admin]\nkey_sha256 = [\"0123\"]\nlisten = \"0.0.0.0:9001\"\n",
+            &["`admin.key_sha256[0]`", "without a key", "admin.listen"],
+        );
+        assert_refused(
+            "[api]\nkeys = [\"same\"]\n[admin]\nkeys = [\"same\"]\n",
+            &["also an API key"],
+        );
+        assert_refused("[journal]\nbatch_max = 0\n", &["`journal.batch_max`"]);
+        assert_refused("[admin]\nlisten_on = 1\n", &["listen_on", "admin"]);
     }
 
     #[test]
