@@ -10,6 +10,8 @@ mod feed;
 pub mod metrics;
 mod nodes;
 mod runs;
+#[cfg(test)]
+mod tests;
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
