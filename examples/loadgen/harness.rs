@@ -90,6 +90,7 @@ pub struct InProcessEdge {
     pub runtime: Runtime,
     pub node_addr: SocketAddr,
     pub http_addr: SocketAddr,
+    pub admin_addr: SocketAddr,
     pub parts: AppParts,
     serving: Option<JoinHandle<anyhow::Result<()>>>,
     /// Holds the config and the file sink's `events.jsonl`.
@@ -108,8 +109,10 @@ impl InProcessEdge {
         settings.server.listen = SocketAddr::from(([127, 0, 0, 1], 0));
         settings.http.listen = SocketAddr::from(([127, 0, 0, 1], 0));
         settings.admin.listen = SocketAddr::from(([127, 0, 0, 1], 0));
-        settings.journal.enabled = journal_on();
-        settings.journal.path = dir.path().join("journal.sqlite3");
+        if !config.contains("[journal]") {
+            settings.journal.enabled = journal_on();
+            settings.journal.path = dir.path().join("journal.sqlite3");
+        }
         settings.server.shutdown_grace_ms = 2_000;
         settings.events.sinks = sinks.to_vec();
         settings.events.file.path = dir.path().join("events.jsonl");
@@ -117,12 +120,14 @@ impl InProcessEdge {
         let app = runtime.block_on(App::build(settings))?;
         let node_addr = app.node_addr()?;
         let http_addr = app.http_addr()?;
+        let admin_addr = app.admin_addr()?;
         let parts = app.parts();
         let serving = runtime.spawn(app.run_until_stopped());
         Ok(Self {
             runtime,
             node_addr,
             http_addr,
+            admin_addr,
             parts,
             serving: Some(serving),
             _dir: dir,

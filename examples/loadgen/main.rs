@@ -14,6 +14,7 @@
 //! It is an example, not part of the release build. The method and the figures are in
 //! `docs/benchmarks.md`; every load goes to loopback only and every loop is bounded in time.
 
+mod admin;
 mod api;
 mod harness;
 mod http;
@@ -89,6 +90,8 @@ enum Scenario {
     Runs(runs::RunsArgs),
     /// OpenAI chat completions through the HTTP API versus a direct HTTP baseline.
     Api(api::ApiArgs),
+    /// The management API with many nodes and a large run journal.
+    Admin(admin::AdminArgs),
 }
 
 impl Scenario {
@@ -98,6 +101,7 @@ impl Scenario {
             Self::Relay(_) => "relay",
             Self::Runs(_) => "runs",
             Self::Api(_) => "api",
+            Self::Admin(_) => "admin",
         }
     }
 
@@ -107,6 +111,7 @@ impl Scenario {
             Self::Relay(args) => relay::run(args, common),
             Self::Runs(args) => runs::run(args, common),
             Self::Api(args) => api::run(args, common),
+            Self::Admin(args) => admin::run(args, common),
         }
     }
 }
