@@ -68,7 +68,7 @@ fn entries(i: usize, nodes: usize, base: u64) -> anyhow::Result<Vec<JournalEntry
         route_reason: "least_busy".into(),
         started_ms: at,
     };
-    let end = if i % 100 == 0 {
+    let end = if i.is_multiple_of(100) {
         EdgeFailure::NodeDisconnected.into_event_kind()
     } else {
         RunEventKind::Completed {
