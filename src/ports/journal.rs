@@ -43,8 +43,6 @@ pub enum JournalEntry {
 pub struct StoredEvent {
     /// Its position among the run's relayed events.
     pub index: u64,
-    /// When it was relayed, in milliseconds since the Unix epoch.
-    pub at_ms: u64,
     /// The event as one JSON object, exactly the line the `file` sink writes for it
     /// (without the newline; the format is in docs/sinks.md).
     pub json: String,

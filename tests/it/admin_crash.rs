@@ -11,7 +11,7 @@ use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
-use common::{Logs, PATIENCE, edge_serve, logged, watch_stderr, write_config};
+use common::{Logs, PATIENCE, edge_serve, eventually, logged, watch_stderr, write_config};
 use mock_node::{MockNode, MockOptions};
 use serde_json::{Value, json};
 use tokio::process::Child;
@@ -54,10 +54,13 @@ async fn start_edge(config: &Path) -> Edge {
         .await
         .expect("the edge serves in time")
         .expect("the serving line");
-    let admin = logged(&logs)
-        .iter()
-        .find_map(|line| admin_address(line))
-        .expect("the serving line names the admin address");
+    // The serving line is kept just after the addresses are announced: wait for it.
+    let admin_line = || logged(&logs).iter().find_map(|line| admin_address(line));
+    eventually("the serving line names the admin address", || {
+        admin_line().is_some()
+    })
+    .await;
+    let admin = admin_line().expect("the admin address");
     Edge {
         child,
         node,

@@ -7,6 +7,7 @@
 
 pub mod config;
 mod noop;
+mod plan;
 mod queue;
 mod reader;
 mod retention;

@@ -91,18 +91,28 @@ impl Reader {
     ) -> Result<Vec<StoredEvent>, JournalError> {
         self.with(|conn| {
             let mut statement = conn.prepare_cached(
-                "SELECT e.idx, e.at_ms, e.json FROM events e JOIN runs r ON r.seq = e.run_seq
-                 WHERE r.run_id = ?1 AND e.idx >= ?2 ORDER BY e.idx LIMIT ?3",
+                "SELECT e.first_idx, e.json FROM events e JOIN runs r ON r.seq = e.run_seq
+                 WHERE r.run_id = ?1 AND e.first_idx + e.count > ?2 ORDER BY e.first_idx",
             )?;
-            let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-            let rows = statement.query_map(params![id.as_str(), to_sql(from), limit], |row| {
-                Ok(StoredEvent {
-                    index: from_sql(row.get(0)?),
-                    at_ms: from_sql(row.get(1)?),
-                    json: row.get(2)?,
-                })
-            })?;
-            rows.collect()
+            let mut rows = statement.query(params![id.as_str(), to_sql(from)])?;
+            let mut events = Vec::new();
+            while events.len() < limit
+                && let Some(row) = rows.next()?
+            {
+                let first: i64 = row.get(0)?;
+                let json: String = row.get(1)?;
+                let lines = json.split('\n').zip(from_sql(first)..);
+                events.extend(
+                    lines
+                        .filter(|(_, index)| *index >= from)
+                        .take(limit - events.len())
+                        .map(|(line, index)| StoredEvent {
+                            index,
+                            json: line.to_owned(),
+                        }),
+                );
+            }
+            Ok(events)
         })
     }
 }

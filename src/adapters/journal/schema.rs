@@ -5,6 +5,10 @@
 //! and every committed transaction survives the process being killed (the OS holds the
 //! pages); a power cut may lose the last few commits but never leaves the file corrupt.
 //! `auto_vacuum = INCREMENTAL` lets retention hand freed pages back to the file system.
+//!
+//! Events are stored in chunks: the consecutive events of one run that one write batch
+//! holds are one row (`first_idx`, `count`, the JSON lines joined by `\n`), so a run that
+//! streams many events costs a few inserts rather than one per event.
 
 use std::path::Path;
 use std::time::Duration;
@@ -58,10 +62,10 @@ CREATE TABLE IF NOT EXISTS attempts (
 CREATE INDEX IF NOT EXISTS attempts_by_node ON attempts (node, run_seq);
 CREATE TABLE IF NOT EXISTS events (
     run_seq INTEGER NOT NULL,
-    idx INTEGER NOT NULL,
-    at_ms INTEGER NOT NULL,
+    first_idx INTEGER NOT NULL,
+    count INTEGER NOT NULL,
     json TEXT NOT NULL,
-    PRIMARY KEY (run_seq, idx)
+    PRIMARY KEY (run_seq, first_idx)
 ) WITHOUT ROWID;
 ";
 
@@ -103,12 +107,12 @@ pub enum OpenError {
 }
 
 /// Opens (creating if missing) the journal for writing, sets it up, and marks the runs a
-/// previous edge left open as ended with an unknown outcome. Returns the connection and how
-/// many runs it marked.
+/// previous edge left open as ended with an unknown outcome. Returns the connection, how
+/// many runs it marked, and the row number for the next run.
 ///
 /// # Errors
 /// [`OpenError`] naming the file.
-pub(super) fn open_writer(path: &Path) -> Result<(Connection, usize), OpenError> {
+pub(super) fn open_writer(path: &Path) -> Result<(Connection, usize, i64), OpenError> {
     let name = path.display().to_string();
     let sqlite = |source| OpenError::Sqlite {
         path: name.clone(),
@@ -135,7 +139,12 @@ pub(super) fn open_writer(path: &Path) -> Result<(Connection, usize), OpenError>
     conn.pragma_update(None, "user_version", SCHEMA_VERSION)
         .map_err(sqlite)?;
     let marked = mark_interrupted(&conn).map_err(sqlite)?;
-    Ok((conn, marked))
+    let next_seq: i64 = conn
+        .query_row("SELECT coalesce(max(seq), 0) + 1 FROM runs", [], |row| {
+            row.get(0)
+        })
+        .map_err(sqlite)?;
+    Ok((conn, marked, next_seq))
 }
 
 /// Opens a read-only connection to the journal.
@@ -152,8 +161,8 @@ fn mark_interrupted(conn: &Connection) -> rusqlite::Result<usize> {
     conn.execute(
         "UPDATE runs SET outcome = 'unknown', code = ?1,
             message = 'the edge stopped before this run ended; how it ended is not known',
-            events_stored = (SELECT count(*) FROM events WHERE run_seq = runs.seq),
-            events = max(events, (SELECT count(*) FROM events WHERE run_seq = runs.seq))
+            events_stored = (SELECT coalesce(sum(count), 0) FROM events WHERE run_seq = runs.seq),
+            events = max(events, (SELECT coalesce(sum(count), 0) FROM events WHERE run_seq = runs.seq))
          WHERE outcome = 'open'",
         [EDGE_CRASHED],
     )

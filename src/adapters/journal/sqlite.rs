@@ -41,7 +41,7 @@ impl SqliteJournal {
     pub fn open(config: &JournalConfig) -> Result<Self, OpenError> {
         let path = config.path.clone();
         let lock = lock_file(&path)?;
-        let (conn, marked) = open_writer(&path)?;
+        let (conn, marked, next_seq) = open_writer(&path)?;
         if marked > 0 {
             warn!(runs = marked, path = %path.display(), "runs left open by an edge that stopped without ending them are marked unknown/edge_crashed");
         }
@@ -59,6 +59,7 @@ impl SqliteJournal {
             batch_max: config.batch_max.max(1),
             linger: config.batch_linger(),
             open: HashMap::new(),
+            next_seq,
             last_error_log: None,
         };
         let handle = std::thread::Builder::new()

@@ -265,7 +265,7 @@ async fn the_disabled_journal_keeps_nothing() {
 #[test]
 fn retention_by_size_removes_the_oldest_finished_runs_and_keeps_open_ones() {
     let dir = tempfile::tempdir().unwrap();
-    let (mut conn, _) = schema::open_writer(&dir.path().join("j.sqlite3")).unwrap();
+    let (mut conn, _, _) = schema::open_writer(&dir.path().join("j.sqlite3")).unwrap();
     let padding = "x".repeat(4_000);
     for seq in 1..=200i64 {
         let outcome = if seq == 1 { "open" } else { "completed" };
@@ -276,7 +276,7 @@ fn retention_by_size_removes_the_oldest_finished_runs_and_keeps_open_ones() {
         )
         .unwrap();
         conn.execute(
-            "INSERT INTO events (run_seq, idx, at_ms, json) VALUES (?1, 0, ?1, ?2)",
+            "INSERT INTO events (run_seq, first_idx, count, json) VALUES (?1, 0, 1, ?2)",
             rusqlite::params![seq, padding],
         )
         .unwrap();

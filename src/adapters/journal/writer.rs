@@ -2,21 +2,22 @@
 //! transaction, and removes old runs when retention asks.
 //!
 //! A thread of its own, not a task: SQLite calls block, and the relay's runtime threads
-//! must never wait on a disk. The relay only enqueues (see `queue.rs`).
+//! must never wait on a disk. The relay only enqueues (see `queue.rs`); each batch is
+//! grouped by run before it is written (see `plan.rs`).
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use rusqlite::{Connection, OptionalExtension, Transaction, params};
+use rusqlite::Connection;
 use tracing::warn;
 
+use super::plan::{OpenRun, Plan};
 use super::queue::{EntryQueue, Taken};
 use super::retention::{Retention, retention_chunk};
 use super::schema::used_bytes;
-use crate::adapters::sinks::format::write_json_line;
-use crate::domain::{AcceptedRun, Attempt, RunEvent, RunEventKind, RunId, RunOutcome};
+use crate::domain::RunId;
 use crate::ports::JournalEntry;
 
 /// Counters shared by the writer and the journal's handle.
@@ -42,8 +43,10 @@ pub(super) struct Writer {
     pub(super) retention: Retention,
     pub(super) batch_max: usize,
     pub(super) linger: Duration,
-    /// Open runs' row numbers, so events need no lookup.
-    pub(super) open: HashMap<RunId, i64>,
+    /// Open runs' row numbers and stored events, so events need no lookup.
+    pub(super) open: HashMap<RunId, OpenRun>,
+    /// The row number of the next run accepted.
+    pub(super) next_seq: i64,
     pub(super) last_error_log: Option<Instant>,
 }
 
@@ -106,18 +109,12 @@ impl Writer {
     /// Writes `batch` in one transaction; on failure its entries are lost and counted.
     fn write(&mut self, batch: Vec<JournalEntry>) {
         let count = batch.len() as u64;
-        let accepted: Vec<RunId> = batch
-            .iter()
-            .filter_map(|e| match e {
-                JournalEntry::Accepted(run) => Some(run.run_id.clone()),
-                _ => None,
-            })
-            .collect();
+        // What the file holds if the transaction fails: runs accepted in it are not there
+        // (their later entries are skipped), runs it ended are still open.
+        let before = self.open.clone();
+        let (open, next_seq) = (&mut self.open, &mut self.next_seq);
         let result = self.conn.transaction().and_then(|tx| {
-            let mut open = std::mem::take(&mut self.open);
-            let applied = batch.iter().try_for_each(|e| apply(&tx, &mut open, e));
-            self.open = open;
-            applied?;
+            Plan::of(&tx, batch, open, next_seq)?.apply(&tx, open)?;
             tx.commit()
         });
         match result {
@@ -125,10 +122,7 @@ impl Writer {
                 self.shared.written.fetch_add(count, Ordering::Relaxed);
             }
             Err(error) => {
-                // Those runs are not in the file: later events for them are skipped.
-                for run in &accepted {
-                    self.open.remove(run);
-                }
+                self.open = before;
                 self.shared.write_errors.fetch_add(1, Ordering::Relaxed);
                 self.failed("write", &error);
             }
@@ -151,158 +145,6 @@ pub(super) fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-}
-
-fn apply(
-    tx: &Transaction<'_>,
-    open: &mut HashMap<RunId, i64>,
-    entry: &JournalEntry,
-) -> rusqlite::Result<()> {
-    match entry {
-        JournalEntry::Accepted(run) => {
-            let seq = insert_run(tx, run)?;
-            open.insert(run.run_id.clone(), seq);
-        }
-        JournalEntry::Placed { run_id, attempt } => {
-            if let Some(seq) = run_seq(tx, open, run_id)? {
-                insert_attempt(tx, seq, attempt)?;
-            }
-        }
-        JournalEntry::Event {
-            index,
-            at_ms,
-            event,
-            first_output,
-        } => {
-            let Some(seq) = run_seq(tx, open, &event.run_id)? else {
-                return Ok(());
-            };
-            insert_event(tx, seq, *index, *at_ms, event)?;
-            if *first_output {
-                tx.prepare_cached(
-                    "UPDATE runs SET first_output_ms = ?1 WHERE seq = ?2 AND first_output_ms IS NULL",
-                )?
-                .execute(params![to_sql(*at_ms), seq])?;
-            }
-            if event.kind.is_terminal() {
-                finish_run(tx, seq, *index + 1, *at_ms, &event.kind)?;
-                open.remove(&event.run_id);
-            }
-        }
-    }
-    Ok(())
-}
-
-fn run_seq(
-    tx: &Transaction<'_>,
-    open: &HashMap<RunId, i64>,
-    run_id: &RunId,
-) -> rusqlite::Result<Option<i64>> {
-    if let Some(seq) = open.get(run_id) {
-        return Ok(Some(*seq));
-    }
-    tx.prepare_cached("SELECT seq FROM runs WHERE run_id = ?1")?
-        .query_row([run_id.as_str()], |row| row.get(0))
-        .optional()
-}
-
-fn insert_run(tx: &Transaction<'_>, run: &AcceptedRun) -> rusqlite::Result<i64> {
-    let inserted = tx
-        .prepare_cached(
-            "INSERT INTO runs (run_id, adapter, target, operation, pin, api_key_name, queued_ms, outcome)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'open') ON CONFLICT (run_id) DO NOTHING",
-        )?
-        .execute(params![
-            run.run_id.as_str(),
-            run.adapter.as_str(),
-            run.target.as_str(),
-            run.operation.as_str(),
-            run.pin,
-            run.api_key_name,
-            to_sql(run.queued_ms),
-        ])?;
-    if inserted == 1 {
-        return Ok(tx.last_insert_rowid());
-    }
-    tx.prepare_cached("SELECT seq FROM runs WHERE run_id = ?1")?
-        .query_row([run.run_id.as_str()], |row| row.get(0))
-}
-
-fn insert_attempt(tx: &Transaction<'_>, seq: i64, attempt: &Attempt) -> rusqlite::Result<()> {
-    tx.prepare_cached(
-        "INSERT OR REPLACE INTO attempts (run_seq, number, node, route_reason, started_ms)
-         VALUES (?1, ?2, ?3, ?4, ?5)",
-    )?
-    .execute(params![
-        seq,
-        attempt.number,
-        attempt.node.as_str(),
-        attempt.route_reason,
-        to_sql(attempt.started_ms),
-    ])?;
-    Ok(())
-}
-
-fn insert_event(
-    tx: &Transaction<'_>,
-    seq: i64,
-    index: u64,
-    at_ms: u64,
-    event: &RunEvent,
-) -> rusqlite::Result<()> {
-    let mut line = Vec::with_capacity(128);
-    write_json_line(event, &mut line);
-    while line.last() == Some(&b'\n') {
-        line.pop();
-    }
-    let json = String::from_utf8_lossy(&line);
-    tx.prepare_cached(
-        "INSERT OR IGNORE INTO events (run_seq, idx, at_ms, json) VALUES (?1, ?2, ?3, ?4)",
-    )?
-    .execute(params![seq, to_sql(index), to_sql(at_ms), json])?;
-    Ok(())
-}
-
-fn finish_run(
-    tx: &Transaction<'_>,
-    seq: i64,
-    events: u64,
-    at_ms: u64,
-    kind: &RunEventKind,
-) -> rusqlite::Result<()> {
-    let outcome = RunOutcome::of_event(kind).unwrap_or(RunOutcome::Unknown);
-    let (code, message, finish_reason, usage) = match kind {
-        RunEventKind::Completed {
-            finish_reason,
-            usage,
-        } => (None, None, Some(finish_reason.as_str()), *usage),
-        RunEventKind::Failed { code, message, .. } => {
-            (Some(code.as_str()), Some(message.as_str()), None, None)
-        }
-        RunEventKind::Cancelled { reason } => (None, Some(reason.as_str()), None, None),
-        RunEventKind::Started | RunEventKind::Output { .. } => (None, None, None, None),
-    };
-    tx.prepare_cached(
-        "UPDATE runs SET outcome = ?2, finished_ms = ?3, code = ?4, message = ?5,
-            finish_reason = ?6, input_tokens = ?7, output_tokens = ?8,
-            cached_input_tokens = ?9, reasoning_tokens = ?10, events = ?11,
-            events_stored = (SELECT count(*) FROM events WHERE run_seq = ?1)
-         WHERE seq = ?1",
-    )?
-    .execute(params![
-        seq,
-        outcome.as_str(),
-        to_sql(at_ms),
-        code,
-        message,
-        finish_reason,
-        usage.map(|u| u.input_tokens),
-        usage.map(|u| u.output_tokens),
-        usage.map(|u| u.cached_input_tokens),
-        usage.map(|u| u.reasoning_tokens),
-        to_sql(events),
-    ])?;
-    Ok(())
 }
 
 /// SQLite integers are signed: times and counts past `i64::MAX` are clamped.
