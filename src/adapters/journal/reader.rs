@@ -143,14 +143,14 @@ fn listing_sql(query: &RunQuery) -> (String, Vec<Value>) {
     }
     if let Some(node) = &query.node {
         filter(
-            " AND EXISTS (SELECT 1 FROM attempts a WHERE a.run_seq = runs.seq AND a.node = ?)",
+            " AND seq IN (SELECT run_seq FROM attempts WHERE node = ?)",
             node.as_str().to_owned().into(),
         );
     }
     if let Some(after) = &query.after {
-        filter(" AND (queued_ms < ?", to_sql(after.queued_ms).into());
-        filter(" OR (queued_ms = ?", to_sql(after.queued_ms).into());
-        filter(" AND run_id < ?))", after.run_id.as_str().to_owned().into());
+        // A row value: SQLite walks the (queued_ms, run_id) index from the cursor on.
+        filter(" AND (queued_ms, run_id) < (?", to_sql(after.queued_ms).into());
+        filter(", ?)", after.run_id.as_str().to_owned().into());
     }
     let limit = i64::try_from(query.limit).unwrap_or(i64::MAX);
     filter(
