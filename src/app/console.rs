@@ -165,8 +165,8 @@ fn nodes_table(parts: &AppParts) -> String {
         return "no nodes connected\n".into();
     }
     let mut out = format!(
-        "{:<16} {:<16} {:<22} {:<32} {:>6} {:>10}\n",
-        "ID", "ALIAS", "PEER", "ADAPTERS", "ACTIVE", "LAST SEEN"
+        "{:<16} {:<16} {:<9} {:<22} {:<32} {:>6} {:>10}\n",
+        "ID", "ALIAS", "STATE", "PEER", "ADAPTERS", "ACTIVE", "LAST SEEN"
     );
     let now = SystemTime::now();
     for node in nodes {
@@ -180,11 +180,14 @@ fn nodes_table(parts: &AppParts) -> String {
             })
             .collect();
         let seen = now.duration_since(node.last_seen).unwrap_or(Duration::ZERO);
+        let drain = parts.management.drains().get(node.record.id());
+        let state = crate::domain::NodeState::of(true, drain.as_ref(), node.active_runs, false);
         let _ = writeln!(
             out,
-            "{:<16} {:<16} {:<22} {:<32} {:>6} {:>9}s",
+            "{:<16} {:<16} {:<9} {:<22} {:<32} {:>6} {:>9}s",
             node.record.id(),
             node.record.alias(),
+            state.as_str(),
             node.peer,
             adapters.join(" "),
             format!(

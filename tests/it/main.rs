@@ -36,6 +36,7 @@ mod api_support;
 mod node_support;
 
 mod admin_api;
+mod admin_cli;
 mod admin_crash;
 mod admin_journal;
 mod admin_openapi;

@@ -149,7 +149,10 @@ fn listing_sql(query: &RunQuery) -> (String, Vec<Value>) {
     }
     if let Some(after) = &query.after {
         // A row value: SQLite walks the (queued_ms, run_id) index from the cursor on.
-        filter(" AND (queued_ms, run_id) < (?", to_sql(after.queued_ms).into());
+        filter(
+            " AND (queued_ms, run_id) < (?",
+            to_sql(after.queued_ms).into(),
+        );
         filter(", ?)", after.run_id.as_str().to_owned().into());
     }
     let limit = i64::try_from(query.limit).unwrap_or(i64::MAX);
