@@ -50,6 +50,18 @@ pub fn config(nodes: Nodes, extra: &str) -> String {
     toml
 }
 
+/// Whether edges started here keep the run journal (`--journal`), set once by `main`.
+static JOURNAL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+
+/// Turns the run journal on for every edge this process starts.
+pub fn keep_journal(on: bool) {
+    let _ = JOURNAL.set(on);
+}
+
+fn journal_on() -> bool {
+    JOURNAL.get().copied().unwrap_or(false)
+}
+
 /// A runtime for the edge or for the load, with `threads` workers.
 pub fn runtime(name: &str, threads: usize) -> anyhow::Result<Runtime> {
     tokio::runtime::Builder::new_multi_thread()
@@ -78,6 +90,7 @@ pub struct InProcessEdge {
     pub runtime: Runtime,
     pub node_addr: SocketAddr,
     pub http_addr: SocketAddr,
+    pub admin_addr: SocketAddr,
     pub parts: AppParts,
     serving: Option<JoinHandle<anyhow::Result<()>>>,
     /// Holds the config and the file sink's `events.jsonl`.
@@ -95,6 +108,11 @@ impl InProcessEdge {
         let mut settings = Settings::load(Some(&path))?;
         settings.server.listen = SocketAddr::from(([127, 0, 0, 1], 0));
         settings.http.listen = SocketAddr::from(([127, 0, 0, 1], 0));
+        settings.admin.listen = SocketAddr::from(([127, 0, 0, 1], 0));
+        if !config.contains("[journal]") {
+            settings.journal.enabled = journal_on();
+            settings.journal.path = dir.path().join("journal.sqlite3");
+        }
         settings.server.shutdown_grace_ms = 2_000;
         settings.events.sinks = sinks.to_vec();
         settings.events.file.path = dir.path().join("events.jsonl");
@@ -102,12 +120,14 @@ impl InProcessEdge {
         let app = runtime.block_on(App::build(settings))?;
         let node_addr = app.node_addr()?;
         let http_addr = app.http_addr()?;
+        let admin_addr = app.admin_addr()?;
         let parts = app.parts();
         let serving = runtime.spawn(app.run_until_stopped());
         Ok(Self {
             runtime,
             node_addr,
             http_addr,
+            admin_addr,
             parts,
             serving: Some(serving),
             _dir: dir,
@@ -168,6 +188,9 @@ impl EdgeProcess {
             .arg(node_addr.to_string())
             .arg("--http-listen")
             .arg(http_addr.to_string())
+            .args(["--admin-listen", "127.0.0.1:0"])
+            .env("EDGE__JOURNAL__ENABLED", journal_on().to_string())
+            .env("EDGE__JOURNAL__PATH", dir.path().join("journal.sqlite3"))
             .arg("--log-level")
             .arg(log_level)
             .env("TOKIO_WORKER_THREADS", threads.max(1).to_string())

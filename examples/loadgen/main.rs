@@ -16,6 +16,7 @@
 //! It is an example, not part of the release build. The method and the figures are in
 //! `docs/benchmarks.md`; every load goes to loopback only and every loop is bounded in time.
 
+mod admin;
 mod api;
 mod harness;
 mod http;
@@ -59,6 +60,10 @@ pub struct Common {
     /// The edge's log level (the shipped config says `info`).
     #[arg(long, global = true, default_value = "info")]
     pub edge_log_level: String,
+    /// Keep the run journal (SQLite, in the run's temporary directory); off by default, as
+    /// `[journal] enabled = false`.
+    #[arg(long, global = true)]
+    pub journal: bool,
     /// Internal: run as a child of another loadgen and report records on stderr.
     #[arg(long, global = true, hide = true)]
     pub child: bool,
@@ -72,6 +77,9 @@ impl Common {
             format!("--load-threads={}", self.load_threads),
             format!("--edge-log-level={}", self.edge_log_level),
         ]
+        .into_iter()
+        .chain(self.journal.then(|| "--journal".to_owned()))
+        .collect()
     }
 }
 
@@ -87,6 +95,8 @@ enum Scenario {
     Api(api::ApiArgs),
     /// A node that stops reading: the edge's memory growth until it closes the node.
     SlowConsumer(slow::SlowArgs),
+    /// The management API with many nodes and a large run journal.
+    Admin(admin::AdminArgs),
 }
 
 impl Scenario {
@@ -97,6 +107,7 @@ impl Scenario {
             Self::Runs(_) => "runs",
             Self::Api(_) => "api",
             Self::SlowConsumer(_) => "slow-consumer",
+            Self::Admin(_) => "admin",
         }
     }
 
@@ -107,6 +118,7 @@ impl Scenario {
             Self::Runs(args) => runs::run(args, common),
             Self::Api(args) => api::run(args, common),
             Self::SlowConsumer(args) => slow::run(args, common),
+            Self::Admin(args) => admin::run(args, common),
         }
     }
 }
@@ -152,6 +164,7 @@ pub fn records_from_child(output: &Output) -> anyhow::Result<Vec<Record>> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    harness::keep_journal(cli.common.journal);
     let scenario = cli.scenario.name();
     let repeat = cli.common.repeat.max(1);
     let mut repetitions = Vec::new();

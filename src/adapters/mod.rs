@@ -2,6 +2,7 @@
 
 pub mod file_store;
 pub mod http;
+pub mod journal;
 pub mod lock_registry;
 pub mod sinks;
 pub mod tcp;

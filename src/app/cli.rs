@@ -38,6 +38,9 @@ enum Command {
         #[command(subcommand)]
         command: TokenCommand,
     },
+    /// Operator commands against a running edge's management API.
+    #[command(flatten)]
+    Admin(super::admin_client::AdminCommand),
 }
 
 #[derive(Debug, Subcommand)]
@@ -58,6 +61,9 @@ struct ServeArgs {
     /// a free port).
     #[arg(long)]
     http_listen: Option<SocketAddr>,
+    /// Serve the management API here instead of `admin.listen` (port 0 picks a free port).
+    #[arg(long)]
+    admin_listen: Option<SocketAddr>,
     /// Read run commands from standard input while serving (`help` lists them).
     #[arg(long)]
     console: bool,
@@ -81,6 +87,7 @@ pub fn main() -> ExitCode {
             print!("{}", generate_token());
             Ok(())
         }
+        Command::Admin(command) => admin(command),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -91,6 +98,15 @@ pub fn main() -> ExitCode {
     }
 }
 
+/// Runs an operator command on a small runtime of its own.
+fn admin(command: super::admin_client::AdminCommand) -> anyhow::Result<()> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?
+        .block_on(super::admin_client::run(command))
+}
+
 fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let mut settings = Settings::load(args.config.as_deref())?;
     if let Some(listen) = args.listen {
@@ -98,6 +114,9 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     }
     if let Some(listen) = args.http_listen {
         settings.http.listen = listen;
+    }
+    if let Some(listen) = args.admin_listen {
+        settings.admin.listen = listen;
     }
     if let Some(level) = args.log_level {
         settings.log.level = level;
@@ -174,6 +193,22 @@ fn summary(settings: &Settings, store: &FileNodeStore) -> String {
     let _ = writeln!(out, "node transport: {}", settings.server.listen);
     let _ = writeln!(out, "http: {}", settings.http.listen);
     let _ = writeln!(out, "event sinks: {}", sinks.join(", "));
+    let admin = &settings.admin;
+    let where_admin = if admin.on_http_listener {
+        format!("on the http listener ({})", settings.http.listen)
+    } else {
+        admin.listen.to_string()
+    };
+    let _ = writeln!(
+        out,
+        "management api: {where_admin}; {} admin key(s)",
+        admin.digests().len()
+    );
+    let journal = &settings.journal;
+    let _ = match journal.enabled {
+        true => writeln!(out, "run journal: {}", journal.path.display()),
+        false => writeln!(out, "run journal: off"),
+    };
     let records = store.records();
     let _ = writeln!(out, "nodes: {}", records.len());
     for record in records {

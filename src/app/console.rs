@@ -12,7 +12,9 @@ use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader
 use super::AppParts;
 use super::runs::{Placed, waiting_for};
 use crate::domain::routing::{BreakerState, TenantKey};
-use crate::domain::{AdapterName, NodeSelector, Operation, RunId, RunRouting, RunSpec, Target};
+use crate::domain::{
+    AdapterName, NodeSelector, NodeState, Operation, RunId, RunRouting, RunSpec, Target,
+};
 use crate::ports::ConnectedNode;
 
 const HELP: &str = "\
@@ -181,18 +183,22 @@ fn nodes_table(parts: &AppParts) -> String {
         return "no nodes connected\n".into();
     }
     let mut out = format!(
-        "{:<16} {:<16} {:<22} {:<32} {:>6} {:<12} {:<14} {:>10}\n",
-        "ID", "ALIAS", "PEER", "ADAPTERS", "ACTIVE", "STATUS", "BREAKER", "LAST SEEN"
+        "{:<16} {:<16} {:<12} {:<22} {:<32} {:>6} {:<12} {:<14} {:>10}\n",
+        "ID", "ALIAS", "STATE", "PEER", "ADAPTERS", "ACTIVE", "STATUS", "BREAKER", "LAST SEEN"
     );
     let now = SystemTime::now();
     for node in nodes {
         let seen = now.duration_since(node.last_seen).unwrap_or(Duration::ZERO);
-        let breaker = breaker_text(parts.runs.breaker_state(node.record.id()));
+        let breaker = parts.runs.breaker_state(node.record.id());
+        let drain = parts.management.drains().get(node.record.id());
+        let breaker_open = matches!(breaker, BreakerState::Open { .. });
+        let state = NodeState::of(true, drain.as_ref(), node.active_runs, breaker_open);
         let _ = writeln!(
             out,
-            "{:<16} {:<16} {:<22} {:<32} {:>6} {:<12} {:<14} {:>9}s",
+            "{:<16} {:<16} {:<12} {:<22} {:<32} {:>6} {:<12} {:<14} {:>9}s",
             node.record.id(),
             node.record.alias(),
+            state.as_str(),
             node.peer,
             adapters_text(&node),
             format!(
@@ -201,7 +207,7 @@ fn nodes_table(parts: &AppParts) -> String {
                 node.record.runtime().max_concurrent_runs()
             ),
             status_text(&node),
-            breaker,
+            breaker_text(breaker),
             seen.as_secs(),
         );
     }
@@ -233,11 +239,9 @@ fn adapters_text(node: &ConnectedNode) -> String {
     adapters.join(" ")
 }
 
-/// `drained`, `unavailable` (it reported none of its targets), or `ready`.
+/// `unavailable` (it reported none of its targets), or `ready`.
 fn status_text(node: &ConnectedNode) -> &'static str {
-    if node.drained {
-        "drained"
-    } else if node
+    if node
         .availability
         .as_ref()
         .is_some_and(|a| a.pairs().is_empty())

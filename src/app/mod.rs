@@ -5,9 +5,13 @@
 //! and [`App::http_addr`]),
 //! and [`App::run_until_stopped`] serves until the stop signal, then drains.
 
+mod admin;
+pub mod admin_client;
 pub mod cli;
 pub mod console;
+pub mod drains;
 pub mod logging;
+pub mod management;
 pub mod metrics;
 pub mod runs;
 pub mod settings;
@@ -20,13 +24,16 @@ use tokio_util::sync::CancellationToken;
 use tracing::info;
 
 use crate::adapters::file_store::FileNodeStore;
+use crate::adapters::http::admin::AdminServer;
 use crate::adapters::http::{Api, HttpServer, HttpState};
 use crate::adapters::lock_registry::LockRegistry;
 use crate::adapters::sinks::{SinkSet, build_sinks};
 use crate::adapters::tcp::{ServerDeps, TcpServer, TcpTransport, TransportControl};
 use crate::adapters::tls::{TlsAcceptor, TlsConfig};
 use crate::domain::routing::Catalog;
-use crate::ports::{EventSink, NodeStore, Registry};
+use crate::ports::{EventSink, NodeStore, Readiness, Registry, RunJournal};
+use drains::Drains;
+use management::Management;
 use metrics::{MetricSources, Metrics};
 
 pub use runs::{Placed, RunHandle, RunService, StartError};
@@ -41,6 +48,8 @@ pub struct App {
     /// Every configured sink, closed (drains joined) once everything else has stopped.
     sink: Arc<dyn EventSink>,
     parts: AppParts,
+    /// The management API's own listener (none with `admin.on_http_listener`).
+    admin: Option<AdminServer>,
 }
 
 /// The running edge's parts, for the console, the HTTP API and tests. Cheap to clone.
@@ -56,6 +65,10 @@ pub struct AppParts {
     pub transport: TransportControl,
     /// Cancel it to start the graceful stop.
     pub stop: CancellationToken,
+    /// Node status, drains, run records and events: what the management API serves.
+    pub management: Management,
+    /// The run journal (one that keeps nothing when `[journal] enabled = false`).
+    pub journal: Arc<dyn RunJournal>,
 }
 
 impl App {
@@ -73,10 +86,12 @@ impl App {
         let sink: Arc<dyn EventSink> = Arc::new(SinkSet::from_built(&sinks));
         let transport = Arc::new(TcpTransport::new(Arc::clone(&registry)));
         let metrics = Metrics::new().context("cannot start the metrics exporter")?;
-        let runs = RunService::new(
+        let journal = admin::journal(&settings)?;
+        let runs = RunService::with_journal(
             Arc::clone(&registry),
             transport,
             Arc::clone(&sink),
+            Arc::clone(&journal),
             settings.runs.clone(),
             routing(&settings, store.as_ref())?,
             metrics.meter(),
@@ -94,20 +109,23 @@ impl App {
             runs: runs.clone(),
             sinks,
         });
-        let http_state = HttpState {
-            metrics: metrics.registry(),
-            readiness: server.control().readiness(),
-            runs: runs.clone(),
-            registry: Arc::clone(&registry),
-            api: Api::new(settings.api.clone())?,
-        };
-        let http = bind_http_server(&settings, http_state).await?;
+        let readiness = server.control().readiness();
+        let http = bind_http_server(
+            &settings,
+            http_state(&metrics, readiness, &runs, &registry, &settings)?,
+        )
+        .await?;
+        let management =
+            admin::management(&store, &registry, &runs, &journal, Drains::new(), &metrics);
+        let (http, admin) = admin::bind(&settings, &management, http).await?;
         let parts = AppParts {
             store,
             registry,
             runs,
             transport: server.control(),
             stop: CancellationToken::new(),
+            management,
+            journal,
         };
         Ok(App {
             settings,
@@ -116,6 +134,7 @@ impl App {
             metrics,
             sink,
             parts,
+            admin,
         })
     }
 
@@ -125,6 +144,14 @@ impl App {
     /// The socket error, which does not happen for a bound listener.
     pub fn http_addr(&self) -> std::io::Result<SocketAddr> {
         self.http.local_addr()
+    }
+
+    /// The address of the management API (its own listener, or the HTTP one's).
+    ///
+    /// # Errors
+    /// The socket error, which does not happen for a bound listener.
+    pub fn admin_addr(&self) -> std::io::Result<SocketAddr> {
+        admin::address(self.admin.as_ref(), self.http.local_addr()?)
     }
 
     /// The address nodes connect to.
@@ -147,11 +174,20 @@ impl App {
     /// # Errors
     /// The HTTP server failed while serving.
     pub async fn run_until_stopped(self) -> anyhow::Result<()> {
-        let (settings, parts) = (&self.settings, &self.parts);
-        let (server, http) = (self.server, self.http);
+        let App {
+            settings,
+            server,
+            http,
+            metrics,
+            sink,
+            parts,
+            admin,
+        } = self;
         info!(
             listen = %server.local_addr()?,
             http = %http.local_addr()?,
+            admin = %admin::address(admin.as_ref(), http.local_addr()?)?,
+            journal = parts.journal.enabled(),
             nodes = parts.store.records().len(),
             node_tls = settings.server.tls.is_some(),
             http_tls = settings.http.tls.is_some(),
@@ -160,11 +196,15 @@ impl App {
         let accept_loop = tokio::spawn(server.run());
         let http_stop = CancellationToken::new();
         let http_serving = tokio::spawn(http.run(http_stop.clone()));
+        let admin_serving = admin::AdminServing::start(admin);
         parts.stop.cancelled().await;
         info!("stopping: refusing new nodes and runs, draining open runs");
         let grace = settings.server.shutdown_grace();
         parts.transport.start_draining();
         parts.runs.drain(grace).await;
+        parts.management.stop(grace).await;
+        // Every run has ended: its record and events go to disk before the edge exits.
+        parts.journal.close().await;
         parts.transport.shut_down("edge shutting down", grace).await;
         accept_loop.await.context("the accept loop panicked")?;
         // HTTP stays up while draining, so /readyz reports it; open streams have ended now.
@@ -173,8 +213,9 @@ impl App {
             .await
             .context("the HTTP server panicked")?
             .context("the HTTP server failed")?;
-        self.sink.close().await;
-        self.metrics.shutdown();
+        sink.close().await;
+        admin_serving.stop().await?;
+        metrics.shutdown();
         info!("edge stopped");
         Ok(())
     }
@@ -201,6 +242,23 @@ async fn bind_node_server(settings: &Settings, deps: ServerDeps) -> anyhow::Resu
     Ok(tls.into_iter().fold(server, TcpServer::with_tls))
 }
 
+/// What the HTTP handlers work with.
+fn http_state(
+    metrics: &Metrics,
+    readiness: Readiness,
+    runs: &RunService,
+    registry: &Arc<dyn Registry>,
+    settings: &Settings,
+) -> anyhow::Result<HttpState> {
+    Ok(HttpState {
+        metrics: metrics.registry(),
+        readiness,
+        runs: runs.clone(),
+        registry: Arc::clone(registry),
+        api: Api::new(settings.api.clone())?,
+    })
+}
+
 /// Binds the HTTP listener, with TLS when `[http.tls]` is set.
 async fn bind_http_server(settings: &Settings, state: HttpState) -> anyhow::Result<HttpServer> {
     let tls = load_tls(settings.http.tls.as_ref(), "http.tls", &[b"http/1.1"])
@@ -213,7 +271,7 @@ async fn bind_http_server(settings: &Settings, state: HttpState) -> anyhow::Resu
 
 /// Loads a listener's TLS files, when its section has a `tls` table; `alpn` lists the
 /// application protocols offered.
-fn load_tls(
+pub(crate) fn load_tls(
     config: Option<&TlsConfig>,
     section: &str,
     alpn: &[&[u8]],

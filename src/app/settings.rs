@@ -20,6 +20,8 @@ use tracing_subscriber::EnvFilter;
 use crate::adapters::file_store::ConfigSource;
 use crate::adapters::http::ApiConfig;
 pub use crate::adapters::http::HttpConfig;
+pub use crate::adapters::http::admin::AdminConfig;
+pub use crate::adapters::journal::JournalConfig;
 use crate::adapters::sinks::config::EventsConfig;
 use crate::adapters::tcp::config::ServerConfig;
 use crate::app::runs::{LimitsConfig, RoutingConfig};
@@ -34,7 +36,7 @@ const ENV_SEPARATOR: &str = "__";
 /// Separates the items of a list-valued override: `EDGE__EVENTS__SINKS=stdout,file`.
 const ENV_LIST_SEPARATOR: &str = ",";
 /// The keys whose environment override is a list.
-const ENV_LIST_KEYS: &[&str] = &["events.sinks", "api.keys"];
+const ENV_LIST_KEYS: &[&str] = &["events.sinks", "api.keys", "admin.keys", "admin.key_sha256"];
 
 /// Everything the edge is configured with.
 #[derive(Debug, Clone)]
@@ -55,6 +57,10 @@ pub struct Settings {
     pub api: ApiConfig,
     /// `[log]`: the edge's own logs.
     pub log: LogConfig,
+    /// `[admin]`: the management API.
+    pub admin: AdminConfig,
+    /// `[journal]`: the durable run journal.
+    pub journal: JournalConfig,
     /// The file the settings came from and the merged config, from which the node store
     /// reads `[[nodes]]`.
     pub source: ConfigSource,
@@ -190,6 +196,8 @@ struct Sections {
     http: HttpConfig,
     api: ApiConfig,
     log: LogConfig,
+    admin: AdminConfig,
+    journal: JournalConfig,
     nodes: IgnoredAny,
 }
 
@@ -248,6 +256,8 @@ impl Settings {
             http,
             api,
             log,
+            admin,
+            journal,
             nodes: _,
         } = sections;
         Ok(Self {
@@ -259,6 +269,8 @@ impl Settings {
             http,
             api,
             log,
+            admin,
+            journal,
             source: ConfigSource::new(path, text.is_some(), config),
         })
     }
@@ -349,6 +361,11 @@ impl Sections {
         if let Err(routing) = crate::app::runs::policy(&self.runs, &self.routing, &self.limits) {
             problems.extend(routing);
         }
+        let api_keys = &self.api.keys;
+        problems.extend(self.admin.problems(self.http.listen, |admin| {
+            api_keys.iter().any(|api| api.matches(admin))
+        }));
+        problems.extend(self.journal.problems());
         problems
     }
 }
@@ -430,6 +447,8 @@ mod tests {
         assert_eq!(settings.http, HttpConfig::default());
         assert_eq!(settings.api, ApiConfig::default());
         assert_eq!(settings.log, LogConfig::default());
+        assert_eq!(settings.admin, AdminConfig::default());
+        assert_eq!(settings.journal, JournalConfig::default());
 
         let store = FileNodeStore::load_from_config(&settings.source).unwrap();
         let records = store.records();
@@ -630,6 +649,37 @@ mod tests {
             message.contains("`http.tls.handshake_timeout_ms` must be at least 1"),
             "{message}"
         );
+    }
+
+    #[test]
+    fn admin_and_journal_load_and_refuse_what_cannot_work() {
+        let (_file, settings) = load(
+            "[admin]\nkeys = [\"adm-SECRET\"]\nlisten = \"0.0.0.0:9001\"\n[journal]\nretention_max_age = \"12h\"\npath = \"/var/lib/edge/j.db\"\n",
+            &[("EDGE__JOURNAL__MAX_EVENTS_PER_RUN", "50")],
+        );
+        let settings = settings.unwrap();
+        assert_eq!(settings.admin.digests().len(), 1);
+        assert!(!format!("{settings:?}").contains("SECRET"));
+        assert_eq!(
+            settings.journal.retention_max_age.0,
+            Duration::from_secs(43_200)
+        );
+        assert_eq!(settings.journal.max_events_per_run, 50);
+
+        assert_refused(
+            "[journal]\nretention_max_age = \"7 weeks\"\n",
+            &["journal.retention_max_age"],
+        );
+        assert_refused(
+            "[admin]\nkey_sha256 = [\"0123\"]\nlisten = \"0.0.0.0:9001\"\n",
+            &["`admin.key_sha256[0]`", "without a key", "admin.listen"],
+        );
+        assert_refused(
+            "[api]\nkeys = [\"same\"]\n[admin]\nkeys = [\"same\"]\n",
+            &["also an API key"],
+        );
+        assert_refused("[journal]\nbatch_max = 0\n", &["`journal.batch_max`"]);
+        assert_refused("[admin]\nlisten_on = 1\n", &["listen_on", "admin"]);
     }
 
     #[test]

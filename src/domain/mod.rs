@@ -6,6 +6,7 @@
 //! returned value, so every rule is a plain function tested without a runtime.
 
 pub mod definitions;
+pub mod drain;
 pub mod names;
 pub mod node;
 pub mod output;
@@ -13,6 +14,7 @@ pub mod registration;
 pub mod resume;
 pub mod routing;
 pub mod run;
+pub mod run_record;
 pub mod selection;
 pub mod throttle;
 pub mod token;
@@ -21,6 +23,7 @@ pub use definitions::{
     AdapterDefinition, DefinitionProblem, DefinitionsError, EntryRef, NodeDefinition,
     validate_definitions,
 };
+pub use drain::{Drain, NodeState};
 pub use names::{AdapterName, Alias, NameError, NodeId, Target};
 pub use node::{
     AdapterConfig, AdapterParts, Availability, NodeConfigError, NodeRecord, NodeRecordParts,
@@ -35,6 +38,10 @@ pub use resume::{ResumeAnswer, ResumeClaim, ResumeRefusal, decide_resume};
 pub use run::{
     EdgeFailure, EventOrigin, EventVerdict, FailureClass, Operation, RunEvent, RunEventKind, RunId,
     RunRouting, RunSpec, RunState, Usage,
+};
+pub use run_record::{
+    AcceptedRun, Attempt, EDGE_CRASHED, RunCursor, RunOutcome, RunPage, RunQuery, RunRecord,
+    RunStateFilter, merge_page,
 };
 pub use selection::NodeSelector;
 pub use throttle::RegistrationThrottle;

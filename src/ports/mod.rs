@@ -4,12 +4,14 @@
 //! application in `crate::app` depends on them; tests substitute mockall mocks or fakes.
 
 pub mod event_sink;
+pub mod journal;
 pub mod node_store;
 pub mod readiness;
 pub mod registry;
 pub mod transport;
 
 pub use event_sink::EventSink;
+pub use journal::{JournalEntry, JournalError, JournalStats, RunJournal, StoredEvent};
 pub use node_store::NodeStore;
 pub use readiness::Readiness;
 pub use registry::{

@@ -134,6 +134,10 @@ pub fn settings_on_free_ports(dir: &Path, config: &str) -> Settings {
     let mut settings = Settings::load(Some(&write_config(dir, config))).expect("settings");
     settings.server.listen = SocketAddr::from(([127, 0, 0, 1], 0));
     settings.http.listen = SocketAddr::from(([127, 0, 0, 1], 0));
+    settings.admin.listen = SocketAddr::from(([127, 0, 0, 1], 0));
+    if !config.contains("[journal]") {
+        settings.journal.path = dir.join("journal.sqlite3");
+    }
     settings
 }
 
@@ -143,6 +147,8 @@ pub struct TestApp {
     pub node_addr: SocketAddr,
     /// Where HTTP clients connect (`/metrics`, health, the API).
     pub http_addr: SocketAddr,
+    /// Where the management API answers.
+    pub admin_addr: SocketAddr,
     /// The edge's parts (registry, run service, stop token).
     pub parts: AppParts,
     /// The serving task; ends after a stop.
@@ -258,11 +264,13 @@ pub async fn spawn_app(config: &str) -> TestApp {
     let app = App::build(settings).await.expect("build");
     let node_addr = app.node_addr().expect("addr");
     let http_addr = app.http_addr().expect("http addr");
+    let admin_addr = app.admin_addr().expect("admin addr");
     let parts = app.parts();
     let serving = tokio::spawn(app.run_until_stopped());
     TestApp {
         node_addr,
         http_addr,
+        admin_addr,
         parts,
         serving,
         dir,
@@ -281,8 +289,13 @@ pub fn edge_serve(config: &Path) -> Command {
         .arg("--config")
         .arg(config)
         .args(["--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0"])
+        .args(["--admin-listen", "127.0.0.1:0"])
         .args(["--log-format", "json"])
         .env_remove("RUST_LOG")
+        .env(
+            "EDGE__JOURNAL__PATH",
+            config.with_file_name("journal.sqlite3"),
+        )
         .stderr(Stdio::piped())
         .kill_on_drop(true);
     command

@@ -212,6 +212,7 @@ async fn console_mode_runs_cancels_and_quits_through_stdin() {
         .await;
     let columns: Vec<&str> = row.split_whitespace().collect();
     assert_eq!(columns[1], "gpu-a", "{row}");
+    assert_eq!(columns[2], "serving", "{row}");
     assert!(columns.contains(&"echo/default"), "{row}");
     assert!(columns.contains(&"0/2"), "{row}");
 

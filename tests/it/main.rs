@@ -31,9 +31,15 @@ mod register_handshake;
 #[path = "../../fuzz/targets/run_state_machine.rs"]
 mod run_state_machine;
 
+mod admin_support;
 mod api_support;
 mod node_support;
 
+mod admin_api;
+mod admin_cli;
+mod admin_crash;
+mod admin_journal;
+mod admin_openapi;
 mod api;
 mod api_anthropic;
 mod api_embeddings;

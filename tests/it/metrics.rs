@@ -64,8 +64,15 @@ for family in text_string_to_metric_families(sys.stdin.read()):
 
 /// Every metric `docs/operations.md` lists, as `prometheus_client` names its family
 /// (counters without `_total`), with its type.
-const DOCUMENTED: [(&str, &str); 33] = [
+const DOCUMENTED: [(&str, &str); 40] = [
     ("edge_nodes_configured", "gauge"),
+    ("edge_nodes_draining", "gauge"),
+    ("edge_journal_entries_written", "counter"),
+    ("edge_journal_write_errors", "counter"),
+    ("edge_journal_runs_expired", "counter"),
+    ("edge_journal_events_dropped", "counter"),
+    ("edge_journal_queue_depth", "gauge"),
+    ("edge_journal_bytes", "gauge"),
     ("edge_nodes_connected", "gauge"),
     ("edge_node_registrations", "counter"),
     ("edge_node_disconnects", "counter"),

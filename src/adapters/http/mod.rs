@@ -4,6 +4,7 @@
 //! The API never reaches a node except through the run service, which speaks the node
 //! protocol; this adapter only translates HTTP to runs and run events to HTTP.
 
+pub mod admin;
 mod config;
 mod health;
 mod limits;

@@ -112,6 +112,14 @@ impl HttpServer {
         Ok(())
     }
 
+    /// Adds `routes` (the management API, with `admin.on_http_listener`), under the same
+    /// body-read timeout; they are not counted against `max_concurrent_requests`.
+    pub fn merge(mut self, routes: Router) -> Self {
+        let timeout = RequestBodyTimeoutLayer::new(self.config.body_read_timeout());
+        self.router = self.router.merge(routes.layer(timeout));
+        self
+    }
+
     /// Serves HTTPS only: every accepted connection completes a TLS handshake (bounded by
     /// its timeout, off the accept path) before HTTP starts.
     pub fn with_tls(mut self, tls: TlsAcceptor) -> Self {

@@ -45,6 +45,9 @@ pub(super) struct Delivery {
     /// Added to a node's sequence numbers: the last number relayed before the current
     /// attempt, so the attempts of a failed-over run number one stream.
     seq_base: u64,
+    /// Management API followers of the run's events, with each event's position; one that
+    /// falls behind is dropped, never waited for.
+    followers: Vec<mpsc::Sender<(u64, Arc<RunEvent>)>>,
 }
 
 impl Delivery {
@@ -55,7 +58,17 @@ impl Delivery {
             caller: Some(caller),
             saw_output: false,
             seq_base: 0,
+            followers: Vec::new(),
         }
+    }
+
+    /// Adds a follower of the run's next events; `false` when the run has ended.
+    pub(super) fn follow(&mut self, follower: mpsc::Sender<(u64, Arc<RunEvent>)>) -> bool {
+        if self.state.is_finished() {
+            return false;
+        }
+        self.followers.push(follower);
+        true
     }
 }
 
@@ -124,6 +137,7 @@ impl RunService {
         let first_output =
             !delivery.saw_output && matches!(event.kind, RunEventKind::Output { .. });
         delivery.saw_output |= first_output;
+        self.tap(run, &mut delivery.followers, &event, first_output);
         self.inner
             .metrics
             .relayed(&run.spec, &event, run.accepted_at, first_output);
@@ -139,6 +153,7 @@ impl RunService {
         if terminal {
             log_end(run, &event);
             delivery.caller = None;
+            delivery.followers.clear();
             drop(delivery);
             self.retire(run);
         }

@@ -26,6 +26,7 @@
 mod config;
 mod delivery;
 mod failover;
+mod live;
 mod metrics;
 mod placement;
 mod routing_metrics;

@@ -163,6 +163,7 @@ impl RunService {
             None => reason,
         };
         route.reason = Some(reason);
+        self.record_attempt(run, &id, &reason);
         run.span.record("node", tracing::field::display(&id));
         run.span.record("attempt", reason.attempt);
         debug!(parent: &run.span, route = %reason, "run dispatched");

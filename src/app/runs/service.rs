@@ -18,6 +18,7 @@ use tracing::{debug, info_span, warn};
 use super::delivery::{CALLER_BUFFER, Delivery, Source};
 use super::metrics::RunMetrics;
 use super::table::{Miss, Route, Run, Table, lock};
+use crate::adapters::journal::NoopJournal;
 use crate::app::settings::RunsConfig;
 use crate::domain::routing::{
     BreakerBook, BreakerState, Catalog, KeyLimits, LimitRefusal, RoutingPolicy, Unroutable,
@@ -25,7 +26,8 @@ use crate::domain::routing::{
 };
 use crate::domain::{EdgeFailure, EventOrigin, NodeId, RunEvent, RunEventKind, RunId, RunSpec};
 use crate::ports::{
-    CloseReason, ConnectionId, EventSink, NodeEventHandler, NodeTransport, Registry, ReportedEvent,
+    CloseReason, ConnectionId, EventSink, JournalEntry, NodeEventHandler, NodeTransport, Registry,
+    ReportedEvent, RunJournal,
 };
 
 /// Why a run was not accepted. Accepted runs never fail this way: they end with a terminal
@@ -122,6 +124,8 @@ pub(super) struct Inner {
     pub(super) registry: Arc<dyn Registry>,
     pub(super) transport: Arc<dyn NodeTransport>,
     pub(super) sink: Arc<dyn EventSink>,
+    /// Where run records and events are kept (nothing, when disabled).
+    pub(super) journal: Arc<dyn RunJournal>,
     pub(super) config: RunsConfig,
     pub(super) routing: Routing,
     /// The open runs and the queue; see [`Table`] for what must happen under it.
@@ -141,12 +145,26 @@ pub(super) struct Inner {
 impl RunService {
     /// A run service placing runs on the nodes in `registry` as `routing` says, sending
     /// through `transport` and relaying to `sink`, with its instruments created from
-    /// `meter`. The waits and attempts come from `routing.policy`; `config` gives the
-    /// queue's capacity, the cancel grace and the default deadline.
+    /// `meter`; it keeps no journal. The waits and attempts come from `routing.policy`;
+    /// `config` gives the queue's capacity, the cancel grace and the default deadline.
     pub fn new(
         registry: Arc<dyn Registry>,
         transport: Arc<dyn NodeTransport>,
         sink: Arc<dyn EventSink>,
+        config: RunsConfig,
+        routing: Routing,
+        meter: &Meter,
+    ) -> Self {
+        let journal = Arc::new(NoopJournal) as Arc<dyn RunJournal>;
+        Self::with_journal(registry, transport, sink, journal, config, routing, meter)
+    }
+
+    /// [`RunService::new`] that also records every run in `journal`.
+    pub fn with_journal(
+        registry: Arc<dyn Registry>,
+        transport: Arc<dyn NodeTransport>,
+        sink: Arc<dyn EventSink>,
+        journal: Arc<dyn RunJournal>,
         config: RunsConfig,
         routing: Routing,
         meter: &Meter,
@@ -161,6 +179,7 @@ impl RunService {
                 registry,
                 transport,
                 sink,
+                journal,
                 config,
                 routing,
                 table: Mutex::new(table),
@@ -236,6 +255,10 @@ impl RunService {
         }
         let (caller, events) = mpsc::channel(CALLER_BUFFER);
         let run = Arc::new(self.new_run(spec, caller));
+        if inner.journal.enabled() {
+            let entry = JournalEntry::Accepted(Box::new(run.accepted.clone()));
+            inner.journal.record(entry);
+        }
         let dispatch = self.admit(&mut lock(&inner.table), &run)?;
         let placed = match dispatch {
             Dispatch::Sent(node) => {
@@ -275,6 +298,7 @@ impl RunService {
             node = tracing::field::Empty,
             attempt = tracing::field::Empty,
         );
+        let accepted = super::live::accepted(&id, &spec);
         Run {
             id,
             span,
@@ -284,6 +308,10 @@ impl RunService {
             delivery: tokio::sync::Mutex::new(Delivery::new(caller)),
             ended: CancellationToken::new(),
             wait_changed: Notify::new(),
+            accepted,
+            attempts: Mutex::new(Vec::new()),
+            relayed: AtomicU64::new(0),
+            first_output_ms: AtomicU64::new(0),
         }
     }
 

@@ -3,6 +3,7 @@
 //! open run with its [`Route`] (where it is, which nodes it tried, why it waits).
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 
 use tokio::time::Instant;
@@ -12,7 +13,7 @@ use super::delivery::Delivery;
 use crate::domain::routing::{
     Admission, BreakerBook, FairQueue, KeyLimits, NodeHash, RouteReason, Tried, WaitCause,
 };
-use crate::domain::{NodeId, RunEventKind, RunId, RunSpec};
+use crate::domain::{AcceptedRun, Attempt, NodeId, RunEventKind, RunId, RunSpec};
 use crate::ports::ConnectionId;
 
 /// Where a run is.
@@ -93,6 +94,14 @@ pub(super) struct Run {
     pub(super) wait_changed: tokio::sync::Notify,
     /// `run{run_id, adapter, target, node, attempt}`: every log line about the run is in it.
     pub(super) span: tracing::Span,
+    /// What the journal and the management API know of it from acceptance.
+    pub(super) accepted: AcceptedRun,
+    /// Its placements so far.
+    pub(super) attempts: Mutex<Vec<Attempt>>,
+    /// Events relayed so far (the next event's position); written under `delivery`.
+    pub(super) relayed: AtomicU64,
+    /// When its first output was relayed, ms since the Unix epoch; 0 before.
+    pub(super) first_output_ms: AtomicU64,
 }
 
 impl Run {

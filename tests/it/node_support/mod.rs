@@ -120,11 +120,13 @@ pub async fn edge_on(config: &str, node_addr: SocketAddr) -> TestApp {
     let app = App::build(settings).await.expect("build the edge");
     let node_addr = app.node_addr().expect("node addr");
     let http_addr = app.http_addr().expect("http addr");
+    let admin_addr = app.admin_addr().expect("admin addr");
     let parts = app.parts();
     let serving = tokio::spawn(app.run_until_stopped());
     TestApp {
         node_addr,
         http_addr,
+        admin_addr,
         parts,
         serving,
         dir,

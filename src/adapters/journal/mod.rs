@@ -1,0 +1,39 @@
+//! The run journal: every run's record and its events in an embedded SQLite database
+//! (decision 16 says why SQLite), or nothing at all when `[journal] enabled = false`.
+//!
+//! The relay only enqueues (`queue.rs`); a writer thread batches transactions
+//! (`writer.rs`) and applies retention (`retention.rs`); the management API reads on
+//! read-only connections (`reader.rs`). Nothing here is on the relay's path but a push.
+
+pub mod config;
+mod noop;
+mod plan;
+mod queue;
+mod reader;
+mod retention;
+mod schema;
+mod sqlite;
+#[cfg(test)]
+mod tests;
+mod writer;
+
+use std::sync::Arc;
+
+pub use config::{HumanDuration, JournalConfig};
+pub use noop::NoopJournal;
+pub use schema::OpenError;
+pub use sqlite::SqliteJournal;
+
+use crate::ports::RunJournal;
+
+/// The journal `config` asks for: SQLite when enabled, else one that keeps nothing.
+///
+/// # Errors
+/// [`OpenError`] when the enabled journal's file cannot be used.
+pub fn open_journal(config: &JournalConfig) -> Result<Arc<dyn RunJournal>, OpenError> {
+    if config.enabled {
+        Ok(Arc::new(SqliteJournal::open(config)?))
+    } else {
+        Ok(Arc::new(NoopJournal))
+    }
+}

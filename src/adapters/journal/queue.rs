@@ -1,0 +1,211 @@
+//! The journal's write queue: the relay enqueues without waiting, the writer thread takes
+//! batches.
+//!
+//! Bounded for events: when `capacity` entries wait, a new non-terminal event is left out
+//! and counted. Run records (accepted, placed), first outputs and terminal events are always
+//! admitted, so memory stays bounded by the capacity plus a few entries per open run and
+//! every run that ends gets its ending written while the disk works. Enqueueing takes a
+//! mutex for a push and wakes the writer only when it sleeps on an empty queue, so a busy
+//! relay makes no system call per event.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Condvar, Mutex, MutexGuard};
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use crate::ports::JournalEntry;
+
+/// The queue between the relay and the writer thread.
+pub(super) struct EntryQueue {
+    state: Mutex<State>,
+    wake: Condvar,
+    capacity: usize,
+    /// The number of entries written (or failed) so far, for `flush`.
+    done: watch::Sender<u64>,
+    pub(super) dropped_full: AtomicU64,
+}
+
+struct State {
+    entries: VecDeque<JournalEntry>,
+    /// Entries ever admitted; the n-th admitted entry is done once `done` ≥ n.
+    admitted: u64,
+    /// The writer waits on `wake` for an empty queue to fill.
+    parked: bool,
+    closed: bool,
+}
+
+/// What the writer got from [`EntryQueue::take`].
+pub(super) enum Taken {
+    /// Write these.
+    Batch(Vec<JournalEntry>),
+    /// Nothing arrived in time; do periodic work and come back.
+    Idle,
+    /// The queue is closed and empty: stop.
+    Closed,
+}
+
+impl EntryQueue {
+    pub(super) fn new(capacity: usize) -> Self {
+        Self {
+            state: Mutex::new(State {
+                entries: VecDeque::new(),
+                admitted: 0,
+                parked: false,
+                closed: false,
+            }),
+            wake: Condvar::new(),
+            capacity,
+            done: watch::Sender::new(0),
+            dropped_full: AtomicU64::new(0),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // Every critical section is a push or a drain, complete at each step.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Admits `entry` unless the queue is full and it may be left out; never waits.
+    pub(super) fn push(&self, entry: JournalEntry) {
+        let mut state = self.lock();
+        if state.closed {
+            return;
+        }
+        if state.entries.len() >= self.capacity && droppable(&entry) {
+            drop(state);
+            self.dropped_full.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        state.entries.push_back(entry);
+        state.admitted += 1;
+        if state.parked {
+            state.parked = false;
+            self.wake.notify_one();
+        }
+    }
+
+    /// Up to `max` entries, waiting up to `idle` for the first.
+    pub(super) fn take(&self, max: usize, idle: Duration) -> Taken {
+        let mut state = self.lock();
+        if state.entries.is_empty() && !state.closed {
+            state.parked = true;
+            state = self
+                .wake
+                .wait_timeout_while(state, idle, |s| s.entries.is_empty() && !s.closed)
+                .map_or_else(|p| p.into_inner().0, |(s, _)| s);
+            state.parked = false;
+        }
+        if state.entries.is_empty() {
+            return if state.closed {
+                Taken::Closed
+            } else {
+                Taken::Idle
+            };
+        }
+        let count = state.entries.len().min(max);
+        Taken::Batch(state.entries.drain(..count).collect())
+    }
+
+    /// Entries waiting.
+    pub(super) fn depth(&self) -> usize {
+        self.lock().entries.len()
+    }
+
+    /// Marks `count` more entries as written (or failed).
+    pub(super) fn mark_done(&self, count: usize) {
+        self.done.send_modify(|done| *done += count as u64);
+    }
+
+    /// Waits until every entry admitted before the call is done, or the writer is gone.
+    pub(super) async fn flush(&self) {
+        let target = self.lock().admitted;
+        let mut done = self.done.subscribe();
+        let _ = done.wait_for(|d| *d >= target).await;
+    }
+
+    /// Stops admitting entries and wakes the writer to finish what is queued.
+    pub(super) fn close(&self) {
+        let mut state = self.lock();
+        state.closed = true;
+        self.wake.notify_all();
+    }
+
+    /// Marks everything as done for good: the writer has stopped; waiting flushes return.
+    pub(super) fn writer_gone(&self) {
+        self.done.send_modify(|done| *done = u64::MAX);
+    }
+}
+
+/// Whether an entry may be left out under overload: only events that neither end a run nor
+/// are its first output.
+fn droppable(entry: &JournalEntry) -> bool {
+    match entry {
+        JournalEntry::Event {
+            event,
+            first_output,
+            ..
+        } => !first_output && !event.kind.is_terminal(),
+        JournalEntry::Accepted(_) | JournalEntry::Placed { .. } => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::domain::{AdapterName, EventOrigin, RunEvent, RunEventKind, RunId, Target};
+
+    fn event(kind: RunEventKind) -> JournalEntry {
+        JournalEntry::Event {
+            index: 0,
+            at_ms: 0,
+            first_output: false,
+            event: Arc::new(RunEvent {
+                run_id: RunId::new("r"),
+                node: None,
+                adapter: AdapterName::parse("echo").unwrap(),
+                target: Target::parse("default").unwrap(),
+                seq: 1,
+                origin: EventOrigin::Node,
+                kind,
+                route: None,
+            }),
+        }
+    }
+
+    #[test]
+    fn a_full_queue_leaves_out_events_but_admits_endings() {
+        let queue = EntryQueue::new(2);
+        for _ in 0..5 {
+            queue.push(event(RunEventKind::text("x")));
+        }
+        assert_eq!(queue.depth(), 2);
+        assert_eq!(queue.dropped_full.load(Ordering::Relaxed), 3);
+        queue.push(event(RunEventKind::Cancelled { reason: "c".into() }));
+        assert_eq!(queue.depth(), 3);
+        let Taken::Batch(batch) = queue.take(10, Duration::ZERO) else {
+            panic!("expected a batch");
+        };
+        assert_eq!(batch.len(), 3);
+        assert!(matches!(queue.take(10, Duration::ZERO), Taken::Idle));
+        queue.close();
+        assert!(matches!(queue.take(10, Duration::ZERO), Taken::Closed));
+    }
+
+    #[tokio::test]
+    async fn flush_waits_for_entries_admitted_before_it() {
+        let queue = Arc::new(EntryQueue::new(8));
+        queue.push(event(RunEventKind::Started));
+        let flushing = tokio::spawn({
+            let queue = Arc::clone(&queue);
+            async move { queue.flush().await }
+        });
+        tokio::task::yield_now().await;
+        assert!(!flushing.is_finished());
+        queue.mark_done(1);
+        flushing.await.unwrap();
+    }
+}

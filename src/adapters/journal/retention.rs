@@ -1,0 +1,92 @@
+//! Retention: finished runs older than `retention_max_age` are removed, and while the data
+//! is larger than `retention_max_bytes` the oldest finished runs go first. Open runs are
+//! never removed. Work is done in chunks, each its own transaction, between write batches,
+//! so retention never holds up the relay's entries for long.
+
+use std::time::Duration;
+
+use rusqlite::{Connection, params_from_iter};
+
+use super::schema::used_bytes;
+use super::writer::to_sql;
+
+/// Runs removed per transaction.
+const CHUNK: usize = 500;
+
+/// What retention keeps.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Retention {
+    /// Finished runs older than this are removed; zero for no age limit.
+    pub(super) max_age: Duration,
+    /// The oldest finished runs are removed while the data is larger; 0 for no limit.
+    pub(super) max_bytes: u64,
+}
+
+/// Removes one chunk of runs that retention no longer keeps; returns how many.
+///
+/// # Errors
+/// What SQLite reported; nothing of the chunk is removed then.
+pub(super) fn retention_chunk(
+    conn: &mut Connection,
+    retention: &Retention,
+    now_ms: u64,
+) -> rusqlite::Result<usize> {
+    let mut seqs = Vec::new();
+    if !retention.max_age.is_zero() {
+        let max_age_ms = u64::try_from(retention.max_age.as_millis()).unwrap_or(u64::MAX);
+        let cutoff = to_sql(now_ms.saturating_sub(max_age_ms));
+        seqs = select(
+            conn,
+            "SELECT seq FROM runs WHERE outcome != 'open' AND coalesce(finished_ms, queued_ms) < ?2
+             ORDER BY seq LIMIT ?1",
+            &[CHUNK as i64, cutoff],
+        )?;
+    }
+    if seqs.is_empty() && retention.max_bytes > 0 {
+        let used = used_bytes(conn)?;
+        if used > retention.max_bytes {
+            let count = over_size(conn, used, retention.max_bytes)?;
+            seqs = select(
+                conn,
+                "SELECT seq FROM runs WHERE outcome != 'open' ORDER BY seq LIMIT ?1",
+                &[count],
+            )?;
+        }
+    }
+    if seqs.is_empty() {
+        return Ok(0);
+    }
+    let marks = vec!["?"; seqs.len()].join(",");
+    let tx = conn.transaction()?;
+    for table in ["events", "attempts"] {
+        tx.execute(
+            &format!("DELETE FROM {table} WHERE run_seq IN ({marks})"),
+            params_from_iter(&seqs),
+        )?;
+    }
+    tx.execute(
+        &format!("DELETE FROM runs WHERE seq IN ({marks})"),
+        params_from_iter(&seqs),
+    )?;
+    tx.commit()?;
+    // Hand the freed pages back to the file system.
+    conn.execute_batch("PRAGMA incremental_vacuum;")?;
+    Ok(seqs.len())
+}
+
+/// How many of the oldest finished runs to remove next for the data to shrink from `used`
+/// to `max` bytes, assuming runs of average size: at least 1, at most a chunk.
+fn over_size(conn: &Connection, used: u64, max: u64) -> rusqlite::Result<i64> {
+    let finished: i64 = conn
+        .prepare_cached("SELECT count(*) FROM runs WHERE outcome != 'open'")?
+        .query_row([], |row| row.get(0))?;
+    let excess = (used - max) as f64 / used as f64;
+    let count = (finished as f64 * excess).ceil() as i64;
+    Ok(count.clamp(1, CHUNK as i64))
+}
+
+fn select(conn: &Connection, sql: &str, values: &[i64]) -> rusqlite::Result<Vec<i64>> {
+    let mut statement = conn.prepare_cached(sql)?;
+    let rows = statement.query_map(params_from_iter(values), |row| row.get(0))?;
+    rows.collect()
+}

@@ -1,0 +1,178 @@
+//! The journal's SQLite file: opening it, its pragmas, its tables, and the repair of runs
+//! an edge left open when it died.
+//!
+//! WAL mode with `synchronous = NORMAL`: a commit is one append to the WAL and no `fsync`,
+//! and every committed transaction survives the process being killed (the OS holds the
+//! pages); a power cut may lose the last few commits but never leaves the file corrupt.
+//! `auto_vacuum = INCREMENTAL` lets retention hand freed pages back to the file system.
+//!
+//! Events are stored in chunks: the consecutive events of one run that one write batch
+//! holds are one row (`first_idx`, `count`, the JSON lines joined by `\n`), so a run that
+//! streams many events costs a few inserts rather than one per event.
+
+use std::path::Path;
+use std::time::Duration;
+
+use rusqlite::{Connection, OpenFlags};
+
+use crate::domain::EDGE_CRASHED;
+
+/// The schema this code writes; a file with a newer one is refused.
+const SCHEMA_VERSION: i64 = 1;
+
+/// How long a connection waits for another's lock (a checkpoint, a backup) before failing.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The WAL is truncated to this size after a checkpoint, so it cannot keep a burst's size.
+const WAL_SIZE_LIMIT: i64 = 64 * 1024 * 1024;
+
+const TABLES: &str = "
+CREATE TABLE IF NOT EXISTS runs (
+    seq INTEGER PRIMARY KEY,
+    run_id TEXT NOT NULL UNIQUE,
+    adapter TEXT NOT NULL,
+    target TEXT NOT NULL,
+    operation TEXT NOT NULL,
+    pin TEXT,
+    api_key_name TEXT,
+    queued_ms INTEGER NOT NULL,
+    first_output_ms INTEGER,
+    finished_ms INTEGER,
+    outcome TEXT NOT NULL,
+    code TEXT,
+    message TEXT,
+    finish_reason TEXT,
+    input_tokens INTEGER,
+    output_tokens INTEGER,
+    cached_input_tokens INTEGER,
+    reasoning_tokens INTEGER,
+    events INTEGER NOT NULL DEFAULT 0,
+    events_stored INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS runs_by_queued ON runs (queued_ms, run_id);
+CREATE INDEX IF NOT EXISTS runs_open ON runs (outcome) WHERE outcome = 'open';
+CREATE TABLE IF NOT EXISTS attempts (
+    run_seq INTEGER NOT NULL,
+    number INTEGER NOT NULL,
+    node TEXT NOT NULL,
+    route_reason TEXT NOT NULL,
+    started_ms INTEGER NOT NULL,
+    PRIMARY KEY (run_seq, number)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS attempts_by_node ON attempts (node, run_seq);
+CREATE TABLE IF NOT EXISTS events (
+    run_seq INTEGER NOT NULL,
+    first_idx INTEGER NOT NULL,
+    count INTEGER NOT NULL,
+    json TEXT NOT NULL,
+    PRIMARY KEY (run_seq, first_idx)
+) WITHOUT ROWID;
+";
+
+/// Why the journal's file cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    /// SQLite refused (not a database, corrupt, unwritable, ...).
+    #[error("cannot open the run journal {path}: {source}")]
+    Sqlite {
+        /// The file.
+        path: String,
+        /// What SQLite said.
+        source: rusqlite::Error,
+    },
+    /// The file was written by a newer edge.
+    #[error(
+        "the run journal {path} has schema version {found}; this edge reads up to {SCHEMA_VERSION}"
+    )]
+    NewerSchema {
+        /// The file.
+        path: String,
+        /// Its version.
+        found: i64,
+    },
+    /// The directory or the lock file.
+    #[error("cannot prepare the run journal {path}: {reason}")]
+    Io {
+        /// The file.
+        path: String,
+        /// What the operating system said.
+        reason: std::io::Error,
+    },
+    /// Another process holds the journal.
+    #[error("the run journal {path} is in use by another edge (its lock file {path}.lock is held)")]
+    InUse {
+        /// The file.
+        path: String,
+    },
+}
+
+/// Opens (creating if missing) the journal for writing, sets it up, and marks the runs a
+/// previous edge left open as ended with an unknown outcome. Returns the connection, how
+/// many runs it marked, and the row number for the next run.
+///
+/// # Errors
+/// [`OpenError`] naming the file.
+pub(super) fn open_writer(path: &Path) -> Result<(Connection, usize, i64), OpenError> {
+    let name = path.display().to_string();
+    let sqlite = |source| OpenError::Sqlite {
+        path: name.clone(),
+        source,
+    };
+    let conn = Connection::open(path).map_err(sqlite)?;
+    conn.busy_timeout(BUSY_TIMEOUT).map_err(sqlite)?;
+    // auto_vacuum only takes effect before the first table exists.
+    conn.execute_batch("PRAGMA auto_vacuum = INCREMENTAL;")
+        .map_err(sqlite)?;
+    conn.pragma_update_and_check(None, "journal_mode", "WAL", |row| row.get::<_, String>(0))
+        .map_err(sqlite)?;
+    conn.pragma_update(None, "synchronous", "NORMAL")
+        .map_err(sqlite)?;
+    conn.pragma_update(None, "journal_size_limit", WAL_SIZE_LIMIT)
+        .map_err(sqlite)?;
+    let found: i64 = conn
+        .pragma_query_value(None, "user_version", |row| row.get(0))
+        .map_err(sqlite)?;
+    if found > SCHEMA_VERSION {
+        return Err(OpenError::NewerSchema { path: name, found });
+    }
+    conn.execute_batch(TABLES).map_err(sqlite)?;
+    conn.pragma_update(None, "user_version", SCHEMA_VERSION)
+        .map_err(sqlite)?;
+    let marked = mark_interrupted(&conn).map_err(sqlite)?;
+    let next_seq: i64 = conn
+        .query_row("SELECT coalesce(max(seq), 0) + 1 FROM runs", [], |row| {
+            row.get(0)
+        })
+        .map_err(sqlite)?;
+    Ok((conn, marked, next_seq))
+}
+
+/// Opens a read-only connection to the journal.
+pub(super) fn open_reader(path: &Path) -> rusqlite::Result<Connection> {
+    let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let conn = Connection::open_with_flags(path, flags)?;
+    conn.busy_timeout(BUSY_TIMEOUT)?;
+    Ok(conn)
+}
+
+/// Runs still open in the file belonged to an edge that stopped without ending them: their
+/// outcome becomes `unknown` with code `edge_crashed`, never `completed`.
+fn mark_interrupted(conn: &Connection) -> rusqlite::Result<usize> {
+    conn.execute(
+        "UPDATE runs SET outcome = 'unknown', code = ?1,
+            message = 'the edge stopped before this run ended; how it ended is not known',
+            events_stored = (SELECT coalesce(sum(count), 0) FROM events WHERE run_seq = runs.seq),
+            events = max(events, (SELECT coalesce(sum(count), 0) FROM events WHERE run_seq = runs.seq))
+         WHERE outcome = 'open'",
+        [EDGE_CRASHED],
+    )
+}
+
+/// The bytes the data takes: pages in use, free pages not counted.
+pub(super) fn used_bytes(conn: &Connection) -> rusqlite::Result<u64> {
+    let value = |name: &str| -> rusqlite::Result<i64> {
+        conn.pragma_query_value(None, name, |row| row.get(0))
+    };
+    let used_pages = value("page_count")? - value("freelist_count")?;
+    Ok(u64::try_from(used_pages * value("page_size")?).unwrap_or(0))
+}

@@ -1,0 +1,186 @@
+//! [`SqliteJournal`]: the run journal in one SQLite file, written by a thread of its own.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use async_trait::async_trait;
+use tracing::{info, warn};
+
+use super::config::JournalConfig;
+use super::queue::EntryQueue;
+use super::reader::Reader;
+use super::retention::Retention;
+use super::schema::{OpenError, open_writer};
+use super::writer::{Shared, Writer};
+use crate::domain::{RunId, RunQuery, RunRecord};
+use crate::ports::{JournalEntry, JournalError, JournalStats, RunJournal, StoredEvent};
+
+/// The run journal in a SQLite file. Cheap to share behind an `Arc`.
+pub struct SqliteJournal {
+    queue: Arc<EntryQueue>,
+    shared: Arc<Shared>,
+    reader: Arc<Reader>,
+    max_events_per_run: u64,
+    over_cap: std::sync::atomic::AtomicU64,
+    writer: Mutex<Option<JoinHandle<()>>>,
+    /// Held while the journal is open: a second edge on the same file is refused.
+    _lock: File,
+}
+
+impl SqliteJournal {
+    /// Opens (or creates) the journal at `config.path`, marks the runs a previous edge left
+    /// open as `unknown`/`edge_crashed`, and starts the writer thread.
+    ///
+    /// # Errors
+    /// [`OpenError`] naming the file: its directory cannot be created, another edge holds
+    /// it, or SQLite cannot use it.
+    pub fn open(config: &JournalConfig) -> Result<Self, OpenError> {
+        let path = config.path.clone();
+        let lock = lock_file(&path)?;
+        let (conn, marked, next_seq) = open_writer(&path)?;
+        if marked > 0 {
+            warn!(runs = marked, path = %path.display(), "runs left open by an edge that stopped without ending them are marked unknown/edge_crashed");
+        }
+        info!(path = %path.display(), "run journal open");
+        let queue = Arc::new(EntryQueue::new(config.queue_capacity));
+        let shared = Arc::new(Shared::default());
+        let writer = Writer {
+            conn,
+            queue: Arc::clone(&queue),
+            shared: Arc::clone(&shared),
+            retention: Retention {
+                max_age: config.retention_max_age.0,
+                max_bytes: config.retention_max_bytes,
+            },
+            batch_max: config.batch_max.max(1),
+            linger: config.batch_linger(),
+            open: HashMap::new(),
+            next_seq,
+            last_error_log: None,
+        };
+        let handle = std::thread::Builder::new()
+            .name("edge-journal".to_owned())
+            .spawn(move || writer.run())
+            .map_err(|reason| OpenError::Io {
+                path: path.display().to_string(),
+                reason,
+            })?;
+        Ok(Self {
+            queue,
+            shared,
+            reader: Arc::new(Reader::new(path)),
+            max_events_per_run: config.max_events_per_run,
+            over_cap: std::sync::atomic::AtomicU64::new(0),
+            writer: Mutex::new(Some(handle)),
+            _lock: lock,
+        })
+    }
+
+    async fn read<T: Send + 'static>(
+        &self,
+        read: impl FnOnce(&Reader) -> Result<T, JournalError> + Send + 'static,
+    ) -> Result<T, JournalError> {
+        let reader = Arc::clone(&self.reader);
+        tokio::task::spawn_blocking(move || read(&reader))
+            .await
+            .map_err(|error| JournalError::Storage(format!("the read was abandoned: {error}")))?
+    }
+}
+
+/// Creates the journal's directory and takes its lock file.
+fn lock_file(path: &Path) -> Result<File, OpenError> {
+    let io = |reason| OpenError::Io {
+        path: path.display().to_string(),
+        reason,
+    };
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(io)?;
+    }
+    let mut lock_path = PathBuf::from(path.as_os_str());
+    lock_path.as_mut_os_string().push(".lock");
+    let file = File::create(&lock_path).map_err(io)?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(std::fs::TryLockError::WouldBlock) => Err(OpenError::InUse {
+            path: path.display().to_string(),
+        }),
+        Err(std::fs::TryLockError::Error(reason)) => Err(io(reason)),
+    }
+}
+
+#[async_trait]
+impl RunJournal for SqliteJournal {
+    fn enabled(&self) -> bool {
+        true
+    }
+
+    fn record(&self, entry: JournalEntry) {
+        if let JournalEntry::Event { index, event, .. } = &entry
+            && *index >= self.max_events_per_run
+            && !event.kind.is_terminal()
+        {
+            self.over_cap.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        self.queue.push(entry);
+    }
+
+    async fn flush(&self) {
+        self.queue.flush().await;
+    }
+
+    async fn run(&self, id: &RunId) -> Result<Option<RunRecord>, JournalError> {
+        let id = id.clone();
+        self.read(move |reader| reader.run(&id)).await
+    }
+
+    async fn finished_runs(&self, query: &RunQuery) -> Result<Vec<RunRecord>, JournalError> {
+        let query = query.clone();
+        self.read(move |reader| reader.finished_runs(&query)).await
+    }
+
+    async fn events(
+        &self,
+        id: &RunId,
+        from: u64,
+        limit: usize,
+    ) -> Result<Vec<StoredEvent>, JournalError> {
+        let id = id.clone();
+        self.read(move |reader| reader.events(&id, from, limit))
+            .await
+    }
+
+    fn stats(&self) -> JournalStats {
+        JournalStats {
+            written: self.shared.written.load(Ordering::Relaxed),
+            events_over_cap: self.over_cap.load(Ordering::Relaxed),
+            dropped_queue_full: self.queue.dropped_full.load(Ordering::Relaxed),
+            queue_depth: self.queue.depth() as u64,
+            write_errors: self.shared.write_errors.load(Ordering::Relaxed),
+            runs_expired: self.shared.runs_expired.load(Ordering::Relaxed),
+            bytes: self.shared.bytes.load(Ordering::Relaxed),
+        }
+    }
+
+    async fn close(&self) {
+        self.queue.close();
+        let handle = self.writer.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(handle) = handle {
+            let joined = tokio::task::spawn_blocking(move || handle.join()).await;
+            if !matches!(joined, Ok(Ok(()))) {
+                warn!("the run journal's writer thread ended abnormally");
+            }
+        }
+    }
+}
+
+impl Drop for SqliteJournal {
+    fn drop(&mut self) {
+        // A journal dropped without `close` (a test, a failed start) still ends its thread.
+        self.queue.close();
+    }
+}

@@ -1,0 +1,313 @@
+//! Tests of the SQLite journal against real files in a temporary directory.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::*;
+use crate::domain::{
+    AcceptedRun, AdapterName, Attempt, EdgeFailure, EventOrigin, NodeId, Operation, RunEvent,
+    RunEventKind, RunId, RunOutcome, RunQuery, RunStateFilter, Target, Usage,
+};
+use crate::ports::{JournalEntry, RunJournal};
+
+/// A time in the recent past, so the default retention keeps the runs.
+fn recent(ms: u64) -> u64 {
+    static BASE: std::sync::LazyLock<u64> = std::sync::LazyLock::new(|| writer::now_ms() - 60_000);
+    *BASE + ms
+}
+
+fn config(dir: &tempfile::TempDir) -> JournalConfig {
+    JournalConfig {
+        path: dir.path().join("j").join("journal.sqlite3"),
+        batch_linger_ms: 0,
+        ..JournalConfig::default()
+    }
+}
+
+fn accepted(id: &str, queued_ms: u64) -> JournalEntry {
+    JournalEntry::Accepted(Box::new(AcceptedRun {
+        run_id: RunId::new(id),
+        adapter: AdapterName::parse("echo").unwrap(),
+        target: Target::parse("default").unwrap(),
+        operation: Operation::Chat,
+        pin: None,
+        api_key_name: Some("team-a".into()),
+        queued_ms: recent(queued_ms),
+    }))
+}
+
+fn placed(id: &str, node: &str) -> JournalEntry {
+    JournalEntry::Placed {
+        run_id: RunId::new(id),
+        attempt: Attempt {
+            number: 1,
+            node: NodeId::parse(node).unwrap(),
+            route_reason: "least_busy".into(),
+            started_ms: recent(1_001),
+        },
+    }
+}
+
+fn event(id: &str, index: u64, kind: RunEventKind) -> JournalEntry {
+    JournalEntry::Event {
+        index,
+        at_ms: recent(1_002 + index),
+        first_output: index == 1,
+        event: Arc::new(RunEvent {
+            run_id: RunId::new(id),
+            node: Some(NodeId::parse("node-a").unwrap()),
+            adapter: AdapterName::parse("echo").unwrap(),
+            target: Target::parse("default").unwrap(),
+            seq: index + 1,
+            origin: EventOrigin::Node,
+            kind,
+            route: None,
+        }),
+    }
+}
+
+fn completed() -> RunEventKind {
+    RunEventKind::Completed {
+        finish_reason: "stop".into(),
+        usage: Some(Usage::new(5, 7)),
+    }
+}
+
+/// Records a whole run: accepted, placed on `node`, started, one output, completed.
+fn whole_run(journal: &dyn RunJournal, id: &str, queued_ms: u64, node: &str) {
+    journal.record(accepted(id, queued_ms));
+    journal.record(placed(id, node));
+    journal.record(event(id, 0, RunEventKind::Started));
+    journal.record(event(id, 1, RunEventKind::text("hi")));
+    journal.record(event(id, 2, completed()));
+}
+
+#[tokio::test]
+async fn a_finished_run_reads_back_with_its_attempts_and_events() {
+    let dir = tempfile::tempdir().unwrap();
+    let journal = SqliteJournal::open(&config(&dir)).unwrap();
+    whole_run(&journal, "r1", 1_000, "node-a");
+    journal.flush().await;
+    assert_eq!(journal.stats().write_errors, 0, "{:?}", journal.stats());
+    let run = journal.run(&RunId::new("r1")).await.unwrap().unwrap();
+    assert_eq!(run.outcome, RunOutcome::Completed);
+    assert_eq!(run.usage, Some(Usage::new(5, 7)));
+    assert_eq!(run.accepted.api_key_name.as_deref(), Some("team-a"));
+    assert_eq!(run.node().map(NodeId::as_str), Some("node-a"));
+    assert_eq!(run.started_ms(), Some(recent(1_001)));
+    assert_eq!(run.first_output_ms, Some(recent(1_003)));
+    assert_eq!(run.finished_ms, Some(recent(1_004)));
+    assert_eq!((run.events, run.events_stored), (3, 3));
+    let events = journal.events(&RunId::new("r1"), 1, 10).await.unwrap();
+    assert_eq!(events.len(), 2);
+    assert!(
+        events[0].json.contains("\"text\":\"hi\""),
+        "{}",
+        events[0].json
+    );
+    assert!(!events[0].json.ends_with('\n'));
+    assert!(journal.run(&RunId::new("absent")).await.unwrap().is_none());
+    journal.close().await;
+}
+
+#[tokio::test]
+async fn listings_filter_and_page_newest_first_without_open_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let journal = SqliteJournal::open(&config(&dir)).unwrap();
+    for i in 0..5u64 {
+        let node = if i % 2 == 0 { "node-a" } else { "node-b" };
+        whole_run(&journal, &format!("r{i}"), 1_000 + i, node);
+    }
+    journal.record(accepted("open", 2_000));
+    journal.flush().await;
+    let mut query = RunQuery {
+        limit: 2,
+        ..RunQuery::default()
+    };
+    let ids = |runs: &[crate::domain::RunRecord]| -> Vec<String> {
+        runs.iter().map(|r| r.run_id().to_string()).collect()
+    };
+    let page = journal.finished_runs(&query).await.unwrap();
+    assert_eq!(ids(&page), ["r4", "r3"]);
+    query.after = page.last().map(|r| r.cursor());
+    assert_eq!(
+        ids(&journal.finished_runs(&query).await.unwrap()),
+        ["r2", "r1"]
+    );
+    let by_node = RunQuery {
+        node: Some(NodeId::parse("node-b").unwrap()),
+        state: RunStateFilter::Finished,
+        limit: 10,
+        ..RunQuery::default()
+    };
+    assert_eq!(
+        ids(&journal.finished_runs(&by_node).await.unwrap()),
+        ["r3", "r1"]
+    );
+    let failed = RunQuery {
+        outcome: Some(RunOutcome::Failed),
+        limit: 10,
+        ..RunQuery::default()
+    };
+    assert!(journal.finished_runs(&failed).await.unwrap().is_empty());
+    journal.close().await;
+}
+
+#[tokio::test]
+async fn events_past_the_cap_are_left_out_but_the_ending_is_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let journal = SqliteJournal::open(&JournalConfig {
+        max_events_per_run: 2,
+        ..config(&dir)
+    })
+    .unwrap();
+    journal.record(accepted("r", 1));
+    for i in 0..5 {
+        journal.record(event("r", i, RunEventKind::text("x")));
+    }
+    journal.record(event(
+        "r",
+        5,
+        EdgeFailure::DeadlineExceeded.into_event_kind(),
+    ));
+    journal.flush().await;
+    let run = journal.run(&RunId::new("r")).await.unwrap().unwrap();
+    assert_eq!((run.events, run.events_stored), (6, 3));
+    assert_eq!(run.code.as_deref(), Some("deadline_exceeded"));
+    assert_eq!(journal.stats().events_over_cap, 3);
+    journal.close().await;
+}
+
+#[tokio::test]
+async fn runs_left_open_are_unknown_after_reopening_and_a_second_edge_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let journal = SqliteJournal::open(&config(&dir)).unwrap();
+    let second = SqliteJournal::open(&config(&dir));
+    assert!(matches!(second, Err(OpenError::InUse { .. })));
+    whole_run(&journal, "done", 1, "node-a");
+    journal.record(accepted("midway", 2));
+    journal.record(event("midway", 0, RunEventKind::Started));
+    journal.flush().await;
+    drop(journal);
+    // The writer thread ends on drop; the lock goes with the journal.
+    let journal = reopen(&dir).await;
+    let midway = journal.run(&RunId::new("midway")).await.unwrap().unwrap();
+    assert_eq!(midway.outcome, RunOutcome::Unknown);
+    assert_eq!(midway.code.as_deref(), Some(crate::domain::EDGE_CRASHED));
+    assert_eq!(midway.events_stored, 1);
+    let done = journal.run(&RunId::new("done")).await.unwrap().unwrap();
+    assert_eq!(done.outcome, RunOutcome::Completed);
+    journal.close().await;
+}
+
+/// Opens the journal again, waiting (bounded) for the dropped one's lock to be released.
+async fn reopen(dir: &tempfile::TempDir) -> SqliteJournal {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match SqliteJournal::open(&config(dir)) {
+            Ok(journal) => return journal,
+            Err(OpenError::InUse { .. }) if tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            Err(error) => panic!("reopen: {error}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn retention_removes_old_runs_when_the_journal_opens() {
+    let dir = tempfile::tempdir().unwrap();
+    let journal = SqliteJournal::open(&config(&dir)).unwrap();
+    whole_run(&journal, "ancient", 1, "node-a");
+    journal.record(accepted("open", 1));
+    journal.flush().await;
+    journal.close().await;
+    drop(journal);
+    // Retention runs when the journal opens.
+    let journal = SqliteJournal::open(&JournalConfig {
+        retention_max_age: HumanDuration(Duration::from_secs(1)),
+        ..config(&dir)
+    })
+    .unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while journal.run(&RunId::new("ancient")).await.unwrap().is_some() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "retention did not run"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        journal
+            .events(&RunId::new("ancient"), 0, 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    // Left open, so marked unknown when reopened: finished, old, and removed too.
+    assert!(journal.run(&RunId::new("open")).await.unwrap().is_none());
+    assert_eq!(journal.stats().runs_expired, 2);
+    journal.close().await;
+}
+
+#[tokio::test]
+async fn the_disabled_journal_keeps_nothing() {
+    let journal = open_journal(&JournalConfig {
+        enabled: false,
+        ..JournalConfig::default()
+    })
+    .unwrap();
+    assert!(!journal.enabled());
+    journal.record(accepted("r", 1));
+    journal.flush().await;
+    assert!(journal.run(&RunId::new("r")).await.unwrap().is_none());
+}
+
+#[test]
+fn retention_by_size_removes_the_oldest_finished_runs_and_keeps_open_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut conn, _, _) = schema::open_writer(&dir.path().join("j.sqlite3")).unwrap();
+    let padding = "x".repeat(4_000);
+    for seq in 1..=200i64 {
+        let outcome = if seq == 1 { "open" } else { "completed" };
+        conn.execute(
+            "INSERT INTO runs (seq, run_id, adapter, target, operation, queued_ms, finished_ms, outcome)
+             VALUES (?1, 'r' || ?1, 'echo', 'default', 'chat', ?1, ?1, ?2)",
+            rusqlite::params![seq, outcome],
+        )
+        .unwrap();
+        conn.execute(
+            "INSERT INTO events (run_seq, first_idx, count, json) VALUES (?1, 0, 1, ?2)",
+            rusqlite::params![seq, padding],
+        )
+        .unwrap();
+    }
+    let before = schema::used_bytes(&conn).unwrap();
+    let retention = retention::Retention {
+        max_age: Duration::ZERO,
+        max_bytes: before / 2,
+    };
+    let mut removed = 0;
+    while let n @ 1.. = retention::retention_chunk(&mut conn, &retention, writer::now_ms()).unwrap()
+    {
+        removed += n;
+    }
+    assert!(schema::used_bytes(&conn).unwrap() <= before / 2);
+    assert!(removed > 0 && removed < 200, "{removed}");
+    let oldest: i64 = conn
+        .query_row(
+            "SELECT min(seq) FROM runs WHERE outcome != 'open'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert!(oldest > 2, "the oldest finished runs go first");
+    let open: i64 = conn
+        .query_row(
+            "SELECT count(*) FROM runs WHERE outcome = 'open'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(open, 1);
+}

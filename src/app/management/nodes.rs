@@ -1,0 +1,166 @@
+//! Node status, drain and resume.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tracing::info;
+
+use super::{ManageError, Management, now_ms, unix_ms};
+use crate::domain::{AdapterName, Drain, NodeId, NodeRecord, NodeState, Target};
+use crate::ports::ConnectedNode;
+
+/// A configured node as an operator sees it.
+#[derive(Debug, Clone)]
+pub struct NodeStatus {
+    /// Its definition.
+    pub record: Arc<NodeRecord>,
+    /// Its live connection, if connected.
+    pub connection: Option<ConnectedNodeView>,
+    /// Its drain, if drained.
+    pub drain: Option<Drain>,
+    /// Its state.
+    pub state: NodeState,
+}
+
+impl NodeStatus {
+    /// Whether the node reports it can serve `target` through `adapter` now; `None` while
+    /// it reports nothing (or is not connected).
+    pub fn available(&self, _adapter: &AdapterName, _target: &Target) -> Option<bool> {
+        // The registry keeps no availability reports yet (routing adds them).
+        None
+    }
+}
+
+/// What the registry knows of a connected node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConnectedNodeView {
+    /// The node's address.
+    pub peer: std::net::SocketAddr,
+    /// The node software's version.
+    pub node_version: String,
+    /// When it registered, ms since the Unix epoch.
+    pub connected_since_ms: u64,
+    /// When it last sent a frame (a heartbeat or an event), ms since the Unix epoch.
+    pub last_seen_ms: u64,
+    /// Runs it holds now.
+    pub active_runs: u32,
+}
+
+impl ConnectedNodeView {
+    fn of(node: &ConnectedNode) -> Self {
+        Self {
+            peer: node.peer,
+            node_version: node.node_version.clone(),
+            connected_since_ms: unix_ms(node.connected_since),
+            last_seen_ms: unix_ms(node.last_seen),
+            active_runs: node.active_runs,
+        }
+    }
+}
+
+impl Management {
+    /// Every configured node, ordered by id, connected or not.
+    pub fn nodes(&self) -> Vec<NodeStatus> {
+        let connected = self.inner.registry.snapshot();
+        let mut connected = connected.iter().peekable();
+        let mut records = self.inner.store.records();
+        records.sort_by(|a, b| a.id().cmp(b.id()));
+        records
+            .into_iter()
+            .map(|record| {
+                // Both lists are ordered by id: walk them together.
+                while connected.next_if(|c| c.record.id() < record.id()).is_some() {}
+                let live = connected.next_if(|c| c.record.id() == record.id());
+                self.status(record, live)
+            })
+            .collect()
+    }
+
+    /// The configured node with id or alias `name`.
+    pub fn node(&self, name: &str) -> Option<NodeStatus> {
+        let record = self
+            .inner
+            .store
+            .records()
+            .into_iter()
+            .find(|r| r.is_named(name))?;
+        let live = self.inner.registry.get(record.id().as_str());
+        Some(self.status(record, live.as_ref()))
+    }
+
+    fn status(&self, record: Arc<NodeRecord>, live: Option<&ConnectedNode>) -> NodeStatus {
+        let drain = self.inner.drains.get(record.id());
+        let connection = live.map(ConnectedNodeView::of);
+        let active = connection.as_ref().map_or(0, |c| c.active_runs);
+        let breaker_open = self.inner.live.breaker_open(record.id());
+        let state = NodeState::of(connection.is_some(), drain.as_ref(), active, breaker_open);
+        NodeStatus {
+            record,
+            connection,
+            drain,
+            state,
+        }
+    }
+
+    /// Drains node `name`: it takes no new run; its runs finish, or are cancelled once
+    /// `deadline` has passed. Draining again replaces the deadline. The node stays
+    /// registered (and a node not connected now stays drained when it connects).
+    ///
+    /// # Errors
+    /// [`ManageError::UnknownNode`] when no configured node has that id or alias.
+    pub fn drain(&self, name: &str, deadline: Option<Duration>) -> Result<NodeStatus, ManageError> {
+        let status = self
+            .node(name)
+            .ok_or_else(|| ManageError::UnknownNode(name.to_owned()))?;
+        let id = status.record.id().clone();
+        let since_ms = now_ms();
+        let deadline_ms = deadline
+            .map(|d| since_ms.saturating_add(u64::try_from(d.as_millis()).unwrap_or(u64::MAX)));
+        let drain = Drain {
+            since_ms,
+            deadline_ms,
+        };
+        self.inner.drains.drain(id.clone(), drain);
+        self.inner.live.set_drained(&id, true);
+        info!(node = %id, deadline_secs = deadline.map(|d| d.as_secs()), "node drained");
+        if let Some(deadline) = deadline {
+            self.cancel_at_deadline(id.clone(), drain, deadline);
+        }
+        self.node(id.as_str())
+            .ok_or_else(|| ManageError::UnknownNode(name.to_owned()))
+    }
+
+    /// Ends node `id`'s drain: it takes runs again.
+    ///
+    /// # Errors
+    /// [`ManageError::UnknownNode`] when no configured node has that id or alias.
+    pub fn resume(&self, name: &str) -> Result<NodeStatus, ManageError> {
+        let status = self
+            .node(name)
+            .ok_or_else(|| ManageError::UnknownNode(name.to_owned()))?;
+        if self.inner.drains.resume(status.record.id()).is_some() {
+            info!(node = %status.record.id(), "node resumed");
+            // Queued runs may fit on it now.
+            self.inner.live.set_drained(status.record.id(), false);
+        }
+        self.node(status.record.id().as_str())
+            .ok_or_else(|| ManageError::UnknownNode(name.to_owned()))
+    }
+
+    /// At `deadline`, cancels the runs still on the node, unless the drain was replaced or
+    /// ended meanwhile.
+    fn cancel_at_deadline(&self, node: NodeId, drain: Drain, deadline: Duration) {
+        let this = self.clone();
+        self.inner.timers.spawn(async move {
+            tokio::time::sleep(deadline).await;
+            if this.inner.drains.get(&node) != Some(drain) {
+                return;
+            }
+            let runs = this.inner.live.runs_on(&node);
+            info!(node = %node, runs = runs.len(), "drain deadline passed; cancelling the node's runs");
+            for run in runs {
+                this.inner.live.cancel(&run, "node drain deadline passed").await;
+            }
+        });
+    }
+}

@@ -1,0 +1,148 @@
+//! What the management service sees of the run service: records of the open runs, their
+//! placements, following one run's events, cancelling — and what the run service hands
+//! the journal. Off the relay's path except for [`RunService::tap`], which only enqueues.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use async_trait::async_trait;
+use tokio::sync::mpsc;
+
+use super::service::RunService;
+use super::table::{Placement, Run, lock};
+use crate::app::management::{Follow, LiveRuns, now_ms};
+use crate::domain::routing::{BreakerState, RouteReason, TenantKey};
+use crate::domain::{
+    AcceptedRun, Attempt, NodeId, RunEvent, RunId, RunOutcome, RunRecord, RunSpec,
+};
+use crate::ports::JournalEntry;
+
+/// Events a management follower may be behind before it is dropped (it can reconnect and
+/// resume from the journal).
+const FOLLOWER_BUFFER: usize = 1_024;
+
+/// What is known of a run when it is accepted.
+pub(super) fn accepted(id: &RunId, spec: &RunSpec) -> AcceptedRun {
+    AcceptedRun {
+        run_id: id.clone(),
+        adapter: spec.selector.adapter.clone(),
+        target: spec.selector.target.clone(),
+        operation: spec.operation,
+        pin: spec.selector.pin.clone(),
+        api_key_name: (spec.routing.tenant != TenantKey::anonymous())
+            .then(|| spec.routing.tenant.as_str().to_owned()),
+        queued_ms: now_ms(),
+    }
+}
+
+impl RunService {
+    /// Notes that `run` was just placed on `node` (for the record and the journal).
+    pub(super) fn record_attempt(&self, run: &Run, node: &NodeId, reason: &RouteReason) {
+        let mut attempts = lock(&run.attempts);
+        let attempt = Attempt {
+            number: u32::try_from(attempts.len() + 1).unwrap_or(u32::MAX),
+            node: node.clone(),
+            route_reason: reason.label().to_owned(),
+            started_ms: now_ms(),
+        };
+        attempts.push(attempt.clone());
+        drop(attempts);
+        if self.inner.journal.enabled() {
+            let run_id = run.id.clone();
+            self.inner
+                .journal
+                .record(JournalEntry::Placed { run_id, attempt });
+        }
+    }
+
+    /// Hands a relayed event to the journal and to the run's followers, never waiting.
+    /// Called under the run's delivery lock, so positions follow relay order.
+    pub(super) fn tap(
+        &self,
+        run: &Run,
+        followers: &mut Vec<mpsc::Sender<(u64, Arc<RunEvent>)>>,
+        event: &Arc<RunEvent>,
+        first_output: bool,
+    ) {
+        let index = run.relayed.fetch_add(1, Ordering::AcqRel);
+        let journal = &self.inner.journal;
+        if first_output || journal.enabled() {
+            let at_ms = now_ms();
+            if first_output {
+                run.first_output_ms.store(at_ms, Ordering::Release);
+            }
+            if journal.enabled() {
+                journal.record(JournalEntry::Event {
+                    index,
+                    at_ms,
+                    event: Arc::clone(event),
+                    first_output,
+                });
+            }
+        }
+        if !followers.is_empty() {
+            // A follower that is full or gone is dropped: it resumes from the journal.
+            followers.retain(|f| f.try_send((index, Arc::clone(event))).is_ok());
+        }
+    }
+
+    fn open_runs_list(&self) -> Vec<Arc<Run>> {
+        lock(&self.inner.table).runs.values().cloned().collect()
+    }
+}
+
+/// The record of an open run.
+fn record_of(run: &Run) -> RunRecord {
+    let first_output = run.first_output_ms.load(Ordering::Acquire);
+    let mut record = RunRecord::open(run.accepted.clone());
+    record.attempts = lock(&run.attempts).clone();
+    record.first_output_ms = (first_output > 0).then_some(first_output);
+    record.events = run.relayed.load(Ordering::Acquire);
+    record.outcome = RunOutcome::Open;
+    record
+}
+
+#[async_trait]
+impl LiveRuns for RunService {
+    fn open_records(&self) -> Vec<RunRecord> {
+        self.open_runs_list().iter().map(|r| record_of(r)).collect()
+    }
+
+    fn open_record(&self, id: &RunId) -> Option<RunRecord> {
+        let run = lock(&self.inner.table).runs.get(id).cloned()?;
+        Some(record_of(&run))
+    }
+
+    fn runs_on(&self, node: &NodeId) -> Vec<RunId> {
+        self.open_runs_list()
+            .iter()
+            .filter(|run| matches!(run.placement(), Placement::Dispatched { node: n, .. } if &n == node))
+            .map(|run| run.id.clone())
+            .collect()
+    }
+
+    async fn cancel(&self, id: &RunId, reason: &str) -> bool {
+        RunService::cancel(self, id, reason).await
+    }
+
+    async fn follow(&self, id: &RunId) -> Option<Follow> {
+        let run = lock(&self.inner.table).runs.get(id).cloned()?;
+        let mut delivery = run.delivery.lock().await;
+        let (sender, events) = mpsc::channel(FOLLOWER_BUFFER);
+        if !delivery.follow(sender) {
+            return None;
+        }
+        Some(Follow {
+            next_index: run.relayed.load(Ordering::Acquire),
+            events,
+        })
+    }
+
+    fn set_drained(&self, node: &NodeId, drained: bool) {
+        RunService::set_drained(self, node, drained);
+    }
+
+    fn breaker_open(&self, node: &NodeId) -> bool {
+        matches!(self.breaker_state(node), BreakerState::Open { .. })
+    }
+}

@@ -1,0 +1,126 @@
+//! The RunJournal port: where the record of every run and its events is kept, so the
+//! management API can answer for finished runs, across restarts when the storage is
+//! durable.
+//!
+//! Writes arrive from the run service's relay path and must never wait: an implementation
+//! queues them and writes them elsewhere. Reads come from the management API.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+
+use crate::domain::{AcceptedRun, Attempt, RunEvent, RunId, RunQuery, RunRecord};
+
+/// One thing to record about a run. Each run's entries arrive in order: accepted first,
+/// then its placements and events; its terminal event last.
+#[derive(Debug, Clone)]
+pub enum JournalEntry {
+    /// The run was accepted.
+    Accepted(Box<AcceptedRun>),
+    /// The run was sent to a node.
+    Placed {
+        /// The run.
+        run_id: RunId,
+        /// Where, why and when.
+        attempt: Attempt,
+    },
+    /// The run's event number `index` (0, 1, ... in relay order) was relayed at `at_ms`.
+    /// A terminal event ends the run's record.
+    Event {
+        /// The event's position among the run's relayed events.
+        index: u64,
+        /// When it was relayed, in milliseconds since the Unix epoch.
+        at_ms: u64,
+        /// The event, as the sinks received it.
+        event: Arc<RunEvent>,
+        /// Whether it is the run's first `output` (for time to first output).
+        first_output: bool,
+    },
+}
+
+/// One stored event of a run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredEvent {
+    /// Its position among the run's relayed events.
+    pub index: u64,
+    /// The event as one JSON object, exactly the line the `file` sink writes for it
+    /// (without the newline; the format is in docs/sinks.md).
+    pub json: String,
+}
+
+/// Counters of a journal, for metrics and the management API.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct JournalStats {
+    /// Entries written to storage.
+    pub written: u64,
+    /// Events left out because the run already had `max_events_per_run` stored.
+    pub events_over_cap: u64,
+    /// Events left out because the write queue was full.
+    pub dropped_queue_full: u64,
+    /// Entries waiting to be written.
+    pub queue_depth: u64,
+    /// Transactions that failed (their entries are lost).
+    pub write_errors: u64,
+    /// Runs removed by retention.
+    pub runs_expired: u64,
+    /// The storage's size in bytes (0 for none).
+    pub bytes: u64,
+}
+
+/// Why a read failed.
+#[derive(Debug, thiserror::Error)]
+pub enum JournalError {
+    /// The storage failed; the message says how (never with a secret).
+    #[error("the run journal cannot be read: {0}")]
+    Storage(String),
+}
+
+/// Keeps run records and their events.
+///
+/// Implementations are shared between tasks. `record` is called on the relay's hot path
+/// for every event of every run: it must not block, and it documents what happens when
+/// its queue is full. Records (accepted, placed) and terminal events must never be dropped
+/// for lack of room while the storage works.
+#[cfg_attr(test, mockall::automock)]
+#[async_trait]
+pub trait RunJournal: Send + Sync {
+    /// Whether anything is kept; a disabled journal lets callers skip building entries.
+    fn enabled(&self) -> bool;
+
+    /// Accepts one entry without waiting.
+    fn record(&self, entry: JournalEntry);
+
+    /// Returns once every entry accepted before the call is in storage (or failed).
+    async fn flush(&self);
+
+    /// The record of run `id`, open or finished.
+    ///
+    /// # Errors
+    /// [`JournalError::Storage`] when the storage cannot be read.
+    async fn run(&self, id: &RunId) -> Result<Option<RunRecord>, JournalError>;
+
+    /// The finished runs that match `query` (its `state` is ignored: open runs are the
+    /// run service's to list), newest first, at most `query.limit`.
+    ///
+    /// # Errors
+    /// [`JournalError::Storage`] when the storage cannot be read.
+    async fn finished_runs(&self, query: &RunQuery) -> Result<Vec<RunRecord>, JournalError>;
+
+    /// Run `id`'s stored events from position `from` on, in order, at most `limit`.
+    ///
+    /// # Errors
+    /// [`JournalError::Storage`] when the storage cannot be read.
+    async fn events(
+        &self,
+        id: &RunId,
+        from: u64,
+        limit: usize,
+    ) -> Result<Vec<StoredEvent>, JournalError>;
+
+    /// The journal's counters.
+    fn stats(&self) -> JournalStats;
+
+    /// Writes out everything accepted and stops the writer; entries recorded afterwards
+    /// are dropped. Called once, as the edge stops.
+    async fn close(&self);
+}

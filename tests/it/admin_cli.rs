@@ -1,0 +1,113 @@
+//! The `edge` operator commands against a running edge's management API: `nodes`, `drain`,
+//! `resume`, `runs`, `run show`, `run events` and `cancel`, with the address and key from
+//! the environment, and a refusal without the key.
+
+use crate::admin_support::{ADMIN_KEY, HandNode, echo_run, nodes_config};
+use crate::common::runs::{rest, start};
+use crate::common::{TestApp, spawn_app};
+
+use edge::domain::RunEventKind;
+use edge::ports::NodeCommand;
+
+/// Runs `edge ARGS` against `app` with `key`; its exit success, stdout and stderr.
+async fn edge(app: &TestApp, key: Option<&str>, args: &[&str]) -> (bool, String, String) {
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_edge"));
+    command
+        .args(args)
+        .env("EDGE_ADMIN_URL", format!("http://{}", app.admin_addr))
+        .env_remove("EDGE_ADMIN_KEY")
+        .env_remove("EDGE_ADMIN_CACERT");
+    if let Some(key) = key {
+        command.env("EDGE_ADMIN_KEY", key);
+    }
+    let output = tokio::time::timeout(crate::common::PATIENCE, command.output())
+        .await
+        .expect("the command ends in time")
+        .expect("run the edge binary");
+    (
+        output.status.success(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+#[tokio::test]
+async fn operator_commands_list_drain_resume_show_and_cancel() {
+    let app = spawn_app(&nodes_config("")).await;
+    let mut node = HandNode::register(&app, "token-a").await;
+    app.wait_for_nodes(1).await;
+
+    let (ok, out, err) = edge(&app, Some(ADMIN_KEY), &["nodes"]).await;
+    assert!(ok, "{err}");
+    let header = out.lines().next().unwrap_or_default();
+    assert!(
+        header.starts_with("ID") && header.contains("STATE"),
+        "{out}"
+    );
+    let row = out
+        .lines()
+        .find(|l| l.starts_with("node-a "))
+        .expect("node-a's row");
+    assert!(
+        row.contains("serving") && row.contains("echo[default]"),
+        "{out}"
+    );
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("node-b ") && l.contains("disconnected")),
+        "{out}"
+    );
+
+    let (ok, out, err) = edge(
+        &app,
+        Some(ADMIN_KEY),
+        &["drain", "gpu-a", "--deadline", "10m"],
+    )
+    .await;
+    assert!(ok && out.contains("node node-a is drained"), "{out}{err}");
+    let (ok, out, _) = edge(&app, Some(ADMIN_KEY), &["resume", "node-a"]).await;
+    assert!(ok && out.contains("node node-a is serving"), "{out}");
+
+    let mut handle = start(&app, echo_run("via the cli"));
+    let run = node.next_run().await;
+    node.send(&run.run_id, RunEventKind::Started).await;
+    let id = run.run_id.to_string();
+    let (ok, out, err) = edge(&app, Some(ADMIN_KEY), &["runs", "--state", "open"]).await;
+    assert!(
+        ok && out
+            .lines()
+            .any(|l| l.starts_with(&id) && l.contains("open")),
+        "{out}{err}"
+    );
+    let (ok, out, _) = edge(&app, Some(ADMIN_KEY), &["run", "show", &id]).await;
+    assert!(
+        ok && out.contains("outcome         open") && out.contains("node-a"),
+        "{out}"
+    );
+    let (ok, out, _) = edge(&app, Some(ADMIN_KEY), &["run", "events", &id]).await;
+    assert!(ok && out.contains("\"kind\":\"started\""), "{out}");
+
+    let (ok, out, err) = edge(&app, Some(ADMIN_KEY), &["cancel", &id]).await;
+    assert!(ok && out.contains("is being cancelled"), "{out}{err}");
+    match node.next_command().await {
+        NodeCommand::Cancel { run_id, .. } => assert_eq!(run_id, run.run_id),
+        other => panic!("expected a cancel, got {other:?}"),
+    }
+    node.send(
+        &run.run_id,
+        RunEventKind::Cancelled {
+            reason: "cli".into(),
+        },
+    )
+    .await;
+    rest(&mut handle).await;
+
+    let (ok, _, err) = edge(&app, None, &["nodes"]).await;
+    assert!(
+        !ok && err.contains("401") && err.contains("unauthorized"),
+        "{err}"
+    );
+    let (ok, _, err) = edge(&app, Some(ADMIN_KEY), &["cancel", "run-missing"]).await;
+    assert!(!ok && err.contains("404"), "{err}");
+    app.stop().await;
+}
