@@ -7,10 +7,13 @@
 
 pub mod cli;
 pub mod console;
+pub mod identity;
 pub mod logging;
 pub mod metrics;
+mod nats_metrics;
 pub mod runs;
 pub mod settings;
+pub mod telemetry;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -68,7 +71,8 @@ impl App {
         let store: Arc<dyn NodeStore> =
             Arc::new(FileNodeStore::load_from_config(&settings.source)?);
         let registry: Arc<dyn Registry> = Arc::new(LockRegistry::new());
-        let sinks = build_sinks(&settings.events).context("cannot start the event sinks")?;
+        let sinks = build_sinks(&settings.events, &settings.edge_id)
+            .context("cannot start the event sinks")?;
         let sink: Arc<dyn EventSink> = Arc::new(SinkSet::from_built(&sinks));
         let transport = Arc::new(TcpTransport::new(Arc::clone(&registry)));
         let metrics = Metrics::new().context("cannot start the metrics exporter")?;
@@ -201,9 +205,12 @@ async fn bind_node_server(settings: &Settings, deps: ServerDeps) -> anyhow::Resu
 async fn bind_http_server(settings: &Settings, state: HttpState) -> anyhow::Result<HttpServer> {
     let tls = load_tls(settings.http.tls.as_ref(), "http.tls", &[b"http/1.1"])
         .context("cannot set up TLS for the HTTP server")?;
-    let http = HttpServer::bind(settings.http.clone(), state)
+    let mut http = HttpServer::bind(settings.http.clone(), state)
         .await
         .with_context(|| format!("cannot listen for HTTP on {}", settings.http.listen))?;
+    if settings.tracing.enabled() {
+        http = http.with_request_traces();
+    }
     Ok(match tls {
         Some(tls) => http.with_tls(tls),
         None => http,

@@ -22,6 +22,9 @@ use crate::adapters::http::ApiConfig;
 pub use crate::adapters::http::HttpConfig;
 use crate::adapters::sinks::config::EventsConfig;
 use crate::adapters::tcp::config::ServerConfig;
+use crate::app::identity::EdgeConfig;
+use crate::app::telemetry::TracingConfig;
+use crate::domain::EdgeId;
 
 /// The config file read when no path is given, relative to the working directory.
 pub const DEFAULT_CONFIG_PATH: &str = "config/edge.toml";
@@ -38,6 +41,8 @@ const ENV_LIST_KEYS: &[&str] = &["events.sinks", "api.keys"];
 /// Everything the edge is configured with.
 #[derive(Debug, Clone)]
 pub struct Settings {
+    /// `[edge] id`, resolved: the configured id or the host name.
+    pub edge_id: EdgeId,
     /// `[server]`: the node transport.
     pub server: ServerConfig,
     /// `[events]`: the event sinks.
@@ -50,6 +55,8 @@ pub struct Settings {
     pub api: ApiConfig,
     /// `[log]`: the edge's own logs.
     pub log: LogConfig,
+    /// `[tracing]`: span export over OTLP (off by default).
+    pub tracing: TracingConfig,
     /// The file the settings came from and the merged config, from which the node store
     /// reads `[[nodes]]`.
     pub source: ConfigSource,
@@ -170,12 +177,14 @@ pub enum SettingsError {
 #[derive(Deserialize, Default)]
 #[serde(default, deny_unknown_fields)]
 struct Sections {
+    edge: EdgeConfig,
     server: ServerConfig,
     events: EventsConfig,
     runs: RunsConfig,
     http: HttpConfig,
     api: ApiConfig,
     log: LogConfig,
+    tracing: TracingConfig,
     nodes: IgnoredAny,
 }
 
@@ -217,24 +226,32 @@ impl Settings {
                 });
             }
         };
-        let problems = sections.problems();
-        if !problems.is_empty() {
-            return Err(SettingsError::Invalid {
-                detail: problems.join("; "),
-                path,
-            });
-        }
+        let mut problems = sections.problems();
+        let edge_id = match sections.edge.resolve() {
+            Ok(id) if problems.is_empty() => id,
+            resolved => {
+                problems.extend(resolved.err());
+                return Err(SettingsError::Invalid {
+                    detail: problems.join("; "),
+                    path,
+                });
+            }
+        };
 
         let Sections {
+            edge: _,
             server,
             events,
             runs,
             http,
             api,
             log,
+            tracing,
             nodes: _,
         } = sections;
         Ok(Self {
+            edge_id,
+            tracing,
             server,
             events,
             runs,
@@ -327,6 +344,8 @@ impl Sections {
             ));
         }
         problems.extend(self.api.problems());
+        problems.extend(self.events.nats.problems());
+        problems.extend(self.tracing.problems());
         problems
     }
 }
@@ -608,6 +627,45 @@ mod tests {
             message.contains("`http.tls.handshake_timeout_ms` must be at least 1"),
             "{message}"
         );
+    }
+
+    #[test]
+    fn edge_nats_and_tracing_sections_load_and_hide_secrets() {
+        let (_file, settings) = load(
+            "[edge]\nid = \"site-a\"\n[events]\nsinks = [\"nats\"]\n\
+             [events.nats]\nurl = \"nats://10.0.0.1:4222\"\ntoken = \"tok-SECRET\"\n\
+             [events.nats.jetstream]\nstream = \"EDGE\"\nmax_age_secs = 60\n\
+             [tracing]\notlp_endpoint = \"http://127.0.0.1:4318\"\nsample_ratio = 0.25\n",
+            &[("EDGE__EVENTS__NATS__SUBJECT_PREFIX", "acme.edge")],
+        );
+        let settings = settings.unwrap();
+        assert_eq!(settings.edge_id.as_str(), "site-a");
+        assert_eq!(settings.events.sinks, [SinkKind::Nats]);
+        assert_eq!(settings.events.nats.subject_prefix, "acme.edge");
+        let jetstream = settings.events.nats.jetstream.as_ref().unwrap();
+        assert_eq!(
+            (jetstream.stream.as_str(), jetstream.max_age_secs),
+            ("EDGE", 60)
+        );
+        assert!(settings.tracing.enabled());
+        assert_eq!(settings.tracing.sample_ratio, 0.25);
+        assert!(!format!("{settings:?}").contains("SECRET"));
+    }
+
+    #[test]
+    fn bad_edge_nats_and_tracing_values_name_file_and_key() {
+        assert_refused(
+            "[edge]\nid = \"site a\"\n[events.nats]\nsubject_prefix = \"edge.*\"\n\
+             password = \"pw-SECRET\"\n[tracing]\nsample_ratio = 2.0\n",
+            &[
+                "`events.nats.subject_prefix`",
+                "`events.nats.user` and `events.nats.password`",
+                "`tracing.sample_ratio`",
+                "`edge.id`",
+            ],
+        );
+        let (_file, settings) = load("[events.nats]\npassword = \"pw-SECRET\"\n", &[]);
+        assert!(!settings.unwrap_err().to_string().contains("SECRET"));
     }
 
     #[test]

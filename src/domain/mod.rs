@@ -21,7 +21,7 @@ pub use definitions::{
     AdapterDefinition, DefinitionProblem, DefinitionsError, EntryRef, NodeDefinition,
     validate_definitions,
 };
-pub use names::{AdapterName, Alias, NameError, NodeId, Target};
+pub use names::{AdapterName, Alias, EdgeId, NameError, NodeId, Target};
 pub use node::{
     AdapterConfig, AdapterParts, Availability, NodeConfigError, NodeRecord, NodeRecordParts,
     RuntimeConfig, RuntimeParts,

@@ -13,7 +13,9 @@
 //! - `timers.rs` — the queue wait, the deadline and the cancel grace, which let the edge
 //!   end a run the node cannot;
 //! - `table.rs` — the table of open runs and the queue, behind one mutex;
-//! - `metrics.rs` — the service's OpenTelemetry instruments.
+//! - `metrics.rs` — the service's OpenTelemetry instruments;
+//! - `trace.rs` — the `dispatch` span that links a run to its node's connection in an
+//!   exported trace (only while span export is on).
 //!
 //! Every run it accepts ends with exactly one terminal event, delivered to the event sink
 //! and to the caller's stream, whichever path ends it.
@@ -26,5 +28,6 @@ mod table;
 #[cfg(test)]
 mod tests;
 mod timers;
+mod trace;
 
 pub use service::{RunHandle, RunService, RunStats, StartError};
