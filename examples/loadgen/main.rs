@@ -15,6 +15,7 @@
 //! `docs/benchmarks.md`; every load goes to loopback only and every loop is bounded in time.
 
 mod api;
+mod external;
 mod harness;
 mod http;
 mod lean;
@@ -56,6 +57,10 @@ pub struct Common {
     /// The edge's log level (the shipped config says `info`).
     #[arg(long, global = true, default_value = "info")]
     pub edge_log_level: String,
+    /// Export the in-process edge's spans over OTLP/HTTP to a receiver in this program
+    /// that discards them (`[tracing] otlp_endpoint`), to measure what tracing costs.
+    #[arg(long, global = true)]
+    pub otlp: bool,
     /// Internal: run as a child of another loadgen and report records on stderr.
     #[arg(long, global = true, hide = true)]
     pub child: bool,
@@ -64,11 +69,15 @@ pub struct Common {
 impl Common {
     /// These options as arguments for a child process.
     pub fn to_args(&self) -> Vec<String> {
-        vec![
+        let mut args = vec![
             format!("--edge-threads={}", self.edge_threads),
             format!("--load-threads={}", self.load_threads),
             format!("--edge-log-level={}", self.edge_log_level),
-        ]
+        ];
+        if self.otlp {
+            args.push("--otlp".to_owned());
+        }
+        args
     }
 }
 

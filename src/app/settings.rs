@@ -427,6 +427,7 @@ mod tests {
         assert_eq!(settings.http, HttpConfig::default());
         assert_eq!(settings.api, ApiConfig::default());
         assert_eq!(settings.log, LogConfig::default());
+        assert_eq!(settings.tracing, TracingConfig::default());
 
         let store = FileNodeStore::load_from_config(&settings.source).unwrap();
         let records = store.records();
