@@ -100,8 +100,14 @@ where
     let filter = Targets::new()
         .with_target("edge", Level::INFO)
         .with_default(LevelFilter::OFF);
+    // No busy/idle timing on every enter and exit (the connection span is entered on every
+    // poll of its task), and no thread or source-location attributes: the span names and
+    // fields say where a span comes from.
     let layer = tracing_opentelemetry::layer()
         .with_tracer(tracer)
+        .with_tracked_inactivity(false)
+        .with_threads(false)
+        .with_location(false)
         .with_filter(filter);
     Ok(Some((layer, Exporter { provider })))
 }

@@ -142,18 +142,34 @@ impl NatsWriter {
         }
     }
 
-    /// Publishes until the backlog is empty; each publish may take up to the ack timeout
-    /// (it waits only when the client's own buffer is full: the server is gone or slow).
+    /// Publishes until the backlog is empty, confirming whenever `max_in_flight` events
+    /// are in flight. Each round of publishes may take up to the ack timeout (a publish
+    /// waits only when the client's own buffer is full: the server is gone or slow); an
+    /// event leaves the backlog only once its publish went through.
     async fn publish_backlog(&mut self) -> Result<(), ()> {
-        while let Some(event) = self.backlog.front().cloned() {
+        while !self.backlog.is_empty() {
             if self.in_flight.len() >= self.max_in_flight {
                 self.confirm_async().await;
                 if self.retry_at.is_some_and(|at| Instant::now() < at) {
                     return Ok(());
                 }
             }
-            let publish = tokio::time::timeout(self.ack_timeout, self.publish(&event));
-            let ack = publish.await.map_err(drop).flatten()?;
+            let room = self.max_in_flight - self.in_flight.len().min(self.max_in_flight);
+            tokio::time::timeout(self.ack_timeout, self.publish_some(room.max(1)))
+                .await
+                .map_err(drop)
+                .flatten()?;
+        }
+        Ok(())
+    }
+
+    /// Publishes up to `n` events from the front of the backlog.
+    async fn publish_some(&mut self, n: usize) -> Result<(), ()> {
+        for _ in 0..n {
+            let Some(event) = self.backlog.front().cloned() else {
+                break;
+            };
+            let ack = self.publish(&event).await?;
             self.backlog.pop_front();
             self.in_flight.push(InFlight { event, ack });
         }
