@@ -8,6 +8,7 @@ use criterion::{Criterion, criterion_group, criterion_main};
 use edge::adapters::sinks::config::{EventsConfig, SinkKind};
 use edge::adapters::sinks::format::{write_json_line, write_text_line};
 use edge::adapters::sinks::{SinkSet, build_sinks};
+use edge::domain::EdgeId;
 use edge::domain::{AdapterName, EventOrigin, NodeId, RunEvent, RunEventKind, RunId, Target};
 use edge::ports::EventSink;
 
@@ -34,12 +35,12 @@ fn fanout(c: &mut Criterion) {
     let mut group = c.benchmark_group("fanout");
     for sinks in [1usize, 3] {
         let built = runtime.block_on(async {
-            build_sinks(&EventsConfig {
+            let config = EventsConfig {
                 sinks: vec![SinkKind::Null; 1],
                 queue_capacity: 1 << 20,
                 ..EventsConfig::default()
-            })
-            .unwrap()
+            };
+            build_sinks(&config, &EdgeId::parse("bench").unwrap()).unwrap()
         });
         // Duplicate kinds are refused by the builder, so the set repeats one null sink.
         let set = SinkSet::new((0..sinks).map(|_| Arc::clone(&built[0].sink)).collect());

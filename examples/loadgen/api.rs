@@ -258,11 +258,11 @@ fn drive(
     std::thread::sleep(warmup);
     measuring.store(true, Ordering::Relaxed);
     let done_0 = done.load(Ordering::Relaxed);
-    let cpu_0 = harness::threads_cpu_ms("edge");
+    let cpu_0 = harness::edge_cpu_ms();
     let started = Instant::now();
     std::thread::sleep(duration);
     let finished = done.load(Ordering::Relaxed) - done_0;
-    let cpu = harness::threads_cpu_ms("edge") - cpu_0;
+    let cpu = harness::edge_cpu_ms() - cpu_0;
     let elapsed = started.elapsed().as_secs_f64();
     measuring.store(false, Ordering::Relaxed);
     stop.store(true, Ordering::Relaxed);
@@ -283,7 +283,7 @@ fn drive(
 }
 
 pub fn run(args: &ApiArgs, common: &Common) -> anyhow::Result<Vec<Record>> {
-    harness::init_logging(&common.edge_log_level);
+    harness::init_logging(common);
     let sink = match args.sink.as_str() {
         "file" => SinkKind::File,
         "stdout" => SinkKind::Stdout,

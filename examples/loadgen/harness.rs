@@ -10,7 +10,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use edge::adapters::sinks::config::SinkKind;
+use edge::app::telemetry::TracingConfig;
 use edge::app::{App, AppParts, Settings};
+
+use crate::external;
 use tokio::runtime::Runtime;
 use tokio::task::JoinHandle;
 
@@ -73,17 +76,34 @@ pub fn runtime(name: &str, threads: usize) -> anyhow::Result<Runtime> {
 }
 
 /// Installs the edge's own logging once per process (the in-process edge logs like the
-/// binary does, to standard error).
-pub fn init_logging(level: &str) {
-    use std::sync::Once;
-    static ONCE: Once = Once::new();
-    ONCE.call_once(|| {
-        if let Err(error) = edge::app::logging::init(level, edge::app::settings::LogFormat::Pretty)
-        {
-            eprintln!("loadgen: cannot install the edge's logging: {error:#}");
-        }
+/// binary does, to standard error); with `--otlp`, the span export layer too, exporting
+/// to [`external::otlp_endpoint`] for the rest of the process.
+pub fn init_logging(common: &crate::Common) {
+    use std::sync::OnceLock;
+    static EXPORTER: OnceLock<Option<edge::app::telemetry::Exporter>> = OnceLock::new();
+    EXPORTER.get_or_init(|| {
+        let tracing = otlp_config(common.otlp);
+        let edge_id = edge::domain::EdgeId::parse("loadgen").expect("a valid id");
+        let format = edge::app::settings::LogFormat::Pretty;
+        edge::app::logging::init_with_tracing(&common.edge_log_level, format, &tracing, &edge_id)
+            .unwrap_or_else(|error| {
+                eprintln!("loadgen: cannot install the edge's logging: {error:#}");
+                None
+            })
     });
 }
+
+/// `[tracing]` for the in-process edge: export to this program's receiver with `--otlp`.
+fn otlp_config(otlp: bool) -> TracingConfig {
+    OTLP_ON.store(otlp, std::sync::atomic::Ordering::Relaxed);
+    TracingConfig {
+        otlp_endpoint: otlp.then(|| external::otlp_endpoint().to_owned()),
+        ..TracingConfig::default()
+    }
+}
+
+/// Whether `--otlp` is on (the edges built here then export spans).
+static OTLP_ON: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// An edge running inside this process on its own runtime.
 pub struct InProcessEdge {
@@ -116,6 +136,7 @@ impl InProcessEdge {
         settings.server.shutdown_grace_ms = 2_000;
         settings.events.sinks = sinks.to_vec();
         settings.events.file.path = dir.path().join("events.jsonl");
+        settings.tracing = otlp_config(OTLP_ON.load(std::sync::atomic::Ordering::Relaxed));
         let runtime = runtime("edge", threads)?;
         let app = runtime.block_on(App::build(settings))?;
         let node_addr = app.node_addr()?;
@@ -304,6 +325,13 @@ pub fn process_cpu_ms(pid: u32) -> u64 {
         .ok()
         .and_then(|stat| stat_cpu_ms(&stat))
         .unwrap_or(0)
+}
+
+/// CPU time used so far by the in-process edge: its runtime and sink threads (`edge*`) and,
+/// with `--otlp`, the span exporter's threads (the SDK's batch processor and its HTTP
+/// client), in ms.
+pub fn edge_cpu_ms() -> u64 {
+    threads_cpu_ms("edge") + threads_cpu_ms("OpenTelemetry") + threads_cpu_ms("reqwest-intern")
 }
 
 /// CPU time used so far by this process's threads whose name starts with `prefix`

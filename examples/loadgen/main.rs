@@ -18,6 +18,7 @@
 
 mod admin;
 mod api;
+mod external;
 mod harness;
 mod http;
 mod lean;
@@ -64,6 +65,10 @@ pub struct Common {
     /// `[journal] enabled = false`.
     #[arg(long, global = true)]
     pub journal: bool,
+    /// Export the in-process edge's spans over OTLP/HTTP to a receiver in this program
+    /// that discards them (`[tracing] otlp_endpoint`), to measure what tracing costs.
+    #[arg(long, global = true)]
+    pub otlp: bool,
     /// Internal: run as a child of another loadgen and report records on stderr.
     #[arg(long, global = true, hide = true)]
     pub child: bool,
@@ -79,6 +84,7 @@ impl Common {
         ]
         .into_iter()
         .chain(self.journal.then(|| "--journal".to_owned()))
+        .chain(self.otlp.then(|| "--otlp".to_owned()))
         .collect()
     }
 }

@@ -111,7 +111,7 @@ pub fn run(args: &RegisterArgs, common: &Common) -> anyhow::Result<Vec<Record>> 
     );
     let config = harness::config(nodes, &extra);
     let target = if in_process {
-        harness::init_logging(&common.edge_log_level);
+        harness::init_logging(common);
         Target::InProcess(InProcessEdge::start(
             &config,
             &[SinkKind::Null],

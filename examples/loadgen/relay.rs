@@ -19,6 +19,7 @@ use edge::adapters::sinks::config::SinkKind;
 use edge::app::AppParts;
 use edge::domain::{AdapterName, NodeSelector, RunEventKind, RunSpec, Target};
 
+use crate::external::NatsChild;
 use crate::harness::{self, InProcessEdge, Nodes};
 use crate::lean::{self, Plan};
 use crate::stats::{Histogram, Record};
@@ -51,9 +52,16 @@ pub struct RelayArgs {
     /// what the link check costs the relay.
     #[arg(long)]
     pub pings: bool,
-    /// Sink kinds, each measured with its own edge: null, file, stdout, log.
+    /// Sink kinds, each measured with its own edge: null, file, stdout, log, nats.
     #[arg(long, value_delimiter = ',', default_value = "null,file,stdout")]
     pub sinks: Vec<String>,
+    /// The NATS server of the `nats` sink; by default a `nats-server` this program starts
+    /// on a free loopback port (and stops).
+    #[arg(long)]
+    pub nats_url: Option<String>,
+    /// Publish into a JetStream stream (with acks) rather than core NATS.
+    #[arg(long)]
+    pub nats_jetstream: bool,
 }
 
 fn sink_kind(name: &str) -> anyhow::Result<SinkKind> {
@@ -62,7 +70,8 @@ fn sink_kind(name: &str) -> anyhow::Result<SinkKind> {
         "file" => SinkKind::File,
         "stdout" => SinkKind::Stdout,
         "log" => SinkKind::Log,
-        other => bail!("unknown sink {other:?} (null, file, stdout, log)"),
+        "nats" => SinkKind::Nats,
+        other => bail!("unknown sink {other:?} (null, file, stdout, log, nats)"),
     })
 }
 
@@ -156,23 +165,43 @@ async fn drive(parts: AppParts, spec: RunSpec, shared: Arc<Shared>) -> anyhow::R
     Ok(latency)
 }
 
-/// The sink's written and dropped counters, from the edge's `/metrics`.
-fn sink_counters(edge: &InProcessEdge, kind: SinkKind) -> anyhow::Result<(f64, f64)> {
+/// The sink's counters from the edge's `/metrics`: written, dropped (by its queue, and
+/// for NATS also by its backlog) and, for NATS, confirmed by the server.
+fn sink_counters(edge: &InProcessEdge, kind: SinkKind) -> anyhow::Result<(f64, f64, f64)> {
     let text = harness::http_get(edge.http_addr, "/metrics")?;
     let label = format!("sink=\"{}\"", kind.as_str());
-    let read = |name: &str| {
-        harness::metric(&text, &format!("{name}_total"), &label)
-            .or_else(|| harness::metric(&text, name, &label))
+    let read = |name: &str, label: &str| {
+        harness::metric(&text, &format!("{name}_total"), label)
+            .or_else(|| harness::metric(&text, name, label))
             .unwrap_or(0.0)
     };
+    let nats_dropped = read("edge_sink_nats_dropped", "terminal=\"false\"")
+        + read("edge_sink_nats_dropped", "terminal=\"true\"");
     Ok((
-        read("edge_sink_events_written"),
-        read("edge_sink_events_dropped"),
+        read("edge_sink_events_written", &label),
+        read("edge_sink_events_dropped", &label) + nats_dropped,
+        read("edge_sink_nats_published", ""),
     ))
 }
 
+/// `[events.nats]` for the `nats` sink, and the server this program started for it.
+fn nats_config(args: &RelayArgs) -> anyhow::Result<(String, Option<NatsChild>)> {
+    let (url, child) = match &args.nats_url {
+        Some(url) => (url.clone(), None),
+        None => {
+            let child = NatsChild::start(args.nats_jetstream)?;
+            (child.url.clone(), Some(child))
+        }
+    };
+    let mut toml = format!("[events.nats]\nurl = {url:?}\n");
+    if args.nats_jetstream {
+        toml.push_str("[events.nats.jetstream]\nstream = \"LOADGEN\"\nmax_bytes = 1073741824\n");
+    }
+    Ok((toml, child))
+}
+
 fn measure(args: &RelayArgs, common: &Common, kind: SinkKind) -> anyhow::Result<Record> {
-    harness::init_logging(&common.edge_log_level);
+    harness::init_logging(common);
     let nodes = Nodes {
         count: args.nodes,
         max_concurrent_runs: args.runs_per_node.max(1),
@@ -185,6 +214,13 @@ fn measure(args: &RelayArgs, common: &Common, kind: SinkKind) -> anyhow::Result<
             args.queue_capacity
         ));
     }
+    let nats = if kind == SinkKind::Nats {
+        let (toml, child) = nats_config(args)?;
+        extra.push_str(&toml);
+        child
+    } else {
+        None
+    };
     let edge = InProcessEdge::start(
         &harness::config(nodes, &extra),
         &[kind],
@@ -211,16 +247,18 @@ fn measure(args: &RelayArgs, common: &Common, kind: SinkKind) -> anyhow::Result<
         .collect();
 
     std::thread::sleep(Duration::from_millis(args.warmup_ms));
-    let (written_0, dropped_0) = sink_counters(&edge, kind)?;
+    let (written_0, dropped_0, published_0) = sink_counters(&edge, kind)?;
+    let nats_cpu_0 = nats.as_ref().map_or(0, NatsChild::cpu_ms);
     let events_0 = shared.events.load(Ordering::Relaxed);
-    let cpu_0 = harness::threads_cpu_ms("edge");
+    let cpu_0 = harness::edge_cpu_ms();
     let load_cpu_0 = harness::threads_cpu_ms("load");
     shared.measuring.store(true, Ordering::Relaxed);
     let started = Instant::now();
     std::thread::sleep(Duration::from_millis(args.duration_ms));
-    let (written_1, dropped_1) = sink_counters(&edge, kind)?;
+    let (written_1, dropped_1, published_1) = sink_counters(&edge, kind)?;
+    let nats_cpu = nats.as_ref().map_or(0, NatsChild::cpu_ms) - nats_cpu_0;
     let events_1 = shared.events.load(Ordering::Relaxed);
-    let cpu = harness::threads_cpu_ms("edge") - cpu_0;
+    let cpu = harness::edge_cpu_ms() - cpu_0;
     let load_cpu = harness::threads_cpu_ms("load") - load_cpu_0;
     let elapsed = started.elapsed().as_secs_f64();
     shared.measuring.store(false, Ordering::Relaxed);
@@ -244,6 +282,9 @@ fn measure(args: &RelayArgs, common: &Common, kind: SinkKind) -> anyhow::Result<
     if args.pings {
         key.push_str(" pings=per_run");
     }
+    if kind == SinkKind::Nats && args.nats_jetstream {
+        key.push_str(" jetstream");
+    }
     Ok(Record::new(key)
         .with("sink_events_per_s", (written_1 - written_0) / elapsed)
         .with(
@@ -251,6 +292,11 @@ fn measure(args: &RelayArgs, common: &Common, kind: SinkKind) -> anyhow::Result<
             (events_1 - events_0) as f64 / elapsed,
         )
         .with("sink_dropped", dropped_1 - dropped_0)
+        .with(
+            "nats_published_per_s",
+            (published_1 - published_0) / elapsed,
+        )
+        .with("nats_server_cpu_cores", nats_cpu as f64 / 1_000.0 / elapsed)
         .with("edge_cpu_cores", cpu as f64 / 1_000.0 / elapsed)
         .with(
             "edge_cpu_ns_per_event",

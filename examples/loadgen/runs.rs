@@ -193,7 +193,7 @@ async fn caller(parts: AppParts, spec: RunSpec, window: Arc<Window>) -> anyhow::
 }
 
 pub fn run(args: &RunsArgs, common: &Common) -> anyhow::Result<Vec<Record>> {
-    harness::init_logging(&common.edge_log_level);
+    harness::init_logging(common);
     let concurrency = args.concurrency.max(1);
     let nodes = Nodes {
         count: args.nodes.max(1),

@@ -41,7 +41,7 @@ pub struct SlowArgs {
 }
 
 pub fn run(args: &SlowArgs, common: &Common) -> anyhow::Result<Vec<Record>> {
-    harness::init_logging(&common.edge_log_level);
+    harness::init_logging(common);
     let nodes = Nodes {
         count: 1,
         max_concurrent_runs: u32::try_from(args.runs).unwrap_or(u32::MAX).max(1),

@@ -132,7 +132,12 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         // Console mode shows events on the console: the stdout sink is its router.
         settings.events.sinks.push(SinkKind::Stdout);
     }
-    logging::init(&settings.log.level, settings.log.format)?;
+    let exporter = logging::init_with_tracing(
+        &settings.log.level,
+        settings.log.format,
+        &settings.tracing,
+        &settings.edge_id,
+    )?;
     let runtime = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
     let served = runtime.block_on(async move {
         let app = App::build(settings).await?;
@@ -147,6 +152,10 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     // read that cannot be cancelled: dropping the runtime would wait for it, keeping a
     // stopped edge alive after SIGTERM until someone types a line.
     runtime.shutdown_timeout(RUNTIME_SHUTDOWN_GRACE);
+    // Last: the spans of the stop itself (connections closing) are exported too.
+    if let Some(exporter) = exporter {
+        exporter.shutdown();
+    }
     served
 }
 

@@ -302,6 +302,9 @@ impl Metrics {
 
     fn observe_sinks(&self, sinks: Vec<BuiltSink>) {
         let meter = &self.meter;
+        for nats in sinks.iter().filter_map(|s| s.nats.clone()) {
+            super::nats_metrics::observe_nats(meter, nats);
+        }
         let sinks: Arc<Vec<(KeyValue, SinkStats)>> = Arc::new(
             sinks
                 .into_iter()

@@ -10,11 +10,14 @@ pub mod admin_client;
 pub mod cli;
 pub mod console;
 pub mod drains;
+pub mod identity;
 pub mod logging;
 pub mod management;
 pub mod metrics;
+mod nats_metrics;
 pub mod runs;
 pub mod settings;
+pub mod telemetry;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -82,7 +85,8 @@ impl App {
         let store: Arc<dyn NodeStore> =
             Arc::new(FileNodeStore::load_from_config(&settings.source)?);
         let registry: Arc<dyn Registry> = Arc::new(LockRegistry::new());
-        let sinks = build_sinks(&settings.events).context("cannot start the event sinks")?;
+        let sinks = build_sinks(&settings.events, &settings.edge_id)
+            .context("cannot start the event sinks")?;
         let sink: Arc<dyn EventSink> = Arc::new(SinkSet::from_built(&sinks));
         let transport = Arc::new(TcpTransport::new(Arc::clone(&registry)));
         let metrics = Metrics::new().context("cannot start the metrics exporter")?;
@@ -265,7 +269,10 @@ async fn bind_http_server(settings: &Settings, state: HttpState) -> anyhow::Resu
         .context("cannot set up TLS for the HTTP server")?;
     let listen = settings.http.listen;
     let http = HttpServer::bind(settings.http.clone(), state).await;
-    let http = http.with_context(|| format!("cannot listen for HTTP on {listen}"))?;
+    let mut http = http.with_context(|| format!("cannot listen for HTTP on {listen}"))?;
+    if settings.tracing.enabled() {
+        http = http.with_request_traces();
+    }
     Ok(tls.into_iter().fold(http, HttpServer::with_tls))
 }
 

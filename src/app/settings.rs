@@ -24,7 +24,10 @@ pub use crate::adapters::http::admin::AdminConfig;
 pub use crate::adapters::journal::JournalConfig;
 use crate::adapters::sinks::config::EventsConfig;
 use crate::adapters::tcp::config::ServerConfig;
+use crate::app::identity::EdgeConfig;
 use crate::app::runs::{LimitsConfig, RoutingConfig};
+use crate::app::telemetry::TracingConfig;
+use crate::domain::EdgeId;
 
 /// The config file read when no path is given, relative to the working directory.
 pub const DEFAULT_CONFIG_PATH: &str = "config/edge.toml";
@@ -41,6 +44,8 @@ const ENV_LIST_KEYS: &[&str] = &["events.sinks", "api.keys", "admin.keys", "admi
 /// Everything the edge is configured with.
 #[derive(Debug, Clone)]
 pub struct Settings {
+    /// `[edge] id`, resolved: the configured id or the host name.
+    pub edge_id: EdgeId,
     /// `[server]`: the node transport.
     pub server: ServerConfig,
     /// `[events]`: the event sinks.
@@ -61,6 +66,8 @@ pub struct Settings {
     pub admin: AdminConfig,
     /// `[journal]`: the durable run journal.
     pub journal: JournalConfig,
+    /// `[tracing]`: span export over OTLP (off by default).
+    pub tracing: TracingConfig,
     /// The file the settings came from and the merged config, from which the node store
     /// reads `[[nodes]]`.
     pub source: ConfigSource,
@@ -188,6 +195,7 @@ pub enum SettingsError {
 #[derive(Deserialize, Default)]
 #[serde(default, deny_unknown_fields)]
 struct Sections {
+    edge: EdgeConfig,
     server: ServerConfig,
     events: EventsConfig,
     runs: RunsConfig,
@@ -198,6 +206,7 @@ struct Sections {
     log: LogConfig,
     admin: AdminConfig,
     journal: JournalConfig,
+    tracing: TracingConfig,
     nodes: IgnoredAny,
 }
 
@@ -239,15 +248,20 @@ impl Settings {
                 });
             }
         };
-        let problems = sections.problems();
-        if !problems.is_empty() {
-            return Err(SettingsError::Invalid {
-                detail: problems.join("; "),
-                path,
-            });
-        }
+        let mut problems = sections.problems();
+        let edge_id = match sections.edge.resolve() {
+            Ok(id) if problems.is_empty() => id,
+            resolved => {
+                problems.extend(resolved.err());
+                return Err(SettingsError::Invalid {
+                    detail: problems.join("; "),
+                    path,
+                });
+            }
+        };
 
         let Sections {
+            edge: _,
             server,
             events,
             runs,
@@ -258,9 +272,12 @@ impl Settings {
             log,
             admin,
             journal,
+            tracing,
             nodes: _,
         } = sections;
         Ok(Self {
+            edge_id,
+            tracing,
             server,
             events,
             runs,
@@ -366,6 +383,8 @@ impl Sections {
             api_keys.iter().any(|api| api.matches(admin))
         }));
         problems.extend(self.journal.problems());
+        problems.extend(self.events.nats.problems());
+        problems.extend(self.tracing.problems());
         problems
     }
 }
@@ -449,6 +468,7 @@ mod tests {
         assert_eq!(settings.log, LogConfig::default());
         assert_eq!(settings.admin, AdminConfig::default());
         assert_eq!(settings.journal, JournalConfig::default());
+        assert_eq!(settings.tracing, TracingConfig::default());
 
         let store = FileNodeStore::load_from_config(&settings.source).unwrap();
         let records = store.records();
@@ -680,6 +700,45 @@ mod tests {
         );
         assert_refused("[journal]\nbatch_max = 0\n", &["`journal.batch_max`"]);
         assert_refused("[admin]\nlisten_on = 1\n", &["listen_on", "admin"]);
+    }
+
+    #[test]
+    fn edge_nats_and_tracing_sections_load_and_hide_secrets() {
+        let (_file, settings) = load(
+            "[edge]\nid = \"site-a\"\n[events]\nsinks = [\"nats\"]\n\
+             [events.nats]\nurl = \"nats://10.0.0.1:4222\"\ntoken = \"tok-SECRET\"\n\
+             [events.nats.jetstream]\nstream = \"EDGE\"\nmax_age_secs = 60\n\
+             [tracing]\notlp_endpoint = \"http://127.0.0.1:4318\"\nsample_ratio = 0.25\n",
+            &[("EDGE__EVENTS__NATS__SUBJECT_PREFIX", "acme.edge")],
+        );
+        let settings = settings.unwrap();
+        assert_eq!(settings.edge_id.as_str(), "site-a");
+        assert_eq!(settings.events.sinks, [SinkKind::Nats]);
+        assert_eq!(settings.events.nats.subject_prefix, "acme.edge");
+        let jetstream = settings.events.nats.jetstream.as_ref().unwrap();
+        assert_eq!(
+            (jetstream.stream.as_str(), jetstream.max_age_secs),
+            ("EDGE", 60)
+        );
+        assert!(settings.tracing.enabled());
+        assert_eq!(settings.tracing.sample_ratio, 0.25);
+        assert!(!format!("{settings:?}").contains("SECRET"));
+    }
+
+    #[test]
+    fn bad_edge_nats_and_tracing_values_name_file_and_key() {
+        assert_refused(
+            "[edge]\nid = \"site a\"\n[events.nats]\nsubject_prefix = \"edge.*\"\n\
+             password = \"pw-SECRET\"\n[tracing]\nsample_ratio = 2.0\n",
+            &[
+                "`events.nats.subject_prefix`",
+                "`events.nats.user` and `events.nats.password`",
+                "`tracing.sample_ratio`",
+                "`edge.id`",
+            ],
+        );
+        let (_file, settings) = load("[events.nats]\npassword = \"pw-SECRET\"\n", &[]);
+        assert!(!settings.unwrap_err().to_string().contains("SECRET"));
     }
 
     #[test]

@@ -24,7 +24,7 @@ pub use definitions::{
     validate_definitions,
 };
 pub use drain::{Drain, NodeState};
-pub use names::{AdapterName, Alias, NameError, NodeId, Target};
+pub use names::{AdapterName, Alias, EdgeId, NameError, NodeId, Target};
 pub use node::{
     AdapterConfig, AdapterParts, Availability, NodeConfigError, NodeRecord, NodeRecordParts,
     RuntimeConfig, RuntimeParts,

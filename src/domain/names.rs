@@ -1,4 +1,4 @@
-//! Validated names: node ids, aliases, adapter names and targets.
+//! Validated names: the edge's id, node ids, aliases, adapter names and targets.
 //!
 //! Each is a newtype with a private field, so a value that exists has passed validation.
 
@@ -126,6 +126,11 @@ macro_rules! validated_name {
 
 const IDENTIFIER_CHARS: &str = "ASCII letters, digits, '-', '_' and '.'";
 
+validated_name!(
+    /// The id that names this edge wherever it is seen from outside (`[edge] id`: NATS
+    /// subjects, trace resources, a future control plane): `site-a`, `rack-12`.
+    EdgeId, "edge id", 64, IDENTIFIER_CHARS, is_identifier_char
+);
 validated_name!(
     /// The stable id of a pre-registered node (`node-a`).
     NodeId, "node id", 64, IDENTIFIER_CHARS, is_identifier_char

@@ -105,6 +105,35 @@ fn relay_reports_every_sink_kind() {
 }
 
 #[test]
+fn relay_publishes_into_jetstream_on_a_server_it_starts() {
+    let output = run(&[
+        "relay",
+        "--nodes=2",
+        "--events=4",
+        "--duration-ms=200",
+        "--warmup-ms=50",
+        "--sinks=nats",
+        "--nats-jetstream",
+    ]);
+    let stdout = assert_reported(&output, "relay", "sink=nats jetstream");
+    assert!(stdout.contains("nats_published_per_s="), "{stdout}");
+}
+
+#[test]
+fn api_runs_with_span_export_on() {
+    let output = run(&[
+        "--otlp",
+        "api",
+        "--concurrency=2",
+        "--nodes=1",
+        "--duration-ms=200",
+        "--warmup-ms=50",
+    ]);
+    let stdout = assert_reported(&output, "api", "mode=stream c=2");
+    assert!(stdout.contains("errors=0"), "{stdout}");
+}
+
+#[test]
 fn runs_reports_added_latency() {
     let output = run(&["runs", "--duration-ms=200", "--warmup-ms=50"]);
     let stdout = assert_reported(&output, "runs", "concurrency=1 events=0");

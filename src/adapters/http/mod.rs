@@ -12,6 +12,7 @@ pub mod openai;
 mod serve;
 mod server;
 mod tls;
+mod trace;
 
 pub use config::HttpConfig;
 pub use openai::{Api, ApiConfig};

@@ -76,6 +76,14 @@ impl HttpServer {
         })
     }
 
+    /// Runs every `/v1` request inside an `api_request` span that continues the client's
+    /// W3C `traceparent` (for span export; see `trace.rs`). Without this call no request
+    /// pays for tracing.
+    pub fn with_request_traces(mut self) -> Self {
+        self.router = self.router.layer(middleware::from_fn(super::trace::traced));
+        self
+    }
+
     /// The address actually bound.
     ///
     /// # Errors

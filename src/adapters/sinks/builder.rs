@@ -10,11 +10,13 @@ use std::time::Duration;
 
 use tokio::runtime::Handle;
 
+use crate::domain::EdgeId;
 use crate::ports::EventSink;
 
 use super::config::{EventsConfig, SinkKind};
 use super::file::file_writer;
 use super::log::LogWriter;
+use super::nats::{NatsStats, nats_sink};
 use super::null::NullWriter;
 use super::queue::{QueueSettings, QueuedSink, SinkStats};
 use super::stdout::stdout_writer;
@@ -63,6 +65,13 @@ pub enum SinkError {
         #[source]
         source: io::Error,
     },
+    /// The NATS sink cannot start: settings that cannot work, or a file named in
+    /// `[events.nats]` that cannot be read (each named with its key).
+    #[error("cannot start the NATS event sink: {detail}")]
+    Nats {
+        /// What is wrong.
+        detail: String,
+    },
     /// [`build_sinks`] was called outside a tokio runtime.
     #[error("event sinks must be built inside a tokio runtime (they spawn their drain tasks)")]
     NoRuntime,
@@ -76,10 +85,13 @@ pub struct BuiltSink {
     pub sink: Arc<dyn EventSink>,
     /// Its counters, for metrics export.
     pub stats: SinkStats,
+    /// The NATS sink's own counters (confirmed, republished, dropped, connection).
+    pub nats: Option<NatsStats>,
 }
 
-/// Builds the sinks `config` lists, in order, each behind its own queue and drain (a task,
-/// or a thread for the file and stdout sinks, whose writes block).
+/// Builds the sinks `config` lists for the edge `edge`, in order, each behind its own
+/// queue and drain (a task, or a thread for the file, stdout and NATS sinks, whose writes
+/// block).
 ///
 /// Must be called inside a tokio runtime. A sink's drain ends, after writing and flushing
 /// what it holds, once every handle to the sink is dropped.
@@ -87,10 +99,11 @@ pub struct BuiltSink {
 /// # Errors
 /// [`SinkError::ZeroCapacity`] and [`SinkError::Duplicate`] for bad settings;
 /// [`SinkError::FileIsDirectory`] and [`SinkError::FileOpen`] when the file sink's path is
-/// unusable; [`SinkError::Thread`] when a sink's thread cannot start;
+/// unusable; [`SinkError::Nats`] when the NATS sink cannot start;
+/// [`SinkError::Thread`] when a sink's thread cannot start;
 /// [`SinkError::NoRuntime`] outside a tokio runtime. Nothing keeps running after
 /// an error.
-pub fn build_sinks(config: &EventsConfig) -> Result<Vec<BuiltSink>, SinkError> {
+pub fn build_sinks(config: &EventsConfig, edge: &EdgeId) -> Result<Vec<BuiltSink>, SinkError> {
     let runtime = Handle::try_current().map_err(|_| SinkError::NoRuntime)?;
     if config.queue_capacity == 0 {
         return Err(SinkError::ZeroCapacity);
@@ -99,47 +112,64 @@ pub fn build_sinks(config: &EventsConfig) -> Result<Vec<BuiltSink>, SinkError> {
     if let Some(&kind) = config.sinks.iter().find(|&&kind| !seen.insert(kind)) {
         return Err(SinkError::Duplicate { kind });
     }
+    config
+        .sinks
+        .iter()
+        .map(|&kind| build_one(config, edge, kind, &runtime))
+        .collect()
+}
+
+/// Starts one sink of `kind`.
+fn build_one(
+    config: &EventsConfig,
+    edge: &EdgeId,
+    kind: SinkKind,
+    runtime: &Handle,
+) -> Result<BuiltSink, SinkError> {
     let settings = |flush_interval| QueueSettings {
         capacity: config.queue_capacity,
         flush_interval,
     };
-    config
-        .sinks
-        .iter()
-        .map(|&kind| {
-            let sink = match kind {
-                SinkKind::Stdout => QueuedSink::on_thread(
-                    kind.as_str(),
-                    stdout_writer(config.stdout.format),
-                    settings(DEFAULT_FLUSH_INTERVAL),
-                ),
-                SinkKind::File => QueuedSink::on_thread(
-                    kind.as_str(),
-                    file_writer(&config.file.path)?,
-                    settings(Duration::from_millis(config.file.flush_interval_ms)),
-                ),
-                SinkKind::Log => Ok(QueuedSink::on_task(
-                    kind.as_str(),
-                    LogWriter,
-                    settings(DEFAULT_FLUSH_INTERVAL),
-                    &runtime,
-                )),
-                SinkKind::Null => Ok(QueuedSink::on_task(
-                    kind.as_str(),
-                    NullWriter,
-                    settings(DEFAULT_FLUSH_INTERVAL),
-                    &runtime,
-                )),
-            }
-            .map_err(|source| SinkError::Thread { kind, source })?;
-            let stats = sink.stats();
-            Ok(BuiltSink {
-                kind,
-                sink: Arc::new(sink),
-                stats,
-            })
-        })
-        .collect()
+    let thread_error = |source| SinkError::Thread { kind, source };
+    let mut nats = None;
+    let sink = match kind {
+        SinkKind::Stdout => QueuedSink::on_thread(
+            kind.as_str(),
+            stdout_writer(config.stdout.format),
+            settings(DEFAULT_FLUSH_INTERVAL),
+        )
+        .map_err(thread_error)?,
+        SinkKind::File => QueuedSink::on_thread(
+            kind.as_str(),
+            file_writer(&config.file.path)?,
+            settings(Duration::from_millis(config.file.flush_interval_ms)),
+        )
+        .map_err(thread_error)?,
+        SinkKind::Log => QueuedSink::on_task(
+            kind.as_str(),
+            LogWriter,
+            settings(DEFAULT_FLUSH_INTERVAL),
+            runtime,
+        ),
+        SinkKind::Null => QueuedSink::on_task(
+            kind.as_str(),
+            NullWriter,
+            settings(DEFAULT_FLUSH_INTERVAL),
+            runtime,
+        ),
+        SinkKind::Nats => {
+            let (sink, stats) = nats_sink(&config.nats, edge, settings(DEFAULT_FLUSH_INTERVAL))?;
+            nats = Some(stats);
+            sink
+        }
+    };
+    let stats = sink.stats();
+    Ok(BuiltSink {
+        kind,
+        sink: Arc::new(sink),
+        stats,
+        nats,
+    })
 }
 
 #[cfg(test)]
@@ -147,6 +177,10 @@ mod tests {
     use super::*;
     use crate::adapters::sinks::config::FileSinkConfig;
     use crate::adapters::sinks::format::tests::completed;
+
+    fn edge() -> EdgeId {
+        EdgeId::parse("edge-test").unwrap()
+    }
 
     fn config(sinks: Vec<SinkKind>) -> EventsConfig {
         EventsConfig {
@@ -166,7 +200,7 @@ mod tests {
             },
             ..config(vec![SinkKind::File, SinkKind::Log, SinkKind::Null])
         };
-        let built = build_sinks(&config).unwrap();
+        let built = build_sinks(&config, &edge()).unwrap();
         let names: Vec<&str> = built.iter().map(|b| b.sink.name()).collect();
         assert_eq!(names, ["file", "log", "null"]);
         for b in &built {
@@ -183,9 +217,12 @@ mod tests {
             queue_capacity: 0,
             ..config(vec![SinkKind::Null])
         };
-        assert!(matches!(build_sinks(&zero), Err(SinkError::ZeroCapacity)));
+        assert!(matches!(
+            build_sinks(&zero, &edge()),
+            Err(SinkError::ZeroCapacity)
+        ));
         let twice = config(vec![SinkKind::Null, SinkKind::Log, SinkKind::Null]);
-        let error = build_sinks(&twice).err().unwrap();
+        let error = build_sinks(&twice, &edge()).err().unwrap();
         assert!(matches!(
             error,
             SinkError::Duplicate {
@@ -206,7 +243,7 @@ mod tests {
             },
             ..config(vec![SinkKind::Null, SinkKind::File])
         };
-        let error = build_sinks(&config).err().unwrap();
+        let error = build_sinks(&config, &edge()).err().unwrap();
         assert!(matches!(error, SinkError::FileOpen { .. }));
         assert!(
             error.to_string().contains(&path.display().to_string()),
@@ -216,7 +253,7 @@ mod tests {
 
     #[test]
     fn outside_a_runtime_is_an_error() {
-        let result = build_sinks(&config(vec![SinkKind::Null]));
+        let result = build_sinks(&config(vec![SinkKind::Null]), &edge());
         assert!(matches!(result, Err(SinkError::NoRuntime)));
     }
 }

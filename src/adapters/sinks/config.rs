@@ -4,6 +4,8 @@ use std::path::PathBuf;
 
 use serde::Deserialize;
 
+use super::nats::NatsSinkConfig;
+
 /// Which sink adapters receive relayed run events.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -16,6 +18,8 @@ pub enum SinkKind {
     Log,
     /// Discards events (for benchmarks and for running without sinks).
     Null,
+    /// Publishes each event to NATS (core or JetStream).
+    Nats,
 }
 
 impl SinkKind {
@@ -26,6 +30,7 @@ impl SinkKind {
             Self::File => "file",
             Self::Log => "log",
             Self::Null => "null",
+            Self::Nats => "nats",
         }
     }
 }
@@ -54,6 +59,8 @@ pub struct EventsConfig {
     pub stdout: StdoutSinkConfig,
     /// `[events.file]`.
     pub file: FileSinkConfig,
+    /// `[events.nats]`.
+    pub nats: NatsSinkConfig,
 }
 
 impl Default for EventsConfig {
@@ -63,6 +70,7 @@ impl Default for EventsConfig {
             queue_capacity: 8_192,
             stdout: StdoutSinkConfig::default(),
             file: FileSinkConfig::default(),
+            nats: NatsSinkConfig::default(),
         }
     }
 }

@@ -22,6 +22,10 @@ const MAX_BATCH: usize = 1_024;
 /// fill [`MAX_BATCH`]. Events then reach the writer up to this much later.
 const LINGER: Duration = Duration::from_millis(1);
 
+/// How often a drain whose writer holds events looks for new messages while it waits to
+/// retry them.
+const RETRY_POLL: Duration = Duration::from_millis(5);
+
 /// At most one warning per this long about a failing writer; the rest are counted.
 const WARN_EVERY: Duration = Duration::from_secs(10);
 
@@ -75,7 +79,7 @@ impl<W: SinkWriter> Drain<W> {
     /// call on the relaying thread) for every few events.
     pub(super) fn run_on_thread(mut self, mut receiver: mpsc::UnboundedReceiver<Message>) {
         let mut messages = Vec::with_capacity(MAX_BATCH);
-        while let Some(first) = receiver.blocking_recv() {
+        while let Some(first) = self.next_on_thread(&mut receiver) {
             messages.push(first);
             while messages.len() < MAX_BATCH {
                 match receiver.try_recv() {
@@ -93,6 +97,34 @@ impl<W: SinkWriter> Drain<W> {
             }
         }
         self.finish();
+    }
+
+    /// Waits for the next message on the drain's thread. While the writer holds events it
+    /// could not write yet, it is flushed again whenever it asks to be
+    /// ([`SinkWriter::retry_in`]) and no message came in the meantime.
+    fn next_on_thread(
+        &mut self,
+        receiver: &mut mpsc::UnboundedReceiver<Message>,
+    ) -> Option<Message> {
+        loop {
+            let Some(wait) = self.writer.retry_in() else {
+                return receiver.blocking_recv();
+            };
+            let until = std::time::Instant::now() + wait;
+            loop {
+                match receiver.try_recv() {
+                    Ok(message) => return Some(message),
+                    Err(mpsc::error::TryRecvError::Disconnected) => return None,
+                    Err(mpsc::error::TryRecvError::Empty) => {}
+                }
+                let left = until.saturating_duration_since(std::time::Instant::now());
+                if left.is_zero() {
+                    break;
+                }
+                std::thread::sleep(left.min(RETRY_POLL));
+            }
+            self.flush();
+        }
     }
 
     /// Handles one batch of messages in order: writes the events, answers flushes, and

@@ -1,14 +1,15 @@
 //! Event sinks: the adapters behind the [`EventSink`](crate::ports::EventSink) port that
 //! write relayed run events somewhere — `stdout` (the console router: text or JSON lines),
-//! `file` (JSON lines appended to a file), `log` (`tracing` records on `edge::events`) and
-//! `null` (discards, for benchmarks). `[events] sinks` picks any number of them;
+//! `file` (JSON lines appended to a file), `log` (`tracing` records on `edge::events`),
+//! `nats` (published to NATS, optionally into a JetStream stream: `nats/`) and `null`
+//! (discards, for benchmarks). `[events] sinks` picks any number of them;
 //! [`build_sinks`] starts them and [`SinkSet`] fans every event out to all of them.
 //!
 //! Every sink sits behind the same queue (`queue.rs`), so a slow or failing sink never
 //! blocks the relay of any run, nor the other sinks: `publish` only enqueues, and each
 //! sink's drain writes the queue in batches into the sink's writer, a plain synchronous
 //! `SinkWriter` (`queue.rs`). The drain of a writer that blocks on I/O (`stdout`,
-//! `file`) runs on a std thread of its own (`edge-sink-stdout`, `edge-sink-file`); the
+//! `file`, `nats`) runs on a std thread of its own (`edge-sink-stdout`, ...); the
 //! drain of one that never blocks (`log`, `null`) is a task of the edge's runtime. The
 //! adapter modules (`stdout.rs`, `file.rs`, `log.rs`, `null.rs`, with `lines.rs` and
 //! `format.rs` behind the first two) are writers only.
@@ -45,6 +46,7 @@ mod file;
 pub mod format;
 mod lines;
 mod log;
+pub mod nats;
 mod null;
 mod queue;
 mod set;

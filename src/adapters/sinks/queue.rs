@@ -44,6 +44,13 @@ pub(crate) trait SinkWriter: Send + 'static {
     /// # Errors
     /// The I/O error that stopped the write; the buffered events are lost.
     fn flush(&mut self) -> io::Result<()>;
+
+    /// For a writer that holds events it could not write yet (a network writer waiting
+    /// for its server): how soon its drain should call [`SinkWriter::flush`] again when no
+    /// new event arrives. `None` (the default): nothing is held.
+    fn retry_in(&self) -> Option<Duration> {
+        None
+    }
 }
 
 /// How a [`QueuedSink`] queues and flushes.

@@ -18,7 +18,9 @@
 //! - `timers.rs` — the queue wait, the deadline and the cancel grace, which let the edge
 //!   end a run the node cannot;
 //! - `table.rs` — the table of open runs, the queue, breakers and limits, behind one mutex;
-//! - `metrics.rs`, `routing_metrics.rs` — the service's OpenTelemetry instruments.
+//! - `metrics.rs`, `routing_metrics.rs` — the service's OpenTelemetry instruments;
+//! - `trace.rs` — the `dispatch` span that links a run to its node's connection in an
+//!   exported trace (only while span export is on).
 //!
 //! Every run it accepts ends with exactly one terminal event, delivered to the event sink
 //! and to the caller's stream, whichever path ends it.
@@ -35,6 +37,7 @@ mod table;
 #[cfg(test)]
 mod tests;
 mod timers;
+mod trace;
 
 pub use config::{BreakerConfig, LimitsConfig, RoutingConfig, policy};
 pub use service::{Placed, Routing, RunHandle, RunService, RunStats, StartError, waiting_for};

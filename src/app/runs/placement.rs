@@ -297,6 +297,7 @@ impl RunService {
     /// Sends a placed run to its node; if the node is gone, ends that attempt as a
     /// disconnect (which may fail it over).
     pub(super) fn send_run(&self, run: &Arc<Run>, node: &NodeId) {
+        self.inner.node_spans.dispatched(run);
         let command = NodeCommand::Run(assignment(run));
         if let Err(error) = self.inner.transport.send(node, command) {
             debug!(run_id = %run.id, %error, "could not send the run; the node is leaving");

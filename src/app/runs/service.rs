@@ -18,6 +18,7 @@ use tracing::{debug, info_span, warn};
 use super::delivery::{CALLER_BUFFER, Delivery, Source};
 use super::metrics::RunMetrics;
 use super::table::{Miss, Route, Run, Table, lock};
+use super::trace::NodeSpans;
 use crate::adapters::journal::NoopJournal;
 use crate::app::settings::RunsConfig;
 use crate::domain::routing::{
@@ -140,6 +141,8 @@ pub(super) struct Inner {
     pub(super) timers: TaskTracker,
     pub(super) stats: RunStats,
     pub(super) metrics: RunMetrics,
+    /// Nodes' connection spans, while span export is on.
+    pub(super) node_spans: NodeSpans,
 }
 
 impl RunService {
@@ -191,6 +194,7 @@ impl RunService {
                 timers: TaskTracker::new(),
                 stats: RunStats::default(),
                 metrics: RunMetrics::new(meter),
+                node_spans: NodeSpans::default(),
             }),
         }
     }
@@ -380,7 +384,9 @@ impl RunService {
 
 #[async_trait]
 impl NodeEventHandler for RunService {
-    fn node_connected(&self, _node: &NodeId) {
+    fn node_connected(&self, node: &NodeId) {
+        let connection = || self.inner.registry.get(node.as_str()).map(|n| n.connection);
+        self.inner.node_spans.connected(node, connection);
         self.pump_and_send();
     }
 
@@ -415,6 +421,7 @@ impl NodeEventHandler for RunService {
         connection: ConnectionId,
         reason: CloseReason,
     ) {
+        self.inner.node_spans.disconnected(node, connection);
         let held = lock(&self.inner.table).runs_on(node, connection);
         if !held.is_empty() {
             debug!(%node, %reason, runs = held.len(), "ending the runs of a disconnected node");
