@@ -19,13 +19,15 @@ use proptest::prelude::*;
 use tokio::sync::mpsc::error::TryRecvError;
 use tokio::time::sleep;
 
-use super::{LimitsConfig, Routing, RoutingConfig, RunHandle, RunService, StartError, policy};
+use super::{
+    BreakerConfig, LimitsConfig, Routing, RoutingConfig, RunHandle, RunService, StartError, policy,
+};
 use crate::adapters::lock_registry::LockRegistry;
 use crate::app::settings::RunsConfig;
 use crate::domain::routing::{Catalog, NodeStatus, Unroutable, WaitCause};
 use crate::domain::{
-    AdapterConfig, AdapterName, Alias, EventOrigin, NodeId, NodeRecord, NodeSelector, RunEvent,
-    RunEventKind, RunId, RunRouting, RunSpec, RuntimeConfig, Target, Token,
+    AdapterConfig, AdapterName, Alias, EventOrigin, FailureClass, NodeId, NodeRecord, NodeSelector,
+    RunEvent, RunEventKind, RunId, RunRouting, RunSpec, RuntimeConfig, Target, Token,
 };
 use crate::ports::event_sink::MockEventSink;
 use crate::ports::registry::MockRegistry;
@@ -97,11 +99,11 @@ fn config() -> RunsConfig {
 /// The nodes every test may connect: `a` to `e`, each serving `echo`/`t`.
 const CONFIGURED: [&str; 5] = ["a", "b", "c", "d", "e"];
 
-/// Routing over [`CONFIGURED`] with `config`'s waits and attempts and default breakers.
-fn routing(config: &RunsConfig) -> Routing {
+/// Routing over [`CONFIGURED`] with `config`'s waits and attempts and `routing`'s breakers.
+fn routing(config: &RunsConfig, routing: &RoutingConfig) -> Routing {
     Routing {
         catalog: Catalog::new(CONFIGURED.map(|id| record(id, 1))),
-        policy: policy(config, &RoutingConfig::default(), &LimitsConfig::default()).unwrap(),
+        policy: policy(config, routing, &LimitsConfig::default()).unwrap(),
     }
 }
 
@@ -113,6 +115,16 @@ fn completed() -> RunEventKind {
     RunEventKind::Completed {
         finish_reason: "stop".into(),
         usage: None,
+    }
+}
+
+/// A node's `failed` of `class`.
+fn classed(class: FailureClass) -> RunEventKind {
+    RunEventKind::Failed {
+        code: format!("{}_failure", class.as_str()),
+        message: "the engine said no".into(),
+        class,
+        status: None,
     }
 }
 
@@ -243,14 +255,15 @@ fn expect_sends(
     }
 }
 
-/// A run service over the given doubles, with a test meter.
+/// A run service over the given doubles routing as `routing` says, with a test meter.
 fn service_over(
     registry: Arc<dyn Registry>,
     transport: MockNodeTransport,
     sink: MockEventSink,
     config: RunsConfig,
+    routing: &RoutingConfig,
 ) -> RunService {
-    let routing = routing(&config);
+    let routing = self::routing(&config, routing);
     RunService::new(
         registry,
         Arc::new(transport),
@@ -290,6 +303,11 @@ impl Harness {
     }
 
     fn new(config: RunsConfig, expect: Expect) -> Self {
+        Self::routed(config, &RoutingConfig::default(), expect)
+    }
+
+    /// A harness whose service routes as `routing` says (breakers, affinity).
+    fn routed(config: RunsConfig, routing: &RoutingConfig, expect: Expect) -> Self {
         let published = Log::default();
         let commands = Log::default();
 
@@ -319,7 +337,7 @@ impl Harness {
             .returning(record_commands(&commands));
 
         let registry = LockRegistry::new();
-        let service = service_over(Arc::new(registry.clone()), transport, sink, config);
+        let service = service_over(Arc::new(registry.clone()), transport, sink, config, routing);
         Self {
             service,
             registry,
@@ -1161,7 +1179,13 @@ async fn a_run_whose_node_leaves_during_placement_waits_in_the_queue() {
     sink.expect_flush().return_const(());
     let mut transport = MockNodeTransport::new();
     transport.expect_send().never();
-    let service = service_over(Arc::new(registry), transport, sink, config());
+    let service = service_over(
+        Arc::new(registry),
+        transport,
+        sink,
+        config(),
+        &RoutingConfig::default(),
+    );
 
     let mut handle = service.start(spec()).unwrap();
     assert_eq!(service.queued_runs(), 1);
@@ -1182,7 +1206,7 @@ enum Op {
     /// A caller starts a run with this deadline.
     Start { deadline_ms: u64 },
     /// The node that holds run `run` reports an event (0 started, 1 output, 2 completed,
-    /// 3 failed, 4 cancelled).
+    /// 3 failed without a class, 4 cancelled, 5 failed class NODE, 6 REFUSED, 7 REQUEST).
     Report { run: usize, kind: u8 },
     /// Another node reports an event for run `run`.
     Stray { run: usize },
@@ -1201,7 +1225,7 @@ const NODES: [(&str, u32); 2] = [("a", 2), ("b", 1)];
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         3 => (50u64..1_500).prop_map(|deadline_ms| Op::Start { deadline_ms }),
-        6 => (any::<usize>(), 0u8..5).prop_map(|(run, kind)| Op::Report { run, kind }),
+        6 => (any::<usize>(), 0u8..8).prop_map(|(run, kind)| Op::Report { run, kind }),
         1 => any::<usize>().prop_map(|run| Op::Stray { run }),
         2 => any::<usize>().prop_map(|run| Op::Cancel { run }),
         1 => (0..NODES.len()).prop_map(|node| Op::Disconnect { node }),
@@ -1216,13 +1240,27 @@ fn node_kind(kind: u8) -> RunEventKind {
         1 => output("x"),
         2 => completed(),
         3 => RunEventKind::failed("adapter_error", "boom"),
-        _ => cancelled("node"),
+        4 => cancelled("node"),
+        5 => classed(FailureClass::Node),
+        6 => classed(FailureClass::Refused),
+        _ => classed(FailureClass::Request),
     }
 }
 
-/// Plays `ops` against a service with two nodes, then lets every timer run out.
+/// Plays `ops` against a service with two nodes, then lets every timer run out. Node
+/// failures and disconnects fail runs over (up to 3 attempts) and each one opens the node's
+/// breaker, which cools down for 50 ms (then doubling), so probes, re-trips and closes
+/// happen within the ops too (in about half the cases some breaker opens).
 async fn interleave(ops: Vec<Op>) {
-    let mut h = Harness::new(
+    let breakers = RoutingConfig {
+        breaker: BreakerConfig {
+            failure_threshold: 1,
+            cooldown_ms: 50,
+            max_cooldown_ms: 200,
+        },
+        ..RoutingConfig::default()
+    };
+    let mut h = Harness::routed(
         RunsConfig {
             queue_capacity: 4,
             queue_timeout_ms: 300,
@@ -1231,6 +1269,7 @@ async fn interleave(ops: Vec<Op>) {
             cancel_grace_ms: 100,
             default_deadline_ms: 0,
         },
+        &breakers,
         Expect::default(),
     );
     for (id, max) in NODES {

@@ -10,15 +10,6 @@ use crate::domain::routing::{
 };
 use crate::domain::{Availability, FailureClass};
 
-fn classed(class: FailureClass) -> RunEventKind {
-    RunEventKind::Failed {
-        code: format!("{}_failure", class.as_str()),
-        message: "the engine said no".into(),
-        class,
-        status: None,
-    }
-}
-
 fn routed(routing: RunRouting) -> RunSpec {
     RunSpec { routing, ..spec() }
 }

@@ -139,26 +139,40 @@ proptest! {
     }
 }
 
+/// The busiest node's share of `keys` keys over the `n` equal idle nodes of fleet `salt`,
+/// against the mean.
+fn max_over_mean(n: usize, salt: u32, keys: u64) -> f64 {
+    let nodes: Vec<NodeStatus> = (0..n)
+        .map(|i| status(&format!("{salt}-{i}"), &["t"], 4, 0))
+        .collect();
+    let mut count: HashMap<NodeId, u64> = HashMap::new();
+    for id in homes(&nodes, 0..keys) {
+        *count.entry(id).or_default() += 1;
+    }
+    let max = count.values().copied().max().unwrap_or(0) as f64;
+    max / (keys as f64 / n as f64)
+}
+
+/// The figure as it states it: 10,000 keys over 8 equal nodes, in each of 20 fleets
+/// with different node ids, the busiest node within 10 % of the mean (a fair split's
+/// deviation at 8 nodes is 2.6 % of the mean). Fixed fleets, so the outcome never varies.
+#[test]
+fn ten_thousand_keys_spread_within_ten_percent_on_eight_nodes() {
+    for salt in 0..20 {
+        let ratio = max_over_mean(8, salt, 10_000);
+        assert!(ratio <= 1.10, "fleet {salt}: max/mean {ratio:.3}");
+    }
+}
+
 /// The figures `docs/routing.md` quotes: max/mean over 10,000 keys. `cargo test --release
 /// spread_report -- --ignored --nocapture`.
 #[test]
 #[ignore = "a report, not a check"]
 fn spread_report() {
     for n in [8usize, 16, 32] {
-        let (mut worst, mut sum): (f64, f64) = (0.0, 0.0);
-        for salt in 0..20 {
-            let nodes: Vec<NodeStatus> = (0..n)
-                .map(|i| status(&format!("{salt}-{i}"), &["t"], 4, 0))
-                .collect();
-            let mut count: HashMap<NodeId, u64> = HashMap::new();
-            for id in homes(&nodes, 0..10_000) {
-                *count.entry(id).or_default() += 1;
-            }
-            let max = count.values().copied().max().unwrap_or(0) as f64;
-            worst = worst.max(max / (10_000.0 / n as f64));
-            sum += max / (10_000.0 / n as f64);
-        }
-        let mean = sum / 20.0;
+        let ratios: Vec<f64> = (0..20).map(|salt| max_over_mean(n, salt, 10_000)).collect();
+        let worst = ratios.iter().copied().fold(0.0, f64::max);
+        let mean = ratios.iter().sum::<f64>() / 20.0;
         println!(
             "{n} nodes, 10,000 keys, 20 fleets: max/mean {mean:.3} on average, {worst:.3} at worst"
         );
