@@ -1,6 +1,7 @@
 //! The integration-test harness: a real edge on port 0 and real protocol clients.
 #![allow(dead_code)]
 
+pub mod churn;
 pub mod engines;
 pub mod python;
 pub mod runs;
@@ -120,6 +121,23 @@ pub fn numbered_nodes(
         })
         .collect::<Vec<_>>()
         .join("\n")
+}
+
+/// `[events]` with only the file sink, writing to `path`, flushed often.
+pub fn file_sink(path: &Path) -> String {
+    format!(
+        "[events]\nsinks = [\"file\"]\n[events.file]\npath = {:?}\nflush_interval_ms = 20\n",
+        path.display().to_string()
+    )
+}
+
+/// The events the file sink wrote to `path`, one JSON object per line.
+pub fn json_lines(path: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("a JSON line"))
+        .collect()
 }
 
 /// Writes `config` to `edge.toml` in `dir` and returns its path.

@@ -23,8 +23,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use common::runs::{failure_code, next_event, only_terminal, rest, start, words};
 use common::{
-    Logs, NodeTable, PATIENCE, TWO_NODES, TestApp, edge_serve, eventually, eventually_ok, logged,
-    spawn_app, two_nodes_with_node_a_heartbeat, watch_stderr, write_config,
+    Logs, NodeTable, PATIENCE, TWO_NODES, TestApp, edge_serve, eventually, eventually_ok,
+    file_sink, json_lines, logged, spawn_app, two_nodes_with_node_a_heartbeat, watch_stderr,
+    write_config,
 };
 use edge::app::{Placed, RunHandle};
 use edge::client::{ClientError, NodeClient, ReceivedEdgeFrame, Registration};
@@ -157,15 +158,6 @@ async fn assert_closed_by_edge(client: &mut NodeClient) {
     }
 }
 
-/// The events the file sink wrote to `path`, one JSON object per line.
-fn json_lines(path: &Path) -> Vec<Value> {
-    std::fs::read_to_string(path)
-        .unwrap_or_default()
-        .lines()
-        .map(|line| serde_json::from_str(line).expect("a JSON line"))
-        .collect()
-}
-
 /// The kinds of the lines of `run_id` in the file sink, in order.
 fn kinds_in_file(lines: &[Value], run_id: &str) -> Vec<String> {
     lines
@@ -173,14 +165,6 @@ fn kinds_in_file(lines: &[Value], run_id: &str) -> Vec<String> {
         .filter(|l| l["run_id"] == run_id)
         .map(|l| l["kind"].as_str().unwrap_or_default().to_owned())
         .collect()
-}
-
-/// `[events]` with only the file sink, writing to `path`, flushed often.
-fn file_sink(path: &Path) -> String {
-    format!(
-        "[events]\nsinks = [\"file\"]\n[events.file]\npath = {:?}\nflush_interval_ms = 20\n",
-        path.display().to_string()
-    )
 }
 
 // ---------------------------------------------------------------------------------------

@@ -8,7 +8,7 @@
 //! open by a hanging node. Counters of adapters are read at scrape time and some are
 //! recorded after the event a caller sees (a disconnect is counted once its connection task
 //! ends), so checks poll `/metrics` until the expected values appear, within a bound; no
-//! test asserts how long anything took.
+//! test asserts how long anything took. The scrape helpers serve `routing.rs` too.
 
 use crate::common;
 use crate::mock_node;
@@ -143,14 +143,14 @@ impl Sample {
 
 /// One parsed scrape.
 #[derive(Debug)]
-struct Scrape {
+pub(crate) struct Scrape {
     text: String,
     samples: Vec<Sample>,
 }
 
 impl Scrape {
     /// The value of the sample `name` whose labels are exactly `labels`.
-    fn get(&self, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    pub(crate) fn get(&self, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
         let labels = label_map(labels);
         self.samples
             .iter()
@@ -205,7 +205,7 @@ async fn get(client: &reqwest::Client, app: &TestApp, path: &str) -> (u16, Strin
 }
 
 /// Scrapes `/metrics` and parses it with `prometheus_client`.
-async fn scrape(client: &reqwest::Client, app: &TestApp) -> Scrape {
+pub(crate) async fn scrape(client: &reqwest::Client, app: &TestApp) -> Scrape {
     let url = format!("http://{}/metrics", app.http_addr);
     let response = client
         .get(&url)
@@ -268,10 +268,14 @@ async fn parse(text: &str) -> Vec<Sample> {
 }
 
 /// A sample the scrape must show: name, exact labels and value.
-type Expected = (&'static str, Vec<(&'static str, &'static str)>, f64);
+pub(crate) type Expected = (&'static str, Vec<(&'static str, &'static str)>, f64);
 
 /// `name{labels}` must be `value`.
-fn want(name: &'static str, labels: &[(&'static str, &'static str)], value: f64) -> Expected {
+pub(crate) fn want(
+    name: &'static str,
+    labels: &[(&'static str, &'static str)],
+    value: f64,
+) -> Expected {
     (name, labels.to_vec(), value)
 }
 
@@ -297,7 +301,11 @@ fn unmet(scrape: &Scrape, expected: &[Expected]) -> Vec<String> {
 
 /// Scrapes until every expectation holds, and returns that scrape; panics with what is
 /// still missing when they do not hold within [`PATIENCE`].
-async fn scrape_until(client: &reqwest::Client, app: &TestApp, expected: &[Expected]) -> Scrape {
+pub(crate) async fn scrape_until(
+    client: &reqwest::Client,
+    app: &TestApp,
+    expected: &[Expected],
+) -> Scrape {
     eventually_ok("the metrics match", || async {
         let scrape = scrape(client, app).await;
         let missing = unmet(&scrape, expected);

@@ -108,6 +108,30 @@ pub fn client() -> reqwest::Client {
         .expect("client")
 }
 
+/// A chat completion request for `model` with one user message, streamed or not.
+pub fn chat(model: &str, content: &str, stream: bool) -> Value {
+    serde_json::json!({
+        "model": model,
+        "stream": stream,
+        "messages": [{"role": "user", "content": content}],
+    })
+}
+
+/// The text of a whole (not streamed) chat answer.
+pub fn chat_text(answer: &Value) -> &str {
+    answer["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap_or_default()
+}
+
+/// The text of a chat chunk stream's chunks, joined.
+pub fn chunks_text(chunks: &[Value]) -> String {
+    chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .collect()
+}
+
 /// The JSON body of a `200 OK` answer.
 pub async fn ok_json(response: Response) -> Value {
     let status = response.status();
