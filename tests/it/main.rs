@@ -65,6 +65,7 @@ mod openai_python;
 mod otlp;
 mod protocol_v1;
 mod registration;
+mod routing;
 mod runs;
 mod soak;
 mod tls;
