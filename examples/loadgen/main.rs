@@ -12,12 +12,15 @@
 //! - `api`: OpenAI chat completions through the HTTP API next to a direct HTTP baseline.
 //! - `slow-consumer`: a node that stops reading while large runs are offered to it; how
 //!   far the edge's memory grows before it closes the node as a slow consumer.
+//! - `churn`: nodes that drop and reconnect at random under streamed chat requests; the
+//!   share of requests completed and of runs cut after their first output.
 //!
 //! It is an example, not part of the release build. The method and the figures are in
 //! `docs/benchmarks.md`; every load goes to loopback only and every loop is bounded in time.
 
 mod admin;
 mod api;
+mod churn;
 mod external;
 mod harness;
 mod http;
@@ -38,7 +41,7 @@ use clap::{Args, Parser, Subcommand};
 use stats::Record;
 
 #[derive(Debug, Parser)]
-#[command(about = "Load generator for the edge: register, relay, runs, api")]
+#[command(about = "Load generator for the edge: register, relay, runs, api, churn")]
 struct Cli {
     #[command(flatten)]
     common: Common,
@@ -103,6 +106,8 @@ enum Scenario {
     SlowConsumer(slow::SlowArgs),
     /// The management API with many nodes and a large run journal.
     Admin(admin::AdminArgs),
+    /// Nodes dropping and reconnecting under streamed chat: what share of requests completes.
+    Churn(churn::ChurnArgs),
 }
 
 impl Scenario {
@@ -114,6 +119,7 @@ impl Scenario {
             Self::Api(_) => "api",
             Self::SlowConsumer(_) => "slow-consumer",
             Self::Admin(_) => "admin",
+            Self::Churn(_) => "churn",
         }
     }
 
@@ -125,6 +131,7 @@ impl Scenario {
             Self::Api(args) => api::run(args, common),
             Self::SlowConsumer(args) => slow::run(args, common),
             Self::Admin(args) => admin::run(args, common),
+            Self::Churn(args) => churn::run(args, common),
         }
     }
 }

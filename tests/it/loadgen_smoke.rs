@@ -176,3 +176,11 @@ fn slow_consumer_reports_memory_growth_until_the_node_is_closed() {
     assert!(stdout.contains("rss_growth_mib="), "{stdout}");
     assert!(stdout.contains("closed_as_slow_consumer="), "{stdout}");
 }
+
+#[test]
+fn churn_reports_the_completed_share() {
+    let output = run(&["churn", "--requests=20", "--concurrency=4", "--nodes=2"]);
+    let stdout = assert_reported(&output, "churn", "nodes=2 requests=20 c=4");
+    assert!(stdout.contains("completed_share="), "{stdout}");
+    assert!(stdout.contains("http_404=0"), "{stdout}");
+}
