@@ -6,16 +6,14 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use bytes::Bytes;
 use edge::client::{NodeClient, heartbeat};
-use edge::domain::{
-    AdapterName, Availability, NodeSelector, Operation, RunEventKind, RunId, RunSpec, Target,
-};
+use edge::domain::{AdapterName, Availability, RunEventKind, RunId, Target};
 use edge::ports::{NodeCommand, RunAssignment};
 use edge::wire::ReceivedEdgeFrame;
 use reqwest::{Method, StatusCode};
 use serde_json::Value;
 
+pub use crate::common::runs::echo_run;
 use crate::common::{NodeTable, PATIENCE, TestApp};
 
 /// The admin key of [`nodes_config`].
@@ -82,23 +80,6 @@ pub async fn get_ok(app: &TestApp, path: &str) -> Value {
     let (status, body) = admin(app, Method::GET, path, None).await;
     assert_eq!(status, StatusCode::OK, "GET {path}: {body}");
     body
-}
-
-/// A run of `echo/default` with `input`.
-pub fn echo_run(input: &str) -> RunSpec {
-    RunSpec {
-        selector: NodeSelector {
-            adapter: AdapterName::parse("echo").expect("adapter"),
-            target: Target::parse("default").expect("target"),
-            pin: None,
-        },
-        input: Bytes::from(input.to_owned()),
-        content_type: "text/plain; charset=utf-8".into(),
-        params: BTreeMap::new(),
-        deadline: None,
-        operation: Operation::Unspecified,
-        routing: Default::default(),
-    }
 }
 
 /// A node whose every frame the test sends by hand.
