@@ -88,11 +88,10 @@ fn prepare() -> PathBuf {
 /// How long a client script may take (the venv is installed before it starts).
 const SCRIPT_PATIENCE: Duration = Duration::from_secs(120);
 
-/// Runs `tests/python/<script>` with `args` in the venv (installing it first, off the
+/// `tests/python/<script>` with `args`, to run in the venv (installed first, off the
 /// runtime), with no proxy and no ambient OpenAI or Anthropic settings, so the SDKs talk to
-/// the edge only. Panics with its output unless it exits 0 and prints `ok` first. The
-/// scripts assert everything themselves.
-pub async fn run_client_script(script: &str, args: &[&str]) {
+/// the edge only; killed if dropped.
+pub async fn client_script(script: &str, args: &[&str]) -> tokio::process::Command {
     let python = tokio::task::spawn_blocking(python).await.expect("venv");
     let script = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/python")
@@ -108,7 +107,14 @@ pub async fn run_client_script(script: &str, args: &[&str]) {
     ] {
         command.env_remove(ambient);
     }
-    let run = command.env("NO_PROXY", "*").kill_on_drop(true).output();
+    command.env("NO_PROXY", "*").kill_on_drop(true);
+    command
+}
+
+/// Runs [`client_script`] to its end. Panics with its output unless it exits 0 and prints
+/// `ok` first: the scripts assert everything themselves.
+pub async fn run_client_script(script: &str, args: &[&str]) {
+    let run = client_script(script, args).await.output();
     let output = tokio::time::timeout(SCRIPT_PATIENCE, run)
         .await
         .expect("the script finished in time")
@@ -117,8 +123,7 @@ pub async fn run_client_script(script: &str, args: &[&str]) {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
         output.status.success(),
-        "{} failed ({}):\nstdout:\n{stdout}\nstderr:\n{stderr}",
-        script.display(),
+        "{script} failed ({}):\nstdout:\n{stdout}\nstderr:\n{stderr}",
         output.status
     );
     assert!(

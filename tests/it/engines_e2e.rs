@@ -20,12 +20,11 @@
 use crate::common;
 use crate::node_support;
 
-use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
 use common::engines::{LlamaOptions, LlamaServer, TINY_REPLY, prometheus_sample};
-use common::python::python;
+use common::python::client_script;
 use common::{TestApp, eventually_ok, spawn_app};
 use node_support::{RunningNode, spawn_node};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
@@ -97,24 +96,10 @@ impl Stack {
 
     /// The script's `command` against this edge, its output piped, killed if dropped.
     async fn script(&self, command: &str) -> Command {
-        // Installing the venv may take a while the first time; keep it off the runtime.
-        let python = tokio::task::spawn_blocking(python).await.expect("venv");
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/engine_e2e.py");
-        let mut child = Command::new(python);
-        child
-            .arg(script)
-            .arg(command)
-            .arg(format!("http://{}/v1", self.app.http_addr))
-            .arg(API_KEY)
-            .arg(MODEL)
-            .arg(TINY_REPLY)
-            // The SDK must talk to the edge only: no proxies, no ambient OpenAI settings.
-            .env_remove("OPENAI_BASE_URL")
-            .env_remove("OPENAI_API_KEY")
-            .env("NO_PROXY", "*")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true);
+        let edge = format!("http://{}/v1", self.app.http_addr);
+        let args = [command, &edge, API_KEY, MODEL, TINY_REPLY];
+        let mut child = client_script("engine_e2e.py", &args).await;
+        child.stdout(Stdio::piped()).stderr(Stdio::piped());
         child
     }
 
