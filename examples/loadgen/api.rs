@@ -74,7 +74,7 @@ fn words(chunks: usize) -> Vec<String> {
         .collect()
 }
 
-fn body(chunks: usize, stream: bool) -> String {
+pub fn body(chunks: usize, stream: bool) -> String {
     let prompt: String = words(chunks).concat();
     format!(
         r#"{{"model":"{}/{}","stream":{stream},"messages":[{{"role":"user","content":"{prompt}"}}]}}"#,

@@ -196,11 +196,28 @@ impl EdgeProcess {
         threads: usize,
         log_level: &str,
     ) -> anyhow::Result<Self> {
+        Self::start_at(
+            binary,
+            config,
+            threads,
+            log_level,
+            free_port()?,
+            free_port()?,
+        )
+    }
+
+    /// [`Self::start`] on given addresses: those of an edge this one replaces.
+    pub fn start_at(
+        binary: &Path,
+        config: &str,
+        threads: usize,
+        log_level: &str,
+        node_addr: SocketAddr,
+        http_addr: SocketAddr,
+    ) -> anyhow::Result<Self> {
         let dir = tempfile::tempdir().context("cannot make a temporary directory")?;
         let path = dir.path().join("edge.toml");
         std::fs::write(&path, config).context("cannot write the edge config")?;
-        let node_addr = free_port()?;
-        let http_addr = free_port()?;
         let child = Command::new(binary)
             .arg("serve")
             .arg("--config")

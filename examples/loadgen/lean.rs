@@ -77,9 +77,30 @@ impl Plan {
 
 /// Connects to the edge and registers as generated node `index`.
 pub async fn register(edge: SocketAddr, token: &str) -> anyhow::Result<NodeClient> {
-    let mut client = NodeClient::connect(edge)
+    let client = NodeClient::connect(edge)
         .await
         .context("cannot connect to the edge")?;
+    register_over(client, token).await
+}
+
+/// Connects to the edge from loopback address `source` (any port) and registers: a node on
+/// a host of its own, as far as the kernel's connection table can tell.
+pub async fn register_from(
+    source: std::net::Ipv4Addr,
+    edge: SocketAddr,
+    token: &str,
+) -> anyhow::Result<NodeClient> {
+    let socket = tokio::net::TcpSocket::new_v4()?;
+    socket.bind(SocketAddr::from((source, 0)))?;
+    let stream = socket
+        .connect(edge)
+        .await
+        .context("cannot connect to the edge")?;
+    register_over(NodeClient::over_tcp(stream)?, token).await
+}
+
+/// Registers over a connected client.
+async fn register_over(mut client: NodeClient, token: &str) -> anyhow::Result<NodeClient> {
     let mut registration = Registration::with_token(token);
     registration.adapters = vec![crate::harness::ADAPTER.into()];
     let outcome = client.register(registration).await?;

@@ -10,6 +10,9 @@
 //! - `runs`: runs through the run service with instant nodes; runs/s and the latency the
 //!   edge adds over the raw loopback round trip measured in the same run.
 //! - `api`: OpenAI chat completions through the HTTP API next to a direct HTTP baseline.
+//! - `storm`: N connected nodes, the edge killed and restarted, every node reconnecting at
+//!   once (immediately, or with the reference node's jittered backoff); time until all are
+//!   back, handshake p50/p99, the kernel's listen-queue counters, runs served afterwards.
 //! - `slow-consumer`: a node that stops reading while large runs are offered to it; how
 //!   far the edge's memory grows before it closes the node as a slow consumer.
 //! - `churn`: nodes that drop and reconnect at random under streamed chat requests; the
@@ -27,11 +30,13 @@ mod http;
 mod lean;
 #[path = "../mock_node/node.rs"]
 mod mock_node;
+mod netstat;
 mod register;
 mod relay;
 mod runs;
 mod slow;
 mod stats;
+mod storm;
 
 use std::process::{ExitCode, Output};
 
@@ -41,7 +46,7 @@ use clap::{Args, Parser, Subcommand};
 use stats::Record;
 
 #[derive(Debug, Parser)]
-#[command(about = "Load generator for the edge: register, relay, runs, api, churn")]
+#[command(about = "Load generator for the edge: register, relay, runs, api, storm, churn, ...")]
 struct Cli {
     #[command(flatten)]
     common: Common,
@@ -106,6 +111,8 @@ enum Scenario {
     SlowConsumer(slow::SlowArgs),
     /// The management API with many nodes and a large run journal.
     Admin(admin::AdminArgs),
+    /// Connected nodes, the edge killed and restarted: every node reconnects at once.
+    Storm(storm::StormArgs),
     /// Nodes dropping and reconnecting under streamed chat: what share of requests completes.
     Churn(churn::ChurnArgs),
 }
@@ -119,6 +126,7 @@ impl Scenario {
             Self::Api(_) => "api",
             Self::SlowConsumer(_) => "slow-consumer",
             Self::Admin(_) => "admin",
+            Self::Storm(_) => "storm",
             Self::Churn(_) => "churn",
         }
     }
@@ -131,6 +139,7 @@ impl Scenario {
             Self::Api(args) => api::run(args, common),
             Self::SlowConsumer(args) => slow::run(args, common),
             Self::Admin(args) => admin::run(args, common),
+            Self::Storm(args) => storm::run(args, common),
             Self::Churn(args) => churn::run(args, common),
         }
     }

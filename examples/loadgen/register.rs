@@ -1,6 +1,8 @@
 //! `register`: N simulated nodes connect and register; registrations per second, handshake
 //! latency (TCP connect to the accepted RegisterResponse), and the edge's RSS before and
-//! after, hence the cost of one connected idle node.
+//! after, hence the cost of one connected idle node; and the kernel's listen-queue
+//! counters over the burst (with many handshakes in flight, whether the edge's listen
+//! backlog overflowed).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -14,8 +16,8 @@ use edge::client::NodeClient;
 
 use crate::Common;
 use crate::harness::{self, EdgeProcess, InProcessEdge, Nodes};
-use crate::lean;
 use crate::stats::{Histogram, Record};
+use crate::{lean, netstat};
 
 #[derive(Debug, Clone, Args)]
 pub struct RegisterArgs {
@@ -35,6 +37,9 @@ pub struct RegisterArgs {
     /// Pause before each RSS reading, letting the edge go idle.
     #[arg(long, default_value_t = 1_000)]
     pub settle_ms: u64,
+    /// `server.listen_backlog` of the edge [default: the edge's own default].
+    #[arg(long)]
+    pub listen_backlog: Option<u32>,
 }
 
 /// The `edge` binary beside this executable's directory (`target/<profile>/edge` for
@@ -51,6 +56,75 @@ fn open_files_limit() -> Option<usize> {
     let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
     let line = limits.lines().find(|l| l.starts_with("Max open files"))?;
     line.split_whitespace().nth(3)?.parse().ok()
+}
+
+/// Fails, saying what to do, when this process may not open `needed` files.
+pub fn ensure_open_files(nodes: usize, needed: usize) -> anyhow::Result<()> {
+    if let Some(limit) = open_files_limit()
+        && limit < needed
+    {
+        bail!(
+            "{nodes} nodes need about {needed} open files here, the limit is {limit}: \
+             raise it (`ulimit -n {needed}`) or use fewer --nodes"
+        );
+    }
+    Ok(())
+}
+
+/// The `[server]` and `[log]` sections of a generated config for `nodes` nodes.
+pub fn server_config(nodes: usize, listen_backlog: Option<u32>, log_level: &str) -> String {
+    let backlog = listen_backlog.map_or(String::new(), |b| format!("listen_backlog = {b}\n"));
+    format!(
+        "[server]\nmax_connections = {}\n{backlog}[log]\nlevel = \"{log_level}\"\n",
+        nodes + 1_024
+    )
+}
+
+/// The `edge` binary to run: `explicit`, or the one beside this program.
+pub fn edge_bin(explicit: Option<&PathBuf>) -> anyhow::Result<PathBuf> {
+    match explicit {
+        Some(binary) => Ok(binary.clone()),
+        None => default_edge_bin().context("no edge binary found"),
+    }
+}
+
+/// Registers nodes `0..total` with the edge at `addr`, `concurrency` handshakes in flight
+/// on `load`; returns the handshake latencies and the registered clients.
+pub fn register_all(
+    load: &tokio::runtime::Runtime,
+    addr: std::net::SocketAddr,
+    total: usize,
+    concurrency: usize,
+) -> anyhow::Result<(Histogram, Vec<NodeClient>)> {
+    let next = Arc::new(AtomicUsize::new(0));
+    let workers: Vec<_> = (0..concurrency.clamp(1, total.max(1)))
+        .map(|_| {
+            let next = Arc::clone(&next);
+            load.spawn(async move {
+                let mut latency = Histogram::default();
+                let mut clients: Vec<NodeClient> = Vec::new();
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    if i >= total {
+                        break;
+                    }
+                    let begun = Instant::now();
+                    let client = lean::register(addr, &harness::token(i)).await?;
+                    latency.record_duration(begun.elapsed());
+                    clients.push(client);
+                }
+                anyhow::Ok((latency, clients))
+            })
+        })
+        .collect();
+    let mut latency = Histogram::default();
+    let mut clients = Vec::with_capacity(total);
+    for worker in workers {
+        let (histogram, mut held) = load.block_on(worker)??;
+        latency.merge(&histogram);
+        clients.append(&mut held);
+    }
+    Ok((latency, clients))
 }
 
 enum Target {
@@ -90,25 +164,13 @@ pub fn run(args: &RegisterArgs, common: &Common) -> anyhow::Result<Vec<Record>> 
     let needed = args.nodes + 64;
     let in_process = args.in_process || (args.edge_bin.is_none() && default_edge_bin().is_none());
     let needed = if in_process { 2 * needed } else { needed };
-    if let Some(limit) = open_files_limit()
-        && limit < needed
-    {
-        bail!(
-            "{} nodes need about {needed} open files here, the limit is {limit}: \
-             raise it (`ulimit -n {needed}`) or use fewer --nodes",
-            args.nodes
-        );
-    }
+    ensure_open_files(args.nodes, needed)?;
     let nodes = Nodes {
         count: args.nodes,
         max_concurrent_runs: 4,
         heartbeat_interval_ms: 600_000,
     };
-    let extra = format!(
-        "[server]\nmax_connections = {}\n[log]\nlevel = \"{}\"\n",
-        args.nodes + 1_024,
-        common.edge_log_level
-    );
+    let extra = server_config(args.nodes, args.listen_backlog, &common.edge_log_level);
     let config = harness::config(nodes, &extra);
     let target = if in_process {
         harness::init_logging(common);
@@ -118,12 +180,8 @@ pub fn run(args: &RegisterArgs, common: &Common) -> anyhow::Result<Vec<Record>> 
             common.edge_threads,
         )?)
     } else {
-        let binary = match &args.edge_bin {
-            Some(binary) => binary.clone(),
-            None => default_edge_bin().context("no edge binary found")?,
-        };
         Target::Process(EdgeProcess::start(
-            &binary,
+            &edge_bin(args.edge_bin.as_ref())?,
             &config,
             common.edge_threads,
             &common.edge_log_level,
@@ -137,39 +195,14 @@ pub fn run(args: &RegisterArgs, common: &Common) -> anyhow::Result<Vec<Record>> 
     let rss_before = target.rss_kib()?;
 
     let load = harness::runtime("load", common.load_threads)?;
-    let next = Arc::new(AtomicUsize::new(0));
     let total = args.nodes;
     let edge_cpu_0 = target.cpu_ms();
     let load_cpu_0 = harness::threads_cpu_ms("load");
+    let counters = netstat::Counters::read();
     let started = Instant::now();
-    let workers: Vec<_> = (0..args.concurrency.clamp(1, total.max(1)))
-        .map(|_| {
-            let next = Arc::clone(&next);
-            load.spawn(async move {
-                let mut latency = Histogram::default();
-                let mut clients: Vec<NodeClient> = Vec::new();
-                loop {
-                    let i = next.fetch_add(1, Ordering::Relaxed);
-                    if i >= total {
-                        break;
-                    }
-                    let begun = Instant::now();
-                    let client = lean::register(addr, &harness::token(i)).await?;
-                    latency.record_duration(begun.elapsed());
-                    clients.push(client);
-                }
-                anyhow::Ok((latency, clients))
-            })
-        })
-        .collect();
-    let mut latency = Histogram::default();
-    let mut clients = Vec::with_capacity(total);
-    for worker in workers {
-        let (histogram, mut held) = load.block_on(worker)??;
-        latency.merge(&histogram);
-        clients.append(&mut held);
-    }
+    let (latency, clients) = register_all(&load, addr, total, args.concurrency)?;
     let elapsed = started.elapsed();
+    let grown = netstat::Counters::read().grown_since(&counters);
     let edge_cpu = target.cpu_ms() - edge_cpu_0;
     let load_cpu = harness::threads_cpu_ms("load") - load_cpu_0;
     let connected = target.connected()?;
@@ -185,27 +218,32 @@ pub fn run(args: &RegisterArgs, common: &Common) -> anyhow::Result<Vec<Record>> 
     }
 
     let per_node = (rss_after.saturating_sub(rss_before) * 1_024) as f64 / total.max(1) as f64;
+    let backlog = args
+        .listen_backlog
+        .map_or(String::new(), |b| format!(" backlog={b}"));
+    let record = Record::new(format!(
+        "nodes={total} edge={} in_flight={}{backlog}",
+        if in_process { "in-process" } else { "process" },
+        args.concurrency
+    ))
+    .with(
+        "registrations_per_s",
+        total as f64 / elapsed.as_secs_f64().max(1e-9),
+    )
+    .with("handshake_p50_us", latency.quantile_us(0.5))
+    .with("handshake_p99_us", latency.quantile_us(0.99))
+    .with(
+        "edge_cpu_us_per_registration",
+        edge_cpu as f64 * 1_000.0 / total.max(1) as f64,
+    )
+    .with(
+        "load_cpu_us_per_registration",
+        load_cpu as f64 * 1_000.0 / total.max(1) as f64,
+    )
+    .with("rss_before_kib", rss_before as f64)
+    .with("rss_after_kib", rss_after as f64)
+    .with("rss_per_node_bytes", per_node);
     Ok(vec![
-        Record::new(format!(
-            "nodes={total} edge={}",
-            if in_process { "in-process" } else { "process" }
-        ))
-        .with(
-            "registrations_per_s",
-            total as f64 / elapsed.as_secs_f64().max(1e-9),
-        )
-        .with("handshake_p50_us", latency.quantile_us(0.5))
-        .with("handshake_p99_us", latency.quantile_us(0.99))
-        .with(
-            "edge_cpu_us_per_registration",
-            edge_cpu as f64 * 1_000.0 / total.max(1) as f64,
-        )
-        .with(
-            "load_cpu_us_per_registration",
-            load_cpu as f64 * 1_000.0 / total.max(1) as f64,
-        )
-        .with("rss_before_kib", rss_before as f64)
-        .with("rss_after_kib", rss_after as f64)
-        .with("rss_per_node_bytes", per_node),
+        grown.into_iter().fold(record, |r, (n, v)| r.with(n, v)),
     ])
 }

@@ -3,6 +3,7 @@
 pub mod file_store;
 pub mod http;
 pub mod journal;
+pub mod listen;
 pub mod lock_registry;
 pub mod sinks;
 pub mod tcp;

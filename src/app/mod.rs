@@ -29,6 +29,7 @@ use tracing::info;
 use crate::adapters::file_store::FileNodeStore;
 use crate::adapters::http::admin::AdminServer;
 use crate::adapters::http::{Api, HttpServer, HttpState};
+use crate::adapters::listen;
 use crate::adapters::lock_registry::LockRegistry;
 use crate::adapters::sinks::{SinkSet, build_sinks};
 use crate::adapters::tcp::{ServerDeps, TcpServer, TcpTransport, TransportControl};
@@ -106,6 +107,8 @@ impl App {
             handler: Arc::new(runs.clone()),
         };
         let server = bind_node_server(&settings, deps).await?;
+        listen::warn_if_capped("server.listen_backlog", settings.server.listen_backlog);
+        listen::warn_if_capped("http.listen_backlog", settings.http.listen_backlog);
         metrics.observe(MetricSources {
             store: Arc::clone(&store),
             registry: Arc::clone(&registry),

@@ -348,6 +348,8 @@ impl Sections {
             ),
             ("server.max_connections", self.server.max_connections),
             ("server.outbound_queue", self.server.outbound_queue),
+            ("server.listen_backlog", self.server.listen_backlog as usize),
+            ("http.listen_backlog", self.http.listen_backlog as usize),
             ("events.queue_capacity", self.events.queue_capacity),
             ("runs.queue_capacity", self.runs.queue_capacity),
         ];
@@ -606,6 +608,21 @@ mod tests {
                 "`runs.queue_capacity` must be at least 1",
                 "`server.outbound_queue` must be at least 1",
                 "`log.level`",
+            ],
+        );
+    }
+
+    #[test]
+    fn listen_backlogs_default_high_and_zero_is_refused_by_key() {
+        let (_file, settings) = load("[server]\nlisten_backlog = 512\n", &[]);
+        let settings = settings.expect("valid");
+        assert_eq!(settings.server.listen_backlog, 512);
+        assert_eq!(settings.http.listen_backlog, 4096);
+        assert_refused(
+            "[server]\nlisten_backlog = 0\n[http]\nlisten_backlog = 0\n",
+            &[
+                "`server.listen_backlog` must be at least 1",
+                "`http.listen_backlog` must be at least 1",
             ],
         );
     }

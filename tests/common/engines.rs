@@ -492,6 +492,39 @@ impl LlamaServer {
     pub fn log(&self) -> String {
         self.process.log_text()
     }
+
+    /// The value of the unlabelled metric `name` (for example
+    /// `llamacpp:requests_processing`) on its `/metrics`; `None` when it does not answer or
+    /// does not have it (it serves `/metrics` only when started with `--metrics`).
+    pub async fn metric(&self, name: &str) -> Option<f64> {
+        let url = format!("{}/metrics", self.base_url());
+        let text = self.http.get(url).send().await.ok()?.text().await.ok()?;
+        prometheus_sample(&text, name, &[])
+    }
+}
+
+/// The value of the first sample of metric `name` whose labels include every pair of
+/// `labels`, in the Prometheus text exposition `text`; `None` when there is none.
+pub fn prometheus_sample(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    text.lines()
+        .filter(|line| !line.starts_with('#'))
+        .filter_map(|line| line.rsplit_once(' '))
+        .find(|(series, _)| {
+            let Some(rest) = series.strip_prefix(name) else {
+                return false;
+            };
+            let label_set = match rest.strip_prefix('{') {
+                Some(set) => set.trim_end_matches('}'),
+                None if rest.is_empty() => "",
+                None => return false,
+            };
+            labels.iter().all(|(key, value)| {
+                label_set
+                    .split(',')
+                    .any(|pair| pair == format!("{key}=\"{value}\""))
+            })
+        })
+        .and_then(|(_, value)| value.trim().parse().ok())
 }
 
 async fn launch_llama(

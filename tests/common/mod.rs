@@ -279,8 +279,14 @@ pub async fn spawn_app(config: &str) -> TestApp {
     if !config.contains("[events]") {
         settings.events.sinks = vec![edge::adapters::sinks::config::SinkKind::Null];
     }
-    let app = App::build(settings).await.expect("build");
-    let node_addr = app.node_addr().expect("addr");
+    serve(settings, dir).await
+}
+
+/// Builds an edge with `settings` (whose files live in `dir`, kept as long as the edge) and
+/// serves it on a task of its own.
+pub async fn serve(settings: Settings, dir: tempfile::TempDir) -> TestApp {
+    let app = App::build(settings).await.expect("build the edge");
+    let node_addr = app.node_addr().expect("node addr");
     let http_addr = app.http_addr().expect("http addr");
     let admin_addr = app.admin_addr().expect("admin addr");
     let parts = app.parts();

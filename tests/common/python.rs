@@ -12,6 +12,7 @@ use std::fs::{self, File};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
+use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 
@@ -82,6 +83,53 @@ fn prepare() -> PathBuf {
     fs::write(&marker, &wanted)
         .unwrap_or_else(|e| panic!("cannot write {}: {e}", marker.display()));
     interpreter
+}
+
+/// How long a client script may take (the venv is installed before it starts).
+const SCRIPT_PATIENCE: Duration = Duration::from_secs(120);
+
+/// `tests/python/<script>` with `args`, to run in the venv (installed first, off the
+/// runtime), with no proxy and no ambient OpenAI or Anthropic settings, so the SDKs talk to
+/// the edge only; killed if dropped.
+pub async fn client_script(script: &str, args: &[&str]) -> tokio::process::Command {
+    let python = tokio::task::spawn_blocking(python).await.expect("venv");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/python")
+        .join(script);
+    let mut command = tokio::process::Command::new(&python);
+    command.arg(&script).args(args);
+    for ambient in [
+        "OPENAI_BASE_URL",
+        "OPENAI_API_KEY",
+        "ANTHROPIC_BASE_URL",
+        "ANTHROPIC_API_KEY",
+        "ANTHROPIC_AUTH_TOKEN",
+    ] {
+        command.env_remove(ambient);
+    }
+    command.env("NO_PROXY", "*").kill_on_drop(true);
+    command
+}
+
+/// Runs [`client_script`] to its end. Panics with its output unless it exits 0 and prints
+/// `ok` first: the scripts assert everything themselves.
+pub async fn run_client_script(script: &str, args: &[&str]) {
+    let run = client_script(script, args).await.output();
+    let output = tokio::time::timeout(SCRIPT_PATIENCE, run)
+        .await
+        .expect("the script finished in time")
+        .expect("the script ran");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "{script} failed ({}):\nstdout:\n{stdout}\nstderr:\n{stderr}",
+        output.status
+    );
+    assert!(
+        stdout.starts_with("ok"),
+        "stdout:\n{stdout}\nstderr:\n{stderr}"
+    );
 }
 
 /// The interpreter inside `venv`.

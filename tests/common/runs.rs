@@ -1,9 +1,13 @@
 //! Helpers for following runs through the run service in tests.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use bytes::Bytes;
 use edge::app::RunHandle;
-use edge::domain::{RunEvent, RunEventKind, RunId, RunSpec};
+use edge::domain::{
+    AdapterName, NodeSelector, Operation, RunEvent, RunEventKind, RunId, RunSpec, Target,
+};
 
 use super::{PATIENCE, TestApp};
 
@@ -13,6 +17,34 @@ pub fn words(count: usize) -> String {
         .map(|i| format!("w{i}"))
         .collect::<Vec<_>>()
         .join(" ")
+}
+
+/// A run of `echo/<target>` with `input` as text: no pin, no parameters, no deadline.
+pub fn echo_to(target: &str, input: &str) -> RunSpec {
+    RunSpec {
+        selector: NodeSelector {
+            adapter: AdapterName::parse("echo").expect("adapter"),
+            target: Target::parse(target).expect("target"),
+            pin: None,
+        },
+        input: Bytes::from(input.to_owned()),
+        content_type: "text/plain; charset=utf-8".into(),
+        params: BTreeMap::new(),
+        deadline: None,
+        operation: Operation::Unspecified,
+        routing: Default::default(),
+    }
+}
+
+/// A run of `echo/default` with `input`.
+pub fn echo_run(input: &str) -> RunSpec {
+    echo_to("default", input)
+}
+
+/// `spec`, told to behave as `mock` by the mock node.
+pub fn mocked(mut spec: RunSpec, mock: &str) -> RunSpec {
+    spec.params.insert("mock".to_owned(), mock.to_owned());
+    spec
 }
 
 /// Starts a run that must be accepted.

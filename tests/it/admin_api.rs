@@ -5,7 +5,8 @@ use crate::admin_support;
 use crate::common;
 
 use admin_support::{
-    ADMIN_KEY, API_KEY, HandNode, admin, admin_as, echo_run, get_ok, nodes_config, run_until,
+    ADMIN_KEY, API_KEY, HandNode, admin, admin_as, admin_until, echo_run, get_ok, nodes_config,
+    run_until,
 };
 use common::runs::{rest, start};
 use common::{TestApp, spawn_app};
@@ -28,10 +29,30 @@ fn node<'a>(list: &'a Value, id: &str) -> &'a Value {
 #[tokio::test]
 async fn nodes_are_listed_with_their_state_and_found_by_id_or_alias() {
     let app = app().await;
-    let _a = HandNode::register(&app, "token-a").await;
+    let mut hand_a = HandNode::register(&app, "token-a").await;
     app.wait_for_nodes(1).await;
-
     let list = get_ok(&app, "/admin/v1/nodes").await;
+    let target = &node(&list, "node-a")["adapters"][0]["targets"][0];
+    assert_eq!(
+        target["available"],
+        Value::Null,
+        "nothing reported yet: {target}"
+    );
+    hand_a.report_available(&[]).await;
+    let unavailable = "node-a reports echo/default unavailable";
+    let list = admin_until(&app, "/admin/v1/nodes", unavailable, |list| {
+        node(list, "node-a")["adapters"][0]["targets"][0]["available"] == false
+    })
+    .await;
+    hand_a.report_available(&[("echo", "default")]).await;
+    admin_until(
+        &app,
+        "/admin/v1/nodes",
+        "echo/default available again",
+        |list| node(list, "node-a")["adapters"][0]["targets"][0]["available"] == true,
+    )
+    .await;
+
     let a = node(&list, "node-a");
     assert_eq!(a["state"], "serving");
     assert_eq!(a["alias"], "gpu-a");

@@ -203,16 +203,7 @@ fn sse_data(body: &str) -> Vec<String> {
 
 /// Reads a whole SSE response: the JSON chunks, and whether it ended with `[DONE]`.
 async fn read_sse(response: Response) -> (Vec<Value>, bool) {
-    assert_eq!(response.status(), StatusCode::OK);
-    let content_type = response.headers()["content-type"]
-        .to_str()
-        .unwrap()
-        .to_owned();
-    assert!(
-        content_type.starts_with("text/event-stream"),
-        "{content_type}"
-    );
-    let body = response.text().await.expect("the stream ends");
+    let body = crate::api_support::event_stream_body(response).await;
     let data = sse_data(&body);
     let done = data.last().is_some_and(|d| d == "[DONE]");
     assert_eq!(

@@ -9,14 +9,11 @@ use crate::common;
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::runs::{next_event, start};
+use common::runs::{echo_run, next_event, start};
 use common::{NodeTable, TestApp, eventually, spawn_app};
 use edge::adapters::tcp::TransportStats;
 use edge::client::{ClientError, NodeClient, ReceivedEdgeFrame, RegisterOutcome, Registration};
-use edge::domain::{
-    AdapterName, NodeSelector, Operation, RegisterRejection, RunEventKind, RunSpec, TakeoverReason,
-    TakeoverRefusal, Target,
-};
+use edge::domain::{RegisterRejection, RunEventKind, TakeoverReason, TakeoverRefusal};
 use edge::ports::{CloseReason, NodeCommand};
 
 /// An upper bound on one step; never a timing assertion.
@@ -87,22 +84,6 @@ fn stats(app: &TestApp) -> std::sync::Arc<TransportStats> {
     app.parts.transport.stats()
 }
 
-fn echo_run() -> RunSpec {
-    RunSpec {
-        selector: NodeSelector {
-            adapter: AdapterName::parse("echo").expect("adapter"),
-            target: Target::parse("default").expect("target"),
-            pin: None,
-        },
-        input: Bytes::from_static(b"hi"),
-        content_type: "text/plain".into(),
-        params: Default::default(),
-        deadline: None,
-        operation: Operation::Unspecified,
-        routing: Default::default(),
-    }
-}
-
 #[tokio::test]
 async fn every_ping_is_answered_with_its_value_after_the_frames_before_it() {
     let app = spawn_app(&one_node(60_000)).await;
@@ -120,7 +101,7 @@ async fn every_ping_is_answered_with_its_value_after_the_frames_before_it() {
         ReceivedEdgeFrame::HeartbeatAck { ping: 8 }
     );
     // An ack confirms the events written before its ping: the caller has them already.
-    let mut handle = start(&app, echo_run());
+    let mut handle = start(&app, echo_run("hi"));
     let run_id = match within(client.next()).await.expect("a run") {
         ReceivedEdgeFrame::Command(NodeCommand::Run(run)) => run.run_id,
         other => panic!("expected a run, got {other:?}"),

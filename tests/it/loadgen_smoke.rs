@@ -89,6 +89,26 @@ fn register_reports_rate_latency_and_rss() {
 }
 
 #[test]
+fn storm_brings_every_node_back_after_an_edge_restart_and_serves_runs() {
+    let output = run(&[
+        "storm",
+        "--nodes=20",
+        "--retry-ms=10",
+        "--backoff-min-ms=20",
+        "--backoff-max-ms=100",
+        "--runs-after=2",
+        "--listen-backlog=64",
+        &format!("--edge-bin={}", env!("CARGO_BIN_EXE_edge")),
+    ]);
+    for reconnect in ["immediate", "jitter"] {
+        let case = format!("nodes=20 reconnect={reconnect} backlog=64");
+        let stdout = assert_reported(&output, "storm", &case);
+        assert!(stdout.contains("runs_served_after=2 "), "{stdout}");
+        assert!(stdout.contains("listen_overflows="), "{stdout}");
+    }
+}
+
+#[test]
 fn relay_reports_every_sink_kind() {
     let output = run(&[
         "relay",

@@ -49,6 +49,7 @@ mod api_sdks;
 mod api_structured;
 mod cli;
 mod console;
+mod engines_e2e;
 mod engines_smoke;
 mod faults;
 mod fuzz_corpus;

@@ -22,13 +22,11 @@ use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::SeqCst;
 use std::time::Duration;
 
-use bytes::Bytes;
+use common::runs::{echo_to, mocked, rest};
 use common::{TWO_NODES, TestApp, eventually, eventually_ok, spawn_app};
 use edge::app::{RunHandle, StartError};
 use edge::client::{NodeClient, NodeFrame, ReceivedEdgeFrame, Registration};
-use edge::domain::{
-    AdapterName, NodeSelector, RegisterRejection, RunEvent, RunEventKind, RunId, RunSpec, Target,
-};
+use edge::domain::{RegisterRejection, RunEvent, RunEventKind, RunId, RunSpec};
 use edge::ports::NodeCommand;
 use mock_node::{MockNode, MockOptions};
 use serde::Deserialize;
@@ -329,31 +327,9 @@ pub(crate) async fn scrape_until(
 /// A run of `echo/<target>` with `input`, told to behave as `mock` by the mock node, pinned
 /// to the node with id or alias `pin`.
 fn spec(target: &str, pin: &str, input: &str, mock: &str) -> RunSpec {
-    RunSpec {
-        selector: NodeSelector {
-            adapter: AdapterName::parse("echo").expect("adapter"),
-            target: Target::parse(target).expect("target"),
-            pin: Some(pin.to_owned()),
-        },
-        input: Bytes::from(input.to_owned()),
-        content_type: "text/plain; charset=utf-8".into(),
-        params: BTreeMap::from([("mock".to_owned(), mock.to_owned())]),
-        deadline: None,
-        operation: edge::domain::Operation::Unspecified,
-        routing: Default::default(),
-    }
-}
-
-/// Every remaining event of a run, until its stream ends.
-async fn rest(handle: &mut RunHandle) -> Vec<Arc<RunEvent>> {
-    let mut events = Vec::new();
-    loop {
-        match tokio::time::timeout(PATIENCE, handle.events.recv()).await {
-            Ok(Some(event)) => events.push(event),
-            Ok(None) => return events,
-            Err(_) => panic!("run {} did not end in time: {events:#?}", handle.run_id),
-        }
-    }
+    let mut spec = mocked(echo_to(target, input), mock);
+    spec.selector.pin = Some(pin.to_owned());
+    spec
 }
 
 /// The terminal event of a finished run's events.

@@ -4,18 +4,18 @@
 //! load — runs keep being served, the sink reconnects, and its counters account for every
 //! event.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::jetstream::{self, consumer::pull};
 use bytes::Bytes;
-use edge::domain::{AdapterName, NodeSelector, Operation, RunEvent, RunId, RunSpec, Target};
+use edge::domain::{RunEvent, RunId, RunSpec};
 use futures::StreamExt as _;
 
 use crate::common::engines::NatsServer;
-use crate::common::runs::{only_terminal, rest, start, words};
+use crate::common::runs::{echo_to, only_terminal, rest, start, words};
 use crate::common::{NodeTable, PATIENCE, TestApp, eventually_ok, spawn_app};
 use crate::mock_node::{MockNode, MockOptions};
 
@@ -47,19 +47,7 @@ fn nats_only(nats: &NatsServer, nats_keys: &str) -> String {
 
 /// A run of `echo/m1.5:x` echoing `count` words.
 fn spec(count: usize) -> RunSpec {
-    RunSpec {
-        selector: NodeSelector {
-            adapter: AdapterName::parse("echo").expect("adapter"),
-            target: Target::parse(TARGET).expect("target"),
-            pin: None,
-        },
-        input: Bytes::from(words(count)),
-        content_type: "text/plain; charset=utf-8".into(),
-        params: BTreeMap::new(),
-        deadline: None,
-        operation: Operation::Unspecified,
-        routing: Default::default(),
-    }
+    echo_to(TARGET, &words(count))
 }
 
 /// The edge with its node registered.

@@ -7,23 +7,14 @@
 use crate::common;
 use crate::mock_node;
 
-use std::path::Path;
-use std::time::Duration;
-
-use common::python::python;
+use common::python::run_client_script;
 use common::{TWO_NODES, spawn_app};
 use mock_node::{MockNode, MockOptions};
-
-/// How long the script may take (the venv is installed before it starts).
-const SCRIPT_PATIENCE: Duration = Duration::from_secs(120);
 
 const API_KEY: &str = "sk-edge-python-test";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_official_openai_python_client_works_unchanged() {
-    // Installing the venv may take a while the first time; keep it off the runtime.
-    let python = tokio::task::spawn_blocking(python).await.expect("venv");
-
     let config = format!(
         "{TWO_NODES}\n[api]\nkeys = [\"{API_KEY}\"]\n[api.models]\n\"gpt-4o-mini\" = \"echo/default\"\n"
     );
@@ -36,34 +27,8 @@ async fn the_official_openai_python_client_works_unchanged() {
         .expect("node-b registers");
     app.wait_for_nodes(2).await;
 
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/openai_client.py");
     let base_url = format!("http://{}/v1", app.http_addr);
-    let run = tokio::process::Command::new(&python)
-        .arg(&script)
-        .arg(&base_url)
-        .arg(API_KEY)
-        // The SDK must talk to the edge only: no proxies, no ambient OpenAI settings.
-        .env_remove("OPENAI_BASE_URL")
-        .env_remove("OPENAI_API_KEY")
-        .env("NO_PROXY", "*")
-        .kill_on_drop(true)
-        .output();
-    let output = tokio::time::timeout(SCRIPT_PATIENCE, run)
-        .await
-        .expect("the script finished in time")
-        .expect("the script ran");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "{} failed ({}):\nstdout:\n{stdout}\nstderr:\n{stderr}",
-        script.display(),
-        output.status
-    );
-    assert!(
-        stdout.starts_with("ok"),
-        "stdout:\n{stdout}\nstderr:\n{stderr}"
-    );
+    run_client_script("openai_client.py", &[&base_url, API_KEY]).await;
 
     node_a.kill();
     node_b.kill();

@@ -7,20 +7,16 @@
 use crate::common;
 use crate::mock_node;
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
-use bytes::Bytes;
-use common::runs::{failure_code, next_event, only_terminal, rest, start, words};
+use common::runs::{echo_to, failure_code, mocked, next_event, only_terminal, rest, start, words};
 use common::{TWO_NODES, TestApp, eventually, eventually_ok, spawn_app};
 use edge::app::{Placed, RunHandle, StartError};
 use edge::domain::routing::{Unroutable, WaitCause};
-use edge::domain::{
-    AdapterName, EventOrigin, NodeSelector, RunEvent, RunEventKind, RunId, RunSpec, Target,
-};
+use edge::domain::{EventOrigin, RunEvent, RunEventKind, RunId, RunSpec};
 use edge::ports::NodeCommand;
 use mock_node::{Behaviour, Ended, MockNode, MockOptions};
 
@@ -33,19 +29,7 @@ const PATIENCE: Duration = Duration::from_secs(10);
 
 /// A run of `echo/<target>` with `input`, told to behave as `mock` on the mock node.
 fn spec(target: &str, input: &str, mock: &str) -> RunSpec {
-    RunSpec {
-        selector: NodeSelector {
-            adapter: AdapterName::parse("echo").expect("adapter"),
-            target: Target::parse(target).expect("target"),
-            pin: None,
-        },
-        input: Bytes::from(input.to_owned()),
-        content_type: "text/plain; charset=utf-8".into(),
-        params: BTreeMap::from([("mock".to_owned(), mock.to_owned())]),
-        deadline: None,
-        operation: edge::domain::Operation::Unspecified,
-        routing: Default::default(),
-    }
+    mocked(echo_to(target, input), mock)
 }
 
 /// [`spec`] pinned to the node with id or alias `pin`.

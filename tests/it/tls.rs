@@ -6,19 +6,18 @@
 use crate::common;
 use crate::mock_node;
 
-use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
+use common::runs::echo_run;
 use common::{TWO_NODES, TestApp, eventually, settings_on_free_ports, spawn_app};
 use edge::app::App;
 use edge::client::{
     ClientError, NodeClient, RegisterOutcome, Registration, ServerName, tls_client_config,
 };
-use edge::domain::{AdapterName, NodeSelector, RunEventKind, RunSpec, Target};
+use edge::domain::RunEventKind;
 use edge::ports::CloseReason;
 use mock_node::{MockNode, MockOptions};
 use rcgen::{
@@ -195,22 +194,6 @@ async fn wait_for_closed(app: &TestApp, reason: CloseReason, count: u64) {
         stats.closed(reason) >= count
     })
     .await;
-}
-
-fn echo_run(input: &str) -> RunSpec {
-    RunSpec {
-        selector: NodeSelector {
-            adapter: AdapterName::parse("echo").expect("adapter"),
-            target: Target::parse("default").expect("target"),
-            pin: None,
-        },
-        input: Bytes::from(input.to_owned()),
-        content_type: "text/plain; charset=utf-8".into(),
-        params: BTreeMap::new(),
-        deadline: None,
-        operation: edge::domain::Operation::Unspecified,
-        routing: Default::default(),
-    }
 }
 
 /// Builds an edge from `config` on port 0 and returns its error, which must happen.

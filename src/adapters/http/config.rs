@@ -24,6 +24,9 @@ pub struct HttpConfig {
     pub body_read_timeout_ms: u64,
     /// HTTP connections held at once; more are accepted and closed at once.
     pub max_connections: usize,
+    /// Connections the kernel queues for the accept loop (the listen backlog) of the HTTP
+    /// listener and of the management API's own, capped by `net.core.somaxconn`.
+    pub listen_backlog: u32,
     /// `/v1` API requests served at once; more get `503` with `Retry-After`. The
     /// operations endpoints are never limited.
     pub max_concurrent_requests: usize,
@@ -37,6 +40,7 @@ impl Default for HttpConfig {
             header_read_timeout_ms: 10_000,
             body_read_timeout_ms: 30_000,
             max_connections: 4_096,
+            listen_backlog: 4_096,
             max_concurrent_requests: 1_024,
         }
     }

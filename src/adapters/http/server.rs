@@ -45,7 +45,7 @@ pub struct HttpServer {
 }
 
 impl HttpServer {
-    /// Binds `config.listen` and builds the routes: the operations endpoints, open to all
+    /// Binds `config.listen` (with `config.listen_backlog`) and builds the routes: the operations endpoints, open to all
     /// and never limited, and the OpenAI-compatible `/v1` API behind the concurrent-request
     /// limit. Unknown paths get a 404 in OpenAI's error shape. Every request body must
     /// arrive within `config.body_read_timeout_ms`.
@@ -53,7 +53,7 @@ impl HttpServer {
     /// # Errors
     /// The socket error when the address cannot be bound.
     pub async fn bind(config: HttpConfig, state: HttpState) -> io::Result<HttpServer> {
-        let listener = TcpListener::bind(config.listen).await?;
+        let listener = crate::adapters::listen::bind(config.listen, config.listen_backlog)?;
         let slots = RequestSlots::new(
             config.max_concurrent_requests,
             state.api.config().retry_after_secs,

@@ -12,9 +12,11 @@ use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
 
 use crate::domain::routing::RouteReason;
-use crate::domain::{EventOrigin, RunEvent, RunEventKind};
+use crate::domain::{EventOrigin, FailureClass, RunEvent, RunEventKind, Usage};
 
 use super::config::LineFormat;
+
+mod structured;
 
 /// Appends `event` as one line in `format` (ending with `\n`) to `out`.
 pub fn write_line(format: LineFormat, event: &RunEvent, out: &mut Vec<u8>) {
@@ -28,8 +30,12 @@ pub fn write_line(format: LineFormat, event: &RunEvent, out: &mut Vec<u8>) {
 ///
 /// The payload is the output text (with `\`, newlines and other control characters
 /// escaped, so one event is one line) or `<N bytes>` for binary output;
-/// `finish_reason=.. input_tokens=.. output_tokens=..` for completed runs;
-/// `code=.. message=..` for failed ones; `reason=..` for cancelled ones; for `started`,
+/// followed by ` reasoning=.. tool_call=INDEX:ID:NAME:ARGS logprobs=N embeddings=NxDIM` for
+/// what structured output it carries;
+/// `finish_reason=.. input_tokens=.. output_tokens=..` (and `cached_input_tokens=..`,
+/// `reasoning_tokens=..` when not zero) for completed runs;
+/// `code=.. class=.. status=.. message=..` (class and status when the node gave them) for
+/// failed ones; `reason=..` for cancelled ones; for `started`,
 /// `attempt=.. route=..` (the rule, attempt, eligible nodes and queue wait of its
 /// placement) when the edge placed it, else nothing (the line then ends after the kind).
 pub fn write_text_line(event: &RunEvent, out: &mut Vec<u8>) {
@@ -47,7 +53,11 @@ pub fn write_text_line(event: &RunEvent, out: &mut Vec<u8>) {
     out.extend_from_slice(event.kind.name().as_bytes());
     match &event.kind {
         RunEventKind::Started => push_text_route(event.route.as_deref(), out),
-        RunEventKind::Output { text, data, .. } => {
+        RunEventKind::Output {
+            text,
+            data,
+            structured,
+        } => {
             out.push(b' ');
             push_escaped(text, out);
             if !data.is_empty() {
@@ -57,6 +67,9 @@ pub fn write_text_line(event: &RunEvent, out: &mut Vec<u8>) {
                 out.push(b'<');
                 push_u64(data.len() as u64, out);
                 out.extend_from_slice(b" bytes>");
+            }
+            if let Some(structured) = structured {
+                structured::push_text(structured, out);
             }
         }
         RunEventKind::Completed {
@@ -70,11 +83,25 @@ pub fn write_text_line(event: &RunEvent, out: &mut Vec<u8>) {
                 push_u64(u64::from(usage.input_tokens), out);
                 out.extend_from_slice(b" output_tokens=");
                 push_u64(u64::from(usage.output_tokens), out);
+                push_usage_detail(usage, b" cached_input_tokens=", b" reasoning_tokens=", out);
             }
         }
-        RunEventKind::Failed { code, message, .. } => {
+        RunEventKind::Failed {
+            code,
+            message,
+            class,
+            status,
+        } => {
             out.extend_from_slice(b" code=");
             push_escaped(code, out);
+            if *class != FailureClass::Unspecified {
+                out.extend_from_slice(b" class=");
+                out.extend_from_slice(class.as_str().as_bytes());
+            }
+            if let Some(status) = status {
+                out.extend_from_slice(b" status=");
+                push_u64(u64::from(*status), out);
+            }
             out.extend_from_slice(b" message=");
             push_escaped(message, out);
         }
@@ -116,9 +143,12 @@ fn push_escaped(text: &str, out: &mut Vec<u8>) {
 /// `{"run_id":..,"node":..|null,"adapter":..,"target":..,"seq":..,"origin":"node"|"edge",
 /// "kind":..,<payload fields>}`. Payload fields: `attempt`, `reason` (the rule's label) and
 /// `route` (the whole reason) for started, when the edge placed it; `text` and `data`
-/// (standard base64, omitted when empty) for output; `finish_reason`, `input_tokens`, `output_tokens` (the token
-/// counts omitted when the node reported none) for completed; `code`, `message` for failed;
-/// `reason` for cancelled.
+/// (standard base64, omitted when empty) and `reasoning`, `tool_calls`, `logprobs`,
+/// `embeddings` (each omitted when empty) for output; `finish_reason`, `input_tokens`,
+/// `output_tokens` (omitted when the node reported no counts), `cached_input_tokens`,
+/// `reasoning_tokens` (omitted when zero) for completed; `code`, `message`, `class`,
+/// `status` (the last two omitted when the node gave none) for failed; `reason` for
+/// cancelled.
 ///
 /// Written field by field, byte for byte what `serde_json` writes for the same object (a
 /// test holds it to that): this runs once per event in the file sink, and serializing a
@@ -145,13 +175,20 @@ pub fn write_json_line(event: &RunEvent, out: &mut Vec<u8>) {
     out.push(b'"');
     match &event.kind {
         RunEventKind::Started => push_json_route(event.route.as_deref(), out),
-        RunEventKind::Output { text, data, .. } => {
+        RunEventKind::Output {
+            text,
+            data,
+            structured,
+        } => {
             out.extend_from_slice(b",\"text\":");
             push_json_str(text, out);
             if !data.is_empty() {
                 out.extend_from_slice(b",\"data\":\"");
                 push_base64(data, out);
                 out.push(b'"');
+            }
+            if let Some(structured) = structured {
+                structured::push_json(structured, out);
             }
         }
         RunEventKind::Completed {
@@ -165,13 +202,29 @@ pub fn write_json_line(event: &RunEvent, out: &mut Vec<u8>) {
                 push_u64(u64::from(usage.input_tokens), out);
                 out.extend_from_slice(b",\"output_tokens\":");
                 push_u64(u64::from(usage.output_tokens), out);
+                let (cached, reasoning) = (b",\"cached_input_tokens\":", b",\"reasoning_tokens\":");
+                push_usage_detail(usage, cached, reasoning, out);
             }
         }
-        RunEventKind::Failed { code, message, .. } => {
+        RunEventKind::Failed {
+            code,
+            message,
+            class,
+            status,
+        } => {
             out.extend_from_slice(b",\"code\":");
             push_json_str(code, out);
             out.extend_from_slice(b",\"message\":");
             push_json_str(message, out);
+            if *class != FailureClass::Unspecified {
+                out.extend_from_slice(b",\"class\":\"");
+                out.extend_from_slice(class.as_str().as_bytes());
+                out.push(b'"');
+            }
+            if let Some(status) = status {
+                out.extend_from_slice(b",\"status\":");
+                push_u64(u64::from(*status), out);
+            }
         }
         RunEventKind::Cancelled { reason } => {
             out.extend_from_slice(b",\"reason\":");
@@ -201,6 +254,20 @@ fn push_json_route(route: Option<&RouteReason>, out: &mut Vec<u8>) {
         out.extend_from_slice(route.label().as_bytes());
         out.extend_from_slice(b"\",\"route\":");
         push_json_str(&route.to_string(), out);
+    }
+}
+
+/// Appends the cached-input and reasoning token counts of `usage` after their labels, each
+/// only when not zero (a node that does not report them sends zero).
+fn push_usage_detail(usage: &Usage, cached: &[u8], reasoning: &[u8], out: &mut Vec<u8>) {
+    for (label, count) in [
+        (cached, usage.cached_input_tokens),
+        (reasoning, usage.reasoning_tokens),
+    ] {
+        if count > 0 {
+            out.extend_from_slice(label);
+            push_u64(u64::from(count), out);
+        }
     }
 }
 
@@ -234,7 +301,10 @@ pub(crate) mod tests {
 
     use super::*;
     use crate::domain::routing::{RouteReason, RouteRule};
-    use crate::domain::{AdapterName, NodeId, RunId, Target, Usage};
+    use crate::domain::{
+        AdapterName, Embedding, NodeId, RunId, StructuredOutput, Target, TokenLogprob,
+        ToolCallDelta,
+    };
 
     /// An event of `kind` for run `r1` on `node-a`, `echo/m1`, seq 3.
     pub(crate) fn event(kind: RunEventKind) -> RunEvent {
@@ -403,6 +473,86 @@ pub(crate) mod tests {
         }));
         assert_eq!(cancelled["kind"], "cancelled");
         assert_eq!(cancelled["reason"], "caller");
+    }
+
+    #[test]
+    fn structured_output_usage_detail_and_failure_class_reach_both_lines() {
+        let structured = StructuredOutput {
+            reasoning: "think\nfirst".into(),
+            tool_calls: vec![ToolCallDelta {
+                index: 0,
+                id: "call_1".into(),
+                name: "lookup".into(),
+                arguments: "{\"q\":1}".into(),
+            }],
+            logprobs: vec![TokenLogprob {
+                token: "hi".into(),
+                logprob: -0.5,
+                ..TokenLogprob::default()
+            }],
+            embeddings: vec![Embedding {
+                index: 0,
+                values: vec![0.5, -1.0],
+            }],
+        };
+        let output = event(RunEventKind::Output {
+            text: String::new(),
+            data: Bytes::new(),
+            structured: Some(Box::new(structured)),
+        });
+        assert_eq!(
+            text(&output),
+            "r1 node-a echo/m1 output  reasoning=think\\nfirst tool_call=0:call_1:lookup:{\"q\":1} logprobs=1 embeddings=1x2\n"
+        );
+        let line = json(&output);
+        assert_eq!(line["reasoning"], "think\nfirst");
+        assert_eq!(
+            line["tool_calls"],
+            serde_json::json!([{"index": 0, "id": "call_1", "name": "lookup", "arguments": "{\"q\":1}"}])
+        );
+        assert_eq!(line["logprobs"][0]["logprob"], -0.5);
+        assert_eq!(
+            line["embeddings"][0]["values"],
+            serde_json::json!([0.5, -1.0])
+        );
+
+        let usage = Usage {
+            cached_input_tokens: 4,
+            reasoning_tokens: 2,
+            ..Usage::new(5, 7)
+        };
+        let done = event(RunEventKind::Completed {
+            finish_reason: "stop".into(),
+            usage: Some(usage),
+        });
+        assert_eq!(
+            text(&done),
+            "r1 node-a echo/m1 completed finish_reason=stop input_tokens=5 output_tokens=7 cached_input_tokens=4 reasoning_tokens=2\n"
+        );
+        let line = json(&done);
+        assert_eq!(
+            (
+                line["cached_input_tokens"].as_u64(),
+                line["reasoning_tokens"].as_u64()
+            ),
+            (Some(4), Some(2))
+        );
+
+        let failed = event(RunEventKind::Failed {
+            code: "upstream_error".into(),
+            message: "bad prompt".into(),
+            class: FailureClass::Request,
+            status: Some(400),
+        });
+        assert_eq!(
+            text(&failed),
+            "r1 node-a echo/m1 failed code=upstream_error class=request status=400 message=bad prompt\n"
+        );
+        let line = json(&failed);
+        assert_eq!(
+            (line["class"].as_str(), line["status"].as_u64()),
+            (Some("request"), Some(400))
+        );
     }
 
     #[test]

@@ -50,8 +50,22 @@ fn record(event: &RunEvent) {
             ),
             None => event_record!(event, "run event"),
         },
-        RunEventKind::Output { text, data, .. } => {
-            event_record!(event, text = text.as_str(), bytes = data.len(), "run event");
+        RunEventKind::Output {
+            text,
+            data,
+            structured,
+        } => {
+            let structured = structured.as_deref();
+            event_record!(
+                event,
+                text = text.as_str(),
+                bytes = data.len(),
+                reasoning = structured.map(|s| s.reasoning.as_str()),
+                tool_calls = structured.map(|s| s.tool_calls.len()),
+                logprobs = structured.map(|s| s.logprobs.len()),
+                embeddings = structured.map(|s| s.embeddings.len()),
+                "run event"
+            );
         }
         RunEventKind::Completed {
             finish_reason,
@@ -61,12 +75,21 @@ fn record(event: &RunEvent) {
             finish_reason = finish_reason.as_str(),
             input_tokens = usage.map(|usage| usage.input_tokens),
             output_tokens = usage.map(|usage| usage.output_tokens),
+            cached_input_tokens = usage.map(|usage| usage.cached_input_tokens),
+            reasoning_tokens = usage.map(|usage| usage.reasoning_tokens),
             "run event"
         ),
-        RunEventKind::Failed { code, message, .. } => event_record!(
+        RunEventKind::Failed {
+            code,
+            message,
+            class,
+            status,
+        } => event_record!(
             event,
             code = code.as_str(),
             error_message = message.as_str(),
+            class = class.as_str(),
+            status = *status,
             "run event"
         ),
         RunEventKind::Cancelled { reason } => {

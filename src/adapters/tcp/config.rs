@@ -24,6 +24,9 @@ pub struct ServerConfig {
     pub shutdown_grace_ms: u64,
     /// Connections held at once; more are accepted and closed at once.
     pub max_connections: usize,
+    /// Connections the kernel queues for the accept loop (the listen backlog), capped by
+    /// `net.core.somaxconn`; a full queue drops SYNs, which the peer retries after 1 s.
+    pub listen_backlog: u32,
     /// Commands queued for one node before it counts as not reading (slow consumer).
     pub outbound_queue: usize,
     /// How long one write to a node may take before it counts as not reading.
@@ -54,6 +57,7 @@ impl Default for ServerConfig {
             max_register_frame_bytes: 16 * 1024,
             shutdown_grace_ms: 10_000,
             max_connections: 16_384,
+            listen_backlog: 4_096,
             outbound_queue: 1_024,
             write_timeout_ms: 10_000,
             register_failure_delay_ms: 100,

@@ -163,12 +163,12 @@ pub struct TcpServer {
 }
 
 impl TcpServer {
-    /// Binds `config.listen`.
+    /// Binds `config.listen` with `config.listen_backlog`.
     ///
     /// # Errors
     /// The socket error when the address cannot be bound.
     pub async fn bind(config: ServerConfig, deps: ServerDeps) -> io::Result<TcpServer> {
-        let listener = TcpListener::bind(config.listen).await?;
+        let listener = crate::adapters::listen::bind(config.listen, config.listen_backlog)?;
         let throttle = RegistrationThrottle::new(
             Duration::from_millis(config.register_failure_delay_ms),
             Duration::from_millis(config.register_failure_max_delay_ms),
@@ -242,10 +242,13 @@ impl TcpServer {
                         drop(stream);
                         continue;
                     };
-                    tune(&stream, keepalive.as_ref());
+                    // Nothing else is awaited or set up here: the socket options, the TLS
+                    // and registration handshakes all run on the connection's own task, so
+                    // the loop drains the kernel's accept queue as fast as it fills.
                     let control = control.clone();
                     let tls = tls.clone();
                     control.connections.clone().spawn(async move {
+                        tune(&stream, keepalive.as_ref());
                         match tls {
                             None => control.serve_stream(stream, peer).await,
                             // Boxed: the TLS state machine is several KiB, and inline it

@@ -6,7 +6,7 @@ use std::time::Duration;
 use tracing::info;
 
 use super::{ManageError, Management, now_ms, unix_ms};
-use crate::domain::{AdapterName, Drain, NodeId, NodeRecord, NodeState, Target};
+use crate::domain::{AdapterName, Availability, Drain, NodeId, NodeRecord, NodeState, Target};
 use crate::ports::ConnectedNode;
 
 /// A configured node as an operator sees it.
@@ -25,9 +25,9 @@ pub struct NodeStatus {
 impl NodeStatus {
     /// Whether the node reports it can serve `target` through `adapter` now; `None` while
     /// it reports nothing (or is not connected).
-    pub fn available(&self, _adapter: &AdapterName, _target: &Target) -> Option<bool> {
-        // The registry keeps no availability reports yet (routing adds them).
-        None
+    pub fn available(&self, adapter: &AdapterName, target: &Target) -> Option<bool> {
+        let reported = self.connection.as_ref()?.availability.as_ref()?;
+        Some(reported.serves(adapter, target))
     }
 }
 
@@ -44,6 +44,8 @@ pub struct ConnectedNodeView {
     pub last_seen_ms: u64,
     /// Runs it holds now.
     pub active_runs: u32,
+    /// What it last reported it can serve now; `None` until it reports.
+    pub availability: Option<Arc<Availability>>,
 }
 
 impl ConnectedNodeView {
@@ -54,6 +56,7 @@ impl ConnectedNodeView {
             connected_since_ms: unix_ms(node.connected_since),
             last_seen_ms: unix_ms(node.last_seen),
             active_runs: node.active_runs,
+            availability: node.availability.clone(),
         }
     }
 }

@@ -6,14 +6,14 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use bytes::Bytes;
-use edge::client::NodeClient;
-use edge::domain::{AdapterName, NodeSelector, Operation, RunEventKind, RunId, RunSpec, Target};
+use edge::client::{NodeClient, heartbeat};
+use edge::domain::{AdapterName, Availability, RunEventKind, RunId, Target};
 use edge::ports::{NodeCommand, RunAssignment};
 use edge::wire::ReceivedEdgeFrame;
 use reqwest::{Method, StatusCode};
 use serde_json::Value;
 
+pub use crate::common::runs::echo_run;
 use crate::common::{NodeTable, PATIENCE, TestApp};
 
 /// The admin key of [`nodes_config`].
@@ -82,23 +82,6 @@ pub async fn get_ok(app: &TestApp, path: &str) -> Value {
     body
 }
 
-/// A run of `echo/default` with `input`.
-pub fn echo_run(input: &str) -> RunSpec {
-    RunSpec {
-        selector: NodeSelector {
-            adapter: AdapterName::parse("echo").expect("adapter"),
-            target: Target::parse("default").expect("target"),
-            pin: None,
-        },
-        input: Bytes::from(input.to_owned()),
-        content_type: "text/plain; charset=utf-8".into(),
-        params: BTreeMap::new(),
-        deadline: None,
-        operation: Operation::Unspecified,
-        routing: Default::default(),
-    }
-}
-
 /// A node whose every frame the test sends by hand.
 pub struct HandNode {
     client: NodeClient,
@@ -147,6 +130,17 @@ impl HandNode {
             .expect("send an event");
     }
 
+    /// Sends a heartbeat reporting that it serves only `available` (`adapter/target` pairs)
+    /// now.
+    pub async fn report_available(&mut self, available: &[(&str, &str)]) {
+        let pairs = available.iter().map(|(adapter, target)| {
+            let adapter = AdapterName::parse(adapter).expect("adapter");
+            (adapter, Target::parse(target).expect("target"))
+        });
+        let frame = heartbeat(0, 0, Some(Availability::new(pairs)));
+        self.client.send(frame).await.expect("send a heartbeat");
+    }
+
     /// Sends `started`, an output `text` and `completed`.
     pub async fn complete(&mut self, run: &RunId, text: &str) {
         self.send(run, RunEventKind::Started).await;
@@ -170,15 +164,27 @@ pub async fn run_until(
     what: &str,
     check: impl Fn(&Value) -> bool,
 ) -> Value {
+    let what = format!("run {id} {what}");
+    admin_until(app, &format!("/admin/v1/runs/{id}"), &what, check).await
+}
+
+/// Polls `GET path` until it answers 200 with a body `check` accepts, and returns that body;
+/// panics naming `what` after [`PATIENCE`].
+pub async fn admin_until(
+    app: &TestApp,
+    path: &str,
+    what: &str,
+    check: impl Fn(&Value) -> bool,
+) -> Value {
     let deadline = tokio::time::Instant::now() + PATIENCE;
     loop {
-        let (status, body) = admin(app, Method::GET, &format!("/admin/v1/runs/{id}"), None).await;
+        let (status, body) = admin(app, Method::GET, path, None).await;
         if status == StatusCode::OK && check(&body) {
             return body;
         }
         assert!(
             tokio::time::Instant::now() < deadline,
-            "timed out waiting until run {id} {what}: {status} {body}"
+            "timed out waiting until {what}: {status} {body}"
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }

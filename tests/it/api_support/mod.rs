@@ -163,8 +163,8 @@ impl Sse {
     }
 }
 
-/// The events of a whole SSE answer (which must be `200 OK` with `text/event-stream`).
-pub async fn read_events(response: Response) -> Vec<Sse> {
+/// The whole body of an SSE answer, which must be `200 OK` with `text/event-stream`.
+pub async fn event_stream_body(response: Response) -> String {
     assert_eq!(response.status(), StatusCode::OK);
     let content_type = response.headers()["content-type"]
         .to_str()
@@ -174,7 +174,12 @@ pub async fn read_events(response: Response) -> Vec<Sse> {
         content_type.starts_with("text/event-stream"),
         "{content_type}"
     );
-    let body = response.text().await.expect("the stream ends");
+    response.text().await.expect("the stream ends")
+}
+
+/// The events of a whole SSE answer (which must be `200 OK` with `text/event-stream`).
+pub async fn read_events(response: Response) -> Vec<Sse> {
+    let body = event_stream_body(response).await;
     body.split("\n\n")
         .filter_map(|block| {
             let mut event = None;

@@ -17,13 +17,13 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use edge::adapters::sinks::config::SinkKind;
-use edge::app::App;
+
 use edge::domain::{AdapterName, NodeSelector, Operation, RunSpec, Target};
 use serde_json::json;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::common::{TestApp, settings_on_free_ports};
+use crate::common::{self, TestApp, settings_on_free_ports};
 use crate::node::NodeOptions;
 use crate::node::lifecycle::NodeError;
 use upstream::Reply;
@@ -117,20 +117,7 @@ pub async fn edge_on(config: &str, node_addr: SocketAddr) -> TestApp {
     settings.server.listen = node_addr;
     settings.server.shutdown_grace_ms = 500;
     settings.events.sinks = vec![SinkKind::Null];
-    let app = App::build(settings).await.expect("build the edge");
-    let node_addr = app.node_addr().expect("node addr");
-    let http_addr = app.http_addr().expect("http addr");
-    let admin_addr = app.admin_addr().expect("admin addr");
-    let parts = app.parts();
-    let serving = tokio::spawn(app.run_until_stopped());
-    TestApp {
-        node_addr,
-        http_addr,
-        admin_addr,
-        parts,
-        serving,
-        dir,
-    }
+    common::serve(settings, dir).await
 }
 
 pub fn prompt(text: &str) -> RunSpec {

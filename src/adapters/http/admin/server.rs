@@ -25,7 +25,7 @@ pub struct AdminServer {
 
 impl AdminServer {
     /// Binds `listen` and builds the routes; connections live under `limits` (the `[http]`
-    /// header and body timeouts and connection cap).
+    /// header and body timeouts, connection cap and listen backlog).
     ///
     /// # Errors
     /// The socket error when the address cannot be bound.
@@ -34,7 +34,7 @@ impl AdminServer {
         limits: HttpConfig,
         state: AdminState,
     ) -> io::Result<AdminServer> {
-        let listener = TcpListener::bind(listen).await?;
+        let listener = crate::adapters::listen::bind(listen, limits.listen_backlog)?;
         let router = routes(state)
             .fallback(unknown_route)
             .layer(RequestBodyTimeoutLayer::new(limits.body_read_timeout()));

@@ -1,15 +1,60 @@
-//! What the translators of the Anthropic Messages and Responses APIs share: the typed
-//! events they produce from run events, and the [`EventWriter`] that writes them as named
-//! SSE events. The translators themselves are pure state machines (run output in, API
-//! events out); this module is the only place they meet the HTTP body.
+//! What the translators of the Anthropic Messages and Responses APIs share: reading a
+//! request into the chat run it becomes ([`chat_run`]), the typed events they produce from
+//! run events, and the [`EventWriter`] that writes them as named SSE events. The
+//! translators themselves are pure state machines (run output in, API events out); this
+//! module is the only place they meet the HTTP body.
 
-use bytes::BytesMut;
+use axum::extract::rejection::BytesRejection;
+use axum::http::HeaderMap;
+use bytes::{Bytes, BytesMut};
 use serde_json::Value;
 
+use super::auth::Caller;
 use super::error::ApiError;
+use super::request::{deadline, read_body, run_spec};
+use super::routing::{ClientKeys, prefix_of_value, run_routing};
 use super::run::{Finished, Output};
 use super::sse::{EventWriter, push_named_event};
-use crate::domain::StructuredOutput;
+use crate::adapters::http::HttpState;
+use crate::domain::{Operation, RunSpec, StructuredOutput};
+
+/// What a request of another API becomes: a chat-completions body for one model.
+pub(super) trait ChatTranslation {
+    /// The model as the client named it.
+    fn model(&self) -> &str;
+    /// The chat-completions body (without `model` and `stream`) the run gets as input.
+    fn chat(&self) -> &Value;
+}
+
+/// Reads a JSON request `body`, translates it with `translate`, and builds the chat run it
+/// becomes: its deadline from `headers`, its routing from `caller`, `headers`, the client
+/// keys `keys` finds in the request, or the chat prompt's prefix.
+///
+/// # Errors
+/// The body's or the translation's 4xx, an unknown model, a bad header.
+pub(super) fn chat_run<T: ChatTranslation>(
+    state: &HttpState,
+    caller: &Caller,
+    headers: &HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+    translate: impl FnOnce(&Value) -> Result<T, ApiError>,
+    keys: fn(&Value) -> ClientKeys<'_>,
+) -> Result<(T, RunSpec), ApiError> {
+    let body = read_body(&state.api, body)?;
+    let value: Value = serde_json::from_slice(&body)
+        .map_err(|error| ApiError::malformed_json(&error.to_string()))?;
+    let translated = translate(&value)?;
+    let deadline = deadline(&state.api, headers)?;
+    let prefix = state.api.prefix_affinity();
+    let chat = translated.chat();
+    let routing = run_routing(caller, headers, keys(&value), || {
+        prefix.then(|| prefix_of_value(chat)).flatten()
+    })?;
+    let input = Bytes::from(chat.to_string());
+    let model = translated.model();
+    let spec = run_spec(&state.api, model, input, Operation::Chat, deadline, routing)?;
+    Ok((translated, spec))
+}
 
 /// One event of an API's stream: its SSE event name and its JSON data.
 #[derive(Debug, Clone, PartialEq)]

@@ -21,13 +21,12 @@ use serde_json::{Value, json};
 use super::auth::Caller;
 use super::error::ApiError;
 use super::output::Collected;
-use super::request::{deadline, read_body, run_spec};
-use super::routing::{ClientKeys, prefix_of_value, run_routing};
+use super::routing::ClientKeys;
 use super::run::{self, Finished, Step};
 use super::sse;
-use super::translate::{NamedEvents, arguments_value};
+use super::translate::{NamedEvents, arguments_value, chat_run};
 use crate::adapters::http::HttpState;
-use crate::domain::{Operation, Usage};
+use crate::domain::Usage;
 use stream::MessagesStream;
 
 /// `POST /v1/messages`.
@@ -37,25 +36,17 @@ pub(super) async fn create(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let prepared = read_body(&state.api, body).and_then(|body| {
-        let value: Value = serde_json::from_slice(&body)
-            .map_err(|error| ApiError::malformed_json(&error.to_string()))?;
-        let translated = request::translate(&value)?;
-        let deadline = deadline(&state.api, &headers)?;
-        let user = value.pointer("/metadata/user_id").and_then(Value::as_str);
-        let keys = ClientKeys {
-            user,
+    let prepared = chat_run(
+        &state,
+        &caller,
+        &headers,
+        body,
+        request::translate,
+        |value| ClientKeys {
+            user: value.pointer("/metadata/user_id").and_then(Value::as_str),
             ..ClientKeys::default()
-        };
-        let prefix = state.api.prefix_affinity();
-        let routing = run_routing(&caller, &headers, keys, || {
-            prefix.then(|| prefix_of_value(&translated.chat)).flatten()
-        })?;
-        let input = Bytes::from(translated.chat.to_string());
-        let model = &translated.model;
-        let spec = run_spec(&state.api, model, input, Operation::Chat, deadline, routing)?;
-        Ok((translated, spec))
-    });
+        },
+    );
     let (translated, spec) = match prepared {
         Ok(prepared) => prepared,
         Err(error) => return error_response(&error),

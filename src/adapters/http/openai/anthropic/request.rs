@@ -7,6 +7,7 @@
 use serde_json::{Map, Value, json};
 
 use super::super::error::ApiError;
+use super::super::translate::ChatTranslation;
 
 /// A checked Messages request, translated.
 #[derive(Debug, Clone, PartialEq)]
@@ -19,6 +20,16 @@ pub(super) struct MessagesRequest {
     pub thinking: bool,
     /// The chat-completions body (without `model` and `stream`) the run gets as input.
     pub chat: Value,
+}
+
+impl ChatTranslation for MessagesRequest {
+    fn model(&self) -> &str {
+        &self.model
+    }
+
+    fn chat(&self) -> &Value {
+        &self.chat
+    }
 }
 
 /// A 400 about `param`.

@@ -17,18 +17,14 @@ use axum::extract::rejection::BytesRejection;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
-use serde_json::Value;
 
 use super::auth::Caller;
-use super::error::ApiError;
 use super::reply::unix_now;
-use super::request::{deadline, read_body, run_spec};
-use super::routing::{ClientKeys, prefix_of_value, run_routing};
+use super::routing::ClientKeys;
 use super::run::{self, Step};
 use super::sse;
-use super::translate::NamedEvents;
+use super::translate::{NamedEvents, chat_run};
 use crate::adapters::http::HttpState;
-use crate::domain::Operation;
 use items::{Outcome, ResponseBase, collected_items, response_json};
 use stream::ResponsesStream;
 
@@ -39,21 +35,14 @@ pub(super) async fn create(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let prepared = read_body(&state.api, body).and_then(|body| {
-        let value: Value = serde_json::from_slice(&body)
-            .map_err(|error| ApiError::malformed_json(&error.to_string()))?;
-        let translated = request::translate(&value)?;
-        let deadline = deadline(&state.api, &headers)?;
-        let keys = ClientKeys::of(&value);
-        let prefix = state.api.prefix_affinity();
-        let routing = run_routing(&caller, &headers, keys, || {
-            prefix.then(|| prefix_of_value(&translated.chat)).flatten()
-        })?;
-        let input = Bytes::from(translated.chat.to_string());
-        let model = &translated.model;
-        let spec = run_spec(&state.api, model, input, Operation::Chat, deadline, routing)?;
-        Ok((translated, spec))
-    });
+    let prepared = chat_run(
+        &state,
+        &caller,
+        &headers,
+        body,
+        request::translate,
+        |value| ClientKeys::of(value),
+    );
     let (translated, spec) = match prepared {
         Ok(prepared) => prepared,
         Err(error) => return error.into_response(),

@@ -10,6 +10,7 @@
 use serde_json::{Map, Value, json};
 
 use super::super::error::ApiError;
+use super::super::translate::ChatTranslation;
 
 /// A checked Responses request, translated.
 #[derive(Debug, Clone, PartialEq)]
@@ -22,6 +23,16 @@ pub(super) struct ResponsesRequest {
     pub instructions: Value,
     /// The chat-completions body (without `model` and `stream`) the run gets as input.
     pub chat: Value,
+}
+
+impl ChatTranslation for ResponsesRequest {
+    fn model(&self) -> &str {
+        &self.model
+    }
+
+    fn chat(&self) -> &Value {
+        &self.chat
+    }
 }
 
 fn invalid(param: &'static str, message: impl Into<String>) -> ApiError {
