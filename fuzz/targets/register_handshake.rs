@@ -40,7 +40,7 @@ use edge::app::settings::RunsConfig;
 use edge::domain::routing::{BreakerPolicy, Catalog, RoutingPolicy};
 use edge::domain::{
     AdapterDefinition, AdapterName, NodeDefinition, NodeId, NodeSelector, RegisterAttempt,
-    RunEvent, RunId, RunSpec, Target, Token,
+    ResumeAnswer, ResumeClaim, RunEvent, RunId, RunSpec, Target, Token,
 };
 use edge::ports::{
     CloseReason, ConnectionId, EventSink, NodeEventHandler, NodeStore, Registry, ReportedEvent,
@@ -345,14 +345,24 @@ impl NodeEventHandler for Handler {
         self.service.run_event(node, connection, event).await;
     }
 
+    async fn resume_runs(
+        &self,
+        node: &NodeId,
+        connection: ConnectionId,
+        claims: &[ResumeClaim],
+    ) -> Vec<ResumeAnswer> {
+        self.service.resume_runs(node, connection, claims).await
+    }
+
     async fn node_disconnected(
         &self,
         node: &NodeId,
         connection: ConnectionId,
         reason: CloseReason,
+        resumable: bool,
     ) {
         self.service
-            .node_disconnected(node, connection, reason)
+            .node_disconnected(node, connection, reason, resumable)
             .await;
     }
 }

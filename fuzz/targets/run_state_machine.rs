@@ -247,6 +247,7 @@ impl World {
             max_attempts: 1 + u32::from(config / 2 % 4),
             cancel_grace_ms: [0, 20, 500, 5_000][usize::from(config / 16 % 4)],
             default_deadline_ms: [0, 0, 300, 2_000][usize::from(config / 64 % 4)],
+            resume_grace_ms: [0, 50, 1_000, 5_000][usize::from(config / 4 % 4)],
         };
         let routing_config = RoutingConfig {
             breaker: BreakerConfig {
@@ -405,7 +406,7 @@ impl World {
                 "the registry lost a live connection"
             );
             service
-                .node_disconnected(record.id(), connection, reason)
+                .node_disconnected(record.id(), connection, reason, false)
                 .await;
         }));
     }

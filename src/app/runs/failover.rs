@@ -10,8 +10,8 @@
 //! every node tried excluded; if it finds none that could ever take the run, the failed
 //! attempt's event is relayed as the run's end.
 //!
-//! A node's departure ends each of its attempts through [`RunService::lose_attempt`], the
-//! one place where a dropped connection meets a run.
+//! A node's departure ends (or, for resume, detaches) each of its attempts through
+//! [`RunService::lose_attempt`], the one place where a dropped connection meets a run.
 
 use std::sync::Arc;
 
@@ -21,7 +21,7 @@ use tracing::{info, warn};
 use super::delivery::Source;
 use super::placement::Pumped;
 use super::service::RunService;
-use super::table::{Placement, Route, Run, Table, lock};
+use super::table::{Route, Run, Table, lock};
 use crate::domain::routing::{AttemptEnd, Decision, Failover, Outcome, Transition, after_attempt};
 use crate::domain::{EdgeFailure, EventOrigin, NodeId, RunEventKind};
 use crate::ports::ConnectionId;
@@ -52,16 +52,17 @@ impl RunService {
         let now = Instant::now();
         let mut table = lock(&self.inner.table);
         let mut route = lock(&run.route);
-        let Placement::Dispatched { node, connection } = route.placement.clone() else {
-            return None;
-        };
+        let (node, connection) = route
+            .placement
+            .attempt()
+            .map(|(node, connection)| (node.clone(), connection))?;
         let outcome = if blame {
             end.breaker_outcome()
         } else {
             Outcome::Neutral
         };
         self.record_outcome(&mut table, &mut route, &node, outcome, now);
-        if route.cancelling || self.is_draining() {
+        if route.cancelling.is_some() || self.is_draining() {
             return None;
         }
         let max = self.inner.routing.policy.max_attempts;
@@ -178,23 +179,31 @@ impl RunService {
     /// against the node's breaker, however many runs it held: `first` says whether this is
     /// the run it counts with.
     ///
-    /// This is the hook for resuming runs across a reconnect: a run whose attempt already
-    /// produced output would be detached here (kept open, waiting for the node to come back
-    /// and claim it) instead of ended.
+    /// When the node may come back and resume its runs (`resumable`), a run whose attempt
+    /// already produced output is detached instead (`resume.rs`): kept open for the node to
+    /// claim it.
     pub(super) async fn lose_attempt(
         &self,
         run: &Arc<Run>,
         node: &NodeId,
         connection: ConnectionId,
         first: bool,
+        resumable: bool,
     ) {
+        let delivery = run.delivery.lock().await;
+        if !run.is_on(node, connection)
+            || (resumable && self.detach(run, &delivery, node, connection, first))
+        {
+            // Resumed on a newer connection meanwhile, or held for that.
+            return;
+        }
         let lost = EdgeFailure::NodeDisconnected.into_event_kind();
         let source = if first {
             Source::Attempt(node, connection)
         } else {
             Source::Departed(node, connection)
         };
-        self.relay_event(run, source, None, EventOrigin::Edge, lost)
+        self.relay_locked(run, delivery, source, None, EventOrigin::Edge, lost)
             .await;
     }
 
