@@ -65,6 +65,7 @@ mod openai_python;
 mod otlp;
 mod protocol_v1;
 mod registration;
+mod resume;
 mod runs;
 mod soak;
 mod tls;
