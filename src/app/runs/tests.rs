@@ -1239,8 +1239,19 @@ enum Op {
     Cancel { run: usize },
     /// Node `node` disconnects.
     Disconnect { node: usize },
-    /// Node `node` connects, if it is not connected.
-    Connect { node: usize },
+    /// Node `node` connects, if it is not connected; a `resumable` one registers with an
+    /// instance id (its runs with output are detached when it disconnects).
+    Connect { node: usize, resumable: bool },
+    /// Node `node` registers again (taking its live connection over, if any, which then
+    /// closes) and claims the runs in `claims` (a bit per run index), each as the node
+    /// that made `skew` more events than it sent (0 to 2) and keeps them from `kept`
+    /// (0 the first, 1 the one after the last sent, 2 one further: lost events).
+    Resume {
+        node: usize,
+        claims: u8,
+        skew: u8,
+        kept: u8,
+    },
     /// Time passes.
     Wait { ms: u64 },
 }
@@ -1254,7 +1265,9 @@ fn op() -> impl Strategy<Value = Op> {
         1 => any::<usize>().prop_map(|run| Op::Stray { run }),
         2 => any::<usize>().prop_map(|run| Op::Cancel { run }),
         1 => (0..NODES.len()).prop_map(|node| Op::Disconnect { node }),
-        2 => (0..NODES.len()).prop_map(|node| Op::Connect { node }),
+        2 => (0..NODES.len(), any::<bool>()).prop_map(|(node, resumable)| Op::Connect { node, resumable }),
+        2 => (0..NODES.len(), any::<u8>(), 0u8..3, 0u8..3)
+            .prop_map(|(node, claims, skew, kept)| Op::Resume { node, claims, skew, kept }),
         2 => (1u64..400).prop_map(|ms| Op::Wait { ms }),
     ]
 }
@@ -1331,10 +1344,50 @@ async fn interleave(ops: Vec<Op>) {
                     h.disconnect(NODES[node].0).await;
                 }
             }
-            Op::Connect { node } => {
+            Op::Connect { node, resumable } => {
                 let (id, max) = NODES[node];
                 if !h.connections.contains_key(id) {
-                    h.connect(id, max).await;
+                    if resumable {
+                        h.resume(id, max, &[]).await;
+                    } else {
+                        h.connect(id, max).await;
+                    }
+                }
+            }
+            Op::Resume {
+                node,
+                claims,
+                skew,
+                kept,
+            } => {
+                let (id, max) = NODES[node];
+                let claimed: Vec<usize> = (0..handles.len().min(8))
+                    .filter(|run| claims & (1 << run) != 0)
+                    .collect();
+                let claims: Vec<ResumeClaim> = claimed
+                    .iter()
+                    .map(|&run| {
+                        let next_seq = seqs[run] + 1 + u64::from(skew);
+                        ResumeClaim {
+                            run_id: handles[run].run_id.as_str().to_owned(),
+                            next_seq,
+                            first_buffered_seq: [1, seqs[run] + 1, seqs[run] + 2]
+                                [usize::from(kept)],
+                        }
+                    })
+                    .collect();
+                let old = h.connections.get(id).copied();
+                let was_resumable = h.resumable.contains(id);
+                let (_, answers) = h.resume(id, max, &claims).await;
+                if let Some(old) = old {
+                    h.close(id, old, was_resumable).await;
+                }
+                for (run, answer) in claimed.iter().zip(&answers) {
+                    assert_eq!(answer.run_id, handles[*run].run_id.as_str());
+                    if let Ok(from) = answer.outcome {
+                        // The node sends again from where the edge wants.
+                        seqs[*run] = from - 1;
+                    }
                 }
             }
             Op::Wait { ms } => sleep(Duration::from_millis(ms)).await,
@@ -1348,6 +1401,9 @@ async fn interleave(ops: Vec<Op>) {
     assert_eq!(h.service.queued_runs(), 0);
     for handle in &mut handles {
         h.assert_ended_once(handle);
+        // Nothing relayed twice: a resumed run's repeats are dropped.
+        let seqs: Vec<u64> = h.published(&handle.run_id).iter().map(|e| e.seq).collect();
+        assert!(seqs.windows(2).all(|w| w[0] < w[1]), "seqs {seqs:?}");
     }
     for (id, _) in NODES {
         if h.connections.contains_key(id) {
@@ -1360,8 +1416,10 @@ async fn interleave(ops: Vec<Op>) {
 proptest! {
     #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
-    /// Whatever nodes, callers and timers do in whatever order, every accepted run ends with
-    /// exactly one terminal event, nothing follows it, and no run is left open.
+    /// Whatever nodes, callers and timers do in whatever order — runs detached when their
+    /// node drops, re-attached or refused when it comes back and claims them, connections
+    /// taken over — every accepted run ends with exactly one terminal event, nothing
+    /// follows it, nothing is relayed twice, and no run is left open.
     #[test]
     fn every_run_ends_with_exactly_one_terminal_event(
         ops in proptest::collection::vec(op(), 1..40),
