@@ -62,15 +62,7 @@ impl RunService {
             Outcome::Neutral
         };
         self.record_outcome(&mut table, &mut route, &node, outcome, now);
-        if route.cancelling.is_some() || self.is_draining() {
-            return None;
-        }
-        let max = self.inner.routing.policy.max_attempts;
-        let time_left = run.time_left(now);
-        if !matches!(
-            after_attempt(end, saw_output, &route.tried, max, time_left),
-            Failover::Retry { .. }
-        ) {
+        if !self.may_retry(run, &route, end, saw_output, now) {
             return None;
         }
         let (sent_to, displaced) = self.next_attempt(&mut table, run, &mut route, now)?;
@@ -90,6 +82,45 @@ impl RunService {
             displaced,
             pumped,
         })
+    }
+
+    /// Whether `run`, whose current attempt ended with `end`, gets another attempt: not
+    /// while it is being cancelled or the edge stops, and only as the domain's
+    /// `after_attempt` says (a node's reason, nothing relayed, attempts and time left).
+    fn may_retry(
+        &self,
+        run: &Run,
+        route: &Route,
+        end: AttemptEnd,
+        saw_output: bool,
+        now: Instant,
+    ) -> bool {
+        if route.cancelling.is_some() || self.is_draining() {
+            return false;
+        }
+        let max = self.inner.routing.policy.max_attempts;
+        let time_left = run.time_left(now);
+        matches!(
+            after_attempt(end, saw_output, &route.tried, max, time_left),
+            Failover::Retry { .. }
+        )
+    }
+
+    /// Whether losing `run`'s current attempt to a disconnect (before any output) would
+    /// place it again, now or from the queue: some node it has not tried could take it.
+    /// Changes nothing but the routing turn.
+    pub(super) fn would_fail_over(&self, run: &Run) -> bool {
+        let now = Instant::now();
+        let mut table = lock(&self.inner.table);
+        let route = lock(&run.route);
+        if !self.may_retry(run, &route, AttemptEnd::Disconnected, false, now) {
+            return false;
+        }
+        let nodes = self.inner.registry.statuses();
+        !matches!(
+            self.decide(&mut table, &nodes, run, &route, now),
+            Decision::Refuse(_)
+        )
     }
 
     /// Places `run`'s next attempt, or queues it. `None` when no node could ever take it

@@ -1,8 +1,9 @@
 //! Resume: runs that outlive a blip in their node's connection.
 //!
 //! When a node that may resume (it registered with an instance id) loses its connection,
-//! each of its runs that already produced output is **detached** ([`RunService::detach`])
-//! for `runs.resume_grace_ms` instead of ending: the attempt goes on, its caller's stream
+//! each of its runs that already produced output — or that failover could not place on any
+//! other node — is **detached** ([`RunService::detach`]) for `runs.resume_grace_ms` instead
+//! of ending: the attempt goes on, its caller's stream
 //! stays open, its deadline keeps counting. When the node registers again, its claims are
 //! answered under the table lock ([`RunService::resume_claims`]): a claimed run it holds is
 //! re-attached to the new connection from the seq the domain's `decide_resume` picks (the
@@ -81,10 +82,11 @@ enum NotReattached {
 
 impl RunService {
     /// Detaches `run`'s attempt on `node`'s `connection`, which has dropped, if resume is
-    /// on, the edge is not draining, the run already produced output and it is still on
-    /// that connection; arms the grace. Returns whether it did (else the caller ends the
-    /// attempt). `blame` says whether the run's loss, if it comes to that, counts against
-    /// the node's breaker.
+    /// on, the edge is not draining, the run is still on that connection, and either it
+    /// already produced output or failover could not place it anywhere else; arms the
+    /// grace. Returns whether it did (else the caller ends the attempt, which may fail it
+    /// over). `blame` says whether the run's loss, if it comes to that, counts against the
+    /// node's breaker.
     pub(super) fn detach(
         &self,
         run: &Arc<Run>,
@@ -96,7 +98,10 @@ impl RunService {
         let Some(grace) = self.inner.config.resume_grace() else {
             return false;
         };
-        if !delivery.saw_output() || delivery.is_finished() || self.is_draining() {
+        if delivery.is_finished() || self.is_draining() {
+            return false;
+        }
+        if !delivery.saw_output() && self.would_fail_over(run) {
             return false;
         }
         {

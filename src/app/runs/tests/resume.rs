@@ -333,3 +333,29 @@ async fn with_resume_off_runs_fail_at_once_and_claims_are_refused() {
     assert_eq!(answers, [answer(&run, Err(ResumeRefusal::Disabled))]);
     h.finish().await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_run_no_other_node_could_take_is_held_even_without_output() {
+    let mut h = Harness::expecting(Expect::terminals(1).runs_sent(1));
+    // Pinned to a: failover has nowhere to go, so the run waits for a like one with output.
+    let (_, mut handle) = h.streaming("a", 0).await;
+    let run = handle.run_id.clone();
+    h.disconnect("a").await;
+    assert_eq!(h.service.open_runs(), 1);
+    assert_eq!(h.service.queued_runs(), 0);
+
+    let (a, answers) = h.resume("a", 2, &[claim(&run, 2, 2)]).await;
+    assert_eq!(answers, [answer(&run, Ok(2))]);
+    h.report_each(
+        "a",
+        a,
+        &run,
+        [RunEventKind::Started, output("late"), completed()],
+    )
+    .await;
+    assert_eq!(h.dropped_duplicate(), 1);
+    let kinds: Vec<_> = numbered(&h, &run).into_iter().map(|(_, k)| k).collect();
+    assert_eq!(kinds, [RunEventKind::Started, output("late"), completed()]);
+    h.assert_ended_once(&mut handle);
+    h.finish().await;
+}
