@@ -8,7 +8,8 @@
 //! answered under the table lock ([`RunService::resume_claims`]): a claimed run it holds is
 //! re-attached to the new connection from the seq the domain's `decide_resume` picks (the
 //! relay then drops any event already relayed), and every run of the node on another
-//! connection that it did not claim, or whose claim is refused, ends `node_disconnected`.
+//! connection that it did not claim, or whose claim is refused, ends `node_disconnected`
+//! (one of which nothing was relayed never reached the node: it is sent again instead).
 //! A run still attached to the node's older connection (a takeover that raced its close) is
 //! claimed the same way. The grace timer (`timers.rs`) ends a run nobody claimed in time.
 //!
@@ -24,7 +25,7 @@ use tracing::info;
 
 use super::delivery::{Delivery, Source};
 use super::service::RunService;
-use super::table::{Placement, Run, lock};
+use super::table::{Placement, Route, Run, lock};
 use crate::domain::{
     EdgeFailure, EventOrigin, NodeId, ResumeAnswer, ResumeClaim, ResumeRefusal, decide_resume,
 };
@@ -229,11 +230,7 @@ impl RunService {
         }
         let from = decide_resume(claim, delivery.last_node_seq())
             .map_err(|refusal| NotReattached::Lost(refusal, held_on))?;
-        route.placement = Placement::Dispatched {
-            node: node.clone(),
-            connection,
-        };
-        self.inner.registry.adjust_active_runs(node, connection, 1);
+        self.move_attempt(&mut route, node, connection);
         delivery.resume();
         Ok(Reattached {
             from,
@@ -243,8 +240,20 @@ impl RunService {
         })
     }
 
+    /// Puts the attempt in `route` on `node`'s `connection`, taking a slot there (the
+    /// connection it leaves took its slot with it, or is leaving).
+    fn move_attempt(&self, route: &mut Route, node: &NodeId, connection: ConnectionId) {
+        route.placement = Placement::Dispatched {
+            node: node.clone(),
+            connection,
+        };
+        self.inner.registry.adjust_active_runs(node, connection, 1);
+    }
+
     /// Ends every run `node` holds on a connection other than `connection` (detached, or
-    /// attached to an older one) that it did not claim.
+    /// attached to an older one) that it did not claim — except a run of which nothing was
+    /// relayed: its `run` command was lost with the old connection (the node would claim a
+    /// run it had), so it is sent again on the new one.
     async fn lose_unclaimed(
         &self,
         node: &NodeId,
@@ -266,10 +275,22 @@ impl RunService {
             .collect();
         for run in unclaimed {
             let delivery = run.delivery.lock().await;
-            if let Some(held_on) = elsewhere(&run) {
-                self.lose_held(&run, delivery, node, held_on, Loss::NotClaimed)
-                    .await;
+            let Some(held_on) = elsewhere(&run) else {
+                continue;
+            };
+            if delivery.last_node_seq() == 0 && !delivery.is_finished() {
+                {
+                    let _table = lock(&self.inner.table);
+                    let mut route = lock(&run.route);
+                    self.move_attempt(&mut route, node, connection);
+                }
+                drop(delivery);
+                info!(parent: &run.span, old_connection = held_on, "run sent again: its node never got it");
+                self.send_run(&run, node);
+                continue;
             }
+            self.lose_held(&run, delivery, node, held_on, Loss::NotClaimed)
+                .await;
         }
     }
 

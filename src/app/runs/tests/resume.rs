@@ -34,7 +34,7 @@ impl Harness {
     /// Node `id` registers as a node that may resume, with no claims, and runs one run,
     /// which reports `started` and `outputs` outputs; returns the connection and the run.
     async fn streaming(&mut self, id: &str, outputs: usize) -> (ConnectionId, RunHandle) {
-        let (connection, _) = self.resume(id, 2, &[]).await;
+        let (connection, _) = self.resume(id, 3, &[]).await;
         let handle = self.start(RunSpec {
             selector: NodeSelector {
                 pin: Some(id.to_owned()),
@@ -261,34 +261,34 @@ async fn the_deadline_keeps_counting_while_detached() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_takeover_claims_runs_still_on_the_old_connection() {
-    let mut h = Harness::expecting(Expect::terminals(2));
+async fn a_takeover_claims_runs_still_on_the_old_connection_and_resends_one_never_received() {
+    let mut h = Harness::expecting(Expect::terminals(3).runs_sent(4));
     let (old, mut kept) = h.streaming("a", 1).await;
-    // Not claimed, and without output: it fails over (to b).
-    let mut moved = h.start(RunSpec {
-        selector: NodeSelector {
-            pin: None,
-            ..spec().selector
-        },
-        ..spec()
-    });
-    assert_eq!(h.sent_to(&moved.run_id), [node_id("a")]);
+    // Sent, but lost with the old connection before the node saw it: nothing relayed.
+    let mut unseen = h.start(spec());
+    // Started on the old connection, then lost by the node: not claimed, it fails over.
+    let mut started = h.start(spec());
+    h.report("a", old, &started.run_id, 1, RunEventKind::Started)
+        .await;
     let b = h.connect("b", 1).await;
 
     // The node's new connection takes over before the edge has seen the old one close.
-    let (new, answers) = h.resume("a", 2, &[claim(&kept.run_id, 3, 3)]).await;
+    let (new, answers) = h.resume("a", 3, &[claim(&kept.run_id, 3, 3)]).await;
     assert_eq!(answers, [answer(&kept.run_id, Ok(3))]);
-    assert_eq!(h.active_runs("a"), 1);
-    assert_eq!(h.sent_to(&moved.run_id), [node_id("a"), node_id("b")]);
+    assert_eq!(h.sent_to(&unseen.run_id), [node_id("a"), node_id("a")]);
+    assert_eq!(h.sent_to(&started.run_id), [node_id("a"), node_id("b")]);
+    assert_eq!(h.active_runs("a"), 2);
     // The old connection's last words and its close change nothing.
     h.report("a", old, &kept.run_id, 3, output("stale")).await;
     h.close("a", old, true).await;
-    assert_eq!(h.service.open_runs(), 2);
+    assert_eq!(h.service.open_runs(), 3);
 
     h.report("a", new, &kept.run_id, 3, completed()).await;
     assert_eq!(h.assert_ended_once(&mut kept).kind, completed());
-    h.report("b", b, &moved.run_id, 1, completed()).await;
-    assert_eq!(h.assert_ended_once(&mut moved).kind, completed());
+    h.report("a", new, &unseen.run_id, 1, completed()).await;
+    assert_eq!(h.assert_ended_once(&mut unseen).kind, completed());
+    h.report("b", b, &started.run_id, 1, completed()).await;
+    assert_eq!(h.assert_ended_once(&mut started).kind, completed());
     assert_eq!(h.active_runs("a"), 0);
     assert_eq!(h.active_runs("b"), 0);
     h.finish().await;
