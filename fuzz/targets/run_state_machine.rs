@@ -382,6 +382,7 @@ impl World {
             link: Arc::clone(&link) as Arc<dyn NodeLink>,
             instance_id: String::new(),
             last_frame: Arc::new(LastFrame::new(std::time::Instant::now())),
+            reserved_runs: 0,
         };
         if self.registry.insert(registered).is_err() {
             // Its previous connection has not finished closing yet.

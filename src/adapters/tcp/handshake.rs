@@ -162,6 +162,7 @@ impl<S: NodeIo> Connection<'_, S> {
             link: Arc::new(link),
             instance_id: attempt.instance_id.clone(),
             last_frame: Arc::clone(&last_frame),
+            reserved_runs: record.runtime().max_concurrent_runs(),
         };
         let entered = match takeover {
             None => shared.deps.registry.insert(registered).map(|()| None),
@@ -199,12 +200,19 @@ impl<S: NodeIo> Connection<'_, S> {
     }
 
     /// Hands the node's resume claims to the run service, which re-attaches what it can
-    /// and ends the node's other runs it did not claim; returns the answers.
+    /// and ends the node's other runs it did not claim; returns the answers. Until then the
+    /// node's whole capacity is held (it entered the registry with every slot reserved),
+    /// so no new run is placed on it before the runs it resumes are counted.
     async fn resume(&self, session: &Session, attempt: &RegisterAttempt) -> Vec<ResumeAnswer> {
-        let handler = &self.shared.deps.handler;
-        let answers = handler
-            .resume_runs(session.record.id(), self.id, &attempt.resume)
+        let deps = &self.shared.deps;
+        let node = session.record.id();
+        let answers = deps
+            .handler
+            .resume_runs(node, self.id, &attempt.resume)
             .await;
+        let reserved = session.record.runtime().max_concurrent_runs();
+        let reserved = i32::try_from(reserved).unwrap_or(i32::MAX);
+        deps.registry.adjust_active_runs(node, self.id, -reserved);
         if !answers.is_empty() {
             let resumed = answers.iter().filter(|a| a.outcome.is_ok()).count();
             info!(
