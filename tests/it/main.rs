@@ -28,6 +28,8 @@ mod frame_decoder;
 mod recording;
 #[path = "../../fuzz/targets/register_handshake.rs"]
 mod register_handshake;
+#[path = "../../fuzz/targets/resume_claims.rs"]
+mod resume_claims;
 #[path = "../../fuzz/targets/run_state_machine.rs"]
 mod run_state_machine;
 
