@@ -129,22 +129,7 @@ impl RunService {
         origin: EventOrigin,
         kind: RunEventKind,
     ) -> bool {
-        let delivery = run.delivery.lock().await;
-        self.relay_locked(run, delivery, source, seq, origin, kind)
-            .await
-    }
-
-    /// [`RunService::relay_event`] for a caller that already holds the run's delivery lock
-    /// (and must decide something under it first).
-    pub(super) async fn relay_locked(
-        &self,
-        run: &Arc<Run>,
-        mut delivery: tokio::sync::MutexGuard<'_, Delivery>,
-        source: Source<'_>,
-        seq: Option<u64>,
-        origin: EventOrigin,
-        kind: RunEventKind,
-    ) -> bool {
+        let mut delivery = run.delivery.lock().await;
         if self.is_stale(run, source) {
             return false;
         }

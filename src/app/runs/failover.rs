@@ -221,20 +221,24 @@ impl RunService {
         first: bool,
         resumable: bool,
     ) {
-        let delivery = run.delivery.lock().await;
-        if !run.is_on(node, connection)
-            || (resumable && self.detach(run, &delivery, node, connection, first))
         {
-            // Resumed on a newer connection meanwhile, or held for that.
-            return;
+            let delivery = run.delivery.lock().await;
+            if !run.is_on(node, connection)
+                || (resumable && self.detach(run, &delivery, node, connection, first))
+            {
+                // Resumed on a newer connection meanwhile, or held for that.
+                return;
+            }
         }
+        // Should a newer connection of the node claim the run in between, the relay finds
+        // the attempt moved on and drops this ending.
         let lost = EdgeFailure::NodeDisconnected.into_event_kind();
         let source = if first {
             Source::Attempt(node, connection)
         } else {
             Source::Departed(node, connection)
         };
-        self.relay_locked(run, delivery, source, None, EventOrigin::Edge, lost)
+        self.relay_event(run, source, None, EventOrigin::Edge, lost)
             .await;
     }
 

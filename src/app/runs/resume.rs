@@ -192,8 +192,9 @@ impl RunService {
             }
             Err(NotReattached::Unknown) => Err(ResumeRefusal::UnknownRun),
             Err(NotReattached::Lost(refusal, held_on)) => {
+                drop(delivery);
                 let loss = Loss::Refused(refusal);
-                self.lose_held(&run, delivery, node, held_on, loss).await;
+                self.lose_held(&run, node, held_on, loss).await;
                 Err(refusal)
             }
         }
@@ -289,8 +290,8 @@ impl RunService {
                 self.send_run(&run, node);
                 continue;
             }
-            self.lose_held(&run, delivery, node, held_on, Loss::NotClaimed)
-                .await;
+            drop(delivery);
+            self.lose_held(&run, node, held_on, Loss::NotClaimed).await;
         }
     }
 
@@ -301,24 +302,17 @@ impl RunService {
         node: &NodeId,
         connection: ConnectionId,
     ) {
-        let delivery = run.delivery.lock().await;
         let detached = matches!(&lock(&run.route).placement, Placement::Detached { node: n, connection: c, .. } if n == node && *c == connection);
         if detached {
-            self.lose_held(run, delivery, node, connection, Loss::GraceExpired)
+            self.lose_held(run, node, connection, Loss::GraceExpired)
                 .await;
         }
     }
 
     /// Ends the attempt `node` held on `held_on` with `node_disconnected` (a run that never
-    /// produced output may fail over), counting and logging the `loss`.
-    async fn lose_held(
-        &self,
-        run: &Arc<Run>,
-        delivery: tokio::sync::MutexGuard<'_, Delivery>,
-        node: &NodeId,
-        held_on: ConnectionId,
-        loss: Loss,
-    ) {
+    /// produced output may fail over), counting and logging the `loss`; nothing, if the
+    /// attempt has moved on meanwhile (a newer connection claimed it: the relay sees that).
+    async fn lose_held(&self, run: &Arc<Run>, node: &NodeId, held_on: ConnectionId, loss: Loss) {
         let (detached_since, blame) = match &lock(&run.route).placement {
             Placement::Detached { since, blame, .. } => (Some(*since), *blame),
             _ => (None, false),
@@ -330,7 +324,7 @@ impl RunService {
         };
         let lost = EdgeFailure::NodeDisconnected.into_event_kind();
         if self
-            .relay_locked(run, delivery, source, None, EventOrigin::Edge, lost)
+            .relay_event(run, source, None, EventOrigin::Edge, lost)
             .await
         {
             self.inner.metrics.resume.lost(loss);
