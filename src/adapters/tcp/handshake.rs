@@ -1,8 +1,8 @@
 //! The registration handshake of a node connection: read the `RegisterRequest`, apply the
 //! domain's policy ([`decide_registration`]) to what the store and the registry say, enter
 //! the registry (taking over the node's live connection when the policy says so), have the
-//! run service answer the node's resume claims, and answer. Everything the edge decides about a node joining is in [`Connection::register`],
-//! one screen long.
+//! run service answer the node's resume claims, and answer. Everything the edge decides
+//! about a node joining is in [`Connection::register`], one screen long.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;

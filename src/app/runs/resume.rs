@@ -3,8 +3,8 @@
 //! When a node that may resume (it registered with an instance id) loses its connection,
 //! each of its runs that already produced output — or that failover could not place on any
 //! other node — is **detached** ([`RunService::detach`]) for `runs.resume_grace_ms` instead
-//! of ending: the attempt goes on, its caller's stream
-//! stays open, its deadline keeps counting. When the node registers again, its claims are
+//! of ending: the attempt goes on, its caller's stream stays open, its deadline keeps
+//! counting. When the node registers again, its claims are
 //! answered under the table lock ([`RunService::resume_claims`]): a claimed run it holds is
 //! re-attached to the new connection from the seq the domain's `decide_resume` picks (the
 //! relay then drops any event already relayed), and every run of the node on another

@@ -1,7 +1,7 @@
 //! Timers: the tasks that end a run the node does not — the deadline, the queue wait, the
-//! cancel grace, the resume grace — the deferred ending of a run, and the pump when a breaker's cooldown
-//! ends. Each is a task in the service's `TaskTracker` that ends when its run ends (or, for
-//! a cooldown, when the drain begins); `drain` waits for them.
+//! cancel grace, the resume grace — the deferred ending of a run, and the pump when a
+//! breaker's cooldown ends. Each is a task in the service's `TaskTracker` that ends when
+//! its run ends (or, for a cooldown, when the drain begins); `drain` waits for them.
 
 use std::sync::Arc;
 use std::time::Duration;
