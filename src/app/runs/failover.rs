@@ -211,8 +211,8 @@ impl RunService {
     /// the run it counts with.
     ///
     /// When the node may come back and resume its runs (`resumable`), a run whose attempt
-    /// already produced output is detached instead (`resume.rs`): kept open for the node to
-    /// claim it.
+    /// already produced output, or that failover could place nowhere else, is detached
+    /// instead (`resume.rs`): kept open for the node to claim it.
     pub(super) async fn lose_attempt(
         &self,
         run: &Arc<Run>,
