@@ -113,6 +113,12 @@ fn main() -> std::io::Result<()> {
             "disconnect-with-queue",
             vec![0x05, 0, 1, 2, 1, 0, 2, 1, 0, 2, 1, 0, 1, 1, 2, 6, 4, 6, 5],
         ),
+        // resume on (config 8): a resuming node-0 streams an output, leaves, comes back and
+        // claims its run; the drain ends it.
+        (
+            "resume",
+            vec![0x08, 0, 0x80, 2, 0, 0, 4, 0, 1, 1, 1, 0, 6, 0, 0, 0x80, 6, 6],
+        ),
         // start with a short deadline, cancel another, stall a link, sleep past everything.
         (
             "deadline-cancel-stall",
