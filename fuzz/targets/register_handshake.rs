@@ -161,8 +161,8 @@ fn check_events(events: &[Arc<RunEvent>], started: Option<&RunId>) {
     );
 }
 
-/// What the edge wrote is a register response, then (only if it accepted) commands; returns
-/// the response, if the edge answered.
+/// What the edge wrote is a register response, then (only if it accepted) commands and
+/// heartbeat acks; returns the response, if the edge answered.
 pub(crate) fn check_reply(written: &[u8]) -> Option<RegisterOutcome> {
     let mut codec = NodeCodec::new(usize::MAX);
     let mut buf = BytesMut::from(written);
@@ -180,9 +180,11 @@ pub(crate) fn check_reply(written: &[u8]) -> Option<RegisterOutcome> {
     };
     if outcome.accepted {
         assert!(
-            rest.iter()
-                .all(|f| matches!(f, ReceivedEdgeFrame::Command(_))),
-            "the edge sent more than commands after accepting: {rest:?}"
+            rest.iter().all(|f| matches!(
+                f,
+                ReceivedEdgeFrame::Command(_) | ReceivedEdgeFrame::HeartbeatAck { .. }
+            )),
+            "the edge sent more than commands and acks after accepting: {rest:?}"
         );
     } else {
         assert!(
