@@ -250,10 +250,13 @@ impl Buffers {
         self.settle();
     }
 
-    /// A connection is registered; whether its edge acknowledges is not known yet.
+    /// A connection is registered. An edge that acknowledged on an earlier connection is
+    /// taken to go on doing so before its first ack here: a run that ends in that moment
+    /// is kept until acknowledged, so a cut right after it cannot lose its last events.
+    /// (An edge downgraded meanwhile costs only the memory of such runs until the next
+    /// reconnect, where it leaves their claims unanswered and they are dropped.)
     pub fn link_up(&mut self) {
         self.link_up = true;
-        self.edge_acks = false;
     }
 
     /// The connection is gone: every run is detached and buffers until the next one.

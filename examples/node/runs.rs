@@ -202,7 +202,8 @@ impl RunTable {
         self.changed(false);
     }
 
-    /// A connection is registered: runs admitted from now on are attached to it.
+    /// A connection is registered: runs admitted from now on are attached to it (see
+    /// [`Buffers::link_up`]).
     pub fn link_up(&self) {
         self.buffers().link_up();
     }

@@ -87,6 +87,25 @@ async fn with_an_acking_edge_finished_runs_stay_until_acknowledged() {
 }
 
 #[tokio::test]
+async fn an_edge_that_acknowledged_before_is_trusted_to_on_the_next_connection() {
+    let table = RunTable::new(limits());
+    table.link_up();
+    table.acknowledged(0);
+    table.link_down();
+    // Reconnected; the run ends before this connection's first ack.
+    table.link_up();
+    let (run, _signal) = table.admit("r", 1).expect("admitted");
+    run.emit(done()).await.expect("emit");
+    table.take_unsent(1, 100);
+    // Kept: a cut now would lose the terminal event, and the node must claim the run.
+    assert!(!table.is_empty());
+    table.link_down();
+    let claims = table.claims();
+    assert_eq!(claims.len(), 1);
+    assert_eq!((claims[0].next_seq, claims[0].first_buffered_seq), (2, 1));
+}
+
+#[tokio::test]
 async fn a_connected_run_waits_when_it_is_a_window_ahead() {
     let table = RunTable::new(limits());
     table.link_up();

@@ -113,6 +113,12 @@ fn main() -> std::io::Result<()> {
             "disconnect-with-queue",
             vec![0x05, 0, 1, 2, 1, 0, 2, 1, 0, 2, 1, 0, 1, 1, 2, 6, 4, 6, 5],
         ),
+        // resume on (config 8): a resuming node-0 streams an output, leaves, comes back and
+        // claims its run; the drain ends it.
+        (
+            "resume",
+            vec![0x08, 0, 0x80, 2, 0, 0, 4, 0, 1, 1, 1, 0, 6, 0, 0, 0x80, 6, 6],
+        ),
         // start with a short deadline, cancel another, stall a link, sleep past everything.
         (
             "deadline-cancel-stall",
@@ -122,6 +128,11 @@ fn main() -> std::io::Result<()> {
         ),
     ] {
         write("run_state_machine", name, &ops)?;
+    }
+
+    // resume_claims: [shape, outputs, claims (3 bytes each)..., bytes...]; see the target.
+    for (name, input) in RESUME_SEEDS {
+        write("resume_claims", name, input)?;
     }
 
     // config_loader: whole config files.
@@ -277,3 +288,25 @@ fn edge_frames() -> Vec<u8> {
     }
     buf.to_vec()
 }
+
+/// Seeds of `resume_claims`: each path a claim can take.
+const RESUME_SEEDS: [(&str, &[u8]); 9] = [
+    // Three events relayed; the same instance claims from 5: resumed.
+    ("accepted", &[0x09, 3, 0, 5, 5]),
+    // The claim says fewer events than the edge relayed.
+    ("sequence-behind", &[0x09, 3, 0, 2, 1]),
+    // The node no longer holds event 5.
+    ("events-lost", &[0x09, 3, 0, 9, 7]),
+    // node-b claims node-a's run.
+    ("other-node", &[0x0b, 3, 0, 5, 5]),
+    // The grace expired before the node came back.
+    ("after-the-grace", &[0x0d, 3, 0, 5, 5]),
+    // Back without claiming the run.
+    ("not-claimed", &[0x01, 3]),
+    // The run, an unknown run, the run again.
+    ("repeated-and-unknown", &[0x19, 2, 0, 4, 4, 1, 1, 1, 3, 4, 4]),
+    // Resumed, then silent: the edge's heartbeat bound ends it.
+    ("resumed-then-silent", &[0x29, 1, 0, 3, 3]),
+    // Nothing but `started` relayed (the pinned run is held anyway).
+    ("no-output", &[0x08, 0, 0, 2, 2]),
+];

@@ -40,12 +40,12 @@ use edge::app::settings::RunsConfig;
 use edge::domain::routing::{BreakerPolicy, Catalog, RoutingPolicy};
 use edge::domain::{
     AdapterDefinition, AdapterName, NodeDefinition, NodeId, NodeSelector, RegisterAttempt,
-    RunEvent, RunId, RunSpec, Target, Token,
+    ResumeAnswer, ResumeClaim, RunEvent, RunId, RunSpec, Target, Token,
 };
 use edge::ports::{
     CloseReason, ConnectionId, EventSink, NodeEventHandler, NodeStore, Registry, ReportedEvent,
 };
-use edge::wire::{NodeCodec, NodeFrame, ReceivedEdgeFrame};
+use edge::wire::{NodeCodec, NodeFrame, ReceivedEdgeFrame, RegisterOutcome};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::runtime::Runtime;
 use tokio_util::codec::{Decoder, Encoder};
@@ -53,11 +53,11 @@ use tokio_util::codec::{Decoder, Encoder};
 use crate::recording::{RecordingSink, lock};
 
 /// Bytes the in-memory pipe holds in each direction; small, so frames arrive in pieces.
-const PIPE_BYTES: usize = 64;
+pub(crate) const PIPE_BYTES: usize = 64;
 
 /// Far beyond any timeout the transport has: reaching it means `serve_stream` hangs. The
 /// clock is paused, so this costs no real time.
-const HANG: Duration = Duration::from_secs(24 * 3600);
+pub(crate) const HANG: Duration = Duration::from_secs(24 * 3600);
 
 /// Runs one input.
 pub fn run(data: &[u8]) {
@@ -85,14 +85,14 @@ pub fn run(data: &[u8]) {
         "the node is still registered after its connection closed"
     );
     assert_eq!(harness.service.open_runs(), 0, "a run outlived its node");
-    let started = lock(&harness.handler.started).clone();
+    let started = harness.handler.started();
     check_events(&lock(&harness.sink.events), started.as_ref());
     check_reply(&written);
 }
 
 /// The node's side: writes `input`, closes its sending half (unless it `lingers`), and reads
 /// until the edge closes.
-async fn node(stream: tokio::io::DuplexStream, input: Vec<u8>, linger: bool) -> Vec<u8> {
+pub(crate) async fn node(stream: tokio::io::DuplexStream, input: Vec<u8>, linger: bool) -> Vec<u8> {
     let (mut reader, mut writer) = tokio::io::split(stream);
     let write = async move {
         // The edge may close first (it refuses or stops reading); that is not a failure.
@@ -129,11 +129,17 @@ fn with_prelude(mode: u8, rest: &[u8]) -> Vec<u8> {
         instance_id: String::new(),
         resume: Vec::new(),
     });
+    let mut bytes = encoded(register);
+    bytes.extend_from_slice(rest);
+    bytes
+}
+
+/// `frame` as a node writes it.
+pub(crate) fn encoded(frame: NodeFrame) -> Vec<u8> {
     let mut buf = BytesMut::new();
     NodeCodec::new(usize::MAX)
-        .encode(register, &mut buf)
+        .encode(frame, &mut buf)
         .expect("encoding into memory");
-    buf.extend_from_slice(rest);
     buf.to_vec()
 }
 
@@ -155,8 +161,9 @@ fn check_events(events: &[Arc<RunEvent>], started: Option<&RunId>) {
     );
 }
 
-/// What the edge wrote is a register response, then (only if it accepted) commands.
-fn check_reply(written: &[u8]) {
+/// What the edge wrote is a register response, then (only if it accepted) commands and
+/// heartbeat acks; returns the response, if the edge answered.
+pub(crate) fn check_reply(written: &[u8]) -> Option<RegisterOutcome> {
     let mut codec = NodeCodec::new(usize::MAX);
     let mut buf = BytesMut::from(written);
     let mut frames = Vec::new();
@@ -167,17 +174,17 @@ fn check_reply(written: &[u8]) {
         frames.push(frame);
     }
     assert!(buf.is_empty(), "the edge wrote part of a frame");
-    let Some((first, rest)) = frames.split_first() else {
-        return;
-    };
+    let (first, rest) = frames.split_first()?;
     let ReceivedEdgeFrame::Registered(outcome) = first else {
         panic!("the edge's first frame is not a register response: {first:?}");
     };
     if outcome.accepted {
         assert!(
-            rest.iter()
-                .all(|f| matches!(f, ReceivedEdgeFrame::Command(_))),
-            "the edge sent more than commands after accepting: {rest:?}"
+            rest.iter().all(|f| matches!(
+                f,
+                ReceivedEdgeFrame::Command(_) | ReceivedEdgeFrame::HeartbeatAck { .. }
+            )),
+            "the edge sent more than commands and acks after accepting: {rest:?}"
         );
     } else {
         assert!(
@@ -185,6 +192,7 @@ fn check_reply(written: &[u8]) {
             "the edge wrote after a rejection: {rest:?}"
         );
     }
+    Some(outcome.clone())
 }
 
 /// The transport, its collaborators and the runtime they live on, made once per process.
@@ -234,11 +242,7 @@ fn harness() -> &'static Harness {
             },
             &opentelemetry::global::meter("fuzz"),
         );
-        let handler = Arc::new(Handler {
-            service: service.clone(),
-            start_runs: AtomicBool::new(false),
-            started: Mutex::new(None),
-        });
+        let handler = Arc::new(Handler::new(service.clone()));
         let config = ServerConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             register_timeout_ms: 50,
@@ -267,7 +271,7 @@ fn harness() -> &'static Harness {
     })
 }
 
-fn definition(
+pub(crate) fn definition(
     id: &str,
     alias: &str,
     token: &str,
@@ -289,18 +293,32 @@ fn definition(
     }
 }
 
-/// The run service, plus a run started on each node that registers (when asked) and the
-/// addressing of empty-id run events to that run.
-struct Handler {
+/// The run service, plus a run started on the next node that registers (when asked) and
+/// the addressing of empty-id run events to that run.
+pub(crate) struct Handler {
     service: RunService,
     start_runs: AtomicBool,
     started: Mutex<Option<RunId>>,
 }
 
 impl Handler {
-    fn reset(&self, start_runs: bool) {
-        self.start_runs.store(start_runs, Ordering::Relaxed);
+    pub(crate) fn new(service: RunService) -> Self {
+        Self {
+            service,
+            start_runs: AtomicBool::new(false),
+            started: Mutex::new(None),
+        }
+    }
+
+    /// Forgets the started run; `start_run` starts one on the next registration.
+    pub(crate) fn reset(&self, start_run: bool) {
+        self.start_runs.store(start_run, Ordering::Relaxed);
         *lock(&self.started) = None;
+    }
+
+    /// The run started on a registration, if any.
+    pub(crate) fn started(&self) -> Option<RunId> {
+        lock(&self.started).clone()
     }
 }
 
@@ -312,7 +330,7 @@ impl NodeEventHandler for Handler {
 
     fn node_connected(&self, node: &NodeId) {
         self.service.node_connected(node);
-        if !self.start_runs.load(Ordering::Relaxed) {
+        if !self.start_runs.swap(false, Ordering::Relaxed) {
             return;
         }
         let spec = RunSpec {
@@ -345,14 +363,24 @@ impl NodeEventHandler for Handler {
         self.service.run_event(node, connection, event).await;
     }
 
+    async fn resume_runs(
+        &self,
+        node: &NodeId,
+        connection: ConnectionId,
+        claims: &[ResumeClaim],
+    ) -> Vec<ResumeAnswer> {
+        self.service.resume_runs(node, connection, claims).await
+    }
+
     async fn node_disconnected(
         &self,
         node: &NodeId,
         connection: ConnectionId,
         reason: CloseReason,
+        resumable: bool,
     ) {
         self.service
-            .node_disconnected(node, connection, reason)
+            .node_disconnected(node, connection, reason, resumable)
             .await;
     }
 }

@@ -1,6 +1,7 @@
 //! Fuzz target `run_state_machine`: the run service driven by an arbitrary interleaving of
-//! node arrivals and departures, runs started and cancelled, node events, slow or closed
-//! links, and the passing of time.
+//! node arrivals and departures (some of nodes that resume: their runs are held when they
+//! leave and claimed when they come back), runs started and cancelled, node events, slow or
+//! closed links, and the passing of time.
 //!
 //! The input is read as a config byte and then a sequence of operations (see [`Op`]). Each
 //! fake connection is a task that hands its node's events to the service one at a time and
@@ -33,7 +34,7 @@ use edge::app::settings::RunsConfig;
 use edge::domain::routing::{AffinityKey, Catalog, KeySource, Priority, TenantKey};
 use edge::domain::{
     AdapterDefinition, AdapterName, FailureClass, NodeDefinition, NodeId, NodeRecord, NodeSelector,
-    RunEvent, RunEventKind, RunId, RunRouting, RunSpec, Target, Token, Usage,
+    ResumeClaim, RunEvent, RunEventKind, RunId, RunRouting, RunSpec, Target, Token, Usage,
 };
 use edge::ports::{
     CloseReason, ConnectionId, EventSink, LastFrame, LinkError, NewConnection, NodeCommand,
@@ -85,8 +86,10 @@ impl Input<'_> {
 /// One step of the scenario.
 #[derive(Debug)]
 enum Op {
-    /// Node `node` opens a connection and registers (refused while it still has one).
-    Connect { node: usize },
+    /// Node `node` opens a connection and registers (refused while it still has one); a
+    /// `resumable` one registers with an instance id, claiming every run it was last sent
+    /// (its runs are held for it when it leaves).
+    Connect { node: usize, resumable: bool },
     /// Node `node`'s live connection ends for `reason`.
     Close { node: usize, reason: CloseReason },
     /// A caller starts a run.
@@ -113,9 +116,13 @@ enum Op {
 impl Op {
     fn read(op: u8, input: &mut Input<'_>) -> Op {
         match op % 9 {
-            0 => Op::Connect {
-                node: usize::from(input.pick()),
-            },
+            0 => {
+                let byte = input.pick();
+                Op::Connect {
+                    node: usize::from(byte & 0x7f),
+                    resumable: byte & 0x80 != 0,
+                }
+            }
             1 => Op::Close {
                 node: usize::from(input.pick()),
                 reason: CloseReason::ALL[usize::from(input.pick()) % CloseReason::ALL.len()],
@@ -247,6 +254,7 @@ impl World {
             max_attempts: 1 + u32::from(config / 2 % 4),
             cancel_grace_ms: [0, 20, 500, 5_000][usize::from(config / 16 % 4)],
             default_deadline_ms: [0, 0, 300, 2_000][usize::from(config / 64 % 4)],
+            resume_grace_ms: [0, 50, 1_000, 5_000][usize::from(config / 4 % 4)],
         };
         let routing_config = RoutingConfig {
             breaker: BreakerConfig {
@@ -290,7 +298,9 @@ impl World {
 
     async fn apply(&mut self, op: Op) {
         match op {
-            Op::Connect { node } => self.connect(node % self.nodes.len()),
+            Op::Connect { node, resumable } => {
+                self.connect(node % self.nodes.len(), resumable).await;
+            }
             Op::Close { node, reason } => {
                 let count = self.nodes.len();
                 if let Some(link) = self.nodes[node % count].live.take() {
@@ -351,6 +361,26 @@ impl World {
         }
     }
 
+    /// A claim for every accepted run whose last `run` went to `node`, as a node that
+    /// produced at most 255 events and keeps them all would make it.
+    fn claims(&self, node: &NodeId) -> Vec<ResumeClaim> {
+        let sent = lock(&self.sent);
+        self.runs
+            .iter()
+            .filter(|accepted| {
+                sent.iter()
+                    .rev()
+                    .find(|s| matches!(&s.command, NodeCommand::Run(a) if a.run_id == accepted.id))
+                    .is_some_and(|s| &s.node == node)
+            })
+            .map(|accepted| ResumeClaim {
+                run_id: accepted.id.as_str().to_owned(),
+                next_seq: 256,
+                first_buffered_seq: 1,
+            })
+            .collect()
+    }
+
     /// An accepted run's id, or an id the service never gave out.
     fn run_id(&self, index: usize) -> RunId {
         match self.runs.get(index % (self.runs.len() + 1)) {
@@ -359,8 +389,9 @@ impl World {
         }
     }
 
-    /// Registers a new connection of node `index`, the way the transport does.
-    fn connect(&mut self, index: usize) {
+    /// Registers a new connection of node `index`, the way the transport does: into the
+    /// registry, its claims answered, then `node_connected`.
+    async fn connect(&mut self, index: usize, resumable: bool) {
         let connection = self.next_connection;
         self.next_connection += 1;
         let (actions, mut queue) = mpsc::unbounded_channel();
@@ -381,12 +412,21 @@ impl World {
             link: Arc::clone(&link) as Arc<dyn NodeLink>,
             instance_id: String::new(),
             last_frame: Arc::new(LastFrame::new(std::time::Instant::now())),
+            reserved_runs: 0,
         };
         if self.registry.insert(registered).is_err() {
             // Its previous connection has not finished closing yet.
             return;
         }
         self.nodes[index].live = Some(link);
+        let claims = if resumable {
+            self.claims(record.id())
+        } else {
+            Vec::new()
+        };
+        self.service
+            .resume_runs(record.id(), connection, &claims)
+            .await;
         self.service.node_connected(record.id());
         let service = self.service.clone();
         let registry = self.registry.clone();
@@ -405,7 +445,7 @@ impl World {
                 "the registry lost a live connection"
             );
             service
-                .node_disconnected(record.id(), connection, reason)
+                .node_disconnected(record.id(), connection, reason, resumable)
                 .await;
         }));
     }

@@ -296,6 +296,8 @@ impl Metrics {
                 let after = stats.dropped_after_terminal.load(Ordering::Relaxed);
                 o.observe(unknown, &[KeyValue::new("reason", "unknown_run")]);
                 o.observe(after, &[KeyValue::new("reason", "after_terminal")]);
+                let duplicate = stats.dropped_duplicate.load(Ordering::Relaxed);
+                o.observe(duplicate, &[KeyValue::new("reason", "duplicate")]);
             })
             .build();
     }

@@ -91,6 +91,9 @@ pub struct RunsConfig {
     pub cancel_grace_ms: u64,
     /// The deadline given to runs that do not set one; 0 for none.
     pub default_deadline_ms: u64,
+    /// How long a run that already produced output is held for its node to reconnect and
+    /// resume it after the node's connection dropped; 0 turns resume off.
+    pub resume_grace_ms: u64,
 }
 
 impl Default for RunsConfig {
@@ -102,6 +105,7 @@ impl Default for RunsConfig {
             max_attempts: 3,
             cancel_grace_ms: 5_000,
             default_deadline_ms: 0,
+            resume_grace_ms: 5_000,
         }
     }
 }
@@ -115,6 +119,11 @@ impl RunsConfig {
     /// `cancel_grace_ms` as a duration.
     pub fn cancel_grace(&self) -> Duration {
         Duration::from_millis(self.cancel_grace_ms)
+    }
+
+    /// `resume_grace_ms` as a duration, or `None` when it is 0 (resume off).
+    pub fn resume_grace(&self) -> Option<Duration> {
+        (self.resume_grace_ms > 0).then(|| Duration::from_millis(self.resume_grace_ms))
     }
 
     /// `default_deadline_ms` as a duration, or `None` when it is 0 (no deadline).

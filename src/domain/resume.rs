@@ -70,7 +70,7 @@ impl ResumeRefusal {
 /// [`ResumeRefusal::SequenceBehind`] when the node says it produced less than the edge has
 /// seen, [`ResumeRefusal::EventsLost`] when the node dropped events the edge never got.
 pub fn decide_resume(claim: &ResumeClaim, last_relayed_seq: u64) -> Result<u64, ResumeRefusal> {
-    let wanted = last_relayed_seq + 1;
+    let wanted = last_relayed_seq.saturating_add(1);
     let first_buffered = if claim.first_buffered_seq == 0 {
         claim.next_seq
     } else {

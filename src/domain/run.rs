@@ -360,6 +360,8 @@ pub enum EventVerdict {
     RelayTerminal,
     /// Drop it: the run has already ended.
     DropAfterTerminal,
+    /// Drop it: the run was resumed and an event with this seq was already relayed.
+    DropDuplicate,
 }
 
 /// The state machine behind the exactly-one-terminal-event guarantee.
@@ -367,6 +369,8 @@ pub enum EventVerdict {
 pub struct RunState {
     last_seq: u64,
     finished: bool,
+    /// Set once the run was resumed: its node may send again what the edge already has.
+    resumed: bool,
 }
 
 impl RunState {
@@ -374,6 +378,9 @@ impl RunState {
     pub fn offer(&mut self, seq: u64, kind: &RunEventKind) -> EventVerdict {
         if self.finished {
             return EventVerdict::DropAfterTerminal;
+        }
+        if self.resumed && seq <= self.last_seq {
+            return EventVerdict::DropDuplicate;
         }
         self.last_seq = self.last_seq.max(seq);
         if kind.is_terminal() {
@@ -386,7 +393,18 @@ impl RunState {
 
     /// The sequence number for an event the edge makes now.
     pub fn next_edge_seq(&self) -> u64 {
-        self.last_seq + 1
+        self.last_seq.saturating_add(1)
+    }
+
+    /// The highest sequence number relayed so far; 0 before any event.
+    pub fn last_seq(&self) -> u64 {
+        self.last_seq
+    }
+
+    /// The run was resumed on a new connection of its node: from now on an event numbered
+    /// at or below the last one relayed is a repeat, and is dropped.
+    pub fn resume(&mut self) {
+        self.resumed = true;
     }
 
     /// Whether the run has had its terminal event.
@@ -423,21 +441,69 @@ mod tests {
         #[test]
         fn exactly_one_terminal_event(
             events in proptest::collection::vec((any::<u64>(), kind_strategy()), 0..40),
+            resumed_at in proptest::option::of(0usize..40),
         ) {
             let mut state = RunState::default();
             let mut relayed = Vec::new();
-            for (seq, kind) in &events {
-                if state.offer(*seq, kind) != EventVerdict::DropAfterTerminal {
+            let relays = |verdict| matches!(verdict, EventVerdict::Relay | EventVerdict::RelayTerminal);
+            for (index, (seq, kind)) in events.iter().enumerate() {
+                if resumed_at == Some(index) {
+                    state.resume();
+                }
+                if relays(state.offer(*seq, kind)) {
                     relayed.push(kind.clone());
                 }
             }
             // The edge always ends a run it still holds.
             let closing = EdgeFailure::EdgeShutdown.into_event_kind();
-            if state.offer(state.next_edge_seq(), &closing) != EventVerdict::DropAfterTerminal {
+            if relays(state.offer(state.next_edge_seq(), &closing)) {
                 relayed.push(closing);
             }
             prop_assert_eq!(relayed.iter().filter(|k| k.is_terminal()).count(), 1);
             prop_assert!(relayed.last().is_some_and(RunEventKind::is_terminal));
+        }
+    }
+
+    #[test]
+    fn a_resumed_run_drops_what_it_already_relayed() {
+        let mut state = RunState::default();
+        // Before a resume, numbering is the node's business: nothing is judged a repeat.
+        assert_eq!(
+            state.offer(2, &RunEventKind::text("a")),
+            EventVerdict::Relay
+        );
+        assert_eq!(
+            state.offer(2, &RunEventKind::text("a")),
+            EventVerdict::Relay
+        );
+        state.resume();
+        assert_eq!(state.last_seq(), 2);
+        assert_eq!(
+            state.offer(1, &RunEventKind::text("a")),
+            EventVerdict::DropDuplicate
+        );
+        assert_eq!(
+            state.offer(2, &RunEventKind::text("a")),
+            EventVerdict::DropDuplicate
+        );
+        assert_eq!(
+            state.offer(3, &RunEventKind::text("b")),
+            EventVerdict::Relay
+        );
+        assert_eq!(
+            state.offer(3, &completed_kind()),
+            EventVerdict::DropDuplicate
+        );
+        assert_eq!(
+            state.offer(4, &completed_kind()),
+            EventVerdict::RelayTerminal
+        );
+    }
+
+    fn completed_kind() -> RunEventKind {
+        RunEventKind::Completed {
+            finish_reason: "stop".into(),
+            usage: None,
         }
     }
 

@@ -30,6 +30,10 @@ pub struct NewConnection {
     pub instance_id: String,
     /// When this connection last sent a frame; the connection keeps it current.
     pub last_frame: Arc<LastFrame>,
+    /// Active runs the connection starts with: slots its transport holds while the node's
+    /// resume claims are answered (so no run is placed on the node before the runs it
+    /// resumes are counted), and gives back with `adjust_active_runs` afterwards.
+    pub reserved_runs: u32,
 }
 
 /// When a connection last sent a frame: written by the connection's task as frames arrive,

@@ -6,7 +6,9 @@ use std::fmt;
 use async_trait::async_trait;
 use bytes::Bytes;
 
-use crate::domain::{AdapterName, NodeId, Operation, RunEventKind, RunId, Target};
+use crate::domain::{
+    AdapterName, NodeId, Operation, ResumeAnswer, ResumeClaim, RunEventKind, RunId, Target,
+};
 
 use super::registry::ConnectionId;
 
@@ -199,7 +201,28 @@ pub trait NodeEventHandler: Send + Sync {
     /// returns, which is how a node that floods the edge is slowed down.
     async fn run_event(&self, node: &NodeId, connection: ConnectionId, event: ReportedEvent);
 
-    /// A registered node's connection ended (it is already out of the registry). Returns
-    /// once every run the node held has its terminal event.
-    async fn node_disconnected(&self, node: &NodeId, connection: ConnectionId, reason: CloseReason);
+    /// A node's registration on `connection` was accepted and it is in the registry, not
+    /// yet answered; `claims` are the runs it says it still holds after a reconnect (none
+    /// from a node that does not resume). Re-attaches to `connection` each claimed run the
+    /// edge holds for this node, ends the node's runs on its other connections that it did
+    /// not claim (or whose claim is refused), and returns one answer per distinct run
+    /// claimed, in order, for the `RegisterResponse`.
+    async fn resume_runs(
+        &self,
+        node: &NodeId,
+        connection: ConnectionId,
+        claims: &[ResumeClaim],
+    ) -> Vec<ResumeAnswer>;
+
+    /// A registered node's connection ended (it is already out of the registry).
+    /// `resumable` says whether the node may come back and resume its runs (it registered
+    /// with an instance id): its runs that produced output are then held for it instead of
+    /// ending. Returns once every run the node held has its terminal event or is held.
+    async fn node_disconnected(
+        &self,
+        node: &NodeId,
+        connection: ConnectionId,
+        reason: CloseReason,
+        resumable: bool,
+    );
 }

@@ -9,7 +9,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::{config_loader, frame_decoder, register_handshake, run_state_machine};
+use crate::{config_loader, frame_decoder, register_handshake, resume_claims, run_state_machine};
 
 /// Runs `target` on every file saved for it; fails if there is none, so a misplaced corpus
 /// cannot pass silently.
@@ -46,6 +46,11 @@ fn frame_decoder_corpus() {
 #[test]
 fn register_handshake_corpus() {
     replay("register_handshake", register_handshake::run);
+}
+
+#[test]
+fn resume_claims_corpus() {
+    replay("resume_claims", resume_claims::run);
 }
 
 #[test]

@@ -20,7 +20,7 @@ use edge::domain::{RunEventKind, TakeoverReason, TakeoverRefusal};
 use edge::ports::CloseReason;
 use node_support::relay::Relay;
 use node_support::upstream::ScriptedEngine;
-use node_support::{QWEN, answer, edge_config, edge_on, prompt, spawn_node};
+use node_support::{QWEN, answer, edge_config, edge_on, pings_answered, prompt, spawn_node};
 
 /// The heartbeat interval the edge gives the node: the edge drops a silent link after three
 /// of them, another instance may take over after two.
@@ -48,17 +48,6 @@ fn stats(app: &TestApp) -> Arc<TransportStats> {
 
 fn instance(app: &TestApp) -> Option<String> {
     app.parts.registry.get("node-1").map(|n| n.instance_id)
-}
-
-/// Waits until the edge has answered two of the node's pings: the first answer surely
-/// reached the node, which from then on judges the link by its pings.
-async fn pings_answered(app: &TestApp) {
-    let stats = stats(app);
-    eventually("the edge has answered the node's pings", || {
-        // The registration answer, then at least two acks (no run was sent).
-        stats.frames_out.load(std::sync::atomic::Ordering::Relaxed) >= 3
-    })
-    .await;
 }
 
 #[tokio::test]

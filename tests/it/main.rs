@@ -28,6 +28,8 @@ mod frame_decoder;
 mod recording;
 #[path = "../../fuzz/targets/register_handshake.rs"]
 mod register_handshake;
+#[path = "../../fuzz/targets/resume_claims.rs"]
+mod resume_claims;
 #[path = "../../fuzz/targets/run_state_machine.rs"]
 mod run_state_machine;
 
@@ -66,6 +68,7 @@ mod openai_python;
 mod otlp;
 mod protocol_v1;
 mod registration;
+mod resume;
 mod routing;
 mod runs;
 mod soak;

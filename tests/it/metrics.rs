@@ -26,7 +26,9 @@ use common::runs::{echo_to, mocked, rest};
 use common::{TWO_NODES, TestApp, eventually, eventually_ok, spawn_app};
 use edge::app::{RunHandle, StartError};
 use edge::client::{NodeClient, NodeFrame, ReceivedEdgeFrame, Registration};
-use edge::domain::{RegisterRejection, RunEvent, RunEventKind, RunId, RunSpec};
+use edge::domain::{
+    RegisterRejection, ResumeAnswer, ResumeClaim, RunEvent, RunEventKind, RunId, RunSpec,
+};
 use edge::ports::NodeCommand;
 use mock_node::{MockNode, MockOptions};
 use serde::Deserialize;
@@ -62,7 +64,7 @@ for family in text_string_to_metric_families(sys.stdin.read()):
 
 /// Every metric `docs/operations.md` lists, as `prometheus_client` names its family
 /// (counters without `_total`), with its type.
-const DOCUMENTED: [(&str, &str); 40] = [
+const DOCUMENTED: [(&str, &str); 44] = [
     ("edge_nodes_configured", "gauge"),
     ("edge_nodes_draining", "gauge"),
     ("edge_journal_entries_written", "counter"),
@@ -93,6 +95,10 @@ const DOCUMENTED: [(&str, &str); 40] = [
     ("edge_run_duration_seconds", "histogram"),
     ("edge_run_events_relayed", "counter"),
     ("edge_run_events_dropped", "counter"),
+    ("edge_runs_detached", "counter"),
+    ("edge_runs_reattached", "counter"),
+    ("edge_runs_resume_lost", "counter"),
+    ("edge_run_detached_seconds", "histogram"),
     ("edge_run_placements", "counter"),
     ("edge_run_failovers", "counter"),
     ("edge_run_refusals", "counter"),
@@ -457,6 +463,7 @@ async fn scripted_scenario() -> Scenario {
         "node-b dropped its connection"
     );
     app.wait_for_nodes(1).await;
+    resumed_run(&app, &mut seen).await;
 
     Scenario {
         app,
@@ -466,6 +473,62 @@ async fn scripted_scenario() -> Scenario {
         _events_dir: events_dir,
         events_file,
     }
+}
+
+/// node-b comes back as a node that resumes (an instance id): it starts a run, sends one
+/// output and drops its connection (the run is detached), registers again claiming the run
+/// (it is resumed from seq 2), completes it, and leaves.
+async fn resumed_run(app: &TestApp, seen: &mut Seen) {
+    let register = |resume: Vec<ResumeClaim>| async move {
+        let mut client = NodeClient::connect(app.node_addr).await.expect("connect");
+        let mut registration = Registration::with_token("token-b").instance("node-b-1");
+        registration.resume = resume;
+        let outcome = client.register(registration).await.expect("register");
+        assert!(outcome.accepted);
+        (client, outcome)
+    };
+    let (mut first, _) = register(Vec::new()).await;
+    app.wait_for_nodes(2).await;
+    let mut handle = app
+        .parts
+        .runs
+        .start(spec("default", "node-b", "kept", "echo"))
+        .expect("accepted");
+    let run_id = handle.run_id.as_str().to_owned();
+    while !matches!(
+        first.next().await.expect("the run arrives"),
+        ReceivedEdgeFrame::Command(NodeCommand::Run(_))
+    ) {}
+    first
+        .event(&run_id, 1, RunEventKind::text("kept"))
+        .await
+        .expect("send");
+    seen.events
+        .push(handle.events.recv().await.expect("the output"));
+    drop(first);
+    let detached = [want("edge_runs_detached_total", &[], 1.0)];
+    scrape_until(&reqwest::Client::new(), app, &detached).await;
+
+    let claim = ResumeClaim {
+        run_id: run_id.clone(),
+        next_seq: 2,
+        first_buffered_seq: 2,
+    };
+    let (mut second, outcome) = register(vec![claim]).await;
+    let resumed = ResumeAnswer {
+        run_id: run_id.clone(),
+        outcome: Ok(2),
+    };
+    assert_eq!(outcome.resumed, [resumed]);
+    let completed = RunEventKind::Completed {
+        finish_reason: "stop".into(),
+        usage: None,
+    };
+    second.event(&run_id, 2, completed).await.expect("send");
+    let got = seen.collect_run(Ok(handle)).await;
+    assert!(matches!(terminal(&got), RunEventKind::Completed { .. }));
+    drop(second);
+    app.wait_until_left("node-b").await;
 }
 
 /// How many of `events` are of kind `kind`.
@@ -614,7 +677,7 @@ async fn metrics_after_a_scripted_scenario_count_what_happened() {
     // echo and fail always send an output; the dropping node may or may not.
     let first_output_default = with_output.get("default").copied().unwrap_or_default();
     assert!(
-        first_output_default == 2.0 || first_output_default == 3.0,
+        first_output_default == 3.0 || first_output_default == 4.0,
         "default runs with an output: {first_output_default}"
     );
     let relayed = |kind| count_kind(events, kind);
@@ -631,16 +694,16 @@ async fn metrics_after_a_scripted_scenario_count_what_happened() {
         // node-a's connection; the refused ones and node-b's are closed.
         want("edge_connections_open", &[], 1.0),
         want("edge_connections_refused_total", &[], 0.0),
-        want("edge_runs_started_total", &default, 4.0),
+        want("edge_runs_started_total", &default, 5.0),
         want("edge_runs_started_total", &fast, 1.0),
         want("edge_runs_active", &[], 0.0),
         want("edge_runs_queued", &[], 0.0),
-        want("edge_run_duration_seconds_count", &default, 4.0),
+        want("edge_run_duration_seconds_count", &default, 5.0),
         want("edge_run_duration_seconds_count", &fast, 1.0),
         want(
             "edge_run_queue_wait_seconds_count",
             &interactive(default),
-            4.0,
+            5.0,
         ),
         want("edge_run_queue_wait_seconds_count", &interactive(fast), 1.0),
         want("edge_runs_waiting", &[("reason", "all_busy")], 0.0),
@@ -649,7 +712,7 @@ async fn metrics_after_a_scripted_scenario_count_what_happened() {
         want(
             "edge_run_placements_total",
             &[("rule", "pinned"), ("failover", "false")],
-            5.0,
+            6.0,
         ),
         want(
             "edge_run_failovers_total",
@@ -678,7 +741,7 @@ async fn metrics_after_a_scripted_scenario_count_what_happened() {
         "edge_node_registrations_total",
         "result",
         &[
-            ("accepted", 2.0),
+            ("accepted", 4.0),
             ("invalid_token", 1.0),
             ("already_connected", 1.0),
             ("node_id_mismatch", 0.0),
@@ -710,24 +773,41 @@ async fn metrics_after_a_scripted_scenario_count_what_happened() {
     expected.extend(each(
         "edge_node_disconnects_total",
         "reason",
-        &[("eof", 1.0), ("io_error", 0.0), ("heartbeat_timeout", 0.0)],
+        &[("eof", 3.0), ("io_error", 0.0), ("heartbeat_timeout", 0.0)],
     ));
     expected.extend(each(
         "edge_connections_closed_total",
         "reason",
         &[
             ("rejected", 2.0),
-            ("eof", 1.0),
+            ("eof", 3.0),
             ("io_error", 0.0),
             ("protocol_violation", 0.0),
         ],
     ));
-    for (target, outcome, code) in [
-        ("default", "completed", ""),
-        ("fast", "completed", ""),
-        ("default", "failed", "node_reported"),
-        ("default", "failed", "node_disconnected"),
-        ("default", "cancelled", ""),
+    expected.push(want("edge_runs_detached_total", &[], 1.0));
+    expected.push(want("edge_runs_reattached_total", &[], 1.0));
+    expected.push(want(
+        "edge_run_detached_seconds_count",
+        &[("outcome", "resumed")],
+        1.0,
+    ));
+    expected.extend(each(
+        "edge_runs_resume_lost_total",
+        "reason",
+        &[
+            ("grace_expired", 0.0),
+            ("not_claimed", 0.0),
+            ("sequence_behind", 0.0),
+            ("events_lost", 0.0),
+        ],
+    ));
+    for (target, outcome, code, runs) in [
+        ("default", "completed", "", 2.0),
+        ("fast", "completed", "", 1.0),
+        ("default", "failed", "node_reported", 1.0),
+        ("default", "failed", "node_disconnected", 1.0),
+        ("default", "cancelled", "", 1.0),
     ] {
         let labels = [
             ("adapter", "echo"),
@@ -735,12 +815,16 @@ async fn metrics_after_a_scripted_scenario_count_what_happened() {
             ("outcome", outcome),
             ("code", code),
         ];
-        expected.push(want("edge_runs_finished_total", &labels, 1.0));
+        expected.push(want("edge_runs_finished_total", &labels, runs));
     }
     expected.extend(each(
         "edge_run_events_dropped_total",
         "reason",
-        &[("unknown_run", 0.0), ("after_terminal", 0.0)],
+        &[
+            ("unknown_run", 0.0),
+            ("after_terminal", 0.0),
+            ("duplicate", 0.0),
+        ],
     ));
     for kind in ["started", "output", "completed", "failed", "cancelled"] {
         let labels = [("kind", kind)];
@@ -753,7 +837,7 @@ async fn metrics_after_a_scripted_scenario_count_what_happened() {
     let scrape = scrape_until(&http, app, &expected).await;
 
     // The fixed counts of the scenario, beyond "what the callers saw".
-    assert_eq!(relayed("completed"), 2.0);
+    assert_eq!(relayed("completed"), 3.0);
     assert_eq!(relayed("failed"), 2.0);
     assert_eq!(relayed("cancelled"), 1.0);
 
@@ -762,25 +846,25 @@ async fn metrics_after_a_scripted_scenario_count_what_happened() {
     let sum = |name: &str| scrape.all(name).values().sum::<f64>();
     assert_eq!(
         sum("edge_runs_finished_total"),
-        5.0,
+        6.0,
         "{:?}",
         scrape.all("edge_runs_finished_total")
     );
-    assert_eq!(sum("edge_runs_started_total"), 5.0);
+    assert_eq!(sum("edge_runs_started_total"), 6.0);
     assert_eq!(sum("edge_run_events_relayed_total"), total_events);
     assert_eq!(
         sum("edge_connections_closed_total"),
-        3.0,
+        5.0,
         "{:?}",
         scrape.all("edge_connections_closed_total")
     );
     assert_eq!(
         sum("edge_node_disconnects_total"),
-        1.0,
+        3.0,
         "{:?}",
         scrape.all("edge_node_disconnects_total")
     );
-    assert_eq!(sum("edge_node_registrations_total"), 4.0);
+    assert_eq!(sum("edge_node_registrations_total"), 6.0);
 
     // Histograms: the +Inf bucket holds every observation, and buckets only grow.
     for (labels, count) in scrape.all("edge_run_duration_seconds_count") {
@@ -846,7 +930,7 @@ async fn no_label_value_is_a_run_id_or_a_token() {
         &[want(
             "edge_node_disconnects_total",
             &[("reason", "eof")],
-            1.0,
+            3.0,
         )],
     )
     .await;

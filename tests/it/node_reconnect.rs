@@ -1,7 +1,8 @@
 //! The reference node against a real edge that goes away: after an edge restart the node
 //! registers again by itself (backoff with jitter) and serves runs; after a network cut the
-//! node claims its run on reconnect, and since this edge does not resume, the unanswered
-//! claim makes the node close the engine request while the edge fails the run.
+//! node claims its run on reconnect, and since this edge does not resume (resume is off),
+//! the refused claim makes the node close the engine request while the edge fails the run.
+//! (`resume.rs` has the same cut with resume on.)
 
 use crate::common;
 #[allow(dead_code, unused_imports)]
@@ -60,11 +61,8 @@ async fn after_a_cut_an_edge_without_resume_fails_the_run_and_the_node_closes_th
             hang: true,
         },
     );
-    let app = edge_on(
-        &edge_config(&engine.base_url(), &["qwen"], 500),
-        SocketAddr::from(([127, 0, 0, 1], 0)),
-    )
-    .await;
+    let config = edge_config(&engine.base_url(), &["qwen"], 500) + "[runs]\nresume_grace_ms = 0\n";
+    let app = edge_on(&config, SocketAddr::from(([127, 0, 0, 1], 0))).await;
     let relay = Relay::start(app.node_addr).await;
     let node = spawn_node(relay.addr, "token-1", |_| {});
     app.wait_for_nodes(1).await;
@@ -80,7 +78,7 @@ async fn after_a_cut_an_edge_without_resume_fails_the_run_and_the_node_closes_th
         failure_code(only_terminal(&handle.run_id, &events)),
         "node_disconnected"
     );
-    // The node comes back, claims the run, hears nothing about it, and lets it go.
+    // The node comes back, claims the run, is refused, and lets it go.
     app.wait_for_nodes(1).await;
     eventually("the engine request is closed", || {
         engine.dropped_streams() == 1

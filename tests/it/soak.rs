@@ -2,7 +2,10 @@
 //! reconnect at random, checking the edge's guarantee at volume — every accepted run ends
 //! with exactly one terminal event, both on the caller's stream and in the event sink —
 //! and that the edge keeps nothing afterwards: an empty registry and run table once the
-//! nodes have left, and no task left alive once it has stopped.
+//! nodes have left, and no task left alive once it has stopped. And resume at volume:
+//! 1,000 streamed runs through the reference node whose connection a relay cuts at random
+//! moments; the node always comes back within the grace, so no run is lost and no delta is
+//! missed or repeated.
 //!
 //! The edge runs on a runtime of its own, so its task count is not mixed up with the mock
 //! nodes' and the test's. Randomness comes from one seeded RNG: the seed is printed, and
@@ -12,6 +15,7 @@
 
 use crate::common;
 use crate::mock_node;
+use crate::node_support;
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
@@ -28,9 +32,12 @@ use edge::domain::{
 use edge::ports::Registry;
 use futures::StreamExt;
 use mock_node::{Behaviour, MockError, MockNode, MockOptions};
+use node_support::relay::Relay;
+use node_support::upstream::{Reply, ScriptedEngine};
+use node_support::{QWEN, edge_config, edge_on, prompt, spawn_node};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
-use serde_json::Value;
+use serde_json::{Value, json};
 use tokio::runtime::Handle;
 use tokio_util::sync::CancellationToken;
 
@@ -349,13 +356,19 @@ fn json_lines(path: &Path) -> Vec<Value> {
         .collect()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_thousand_runs_through_random_kills_each_end_once_and_leave_nothing_behind() {
+/// The soak's seed: `EDGE_SOAK_SEED`, else [`DEFAULT_SEED`]; printed for a replay.
+fn seed() -> u64 {
     let seed = std::env::var("EDGE_SOAK_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(DEFAULT_SEED);
     eprintln!("soak seed {seed} (replay with EDGE_SOAK_SEED={seed})");
+    seed
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_runs_through_random_kills_each_end_once_and_leave_nothing_behind() {
+    let seed = seed();
     let mut rng = StdRng::seed_from_u64(seed);
     let plans: Vec<Plan> = (0..RUNS).map(|_| Plan::random(&mut rng)).collect();
 
@@ -474,4 +487,144 @@ async fn a_thousand_runs_through_random_kills_each_end_once_and_leave_nothing_be
         );
     }
     edge_runtime.shutdown_background();
+}
+
+/// Streamed runs in the resume soak.
+const RESUMED_RUNS: usize = 1_000;
+/// Deltas in each of their answers.
+const RESUMED_DELTAS: usize = 8;
+
+/// The text of delta `n`.
+fn resumed_delta(n: usize) -> String {
+    format!("w{n} ")
+}
+
+/// Cuts the node's relayed connection at random moments while it is registered, until
+/// `stop`; returns how many cuts it made.
+async fn cut_at_random(
+    relay: Arc<Relay>,
+    registry: Arc<dyn Registry>,
+    mut rng: StdRng,
+    stop: CancellationToken,
+) -> usize {
+    let mut cuts = 0;
+    while !stop.is_cancelled() {
+        eventually("the node is back", || registry.get("node-1").is_some()).await;
+        let pause = Duration::from_millis(rng.random_range(10..80));
+        tokio::select! {
+            () = stop.cancelled() => break,
+            () = tokio::time::sleep(pause) => {}
+        }
+        relay.cut();
+        cuts += 1;
+    }
+    cuts
+}
+
+/// Starts run `index` and reads it to its end; returns its events.
+async fn stream_one(runs: RunService, index: usize) -> Vec<Arc<RunEvent>> {
+    let mut handle = runs
+        .start(prompt(&format!("story {index}")))
+        .expect("accepted");
+    let mut events = Vec::new();
+    while let Some(event) = tokio::time::timeout(PATIENCE, handle.events.recv())
+        .await
+        .unwrap_or_else(|_| panic!("run {} stalled: {events:?}", handle.run_id))
+    {
+        events.push(event);
+    }
+    events
+}
+
+/// A counter's value in the edge's `/metrics`.
+async fn scraped(app: &TestApp, counter: &str) -> f64 {
+    let text = reqwest::get(format!("http://{}/metrics", app.http_addr))
+        .await
+        .expect("scrape")
+        .text()
+        .await
+        .expect("metrics text");
+    text.lines()
+        .find_map(|l| l.strip_prefix(counter)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("{counter} is not in /metrics"))
+}
+
+/// 1,000 streamed runs through the reference node, whose connection the relay cuts at
+/// random moments (about every 10-80 ms while it is registered): every run completes with
+/// every delta once and in order, and nothing stays in the registry or the run table.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resumed_runs_survive_random_cuts() {
+    let seed = seed();
+    let engine = ScriptedEngine::start(&[QWEN]).await;
+    let mut chunks: Vec<Value> = (0..RESUMED_DELTAS)
+        .map(|n| json!({"choices": [{"index": 0, "delta": {"content": resumed_delta(n)}}]}))
+        .collect();
+    chunks.push(json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}));
+    engine.script(QWEN, Reply::sse(&chunks, true));
+    // The node is back within milliseconds; the grace is far above that.
+    let config =
+        edge_config(&engine.base_url(), &["qwen"], 1_000) + "[runs]\nresume_grace_ms = 10000\n";
+    let app = edge_on(&config, SocketAddr::from(([127, 0, 0, 1], 0))).await;
+    let relay = Arc::new(Relay::start(app.node_addr).await);
+    let node = spawn_node(relay.addr, "token-1", |_| {});
+    app.wait_for_nodes(1).await;
+    let runs = app.parts.runs.clone();
+    let registry = Arc::clone(&app.parts.registry);
+
+    let stop_cuts = CancellationToken::new();
+    let cutting = tokio::spawn(cut_at_random(
+        Arc::clone(&relay),
+        Arc::clone(&registry),
+        StdRng::seed_from_u64(seed.wrapping_add(2)),
+        stop_cuts.clone(),
+    ));
+    let finished: Vec<Vec<Arc<RunEvent>>> = futures::stream::iter(0..RESUMED_RUNS)
+        .map(|index| stream_one(runs.clone(), index))
+        .buffer_unordered(IN_FLIGHT)
+        .collect()
+        .await;
+    stop_cuts.cancel();
+    let cuts = tokio::time::timeout(PATIENCE, cutting)
+        .await
+        .expect("the cuts stop")
+        .expect("the cutting task");
+
+    // Every run completed, with every delta once and in order: none lost, none repeated.
+    let expected: Vec<String> = (0..RESUMED_DELTAS).map(resumed_delta).collect();
+    for events in &finished {
+        let run = &events.first().expect("events").run_id;
+        let terminals: Vec<&Arc<RunEvent>> =
+            events.iter().filter(|e| e.kind.is_terminal()).collect();
+        assert_eq!(terminals.len(), 1, "run {run}: {events:?}");
+        assert!(
+            matches!(
+                events.last().map(|e| &e.kind),
+                Some(RunEventKind::Completed { .. })
+            ),
+            "run {run} was lost: {events:?}"
+        );
+        let texts: Vec<&str> = events
+            .iter()
+            .filter_map(|e| match &e.kind {
+                RunEventKind::Output { text, .. } => Some(text.as_str()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(texts, expected, "run {run}'s deltas");
+        assert!(
+            events.windows(2).all(|w| w[0].seq < w[1].seq),
+            "run {run}'s seqs: {events:?}"
+        );
+    }
+    let reattached = scraped(&app, "edge_runs_reattached_total").await;
+    eprintln!("resume soak: {cuts} cuts, {reattached} runs resumed");
+    assert!(cuts > 0, "the relay never cut the node");
+    assert!(reattached > 0.0, "no run was resumed");
+
+    // The node leaves: nothing stays in the registry or the run table.
+    node.stop().await.expect("clean stop");
+    eventually("the node has left the registry", || registry.is_empty()).await;
+    eventually("the run table is empty", || runs.open_runs() == 0).await;
+    assert_eq!(runs.queued_runs(), 0);
+    app.stop().await;
 }

@@ -37,11 +37,12 @@ struct Entry {
 impl Entry {
     fn new(connection: NewConnection, now: SystemTime, drained: bool) -> Self {
         let hash = NodeHash::of(connection.record.id());
+        let reserved = connection.reserved_runs;
         Self {
             connection,
             connected_since: now,
             last_seen_ms: AtomicI64::new(to_millis(now)),
-            active_runs: AtomicU32::new(0),
+            active_runs: AtomicU32::new(reserved),
             availability: ArcSwapOption::empty(),
             drained: AtomicBool::new(drained),
             hash,
@@ -57,6 +58,7 @@ impl Entry {
             link: _,
             instance_id,
             last_frame,
+            reserved_runs: _,
         } = &self.connection;
         ConnectedNode {
             record: Arc::clone(record),
@@ -344,6 +346,7 @@ mod tests {
             link: Arc::new(NullLink),
             instance_id: String::new(),
             last_frame: Arc::new(LastFrame::new(std::time::Instant::now())),
+            reserved_runs: 0,
         }
     }
 

@@ -67,6 +67,8 @@ pub(super) struct Session {
     pub(super) signals: LinkSignals,
     /// When the node last sent a frame, shared with the registry for takeover decisions.
     pub(super) last_frame: Arc<LastFrame>,
+    /// Whether the node may come back and resume its runs (it sent an instance id).
+    pub(super) resumable: bool,
 }
 
 /// What [`Connection::write_commands`] wrote.
@@ -98,19 +100,20 @@ impl<'a, S: NodeIo> Connection<'a, S> {
         };
         let reason = self.run(&mut session).await;
         self.count_bytes();
-        self.leave(&session.record, reason).await
+        self.leave(&session, reason).await
     }
 
     /// The node leaves: out of the registry, counted, and the run service told (it ends
-    /// the node's runs). Returns `reason`.
-    pub(super) async fn leave(&self, record: &NodeRecord, reason: CloseReason) -> CloseReason {
+    /// the node's runs, or holds them for a node that may resume). Returns `reason`.
+    pub(super) async fn leave(&self, session: &Session, reason: CloseReason) -> CloseReason {
         let shared = self.shared;
-        shared.deps.registry.remove(record.id(), self.id);
+        let id = session.record.id();
+        shared.deps.registry.remove(id, self.id);
         shared.stats.record_disconnect(reason);
         shared
             .deps
             .handler
-            .node_disconnected(record.id(), self.id, reason)
+            .node_disconnected(id, self.id, reason, session.resumable)
             .await;
         info!(%reason, "node disconnected");
         reason

@@ -1,8 +1,8 @@
 //! The registration handshake of a node connection: read the `RegisterRequest`, apply the
 //! domain's policy ([`decide_registration`]) to what the store and the registry say, enter
-//! the registry (taking over the node's live connection when the policy says so), and
-//! answer. Everything the edge decides about a node joining is in [`Connection::register`],
-//! one screen long.
+//! the registry (taking over the node's live connection when the policy says so), have the
+//! run service answer the node's resume claims, and answer. Everything the edge decides
+//! about a node joining is in [`Connection::register`], one screen long.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -15,7 +15,7 @@ use super::connection::{Connection, NodeIo, Session, frame_error_reason};
 use super::link::ConnectionLink;
 use crate::domain::{
     LiveConnection, NodeRecord, RegisterAttempt, RegisterRejection, RegistrationDecision,
-    TakeoverReason, TakeoverRefusal, decide_registration,
+    ResumeAnswer, TakeoverReason, TakeoverRefusal, decide_registration,
 };
 use crate::ports::{CloseReason, ConnectionId, LastFrame, NewConnection};
 use crate::wire::{EdgeFrame, NodeFrame};
@@ -35,15 +35,16 @@ impl<S: NodeIo> Connection<'_, S> {
         let attempt = self.read_register().await?;
         let admission = self.register(&attempt).await.ok_or(CloseReason::Rejected)?;
         let session = self.enter_registry(admission, &attempt).await?;
+        let resumed = self.resume(&session, &attempt).await;
         if let Err(reason) = self
             .send(EdgeFrame::Accepted {
                 record: Arc::clone(&session.record),
-                resumed: Vec::new(),
+                resumed,
             })
             .await
         {
             self.count_bytes();
-            return Err(self.leave(&session.record, reason).await);
+            return Err(self.leave(&session, reason).await);
         }
         self.shared.deps.handler.node_connected(session.record.id());
         let limit = self.shared.config.max_frame_bytes;
@@ -161,6 +162,7 @@ impl<S: NodeIo> Connection<'_, S> {
             link: Arc::new(link),
             instance_id: attempt.instance_id.clone(),
             last_frame: Arc::clone(&last_frame),
+            reserved_runs: record.runtime().max_concurrent_runs(),
         };
         let entered = match takeover {
             None => shared.deps.registry.insert(registered).map(|()| None),
@@ -193,7 +195,32 @@ impl<S: NodeIo> Connection<'_, S> {
             commands,
             signals,
             last_frame,
+            resumable: !attempt.instance_id.is_empty(),
         })
+    }
+
+    /// Hands the node's resume claims to the run service, which re-attaches what it can
+    /// and ends the node's other runs it did not claim; returns the answers. Until then the
+    /// node's whole capacity is held (it entered the registry with every slot reserved),
+    /// so no new run is placed on it before the runs it resumes are counted.
+    async fn resume(&self, session: &Session, attempt: &RegisterAttempt) -> Vec<ResumeAnswer> {
+        let deps = &self.shared.deps;
+        let node = session.record.id();
+        let answers = deps
+            .handler
+            .resume_runs(node, self.id, &attempt.resume)
+            .await;
+        let reserved = session.record.runtime().max_concurrent_runs();
+        let reserved = i32::try_from(reserved).unwrap_or(i32::MAX);
+        deps.registry.adjust_active_runs(node, self.id, -reserved);
+        if !answers.is_empty() {
+            let resumed = answers.iter().filter(|a| a.outcome.is_ok()).count();
+            info!(
+                claimed = answers.len(),
+                resumed, "answered the node's resume claims"
+            );
+        }
+        answers
     }
 
     /// Answers a refused registration; the connection closes next.

@@ -20,7 +20,7 @@ use tokio::sync::mpsc;
 use tracing::{debug, warn};
 
 use super::service::RunService;
-use super::table::{Placement, Run, lock};
+use super::table::{Run, lock};
 use crate::domain::{EventOrigin, EventVerdict, NodeId, RunEvent, RunEventKind, RunState};
 use crate::ports::ConnectionId;
 
@@ -62,6 +62,28 @@ impl Delivery {
         }
     }
 
+    /// Whether an `output` event has been relayed.
+    pub(super) fn saw_output(&self) -> bool {
+        self.saw_output
+    }
+
+    /// Whether the run has had its terminal event.
+    pub(super) fn is_finished(&self) -> bool {
+        self.state.is_finished()
+    }
+
+    /// The last seq relayed from the current attempt, in its node's numbering; 0 when it
+    /// has relayed nothing.
+    pub(super) fn last_node_seq(&self) -> u64 {
+        self.state.last_seq().saturating_sub(self.seq_base)
+    }
+
+    /// The current attempt resumes on a new connection: what its node sends again is
+    /// dropped.
+    pub(super) fn resume(&mut self) {
+        self.state.resume();
+    }
+
     /// Adds a follower of the run's next events; `false` when the run has ended.
     pub(super) fn follow(&mut self, follower: mpsc::Sender<(u64, Arc<RunEvent>)>) -> bool {
         if self.state.is_finished() {
@@ -97,7 +119,8 @@ impl RunService {
     /// Relays one event of `run` to the sink and the caller, in order; retires the run
     /// after its terminal event and drops anything after it. `seq` is the node's; the
     /// edge's own events (`None`) take the next one. An attempt's terminal event may
-    /// instead place the run again (failover).
+    /// instead place the run again (failover). Returns whether the event was taken
+    /// (relayed, or ended the attempt) rather than dropped.
     pub(super) async fn relay_event(
         &self,
         run: &Arc<Run>,
@@ -105,10 +128,10 @@ impl RunService {
         seq: Option<u64>,
         origin: EventOrigin,
         kind: RunEventKind,
-    ) {
+    ) -> bool {
         let mut delivery = run.delivery.lock().await;
         if self.is_stale(run, source) {
-            return;
+            return false;
         }
         let blame = !matches!(source, Source::Departed(..));
         if kind.is_terminal()
@@ -118,7 +141,7 @@ impl RunService {
             delivery.seq_base = delivery.state.next_edge_seq() - 1;
             drop(delivery);
             self.continue_run(run, next);
-            return;
+            return true;
         }
         let seq = match seq {
             Some(seq) => seq.saturating_add(delivery.seq_base),
@@ -128,7 +151,12 @@ impl RunService {
             EventVerdict::DropAfterTerminal => {
                 let dropped = &self.inner.stats.dropped_after_terminal;
                 dropped.fetch_add(1, Ordering::Relaxed);
-                return;
+                return false;
+            }
+            EventVerdict::DropDuplicate => {
+                let dropped = &self.inner.stats.dropped_duplicate;
+                dropped.fetch_add(1, Ordering::Relaxed);
+                return false;
             }
             EventVerdict::Relay => false,
             EventVerdict::RelayTerminal => true,
@@ -157,18 +185,20 @@ impl RunService {
             drop(delivery);
             self.retire(run);
         }
+        true
     }
 }
 
 impl RunService {
     /// Whether an event from `source` belongs to an attempt that has ended (failed over)
-    /// while it waited for the run's lock; such an event is dropped and counted.
+    /// or moved to another connection (resumed) while it waited for the run's lock; such
+    /// an event is dropped and counted.
     fn is_stale(&self, run: &Run, source: Source<'_>) -> bool {
         let (Source::Attempt(node, connection) | Source::Departed(node, connection)) = source
         else {
             return false;
         };
-        let stale = !run.is_on(node, connection);
+        let stale = !run.is_attempt(node, connection);
         if stale {
             let dropped = &self.inner.stats.dropped_after_terminal;
             dropped.fetch_add(1, Ordering::Relaxed);
@@ -182,10 +212,7 @@ impl RunService {
 fn event_of(run: &Run, seq: u64, origin: EventOrigin, kind: RunEventKind) -> RunEvent {
     let (node, route) = {
         let current = lock(&run.route);
-        let node = match &current.placement {
-            Placement::Dispatched { node, .. } => Some(node.clone()),
-            Placement::Queued => None,
-        };
+        let node = current.placement.attempt().map(|(node, _)| node.clone());
         let started = matches!(kind, RunEventKind::Started);
         (node, current.reason.filter(|_| started).map(Box::new))
     };

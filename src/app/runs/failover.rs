@@ -10,8 +10,8 @@
 //! every node tried excluded; if it finds none that could ever take the run, the failed
 //! attempt's event is relayed as the run's end.
 //!
-//! A node's departure ends each of its attempts through [`RunService::lose_attempt`], the
-//! one place where a dropped connection meets a run.
+//! A node's departure ends (or, for resume, detaches) each of its attempts through
+//! [`RunService::lose_attempt`], the one place where a dropped connection meets a run.
 
 use std::sync::Arc;
 
@@ -21,7 +21,7 @@ use tracing::{info, warn};
 use super::delivery::Source;
 use super::placement::Pumped;
 use super::service::RunService;
-use super::table::{Placement, Route, Run, Table, lock};
+use super::table::{Route, Run, Table, lock};
 use crate::domain::routing::{AttemptEnd, Decision, Failover, Outcome, Transition, after_attempt};
 use crate::domain::{EdgeFailure, EventOrigin, NodeId, RunEventKind};
 use crate::ports::ConnectionId;
@@ -52,24 +52,17 @@ impl RunService {
         let now = Instant::now();
         let mut table = lock(&self.inner.table);
         let mut route = lock(&run.route);
-        let Placement::Dispatched { node, connection } = route.placement.clone() else {
-            return None;
-        };
+        let (node, connection) = route
+            .placement
+            .attempt()
+            .map(|(node, connection)| (node.clone(), connection))?;
         let outcome = if blame {
             end.breaker_outcome()
         } else {
             Outcome::Neutral
         };
         self.record_outcome(&mut table, &mut route, &node, outcome, now);
-        if route.cancelling || self.is_draining() {
-            return None;
-        }
-        let max = self.inner.routing.policy.max_attempts;
-        let time_left = run.time_left(now);
-        if !matches!(
-            after_attempt(end, saw_output, &route.tried, max, time_left),
-            Failover::Retry { .. }
-        ) {
+        if !self.may_retry(run, &route, end, saw_output, now) {
             return None;
         }
         let (sent_to, displaced) = self.next_attempt(&mut table, run, &mut route, now)?;
@@ -89,6 +82,45 @@ impl RunService {
             displaced,
             pumped,
         })
+    }
+
+    /// Whether `run`, whose current attempt ended with `end`, gets another attempt: not
+    /// while it is being cancelled or the edge stops, and only as the domain's
+    /// `after_attempt` says (a node's reason, nothing relayed, attempts and time left).
+    fn may_retry(
+        &self,
+        run: &Run,
+        route: &Route,
+        end: AttemptEnd,
+        saw_output: bool,
+        now: Instant,
+    ) -> bool {
+        if route.cancelling.is_some() || self.is_draining() {
+            return false;
+        }
+        let max = self.inner.routing.policy.max_attempts;
+        let time_left = run.time_left(now);
+        matches!(
+            after_attempt(end, saw_output, &route.tried, max, time_left),
+            Failover::Retry { .. }
+        )
+    }
+
+    /// Whether losing `run`'s current attempt to a disconnect (before any output) would
+    /// place it again, now or from the queue: some node it has not tried could take it.
+    /// Changes nothing but the routing turn.
+    pub(super) fn would_fail_over(&self, run: &Run) -> bool {
+        let now = Instant::now();
+        let mut table = lock(&self.inner.table);
+        let route = lock(&run.route);
+        if !self.may_retry(run, &route, AttemptEnd::Disconnected, false, now) {
+            return false;
+        }
+        let nodes = self.inner.registry.statuses();
+        !matches!(
+            self.decide(&mut table, &nodes, run, &route, now),
+            Decision::Refuse(_)
+        )
     }
 
     /// Places `run`'s next attempt, or queues it. `None` when no node could ever take it
@@ -178,16 +210,28 @@ impl RunService {
     /// against the node's breaker, however many runs it held: `first` says whether this is
     /// the run it counts with.
     ///
-    /// This is the hook for resuming runs across a reconnect: a run whose attempt already
-    /// produced output would be detached here (kept open, waiting for the node to come back
-    /// and claim it) instead of ended.
+    /// When the node may come back and resume its runs (`resumable`), a run whose attempt
+    /// already produced output, or that failover could place nowhere else, is detached
+    /// instead (`resume.rs`): kept open for the node to claim it.
     pub(super) async fn lose_attempt(
         &self,
         run: &Arc<Run>,
         node: &NodeId,
         connection: ConnectionId,
         first: bool,
+        resumable: bool,
     ) {
+        {
+            let delivery = run.delivery.lock().await;
+            if !run.is_on(node, connection)
+                || (resumable && self.detach(run, &delivery, node, connection, first))
+            {
+                // Resumed on a newer connection meanwhile, or held for that.
+                return;
+            }
+        }
+        // Should a newer connection of the node claim the run in between, the relay finds
+        // the attempt moved on and drops this ending.
         let lost = EdgeFailure::NodeDisconnected.into_event_kind();
         let source = if first {
             Source::Attempt(node, connection)

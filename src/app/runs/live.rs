@@ -9,7 +9,7 @@ use async_trait::async_trait;
 use tokio::sync::mpsc;
 
 use super::service::RunService;
-use super::table::{Placement, Run, lock};
+use super::table::{Run, lock};
 use crate::app::management::{Follow, LiveRuns, now_ms};
 use crate::domain::routing::{BreakerState, RouteReason, TenantKey};
 use crate::domain::{
@@ -116,7 +116,7 @@ impl LiveRuns for RunService {
     fn runs_on(&self, node: &NodeId) -> Vec<RunId> {
         self.open_runs_list()
             .iter()
-            .filter(|run| matches!(run.placement(), Placement::Dispatched { node: n, .. } if &n == node))
+            .filter(|run| run.placement().attempt().is_some_and(|(n, _)| n == node))
             .map(|run| run.id.clone())
             .collect()
     }

@@ -1,5 +1,5 @@
-//! The run service's OpenTelemetry instruments: runs and their events, and routing
-//! (placements by rule, failovers, breaker transitions, refusals by limit).
+//! The run service's OpenTelemetry instruments: runs and their events, routing
+//! (placements by rule, failovers, breaker transitions, refusals by limit) and resume.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -9,13 +9,14 @@ use opentelemetry::KeyValue;
 use opentelemetry::metrics::{Counter, Histogram, Meter};
 use tokio::time::Instant;
 
+use super::resume_metrics::ResumeMetrics;
 use super::routing_metrics::{Refusal, RoutingCounts};
 use crate::domain::routing::{AttemptEnd, RouteReason, Transition};
 use crate::domain::{EventOrigin, RunEvent, RunEventKind, RunSpec};
 
 /// Bucket bounds in seconds for run latencies: from milliseconds (an instant answer) to
 /// ten minutes (a long generation).
-const LATENCY_BUCKETS: [f64; 18] = [
+pub(super) const LATENCY_BUCKETS: [f64; 18] = [
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
     120.0, 300.0, 600.0,
 ];
@@ -47,6 +48,8 @@ pub(super) struct RunMetrics {
     first_output: Histogram<f64>,
     duration: Histogram<f64>,
     routing: Arc<RoutingCounts>,
+    /// Runs detached, re-attached and lost around their node's reconnects.
+    pub(super) resume: ResumeMetrics,
 }
 
 fn route(spec: &RunSpec) -> [KeyValue; 2] {
@@ -100,6 +103,7 @@ impl RunMetrics {
                 "Time from acceptance to the terminal event",
             ),
             routing: RoutingCounts::register(meter),
+            resume: ResumeMetrics::new(meter),
         }
     }
 

@@ -12,13 +12,16 @@
 //!   takes the locked table as `&mut Table`;
 //! - `failover.rs` — what happens when an attempt ends: the breaker's record, another
 //!   attempt on another node, the disconnect hook;
+//! - `resume.rs` — runs held across a blip in their node's connection: detached when it
+//!   drops, re-attached when the node comes back and claims them;
 //! - `config.rs` — the `[routing]` and `[limits]` sections and the policy they build;
 //! - `delivery.rs` — the per-run state machine and the event relay
 //!   (`RunService::relay_event`): every event to the sink and the caller, in order;
-//! - `timers.rs` — the queue wait, the deadline and the cancel grace, which let the edge
-//!   end a run the node cannot;
+//! - `timers.rs` — the queue wait, the deadline, the cancel grace and the resume grace,
+//!   which let the edge end a run the node cannot;
 //! - `table.rs` — the table of open runs, the queue, breakers and limits, behind one mutex;
-//! - `metrics.rs`, `routing_metrics.rs` — the service's OpenTelemetry instruments;
+//! - `metrics.rs`, `routing_metrics.rs`, `resume_metrics.rs` — the service's OpenTelemetry
+//!   instruments;
 //! - `trace.rs` — the `dispatch` span that links a run to its node's connection in an
 //!   exported trace (only while span export is on).
 //!
@@ -31,6 +34,8 @@ mod failover;
 mod live;
 mod metrics;
 mod placement;
+mod resume;
+mod resume_metrics;
 mod routing_metrics;
 mod service;
 mod table;

@@ -275,11 +275,19 @@ impl RunService {
                 route.waiting = None;
                 route.placement.clone()
             };
-            if let Placement::Dispatched { node, connection } = placement {
-                self.inner
-                    .registry
-                    .adjust_active_runs(&node, connection, -1);
-                table.remember_ended(run.id.clone(), node, connection);
+            match placement {
+                Placement::Dispatched { node, connection } => {
+                    self.inner
+                        .registry
+                        .adjust_active_runs(&node, connection, -1);
+                    table.remember_ended(run.id.clone(), node, connection);
+                }
+                // Its slot went with the connection it was detached from.
+                Placement::Detached { since, .. } => {
+                    let resume = &self.inner.metrics.resume;
+                    resume.ended_detached(since.elapsed());
+                }
+                Placement::Queued => {}
             }
             self.pump(&mut table)
         };
@@ -313,7 +321,8 @@ impl RunService {
         }
     }
 
-    /// Asks the node holding `run`, if any, to cancel it.
+    /// Asks the node holding `run`, if any, to cancel it. A detached run's node is asked
+    /// when it resumes the run.
     pub(super) fn send_cancel(&self, run: &Run, reason: &str) {
         if let Placement::Dispatched { node, .. } = run.placement() {
             let command = NodeCommand::Cancel {

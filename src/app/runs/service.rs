@@ -25,7 +25,10 @@ use crate::domain::routing::{
     BreakerBook, BreakerState, Catalog, KeyLimits, LimitRefusal, RoutingPolicy, Unroutable,
     WaitCause,
 };
-use crate::domain::{EdgeFailure, EventOrigin, NodeId, RunEvent, RunEventKind, RunId, RunSpec};
+use crate::domain::{
+    EdgeFailure, EventOrigin, NodeId, ResumeAnswer, ResumeClaim, RunEvent, RunEventKind, RunId,
+    RunSpec,
+};
 use crate::ports::{
     CloseReason, ConnectionId, EventSink, JournalEntry, NodeEventHandler, NodeTransport, Registry,
     ReportedEvent, RunJournal,
@@ -112,6 +115,9 @@ pub struct RunStats {
     pub dropped_unknown_run: AtomicU64,
     /// Events for a run after its terminal event, from the connection that held it.
     pub dropped_after_terminal: AtomicU64,
+    /// Events of a resumed run that the edge had already relayed (a node that sent again
+    /// what it was told the edge has).
+    pub dropped_duplicate: AtomicU64,
 }
 
 /// Accepts runs and relays their events. Cheap to clone.
@@ -331,7 +337,7 @@ impl RunService {
         };
         let queued = {
             let mut table = lock(&self.inner.table);
-            lock(&run.route).cancelling = true;
+            lock(&run.route).cancelling = Some(reason.to_owned());
             table.unqueue(run_id)
         };
         if queued {
@@ -415,19 +421,30 @@ impl NodeEventHandler for RunService {
         }
     }
 
+    async fn resume_runs(
+        &self,
+        node: &NodeId,
+        connection: ConnectionId,
+        claims: &[ResumeClaim],
+    ) -> Vec<ResumeAnswer> {
+        self.resume_claims(node, connection, claims).await
+    }
+
     async fn node_disconnected(
         &self,
         node: &NodeId,
         connection: ConnectionId,
         reason: CloseReason,
+        resumable: bool,
     ) {
         self.inner.node_spans.disconnected(node, connection);
         let held = lock(&self.inner.table).runs_on(node, connection);
         if !held.is_empty() {
-            debug!(%node, %reason, runs = held.len(), "ending the runs of a disconnected node");
+            debug!(%node, %reason, runs = held.len(), resumable, "ending or detaching the runs of a disconnected node");
         }
         for (index, run) in held.iter().enumerate() {
-            self.lose_attempt(run, node, connection, index == 0).await;
+            self.lose_attempt(run, node, connection, index == 0, resumable)
+                .await;
         }
     }
 }

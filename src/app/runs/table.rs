@@ -25,9 +25,37 @@ pub(super) enum Placement {
     Dispatched {
         /// The node.
         node: NodeId,
-        /// Its connection at dispatch time.
+        /// Its connection at dispatch time (or at the resume that re-attached it).
         connection: ConnectionId,
     },
+    /// Its node's connection dropped after the run produced output: held for the node to
+    /// reconnect and claim it (see `resume.rs`). The attempt goes on; its slot was freed
+    /// with the connection.
+    Detached {
+        /// The node.
+        node: NodeId,
+        /// The connection that dropped.
+        connection: ConnectionId,
+        /// When it dropped.
+        since: Instant,
+        /// Whether the run's loss, should the node not resume it, counts against the node's
+        /// breaker (one departure counts once, with its first run).
+        blame: bool,
+    },
+}
+
+impl Placement {
+    /// The node and connection of the current attempt, attached or detached; `None` while
+    /// queued.
+    pub(super) fn attempt(&self) -> Option<(&NodeId, ConnectionId)> {
+        match self {
+            Self::Queued => None,
+            Self::Dispatched { node, connection }
+            | Self::Detached {
+                node, connection, ..
+            } => Some((node, *connection)),
+        }
+    }
 }
 
 /// Why and since when a run waits in the queue.
@@ -61,8 +89,9 @@ pub(super) struct Route {
     /// The failure of the latest attempt that was failed over, for the run's end when no
     /// further attempt comes.
     pub(super) last_failure: Option<RunEventKind>,
-    /// A cancel was asked for (by the caller, the deadline or the edge): no more attempts.
-    pub(super) cancelling: bool,
+    /// A cancel was asked for (by the caller, the deadline or the edge), with its reason:
+    /// no more attempts, and a run resumed meanwhile is sent the cancel again.
+    pub(super) cancelling: Option<String>,
 }
 
 impl Default for Route {
@@ -75,7 +104,7 @@ impl Default for Route {
             waiting: None,
             stays: 0,
             last_failure: None,
-            cancelling: false,
+            cancelling: None,
         }
     }
 }
@@ -112,6 +141,12 @@ impl Run {
     /// Whether the run's current attempt is on `node`'s connection `connection`.
     pub(super) fn is_on(&self, node: &NodeId, connection: ConnectionId) -> bool {
         matches!(&lock(&self.route).placement, Placement::Dispatched { node: n, connection: c } if n == node && *c == connection)
+    }
+
+    /// Whether the run's current attempt is the one `node` held on `connection`, attached
+    /// or detached from it since.
+    pub(super) fn is_attempt(&self, node: &NodeId, connection: ConnectionId) -> bool {
+        lock(&self.route).placement.attempt() == Some((node, connection))
     }
 
     /// What is left of the deadline at `now`; `None` without a deadline.

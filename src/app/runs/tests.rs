@@ -6,9 +6,10 @@
 //! terminal event, in the sink and on the caller's stream, whichever path ends it. Timers run
 //! on paused tokio time; nothing here sleeps for real or asserts how long anything took.
 
+mod resume;
 mod routing;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
@@ -27,7 +28,8 @@ use crate::app::settings::RunsConfig;
 use crate::domain::routing::{Catalog, NodeStatus, Unroutable, WaitCause};
 use crate::domain::{
     AdapterConfig, AdapterName, Alias, EventOrigin, FailureClass, NodeId, NodeRecord, NodeSelector,
-    RunEvent, RunEventKind, RunId, RunRouting, RunSpec, RuntimeConfig, Target, Token,
+    ResumeAnswer, ResumeClaim, RunEvent, RunEventKind, RunId, RunRouting, RunSpec, RuntimeConfig,
+    Target, Token,
 };
 use crate::ports::event_sink::MockEventSink;
 use crate::ports::registry::MockRegistry;
@@ -93,6 +95,7 @@ fn config() -> RunsConfig {
         max_attempts: 3,
         cancel_grace_ms: 500,
         default_deadline_ms: 0,
+        resume_grace_ms: 2_000,
     }
 }
 
@@ -293,6 +296,8 @@ struct Harness {
     commands: Log<(NodeId, NodeCommand)>,
     /// Each connected node's live connection.
     connections: HashMap<String, ConnectionId>,
+    /// The nodes whose live connection registered with an instance id (may resume).
+    resumable: HashSet<String>,
     last_connection: ConnectionId,
 }
 
@@ -344,38 +349,84 @@ impl Harness {
             published,
             commands,
             connections: HashMap::new(),
+            resumable: HashSet::new(),
             last_connection: 0,
         }
     }
 
-    /// Registers a node on a new connection and tells the service, as the transport does
-    /// once the node is accepted.
-    fn connect(&mut self, id: &str, max_concurrent_runs: u32) -> ConnectionId {
-        self.last_connection += 1;
-        let connection = self.last_connection;
-        self.registry
-            .insert(NewConnection {
-                record: record(id, max_concurrent_runs),
-                connection,
-                peer: SocketAddr::from(([127, 0, 0, 1], 9_000)),
-                node_version: "test".into(),
-                link: Arc::new(NullLink),
-                instance_id: String::new(),
-                last_frame: Arc::new(LastFrame::new(std::time::Instant::now())),
-            })
-            .unwrap();
-        self.connections.insert(id.to_owned(), connection);
-        self.service.node_connected(&node_id(id));
+    /// Registers a v1 node (no instance id, no claims) on a new connection and tells the
+    /// service, as the transport does once the node is accepted.
+    async fn connect(&mut self, id: &str, max_concurrent_runs: u32) -> ConnectionId {
+        let (connection, answers) = self.register(id, max_concurrent_runs, None).await;
+        assert!(answers.is_empty());
         connection
     }
 
-    /// Ends a node's connection as the transport does: out of the registry, then the
+    /// Registers node `id` with an instance id and resume `claims` on a new connection,
+    /// taking over its live connection if it has one (which is left to close later, with
+    /// [`Harness::close`]); returns the connection and the service's answers.
+    async fn resume(
+        &mut self,
+        id: &str,
+        max_concurrent_runs: u32,
+        claims: &[ResumeClaim],
+    ) -> (ConnectionId, Vec<ResumeAnswer>) {
+        self.register(id, max_concurrent_runs, Some(claims)).await
+    }
+
+    /// What the transport does for an accepted registration: into the registry (replacing
+    /// a live connection), the claims answered, then `node_connected`.
+    async fn register(
+        &mut self,
+        id: &str,
+        max_concurrent_runs: u32,
+        claims: Option<&[ResumeClaim]>,
+    ) -> (ConnectionId, Vec<ResumeAnswer>) {
+        self.last_connection += 1;
+        let connection = self.last_connection;
+        let registered = NewConnection {
+            record: record(id, max_concurrent_runs),
+            connection,
+            peer: SocketAddr::from(([127, 0, 0, 1], 9_000)),
+            node_version: "test".into(),
+            link: Arc::new(NullLink),
+            instance_id: if claims.is_some() { "i-1" } else { "" }.into(),
+            last_frame: Arc::new(LastFrame::new(std::time::Instant::now())),
+            reserved_runs: 0,
+        };
+        match self.connections.get(id) {
+            Some(old) => drop(self.registry.replace(registered, *old).unwrap()),
+            None => self.registry.insert(registered).unwrap(),
+        }
+        self.connections.insert(id.to_owned(), connection);
+        if claims.is_some() {
+            self.resumable.insert(id.to_owned());
+        } else {
+            self.resumable.remove(id);
+        }
+        let node = node_id(id);
+        let answers = self
+            .service
+            .resume_runs(&node, connection, claims.unwrap_or_default())
+            .await;
+        self.service.node_connected(&node);
+        (connection, answers)
+    }
+
+    /// Ends a node's live connection as the transport does: out of the registry, then the
     /// service hears of it.
     async fn disconnect(&mut self, id: &str) {
         let connection = self.connections.remove(id).unwrap();
         assert!(self.registry.remove(&node_id(id), connection));
+        let resumable = self.resumable.remove(id);
+        self.close(id, connection, resumable).await;
+    }
+
+    /// The service hears that node `id`'s `connection` closed (already out of the
+    /// registry, or replaced in it by a takeover).
+    async fn close(&self, id: &str, connection: ConnectionId, resumable: bool) {
         self.service
-            .node_disconnected(&node_id(id), connection, CloseReason::Eof)
+            .node_disconnected(&node_id(id), connection, CloseReason::Eof, resumable)
             .await;
     }
 
@@ -548,7 +599,7 @@ impl Harness {
 #[tokio::test(start_paused = true)]
 async fn a_run_the_node_completes_ends_with_its_completed_event() {
     let mut h = Harness::expecting(Expect::terminals(1).runs_sent(1).cancels_sent(0));
-    let a = h.connect("a", 2);
+    let a = h.connect("a", 2).await;
     let mut handle = h.start(spec());
     let run = handle.run_id.clone();
 
@@ -602,7 +653,7 @@ async fn a_run_the_node_completes_ends_with_its_completed_event() {
 #[tokio::test(start_paused = true)]
 async fn a_run_the_node_fails_ends_with_its_failed_event() {
     let mut h = Harness::expecting(Expect::terminals(1));
-    let a = h.connect("a", 1);
+    let a = h.connect("a", 1).await;
     let mut handle = h.start(spec());
     let failed = RunEventKind::failed("adapter_error", "out of memory");
     h.report_each(
@@ -623,7 +674,7 @@ async fn a_run_the_node_fails_ends_with_its_failed_event() {
 #[tokio::test(start_paused = true)]
 async fn a_node_disconnecting_fails_runs_with_output_and_fails_over_the_rest() {
     let mut h = Harness::expecting(Expect::terminals(3));
-    h.connect("a", 2);
+    h.connect("a", 2).await;
     let a = h.connections["a"];
     let [mut first, mut second] = h.start_runs();
     h.report_each(
@@ -646,7 +697,7 @@ async fn a_node_disconnecting_fails_runs_with_output_and_fails_over_the_rest() {
     // Nothing but `started` reached the caller: the run waits for another node.
     assert_eq!(h.service.open_runs(), 1);
     assert_eq!(h.service.queued_runs(), 1);
-    let b = h.connect("b", 1);
+    let b = h.connect("b", 1).await;
     assert_eq!(h.sent_to(&second.run_id), [node_id("a"), node_id("b")]);
     h.report_each(
         "b",
@@ -674,7 +725,7 @@ async fn a_node_disconnecting_fails_runs_with_output_and_fails_over_the_rest() {
 
     // The node comes back on a new connection with a fresh count and takes new runs.
     h.disconnect("b").await;
-    let a = h.connect("a", 2);
+    let a = h.connect("a", 2).await;
     assert_eq!(h.active_runs("a"), 0);
     let mut third = h.start(spec());
     assert_eq!(h.sent_to(&third.run_id), [node_id("a")]);
@@ -686,7 +737,7 @@ async fn a_node_disconnecting_fails_runs_with_output_and_fails_over_the_rest() {
 #[tokio::test(start_paused = true)]
 async fn the_deadline_fails_the_run_and_cancels_it_on_the_node() {
     let mut h = Harness::expecting(Expect::terminals(1).runs_sent(1).cancels_sent(1));
-    let a = h.connect("a", 1);
+    let a = h.connect("a", 1).await;
     let mut handle = h.start(with_deadline(Duration::from_secs(2)));
     let run = handle.run_id.clone();
     assert_eq!(h.assignments(&run)[0].1.deadline_ms, 2_000);
@@ -724,7 +775,7 @@ async fn runs_without_a_deadline_get_the_configured_default() {
         },
         Expect::terminals(1),
     );
-    h.connect("a", 1);
+    h.connect("a", 1).await;
     let mut handle = h.start(spec());
     assert_eq!(h.assignments(&handle.run_id)[0].1.deadline_ms, 1_500);
     sleep(Duration::from_millis(1_510)).await;
@@ -735,7 +786,7 @@ async fn runs_without_a_deadline_get_the_configured_default() {
 #[tokio::test(start_paused = true)]
 async fn cancelling_a_queued_run_ends_it_at_once_and_never_sends_it() {
     let mut h = Harness::expecting(Expect::terminals(2).runs_sent(1));
-    let a = h.connect("a", 1);
+    let a = h.connect("a", 1).await;
     let [mut busy, mut queued] = h.start_runs();
     assert_eq!(h.service.queued_runs(), 1);
     assert!(h.sent_to(&queued.run_id).is_empty());
@@ -761,7 +812,7 @@ async fn cancelling_a_queued_run_ends_it_at_once_and_never_sends_it() {
 #[tokio::test(start_paused = true)]
 async fn a_cancelled_run_ends_with_the_nodes_own_cancelled_event() {
     let mut h = Harness::expecting(Expect::terminals(1).cancels_sent(1));
-    let a = h.connect("a", 1);
+    let a = h.connect("a", 1).await;
     let mut handle = h.start(spec());
     let run = handle.run_id.clone();
     h.report_each("a", a, &run, [RunEventKind::Started, output("so far")])
@@ -787,7 +838,7 @@ async fn a_cancelled_run_ends_with_the_nodes_own_cancelled_event() {
 #[tokio::test(start_paused = true)]
 async fn a_cancelled_run_the_node_ignores_ends_after_the_grace_period() {
     let mut h = Harness::expecting(Expect::terminals(1).cancels_sent(1));
-    let a = h.connect("a", 1);
+    let a = h.connect("a", 1).await;
     let mut handle = h.start(spec());
     let run = handle.run_id.clone();
     h.report("a", a, &run, 1, RunEventKind::Started).await;
@@ -821,7 +872,7 @@ async fn drain_ends_open_runs_after_the_grace_and_refuses_new_ones() {
         },
         Expect::terminals(2).runs_sent(1).cancels_sent(1),
     );
-    let a = h.connect("a", 1);
+    let a = h.connect("a", 1).await;
     let [mut dispatched, mut queued] = h.start_runs();
     h.report("a", a, &dispatched.run_id, 1, RunEventKind::Started)
         .await;
@@ -860,7 +911,7 @@ async fn drain_ends_open_runs_after_the_grace_and_refuses_new_ones() {
 #[tokio::test(start_paused = true)]
 async fn drain_returns_as_soon_as_the_open_runs_end() {
     let mut h = Harness::expecting(Expect::terminals(1).cancels_sent(0));
-    let a = h.connect("a", 1);
+    let a = h.connect("a", 1).await;
     let mut handle = h.start(spec());
     let drain = h.spawn_drain(Duration::from_secs(60));
     sleep(Duration::from_secs(1)).await;
@@ -878,7 +929,7 @@ async fn drain_returns_as_soon_as_the_open_runs_end() {
 #[tokio::test(start_paused = true)]
 async fn a_run_that_waits_too_long_in_the_queue_fails() {
     let mut h = Harness::expecting(Expect::terminals(2).runs_sent(1));
-    let a = h.connect("a", 1);
+    let a = h.connect("a", 1).await;
     let [mut busy, mut queued] = h.start_runs();
 
     sleep(Duration::from_millis(990)).await;
@@ -900,7 +951,7 @@ async fn a_run_that_waits_too_long_in_the_queue_fails() {
 #[tokio::test(start_paused = true)]
 async fn events_after_the_terminal_are_dropped_and_counted() {
     let mut h = Harness::expecting(Expect::terminals(1));
-    let a = h.connect("a", 1);
+    let a = h.connect("a", 1).await;
     let mut handle = h.start(spec());
     let run = handle.run_id.clone();
     // The node ends the run with its second event, then sends two more.
@@ -923,7 +974,7 @@ async fn events_after_the_terminal_are_dropped_and_counted() {
 #[tokio::test(start_paused = true)]
 async fn a_deadline_racing_the_nodes_terminal_adds_no_second_terminal_event() {
     let mut h = Harness::expecting(Expect::terminals(1));
-    let a = h.connect("a", 1);
+    let a = h.connect("a", 1).await;
     let mut handle = h.start(with_deadline(Duration::from_secs(1)));
     let run = handle.run_id.clone();
     // The caller reads nothing until its buffer is full...
@@ -966,10 +1017,10 @@ async fn a_deadline_racing_the_nodes_terminal_adds_no_second_terminal_event() {
 #[tokio::test(start_paused = true)]
 async fn events_for_runs_a_connection_does_not_hold_are_dropped_and_counted() {
     let mut h = Harness::expecting(Expect::terminals(1));
-    let a = h.connect("a", 1);
+    let a = h.connect("a", 1).await;
     let mut handle = h.start(spec());
     let run = handle.run_id.clone();
-    let b = h.connect("b", 1);
+    let b = h.connect("b", 1).await;
 
     h.report("a", a, &RunId::new("no-such-run"), 1, completed())
         .await;
@@ -994,13 +1045,13 @@ async fn events_for_runs_a_connection_does_not_hold_are_dropped_and_counted() {
 #[tokio::test(start_paused = true)]
 async fn an_old_connections_events_do_not_reach_the_nodes_new_runs() {
     let mut h = Harness::expecting(Expect::terminals(2));
-    let old = h.connect("a", 1);
+    let old = h.connect("a", 1).await;
     let mut first = h.start(spec());
     h.report("a", old, &first.run_id, 1, output("some")).await;
     h.disconnect("a").await;
     h.assert_failed(&mut first, "node_disconnected");
 
-    let new = h.connect("a", 1);
+    let new = h.connect("a", 1).await;
     let mut second = h.start(spec());
     h.report("a", old, &second.run_id, 1, completed()).await;
     assert_eq!(h.dropped_unknown_run(), 1);
@@ -1013,7 +1064,7 @@ async fn an_old_connections_events_do_not_reach_the_nodes_new_runs() {
 #[tokio::test(start_paused = true)]
 async fn a_queued_run_is_dispatched_when_a_slot_frees() {
     let mut h = Harness::expecting(Expect::terminals(2).runs_sent(2));
-    let a = h.connect("a", 1);
+    let a = h.connect("a", 1).await;
     let [mut first, mut second] = h.start_runs();
     assert_eq!(h.service.queued_runs(), 1);
     assert!(h.sent_to(&second.run_id).is_empty());
@@ -1034,11 +1085,11 @@ async fn a_queued_run_is_dispatched_when_a_slot_frees() {
 #[tokio::test(start_paused = true)]
 async fn a_queued_run_is_dispatched_when_a_node_connects() {
     let mut h = Harness::expecting(Expect::terminals(2).runs_sent(2));
-    let a = h.connect("a", 1);
+    let a = h.connect("a", 1).await;
     let [mut first, mut second] = h.start_runs();
     assert_eq!(h.service.queued_runs(), 1);
 
-    let b = h.connect("b", 1);
+    let b = h.connect("b", 1).await;
     assert_eq!(h.sent_to(&second.run_id), [node_id("b")]);
     assert_eq!(h.service.queued_runs(), 0);
     assert_eq!(h.active_runs("b"), 1);
@@ -1056,7 +1107,7 @@ async fn a_queued_run_is_dispatched_when_a_node_connects() {
 #[tokio::test(start_paused = true)]
 async fn a_run_no_node_is_configured_for_is_refused_at_once() {
     let mut h = Harness::expecting(Expect::default().runs_sent(0));
-    h.connect("a", 1);
+    h.connect("a", 1).await;
     let other_target = RunSpec {
         selector: NodeSelector {
             target: Target::parse("other").unwrap(),
@@ -1096,7 +1147,7 @@ async fn a_configured_route_with_no_node_connected_waits_for_one() {
     assert_eq!(h.service.queued_runs(), 1);
     assert_eq!(h.service.waiting_by_cause(), [0, 1]);
     sleep(Duration::from_millis(500)).await;
-    let a = h.connect("a", 1);
+    let a = h.connect("a", 1).await;
     assert_eq!(h.sent_to(&waits.run_id), [node_id("a")]);
     h.complete("a", a, &mut waits).await;
 
@@ -1119,7 +1170,7 @@ async fn a_run_is_refused_when_the_queue_is_full() {
         },
         Expect::terminals(2),
     );
-    let a = h.connect("a", 1);
+    let a = h.connect("a", 1).await;
     let [mut first, mut second] = h.start_runs();
     let full = h.service.start(spec()).unwrap_err();
     assert!(
@@ -1142,8 +1193,8 @@ async fn a_run_is_refused_when_the_queue_is_full() {
 #[tokio::test(start_paused = true)]
 async fn a_run_the_node_cannot_be_sent_fails_over_and_then_waits() {
     let mut h = Harness::expecting(Expect::terminals(1).refusing_runs());
-    h.connect("a", 1);
-    h.connect("b", 1);
+    h.connect("a", 1).await;
+    h.connect("b", 1).await;
     let mut handle = h.start(spec());
     sleep(Duration::from_millis(1)).await;
     // Both connected nodes were tried; c, d and e are configured but away.
@@ -1214,8 +1265,19 @@ enum Op {
     Cancel { run: usize },
     /// Node `node` disconnects.
     Disconnect { node: usize },
-    /// Node `node` connects, if it is not connected.
-    Connect { node: usize },
+    /// Node `node` connects, if it is not connected; a `resumable` one registers with an
+    /// instance id (its runs with output are detached when it disconnects).
+    Connect { node: usize, resumable: bool },
+    /// Node `node` registers again (taking its live connection over, if any, which then
+    /// closes) and claims the runs in `claims` (a bit per run index), each as the node
+    /// that made `skew` more events than it sent (0 to 2) and keeps them from `kept`
+    /// (0 the first, 1 the one after the last sent, 2 one further: lost events).
+    Resume {
+        node: usize,
+        claims: u8,
+        skew: u8,
+        kept: u8,
+    },
     /// Time passes.
     Wait { ms: u64 },
 }
@@ -1229,7 +1291,9 @@ fn op() -> impl Strategy<Value = Op> {
         1 => any::<usize>().prop_map(|run| Op::Stray { run }),
         2 => any::<usize>().prop_map(|run| Op::Cancel { run }),
         1 => (0..NODES.len()).prop_map(|node| Op::Disconnect { node }),
-        2 => (0..NODES.len()).prop_map(|node| Op::Connect { node }),
+        2 => (0..NODES.len(), any::<bool>()).prop_map(|(node, resumable)| Op::Connect { node, resumable }),
+        2 => (0..NODES.len(), any::<u8>(), 0u8..3, 0u8..3)
+            .prop_map(|(node, claims, skew, kept)| Op::Resume { node, claims, skew, kept }),
         2 => (1u64..400).prop_map(|ms| Op::Wait { ms }),
     ]
 }
@@ -1268,12 +1332,13 @@ async fn interleave(ops: Vec<Op>) {
             max_attempts: 3,
             cancel_grace_ms: 100,
             default_deadline_ms: 0,
+            resume_grace_ms: 250,
         },
         &breakers,
         Expect::default(),
     );
     for (id, max) in NODES {
-        h.connect(id, max);
+        h.connect(id, max).await;
     }
     let mut handles: Vec<RunHandle> = Vec::new();
     let mut seqs: Vec<u64> = Vec::new();
@@ -1320,10 +1385,50 @@ async fn interleave(ops: Vec<Op>) {
                     h.disconnect(NODES[node].0).await;
                 }
             }
-            Op::Connect { node } => {
+            Op::Connect { node, resumable } => {
                 let (id, max) = NODES[node];
                 if !h.connections.contains_key(id) {
-                    h.connect(id, max);
+                    if resumable {
+                        h.resume(id, max, &[]).await;
+                    } else {
+                        h.connect(id, max).await;
+                    }
+                }
+            }
+            Op::Resume {
+                node,
+                claims,
+                skew,
+                kept,
+            } => {
+                let (id, max) = NODES[node];
+                let claimed: Vec<usize> = (0..handles.len().min(8))
+                    .filter(|run| claims & (1 << run) != 0)
+                    .collect();
+                let claims: Vec<ResumeClaim> = claimed
+                    .iter()
+                    .map(|&run| {
+                        let next_seq = seqs[run] + 1 + u64::from(skew);
+                        ResumeClaim {
+                            run_id: handles[run].run_id.as_str().to_owned(),
+                            next_seq,
+                            first_buffered_seq: [1, seqs[run] + 1, seqs[run] + 2]
+                                [usize::from(kept)],
+                        }
+                    })
+                    .collect();
+                let old = h.connections.get(id).copied();
+                let was_resumable = h.resumable.contains(id);
+                let (_, answers) = h.resume(id, max, &claims).await;
+                if let Some(old) = old {
+                    h.close(id, old, was_resumable).await;
+                }
+                for (run, answer) in claimed.iter().zip(&answers) {
+                    assert_eq!(answer.run_id, handles[*run].run_id.as_str());
+                    if let Ok(from) = answer.outcome {
+                        // The node sends again from where the edge wants.
+                        seqs[*run] = from - 1;
+                    }
                 }
             }
             Op::Wait { ms } => sleep(Duration::from_millis(ms)).await,
@@ -1337,6 +1442,9 @@ async fn interleave(ops: Vec<Op>) {
     assert_eq!(h.service.queued_runs(), 0);
     for handle in &mut handles {
         h.assert_ended_once(handle);
+        // Nothing relayed twice: a resumed run's repeats are dropped.
+        let seqs: Vec<u64> = h.published(&handle.run_id).iter().map(|e| e.seq).collect();
+        assert!(seqs.windows(2).all(|w| w[0] < w[1]), "seqs {seqs:?}");
     }
     for (id, _) in NODES {
         if h.connections.contains_key(id) {
@@ -1349,8 +1457,10 @@ async fn interleave(ops: Vec<Op>) {
 proptest! {
     #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
-    /// Whatever nodes, callers and timers do in whatever order, every accepted run ends with
-    /// exactly one terminal event, nothing follows it, and no run is left open.
+    /// Whatever nodes, callers and timers do in whatever order — runs detached when their
+    /// node drops, re-attached or refused when it comes back and claims them, connections
+    /// taken over — every accepted run ends with exactly one terminal event, nothing
+    /// follows it, nothing is relayed twice, and no run is left open.
     #[test]
     fn every_run_ends_with_exactly_one_terminal_event(
         ops in proptest::collection::vec(op(), 1..40),

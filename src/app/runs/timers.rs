@@ -1,7 +1,7 @@
 //! Timers: the tasks that end a run the node does not — the deadline, the queue wait, the
-//! cancel grace — the deferred ending of a run, and the pump when a breaker's cooldown
-//! ends. Each is a task in the service's `TaskTracker` that ends when its run ends (or, for
-//! a cooldown, when the drain begins); `drain` waits for them.
+//! cancel grace, the resume grace — the deferred ending of a run, and the pump when a
+//! breaker's cooldown ends. Each is a task in the service's `TaskTracker` that ends when
+//! its run ends (or, for a cooldown, when the drain begins); `drain` waits for them.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,7 +13,11 @@ use super::placement::wait_expired;
 use super::service::RunService;
 use super::table::{Run, lock};
 use crate::domain::routing::WaitCause;
-use crate::domain::{EdgeFailure, RunEventKind};
+use crate::domain::{EdgeFailure, NodeId, RunEventKind};
+use crate::ports::ConnectionId;
+
+/// The reason a cancel sent for a passed deadline gives.
+const DEADLINE_EXCEEDED: &str = "deadline exceeded";
 
 impl RunService {
     /// Starts the timer of the run's deadline, if it has one.
@@ -31,10 +35,10 @@ impl RunService {
                     () = tokio::time::sleep_until(run.accepted_at + deadline) => {
                         {
                             let mut table = lock(&service.inner.table);
-                            lock(&run.route).cancelling = true;
+                            lock(&run.route).cancelling = Some(DEADLINE_EXCEEDED.to_owned());
                             table.unqueue(&run.id);
                         }
-                        service.send_cancel(&run, "deadline exceeded");
+                        service.send_cancel(&run, DEADLINE_EXCEEDED);
                         service.end_run(&run, EdgeFailure::DeadlineExceeded.into_event_kind()).await;
                     }
                 }
@@ -126,6 +130,30 @@ impl RunService {
                 () = tokio::time::sleep(grace) => service.end_run(&run, cancelled).await,
             }
         });
+    }
+
+    /// After `run` was detached from `node`'s `connection`: ends it with `node_disconnected`
+    /// unless it ends or is resumed within `grace` (`runs.resume_grace_ms`).
+    pub(super) fn arm_resume_grace(
+        &self,
+        run: Arc<Run>,
+        node: NodeId,
+        connection: ConnectionId,
+        grace: Duration,
+    ) {
+        let service = self.clone();
+        let span = run.span.clone();
+        self.inner.timers.spawn(
+            async move {
+                tokio::select! {
+                    () = run.ended.cancelled() => {}
+                    () = tokio::time::sleep(grace) => {
+                        service.expire_detached(&run, &node, connection).await;
+                    }
+                }
+            }
+            .instrument(span),
+        );
     }
 
     /// Ends `run` with `kind` on a task of its own, for callers that must not wait (they

@@ -110,14 +110,28 @@ probe_interval_ms = "60000"
     )
 }
 
-/// A real edge with `config` whose node transport listens on `node_addr` (port 0 for any).
+/// A real edge with `config` whose node transport listens on `node_addr` (port 0 for any);
+/// events go to the `null` sink unless the config has an `[events]` section.
 pub async fn edge_on(config: &str, node_addr: SocketAddr) -> TestApp {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut settings = settings_on_free_ports(dir.path(), config);
     settings.server.listen = node_addr;
     settings.server.shutdown_grace_ms = 500;
-    settings.events.sinks = vec![SinkKind::Null];
+    if !config.contains("[events]") {
+        settings.events.sinks = vec![SinkKind::Null];
+    }
     common::serve(settings, dir).await
+}
+
+/// Waits until the edge has answered two of the node's pings: the first answer surely
+/// reached the node, which from then on judges the link by its pings.
+pub async fn pings_answered(app: &TestApp) {
+    let stats = app.parts.transport.stats();
+    crate::common::eventually("the edge has answered the node's pings", || {
+        // The registration answer, then at least two acks (no run was sent).
+        stats.frames_out.load(std::sync::atomic::Ordering::Relaxed) >= 3
+    })
+    .await;
 }
 
 pub fn prompt(text: &str) -> RunSpec {

@@ -51,8 +51,8 @@ impl Harness {
 #[tokio::test(start_paused = true)]
 async fn a_node_failure_before_output_is_retried_on_another_node() {
     let mut h = Harness::expecting(Expect::terminals(1).runs_sent(2));
-    h.connect("a", 1);
-    h.connect("b", 1);
+    h.connect("a", 1).await;
+    h.connect("b", 1).await;
     let mut handle = h.start(spec());
     let run = handle.run_id.clone();
     let first = h.holder(&run).0;
@@ -79,8 +79,8 @@ async fn a_node_failure_before_output_is_retried_on_another_node() {
 #[tokio::test(start_paused = true)]
 async fn request_failures_output_and_cancels_are_never_retried() {
     let mut h = Harness::expecting(Expect::terminals(3).runs_sent(3));
-    h.connect("a", 3);
-    h.connect("b", 3);
+    h.connect("a", 3).await;
+    h.connect("b", 3).await;
     // The request itself is bad: final, and says nothing about the node.
     let mut bad = h.start(spec());
     let failed = classed(FailureClass::Request);
@@ -108,7 +108,7 @@ async fn request_failures_output_and_cancels_are_never_retried() {
 async fn failover_stops_at_max_attempts_with_the_last_failure() {
     let mut h = Harness::expecting(Expect::terminals(1).runs_sent(3));
     for node in ["a", "b", "c", "d"] {
-        h.connect(node, 1);
+        h.connect(node, 1).await;
     }
     let mut handle = h.start(spec());
     let run = handle.run_id.clone();
@@ -141,8 +141,8 @@ async fn a_failing_node_is_avoided_while_its_breaker_is_open_then_probed() {
         ..config()
     };
     let mut h = Harness::new(waits_out_the_cooldown, Expect::default());
-    let a = h.connect("a", 4);
-    h.connect("b", 4);
+    let a = h.connect("a", 4).await;
+    h.connect("b", 4).await;
     // Three node failures in a row on `a`, each failed over to `b`.
     for _ in 0..3 {
         let mut handle = h.start(RunSpec {
@@ -193,7 +193,7 @@ async fn a_failing_node_is_avoided_while_its_breaker_is_open_then_probed() {
 #[tokio::test(start_paused = true)]
 async fn a_node_without_the_target_available_gets_no_runs_until_it_reports_it() {
     let mut h = Harness::expecting(Expect::terminals(1).runs_sent(1));
-    let a = h.connect("a", 1);
+    let a = h.connect("a", 1).await;
     let echo = AdapterName::parse(ADAPTER).unwrap();
     let nothing = Availability::new([]);
     assert!(h.registry.set_availability(&node_id("a"), a, nothing));
@@ -211,7 +211,7 @@ async fn a_node_without_the_target_available_gets_no_runs_until_it_reports_it() 
 #[tokio::test(start_paused = true)]
 async fn a_drained_node_keeps_its_runs_and_gets_none_until_undrained() {
     let mut h = Harness::expecting(Expect::terminals(2).runs_sent(2));
-    let a = h.connect("a", 2);
+    let a = h.connect("a", 2).await;
     let mut first = h.start(spec());
     assert!(h.service.set_drained(&node_id("a"), true));
     let mut second = h.start(spec());
@@ -226,7 +226,7 @@ async fn a_drained_node_keeps_its_runs_and_gets_none_until_undrained() {
 #[tokio::test(start_paused = true)]
 async fn a_flooding_key_does_not_delay_another_beyond_a_slot_turnover() {
     let mut h = Harness::expecting(Expect::default());
-    let a = h.connect("a", 1);
+    let a = h.connect("a", 1).await;
     let mut busy = h.start(tenant("flood", Priority::Interactive));
     let mut flood: Vec<RunHandle> = (0..5)
         .map(|_| h.start(tenant("flood", Priority::Interactive)))
@@ -251,7 +251,7 @@ async fn a_flooding_key_does_not_delay_another_beyond_a_slot_turnover() {
 #[tokio::test(start_paused = true)]
 async fn a_key_over_its_limit_is_refused_with_a_retry_hint() {
     let mut h = Harness::expecting(Expect::terminals(2));
-    let a = h.connect("a", 4);
+    let a = h.connect("a", 4).await;
     let limited = RunRouting {
         tenant: TenantKey::parse("small").unwrap(),
         limits: Some(LimitPolicy {
@@ -279,7 +279,7 @@ async fn a_key_over_its_limit_is_refused_with_a_retry_hint() {
 async fn runs_of_one_session_stay_on_one_node() {
     let mut h = Harness::expecting(Expect::default());
     for node in ["a", "b", "c", "d"] {
-        h.connect(node, 8);
+        h.connect(node, 8).await;
     }
     let mut homes = Vec::new();
     for key in ["alice", "bob"] {
