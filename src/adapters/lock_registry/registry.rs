@@ -461,6 +461,22 @@ mod tests {
     }
 
     #[test]
+    fn a_connection_starts_with_its_reserved_runs_until_they_are_given_back() {
+        let registry = LockRegistry::new();
+        let reserved = NewConnection {
+            reserved_runs: 2,
+            ..connection("a", "x", 1)
+        };
+        registry.insert(reserved).unwrap();
+        // Full while its resume claims are answered: routing sees no free slot.
+        let status = &registry.statuses()[0];
+        assert_eq!(status.active_runs, 2);
+        registry.adjust_active_runs(&id("a"), 1, 1);
+        registry.adjust_active_runs(&id("a"), 1, -2);
+        assert_eq!(registry.get("a").unwrap().active_runs, 1);
+    }
+
+    #[test]
     fn racing_takeovers_leave_one_live_connection_that_no_loser_can_remove() {
         let registry = LockRegistry::new();
         registry.insert(connection("a", "x", 0)).unwrap();
