@@ -196,28 +196,25 @@ pub(crate) fn check_reply(written: &[u8]) -> Option<RegisterOutcome> {
 }
 
 /// The transport, its collaborators and the runtime they live on, made once per process.
-struct Harness {
-    runtime: Runtime,
-    control: TransportControl,
-    registry: LockRegistry,
-    service: RunService,
-    handler: Arc<Handler>,
-    sink: Arc<RecordingSink>,
+pub struct Harness {
+    pub runtime: Runtime,
+    pub control: TransportControl,
+    pub registry: LockRegistry,
+    pub service: RunService,
+    pub handler: Arc<Handler>,
+    pub sink: Arc<RecordingSink>,
 }
 
-fn harness() -> &'static Harness {
-    static HARNESS: OnceLock<Harness> = OnceLock::new();
-    HARNESS.get_or_init(|| {
+impl Harness {
+    /// A paused-clock runtime; a run service over `store`'s nodes with `runs` and routing
+    /// `policy`, recording its events; the real TCP transport (bound on loopback, served
+    /// through `serve_stream`) with small limits.
+    pub fn new(store: FileNodeStore, runs: RunsConfig, policy: RoutingPolicy) -> Self {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .start_paused(true)
             .build()
             .expect("a tokio runtime");
-        let store = FileNodeStore::from_definitions(&[
-            definition("node-a", "gpu-a", "token-a", 2, 1_000),
-            definition("node-b", "gpu-b", "token-b", 1, 1),
-        ])
-        .expect("valid definitions");
         let registry = LockRegistry::new();
         let shared_registry: Arc<dyn Registry> = Arc::new(registry.clone());
         let sink = Arc::new(RecordingSink::default());
@@ -225,20 +222,10 @@ fn harness() -> &'static Harness {
             Arc::clone(&shared_registry),
             Arc::new(TcpTransport::new(Arc::clone(&shared_registry))),
             Arc::clone(&sink) as Arc<dyn EventSink>,
-            RunsConfig::default(),
+            runs,
             Routing {
                 catalog: Catalog::new(store.records()),
-                // The harness serves every input: a breaker tripped by earlier inputs'
-                // disconnects would make a later input's pinned run wait.
-                policy: RoutingPolicy {
-                    breaker: BreakerPolicy::new(
-                        u32::MAX,
-                        Duration::from_millis(1),
-                        Duration::from_millis(1),
-                    )
-                    .expect("a valid breaker policy"),
-                    ..RoutingPolicy::default()
-                },
+                policy,
             },
             &opentelemetry::global::meter("fuzz"),
         );
@@ -268,6 +255,29 @@ fn harness() -> &'static Harness {
             handler,
             sink,
         }
+    }
+}
+
+fn harness() -> &'static Harness {
+    static HARNESS: OnceLock<Harness> = OnceLock::new();
+    HARNESS.get_or_init(|| {
+        let store = FileNodeStore::from_definitions(&[
+            definition("node-a", "gpu-a", "token-a", 2, 1_000),
+            definition("node-b", "gpu-b", "token-b", 1, 1),
+        ])
+        .expect("valid definitions");
+        // The harness serves every input: a breaker tripped by earlier inputs' disconnects
+        // would make a later input's pinned run wait.
+        let policy = RoutingPolicy {
+            breaker: BreakerPolicy::new(
+                u32::MAX,
+                Duration::from_millis(1),
+                Duration::from_millis(1),
+            )
+            .expect("a valid breaker policy"),
+            ..RoutingPolicy::default()
+        };
+        Harness::new(store, RunsConfig::default(), policy)
     })
 }
 

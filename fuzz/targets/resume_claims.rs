@@ -28,25 +28,19 @@
 //! must build on stable and stay clippy-clean.
 
 use std::net::SocketAddr;
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use edge::adapters::file_store::FileNodeStore;
-use edge::adapters::lock_registry::LockRegistry;
-use edge::adapters::tcp::config::ServerConfig;
-use edge::adapters::tcp::{ServerDeps, TcpServer, TcpTransport, TransportControl};
-use edge::app::RunService;
-use edge::app::runs::Routing;
 use edge::app::settings::RunsConfig;
-use edge::domain::routing::Catalog;
+use edge::domain::routing::RoutingPolicy;
 use edge::domain::{RegisterAttempt, ResumeClaim, RunEventKind, RunId, Token};
-use edge::ports::{EventSink, NodeEventHandler, NodeStore, Registry, ReportedEvent};
+use edge::ports::{Registry, ReportedEvent};
 use edge::wire::NodeFrame;
-use tokio::runtime::Runtime;
 
-use crate::recording::{RecordingSink, lock};
+use crate::recording::lock;
 use crate::register_handshake::{
-    HANG, Handler, PIPE_BYTES, check_reply, definition, encoded, node,
+    HANG, Harness, PIPE_BYTES, check_reply, definition, encoded, node,
 };
 
 /// How long the edge holds a run for its node.
@@ -190,72 +184,18 @@ fn last_seq(harness: &Harness, run: &RunId) -> u64 {
         .unwrap_or(0)
 }
 
-/// The transport, its collaborators and the runtime they live on, made once per process.
-struct Harness {
-    runtime: Runtime,
-    control: TransportControl,
-    registry: LockRegistry,
-    service: RunService,
-    handler: Arc<Handler>,
-    sink: Arc<RecordingSink>,
-}
-
 fn harness() -> &'static Harness {
     static HARNESS: OnceLock<Harness> = OnceLock::new();
     HARNESS.get_or_init(|| {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .start_paused(true)
-            .build()
-            .expect("a tokio runtime");
         let store = FileNodeStore::from_definitions(&[
             definition("node-a", "gpu-a", "token-a", 2, 1_000),
             definition("node-b", "gpu-b", "token-b", 1, 1_000),
         ])
         .expect("valid definitions");
-        let registry = LockRegistry::new();
-        let shared_registry: Arc<dyn Registry> = Arc::new(registry.clone());
-        let sink = Arc::new(RecordingSink::default());
         let runs = RunsConfig {
             resume_grace_ms: u64::try_from(GRACE.as_millis()).unwrap_or(u64::MAX),
             ..RunsConfig::default()
         };
-        let service = RunService::new(
-            Arc::clone(&shared_registry),
-            Arc::new(TcpTransport::new(Arc::clone(&shared_registry))),
-            Arc::clone(&sink) as Arc<dyn EventSink>,
-            runs,
-            Routing {
-                catalog: Catalog::new(store.records()),
-                ..Routing::default()
-            },
-            &opentelemetry::global::meter("fuzz"),
-        );
-        let handler = Arc::new(Handler::new(service.clone()));
-        let config = ServerConfig {
-            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
-            register_timeout_ms: 50,
-            max_frame_bytes: 4_096,
-            max_register_frame_bytes: 512,
-            outbound_queue: 4,
-            write_timeout_ms: 1_000,
-            ..ServerConfig::default()
-        };
-        let deps = ServerDeps {
-            store: Arc::new(store),
-            registry: shared_registry,
-            handler: Arc::clone(&handler) as Arc<dyn NodeEventHandler>,
-        };
-        let server = runtime
-            .block_on(TcpServer::bind(config, deps))
-            .expect("bind 127.0.0.1:0");
-        Harness {
-            runtime,
-            control: server.control(),
-            registry,
-            service,
-            handler,
-            sink,
-        }
+        Harness::new(store, runs, RoutingPolicy::default())
     })
 }
