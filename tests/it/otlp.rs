@@ -4,9 +4,10 @@
 //! span through the API request and the run to the dispatch, linked to the node's
 //! connection span.
 //!
-//! The export layer is installed as this test thread's default subscriber (never the
-//! process's), and the edge, its node and the client run on a current-thread runtime on
-//! the same thread, so every span lands in it.
+//! The export layer is installed as the test thread's default subscriber (never the
+//! process's), in a process of its own (the test binary re-run with only this test), and
+//! the edge, its node and the client run on a current-thread runtime on that thread, so
+//! every span lands in it.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -129,8 +130,32 @@ fn names(spans: &[Span]) -> Vec<&str> {
     spans.iter().map(|s| s.name.as_str()).collect()
 }
 
+/// Set in the process [`a_streamed_api_request_is_one_trace_from_the_clients_traceparent_to_the_node`]
+/// runs its body in.
+const ALONE: &str = "EDGE_TEST_OTLP_ALONE";
+
+/// Runs in a process of its own (this test binary, re-run with only this test): its
+/// subscriber is a thread-local default, and tracing caches each callsite's interest
+/// process-wide, so a callsite another test's thread registers while this one installs its
+/// subscriber can stay disabled for it and lose a span.
 #[test]
 fn a_streamed_api_request_is_one_trace_from_the_clients_traceparent_to_the_node() {
+    if std::env::var_os(ALONE).is_none() {
+        let name =
+            "otlp::a_streamed_api_request_is_one_trace_from_the_clients_traceparent_to_the_node";
+        let output = std::process::Command::new(std::env::current_exe().expect("this test binary"))
+            .args([name, "--exact", "--test-threads=1", "--nocapture"])
+            .env(ALONE, "1")
+            .output()
+            .expect("run the test alone");
+        assert!(
+            output.status.success() && String::from_utf8_lossy(&output.stdout).contains("1 passed"),
+            "the test alone failed:\n{}\n{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        return;
+    }
     let receiver = Receiver::start();
     let endpoint = format!("http://{}", receiver.addr);
     let config = TracingConfig {
