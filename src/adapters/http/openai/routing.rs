@@ -8,7 +8,10 @@
 //! keyed by the chat body they are translated into, so the same conversation gets the same
 //! key through any of the three APIs.
 
+use std::borrow::Cow;
+
 use axum::http::HeaderMap;
+use serde::Deserialize;
 use serde_json::Value;
 use serde_json::value::RawValue;
 
@@ -96,51 +99,105 @@ fn priority(caller: &Caller, headers: &HeaderMap) -> Result<Priority, ApiError> 
     })
 }
 
-/// The prefix key of a chat body's `messages` as the client sent it (raw JSON).
+/// The prefix key of a chat body's `messages` as the client sent it (raw JSON), read in
+/// place: each message's role and content are borrowed from the body, not built into a
+/// JSON tree (this runs for every chat request).
 pub(super) fn prefix_of_raw(messages: Option<&RawValue>) -> Option<AffinityKey> {
-    let messages: Vec<&RawValue> = serde_json::from_str(messages?.get()).ok()?;
-    let parsed = messages
-        .into_iter()
-        .map_while(|raw| serde_json::from_str::<Value>(raw.get()).ok());
-    prefix_of(parsed)
+    let messages: Vec<RawMessage<'_>> = serde_json::from_str(messages?.get()).ok()?;
+    prefix_of(&messages)
 }
 
 /// The prefix key of a chat body's `messages` (a translated body's).
 pub(super) fn prefix_of_value(chat: &Value) -> Option<AffinityKey> {
-    let messages = chat.get("messages")?.as_array()?;
-    prefix_of(messages.iter().cloned())
+    prefix_of(chat.get("messages")?.as_array()?)
 }
 
 /// The system (and developer) messages before the first user message, and that message,
 /// hashed; `None` when they are all empty. Stops reading at the first user message.
-fn prefix_of(messages: impl Iterator<Item = Value>) -> Option<AffinityKey> {
+fn prefix_of<M: PromptMessage>(messages: &[M]) -> Option<AffinityKey> {
     let mut system = Vec::new();
     let mut first_user = None;
     for message in messages {
-        match message.get("role").and_then(Value::as_str) {
-            Some("system" | "developer") => system.push(text_of(message.get("content"))),
+        match message.role() {
+            Some("system" | "developer") => system.push(message.text()),
             Some("user") => {
-                first_user = Some(text_of(message.get("content")));
+                first_user = Some(message.text());
                 break;
             }
             _ => {}
         }
     }
-    let system: Vec<&str> = system.iter().map(String::as_str).collect();
+    let system: Vec<&str> = system.iter().map(AsRef::as_ref).collect();
     AffinityKey::from_prompt_prefix(&system, first_user.as_deref())
 }
 
-/// A message's text: the string, or its text parts joined by newlines (images and other
-/// parts left out).
-fn text_of(content: Option<&Value>) -> String {
-    match content {
-        Some(Value::String(text)) => text.clone(),
-        Some(Value::Array(parts)) => parts
-            .iter()
-            .filter_map(|part| part.get("text").and_then(Value::as_str))
-            .collect::<Vec<_>>()
-            .join("\n"),
-        _ => String::new(),
+/// A chat message as the prefix key reads it.
+trait PromptMessage {
+    /// Its role, when it is a string.
+    fn role(&self) -> Option<&str>;
+    /// Its text: the string content, or its text parts joined by newlines (images and
+    /// other parts left out).
+    fn text(&self) -> Cow<'_, str>;
+}
+
+impl PromptMessage for Value {
+    fn role(&self) -> Option<&str> {
+        self.get("role").and_then(Value::as_str)
+    }
+
+    fn text(&self) -> Cow<'_, str> {
+        match self.get("content") {
+            Some(Value::String(text)) => Cow::Borrowed(text),
+            Some(Value::Array(parts)) => {
+                let texts = parts
+                    .iter()
+                    .filter_map(|p| p.get("text").and_then(Value::as_str));
+                Cow::Owned(texts.collect::<Vec<_>>().join("\n"))
+            }
+            _ => Cow::Borrowed(""),
+        }
+    }
+}
+
+/// A message of a raw request body: its role and content left as the client wrote them.
+#[derive(Deserialize)]
+struct RawMessage<'a> {
+    #[serde(borrow, default)]
+    role: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    content: Option<&'a RawValue>,
+}
+
+/// A content part of a raw request body; only its text counts.
+#[derive(Deserialize)]
+struct RawPart<'a> {
+    #[serde(borrow, default)]
+    text: Option<Cow<'a, str>>,
+}
+
+impl PromptMessage for RawMessage<'_> {
+    fn role(&self) -> Option<&str> {
+        // Roles are plain words: a role written with escapes counts as none.
+        self.role?.get().strip_prefix('"')?.strip_suffix('"')
+    }
+
+    fn text(&self) -> Cow<'_, str> {
+        let Some(content) = self.content.map(RawValue::get) else {
+            return Cow::Borrowed("");
+        };
+        match content.as_bytes().first() {
+            Some(b'"') => serde_json::from_str::<&str>(content)
+                .map(Cow::Borrowed)
+                .or_else(|_| serde_json::from_str::<String>(content).map(Cow::Owned))
+                .unwrap_or_default(),
+            Some(b'[') => {
+                let parts: Vec<Option<RawPart<'_>>> =
+                    serde_json::from_str(content).unwrap_or_default();
+                let texts = parts.into_iter().flatten().filter_map(|part| part.text);
+                Cow::Owned(texts.collect::<Vec<_>>().join("\n"))
+            }
+            _ => Cow::Borrowed(""),
+        }
     }
 }
 
@@ -175,6 +232,15 @@ mod tests {
         assert_eq!(
             key(&first),
             prefix_of_value(&json!({ "messages": first.clone() }))
+        );
+        let escaped = json!([
+            {"role": "developer", "content": [{"type": "image_url"}, {"type": "text", "text": "line\none"}]},
+            {"role": "user", "content": "caf\u{e9} \"quoted\""},
+        ]);
+        assert!(key(&escaped).is_some());
+        assert_eq!(
+            key(&escaped),
+            prefix_of_value(&json!({ "messages": escaped.clone() }))
         );
         assert_eq!(key(&json!([{"role": "user", "content": ""}])), None);
         assert_eq!(prefix_of_raw(None), None);
