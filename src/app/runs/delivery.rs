@@ -161,7 +161,7 @@ impl RunService {
             EventVerdict::Relay => false,
             EventVerdict::RelayTerminal => true,
         };
-        let event = Arc::new(event_of(run, seq, origin, kind));
+        let event = Arc::new(event_of(run, source, seq, origin, kind));
         let first_output =
             !delivery.saw_output && matches!(event.kind, RunEventKind::Output { .. });
         delivery.saw_output |= first_output;
@@ -207,14 +207,27 @@ impl RunService {
     }
 }
 
-/// The event of `run` numbered `seq`, with its current node and, on `started`, the
-/// current attempt's route.
-fn event_of(run: &Run, seq: u64, origin: EventOrigin, kind: RunEventKind) -> RunEvent {
-    let (node, route) = {
-        let current = lock(&run.route);
-        let node = current.placement.attempt().map(|(node, _)| node.clone());
-        let started = matches!(kind, RunEventKind::Started);
-        (node, current.reason.filter(|_| started).map(Box::new))
+/// The event of `run` numbered `seq`, with its node and, on `started`, the current
+/// attempt's route. An event from an attempt that is not stale names that attempt's node
+/// (the current one), so the run's route is read only for `started` and the edge's own
+/// events.
+fn event_of(
+    run: &Run,
+    source: Source<'_>,
+    seq: u64,
+    origin: EventOrigin,
+    kind: RunEventKind,
+) -> RunEvent {
+    let started = matches!(kind, RunEventKind::Started);
+    let (node, route) = match source {
+        Source::Attempt(node, _) | Source::Departed(node, _) if !started => {
+            (Some(node.clone()), None)
+        }
+        _ => {
+            let current = lock(&run.route);
+            let node = current.placement.attempt().map(|(node, _)| node.clone());
+            (node, current.reason.filter(|_| started).map(Box::new))
+        }
     };
     RunEvent {
         run_id: run.id.clone(),

@@ -66,12 +66,14 @@ impl RunService {
     ) {
         let index = run.relayed.fetch_add(1, Ordering::AcqRel);
         let journal = &self.inner.journal;
-        if first_output || journal.enabled() {
+        // Asked once per event: the port's answer is a dynamic call.
+        let journaled = journal.enabled();
+        if first_output || journaled {
             let at_ms = now_ms();
             if first_output {
                 run.first_output_ms.store(at_ms, Ordering::Release);
             }
-            if journal.enabled() {
+            if journaled {
                 journal.record(JournalEntry::Event {
                     index,
                     at_ms,
