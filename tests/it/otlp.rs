@@ -186,6 +186,10 @@ fn a_streamed_api_request_is_one_trace_from_the_clients_traceparent_to_the_node(
         // Stopping closes the node's connection, which ends its span.
         edge.stop().await;
     });
+    // Tasks still parked on the runtime (timers the stop cancelled but that have not run
+    // since) hold the run service, and with it the ended runs' spans: dropping the runtime
+    // drops them, so every span has ended before the export is flushed.
+    drop(runtime);
     exporter.flush();
     let spans = receiver.spans();
     assert_all_kinds(&spans);
