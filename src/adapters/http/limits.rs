@@ -9,7 +9,7 @@ use axum::extract::{Request, State};
 use axum::middleware::Next;
 use axum::response::Response;
 use http_body::{Frame, SizeHint};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::Semaphore;
 
 use super::openai::ApiError;
 /// Slots for `/v1` requests; a request holds one until its response body (a whole
@@ -43,17 +43,28 @@ pub(super) async fn limit(
     };
     next.run(request)
         .await
-        .map(|body| Body::new(HoldingSlot { body, _slot: slot }))
+        .map(|body| Holding::body(body, slot))
 }
 
-/// A response body that holds its request's slot until it is sent or dropped; otherwise
-/// the body itself, frame for frame (its size hint too, so `Content-Length` stays).
-struct HoldingSlot {
+/// A response body that holds `guard` (its request's slot, its request's span) until it
+/// is sent or dropped; otherwise the body itself, frame for frame (its size hint too, so
+/// `Content-Length` stays).
+pub(super) struct Holding<G> {
     body: Body,
-    _slot: OwnedSemaphorePermit,
+    _guard: G,
 }
 
-impl HttpBody for HoldingSlot {
+impl<G: Send + Unpin + 'static> Holding<G> {
+    /// `body`, holding `guard` until it is sent or dropped.
+    pub(super) fn body(body: Body, guard: G) -> Body {
+        Body::new(Self {
+            body,
+            _guard: guard,
+        })
+    }
+}
+
+impl<G: Unpin> HttpBody for Holding<G> {
     type Data = Bytes;
     type Error = axum::Error;
 

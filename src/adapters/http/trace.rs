@@ -7,21 +7,16 @@
 //! Installed only when `[tracing]` exports spans (`HttpServer::with_request_traces`);
 //! otherwise no request pays for it. It neither reads nor changes a body.
 
-use std::pin::Pin;
-use std::task::{Context, Poll};
-
-use axum::body::Body;
 use axum::extract::Request;
 use axum::http::HeaderMap;
 use axum::middleware::Next;
 use axum::response::Response;
-use bytes::Bytes;
-use http_body::{Frame, SizeHint};
 use opentelemetry::propagation::{Extractor, TextMapPropagator as _};
 use opentelemetry_sdk::propagation::TraceContextPropagator;
-use tracing::{Instrument as _, Span, info_span};
+use tracing::{Instrument as _, info_span};
 use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
+use super::limits::Holding;
 use crate::app::telemetry::EXPORT_TARGET;
 
 /// Runs a `/v1` request inside its `api_request` span, continuing the client's trace.
@@ -45,7 +40,7 @@ pub(super) async fn traced(request: Request, next: Next) -> Response {
     let _ = span.set_parent(parent);
     let response = next.run(request).instrument(span.clone()).await;
     span.record("http.response.status_code", response.status().as_u16());
-    response.map(|body| Body::new(SpanBody { body, _span: span }))
+    response.map(|body| Holding::body(body, span))
 }
 
 /// A request's headers as the propagator reads them.
@@ -58,32 +53,5 @@ impl Extractor for Headers<'_> {
 
     fn keys(&self) -> Vec<&str> {
         self.0.keys().map(|name| name.as_str()).collect()
-    }
-}
-
-/// A response body that holds the request's span until it has been sent (or dropped,
-/// when the client goes away).
-struct SpanBody {
-    body: Body,
-    _span: Span,
-}
-
-impl http_body::Body for SpanBody {
-    type Data = Bytes;
-    type Error = axum::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
-        Pin::new(&mut self.body).poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.body.size_hint()
     }
 }
