@@ -168,7 +168,7 @@ impl Upstream {
 }
 
 /// The ids of an OpenAI model list (`{"data":[{"id":…}]}`); llama.cpp adds a `models` list
-/// with `name`/`model` fields, read too.
+/// with `name`/`model` fields, read too. Each id once, in the order first listed.
 ///
 /// # Errors
 /// [`UpstreamFault::Malformed`] when the body is not such a list.
@@ -187,7 +187,9 @@ pub fn model_ids(body: &[u8]) -> Result<Vec<String>, UpstreamFault> {
         .collect();
     for extra in parsed["models"].as_array().into_iter().flatten() {
         for key in ["name", "model"] {
-            if let Some(name) = extra[key].as_str() {
+            if let Some(name) = extra[key].as_str()
+                && !ids.iter().any(|id| id == name)
+            {
                 ids.push(name.to_owned());
             }
         }
@@ -225,11 +227,7 @@ mod tests {
             ["qwen2.5:0.5b", "llama3.1:8b"]
         );
         let llama = br#"{"models":[{"name":"model.gguf","model":"model.gguf"}],"object":"list","data":[{"id":"model.gguf"}]}"#;
-        assert!(
-            model_ids(llama)
-                .expect("list")
-                .contains(&"model.gguf".to_owned())
-        );
+        assert_eq!(model_ids(llama).expect("list"), ["model.gguf"]);
         assert!(model_ids(b"<html>").is_err());
         assert!(model_ids(br#"{"error":"x"}"#).is_err());
     }
