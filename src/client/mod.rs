@@ -80,6 +80,30 @@ pub struct Registration {
     pub resume: Vec<ResumeClaim>,
 }
 
+impl From<Registration> for RegisterAttempt {
+    /// The frame a node sends for `registration`.
+    fn from(registration: Registration) -> Self {
+        let Registration {
+            token,
+            node_id,
+            node_version,
+            protocol_version,
+            adapters,
+            instance_id,
+            resume,
+        } = registration;
+        Self {
+            token,
+            node_id,
+            node_version,
+            protocol_version,
+            adapters,
+            instance_id,
+            resume,
+        }
+    }
+}
+
 impl Registration {
     /// A protocol-v1 registration with `token` and nothing else.
     pub fn with_token(token: &str) -> Self {
@@ -211,25 +235,7 @@ impl NodeClient {
         &mut self,
         registration: Registration,
     ) -> Result<RegisterOutcome, ClientError> {
-        let Registration {
-            token,
-            node_id,
-            node_version,
-            protocol_version,
-            adapters,
-            instance_id,
-            resume,
-        } = registration;
-        self.send(NodeFrame::Register(RegisterAttempt {
-            token,
-            node_id,
-            node_version,
-            protocol_version,
-            adapters,
-            instance_id,
-            resume,
-        }))
-        .await?;
+        self.send(NodeFrame::Register(registration.into())).await?;
         match self.next().await? {
             ReceivedEdgeFrame::Registered(outcome) => Ok(outcome),
             other => Err(ClientError::Unexpected(Box::new(other))),
