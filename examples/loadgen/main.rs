@@ -220,3 +220,8 @@ fn main() -> ExitCode {
     }
     ExitCode::SUCCESS
 }
+
+/// The edge binary's allocator, so the in-process edge measures what `edge serve` runs
+/// (decision 26).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
