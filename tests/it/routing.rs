@@ -858,6 +858,20 @@ async fn a_request_whose_node_never_comes_back_is_503_with_retry_after_never_404
     .await;
     let error = json_with(unknown, StatusCode::NOT_FOUND).await;
     assert_eq!(error["error"]["code"], "model_not_found");
+    // Runs that never reached a node are measured too (through the attribute set: a
+    // route's bound instruments are made at its first dispatch).
+    let route = [("adapter", "echo"), ("target", "default")];
+    let failed = [
+        route[0],
+        route[1],
+        ("outcome", "failed"),
+        ("code", "no_node_available"),
+    ];
+    let measured = [
+        want("edge_runs_finished_total", &failed, 2.0),
+        want("edge_run_duration_seconds_count", &route, 2.0),
+    ];
+    scrape_until(&client(), &app, &measured).await;
     app.assert_settled().await;
     app.stop().await;
 }

@@ -166,9 +166,7 @@ impl RunService {
             !delivery.saw_output && matches!(event.kind, RunEventKind::Output { .. });
         delivery.saw_output |= first_output;
         self.tap(run, &mut delivery.followers, &event, first_output);
-        self.inner
-            .metrics
-            .relayed(&run.spec, &event, run.accepted_at, first_output);
+        self.inner.metrics.relayed(run, &event, first_output);
         self.inner.sink.publish(Arc::clone(&event));
         if let Some(caller) = &delivery.caller
             && send_to_caller(caller, Arc::clone(&event)).await.is_err()
@@ -245,9 +243,10 @@ fn event_of(
 fn log_end(run: &Run, event: &RunEvent) {
     match &event.kind {
         RunEventKind::Failed { code, message, .. } => {
-            tracing::info!(parent: &run.span, code, message, origin = ?event.origin, "run failed");
+            let node = event.node.as_ref().map(tracing::field::display);
+            tracing::info!(parent: &run.span, run_id = %run.id, node, code, message, origin = ?event.origin, "run failed");
         }
-        kind => debug!(parent: &run.span, outcome = kind.name(), "run ended"),
+        kind => debug!(parent: &run.span, run_id = %run.id, outcome = kind.name(), "run ended"),
     }
 }
 

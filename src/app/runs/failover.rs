@@ -75,7 +75,7 @@ impl RunService {
         let attempt = route.tried.attempts();
         drop(route);
         self.inner.metrics.failed_over(end);
-        info!(parent: &run.span, %node, ended = kind.name(), next_attempt = attempt + u32::from(sent_to.is_none()), queued = sent_to.is_none(), "run failed over");
+        info!(parent: &run.span, run_id = %run.id, %node, ended = kind.name(), next_attempt = attempt + u32::from(sent_to.is_none()), queued = sent_to.is_none(), "run failed over");
         let pumped = self.pump(&mut table);
         Some(Next {
             sent_to,
@@ -136,7 +136,7 @@ impl RunService {
         let mut nodes = self.inner.registry.statuses();
         let cause = match self.decide(table, &nodes, run, route, now) {
             Decision::Refuse(refusal) => {
-                info!(parent: &run.span, %refusal, "no node left to fail over to");
+                info!(parent: &run.span, run_id = %run.id, %refusal, "no node left to fail over to");
                 return None;
             }
             Decision::Place { index, reason } => {

@@ -1,18 +1,19 @@
 //! The run service's OpenTelemetry instruments: runs and their events, routing
 //! (placements by rule, failovers, breaker transitions, refusals by limit) and resume.
 
-use std::sync::Arc;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use opentelemetry::KeyValue;
-use opentelemetry::metrics::{Counter, Histogram, Meter};
-use tokio::time::Instant;
+use opentelemetry::metrics::{BoundCounter, BoundHistogram, Counter, Histogram, Meter};
 
 use super::resume_metrics::ResumeMetrics;
 use super::routing_metrics::{Refusal, RoutingCounts};
-use crate::domain::routing::{AttemptEnd, RouteReason, Transition};
-use crate::domain::{EventOrigin, RunEvent, RunEventKind, RunSpec};
+use super::table::{Run, lock};
+use crate::domain::routing::{AttemptEnd, Priority, RouteReason, Transition};
+use crate::domain::{AdapterName, EventOrigin, RunEvent, RunEventKind, RunSpec, Target};
 
 /// Bucket bounds in seconds for run latencies: from milliseconds (an instant answer) to
 /// ten minutes (a long generation).
@@ -39,7 +40,8 @@ fn kind_index(kind: &RunEventKind) -> usize {
 ///
 /// Relayed events are counted per event, on the relay's hot path: plain atomics, read by an
 /// observable counter when metrics are collected (an OpenTelemetry counter with an
-/// attribute costs a hash lookup of the attribute set per call).
+/// attribute costs a hash lookup of the attribute set per call). A run's own measurements
+/// go through its route's bound instruments ([`RouteMetrics`]).
 pub(super) struct RunMetrics {
     started: Counter<u64>,
     finished: Counter<u64>,
@@ -47,9 +49,32 @@ pub(super) struct RunMetrics {
     queue_wait: Histogram<f64>,
     first_output: Histogram<f64>,
     duration: Histogram<f64>,
+    /// Each route's bound instruments, made at the route's first dispatch.
+    routes: Mutex<HashMap<(AdapterName, Target), Arc<RouteMetrics>>>,
     routing: Arc<RoutingCounts>,
     /// Runs detached, re-attached and lost around their node's reconnects.
     pub(super) resume: ResumeMetrics,
+}
+
+/// The instruments of one route (adapter and target), bound to its labels the first time
+/// each is used: a measurement through a bound instrument skips the SDK's lookup of the
+/// attribute set (decision 27). A run finds them once, at its first dispatch.
+pub(super) struct RouteMetrics {
+    labels: [KeyValue; 2],
+    started: OnceLock<BoundCounter<u64>>,
+    /// By priority, in the order of [`priority_index`].
+    queue_wait: [OnceLock<BoundHistogram<f64>>; 2],
+    first_output: OnceLock<BoundHistogram<f64>>,
+    duration: OnceLock<BoundHistogram<f64>>,
+    /// `edge_runs_finished{outcome="completed",code=""}`, most runs' end.
+    completed: OnceLock<BoundCounter<u64>>,
+}
+
+fn priority_index(priority: Priority) -> usize {
+    match priority {
+        Priority::Interactive => 0,
+        Priority::Batch => 1,
+    }
 }
 
 fn route(spec: &RunSpec) -> [KeyValue; 2] {
@@ -102,62 +127,94 @@ impl RunMetrics {
                 "edge_run_duration",
                 "Time from acceptance to the terminal event",
             ),
+            routes: Mutex::default(),
             routing: RoutingCounts::register(meter),
             resume: ResumeMetrics::new(meter),
         }
     }
 
-    /// An attempt of a run was placed on a node for `reason`; the first attempt's
+    /// The instruments of `run`'s route, found (or made) on its first dispatch: a
+    /// dispatched run's route is a configured one, so the routes kept are bounded by the
+    /// config.
+    fn route_of<'a>(&self, run: &'a Run) -> &'a RouteMetrics {
+        run.route_metrics.get_or_init(|| {
+            let selector = &run.spec.selector;
+            let key = (selector.adapter.clone(), selector.target.clone());
+            let mut routes = lock(&self.routes);
+            let bound = routes.entry(key).or_insert_with(|| {
+                Arc::new(RouteMetrics {
+                    labels: route(&run.spec),
+                    started: OnceLock::new(),
+                    queue_wait: [OnceLock::new(), OnceLock::new()],
+                    first_output: OnceLock::new(),
+                    duration: OnceLock::new(),
+                    completed: OnceLock::new(),
+                })
+            });
+            Arc::clone(bound)
+        })
+    }
+
+    /// An attempt of `run` was placed on a node for `reason`; the first attempt's
     /// placement after waiting `waited` since acceptance also counts the run as started.
-    pub(super) fn dispatched(&self, spec: &RunSpec, reason: &RouteReason, waited: Duration) {
+    pub(super) fn dispatched(&self, run: &Run, reason: &RouteReason, waited: Duration) {
         let failover = reason.is_failover();
         self.routing.placed(reason);
         if failover {
             return;
         }
-        let [adapter, target] = route(spec);
-        self.started.add(1, &[adapter.clone(), target.clone()]);
-        let priority = KeyValue::new("priority", spec.routing.priority.as_str());
-        self.queue_wait
-            .record(waited.as_secs_f64(), &[adapter, target, priority]);
+        let bound = self.route_of(run);
+        let labels = &bound.labels;
+        let started = bound.started.get_or_init(|| self.started.bind(labels));
+        started.add(1);
+        let priority = run.spec.routing.priority;
+        let queue_wait = bound.queue_wait[priority_index(priority)].get_or_init(|| {
+            let priority = KeyValue::new("priority", priority.as_str());
+            self.queue_wait
+                .bind(&[labels[0].clone(), labels[1].clone(), priority])
+        });
+        queue_wait.record(waited.as_secs_f64());
     }
 
-    /// An event of a run accepted at `accepted_at` was relayed; `first_output` says whether
-    /// it is the run's first output.
-    pub(super) fn relayed(
-        &self,
-        spec: &RunSpec,
-        event: &RunEvent,
-        accepted_at: Instant,
-        first_output: bool,
-    ) {
+    /// An event of `run` was relayed; `first_output` says whether it is the run's first
+    /// output.
+    pub(super) fn relayed(&self, run: &Run, event: &RunEvent, first_output: bool) {
         self.relayed[kind_index(&event.kind)].fetch_add(1, Ordering::Relaxed);
         if !first_output && !event.kind.is_terminal() {
             // Most events: nothing else to record, and no clock to read.
             return;
         }
-        let since_accepted = accepted_at.elapsed();
+        let since_accepted = run.accepted_at.elapsed().as_secs_f64();
+        let Some(bound) = run.route_metrics.get() else {
+            // Never dispatched (it ended waiting): measured through the attribute set.
+            self.measure_unbound(&run.spec, event, since_accepted);
+            return;
+        };
+        let labels = &bound.labels;
         if first_output {
-            self.first_output
-                .record(since_accepted.as_secs_f64(), &route(spec));
+            let histogram = bound.first_output.get_or_init(|| self.first_output.bind(labels));
+            histogram.record(since_accepted);
         }
         if event.kind.is_terminal() {
-            let [adapter, target] = route(spec);
-            let code = match (&event.kind, event.origin) {
-                (RunEventKind::Failed { code, .. }, EventOrigin::Edge) => code.clone(),
-                // A node's own codes are free text: keep the label set bounded.
-                (RunEventKind::Failed { .. }, EventOrigin::Node) => "node_reported".to_owned(),
-                _ => String::new(),
-            };
-            let labels = [
-                adapter,
-                target,
-                KeyValue::new("outcome", event.kind.name()),
-                KeyValue::new("code", code),
-            ];
+            let duration = bound.duration.get_or_init(|| self.duration.bind(labels));
+            duration.record(since_accepted);
+            if matches!(event.kind, RunEventKind::Completed { .. }) {
+                let completed = bound.completed.get_or_init(|| {
+                    self.finished.bind(&finished_labels(labels.clone(), event))
+                });
+                completed.add(1);
+            } else {
+                self.finished.add(1, &finished_labels(labels.clone(), event));
+            }
+        }
+    }
+
+    /// [`Self::relayed`]'s measurements of a run that was never dispatched.
+    fn measure_unbound(&self, spec: &RunSpec, event: &RunEvent, since_accepted: f64) {
+        if event.kind.is_terminal() {
+            let labels = finished_labels(route(spec), event);
             self.finished.add(1, &labels);
-            self.duration
-                .record(since_accepted.as_secs_f64(), &labels[..2]);
+            self.duration.record(since_accepted, &labels[..2]);
         }
     }
 
@@ -175,6 +232,23 @@ impl RunMetrics {
     pub(super) fn refused(&self, limit: Refusal) {
         self.routing.refused(limit);
     }
+}
+
+/// The labels of `edge_runs_finished` for a run of `route` ending with `event`.
+fn finished_labels(route: [KeyValue; 2], event: &RunEvent) -> [KeyValue; 4] {
+    let code = match (&event.kind, event.origin) {
+        (RunEventKind::Failed { code, .. }, EventOrigin::Edge) => code.clone(),
+        // A node's own codes are free text: keep the label set bounded.
+        (RunEventKind::Failed { .. }, EventOrigin::Node) => "node_reported".to_owned(),
+        _ => String::new(),
+    };
+    let [adapter, target] = route;
+    [
+        adapter,
+        target,
+        KeyValue::new("outcome", event.kind.name()),
+        KeyValue::new("code", code),
+    ]
 }
 
 #[cfg(test)]

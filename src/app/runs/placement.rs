@@ -166,9 +166,9 @@ impl RunService {
         self.record_attempt(run, &id, &reason);
         run.span.record("node", tracing::field::display(&id));
         run.span.record("attempt", reason.attempt);
-        debug!(parent: &run.span, route = %reason, "run dispatched");
+        debug!(parent: &run.span, run_id = %run.id, node = %id, route = %reason, "run dispatched");
         let waited = now.saturating_duration_since(run.accepted_at);
-        inner.metrics.dispatched(&run.spec, &reason, waited);
+        inner.metrics.dispatched(run, &reason, waited);
         Some(id)
     }
 
@@ -197,7 +197,7 @@ impl RunService {
             cause,
             stay: route.stays,
         });
-        debug!(parent: &run.span, cause = cause.expiry_code(), "run queued");
+        debug!(parent: &run.span, run_id = %run.id, cause = cause.expiry_code(), "run queued");
         Ok(displaced.map(|waiter| waiter.item))
     }
 

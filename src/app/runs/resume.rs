@@ -120,7 +120,7 @@ impl RunService {
             };
         }
         self.inner.metrics.resume.detached();
-        info!(parent: &run.span, grace_ms = millis(grace), "run detached: its node's connection dropped; holding it for the node to resume");
+        info!(parent: &run.span, run_id = %run.id, grace_ms = millis(grace), "run detached: its node's connection dropped; holding it for the node to resume");
         self.arm_resume_grace(Arc::clone(run), node.clone(), connection, grace);
         true
     }
@@ -184,7 +184,7 @@ impl RunService {
                 } = reattached;
                 let detached_for = detached_since.map(|since| since.elapsed());
                 self.inner.metrics.resume.reattached(detached_for);
-                info!(parent: &run.span, from_seq = from, old_connection = held_on, detached_ms = detached_for.map(millis), "run resumed on the node's new connection");
+                info!(parent: &run.span, run_id = %run.id, from_seq = from, old_connection = held_on, detached_ms = detached_for.map(millis), "run resumed on the node's new connection");
                 if let Some(reason) = cancel {
                     self.send_cancel(&run, &reason);
                 }
@@ -286,7 +286,7 @@ impl RunService {
                     self.move_attempt(&mut route, node, connection);
                 }
                 drop(delivery);
-                info!(parent: &run.span, old_connection = held_on, "run sent again: its node never got it");
+                info!(parent: &run.span, run_id = %run.id, old_connection = held_on, "run sent again: its node never got it");
                 self.send_run(&run, node);
                 continue;
             }
@@ -329,7 +329,7 @@ impl RunService {
         {
             self.inner.metrics.resume.lost(loss);
             let detached_ms = detached_since.map(|since| millis(since.elapsed()));
-            info!(parent: &run.span, reason = loss.as_str(), detached_ms, "run not resumed: its node's connection is gone");
+            info!(parent: &run.span, run_id = %run.id, reason = loss.as_str(), detached_ms, "run not resumed: its node's connection is gone");
         }
     }
 }

@@ -4,7 +4,7 @@
 //! (`failover.rs`), the relay of events (`delivery.rs`) and the timers (`timers.rs`).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -21,6 +21,7 @@ use super::table::{Miss, Route, Run, Table, lock};
 use super::trace::NodeSpans;
 use crate::adapters::journal::NoopJournal;
 use crate::app::settings::RunsConfig;
+use crate::app::telemetry::EXPORT_TARGET;
 use crate::domain::routing::{
     BreakerBook, BreakerState, Catalog, KeyLimits, LimitRefusal, RoutingPolicy, Unroutable,
     WaitCause,
@@ -300,7 +301,10 @@ impl RunService {
     fn new_run(&self, spec: RunSpec, caller: mpsc::Sender<Arc<RunEvent>>) -> Run {
         let n = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
         let id = RunId::new(format!("run-{:08x}-{n:06}", self.inner.id_prefix));
+        // For traces only: a span the log layer formats costs ~2 µs per run (decision 27),
+        // so the run's log lines name `run_id` themselves.
         let span = info_span!(
+            target: EXPORT_TARGET,
             "run",
             run_id = %id,
             adapter = %spec.selector.adapter,
@@ -322,6 +326,7 @@ impl RunService {
             attempts: Mutex::new(Vec::new()),
             relayed: AtomicU64::new(0),
             first_output_ms: AtomicU64::new(0),
+            route_metrics: OnceLock::new(),
         }
     }
 

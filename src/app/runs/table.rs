@@ -4,12 +4,13 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::delivery::Delivery;
+use super::metrics::RouteMetrics;
 use crate::domain::routing::{
     Admission, BreakerBook, FairQueue, KeyLimits, NodeHash, RouteReason, Tried, WaitCause,
 };
@@ -121,7 +122,8 @@ pub(super) struct Run {
     pub(super) ended: CancellationToken,
     /// Notified when the cause of its wait changes, so its wait timer looks again.
     pub(super) wait_changed: tokio::sync::Notify,
-    /// `run{run_id, adapter, target, node, attempt}`: every log line about the run is in it.
+    /// `run{run_id, adapter, target, node, attempt}`, exported as a trace's span (never
+    /// logged: the run's log lines carry `run_id`); its log lines are its span events.
     pub(super) span: tracing::Span,
     /// What the journal and the management API know of it from acceptance.
     pub(super) accepted: AcceptedRun,
@@ -131,6 +133,8 @@ pub(super) struct Run {
     pub(super) relayed: AtomicU64,
     /// When its first output was relayed, ms since the Unix epoch; 0 before.
     pub(super) first_output_ms: AtomicU64,
+    /// Its route's bound instruments, found at its first dispatch.
+    pub(super) route_metrics: OnceLock<Arc<RouteMetrics>>,
 }
 
 impl Run {
