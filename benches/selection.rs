@@ -1,7 +1,7 @@
 //! Routing over 10,000 connected nodes: the placement decision
 //! (`edge::domain::routing::decide`) without filters, with availability, drain and breakers
 //! busy, and with affinity keys; and the whole placement read as the run service does it
-//! (`Registry::statuses` of a `LockRegistry`, then `decide`). The figures from before
+//! (`Registry::statuses_serving` of a `LockRegistry`, then `decide`). The figures from before
 //! routing (`select_node`, since removed) are in `docs/benchmarks.md`.
 
 use std::collections::BTreeMap;
@@ -183,8 +183,8 @@ impl NodeLink for NullLink {
 }
 
 /// The whole read of a placement as the run service makes it: the registry's statuses of
-/// 10,000 connected nodes (one allocation of the list), then `decide` with an affinity key
-/// (the run service holds its breakers, so none are open here).
+/// the connected nodes serving the route (all 10,000, or one in 100), then `decide` with an
+/// affinity key (the run service holds its breakers, so none are open here).
 fn placement(c: &mut Criterion) {
     let loads = nodes();
     let registry = LockRegistry::new();
@@ -205,29 +205,35 @@ fn placement(c: &mut Criterion) {
     let catalog = Catalog::new(loads.iter().map(|l| Arc::clone(&l.record)));
     let breakers = BreakerBook::default();
     let tried = Tried::default();
-    let all = selector("default", None);
     let mut group = c.benchmark_group("place_10k");
     let mut turn = 0u64;
-    group.bench_function("statuses_then_decide_affinity", |b| {
-        b.iter(|| {
-            turn += 1;
-            let statuses = registry.statuses();
-            let key = AffinityKey::from_client(KeySource::Session, &format!("s-{}", turn % 1000));
-            let request = RouteRequest {
-                selector: &all,
-                affinity: key,
-                tried: &tried,
-            };
-            let ctx = RouteContext {
-                catalog: &catalog,
-                breakers: &breakers,
-                load_factor: LoadFactor::default(),
-                now: Instant::now(),
-                turn,
-            };
-            black_box(decide(&statuses, &request, &ctx));
+    for (name, target) in [
+        ("statuses_then_decide_affinity", "default"),
+        ("statuses_then_decide_affinity_one_in_100_serves", "rare"),
+    ] {
+        let route = selector(target, None);
+        group.bench_function(name, |b| {
+            b.iter(|| {
+                turn += 1;
+                let statuses = registry.statuses_serving(&route.adapter, &route.target);
+                let key =
+                    AffinityKey::from_client(KeySource::Session, &format!("s-{}", turn % 1000));
+                let request = RouteRequest {
+                    selector: &route,
+                    affinity: key,
+                    tried: &tried,
+                };
+                let ctx = RouteContext {
+                    catalog: &catalog,
+                    breakers: &breakers,
+                    load_factor: LoadFactor::default(),
+                    now: Instant::now(),
+                    turn,
+                };
+                black_box(decide(&statuses, &request, &ctx));
+            });
         });
-    });
+    }
     group.finish();
 }
 

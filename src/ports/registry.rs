@@ -156,6 +156,13 @@ pub trait Registry: Send + Sync {
     /// drain), ordered by id.
     fn statuses(&self) -> Vec<NodeStatus>;
 
+    /// [`Self::statuses`] of the nodes whose config serves `adapter + target` only (the
+    /// candidates of a run of that route).
+    fn statuses_serving(&self, adapter: &AdapterName, target: &Target) -> Vec<NodeStatus>;
+
+    /// The live connection of the node with this id.
+    fn connection(&self, id: &NodeId) -> Option<ConnectionId>;
+
     /// How many nodes are connected.
     fn len(&self) -> usize;
 

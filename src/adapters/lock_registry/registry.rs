@@ -2,9 +2,10 @@
 //!
 //! Writes (a node joins or leaves, a drain) take the lock. Per-node state that changes
 //! while connected (last seen, active runs, availability, drain) is atomic, updated under
-//! the read lock. Routing reads a snapshot ordered by id that is rebuilt only after the
-//! membership changed, so a burst of registrations costs no rebuilds and a run dispatch
-//! costs no allocation of the map.
+//! the read lock. Routing reads a snapshot ordered by id, indexed by the routes each node's
+//! config serves, that is rebuilt only after the membership changed: a burst of
+//! registrations costs no rebuilds, and a run's placement copies the status of the nodes
+//! serving its route only (not of all 10,000).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, Ordering};
@@ -14,7 +15,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use arc_swap::{ArcSwap, ArcSwapOption};
 
 use crate::domain::routing::{NodeHash, NodeStatus};
-use crate::domain::{Alias, Availability, NodeId};
+use crate::domain::{AdapterName, Alias, Availability, NodeId, Target};
 use crate::ports::{
     AlreadyConnected, ConnectedNode, ConnectionId, NewConnection, NodeLink, Registry,
 };
@@ -103,6 +104,32 @@ struct Maps {
     drained: HashSet<NodeId>,
 }
 
+/// The connected nodes in id order, whole and by the routes their configs serve.
+#[derive(Default)]
+struct Snapshot {
+    sorted: Vec<Arc<Entry>>,
+    by_route: HashMap<AdapterName, HashMap<Target, Vec<Arc<Entry>>>>,
+}
+
+impl Snapshot {
+    fn of(mut sorted: Vec<Arc<Entry>>) -> Self {
+        sorted.sort_by(|a, b| a.connection.record.id().cmp(b.connection.record.id()));
+        let mut by_route: HashMap<AdapterName, HashMap<Target, Vec<Arc<Entry>>>> = HashMap::new();
+        for entry in &sorted {
+            for adapter in entry.connection.record.adapters() {
+                let targets = by_route.entry(adapter.name().clone()).or_default();
+                for target in adapter.targets() {
+                    targets
+                        .entry(target.clone())
+                        .or_default()
+                        .push(Arc::clone(entry));
+                }
+            }
+        }
+        Self { sorted, by_route }
+    }
+}
+
 /// The connected nodes, safe to share between tasks. Cheap to clone.
 #[derive(Clone, Default)]
 pub struct LockRegistry {
@@ -113,7 +140,7 @@ pub struct LockRegistry {
 struct Inner {
     maps: RwLock<Maps>,
     /// Entries ordered by id, valid while `stale` is false.
-    sorted: ArcSwap<Vec<Arc<Entry>>>,
+    sorted: ArcSwap<Snapshot>,
     stale: AtomicBool,
 }
 
@@ -148,15 +175,14 @@ impl LockRegistry {
     }
 
     /// The entries ordered by id, rebuilding the snapshot if membership changed.
-    fn sorted(&self) -> Arc<Vec<Arc<Entry>>> {
+    fn snapshot_now(&self) -> Arc<Snapshot> {
         if self.inner.stale.load(Ordering::Acquire) {
             // Rebuild and publish under the read lock: writers, which set `stale` while they
             // hold the write lock, wait, so no older snapshot can overwrite a newer one.
             let maps = self.read();
             self.inner.stale.store(false, Ordering::Release);
-            let mut entries: Vec<Arc<Entry>> = maps.by_id.values().cloned().collect();
-            entries.sort_by(|a, b| a.connection.record.id().cmp(b.connection.record.id()));
-            self.inner.sorted.store(Arc::new(entries));
+            let entries: Vec<Arc<Entry>> = maps.by_id.values().cloned().collect();
+            self.inner.sorted.store(Arc::new(Snapshot::of(entries)));
         }
         self.inner.sorted.load_full()
     }
@@ -235,11 +261,25 @@ impl Registry for LockRegistry {
     }
 
     fn snapshot(&self) -> Vec<ConnectedNode> {
-        self.sorted().iter().map(|entry| entry.report()).collect()
+        let snapshot = self.snapshot_now();
+        snapshot.sorted.iter().map(|entry| entry.report()).collect()
     }
 
     fn statuses(&self) -> Vec<NodeStatus> {
-        self.sorted().iter().map(|entry| entry.status()).collect()
+        let snapshot = self.snapshot_now();
+        snapshot.sorted.iter().map(|entry| entry.status()).collect()
+    }
+
+    fn statuses_serving(&self, adapter: &AdapterName, target: &Target) -> Vec<NodeStatus> {
+        let snapshot = self.snapshot_now();
+        let serving = snapshot.by_route.get(adapter).and_then(|t| t.get(target));
+        serving.map_or_else(Vec::new, |entries| {
+            entries.iter().map(|entry| entry.status()).collect()
+        })
+    }
+
+    fn connection(&self, id: &NodeId) -> Option<ConnectionId> {
+        self.read().by_id.get(id).map(|e| e.connection.connection)
     }
 
     fn len(&self) -> usize {
@@ -325,6 +365,11 @@ mod tests {
     }
 
     fn connection(id: &str, alias: &str, connection: ConnectionId) -> NewConnection {
+        serving(id, alias, connection, &["t"])
+    }
+
+    /// A connection of a node whose config serves `echo` with `targets`.
+    fn serving(id: &str, alias: &str, connection: ConnectionId, targets: &[&str]) -> NewConnection {
         NewConnection {
             record: Arc::new(NodeRecord::new(
                 NodeId::parse(id).unwrap(),
@@ -333,7 +378,7 @@ mod tests {
                 vec![
                     AdapterConfig::new(
                         AdapterName::parse("echo").unwrap(),
-                        vec![Target::parse("t").unwrap()],
+                        targets.iter().map(|t| Target::parse(t).unwrap()).collect(),
                         BTreeMap::new(),
                     )
                     .unwrap(),
@@ -352,6 +397,39 @@ mod tests {
 
     fn id(s: &str) -> NodeId {
         NodeId::parse(s).unwrap()
+    }
+
+    #[test]
+    fn a_route_lists_the_connected_nodes_serving_it_in_id_order() {
+        let registry = LockRegistry::new();
+        registry.insert(serving("n3", "c", 3, &["a", "b"])).unwrap();
+        registry.insert(serving("n1", "a", 1, &["b"])).unwrap();
+        registry.insert(serving("n2", "b", 2, &["a"])).unwrap();
+        let echo = AdapterName::parse("echo").unwrap();
+        let ids = |target: &str| -> Vec<String> {
+            let target = Target::parse(target).unwrap();
+            let statuses = registry.statuses_serving(&echo, &target);
+            statuses.iter().map(|s| s.record.id().to_string()).collect()
+        };
+        assert_eq!(ids("a"), ["n2", "n3"]);
+        assert_eq!(ids("b"), ["n1", "n3"]);
+        assert!(ids("c").is_empty());
+        let other = AdapterName::parse("other").unwrap();
+        assert!(
+            registry
+                .statuses_serving(&other, &Target::parse("a").unwrap())
+                .is_empty()
+        );
+
+        // Membership changes are seen at the next read; so is a load change, at once.
+        assert!(registry.remove(&id("n3"), 3));
+        registry.adjust_active_runs(&id("n2"), 2, 1);
+        assert_eq!(ids("a"), ["n2"]);
+        assert_eq!(ids("b"), ["n1"]);
+        let target = Target::parse("a").unwrap();
+        assert_eq!(registry.statuses_serving(&echo, &target)[0].active_runs, 1);
+        assert_eq!(registry.connection(&id("n2")), Some(2));
+        assert_eq!(registry.connection(&id("n3")), None);
     }
 
     #[test]

@@ -116,7 +116,11 @@ impl RunService {
         if !self.may_retry(run, &route, AttemptEnd::Disconnected, false, now) {
             return false;
         }
-        let nodes = self.inner.registry.statuses();
+        let selector = &run.spec.selector;
+        let nodes = self
+            .inner
+            .registry
+            .statuses_serving(&selector.adapter, &selector.target);
         !matches!(
             self.decide(&mut table, &nodes, run, &route, now),
             Decision::Refuse(_)
@@ -133,7 +137,9 @@ impl RunService {
         route: &mut Route,
         now: Instant,
     ) -> Option<(Option<NodeId>, Option<Arc<Run>>)> {
-        let mut nodes = self.inner.registry.statuses();
+        let selector = &run.spec.selector;
+        let registry = &self.inner.registry;
+        let mut nodes = registry.statuses_serving(&selector.adapter, &selector.target);
         let cause = match self.decide(table, &nodes, run, route, now) {
             Decision::Refuse(refusal) => {
                 info!(parent: &run.span, run_id = %run.id, %refusal, "no node left to fail over to");

@@ -192,19 +192,22 @@ impl RunMetrics {
         };
         let labels = &bound.labels;
         if first_output {
-            let histogram = bound.first_output.get_or_init(|| self.first_output.bind(labels));
+            let histogram = bound
+                .first_output
+                .get_or_init(|| self.first_output.bind(labels));
             histogram.record(since_accepted);
         }
         if event.kind.is_terminal() {
             let duration = bound.duration.get_or_init(|| self.duration.bind(labels));
             duration.record(since_accepted);
             if matches!(event.kind, RunEventKind::Completed { .. }) {
-                let completed = bound.completed.get_or_init(|| {
-                    self.finished.bind(&finished_labels(labels.clone(), event))
-                });
+                let completed = bound
+                    .completed
+                    .get_or_init(|| self.finished.bind(&finished_labels(labels.clone(), event)));
                 completed.add(1);
             } else {
-                self.finished.add(1, &finished_labels(labels.clone(), event));
+                self.finished
+                    .add(1, &finished_labels(labels.clone(), event));
             }
         }
     }

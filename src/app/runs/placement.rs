@@ -60,7 +60,9 @@ impl RunService {
             self.inner.metrics.refused(limit);
             return Err(StartError::Limited(refusal));
         }
-        let mut nodes = self.inner.registry.statuses();
+        let selector = &run.spec.selector;
+        let registry = &self.inner.registry;
+        let mut nodes = registry.statuses_serving(&selector.adapter, &selector.target);
         let mut route = lock(&run.route);
         let dispatch = match self.route(table, &mut nodes, run, &mut route, now) {
             Routed::Placed(node) => Dispatch::Sent(node),
@@ -145,7 +147,7 @@ impl RunService {
     ) -> Option<NodeId> {
         let inner = &self.inner;
         let id = status.record.id().clone();
-        let connection = inner.registry.get(id.as_str())?.connection;
+        let connection = inner.registry.connection(&id)?;
         let (admission, transition) = table.breakers.admit(status.hash, &id, now.into_std())?;
         if let Some(transition) = transition {
             self.breaker_changed(&id, transition);

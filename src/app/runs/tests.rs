@@ -1218,9 +1218,9 @@ async fn a_run_whose_node_leaves_during_placement_waits_in_the_queue() {
     let mut registry = MockRegistry::new();
     let a = record("a", 1);
     registry
-        .expect_statuses()
-        .returning(move || vec![NodeStatus::new(Arc::clone(&a), 0)]);
-    registry.expect_get().returning(|_| None);
+        .expect_statuses_serving()
+        .returning(move |_, _| vec![NodeStatus::new(Arc::clone(&a), 0)]);
+    registry.expect_connection().returning(|_| None);
     registry.expect_adjust_active_runs().never();
     let published = Log::default();
     let mut sink = MockEventSink::new();
