@@ -364,13 +364,18 @@ impl NodeEventHandler for Handler {
         *lock(&self.started) = Some(handle.run_id);
     }
 
-    async fn run_event(&self, node: &NodeId, connection: ConnectionId, mut event: ReportedEvent) {
-        if event.run_id.is_empty()
-            && let Some(run_id) = lock(&self.started).as_ref()
-        {
-            event.run_id = run_id.as_str().to_owned();
+    async fn run_events(
+        &self,
+        node: &NodeId,
+        connection: ConnectionId,
+        events: &mut Vec<ReportedEvent>,
+    ) {
+        if let Some(run_id) = lock(&self.started).as_ref() {
+            for event in events.iter_mut().filter(|e| e.run_id.is_empty()) {
+                event.run_id = run_id.as_str().to_owned();
+            }
         }
-        self.service.run_event(node, connection, event).await;
+        self.service.run_events(node, connection, events).await;
     }
 
     async fn resume_runs(

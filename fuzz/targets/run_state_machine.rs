@@ -434,7 +434,10 @@ impl World {
             let reason = loop {
                 match queue.recv().await {
                     Some(Action::Event(event)) => {
-                        service.run_event(record.id(), connection, event).await;
+                        let mut events = vec![event];
+                        service
+                            .run_events(record.id(), connection, &mut events)
+                            .await;
                     }
                     Some(Action::Close(reason)) => break reason,
                     None => break CloseReason::Eof,

@@ -197,9 +197,16 @@ pub trait NodeEventHandler: Send + Sync {
     /// runs waiting for it may fit now.
     fn node_changed(&self, node: &NodeId);
 
-    /// A node reported a run event. The connection reads its next frame only after this
-    /// returns, which is how a node that floods the edge is slowed down.
-    async fn run_event(&self, node: &NodeId, connection: ConnectionId, event: ReportedEvent);
+    /// A node reported `events` of one run, consecutive in its stream (at least one); the
+    /// handler takes them all, leaving `events` empty for the connection to reuse. The
+    /// connection reads its next frame only after this returns, which is how a node that
+    /// floods the edge is slowed down.
+    async fn run_events(
+        &self,
+        node: &NodeId,
+        connection: ConnectionId,
+        events: &mut Vec<ReportedEvent>,
+    );
 
     /// A node's registration on `connection` was accepted and it is in the registry, not
     /// yet answered; `claims` are the runs it says it still holds after a reconnect (none

@@ -24,7 +24,7 @@ use tracing::{debug, info};
 use super::link::LinkSignals;
 use super::server::Shared;
 use crate::domain::{Availability, NodeRecord};
-use crate::ports::{CloseReason, ConnectionId, LastFrame, NodeCommand};
+use crate::ports::{CloseReason, ConnectionId, LastFrame, NodeCommand, ReportedEvent};
 use crate::wire::{EdgeCodec, EdgeFrame, FrameError, NodeFrame};
 
 /// A byte stream a node connection runs over: TCP, TLS over TCP, or an in-memory pipe.
@@ -191,7 +191,9 @@ impl<'a, S: NodeIo> Connection<'a, S> {
         record: &NodeRecord,
         first: NodeFrame,
     ) -> Option<CloseReason> {
-        let (handled, closed) = self.handle_batch(record, first).await;
+        let mut events = Vec::new();
+        let (handled, closed) = self.handle_batch(record, first, &mut events).await;
+        self.relay(record, &mut events).await;
         self.shared
             .stats
             .frames_in
@@ -211,26 +213,29 @@ impl<'a, S: NodeIo> Connection<'a, S> {
 
     /// Handles `first` and then the frames already whole in the read buffer, up to
     /// [`MAX_BATCH`]; returns how many frames it handled and, if the connection must close,
-    /// why. Each run event goes to the run service, which relays it before the next one
-    /// is read.
+    /// why. Run events are gathered in `events` while they are of one run and go to the
+    /// run service together (see [`Self::relay`]), before any other frame is handled and
+    /// before the next one of another run; the caller relays what is left in `events`.
     async fn handle_batch(
         &mut self,
         record: &NodeRecord,
         first: NodeFrame,
+        events: &mut Vec<ReportedEvent>,
     ) -> (u64, Option<CloseReason>) {
         let mut frame = first;
         let mut handled = 0;
         loop {
             handled += 1;
+            if !matches!(&frame, NodeFrame::RunEvent(event) if events.first().is_none_or(|e| e.run_id == event.run_id))
+            {
+                self.relay(record, events).await;
+            }
             match frame {
                 NodeFrame::Register(_) => {
                     debug!("second register request");
                     return (handled, Some(CloseReason::ProtocolViolation));
                 }
-                NodeFrame::RunEvent(event) => {
-                    let handler = &self.shared.deps.handler;
-                    handler.run_event(record.id(), self.id, event).await;
-                }
+                NodeFrame::RunEvent(event) => events.push(event),
                 NodeFrame::Heartbeat {
                     ping, availability, ..
                 } => {
@@ -262,6 +267,15 @@ impl<'a, S: NodeIo> Connection<'a, S> {
                     return (handled, Some(frame_error_reason(&error)));
                 }
             };
+        }
+    }
+
+    /// Hands the run service `events` (consecutive events of one run, or none), which it
+    /// relays before this returns.
+    async fn relay(&self, record: &NodeRecord, events: &mut Vec<ReportedEvent>) {
+        if !events.is_empty() {
+            let handler = &self.shared.deps.handler;
+            handler.run_events(record.id(), self.id, events).await;
         }
     }
 

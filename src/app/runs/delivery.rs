@@ -16,13 +16,13 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use tokio::sync::mpsc;
+use tokio::sync::{MutexGuard, mpsc};
 use tracing::{debug, warn};
 
 use super::service::RunService;
 use super::table::{Run, lock};
 use crate::domain::{EventOrigin, EventVerdict, NodeId, RunEvent, RunEventKind, RunState};
-use crate::ports::ConnectionId;
+use crate::ports::{ConnectionId, ReportedEvent};
 
 /// Events buffered for a caller who reads slower than the node writes. When it is full the
 /// node's connection waits (it stops reading frames), which slows the node down.
@@ -129,10 +129,58 @@ impl RunService {
         origin: EventOrigin,
         kind: RunEventKind,
     ) -> bool {
-        let mut delivery = run.delivery.lock().await;
-        if self.is_stale(run, source) {
+        let delivery = run.delivery.lock().await;
+        if self.is_stale(run, source, 1) {
             return false;
         }
+        let (taken, _) = self
+            .relay_held(run, delivery, source, seq, origin, kind)
+            .await;
+        taken
+    }
+
+    /// Relays `events`, consecutive in one node's stream and all of `run`, from `source`:
+    /// [`Self::relay_event`] for each, under one hold of the run's delivery lock (which is
+    /// what lets a run's attempt change, so one staleness check covers them all). Events
+    /// after one that ended the attempt are dropped, as they would be one by one.
+    pub(super) async fn relay_node_events(
+        &self,
+        run: &Arc<Run>,
+        source: Source<'_>,
+        mut events: impl ExactSizeIterator<Item = ReportedEvent>,
+    ) {
+        let mut delivery = run.delivery.lock().await;
+        if self.is_stale(run, source, events.len()) {
+            return;
+        }
+        while let Some(ReportedEvent { seq, kind, .. }) = events.next() {
+            let origin = EventOrigin::Node;
+            match self
+                .relay_held(run, delivery, source, Some(seq), origin, kind)
+                .await
+            {
+                (_, Some(held)) => delivery = held,
+                (_, None) => {
+                    let dropped = &self.inner.stats.dropped_after_terminal;
+                    dropped.fetch_add(events.len() as u64, Ordering::Relaxed);
+                    return;
+                }
+            }
+        }
+    }
+
+    /// [`Self::relay_event`] with the run's delivery lock held and its source checked;
+    /// gives the lock back unless the event ended the attempt (a terminal event, or a
+    /// failover), which releases it.
+    async fn relay_held<'a>(
+        &self,
+        run: &'a Arc<Run>,
+        mut delivery: MutexGuard<'a, Delivery>,
+        source: Source<'_>,
+        seq: Option<u64>,
+        origin: EventOrigin,
+        kind: RunEventKind,
+    ) -> (bool, Option<MutexGuard<'a, Delivery>>) {
         let blame = !matches!(source, Source::Departed(..));
         if kind.is_terminal()
             && !delivery.state.is_finished()
@@ -141,7 +189,7 @@ impl RunService {
             delivery.seq_base = delivery.state.next_edge_seq() - 1;
             drop(delivery);
             self.continue_run(run, next);
-            return true;
+            return (true, None);
         }
         let seq = match seq {
             Some(seq) => seq.saturating_add(delivery.seq_base),
@@ -151,12 +199,12 @@ impl RunService {
             EventVerdict::DropAfterTerminal => {
                 let dropped = &self.inner.stats.dropped_after_terminal;
                 dropped.fetch_add(1, Ordering::Relaxed);
-                return false;
+                return (false, Some(delivery));
             }
             EventVerdict::DropDuplicate => {
                 let dropped = &self.inner.stats.dropped_duplicate;
                 dropped.fetch_add(1, Ordering::Relaxed);
-                return false;
+                return (false, Some(delivery));
             }
             EventVerdict::Relay => false,
             EventVerdict::RelayTerminal => true,
@@ -182,16 +230,17 @@ impl RunService {
             delivery.followers.clear();
             drop(delivery);
             self.retire(run);
+            return (true, None);
         }
-        true
+        (true, Some(delivery))
     }
 }
 
 impl RunService {
-    /// Whether an event from `source` belongs to an attempt that has ended (failed over)
-    /// or moved to another connection (resumed) while it waited for the run's lock; such
-    /// an event is dropped and counted.
-    fn is_stale(&self, run: &Run, source: Source<'_>) -> bool {
+    /// Whether `events` from `source` belong to an attempt that has ended (failed over)
+    /// or moved to another connection (resumed) while they waited for the run's lock;
+    /// such events are dropped and counted.
+    fn is_stale(&self, run: &Run, source: Source<'_>, events: usize) -> bool {
         let (Source::Attempt(node, connection) | Source::Departed(node, connection)) = source
         else {
             return false;
@@ -199,7 +248,7 @@ impl RunService {
         let stale = !run.is_attempt(node, connection);
         if stale {
             let dropped = &self.inner.stats.dropped_after_terminal;
-            dropped.fetch_add(1, Ordering::Relaxed);
+            dropped.fetch_add(events as u64, Ordering::Relaxed);
         }
         stale
     }

@@ -27,8 +27,7 @@ use crate::domain::routing::{
     WaitCause,
 };
 use crate::domain::{
-    EdgeFailure, EventOrigin, NodeId, ResumeAnswer, ResumeClaim, RunEvent, RunEventKind, RunId,
-    RunSpec,
+    EdgeFailure, NodeId, ResumeAnswer, ResumeClaim, RunEvent, RunEventKind, RunId, RunSpec,
 };
 use crate::ports::{
     CloseReason, ConnectionId, EventSink, JournalEntry, NodeEventHandler, NodeTransport, Registry,
@@ -405,25 +404,37 @@ impl NodeEventHandler for RunService {
         self.pump_and_send();
     }
 
-    async fn run_event(&self, node: &NodeId, connection: ConnectionId, event: ReportedEvent) {
-        let ReportedEvent { run_id, seq, kind } = event;
-        let held = lock(&self.inner.table).held_by(&run_id, node, connection);
+    async fn run_events(
+        &self,
+        node: &NodeId,
+        connection: ConnectionId,
+        events: &mut Vec<ReportedEvent>,
+    ) {
+        let Some(first) = events.first() else {
+            return;
+        };
+        let held = lock(&self.inner.table).held_by(&first.run_id, node, connection);
         let stats = &self.inner.stats;
+        let count = events.len() as u64;
         match held {
             Ok(run) => {
                 let source = Source::Attempt(node, connection);
-                self.relay_event(&run, source, Some(seq), EventOrigin::Node, kind)
-                    .await;
+                self.relay_node_events(&run, source, events.drain(..)).await;
             }
             Err(Miss::Ended) => {
-                stats.dropped_after_terminal.fetch_add(1, Ordering::Relaxed);
-                debug!(run_id, %node, "dropped an event for a run that has ended");
+                stats
+                    .dropped_after_terminal
+                    .fetch_add(count, Ordering::Relaxed);
+                debug!(run_id = first.run_id, %node, count, "dropped events for a run that has ended");
             }
             Err(Miss::Unknown) => {
-                stats.dropped_unknown_run.fetch_add(1, Ordering::Relaxed);
-                debug!(run_id, %node, "dropped an event for a run this node does not hold");
+                stats
+                    .dropped_unknown_run
+                    .fetch_add(count, Ordering::Relaxed);
+                debug!(run_id = first.run_id, %node, count, "dropped events for a run this node does not hold");
             }
         }
+        events.clear();
     }
 
     async fn resume_runs(

@@ -80,6 +80,13 @@ fn spec() -> RunSpec {
     }
 }
 
+/// A run only node `node` may take.
+fn pinned(node: &str) -> RunSpec {
+    let mut spec = spec();
+    spec.selector.pin = Some(node.to_owned());
+    spec
+}
+
 fn with_deadline(deadline: Duration) -> RunSpec {
     RunSpec {
         deadline: Some(deadline),
@@ -461,8 +468,32 @@ impl Harness {
             kind,
         };
         self.service
-            .run_event(&node_id(node), connection, event)
+            .run_events(&node_id(node), connection, &mut vec![event])
             .await;
+    }
+
+    /// Node `node` reports `kinds` for `run` on `connection`, numbered from `first`, in one
+    /// batch (as the connection hands over events of one run read together).
+    async fn report_batch(
+        &self,
+        node: &str,
+        connection: ConnectionId,
+        run: &RunId,
+        first: u64,
+        kinds: impl IntoIterator<Item = RunEventKind>,
+    ) {
+        let mut events: Vec<ReportedEvent> = (first..)
+            .zip(kinds)
+            .map(|(seq, kind)| ReportedEvent {
+                run_id: run.as_str().to_owned(),
+                seq,
+                kind,
+            })
+            .collect();
+        self.service
+            .run_events(&node_id(node), connection, &mut events)
+            .await;
+        assert!(events.is_empty(), "the service takes every event");
     }
 
     /// Node `node` reports `kinds` for `run` on `connection`, numbered from 1.
@@ -989,7 +1020,10 @@ async fn a_deadline_racing_the_nodes_terminal_adds_no_second_terminal_event() {
         seq: buffered + 1,
         kind: completed(),
     };
-    let completing = tokio::spawn(async move { service.run_event(&node_id("a"), a, event).await });
+    let completing = tokio::spawn(async move {
+        let mut events = vec![event];
+        service.run_events(&node_id("a"), a, &mut events).await;
+    });
     sleep(Duration::from_millis(1_100)).await;
     assert!(!completing.is_finished());
 
@@ -1038,6 +1072,43 @@ async fn events_for_runs_a_connection_does_not_hold_are_dropped_and_counted() {
 
     let terminal = h.complete("a", a, &mut handle).await;
     assert_eq!(terminal.origin, EventOrigin::Node);
+    assert_eq!(h.active_runs("a"), 0);
+    h.finish().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_batch_of_a_runs_events_is_relayed_in_order_and_nothing_after_its_terminal() {
+    let mut h = Harness::expecting(Expect::terminals(1));
+    let a = h.connect("a", 1).await;
+    let b = h.connect("b", 1).await;
+    let mut handle = h.start(pinned("a"));
+    let run = handle.run_id.clone();
+    let kinds = [RunEventKind::Started, output("x"), completed()];
+    // A batch for a run the connection does not hold is dropped whole, and counted.
+    h.report_batch("b", b, &run, 1, kinds.clone()).await;
+    assert_eq!(h.dropped_unknown_run(), 3);
+    assert!(h.published(&run).is_empty());
+
+    let [started, x, _] = kinds;
+    let batch = [started, x, output("y"), completed(), output("late")];
+    h.report_batch("a", a, &run, 1, batch).await;
+    let terminal = h.assert_ended_once(&mut handle);
+    assert_eq!(terminal.kind, completed());
+    let relayed: Vec<(&str, u64)> = h
+        .published(&run)
+        .iter()
+        .map(|e| (e.kind.name(), e.seq))
+        .collect();
+    assert_eq!(
+        relayed,
+        [
+            ("started", 1),
+            ("output", 2),
+            ("output", 3),
+            ("completed", 4)
+        ]
+    );
+    assert_eq!(h.dropped_after_terminal(), 1);
     assert_eq!(h.active_runs("a"), 0);
     h.finish().await;
 }
@@ -1256,9 +1327,10 @@ async fn a_run_whose_node_leaves_during_placement_waits_in_the_queue() {
 enum Op {
     /// A caller starts a run with this deadline.
     Start { deadline_ms: u64 },
-    /// The node that holds run `run` reports an event (0 started, 1 output, 2 completed,
-    /// 3 failed without a class, 4 cancelled, 5 failed class NODE, 6 REFUSED, 7 REQUEST).
-    Report { run: usize, kind: u8 },
+    /// The node that holds run `run` reports one to three events in one batch (each 0
+    /// started, 1 output, 2 completed, 3 failed without a class, 4 cancelled, 5 failed
+    /// class NODE, 6 REFUSED, 7 REQUEST).
+    Report { run: usize, kinds: Vec<u8> },
     /// Another node reports an event for run `run`.
     Stray { run: usize },
     /// The caller cancels run `run`.
@@ -1287,7 +1359,8 @@ const NODES: [(&str, u32); 2] = [("a", 2), ("b", 1)];
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         3 => (50u64..1_500).prop_map(|deadline_ms| Op::Start { deadline_ms }),
-        6 => (any::<usize>(), 0u8..8).prop_map(|(run, kind)| Op::Report { run, kind }),
+        6 => (any::<usize>(), prop::collection::vec(0u8..8, 1..4))
+            .prop_map(|(run, kinds)| Op::Report { run, kinds }),
         1 => any::<usize>().prop_map(|run| Op::Stray { run }),
         2 => any::<usize>().prop_map(|run| Op::Cancel { run }),
         1 => (0..NODES.len()).prop_map(|node| Op::Disconnect { node }),
@@ -1353,7 +1426,7 @@ async fn interleave(ops: Vec<Op>) {
                     seqs.push(0);
                 }
             }
-            Op::Report { run, kind } if !handles.is_empty() => {
+            Op::Report { run, kinds } if !handles.is_empty() => {
                 let run = run % handles.len();
                 let run_id = handles[run].run_id.clone();
                 let holder = h
@@ -1361,8 +1434,10 @@ async fn interleave(ops: Vec<Op>) {
                     .last()
                     .map_or("a".to_owned(), |n| n.to_string());
                 let connection = h.connections.get(&holder).copied().unwrap_or(0);
-                seqs[run] += 1;
-                h.report(&holder, connection, &run_id, seqs[run], node_kind(kind))
+                let first = seqs[run] + 1;
+                seqs[run] += kinds.len() as u64;
+                let kinds = kinds.into_iter().map(node_kind);
+                h.report_batch(&holder, connection, &run_id, first, kinds)
                     .await;
             }
             Op::Stray { run } if !handles.is_empty() => {

@@ -35,13 +35,7 @@ impl Harness {
     /// which reports `started` and `outputs` outputs; returns the connection and the run.
     async fn streaming(&mut self, id: &str, outputs: usize) -> (ConnectionId, RunHandle) {
         let (connection, _) = self.resume(id, 3, &[]).await;
-        let handle = self.start(RunSpec {
-            selector: NodeSelector {
-                pin: Some(id.to_owned()),
-                ..spec().selector
-            },
-            ..spec()
-        });
+        let handle = self.start(pinned(id));
         let kinds = std::iter::once(RunEventKind::Started)
             .chain((1..=outputs).map(|n| output(&format!("out-{n}"))));
         self.report_each(id, connection, &handle.run_id, kinds)
@@ -116,13 +110,7 @@ async fn a_run_not_resumed_within_the_grace_fails_node_disconnected() {
 async fn a_node_that_comes_back_without_claiming_a_run_ends_it_at_once() {
     let mut h = Harness::expecting(Expect::terminals(2));
     let (a, mut kept) = h.streaming("a", 1).await;
-    let mut dropped = h.start(RunSpec {
-        selector: NodeSelector {
-            pin: Some("a".into()),
-            ..spec().selector
-        },
-        ..spec()
-    });
+    let mut dropped = h.start(pinned("a"));
     h.report_each("a", a, &dropped.run_id, [output("x")]).await;
     h.disconnect("a").await;
     assert_eq!(h.service.open_runs(), 2);
@@ -143,13 +131,7 @@ async fn a_node_that_comes_back_without_claiming_a_run_ends_it_at_once() {
 async fn claims_that_cannot_be_resumed_from_end_their_runs() {
     let mut h = Harness::expecting(Expect::terminals(2));
     let (a, mut behind) = h.streaming("a", 2).await;
-    let mut lost = h.start(RunSpec {
-        selector: NodeSelector {
-            pin: Some("a".into()),
-            ..spec().selector
-        },
-        ..spec()
-    });
+    let mut lost = h.start(pinned("a"));
     h.report_each("a", a, &lost.run_id, [output("x"), output("y")])
         .await;
     h.disconnect("a").await;

@@ -77,6 +77,34 @@ async fn a_node_failure_before_output_is_retried_on_another_node() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_failover_inside_a_batch_drops_what_the_failed_attempt_sent_after() {
+    let mut h = Harness::expecting(Expect::terminals(1).runs_sent(2));
+    h.connect("a", 1).await;
+    h.connect("b", 1).await;
+    let mut handle = h.start(spec());
+    let run = handle.run_id.clone();
+    let (first, connection) = h.holder(&run);
+    let failed = [
+        RunEventKind::Started,
+        classed(FailureClass::Node),
+        output("stale"),
+    ];
+    h.report_batch(&first, connection, &run, 1, failed).await;
+    assert_ne!(first, h.holder(&run).0);
+    assert_eq!(h.dropped_after_terminal(), 1);
+    h.holder_reports(&run, [RunEventKind::Started, output("ok"), completed()])
+        .await;
+
+    let terminal = h.assert_ended_once(&mut handle);
+    assert_eq!(terminal.kind, completed());
+    let published = h.published(&run);
+    let kinds: Vec<&str> = published.iter().map(|e| e.kind.name()).collect();
+    assert_eq!(kinds, ["started", "started", "output", "completed"]);
+    assert_eq!(published[2].kind, output("ok"));
+    h.finish().await;
+}
+
+#[tokio::test(start_paused = true)]
 async fn request_failures_output_and_cancels_are_never_retried() {
     let mut h = Harness::expecting(Expect::terminals(3).runs_sent(3));
     h.connect("a", 3).await;
