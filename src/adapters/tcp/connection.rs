@@ -230,8 +230,10 @@ impl<'a, S: NodeIo> Connection<'a, S> {
         let mut handled = 0;
         loop {
             handled += 1;
-            if !matches!(&frame, NodeFrame::RunEvent(event) if events.first().is_none_or(|e| e.run_id == event.run_id))
-            {
+            let same_run =
+                |event: &ReportedEvent| events.first().is_none_or(|e| e.run_id == event.run_id);
+            let joins_batch = matches!(&frame, NodeFrame::RunEvent(event) if same_run(event));
+            if !joins_batch {
                 self.relay(record, events).await;
             }
             match frame {
