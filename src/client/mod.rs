@@ -24,9 +24,7 @@ pub use crate::adapters::tcp::Keepalive;
 pub use link::{Backoff, LinkEnd, LinkMonitor, LinkStats};
 pub use stream::{ClientStream, tls_client_config};
 
-use crate::domain::{
-    Availability, PROTOCOL_VERSION, RegisterAttempt, ResumeClaim, RunEventKind, Token,
-};
+use crate::domain::{Availability, PROTOCOL_VERSION, RegisterAttempt, RunEventKind, Token};
 use crate::ports::ReportedEvent;
 use crate::wire::NodeCodec;
 
@@ -60,49 +58,10 @@ impl From<io::Error> for ClientError {
     }
 }
 
-/// What a node tells the edge about itself when it registers.
-#[derive(Debug, Clone)]
-pub struct Registration {
-    /// The pre-shared token.
-    pub token: Token,
-    /// The node's id, or empty to let the token decide.
-    pub node_id: String,
-    /// The node software's version.
-    pub node_version: String,
-    /// The protocol version (1).
-    pub protocol_version: u32,
-    /// The adapters the node can run.
-    pub adapters: Vec<String>,
-    /// This node process's instance id (see [`new_instance_id`]); empty to register as a
-    /// v1 node, which cannot take over its own half-open connection.
-    pub instance_id: String,
-    /// The runs the node still holds after a reconnect, to resume them.
-    pub resume: Vec<ResumeClaim>,
-}
-
-impl From<Registration> for RegisterAttempt {
-    /// The frame a node sends for `registration`.
-    fn from(registration: Registration) -> Self {
-        let Registration {
-            token,
-            node_id,
-            node_version,
-            protocol_version,
-            adapters,
-            instance_id,
-            resume,
-        } = registration;
-        Self {
-            token,
-            node_id,
-            node_version,
-            protocol_version,
-            adapters,
-            instance_id,
-            resume,
-        }
-    }
-}
+/// What a node tells the edge about itself when it registers: the very request the edge
+/// decides on ([`RegisterAttempt`]: token, node id, versions, adapters, instance id and the
+/// runs it claims to resume).
+pub type Registration = RegisterAttempt;
 
 impl Registration {
     /// A protocol-v1 registration with `token` and nothing else.
@@ -235,7 +194,7 @@ impl NodeClient {
         &mut self,
         registration: Registration,
     ) -> Result<RegisterOutcome, ClientError> {
-        self.send(NodeFrame::Register(registration.into())).await?;
+        self.send(NodeFrame::Register(registration)).await?;
         match self.next().await? {
             ReceivedEdgeFrame::Registered(outcome) => Ok(outcome),
             other => Err(ClientError::Unexpected(Box::new(other))),

@@ -28,17 +28,14 @@ import time
 import openai
 from openai import OpenAI
 
+from sdk_support import chat_piece, check, read_stream, text_piece
+
 # The longest any wait for the edge's model list may take.
 WAIT_SECONDS = 20
 # Between two looks at the model list.
 POLL_SECONDS = 0.05
 # The tiny model's end-of-sequence token: banned, it never stops on its own.
 EOS_TOKEN = "2"
-
-
-def check(condition, message):
-    if not condition:
-        raise AssertionError(message)
 
 
 def listed(client):
@@ -92,14 +89,11 @@ def chat_stream(client, model, reply):
         stream=True,
         stream_options={"include_usage": True},
     )
-    text, finish, usage = "", None, None
-    for chunk in stream:
+
+    def is_chunk(chunk):
         check(chunk.object == "chat.completion.chunk", f"chunk object: {chunk.object}")
-        if chunk.usage is not None:
-            usage = chunk.usage
-        for choice in chunk.choices:
-            text += choice.delta.content or ""
-            finish = choice.finish_reason or finish
+
+    text, finish, usage, _ = read_stream(stream, chat_piece, is_chunk)
     check(text == reply, f"streamed text: {text!r}")
     check(finish == "stop", f"streamed finish_reason: {finish}")
     check_usage(usage, "chat stream")
@@ -129,13 +123,7 @@ def completions(client, model, reply):
         stream=True,
         stream_options={"include_usage": True},
     )
-    text, finish, usage = "", None, None
-    for chunk in stream:
-        if chunk.usage is not None:
-            usage = chunk.usage
-        for choice in chunk.choices:
-            text += choice.text
-            finish = choice.finish_reason or finish
+    text, finish, usage, _ = read_stream(stream, text_piece)
     check(text == reply, f"streamed completion: {text!r}")
     check(finish == "stop", f"streamed completion finish_reason: {finish}")
     check_usage(usage, "completion stream")

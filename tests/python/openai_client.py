@@ -13,10 +13,7 @@ import sys
 import openai
 from openai import OpenAI
 
-
-def check(condition, message):
-    if not condition:
-        raise AssertionError(message)
+from sdk_support import chat_piece, check, read_stream, text_piece
 
 
 def expect_usage(usage, prompt, completion, what):
@@ -57,15 +54,11 @@ def chat_stream(client):
         stream=True,
         stream_options={"include_usage": True},
     )
-    text, finish, usage, chunks = "", None, None, 0
-    for chunk in stream:
-        chunks += 1
+
+    def of_the_model(chunk):
         check(chunk.model == "gpt-4o-mini", f"chunk model: {chunk.model}")
-        if chunk.usage is not None:
-            usage = chunk.usage
-        for choice in chunk.choices:
-            text += choice.delta.content or ""
-            finish = choice.finish_reason or finish
+
+    text, finish, usage, chunks = read_stream(stream, chat_piece, of_the_model)
     check(chunks >= 3, f"only {chunks} chunks")
     check(text == "streamed words arrive one by one", f"streamed text: {text!r}")
     check(finish == "stop", f"streamed finish_reason: {finish}")
@@ -85,13 +78,7 @@ def completion(client):
         stream=True,
         stream_options={"include_usage": True},
     )
-    text, finish, usage = "", None, None
-    for chunk in stream:
-        if chunk.usage is not None:
-            usage = chunk.usage
-        for choice in chunk.choices:
-            text += choice.text
-            finish = choice.finish_reason or finish
+    text, finish, usage, _ = read_stream(stream, text_piece)
     check(text == "a streamed completion", f"streamed completion: {text!r}")
     check(finish == "stop", f"streamed completion finish_reason: {finish}")
     expect_usage(usage, 3, 3, "completion stream")

@@ -19,6 +19,8 @@ import anthropic
 import openai
 from openai import OpenAI
 
+from sdk_support import check
+
 TOOLS = [
     {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}},
     {"type": "function", "function": {"name": "clock", "parameters": {"type": "object"}}},
@@ -31,11 +33,6 @@ ANTHROPIC_TOOLS = [
     {"name": "lookup", "description": "finds", "input_schema": {"type": "object"}},
     {"name": "clock", "input_schema": {"type": "object"}},
 ]
-
-
-def check(condition, message):
-    if not condition:
-        raise AssertionError(message)
 
 
 def close(a, b):
