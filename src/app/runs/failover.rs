@@ -116,11 +116,7 @@ impl RunService {
         if !self.may_retry(run, &route, AttemptEnd::Disconnected, false, now) {
             return false;
         }
-        let selector = &run.spec.selector;
-        let nodes = self
-            .inner
-            .registry
-            .statuses_serving(&selector.adapter, &selector.target);
+        let nodes = self.candidates(run);
         !matches!(
             self.decide(&mut table, &nodes, run, &route, now),
             Decision::Refuse(_)
@@ -137,9 +133,7 @@ impl RunService {
         route: &mut Route,
         now: Instant,
     ) -> Option<(Option<NodeId>, Option<Arc<Run>>)> {
-        let selector = &run.spec.selector;
-        let registry = &self.inner.registry;
-        let mut nodes = registry.statuses_serving(&selector.adapter, &selector.target);
+        let mut nodes = self.candidates(run);
         let cause = match self.decide(table, &nodes, run, route, now) {
             Decision::Refuse(refusal) => {
                 info!(parent: &run.span, run_id = %run.id, %refusal, "no node left to fail over to");

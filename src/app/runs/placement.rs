@@ -60,9 +60,7 @@ impl RunService {
             self.inner.metrics.refused(limit);
             return Err(StartError::Limited(refusal));
         }
-        let selector = &run.spec.selector;
-        let registry = &self.inner.registry;
-        let mut nodes = registry.statuses_serving(&selector.adapter, &selector.target);
+        let mut nodes = self.candidates(run);
         let mut route = lock(&run.route);
         let dispatch = match self.route(table, &mut nodes, run, &mut route, now) {
             Routed::Placed(node) => Dispatch::Sent(node),
@@ -83,6 +81,14 @@ impl RunService {
         drop(route);
         table.runs.insert(run.id.clone(), Arc::clone(run));
         Ok(dispatch)
+    }
+
+    /// The connected nodes whose config serves `run`'s route, as routing sees them.
+    pub(super) fn candidates(&self, run: &Run) -> Vec<NodeStatus> {
+        let selector = &run.spec.selector;
+        self.inner
+            .registry
+            .statuses_serving(&selector.adapter, &selector.target)
     }
 
     /// Decides where `run` goes now, changing nothing but the turn.
