@@ -139,8 +139,8 @@ pub struct LockRegistry {
 #[derive(Default)]
 struct Inner {
     maps: RwLock<Maps>,
-    /// Entries ordered by id, valid while `stale` is false.
-    sorted: ArcSwap<Snapshot>,
+    /// The entries in id order and by route, valid while `stale` is false.
+    snapshot: ArcSwap<Snapshot>,
     stale: AtomicBool,
 }
 
@@ -174,7 +174,7 @@ impl LockRegistry {
             .cloned()
     }
 
-    /// The entries ordered by id, rebuilding the snapshot if membership changed.
+    /// The entries in id order and by route, rebuilt first if membership changed.
     fn snapshot_now(&self) -> Arc<Snapshot> {
         if self.inner.stale.load(Ordering::Acquire) {
             // Rebuild and publish under the read lock: writers, which set `stale` while they
@@ -182,9 +182,9 @@ impl LockRegistry {
             let maps = self.read();
             self.inner.stale.store(false, Ordering::Release);
             let entries: Vec<Arc<Entry>> = maps.by_id.values().cloned().collect();
-            self.inner.sorted.store(Arc::new(Snapshot::of(entries)));
+            self.inner.snapshot.store(Arc::new(Snapshot::of(entries)));
         }
-        self.inner.sorted.load_full()
+        self.inner.snapshot.load_full()
     }
 }
 
