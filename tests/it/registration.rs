@@ -414,10 +414,7 @@ async fn a_registration_while_the_edge_drains_is_told_it_is_shutting_down() {
 #[tokio::test]
 async fn a_registration_delivered_one_byte_at_a_time_is_accepted() {
     let app = spawn_app(&patient("")).await;
-    let bytes = encoded(NodeFrame::Register(
-        registration("token-a", "node-a"),
-    ))
-    .await;
+    let bytes = encoded(NodeFrame::Register(registration("token-a", "node-a"))).await;
     assert!(bytes.len() > 2, "{bytes:?}");
 
     let mut client = connect(&app).await;
@@ -499,10 +496,7 @@ async fn a_silent_client_is_closed_after_the_register_timeout_without_harm() {
 #[tokio::test]
 async fn a_client_that_sends_half_a_frame_is_closed_after_the_register_timeout() {
     let app = spawn_app(&rich_nodes()).await;
-    let bytes = encoded(NodeFrame::Register(
-        Registration::with_token("token-b"),
-    ))
-    .await;
+    let bytes = encoded(NodeFrame::Register(Registration::with_token("token-b"))).await;
     closes_without_harm(&app, &bytes[..bytes.len() / 2]).await;
     app.stop().await;
 }
@@ -574,11 +568,9 @@ async fn a_second_register_request_on_an_accepted_connection_closes_it() {
     let app = spawn_app(&patient("")).await;
     let (mut client, _) = registered(&app, "token-a", "node-a").await;
 
-    within(client.send(NodeFrame::Register(
-        Registration::with_token("token-a"),
-    )))
-    .await
-    .expect("send");
+    within(client.send(NodeFrame::Register(Registration::with_token("token-a"))))
+        .await
+        .expect("send");
     assert_closed(&mut client).await;
     app.wait_until_left("node-a").await;
     app.stop().await;
