@@ -15,7 +15,7 @@ use edge::domain::{
     AcceptedRun, AdapterName, Attempt, EdgeFailure, EventOrigin, NodeId, Operation, RunEvent,
     RunEventKind, RunId, Target, Usage,
 };
-use edge::ports::{JournalEntry, RunJournal};
+use edge::ports::{JournalEntry, RelayedEvent, RunJournal};
 
 use crate::Common;
 use crate::harness::{self, InProcessEdge, Nodes};
@@ -88,6 +88,7 @@ fn entries(i: usize, nodes: usize, base: u64) -> anyhow::Result<Vec<JournalEntry
             attempt,
         },
     ];
+    let mut events = Vec::with_capacity(kinds.len());
     for (index, kind) in kinds.into_iter().enumerate() {
         let event = RunEvent {
             run_id: run_id(i),
@@ -99,14 +100,17 @@ fn entries(i: usize, nodes: usize, base: u64) -> anyhow::Result<Vec<JournalEntry
             kind,
             route: None,
         };
-        let first_output = index == 1;
-        out.push(JournalEntry::Event {
+        events.push(RelayedEvent {
             index: index as u64,
             at_ms: at,
             event: Arc::new(event),
-            first_output,
+            first_output: index == 1,
         });
     }
+    out.push(JournalEntry::Events {
+        run_id: run_id(i),
+        events,
+    });
     Ok(out)
 }
 

@@ -11,7 +11,9 @@ pub mod registry;
 pub mod transport;
 
 pub use event_sink::EventSink;
-pub use journal::{JournalEntry, JournalError, JournalStats, RunJournal, StoredEvent};
+pub use journal::{
+    JournalEntry, JournalError, JournalStats, RelayedEvent, RunJournal, StoredEvent,
+};
 pub use node_store::NodeStore;
 pub use readiness::Readiness;
 pub use registry::{

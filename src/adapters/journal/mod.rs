@@ -5,8 +5,10 @@
 //! (`writer.rs`) and applies retention (`retention.rs`); the management API reads on
 //! read-only connections (`reader.rs`). Nothing here is on the relay's path but a push.
 
+mod batch;
 pub mod config;
 mod noop;
+mod packed;
 mod plan;
 mod queue;
 mod reader;

@@ -8,10 +8,9 @@ use std::collections::HashMap;
 
 use rusqlite::{OptionalExtension, Transaction, params};
 
+use super::batch::{Chunk, Finish, Queued};
 use super::writer::to_sql;
-use crate::adapters::sinks::format::write_json_line;
-use crate::domain::{AcceptedRun, Attempt, RunEventKind, RunId, RunOutcome, Usage};
-use crate::ports::JournalEntry;
+use crate::domain::{AcceptedRun, Attempt, RunId, RunOutcome, Usage};
 
 /// What the writer knows of a run the file holds as open.
 #[derive(Debug, Clone, Copy)]
@@ -19,24 +18,6 @@ pub(super) struct OpenRun {
     pub(super) seq: i64,
     /// Events of it stored so far.
     pub(super) stored: u64,
-}
-
-/// A run's end, as its terminal event says.
-struct Finish {
-    outcome: RunOutcome,
-    at_ms: u64,
-    events: u64,
-    code: Option<String>,
-    message: Option<String>,
-    finish_reason: Option<String>,
-    usage: Option<Usage>,
-}
-
-/// Consecutive events of one run.
-struct Chunk {
-    first_idx: u64,
-    count: u64,
-    json: String,
 }
 
 /// Everything one batch does to one run.
@@ -62,18 +43,14 @@ impl Plan {
     /// new runs. Entries of runs the file does not hold are skipped.
     pub(super) fn of(
         tx: &Transaction<'_>,
-        batch: Vec<JournalEntry>,
+        batch: Vec<Queued>,
         open: &mut HashMap<RunId, OpenRun>,
         next_seq: &mut i64,
     ) -> rusqlite::Result<Plan> {
         let mut plan = Plan::default();
         for entry in batch {
-            let run_id = match &entry {
-                JournalEntry::Accepted(run) => run.run_id.clone(),
-                JournalEntry::Placed { run_id, .. } => run_id.clone(),
-                JournalEntry::Event { event, .. } => event.run_id.clone(),
-            };
-            if let JournalEntry::Accepted(run) = entry {
+            let run_id = entry.run_id().clone();
+            if let Queued::Accepted(run) = entry {
                 let seq = *next_seq;
                 *next_seq += 1;
                 open.insert(run_id.clone(), OpenRun { seq, stored: 0 });
@@ -85,23 +62,20 @@ impl Plan {
             };
             let write = plan.write(&run_id, known);
             match entry {
-                JournalEntry::Placed { attempt, .. } => write.attempts.push(attempt),
-                JournalEntry::Event {
-                    index,
-                    at_ms,
-                    event,
-                    first_output,
-                } => {
-                    write.add_event(index, &event);
-                    if first_output {
+                Queued::Placed { attempt, .. } => write.attempts.push(attempt),
+                Queued::Events(events) => {
+                    for chunk in events.chunks {
+                        write.add_chunk(chunk);
+                    }
+                    if let Some(at_ms) = events.first_output_ms {
                         write.first_output_ms.get_or_insert(at_ms);
                     }
-                    if let Some(finish) = finish_of(&event.kind, index + 1, at_ms) {
-                        write.finish = Some(finish);
+                    if events.finish.is_some() {
+                        write.finish = events.finish;
                         open.remove(&run_id);
                     }
                 }
-                JournalEntry::Accepted(_) => {}
+                Queued::Accepted(_) => {}
             }
         }
         Ok(plan)
@@ -161,57 +135,14 @@ fn known(
         .optional()
 }
 
-fn finish_of(kind: &RunEventKind, events: u64, at_ms: u64) -> Option<Finish> {
-    let outcome = RunOutcome::of_event(kind)?;
-    let mut finish = Finish {
-        outcome,
-        at_ms,
-        events,
-        code: None,
-        message: None,
-        finish_reason: None,
-        usage: None,
-    };
-    match kind {
-        RunEventKind::Completed {
-            finish_reason,
-            usage,
-        } => {
-            finish.finish_reason = Some(finish_reason.clone());
-            finish.usage = *usage;
-        }
-        RunEventKind::Failed { code, message, .. } => {
-            finish.code = Some(code.clone());
-            finish.message = Some(message.clone());
-        }
-        RunEventKind::Cancelled { reason } => finish.message = Some(reason.clone()),
-        RunEventKind::Started | RunEventKind::Output { .. } => {}
-    }
-    Some(finish)
-}
-
 impl RunWrite {
-    /// Adds event `index` as the file sink's JSON line, to the open chunk when it follows
-    /// on, else to a new one.
-    fn add_event(&mut self, index: u64, event: &crate::domain::RunEvent) {
-        let mut line = Vec::with_capacity(128);
-        write_json_line(event, &mut line);
-        while line.last() == Some(&b'\n') {
-            line.pop();
-        }
-        let line = String::from_utf8_lossy(&line);
-        match self.chunks.last_mut() {
-            Some(chunk) if chunk.first_idx + chunk.count == index => {
-                chunk.json.push('\n');
-                chunk.json.push_str(&line);
-                chunk.count += 1;
-            }
-            _ => self.chunks.push(Chunk {
-                first_idx: index,
-                count: 1,
-                json: line.into_owned(),
-            }),
-        }
+    /// Adds `chunk`, to the last one when it follows on.
+    fn add_chunk(&mut self, chunk: Chunk) {
+        let rest = match self.chunks.last_mut() {
+            Some(last) => last.join(chunk),
+            None => Some(chunk),
+        };
+        self.chunks.extend(rest);
     }
 
     /// Writes the run's rows; returns how many of its events are stored now.
@@ -219,9 +150,15 @@ impl RunWrite {
         let mut stored = self.stored_before;
         for chunk in &self.chunks {
             tx.prepare_cached(
-                "INSERT OR IGNORE INTO events (run_seq, first_idx, count, json) VALUES (?1, ?2, ?3, ?4)",
+                "INSERT OR IGNORE INTO events (run_seq, first_idx, count, json, packed)
+                 VALUES (?1, ?2, ?3, '', ?4)",
             )?
-            .execute(params![self.seq, to_sql(chunk.first_idx), to_sql(chunk.count), chunk.json])?;
+            .execute(params![
+                self.seq,
+                to_sql(chunk.first_idx),
+                to_sql(chunk.count),
+                chunk.packed.bytes()
+            ])?;
             stored += chunk.count;
         }
         for attempt in &self.attempts {

@@ -8,6 +8,7 @@ use std::sync::Mutex;
 use rusqlite::types::Value;
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
+use super::packed::{RunIdentity, unpack};
 use super::schema::open_reader;
 use super::writer::to_sql;
 use crate::domain::{
@@ -91,7 +92,8 @@ impl Reader {
     ) -> Result<Vec<StoredEvent>, JournalError> {
         self.with(|conn| {
             let mut statement = conn.prepare_cached(
-                "SELECT e.first_idx, e.json FROM events e JOIN runs r ON r.seq = e.run_seq
+                "SELECT e.first_idx, e.json, e.packed, r.adapter, r.target
+                 FROM events e JOIN runs r ON r.seq = e.run_seq
                  WHERE r.run_id = ?1 AND e.first_idx + e.count > ?2 ORDER BY e.first_idx",
             )?;
             let mut rows = statement.query(params![id.as_str(), to_sql(from)])?;
@@ -100,21 +102,35 @@ impl Reader {
                 && let Some(row) = rows.next()?
             {
                 let first: i64 = row.get(0)?;
-                let json: String = row.get(1)?;
-                let lines = json.split('\n').zip(from_sql(first)..);
+                let lines = chunk_lines(id, row)?;
                 events.extend(
                     lines
+                        .into_iter()
+                        .zip(from_sql(first)..)
                         .filter(|(_, index)| *index >= from)
                         .take(limit - events.len())
-                        .map(|(line, index)| StoredEvent {
-                            index,
-                            json: line.to_owned(),
-                        }),
+                        .map(|(json, index)| StoredEvent { index, json }),
                 );
             }
             Ok(events)
         })
     }
+}
+
+/// The JSON lines of one `events` row: packed (schema 2) or as text (schema 1).
+fn chunk_lines(id: &RunId, row: &Row<'_>) -> rusqlite::Result<Vec<String>> {
+    let Some(packed) = row.get_ref(2)?.as_blob_or_null()? else {
+        let json: String = row.get(1)?;
+        return Ok(json.split('\n').map(str::to_owned).collect());
+    };
+    let adapter: String = row.get(3)?;
+    let target: String = row.get(4)?;
+    let run = RunIdentity {
+        run_id: id.clone(),
+        adapter: AdapterName::parse(&adapter).map_err(|_| bad_row("adapter", &adapter))?,
+        target: Target::parse(&target).map_err(|_| bad_row("target", &target))?,
+    };
+    unpack(packed, &run).map_err(|damaged| bad_row("events", &damaged.to_string()))
 }
 
 fn storage(error: rusqlite::Error) -> JournalError {

@@ -7,8 +7,10 @@
 //! `auto_vacuum = INCREMENTAL` lets retention hand freed pages back to the file system.
 //!
 //! Events are stored in chunks: the consecutive events of one run that one write batch
-//! holds are one row (`first_idx`, `count`, the JSON lines joined by `\n`), so a run that
-//! streams many events costs a few inserts rather than one per event.
+//! holds are one row (`first_idx`, `count`, and the events packed as `packed.rs` says), so a
+//! run that streams many events costs a few inserts rather than one per event. Files of
+//! schema 1 kept the JSON lines joined by `\n` in `json`; they are read as they are, and
+//! new rows go to `packed`.
 
 use std::path::Path;
 use std::time::Duration;
@@ -18,7 +20,7 @@ use rusqlite::{Connection, OpenFlags};
 use crate::domain::EDGE_CRASHED;
 
 /// The schema this code writes; a file with a newer one is refused.
-const SCHEMA_VERSION: i64 = 1;
+const SCHEMA_VERSION: i64 = 2;
 
 /// How long a connection waits for another's lock (a checkpoint, a backup) before failing.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -65,6 +67,7 @@ CREATE TABLE IF NOT EXISTS events (
     first_idx INTEGER NOT NULL,
     count INTEGER NOT NULL,
     json TEXT NOT NULL,
+    packed BLOB,
     PRIMARY KEY (run_seq, first_idx)
 ) WITHOUT ROWID;
 ";
@@ -134,6 +137,11 @@ pub(super) fn open_writer(path: &Path) -> Result<(Connection, usize, i64), OpenE
         .map_err(sqlite)?;
     if found > SCHEMA_VERSION {
         return Err(OpenError::NewerSchema { path: name, found });
+    }
+    if found == 1 {
+        // Schema 1 kept events as JSON text only.
+        conn.execute_batch("ALTER TABLE events ADD COLUMN packed BLOB;")
+            .map_err(sqlite)?;
     }
     conn.execute_batch(TABLES).map_err(sqlite)?;
     conn.pragma_update(None, "user_version", SCHEMA_VERSION)

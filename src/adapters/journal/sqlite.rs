@@ -10,6 +10,7 @@ use std::thread::JoinHandle;
 use async_trait::async_trait;
 use tracing::{info, warn};
 
+use super::batch::Queued;
 use super::config::JournalConfig;
 use super::queue::EntryQueue;
 use super::reader::Reader;
@@ -119,14 +120,13 @@ impl RunJournal for SqliteJournal {
     }
 
     fn record(&self, entry: JournalEntry) {
-        if let JournalEntry::Event { index, event, .. } = &entry
-            && *index >= self.max_events_per_run
-            && !event.kind.is_terminal()
-        {
-            self.over_cap.fetch_add(1, Ordering::Relaxed);
-            return;
+        let (queued, over_cap) = Queued::of(entry, self.max_events_per_run);
+        if over_cap > 0 {
+            self.over_cap.fetch_add(over_cap, Ordering::Relaxed);
         }
-        self.queue.push(entry);
+        if let Some(queued) = queued {
+            self.queue.push(queued);
+        }
     }
 
     async fn flush(&self) {

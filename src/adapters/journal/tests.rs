@@ -8,7 +8,7 @@ use crate::domain::{
     AcceptedRun, AdapterName, Attempt, EdgeFailure, EventOrigin, NodeId, Operation, RunEvent,
     RunEventKind, RunId, RunOutcome, RunQuery, RunStateFilter, Target, Usage,
 };
-use crate::ports::{JournalEntry, RunJournal};
+use crate::ports::{JournalEntry, RelayedEvent, RunJournal};
 
 /// A time in the recent past, so the default retention keeps the runs.
 fn recent(ms: u64) -> u64 {
@@ -49,7 +49,14 @@ fn placed(id: &str, node: &str) -> JournalEntry {
 }
 
 fn event(id: &str, index: u64, kind: RunEventKind) -> JournalEntry {
-    JournalEntry::Event {
+    JournalEntry::Events {
+        run_id: RunId::new(id),
+        events: vec![relayed(id, index, kind)],
+    }
+}
+
+fn relayed(id: &str, index: u64, kind: RunEventKind) -> RelayedEvent {
+    RelayedEvent {
         index,
         at_ms: recent(1_002 + index),
         first_output: index == 1,

@@ -13,12 +13,12 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use rusqlite::Connection;
 use tracing::warn;
 
+use super::batch::Queued;
 use super::plan::{OpenRun, Plan};
 use super::queue::{EntryQueue, Taken};
 use super::retention::{Retention, retention_chunk};
 use super::schema::used_bytes;
 use crate::domain::RunId;
-use crate::ports::JournalEntry;
 
 /// Counters shared by the writer and the journal's handle.
 #[derive(Debug, Default)]
@@ -107,7 +107,7 @@ impl Writer {
     }
 
     /// Writes `batch` in one transaction; on failure its entries are lost and counted.
-    fn write(&mut self, batch: Vec<JournalEntry>) {
+    fn write(&mut self, batch: Vec<Queued>) {
         let count = batch.len() as u64;
         // What the file holds if the transaction fails: runs accepted in it are not there
         // (their later entries are skipped), runs it ended are still open.
