@@ -114,9 +114,10 @@ fn entries(i: usize, nodes: usize, base: u64) -> anyhow::Result<Vec<JournalEntry
     Ok(out)
 }
 
-/// Fills the journal at `config.path`, paced so its queue never overflows; entries/s.
+/// Fills the journal in `config.path`, paced so its queue never overflows; entries/s.
 fn prefill(config: &JournalConfig, args: &AdminArgs, base: u64) -> anyhow::Result<f64> {
-    let journal = SqliteJournal::open(config)?;
+    let file = config.path.clone().context("the journal needs a path")?;
+    let journal = SqliteJournal::open(config, &file)?;
     let runtime = harness::runtime("prefill", 1)?;
     let started = Instant::now();
     let mut written = 0usize;
@@ -164,7 +165,7 @@ pub fn run(args: &AdminArgs, common: &Common) -> anyhow::Result<Vec<Record>> {
     let dir = tempfile::tempdir().context("cannot make a temporary directory")?;
     let path = dir.path().join("journal.sqlite3");
     let journal = JournalConfig {
-        path: path.clone(),
+        path: Some(path.clone()),
         retention_max_age: Default::default(),
         retention_max_bytes: 0,
         ..JournalConfig::default()

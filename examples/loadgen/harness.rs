@@ -131,7 +131,7 @@ impl InProcessEdge {
         settings.admin.listen = SocketAddr::from(([127, 0, 0, 1], 0));
         if !config.contains("[journal]") {
             settings.journal.enabled = journal_on();
-            settings.journal.path = dir.path().join("journal.sqlite3");
+            settings.journal.path = Some(dir.path().join("journal.sqlite3"));
         }
         settings.server.shutdown_grace_ms = 2_000;
         settings.events.sinks = sinks.to_vec();

@@ -66,13 +66,16 @@ pub struct JournalStats {
     pub events_over_cap: u64,
     /// Events left out because the write queue was full.
     pub dropped_queue_full: u64,
+    /// Events left out because the storage was at its size limit with nothing finished
+    /// left to remove (records and terminal events are still written).
+    pub dropped_over_budget: u64,
     /// Entries waiting to be written.
     pub queue_depth: u64,
     /// Transactions that failed (their entries are lost).
     pub write_errors: u64,
     /// Runs removed by retention.
     pub runs_expired: u64,
-    /// The storage's size in bytes (0 for none).
+    /// The storage's size on disk in bytes (0 for none).
     pub bytes: u64,
 }
 

@@ -37,18 +37,6 @@ pub(super) struct Chunk {
     pub(super) packed: Packer,
 }
 
-impl Chunk {
-    /// Appends `other` when it follows on from this chunk; gives it back otherwise.
-    pub(super) fn join(&mut self, other: Chunk) -> Option<Chunk> {
-        if self.first_idx + self.count != other.first_idx {
-            return Some(other);
-        }
-        self.packed.append(other.packed);
-        self.count += other.count;
-        None
-    }
-}
-
 /// A run's end, as its terminal event says.
 pub(super) struct Finish {
     pub(super) outcome: RunOutcome,
@@ -81,6 +69,22 @@ impl Queued {
             Self::Accepted(run) => &run.run_id,
             Self::Placed { run_id, .. } => run_id,
             Self::Events(events) => &events.run_id,
+        }
+    }
+
+    /// About how many bytes writing it adds to the WAL: its packed events and a row's
+    /// worth for everything else.
+    pub(super) fn estimated_bytes(&self) -> usize {
+        const ROW: usize = 256;
+        match self {
+            Self::Events(events) => {
+                ROW + events
+                    .chunks
+                    .iter()
+                    .map(|c| c.packed.bytes().len())
+                    .sum::<usize>()
+            }
+            Self::Accepted(_) | Self::Placed { .. } => ROW,
         }
     }
 

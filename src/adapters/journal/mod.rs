@@ -6,6 +6,7 @@
 //! read-only connections (`reader.rs`). Nothing here is on the relay's path but a push.
 
 mod batch;
+mod budget;
 pub mod config;
 mod noop;
 mod packed;
@@ -19,6 +20,7 @@ mod sqlite;
 mod tests;
 mod writer;
 
+use std::path::Path;
 use std::sync::Arc;
 
 pub use config::{HumanDuration, JournalConfig};
@@ -28,13 +30,14 @@ pub use sqlite::SqliteJournal;
 
 use crate::ports::RunJournal;
 
-/// The journal `config` asks for: SQLite when enabled, else one that keeps nothing.
+/// The journal `config` asks for: SQLite in `file` when enabled, else one that keeps
+/// nothing.
 ///
 /// # Errors
 /// [`OpenError`] when the enabled journal's file cannot be used.
-pub fn open_journal(config: &JournalConfig) -> Result<Arc<dyn RunJournal>, OpenError> {
+pub fn open_journal(config: &JournalConfig, file: &Path) -> Result<Arc<dyn RunJournal>, OpenError> {
     if config.enabled {
-        Ok(Arc::new(SqliteJournal::open(config)?))
+        Ok(Arc::new(SqliteJournal::open(config, file)?))
     } else {
         Ok(Arc::new(NoopJournal))
     }

@@ -80,14 +80,6 @@ impl Packer {
         push_bytes(text.as_bytes(), &mut self.bytes);
     }
 
-    /// Appends what `other` packed: a packed chunk says its node and numbering again at
-    /// its start, so two of them back to back read as one.
-    pub(super) fn append(&mut self, other: Packer) {
-        self.bytes.extend_from_slice(&other.bytes);
-        self.node = other.node;
-        self.next_seq = other.next_seq;
-    }
-
     /// The bytes so far.
     pub(super) fn bytes(&self) -> &[u8] {
         &self.bytes

@@ -20,59 +20,58 @@ pub(super) struct OpenRun {
     pub(super) stored: u64,
 }
 
-/// Everything one batch does to one run.
-struct RunWrite {
+/// Everything one batch does to one run, borrowed from the batch (which the writer keeps
+/// until the transaction commits, to try again after making room).
+struct RunWrite<'a> {
     seq: i64,
     stored_before: u64,
-    insert: Option<Box<AcceptedRun>>,
-    attempts: Vec<Attempt>,
-    chunks: Vec<Chunk>,
+    insert: Option<&'a AcceptedRun>,
+    attempts: Vec<&'a Attempt>,
+    chunks: Vec<&'a Chunk>,
     first_output_ms: Option<u64>,
-    finish: Option<Finish>,
+    finish: Option<&'a Finish>,
 }
 
 /// A batch grouped by run, in first-seen order.
 #[derive(Default)]
-pub(super) struct Plan {
-    order: Vec<RunId>,
-    runs: HashMap<RunId, RunWrite>,
+pub(super) struct Plan<'a> {
+    order: Vec<&'a RunId>,
+    runs: HashMap<&'a RunId, RunWrite<'a>>,
 }
 
-impl Plan {
+impl<'a> Plan<'a> {
     /// Groups `batch`; `open` is updated as runs are accepted and end, `next_seq` numbers
     /// new runs. Entries of runs the file does not hold are skipped.
     pub(super) fn of(
         tx: &Transaction<'_>,
-        batch: Vec<Queued>,
+        batch: &'a [Queued],
         open: &mut HashMap<RunId, OpenRun>,
         next_seq: &mut i64,
-    ) -> rusqlite::Result<Plan> {
+    ) -> rusqlite::Result<Self> {
         let mut plan = Plan::default();
         for entry in batch {
-            let run_id = entry.run_id().clone();
+            let run_id = entry.run_id();
             if let Queued::Accepted(run) = entry {
                 let seq = *next_seq;
                 *next_seq += 1;
                 open.insert(run_id.clone(), OpenRun { seq, stored: 0 });
-                plan.write(&run_id, OpenRun { seq, stored: 0 }).insert = Some(run);
+                plan.write(run_id, OpenRun { seq, stored: 0 }).insert = Some(run);
                 continue;
             }
-            let Some(known) = known(tx, open, &run_id)? else {
+            let Some(known) = known(tx, open, run_id)? else {
                 continue;
             };
-            let write = plan.write(&run_id, known);
+            let write = plan.write(run_id, known);
             match entry {
                 Queued::Placed { attempt, .. } => write.attempts.push(attempt),
                 Queued::Events(events) => {
-                    for chunk in events.chunks {
-                        write.add_chunk(chunk);
-                    }
+                    write.chunks.extend(&events.chunks);
                     if let Some(at_ms) = events.first_output_ms {
                         write.first_output_ms.get_or_insert(at_ms);
                     }
-                    if events.finish.is_some() {
-                        write.finish = events.finish;
-                        open.remove(&run_id);
+                    if let Some(finish) = &events.finish {
+                        write.finish = Some(finish);
+                        open.remove(run_id);
                     }
                 }
                 Queued::Accepted(_) => {}
@@ -81,18 +80,18 @@ impl Plan {
         Ok(plan)
     }
 
-    fn write(&mut self, run_id: &RunId, known: OpenRun) -> &mut RunWrite {
-        if !self.runs.contains_key(run_id) {
-            self.order.push(run_id.clone());
-        }
-        self.runs.entry(run_id.clone()).or_insert_with(|| RunWrite {
-            seq: known.seq,
-            stored_before: known.stored,
-            insert: None,
-            attempts: Vec::new(),
-            chunks: Vec::new(),
-            first_output_ms: None,
-            finish: None,
+    fn write(&mut self, run_id: &'a RunId, known: OpenRun) -> &mut RunWrite<'a> {
+        self.runs.entry(run_id).or_insert_with(|| {
+            self.order.push(run_id);
+            RunWrite {
+                seq: known.seq,
+                stored_before: known.stored,
+                insert: None,
+                attempts: Vec::new(),
+                chunks: Vec::new(),
+                first_output_ms: None,
+                finish: None,
+            }
         })
     }
 
@@ -103,12 +102,13 @@ impl Plan {
         open: &mut HashMap<RunId, OpenRun>,
     ) -> rusqlite::Result<()> {
         let Plan { order, mut runs } = self;
+        let mut joined = Vec::new();
         for run_id in order {
-            let Some(write) = runs.remove(&run_id) else {
+            let Some(write) = runs.remove(run_id) else {
                 continue;
             };
-            let stored = write.apply(tx)?;
-            if let Some(known) = open.get_mut(&run_id) {
+            let stored = write.apply(tx, &mut joined)?;
+            if let Some(known) = open.get_mut(run_id) {
                 known.stored = stored;
             }
         }
@@ -135,31 +135,42 @@ fn known(
         .optional()
 }
 
-impl RunWrite {
-    /// Adds `chunk`, to the last one when it follows on.
-    fn add_chunk(&mut self, chunk: Chunk) {
-        let rest = match self.chunks.last_mut() {
-            Some(last) => last.join(chunk),
-            None => Some(chunk),
-        };
-        self.chunks.extend(rest);
-    }
-
-    /// Writes the run's rows; returns how many of its events are stored now.
-    fn apply(self, tx: &Transaction<'_>) -> rusqlite::Result<u64> {
+impl RunWrite<'_> {
+    /// Writes the run's rows, consecutive chunks as one (joined in `joined`); returns how
+    /// many of its events are stored now.
+    fn apply(self, tx: &Transaction<'_>, joined: &mut Vec<u8>) -> rusqlite::Result<u64> {
         let mut stored = self.stored_before;
-        for chunk in &self.chunks {
+        let mut chunks = self.chunks.iter().peekable();
+        while let Some(first) = chunks.next() {
+            let mut count = first.count;
+            let mut bytes = first.packed.bytes();
+            if chunks
+                .peek()
+                .is_some_and(|next| next.first_idx == first.first_idx + count)
+            {
+                // A packed chunk says its node and numbering again at its start, so two
+                // back to back read as one.
+                joined.clear();
+                joined.extend_from_slice(bytes);
+                while let Some(next) =
+                    chunks.next_if(|next| next.first_idx == first.first_idx + count)
+                {
+                    joined.extend_from_slice(next.packed.bytes());
+                    count += next.count;
+                }
+                bytes = joined;
+            }
             tx.prepare_cached(
                 "INSERT OR IGNORE INTO events (run_seq, first_idx, count, json, packed)
                  VALUES (?1, ?2, ?3, '', ?4)",
             )?
             .execute(params![
                 self.seq,
-                to_sql(chunk.first_idx),
-                to_sql(chunk.count),
-                chunk.packed.bytes()
+                to_sql(first.first_idx),
+                to_sql(count),
+                bytes
             ])?;
-            stored += chunk.count;
+            stored += count;
         }
         for attempt in &self.attempts {
             tx.prepare_cached(
@@ -174,7 +185,7 @@ impl RunWrite {
                 to_sql(attempt.started_ms),
             ])?;
         }
-        match &self.insert {
+        match self.insert {
             Some(run) => insert_run(tx, self.seq, run, &self, stored)?,
             None => update_run(tx, &self, stored)?,
         }
@@ -187,7 +198,7 @@ fn finish_values(write: &RunWrite, stored: u64) -> [rusqlite::types::Value; 12] 
     use rusqlite::types::Value;
     let text = |v: Option<&String>| v.map_or(Value::Null, |t| Value::Text(t.clone()));
     let int = |v: Option<u64>| v.map_or(Value::Null, |n| Value::Integer(to_sql(n)));
-    let finish = write.finish.as_ref();
+    let finish = write.finish;
     let usage = finish.and_then(|f| f.usage);
     let token =
         |read: fn(&Usage) -> u32| usage.map_or(Value::Null, |u| Value::Integer(read(&u).into()));

@@ -33,6 +33,8 @@ struct State {
     admitted: u64,
     /// The writer waits on `wake` for an empty queue to fill.
     parked: bool,
+    /// A flush is waiting: the writer writes what is queued without lingering.
+    urgent: bool,
     closed: bool,
 }
 
@@ -53,6 +55,7 @@ impl EntryQueue {
                 entries: VecDeque::new(),
                 admitted: 0,
                 parked: false,
+                urgent: false,
                 closed: false,
             }),
             wake: Condvar::new(),
@@ -108,6 +111,19 @@ impl EntryQueue {
         Taken::Batch(state.entries.drain(..count).collect())
     }
 
+    /// Waits up to `linger` for more entries to gather, unless a flush is waiting (or
+    /// comes) or the queue closes.
+    pub(super) fn linger(&self, linger: Duration) {
+        // Not `parked`: entries arriving meanwhile are what lingering waits for, and need
+        // not wake it.
+        let state = self.lock();
+        let mut state = self
+            .wake
+            .wait_timeout_while(state, linger, |s| !s.urgent && !s.closed)
+            .map_or_else(|p| p.into_inner().0, |(s, _)| s);
+        state.urgent = false;
+    }
+
     /// Entries waiting.
     pub(super) fn depth(&self) -> usize {
         self.lock().entries.len()
@@ -120,7 +136,12 @@ impl EntryQueue {
 
     /// Waits until every entry admitted before the call is done, or the writer is gone.
     pub(super) async fn flush(&self) {
-        let target = self.lock().admitted;
+        let target = {
+            let mut state = self.lock();
+            state.urgent = true;
+            self.wake.notify_one();
+            state.admitted
+        };
         let mut done = self.done.subscribe();
         let _ = done.wait_for(|d| *d >= target).await;
     }

@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use rusqlite::{Connection, OpenFlags};
 
+use super::budget::Budget;
 use crate::domain::EDGE_CRASHED;
 
 /// The schema this code writes; a file with a newer one is refused.
@@ -24,9 +25,6 @@ const SCHEMA_VERSION: i64 = 2;
 
 /// How long a connection waits for another's lock (a checkpoint, a backup) before failing.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// The WAL is truncated to this size after a checkpoint, so it cannot keep a burst's size.
-const WAL_SIZE_LIMIT: i64 = 64 * 1024 * 1024;
 
 const TABLES: &str = "
 CREATE TABLE IF NOT EXISTS runs (
@@ -115,7 +113,10 @@ pub enum OpenError {
 ///
 /// # Errors
 /// [`OpenError`] naming the file.
-pub(super) fn open_writer(path: &Path) -> Result<(Connection, usize, i64), OpenError> {
+pub(super) fn open_writer(
+    path: &Path,
+    budget: &Budget,
+) -> Result<(Connection, usize, i64), OpenError> {
     let name = path.display().to_string();
     let sqlite = |source| OpenError::Sqlite {
         path: name.clone(),
@@ -130,8 +131,7 @@ pub(super) fn open_writer(path: &Path) -> Result<(Connection, usize, i64), OpenE
         .map_err(sqlite)?;
     conn.pragma_update(None, "synchronous", "NORMAL")
         .map_err(sqlite)?;
-    conn.pragma_update(None, "journal_size_limit", WAL_SIZE_LIMIT)
-        .map_err(sqlite)?;
+    budget.apply(&conn).map_err(sqlite)?;
     let found: i64 = conn
         .pragma_query_value(None, "user_version", |row| row.get(0))
         .map_err(sqlite)?;
