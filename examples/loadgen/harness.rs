@@ -53,7 +53,8 @@ pub fn config(nodes: Nodes, extra: &str) -> String {
     toml
 }
 
-/// Whether edges started here keep the run journal (`--journal`), set once by `main`.
+/// Whether edges started here keep the run journal (`--journal`, on unless `off`), set
+/// once by `main`.
 static JOURNAL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
 
 /// Turns the run journal on for every edge this process starts.
@@ -62,7 +63,7 @@ pub fn keep_journal(on: bool) {
 }
 
 fn journal_on() -> bool {
-    JOURNAL.get().copied().unwrap_or(false)
+    JOURNAL.get().copied().unwrap_or(true)
 }
 
 /// A runtime for the edge or for the load, with `threads` workers.
