@@ -4,6 +4,7 @@
 //! run and per event small, so on a machine with few cores the journal takes little CPU
 //! from the relay.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 
 use rusqlite::{OptionalExtension, Transaction, params};
@@ -102,12 +103,11 @@ impl<'a> Plan<'a> {
         open: &mut HashMap<RunId, OpenRun>,
     ) -> rusqlite::Result<()> {
         let Plan { order, mut runs } = self;
-        let mut joined = Vec::new();
         for run_id in order {
             let Some(write) = runs.remove(run_id) else {
                 continue;
             };
-            let stored = write.apply(tx, &mut joined)?;
+            let stored = write.apply(tx)?;
             if let Some(known) = open.get_mut(run_id) {
                 known.stored = stored;
             }
@@ -135,44 +135,65 @@ fn known(
         .optional()
 }
 
-impl RunWrite<'_> {
-    /// Writes the run's rows, consecutive chunks as one (joined in `joined`); returns how
-    /// many of its events are stored now.
-    fn apply(self, tx: &Transaction<'_>, joined: &mut Vec<u8>) -> rusqlite::Result<u64> {
-        let mut stored = self.stored_before;
-        let mut chunks = self.chunks.iter().peekable();
-        while let Some(first) = chunks.next() {
-            let mut count = first.count;
-            let mut bytes = first.packed.bytes();
-            if chunks
-                .peek()
-                .is_some_and(|next| next.first_idx == first.first_idx + count)
-            {
-                // A packed chunk says its node and numbering again at its start, so two
-                // back to back read as one.
-                joined.clear();
-                joined.extend_from_slice(bytes);
-                while let Some(next) =
-                    chunks.next_if(|next| next.first_idx == first.first_idx + count)
-                {
-                    joined.extend_from_slice(next.packed.bytes());
-                    count += next.count;
-                }
-                bytes = joined;
+/// Consecutive chunks of a run joined: where they start, how many events, their bytes.
+struct Joined<'a> {
+    first_idx: u64,
+    count: u64,
+    bytes: Cow<'a, [u8]>,
+}
+
+/// `chunks` with each run of consecutive ones joined into one (a packed chunk says its node
+/// and numbering again at its start, so two back to back read as one).
+fn joined<'a>(chunks: &[&'a Chunk]) -> Vec<Joined<'a>> {
+    let mut out: Vec<Joined<'a>> = Vec::with_capacity(chunks.len());
+    for chunk in chunks {
+        match out.last_mut() {
+            Some(last) if last.first_idx + last.count == chunk.first_idx => {
+                last.bytes.to_mut().extend_from_slice(chunk.packed.bytes());
+                last.count += chunk.count;
             }
+            _ => out.push(Joined {
+                first_idx: chunk.first_idx,
+                count: chunk.count,
+                bytes: Cow::Borrowed(chunk.packed.bytes()),
+            }),
+        }
+    }
+    out
+}
+
+/// What of a new run goes into its own row: its first attempt and its first events, when
+/// the batch that accepts it holds them — for most runs, all of them, so a run costs one
+/// row.
+struct Inline<'a> {
+    attempt: Option<&'a Attempt>,
+    events: Option<Joined<'a>>,
+}
+
+impl RunWrite<'_> {
+    /// Writes the run's rows; returns how many of its events are stored now.
+    fn apply(self, tx: &Transaction<'_>) -> rusqlite::Result<u64> {
+        let mut chunks = joined(&self.chunks).into_iter().peekable();
+        let mut attempts = self.attempts.iter().copied().peekable();
+        let inline = Inline {
+            attempt: attempts.next_if(|a| self.insert.is_some() && a.number == 1),
+            events: chunks.next_if(|c| self.insert.is_some() && c.first_idx == 0),
+        };
+        let mut stored = self.stored_before + inline.events.as_ref().map_or(0, |e| e.count);
+        for chunk in chunks {
             tx.prepare_cached(
                 "INSERT OR IGNORE INTO events (run_seq, first_idx, count, json, packed)
                  VALUES (?1, ?2, ?3, '', ?4)",
             )?
             .execute(params![
                 self.seq,
-                to_sql(first.first_idx),
-                to_sql(count),
-                bytes
+                to_sql(chunk.first_idx),
+                to_sql(chunk.count),
+                chunk.bytes.as_ref()
             ])?;
-            stored += count;
+            stored += chunk.count;
         }
-        for attempt in &self.attempts {
+        for attempt in attempts {
             tx.prepare_cached(
                 "INSERT OR REPLACE INTO attempts (run_seq, number, node, route_reason, started_ms)
                  VALUES (?1, ?2, ?3, ?4, ?5)",
@@ -186,7 +207,7 @@ impl RunWrite<'_> {
             ])?;
         }
         match self.insert {
-            Some(run) => insert_run(tx, self.seq, run, &self, stored)?,
+            Some(run) => insert_run(tx, run, &self, stored, &inline)?,
             None => update_run(tx, &self, stored)?,
         }
         Ok(stored)
@@ -225,13 +246,16 @@ fn finish_values(write: &RunWrite, stored: u64) -> [rusqlite::types::Value; 12] 
 
 fn insert_run(
     tx: &Transaction<'_>,
-    seq: i64,
     run: &AcceptedRun,
     write: &RunWrite,
     stored: u64,
+    inline: &Inline<'_>,
 ) -> rusqlite::Result<()> {
-    let mut values: Vec<rusqlite::types::Value> = vec![
-        seq.into(),
+    use rusqlite::types::Value;
+    let attempt = inline.attempt;
+    let events = inline.events.as_ref();
+    let mut values: Vec<Value> = vec![
+        write.seq.into(),
         run.run_id.as_str().to_owned().into(),
         run.adapter.as_str().to_owned().into(),
         run.target.as_str().to_owned().into(),
@@ -239,16 +263,23 @@ fn insert_run(
         run.pin.clone().into(),
         run.api_key_name.clone().into(),
         to_sql(run.queued_ms).into(),
+        attempt.map(|a| a.node.as_str().to_owned()).into(),
+        attempt.map(|a| a.route_reason.clone()).into(),
+        attempt.map(|a| to_sql(a.started_ms)).into(),
+        events.map(|e| e.bytes.to_vec()).into(),
+        to_sql(events.map_or(0, |e| e.count)).into(),
     ];
     values.extend(finish_values(write, stored));
-    if matches!(values.get(18), Some(rusqlite::types::Value::Null)) {
-        values[18] = 0i64.into();
+    if matches!(values.get(23), Some(Value::Null)) {
+        values[23] = 0i64.into();
     }
     tx.prepare_cached(
         "INSERT OR IGNORE INTO runs (seq, run_id, adapter, target, operation, pin, api_key_name,
-            queued_ms, outcome, first_output_ms, finished_ms, code, message, finish_reason,
+            queued_ms, node, route_reason, started_ms, events_inline, events_inline_count,
+            outcome, first_output_ms, finished_ms, code, message, finish_reason,
             input_tokens, output_tokens, cached_input_tokens, reasoning_tokens, events, events_stored)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20)",
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18,
+            ?19, ?20, ?21, ?22, ?23, ?24, ?25)",
     )?
     .execute(rusqlite::params_from_iter(values))?;
     Ok(())

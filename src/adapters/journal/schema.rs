@@ -6,11 +6,13 @@
 //! pages); a power cut may lose the last few commits but never leaves the file corrupt.
 //! `auto_vacuum = INCREMENTAL` lets retention hand freed pages back to the file system.
 //!
-//! Events are stored in chunks: the consecutive events of one run that one write batch
-//! holds are one row (`first_idx`, `count`, and the events packed as `packed.rs` says), so a
-//! run that streams many events costs a few inserts rather than one per event. Files of
-//! schema 1 kept the JSON lines joined by `\n` in `json`; they are read as they are, and
-//! new rows go to `packed`.
+//! A run's row holds its first attempt (`node`, `route_reason`, `started_ms`) and its first
+//! events (`events_inline`, packed as `packed.rs` says) when the batch that accepts it has
+//! them — for most runs everything, so a run costs one row and no other table is touched.
+//! What comes in later batches goes to `attempts` and to `events`, where the consecutive
+//! events of one run that one batch holds are one row (`first_idx`, `count`, `packed`).
+//! Files of schema 1 kept attempts in `attempts` only and events as JSON lines joined by
+//! `\n` in `events.json`; they are read as they are, and gain the new columns.
 
 use std::path::Path;
 use std::time::Duration;
@@ -36,6 +38,11 @@ CREATE TABLE IF NOT EXISTS runs (
     pin TEXT,
     api_key_name TEXT,
     queued_ms INTEGER NOT NULL,
+    node TEXT,
+    route_reason TEXT,
+    started_ms INTEGER,
+    events_inline BLOB,
+    events_inline_count INTEGER NOT NULL DEFAULT 0,
     first_output_ms INTEGER,
     finished_ms INTEGER,
     outcome TEXT NOT NULL,
@@ -51,6 +58,7 @@ CREATE TABLE IF NOT EXISTS runs (
 );
 CREATE INDEX IF NOT EXISTS runs_by_queued ON runs (queued_ms, run_id);
 CREATE INDEX IF NOT EXISTS runs_open ON runs (outcome) WHERE outcome = 'open';
+CREATE INDEX IF NOT EXISTS runs_by_node ON runs (node, queued_ms) WHERE node IS NOT NULL;
 CREATE TABLE IF NOT EXISTS attempts (
     run_seq INTEGER NOT NULL,
     number INTEGER NOT NULL,
@@ -68,6 +76,17 @@ CREATE TABLE IF NOT EXISTS events (
     packed BLOB,
     PRIMARY KEY (run_seq, first_idx)
 ) WITHOUT ROWID;
+";
+
+/// What schema 2 adds to a file of schema 1: packed events, and a run's first attempt and
+/// first events in its own row.
+const SCHEMA_1_TO_2: &str = "
+ALTER TABLE events ADD COLUMN packed BLOB;
+ALTER TABLE runs ADD COLUMN node TEXT;
+ALTER TABLE runs ADD COLUMN route_reason TEXT;
+ALTER TABLE runs ADD COLUMN started_ms INTEGER;
+ALTER TABLE runs ADD COLUMN events_inline BLOB;
+ALTER TABLE runs ADD COLUMN events_inline_count INTEGER NOT NULL DEFAULT 0;
 ";
 
 /// Why the journal's file cannot be used.
@@ -139,9 +158,7 @@ pub(super) fn open_writer(
         return Err(OpenError::NewerSchema { path: name, found });
     }
     if found == 1 {
-        // Schema 1 kept events as JSON text only.
-        conn.execute_batch("ALTER TABLE events ADD COLUMN packed BLOB;")
-            .map_err(sqlite)?;
+        conn.execute_batch(SCHEMA_1_TO_2).map_err(sqlite)?;
     }
     conn.execute_batch(TABLES).map_err(sqlite)?;
     conn.pragma_update(None, "user_version", SCHEMA_VERSION)
@@ -169,8 +186,10 @@ fn mark_interrupted(conn: &Connection) -> rusqlite::Result<usize> {
     conn.execute(
         "UPDATE runs SET outcome = 'unknown', code = ?1,
             message = 'the edge stopped before this run ended; how it ended is not known',
-            events_stored = (SELECT coalesce(sum(count), 0) FROM events WHERE run_seq = runs.seq),
-            events = max(events, (SELECT coalesce(sum(count), 0) FROM events WHERE run_seq = runs.seq))
+            events_stored = events_inline_count
+                + (SELECT coalesce(sum(count), 0) FROM events WHERE run_seq = runs.seq),
+            events = max(events, events_inline_count
+                + (SELECT coalesce(sum(count), 0) FROM events WHERE run_seq = runs.seq))
          WHERE outcome = 'open'",
         [EDGE_CRASHED],
     )

@@ -438,3 +438,48 @@ async fn a_journal_of_schema_1_is_read_and_written_on() {
     assert!(new[1].json.contains("\"text\":\"hi\""), "{new:?}");
     journal.close().await;
 }
+
+#[tokio::test]
+async fn a_run_written_across_batches_reads_back_whole_from_its_row_and_the_tables() {
+    let dir = tempfile::tempdir().unwrap();
+    let journal = SqliteJournal::open(&config(&dir), &file(&dir)).unwrap();
+    journal.record(accepted("long", 1));
+    journal.record(placed("long", "node-a"));
+    journal.record(event("long", 0, RunEventKind::Started));
+    journal.flush().await;
+    journal.record(JournalEntry::Placed {
+        run_id: RunId::new("long"),
+        attempt: Attempt {
+            number: 2,
+            node: NodeId::parse("node-b").unwrap(),
+            route_reason: "failover".into(),
+            started_ms: recent(1_500),
+        },
+    });
+    journal.record(event("long", 1, RunEventKind::text("one ")));
+    journal.flush().await;
+    journal.record(event("long", 2, RunEventKind::text("two")));
+    journal.record(event("long", 3, completed()));
+    journal.flush().await;
+
+    let run = journal.run(&RunId::new("long")).await.unwrap().unwrap();
+    let nodes: Vec<&str> = run.attempts.iter().map(|a| a.node.as_str()).collect();
+    assert_eq!(nodes, ["node-a", "node-b"]);
+    assert_eq!((run.events, run.events_stored), (4, 4));
+    let all = journal.events(&RunId::new("long"), 0, 10).await.unwrap();
+    let indices: Vec<u64> = all.iter().map(|e| e.index).collect();
+    assert_eq!(indices, [0, 1, 2, 3]);
+    assert!(all[2].json.contains("\"text\":\"two\""), "{all:?}");
+    let tail = journal.events(&RunId::new("long"), 1, 2).await.unwrap();
+    assert_eq!(tail.iter().map(|e| e.index).collect::<Vec<_>>(), [1, 2]);
+    for node in ["node-a", "node-b"] {
+        let query = RunQuery {
+            node: Some(NodeId::parse(node).unwrap()),
+            limit: 10,
+            ..RunQuery::default()
+        };
+        let found = journal.finished_runs(&query).await.unwrap();
+        assert_eq!(found.len(), 1, "by {node}");
+    }
+    journal.close().await;
+}
