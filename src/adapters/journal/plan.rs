@@ -7,6 +7,7 @@
 use std::borrow::Cow;
 use std::collections::HashMap;
 
+use rusqlite::types::{ToSqlOutput, ValueRef};
 use rusqlite::{OptionalExtension, Transaction, params};
 
 use super::batch::{Chunk, Finish, Queued};
@@ -214,22 +215,19 @@ impl RunWrite<'_> {
     }
 }
 
-/// The values of the columns a batch may set: outcome, times, codes, tokens, counts.
-fn finish_values(write: &RunWrite, stored: u64) -> [rusqlite::types::Value; 12] {
-    use rusqlite::types::Value;
-    let text = |v: Option<&String>| v.map_or(Value::Null, |t| Value::Text(t.clone()));
-    let int = |v: Option<u64>| v.map_or(Value::Null, |n| Value::Integer(to_sql(n)));
+/// The values of the columns a batch may set: outcome, times, codes, tokens, counts —
+/// borrowed from the batch, so binding them allocates nothing.
+fn finish_values<'a>(write: &RunWrite<'a>, stored: u64) -> [ValueRef<'a>; 12] {
+    let text = |v: Option<&'a String>| v.map_or(ValueRef::Null, |t| ValueRef::Text(t.as_bytes()));
+    let int = |v: Option<u64>| v.map_or(ValueRef::Null, |n| ValueRef::Integer(to_sql(n)));
     let finish = write.finish;
     let usage = finish.and_then(|f| f.usage);
-    let token =
-        |read: fn(&Usage) -> u32| usage.map_or(Value::Null, |u| Value::Integer(read(&u).into()));
+    let token = |read: fn(&Usage) -> u32| {
+        usage.map_or(ValueRef::Null, |u| ValueRef::Integer(read(&u).into()))
+    };
+    let outcome = finish.map_or(RunOutcome::Open, |f| f.outcome).as_str();
     [
-        Value::Text(
-            finish
-                .map_or(RunOutcome::Open, |f| f.outcome)
-                .as_str()
-                .to_owned(),
-        ),
+        ValueRef::Text(outcome.as_bytes()),
         int(write.first_output_ms),
         int(finish.map(|f| f.at_ms)),
         text(finish.and_then(|f| f.code.as_ref())),
@@ -240,38 +238,39 @@ fn finish_values(write: &RunWrite, stored: u64) -> [rusqlite::types::Value; 12] 
         token(|u| u.cached_input_tokens),
         token(|u| u.reasoning_tokens),
         int(finish.map(|f| f.events)),
-        Value::Integer(to_sql(stored)),
+        ValueRef::Integer(to_sql(stored)),
     ]
 }
 
-fn insert_run(
+fn insert_run<'a>(
     tx: &Transaction<'_>,
-    run: &AcceptedRun,
-    write: &RunWrite,
+    run: &'a AcceptedRun,
+    write: &RunWrite<'a>,
     stored: u64,
-    inline: &Inline<'_>,
+    inline: &'a Inline<'a>,
 ) -> rusqlite::Result<()> {
-    use rusqlite::types::Value;
+    let text = |v: Option<&'a str>| v.map_or(ValueRef::Null, |t| ValueRef::Text(t.as_bytes()));
     let attempt = inline.attempt;
     let events = inline.events.as_ref();
-    let mut values: Vec<Value> = vec![
-        write.seq.into(),
-        run.run_id.as_str().to_owned().into(),
-        run.adapter.as_str().to_owned().into(),
-        run.target.as_str().to_owned().into(),
-        run.operation.as_str().to_owned().into(),
-        run.pin.clone().into(),
-        run.api_key_name.clone().into(),
-        to_sql(run.queued_ms).into(),
-        attempt.map(|a| a.node.as_str().to_owned()).into(),
-        attempt.map(|a| a.route_reason.clone()).into(),
-        attempt.map(|a| to_sql(a.started_ms)).into(),
-        events.map(|e| e.bytes.to_vec()).into(),
-        to_sql(events.map_or(0, |e| e.count)).into(),
-    ];
+    let mut values: Vec<ValueRef<'a>> = Vec::with_capacity(25);
+    values.extend([
+        ValueRef::Integer(write.seq),
+        ValueRef::Text(run.run_id.as_str().as_bytes()),
+        ValueRef::Text(run.adapter.as_str().as_bytes()),
+        ValueRef::Text(run.target.as_str().as_bytes()),
+        ValueRef::Text(run.operation.as_str().as_bytes()),
+        text(run.pin.as_deref()),
+        text(run.api_key_name.as_deref()),
+        ValueRef::Integer(to_sql(run.queued_ms)),
+        text(attempt.map(|a| a.node.as_str())),
+        text(attempt.map(|a| a.route_reason.as_str())),
+        attempt.map_or(ValueRef::Null, |a| ValueRef::Integer(to_sql(a.started_ms))),
+        events.map_or(ValueRef::Null, |e| ValueRef::Blob(&e.bytes)),
+        ValueRef::Integer(to_sql(events.map_or(0, |e| e.count))),
+    ]);
     values.extend(finish_values(write, stored));
-    if matches!(values.get(23), Some(Value::Null)) {
-        values[23] = 0i64.into();
+    if matches!(values.get(23), Some(ValueRef::Null)) {
+        values[23] = ValueRef::Integer(0);
     }
     tx.prepare_cached(
         "INSERT OR IGNORE INTO runs (seq, run_id, adapter, target, operation, pin, api_key_name,
@@ -281,7 +280,7 @@ fn insert_run(
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18,
             ?19, ?20, ?21, ?22, ?23, ?24, ?25)",
     )?
-    .execute(rusqlite::params_from_iter(values))?;
+    .execute(rusqlite::params_from_iter(values.into_iter().map(ToSqlOutput::Borrowed)))?;
     Ok(())
 }
 
@@ -295,7 +294,7 @@ fn update_run(tx: &Transaction<'_>, write: &RunWrite, stored: u64) -> rusqlite::
         }
         return Ok(());
     }
-    let mut values: Vec<rusqlite::types::Value> = vec![write.seq.into()];
+    let mut values = vec![ValueRef::Integer(write.seq)];
     values.extend(finish_values(write, stored));
     tx.prepare_cached(
         "UPDATE runs SET outcome = ?2, first_output_ms = coalesce(first_output_ms, ?3),
@@ -304,6 +303,8 @@ fn update_run(tx: &Transaction<'_>, write: &RunWrite, stored: u64) -> rusqlite::
             events = ?12, events_stored = ?13
          WHERE seq = ?1",
     )?
-    .execute(rusqlite::params_from_iter(values))?;
+    .execute(rusqlite::params_from_iter(
+        values.into_iter().map(ToSqlOutput::Borrowed),
+    ))?;
     Ok(())
 }
