@@ -104,7 +104,7 @@ impl Stream {
             "stream": true,
             "messages": [{"role": "user", "content": "tell me a long story"}],
         });
-        let response = reqwest::Client::new()
+        let response = crate::common::http_client()
             .post(format!("http://{}/v1/chat/completions", app.http_addr))
             .json(&body)
             .send()

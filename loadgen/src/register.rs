@@ -42,12 +42,11 @@ pub struct RegisterArgs {
     pub listen_backlog: Option<u32>,
 }
 
-/// The `edge` binary beside this executable's directory (`target/<profile>/edge` for
-/// `target/<profile>/examples/loadgen`).
+/// The `edge` binary beside this executable (`target/<profile>/edge` for
+/// `target/<profile>/loadgen`).
 fn default_edge_bin() -> Option<PathBuf> {
     let exe = std::env::current_exe().ok()?;
-    let profile_dir = exe.parent()?.parent()?;
-    let bin = profile_dir.join("edge");
+    let bin = exe.parent()?.join("edge");
     bin.is_file().then_some(bin)
 }
 

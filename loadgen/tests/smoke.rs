@@ -1,36 +1,32 @@
-//! Smoke runs of the load generator (`examples/loadgen`): every scenario, with tiny
-//! parameters, must complete and print its report line. Nothing here measures anything
-//! (figures are for `docs/benchmarks.md`, from release builds on a quiet machine).
+//! Smoke runs of the load generator (the `loadgen` binary of this crate): every scenario,
+//! with tiny parameters, must complete and print its report line. Nothing here measures
+//! anything (figures are for `docs/benchmarks.md`, from release builds on a quiet machine).
 //!
-//! Cargo builds the examples before it runs integration tests; the binary sits beside this
-//! test's directory, in `target/<profile>/examples/loadgen`.
+//! Cargo builds `loadgen` before it runs these tests. The scenarios that run the edge as a
+//! process take the `edge` binary beside it (`target/<profile>/edge`), which
+//! `cargo test --workspace` builds for the edge's own integration tests.
 
-use std::path::PathBuf;
+use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 /// The longest a smoke run may take before it counts as hung.
 const LIMIT: Duration = Duration::from_secs(180);
 
-fn loadgen() -> PathBuf {
-    let exe = std::env::current_exe().expect("the test's own path");
-    // target/<profile>/deps/loadgen_smoke-<hash> -> target/<profile>/examples/loadgen
-    let profile = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .expect("target/<profile>");
-    let binary = profile.join("examples").join("loadgen");
+/// The `edge` binary beside `loadgen`, for `--edge-bin`.
+fn edge_bin() -> String {
+    let binary = Path::new(env!("CARGO_BIN_EXE_loadgen")).with_file_name("edge");
     assert!(
         binary.is_file(),
-        "{} is missing: cargo builds examples before integration tests",
+        "{} is missing: run `cargo test --workspace` (or `cargo build` first)",
         binary.display()
     );
-    binary
+    format!("--edge-bin={}", binary.display())
 }
 
 /// Runs `loadgen ARGS` to its end (killing it after [`LIMIT`]).
 fn run(args: &[&str]) -> Output {
-    let mut child = Command::new(loadgen())
+    let mut child = Command::new(env!("CARGO_BIN_EXE_loadgen"))
         .args(["--edge-log-level", "warn"])
         .args(args)
         .stdin(Stdio::null())
@@ -81,7 +77,7 @@ fn register_reports_rate_latency_and_rss() {
         "--nodes=20",
         "--concurrency=4",
         "--settle-ms=50",
-        &format!("--edge-bin={}", env!("CARGO_BIN_EXE_edge")),
+        &edge_bin(),
     ]);
     let stdout = assert_reported(&output, "register", "nodes=20 edge=process");
     assert!(stdout.contains("registrations_per_s="), "{stdout}");
@@ -98,7 +94,7 @@ fn storm_brings_every_node_back_after_an_edge_restart_and_serves_runs() {
         "--backoff-max-ms=100",
         "--runs-after=2",
         "--listen-backlog=64",
-        &format!("--edge-bin={}", env!("CARGO_BIN_EXE_edge")),
+        &edge_bin(),
     ]);
     for reconnect in ["immediate", "jitter"] {
         let case = format!("nodes=20 reconnect={reconnect} backlog=64");

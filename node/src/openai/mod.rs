@@ -17,8 +17,8 @@ pub mod settings;
 use std::time::Instant;
 
 use edge::client::ReceivedAdapter;
+use edge::client::RunAssignment;
 use edge::domain::{FailureClass, RunEventKind};
-use edge::ports::RunAssignment;
 
 use super::runs::{Emitter, Gone};
 use super::sse::SseDecoder;
@@ -63,7 +63,12 @@ impl OpenAiAdapter {
             idle: settings.idle_timeout,
             probe: settings.probe_timeout,
         };
-        let upstream = Upstream::new(&settings.base_url, api_key, timeouts)?;
+        let upstream = Upstream::new(
+            &settings.base_url,
+            settings.tls_ca.as_deref(),
+            api_key,
+            timeouts,
+        )?;
         Ok(Self {
             name: config.name.clone(),
             targets: config.targets.clone(),

@@ -4,16 +4,13 @@
 //! This file is the CLI: flags, logs, signals and the exit code. Everything else is in the
 //! module tree under `lib.rs`, which the integration tests include as it is.
 
-#[path = "lib.rs"]
-mod node;
-
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
 use edge::client::{ServerName, tls_client_config};
-use node::{BufferLimits, NodeOptions, TlsOptions};
+use edge_node::{BufferLimits, NodeOptions, TlsOptions};
 use tokio_util::sync::CancellationToken;
 
 #[derive(Debug, Parser)]
@@ -153,6 +150,15 @@ fn on_signals(stop: CancellationToken) -> Result<(), std::io::Error> {
 async fn main() -> ExitCode {
     let args = Args::parse();
     init_logs(&args.log_format);
+    // rustls' `ring` backend as the process default, for any TLS client a dependency builds
+    // on its own; the node's clients pass it in themselves (`upstream::client_builder`), so
+    // the node runs the same in process, in the tests, where nothing installs it.
+    if rustls::crypto::ring::default_provider()
+        .install_default()
+        .is_err()
+    {
+        tracing::debug!("a crypto provider was already installed");
+    }
     let options = match options(args) {
         Ok(options) => options,
         Err(error) => {
@@ -166,7 +172,7 @@ async fn main() -> ExitCode {
         return ExitCode::FAILURE;
     }
     tracing::info!(edge = %options.edge, "node starting");
-    match node::run(options, stop).await {
+    match edge_node::run(options, stop).await {
         Ok(()) => {
             tracing::info!("node stopped");
             ExitCode::SUCCESS

@@ -4,16 +4,11 @@
 //! dying node cut after their first output — the ones failover before the first output
 //! cannot save — and every other ending, by kind.
 //!
-//! The driver is the one `tests/it/routing.rs` asserts with (`tests/common/churn.rs`);
+//! The driver is the one `tests/it/routing.rs` asserts with (`edge_mock_node::churn`);
 //! here it runs against an in-process edge in a release build, for the figure in
 //! `docs/benchmarks.md` ("Routing under churn").
 
-#[path = "../../tests/common/churn.rs"]
-#[allow(
-    dead_code,
-    reason = "the run ids are for the test's check of the event sink"
-)]
-mod driver;
+use edge_mock_node::churn as driver;
 
 use std::time::{Duration, Instant};
 

@@ -2,9 +2,11 @@
 //! public `GET /models` (never from an engine's private slot or status endpoints, which move
 //! between versions and may expose prompts).
 //!
-//! The mapping is pure ([`available_targets`]); the loop probes at start and every
-//! `probe_interval_ms` (every `probe_down_interval_ms` while the engine is down) and reports
-//! each result to the availability board, which tells the edge when the set changes.
+//! The mapping is pure ([`available_targets`], and [`unmatched_fix`] for a target the
+//! engine's list does not name); the loop probes at start and every `probe_interval_ms`
+//! (every `probe_down_interval_ms` while the engine is down), reports each result to the
+//! availability board, which tells the edge when the set changes, and warns, naming the
+//! setting that fixes it, when an answering engine lists nothing a configured target maps to.
 
 use std::sync::Arc;
 
@@ -37,6 +39,53 @@ pub fn available_targets(
         .collect()
 }
 
+/// What to set so `target` (mapped to the `wanted` upstream name) matches the engine's
+/// `listed` models, for the warning about a target that matches nothing listed.
+pub fn unmatched_fix(target: &str, wanted: &str, listed: &[String]) -> String {
+    let reachable = "or set `availability = \"reachable\"` to serve it whenever the engine answers";
+    match listed {
+        [] => format!("the engine lists no models: {reachable}"),
+        [only] => format!(
+            "the engine lists only {only:?} (llama-server lists its model by file path): \
+             set `model.{target} = {only:?}` in the adapter's settings, {reachable}"
+        ),
+        _ => format!(
+            "no listed id is {wanted:?}: set `model.{target}` to the id the engine lists \
+             for it, {reachable}"
+        ),
+    }
+}
+
+/// Warns once per change of the set: each configured target an answering engine's
+/// `listed` models do not name, with the setting that fixes it.
+fn warn_unmatched(
+    adapter: &OpenAiAdapter,
+    listed: &[String],
+    available: &[String],
+    warned: &mut Vec<String>,
+) {
+    let unmatched: Vec<String> = adapter
+        .targets()
+        .iter()
+        .filter(|target| !available.contains(target))
+        .cloned()
+        .collect();
+    if unmatched == *warned {
+        return;
+    }
+    for target in &unmatched {
+        let wanted = adapter.settings().upstream_model(target);
+        tracing::warn!(
+            adapter = adapter.name(),
+            target = %target,
+            ?listed,
+            fix = %unmatched_fix(target, wanted, listed),
+            "a configured target matches nothing the engine lists, so the edge gets no node for it"
+        );
+    }
+    *warned = unmatched;
+}
+
 /// Whether the engine's `listed` name is the `wanted` model: equal, or equal but for
 /// Ollama's default `:latest` tag.
 fn same_model(listed: &str, wanted: &str) -> bool {
@@ -50,6 +99,7 @@ fn same_model(listed: &str, wanted: &str) -> bool {
 /// Probes `adapter`'s engine until `stop`, reporting each result to `board`.
 pub async fn probe_loop(adapter: Arc<OpenAiAdapter>, board: AdapterSet, stop: CancellationToken) {
     let mut was_up: Option<bool> = None;
+    let mut warned = Vec::new();
     loop {
         let listed = adapter.list_models().await;
         let up = listed.is_ok();
@@ -75,6 +125,9 @@ pub async fn probe_loop(adapter: Arc<OpenAiAdapter>, board: AdapterSet, stop: Ca
                 );
             }
             _ => {}
+        }
+        if let Ok(models) = &listed {
+            warn_unmatched(&adapter, models, &available, &mut warned);
         }
         was_up = Some(up);
         board.report(adapter.name(), available);
@@ -119,6 +172,26 @@ mod tests {
             available_targets(&targets, &settings, Some(&listed)),
             ["qwen", "llama3.1"]
         );
+    }
+
+    #[test]
+    fn an_unmatched_target_is_told_the_setting_that_fixes_it() {
+        // llama-server lists the file it loaded, not the target the edge routes.
+        let one = unmatched_fix("tiny", "tiny", &names(&["/models/tiny.gguf"]));
+        assert!(
+            one.contains(r#"`model.tiny = "/models/tiny.gguf"`"#),
+            "{one}"
+        );
+        assert!(one.contains(r#"`availability = "reachable"`"#), "{one}");
+        let many = unmatched_fix("qwen", "Qwen/Qwen2.5", &names(&["a", "b"]));
+        assert!(
+            many.contains("`model.qwen`") && many.contains("\"Qwen/Qwen2.5\""),
+            "{many}"
+        );
+        assert!(many.contains(r#"`availability = "reachable"`"#), "{many}");
+        let none = unmatched_fix("tiny", "tiny", &[]);
+        assert!(none.contains("lists no models"), "{none}");
+        assert!(none.contains(r#"`availability = "reachable"`"#), "{none}");
     }
 
     #[test]

@@ -9,8 +9,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use edge::client::RunAssignment;
 use edge::domain::{FailureClass, RunEventKind};
-use edge::ports::RunAssignment;
 use tokio_util::task::TaskTracker;
 
 use super::adapters::{AdapterSet, Lookup};

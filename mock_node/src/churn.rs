@@ -17,7 +17,7 @@ use rand::{RngExt, SeedableRng};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use crate::mock_node::{MockNode, MockOptions};
+use crate::{MockNode, MockOptions};
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -131,7 +131,9 @@ pub async fn run(churn: &Churn) -> Report {
             tokio::spawn(churn_node(churn.clone(), token.clone(), rng, stop.clone()))
         })
         .collect();
-    let client = reqwest::Client::builder()
+    // The reference node's builder: it works whether or not reqwest's rustls is on.
+    let client = edge_node::upstream::client_builder(None)
+        .expect("the system's CA certificates load")
         .timeout(Duration::from_secs(60))
         .build()
         .expect("an HTTP client");

@@ -7,6 +7,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::path::PathBuf;
 use std::time::Duration;
 
 /// How the prober decides which targets are available.
@@ -22,9 +23,12 @@ pub enum AvailabilityMode {
 /// The validated settings of one `openai` adapter.
 #[derive(Clone, PartialEq, Eq)]
 pub struct OpenAiSettings {
-    /// The engine's OpenAI base URL (`http://`), up to and including `/v1`, without a
-    /// trailing slash.
+    /// The engine's OpenAI base URL (`http://` or `https://`), up to and including `/v1`,
+    /// without a trailing slash.
     pub base_url: String,
+    /// For an `https://` engine: the PEM file of the CA certificates its certificate is
+    /// checked against instead of the system's (a self-signed or private-CA engine).
+    pub tls_ca: Option<PathBuf>,
     /// The name of the environment variable holding the engine's API key, if it needs one.
     pub api_key_env: Option<String>,
     /// Upstream model names by target; a target not listed is its own upstream name.
@@ -56,6 +60,7 @@ impl fmt::Debug for OpenAiSettings {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("OpenAiSettings")
             .field("base_url", &self.base_url)
+            .field("tls_ca", &self.tls_ca)
             .field("api_key_env", &self.api_key_env)
             .field("models", &self.models)
             .field("request_timeout", &self.request_timeout)
@@ -68,6 +73,7 @@ impl fmt::Debug for OpenAiSettings {
 pub const KEYS: &[&str] = &[
     "kind",
     "base_url",
+    "tls_ca",
     "api_key_env",
     "request_timeout_ms",
     "connect_timeout_ms",
@@ -93,11 +99,22 @@ impl OpenAiSettings {
         let base_url = settings
             .get("base_url")
             .map(|url| url.trim().trim_end_matches('/').to_owned())
-            .filter(|url| url.starts_with("http://"))
+            .filter(|url| url.starts_with("http://") || url.starts_with("https://"))
             .ok_or(
-                "`base_url` must be set to the engine's http://HOST:PORT/v1 URL \
-                 (this node speaks plain HTTP to engines)",
+                "`base_url` must be set to the engine's http://HOST:PORT/v1 \
+                 (or https://HOST:PORT/v1) URL",
             )?;
+        let tls_ca = settings
+            .get("tls_ca")
+            .map(|path| path.trim())
+            .filter(|path| !path.is_empty())
+            .map(PathBuf::from);
+        if tls_ca.is_some() && !base_url.starts_with("https://") {
+            return Err(format!(
+                "`tls_ca` is set but `base_url` ({base_url}) is not https://: \
+                 drop `tls_ca` or use the engine's https:// URL"
+            ));
+        }
         let models = settings
             .iter()
             .filter_map(|(key, value)| {
@@ -112,6 +129,7 @@ impl OpenAiSettings {
             .collect();
         let parsed = Self {
             base_url,
+            tls_ca,
             api_key_env: settings
                 .get("api_key_env")
                 .filter(|v| !v.is_empty())
@@ -211,11 +229,36 @@ mod tests {
     }
 
     #[test]
+    fn an_https_engine_with_its_own_ca() {
+        let (settings, unknown) = OpenAiSettings::parse(&map(&[
+            ("base_url", "https://engine.lan:8443/v1"),
+            ("tls_ca", " /etc/engine-ca.pem "),
+        ]))
+        .expect("valid");
+        assert_eq!(settings.base_url, "https://engine.lan:8443/v1");
+        assert_eq!(
+            settings.tls_ca.as_deref(),
+            Some(std::path::Path::new("/etc/engine-ca.pem"))
+        );
+        assert!(unknown.is_empty());
+        let (public, _) =
+            OpenAiSettings::parse(&map(&[("base_url", "https://api.example/v1")])).expect("valid");
+        assert_eq!(public.tls_ca, None);
+    }
+
+    #[test]
     fn invalid_values_name_their_key() {
         let cases = [
             (map(&[]), "base_url"),
             (map(&[("base_url", "localhost:8080")]), "base_url"),
-            (map(&[("base_url", "https://engine/v1")]), "base_url"),
+            (map(&[("base_url", "ftp://engine/v1")]), "base_url"),
+            (
+                map(&[
+                    ("base_url", "http://h/v1"),
+                    ("tls_ca", "/etc/engine-ca.pem"),
+                ]),
+                "tls_ca",
+            ),
             (
                 map(&[("base_url", "http://h/v1"), ("probe_interval_ms", "soon")]),
                 "probe_interval_ms",

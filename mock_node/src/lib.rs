@@ -12,9 +12,8 @@
 //! `logprobs`, `length` and `filtered` (other finish reasons), and classed failures
 //! `bad_request` (REQUEST, 400, `context_length_exceeded`), `node_error` (NODE) and
 //! `refused` (REFUSED). Embeddings runs always get deterministic vectors.
-#![allow(dead_code)]
 
-#[path = "scripts.rs"]
+pub mod churn;
 mod scripts;
 
 use std::collections::HashMap;
@@ -26,8 +25,8 @@ use edge::client::{
     ClientError, NodeClient, NodeFrame, NodeSender, ReceivedEdgeFrame, RegisterOutcome,
     Registration, run_event,
 };
+use edge::client::{NodeCommand, RunAssignment};
 use edge::domain::{RunEventKind, Usage};
-use edge::ports::{NodeCommand, RunAssignment};
 use futures::{SinkExt, StreamExt};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;

@@ -28,8 +28,6 @@ mod external;
 mod harness;
 mod http;
 mod lean;
-#[path = "../mock_node/node.rs"]
-mod mock_node;
 mod netstat;
 mod register;
 mod relay;
@@ -39,6 +37,8 @@ mod stats;
 mod storm;
 
 use std::process::{ExitCode, Output};
+
+use edge_mock_node as mock_node;
 
 use anyhow::{Context, bail};
 use clap::{Args, Parser, Subcommand};

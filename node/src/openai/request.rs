@@ -7,8 +7,8 @@
 //! chunk, and asks embeddings for floats. A console run's plain text becomes one user
 //! message.
 
+use edge::client::RunAssignment;
 use edge::domain::Operation;
-use edge::ports::RunAssignment;
 use serde_json::{Map, Value, json};
 
 /// Which OpenAI endpoint a run goes to.

@@ -8,8 +8,8 @@ use edge::domain::{
 };
 use std::time::Duration;
 
+use edge::client::RunAssignment;
 use edge::client::{NodeFrame, run_event};
-use edge::ports::RunAssignment;
 use serde_json::Value;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;

@@ -12,11 +12,11 @@ use std::collections::VecDeque;
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use edge::client::NodeCommand;
 use edge::client::{
     ClientError, LinkMonitor, NodeReceiver, NodeSender, ReceivedConfig, ReceivedEdgeFrame,
     heartbeat,
 };
-use edge::ports::NodeCommand;
 use futures::{SinkExt, StreamExt};
 
 use super::dispatch::start_run;

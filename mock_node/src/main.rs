@@ -4,8 +4,6 @@
 //! `echo` adapter. See `node.rs` for the behaviours. With `--tls-ca` it speaks TLS, and with
 //! `--tls-cert`/`--tls-key` it presents a client certificate (mutual TLS).
 
-mod node;
-
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -13,7 +11,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use edge::client::{NodeClient, ServerName, tls_client_config};
-use node::{Behaviour, Ended, MockNode, MockOptions};
+use edge_mock_node::{Behaviour, Ended, MockNode, MockOptions};
 
 #[derive(Debug, Parser)]
 #[command(about = "A mock node that answers runs with an echo adapter")]

@@ -1,5 +1,8 @@
 //! The HTTP side of an engine: one `reqwest` client per adapter, POSTs whose answers are
-//! read chunk by chunk, and the `GET /models` probe, each under its timeouts.
+//! read chunk by chunk, and the `GET /models` probe, each under its timeouts. HTTPS engines
+//! are checked against the system's CA certificates, or the adapter's `tls_ca` file; the
+//! TLS is rustls with the `ring` provider passed in ([`client_builder`]), so nothing here
+//! depends on a process-wide crypto provider (decision 15).
 //!
 //! Failures come back as [`UpstreamFault`]s for the classification table; nothing here
 //! decides whose fault they are. The API key goes only into the `Authorization` header and
@@ -7,6 +10,8 @@
 //! its connection, which is how a cancelled run tells the engine to stop.
 
 use std::error::Error as _;
+use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -50,17 +55,37 @@ pub struct Timeouts {
     pub probe: Duration,
 }
 
+/// A `reqwest` client builder whose HTTPS trusts the CA certificates in `tls_ca` (PEM), or
+/// the system's when `None`, over rustls with the `ring` provider. Every HTTP client of the
+/// node starts here; a client built any other way would need a process-wide provider.
+///
+/// # Errors
+/// A message naming the file when `tls_ca` cannot be read or holds no usable certificate,
+/// or when the system's trust store cannot be loaded.
+pub fn client_builder(tls_ca: Option<&Path>) -> Result<reqwest::ClientBuilder, String> {
+    let tls = match tls_ca {
+        Some(path) => edge::client::tls_client_config(path, None)
+            .map(Arc::unwrap_or_clone)
+            .map_err(|error| format!("`tls_ca`: {error}"))?,
+        None => edge::client::platform_client_config()
+            .map_err(|error| format!("cannot load the system's CA certificates: {error}"))?,
+    };
+    Ok(reqwest::Client::builder().tls_backend_preconfigured(tls))
+}
+
 impl Upstream {
-    /// A client for the engine at `base_url` (up to and including `/v1`).
+    /// A client for the engine at `base_url` (up to and including `/v1`); an `https://`
+    /// engine's certificate is checked against `tls_ca`, or the system's CAs without it.
     ///
     /// # Errors
-    /// The client builder's error.
+    /// The client builder's error, or why `tls_ca` cannot be used.
     pub fn new(
         base_url: &str,
+        tls_ca: Option<&Path>,
         api_key: Option<String>,
         timeouts: Timeouts,
     ) -> Result<Self, String> {
-        let client = reqwest::Client::builder()
+        let client = client_builder(tls_ca)?
             .connect_timeout(timeouts.connect)
             .tcp_nodelay(true)
             .pool_idle_timeout(Duration::from_secs(30))
