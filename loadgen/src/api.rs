@@ -46,7 +46,7 @@ pub struct ApiArgs {
     /// Simulated nodes serving the model.
     #[arg(long, default_value_t = 4)]
     pub nodes: usize,
-    /// Which node: `lean` (answers a run in one write) or `mock` (examples/mock_node: one
+    /// Which node: `lean` (answers a run in one write) or `mock` (edge-mock-node: one
     /// write per event, echoing the prompt's words).
     #[arg(long, default_value = "lean", value_parser = ["lean", "mock"])]
     pub node: String,

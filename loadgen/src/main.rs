@@ -1,4 +1,4 @@
-//! `cargo run --release --example loadgen -- SCENARIO [OPTIONS]`: a load generator that
+//! `cargo run --release -p edge-loadgen -- SCENARIO [OPTIONS]`: a load generator that
 //! speaks the real node protocol and HTTP to an edge and reports what the edge sustains.
 //!
 //! Scenarios (each prints one `loadgen SCENARIO: ...` line per case, per repetition and as
@@ -18,7 +18,7 @@
 //! - `churn`: nodes that drop and reconnect at random under streamed chat requests; the
 //!   share of requests completed and of runs cut after their first output.
 //!
-//! It is an example, not part of the release build. The method and the figures are in
+//! It is a crate of the workspace, not part of the edge's release build. The method and the figures are in
 //! `docs/benchmarks.md`; every load goes to loopback only and every loop is bounded in time.
 
 mod admin;

@@ -2,7 +2,7 @@
 //! is killed (`SIGKILL`) and started again on the same addresses, and every node, cut off
 //! at the same instant, reconnects — either at once (retrying a refused connection every
 //! `--retry-ms`, no jitter: a naive node) or as the reference node does
-//! (`examples/node`: before every attempt a delay drawn uniformly from zero to a ceiling
+//! (`edge-node`: before every attempt a delay drawn uniformly from zero to a ceiling
 //! that starts at `--backoff-min-ms` and doubles up to `--backoff-max-ms`, the library's
 //! [`edge::client::Backoff`]). Reported: the time from the kill until every node was
 //! registered again, the successful handshakes' p50/p99 (connect to accepted, including

@@ -1,7 +1,7 @@
-//! `cargo run --example mock_node -- --edge ADDR --token T`: a mock node for demos.
+//! `cargo run -p edge-mock-node -- --edge ADDR --token T`: a mock node for demos.
 //!
 //! It registers, prints the config the edge sent, heartbeats, and answers runs with an
-//! `echo` adapter. See `node.rs` for the behaviours. With `--tls-ca` it speaks TLS, and with
+//! `echo` adapter. See `lib.rs` for the behaviours. With `--tls-ca` it speaks TLS, and with
 //! `--tls-cert`/`--tls-key` it presents a client certificate (mutual TLS).
 
 use std::net::SocketAddr;
@@ -29,7 +29,7 @@ struct Args {
     #[arg(long, default_value_t = 100)]
     delay_ms: u64,
     /// What to do with runs (a run's `mock` param, or a target named after a behaviour,
-    /// overrides it); see node.rs.
+    /// overrides it); see lib.rs.
     #[arg(long, default_value = "echo", value_parser = [
         "echo", "fail", "hang", "drop", "ignore_cancel", "reasoning", "tools", "logprobs",
         "length", "filtered", "bad_request", "node_error", "refused",

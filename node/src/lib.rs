@@ -8,9 +8,9 @@
 //! and the engine going away (availability reports, classified failures).
 //!
 //! Built only on the edge crate's public node client (`edge::client`), its domain value
-//! types and the protocol; nothing in the edge imports it. `main.rs` is the CLI; the
-//! integration tests include this module tree as it is (`#[path]`) and run the node in
-//! process. Modules:
+//! types and the protocol; nothing in the edge imports it. `main.rs` is the `edge-node`
+//! binary's CLI; the edge's integration tests take this library as a dev-dependency and run
+//! the node in process. Modules:
 //!
 //! - [`lifecycle`]: dial, register, reconnect, drain; [`session`]: one connection's reader
 //!   and writer; [`options`]: the node's own settings.

@@ -1,8 +1,8 @@
-//! `cargo run --release --example node -- --edge HOST:PORT --token TOKEN`: the reference
+//! `edge-node --edge HOST:PORT --token TOKEN` (`cargo install --path node`): the reference
 //! node that puts OpenAI-compatible engines behind an edge (see `docs/node.md`).
 //!
 //! This file is the CLI: flags, logs, signals and the exit code. Everything else is in the
-//! module tree under `lib.rs`, which the integration tests include as it is.
+//! library (`lib.rs`), which the integration tests run in process.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
