@@ -312,6 +312,10 @@ fn behaviour_of(run: &RunAssignment, default: Behaviour) -> Behaviour {
         .unwrap_or(default)
 }
 
+#[allow(
+    clippy::too_many_lines,
+    reason = "the echo behaviours' one script, in the order its events go out"
+)]
 async fn answer(
     run: RunAssignment,
     options: MockOptions,

@@ -107,8 +107,6 @@ impl App {
             handler: Arc::new(runs.clone()),
         };
         let server = bind_node_server(&settings, deps).await?;
-        listen::warn_if_capped("server.listen_backlog", settings.server.listen_backlog);
-        listen::warn_if_capped("http.listen_backlog", settings.http.listen_backlog);
         metrics.observe(MetricSources {
             store: Arc::clone(&store),
             registry: Arc::clone(&registry),
@@ -246,6 +244,7 @@ async fn bind_node_server(settings: &Settings, deps: ServerDeps) -> anyhow::Resu
     let listen = settings.server.listen;
     let server = TcpServer::bind(settings.server.clone(), deps).await;
     let server = server.with_context(|| format!("cannot listen for nodes on {listen}"))?;
+    listen::warn_if_capped("server.listen_backlog", settings.server.listen_backlog);
     Ok(tls.into_iter().fold(server, TcpServer::with_tls))
 }
 
@@ -273,6 +272,7 @@ async fn bind_http_server(settings: &Settings, state: HttpState) -> anyhow::Resu
     let listen = settings.http.listen;
     let http = HttpServer::bind(settings.http.clone(), state).await;
     let mut http = http.with_context(|| format!("cannot listen for HTTP on {listen}"))?;
+    listen::warn_if_capped("http.listen_backlog", settings.http.listen_backlog);
     if settings.tracing.enabled() {
         http = http.with_request_traces();
     }

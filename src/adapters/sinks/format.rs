@@ -51,6 +51,13 @@ pub fn write_text_line(event: &RunEvent, out: &mut Vec<u8>) {
     out.extend_from_slice(event.target.as_str().as_bytes());
     out.push(b' ');
     out.extend_from_slice(event.kind.name().as_bytes());
+    push_text_payload(event, out);
+    out.push(b'\n');
+}
+
+/// Appends the text line's fields after the kind: what [`write_text_line`] lists per kind.
+#[inline]
+fn push_text_payload(event: &RunEvent, out: &mut Vec<u8>) {
     match &event.kind {
         RunEventKind::Started => push_text_route(event.route.as_deref(), out),
         RunEventKind::Output {
@@ -110,7 +117,6 @@ pub fn write_text_line(event: &RunEvent, out: &mut Vec<u8>) {
             push_escaped(reason, out);
         }
     }
-    out.push(b'\n');
 }
 
 /// Appends `text` with `\` as `\\`, newline as `\n`, carriage return as `\r`, tab as `\t`
@@ -173,6 +179,13 @@ pub fn write_json_line(event: &RunEvent, out: &mut Vec<u8>) {
     });
     out.extend_from_slice(event.kind.name().as_bytes());
     out.push(b'"');
+    push_json_payload(event, out);
+    out.extend_from_slice(b"}\n");
+}
+
+/// Appends the JSON line's payload fields: what [`write_json_line`] lists per kind.
+#[inline]
+fn push_json_payload(event: &RunEvent, out: &mut Vec<u8>) {
     match &event.kind {
         RunEventKind::Started => push_json_route(event.route.as_deref(), out),
         RunEventKind::Output {
@@ -231,7 +244,6 @@ pub fn write_json_line(event: &RunEvent, out: &mut Vec<u8>) {
             push_json_str(reason, out);
         }
     }
-    out.extend_from_slice(b"}\n");
 }
 
 /// Appends a started event's ` attempt=.. route=..`, if the edge placed it.
@@ -476,6 +488,10 @@ pub(crate) mod tests {
     }
 
     #[test]
+    #[allow(
+        clippy::too_many_lines,
+        reason = "one event of each kind through both lines, asserted field by field"
+    )]
     fn structured_output_usage_detail_and_failure_class_reach_both_lines() {
         let structured = StructuredOutput {
             reasoning: "think\nfirst".into(),
