@@ -56,7 +56,7 @@ pub(super) async fn bind(
     management: &Management,
     http: HttpServer,
 ) -> anyhow::Result<(HttpServer, Option<AdminServer>)> {
-    let state = AdminState::new(management.clone(), &settings.admin);
+    let state = AdminState::new(Arc::new(management.clone()), &settings.admin);
     if settings.admin.on_http_listener {
         return Ok((http.merge(routes(state)), None));
     }

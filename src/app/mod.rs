@@ -259,7 +259,7 @@ fn http_state(
     Ok(HttpState {
         metrics: metrics.registry(),
         readiness,
-        runs: runs.clone(),
+        runs: Arc::new(runs.clone()),
         registry: Arc::clone(registry),
         api: Api::new(settings.api.clone())?,
     })

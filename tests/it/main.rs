@@ -62,6 +62,7 @@ mod engines_smoke;
 mod faults;
 mod fuzz_corpus;
 mod http_limits;
+mod layout;
 mod link_faults;
 mod link_protocol;
 mod metrics;

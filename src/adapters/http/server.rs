@@ -18,8 +18,7 @@ use super::openai::{self, Api};
 use super::serve::serve;
 use super::tls::TlsListener;
 use crate::adapters::tls::TlsAcceptor;
-use crate::app::runs::RunService;
-use crate::ports::{Readiness, Registry};
+use crate::ports::{Readiness, Registry, Runs};
 
 /// What the handlers work with. Cheap to clone.
 #[derive(Clone)]
@@ -28,8 +27,8 @@ pub struct HttpState {
     pub metrics: prometheus::Registry,
     /// For `/readyz`: whether the edge is draining.
     pub readiness: Readiness,
-    /// Accepts runs.
-    pub runs: RunService,
+    /// Accepts runs (the run service, through the inbound runs port).
+    pub runs: Arc<dyn Runs>,
     /// The connected nodes.
     pub registry: Arc<dyn Registry>,
     /// The OpenAI-compatible API's settings and model map.

@@ -6,7 +6,6 @@
 //! read-only connections (`reader.rs`). Nothing here is on the relay's path but a push.
 
 pub mod config;
-mod noop;
 mod plan;
 mod queue;
 mod reader;
@@ -20,11 +19,10 @@ mod writer;
 use std::sync::Arc;
 
 pub use config::{HumanDuration, JournalConfig};
-pub use noop::NoopJournal;
 pub use schema::OpenError;
 pub use sqlite::SqliteJournal;
 
-use crate::ports::RunJournal;
+use crate::ports::{NoopJournal, RunJournal};
 
 /// The journal `config` asks for: SQLite when enabled, else one that keeps nothing.
 ///

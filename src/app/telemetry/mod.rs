@@ -27,10 +27,7 @@ pub use config::{OtlpProtocol, TracingConfig};
 
 use crate::domain::EdgeId;
 
-/// The target of spans that exist only to be exported (the API request, the dispatch of a
-/// run to a node). The log output never shows them; without an exporter no layer wants
-/// them, and they are never built.
-pub const EXPORT_TARGET: &str = "edge::otel";
+pub use crate::ports::EXPORT_TARGET;
 
 /// The log filter directive that keeps export-only spans out of the logs.
 pub const NOT_IN_LOGS: &str = "edge::otel=off";

@@ -5,7 +5,7 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
 use super::views::{ErrorBody, ErrorDetail};
-use crate::app::management::ManageError;
+use crate::ports::ManageError;
 
 /// An error answer.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -2,8 +2,8 @@
 //!
 //! One route per file, each with a `register` function that adds it to an
 //! [`OpenApiRouter`], so the route and its OpenAPI description come from the same code.
-//! Handlers are thin: they parse, call the management service (`crate::app::management`)
-//! and render a view (`views.rs`). Every route but the OpenAPI document needs an admin key
+//! Handlers are thin: they parse, call the management port (`crate::ports::Manage`, which
+//! the management service implements) and render a view (`views.rs`). Every route but the OpenAPI document needs an admin key
 //! (`auth.rs`). The API controls nodes only through the edge's services, never directly.
 
 mod auth;
@@ -33,8 +33,8 @@ pub use config::{AdminConfig, AdminKey};
 pub use error::AdminError;
 pub use server::AdminServer;
 
-use crate::app::management::Management;
 use crate::domain::TokenDigest;
+use crate::ports::Manage;
 
 /// The largest request body the management API reads.
 const MAX_BODY_BYTES: usize = 64 * 1024;
@@ -42,14 +42,14 @@ const MAX_BODY_BYTES: usize = 64 * 1024;
 /// What the admin handlers work with. Cheap to clone.
 #[derive(Clone)]
 pub struct AdminState {
-    management: Management,
+    management: Arc<dyn Manage>,
     keys: Arc<[TokenDigest]>,
     openapi: Arc<OnceLock<String>>,
 }
 
 impl AdminState {
     /// The state for `management`, opened by the keys of `config`.
-    pub fn new(management: Management, config: &AdminConfig) -> Self {
+    pub fn new(management: Arc<dyn Manage>, config: &AdminConfig) -> Self {
         Self {
             management,
             keys: config.digests().into(),

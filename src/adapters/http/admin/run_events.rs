@@ -18,8 +18,8 @@ use utoipa_axum::routes;
 use super::AdminState;
 use super::error::AdminError;
 use super::views::ErrorBody;
-use crate::app::management::{EventFeed, FeedItem};
 use crate::domain::RunId;
+use crate::ports::{FeedItem, FeedStream};
 
 /// How long an SSE stream may stay silent before a keep-alive comment.
 const KEEP_ALIVE: Duration = Duration::from_secs(15);
@@ -91,7 +91,7 @@ async fn run_events(
     Ok(respond(feed, sse))
 }
 
-fn respond(feed: EventFeed, sse: bool) -> Response {
+fn respond(feed: FeedStream, sse: bool) -> Response {
     let content_type = if sse {
         "text/event-stream"
     } else {
@@ -100,10 +100,7 @@ fn respond(feed: EventFeed, sse: bool) -> Response {
     let body = if sse {
         Body::from_stream(sse_stream(feed))
     } else {
-        Body::from_stream(
-            feed.into_stream()
-                .map(|item| Ok::<_, Infallible>(Bytes::from(item.json + "\n"))),
-        )
+        Body::from_stream(feed.map(|item| Ok::<_, Infallible>(Bytes::from(item.json + "\n"))))
     };
     let mut response = body.into_response();
     let headers = response.headers_mut();
@@ -114,7 +111,7 @@ fn respond(feed: EventFeed, sse: bool) -> Response {
 
 /// Each event as `id`, `event` and `data` lines; a comment after each silent
 /// [`KEEP_ALIVE`], so proxies and clients know the stream is alive.
-fn sse_stream(feed: EventFeed) -> impl futures::Stream<Item = Result<Bytes, Infallible>> + Send {
+fn sse_stream(feed: FeedStream) -> impl futures::Stream<Item = Result<Bytes, Infallible>> + Send {
     futures::stream::unfold(Some(feed), |feed| async move {
         let mut feed = feed?;
         match tokio::time::timeout(KEEP_ALIVE, feed.next()).await {

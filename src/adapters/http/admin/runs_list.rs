@@ -12,7 +12,6 @@ use super::AdminState;
 use super::error::AdminError;
 use super::views::{ErrorBody, RunList, RunView};
 use crate::adapters::journal::HumanDuration;
-use crate::app::management::now_ms;
 use crate::domain::{AdapterName, NodeId, RunCursor, RunOutcome, RunQuery, RunStateFilter, Target};
 
 /// Runs per page when `limit` is not given.
@@ -113,7 +112,10 @@ fn run_query(state: &AdminState, params: RunListParams) -> Result<RunQuery, Admi
             .outcome
             .map(|o| RunOutcome::parse(&o).ok_or_else(|| bad("`outcome` is not an outcome")))
             .transpose()?,
-        since_ms: params.since.map(|s| since_ms(&s)).transpose()?,
+        since_ms: params
+            .since
+            .map(|s| since_ms(&s, state.management.now_ms()))
+            .transpose()?,
         after: params
             .cursor
             .map(|c| RunCursor::decode(&c).ok_or_else(|| bad("`cursor` is not a cursor")))
@@ -122,8 +124,9 @@ fn run_query(state: &AdminState, params: RunListParams) -> Result<RunQuery, Admi
     })
 }
 
-/// `since` as ms since the Unix epoch: digits are taken as such, a duration as that long ago.
-fn since_ms(text: &str) -> Result<u64, AdminError> {
+/// `since` as ms since the Unix epoch: digits are taken as such, a duration as that long
+/// before `now_ms`.
+fn since_ms(text: &str, now_ms: u64) -> Result<u64, AdminError> {
     if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) {
         return text
             .parse()
@@ -133,5 +136,5 @@ fn since_ms(text: &str) -> Result<u64, AdminError> {
         AdminError::bad_request("`since` must be ms since the Unix epoch or a duration such as 15m")
     })?;
     let ago_ms = u64::try_from(ago.0.as_millis()).unwrap_or(u64::MAX);
-    Ok(now_ms().saturating_sub(ago_ms))
+    Ok(now_ms.saturating_sub(ago_ms))
 }

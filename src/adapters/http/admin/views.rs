@@ -4,8 +4,8 @@
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use crate::app::management::NodeStatus;
 use crate::domain::{Attempt, RunRecord, Usage};
+use crate::ports::NodeStatus;
 
 /// `GET /admin/v1/nodes`.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]

@@ -9,10 +9,9 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
-use crate::app::StartError;
-use crate::app::runs::waiting_for;
 use crate::domain::routing::LimitRefusal;
 use crate::domain::{EdgeFailure, FailureClass};
+use crate::ports::{StartError, waiting_for};
 
 const INVALID_REQUEST: &str = "invalid_request_error";
 const RATE_LIMIT: &str = "rate_limit_error";

@@ -18,9 +18,9 @@ use tracing::debug;
 use super::error::ApiError;
 use super::output::Collected;
 use crate::adapters::http::HttpState;
-use crate::app::{RunHandle, RunService};
 use crate::domain::routing::RouteReason;
 use crate::domain::{NodeId, RunEvent, RunEventKind, RunId, RunSpec, StructuredOutput, Usage};
+use crate::ports::{RunHandle, Runs};
 
 /// The reason a run is cancelled with when its client disconnects.
 pub const CLIENT_GONE: &str = "client disconnected";
@@ -46,7 +46,7 @@ pub(super) fn start(state: &HttpState, spec: RunSpec, model: &str) -> Result<Act
     match state.runs.start(spec) {
         Ok(handle) => {
             debug!(run_id = %handle.run_id, %model, %adapter, %target, operation, "API run accepted");
-            Ok(ActiveRun::new(state.runs.clone(), handle, retry_after))
+            Ok(ActiveRun::new(Arc::clone(&state.runs), handle, retry_after))
         }
         Err(error) => {
             debug!(%model, %adapter, %target, %error, "API run not accepted");
@@ -126,7 +126,7 @@ pub(super) struct ActiveRun {
 }
 
 impl ActiveRun {
-    pub(super) fn new(runs: RunService, handle: RunHandle, retry_after_secs: u64) -> Self {
+    pub(super) fn new(runs: Arc<dyn Runs>, handle: RunHandle, retry_after_secs: u64) -> Self {
         let RunHandle { run_id, events, .. } = handle;
         Self {
             events,
@@ -265,7 +265,7 @@ impl Output {
 /// Cancels the run on drop while it is open: the handler's future (before the answer) or
 /// the SSE body (while streaming) owns it, and both are dropped when the client goes away.
 struct CancelOnDrop {
-    runs: RunService,
+    runs: Arc<dyn Runs>,
     run_id: RunId,
     open: bool,
 }
@@ -279,7 +279,7 @@ impl Drop for CancelOnDrop {
             return;
         };
         debug!(run_id = %self.run_id, "the client went away; cancelling the run");
-        let runs = self.runs.clone();
+        let runs = Arc::clone(&self.runs);
         let run_id = self.run_id.clone();
         // Short-lived: `cancel` sends CancelRun and arms the run service's own (tracked)
         // grace timer, then returns.

@@ -190,33 +190,25 @@ mod tests {
     use super::super::reply::Reply;
     use super::super::request::Endpoint;
     use super::*;
-    use crate::adapters::lock_registry::LockRegistry;
     use crate::adapters::sinks::format::tests::{completed, output};
-    use crate::app::runs::Routing;
-    use crate::app::settings::RunsConfig;
-    use crate::app::{Placed, RunHandle, RunService};
     use crate::domain::routing::WaitCause;
     use crate::domain::{RunEvent, RunId};
-    use crate::ports::event_sink::MockEventSink;
-    use crate::ports::transport::MockNodeTransport;
+    use crate::ports::runs::MockRuns;
+    use crate::ports::{Placed, RunHandle};
 
     /// A streamed chat answer fed by the returned sender, as the run service would feed it.
     async fn streamed_chat() -> (mpsc::Sender<Arc<RunEvent>>, Body) {
-        let runs = RunService::new(
-            Arc::new(LockRegistry::new()),
-            Arc::new(MockNodeTransport::new()),
-            Arc::new(MockEventSink::new()),
-            RunsConfig::default(),
-            Routing::default(),
-            &opentelemetry::global::meter("edge-test"),
-        );
+        // The run ends with its terminal event, so nothing is cancelled; a cancel would be
+        // answered as the run service does for a run it no longer holds.
+        let mut runs = MockRuns::new();
+        runs.expect_cancel().returning(|_, _| false);
         let (events, receiver) = mpsc::channel(64);
         let handle = RunHandle {
             run_id: RunId::new("r1"),
             events: receiver,
             placed: Placed::Waiting(WaitCause::AllBusy),
         };
-        let mut run = ActiveRun::new(runs, handle, 1);
+        let mut run = ActiveRun::new(Arc::new(runs), handle, 1);
         let reply = Reply::new(Endpoint::Chat, run.id(), "echo/m1".to_owned(), false);
         events.send(output("first")).await.unwrap();
         let first = run.next().await;

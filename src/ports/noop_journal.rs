@@ -1,5 +1,6 @@
 //! The journal for `[journal] enabled = false`: keeps nothing, so only open runs are known,
-//! as before the journal existed.
+//! as before the journal existed. It sits beside the port as its null object, so the run
+//! and management services can be built without any journal adapter.
 
 use async_trait::async_trait;
 
