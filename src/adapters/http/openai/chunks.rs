@@ -224,6 +224,10 @@ impl ChunkWriter {
 }
 
 #[cfg(test)]
+#[path = "chunks_props.rs"]
+mod props;
+
+#[cfg(test)]
 mod tests {
     use serde_json::json;
 

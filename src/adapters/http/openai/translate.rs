@@ -191,35 +191,42 @@ pub(super) mod strategies {
     ) -> Vec<ApiEvent> {
         let mut events = translator.open();
         for piece in pieces {
-            let (text, structured) = match piece {
-                Piece::Text(text) => (text.as_str(), None),
-                Piece::Reasoning(reasoning) => (
-                    "",
-                    Some(StructuredOutput {
-                        reasoning: reasoning.clone(),
-                        ..StructuredOutput::default()
-                    }),
-                ),
-                Piece::Tool {
-                    index,
-                    name,
-                    arguments,
-                } => (
-                    "",
-                    Some(StructuredOutput {
-                        tool_calls: vec![ToolCallDelta {
-                            index: *index,
-                            id: String::new(),
-                            name: name.clone(),
-                            arguments: arguments.clone(),
-                        }],
-                        ..StructuredOutput::default()
-                    }),
-                ),
-            };
+            let (text, structured) = output_of(piece);
             events.extend(translator.output(text, structured.as_ref()));
         }
         events.extend(translator.close(end.as_ref()));
         events
+    }
+
+    /// The run output `piece` stands for: its text and its structured parts.
+    pub(in crate::adapters::http::openai) fn output_of(
+        piece: &Piece,
+    ) -> (&str, Option<StructuredOutput>) {
+        match piece {
+            Piece::Text(text) => (text.as_str(), None),
+            Piece::Reasoning(reasoning) => (
+                "",
+                Some(StructuredOutput {
+                    reasoning: reasoning.clone(),
+                    ..StructuredOutput::default()
+                }),
+            ),
+            Piece::Tool {
+                index,
+                name,
+                arguments,
+            } => (
+                "",
+                Some(StructuredOutput {
+                    tool_calls: vec![ToolCallDelta {
+                        index: *index,
+                        id: String::new(),
+                        name: name.clone(),
+                        arguments: arguments.clone(),
+                    }],
+                    ..StructuredOutput::default()
+                }),
+            ),
+        }
     }
 }
