@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use rusqlite::{OptionalExtension, Transaction, params};
 
 use super::writer::to_sql;
-use crate::adapters::sinks::format::write_json_line;
+use crate::adapters::event_format::write_json_line;
 use crate::domain::{AcceptedRun, Attempt, RunEventKind, RunId, RunOutcome, Usage};
 use crate::ports::JournalEntry;
 

@@ -9,7 +9,7 @@ use futures::Stream;
 use tokio::sync::mpsc;
 
 use super::{Follow, ManageError, Management};
-use crate::adapters::sinks::format::write_json_line;
+use crate::adapters::event_format::write_json_line;
 use crate::domain::{RunEvent, RunId};
 use crate::ports::{FeedItem, RunJournal, StoredEvent};
 

@@ -190,7 +190,7 @@ mod tests {
     use super::super::reply::Reply;
     use super::super::request::Endpoint;
     use super::*;
-    use crate::adapters::sinks::format::tests::{completed, output};
+    use crate::adapters::event_format::tests::{completed, output};
     use crate::domain::routing::WaitCause;
     use crate::domain::{RunEvent, RunId};
     use crate::ports::runs::MockRuns;

@@ -1,5 +1,6 @@
-//! How a run event looks as one line of text or one JSON line: the single place both the
-//! stdout and the file sink format events.
+//! How a run event looks as one line of text or one JSON line: the single place the stdout
+//! and file sinks, the NATS sink, the run journal and the management API's event feed
+//! format events, so every one of them writes the same bytes.
 //!
 //! Formatting appends to a caller-owned `Vec<u8>` so the hot path reuses one buffer and does
 //! not allocate per event: numbers through `itoa`, bytes through `base64`, JSON strings
@@ -14,7 +15,7 @@ use base64::engine::general_purpose::STANDARD;
 use crate::domain::routing::RouteReason;
 use crate::domain::{EventOrigin, FailureClass, RunEvent, RunEventKind, Usage};
 
-use super::config::LineFormat;
+use super::sinks::config::LineFormat;
 
 mod structured;
 
