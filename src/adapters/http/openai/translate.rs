@@ -1,22 +1,26 @@
 //! What the translators of the Anthropic Messages and Responses APIs share: reading a
-//! request into the chat run it becomes ([`chat_run`]), the typed events they produce from
-//! run events, and the [`EventWriter`] that writes them as named SSE events. The
-//! translators themselves are pure state machines (run output in, API events out); this
-//! module is the only place they meet the HTTP body.
+//! request into the chat run it becomes ([`chat_run`]), the one handler both endpoints are
+//! ([`serve_chat_run`] over a [`ChatApi`]), the typed events they produce from run events,
+//! and the [`EventWriter`] that writes them as named SSE events. The translators themselves
+//! are pure state machines (run output in, API events out); this module is the only place
+//! they meet the HTTP body.
 
+use axum::Json;
 use axum::extract::rejection::BytesRejection;
 use axum::http::HeaderMap;
+use axum::response::{IntoResponse as _, Response};
 use bytes::{Bytes, BytesMut};
 use serde_json::Value;
 
 use super::auth::Caller;
 use super::error::ApiError;
+use super::output::Collected;
 use super::request::{deadline, read_body, run_spec};
 use super::routing::{ClientKeys, prefix_of_value, run_routing};
-use super::run::{Finished, Output};
-use super::sse::{EventWriter, push_named_event};
+use super::run::{self, Finished, Output, Step};
+use super::sse::{self, EventWriter, push_named_event};
 use crate::adapters::http::HttpState;
-use crate::domain::{Operation, RunSpec, StructuredOutput};
+use crate::domain::{Operation, RunId, RunSpec, StructuredOutput};
 
 /// What a request of another API becomes: a chat-completions body for one model.
 pub(super) trait ChatTranslation {
@@ -24,6 +28,63 @@ pub(super) trait ChatTranslation {
     fn model(&self) -> &str;
     /// The chat-completions body (without `model` and `stream`) the run gets as input.
     fn chat(&self) -> &Value;
+    /// Whether the client asked for a stream.
+    fn stream(&self) -> bool;
+}
+
+/// One API served as a chat run: how its requests translate, where its client keys are,
+/// its error shape, and its answers — streamed through a translator, or whole.
+pub(super) struct ChatApi<T, S> {
+    /// The request translator.
+    pub translate: fn(&Value) -> Result<T, ApiError>,
+    /// The client keys (user, session) in a request.
+    pub keys: fn(&Value) -> ClientKeys<'_>,
+    /// An error as the API's response.
+    pub error_response: fn(&ApiError) -> Response,
+    /// The stream translator answering the request of run `run_id`.
+    pub stream: fn(T, &RunId) -> S,
+    /// The whole answer to the request of run `run_id`.
+    pub whole: fn(T, &RunId, &Collected, &Finished) -> Value,
+}
+
+/// The handler of an API served as a chat run ([`ChatApi`]): reads and translates the
+/// request ([`chat_run`]), starts the run, and answers streamed or whole, with the run's
+/// headers; every error in the API's shape.
+pub(super) async fn serve_chat_run<T: ChatTranslation, S: StreamTranslator>(
+    api: &ChatApi<T, S>,
+    state: &HttpState,
+    caller: &Caller,
+    headers: &HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let error_response = api.error_response;
+    let (translated, spec) = match chat_run(state, caller, headers, body, api.translate, api.keys) {
+        Ok(prepared) => prepared,
+        Err(error) => return error_response(&error),
+    };
+    let mut run = match run::start(state, spec, translated.model()) {
+        Ok(run) => run,
+        Err(error) => return error_response(&error),
+    };
+    let run_id = run.id().clone();
+    let (response, headers) = if translated.stream() {
+        let first = run.next().await;
+        let headers = run.headers();
+        let response = match first {
+            Step::End(Err(error)) => error_response(&error),
+            first => sse::respond(run, NamedEvents((api.stream)(translated, &run_id)), first),
+        };
+        (response, headers)
+    } else {
+        let response = match run::collect(&mut run).await {
+            Ok((collected, finished)) => {
+                Json((api.whole)(translated, &run_id, &collected, &finished)).into_response()
+            }
+            Err(error) => error_response(&error),
+        };
+        (response, run.headers())
+    };
+    run::with_headers(response, &headers)
 }
 
 /// Reads a JSON request `body`, translates it with `translate`, and builds the chat run it

@@ -22,11 +22,11 @@ use super::auth::Caller;
 use super::error::ApiError;
 use super::output::Collected;
 use super::routing::ClientKeys;
-use super::run::{self, Finished, Step};
-use super::sse;
-use super::translate::{NamedEvents, arguments_value, chat_run};
+use super::run::Finished;
+use super::translate::{ChatApi, arguments_value, serve_chat_run};
 use crate::adapters::http::HttpState;
-use crate::domain::Usage;
+use crate::domain::{RunId, Usage};
+use request::MessagesRequest;
 use stream::MessagesStream;
 
 /// `POST /v1/messages`.
@@ -36,54 +36,29 @@ pub(super) async fn create(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let prepared = chat_run(
-        &state,
-        &caller,
-        &headers,
-        body,
-        request::translate,
-        |value| ClientKeys {
-            user: value.pointer("/metadata/user_id").and_then(Value::as_str),
-            ..ClientKeys::default()
-        },
-    );
-    let (translated, spec) = match prepared {
-        Ok(prepared) => prepared,
-        Err(error) => return error_response(&error),
-    };
-    let mut run = match run::start(&state, spec, &translated.model) {
-        Ok(run) => run,
-        Err(error) => return error_response(&error),
-    };
-    let id = format!("msg_{}", run.id());
-    let (response, headers) = if translated.stream {
-        let first = run.next().await;
-        let headers = run.headers();
-        let response = match first {
-            Step::End(Err(error)) => error_response(&error),
-            first => {
-                let stream = MessagesStream::new(id, translated.model, translated.thinking);
-                sse::respond(run, NamedEvents(stream), first)
-            }
-        };
-        (response, headers)
-    } else {
-        let response = match run::collect(&mut run).await {
-            Ok((collected, finished)) => {
-                let answer = message(
-                    &id,
-                    &translated.model,
-                    translated.thinking,
-                    &collected,
-                    &finished,
-                );
-                Json(answer).into_response()
-            }
-            Err(error) => error_response(&error),
-        };
-        (response, run.headers())
-    };
-    run::with_headers(response, &headers)
+    serve_chat_run(&MESSAGES, &state, &caller, &headers, body).await
+}
+
+/// Messages as a chat run: `metadata.user_id` is the client's user key.
+const MESSAGES: ChatApi<MessagesRequest, MessagesStream> = ChatApi {
+    translate: request::translate,
+    keys: |value| ClientKeys {
+        user: value.pointer("/metadata/user_id").and_then(Value::as_str),
+        ..ClientKeys::default()
+    },
+    error_response,
+    stream: |request, run_id| {
+        MessagesStream::new(message_id(run_id), request.model, request.thinking)
+    },
+    whole: |request, run_id, collected, finished| {
+        let id = message_id(run_id);
+        message(&id, &request.model, request.thinking, collected, finished)
+    },
+};
+
+/// The id of the message answering run `run_id`.
+fn message_id(run_id: &RunId) -> String {
+    format!("msg_{run_id}")
 }
 
 /// The whole answer: a `message` with thinking (when asked for), text and `tool_use`

@@ -30,6 +30,10 @@ impl ChatTranslation for MessagesRequest {
     fn chat(&self) -> &Value {
         &self.chat
     }
+
+    fn stream(&self) -> bool {
+        self.stream
+    }
 }
 
 /// A 400 about `param`.

@@ -11,7 +11,6 @@ mod stream;
 #[cfg(test)]
 mod tests;
 
-use axum::Json;
 use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
 use axum::http::HeaderMap;
@@ -21,11 +20,11 @@ use bytes::Bytes;
 use super::auth::Caller;
 use super::reply::unix_now;
 use super::routing::ClientKeys;
-use super::run::{self, Step};
-use super::sse;
-use super::translate::{NamedEvents, chat_run};
+use super::translate::{ChatApi, serve_chat_run};
 use crate::adapters::http::HttpState;
+use crate::domain::RunId;
 use items::{Outcome, ResponseBase, collected_items, response_json};
+use request::ResponsesRequest;
 use stream::ResponsesStream;
 
 /// `POST /v1/responses`.
@@ -35,48 +34,31 @@ pub(super) async fn create(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let prepared = chat_run(
-        &state,
-        &caller,
-        &headers,
-        body,
-        request::translate,
-        |value| ClientKeys::of(value),
-    );
-    let (translated, spec) = match prepared {
-        Ok(prepared) => prepared,
-        Err(error) => return error.into_response(),
-    };
-    let mut run = match run::start(&state, spec, &translated.model) {
-        Ok(run) => run,
-        Err(error) => return error.into_response(),
-    };
-    let base = ResponseBase {
-        id: format!("resp_{}", run.id()),
-        model: translated.model,
+    serve_chat_run(&RESPONSES, &state, &caller, &headers, body).await
+}
+
+/// Responses as a chat run, with OpenAI's error shape.
+const RESPONSES: ChatApi<ResponsesRequest, ResponsesStream> = ChatApi {
+    translate: request::translate,
+    keys: |value| ClientKeys::of(value),
+    error_response: |error| error.clone().into_response(),
+    stream: |request, run_id| ResponsesStream::new(base(request, run_id)),
+    whole: |request, run_id, collected, finished| {
+        let base = base(request, run_id);
+        let output = collected_items(&base, collected)
+            .iter()
+            .map(|item| item.to_json(true))
+            .collect();
+        response_json(&base, &Outcome::Finished(finished), output)
+    },
+};
+
+/// What every form of the response to `request` (run `run_id`) starts from.
+fn base(request: ResponsesRequest, run_id: &RunId) -> ResponseBase {
+    ResponseBase {
+        id: format!("resp_{run_id}"),
+        model: request.model,
         created_at: unix_now(),
-        instructions: translated.instructions,
-    };
-    let (response, headers) = if translated.stream {
-        let first = run.next().await;
-        let headers = run.headers();
-        let response = match first {
-            Step::End(Err(error)) => error.into_response(),
-            first => sse::respond(run, NamedEvents(ResponsesStream::new(base)), first),
-        };
-        (response, headers)
-    } else {
-        let response = match run::collect(&mut run).await {
-            Ok((collected, finished)) => {
-                let output = collected_items(&base, &collected)
-                    .iter()
-                    .map(|item| item.to_json(true))
-                    .collect();
-                Json(response_json(&base, &Outcome::Finished(&finished), output)).into_response()
-            }
-            Err(error) => error.into_response(),
-        };
-        (response, run.headers())
-    };
-    run::with_headers(response, &headers)
+        instructions: request.instructions,
+    }
 }

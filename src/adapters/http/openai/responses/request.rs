@@ -33,6 +33,10 @@ impl ChatTranslation for ResponsesRequest {
     fn chat(&self) -> &Value {
         &self.chat
     }
+
+    fn stream(&self) -> bool {
+        self.stream
+    }
 }
 
 fn invalid(param: &'static str, message: impl Into<String>) -> ApiError {
