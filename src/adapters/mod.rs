@@ -1,6 +1,8 @@
 //! Implementations of the ports, one folder per technology, and the event line format they
 //! share (`event_format`).
 
+pub mod admin;
+pub mod api;
 pub mod event_format;
 pub mod file_store;
 pub mod http;

@@ -12,8 +12,8 @@ use super::drains::Drains;
 use super::management::Management;
 use super::metrics::Metrics;
 use super::{RunService, Settings};
+use crate::adapters::admin::{AdminServer, AdminState, routes};
 use crate::adapters::http::HttpServer;
-use crate::adapters::http::admin::{AdminServer, AdminState, routes};
 use crate::adapters::journal::open_journal;
 use crate::ports::{NodeStore, Registry, RunJournal};
 

@@ -26,9 +26,10 @@ use anyhow::Context;
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
+use crate::adapters::admin::AdminServer;
+use crate::adapters::api::Api;
 use crate::adapters::file_store::FileNodeStore;
-use crate::adapters::http::admin::AdminServer;
-use crate::adapters::http::{Api, HttpServer, HttpState};
+use crate::adapters::http::{HttpServer, HttpState};
 use crate::adapters::listen;
 use crate::adapters::lock_registry::LockRegistry;
 use crate::adapters::sinks::{SinkSet, build_sinks};

@@ -13,20 +13,20 @@ use bytes::Bytes;
 use serde::Serialize;
 use serde_json::Value;
 
-use super::auth::Caller;
-use super::error::ApiError;
-use super::output::Collected;
-use super::request::{
+use super::super::auth::Caller;
+use super::super::error::ApiError;
+use super::super::output::Collected;
+use super::super::request::{
     Fields, deadline, encode_object, field_value, parse_object, read_body, run_spec, take_model,
 };
-use super::routing::{ClientKeys, run_routing};
-use super::run::{self, Finished};
+use super::super::routing::{ClientKeys, run_routing};
+use super::super::run::{self, Finished};
 use crate::adapters::http::HttpState;
 use crate::domain::{Embedding, FailureClass, Operation, RunRouting};
 
 /// How the vectors are rendered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Encoding {
+pub(in crate::adapters::api) enum Encoding {
     /// JSON arrays of numbers.
     Float,
     /// Base64 of the little-endian `f32` bytes.
@@ -34,7 +34,7 @@ pub(super) enum Encoding {
 }
 
 /// `POST /v1/embeddings`.
-pub(super) async fn create(
+pub(in crate::adapters::api) async fn create(
     State(state): State<HttpState>,
     caller: Caller,
     headers: HeaderMap,
@@ -137,7 +137,7 @@ fn check_input(raw: Option<&str>) -> Result<(), ApiError> {
 
 /// The `list` answer.
 #[derive(Debug, Serialize)]
-pub(super) struct EmbeddingList<'a> {
+pub(in crate::adapters::api) struct EmbeddingList<'a> {
     object: &'static str,
     data: Vec<EmbeddingItem>,
     model: &'a str,
@@ -170,7 +170,7 @@ struct EmbeddingUsage {
 ///
 /// # Errors
 /// 502 when the node completed the run without any vector.
-pub(super) fn answer<'a>(
+pub(in crate::adapters::api) fn answer<'a>(
     model: &'a str,
     encoding: Encoding,
     collected: Collected,

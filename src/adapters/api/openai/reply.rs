@@ -10,12 +10,13 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use serde_json::Value;
 
-use super::auth::Caller;
+use super::super::auth::Caller;
+use super::super::output::{Collected, usage_json};
+use super::super::request::{self, ApiRequest, Endpoint};
+use super::super::run::{self, Finished, Step};
+use super::super::sse;
 use super::chunks::ChunkWriter;
-use super::output::{Collected, usage_json};
-use super::request::{self, ApiRequest, Endpoint};
-use super::run::{self, Finished, Step};
-use super::{chat, completions, sse};
+use super::{chat, completions};
 use crate::adapters::http::HttpState;
 use crate::domain::RunId;
 
@@ -24,7 +25,7 @@ use crate::domain::RunId;
 ///
 /// No status is chosen before the run's first output or terminal event: a run that fails
 /// before producing anything gets a proper error status even when streaming was asked for.
-pub(super) async fn respond(
+pub(in crate::adapters::api) async fn respond(
     state: HttpState,
     endpoint: Endpoint,
     caller: Caller,
@@ -65,7 +66,7 @@ pub(super) async fn respond(
 
 /// What every part of one answer shares.
 #[derive(Debug, Clone)]
-pub(super) struct Reply {
+pub(in crate::adapters::api) struct Reply {
     /// Which endpoint's shape.
     pub endpoint: Endpoint,
     /// The answer's id (`chatcmpl-<run id>`, `cmpl-<run id>`).
@@ -116,7 +117,7 @@ impl Reply {
 }
 
 /// Now, in Unix seconds.
-pub(super) fn unix_now() -> u64 {
+pub(in crate::adapters::api) fn unix_now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())

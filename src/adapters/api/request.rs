@@ -311,7 +311,7 @@ mod tests {
     use axum::http::HeaderValue;
 
     use super::*;
-    use crate::adapters::http::openai::ApiConfig;
+    use crate::adapters::api::ApiConfig;
 
     fn api() -> Api {
         let mut config = ApiConfig::default();

@@ -9,14 +9,14 @@ use axum::response::Response;
 use bytes::Bytes;
 use serde_json::{Value, json};
 
-use super::auth::Caller;
-use super::output::{Collected, legacy_logprobs_json};
+use super::super::auth::Caller;
+use super::super::output::{Collected, legacy_logprobs_json};
+use super::super::request::Endpoint;
 use super::reply::{self, Reply};
-use super::request::Endpoint;
 use crate::adapters::http::HttpState;
 
 /// `POST /v1/completions`.
-pub(super) async fn create(
+pub(in crate::adapters::api) async fn create(
     State(state): State<HttpState>,
     caller: Caller,
     headers: HeaderMap,
@@ -27,7 +27,11 @@ pub(super) async fn create(
 
 /// A `text_completion` with one choice (usage is added by the caller), with the legacy
 /// `logprobs` when the node sent any.
-pub(super) fn full(reply: &Reply, collected: &Collected, finish_reason: &str) -> Value {
+pub(in crate::adapters::api) fn full(
+    reply: &Reply,
+    collected: &Collected,
+    finish_reason: &str,
+) -> Value {
     json!({
         "id": reply.id,
         "object": "text_completion",

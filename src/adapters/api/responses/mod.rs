@@ -18,7 +18,7 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 
 use super::auth::Caller;
-use super::reply::unix_now;
+use super::openai::reply::unix_now;
 use super::routing::ClientKeys;
 use super::translate::{ChatApi, serve_chat_run};
 use crate::adapters::http::HttpState;

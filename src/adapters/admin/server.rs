@@ -10,7 +10,7 @@ use tokio_util::sync::CancellationToken;
 use tower_http::timeout::RequestBodyTimeoutLayer;
 
 use super::{AdminState, routes, unknown_route};
-use crate::adapters::http::config::HttpConfig;
+use crate::adapters::http::HttpConfig;
 use crate::adapters::http::serve::serve;
 use crate::adapters::http::tls::TlsListener;
 use crate::adapters::tls::TlsAcceptor;

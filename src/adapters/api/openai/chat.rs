@@ -9,14 +9,14 @@ use axum::response::Response;
 use bytes::Bytes;
 use serde_json::{Value, json};
 
-use super::auth::Caller;
-use super::output::{Collected, chat_logprobs_json, tool_calls_json};
+use super::super::auth::Caller;
+use super::super::output::{Collected, chat_logprobs_json, tool_calls_json};
+use super::super::request::Endpoint;
 use super::reply::{self, Reply};
-use super::request::Endpoint;
 use crate::adapters::http::HttpState;
 
 /// `POST /v1/chat/completions`.
-pub(super) async fn create(
+pub(in crate::adapters::api) async fn create(
     State(state): State<HttpState>,
     caller: Caller,
     headers: HeaderMap,
@@ -28,7 +28,11 @@ pub(super) async fn create(
 /// A `chat.completion` with one choice (usage is added by the caller): the text, the
 /// reasoning as `reasoning_content`, the tool calls (`content` null when there are only
 /// tool calls), and the log probabilities.
-pub(super) fn full(reply: &Reply, collected: &Collected, finish_reason: &str) -> Value {
+pub(in crate::adapters::api) fn full(
+    reply: &Reply,
+    collected: &Collected,
+    finish_reason: &str,
+) -> Value {
     let content = if collected.text.is_empty() && !collected.tool_calls.is_empty() {
         Value::Null
     } else {

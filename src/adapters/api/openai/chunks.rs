@@ -11,12 +11,14 @@ use bytes::{BufMut, BytesMut};
 use serde::Serialize;
 use serde_json::{Map, Value};
 
-use super::error::ApiError;
-use super::output::{chat_logprobs_json, legacy_logprobs_json, tool_call_deltas_json, usage_json};
+use super::super::error::ApiError;
+use super::super::output::{
+    chat_logprobs_json, legacy_logprobs_json, tool_call_deltas_json, usage_json,
+};
+use super::super::request::Endpoint;
+use super::super::run::{Finished, Output};
+use super::super::sse::{EventWriter, push_event, write_json};
 use super::reply::Reply;
-use super::request::Endpoint;
-use super::run::{Finished, Output};
-use super::sse::{EventWriter, push_event, write_json};
 use crate::domain::{StructuredOutput, Usage};
 
 /// The data of the stream's last event after success.
@@ -24,7 +26,7 @@ const DONE: &str = "[DONE]";
 
 /// One chunk of a streamed answer.
 #[derive(Debug, Clone, Copy)]
-pub(super) enum Piece<'a> {
+pub(in crate::adapters::api) enum Piece<'a> {
     /// The opening chunk (chat: the assistant role).
     Start,
     /// Some text.
@@ -50,7 +52,7 @@ fn write_json_string(frame: &mut BytesMut, text: &str) {
 /// chunk of the stream, then `usage` when asked for. So the envelope is serialized once and
 /// each chunk is its `choices`, the envelope and its `usage` — byte for byte what
 /// serializing the chunk's `Value` gives (the tests compare both).
-pub(super) struct ChunkWriter {
+pub(in crate::adapters::api) struct ChunkWriter {
     endpoint: Endpoint,
     /// `"created":…,"system_fingerprint":null`: the chunk between `"choices":[…],` and
     /// `usage` or the closing brace.

@@ -5,10 +5,10 @@ use bytes::BytesMut;
 use proptest::prelude::*;
 use serde_json::Value;
 
+use super::super::super::request::Endpoint;
+use super::super::super::sse::EventWriter;
+use super::super::super::translate::strategies::{self, end, output_of, piece};
 use super::super::reply::Reply;
-use super::super::request::Endpoint;
-use super::super::sse::EventWriter;
-use super::super::translate::strategies::{self, end, output_of, piece};
 use super::{ChunkWriter, Piece};
 use crate::domain::RunId;
 

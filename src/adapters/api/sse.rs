@@ -186,8 +186,8 @@ mod tests {
     use futures::FutureExt;
     use tokio::sync::mpsc;
 
-    use super::super::chunks::ChunkWriter;
-    use super::super::reply::Reply;
+    use super::super::openai::chunks::ChunkWriter;
+    use super::super::openai::reply::Reply;
     use super::super::request::Endpoint;
     use super::*;
     use crate::adapters::event_format::tests::{completed, output};

@@ -10,15 +10,11 @@
 
 mod anthropic;
 mod auth;
-mod chat;
-mod chunks;
-mod completions;
 mod config;
-mod embeddings;
 mod error;
 pub mod models;
+mod openai;
 mod output;
-mod reply;
 mod request;
 mod responses;
 mod routing;
@@ -41,7 +37,7 @@ pub use request::DEADLINE_HEADER;
 pub use routing::{PRIORITY_HEADER, SESSION_HEADER};
 pub use run::{CLIENT_GONE, NODE_HEADER, ROUTE_HEADER, RUN_ID_HEADER};
 
-use super::HttpState;
+use crate::adapters::http::HttpState;
 
 /// The API's settings and model map. Cheap to clone.
 #[derive(Debug, Clone)]
@@ -130,9 +126,9 @@ pub(super) fn routes(state: &HttpState) -> Router<HttpState> {
     let routes = Router::new()
         .route("/v1/models", get(models::list))
         .route("/v1/models/{*model}", get(models::retrieve))
-        .route("/v1/chat/completions", post(chat::create))
-        .route("/v1/completions", post(completions::create))
-        .route("/v1/embeddings", post(embeddings::create))
+        .route("/v1/chat/completions", post(openai::chat::create))
+        .route("/v1/completions", post(openai::completions::create))
+        .route("/v1/embeddings", post(openai::embeddings::create))
         .route("/v1/responses", post(responses::create))
         .route(MESSAGES_PATH, post(anthropic::create));
     let routes = if state.api.config().keys.is_empty() {

@@ -203,7 +203,7 @@ pub(super) mod strategies {
 
     /// One piece of run output, for generating event sequences.
     #[derive(Debug, Clone)]
-    pub(in crate::adapters::http::openai) enum Piece {
+    pub(in crate::adapters::api) enum Piece {
         Text(String),
         Reasoning(String),
         Tool {
@@ -213,7 +213,7 @@ pub(super) mod strategies {
         },
     }
 
-    pub(in crate::adapters::http::openai) fn piece() -> impl Strategy<Value = Piece> {
+    pub(in crate::adapters::api) fn piece() -> impl Strategy<Value = Piece> {
         prop_oneof![
             ".{0,6}".prop_map(Piece::Text),
             ".{0,6}".prop_map(Piece::Reasoning),
@@ -226,8 +226,7 @@ pub(super) mod strategies {
     }
 
     /// A terminal: a completion with a finish reason, or a failure.
-    pub(in crate::adapters::http::openai) fn end()
-    -> impl Strategy<Value = Result<Finished, ApiError>> {
+    pub(in crate::adapters::api) fn end() -> impl Strategy<Value = Result<Finished, ApiError>> {
         prop_oneof![
             prop_oneof![
                 Just("stop"),
@@ -245,7 +244,7 @@ pub(super) mod strategies {
     }
 
     /// Feeds `pieces` and `end` to `translator`; returns every event.
-    pub(in crate::adapters::http::openai) fn play(
+    pub(in crate::adapters::api) fn play(
         translator: &mut impl StreamTranslator,
         pieces: &[Piece],
         end: &Result<Finished, ApiError>,
@@ -260,9 +259,7 @@ pub(super) mod strategies {
     }
 
     /// The run output `piece` stands for: its text and its structured parts.
-    pub(in crate::adapters::http::openai) fn output_of(
-        piece: &Piece,
-    ) -> (&str, Option<StructuredOutput>) {
+    pub(in crate::adapters::api) fn output_of(piece: &Piece) -> (&str, Option<StructuredOutput>) {
         match piece {
             Piece::Text(text) => (text.as_str(), None),
             Piece::Reasoning(reasoning) => (
