@@ -2,11 +2,11 @@
 //! (and `Retry-After`) that fits, so the official clients raise the exception they document.
 //!
 //! Used for a response before streaming starts and, once an SSE stream has begun, as its
-//! last chunk. Messages name what the client sent, never an API key.
+//! last chunk. Messages name what the client sent, never an API key. The error is data (a
+//! status and OpenAI's fields), so the pure translators can return it; rendering it as an
+//! HTTP response is `response.rs`.
 
-use axum::Json;
-use axum::http::{HeaderValue, StatusCode, header};
-use axum::response::{IntoResponse, Response};
+use axum::http::StatusCode;
 use serde::Serialize;
 
 use crate::domain::routing::LimitRefusal;
@@ -29,12 +29,12 @@ pub struct ApiError {
 }
 
 #[derive(Serialize)]
-struct Body<'a> {
+pub(super) struct Body<'a> {
     error: Detail<'a>,
 }
 
 #[derive(Serialize)]
-struct Detail<'a> {
+pub(super) struct Detail<'a> {
     message: &'a str,
     #[serde(rename = "type")]
     kind: &'a str,
@@ -100,16 +100,7 @@ impl ApiError {
         error
     }
 
-    /// Adds the headers every rendering of this error carries (`Retry-After`).
-    pub fn add_headers(&self, response: &mut Response) {
-        if let Some(secs) = self.retry_after_secs {
-            response
-                .headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
-        }
-    }
-
-    fn body(&self) -> Body<'_> {
+    pub(super) fn body(&self) -> Body<'_> {
         Body {
             error: Detail {
                 message: &self.message,
@@ -341,19 +332,6 @@ impl ApiError {
             format!("The run was cancelled: {reason}"),
         )
         .code("run_cancelled")
-    }
-}
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let mut response = (self.status, Json(self.body())).into_response();
-        self.add_headers(&mut response);
-        if self.status == StatusCode::UNAUTHORIZED {
-            response
-                .headers_mut()
-                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-        }
-        response
     }
 }
 

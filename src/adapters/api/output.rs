@@ -8,6 +8,16 @@ use serde_json::{Map, Value, json};
 
 use crate::domain::{Embedding, StructuredOutput, TokenLogprob, ToolCallDelta, Usage};
 
+/// How a run ended well.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Finished {
+    /// Why generation stopped (`stop`, `length`, `tool_calls`, ...); `stop` when the node
+    /// gave none.
+    pub finish_reason: String,
+    /// Token counts, when the node reported them.
+    pub usage: Option<Usage>,
+}
+
 /// Everything a run output, concatenated.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub(super) struct Collected {

@@ -16,10 +16,10 @@ use tokio::sync::mpsc;
 use tracing::debug;
 
 use super::error::ApiError;
-use super::output::Collected;
+use super::output::{Collected, Finished};
 use crate::adapters::http::HttpState;
 use crate::domain::routing::RouteReason;
-use crate::domain::{NodeId, RunEvent, RunEventKind, RunId, RunSpec, StructuredOutput, Usage};
+use crate::domain::{NodeId, RunEvent, RunEventKind, RunId, RunSpec, StructuredOutput};
 use crate::ports::{RunHandle, Runs};
 
 /// The reason a run is cancelled with when its client disconnects.
@@ -94,16 +94,6 @@ pub(super) async fn collect(run: &mut ActiveRun) -> Result<(Collected, Finished)
             Step::End(end) => return end.map(|finished| (collected, finished)),
         }
     }
-}
-
-/// How a run ended well.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct Finished {
-    /// Why generation stopped (`stop`, `length`, `tool_calls`, ...); `stop` when the node
-    /// gave none.
-    pub finish_reason: String,
-    /// Token counts, when the node reported them.
-    pub usage: Option<Usage>,
 }
 
 /// What a run did next, as the API sees it.

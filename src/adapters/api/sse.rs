@@ -21,7 +21,8 @@ use serde::Serialize;
 use tokio::time::{Instant, Sleep};
 
 use super::error::ApiError;
-use super::run::{ActiveRun, Finished, Output, Step};
+use super::output::Finished;
+use super::run::{ActiveRun, Output, Step};
 
 /// How long a stream may stay silent before a comment line keeps idle-timeout proxies from
 /// closing it.

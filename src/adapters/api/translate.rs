@@ -1,9 +1,8 @@
-//! What the translators of the Anthropic Messages and Responses APIs share: reading a
+//! Where the translators of the Anthropic Messages and Responses APIs meet HTTP: reading a
 //! request into the chat run it becomes ([`chat_run`]), the one handler both endpoints are
-//! ([`serve_chat_run`] over a [`ChatApi`]), the typed events they produce from run events,
-//! and the [`EventWriter`] that writes them as named SSE events. The translators themselves
-//! are pure state machines (run output in, API events out); this module is the only place
-//! they meet the HTTP body.
+//! ([`serve_chat_run`] over a [`ChatApi`]), and the [`EventWriter`] that writes a
+//! translator's events as named SSE events. The translators themselves, and what they
+//! share, are pure (`protocol.rs`).
 
 use axum::Json;
 use axum::extract::rejection::BytesRejection;
@@ -14,23 +13,14 @@ use serde_json::Value;
 
 use super::auth::Caller;
 use super::error::ApiError;
-use super::output::Collected;
+use super::output::{Collected, Finished};
+use super::protocol::{ApiEvent, ChatTranslation, StreamTranslator};
 use super::request::{deadline, read_body, run_spec};
 use super::routing::{ClientKeys, prefix_of_value, run_routing};
-use super::run::{self, Finished, Output, Step};
+use super::run::{self, Output, Step};
 use super::sse::{self, EventWriter, push_named_event};
 use crate::adapters::http::HttpState;
-use crate::domain::{Operation, RunId, RunSpec, StructuredOutput};
-
-/// What a request of another API becomes: a chat-completions body for one model.
-pub(super) trait ChatTranslation {
-    /// The model as the client named it.
-    fn model(&self) -> &str;
-    /// The chat-completions body (without `model` and `stream`) the run gets as input.
-    fn chat(&self) -> &Value;
-    /// Whether the client asked for a stream.
-    fn stream(&self) -> bool;
-}
+use crate::domain::{Operation, RunId, RunSpec};
 
 /// One API served as a chat run: how its requests translate, where its client keys are,
 /// its error shape, and its answers — streamed through a translator, or whole.
@@ -117,37 +107,6 @@ pub(super) fn chat_run<T: ChatTranslation>(
     Ok((translated, spec))
 }
 
-/// One event of an API's stream: its SSE event name and its JSON data.
-#[derive(Debug, Clone, PartialEq)]
-pub(super) struct ApiEvent {
-    /// The SSE `event:` name (`message_start`, `response.output_text.delta`, ...).
-    pub name: &'static str,
-    /// The SSE `data:`.
-    pub data: Value,
-}
-
-impl ApiEvent {
-    /// An event named `name` with `data`.
-    pub fn new(name: &'static str, data: Value) -> Self {
-        Self { name, data }
-    }
-}
-
-/// A per-API streaming state machine: run output in, the API's events out. Pure: no I/O,
-/// no clock.
-pub(super) trait StreamTranslator: Send + Unpin + 'static {
-    /// The events that open the stream.
-    fn open(&mut self) -> Vec<ApiEvent>;
-    /// The events of one piece of output: its text and its structured parts.
-    fn output(&mut self, text: &str, structured: Option<&StructuredOutput>) -> Vec<ApiEvent>;
-    /// The events that end the stream, after success or failure. Nothing may follow them.
-    fn close(&mut self, end: Result<&Finished, &ApiError>) -> Vec<ApiEvent>;
-    /// An event to send when the stream has been silent for a while, if the API has one.
-    fn keep_alive(&self) -> Option<ApiEvent> {
-        None
-    }
-}
-
 /// Writes a [`StreamTranslator`]'s events as named SSE events.
 pub(super) struct NamedEvents<T>(pub T);
 
@@ -179,112 +138,5 @@ impl<T: StreamTranslator> EventWriter for NamedEvents<T> {
 fn write_all(frame: &mut BytesMut, events: Vec<ApiEvent>) {
     for event in events {
         push_named_event(frame, event.name, &event.data);
-    }
-}
-
-/// A tool call's arguments as a JSON value: the parsed text, `{}` when empty, or the text
-/// itself as a string when it is not JSON (the model's mistake, passed on rather than lost).
-pub(super) fn arguments_value(arguments: &str) -> Value {
-    if arguments.trim().is_empty() {
-        return Value::Object(serde_json::Map::new());
-    }
-    serde_json::from_str(arguments).unwrap_or_else(|_| Value::String(arguments.to_owned()))
-}
-
-/// Generators of run-output sequences for the translators' property tests.
-#[cfg(test)]
-pub(super) mod strategies {
-    use proptest::prelude::*;
-
-    use super::super::error::ApiError;
-    use super::super::run::Finished;
-    use super::{ApiEvent, StreamTranslator};
-    use crate::domain::{StructuredOutput, ToolCallDelta, Usage};
-
-    /// One piece of run output, for generating event sequences.
-    #[derive(Debug, Clone)]
-    pub(in crate::adapters::api) enum Piece {
-        Text(String),
-        Reasoning(String),
-        Tool {
-            index: u32,
-            name: String,
-            arguments: String,
-        },
-    }
-
-    pub(in crate::adapters::api) fn piece() -> impl Strategy<Value = Piece> {
-        prop_oneof![
-            ".{0,6}".prop_map(Piece::Text),
-            ".{0,6}".prop_map(Piece::Reasoning),
-            (0u32..3, "[a-z]{0,3}", ".{0,5}").prop_map(|(index, name, arguments)| Piece::Tool {
-                index,
-                name,
-                arguments
-            }),
-        ]
-    }
-
-    /// A terminal: a completion with a finish reason, or a failure.
-    pub(in crate::adapters::api) fn end() -> impl Strategy<Value = Result<Finished, ApiError>> {
-        prop_oneof![
-            prop_oneof![
-                Just("stop"),
-                Just("length"),
-                Just("tool_calls"),
-                Just("content_filter"),
-                Just("")
-            ]
-            .prop_map(|reason| Ok(Finished {
-                finish_reason: reason.to_owned(),
-                usage: Some(Usage::new(2, 3))
-            })),
-            Just(Err(ApiError::internal("boom"))),
-        ]
-    }
-
-    /// Feeds `pieces` and `end` to `translator`; returns every event.
-    pub(in crate::adapters::api) fn play(
-        translator: &mut impl StreamTranslator,
-        pieces: &[Piece],
-        end: &Result<Finished, ApiError>,
-    ) -> Vec<ApiEvent> {
-        let mut events = translator.open();
-        for piece in pieces {
-            let (text, structured) = output_of(piece);
-            events.extend(translator.output(text, structured.as_ref()));
-        }
-        events.extend(translator.close(end.as_ref()));
-        events
-    }
-
-    /// The run output `piece` stands for: its text and its structured parts.
-    pub(in crate::adapters::api) fn output_of(piece: &Piece) -> (&str, Option<StructuredOutput>) {
-        match piece {
-            Piece::Text(text) => (text.as_str(), None),
-            Piece::Reasoning(reasoning) => (
-                "",
-                Some(StructuredOutput {
-                    reasoning: reasoning.clone(),
-                    ..StructuredOutput::default()
-                }),
-            ),
-            Piece::Tool {
-                index,
-                name,
-                arguments,
-            } => (
-                "",
-                Some(StructuredOutput {
-                    tool_calls: vec![ToolCallDelta {
-                        index: *index,
-                        id: String::new(),
-                        name: name.clone(),
-                        arguments: arguments.clone(),
-                    }],
-                    ..StructuredOutput::default()
-                }),
-            ),
-        }
     }
 }

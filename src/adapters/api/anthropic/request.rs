@@ -7,7 +7,7 @@
 use serde_json::{Map, Value, json};
 
 use super::super::error::ApiError;
-use super::super::translate::ChatTranslation;
+use super::super::protocol::ChatTranslation;
 
 /// A checked Messages request, translated.
 #[derive(Debug, Clone, PartialEq)]

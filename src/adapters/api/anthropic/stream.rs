@@ -11,9 +11,9 @@
 use serde_json::{Value, json};
 
 use super::super::error::ApiError;
-use super::super::run::Finished;
-use super::super::translate::{ApiEvent, StreamTranslator};
-use super::{error_body, stop_reason, usage_json};
+use super::super::output::Finished;
+use super::super::protocol::{ApiEvent, StreamTranslator};
+use super::message::{error_body, stop_reason, usage_json};
 use crate::domain::{StructuredOutput, ToolCallDelta};
 
 /// The kind of the block that is open for deltas (besides tool blocks).

@@ -5,8 +5,8 @@
 use proptest::prelude::*;
 use serde_json::{Value, json};
 
-use super::super::translate::ApiEvent;
-use super::super::translate::strategies::{Piece, end, piece, play};
+use super::super::protocol::ApiEvent;
+use super::super::protocol::strategies::{Piece, end, piece, play};
 use super::request::translate;
 use super::stream::MessagesStream;
 
@@ -259,7 +259,7 @@ proptest! {
         }
         if let Ok(finished) = &end {
             let stop = &events[events.len() - 2].data["delta"]["stop_reason"];
-            let expected = if order.is_empty() { super::stop_reason(&finished.finish_reason, false) } else { "tool_use" };
+            let expected = if order.is_empty() { super::message::stop_reason(&finished.finish_reason, false) } else { "tool_use" };
             prop_assert_eq!(stop.as_str(), Some(expected));
         }
     }

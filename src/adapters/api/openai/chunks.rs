@@ -12,11 +12,12 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 
 use super::super::error::ApiError;
+use super::super::output::Finished;
 use super::super::output::{
     chat_logprobs_json, legacy_logprobs_json, tool_call_deltas_json, usage_json,
 };
 use super::super::request::Endpoint;
-use super::super::run::{Finished, Output};
+use super::super::run::Output;
 use super::super::sse::{EventWriter, push_event, write_json};
 use super::reply::Reply;
 use crate::domain::{StructuredOutput, Usage};

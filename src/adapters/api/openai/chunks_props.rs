@@ -5,9 +5,9 @@ use bytes::BytesMut;
 use proptest::prelude::*;
 use serde_json::Value;
 
+use super::super::super::protocol::strategies::{self, end, output_of, piece};
 use super::super::super::request::Endpoint;
 use super::super::super::sse::EventWriter;
-use super::super::super::translate::strategies::{self, end, output_of, piece};
 use super::super::reply::Reply;
 use super::{ChunkWriter, Piece};
 use crate::domain::RunId;

@@ -16,11 +16,12 @@ use serde_json::Value;
 use super::super::auth::Caller;
 use super::super::error::ApiError;
 use super::super::output::Collected;
+use super::super::output::Finished;
 use super::super::request::{
     Fields, deadline, encode_object, field_value, parse_object, read_body, run_spec, take_model,
 };
 use super::super::routing::{ClientKeys, run_routing};
-use super::super::run::{self, Finished};
+use super::super::run;
 use crate::adapters::http::HttpState;
 use crate::domain::{Embedding, FailureClass, Operation, RunRouting};
 

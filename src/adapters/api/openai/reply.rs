@@ -11,9 +11,10 @@ use bytes::Bytes;
 use serde_json::Value;
 
 use super::super::auth::Caller;
+use super::super::output::Finished;
 use super::super::output::{Collected, usage_json};
 use super::super::request::{self, ApiRequest, Endpoint};
-use super::super::run::{self, Finished, Step};
+use super::super::run::{self, Step};
 use super::super::sse;
 use super::chunks::ChunkWriter;
 use super::{chat, completions};

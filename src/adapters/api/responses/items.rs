@@ -5,8 +5,7 @@
 use serde_json::{Value, json};
 
 use super::super::error::ApiError;
-use super::super::output::Collected;
-use super::super::run::Finished;
+use super::super::output::{Collected, Finished};
 use crate::domain::Usage;
 
 /// What the `response` object says of itself besides its output.

@@ -13,8 +13,8 @@
 use serde_json::{Value, json};
 
 use super::super::error::ApiError;
-use super::super::run::Finished;
-use super::super::translate::{ApiEvent, StreamTranslator};
+use super::super::output::Finished;
+use super::super::protocol::{ApiEvent, StreamTranslator};
 use super::items::{
     Item, Outcome, ResponseBase, call_id, response_json, terminal_event, text_part,
 };

@@ -5,8 +5,8 @@
 use proptest::prelude::*;
 use serde_json::{Value, json};
 
-use super::super::translate::ApiEvent;
-use super::super::translate::strategies::{Piece, end, piece, play};
+use super::super::protocol::ApiEvent;
+use super::super::protocol::strategies::{Piece, end, piece, play};
 use super::items::ResponseBase;
 use super::request::translate;
 use super::stream::ResponsesStream;
