@@ -1,5 +1,9 @@
-//! Implementations of the ports, one folder per technology.
+//! Implementations of the ports, one folder per technology, and the event line format they
+//! share (`event_format`).
 
+pub mod admin;
+pub mod api;
+pub mod event_format;
 pub mod file_store;
 pub mod http;
 pub mod journal;

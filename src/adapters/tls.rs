@@ -115,6 +115,23 @@ pub fn crypto_provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
+/// A client configuration that verifies servers against the platform's trust store (the
+/// system's CA certificates), with the `ring` provider passed in rather than read from a
+/// process default: for HTTPS clients of public endpoints (an OTLP collector, an engine
+/// without a private CA).
+///
+/// # Errors
+/// [`TlsError::Internal`] when the platform verifier cannot be set up.
+pub fn platform_client_config() -> Result<rustls::ClientConfig, TlsError> {
+    use rustls_platform_verifier::BuilderVerifierExt as _;
+    let config = rustls::ClientConfig::builder_with_provider(crypto_provider())
+        .with_safe_default_protocol_versions()
+        .and_then(|builder| builder.with_platform_verifier())
+        .map_err(|error| TlsError::Internal(error.to_string()))?
+        .with_no_client_auth();
+    Ok(config)
+}
+
 fn read(path: &Path, setting: &str) -> Result<Vec<u8>, TlsError> {
     std::fs::read(path).map_err(|source| TlsError::Read {
         setting: setting.to_owned(),

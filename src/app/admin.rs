@@ -12,8 +12,8 @@ use super::drains::Drains;
 use super::management::Management;
 use super::metrics::Metrics;
 use super::{RunService, Settings};
+use crate::adapters::admin::{AdminServer, AdminState, routes};
 use crate::adapters::http::HttpServer;
-use crate::adapters::http::admin::{AdminServer, AdminState, routes};
 use crate::adapters::journal::open_journal;
 use crate::ports::{NodeStore, Registry, RunJournal};
 
@@ -56,7 +56,7 @@ pub(super) async fn bind(
     management: &Management,
     http: HttpServer,
 ) -> anyhow::Result<(HttpServer, Option<AdminServer>)> {
-    let state = AdminState::new(management.clone(), &settings.admin);
+    let state = AdminState::new(Arc::new(management.clone()), &settings.admin);
     if settings.admin.on_http_listener {
         return Ok((http.merge(routes(state)), None));
     }

@@ -26,9 +26,10 @@ use anyhow::Context;
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
+use crate::adapters::admin::AdminServer;
+use crate::adapters::api::Api;
 use crate::adapters::file_store::FileNodeStore;
-use crate::adapters::http::admin::AdminServer;
-use crate::adapters::http::{Api, HttpServer, HttpState};
+use crate::adapters::http::{HttpServer, HttpState};
 use crate::adapters::listen;
 use crate::adapters::lock_registry::LockRegistry;
 use crate::adapters::sinks::{SinkSet, build_sinks};
@@ -107,8 +108,6 @@ impl App {
             handler: Arc::new(runs.clone()),
         };
         let server = bind_node_server(&settings, deps).await?;
-        listen::warn_if_capped("server.listen_backlog", settings.server.listen_backlog);
-        listen::warn_if_capped("http.listen_backlog", settings.http.listen_backlog);
         metrics.observe(MetricSources {
             store: Arc::clone(&store),
             registry: Arc::clone(&registry),
@@ -246,6 +245,7 @@ async fn bind_node_server(settings: &Settings, deps: ServerDeps) -> anyhow::Resu
     let listen = settings.server.listen;
     let server = TcpServer::bind(settings.server.clone(), deps).await;
     let server = server.with_context(|| format!("cannot listen for nodes on {listen}"))?;
+    listen::warn_if_capped("server.listen_backlog", settings.server.listen_backlog);
     Ok(tls.into_iter().fold(server, TcpServer::with_tls))
 }
 
@@ -269,7 +269,7 @@ fn http_state(
     Ok(HttpState {
         metrics: metrics.registry(),
         readiness,
-        runs: runs.clone(),
+        runs: Arc::new(runs.clone()),
         registry: Arc::clone(registry),
         api: Api::new(settings.api.clone())?,
     })
@@ -282,6 +282,7 @@ async fn bind_http_server(settings: &Settings, state: HttpState) -> anyhow::Resu
     let listen = settings.http.listen;
     let http = HttpServer::bind(settings.http.clone(), state).await;
     let mut http = http.with_context(|| format!("cannot listen for HTTP on {listen}"))?;
+    listen::warn_if_capped("http.listen_backlog", settings.http.listen_backlog);
     if settings.tracing.enabled() {
         http = http.with_request_traces();
     }

@@ -17,10 +17,10 @@ use serde::Deserialize;
 use serde::de::IgnoredAny;
 use tracing_subscriber::EnvFilter;
 
+pub use crate::adapters::admin::AdminConfig;
+use crate::adapters::api::ApiConfig;
 use crate::adapters::file_store::ConfigSource;
-use crate::adapters::http::ApiConfig;
 pub use crate::adapters::http::HttpConfig;
-pub use crate::adapters::http::admin::AdminConfig;
 pub use crate::adapters::journal::JournalConfig;
 use crate::adapters::sinks::config::EventsConfig;
 use crate::adapters::tcp::config::ServerConfig;

@@ -1,9 +1,11 @@
 //! The node side of the protocol: a client that dials an edge, registers, and exchanges
 //! frames with it.
 //!
-//! The edge never uses this module. It is the reference Rust implementation of a node's
-//! connection, used by the reference node and the mock node in `examples/`, by the load
-//! generator and by the integration tests, so they all speak exactly what real nodes speak.
+//! The edge's server side never uses this module (its `NodeCommand` and `RunAssignment`
+//! are the edge's own port types, re-exported here as the commands a node receives). It is
+//! the reference Rust implementation of a node's connection, used by the reference node
+//! (`edge-node`, in `node/`), the mock node (`mock_node/`), the load generator
+//! (`loadgen/`) and the integration tests, so they all speak exactly what real nodes speak.
 //! Besides the connection ([`NodeClient`]) it holds what a node needs around it: the link
 //! check ([`LinkMonitor`]), reconnect delays ([`Backoff`]), TCP keepalive ([`Keepalive`])
 //! and counts of how links ended ([`LinkStats`]).
@@ -21,6 +23,7 @@ use tokio::net::{TcpStream, ToSocketAddrs};
 use tokio_util::codec::Framed;
 
 pub use crate::adapters::tcp::Keepalive;
+pub use crate::adapters::tls::{TlsError, platform_client_config};
 pub use link::{Backoff, LinkEnd, LinkMonitor, LinkStats};
 pub use stream::{ClientStream, tls_client_config};
 
@@ -30,6 +33,9 @@ use crate::wire::NodeCodec;
 
 /// The name a TLS client checks the edge's certificate against (a DNS name or an IP address).
 pub use rustls::pki_types::ServerName;
+
+/// What the edge asks of a node (`Run`, `Cancel`, `Shutdown`, ...), and a run's assignment.
+pub use crate::ports::{NodeCommand, RunAssignment};
 
 pub use crate::wire::{
     FrameError, NodeFrame, ReceivedAdapter, ReceivedConfig, ReceivedEdgeFrame, RegisterOutcome,

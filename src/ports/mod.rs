@@ -1,24 +1,39 @@
 //! The seams between the edge's core and the technology around it.
 //!
-//! Each trait speaks only domain types. Adapters in `crate::adapters` implement them; the
-//! application in `crate::app` depends on them; tests substitute mockall mocks or fakes.
+//! Each trait speaks only domain types. Outbound ports (`NodeStore`, `Registry`,
+//! `EventSink`, `NodeTransport`, `RunJournal`) are implemented by adapters in
+//! `crate::adapters` and called by the application in `crate::app`; inbound ports (`Runs`,
+//! `Manage`) are implemented by the application and called by the adapters that take
+//! requests in (the HTTP APIs, the management API). Tests substitute mockall mocks or fakes.
 
 pub mod event_sink;
 pub mod journal;
+pub mod management;
 pub mod node_store;
+mod noop_journal;
 pub mod readiness;
 pub mod registry;
+pub mod runs;
 pub mod transport;
+
+/// The tracing target of spans that exist only to be exported (the API request, the
+/// dispatch of a run to a node), shared by the adapters and the run service that open them
+/// and the telemetry that exports them. The log output never shows them; without an
+/// exporter no layer wants them, and they are never built.
+pub const EXPORT_TARGET: &str = "edge::otel";
 
 pub use event_sink::EventSink;
 pub use journal::{
     JournalEntry, JournalError, JournalStats, RelayedEvent, RunJournal, StoredEvent,
 };
+pub use management::{ConnectedNodeView, FeedItem, FeedStream, Manage, ManageError, NodeStatus};
 pub use node_store::NodeStore;
+pub use noop_journal::NoopJournal;
 pub use readiness::Readiness;
 pub use registry::{
     AlreadyConnected, ConnectedNode, ConnectionId, LastFrame, NewConnection, Registry,
 };
+pub use runs::{Placed, RunHandle, Runs, StartError, waiting_for};
 pub use transport::{
     CloseReason, LinkError, NodeCommand, NodeEventHandler, NodeLink, NodeTransport, ReportedEvent,
     RunAssignment, TransportError,

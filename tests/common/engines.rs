@@ -398,7 +398,7 @@ impl LlamaServer {
         let model = options.model.clone().unwrap_or_else(tiny_model);
         let dir = tempfile::tempdir().expect("tempdir for the llama-server log");
         let log = dir.path().join("llama-server.log");
-        let http = reqwest::Client::builder()
+        let http = crate::common::http()
             .timeout(Duration::from_secs(5))
             .build()
             .expect("http client");

@@ -1,10 +1,28 @@
 //! The integration-test harness: a real edge on port 0 and real protocol clients.
 #![allow(dead_code)]
 
-pub mod churn;
 pub mod engines;
+pub mod pki;
 pub mod python;
 pub mod runs;
+
+/// A `reqwest` client builder for the tests' HTTP calls. The reference node (a
+/// dev-dependency) turns on reqwest's rustls without a process-wide crypto provider, so a
+/// bare `reqwest::Client::new()` would panic in this process: every client starts from the
+/// node's builder, which passes the `ring` provider in (decision 15).
+pub fn http() -> reqwest::ClientBuilder {
+    edge_node::upstream::client_builder(None).expect("the system's CA certificates load")
+}
+
+/// A client from [`http`] with reqwest's defaults.
+pub fn http_client() -> reqwest::Client {
+    http().build().expect("an HTTP client")
+}
+
+/// `GET url` with a client from [`http_client`] (what `reqwest::get` does).
+pub async fn http_get(url: impl reqwest::IntoUrl) -> reqwest::Result<reqwest::Response> {
+    http_client().get(url).send().await
+}
 
 use std::fmt;
 use std::net::SocketAddr;

@@ -79,7 +79,7 @@ async fn settle_and_stop(app: TestApp, nodes: impl IntoIterator<Item = MockNode>
 
 /// An HTTP client that gives up after [`PATIENCE`].
 fn client() -> reqwest::Client {
-    reqwest::Client::builder()
+    crate::common::http()
         .timeout(PATIENCE)
         .build()
         .expect("client")
@@ -882,7 +882,7 @@ async fn a_client_disconnecting_mid_stream_cancels_the_run() {
 async fn a_client_giving_up_on_a_whole_answer_cancels_the_run() {
     let (app, hanging) = edge_with_node_a(TWO_NODES, Behaviour::Hang).await;
 
-    let impatient = reqwest::Client::builder()
+    let impatient = crate::common::http()
         .timeout(Duration::from_millis(300))
         .build()
         .expect("client");

@@ -82,7 +82,7 @@ impl Stack {
         let app = spawn_app(&edge_config(&llama.v1_url())).await;
         let node = spawn_node(app.node_addr, NODE_TOKEN, |_| {});
         app.wait_for_nodes(1).await;
-        let http = reqwest::Client::builder()
+        let http = crate::common::http()
             .timeout(Duration::from_secs(5))
             .build()
             .expect("http client");

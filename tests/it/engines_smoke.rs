@@ -16,7 +16,7 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
 fn client() -> reqwest::Client {
-    reqwest::Client::builder()
+    crate::common::http()
         .timeout(std::time::Duration::from_secs(30))
         .build()
         .expect("http client")

@@ -172,7 +172,7 @@ fn kinds_in_file(lines: &[Value], run_id: &str) -> Vec<String> {
 // ---------------------------------------------------------------------------------------
 
 fn http() -> reqwest::Client {
-    reqwest::Client::builder()
+    crate::common::http()
         .timeout(PATIENCE)
         .build()
         .expect("client")

@@ -43,7 +43,7 @@ async fn a_client_that_sends_headers_too_slowly_is_disconnected() {
     // The request's headers never end: the server gives up on them.
     let answer = read_to_close(&mut slow).await;
     assert!(!answer.contains("200 OK"), "{answer}");
-    let health = reqwest::get(format!("http://{}/healthz", app.http_addr))
+    let health = crate::common::http_get(format!("http://{}/healthz", app.http_addr))
         .await
         .expect("get");
     assert_eq!(health.status(), 200, "other clients are served");
@@ -95,7 +95,7 @@ async fn api_requests_beyond_the_limit_get_503_and_ops_endpoints_still_answer() 
     let _node = MockNode::start(app.node_addr, options)
         .await
         .expect("mock node");
-    let client = reqwest::Client::builder()
+    let client = crate::common::http()
         .timeout(PATIENCE)
         .build()
         .expect("client");

@@ -507,7 +507,7 @@ async fn resumed_run(app: &TestApp, seen: &mut Seen) {
         .push(handle.events.recv().await.expect("the output"));
     drop(first);
     let detached = [want("edge_runs_detached_total", &[], 1.0)];
-    scrape_until(&reqwest::Client::new(), app, &detached).await;
+    scrape_until(&crate::common::http_client(), app, &detached).await;
 
     let claim = ResumeClaim {
         run_id: run_id.clone(),
@@ -659,7 +659,7 @@ async fn metrics_after_a_scripted_scenario_count_what_happened() {
     let scenario = scripted_scenario().await;
     let app = &scenario.app;
     let events = &scenario.events;
-    let http = reqwest::Client::new();
+    let http = crate::common::http_client();
 
     // Runs whose caller saw an output (the dropping node may lose its output with the
     // connection, so this one is counted, not assumed).
@@ -922,7 +922,7 @@ async fn metrics_after_a_scripted_scenario_count_what_happened() {
 #[tokio::test]
 async fn no_label_value_is_a_run_id_or_a_token() {
     let scenario = scripted_scenario().await;
-    let http = reqwest::Client::new();
+    let http = crate::common::http_client();
     // Wait for the last counters of the scenario so the scan sees every label in use.
     let scrape = scrape_until(
         &http,
@@ -980,7 +980,7 @@ async fn no_label_value_is_a_run_id_or_a_token() {
 #[tokio::test]
 async fn readyz_is_503_while_a_stop_drains_and_healthz_stays_200() {
     let app = spawn_app(TWO_NODES).await;
-    let http = reqwest::Client::new();
+    let http = crate::common::http_client();
     assert_eq!(get(&http, &app, "/healthz").await, (200, "ok\n".to_owned()));
     assert_eq!(
         get(&http, &app, "/readyz").await,
@@ -1036,7 +1036,7 @@ async fn readyz_is_503_while_a_stop_drains_and_healthz_stays_200() {
 async fn transport_counters_equal_the_bytes_and_frames_on_the_wire() {
     let app = spawn_app(TWO_NODES).await;
     let proxy = CountingProxy::start(app.node_addr).await;
-    let http = reqwest::Client::new();
+    let http = crate::common::http_client();
 
     let mut wrong = NodeClient::connect(proxy.addr).await.expect("connect");
     let outcome = wrong

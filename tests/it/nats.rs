@@ -75,7 +75,7 @@ async fn run_all(app: &TestApp, runs: usize, count: usize) -> Vec<(RunId, Vec<Ar
 /// A sample's value in a Prometheus scrape: `name` and `labels` (`""` or `{k="v"}`).
 async fn metric(app: &TestApp, name: &str, labels: &str) -> f64 {
     let url = format!("http://{}/metrics", app.http_addr);
-    let text = reqwest::get(&url)
+    let text = crate::common::http_get(&url)
         .await
         .expect("scrape")
         .text()

@@ -20,7 +20,7 @@ use edge::domain::{
     StructuredOutput, Target, Usage,
 };
 use node_support::upstream::{Reply, ScriptedEngine};
-use node_support::{QWEN, RunningNode, edge_config, spawn_node};
+use node_support::{QWEN, RunningNode, answer, edge_config, spawn_node};
 use serde_json::{Value, json};
 
 const TARGETS: &[&str] = &["qwen", "bad", "broken", "busy", "embed"];
@@ -142,6 +142,43 @@ async fn a_console_prompt_streams_text_in_order_then_completes_with_usage() {
                "messages": [{"role": "user", "content": "hello"}]})
     );
     assert_eq!(seen[0].authorization, None);
+    node.stop().await.expect("clean stop");
+    app.assert_settled().await;
+}
+
+#[tokio::test]
+async fn a_run_is_served_by_an_https_engine_checked_against_the_adapters_ca() {
+    let ca = common::pki::Ca::new("engine CA");
+    let (cert, key) = ca.issue(
+        &["localhost", "127.0.0.1"],
+        rcgen::ExtendedKeyUsagePurpose::ServerAuth,
+    );
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ca_path = dir.path().join("engine-ca.pem");
+    std::fs::write(&ca_path, &ca.pem).expect("write the CA");
+    let engine = ScriptedEngine::start_https(&[QWEN], &cert, &key).await;
+    assert!(engine.base_url().starts_with("https://localhost:"));
+    // The adapter's settings table ends the config: `tls_ca` joins it.
+    let config = format!(
+        "{}tls_ca = {:?}\n",
+        edge_config(&engine.base_url(), &["qwen"], 1_000),
+        ca_path.display().to_string()
+    );
+    let app = spawn_app(&config).await;
+    let node = spawn_node(app.node_addr, "token-1", |_| {});
+    app.wait_for_nodes(1).await;
+    engine.script(QWEN, answer("over TLS"));
+
+    let events = run_to_end(&app, spec("qwen", Operation::Unspecified, json!("hello"))).await;
+    assert_eq!(text_of(&events), "over TLS");
+    assert!(
+        matches!(
+            events.last().expect("terminal").kind,
+            RunEventKind::Completed { .. }
+        ),
+        "{events:?}"
+    );
+    assert_eq!(engine.seen()[0].path, "/v1/chat/completions");
     node.stop().await.expect("clean stop");
     app.assert_settled().await;
 }

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use common::{PATIENCE, TestApp, eventually};
-use edge::adapters::http::openai::RUN_ID_HEADER;
+use edge::adapters::api::RUN_ID_HEADER;
 use node_support::relay::Relay;
 use node_support::upstream::{Reply, ScriptedEngine};
 use node_support::{QWEN, RunningNode, edge_config, edge_on, pings_answered, spawn_node};
@@ -104,7 +104,7 @@ impl Stream {
             "stream": true,
             "messages": [{"role": "user", "content": "tell me a long story"}],
         });
-        let response = reqwest::Client::new()
+        let response = crate::common::http_client()
             .post(format!("http://{}/v1/chat/completions", app.http_addr))
             .json(&body)
             .send()

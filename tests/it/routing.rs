@@ -27,12 +27,12 @@ use crate::admin_support::{ADMIN_KEY, HandNode, get_ok};
 use crate::api_support::{
     chat, chat_text, chunks_text, client, json_with, read_chunks, read_events,
 };
-use crate::common::churn::{self, Churn, Ending};
 use crate::common::{
     NodeTable, TestApp, eventually, file_sink, json_lines, numbered_nodes, spawn_app,
 };
 use crate::metrics::{scrape_until, want};
 use crate::mock_node::{Behaviour, MockNode, MockOptions};
+use edge_mock_node::churn::{self, Churn, Ending};
 
 /// Two nodes.
 const AB: [&str; 2] = ["node-a", "node-b"];

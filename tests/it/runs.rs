@@ -688,7 +688,7 @@ async fn the_file_sink_writes_json_lines_and_recovers_when_its_directory_returns
     // The sink tries (and fails) to write the lost run.
     eventually_ok("the file sink failed to write", || async {
         let url = format!("http://{}/metrics", app.http_addr);
-        let text = reqwest::get(url)
+        let text = crate::common::http_get(url)
             .await
             .map_err(|e| e.to_string())?
             .text()

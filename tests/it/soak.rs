@@ -538,7 +538,7 @@ async fn stream_one(runs: RunService, index: usize) -> Vec<Arc<RunEvent>> {
 
 /// A counter's value in the edge's `/metrics`.
 async fn scraped(app: &TestApp, counter: &str) -> f64 {
-    let text = reqwest::get(format!("http://{}/metrics", app.http_addr))
+    let text = crate::common::http_get(format!("http://{}/metrics", app.http_addr))
         .await
         .expect("scrape")
         .text()

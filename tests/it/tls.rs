@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::pki::Ca;
 use common::runs::echo_run;
 use common::{TWO_NODES, TestApp, eventually, settings_on_free_ports, spawn_app};
 use edge::app::App;
@@ -20,10 +21,7 @@ use edge::client::{
 use edge::domain::RunEventKind;
 use edge::ports::CloseReason;
 use mock_node::{MockNode, MockOptions};
-use rcgen::{
-    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
-    KeyUsagePurpose,
-};
+use rcgen::ExtendedKeyUsagePurpose;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -33,44 +31,6 @@ const PATIENCE: Duration = Duration::from_secs(10);
 // ---------------------------------------------------------------------------------------
 // Certificates
 // ---------------------------------------------------------------------------------------
-
-/// A certificate authority that issues leaf certificates.
-struct Ca {
-    issuer: Issuer<'static, KeyPair>,
-    pem: String,
-}
-
-impl Ca {
-    fn new(name: &str) -> Self {
-        let key = KeyPair::generate().expect("CA key");
-        let mut params = CertificateParams::new(Vec::<String>::new()).expect("CA params");
-        params.distinguished_name.push(DnType::CommonName, name);
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params.key_usages = vec![
-            KeyUsagePurpose::KeyCertSign,
-            KeyUsagePurpose::CrlSign,
-            KeyUsagePurpose::DigitalSignature,
-        ];
-        let pem = params.self_signed(&key).expect("CA certificate").pem();
-        Self {
-            issuer: Issuer::new(params, key),
-            pem,
-        }
-    }
-
-    /// A leaf certificate for `names`, usable as `usage`: (certificate PEM, key PEM).
-    fn issue(&self, names: &[&str], usage: ExtendedKeyUsagePurpose) -> (String, String) {
-        let key = KeyPair::generate().expect("leaf key");
-        let names: Vec<String> = names.iter().map(|name| (*name).to_owned()).collect();
-        let mut params = CertificateParams::new(names).expect("leaf params");
-        params
-            .distinguished_name
-            .push(DnType::CommonName, "edge test");
-        params.extended_key_usages = vec![usage];
-        let certificate = params.signed_by(&key, &self.issuer).expect("leaf");
-        (certificate.pem(), key.serialize_pem())
-    }
-}
 
 /// Certificate files in a temporary directory: a CA, the edge's certificate signed by it
 /// (valid for `localhost` and `127.0.0.1`), a client certificate signed by it, and a client

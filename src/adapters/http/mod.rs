@@ -1,19 +1,18 @@
-//! The HTTP server in front of the edge: operations endpoints (`/metrics`, `/healthz`,
-//! `/readyz`) and the OpenAI-compatible API, served with axum.
+//! The HTTP server in front of the edge: its listener, connection loop, limits and TLS,
+//! the operations endpoints (`/metrics`, `/healthz`, `/readyz`), and the routes of the
+//! client APIs (`crate::adapters::api`) mounted on it, served with axum. The management
+//! API (`crate::adapters::admin`) reuses its connection loop and TLS on its own listener.
 //!
-//! The API never reaches a node except through the run service, which speaks the node
-//! protocol; this adapter only translates HTTP to runs and run events to HTTP.
+//! The APIs never reach a node except through the run service, which speaks the node
+//! protocol; this adapter only carries HTTP.
 
-pub mod admin;
 mod config;
 mod health;
 mod limits;
-pub mod openai;
-mod serve;
+pub(crate) mod serve;
 mod server;
-mod tls;
+pub(crate) mod tls;
 mod trace;
 
 pub use config::HttpConfig;
-pub use openai::{Api, ApiConfig};
 pub use server::{HttpServer, HttpState};

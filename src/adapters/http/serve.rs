@@ -24,7 +24,7 @@ use super::config::HttpConfig;
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
 /// Serves `router` on connections from `listener` until `stop` is cancelled.
-pub(super) async fn serve<L>(
+pub(crate) async fn serve<L>(
     mut listener: L,
     router: Router,
     config: &HttpConfig,

@@ -14,12 +14,11 @@ use tower_http::timeout::RequestBodyTimeoutLayer;
 use super::config::HttpConfig;
 use super::health;
 use super::limits::{self, RequestSlots};
-use super::openai::{self, Api};
 use super::serve::serve;
 use super::tls::TlsListener;
+use crate::adapters::api::{self, Api};
 use crate::adapters::tls::TlsAcceptor;
-use crate::app::runs::RunService;
-use crate::ports::{Readiness, Registry};
+use crate::ports::{Readiness, Registry, Runs};
 
 /// What the handlers work with. Cheap to clone.
 #[derive(Clone)]
@@ -28,8 +27,8 @@ pub struct HttpState {
     pub metrics: prometheus::Registry,
     /// For `/readyz`: whether the edge is draining.
     pub readiness: Readiness,
-    /// Accepts runs.
-    pub runs: RunService,
+    /// Accepts runs (the run service, through the inbound runs port).
+    pub runs: Arc<dyn Runs>,
     /// The connected nodes.
     pub registry: Arc<dyn Registry>,
     /// The OpenAI-compatible API's settings and model map.
@@ -58,14 +57,13 @@ impl HttpServer {
             config.max_concurrent_requests,
             state.api.config().retry_after_secs,
         );
-        let api =
-            openai::routes(&state).layer(middleware::from_fn_with_state(slots, limits::limit));
+        let api = api::routes(&state).layer(middleware::from_fn_with_state(slots, limits::limit));
         let router = Router::new()
             .route("/healthz", get(health::healthz))
             .route("/readyz", get(health::readyz))
             .route("/metrics", get(health::metrics))
             .merge(api)
-            .fallback(openai::unknown_route)
+            .fallback(api::unknown_route)
             .layer(RequestBodyTimeoutLayer::new(config.body_read_timeout()))
             .with_state(state);
         Ok(HttpServer {

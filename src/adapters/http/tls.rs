@@ -31,13 +31,13 @@ const MAX_PENDING_HANDSHAKES: usize = 1_024;
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
 /// The listener axum serves from: TLS streams whose handshake has completed.
-pub(super) struct TlsListener {
+pub(crate) struct TlsListener {
     accepted: mpsc::Receiver<(TlsStream<TcpStream>, SocketAddr)>,
     local_addr: SocketAddr,
 }
 
 /// The background accept task and its handshake tasks; stop it once axum has stopped.
-pub(super) struct Handshakes {
+pub(crate) struct Handshakes {
     stop: CancellationToken,
     task: JoinHandle<()>,
 }
@@ -47,7 +47,7 @@ impl TlsListener {
     ///
     /// # Errors
     /// The socket error when the listener's address cannot be read.
-    pub(super) fn start(
+    pub(crate) fn start(
         listener: TcpListener,
         tls: TlsAcceptor,
     ) -> io::Result<(TlsListener, Handshakes)> {
@@ -84,7 +84,7 @@ impl axum::serve::Listener for TlsListener {
 
 impl Handshakes {
     /// Stops accepting, abandons the handshakes in progress, and waits for every task.
-    pub(super) async fn stop(self) {
+    pub(crate) async fn stop(self) {
         self.stop.cancel();
         if let Err(error) = self.task.await {
             warn!(%error, "the HTTPS accept task failed");

@@ -17,7 +17,7 @@ use tracing::{Instrument as _, info_span};
 use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
 use super::limits::Holding;
-use crate::app::telemetry::EXPORT_TARGET;
+use crate::ports::EXPORT_TARGET;
 
 /// Runs a `/v1` request inside its `api_request` span, continuing the client's trace.
 pub(super) async fn traced(request: Request, next: Next) -> Response {

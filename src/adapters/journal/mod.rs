@@ -8,7 +8,6 @@
 mod batch;
 mod budget;
 pub mod config;
-mod noop;
 mod packed;
 mod plan;
 mod queue;
@@ -24,11 +23,10 @@ use std::path::Path;
 use std::sync::Arc;
 
 pub use config::{HumanDuration, JournalConfig};
-pub use noop::NoopJournal;
 pub use schema::OpenError;
 pub use sqlite::SqliteJournal;
 
-use crate::ports::RunJournal;
+use crate::ports::{NoopJournal, RunJournal};
 
 /// The journal `config` asks for: SQLite in `file` when enabled, else one that keeps
 /// nothing.

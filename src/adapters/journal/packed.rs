@@ -22,7 +22,7 @@
 //! | `4` | — | the text deltas that follow have no node |
 //! | `5` | seq, JSON line | any other event, whole |
 
-use crate::adapters::sinks::format::write_json_line;
+use crate::adapters::event_format::write_json_line;
 use crate::domain::{AdapterName, EventOrigin, NodeId, RunEvent, RunEventKind, RunId, Target};
 
 const TEXT: u8 = 1;

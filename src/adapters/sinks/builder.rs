@@ -175,8 +175,8 @@ fn build_one(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::adapters::event_format::tests::completed;
     use crate::adapters::sinks::config::FileSinkConfig;
-    use crate::adapters::sinks::format::tests::completed;
 
     fn edge() -> EdgeId {
         EdgeId::parse("edge-test").unwrap()

@@ -103,7 +103,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::adapters::sinks::format::tests::{completed, output};
+    use crate::adapters::event_format::tests::{completed, output};
     use crate::adapters::sinks::queue::{QueueSettings, QueuedSink};
     use crate::ports::EventSink;
 

@@ -13,8 +13,8 @@ use std::sync::Arc;
 use crate::domain::RunEvent;
 
 use super::config::LineFormat;
-use super::format::write_line;
 use super::queue::SinkWriter;
+use crate::adapters::event_format::write_line;
 
 /// Buffered bytes beyond which a batch is written out without waiting for a flush.
 const HIGH_WATER: usize = 128 * 1024;

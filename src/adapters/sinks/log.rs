@@ -122,7 +122,7 @@ mod tests {
     use tracing_subscriber::layer::{Context, SubscriberExt};
 
     use super::*;
-    use crate::adapters::sinks::format::tests::{completed, event, output};
+    use crate::adapters::event_format::tests::{completed, event, output};
     use crate::adapters::sinks::queue::QueuedSink;
     use crate::adapters::sinks::queue::tests::settings;
     use crate::ports::EventSink;

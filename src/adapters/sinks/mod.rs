@@ -12,7 +12,7 @@
 //! `file`, `nats`) runs on a std thread of its own (`edge-sink-stdout`, ...); the
 //! drain of one that never blocks (`log`, `null`) is a task of the edge's runtime. The
 //! adapter modules (`stdout.rs`, `file.rs`, `log.rs`, `null.rs`, with `lines.rs` and
-//! `format.rs` behind the first two) are writers only.
+//! `adapters/event_format.rs` behind the first two) are writers only.
 //!
 //! # Overflow policy
 //!
@@ -43,7 +43,6 @@ mod builder;
 pub mod config;
 mod drain;
 mod file;
-pub mod format;
 mod lines;
 mod log;
 pub mod nats;

@@ -27,7 +27,7 @@ mod tests {
     use tokio::runtime::Handle;
 
     use super::*;
-    use crate::adapters::sinks::format::tests::{completed, output};
+    use crate::adapters::event_format::tests::{completed, output};
     use crate::adapters::sinks::queue::QueuedSink;
     use crate::adapters::sinks::queue::tests::settings;
     use crate::ports::EventSink;

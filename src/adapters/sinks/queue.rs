@@ -265,7 +265,7 @@ pub(super) mod tests {
     use std::sync::Condvar;
 
     use super::*;
-    use crate::adapters::sinks::format::tests::{completed, output};
+    use crate::adapters::event_format::tests::{completed, output};
 
     /// A writer that records what it wrote, optionally waiting for a permit per batch, and
     /// failing the batches it is told to fail.

@@ -65,7 +65,7 @@ impl EventSink for SinkSet {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::adapters::sinks::format::tests::completed;
+    use crate::adapters::event_format::tests::completed;
     use crate::ports::event_sink::MockEventSink;
 
     fn expect_one_event_and_a_flush() -> Arc<dyn EventSink> {

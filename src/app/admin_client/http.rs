@@ -17,7 +17,7 @@ use serde::de::DeserializeOwned;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 
-use crate::adapters::http::admin::views::ErrorBody;
+use crate::adapters::admin::views::ErrorBody;
 use crate::client::tls_client_config;
 
 /// Where the management API is and how to open it.

@@ -17,7 +17,7 @@ use hyper::Method;
 
 pub use http::AdminClient;
 
-use crate::adapters::http::admin::views::{
+use crate::adapters::admin::views::{
     CancelView, DrainRequest, NodeList, NodeView, RunList, RunView,
 };
 use crate::adapters::journal::HumanDuration;

@@ -3,7 +3,7 @@
 
 use std::fmt::Write as _;
 
-use crate::adapters::http::admin::views::{NodeView, RunView};
+use crate::adapters::admin::views::{NodeView, RunView};
 
 /// Lines of cells, each column padded to its widest cell.
 pub(super) fn table(header: &[&str], rows: &[Vec<String>]) -> String {

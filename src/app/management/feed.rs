@@ -9,23 +9,12 @@ use futures::Stream;
 use tokio::sync::mpsc;
 
 use super::{Follow, ManageError, Management};
-use crate::adapters::sinks::format::write_json_line;
+use crate::adapters::event_format::write_json_line;
 use crate::domain::{RunEvent, RunId};
-use crate::ports::{RunJournal, StoredEvent};
+use crate::ports::{FeedItem, RunJournal, StoredEvent};
 
 /// Stored events read from the journal at a time.
 const REPLAY_PAGE: usize = 256;
-
-/// One event of a feed.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FeedItem {
-    /// Its position among the run's events.
-    pub index: u64,
-    /// Its kind (`started`, `output`, ...).
-    pub kind: String,
-    /// The event as the `file` sink writes it (one JSON object, no newline).
-    pub json: String,
-}
 
 /// A run's events, from a position on.
 pub struct EventFeed {

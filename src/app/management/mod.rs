@@ -9,6 +9,7 @@
 mod feed;
 pub mod metrics;
 mod nodes;
+mod port;
 mod runs;
 #[cfg(test)]
 mod tests;
@@ -22,10 +23,10 @@ use tokio_util::task::TaskTracker;
 
 use super::drains::Drains;
 use crate::domain::{NodeId, RunEvent, RunId, RunRecord};
-use crate::ports::{JournalError, NodeStore, Registry, RunJournal};
+use crate::ports::{NodeStore, Registry, RunJournal};
 
-pub use feed::{EventFeed, FeedItem};
-pub use nodes::NodeStatus;
+pub use crate::ports::{FeedItem, ManageError, NodeStatus};
+pub use feed::EventFeed;
 
 /// The run service as the management service sees it: the open runs, and cancelling and
 /// following them.
@@ -64,23 +65,6 @@ pub struct Follow {
     /// The run's events from `next_index` on, with their positions; it ends after the
     /// terminal event, or early when this follower fell too far behind.
     pub events: mpsc::Receiver<(u64, Arc<RunEvent>)>,
-}
-
-/// Why a management call failed.
-#[derive(Debug, thiserror::Error)]
-pub enum ManageError {
-    /// No configured node has that id or alias.
-    #[error("no node has id or alias {0:?}")]
-    UnknownNode(String),
-    /// No open or journaled run has that id.
-    #[error("no run has id {0:?}")]
-    UnknownRun(String),
-    /// The run has ended already.
-    #[error("run {0:?} has already ended")]
-    RunEnded(String),
-    /// The journal could not be read.
-    #[error(transparent)]
-    Journal(#[from] JournalError),
 }
 
 /// The management service. Cheap to clone.

@@ -6,47 +6,8 @@ use std::time::Duration;
 use tracing::info;
 
 use super::{ManageError, Management, now_ms, unix_ms};
-use crate::domain::{AdapterName, Availability, Drain, NodeId, NodeRecord, NodeState, Target};
-use crate::ports::ConnectedNode;
-
-/// A configured node as an operator sees it.
-#[derive(Debug, Clone)]
-pub struct NodeStatus {
-    /// Its definition.
-    pub record: Arc<NodeRecord>,
-    /// Its live connection, if connected.
-    pub connection: Option<ConnectedNodeView>,
-    /// Its drain, if drained.
-    pub drain: Option<Drain>,
-    /// Its state.
-    pub state: NodeState,
-}
-
-impl NodeStatus {
-    /// Whether the node reports it can serve `target` through `adapter` now; `None` while
-    /// it reports nothing (or is not connected).
-    pub fn available(&self, adapter: &AdapterName, target: &Target) -> Option<bool> {
-        let reported = self.connection.as_ref()?.availability.as_ref()?;
-        Some(reported.serves(adapter, target))
-    }
-}
-
-/// What the registry knows of a connected node.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConnectedNodeView {
-    /// The node's address.
-    pub peer: std::net::SocketAddr,
-    /// The node software's version.
-    pub node_version: String,
-    /// When it registered, ms since the Unix epoch.
-    pub connected_since_ms: u64,
-    /// When it last sent a frame (a heartbeat or an event), ms since the Unix epoch.
-    pub last_seen_ms: u64,
-    /// Runs it holds now.
-    pub active_runs: u32,
-    /// What it last reported it can serve now; `None` until it reports.
-    pub availability: Option<Arc<Availability>>,
-}
+use crate::domain::{Drain, NodeId, NodeRecord, NodeState};
+use crate::ports::{ConnectedNode, ConnectedNodeView, NodeStatus};
 
 impl ConnectedNodeView {
     fn of(node: &ConnectedNode) -> Self {

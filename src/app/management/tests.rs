@@ -5,9 +5,9 @@ use std::time::Duration;
 
 use super::*;
 use crate::adapters::file_store::FileNodeStore;
-use crate::adapters::journal::NoopJournal;
 use crate::adapters::lock_registry::LockRegistry;
 use crate::domain::{AcceptedRun, AdapterName, Operation, RunQuery, Target};
+use crate::ports::NoopJournal;
 
 fn record(id: &str, queued_ms: u64) -> RunRecord {
     RunRecord::open(AcceptedRun {

@@ -44,5 +44,6 @@ mod tests;
 mod timers;
 mod trace;
 
+pub use crate::ports::{Placed, RunHandle, StartError, waiting_for};
 pub use config::{BreakerConfig, LimitsConfig, RoutingConfig, policy};
-pub use service::{Placed, Routing, RunHandle, RunService, RunStats, StartError, waiting_for};
+pub use service::{Routing, RunService, RunStats};

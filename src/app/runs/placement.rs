@@ -14,13 +14,14 @@ use tokio::time::Instant;
 use tracing::debug;
 
 use super::routing_metrics::Refusal;
-use super::service::{Dispatch, RunService, StartError};
+use super::service::{Dispatch, RunService};
 use super::table::{Placement, Route, Run, Table, Waiting, lock};
 use crate::domain::routing::{
     Decision, LimitRefusal, NodeStatus, RouteContext, RouteReason, RouteRequest, Unroutable,
     WaitCause, Waiter, decide,
 };
 use crate::domain::{AdapterName, EdgeFailure, NodeId, RunEventKind, RunSpec, Target};
+use crate::ports::StartError;
 use crate::ports::{NodeCommand, RunAssignment};
 
 /// What routing did with a run, under the table lock.

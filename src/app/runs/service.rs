@@ -19,61 +19,18 @@ use super::delivery::{CALLER_BUFFER, Delivery, Source};
 use super::metrics::RunMetrics;
 use super::table::{Miss, Route, Run, Table, lock};
 use super::trace::NodeSpans;
-use crate::adapters::journal::NoopJournal;
 use crate::app::settings::RunsConfig;
-use crate::app::telemetry::EXPORT_TARGET;
 use crate::domain::routing::{
-    BreakerBook, BreakerState, Catalog, KeyLimits, LimitRefusal, RoutingPolicy, Unroutable,
-    WaitCause,
+    BreakerBook, BreakerState, Catalog, KeyLimits, RoutingPolicy, WaitCause,
 };
 use crate::domain::{
     EdgeFailure, NodeId, ResumeAnswer, ResumeClaim, RunEvent, RunEventKind, RunId, RunSpec,
 };
 use crate::ports::{
-    CloseReason, ConnectionId, EventSink, JournalEntry, NodeEventHandler, NodeTransport, Registry,
-    ReportedEvent, RunJournal,
+    CloseReason, ConnectionId, EXPORT_TARGET, EventSink, JournalEntry, NodeEventHandler,
+    NodeTransport, NoopJournal, Placed, Registry, ReportedEvent, RunHandle, RunJournal, Runs,
+    StartError,
 };
-
-/// Why a run was not accepted. Accepted runs never fail this way: they end with a terminal
-/// event instead.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum StartError {
-    /// No node is configured to serve it (or the pin names no configured node, or one that
-    /// does not serve it). A configured node that is away makes the run wait instead.
-    #[error(transparent)]
-    NoNode(Unroutable),
-    /// It would wait and the queue is full.
-    #[error("{}; the run queue is full ({capacity} runs waiting)", waiting_for(*.cause))]
-    QueueFull {
-        /// Why it would have waited.
-        cause: WaitCause,
-        /// The queue's capacity.
-        capacity: usize,
-    },
-    /// Its API key is over one of its limits.
-    #[error("refused by the key's limits: {0}")]
-    Limited(LimitRefusal),
-    /// The edge is shutting down.
-    #[error("the edge is shutting down")]
-    ShuttingDown,
-}
-
-/// What a run waiting for `cause` waits for, for messages.
-pub fn waiting_for(cause: WaitCause) -> &'static str {
-    match cause {
-        WaitCause::AllBusy => "every node serving it is busy",
-        WaitCause::NoNodeAvailable => "no node serving it is connected and available now",
-    }
-}
-
-/// What became of an accepted run at once.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Placed {
-    /// Sent to this node.
-    Sent(NodeId),
-    /// Waiting in the queue, for this reason.
-    Waiting(WaitCause),
-}
 
 /// What placement did with a new run, before it is sent.
 pub(super) enum Dispatch {
@@ -93,18 +50,6 @@ pub struct Routing {
     pub catalog: Catalog,
     /// Failover, waits, affinity, breakers and limits.
     pub policy: RoutingPolicy,
-}
-
-/// An accepted run: its id and the stream of its events, which ends after the terminal one.
-#[derive(Debug)]
-pub struct RunHandle {
-    /// The run's id.
-    pub run_id: RunId,
-    /// Every event of the run, in order; the last is terminal. Dropping it does not cancel
-    /// the run (call [`RunService::cancel`]); the events still reach the sinks.
-    pub events: mpsc::Receiver<Arc<RunEvent>>,
-    /// Where it went at once.
-    pub placed: Placed,
 }
 
 /// Counters of the run service, read by the metrics exporter and tests.
@@ -389,6 +334,18 @@ impl RunService {
         inner.timers.close();
         inner.timers.wait().await;
         inner.sink.flush().await;
+    }
+}
+
+/// The inbound runs port, as the HTTP APIs call it.
+#[async_trait]
+impl Runs for RunService {
+    fn start(&self, spec: RunSpec) -> Result<RunHandle, StartError> {
+        RunService::start(self, spec)
+    }
+
+    async fn cancel(&self, run_id: &RunId, reason: &str) -> bool {
+        RunService::cancel(self, run_id, reason).await
     }
 }
 

@@ -1388,6 +1388,10 @@ fn node_kind(kind: u8) -> RunEventKind {
 /// failures and disconnects fail runs over (up to 3 attempts) and each one opens the node's
 /// breaker, which cools down for 50 ms (then doubling), so probes, re-trips and closes
 /// happen within the ops too (in about half the cases some breaker opens).
+#[allow(
+    clippy::too_many_lines,
+    reason = "the property's driver: one op per arm, and the invariants checked after them"
+)]
 async fn interleave(ops: Vec<Op>) {
     let breakers = RoutingConfig {
         breaker: BreakerConfig {

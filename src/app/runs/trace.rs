@@ -14,9 +14,9 @@ use std::sync::Mutex;
 use tracing::{Level, Span, info_span};
 
 use super::table::{Placement, Run, lock};
-use crate::app::telemetry::EXPORT_TARGET;
 use crate::domain::NodeId;
 use crate::ports::ConnectionId;
+use crate::ports::EXPORT_TARGET;
 
 /// The `connection` span of each connected node, kept only while span export is on.
 #[derive(Default)]

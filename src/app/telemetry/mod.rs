@@ -14,7 +14,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use opentelemetry::KeyValue;
 use opentelemetry::trace::TracerProvider as _;
-use opentelemetry_otlp::{Protocol, WithExportConfig as _};
+use opentelemetry_otlp::{Protocol, WithExportConfig as _, WithHttpConfig as _};
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::trace::{Sampler, SdkTracerProvider};
 use tracing::Level;
@@ -27,10 +27,7 @@ pub use config::{OtlpProtocol, TracingConfig};
 
 use crate::domain::EdgeId;
 
-/// The target of spans that exist only to be exported (the API request, the dispatch of a
-/// run to a node). The log output never shows them; without an exporter no layer wants
-/// them, and they are never built.
-pub const EXPORT_TARGET: &str = "edge::otel";
+pub use crate::ports::EXPORT_TARGET;
 
 /// The log filter directive that keeps export-only spans out of the logs.
 pub const NOT_IN_LOGS: &str = "edge::otel=off";
@@ -72,11 +69,13 @@ where
         return Ok(None);
     };
     let OtlpProtocol::HttpProtobuf = config.protocol;
+    let timeout = Duration::from_millis(config.export_timeout_ms);
     let exporter = opentelemetry_otlp::SpanExporter::builder()
         .with_http()
+        .with_http_client(http_client(timeout)?)
         .with_protocol(Protocol::HttpBinary)
         .with_endpoint(url)
-        .with_timeout(Duration::from_millis(config.export_timeout_ms))
+        .with_timeout(timeout)
         .build()
         .context("cannot build the OTLP span exporter")?;
     let service = config
@@ -110,4 +109,24 @@ where
         .with_location(false)
         .with_filter(filter);
     Ok(Some((layer, Exporter { provider })))
+}
+
+/// The exporter's HTTP client: blocking (the batch exporter runs on the SDK's own thread),
+/// with TLS from the platform's trust store and the `ring` provider passed in, so no
+/// process-wide crypto provider is needed (decision 15). Built on a thread of its own, as
+/// the exporter's default is: a blocking client must not be built inside the runtime.
+fn http_client(timeout: Duration) -> anyhow::Result<reqwest::blocking::Client> {
+    let tls = crate::adapters::tls::platform_client_config()?;
+    std::thread::Builder::new()
+        .name("otlp-client".to_owned())
+        .spawn(move || {
+            reqwest::blocking::Client::builder()
+                .timeout(timeout)
+                .tls_backend_preconfigured(tls)
+                .build()
+        })
+        .context("cannot start the thread that builds the OTLP HTTP client")?
+        .join()
+        .map_err(|_| anyhow::anyhow!("building the OTLP HTTP client panicked"))?
+        .context("cannot build the OTLP HTTP client")
 }

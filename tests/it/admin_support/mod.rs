@@ -35,7 +35,7 @@ pub fn nodes_config(extra: &str) -> String {
 
 /// An HTTP client that gives up after [`PATIENCE`].
 pub fn client() -> reqwest::Client {
-    reqwest::Client::builder()
+    crate::common::http()
         .timeout(PATIENCE)
         .build()
         .expect("client")

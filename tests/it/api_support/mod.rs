@@ -102,7 +102,7 @@ impl Edge {
 
 /// An HTTP client that gives up after [`PATIENCE`].
 pub fn client() -> reqwest::Client {
-    reqwest::Client::builder()
+    crate::common::http()
         .timeout(PATIENCE)
         .build()
         .expect("client")

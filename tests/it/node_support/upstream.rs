@@ -2,7 +2,8 @@
 //! name with SSE chunks (optionally paced by a gate, optionally hanging at the end), an
 //! error status with a body, or a whole JSON body; lists its models; records what it was
 //! asked; counts the streams a client dropped before they ended; and can be stopped and
-//! started again on the same port (an engine going down and coming back).
+//! started again on the same port (an engine going down and coming back). It speaks plain
+//! HTTP, or HTTPS with a certificate the test issued ([`ScriptedEngine::start_https`]).
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
@@ -16,9 +17,12 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use rustls::pki_types::pem::PemObject as _;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use serde_json::{Value, json};
 use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
+use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
 /// How the engine answers one model.
@@ -80,26 +84,54 @@ pub struct ScriptedEngine {
     /// Where it listens (kept across restarts).
     pub addr: SocketAddr,
     engine: Arc<Engine>,
+    tls: Option<TlsAcceptor>,
     server: Option<(CancellationToken, JoinHandle<()>)>,
 }
 
 impl ScriptedEngine {
     /// Starts an engine on a free port listing `models`.
     pub async fn start(models: &[&str]) -> Self {
+        Self::start_with(models, None).await
+    }
+
+    /// Starts an HTTPS engine on a free port listing `models`, presenting `cert_pem` (with
+    /// its `key_pem`).
+    pub async fn start_https(models: &[&str], cert_pem: &str, key_pem: &str) -> Self {
+        let certs = CertificateDer::pem_slice_iter(cert_pem.as_bytes())
+            .collect::<Result<Vec<_>, _>>()
+            .expect("certificate PEM");
+        let key = PrivateKeyDer::from_pem_slice(key_pem.as_bytes()).expect("key PEM");
+        let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .expect("TLS versions")
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .expect("the engine's certificate");
+        Self::start_with(models, Some(TlsAcceptor::from(Arc::new(config)))).await
+    }
+
+    async fn start_with(models: &[&str], tls: Option<TlsAcceptor>) -> Self {
         let engine = Arc::new(Engine::default());
         *engine.models.lock().expect("models") = models.iter().map(|m| (*m).to_owned()).collect();
         let mut scripted = Self {
             addr: SocketAddr::from(([127, 0, 0, 1], 0)),
             engine,
+            tls,
             server: None,
         };
         scripted.up().await;
         scripted
     }
 
-    /// `http://ADDR/v1`, the adapter's `base_url`.
+    /// `http://ADDR/v1` (`https://localhost:PORT/v1` for an HTTPS engine), the adapter's
+    /// `base_url`.
     pub fn base_url(&self) -> String {
-        format!("http://{}/v1", self.addr)
+        match self.tls {
+            None => format!("http://{}/v1", self.addr),
+            Some(_) => format!("https://localhost:{}/v1", self.addr.port()),
+        }
     }
 
     /// Answers requests for `model` with `reply`.
@@ -149,12 +181,46 @@ impl ScriptedEngine {
             .with_state(Arc::clone(&self.engine));
         let stop = CancellationToken::new();
         let signal = stop.clone().cancelled_owned();
-        let serving = tokio::spawn(async move {
-            let _ = axum::serve(listener, app)
-                .with_graceful_shutdown(signal)
-                .await;
-        });
+        let serving = match self.tls.clone() {
+            None => tokio::spawn(async move {
+                let _ = axum::serve(listener, app)
+                    .with_graceful_shutdown(signal)
+                    .await;
+            }),
+            Some(acceptor) => tokio::spawn(async move {
+                let listener = TlsListener { listener, acceptor };
+                let _ = axum::serve(listener, app)
+                    .with_graceful_shutdown(signal)
+                    .await;
+            }),
+        };
         self.server = Some((stop, serving));
+    }
+}
+
+/// A TCP listener whose connections speak TLS; a failed handshake is skipped.
+struct TlsListener {
+    listener: tokio::net::TcpListener,
+    acceptor: TlsAcceptor,
+}
+
+impl axum::serve::Listener for TlsListener {
+    type Io = tokio_rustls::server::TlsStream<tokio::net::TcpStream>;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        loop {
+            let Ok((tcp, peer)) = self.listener.accept().await else {
+                continue;
+            };
+            if let Ok(tls) = self.acceptor.accept(tcp).await {
+                return (tls, peer);
+            }
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        self.listener.local_addr()
     }
 }
 

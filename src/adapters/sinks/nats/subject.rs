@@ -121,7 +121,7 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
-    use crate::adapters::sinks::format::tests::completed;
+    use crate::adapters::event_format::tests::completed;
     use crate::domain::{AdapterName, Target};
 
     #[test]

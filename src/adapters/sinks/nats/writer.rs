@@ -27,7 +27,7 @@ use super::connect::NatsRuntime;
 use super::stats::NatsStats;
 use super::stream::Stream;
 use super::subject::Subjects;
-use crate::adapters::sinks::format::write_json_line;
+use crate::adapters::event_format::write_json_line;
 use crate::adapters::sinks::queue::SinkWriter;
 use crate::domain::{EdgeId, RunEvent};
 

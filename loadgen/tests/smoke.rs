@@ -1,0 +1,202 @@
+//! Smoke runs of the load generator (the `loadgen` binary of this crate): every scenario,
+//! with tiny parameters, must complete and print its report line. Nothing here measures
+//! anything (figures are for `docs/benchmarks.md`, from release builds on a quiet machine).
+//!
+//! Cargo builds `loadgen` before it runs these tests. The scenarios that run the edge as a
+//! process take the `edge` binary beside it (`target/<profile>/edge`), which
+//! `cargo test --workspace` builds for the edge's own integration tests.
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// The longest a smoke run may take before it counts as hung.
+const LIMIT: Duration = Duration::from_secs(180);
+
+/// The `edge` binary beside `loadgen`, for `--edge-bin`.
+fn edge_bin() -> String {
+    let binary = Path::new(env!("CARGO_BIN_EXE_loadgen")).with_file_name("edge");
+    assert!(
+        binary.is_file(),
+        "{} is missing: run `cargo test --workspace` (or `cargo build` first)",
+        binary.display()
+    );
+    format!("--edge-bin={}", binary.display())
+}
+
+/// Runs `loadgen ARGS` to its end (killing it after [`LIMIT`]).
+fn run(args: &[&str]) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_loadgen"))
+        .args(["--edge-log-level", "warn"])
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start loadgen");
+    let started = Instant::now();
+    loop {
+        if child.try_wait().expect("wait for loadgen").is_some() {
+            break;
+        }
+        if started.elapsed() > LIMIT {
+            // Only the child this test started.
+            let _ = child.kill();
+            let output = child.wait_with_output().expect("collect loadgen");
+            panic!(
+                "loadgen {args:?} hung; stderr:\n{}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    child.wait_with_output().expect("collect loadgen")
+}
+
+/// Asserts a clean exit and a report line for `scenario` naming `case`; returns stdout.
+fn assert_reported(output: &Output, scenario: &str, case: &str) -> String {
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "loadgen {scenario} failed ({}):\nstdout:\n{stdout}\nstderr:\n{stderr}",
+        output.status
+    );
+    let prefix = format!("loadgen {scenario}: median of 1 {case}");
+    assert!(
+        stdout.lines().any(|line| line.starts_with(&prefix)),
+        "no `{prefix}` line:\n{stdout}\nstderr:\n{stderr}"
+    );
+    stdout
+}
+
+#[test]
+fn register_reports_rate_latency_and_rss() {
+    let output = run(&[
+        "register",
+        "--nodes=20",
+        "--concurrency=4",
+        "--settle-ms=50",
+        &edge_bin(),
+    ]);
+    let stdout = assert_reported(&output, "register", "nodes=20 edge=process");
+    assert!(stdout.contains("registrations_per_s="), "{stdout}");
+    assert!(stdout.contains("rss_per_node_bytes="), "{stdout}");
+}
+
+#[test]
+fn storm_brings_every_node_back_after_an_edge_restart_and_serves_runs() {
+    let output = run(&[
+        "storm",
+        "--nodes=20",
+        "--retry-ms=10",
+        "--backoff-min-ms=20",
+        "--backoff-max-ms=100",
+        "--runs-after=2",
+        "--listen-backlog=64",
+        &edge_bin(),
+    ]);
+    for reconnect in ["immediate", "jitter"] {
+        let case = format!("nodes=20 reconnect={reconnect} backlog=64");
+        let stdout = assert_reported(&output, "storm", &case);
+        assert!(stdout.contains("runs_served_after=2 "), "{stdout}");
+        assert!(stdout.contains("listen_overflows="), "{stdout}");
+    }
+}
+
+#[test]
+fn relay_reports_every_sink_kind() {
+    let output = run(&[
+        "relay",
+        "--nodes=2",
+        "--events=4",
+        "--duration-ms=200",
+        "--warmup-ms=50",
+        "--sinks=null,file,stdout",
+    ]);
+    for sink in ["null", "file", "stdout"] {
+        let stdout = assert_reported(&output, "relay", &format!("sink={sink}"));
+        assert!(stdout.contains("sink_events_per_s="), "{stdout}");
+    }
+}
+
+#[test]
+fn relay_publishes_into_jetstream_on_a_server_it_starts() {
+    let output = run(&[
+        "relay",
+        "--nodes=2",
+        "--events=4",
+        "--duration-ms=200",
+        "--warmup-ms=50",
+        "--sinks=nats",
+        "--nats-jetstream",
+    ]);
+    let stdout = assert_reported(&output, "relay", "sink=nats jetstream");
+    assert!(stdout.contains("nats_published_per_s="), "{stdout}");
+}
+
+#[test]
+fn api_runs_with_span_export_on() {
+    let output = run(&[
+        "--otlp",
+        "api",
+        "--concurrency=2",
+        "--nodes=1",
+        "--duration-ms=200",
+        "--warmup-ms=50",
+    ]);
+    let stdout = assert_reported(&output, "api", "mode=stream c=2");
+    assert!(stdout.contains("errors=0"), "{stdout}");
+}
+
+#[test]
+fn runs_reports_added_latency() {
+    let output = run(&["runs", "--duration-ms=200", "--warmup-ms=50"]);
+    let stdout = assert_reported(&output, "runs", "concurrency=1 events=0");
+    assert!(stdout.contains("added_p99_us="), "{stdout}");
+}
+
+#[test]
+fn api_reports_both_modes_next_to_the_baseline() {
+    let output = run(&[
+        "api",
+        "--concurrency=1,2",
+        "--nodes=1",
+        "--duration-ms=200",
+        "--warmup-ms=50",
+    ]);
+    for case in ["mode=stream c=1", "mode=stream c=2", "mode=full c=2"] {
+        let stdout = assert_reported(&output, "api", case);
+        assert!(stdout.contains("ratio="), "{stdout}");
+    }
+}
+
+#[test]
+fn api_works_with_the_full_mock_node() {
+    let output = run(&[
+        "api",
+        "--node=mock",
+        "--concurrency=1",
+        "--modes=stream",
+        "--nodes=1",
+        "--duration-ms=200",
+        "--warmup-ms=50",
+    ]);
+    assert_reported(&output, "api", "mode=stream c=1");
+}
+
+#[test]
+fn slow_consumer_reports_memory_growth_until_the_node_is_closed() {
+    let output = run(&["slow-consumer", "--runs=16", "--run-bytes=65536"]);
+    let stdout = assert_reported(&output, "slow-consumer", "runs=16");
+    assert!(stdout.contains("rss_growth_mib="), "{stdout}");
+    assert!(stdout.contains("closed_as_slow_consumer="), "{stdout}");
+}
+
+#[test]
+fn churn_reports_the_completed_share() {
+    let output = run(&["churn", "--requests=20", "--concurrency=4", "--nodes=2"]);
+    let stdout = assert_reported(&output, "churn", "nodes=2 requests=20 c=4");
+    assert!(stdout.contains("completed_share="), "{stdout}");
+    assert!(stdout.contains("http_404=0"), "{stdout}");
+}

@@ -1,0 +1,185 @@
+//! `edge-node --edge HOST:PORT --token TOKEN` (`cargo install --path node`): the reference
+//! node that puts OpenAI-compatible engines behind an edge (see `docs/node.md`).
+//!
+//! This file is the CLI: flags, logs, signals and the exit code. Everything else is in the
+//! library (`lib.rs`), which the integration tests run in process.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Parser;
+use edge::client::{ServerName, tls_client_config};
+use edge_node::{BufferLimits, NodeOptions, TlsOptions};
+use tokio_util::sync::CancellationToken;
+
+#[derive(Debug, Parser)]
+#[command(about = "The reference node: puts OpenAI-compatible engines behind an edge")]
+struct Args {
+    /// The edge's node address (HOST:PORT).
+    #[arg(long, default_value = "127.0.0.1:7100")]
+    edge: String,
+    /// The node's pre-shared token (better: the EDGE_NODE_TOKEN environment variable).
+    #[arg(long, env = "EDGE_NODE_TOKEN", hide_env_values = true)]
+    token: String,
+    /// The node id to claim (empty: let the token decide).
+    #[arg(long, default_value = "")]
+    node_id: String,
+    /// Speak TLS, trusting the CA certificates in this PEM file.
+    #[arg(long, value_name = "PATH")]
+    tls_ca: Option<PathBuf>,
+    /// The client certificate (PEM) for mutual TLS; needs --tls-key.
+    #[arg(long, value_name = "PATH", requires_all = ["tls_key", "tls_ca"])]
+    tls_cert: Option<PathBuf>,
+    /// The client certificate's private key (PEM); needs --tls-cert.
+    #[arg(long, value_name = "PATH", requires_all = ["tls_cert", "tls_ca"])]
+    tls_key: Option<PathBuf>,
+    /// The name the edge's certificate must be valid for (default: the host of --edge).
+    #[arg(long, value_name = "NAME", requires = "tls_ca")]
+    tls_server_name: Option<String>,
+    /// The first reconnect delay's ceiling, in ms (delays are drawn from 0 to the ceiling).
+    #[arg(long, default_value_t = 500)]
+    reconnect_min_ms: u64,
+    /// The largest reconnect delay ceiling, in ms.
+    #[arg(long, default_value_t = 30_000)]
+    reconnect_max_ms: u64,
+    /// Heartbeat intervals without a word from a pinging edge before the link counts as dead.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
+    dead_after_intervals: u32,
+    /// TCP keepalive idle time in seconds (0: off).
+    #[arg(long, default_value_t = 30)]
+    tcp_keepalive_secs: u64,
+    /// How long running runs may finish after SIGTERM/SIGINT before they are cancelled, in ms.
+    #[arg(long, default_value_t = 30_000)]
+    shutdown_grace_ms: u64,
+    /// Events one run may buffer while the edge is unreachable before it is given up.
+    #[arg(long, default_value_t = 4_096)]
+    resume_run_events: usize,
+    /// Bytes all runs together may buffer while the edge is unreachable.
+    #[arg(long, default_value_t = 64 * 1024 * 1024)]
+    resume_total_bytes: usize,
+    /// Sent events each run keeps while connected, to resend after a cut.
+    #[arg(long, default_value_t = 32)]
+    keep_sent_events: usize,
+    /// Log format: pretty or json (the filter comes from RUST_LOG, default info).
+    #[arg(long, default_value = "pretty", value_parser = ["pretty", "json"])]
+    log_format: String,
+}
+
+fn options(args: Args) -> Result<NodeOptions, String> {
+    let tls = match &args.tls_ca {
+        None => None,
+        Some(ca) => {
+            let identity = args.tls_cert.as_deref().zip(args.tls_key.as_deref());
+            let config = tls_client_config(ca, identity).map_err(|error| error.to_string())?;
+            let host = args
+                .tls_server_name
+                .clone()
+                .unwrap_or_else(|| host_of(&args.edge));
+            let server_name = ServerName::try_from(host.clone())
+                .map_err(|error| format!("invalid TLS server name {host:?}: {error}"))?;
+            Some(TlsOptions {
+                config,
+                server_name,
+            })
+        }
+    };
+    let mut options = NodeOptions::new(args.edge, args.token);
+    options.node_id = args.node_id;
+    options.tls = tls;
+    options.reconnect_min = Duration::from_millis(args.reconnect_min_ms.max(1));
+    options.reconnect_max = Duration::from_millis(args.reconnect_max_ms.max(1));
+    options.dead_after_intervals = args.dead_after_intervals;
+    options.tcp_keepalive =
+        (args.tcp_keepalive_secs > 0).then(|| Duration::from_secs(args.tcp_keepalive_secs));
+    options.shutdown_grace = Duration::from_millis(args.shutdown_grace_ms);
+    options.buffers = BufferLimits {
+        run_events: args.resume_run_events.max(1),
+        total_bytes: args.resume_total_bytes.max(1),
+        keep_sent: args.keep_sent_events,
+        ..BufferLimits::default()
+    };
+    Ok(options)
+}
+
+/// The host part of `HOST:PORT` (`[::1]:7100` gives `::1`).
+fn host_of(address: &str) -> String {
+    let host = address.rsplit_once(':').map_or(address, |(host, _)| host);
+    host.trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_owned()
+}
+
+fn init_logs(format: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if format == "json" {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+/// Cancels `stop` on the first SIGTERM or SIGINT; a second one exits at once.
+fn on_signals(stop: CancellationToken) -> Result<(), std::io::Error> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    tokio::spawn(async move {
+        let mut first = true;
+        loop {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+            if !first {
+                tracing::warn!("second signal: exiting now");
+                std::process::exit(130);
+            }
+            first = false;
+            stop.cancel();
+        }
+    });
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let args = Args::parse();
+    init_logs(&args.log_format);
+    // rustls' `ring` backend as the process default, for any TLS client a dependency builds
+    // on its own; the node's clients pass it in themselves (`upstream::client_builder`), so
+    // the node runs the same in process, in the tests, where nothing installs it.
+    if rustls::crypto::ring::default_provider()
+        .install_default()
+        .is_err()
+    {
+        tracing::debug!("a crypto provider was already installed");
+    }
+    let options = match options(args) {
+        Ok(options) => options,
+        Err(error) => {
+            tracing::error!(%error, "invalid options");
+            return ExitCode::from(2);
+        }
+    };
+    let stop = CancellationToken::new();
+    if let Err(error) = on_signals(stop.clone()) {
+        tracing::error!(%error, "cannot listen for signals");
+        return ExitCode::FAILURE;
+    }
+    tracing::info!(edge = %options.edge, "node starting");
+    match edge_node::run(options, stop).await {
+        Ok(()) => {
+            tracing::info!("node stopped");
+            ExitCode::SUCCESS
+        }
+        Err(error) => {
+            tracing::error!(%error, "node stopped");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,252 @@
+//! The `openai` adapter: runs forwarded to any engine that speaks OpenAI's
+//! `/v1/chat/completions`, `/v1/completions` and `/v1/embeddings` (llama.cpp's
+//! `llama-server`, vLLM, Ollama's `/v1`, LM Studio, SGLang, TGI).
+//!
+//! One adapter per `[[nodes.adapters]]` entry the edge sent: its settings say where the
+//! engine is and how to treat it (`settings.rs`). A run becomes one upstream request
+//! (`request.rs`), streamed back chunk by chunk as run events (`chunks.rs`), and any failure
+//! becomes one terminal event of the right class (`errors.rs`). The adapter never decides
+//! whether a run may start (the run table and the availability board do) and never writes to
+//! the edge (it emits into the run's [`Emitter`]).
+
+pub mod chunks;
+pub mod errors;
+pub mod request;
+pub mod settings;
+
+use std::time::Instant;
+
+use edge::client::ReceivedAdapter;
+use edge::client::RunAssignment;
+use edge::domain::{FailureClass, RunEventKind};
+
+use super::runs::{Emitter, Gone};
+use super::sse::SseDecoder;
+use super::upstream::{MAX_WHOLE_BODY, Timeouts, Upstream};
+use chunks::AnswerStream;
+use errors::{UpstreamFault, classify};
+use request::UpstreamCall;
+use settings::OpenAiSettings;
+
+/// The name of this adapter kind in the `kind` setting (and its default).
+pub const KIND: &str = "openai";
+
+/// One configured `openai` adapter.
+#[derive(Debug)]
+pub struct OpenAiAdapter {
+    name: String,
+    targets: Vec<String>,
+    settings: OpenAiSettings,
+    upstream: Upstream,
+}
+
+impl OpenAiAdapter {
+    /// The adapter the edge configured as `config`; reads the API key from the environment
+    /// variable its `api_key_env` names.
+    ///
+    /// # Errors
+    /// A message (naming the setting, never a secret) when the settings are invalid or the
+    /// API key variable is unset.
+    pub fn new(config: &ReceivedAdapter) -> Result<Self, String> {
+        let (settings, unknown) = OpenAiSettings::parse(&config.settings)?;
+        if !unknown.is_empty() {
+            tracing::warn!(adapter = %config.name, ?unknown, "ignoring unknown adapter settings");
+        }
+        let api_key = match &settings.api_key_env {
+            None => None,
+            Some(variable) => Some(std::env::var(variable).map_err(|_| {
+                format!("`api_key_env` names the environment variable {variable}, which is not set")
+            })?),
+        };
+        let timeouts = Timeouts {
+            connect: settings.connect_timeout,
+            idle: settings.idle_timeout,
+            probe: settings.probe_timeout,
+        };
+        let upstream = Upstream::new(
+            &settings.base_url,
+            settings.tls_ca.as_deref(),
+            api_key,
+            timeouts,
+        )?;
+        Ok(Self {
+            name: config.name.clone(),
+            targets: config.targets.clone(),
+            settings,
+            upstream,
+        })
+    }
+
+    /// The adapter's name (what runs address).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The targets the edge configured.
+    pub fn targets(&self) -> &[String] {
+        &self.targets
+    }
+
+    /// Its settings.
+    pub fn settings(&self) -> &OpenAiSettings {
+        &self.settings
+    }
+
+    /// The engine's model list, for the prober.
+    ///
+    /// # Errors
+    /// The fault when the engine cannot be asked.
+    pub async fn list_models(&self) -> Result<Vec<String>, UpstreamFault> {
+        self.upstream.models().await
+    }
+
+    /// Runs `run` against the engine, emitting `started` and its output into `out`, and
+    /// returns its terminal event (to be emitted by the caller).
+    ///
+    /// # Errors
+    /// [`Gone`] when the node let go of the run meanwhile; the engine request is dropped.
+    pub async fn execute(&self, run: &RunAssignment, out: &Emitter) -> Result<RunEventKind, Gone> {
+        let model = self.settings.upstream_model(run.target.as_str());
+        let call = match request::build(run, model, self.settings.stream_usage) {
+            Ok(call) => call,
+            Err(invalid) => {
+                return Ok(RunEventKind::Failed {
+                    code: "invalid_input".into(),
+                    message: invalid.0,
+                    class: FailureClass::Request,
+                    status: None,
+                });
+            }
+        };
+        let whole = self.settings.request_timeout;
+        match tokio::time::timeout(whole, self.answer(run, &call, out)).await {
+            Ok(result) => result,
+            Err(_) => Ok(classify(&UpstreamFault::Timeout("request_timeout_ms"))),
+        }
+    }
+
+    async fn answer(
+        &self,
+        run: &RunAssignment,
+        call: &UpstreamCall,
+        out: &Emitter,
+    ) -> Result<RunEventKind, Gone> {
+        let started = Instant::now();
+        let path = call.endpoint.path();
+        let mut response = match self.send(call).await {
+            Ok(response) => response,
+            Err(fault) => {
+                let kind = classify(&fault);
+                log_failure(run, &kind, started);
+                return Ok(kind);
+            }
+        };
+        tracing::debug!(
+            run_id = %run.run_id, adapter = %self.name, path, status = response.status().as_u16(),
+            first_byte_ms = started.elapsed().as_millis() as u64, "engine answered"
+        );
+        out.emit(RunEventKind::Started).await?;
+        let result = if call.endpoint.streams() {
+            self.relay_stream(&mut response, out).await?
+        } else {
+            self.relay_embeddings(&mut response, out).await?
+        };
+        let kind = result.unwrap_or_else(|fault| classify(&fault));
+        log_failure(run, &kind, started);
+        Ok(kind)
+    }
+
+    /// Sends the request, retrying (up to `max_retries`) when the engine could not be reached
+    /// or answered 502/503: nothing was produced yet, so nothing is repeated.
+    async fn send(&self, call: &UpstreamCall) -> Result<reqwest::Response, UpstreamFault> {
+        let mut attempt = 0;
+        loop {
+            let result = self.upstream.post(call.endpoint.path(), &call.body).await;
+            let retriable = matches!(
+                &result,
+                Err(UpstreamFault::Unreachable(_)
+                    | UpstreamFault::Status {
+                        status: 502 | 503,
+                        ..
+                    })
+            );
+            if !retriable || attempt >= self.settings.max_retries {
+                return result;
+            }
+            attempt += 1;
+            tokio::time::sleep(self.settings.retry_backoff).await;
+        }
+    }
+
+    async fn relay_stream(
+        &self,
+        response: &mut reqwest::Response,
+        out: &Emitter,
+    ) -> Result<Result<RunEventKind, UpstreamFault>, Gone> {
+        let mut decoder = SseDecoder::new();
+        let mut answer = AnswerStream::new();
+        let mut events = Vec::new();
+        while !answer.is_done() {
+            let chunk = match self.upstream.next_chunk(response).await {
+                Ok(Some(chunk)) => chunk,
+                Ok(None) => break,
+                Err(fault) => return Ok(Err(fault)),
+            };
+            if let Err(error) = decoder.feed(&chunk, &mut events) {
+                return Ok(Err(UpstreamFault::Malformed(error.to_string())));
+            }
+            for data in events.drain(..) {
+                match answer.apply(&data) {
+                    Ok(Some(kind)) => out.emit(kind).await?,
+                    Ok(None) => {}
+                    Err(fault) => return Ok(Err(fault)),
+                }
+            }
+        }
+        if !answer.is_done() {
+            let _ = decoder.finish(&mut events);
+            for data in events.drain(..) {
+                if let Ok(Some(kind)) = answer.apply(&data) {
+                    out.emit(kind).await?;
+                }
+            }
+        }
+        Ok(answer.finish())
+    }
+
+    async fn relay_embeddings(
+        &self,
+        response: &mut reqwest::Response,
+        out: &Emitter,
+    ) -> Result<Result<RunEventKind, UpstreamFault>, Gone> {
+        let body = match self.upstream.read_to_end(response, MAX_WHOLE_BODY).await {
+            Ok(body) => body,
+            Err(fault) => return Ok(Err(fault)),
+        };
+        let mut events = match chunks::embeddings_events(&body) {
+            Ok(events) => events,
+            Err(fault) => return Ok(Err(fault)),
+        };
+        let terminal = events.pop();
+        for kind in events {
+            out.emit(kind).await?;
+        }
+        Ok(terminal.ok_or_else(|| UpstreamFault::Malformed("no embeddings".into())))
+    }
+}
+
+fn log_failure(run: &RunAssignment, kind: &RunEventKind, started: Instant) {
+    if let RunEventKind::Failed {
+        code,
+        class,
+        status,
+        ..
+    } = kind
+    {
+        tracing::info!(
+            run_id = %run.run_id, adapter = %run.adapter, target = %run.target, code, class = class.as_str(),
+            upstream_status = status.unwrap_or(0), elapsed_ms = started.elapsed().as_millis() as u64,
+            "run failed upstream"
+        );
+    }
+}

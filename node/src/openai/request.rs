@@ -1,0 +1,215 @@
+//! What the `openai` adapter asks the engine for: the endpoint and the JSON body, built from
+//! a run's operation, content type and input.
+//!
+//! Pure. The edge sends OpenAI bodies without `model` and `stream`; this adds the upstream
+//! model name, always streams chat and completions (so a cancel or a deadline can stop the
+//! engine promptly, and the first token arrives as soon as it exists), asks for the usage
+//! chunk, and asks embeddings for floats. A console run's plain text becomes one user
+//! message.
+
+use edge::client::RunAssignment;
+use edge::domain::Operation;
+use serde_json::{Map, Value, json};
+
+/// Which OpenAI endpoint a run goes to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Endpoint {
+    /// `POST {base_url}/chat/completions`, streamed.
+    Chat,
+    /// `POST {base_url}/completions`, streamed.
+    Completions,
+    /// `POST {base_url}/embeddings`, one JSON answer.
+    Embeddings,
+}
+
+impl Endpoint {
+    /// The path below the base URL.
+    pub fn path(self) -> &'static str {
+        match self {
+            Self::Chat => "/chat/completions",
+            Self::Completions => "/completions",
+            Self::Embeddings => "/embeddings",
+        }
+    }
+
+    /// Whether the answer is a server-sent event stream.
+    pub fn streams(self) -> bool {
+        !matches!(self, Self::Embeddings)
+    }
+}
+
+/// One request to the engine.
+#[derive(Debug, Clone, PartialEq)]
+pub struct UpstreamCall {
+    /// Where it goes.
+    pub endpoint: Endpoint,
+    /// What it sends.
+    pub body: Value,
+}
+
+/// Why a run's input cannot become a request (the caller's fault: a `REQUEST` failure).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct InvalidInput(pub String);
+
+/// The request for `run`, naming `model` upstream; `stream_usage` asks for the usage chunk.
+///
+/// # Errors
+/// [`InvalidInput`] when a JSON input is not a JSON object, or a text input is not UTF-8.
+pub fn build(
+    run: &RunAssignment,
+    model: &str,
+    stream_usage: bool,
+) -> Result<UpstreamCall, InvalidInput> {
+    let json = run
+        .content_type
+        .trim_start()
+        .starts_with("application/json");
+    let endpoint = match run.operation {
+        Operation::Chat | Operation::Unspecified => Endpoint::Chat,
+        Operation::Completion => Endpoint::Completions,
+        Operation::Embeddings => Endpoint::Embeddings,
+    };
+    let mut body = if json {
+        object(&run.input)?
+    } else {
+        text_body(endpoint, &run.input)?
+    };
+    body.insert("model".into(), Value::String(model.to_owned()));
+    if endpoint.streams() {
+        body.insert("stream".into(), Value::Bool(true));
+        if stream_usage {
+            let options = body
+                .entry("stream_options")
+                .or_insert_with(|| Value::Object(Map::new()));
+            if let Value::Object(options) = options {
+                options.insert("include_usage".into(), Value::Bool(true));
+            }
+        }
+    } else {
+        body.remove("stream");
+        body.insert("encoding_format".into(), Value::String("float".into()));
+    }
+    Ok(UpstreamCall {
+        endpoint,
+        body: Value::Object(body),
+    })
+}
+
+fn object(input: &[u8]) -> Result<Map<String, Value>, InvalidInput> {
+    match serde_json::from_slice(input) {
+        Ok(Value::Object(map)) => Ok(map),
+        Ok(_) => Err(InvalidInput("the JSON input is not an object".into())),
+        Err(error) => Err(InvalidInput(format!(
+            "the input is not valid JSON: {error}"
+        ))),
+    }
+}
+
+/// A plain-text prompt as the body of `endpoint`.
+fn text_body(endpoint: Endpoint, input: &[u8]) -> Result<Map<String, Value>, InvalidInput> {
+    let text = std::str::from_utf8(input)
+        .map_err(|_| InvalidInput("the text input is not UTF-8".into()))?;
+    let body = match endpoint {
+        Endpoint::Chat => json!({ "messages": [{ "role": "user", "content": text }] }),
+        Endpoint::Completions => json!({ "prompt": text }),
+        Endpoint::Embeddings => json!({ "input": text }),
+    };
+    match body {
+        Value::Object(map) => Ok(map),
+        _ => Ok(Map::new()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+    use edge::domain::{AdapterName, RunId, Target};
+
+    use super::*;
+
+    fn run(operation: Operation, content_type: &str, input: &str) -> RunAssignment {
+        RunAssignment {
+            run_id: RunId::new("r1"),
+            adapter: AdapterName::parse("llama").expect("adapter"),
+            target: Target::parse("qwen").expect("target"),
+            input: Bytes::from(input.to_owned()),
+            content_type: content_type.into(),
+            params: Default::default(),
+            deadline_ms: 0,
+            operation,
+        }
+    }
+
+    #[test]
+    fn a_console_prompt_becomes_one_streamed_user_message() {
+        let call = build(
+            &run(Operation::Unspecified, "text/plain; charset=utf-8", "hello"),
+            "up",
+            true,
+        )
+        .expect("builds");
+        assert_eq!(call.endpoint, Endpoint::Chat);
+        assert_eq!(
+            call.body,
+            json!({
+                "messages": [{"role": "user", "content": "hello"}],
+                "model": "up", "stream": true, "stream_options": {"include_usage": true}
+            })
+        );
+    }
+
+    #[test]
+    fn json_bodies_keep_their_fields_and_get_model_and_stream() {
+        let input = r#"{"messages":[{"role":"user","content":"hi"}],"tools":[],"logprobs":true,"model":"caller's","stream_options":{"x":1}}"#;
+        for operation in [Operation::Unspecified, Operation::Chat] {
+            let call =
+                build(&run(operation, "application/json", input), "up", true).expect("builds");
+            assert_eq!(call.endpoint, Endpoint::Chat);
+            assert_eq!(call.body["model"], "up");
+            assert_eq!(call.body["logprobs"], true);
+            assert_eq!(
+                call.body["stream_options"],
+                json!({"x": 1, "include_usage": true})
+            );
+        }
+        let call = build(
+            &run(
+                Operation::Completion,
+                "application/json",
+                r#"{"prompt":"a"}"#,
+            ),
+            "up",
+            false,
+        )
+        .expect("builds");
+        assert_eq!(call.endpoint, Endpoint::Completions);
+        assert_eq!(
+            call.body,
+            json!({"prompt": "a", "model": "up", "stream": true})
+        );
+    }
+
+    #[test]
+    fn embeddings_are_not_streamed_and_ask_for_floats() {
+        let input = r#"{"input":["a","b"],"encoding_format":"base64","stream":true}"#;
+        let call = build(
+            &run(Operation::Embeddings, "application/json", input),
+            "emb",
+            true,
+        )
+        .expect("builds");
+        assert_eq!(call.endpoint, Endpoint::Embeddings);
+        assert_eq!(
+            call.body,
+            json!({"input": ["a", "b"], "model": "emb", "encoding_format": "float"})
+        );
+    }
+
+    #[test]
+    fn inputs_that_are_not_objects_are_invalid() {
+        for input in ["[1]", "not json", "\"text\""] {
+            assert!(build(&run(Operation::Chat, "application/json", input), "m", true).is_err());
+        }
+    }
+}

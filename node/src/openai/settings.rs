@@ -1,0 +1,284 @@
+//! The `openai` adapter's settings, read from the `[[nodes.adapters]] settings` table the
+//! edge sends in its `RegisterResponse` (every value is a string there).
+//!
+//! Pure: a map in, validated settings or a message naming the key out. The API key itself
+//! is never in the edge's file: `api_key_env` names an environment variable on the node, and
+//! the caller reads it. Nothing here logs.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// How the prober decides which targets are available.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AvailabilityMode {
+    /// A target is available when the engine's `GET /models` lists its upstream model.
+    Listed,
+    /// Every target is available whenever `GET /models` answers at all (engines that serve
+    /// one model whatever the request names, such as llama.cpp's `llama-server`).
+    Reachable,
+}
+
+/// The validated settings of one `openai` adapter.
+#[derive(Clone, PartialEq, Eq)]
+pub struct OpenAiSettings {
+    /// The engine's OpenAI base URL (`http://` or `https://`), up to and including `/v1`,
+    /// without a trailing slash.
+    pub base_url: String,
+    /// For an `https://` engine: the PEM file of the CA certificates its certificate is
+    /// checked against instead of the system's (a self-signed or private-CA engine).
+    pub tls_ca: Option<PathBuf>,
+    /// The name of the environment variable holding the engine's API key, if it needs one.
+    pub api_key_env: Option<String>,
+    /// Upstream model names by target; a target not listed is its own upstream name.
+    pub models: BTreeMap<String, String>,
+    /// The longest one upstream request may take, streaming included.
+    pub request_timeout: Duration,
+    /// The longest the engine may take to accept a TCP connection.
+    pub connect_timeout: Duration,
+    /// The longest the engine may stay silent: before its headers and between chunks.
+    pub idle_timeout: Duration,
+    /// How often `GET /models` is probed while the engine is up.
+    pub probe_interval: Duration,
+    /// How often it is probed while the engine is down.
+    pub probe_down_interval: Duration,
+    /// The longest one probe may take.
+    pub probe_timeout: Duration,
+    /// What counts as an available target.
+    pub availability: AvailabilityMode,
+    /// Extra attempts when the engine cannot be reached or answers 502/503 before any output.
+    pub max_retries: u32,
+    /// Pause before each retry.
+    pub retry_backoff: Duration,
+    /// Whether to ask for a usage chunk (`stream_options.include_usage`).
+    pub stream_usage: bool,
+}
+
+/// API keys are never in the settings; the debug form still names every key's value.
+impl fmt::Debug for OpenAiSettings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("OpenAiSettings")
+            .field("base_url", &self.base_url)
+            .field("tls_ca", &self.tls_ca)
+            .field("api_key_env", &self.api_key_env)
+            .field("models", &self.models)
+            .field("request_timeout", &self.request_timeout)
+            .field("availability", &self.availability)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The keys this adapter reads; any other key is reported as unknown (a typo, usually).
+pub const KEYS: &[&str] = &[
+    "kind",
+    "base_url",
+    "tls_ca",
+    "api_key_env",
+    "request_timeout_ms",
+    "connect_timeout_ms",
+    "idle_timeout_ms",
+    "probe_interval_ms",
+    "probe_down_interval_ms",
+    "probe_timeout_ms",
+    "availability",
+    "max_retries",
+    "retry_backoff_ms",
+    "stream_usage",
+];
+
+/// The prefix of the per-target upstream model keys: `"model.<target>" = "<upstream name>"`.
+pub const MODEL_PREFIX: &str = "model.";
+
+impl OpenAiSettings {
+    /// Reads `settings`. Returns the settings and the keys it did not know (to be logged).
+    ///
+    /// # Errors
+    /// A message naming the key when a value is missing or invalid.
+    pub fn parse(settings: &BTreeMap<String, String>) -> Result<(Self, Vec<String>), String> {
+        let base_url = settings
+            .get("base_url")
+            .map(|url| url.trim().trim_end_matches('/').to_owned())
+            .filter(|url| url.starts_with("http://") || url.starts_with("https://"))
+            .ok_or(
+                "`base_url` must be set to the engine's http://HOST:PORT/v1 \
+                 (or https://HOST:PORT/v1) URL",
+            )?;
+        let tls_ca = settings
+            .get("tls_ca")
+            .map(|path| path.trim())
+            .filter(|path| !path.is_empty())
+            .map(PathBuf::from);
+        if tls_ca.is_some() && !base_url.starts_with("https://") {
+            return Err(format!(
+                "`tls_ca` is set but `base_url` ({base_url}) is not https://: \
+                 drop `tls_ca` or use the engine's https:// URL"
+            ));
+        }
+        let models = settings
+            .iter()
+            .filter_map(|(key, value)| {
+                let target = key.strip_prefix(MODEL_PREFIX)?;
+                Some((target.to_owned(), value.clone()))
+            })
+            .collect();
+        let unknown = settings
+            .keys()
+            .filter(|key| !KEYS.contains(&key.as_str()) && !key.starts_with(MODEL_PREFIX))
+            .cloned()
+            .collect();
+        let parsed = Self {
+            base_url,
+            tls_ca,
+            api_key_env: settings
+                .get("api_key_env")
+                .filter(|v| !v.is_empty())
+                .cloned(),
+            models,
+            request_timeout: millis(settings, "request_timeout_ms", 600_000)?,
+            connect_timeout: millis(settings, "connect_timeout_ms", 5_000)?,
+            idle_timeout: millis(settings, "idle_timeout_ms", 300_000)?,
+            probe_interval: millis(settings, "probe_interval_ms", 5_000)?,
+            probe_down_interval: millis(settings, "probe_down_interval_ms", 1_000)?,
+            probe_timeout: millis(settings, "probe_timeout_ms", 2_000)?,
+            availability: availability(settings)?,
+            max_retries: number(settings, "max_retries", 0)?,
+            retry_backoff: millis(settings, "retry_backoff_ms", 250)?,
+            stream_usage: flag(settings, "stream_usage", true)?,
+        };
+        Ok((parsed, unknown))
+    }
+
+    /// The upstream model name of `target`.
+    pub fn upstream_model<'a>(&'a self, target: &'a str) -> &'a str {
+        self.models.get(target).map_or(target, String::as_str)
+    }
+}
+
+fn number(settings: &BTreeMap<String, String>, key: &str, default: u32) -> Result<u32, String> {
+    settings.get(key).map_or(Ok(default), |value| {
+        value
+            .trim()
+            .parse()
+            .map_err(|_| format!("`{key}` must be a whole number, got {value:?}"))
+    })
+}
+
+fn millis(
+    settings: &BTreeMap<String, String>,
+    key: &str,
+    default: u32,
+) -> Result<Duration, String> {
+    let ms = number(settings, key, default)?;
+    if ms == 0 {
+        return Err(format!("`{key}` must be at least 1"));
+    }
+    Ok(Duration::from_millis(u64::from(ms)))
+}
+
+fn flag(settings: &BTreeMap<String, String>, key: &str, default: bool) -> Result<bool, String> {
+    match settings.get(key).map(|value| value.trim()) {
+        None => Ok(default),
+        Some("true") => Ok(true),
+        Some("false") => Ok(false),
+        Some(other) => Err(format!(
+            "`{key}` must be \"true\" or \"false\", got {other:?}"
+        )),
+    }
+}
+
+fn availability(settings: &BTreeMap<String, String>) -> Result<AvailabilityMode, String> {
+    match settings.get("availability").map(|value| value.trim()) {
+        None | Some("listed") => Ok(AvailabilityMode::Listed),
+        Some("reachable") => Ok(AvailabilityMode::Reachable),
+        Some(other) => Err(format!(
+            "`availability` must be \"listed\" or \"reachable\", got {other:?}"
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    #[test]
+    fn defaults_and_the_model_map() {
+        let (settings, unknown) = OpenAiSettings::parse(&map(&[
+            ("base_url", "http://127.0.0.1:8080/v1/"),
+            ("model.qwen2.5", "Qwen/Qwen2.5-0.5B-Instruct"),
+            ("colour", "blue"),
+        ]))
+        .expect("valid");
+        assert_eq!(settings.base_url, "http://127.0.0.1:8080/v1");
+        assert_eq!(
+            settings.upstream_model("qwen2.5"),
+            "Qwen/Qwen2.5-0.5B-Instruct"
+        );
+        assert_eq!(settings.upstream_model("llama3.1:8b"), "llama3.1:8b");
+        assert_eq!(settings.availability, AvailabilityMode::Listed);
+        assert_eq!(settings.probe_interval, Duration::from_secs(5));
+        assert!(settings.stream_usage);
+        assert_eq!(unknown, ["colour"]);
+    }
+
+    #[test]
+    fn an_https_engine_with_its_own_ca() {
+        let (settings, unknown) = OpenAiSettings::parse(&map(&[
+            ("base_url", "https://engine.lan:8443/v1"),
+            ("tls_ca", " /etc/engine-ca.pem "),
+        ]))
+        .expect("valid");
+        assert_eq!(settings.base_url, "https://engine.lan:8443/v1");
+        assert_eq!(
+            settings.tls_ca.as_deref(),
+            Some(std::path::Path::new("/etc/engine-ca.pem"))
+        );
+        assert!(unknown.is_empty());
+        let (public, _) =
+            OpenAiSettings::parse(&map(&[("base_url", "https://api.example/v1")])).expect("valid");
+        assert_eq!(public.tls_ca, None);
+    }
+
+    #[test]
+    fn invalid_values_name_their_key() {
+        let cases = [
+            (map(&[]), "base_url"),
+            (map(&[("base_url", "localhost:8080")]), "base_url"),
+            (map(&[("base_url", "ftp://engine/v1")]), "base_url"),
+            (
+                map(&[
+                    ("base_url", "http://h/v1"),
+                    ("tls_ca", "/etc/engine-ca.pem"),
+                ]),
+                "tls_ca",
+            ),
+            (
+                map(&[("base_url", "http://h/v1"), ("probe_interval_ms", "soon")]),
+                "probe_interval_ms",
+            ),
+            (
+                map(&[("base_url", "http://h/v1"), ("request_timeout_ms", "0")]),
+                "request_timeout_ms",
+            ),
+            (
+                map(&[("base_url", "http://h/v1"), ("availability", "maybe")]),
+                "availability",
+            ),
+            (
+                map(&[("base_url", "http://h/v1"), ("stream_usage", "yes")]),
+                "stream_usage",
+            ),
+        ];
+        for (settings, key) in cases {
+            let error = OpenAiSettings::parse(&settings).expect_err(key);
+            assert!(error.contains(key), "{error}");
+        }
+    }
+}

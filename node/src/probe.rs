@@ -1,0 +1,213 @@
+//! Target availability: which configured targets an engine can serve now, judged from its
+//! public `GET /models` (never from an engine's private slot or status endpoints, which move
+//! between versions and may expose prompts).
+//!
+//! The mapping is pure ([`available_targets`], and [`unmatched_fix`] for a target the
+//! engine's list does not name); the loop probes at start and every `probe_interval_ms`
+//! (every `probe_down_interval_ms` while the engine is down), reports each result to the
+//! availability board, which tells the edge when the set changes, and warns, naming the
+//! setting that fixes it, when an answering engine lists nothing a configured target maps to.
+
+use std::sync::Arc;
+
+use tokio_util::sync::CancellationToken;
+
+use super::adapters::AdapterSet;
+use super::openai::OpenAiAdapter;
+use super::openai::settings::{AvailabilityMode, OpenAiSettings};
+
+/// The targets available given the engine's model list (`None`: the engine could not be
+/// asked, so none is).
+pub fn available_targets(
+    targets: &[String],
+    settings: &OpenAiSettings,
+    listed: Option<&[String]>,
+) -> Vec<String> {
+    let Some(listed) = listed else {
+        return Vec::new();
+    };
+    targets
+        .iter()
+        .filter(|target| match settings.availability {
+            AvailabilityMode::Reachable => true,
+            AvailabilityMode::Listed => {
+                let wanted = settings.upstream_model(target);
+                listed.iter().any(|name| same_model(name, wanted))
+            }
+        })
+        .cloned()
+        .collect()
+}
+
+/// What to set so `target` (mapped to the `wanted` upstream name) matches the engine's
+/// `listed` models, for the warning about a target that matches nothing listed.
+pub fn unmatched_fix(target: &str, wanted: &str, listed: &[String]) -> String {
+    let reachable = "or set `availability = \"reachable\"` to serve it whenever the engine answers";
+    match listed {
+        [] => format!("the engine lists no models: {reachable}"),
+        [only] => format!(
+            "the engine lists only {only:?} (llama-server lists its model by file path): \
+             set `model.{target} = {only:?}` in the adapter's settings, {reachable}"
+        ),
+        _ => format!(
+            "no listed id is {wanted:?}: set `model.{target}` to the id the engine lists \
+             for it, {reachable}"
+        ),
+    }
+}
+
+/// Warns once per change of the set: each configured target an answering engine's
+/// `listed` models do not name, with the setting that fixes it.
+fn warn_unmatched(
+    adapter: &OpenAiAdapter,
+    listed: &[String],
+    available: &[String],
+    warned: &mut Vec<String>,
+) {
+    let unmatched: Vec<String> = adapter
+        .targets()
+        .iter()
+        .filter(|target| !available.contains(target))
+        .cloned()
+        .collect();
+    if unmatched == *warned {
+        return;
+    }
+    for target in &unmatched {
+        let wanted = adapter.settings().upstream_model(target);
+        tracing::warn!(
+            adapter = adapter.name(),
+            target = %target,
+            ?listed,
+            fix = %unmatched_fix(target, wanted, listed),
+            "a configured target matches nothing the engine lists, so the edge gets no node for it"
+        );
+    }
+    *warned = unmatched;
+}
+
+/// Whether the engine's `listed` name is the `wanted` model: equal, or equal but for
+/// Ollama's default `:latest` tag.
+fn same_model(listed: &str, wanted: &str) -> bool {
+    let untagged = |name: &'_ str| {
+        name.strip_suffix(":latest")
+            .map_or(name.to_owned(), str::to_owned)
+    };
+    listed == wanted || untagged(listed) == untagged(wanted)
+}
+
+/// Probes `adapter`'s engine until `stop`, reporting each result to `board`.
+pub async fn probe_loop(adapter: Arc<OpenAiAdapter>, board: AdapterSet, stop: CancellationToken) {
+    let mut was_up: Option<bool> = None;
+    let mut warned = Vec::new();
+    loop {
+        let listed = adapter.list_models().await;
+        let up = listed.is_ok();
+        let available = available_targets(
+            adapter.targets(),
+            adapter.settings(),
+            listed.as_deref().ok(),
+        );
+        match (&listed, was_up) {
+            (Ok(models), Some(false) | None) => {
+                tracing::info!(
+                    adapter = adapter.name(),
+                    ?models,
+                    ?available,
+                    "engine is up"
+                );
+            }
+            (Err(fault), Some(true) | None) => {
+                tracing::warn!(
+                    adapter = adapter.name(),
+                    %fault,
+                    "engine is down: reporting none of its targets"
+                );
+            }
+            _ => {}
+        }
+        if let Ok(models) = &listed {
+            warn_unmatched(&adapter, models, &available, &mut warned);
+        }
+        was_up = Some(up);
+        board.report(adapter.name(), available);
+        let settings = adapter.settings();
+        let wait = if up {
+            settings.probe_interval
+        } else {
+            settings.probe_down_interval
+        };
+        tokio::select! {
+            () = tokio::time::sleep(wait) => {}
+            () = stop.cancelled() => return,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+
+    fn settings(pairs: &[(&str, &str)]) -> OpenAiSettings {
+        let mut map: BTreeMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| ((*k).into(), (*v).into()))
+            .collect();
+        map.insert("base_url".into(), "http://127.0.0.1:1/v1".into());
+        OpenAiSettings::parse(&map).expect("valid").0
+    }
+
+    fn names(list: &[&str]) -> Vec<String> {
+        list.iter().map(|s| (*s).to_owned()).collect()
+    }
+
+    #[test]
+    fn listed_models_through_the_model_map() {
+        let settings = settings(&[("model.qwen", "Qwen/Qwen2.5-0.5B-Instruct")]);
+        let targets = names(&["qwen", "llama3.1", "phi"]);
+        let listed = names(&["Qwen/Qwen2.5-0.5B-Instruct", "llama3.1:latest", "mistral"]);
+        assert_eq!(
+            available_targets(&targets, &settings, Some(&listed)),
+            ["qwen", "llama3.1"]
+        );
+    }
+
+    #[test]
+    fn an_unmatched_target_is_told_the_setting_that_fixes_it() {
+        // llama-server lists the file it loaded, not the target the edge routes.
+        let one = unmatched_fix("tiny", "tiny", &names(&["/models/tiny.gguf"]));
+        assert!(
+            one.contains(r#"`model.tiny = "/models/tiny.gguf"`"#),
+            "{one}"
+        );
+        assert!(one.contains(r#"`availability = "reachable"`"#), "{one}");
+        let many = unmatched_fix("qwen", "Qwen/Qwen2.5", &names(&["a", "b"]));
+        assert!(
+            many.contains("`model.qwen`") && many.contains("\"Qwen/Qwen2.5\""),
+            "{many}"
+        );
+        assert!(many.contains(r#"`availability = "reachable"`"#), "{many}");
+        let none = unmatched_fix("tiny", "tiny", &[]);
+        assert!(none.contains("lists no models"), "{none}");
+        assert!(none.contains(r#"`availability = "reachable"`"#), "{none}");
+    }
+
+    #[test]
+    fn a_down_engine_serves_nothing() {
+        let settings = settings(&[("availability", "reachable")]);
+        assert!(available_targets(&names(&["a"]), &settings, None).is_empty());
+    }
+
+    #[test]
+    fn reachable_mode_serves_every_target_whatever_is_listed() {
+        let settings = settings(&[("availability", "reachable")]);
+        let targets = names(&["a", "b"]);
+        assert_eq!(
+            available_targets(&targets, &settings, Some(&names(&["model.gguf"]))),
+            targets
+        );
+        assert_eq!(available_targets(&targets, &settings, Some(&[])), targets);
+    }
+}

@@ -1,0 +1,242 @@
+//! One registered connection to the edge: a reader that takes commands (runs, cancels,
+//! shutdown, heartbeat acks) and a writer that sends run events, heartbeats and availability
+//! reports, running side by side until either ends the session.
+//!
+//! The writer heartbeats every `heartbeat_interval_ms` with the number of running runs and a
+//! fresh `ping`; the reader hands the acks to a [`LinkMonitor`], and the writer ends the
+//! session when the monitor judges the link dead. Acks also tell the run table which events
+//! the edge surely has, so it can stop keeping them. Neither loop owns a run: runs live in
+//! the table and outlive sessions.
+
+use std::collections::VecDeque;
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use edge::client::NodeCommand;
+use edge::client::{
+    ClientError, LinkMonitor, NodeReceiver, NodeSender, ReceivedConfig, ReceivedEdgeFrame,
+    heartbeat,
+};
+use futures::{SinkExt, StreamExt};
+
+use super::dispatch::start_run;
+use super::lifecycle::Core;
+use super::runs::Stop;
+
+/// The most run events written per batch before the writer looks at its other duties.
+const BATCH: usize = 256;
+
+/// How long the first availability report waits for the first probes.
+const FIRST_PROBE_WAIT: Duration = Duration::from_secs(5);
+
+/// Why a session ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SessionEnd {
+    /// The edge closed the connection.
+    Closed,
+    /// Reading or writing failed.
+    Failed(String),
+    /// Nothing arrived from a pinging edge for the configured number of intervals.
+    LinkDead,
+    /// The edge sent `Shutdown`.
+    EdgeShutdown(String),
+    /// The node is exiting.
+    Exit,
+}
+
+/// Pings handed out and the write batch each followed, to map an ack to what it confirms.
+struct LinkBook {
+    monitor: LinkMonitor,
+    marks: VecDeque<(u64, u64)>,
+}
+
+impl LinkBook {
+    fn ping(&mut self, batch: u64) -> u64 {
+        let ping = self.monitor.next_ping();
+        self.marks.push_back((ping, batch));
+        if self.marks.len() > 64 {
+            self.marks.pop_front();
+        }
+        ping
+    }
+
+    /// The write batch an ack of `ping` confirms, when it answers one of ours.
+    fn ack(&mut self, ping: u64, now: Instant) -> Option<u64> {
+        if !self.monitor.acked(ping, now) {
+            return None;
+        }
+        let batch = self.marks.iter().find(|(p, _)| *p == ping).map(|(_, b)| *b);
+        self.marks.retain(|(p, _)| *p > ping);
+        batch
+    }
+}
+
+fn now() -> Instant {
+    tokio::time::Instant::now().into_std()
+}
+
+fn book(link: &Mutex<LinkBook>) -> MutexGuard<'_, LinkBook> {
+    link.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Serves a registered connection with `config` until it ends.
+pub async fn serve(
+    sender: NodeSender,
+    receiver: NodeReceiver,
+    core: &Core,
+    config: &ReceivedConfig,
+) -> SessionEnd {
+    let interval = Duration::from_millis(u64::from(config.heartbeat_interval_ms.max(1)));
+    let max_running = usize::try_from(config.max_concurrent_runs.max(1)).unwrap_or(usize::MAX);
+    let link = Mutex::new(LinkBook {
+        monitor: LinkMonitor::new(interval, core.options.dead_after_intervals, now()),
+        marks: VecDeque::new(),
+    });
+    tokio::select! {
+        end = read_loop(receiver, core, &link, max_running) => end,
+        end = write_loop(sender, core, &link, interval) => end,
+    }
+}
+
+async fn read_loop(
+    mut receiver: NodeReceiver,
+    core: &Core,
+    link: &Mutex<LinkBook>,
+    max_running: usize,
+) -> SessionEnd {
+    loop {
+        let frame = match receiver.next().await {
+            None => return SessionEnd::Closed,
+            Some(Err(error)) => return SessionEnd::Failed(error.to_string()),
+            Some(Ok(frame)) => frame,
+        };
+        let heard = now();
+        if let ReceivedEdgeFrame::HeartbeatAck { ping } = frame {
+            let confirmed = book(link).ack(ping, heard);
+            if let Some(batch) = confirmed {
+                core.table.acknowledged(batch);
+            }
+            continue;
+        }
+        book(link).monitor.heard(heard);
+        match frame {
+            ReceivedEdgeFrame::Command(NodeCommand::Run(run)) => {
+                start_run(run, &core.adapters, &core.table, &core.tasks, max_running);
+            }
+            ReceivedEdgeFrame::Command(NodeCommand::Cancel { run_id, reason }) => {
+                tracing::info!(%run_id, %reason, "the edge cancelled the run");
+                if !core.table.stop(run_id.as_str(), Stop::Cancel(reason)) {
+                    tracing::debug!(%run_id, "cancel for a run the node does not hold");
+                }
+            }
+            ReceivedEdgeFrame::Command(NodeCommand::Shutdown { reason }) => {
+                return SessionEnd::EdgeShutdown(reason);
+            }
+            ReceivedEdgeFrame::Registered(_)
+            | ReceivedEdgeFrame::Unknown
+            | ReceivedEdgeFrame::HeartbeatAck { .. } => {}
+        }
+    }
+}
+
+async fn write_loop(
+    mut sender: NodeSender,
+    core: &Core,
+    link: &Mutex<LinkBook>,
+    interval: Duration,
+) -> SessionEnd {
+    let mut writer = Writer {
+        sender: &mut sender,
+        core,
+        link,
+        batch: 0,
+    };
+    let mut availability = core.adapters.subscribe();
+    // Bounded by the heartbeat interval too: the edge counts silence from registration on.
+    core.adapters
+        .wait_probed(FIRST_PROBE_WAIT.min(interval))
+        .await;
+    let first = availability.borrow_and_update().clone();
+    if let Err(error) = writer.heartbeat(Some(first)).await {
+        return SessionEnd::Failed(error.to_string());
+    }
+    let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let result = tokio::select! {
+            () = core.table.unsent_ready() => writer.write_unsent().await,
+            _ = ticker.tick() => {
+                if book(link).monitor.is_dead(now()) {
+                    return SessionEnd::LinkDead;
+                }
+                writer.heartbeat(None).await
+            }
+            Ok(()) = availability.changed() => {
+                let current = availability.borrow_and_update().clone();
+                writer.heartbeat(Some(current)).await
+            }
+            () = core.exit.cancelled() => {
+                let _ = writer.write_unsent().await;
+                return SessionEnd::Exit;
+            }
+        };
+        if let Err(error) = result {
+            return SessionEnd::Failed(error.to_string());
+        }
+    }
+}
+
+struct Writer<'a> {
+    sender: &'a mut NodeSender,
+    core: &'a Core,
+    link: &'a Mutex<LinkBook>,
+    batch: u64,
+}
+
+impl Writer<'_> {
+    /// A heartbeat with the running runs and a fresh ping (and the availability, if given).
+    async fn heartbeat(
+        &mut self,
+        availability: Option<edge::domain::Availability>,
+    ) -> Result<(), ClientError> {
+        let ping = book(self.link).ping(self.batch);
+        let active = u32::try_from(self.core.table.running()).unwrap_or(u32::MAX);
+        if let Some(availability) = &availability {
+            let pairs: Vec<String> = availability
+                .pairs()
+                .iter()
+                .map(|(a, t)| format!("{a}/{t}"))
+                .collect();
+            tracing::info!(available = ?pairs, "reporting availability");
+        }
+        self.sender
+            .send(heartbeat(active, ping, availability))
+            .await?;
+        Ok(())
+    }
+
+    /// Writes every unsent event, in batches, then flushes. While the node drains, a batch
+    /// that ended a run is followed by a ping so the edge's ack lets the node retire it.
+    async fn write_unsent(&mut self) -> Result<(), ClientError> {
+        let mut ended_a_run = false;
+        loop {
+            self.batch += 1;
+            let unsent = self.core.table.take_unsent(self.batch, BATCH);
+            if unsent.frames.is_empty() {
+                break;
+            }
+            ended_a_run |= unsent.terminal;
+            for frame in unsent.frames {
+                self.sender.feed(frame).await?;
+            }
+        }
+        self.sender.flush().await?;
+        if ended_a_run
+            && self.core.draining.is_cancelled()
+            && book(self.link).monitor.answers_pings()
+        {
+            self.heartbeat(None).await?;
+        }
+        Ok(())
+    }
+}

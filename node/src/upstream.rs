@@ -1,0 +1,259 @@
+//! The HTTP side of an engine: one `reqwest` client per adapter, POSTs whose answers are
+//! read chunk by chunk, and the `GET /models` probe, each under its timeouts. HTTPS engines
+//! are checked against the system's CA certificates, or the adapter's `tls_ca` file; the
+//! TLS is rustls with the `ring` provider passed in ([`client_builder`]), so nothing here
+//! depends on a process-wide crypto provider (decision 15).
+//!
+//! Failures come back as [`UpstreamFault`]s for the classification table; nothing here
+//! decides whose fault they are. The API key goes only into the `Authorization` header and
+//! never into an error or a log line. Dropping a [`reqwest::Response`] before its end closes
+//! its connection, which is how a cancelled run tells the engine to stop.
+
+use std::error::Error as _;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use serde_json::Value;
+
+use super::openai::errors::UpstreamFault;
+
+/// The most of an error body kept for its message.
+const MAX_ERROR_BODY: usize = 64 * 1024;
+
+/// The most of a whole (non-streamed) answer accepted: embeddings of a large batch.
+pub const MAX_WHOLE_BODY: usize = 256 * 1024 * 1024;
+
+/// An engine's HTTP endpoint.
+#[derive(Clone)]
+pub struct Upstream {
+    client: reqwest::Client,
+    base_url: String,
+    api_key: Option<String>,
+    idle_timeout: Duration,
+    probe_timeout: Duration,
+}
+
+impl std::fmt::Debug for Upstream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Upstream")
+            .field("base_url", &self.base_url)
+            .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
+            .finish_non_exhaustive()
+    }
+}
+
+/// Timeouts of an [`Upstream`].
+#[derive(Debug, Clone, Copy)]
+pub struct Timeouts {
+    /// To open a TCP connection.
+    pub connect: Duration,
+    /// Of silence: before the headers, and between chunks.
+    pub idle: Duration,
+    /// Of one probe, start to end.
+    pub probe: Duration,
+}
+
+/// A `reqwest` client builder whose HTTPS trusts the CA certificates in `tls_ca` (PEM), or
+/// the system's when `None`, over rustls with the `ring` provider. Every HTTP client of the
+/// node starts here; a client built any other way would need a process-wide provider.
+///
+/// # Errors
+/// A message naming the file when `tls_ca` cannot be read or holds no usable certificate,
+/// or when the system's trust store cannot be loaded.
+pub fn client_builder(tls_ca: Option<&Path>) -> Result<reqwest::ClientBuilder, String> {
+    let tls = match tls_ca {
+        Some(path) => edge::client::tls_client_config(path, None)
+            .map(Arc::unwrap_or_clone)
+            .map_err(|error| format!("`tls_ca`: {error}"))?,
+        None => edge::client::platform_client_config()
+            .map_err(|error| format!("cannot load the system's CA certificates: {error}"))?,
+    };
+    Ok(reqwest::Client::builder().tls_backend_preconfigured(tls))
+}
+
+impl Upstream {
+    /// A client for the engine at `base_url` (up to and including `/v1`); an `https://`
+    /// engine's certificate is checked against `tls_ca`, or the system's CAs without it.
+    ///
+    /// # Errors
+    /// The client builder's error, or why `tls_ca` cannot be used.
+    pub fn new(
+        base_url: &str,
+        tls_ca: Option<&Path>,
+        api_key: Option<String>,
+        timeouts: Timeouts,
+    ) -> Result<Self, String> {
+        let client = client_builder(tls_ca)?
+            .connect_timeout(timeouts.connect)
+            .tcp_nodelay(true)
+            .pool_idle_timeout(Duration::from_secs(30))
+            .build()
+            .map_err(|error| format!("cannot build the HTTP client: {error}"))?;
+        Ok(Self {
+            client,
+            base_url: base_url.to_owned(),
+            api_key,
+            idle_timeout: timeouts.idle,
+            probe_timeout: timeouts.probe,
+        })
+    }
+
+    /// POSTs `body` to `path` and returns the response once its status is a success.
+    ///
+    /// # Errors
+    /// [`UpstreamFault::Status`] with the (bounded) body for any other status; the fault of
+    /// the connection otherwise.
+    pub async fn post(&self, path: &str, body: &Value) -> Result<reqwest::Response, UpstreamFault> {
+        let mut request = self
+            .client
+            .post(format!("{}{path}", self.base_url))
+            .json(body);
+        if let Some(key) = &self.api_key {
+            request = request.bearer_auth(key);
+        }
+        let response = tokio::time::timeout(self.idle_timeout, request.send())
+            .await
+            .map_err(|_| UpstreamFault::Timeout("no answer before idle_timeout_ms"))?
+            .map_err(fault_of)?;
+        let status = response.status();
+        if status.is_success() {
+            return Ok(response);
+        }
+        let mut response = response;
+        let body = self
+            .read_to_end(&mut response, MAX_ERROR_BODY)
+            .await
+            .unwrap_or_default();
+        Err(UpstreamFault::Status {
+            status: status.as_u16(),
+            body,
+        })
+    }
+
+    /// The next piece of a response body; `None` at its end.
+    ///
+    /// # Errors
+    /// [`UpstreamFault::Timeout`] after `idle_timeout_ms` of silence; the read's fault.
+    pub async fn next_chunk(
+        &self,
+        response: &mut reqwest::Response,
+    ) -> Result<Option<Bytes>, UpstreamFault> {
+        tokio::time::timeout(self.idle_timeout, response.chunk())
+            .await
+            .map_err(|_| UpstreamFault::Timeout("silent for idle_timeout_ms"))?
+            .map_err(fault_of)
+    }
+
+    /// The whole body, up to `limit` bytes (the rest is cut off).
+    ///
+    /// # Errors
+    /// As [`Upstream::next_chunk`]; [`UpstreamFault::Malformed`] past `limit`.
+    pub async fn read_to_end(
+        &self,
+        response: &mut reqwest::Response,
+        limit: usize,
+    ) -> Result<Vec<u8>, UpstreamFault> {
+        let mut body = Vec::new();
+        while let Some(chunk) = self.next_chunk(response).await? {
+            if body.len() + chunk.len() > limit {
+                return Err(UpstreamFault::Malformed(format!(
+                    "the body is larger than {limit} bytes"
+                )));
+            }
+            body.extend_from_slice(&chunk);
+        }
+        Ok(body)
+    }
+
+    /// The model ids `GET {base_url}/models` lists.
+    ///
+    /// # Errors
+    /// The fault when the engine cannot be reached, answers an error status, or lists
+    /// nothing readable.
+    pub async fn models(&self) -> Result<Vec<String>, UpstreamFault> {
+        let probe = async {
+            let mut request = self.client.get(format!("{}/models", self.base_url));
+            if let Some(key) = &self.api_key {
+                request = request.bearer_auth(key);
+            }
+            let mut response = request.send().await.map_err(fault_of)?;
+            let status = response.status().as_u16();
+            let body = self.read_to_end(&mut response, MAX_ERROR_BODY * 16).await?;
+            if !(200..300).contains(&status) {
+                return Err(UpstreamFault::Status { status, body });
+            }
+            model_ids(&body)
+        };
+        tokio::time::timeout(self.probe_timeout, probe)
+            .await
+            .map_err(|_| UpstreamFault::Timeout("probe_timeout_ms"))?
+    }
+}
+
+/// The ids of an OpenAI model list (`{"data":[{"id":…}]}`); llama.cpp adds a `models` list
+/// with `name`/`model` fields, read too. Each id once, in the order first listed.
+///
+/// # Errors
+/// [`UpstreamFault::Malformed`] when the body is not such a list.
+pub fn model_ids(body: &[u8]) -> Result<Vec<String>, UpstreamFault> {
+    let parsed: Value = serde_json::from_slice(body).map_err(|error| {
+        UpstreamFault::Malformed(format!("the model list is not JSON: {error}"))
+    })?;
+    let Some(data) = parsed["data"].as_array() else {
+        return Err(UpstreamFault::Malformed(
+            "the model list has no `data` array".into(),
+        ));
+    };
+    let mut ids: Vec<String> = data
+        .iter()
+        .filter_map(|m| m["id"].as_str().map(str::to_owned))
+        .collect();
+    for extra in parsed["models"].as_array().into_iter().flatten() {
+        for key in ["name", "model"] {
+            if let Some(name) = extra[key].as_str()
+                && !ids.iter().any(|id| id == name)
+            {
+                ids.push(name.to_owned());
+            }
+        }
+    }
+    Ok(ids)
+}
+
+/// A `reqwest` error as a fault, with its causes (never the request's headers).
+fn fault_of(error: reqwest::Error) -> UpstreamFault {
+    let mut detail = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        detail.push_str(": ");
+        detail.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    if error.is_timeout() {
+        UpstreamFault::Timeout("connect_timeout_ms")
+    } else if error.is_connect() || error.is_builder() || error.is_request() && !error.is_body() {
+        UpstreamFault::Unreachable(detail)
+    } else {
+        UpstreamFault::Broken(detail)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn model_lists_of_several_engines() {
+        let openai = br#"{"object":"list","data":[{"id":"qwen2.5:0.5b","object":"model"},{"id":"llama3.1:8b"}]}"#;
+        assert_eq!(
+            model_ids(openai).expect("list"),
+            ["qwen2.5:0.5b", "llama3.1:8b"]
+        );
+        let llama = br#"{"models":[{"name":"model.gguf","model":"model.gguf"}],"object":"list","data":[{"id":"model.gguf"}]}"#;
+        assert_eq!(model_ids(llama).expect("list"), ["model.gguf"]);
+        assert!(model_ids(b"<html>").is_err());
+        assert!(model_ids(br#"{"error":"x"}"#).is_err());
+    }
+}

@@ -1,0 +1,80 @@
+//! The management API's errors: a status and `{"error": {"code", "message"}}`.
+
+use axum::Json;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+
+use super::views::{ErrorBody, ErrorDetail};
+use crate::ports::ManageError;
+
+/// An error answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AdminError {
+    status: StatusCode,
+    code: &'static str,
+    message: String,
+}
+
+impl AdminError {
+    /// `400 bad_request`.
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "bad_request", message)
+    }
+
+    /// `401 unauthorized`.
+    pub fn unauthorized(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::UNAUTHORIZED, "unauthorized", message)
+    }
+
+    /// `404 not_found`.
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, "not_found", message)
+    }
+
+    fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            code,
+            message: message.into(),
+        }
+    }
+
+    /// The status.
+    pub fn status(&self) -> StatusCode {
+        self.status
+    }
+}
+
+impl From<ManageError> for AdminError {
+    fn from(error: ManageError) -> Self {
+        let message = error.to_string();
+        match error {
+            ManageError::UnknownNode(_) | ManageError::UnknownRun(_) => Self::not_found(message),
+            ManageError::RunEnded(_) => Self::new(StatusCode::CONFLICT, "run_ended", message),
+            ManageError::Journal(_) => Self::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "journal_unavailable",
+                message,
+            ),
+        }
+    }
+}
+
+impl IntoResponse for AdminError {
+    fn into_response(self) -> Response {
+        let body = ErrorBody {
+            error: ErrorDetail {
+                code: self.code.to_owned(),
+                message: self.message,
+            },
+        };
+        let mut response = (self.status, Json(body)).into_response();
+        if self.status == StatusCode::UNAUTHORIZED {
+            response.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                header::HeaderValue::from_static("Bearer realm=\"edge admin\""),
+            );
+        }
+        response
+    }
+}

@@ -1,0 +1,286 @@
+//! The management API's JSON shapes, shared with the `edge` operator commands that read
+//! them. The OpenAPI document's schemas are generated from these types.
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use crate::domain::{Attempt, RunRecord, Usage};
+use crate::ports::NodeStatus;
+
+/// `GET /admin/v1/nodes`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct NodeList {
+    /// Every configured node, ordered by id.
+    pub nodes: Vec<NodeView>,
+}
+
+/// A configured node.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct NodeView {
+    /// The node's id.
+    pub id: String,
+    /// Its alias.
+    pub alias: String,
+    /// `disconnected`, `serving`, `draining` (drained, runs left), `drained` (no run left)
+    /// or `breaker_open`.
+    pub state: String,
+    /// The address it connected from; absent while disconnected.
+    pub peer: Option<String>,
+    /// The node software's version, as it reported it.
+    pub node_version: Option<String>,
+    /// When it registered, ms since the Unix epoch.
+    pub connected_since_ms: Option<u64>,
+    /// When it last sent a heartbeat or an event, ms since the Unix epoch.
+    pub last_heartbeat_ms: Option<u64>,
+    /// Runs it holds now.
+    pub active_runs: u32,
+    /// Its limits from the config.
+    pub limits: NodeLimits,
+    /// Its adapters and their targets.
+    pub adapters: Vec<AdapterView>,
+    /// Its drain, when drained.
+    pub drain: Option<DrainView>,
+}
+
+/// A node's limits.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct NodeLimits {
+    /// Runs sent to it at once, at most.
+    pub max_concurrent_runs: u32,
+    /// How often it must send a heartbeat.
+    pub heartbeat_interval_ms: u32,
+}
+
+/// One adapter of a node.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct AdapterView {
+    /// The adapter's name.
+    pub name: String,
+    /// What it serves.
+    pub targets: Vec<TargetView>,
+}
+
+/// One target of an adapter.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct TargetView {
+    /// The target's name.
+    pub name: String,
+    /// Whether the node reports it can serve it now; absent when the node does not report.
+    pub available: Option<bool>,
+}
+
+/// A node's drain.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct DrainView {
+    /// When it began, ms since the Unix epoch.
+    pub since_ms: u64,
+    /// When the node's remaining runs are cancelled, ms since the Unix epoch.
+    pub deadline_ms: Option<u64>,
+}
+
+/// `POST /admin/v1/nodes/{node}/drain` (the body is optional).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DrainRequest {
+    /// Cancel the node's runs still open this many seconds from now; absent to let them
+    /// finish however long they take.
+    pub deadline_seconds: Option<u64>,
+}
+
+/// `GET /admin/v1/runs`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct RunList {
+    /// The runs, newest first.
+    pub runs: Vec<RunView>,
+    /// Pass as `cursor` for the next page; absent on the last page.
+    pub next_cursor: Option<String>,
+}
+
+/// A run's record. Never holds its input or a secret.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct RunView {
+    /// The run's id.
+    pub id: String,
+    /// Its adapter.
+    pub adapter: String,
+    /// Its target.
+    pub target: String,
+    /// `unspecified`, `chat`, `completion` or `embeddings`.
+    pub operation: String,
+    /// The node id or alias it was pinned to.
+    pub pin: Option<String>,
+    /// The name of the API key the caller used, when the API set one.
+    pub api_key_name: Option<String>,
+    /// `open`, `completed`, `failed`, `cancelled`, or `unknown` (the edge stopped while
+    /// the run was open).
+    pub outcome: String,
+    /// The failure code (`failed`; `edge_crashed` for `unknown`).
+    pub code: Option<String>,
+    /// The failure's message, or why it was cancelled.
+    pub message: Option<String>,
+    /// Why generation stopped (`completed`).
+    pub finish_reason: Option<String>,
+    /// The node of its latest attempt.
+    pub node: Option<String>,
+    /// Why that node was chosen.
+    pub route_reason: Option<String>,
+    /// Its placements, in order.
+    pub attempts: Vec<AttemptView>,
+    /// When it was accepted, ms since the Unix epoch.
+    pub queued_at_ms: u64,
+    /// When it was first sent to a node.
+    pub started_at_ms: Option<u64>,
+    /// When its first output was relayed.
+    pub first_output_at_ms: Option<u64>,
+    /// When it ended.
+    pub finished_at_ms: Option<u64>,
+    /// Token counts, when the node reported them.
+    pub usage: Option<UsageView>,
+    /// Events relayed.
+    pub events: u64,
+    /// Of those, how many the journal holds.
+    pub events_stored: u64,
+}
+
+/// One placement of a run.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct AttemptView {
+    /// 1 for the first.
+    pub number: u32,
+    /// The node.
+    pub node: String,
+    /// Why it was chosen (`pinned`, `least_busy`, ...).
+    pub route_reason: String,
+    /// When it was sent to the node, ms since the Unix epoch.
+    pub started_at_ms: u64,
+}
+
+/// Token counts.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct UsageView {
+    /// Prompt tokens.
+    pub input_tokens: u32,
+    /// Generated tokens.
+    pub output_tokens: u32,
+    /// Prompt tokens served from the engine's cache.
+    pub cached_input_tokens: u32,
+    /// Generated tokens spent on reasoning.
+    pub reasoning_tokens: u32,
+}
+
+/// `DELETE /admin/v1/runs/{run}`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct CancelView {
+    /// The run.
+    pub id: String,
+    /// Always `true`: the cancel was sent; the run ends with its terminal event.
+    pub cancelling: bool,
+}
+
+/// Every error: `{"error": {"code": ..., "message": ...}}`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ErrorBody {
+    /// What went wrong.
+    pub error: ErrorDetail,
+}
+
+/// An error's code and message.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ErrorDetail {
+    /// A stable snake_case code (`unauthorized`, `not_found`, `bad_request`, ...).
+    pub code: String,
+    /// What happened, for people.
+    pub message: String,
+}
+
+impl NodeView {
+    /// The view of `status`.
+    pub fn of(status: &NodeStatus) -> Self {
+        let record = &status.record;
+        let connection = status.connection.as_ref();
+        Self {
+            id: record.id().to_string(),
+            alias: record.alias().to_string(),
+            state: status.state.as_str().to_owned(),
+            peer: connection.map(|c| c.peer.to_string()),
+            node_version: connection.map(|c| c.node_version.clone()),
+            connected_since_ms: connection.map(|c| c.connected_since_ms),
+            last_heartbeat_ms: connection.map(|c| c.last_seen_ms),
+            active_runs: connection.map_or(0, |c| c.active_runs),
+            limits: NodeLimits {
+                max_concurrent_runs: record.runtime().max_concurrent_runs(),
+                heartbeat_interval_ms: record.runtime().heartbeat_interval_ms(),
+            },
+            adapters: record
+                .adapters()
+                .iter()
+                .map(|a| AdapterView {
+                    name: a.name().to_string(),
+                    targets: a
+                        .targets()
+                        .iter()
+                        .map(|t| TargetView {
+                            name: t.to_string(),
+                            available: status.available(a.name(), t),
+                        })
+                        .collect(),
+                })
+                .collect(),
+            drain: status.drain.map(|d| DrainView {
+                since_ms: d.since_ms,
+                deadline_ms: d.deadline_ms,
+            }),
+        }
+    }
+}
+
+impl RunView {
+    /// The view of `record`.
+    pub fn of(record: &RunRecord) -> Self {
+        let accepted = &record.accepted;
+        Self {
+            id: accepted.run_id.to_string(),
+            adapter: accepted.adapter.to_string(),
+            target: accepted.target.to_string(),
+            operation: accepted.operation.as_str().to_owned(),
+            pin: accepted.pin.clone(),
+            api_key_name: accepted.api_key_name.clone(),
+            outcome: record.outcome.as_str().to_owned(),
+            code: record.code.clone(),
+            message: record.message.clone(),
+            finish_reason: record.finish_reason.clone(),
+            node: record.node().map(ToString::to_string),
+            route_reason: record.attempts.last().map(|a| a.route_reason.clone()),
+            attempts: record.attempts.iter().map(AttemptView::of).collect(),
+            queued_at_ms: accepted.queued_ms,
+            started_at_ms: record.started_ms(),
+            first_output_at_ms: record.first_output_ms,
+            finished_at_ms: record.finished_ms,
+            usage: record.usage.map(UsageView::of),
+            events: record.events,
+            events_stored: record.events_stored,
+        }
+    }
+}
+
+impl AttemptView {
+    fn of(attempt: &Attempt) -> Self {
+        Self {
+            number: attempt.number,
+            node: attempt.node.to_string(),
+            route_reason: attempt.route_reason.clone(),
+            started_at_ms: attempt.started_ms,
+        }
+    }
+}
+
+impl UsageView {
+    fn of(usage: Usage) -> Self {
+        Self {
+            input_tokens: usage.input_tokens,
+            output_tokens: usage.output_tokens,
+            cached_input_tokens: usage.cached_input_tokens,
+            reasoning_tokens: usage.reasoning_tokens,
+        }
+    }
+}

@@ -1,0 +1,102 @@
+//! Anthropic's shapes, pure: the whole `message` answer, the `stop_reason` a chat finish
+//! reason becomes, the usage object, and the error body with the error type a status
+//! becomes. The stream translator (`stream.rs`) and the handler (`mod.rs`) both use them.
+
+use axum::http::StatusCode;
+use serde_json::{Value, json};
+
+use super::super::error::ApiError;
+use super::super::output::{Collected, Finished};
+use super::super::protocol::arguments_value;
+use crate::domain::Usage;
+
+/// The whole answer: a `message` with thinking (when asked for), text and `tool_use`
+/// blocks, the stop reason and usage.
+pub(super) fn message(
+    id: &str,
+    model: &str,
+    thinking: bool,
+    collected: &Collected,
+    finished: &Finished,
+) -> Value {
+    let mut content = Vec::new();
+    if thinking && !collected.reasoning.is_empty() {
+        content
+            .push(json!({ "type": "thinking", "thinking": collected.reasoning, "signature": "" }));
+    }
+    if !collected.text.is_empty() || collected.tool_calls.is_empty() {
+        content.push(json!({ "type": "text", "text": collected.text }));
+    }
+    for call in &collected.tool_calls {
+        let id = if call.id.is_empty() {
+            format!("toolu_{id}_{}", call.index)
+        } else {
+            call.id.clone()
+        };
+        content.push(json!({
+            "type": "tool_use",
+            "id": id,
+            "name": call.name,
+            "input": arguments_value(&call.arguments),
+        }));
+    }
+    json!({
+        "id": id,
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": content,
+        "stop_reason": stop_reason(&finished.finish_reason, !collected.tool_calls.is_empty()),
+        "stop_sequence": null,
+        "usage": finished.usage.map_or_else(|| json!({ "input_tokens": 0, "output_tokens": 0 }), usage_json),
+    })
+}
+
+/// A chat `finish_reason` as Anthropic's `stop_reason`: `tool_use` whenever the answer
+/// called tools; `length` → `max_tokens`; `content_filter` → `refusal`; a node's own
+/// `stop_sequence` passes; anything else → `end_turn`.
+pub(super) fn stop_reason(finish_reason: &str, called_tools: bool) -> &'static str {
+    match finish_reason {
+        _ if called_tools => "tool_use",
+        "tool_calls" | "function_call" => "tool_use",
+        "length" => "max_tokens",
+        "content_filter" => "refusal",
+        "stop_sequence" => "stop_sequence",
+        _ => "end_turn",
+    }
+}
+
+/// Anthropic's usage object.
+pub(super) fn usage_json(usage: Usage) -> Value {
+    let mut body = json!({
+        "input_tokens": usage.input_tokens,
+        "output_tokens": usage.output_tokens,
+    });
+    if usage.cached_input_tokens > 0 {
+        body["cache_read_input_tokens"] = json!(usage.cached_input_tokens);
+    }
+    body
+}
+
+/// Anthropic's error type for a status.
+fn error_type(status: StatusCode) -> &'static str {
+    match status.as_u16() {
+        400 | 422 => "invalid_request_error",
+        401 => "authentication_error",
+        403 => "permission_error",
+        404 => "not_found_error",
+        413 => "request_too_large",
+        429 => "rate_limit_error",
+        503 | 529 => "overloaded_error",
+        504 => "timeout_error",
+        _ => "api_error",
+    }
+}
+
+/// Anthropic's error body, `{"type":"error","error":{"type":…,"message":…}}`.
+pub(super) fn error_body(error: &ApiError) -> Value {
+    json!({
+        "type": "error",
+        "error": { "type": error_type(error.status()), "message": error.message() },
+    })
+}

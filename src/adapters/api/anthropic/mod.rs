@@ -1,0 +1,69 @@
+//! `POST /v1/messages`: Anthropic's Messages API, whole and streamed, with Anthropic's
+//! error shape. A request is translated ([`request`]) into the chat body the chat endpoint
+//! would send, and runs as a chat run, so any node that serves chat serves Messages; the
+//! run's events are translated back ([`stream`], [`message`]).
+//!
+//! This module is the HTTP plumbing; the translators and Anthropic's shapes are pure.
+
+mod message;
+mod request;
+mod stream;
+#[cfg(test)]
+mod tests;
+
+use axum::Json;
+use axum::extract::State;
+use axum::extract::rejection::BytesRejection;
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use serde_json::Value;
+
+use super::auth::Caller;
+use super::error::ApiError;
+use super::routing::ClientKeys;
+use super::translate::{ChatApi, serve_chat_run};
+use crate::adapters::http::HttpState;
+use crate::domain::RunId;
+use message::{error_body, message};
+use request::MessagesRequest;
+use stream::MessagesStream;
+
+/// `POST /v1/messages`.
+pub(super) async fn create(
+    State(state): State<HttpState>,
+    caller: Caller,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    serve_chat_run(&MESSAGES, &state, &caller, &headers, body).await
+}
+
+/// Messages as a chat run: `metadata.user_id` is the client's user key.
+const MESSAGES: ChatApi<MessagesRequest, MessagesStream> = ChatApi {
+    translate: request::translate,
+    keys: |value| ClientKeys {
+        user: value.pointer("/metadata/user_id").and_then(Value::as_str),
+        ..ClientKeys::default()
+    },
+    error_response,
+    stream: |request, run_id| {
+        MessagesStream::new(message_id(run_id), request.model, request.thinking)
+    },
+    whole: |request, run_id, collected, finished| {
+        let id = message_id(run_id);
+        message(&id, &request.model, request.thinking, collected, finished)
+    },
+};
+
+/// The id of the message answering run `run_id`.
+fn message_id(run_id: &RunId) -> String {
+    format!("msg_{run_id}")
+}
+
+/// The error as an Anthropic-shaped response, with its status and `Retry-After`.
+pub(super) fn error_response(error: &ApiError) -> Response {
+    let mut response = (error.status(), Json(error_body(error))).into_response();
+    error.add_headers(&mut response);
+    response
+}

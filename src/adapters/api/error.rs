@@ -1,0 +1,402 @@
+//! Errors in OpenAI's shape, `{"error":{"message","type","param","code"}}`, with the status
+//! (and `Retry-After`) that fits, so the official clients raise the exception they document.
+//!
+//! Used for a response before streaming starts and, once an SSE stream has begun, as its
+//! last chunk. Messages name what the client sent, never an API key. The error is data (a
+//! status and OpenAI's fields), so the pure translators can return it; rendering it as an
+//! HTTP response is `response.rs`.
+
+use axum::http::StatusCode;
+use serde::Serialize;
+
+use crate::domain::routing::LimitRefusal;
+use crate::domain::{EdgeFailure, FailureClass};
+use crate::ports::{StartError, waiting_for};
+
+const INVALID_REQUEST: &str = "invalid_request_error";
+const RATE_LIMIT: &str = "rate_limit_error";
+const SERVER: &str = "server_error";
+
+/// An error the API answers with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiError {
+    status: StatusCode,
+    kind: &'static str,
+    message: String,
+    param: Option<&'static str>,
+    code: Option<String>,
+    retry_after_secs: Option<u64>,
+}
+
+#[derive(Serialize)]
+pub(super) struct Body<'a> {
+    error: Detail<'a>,
+}
+
+#[derive(Serialize)]
+pub(super) struct Detail<'a> {
+    message: &'a str,
+    #[serde(rename = "type")]
+    kind: &'a str,
+    param: Option<&'a str>,
+    code: Option<&'a str>,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            kind,
+            message: message.into(),
+            param: None,
+            code: None,
+            retry_after_secs: None,
+        }
+    }
+
+    fn param(mut self, param: &'static str) -> Self {
+        self.param = Some(param);
+        self
+    }
+
+    fn code(mut self, code: impl Into<String>) -> Self {
+        self.code = Some(code.into());
+        self
+    }
+
+    fn retry_after(mut self, secs: u64) -> Self {
+        self.retry_after_secs = Some(secs);
+        self
+    }
+
+    /// The HTTP status.
+    pub fn status(&self) -> StatusCode {
+        self.status
+    }
+
+    /// The machine-readable code, if any.
+    pub fn error_code(&self) -> Option<&str> {
+        self.code.as_deref()
+    }
+
+    /// The human-readable message.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
+    /// The `Retry-After` the answer carries, in seconds, if any.
+    pub fn retry_after_secs(&self) -> Option<u64> {
+        self.retry_after_secs
+    }
+
+    /// A 400 about `param` with `message` and `code`, for an API's own request checks.
+    pub fn bad_request(
+        param: Option<&'static str>,
+        code: &str,
+        message: impl Into<String>,
+    ) -> Self {
+        let mut error = Self::new(StatusCode::BAD_REQUEST, INVALID_REQUEST, message).code(code);
+        error.param = param;
+        error
+    }
+
+    pub(super) fn body(&self) -> Body<'_> {
+        Body {
+            error: Detail {
+                message: &self.message,
+                kind: self.kind,
+                param: self.param,
+                code: self.code.as_deref(),
+            },
+        }
+    }
+
+    /// The body as JSON text: the response body, or the SSE error chunk.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(&self.body()).unwrap_or_else(|_| {
+            r#"{"error":{"message":"internal error","type":"server_error","param":null,"code":null}}"#.to_owned()
+        })
+    }
+
+    /// 400: the body is not JSON (or not an object).
+    pub fn malformed_json(detail: &str) -> Self {
+        Self::new(
+            StatusCode::BAD_REQUEST,
+            INVALID_REQUEST,
+            format!("We could not parse the JSON body of your request: {detail}"),
+        )
+    }
+
+    /// 400: a required field is missing.
+    pub fn missing(param: &'static str) -> Self {
+        Self::new(
+            StatusCode::BAD_REQUEST,
+            INVALID_REQUEST,
+            format!("Missing required parameter: '{param}'."),
+        )
+        .param(param)
+        .code("missing_required_parameter")
+    }
+
+    /// 400: a field has a value the API does not accept.
+    pub fn invalid(param: &'static str, message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, INVALID_REQUEST, message)
+            .param(param)
+            .code("invalid_value")
+    }
+
+    /// 400: a header has a value the API does not accept.
+    pub fn invalid_header(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, INVALID_REQUEST, message).code("invalid_header")
+    }
+
+    /// 401: no API key, or a wrong one.
+    pub fn invalid_api_key(missing: bool) -> Self {
+        let message = if missing {
+            "You didn't provide an API key. Send it as `Authorization: Bearer <key>` or `x-api-key: <key>`."
+        } else {
+            "Incorrect API key provided."
+        };
+        Self::new(StatusCode::UNAUTHORIZED, INVALID_REQUEST, message).code("invalid_api_key")
+    }
+
+    /// 404: the model is not an alias, not `ADAPTER/TARGET`, or no node is configured to
+    /// serve it (a configured model whose nodes are away is not unknown: its runs wait).
+    pub fn model_not_found(model: &str) -> Self {
+        Self::new(
+            StatusCode::NOT_FOUND,
+            INVALID_REQUEST,
+            format!("The model `{model}` does not exist: no node is configured to serve it."),
+        )
+        .param("model")
+        .code("model_not_found")
+    }
+
+    /// 404 for a path the API does not have.
+    pub fn unknown_url(method: &str, path: &str) -> Self {
+        Self::new(
+            StatusCode::NOT_FOUND,
+            INVALID_REQUEST,
+            format!("Unknown request URL: {method} {path}."),
+        )
+        .code("unknown_url")
+    }
+
+    /// 413: the body exceeds `api.max_body_bytes`.
+    pub fn body_too_large(limit: usize) -> Self {
+        Self::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            INVALID_REQUEST,
+            format!("The request body is larger than the limit of {limit} bytes."),
+        )
+        .code("request_too_large")
+    }
+
+    /// 500: something that should not happen.
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::INTERNAL_SERVER_ERROR, SERVER, message).code("internal_error")
+    }
+
+    /// Why the run service did not accept a run for `model`.
+    pub fn not_started(error: &StartError, model: &str, retry_after_secs: u64) -> Self {
+        match error {
+            StartError::NoNode(_) => Self::model_not_found(model),
+            StartError::QueueFull { capacity, cause } => Self::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                RATE_LIMIT,
+                format!(
+                    "No node can take `{model}` now ({}) and the wait queue is full ({capacity} waiting). Retry later.",
+                    waiting_for(*cause)
+                ),
+            )
+            .code("queue_full")
+            .retry_after(retry_after_secs),
+            StartError::Limited(refusal) => Self::limited(refusal),
+            StartError::ShuttingDown => {
+                Self::new(StatusCode::SERVICE_UNAVAILABLE, SERVER, "The edge is shutting down. Retry later.")
+                    .code(EdgeFailure::EdgeShutdown.code())
+                    .retry_after(retry_after_secs)
+            }
+        }
+    }
+
+    /// 429: the API key is over one of its limits, with the time until it may try again.
+    pub fn limited(refusal: &LimitRefusal) -> Self {
+        let code = match refusal {
+            LimitRefusal::Concurrency { .. } => "concurrency_limit_exceeded",
+            LimitRefusal::Rate { .. } => "rate_limit_exceeded",
+        };
+        Self::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            RATE_LIMIT,
+            format!("Refused by your API key's limits: {refusal}. Retry later."),
+        )
+        .code(code)
+        .retry_after(refusal.retry_after_secs())
+    }
+
+    /// A run that ended with `failed`, by class: REQUEST the node's 4xx (else 400), code and
+    /// message; NODE 502; REFUSED 503 with `Retry-After`; unclassified by code.
+    pub fn run_failed(
+        code: &str,
+        message: &str,
+        class: FailureClass,
+        status: Option<u16>,
+        retry_after_secs: u64,
+    ) -> Self {
+        match class {
+            FailureClass::Request => Self::bad_run_request(code, message, status, retry_after_secs),
+            FailureClass::Node => Self::new(
+                StatusCode::BAD_GATEWAY,
+                SERVER,
+                format!("The node failed the request: {message}"),
+            )
+            .code(code),
+            FailureClass::Refused => Self::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                SERVER,
+                format!("No node could take the request: {message}. Retry later."),
+            )
+            .code(code)
+            .retry_after(retry_after_secs),
+            FailureClass::Unspecified => Self::unclassified(code, message, retry_after_secs),
+        }
+    }
+
+    /// A run its node judged a bad request: the node's 4xx status, code and message.
+    fn bad_run_request(code: &str, message: &str, status: Option<u16>, retry_after: u64) -> Self {
+        let status = status
+            .and_then(|status| StatusCode::from_u16(status).ok())
+            .filter(StatusCode::is_client_error)
+            .unwrap_or(StatusCode::BAD_REQUEST);
+        let kind = match status.as_u16() {
+            401 => "authentication_error",
+            403 => "permission_error",
+            429 => RATE_LIMIT,
+            _ => INVALID_REQUEST,
+        };
+        let message = if message.is_empty() { code } else { message };
+        let error = Self::new(status, kind, message).code(code);
+        if status == StatusCode::TOO_MANY_REQUESTS {
+            error.retry_after(retry_after)
+        } else {
+            error
+        }
+    }
+
+    /// A failure without a class, judged by its code.
+    fn unclassified(code: &str, message: &str, retry_after_secs: u64) -> Self {
+        let edge = |failure: EdgeFailure| failure.code() == code;
+        let unavailable = [
+            EdgeFailure::QueueTimeout,
+            EdgeFailure::EdgeShutdown,
+            EdgeFailure::NoNodeAvailable,
+            EdgeFailure::QueueFull,
+        ];
+        if unavailable.into_iter().any(edge) {
+            Self::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                SERVER,
+                format!("{message}. Retry later."),
+            )
+            .code(code)
+            .retry_after(retry_after_secs)
+        } else if edge(EdgeFailure::DeadlineExceeded) {
+            Self::new(StatusCode::GATEWAY_TIMEOUT, SERVER, message).code(code)
+        } else {
+            Self::new(
+                StatusCode::BAD_GATEWAY,
+                SERVER,
+                format!("The node failed the request: {message}"),
+            )
+            .code(code)
+        }
+    }
+
+    /// 503: the edge is serving `[http] max_concurrent_requests` API requests already.
+    pub fn overloaded(retry_after_secs: u64) -> Self {
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            SERVER,
+            "The edge is serving as many requests as it allows at once. Retry later.",
+        )
+        .code("server_overloaded")
+        .retry_after(retry_after_secs)
+    }
+
+    /// A run cancelled by someone other than the client (an operator, the edge).
+    pub fn run_cancelled(reason: &str) -> Self {
+        Self::new(
+            StatusCode::BAD_GATEWAY,
+            SERVER,
+            format!("The run was cancelled: {reason}"),
+        )
+        .code("run_cancelled")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shape_is_openai_s() {
+        let json: serde_json::Value =
+            serde_json::from_str(&ApiError::missing("messages").to_json()).unwrap();
+        assert_eq!(json["error"]["type"], "invalid_request_error");
+        assert_eq!(json["error"]["param"], "messages");
+        assert_eq!(json["error"]["code"], "missing_required_parameter");
+        assert!(
+            json["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("messages")
+        );
+        let json: serde_json::Value =
+            serde_json::from_str(&ApiError::internal("x").to_json()).unwrap();
+        assert!(json["error"]["param"].is_null());
+    }
+
+    #[test]
+    fn failures_map_to_statuses() {
+        let unclassified = FailureClass::Unspecified;
+        let status = |code| ApiError::run_failed(code, "m", unclassified, None, 1).status();
+        assert_eq!(status("queue_timeout"), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(status("edge_shutdown"), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(status("no_node_available"), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(status("queue_full"), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(status("deadline_exceeded"), StatusCode::GATEWAY_TIMEOUT);
+        assert_eq!(status("node_disconnected"), StatusCode::BAD_GATEWAY);
+        assert_eq!(status("cuda_oom"), StatusCode::BAD_GATEWAY);
+        assert_eq!(
+            ApiError::run_failed("queue_timeout", "m", unclassified, None, 7).retry_after_secs,
+            Some(7)
+        );
+    }
+
+    #[test]
+    fn failure_classes_choose_the_status() {
+        let failed = |class, status| ApiError::run_failed("c", "upstream says", class, status, 2);
+        let request = failed(FailureClass::Request, Some(413));
+        assert_eq!(request.status(), StatusCode::PAYLOAD_TOO_LARGE);
+        assert_eq!(request.kind, INVALID_REQUEST);
+        assert_eq!(request.message(), "upstream says");
+        assert_eq!(request.error_code(), Some("c"));
+        for status in [None, Some(500), Some(200), Some(99)] {
+            assert_eq!(failed(FailureClass::Request, status).status().as_u16(), 400);
+        }
+        let limited = failed(FailureClass::Request, Some(429));
+        assert_eq!(
+            (limited.kind, limited.retry_after_secs),
+            (RATE_LIMIT, Some(2))
+        );
+        let node = failed(FailureClass::Node, Some(500));
+        assert_eq!(
+            (node.status(), node.kind),
+            (StatusCode::BAD_GATEWAY, SERVER)
+        );
+        let refused = failed(FailureClass::Refused, None);
+        assert_eq!(refused.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(refused.retry_after_secs(), Some(2));
+    }
+}

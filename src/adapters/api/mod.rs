@@ -1,0 +1,150 @@
+//! The client-facing APIs: OpenAI's `GET /v1/models`, `POST /v1/chat/completions`,
+//! `POST /v1/completions`, `POST /v1/embeddings` and `POST /v1/responses`, and Anthropic's
+//! `POST /v1/messages`; JSON or Server-Sent Events, each with its API's error shape, so the
+//! official client libraries work unchanged.
+//!
+//! This is the only place the external `model` notion exists: a model id is mapped to
+//! `adapter + target` here ([`models`]) and every request becomes a run started through the
+//! run service, which dispatches it over the node protocol. Nothing here reaches a node any
+//! other way, runs an adapter, or interprets the body beyond the fields it needs.
+
+mod anthropic;
+mod auth;
+mod config;
+mod error;
+pub mod models;
+mod openai;
+mod output;
+mod protocol;
+mod request;
+mod response;
+mod responses;
+mod routing;
+mod run;
+mod sse;
+mod translate;
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, Request};
+use axum::middleware;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+
+pub use config::{ApiConfig, ApiKey};
+pub use error::ApiError;
+pub use models::{ModelMap, ModelRoute};
+pub use request::DEADLINE_HEADER;
+pub use routing::{PRIORITY_HEADER, SESSION_HEADER};
+pub use run::{CLIENT_GONE, NODE_HEADER, ROUTE_HEADER, RUN_ID_HEADER};
+
+use crate::adapters::http::HttpState;
+
+/// The API's settings and model map. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Api {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug, Clone)]
+struct Inner {
+    config: ApiConfig,
+    models: ModelMap,
+    /// `routing.prefix_affinity`: key chat runs by their prompt prefix.
+    prefix_affinity: bool,
+}
+
+/// `[api]` settings the API cannot work with.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid [api] settings: {}", .problems.join("; "))]
+pub struct ApiConfigError {
+    /// Every problem, each naming its key.
+    pub problems: Vec<String>,
+}
+
+impl Api {
+    /// The API configured by `config`.
+    ///
+    /// # Errors
+    /// [`ApiConfigError`] listing every problem of [`ApiConfig::problems`] (settings loaded
+    /// through `Settings::load` have none).
+    pub fn new(config: ApiConfig) -> Result<Self, ApiConfigError> {
+        let problems = config.problems();
+        if !problems.is_empty() {
+            return Err(ApiConfigError { problems });
+        }
+        let models =
+            ModelMap::new(&config.models).map_err(|problems| ApiConfigError { problems })?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                config,
+                models,
+                prefix_affinity: true,
+            }),
+        })
+    }
+
+    /// The same API, keying chat runs by their prompt prefix or not
+    /// (`routing.prefix_affinity`, on by default).
+    #[must_use]
+    pub fn with_prefix_affinity(mut self, on: bool) -> Self {
+        Arc::make_mut(&mut self.inner).prefix_affinity = on;
+        self
+    }
+
+    /// Whether chat runs are keyed by their prompt prefix.
+    pub fn prefix_affinity(&self) -> bool {
+        self.inner.prefix_affinity
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &ApiConfig {
+        &self.inner.config
+    }
+
+    /// The model map.
+    pub fn models(&self) -> &ModelMap {
+        &self.inner.models
+    }
+}
+
+/// Anthropic's Messages endpoint: its errors (401, 503 before the handler too) take
+/// Anthropic's shape.
+pub(super) const MESSAGES_PATH: &str = "/v1/messages";
+
+/// `error` as a response in the shape of the API at `path`.
+pub(super) fn error_response_for(path: &str, error: &ApiError) -> Response {
+    if path == MESSAGES_PATH {
+        anthropic::error_response(error)
+    } else {
+        error.clone().into_response()
+    }
+}
+
+/// The `/v1` routes, behind the API-key check (when keys are configured) and the body
+/// limit.
+pub(super) fn routes(state: &HttpState) -> Router<HttpState> {
+    let routes = Router::new()
+        .route("/v1/models", get(models::list))
+        .route("/v1/models/{*model}", get(models::retrieve))
+        .route("/v1/chat/completions", post(openai::chat::create))
+        .route("/v1/completions", post(openai::completions::create))
+        .route("/v1/embeddings", post(openai::embeddings::create))
+        .route("/v1/responses", post(responses::create))
+        .route(MESSAGES_PATH, post(anthropic::create));
+    let routes = if state.api.config().keys.is_empty() {
+        routes
+    } else {
+        routes.route_layer(middleware::from_fn_with_state(
+            state.api.clone(),
+            auth::require_key,
+        ))
+    };
+    routes.layer(DefaultBodyLimit::max(state.api.config().max_body_bytes))
+}
+
+/// Any other path: 404 in OpenAI's shape.
+pub(super) async fn unknown_route(request: Request) -> Response {
+    ApiError::unknown_url(request.method().as_str(), request.uri().path()).into_response()
+}

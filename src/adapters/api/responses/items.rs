@@ -1,0 +1,214 @@
+//! The Responses API's objects, shared by the whole answer and the stream: output items
+//! (`message`, `reasoning`, `function_call`), the `response` object, usage and status.
+//! Pure JSON building.
+
+use serde_json::{Value, json};
+
+use super::super::error::ApiError;
+use super::super::output::{Collected, Finished};
+use crate::domain::Usage;
+
+/// What the `response` object says of itself besides its output.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct ResponseBase {
+    /// `resp_<run id>`.
+    pub id: String,
+    /// The model as the client named it.
+    pub model: String,
+    /// Unix seconds.
+    pub created_at: u64,
+    /// The request's `instructions`, echoed.
+    pub instructions: Value,
+}
+
+/// One output item as it grows.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) enum Item {
+    /// The assistant's text.
+    Message { id: String, text: String },
+    /// The model's reasoning.
+    Reasoning { id: String, text: String },
+    /// A function call.
+    Call {
+        id: String,
+        call_id: String,
+        name: String,
+        arguments: String,
+    },
+}
+
+impl Item {
+    /// The item's id.
+    pub fn id(&self) -> &str {
+        match self {
+            Self::Message { id, .. } | Self::Reasoning { id, .. } | Self::Call { id, .. } => id,
+        }
+    }
+
+    /// The item as JSON, `in_progress` or `completed`.
+    pub fn to_json(&self, done: bool) -> Value {
+        let status = if done { "completed" } else { "in_progress" };
+        match self {
+            Self::Message { id, text } => {
+                let content = if done {
+                    vec![text_part(text)]
+                } else {
+                    Vec::new()
+                };
+                json!({
+                    "id": id, "type": "message", "status": status, "role": "assistant",
+                    "content": content,
+                })
+            }
+            Self::Reasoning { id, text } => {
+                let content = if done {
+                    vec![json!({ "type": "reasoning_text", "text": text })]
+                } else {
+                    Vec::new()
+                };
+                json!({ "id": id, "type": "reasoning", "summary": [], "content": content })
+            }
+            Self::Call {
+                id,
+                call_id,
+                name,
+                arguments,
+            } => json!({
+                "id": id, "type": "function_call", "status": status, "call_id": call_id,
+                "name": name, "arguments": if done { arguments.as_str() } else { "" },
+            }),
+        }
+    }
+}
+
+/// An `output_text` content part.
+pub(super) fn text_part(text: &str) -> Value {
+    json!({ "type": "output_text", "text": text, "annotations": [], "logprobs": [] })
+}
+
+/// The output items of a whole run: reasoning, the message (unless the answer is only
+/// tool calls), then the function calls.
+pub(super) fn collected_items(base: &ResponseBase, collected: &Collected) -> Vec<Item> {
+    let mut items = Vec::new();
+    if !collected.reasoning.is_empty() {
+        items.push(Item::Reasoning {
+            id: format!("rs_{}_0", base.id),
+            text: collected.reasoning.clone(),
+        });
+    }
+    if !collected.text.is_empty() || collected.tool_calls.is_empty() {
+        items.push(Item::Message {
+            id: format!("msg_{}_{}", base.id, items.len()),
+            text: collected.text.clone(),
+        });
+    }
+    for call in &collected.tool_calls {
+        items.push(Item::Call {
+            id: format!("fc_{}_{}", base.id, items.len()),
+            call_id: call_id(base, &call.id, call.index),
+            name: call.name.clone(),
+            arguments: call.arguments.clone(),
+        });
+    }
+    items
+}
+
+/// A call's `call_id`: the node's id, or one made from the response and the call's index.
+pub(super) fn call_id(base: &ResponseBase, id: &str, index: u32) -> String {
+    if id.is_empty() {
+        format!("call_{}_{index}", base.id)
+    } else {
+        id.to_owned()
+    }
+}
+
+/// How the run ended, as the response's `status`, `incomplete_details` and `error`.
+pub(super) enum Outcome<'a> {
+    /// Still running (`response.created`, `response.in_progress`).
+    InProgress,
+    /// Completed: `completed`, or `incomplete` for `length` and `content_filter`.
+    Finished(&'a Finished),
+    /// Failed.
+    Failed(&'a ApiError),
+}
+
+/// The `response` object.
+pub(super) fn response_json(
+    base: &ResponseBase,
+    outcome: &Outcome<'_>,
+    output: Vec<Value>,
+) -> Value {
+    let (status, incomplete, error, usage) = match outcome {
+        Outcome::InProgress => ("in_progress", Value::Null, Value::Null, Value::Null),
+        Outcome::Finished(finished) => {
+            let usage = finished.usage.map_or(Value::Null, usage_json);
+            match finished.finish_reason.as_str() {
+                "length" => (
+                    "incomplete",
+                    json!({ "reason": "max_output_tokens" }),
+                    Value::Null,
+                    usage,
+                ),
+                "content_filter" => (
+                    "incomplete",
+                    json!({ "reason": "content_filter" }),
+                    Value::Null,
+                    usage,
+                ),
+                _ => ("completed", Value::Null, Value::Null, usage),
+            }
+        }
+        Outcome::Failed(error) => {
+            let error = json!({
+                "code": error.error_code().unwrap_or("server_error"),
+                "message": error.message(),
+            });
+            ("failed", Value::Null, error, Value::Null)
+        }
+    };
+    json!({
+        "id": base.id,
+        "object": "response",
+        "created_at": base.created_at,
+        "status": status,
+        "model": base.model,
+        "output": output,
+        "instructions": base.instructions,
+        "incomplete_details": incomplete,
+        "error": error,
+        "usage": usage,
+        "metadata": {},
+        "parallel_tool_calls": true,
+        "tool_choice": "auto",
+        "tools": [],
+        "temperature": null,
+        "top_p": null,
+        "store": false,
+        "background": false,
+    })
+}
+
+/// The Responses usage object.
+pub(super) fn usage_json(usage: Usage) -> Value {
+    json!({
+        "input_tokens": usage.input_tokens,
+        "input_tokens_details": { "cached_tokens": usage.cached_input_tokens },
+        "output_tokens": usage.output_tokens,
+        "output_tokens_details": { "reasoning_tokens": usage.reasoning_tokens },
+        "total_tokens": u64::from(usage.input_tokens) + u64::from(usage.output_tokens),
+    })
+}
+
+/// The terminal event's name for an outcome.
+pub(super) fn terminal_event(outcome: &Outcome<'_>) -> &'static str {
+    match outcome {
+        Outcome::InProgress => "response.in_progress",
+        Outcome::Finished(finished)
+            if matches!(finished.finish_reason.as_str(), "length" | "content_filter") =>
+        {
+            "response.incomplete"
+        }
+        Outcome::Finished(_) => "response.completed",
+        Outcome::Failed(_) => "response.failed",
+    }
+}

@@ -1,0 +1,64 @@
+//! `POST /v1/responses`: OpenAI's Responses API, stateless, whole and streamed, with
+//! OpenAI's error shape. A request is translated ([`request`]) into the chat body the chat
+//! endpoint would send, and runs as a chat run, so any node that serves chat serves
+//! Responses; the run's events are translated back ([`stream`], [`items`]).
+//!
+//! This module is the HTTP plumbing; the translators are pure.
+
+mod items;
+mod request;
+mod stream;
+#[cfg(test)]
+mod tests;
+
+use axum::extract::State;
+use axum::extract::rejection::BytesRejection;
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+
+use super::auth::Caller;
+use super::openai::reply::unix_now;
+use super::routing::ClientKeys;
+use super::translate::{ChatApi, serve_chat_run};
+use crate::adapters::http::HttpState;
+use crate::domain::RunId;
+use items::{Outcome, ResponseBase, collected_items, response_json};
+use request::ResponsesRequest;
+use stream::ResponsesStream;
+
+/// `POST /v1/responses`.
+pub(super) async fn create(
+    State(state): State<HttpState>,
+    caller: Caller,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    serve_chat_run(&RESPONSES, &state, &caller, &headers, body).await
+}
+
+/// Responses as a chat run, with OpenAI's error shape.
+const RESPONSES: ChatApi<ResponsesRequest, ResponsesStream> = ChatApi {
+    translate: request::translate,
+    keys: |value| ClientKeys::of(value),
+    error_response: |error| error.clone().into_response(),
+    stream: |request, run_id| ResponsesStream::new(base(request, run_id)),
+    whole: |request, run_id, collected, finished| {
+        let base = base(request, run_id);
+        let output = collected_items(&base, collected)
+            .iter()
+            .map(|item| item.to_json(true))
+            .collect();
+        response_json(&base, &Outcome::Finished(finished), output)
+    },
+};
+
+/// What every form of the response to `request` (run `run_id`) starts from.
+fn base(request: ResponsesRequest, run_id: &RunId) -> ResponseBase {
+    ResponseBase {
+        id: format!("resp_{run_id}"),
+        model: request.model,
+        created_at: unix_now(),
+        instructions: request.instructions,
+    }
+}

@@ -1,0 +1,410 @@
+//! Responses API request → the chat body the chat endpoint would send a node: `instructions`
+//! becomes a system message, `input` (text or items) becomes chat messages (`function_call`
+//! items an assistant's `tool_calls`, `function_call_output` items `tool` messages),
+//! function `tools` take the chat form, `max_output_tokens` becomes `max_tokens` and
+//! `text.format` becomes `response_format`. Stateless: `store: true`,
+//! `previous_response_id`, `conversation` and `background` are refused by name.
+//!
+//! Pure: JSON in, JSON out, errors as [`ApiError`]s in OpenAI's shape.
+
+use serde_json::{Map, Value, json};
+
+use super::super::error::ApiError;
+use super::super::protocol::ChatTranslation;
+
+/// A checked Responses request, translated.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct ResponsesRequest {
+    /// The model as the client named it.
+    pub model: String,
+    /// Whether the answer is an SSE stream.
+    pub stream: bool,
+    /// `instructions`, echoed in the answer.
+    pub instructions: Value,
+    /// The chat-completions body (without `model` and `stream`) the run gets as input.
+    pub chat: Value,
+}
+
+impl ChatTranslation for ResponsesRequest {
+    fn model(&self) -> &str {
+        &self.model
+    }
+
+    fn chat(&self) -> &Value {
+        &self.chat
+    }
+
+    fn stream(&self) -> bool {
+        self.stream
+    }
+}
+
+fn invalid(param: &'static str, message: impl Into<String>) -> ApiError {
+    ApiError::bad_request(Some(param), "invalid_value", message)
+}
+
+fn unsupported(param: &'static str, message: impl Into<String>) -> ApiError {
+    ApiError::bad_request(Some(param), "unsupported_parameter", message)
+}
+
+/// Translates a Responses request body.
+///
+/// # Errors
+/// A 400 naming the field when the body is not a valid request, or asks for what a
+/// stateless edge does not do (stored responses, server-side tools).
+pub(super) fn translate(body: &Value) -> Result<ResponsesRequest, ApiError> {
+    let Some(object) = body.as_object() else {
+        return Err(ApiError::malformed_json("the body must be a JSON object"));
+    };
+    refuse_state(object)?;
+    let model = match object.get("model") {
+        Some(Value::String(model)) if !model.is_empty() => model.clone(),
+        None | Some(Value::Null) => return Err(ApiError::missing("model")),
+        Some(_) => return Err(invalid("model", "`model` must be a non-empty string.")),
+    };
+    let stream = match object.get("stream") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(stream)) => *stream,
+        Some(_) => return Err(invalid("stream", "`stream` must be a boolean.")),
+    };
+    let mut messages = Vec::new();
+    let instructions = object.get("instructions").cloned().unwrap_or(Value::Null);
+    match &instructions {
+        Value::Null => {}
+        Value::String(text) => messages.push(json!({ "role": "system", "content": text })),
+        _ => return Err(invalid("instructions", "`instructions` must be a string.")),
+    }
+    match object.get("input") {
+        Some(Value::String(text)) => messages.push(json!({ "role": "user", "content": text })),
+        Some(Value::Array(items)) if !items.is_empty() => {
+            for item in items {
+                translate_item(item, &mut messages)?;
+            }
+        }
+        None | Some(Value::Null) => return Err(ApiError::missing("input")),
+        Some(_) => {
+            return Err(invalid(
+                "input",
+                "`input` must be a string or a non-empty array of items.",
+            ));
+        }
+    }
+    let mut chat = Map::new();
+    chat.insert("messages".into(), Value::Array(messages));
+    options(object, &mut chat)?;
+    Ok(ResponsesRequest {
+        model,
+        stream,
+        instructions,
+        chat: Value::Object(chat),
+    })
+}
+
+/// Refuses what needs state the edge does not keep.
+fn refuse_state(object: &Map<String, Value>) -> Result<(), ApiError> {
+    if object.get("store") == Some(&Value::Bool(true)) {
+        return Err(unsupported(
+            "store",
+            "`store: true` is not supported: this server keeps no responses. Send `store: false` or leave it out.",
+        ));
+    }
+    for (name, what) in [
+        (
+            "previous_response_id",
+            "`previous_response_id` is not supported: this server keeps no responses. Send the whole conversation in `input`.",
+        ),
+        (
+            "conversation",
+            "`conversation` is not supported: this server keeps no conversations. Send the whole conversation in `input`.",
+        ),
+        (
+            "prompt",
+            "`prompt` (stored prompt templates) is not supported by this server.",
+        ),
+    ] {
+        if object.get(name).is_some_and(|value| !value.is_null()) {
+            return Err(unsupported(name, what));
+        }
+    }
+    if object.get("background") == Some(&Value::Bool(true)) {
+        return Err(unsupported(
+            "background",
+            "`background: true` is not supported: this server keeps no responses.",
+        ));
+    }
+    Ok(())
+}
+
+/// Sampling, limits, tools and the output format.
+fn options(object: &Map<String, Value>, chat: &mut Map<String, Value>) -> Result<(), ApiError> {
+    for (from, to) in [
+        ("temperature", "temperature"),
+        ("top_p", "top_p"),
+        ("max_output_tokens", "max_tokens"),
+    ] {
+        match object.get(from) {
+            None | Some(Value::Null) => {}
+            Some(value @ Value::Number(_)) => {
+                chat.insert(to.into(), value.clone());
+            }
+            Some(_) => {
+                return Err(invalid(
+                    "temperature",
+                    format!("`{from}` must be a number."),
+                ));
+            }
+        }
+    }
+    if let Some(parallel) = object.get("parallel_tool_calls").filter(|v| !v.is_null()) {
+        if !parallel.is_boolean() {
+            return Err(invalid(
+                "parallel_tool_calls",
+                "`parallel_tool_calls` must be a boolean.",
+            ));
+        }
+        chat.insert("parallel_tool_calls".into(), parallel.clone());
+    }
+    if let Some(tools) = object.get("tools").filter(|t| !t.is_null()) {
+        let tools = translate_tools(tools)?;
+        if !tools.is_empty() {
+            chat.insert("tools".into(), Value::Array(tools));
+        }
+    }
+    if let Some(choice) = object.get("tool_choice").filter(|c| !c.is_null()) {
+        chat.insert("tool_choice".into(), translate_tool_choice(choice)?);
+    }
+    if let Some(format) = object.get("text").and_then(|text| text.get("format"))
+        && let Some(format) = translate_format(format)?
+    {
+        chat.insert("response_format".into(), format);
+    }
+    if let Some(effort) = object
+        .get("reasoning")
+        .and_then(|r| r.get("effort"))
+        .and_then(Value::as_str)
+    {
+        chat.insert("reasoning_effort".into(), Value::from(effort));
+    }
+    Ok(())
+}
+
+/// One input item as chat messages.
+fn translate_item(item: &Value, out: &mut Vec<Value>) -> Result<(), ApiError> {
+    let kind = item.get("type").and_then(Value::as_str);
+    match kind {
+        None | Some("message") if item.get("role").is_some() => message_item(item, out),
+        Some("function_call") => function_call_item(item, out),
+        Some("function_call_output") => {
+            let call_id = string_field(item, "call_id", "function_call_output")?;
+            let output = match item.get("output") {
+                Some(Value::String(text)) => text.clone(),
+                Some(Value::Array(parts)) => content_text(parts)?,
+                _ => {
+                    return Err(invalid(
+                        "input",
+                        "A `function_call_output` item needs an `output`.",
+                    ));
+                }
+            };
+            out.push(json!({ "role": "tool", "tool_call_id": call_id, "content": output }));
+            Ok(())
+        }
+        Some("reasoning") => Ok(()),
+        Some(other) => Err(unsupported(
+            "input",
+            format!("Input items of type `{other}` are not supported by this server."),
+        )),
+        None => Err(invalid(
+            "input",
+            "An input item needs a `type` or a `role`.",
+        )),
+    }
+}
+
+fn string_field<'a>(item: &'a Value, name: &str, kind: &str) -> Result<&'a str, ApiError> {
+    item[name]
+        .as_str()
+        .ok_or_else(|| invalid("input", format!("A `{kind}` item needs a string `{name}`.")))
+}
+
+/// A message item (`developer` is sent as `system`, which every engine knows).
+fn message_item(item: &Value, out: &mut Vec<Value>) -> Result<(), ApiError> {
+    let role = match item["role"].as_str() {
+        Some("developer" | "system") => "system",
+        Some(role @ ("user" | "assistant")) => role,
+        _ => {
+            return Err(invalid(
+                "input",
+                "A message's `role` must be `user`, `assistant`, `system` or `developer`.",
+            ));
+        }
+    };
+    let content = match &item["content"] {
+        Value::String(text) => Value::from(text.as_str()),
+        Value::Array(parts) if role == "user" => user_parts(parts)?,
+        Value::Array(parts) => Value::from(content_text(parts)?),
+        _ => {
+            return Err(invalid(
+                "input",
+                "A message's `content` must be a string or an array.",
+            ));
+        }
+    };
+    out.push(json!({ "role": role, "content": content }));
+    Ok(())
+}
+
+/// The text of `input_text`/`output_text`/`refusal` parts, concatenated.
+fn content_text(parts: &[Value]) -> Result<String, ApiError> {
+    let mut text = String::new();
+    for part in parts {
+        match part.get("type").and_then(Value::as_str) {
+            Some("input_text" | "output_text" | "text") => {
+                text.push_str(string_field(part, "text", "text")?)
+            }
+            Some("refusal") => text.push_str(string_field(part, "refusal", "refusal")?),
+            other => {
+                return Err(unsupported(
+                    "input",
+                    format!(
+                        "Content parts of type `{}` are not supported here.",
+                        other.unwrap_or("?")
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(text)
+}
+
+/// A user message's parts as chat content: a string when it is one text part.
+fn user_parts(parts: &[Value]) -> Result<Value, ApiError> {
+    let mut out = Vec::new();
+    for part in parts {
+        match part.get("type").and_then(Value::as_str) {
+            Some("input_text" | "text") => {
+                out.push(
+                    json!({ "type": "text", "text": string_field(part, "text", "input_text")? }),
+                );
+            }
+            Some("input_image") => {
+                let url = string_field(part, "image_url", "input_image")?;
+                let mut image = json!({ "url": url });
+                if let Some(detail) = part.get("detail").filter(|d| d.is_string()) {
+                    image["detail"] = detail.clone();
+                }
+                out.push(json!({ "type": "image_url", "image_url": image }));
+            }
+            other => {
+                return Err(unsupported(
+                    "input",
+                    format!(
+                        "Content parts of type `{}` are not supported by this server.",
+                        other.unwrap_or("?")
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(match out.as_slice() {
+        [only] if only["type"] == "text" => only["text"].clone(),
+        _ => Value::Array(out),
+    })
+}
+
+/// A `function_call` item: a tool call of the previous assistant message, or of a new one.
+fn function_call_item(item: &Value, out: &mut Vec<Value>) -> Result<(), ApiError> {
+    let call = json!({
+        "id": string_field(item, "call_id", "function_call")?,
+        "type": "function",
+        "function": {
+            "name": string_field(item, "name", "function_call")?,
+            "arguments": item["arguments"].as_str().unwrap_or("{}"),
+        },
+    });
+    if let Some(last) = out.last_mut().filter(|m| m["role"] == "assistant")
+        && let Some(Value::Array(calls)) = last.get_mut("tool_calls")
+    {
+        calls.push(call);
+        return Ok(());
+    }
+    if let Some(last) = out.last_mut().filter(|m| m["role"] == "assistant") {
+        last["tool_calls"] = json!([call]);
+        return Ok(());
+    }
+    out.push(json!({ "role": "assistant", "content": null, "tool_calls": [call] }));
+    Ok(())
+}
+
+/// Function tools in the chat form; other (hosted) tools are refused.
+fn translate_tools(tools: &Value) -> Result<Vec<Value>, ApiError> {
+    let Value::Array(tools) = tools else {
+        return Err(invalid("tools", "`tools` must be an array."));
+    };
+    tools
+        .iter()
+        .map(|tool| {
+            match tool.get("type").and_then(Value::as_str) {
+                Some("function") => {}
+                other => {
+                    return Err(unsupported(
+                        "tools",
+                        format!("Tools of type `{}` are not supported by this server; only `function` tools.", other.unwrap_or("?")),
+                    ));
+                }
+            }
+            let name = tool["name"]
+                .as_str()
+                .ok_or_else(|| invalid("tools", "A function tool needs a string `name`."))?;
+            let mut function = json!({ "name": name });
+            for field in ["description", "parameters", "strict"] {
+                if let Some(value) = tool.get(field).filter(|v| !v.is_null()) {
+                    function[field] = value.clone();
+                }
+            }
+            Ok(json!({ "type": "function", "function": function }))
+        })
+        .collect()
+}
+
+fn translate_tool_choice(choice: &Value) -> Result<Value, ApiError> {
+    match choice {
+        Value::String(mode) if matches!(mode.as_str(), "auto" | "none" | "required") => {
+            Ok(choice.clone())
+        }
+        Value::Object(object) if object.get("type") == Some(&json!("function")) => {
+            let name = object.get("name").and_then(Value::as_str).ok_or_else(|| {
+                invalid("tool_choice", "A function `tool_choice` needs a `name`.")
+            })?;
+            Ok(json!({ "type": "function", "function": { "name": name } }))
+        }
+        _ => Err(unsupported(
+            "tool_choice",
+            "`tool_choice` must be `auto`, `none`, `required` or a function.",
+        )),
+    }
+}
+
+/// `text.format` as `response_format` (`None` for plain text).
+fn translate_format(format: &Value) -> Result<Option<Value>, ApiError> {
+    match format.get("type").and_then(Value::as_str) {
+        None | Some("text") => Ok(None),
+        Some("json_object") => Ok(Some(json!({ "type": "json_object" }))),
+        Some("json_schema") => {
+            let mut schema =
+                json!({ "name": format.get("name").cloned().unwrap_or(json!("response")) });
+            for field in ["schema", "strict", "description"] {
+                if let Some(value) = format.get(field).filter(|v| !v.is_null()) {
+                    schema[field] = value.clone();
+                }
+            }
+            Ok(Some(
+                json!({ "type": "json_schema", "json_schema": schema }),
+            ))
+        }
+        Some(other) => Err(unsupported(
+            "text",
+            format!("`text.format.type` `{other}` is not supported."),
+        )),
+    }
+}

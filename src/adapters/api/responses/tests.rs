@@ -1,0 +1,205 @@
+//! Tests of the Responses translators: requests translate to the chat body (examples and a
+//! property over generated valid requests), stateful options are refused by name, and any
+//! run-event sequence becomes a well-formed Responses event stream.
+
+use proptest::prelude::*;
+use serde_json::{Value, json};
+
+use super::super::protocol::ApiEvent;
+use super::super::protocol::strategies::{Piece, end, piece, play};
+use super::items::ResponseBase;
+use super::request::translate;
+use super::stream::ResponsesStream;
+
+#[test]
+fn items_and_tools_become_the_chat_body() {
+    let request = json!({
+        "model": "echo/default", "instructions": "be brief", "max_output_tokens": 32,
+        "tools": [{"type": "function", "name": "get_weather", "parameters": {"type": "object"}, "strict": true}],
+        "tool_choice": {"type": "function", "name": "get_weather"},
+        "text": {"format": {"type": "json_schema", "name": "w", "schema": {"type": "object"}}},
+        "input": [
+            {"role": "developer", "content": "dev"},
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "weather?"}]},
+            {"type": "reasoning", "id": "rs_1", "summary": []},
+            {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": "{\"city\":\"Oslo\"}"},
+            {"type": "function_call", "call_id": "call_2", "name": "get_weather", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "call_1", "output": "sunny"},
+        ],
+    });
+    let translated = translate(&request).unwrap();
+    let chat = translated.chat;
+    assert_eq!(chat["max_tokens"], 32);
+    assert_eq!(
+        chat["tools"][0],
+        json!({"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}, "strict": true}})
+    );
+    assert_eq!(
+        chat["tool_choice"],
+        json!({"type": "function", "function": {"name": "get_weather"}})
+    );
+    assert_eq!(chat["response_format"]["json_schema"]["name"], "w");
+    let messages = chat["messages"].as_array().unwrap();
+    let roles: Vec<&str> = messages
+        .iter()
+        .map(|m| m["role"].as_str().unwrap())
+        .collect();
+    assert_eq!(roles, ["system", "system", "user", "assistant", "tool"]);
+    assert_eq!(messages[2]["content"], "weather?");
+    assert_eq!(messages[3]["tool_calls"].as_array().unwrap().len(), 2);
+    assert_eq!(
+        messages[4],
+        json!({"role": "tool", "tool_call_id": "call_1", "content": "sunny"})
+    );
+    assert_eq!(translated.instructions, "be brief");
+}
+
+#[test]
+fn state_and_hosted_tools_are_refused_by_name() {
+    let base = json!({"model": "m", "input": "hi"});
+    let with = |field: &str, value: Value| {
+        let mut body = base.clone();
+        body[field] = value;
+        translate(&body).unwrap_err()
+    };
+    for (field, value) in [
+        ("store", json!(true)),
+        ("previous_response_id", json!("resp_1")),
+        ("conversation", json!("conv_1")),
+        ("background", json!(true)),
+        ("tools", json!([{"type": "web_search"}])),
+        ("input", json!([{"type": "item_reference", "id": "x"}])),
+    ] {
+        let error = with(field, value);
+        assert_eq!(error.status().as_u16(), 400, "{field}");
+        assert_eq!(error.error_code(), Some("unsupported_parameter"), "{field}");
+        assert!(
+            error.message().contains('`'),
+            "{field}: {}",
+            error.message()
+        );
+    }
+    assert!(translate(&json!({"model": "m", "input": "x", "store": false})).is_ok());
+    assert_eq!(with("input", json!(5)).error_code(), Some("invalid_value"));
+    assert!(translate(&json!({"input": "x"})).is_err());
+}
+
+fn item() -> impl Strategy<Value = Value> {
+    prop_oneof![
+        (prop_oneof![Just("user"), Just("assistant"), Just("system"), Just("developer")], ".{0,8}")
+            .prop_map(|(role, text)| json!({"role": role, "content": text})),
+        ".{0,8}".prop_map(|text| json!({"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]})),
+        ("[a-z]{1,5}", "[a-z]{1,5}").prop_map(|(id, name)| json!({"type": "function_call", "call_id": id, "name": name, "arguments": "{}"})),
+        ("[a-z]{1,5}", ".{0,8}").prop_map(|(id, output)| json!({"type": "function_call_output", "call_id": id, "output": output})),
+    ]
+}
+
+proptest! {
+    /// Any valid request translates, with every function output as a tool message.
+    #[test]
+    fn any_valid_request_translates(
+        items in proptest::collection::vec(item(), 1..8),
+        instructions in proptest::option::of(".{0,8}"),
+        stream in any::<bool>(),
+    ) {
+        let body = json!({"model": "echo/x", "input": items, "instructions": instructions, "stream": stream,
+                          "tools": [{"type": "function", "name": "f"}], "tool_choice": "auto"});
+        let translated = translate(&body).unwrap();
+        prop_assert_eq!(translated.stream, stream);
+        let messages = translated.chat["messages"].as_array().unwrap().clone();
+        let outputs = items.iter().filter(|i| i["type"] == "function_call_output").count();
+        prop_assert_eq!(messages.iter().filter(|m| m["role"] == "tool").count(), outputs);
+        let calls = items.iter().filter(|i| i["type"] == "function_call").count();
+        let translated_calls: usize = messages.iter().filter_map(|m| m["tool_calls"].as_array()).map(Vec::len).sum();
+        prop_assert_eq!(translated_calls, calls);
+    }
+}
+
+/// Checks the Responses stream rules; returns the terminal response.
+fn check_responses_stream(events: &[ApiEvent]) -> Result<Value, TestCaseError> {
+    for (n, event) in events.iter().enumerate() {
+        prop_assert_eq!(event.data["sequence_number"].as_u64(), Some(n as u64));
+        prop_assert_eq!(event.data["type"].as_str(), Some(event.name));
+    }
+    prop_assert_eq!(events[0].name, "response.created");
+    prop_assert_eq!(events[1].name, "response.in_progress");
+    let mut kinds: Vec<String> = Vec::new();
+    let mut done: Vec<bool> = Vec::new();
+    for event in &events[2..events.len() - 1] {
+        let index = event.data["output_index"].as_u64().unwrap() as usize;
+        match event.name {
+            "response.output_item.added" => {
+                prop_assert_eq!(index, kinds.len());
+                kinds.push(event.data["item"]["type"].as_str().unwrap().to_owned());
+                done.push(false);
+            }
+            "response.output_item.done" => {
+                prop_assert!(!done[index], "an item is done once");
+                done[index] = true;
+            }
+            name => {
+                prop_assert!(!done[index], "{} after the item was done", name);
+                let kind = match name {
+                    "response.content_part.added"
+                    | "response.content_part.done"
+                    | "response.output_text.delta"
+                    | "response.output_text.done" => "message",
+                    "response.reasoning_text.delta" | "response.reasoning_text.done" => "reasoning",
+                    "response.function_call_arguments.delta"
+                    | "response.function_call_arguments.done" => "function_call",
+                    other => {
+                        prop_assert!(false, "unexpected {}", other);
+                        ""
+                    }
+                };
+                prop_assert_eq!(kinds[index].as_str(), kind);
+            }
+        }
+    }
+    let terminal = events.last().unwrap();
+    prop_assert!(
+        [
+            "response.completed",
+            "response.incomplete",
+            "response.failed"
+        ]
+        .contains(&terminal.name)
+    );
+    let response = terminal.data["response"].clone();
+    prop_assert_eq!(response["output"].as_array().unwrap().len(), kinds.len());
+    if terminal.name != "response.failed" {
+        prop_assert!(done.iter().all(|d| *d), "every item is done before the end");
+    }
+    Ok(response)
+}
+
+proptest! {
+    /// Any sequence of run output and any end becomes a well-formed Responses stream whose
+    /// final response holds all the text and every call's arguments.
+    #[test]
+    fn any_event_sequence_becomes_a_well_formed_responses_stream(
+        pieces in proptest::collection::vec(piece(), 0..24),
+        end in end(),
+    ) {
+        let base = ResponseBase { id: "resp_r".into(), model: "m".into(), created_at: 1, instructions: Value::Null };
+        let events = play(&mut ResponsesStream::new(base), &pieces, &end);
+        let response = check_responses_stream(&events)?;
+        let expected_status = match &end {
+            Err(_) => "failed",
+            Ok(f) if f.finish_reason == "length" || f.finish_reason == "content_filter" => "incomplete",
+            Ok(_) => "completed",
+        };
+        prop_assert_eq!(response["status"].as_str(), Some(expected_status));
+        if end.is_ok() {
+            let output = response["output"].as_array().unwrap();
+            let text: String = output.iter().filter(|i| i["type"] == "message")
+                .filter_map(|i| i["content"][0]["text"].as_str()).collect();
+            let sent: String = pieces.iter().filter_map(|p| match p { Piece::Text(t) => Some(t.as_str()), _ => None }).collect();
+            prop_assert_eq!(text, sent);
+            let arguments: String = output.iter().filter(|i| i["type"] == "function_call")
+                .filter_map(|i| i["arguments"].as_str()).collect::<Vec<_>>().concat();
+            let sent_arguments: usize = pieces.iter().map(|p| match p { Piece::Tool { arguments, .. } => arguments.len(), _ => 0 }).sum();
+            prop_assert_eq!(arguments.len(), sent_arguments);
+        }
+    }
+}

@@ -1,0 +1,280 @@
+//! One API request as one run: start it through the run service, read its events, and
+//! cancel it on the node when the client goes away before it ends.
+//!
+//! Shared by every API the edge serves (chat, completions, embeddings, Anthropic Messages,
+//! Responses). The run service is the only way to a node: this module never touches the
+//! transport, and it knows no API's shapes beyond [`ApiError`].
+
+use std::future::poll_fn;
+use std::sync::Arc;
+use std::task::{Context, Poll, ready};
+
+use axum::http::HeaderValue;
+use axum::response::Response;
+use tokio::runtime::Handle;
+use tokio::sync::mpsc;
+use tracing::debug;
+
+use super::error::ApiError;
+use super::output::{Collected, Finished};
+use crate::adapters::http::HttpState;
+use crate::domain::routing::RouteReason;
+use crate::domain::{NodeId, RunEvent, RunEventKind, RunId, RunSpec, StructuredOutput};
+use crate::ports::{RunHandle, Runs};
+
+/// The reason a run is cancelled with when its client disconnects.
+pub const CLIENT_GONE: &str = "client disconnected";
+
+/// The header every answer to an accepted run carries, for correlating with event sinks.
+pub const RUN_ID_HEADER: &str = "x-edge-run-id";
+
+/// The node whose attempt the answer comes from (absent when the run reached no node).
+pub const NODE_HEADER: &str = "x-edge-node";
+
+/// Why the run went to that node: the rule, the attempt, the eligible nodes, the queue wait
+/// (`least_busy; attempt=2; eligible=3; queued_ms=40`).
+pub const ROUTE_HEADER: &str = "x-edge-route";
+
+/// Starts the run of `spec` for a client that named `model`.
+///
+/// # Errors
+/// The API's answer when the run service does not accept the run (404, 429, 503).
+pub(super) fn start(state: &HttpState, spec: RunSpec, model: &str) -> Result<ActiveRun, ApiError> {
+    let retry_after = state.api.config().retry_after_secs;
+    let (adapter, target) = (spec.selector.adapter.clone(), spec.selector.target.clone());
+    let operation = spec.operation.as_str();
+    match state.runs.start(spec) {
+        Ok(handle) => {
+            debug!(run_id = %handle.run_id, %model, %adapter, %target, operation, "API run accepted");
+            Ok(ActiveRun::new(Arc::clone(&state.runs), handle, retry_after))
+        }
+        Err(error) => {
+            debug!(%model, %adapter, %target, %error, "API run not accepted");
+            Err(ApiError::not_started(&error, model, retry_after))
+        }
+    }
+}
+
+/// What an answer says about its run in headers: its id, and where and why it ran.
+#[derive(Debug, Clone)]
+pub(super) struct RunHeaders {
+    run_id: RunId,
+    node: Option<NodeId>,
+    route: Option<Box<RouteReason>>,
+}
+
+/// `response` with the [`RUN_ID_HEADER`], [`NODE_HEADER`] and [`ROUTE_HEADER`] of a run.
+pub(super) fn with_headers(mut response: Response, run: &RunHeaders) -> Response {
+    let headers = response.headers_mut();
+    if let Ok(value) = HeaderValue::from_str(run.run_id.as_str()) {
+        headers.insert(RUN_ID_HEADER, value);
+    }
+    if let Some(Ok(value)) = run.node.as_ref().map(|n| HeaderValue::from_str(n.as_str())) {
+        headers.insert(NODE_HEADER, value);
+    }
+    if let Some(Ok(value)) = run
+        .route
+        .as_ref()
+        .map(|r| HeaderValue::from_str(&r.to_string()))
+    {
+        headers.insert(ROUTE_HEADER, value);
+    }
+    response
+}
+
+/// Reads the whole run: everything it output, and how it ended.
+///
+/// # Errors
+/// The API's answer for a run that failed or was cancelled.
+pub(super) async fn collect(run: &mut ActiveRun) -> Result<(Collected, Finished), ApiError> {
+    let mut collected = Collected::default();
+    loop {
+        match run.next().await {
+            Step::Output(output) => collected.push(output.text(), output.structured()),
+            Step::End(end) => return end.map(|finished| (collected, finished)),
+        }
+    }
+}
+
+/// What a run did next, as the API sees it.
+#[derive(Debug)]
+pub(super) enum Step {
+    /// Some output.
+    Output(Output),
+    /// The run ended: completed, or an error to answer with.
+    End(Result<Finished, ApiError>),
+}
+
+/// A run the API is answering for. Dropping it before its end cancels the run on the node.
+pub(super) struct ActiveRun {
+    events: mpsc::Receiver<Arc<RunEvent>>,
+    guard: CancelOnDrop,
+    retry_after_secs: u64,
+    /// The node of the latest attempt seen, and why it was chosen.
+    node: Option<NodeId>,
+    route: Option<Box<RouteReason>>,
+}
+
+impl ActiveRun {
+    pub(super) fn new(runs: Arc<dyn Runs>, handle: RunHandle, retry_after_secs: u64) -> Self {
+        let RunHandle { run_id, events, .. } = handle;
+        Self {
+            events,
+            guard: CancelOnDrop {
+                runs,
+                run_id,
+                open: true,
+            },
+            retry_after_secs,
+            node: None,
+            route: None,
+        }
+    }
+
+    /// The run's id.
+    pub fn id(&self) -> &RunId {
+        &self.guard.run_id
+    }
+
+    /// The headers that tell where the run went, as far as its events have said so far.
+    pub fn headers(&self) -> RunHeaders {
+        RunHeaders {
+            run_id: self.guard.run_id.clone(),
+            node: self.node.clone(),
+            route: self.route.clone(),
+        }
+    }
+
+    /// Waits for the next output or the end, skipping `started` and empty output.
+    pub async fn next(&mut self) -> Step {
+        poll_fn(|cx| self.poll_step(cx)).await
+    }
+
+    /// The next output or the end if the run has one ready, skipping `started` and output
+    /// with neither text nor structured parts; else registers `cx` to be woken when it has.
+    pub fn poll_step(&mut self, cx: &mut Context<'_>) -> Poll<Step> {
+        loop {
+            let Some(event) = ready!(self.events.poll_recv(cx)) else {
+                self.guard.open = false;
+                return Poll::Ready(Step::End(Err(ApiError::internal(
+                    "the run ended without a terminal event",
+                ))));
+            };
+            let end = match &event.kind {
+                RunEventKind::Started => {
+                    // A failed-over run has one per attempt; the latest one counts.
+                    self.node.clone_from(&event.node);
+                    self.route.clone_from(&event.route);
+                    continue;
+                }
+                RunEventKind::Output {
+                    text, structured, ..
+                } if text.is_empty() && structured.as_ref().is_none_or(|s| s.is_empty()) => {
+                    continue;
+                }
+                RunEventKind::Output { .. } => {
+                    if self.node.is_none() {
+                        self.node.clone_from(&event.node);
+                    }
+                    return Poll::Ready(Step::Output(Output(event)));
+                }
+                kind => self.end_of(&event.run_id, kind),
+            };
+            if event.node.is_some() {
+                self.node.clone_from(&event.node);
+            }
+            self.guard.open = false;
+            return Poll::Ready(Step::End(end));
+        }
+    }
+}
+
+impl ActiveRun {
+    /// What a terminal event means for the API: how the run finished, or its error.
+    fn end_of(&self, run_id: &RunId, kind: &RunEventKind) -> Result<Finished, ApiError> {
+        match kind {
+            RunEventKind::Completed {
+                finish_reason,
+                usage,
+            } => Ok(Finished {
+                finish_reason: if finish_reason.is_empty() {
+                    "stop".to_owned()
+                } else {
+                    finish_reason.clone()
+                },
+                usage: *usage,
+            }),
+            RunEventKind::Failed {
+                code,
+                message,
+                class,
+                status,
+            } => {
+                debug!(%run_id, code, message, class = class.as_str(), "API run failed");
+                Err(ApiError::run_failed(
+                    code,
+                    message,
+                    *class,
+                    *status,
+                    self.retry_after_secs,
+                ))
+            }
+            RunEventKind::Cancelled { reason } => Err(ApiError::run_cancelled(reason)),
+            RunEventKind::Started | RunEventKind::Output { .. } => {
+                Err(ApiError::internal("a run's event was taken for its end"))
+            }
+        }
+    }
+}
+
+/// One output event, kept in the event itself rather than copied out.
+#[derive(Debug)]
+pub(super) struct Output(Arc<RunEvent>);
+
+impl Output {
+    /// The text (may be empty when the piece is structured only).
+    pub fn text(&self) -> &str {
+        match &self.0.kind {
+            RunEventKind::Output { text, .. } => text,
+            // `poll_step` makes an `Output` of output events only.
+            _ => "",
+        }
+    }
+
+    /// Reasoning, tool-call pieces, log probabilities or embeddings, when the piece has any.
+    pub fn structured(&self) -> Option<&StructuredOutput> {
+        match &self.0.kind {
+            RunEventKind::Output { structured, .. } => {
+                structured.as_deref().filter(|s| !s.is_empty())
+            }
+            _ => None,
+        }
+    }
+}
+
+/// Cancels the run on drop while it is open: the handler's future (before the answer) or
+/// the SSE body (while streaming) owns it, and both are dropped when the client goes away.
+struct CancelOnDrop {
+    runs: Arc<dyn Runs>,
+    run_id: RunId,
+    open: bool,
+}
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        if !self.open {
+            return;
+        }
+        let Ok(runtime) = Handle::try_current() else {
+            return;
+        };
+        debug!(run_id = %self.run_id, "the client went away; cancelling the run");
+        let runs = Arc::clone(&self.runs);
+        let run_id = self.run_id.clone();
+        // Short-lived: `cancel` sends CancelRun and arms the run service's own (tracked)
+        // grace timer, then returns.
+        runtime.spawn(async move {
+            runs.cancel(&run_id, CLIENT_GONE).await;
+        });
+    }
+}

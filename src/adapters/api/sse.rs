@@ -1,0 +1,265 @@
+//! The streamed answer's body, for every API: Server-Sent Events written by an API's
+//! [`EventWriter`] as the run's events arrive. A stream never ends silently: the writer
+//! closes it with the API's own end (`[DONE]`, `message_stop`, `response.completed`) or
+//! error event.
+//!
+//! The SSE body owns the run: when the client disconnects, hyper drops the body and the run
+//! is cancelled on the node. Every event the run has ready when hyper asks for more goes
+//! out in one body frame (one write), rendered straight into that frame's buffer.
+
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::body::{Body, Bytes, HttpBody};
+use axum::http::{HeaderValue, header};
+use axum::response::Response;
+use bytes::{BufMut, BytesMut};
+use http_body::Frame;
+use serde::Serialize;
+use tokio::time::{Instant, Sleep};
+
+use super::error::ApiError;
+use super::output::Finished;
+use super::run::{ActiveRun, Output, Step};
+
+/// How long a stream may stay silent before a comment line keeps idle-timeout proxies from
+/// closing it.
+const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(15);
+
+/// The keep-alive comment.
+pub(super) const KEEP_ALIVE_COMMENT: &[u8] = b":\n\n";
+
+/// A frame stops taking ready events at this size; the rest go in the next one.
+const MAX_FRAME_BYTES: usize = 64 * 1024;
+
+/// The first buffer's size: a typical short completion fits in one.
+const FIRST_FRAME_CAPACITY: usize = 4 * 1024;
+
+/// Renders one API's stream: the opening events, one or more events per run output, and the
+/// closing events of a run's end, each appended to the frame being filled.
+pub(super) trait EventWriter: Send + Unpin + 'static {
+    /// The events that open the stream (written before the first output).
+    fn open(&mut self, frame: &mut BytesMut);
+    /// The events of one piece of output.
+    fn output(&mut self, output: &Output, frame: &mut BytesMut);
+    /// The events that end the stream: after success, or the API's error event.
+    fn close(&mut self, end: Result<Finished, ApiError>, frame: &mut BytesMut);
+    /// What is sent when the stream has been silent for a while (an SSE comment unless the
+    /// API has an event for it).
+    fn keep_alive(&self) -> Bytes {
+        Bytes::from_static(KEEP_ALIVE_COMMENT)
+    }
+}
+
+/// Answers with an SSE stream whose first step (output or a successful end) has already
+/// been read.
+pub(super) fn respond<W: EventWriter>(run: ActiveRun, writer: W, first: Step) -> Response {
+    let mut body = SseBody {
+        run,
+        writer,
+        frame: BytesMut::with_capacity(FIRST_FRAME_CAPACITY),
+        done: false,
+        last_sent: Instant::now(),
+        keep_alive: None,
+    };
+    body.writer.open(&mut body.frame);
+    body.absorb(first);
+    let mut response = Response::new(Body::new(body));
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    // Ask proxies such as nginx not to buffer the stream.
+    headers.insert(
+        header::HeaderName::from_static("x-accel-buffering"),
+        HeaderValue::from_static("no"),
+    );
+    response
+}
+
+/// The body of one streamed answer.
+struct SseBody<W> {
+    run: ActiveRun,
+    /// Renders the API's events.
+    writer: W,
+    /// Events rendered and not yet handed to hyper.
+    frame: BytesMut,
+    /// The run has ended; send what is rendered, then end.
+    done: bool,
+    /// When the last frame was handed to hyper.
+    last_sent: Instant,
+    /// Armed only once the stream has had to wait (a stream answered at once needs none).
+    keep_alive: Option<Pin<Box<Sleep>>>,
+}
+
+impl<W: EventWriter> HttpBody for SseBody<W> {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        let body = self.get_mut();
+        while !body.done && body.frame.len() < MAX_FRAME_BYTES {
+            match body.run.poll_step(cx) {
+                Poll::Ready(step) => body.absorb(step),
+                Poll::Pending => break,
+            }
+        }
+        if !body.frame.is_empty() {
+            body.last_sent = Instant::now();
+            return Poll::Ready(Some(Ok(Frame::data(body.frame.split().freeze()))));
+        }
+        if body.done {
+            return Poll::Ready(None);
+        }
+        body.poll_keep_alive(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.done && self.frame.is_empty()
+    }
+}
+
+impl<W: EventWriter> SseBody<W> {
+    /// The keep-alive once the stream has been silent for the interval.
+    fn poll_keep_alive(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        let due = self.last_sent + KEEP_ALIVE_INTERVAL;
+        let timer = self
+            .keep_alive
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(due)));
+        if timer.deadline() != due {
+            timer.as_mut().reset(due);
+        }
+        if timer.as_mut().poll(cx).is_pending() {
+            return Poll::Pending;
+        }
+        self.last_sent = Instant::now();
+        Poll::Ready(Some(Ok(Frame::data(self.writer.keep_alive()))))
+    }
+
+    fn absorb(&mut self, step: Step) {
+        match step {
+            Step::Output(output) => self.writer.output(&output, &mut self.frame),
+            Step::End(end) => {
+                self.writer.close(end, &mut self.frame);
+                self.done = true;
+            }
+        }
+    }
+}
+
+/// Appends one unnamed SSE event whose data `write_data` writes (JSON, or `[DONE]`: never
+/// a line break).
+pub(super) fn push_event(frame: &mut BytesMut, write_data: impl FnOnce(&mut BytesMut)) {
+    frame.put_slice(b"data: ");
+    write_data(frame);
+    frame.put_slice(b"\n\n");
+}
+
+/// Appends one SSE event named `name` whose data is `data` as JSON.
+pub(super) fn push_named_event(frame: &mut BytesMut, name: &str, data: &impl Serialize) {
+    frame.put_slice(b"event: ");
+    frame.put_slice(name.as_bytes());
+    frame.put_slice(b"\ndata: ");
+    write_json(frame, data);
+    frame.put_slice(b"\n\n");
+}
+
+/// Writes `value` as JSON (serde_json escapes line breaks inside strings, so it is one line).
+pub(super) fn write_json(frame: &mut BytesMut, value: &impl Serialize) {
+    // Writing JSON into a `BytesMut` cannot fail.
+    let _ = serde_json::to_writer(frame.writer(), value);
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use futures::FutureExt;
+    use tokio::sync::mpsc;
+
+    use super::super::openai::chunks::ChunkWriter;
+    use super::super::openai::reply::Reply;
+    use super::super::request::Endpoint;
+    use super::*;
+    use crate::adapters::event_format::tests::{completed, output};
+    use crate::domain::routing::WaitCause;
+    use crate::domain::{RunEvent, RunId};
+    use crate::ports::runs::MockRuns;
+    use crate::ports::{Placed, RunHandle};
+
+    /// A streamed chat answer fed by the returned sender, as the run service would feed it.
+    async fn streamed_chat() -> (mpsc::Sender<Arc<RunEvent>>, Body) {
+        // The run ends with its terminal event, so nothing is cancelled; a cancel would be
+        // answered as the run service does for a run it no longer holds.
+        let mut runs = MockRuns::new();
+        runs.expect_cancel().returning(|_, _| false);
+        let (events, receiver) = mpsc::channel(64);
+        let handle = RunHandle {
+            run_id: RunId::new("r1"),
+            events: receiver,
+            placed: Placed::Waiting(WaitCause::AllBusy),
+        };
+        let mut run = ActiveRun::new(Arc::new(runs), handle, 1);
+        let reply = Reply::new(Endpoint::Chat, run.id(), "echo/m1".to_owned(), false);
+        events.send(output("first")).await.unwrap();
+        let first = run.next().await;
+        (
+            events,
+            respond(run, ChunkWriter::new(&reply), first).into_body(),
+        )
+    }
+
+    /// The body's next frame as text, if it has one ready.
+    fn ready_frame(body: &mut Body) -> Option<Option<String>> {
+        let frame =
+            std::future::poll_fn(|cx| Pin::new(&mut *body).poll_frame(cx)).now_or_never()?;
+        Some(frame.map(|frame| {
+            let data = frame.unwrap().into_data().unwrap();
+            String::from_utf8(data.to_vec()).unwrap()
+        }))
+    }
+
+    fn events_in(frame: &str) -> Vec<&str> {
+        frame.split_terminator("\n\n").collect()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn ready_events_share_one_frame_and_silence_gets_a_keep_alive() {
+        let (events, mut body) = streamed_chat().await;
+        let opening = ready_frame(&mut body).unwrap().unwrap();
+        let opening = events_in(&opening);
+        assert_eq!(opening.len(), 2, "{opening:?}");
+        assert!(opening[0].contains(r#""role":"assistant""#));
+        assert!(opening[1].contains(r#""content":"first""#));
+
+        for text in ["a", "b", "c"] {
+            events.send(output(text)).await.unwrap();
+        }
+        let batch = ready_frame(&mut body).unwrap().unwrap();
+        let batch = events_in(&batch);
+        assert_eq!(batch.len(), 3, "{batch:?}");
+        assert!(batch.iter().all(|event| event.starts_with("data: {")));
+
+        assert!(ready_frame(&mut body).is_none(), "nothing to send yet");
+        tokio::time::sleep(KEEP_ALIVE_INTERVAL).await;
+        assert_eq!(ready_frame(&mut body).unwrap().unwrap(), ":\n\n");
+
+        events.send(completed()).await.unwrap();
+        let closing = ready_frame(&mut body).unwrap().unwrap();
+        let closing = events_in(&closing);
+        assert!(closing[0].contains(r#""finish_reason":"stop""#));
+        assert_eq!(closing.last(), Some(&"data: [DONE]"));
+        assert!(body.is_end_stream());
+        assert_eq!(ready_frame(&mut body), Some(None));
+    }
+}

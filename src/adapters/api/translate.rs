@@ -1,0 +1,142 @@
+//! Where the translators of the Anthropic Messages and Responses APIs meet HTTP: reading a
+//! request into the chat run it becomes ([`chat_run`]), the one handler both endpoints are
+//! ([`serve_chat_run`] over a [`ChatApi`]), and the [`EventWriter`] that writes a
+//! translator's events as named SSE events. The translators themselves, and what they
+//! share, are pure (`protocol.rs`).
+
+use axum::Json;
+use axum::extract::rejection::BytesRejection;
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse as _, Response};
+use bytes::{Bytes, BytesMut};
+use serde_json::Value;
+
+use super::auth::Caller;
+use super::error::ApiError;
+use super::output::{Collected, Finished};
+use super::protocol::{ApiEvent, ChatTranslation, StreamTranslator};
+use super::request::{deadline, read_body, run_spec};
+use super::routing::{ClientKeys, prefix_of_value, run_routing};
+use super::run::{self, Output, Step};
+use super::sse::{self, EventWriter, push_named_event};
+use crate::adapters::http::HttpState;
+use crate::domain::{Operation, RunId, RunSpec};
+
+/// One API served as a chat run: how its requests translate, where its client keys are,
+/// its error shape, and its answers — streamed through a translator, or whole.
+pub(super) struct ChatApi<T, S> {
+    /// The request translator.
+    pub translate: fn(&Value) -> Result<T, ApiError>,
+    /// The client keys (user, session) in a request.
+    pub keys: fn(&Value) -> ClientKeys<'_>,
+    /// An error as the API's response.
+    pub error_response: fn(&ApiError) -> Response,
+    /// The stream translator answering the request of run `run_id`.
+    pub stream: fn(T, &RunId) -> S,
+    /// The whole answer to the request of run `run_id`.
+    pub whole: fn(T, &RunId, &Collected, &Finished) -> Value,
+}
+
+/// The handler of an API served as a chat run ([`ChatApi`]): reads and translates the
+/// request ([`chat_run`]), starts the run, and answers streamed or whole, with the run's
+/// headers; every error in the API's shape.
+pub(super) async fn serve_chat_run<T: ChatTranslation, S: StreamTranslator>(
+    api: &ChatApi<T, S>,
+    state: &HttpState,
+    caller: &Caller,
+    headers: &HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let error_response = api.error_response;
+    let (translated, spec) = match chat_run(state, caller, headers, body, api.translate, api.keys) {
+        Ok(prepared) => prepared,
+        Err(error) => return error_response(&error),
+    };
+    let mut run = match run::start(state, spec, translated.model()) {
+        Ok(run) => run,
+        Err(error) => return error_response(&error),
+    };
+    let run_id = run.id().clone();
+    let (response, headers) = if translated.stream() {
+        let first = run.next().await;
+        let headers = run.headers();
+        let response = match first {
+            Step::End(Err(error)) => error_response(&error),
+            first => sse::respond(run, NamedEvents((api.stream)(translated, &run_id)), first),
+        };
+        (response, headers)
+    } else {
+        let response = match run::collect(&mut run).await {
+            Ok((collected, finished)) => {
+                Json((api.whole)(translated, &run_id, &collected, &finished)).into_response()
+            }
+            Err(error) => error_response(&error),
+        };
+        (response, run.headers())
+    };
+    run::with_headers(response, &headers)
+}
+
+/// Reads a JSON request `body`, translates it with `translate`, and builds the chat run it
+/// becomes: its deadline from `headers`, its routing from `caller`, `headers`, the client
+/// keys `keys` finds in the request, or the chat prompt's prefix.
+///
+/// # Errors
+/// The body's or the translation's 4xx, an unknown model, a bad header.
+pub(super) fn chat_run<T: ChatTranslation>(
+    state: &HttpState,
+    caller: &Caller,
+    headers: &HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+    translate: impl FnOnce(&Value) -> Result<T, ApiError>,
+    keys: fn(&Value) -> ClientKeys<'_>,
+) -> Result<(T, RunSpec), ApiError> {
+    let body = read_body(&state.api, body)?;
+    let value: Value = serde_json::from_slice(&body)
+        .map_err(|error| ApiError::malformed_json(&error.to_string()))?;
+    let translated = translate(&value)?;
+    let deadline = deadline(&state.api, headers)?;
+    let prefix = state.api.prefix_affinity();
+    let chat = translated.chat();
+    let routing = run_routing(caller, headers, keys(&value), || {
+        prefix.then(|| prefix_of_value(chat)).flatten()
+    })?;
+    let input = Bytes::from(chat.to_string());
+    let model = translated.model();
+    let spec = run_spec(&state.api, model, input, Operation::Chat, deadline, routing)?;
+    Ok((translated, spec))
+}
+
+/// Writes a [`StreamTranslator`]'s events as named SSE events.
+pub(super) struct NamedEvents<T>(pub T);
+
+impl<T: StreamTranslator> EventWriter for NamedEvents<T> {
+    fn open(&mut self, frame: &mut BytesMut) {
+        write_all(frame, self.0.open());
+    }
+
+    fn output(&mut self, output: &Output, frame: &mut BytesMut) {
+        write_all(frame, self.0.output(output.text(), output.structured()));
+    }
+
+    fn close(&mut self, end: Result<Finished, ApiError>, frame: &mut BytesMut) {
+        write_all(frame, self.0.close(end.as_ref()));
+    }
+
+    fn keep_alive(&self) -> bytes::Bytes {
+        match self.0.keep_alive() {
+            Some(event) => {
+                let mut frame = BytesMut::new();
+                push_named_event(&mut frame, event.name, &event.data);
+                frame.freeze()
+            }
+            None => bytes::Bytes::from_static(super::sse::KEEP_ALIVE_COMMENT),
+        }
+    }
+}
+
+fn write_all(frame: &mut BytesMut, events: Vec<ApiEvent>) {
+    for event in events {
+        push_named_event(frame, event.name, &event.data);
+    }
+}

@@ -1,0 +1,51 @@
+//! The management service as the inbound management port ([`Manage`]) the admin API calls:
+//! each method is the service's own.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures::StreamExt as _;
+
+use super::{Management, now_ms};
+use crate::domain::{RunId, RunPage, RunQuery, RunRecord};
+use crate::ports::{FeedStream, Manage, ManageError, NodeStatus};
+
+#[async_trait]
+impl Manage for Management {
+    fn nodes(&self) -> Vec<NodeStatus> {
+        Management::nodes(self)
+    }
+
+    fn node(&self, name: &str) -> Option<NodeStatus> {
+        Management::node(self, name)
+    }
+
+    fn drain(&self, name: &str, deadline: Option<Duration>) -> Result<NodeStatus, ManageError> {
+        Management::drain(self, name, deadline)
+    }
+
+    fn resume(&self, name: &str) -> Result<NodeStatus, ManageError> {
+        Management::resume(self, name)
+    }
+
+    async fn runs(&self, query: &RunQuery) -> Result<RunPage, ManageError> {
+        Management::runs(self, query).await
+    }
+
+    async fn run(&self, id: &RunId) -> Result<Option<RunRecord>, ManageError> {
+        Management::run(self, id).await
+    }
+
+    async fn cancel(&self, id: &RunId) -> Result<(), ManageError> {
+        Management::cancel(self, id).await
+    }
+
+    async fn events(&self, id: &RunId, from: u64, follow: bool) -> Result<FeedStream, ManageError> {
+        let feed = Management::events(self, id, from, follow).await?;
+        Ok(feed.into_stream().boxed())
+    }
+
+    fn now_ms(&self) -> u64 {
+        now_ms()
+    }
+}
