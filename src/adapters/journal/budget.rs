@@ -2,7 +2,8 @@
 //! its shared-memory index together, at all times, not only after a retention pass.
 //!
 //! The limit is split once: the WAL may hold an eighth of it (at least 512 KiB, at most
-//! 64 MiB) and is checkpointed at half of that and truncated back to it, the index takes a
+//! 64 MiB) and is checkpointed at half of that (at most every 1,000 pages, SQLite's
+//! default) and truncated back to it, the index takes a
 //! fixed allowance, and the database file gets the rest as SQLite's `max_page_count`, so a
 //! transaction that would grow the file past it fails (`SQLITE_FULL`) instead. Retention
 //! removes the oldest finished runs once the pages in use pass nine tenths of the file's
@@ -56,7 +57,9 @@ impl Budget {
         let page_size: i64 = conn.pragma_query_value(None, "page_size", |row| row.get(0))?;
         let page_size = u64::try_from(page_size).unwrap_or(4096);
         conn.pragma_update(None, "journal_size_limit", to_i64(self.wal))?;
-        let checkpoint_pages = (self.wal / 2 / page_size.max(1)).max(16);
+        // SQLite's own default (1,000 pages) unless the WAL's share is smaller: a checkpoint
+        // is a burst of copying, and a large one takes a core from the relay for as long.
+        let checkpoint_pages = (self.wal / 2 / page_size.max(1)).clamp(16, 1_000);
         conn.pragma_update(None, "wal_autocheckpoint", to_i64(checkpoint_pages))?;
         if self.limit > 0 {
             // SQLite keeps the file's current size if it is larger; retention then brings
