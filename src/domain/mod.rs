@@ -40,8 +40,8 @@ pub use run::{
     RunRouting, RunSpec, RunState, Usage,
 };
 pub use run_record::{
-    AcceptedRun, Attempt, EDGE_CRASHED, RunCursor, RunOutcome, RunPage, RunQuery, RunRecord,
-    RunStateFilter, merge_page,
+    AcceptedRun, Attempt, EDGE_CRASHED, RunCursor, RunEnding, RunOutcome, RunPage, RunQuery,
+    RunRecord, RunStateFilter, merge_page,
 };
 pub use selection::NodeSelector;
 pub use throttle::RegistrationThrottle;

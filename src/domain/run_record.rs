@@ -138,6 +138,53 @@ pub struct RunRecord {
     pub events_stored: u64,
 }
 
+/// How a run ended, as its terminal event says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunEnding {
+    /// Completed, failed or cancelled.
+    pub outcome: RunOutcome,
+    /// When the terminal event was relayed, in milliseconds since the Unix epoch.
+    pub finished_ms: u64,
+    /// A failure's code.
+    pub code: Option<String>,
+    /// A failure's message, or a cancel's reason.
+    pub message: Option<String>,
+    /// A completion's finish reason.
+    pub finish_reason: Option<String>,
+    /// A completion's token counts, when the node reported them.
+    pub usage: Option<Usage>,
+}
+
+impl RunEnding {
+    /// The ending terminal event `kind`, relayed at `at_ms`, makes; `None` for any other.
+    pub fn of(kind: &RunEventKind, at_ms: u64) -> Option<Self> {
+        let mut ending = Self {
+            outcome: RunOutcome::of_event(kind)?,
+            finished_ms: at_ms,
+            code: None,
+            message: None,
+            finish_reason: None,
+            usage: None,
+        };
+        match kind {
+            RunEventKind::Completed {
+                finish_reason,
+                usage,
+            } => {
+                ending.finish_reason = Some(finish_reason.clone());
+                ending.usage = *usage;
+            }
+            RunEventKind::Failed { code, message, .. } => {
+                ending.code = Some(code.clone());
+                ending.message = Some(message.clone());
+            }
+            RunEventKind::Cancelled { reason } => ending.message = Some(reason.clone()),
+            RunEventKind::Started | RunEventKind::Output { .. } => {}
+        }
+        Some(ending)
+    }
+}
+
 impl RunRecord {
     /// The record of a run just accepted.
     pub fn open(accepted: AcceptedRun) -> Self {
@@ -174,25 +221,16 @@ impl RunRecord {
     /// Records the terminal event `kind`, relayed at `at_ms`. Non-terminal events change
     /// nothing.
     pub fn finish(&mut self, kind: &RunEventKind, at_ms: u64) {
-        let Some(outcome) = RunOutcome::of_event(kind) else {
+        let Some(ending) = RunEnding::of(kind, at_ms) else {
             return;
         };
-        self.outcome = outcome;
-        self.finished_ms = Some(at_ms);
-        match kind {
-            RunEventKind::Completed {
-                finish_reason,
-                usage,
-            } => {
-                self.finish_reason = Some(finish_reason.clone());
-                self.usage = *usage;
-            }
-            RunEventKind::Failed { code, message, .. } => {
-                self.code = Some(code.clone());
-                self.message = Some(message.clone());
-            }
-            RunEventKind::Cancelled { reason } => self.message = Some(reason.clone()),
-            RunEventKind::Started | RunEventKind::Output { .. } => {}
+        self.outcome = ending.outcome;
+        self.finished_ms = Some(ending.finished_ms);
+        self.code = ending.code;
+        self.message = ending.message;
+        if ending.finish_reason.is_some() {
+            self.finish_reason = ending.finish_reason;
+            self.usage = ending.usage;
         }
     }
 

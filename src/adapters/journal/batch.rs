@@ -5,7 +5,7 @@
 //! rather than by the writer.
 
 use super::packed::Packer;
-use crate::domain::{AcceptedRun, Attempt, RunEventKind, RunId, RunOutcome, Usage};
+use crate::domain::{AcceptedRun, Attempt, RunEnding, RunId};
 use crate::ports::{JournalEntry, RelayedEvent};
 
 /// One entry waiting to be written.
@@ -39,14 +39,9 @@ pub(super) struct Chunk {
 
 /// A run's end, as its terminal event says.
 pub(super) struct Finish {
-    pub(super) outcome: RunOutcome,
-    pub(super) at_ms: u64,
+    pub(super) ending: RunEnding,
     /// Events the run relayed, the terminal one included.
     pub(super) events: u64,
-    pub(super) code: Option<String>,
-    pub(super) message: Option<String>,
-    pub(super) finish_reason: Option<String>,
-    pub(super) usage: Option<Usage>,
 }
 
 impl Queued {
@@ -117,7 +112,11 @@ impl PackedEvents {
                 packed.first_output_ms.get_or_insert(relayed.at_ms);
             }
             if terminal {
-                packed.finish = finish_of(&relayed.event.kind, relayed.index + 1, relayed.at_ms);
+                packed.finish =
+                    RunEnding::of(&relayed.event.kind, relayed.at_ms).map(|ending| Finish {
+                        ending,
+                        events: relayed.index + 1,
+                    });
             }
             match packed.chunks.last_mut() {
                 Some(last) if last.first_idx + last.count == relayed.index => {
@@ -138,33 +137,4 @@ impl PackedEvents {
         let any = !packed.chunks.is_empty();
         (any.then_some(packed), over_cap)
     }
-}
-
-fn finish_of(kind: &RunEventKind, events: u64, at_ms: u64) -> Option<Finish> {
-    let outcome = RunOutcome::of_event(kind)?;
-    let mut finish = Finish {
-        outcome,
-        at_ms,
-        events,
-        code: None,
-        message: None,
-        finish_reason: None,
-        usage: None,
-    };
-    match kind {
-        RunEventKind::Completed {
-            finish_reason,
-            usage,
-        } => {
-            finish.finish_reason = Some(finish_reason.clone());
-            finish.usage = *usage;
-        }
-        RunEventKind::Failed { code, message, .. } => {
-            finish.code = Some(code.clone());
-            finish.message = Some(message.clone());
-        }
-        RunEventKind::Cancelled { reason } => finish.message = Some(reason.clone()),
-        RunEventKind::Started | RunEventKind::Output { .. } => {}
-    }
-    Some(finish)
 }

@@ -221,18 +221,20 @@ fn finish_values<'a>(write: &RunWrite<'a>, stored: u64) -> [ValueRef<'a>; 12] {
     let text = |v: Option<&'a String>| v.map_or(ValueRef::Null, |t| ValueRef::Text(t.as_bytes()));
     let int = |v: Option<u64>| v.map_or(ValueRef::Null, |n| ValueRef::Integer(to_sql(n)));
     let finish = write.finish;
-    let usage = finish.and_then(|f| f.usage);
+    let usage = finish.and_then(|f| f.ending.usage);
     let token = |read: fn(&Usage) -> u32| {
         usage.map_or(ValueRef::Null, |u| ValueRef::Integer(read(&u).into()))
     };
-    let outcome = finish.map_or(RunOutcome::Open, |f| f.outcome).as_str();
+    let outcome = finish
+        .map_or(RunOutcome::Open, |f| f.ending.outcome)
+        .as_str();
     [
         ValueRef::Text(outcome.as_bytes()),
         int(write.first_output_ms),
-        int(finish.map(|f| f.at_ms)),
-        text(finish.and_then(|f| f.code.as_ref())),
-        text(finish.and_then(|f| f.message.as_ref())),
-        text(finish.and_then(|f| f.finish_reason.as_ref())),
+        int(finish.map(|f| f.ending.finished_ms)),
+        text(finish.and_then(|f| f.ending.code.as_ref())),
+        text(finish.and_then(|f| f.ending.message.as_ref())),
+        text(finish.and_then(|f| f.ending.finish_reason.as_ref())),
         token(|u| u.input_tokens),
         token(|u| u.output_tokens),
         token(|u| u.cached_input_tokens),
