@@ -199,3 +199,38 @@ async fn after_kill_9_mid_load_the_journal_opens_with_finished_runs_and_no_false
     assert!(still_open.is_empty(), "{still_open:?}");
     drop(edge);
 }
+
+#[tokio::test]
+async fn edge_serve_keeps_its_journal_in_the_data_directory_and_names_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = write_config(dir.path(), CONFIG);
+    let data = dir.path().join("state");
+    let mut child = edge_serve(&config)
+        .env_remove("EDGE__JOURNAL__PATH")
+        .arg("--data-dir")
+        .arg(&data)
+        .current_dir(dir.path())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("spawn the edge binary");
+    let (logs, bound) = watch_stderr(child.stderr.take().expect("piped stderr"));
+    tokio::time::timeout(PATIENCE, bound)
+        .await
+        .expect("the edge serves in time")
+        .expect("the serving line");
+    let file = data.join("journal.sqlite3");
+    let named = format!("\"journal\":\"{}\"", file.display());
+    eventually("the serving line names the journal", || {
+        logged(&logs)
+            .iter()
+            .any(|line| line.contains("edge is serving") && line.contains(&named))
+    })
+    .await;
+    assert!(file.exists(), "{}", file.display());
+    assert!(
+        !dir.path().join("data").exists(),
+        "nothing is created in the working directory"
+    );
+    child.kill().await.expect("kill the edge");
+}
