@@ -63,6 +63,11 @@ pub struct ApiArgs {
     pub warmup_ms: u64,
 }
 
+/// What the edge's journal files take on disk now, in MiB.
+fn journal_mib(edge: &InProcessEdge) -> f64 {
+    edge.parts.journal.stats().bytes as f64 / f64::from(1u32 << 20)
+}
+
 /// `args` as the arguments of a child run.
 fn child_args(args: &ApiArgs) -> Vec<String> {
     let list = |items: &[String]| items.join(",");
@@ -401,6 +406,7 @@ pub fn run(args: &ApiArgs, common: &Common) -> anyhow::Result<Vec<Record>> {
                     .with("direct_total_p99_us", baseline.total.quantile_us(0.99))
                     .with("edge_cpu_us_per_request", through.cpu_us_per_request)
                     .with("direct_cpu_us_per_request", baseline.cpu_us_per_request)
+                    .with("journal_mib", journal_mib(&edge))
                     .with("errors", (through.errors + baseline.errors) as f64),
             );
         }

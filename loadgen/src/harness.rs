@@ -55,15 +55,20 @@ pub fn config(nodes: Nodes, extra: &str) -> String {
 
 /// Whether edges started here keep the run journal (`--journal`, on unless `off`), set
 /// once by `main`.
-static JOURNAL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+static JOURNAL: std::sync::OnceLock<(bool, Option<u64>)> = std::sync::OnceLock::new();
 
-/// Turns the run journal on for every edge this process starts.
-pub fn keep_journal(on: bool) {
-    let _ = JOURNAL.set(on);
+/// Turns the run journal on (or off) for every edge this process starts, with its disk
+/// limit when given.
+pub fn keep_journal(on: bool, max_bytes: Option<u64>) {
+    let _ = JOURNAL.set((on, max_bytes));
 }
 
 fn journal_on() -> bool {
-    JOURNAL.get().copied().unwrap_or(true)
+    JOURNAL.get().is_none_or(|(on, _)| *on)
+}
+
+fn journal_max_bytes() -> Option<u64> {
+    JOURNAL.get().and_then(|(_, max)| *max)
 }
 
 /// A runtime for the edge or for the load, with `threads` workers.
@@ -132,6 +137,9 @@ impl InProcessEdge {
         settings.admin.listen = SocketAddr::from(([127, 0, 0, 1], 0));
         if !config.contains("[journal]") {
             settings.journal.enabled = journal_on();
+            if let Some(max) = journal_max_bytes() {
+                settings.journal.retention_max_bytes = max;
+            }
             settings.journal.path = Some(dir.path().join("journal.sqlite3"));
         }
         settings.server.shutdown_grace_ms = 2_000;
@@ -230,6 +238,10 @@ impl EdgeProcess {
             .args(["--admin-listen", "127.0.0.1:0"])
             .env("EDGE__JOURNAL__ENABLED", journal_on().to_string())
             .env("EDGE__JOURNAL__PATH", dir.path().join("journal.sqlite3"))
+            .envs(
+                journal_max_bytes()
+                    .map(|max| ("EDGE__JOURNAL__RETENTION_MAX_BYTES", max.to_string())),
+            )
             .arg("--log-level")
             .arg(log_level)
             .env("TOKIO_WORKER_THREADS", threads.max(1).to_string())

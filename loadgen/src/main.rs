@@ -81,6 +81,10 @@ pub struct Common {
     #[arg(long, global = true, default_value = "on", value_parser = ["on", "off"],
         num_args = 0..=1, default_missing_value = "on")]
     pub journal: String,
+    /// The journal's disk limit (`[journal] retention_max_bytes`); the shipped 1 GiB when
+    /// left out.
+    #[arg(long, global = true)]
+    pub journal_max_bytes: Option<u64>,
     /// Export the in-process edge's spans over OTLP/HTTP to a receiver in this program
     /// that discards them (`[tracing] otlp_endpoint`), to measure what tracing costs.
     #[arg(long, global = true)]
@@ -100,6 +104,10 @@ impl Common {
         ]
         .into_iter()
         .chain([format!("--journal={}", self.journal)])
+        .chain(
+            self.journal_max_bytes
+                .map(|bytes| format!("--journal-max-bytes={bytes}")),
+        )
         .chain(self.otlp.then(|| "--otlp".to_owned()))
         .collect()
     }
@@ -216,7 +224,7 @@ pub fn records_from_child(output: &Output) -> anyhow::Result<Vec<Record>> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    harness::keep_journal(cli.common.journal == "on");
+    harness::keep_journal(cli.common.journal == "on", cli.common.journal_max_bytes);
     let scenario = cli.scenario.name();
     let repeat = cli.common.repeat.max(1);
     let mut repetitions = Vec::new();

@@ -70,8 +70,12 @@ pub(super) fn retention_chunk(
         params_from_iter(&seqs),
     )?;
     tx.commit()?;
-    // Hand the freed pages back to the file system.
-    conn.execute_batch("PRAGMA incremental_vacuum;")?;
+    if size_target.is_none() {
+        // Hand the freed pages back to the file system. Not while making room under the
+        // disk limit: the pages are reused at once, and moving them to shrink the file would
+        // cost as much again.
+        conn.execute_batch("PRAGMA incremental_vacuum;")?;
+    }
     Ok(seqs.len())
 }
 
