@@ -15,7 +15,7 @@ use edge::domain::{
     AcceptedRun, AdapterName, Attempt, EdgeFailure, EventOrigin, NodeId, Operation, RunEvent,
     RunEventKind, RunId, Target, Usage,
 };
-use edge::ports::{JournalEntry, RunJournal};
+use edge::ports::{JournalEntry, RelayedEvent, RunJournal};
 
 use crate::Common;
 use crate::harness::{self, InProcessEdge, Nodes};
@@ -88,6 +88,7 @@ fn entries(i: usize, nodes: usize, base: u64) -> anyhow::Result<Vec<JournalEntry
             attempt,
         },
     ];
+    let mut events = Vec::with_capacity(kinds.len());
     for (index, kind) in kinds.into_iter().enumerate() {
         let event = RunEvent {
             run_id: run_id(i),
@@ -99,20 +100,24 @@ fn entries(i: usize, nodes: usize, base: u64) -> anyhow::Result<Vec<JournalEntry
             kind,
             route: None,
         };
-        let first_output = index == 1;
-        out.push(JournalEntry::Event {
+        events.push(RelayedEvent {
             index: index as u64,
             at_ms: at,
             event: Arc::new(event),
-            first_output,
+            first_output: index == 1,
         });
     }
+    out.push(JournalEntry::Events {
+        run_id: run_id(i),
+        events,
+    });
     Ok(out)
 }
 
-/// Fills the journal at `config.path`, paced so its queue never overflows; entries/s.
+/// Fills the journal in `config.path`, paced so its queue never overflows; entries/s.
 fn prefill(config: &JournalConfig, args: &AdminArgs, base: u64) -> anyhow::Result<f64> {
-    let journal = SqliteJournal::open(config)?;
+    let file = config.path.clone().context("the journal needs a path")?;
+    let journal = SqliteJournal::open(config, &file)?;
     let runtime = harness::runtime("prefill", 1)?;
     let started = Instant::now();
     let mut written = 0usize;
@@ -160,7 +165,7 @@ pub fn run(args: &AdminArgs, common: &Common) -> anyhow::Result<Vec<Record>> {
     let dir = tempfile::tempdir().context("cannot make a temporary directory")?;
     let path = dir.path().join("journal.sqlite3");
     let journal = JournalConfig {
-        path: path.clone(),
+        path: Some(path.clone()),
         retention_max_age: Default::default(),
         retention_max_bytes: 0,
         ..JournalConfig::default()

@@ -50,8 +50,10 @@ pub struct ApiArgs {
     /// write per event, echoing the prompt's words).
     #[arg(long, default_value = "lean", value_parser = ["lean", "mock"])]
     pub node: String,
-    /// The edge's event sink while serving the API.
-    #[arg(long, default_value = "null", value_parser = ["null", "file", "stdout", "log"])]
+    /// The edge's event sink while serving the API: `stdout`, as the shipped config has it
+    /// (that case runs in a child whose standard output is `/dev/null`), or a labelled
+    /// variant.
+    #[arg(long, default_value = "stdout", value_parser = ["null", "file", "stdout", "log"])]
     pub sink: String,
     /// Measured time per case and server.
     #[arg(long, default_value_t = 3_000)]
@@ -59,6 +61,22 @@ pub struct ApiArgs {
     /// Unmeasured time before each.
     #[arg(long, default_value_t = 500)]
     pub warmup_ms: u64,
+}
+
+/// `args` as the arguments of a child run.
+fn child_args(args: &ApiArgs) -> Vec<String> {
+    let list = |items: &[String]| items.join(",");
+    let concurrency: Vec<String> = args.concurrency.iter().map(usize::to_string).collect();
+    vec![
+        format!("--concurrency={}", list(&concurrency)),
+        format!("--chunks={}", args.chunks),
+        format!("--modes={}", list(&args.modes)),
+        format!("--nodes={}", args.nodes),
+        format!("--node={}", args.node),
+        format!("--sink={}", args.sink),
+        format!("--duration-ms={}", args.duration_ms),
+        format!("--warmup-ms={}", args.warmup_ms),
+    ]
 }
 
 /// The words of the prompt; the echo mock answers one chunk per word.
@@ -283,6 +301,9 @@ fn drive(
 }
 
 pub fn run(args: &ApiArgs, common: &Common) -> anyhow::Result<Vec<Record>> {
+    if args.sink == "stdout" && !common.child {
+        return crate::run_in_child(common, "api", &child_args(args));
+    }
     harness::init_logging(common);
     let sink = match args.sink.as_str() {
         "file" => SinkKind::File,

@@ -53,7 +53,8 @@ pub fn config(nodes: Nodes, extra: &str) -> String {
     toml
 }
 
-/// Whether edges started here keep the run journal (`--journal`), set once by `main`.
+/// Whether edges started here keep the run journal (`--journal`, on unless `off`), set
+/// once by `main`.
 static JOURNAL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
 
 /// Turns the run journal on for every edge this process starts.
@@ -62,7 +63,7 @@ pub fn keep_journal(on: bool) {
 }
 
 fn journal_on() -> bool {
-    JOURNAL.get().copied().unwrap_or(false)
+    JOURNAL.get().copied().unwrap_or(true)
 }
 
 /// A runtime for the edge or for the load, with `threads` workers.
@@ -131,7 +132,7 @@ impl InProcessEdge {
         settings.admin.listen = SocketAddr::from(([127, 0, 0, 1], 0));
         if !config.contains("[journal]") {
             settings.journal.enabled = journal_on();
-            settings.journal.path = dir.path().join("journal.sqlite3");
+            settings.journal.path = Some(dir.path().join("journal.sqlite3"));
         }
         settings.server.shutdown_grace_ms = 2_000;
         settings.events.sinks = sinks.to_vec();

@@ -75,10 +75,12 @@ pub struct Common {
     /// The edge's log level (the shipped config says `info`).
     #[arg(long, global = true, default_value = "info")]
     pub edge_log_level: String,
-    /// Keep the run journal (SQLite, in the run's temporary directory); off by default, as
-    /// `[journal] enabled = false`.
-    #[arg(long, global = true)]
-    pub journal: bool,
+    /// The run journal of the edges this starts: `on`, as the shipped config has it (SQLite,
+    /// in the run's temporary directory), or `off` (`[journal] enabled = false`, a labelled
+    /// variant).
+    #[arg(long, global = true, default_value = "on", value_parser = ["on", "off"],
+        num_args = 0..=1, default_missing_value = "on")]
+    pub journal: String,
     /// Export the in-process edge's spans over OTLP/HTTP to a receiver in this program
     /// that discards them (`[tracing] otlp_endpoint`), to measure what tracing costs.
     #[arg(long, global = true)]
@@ -97,7 +99,7 @@ impl Common {
             format!("--edge-log-level={}", self.edge_log_level),
         ]
         .into_iter()
-        .chain(self.journal.then(|| "--journal".to_owned()))
+        .chain([format!("--journal={}", self.journal)])
         .chain(self.otlp.then(|| "--otlp".to_owned()))
         .collect()
     }
@@ -154,6 +156,28 @@ impl Scenario {
 /// The prefix of the machine-readable record lines a child writes to stderr.
 const CHILD_RECORD: &str = "@record ";
 
+/// Runs `scenario` with `args` in a child of this program whose standard output is
+/// `/dev/null` — for the cases where the edge writes the stdout sink, which would otherwise
+/// mix into this program's results — and returns the records it reported.
+pub fn run_in_child(
+    common: &Common,
+    scenario: &str,
+    args: &[String],
+) -> anyhow::Result<Vec<Record>> {
+    let exe = std::env::current_exe().context("cannot find this program")?;
+    let output = std::process::Command::new(exe)
+        .args(common.to_args())
+        .arg("--child")
+        .arg(scenario)
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .output()
+        .with_context(|| format!("cannot start the child for {scenario}"))?;
+    records_from_child(&output)
+}
+
 /// A record as one line for the parent: `KEY\tname=value\t...`.
 fn child_line(record: &Record) -> String {
     let mut line = format!("{CHILD_RECORD}{}", record.key);
@@ -192,7 +216,7 @@ pub fn records_from_child(output: &Output) -> anyhow::Result<Vec<Record>> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    harness::keep_journal(cli.common.journal);
+    harness::keep_journal(cli.common.journal == "on");
     let scenario = cli.scenario.name();
     let repeat = cli.common.repeat.max(1);
     let mut repetitions = Vec::new();

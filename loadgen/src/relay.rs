@@ -7,23 +7,22 @@
 //! The `stdout` sink writes this process's standard output, so that case runs in a child
 //! process of this program whose standard output is `/dev/null`.
 
-use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, bail};
+use anyhow::bail;
 use bytes::Bytes;
 use clap::Args;
 use edge::adapters::sinks::config::SinkKind;
 use edge::app::AppParts;
 use edge::domain::{AdapterName, NodeSelector, RunEventKind, RunSpec, Target};
 
+use crate::Common;
 use crate::external::NatsChild;
 use crate::harness::{self, InProcessEdge, Nodes};
 use crate::lean::{self, Plan};
 use crate::stats::{Histogram, Record};
-use crate::{Common, records_from_child};
 
 #[derive(Debug, Clone, Args)]
 pub struct RelayArgs {
@@ -93,10 +92,7 @@ pub fn run(args: &RelayArgs, common: &Common) -> anyhow::Result<Vec<Record>> {
 
 /// Runs the stdout case in a child whose standard output is `/dev/null`.
 fn run_in_child(args: &RelayArgs, common: &Common) -> anyhow::Result<Vec<Record>> {
-    let exe = std::env::current_exe().context("cannot find this program")?;
-    let mut command = Command::new(exe);
-    command.args(common.to_args()).arg("--child").arg("relay");
-    command.args([
+    let args = [
         format!("--nodes={}", args.nodes),
         format!("--events={}", args.events),
         format!("--bytes={}", args.bytes),
@@ -105,14 +101,8 @@ fn run_in_child(args: &RelayArgs, common: &Common) -> anyhow::Result<Vec<Record>
         format!("--warmup-ms={}", args.warmup_ms),
         format!("--queue-capacity={}", args.queue_capacity),
         "--sinks=stdout".to_owned(),
-    ]);
-    let output = command
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .output()
-        .context("cannot start the child for the stdout sink")?;
-    records_from_child(&output)
+    ];
+    crate::run_in_child(common, "relay", &args)
 }
 
 fn spec() -> anyhow::Result<RunSpec> {

@@ -22,7 +22,7 @@ use crate::ports::{NodeStore, Registry, RunJournal};
 /// # Errors
 /// The enabled journal's file cannot be used (the message names it).
 pub(super) fn journal(settings: &Settings) -> anyhow::Result<Arc<dyn RunJournal>> {
-    open_journal(&settings.journal).context("cannot open the run journal")
+    open_journal(&settings.journal, &settings.journal_file()).context("cannot open the run journal")
 }
 
 /// The management service over the edge's parts, its metrics registered.

@@ -61,6 +61,10 @@ struct ServeArgs {
     /// a free port).
     #[arg(long)]
     http_listen: Option<SocketAddr>,
+    /// Keep the edge's state (the run journal) in this directory instead of `edge.data_dir`
+    /// (default: $STATE_DIRECTORY, else $XDG_STATE_HOME/edge, else ~/.local/state/edge).
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
     /// Serve the management API here instead of `admin.listen` (port 0 picks a free port).
     #[arg(long)]
     admin_listen: Option<SocketAddr>,
@@ -117,6 +121,9 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     }
     if let Some(listen) = args.admin_listen {
         settings.admin.listen = listen;
+    }
+    if let Some(dir) = args.data_dir {
+        settings.data_dir = dir;
     }
     if let Some(level) = args.log_level {
         settings.log.level = level;
@@ -215,7 +222,7 @@ fn summary(settings: &Settings, store: &FileNodeStore) -> String {
     );
     let journal = &settings.journal;
     let _ = match journal.enabled {
-        true => writeln!(out, "run journal: {}", journal.path.display()),
+        true => writeln!(out, "run journal: {}", settings.journal_file().display()),
         false => writeln!(out, "run journal: off"),
     };
     let records = store.records();

@@ -1,8 +1,13 @@
 //! `[edge]`: the id that names this edge wherever it is seen from outside — the subjects
 //! of its run events on NATS, the resource of its traces, and (later) the control plane
-//! that manages it through its management API. Defaults to the host name.
+//! that manages it through its management API (defaults to the host name) — and the
+//! directory it keeps its state in (the run journal), which defaults to where a service's
+//! state belongs rather than to the working directory.
 //!
-//! Resolving reads the host name from the system; it does no other I/O and never logs.
+//! Resolving reads the host name and the environment; it does no other I/O and never logs.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
 
 use serde::Deserialize;
 
@@ -14,6 +19,8 @@ use crate::domain::EdgeId;
 pub struct EdgeConfig {
     /// The edge's id; the host name when absent.
     pub id: Option<String>,
+    /// Where the edge keeps its state; see [`EdgeConfig::data_dir`] for the default.
+    pub data_dir: Option<PathBuf>,
 }
 
 impl EdgeConfig {
@@ -39,6 +46,37 @@ impl EdgeConfig {
     }
 }
 
+impl EdgeConfig {
+    /// The directory the edge keeps its state in: `data_dir` when set, else systemd's
+    /// `$STATE_DIRECTORY` (from `StateDirectory=`), else `$XDG_STATE_HOME/edge`, else
+    /// `$HOME/.local/state/edge`, else `/var/lib/edge`.
+    pub fn data_dir(&self) -> PathBuf {
+        match &self.data_dir {
+            Some(dir) => dir.clone(),
+            None => default_data_dir(|name| std::env::var_os(name)),
+        }
+    }
+}
+
+/// The default data directory, reading the environment through `var`.
+fn default_data_dir(var: impl Fn(&str) -> Option<OsString>) -> PathBuf {
+    let var = |name: &str| var(name).filter(|v| !v.is_empty());
+    if let Some(dirs) = var("STATE_DIRECTORY") {
+        // systemd lists one directory per `StateDirectory=` entry, ':'-separated.
+        let dirs = dirs.to_string_lossy().into_owned();
+        if let Some(first) = dirs.split(':').find(|d| !d.is_empty()) {
+            return PathBuf::from(first);
+        }
+    }
+    if let Some(state) = var("XDG_STATE_HOME") {
+        return PathBuf::from(state).join("edge");
+    }
+    match var("HOME") {
+        Some(home) => PathBuf::from(home).join(".local/state/edge"),
+        None => PathBuf::from("/var/lib/edge"),
+    }
+}
+
 /// The host name: the kernel's, else `$HOSTNAME`, else `/etc/hostname`.
 fn host_name() -> Option<String> {
     let read = |path: &str| std::fs::read_to_string(path).ok();
@@ -61,14 +99,50 @@ mod tests {
     fn a_configured_id_is_used_and_checked() {
         let config = EdgeConfig {
             id: Some("site-a".into()),
+            ..EdgeConfig::default()
         };
         assert_eq!(config.resolve().unwrap().as_str(), "site-a");
         let bad = EdgeConfig {
             id: Some("site a".into()),
+            ..EdgeConfig::default()
         };
         let message = bad.resolve().unwrap_err();
         assert!(message.contains("`edge.id`"), "{message}");
         assert!(message.contains("site a"), "{message}");
+    }
+
+    #[test]
+    fn state_goes_where_a_service_keeps_it_not_in_the_working_directory() {
+        let env = |vars: &'static [(&'static str, &'static str)]| {
+            move |name: &str| {
+                vars.iter()
+                    .find(|(n, _)| *n == name)
+                    .map(|(_, v)| OsString::from(v))
+            }
+        };
+        const ALL: [(&str, &str); 3] = [
+            ("STATE_DIRECTORY", "/var/lib/edge-a:/var/lib/other"),
+            ("XDG_STATE_HOME", "/home/u/.state"),
+            ("HOME", "/home/u"),
+        ];
+        assert_eq!(
+            default_data_dir(env(&ALL)),
+            PathBuf::from("/var/lib/edge-a")
+        );
+        assert_eq!(
+            default_data_dir(env(&ALL[1..])),
+            PathBuf::from("/home/u/.state/edge")
+        );
+        assert_eq!(
+            default_data_dir(env(&ALL[2..])),
+            PathBuf::from("/home/u/.local/state/edge")
+        );
+        assert_eq!(default_data_dir(env(&[])), PathBuf::from("/var/lib/edge"));
+        let configured = EdgeConfig {
+            data_dir: Some("/srv/edge".into()),
+            ..EdgeConfig::default()
+        };
+        assert_eq!(configured.data_dir(), PathBuf::from("/srv/edge"));
     }
 
     #[test]

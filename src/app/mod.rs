@@ -193,7 +193,7 @@ impl App {
             listen = %server.local_addr()?,
             http = %http.local_addr()?,
             admin = %admin::address(admin.as_ref(), http.local_addr()?)?,
-            journal = parts.journal.enabled(),
+            journal = %journal_shown(&settings),
             nodes = parts.store.records().len(),
             node_tls = settings.server.tls.is_some(),
             http_tls = settings.http.tls.is_some(),
@@ -247,6 +247,15 @@ async fn bind_node_server(settings: &Settings, deps: ServerDeps) -> anyhow::Resu
     let server = server.with_context(|| format!("cannot listen for nodes on {listen}"))?;
     listen::warn_if_capped("server.listen_backlog", settings.server.listen_backlog);
     Ok(tls.into_iter().fold(server, TcpServer::with_tls))
+}
+
+/// The run journal as the startup line shows it: its file, or `off`.
+fn journal_shown(settings: &Settings) -> String {
+    if settings.journal.enabled {
+        settings.journal_file().display().to_string()
+    } else {
+        "off".to_owned()
+    }
 }
 
 /// What the HTTP handlers work with.

@@ -46,6 +46,8 @@ const ENV_LIST_KEYS: &[&str] = &["events.sinks", "api.keys", "admin.keys", "admi
 pub struct Settings {
     /// `[edge] id`, resolved: the configured id or the host name.
     pub edge_id: EdgeId,
+    /// `[edge] data_dir`, resolved: where the edge keeps its state (the run journal).
+    pub data_dir: PathBuf,
     /// `[server]`: the node transport.
     pub server: ServerConfig,
     /// `[events]`: the event sinks.
@@ -220,6 +222,12 @@ struct Sections {
 }
 
 impl Settings {
+    /// The run journal's database file: `[journal] path`, or `journal.sqlite3` in the
+    /// data directory.
+    pub fn journal_file(&self) -> PathBuf {
+        self.journal.file(&self.data_dir)
+    }
+
     /// Reads the config file at `path` (or [`DEFAULT_CONFIG_PATH`] when `None`) and applies
     /// the `EDGE__SECTION__KEY` environment overrides.
     ///
@@ -269,6 +277,7 @@ impl Settings {
             }
         };
 
+        let data_dir = sections.edge.data_dir();
         let Sections {
             edge: _,
             server,
@@ -286,6 +295,7 @@ impl Settings {
         } = sections;
         Ok(Self {
             edge_id,
+            data_dir,
             tracing,
             server,
             events,

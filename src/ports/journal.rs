@@ -24,18 +24,27 @@ pub enum JournalEntry {
         /// Where, why and when.
         attempt: Attempt,
     },
-    /// The run's event number `index` (0, 1, ... in relay order) was relayed at `at_ms`.
-    /// A terminal event ends the run's record.
-    Event {
-        /// The event's position among the run's relayed events.
-        index: u64,
-        /// When it was relayed, in milliseconds since the Unix epoch.
-        at_ms: u64,
-        /// The event, as the sinks received it.
-        event: Arc<RunEvent>,
-        /// Whether it is the run's first `output` (for time to first output).
-        first_output: bool,
+    /// Consecutive relayed events of one run (one or more), in relay order. A terminal
+    /// event among them ends the run's record.
+    Events {
+        /// The run.
+        run_id: RunId,
+        /// The events, their positions consecutive.
+        events: Vec<RelayedEvent>,
     },
+}
+
+/// One event as the relay handed it on.
+#[derive(Debug, Clone)]
+pub struct RelayedEvent {
+    /// The event's position among the run's relayed events (0, 1, ...).
+    pub index: u64,
+    /// When it was relayed, in milliseconds since the Unix epoch.
+    pub at_ms: u64,
+    /// The event, as the sinks received it.
+    pub event: Arc<RunEvent>,
+    /// Whether it is the run's first `output` (for time to first output).
+    pub first_output: bool,
 }
 
 /// One stored event of a run.
@@ -57,13 +66,16 @@ pub struct JournalStats {
     pub events_over_cap: u64,
     /// Events left out because the write queue was full.
     pub dropped_queue_full: u64,
+    /// Events left out because the storage was at its size limit with nothing finished
+    /// left to remove (records and terminal events are still written).
+    pub dropped_over_budget: u64,
     /// Entries waiting to be written.
     pub queue_depth: u64,
     /// Transactions that failed (their entries are lost).
     pub write_errors: u64,
     /// Runs removed by retention.
     pub runs_expired: u64,
-    /// The storage's size in bytes (0 for none).
+    /// The storage's size on disk in bytes (0 for none).
     pub bytes: u64,
 }
 
@@ -78,8 +90,9 @@ pub enum JournalError {
 /// Keeps run records and their events.
 ///
 /// Implementations are shared between tasks. `record` is called on the relay's hot path
-/// for every event of every run: it must not block, and it documents what happens when
-/// its queue is full. Records (accepted, placed) and terminal events must never be dropped
+/// for every batch of every run's events: it must not block, and it documents what
+/// happens when its queue is full. It should copy what it keeps of the events before it
+/// returns rather than hold on to them, so their memory is freed on the relay's thread. Records (accepted, placed) and terminal events must never be dropped
 /// for lack of room while the storage works.
 #[cfg_attr(test, mockall::automock)]
 #[async_trait]

@@ -23,7 +23,9 @@ pub mod transport;
 pub const EXPORT_TARGET: &str = "edge::otel";
 
 pub use event_sink::EventSink;
-pub use journal::{JournalEntry, JournalError, JournalStats, RunJournal, StoredEvent};
+pub use journal::{
+    JournalEntry, JournalError, JournalStats, RelayedEvent, RunJournal, StoredEvent,
+};
 pub use management::{ConnectedNodeView, FeedItem, FeedStream, Manage, ManageError, NodeStatus};
 pub use node_store::NodeStore;
 pub use noop_journal::NoopJournal;

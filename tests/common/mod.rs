@@ -172,7 +172,7 @@ pub fn settings_on_free_ports(dir: &Path, config: &str) -> Settings {
     settings.http.listen = SocketAddr::from(([127, 0, 0, 1], 0));
     settings.admin.listen = SocketAddr::from(([127, 0, 0, 1], 0));
     if !config.contains("[journal]") {
-        settings.journal.path = dir.join("journal.sqlite3");
+        settings.journal.path = Some(dir.join("journal.sqlite3"));
     }
     settings
 }

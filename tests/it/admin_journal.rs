@@ -195,3 +195,31 @@ async fn with_the_journal_off_only_open_runs_are_known() {
     rest(&mut open).await;
     app.stop().await;
 }
+
+#[tokio::test]
+async fn a_run_its_caller_saw_finish_is_listed_at_once_every_time() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let app = edge_on_journal(dir.path()).await;
+    let mut node = HandNode::register(&app, "token-a").await;
+    app.wait_for_nodes(1).await;
+    let mut missing = Vec::new();
+    for i in 0..1_000 {
+        let mut handle = start(&app, echo_run(&format!("seen-{i}")));
+        let run = node.next_run().await;
+        node.complete(&run.run_id, "done").await;
+        rest(&mut handle).await;
+        let listed = get_ok(&app, "/admin/v1/runs?limit=5").await;
+        let found = listed["runs"]
+            .as_array()
+            .is_some_and(|runs| runs.iter().any(|r| r["id"] == run.run_id.as_str()));
+        if !found {
+            missing.push(i);
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "{} of 1,000 just-finished runs were missing from the listing: {missing:?}",
+        missing.len()
+    );
+    app.stop().await;
+}

@@ -1,10 +1,12 @@
 //! Settings of the run journal (`[journal]` in the config file).
 
 use std::fmt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::Deserialize;
+
+use super::budget::MIN_LIMIT;
 use serde::de::{self, Deserializer, Visitor};
 
 /// `[journal]`: whether runs are recorded on disk, where, for how long and how writes are
@@ -15,8 +17,9 @@ pub struct JournalConfig {
     /// `false` keeps nothing: only open runs are known, as before the journal existed.
     pub enabled: bool,
     /// The SQLite database file; its directory is created if missing. `-wal`, `-shm` and
-    /// `.lock` files sit beside it.
-    pub path: PathBuf,
+    /// `.lock` files sit beside it. When not set, `journal.sqlite3` in the edge's data
+    /// directory (`[edge] data_dir`, `--data-dir`).
+    pub path: Option<PathBuf>,
     /// Events kept per run; the terminal event is always kept, even past the cap.
     pub max_events_per_run: u64,
     /// Finished runs older than this are removed; `0` keeps them regardless of age.
@@ -38,7 +41,7 @@ impl Default for JournalConfig {
     fn default() -> Self {
         Self {
             enabled: true,
-            path: PathBuf::from("data/journal.sqlite3"),
+            path: None,
             max_events_per_run: 10_000,
             retention_max_age: HumanDuration(Duration::from_secs(7 * 86_400)),
             retention_max_bytes: 1 << 30,
@@ -61,10 +64,25 @@ impl JournalConfig {
                 problems.push(format!("`{key}` must be at least 1"));
             }
         }
-        if self.enabled && self.path.as_os_str().is_empty() {
-            problems.push("`journal.path` must not be empty".to_owned());
+        if self.path.as_ref().is_some_and(|p| p.as_os_str().is_empty()) {
+            problems.push(
+                "`journal.path` must not be empty (leave it out for the data directory)".to_owned(),
+            );
+        }
+        let limit = self.retention_max_bytes;
+        if limit != 0 && limit < MIN_LIMIT {
+            problems.push(format!(
+                "`journal.retention_max_bytes` = {limit} leaves no room to work in: it must be 0 (no limit) or at least {MIN_LIMIT} (4 MiB)"
+            ));
         }
         problems
+    }
+
+    /// The database file: `path`, or `journal.sqlite3` in `data_dir`.
+    pub fn file(&self, data_dir: &Path) -> PathBuf {
+        self.path
+            .clone()
+            .unwrap_or_else(|| data_dir.join("journal.sqlite3"))
     }
 
     /// `batch_linger_ms` as a duration.

@@ -5,7 +5,10 @@
 //! (`writer.rs`) and applies retention (`retention.rs`); the management API reads on
 //! read-only connections (`reader.rs`). Nothing here is on the relay's path but a push.
 
+mod batch;
+mod budget;
 pub mod config;
+mod packed;
 mod plan;
 mod queue;
 mod reader;
@@ -16,6 +19,7 @@ mod sqlite;
 mod tests;
 mod writer;
 
+use std::path::Path;
 use std::sync::Arc;
 
 pub use config::{HumanDuration, JournalConfig};
@@ -24,13 +28,14 @@ pub use sqlite::SqliteJournal;
 
 use crate::ports::{NoopJournal, RunJournal};
 
-/// The journal `config` asks for: SQLite when enabled, else one that keeps nothing.
+/// The journal `config` asks for: SQLite in `file` when enabled, else one that keeps
+/// nothing.
 ///
 /// # Errors
 /// [`OpenError`] when the enabled journal's file cannot be used.
-pub fn open_journal(config: &JournalConfig) -> Result<Arc<dyn RunJournal>, OpenError> {
+pub fn open_journal(config: &JournalConfig, file: &Path) -> Result<Arc<dyn RunJournal>, OpenError> {
     if config.enabled {
-        Ok(Arc::new(SqliteJournal::open(config)?))
+        Ok(Arc::new(SqliteJournal::open(config, file)?))
     } else {
         Ok(Arc::new(NoopJournal))
     }

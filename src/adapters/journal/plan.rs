@@ -4,14 +4,15 @@
 //! run and per event small, so on a machine with few cores the journal takes little CPU
 //! from the relay.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 
+use rusqlite::types::{ToSqlOutput, ValueRef};
 use rusqlite::{OptionalExtension, Transaction, params};
 
+use super::batch::{Chunk, Finish, Queued};
 use super::writer::to_sql;
-use crate::adapters::event_format::write_json_line;
-use crate::domain::{AcceptedRun, Attempt, RunEventKind, RunId, RunOutcome, Usage};
-use crate::ports::JournalEntry;
+use crate::domain::{AcceptedRun, Attempt, RunId, RunOutcome, Usage};
 
 /// What the writer knows of a run the file holds as open.
 #[derive(Debug, Clone, Copy)]
@@ -21,104 +22,78 @@ pub(super) struct OpenRun {
     pub(super) stored: u64,
 }
 
-/// A run's end, as its terminal event says.
-struct Finish {
-    outcome: RunOutcome,
-    at_ms: u64,
-    events: u64,
-    code: Option<String>,
-    message: Option<String>,
-    finish_reason: Option<String>,
-    usage: Option<Usage>,
-}
-
-/// Consecutive events of one run.
-struct Chunk {
-    first_idx: u64,
-    count: u64,
-    json: String,
-}
-
-/// Everything one batch does to one run.
-struct RunWrite {
+/// Everything one batch does to one run, borrowed from the batch (which the writer keeps
+/// until the transaction commits, to try again after making room).
+struct RunWrite<'a> {
     seq: i64,
     stored_before: u64,
-    insert: Option<Box<AcceptedRun>>,
-    attempts: Vec<Attempt>,
-    chunks: Vec<Chunk>,
+    insert: Option<&'a AcceptedRun>,
+    attempts: Vec<&'a Attempt>,
+    chunks: Vec<&'a Chunk>,
     first_output_ms: Option<u64>,
-    finish: Option<Finish>,
+    finish: Option<&'a Finish>,
 }
 
 /// A batch grouped by run, in first-seen order.
 #[derive(Default)]
-pub(super) struct Plan {
-    order: Vec<RunId>,
-    runs: HashMap<RunId, RunWrite>,
+pub(super) struct Plan<'a> {
+    order: Vec<&'a RunId>,
+    runs: HashMap<&'a RunId, RunWrite<'a>>,
 }
 
-impl Plan {
+impl<'a> Plan<'a> {
     /// Groups `batch`; `open` is updated as runs are accepted and end, `next_seq` numbers
     /// new runs. Entries of runs the file does not hold are skipped.
     pub(super) fn of(
         tx: &Transaction<'_>,
-        batch: Vec<JournalEntry>,
+        batch: &'a [Queued],
         open: &mut HashMap<RunId, OpenRun>,
         next_seq: &mut i64,
-    ) -> rusqlite::Result<Plan> {
+    ) -> rusqlite::Result<Self> {
         let mut plan = Plan::default();
         for entry in batch {
-            let run_id = match &entry {
-                JournalEntry::Accepted(run) => run.run_id.clone(),
-                JournalEntry::Placed { run_id, .. } => run_id.clone(),
-                JournalEntry::Event { event, .. } => event.run_id.clone(),
-            };
-            if let JournalEntry::Accepted(run) = entry {
+            let run_id = entry.run_id();
+            if let Queued::Accepted(run) = entry {
                 let seq = *next_seq;
                 *next_seq += 1;
                 open.insert(run_id.clone(), OpenRun { seq, stored: 0 });
-                plan.write(&run_id, OpenRun { seq, stored: 0 }).insert = Some(run);
+                plan.write(run_id, OpenRun { seq, stored: 0 }).insert = Some(run);
                 continue;
             }
-            let Some(known) = known(tx, open, &run_id)? else {
+            let Some(known) = known(tx, open, run_id)? else {
                 continue;
             };
-            let write = plan.write(&run_id, known);
+            let write = plan.write(run_id, known);
             match entry {
-                JournalEntry::Placed { attempt, .. } => write.attempts.push(attempt),
-                JournalEntry::Event {
-                    index,
-                    at_ms,
-                    event,
-                    first_output,
-                } => {
-                    write.add_event(index, &event);
-                    if first_output {
+                Queued::Placed { attempt, .. } => write.attempts.push(attempt),
+                Queued::Events(events) => {
+                    write.chunks.extend(&events.chunks);
+                    if let Some(at_ms) = events.first_output_ms {
                         write.first_output_ms.get_or_insert(at_ms);
                     }
-                    if let Some(finish) = finish_of(&event.kind, index + 1, at_ms) {
+                    if let Some(finish) = &events.finish {
                         write.finish = Some(finish);
-                        open.remove(&run_id);
+                        open.remove(run_id);
                     }
                 }
-                JournalEntry::Accepted(_) => {}
+                Queued::Accepted(_) => {}
             }
         }
         Ok(plan)
     }
 
-    fn write(&mut self, run_id: &RunId, known: OpenRun) -> &mut RunWrite {
-        if !self.runs.contains_key(run_id) {
-            self.order.push(run_id.clone());
-        }
-        self.runs.entry(run_id.clone()).or_insert_with(|| RunWrite {
-            seq: known.seq,
-            stored_before: known.stored,
-            insert: None,
-            attempts: Vec::new(),
-            chunks: Vec::new(),
-            first_output_ms: None,
-            finish: None,
+    fn write(&mut self, run_id: &'a RunId, known: OpenRun) -> &mut RunWrite<'a> {
+        self.runs.entry(run_id).or_insert_with(|| {
+            self.order.push(run_id);
+            RunWrite {
+                seq: known.seq,
+                stored_before: known.stored,
+                insert: None,
+                attempts: Vec::new(),
+                chunks: Vec::new(),
+                first_output_ms: None,
+                finish: None,
+            }
         })
     }
 
@@ -130,11 +105,11 @@ impl Plan {
     ) -> rusqlite::Result<()> {
         let Plan { order, mut runs } = self;
         for run_id in order {
-            let Some(write) = runs.remove(&run_id) else {
+            let Some(write) = runs.remove(run_id) else {
                 continue;
             };
             let stored = write.apply(tx)?;
-            if let Some(known) = open.get_mut(&run_id) {
+            if let Some(known) = open.get_mut(run_id) {
                 known.stored = stored;
             }
         }
@@ -161,70 +136,65 @@ fn known(
         .optional()
 }
 
-fn finish_of(kind: &RunEventKind, events: u64, at_ms: u64) -> Option<Finish> {
-    let outcome = RunOutcome::of_event(kind)?;
-    let mut finish = Finish {
-        outcome,
-        at_ms,
-        events,
-        code: None,
-        message: None,
-        finish_reason: None,
-        usage: None,
-    };
-    match kind {
-        RunEventKind::Completed {
-            finish_reason,
-            usage,
-        } => {
-            finish.finish_reason = Some(finish_reason.clone());
-            finish.usage = *usage;
-        }
-        RunEventKind::Failed { code, message, .. } => {
-            finish.code = Some(code.clone());
-            finish.message = Some(message.clone());
-        }
-        RunEventKind::Cancelled { reason } => finish.message = Some(reason.clone()),
-        RunEventKind::Started | RunEventKind::Output { .. } => {}
-    }
-    Some(finish)
+/// Consecutive chunks of a run joined: where they start, how many events, their bytes.
+struct Joined<'a> {
+    first_idx: u64,
+    count: u64,
+    bytes: Cow<'a, [u8]>,
 }
 
-impl RunWrite {
-    /// Adds event `index` as the file sink's JSON line, to the open chunk when it follows
-    /// on, else to a new one.
-    fn add_event(&mut self, index: u64, event: &crate::domain::RunEvent) {
-        let mut line = Vec::with_capacity(128);
-        write_json_line(event, &mut line);
-        while line.last() == Some(&b'\n') {
-            line.pop();
-        }
-        let line = String::from_utf8_lossy(&line);
-        match self.chunks.last_mut() {
-            Some(chunk) if chunk.first_idx + chunk.count == index => {
-                chunk.json.push('\n');
-                chunk.json.push_str(&line);
-                chunk.count += 1;
+/// `chunks` with each run of consecutive ones joined into one (a packed chunk says its node
+/// and numbering again at its start, so two back to back read as one).
+fn joined<'a>(chunks: &[&'a Chunk]) -> Vec<Joined<'a>> {
+    let mut out: Vec<Joined<'a>> = Vec::with_capacity(chunks.len());
+    for chunk in chunks {
+        match out.last_mut() {
+            Some(last) if last.first_idx + last.count == chunk.first_idx => {
+                last.bytes.to_mut().extend_from_slice(chunk.packed.bytes());
+                last.count += chunk.count;
             }
-            _ => self.chunks.push(Chunk {
-                first_idx: index,
-                count: 1,
-                json: line.into_owned(),
+            _ => out.push(Joined {
+                first_idx: chunk.first_idx,
+                count: chunk.count,
+                bytes: Cow::Borrowed(chunk.packed.bytes()),
             }),
         }
     }
+    out
+}
 
+/// What of a new run goes into its own row: its first attempt and its first events, when
+/// the batch that accepts it holds them — for most runs, all of them, so a run costs one
+/// row.
+struct Inline<'a> {
+    attempt: Option<&'a Attempt>,
+    events: Option<Joined<'a>>,
+}
+
+impl RunWrite<'_> {
     /// Writes the run's rows; returns how many of its events are stored now.
     fn apply(self, tx: &Transaction<'_>) -> rusqlite::Result<u64> {
-        let mut stored = self.stored_before;
-        for chunk in &self.chunks {
+        let mut chunks = joined(&self.chunks).into_iter().peekable();
+        let mut attempts = self.attempts.iter().copied().peekable();
+        let inline = Inline {
+            attempt: attempts.next_if(|a| self.insert.is_some() && a.number == 1),
+            events: chunks.next_if(|c| self.insert.is_some() && c.first_idx == 0),
+        };
+        let mut stored = self.stored_before + inline.events.as_ref().map_or(0, |e| e.count);
+        for chunk in chunks {
             tx.prepare_cached(
-                "INSERT OR IGNORE INTO events (run_seq, first_idx, count, json) VALUES (?1, ?2, ?3, ?4)",
+                "INSERT OR IGNORE INTO events (run_seq, first_idx, count, json, packed)
+                 VALUES (?1, ?2, ?3, '', ?4)",
             )?
-            .execute(params![self.seq, to_sql(chunk.first_idx), to_sql(chunk.count), chunk.json])?;
+            .execute(params![
+                self.seq,
+                to_sql(chunk.first_idx),
+                to_sql(chunk.count),
+                chunk.bytes.as_ref()
+            ])?;
             stored += chunk.count;
         }
-        for attempt in &self.attempts {
+        for attempt in attempts {
             tx.prepare_cached(
                 "INSERT OR REPLACE INTO attempts (run_seq, number, node, route_reason, started_ms)
                  VALUES (?1, ?2, ?3, ?4, ?5)",
@@ -237,30 +207,27 @@ impl RunWrite {
                 to_sql(attempt.started_ms),
             ])?;
         }
-        match &self.insert {
-            Some(run) => insert_run(tx, self.seq, run, &self, stored)?,
+        match self.insert {
+            Some(run) => insert_run(tx, run, &self, stored, &inline)?,
             None => update_run(tx, &self, stored)?,
         }
         Ok(stored)
     }
 }
 
-/// The values of the columns a batch may set: outcome, times, codes, tokens, counts.
-fn finish_values(write: &RunWrite, stored: u64) -> [rusqlite::types::Value; 12] {
-    use rusqlite::types::Value;
-    let text = |v: Option<&String>| v.map_or(Value::Null, |t| Value::Text(t.clone()));
-    let int = |v: Option<u64>| v.map_or(Value::Null, |n| Value::Integer(to_sql(n)));
-    let finish = write.finish.as_ref();
+/// The values of the columns a batch may set: outcome, times, codes, tokens, counts —
+/// borrowed from the batch, so binding them allocates nothing.
+fn finish_values<'a>(write: &RunWrite<'a>, stored: u64) -> [ValueRef<'a>; 12] {
+    let text = |v: Option<&'a String>| v.map_or(ValueRef::Null, |t| ValueRef::Text(t.as_bytes()));
+    let int = |v: Option<u64>| v.map_or(ValueRef::Null, |n| ValueRef::Integer(to_sql(n)));
+    let finish = write.finish;
     let usage = finish.and_then(|f| f.usage);
-    let token =
-        |read: fn(&Usage) -> u32| usage.map_or(Value::Null, |u| Value::Integer(read(&u).into()));
+    let token = |read: fn(&Usage) -> u32| {
+        usage.map_or(ValueRef::Null, |u| ValueRef::Integer(read(&u).into()))
+    };
+    let outcome = finish.map_or(RunOutcome::Open, |f| f.outcome).as_str();
     [
-        Value::Text(
-            finish
-                .map_or(RunOutcome::Open, |f| f.outcome)
-                .as_str()
-                .to_owned(),
-        ),
+        ValueRef::Text(outcome.as_bytes()),
         int(write.first_output_ms),
         int(finish.map(|f| f.at_ms)),
         text(finish.and_then(|f| f.code.as_ref())),
@@ -271,38 +238,49 @@ fn finish_values(write: &RunWrite, stored: u64) -> [rusqlite::types::Value; 12] 
         token(|u| u.cached_input_tokens),
         token(|u| u.reasoning_tokens),
         int(finish.map(|f| f.events)),
-        Value::Integer(to_sql(stored)),
+        ValueRef::Integer(to_sql(stored)),
     ]
 }
 
-fn insert_run(
+fn insert_run<'a>(
     tx: &Transaction<'_>,
-    seq: i64,
-    run: &AcceptedRun,
-    write: &RunWrite,
+    run: &'a AcceptedRun,
+    write: &RunWrite<'a>,
     stored: u64,
+    inline: &'a Inline<'a>,
 ) -> rusqlite::Result<()> {
-    let mut values: Vec<rusqlite::types::Value> = vec![
-        seq.into(),
-        run.run_id.as_str().to_owned().into(),
-        run.adapter.as_str().to_owned().into(),
-        run.target.as_str().to_owned().into(),
-        run.operation.as_str().to_owned().into(),
-        run.pin.clone().into(),
-        run.api_key_name.clone().into(),
-        to_sql(run.queued_ms).into(),
-    ];
+    let text = |v: Option<&'a str>| v.map_or(ValueRef::Null, |t| ValueRef::Text(t.as_bytes()));
+    let attempt = inline.attempt;
+    let events = inline.events.as_ref();
+    let mut values: Vec<ValueRef<'a>> = Vec::with_capacity(25);
+    values.extend([
+        ValueRef::Integer(write.seq),
+        ValueRef::Text(run.run_id.as_str().as_bytes()),
+        ValueRef::Text(run.adapter.as_str().as_bytes()),
+        ValueRef::Text(run.target.as_str().as_bytes()),
+        ValueRef::Text(run.operation.as_str().as_bytes()),
+        text(run.pin.as_deref()),
+        text(run.api_key_name.as_deref()),
+        ValueRef::Integer(to_sql(run.queued_ms)),
+        text(attempt.map(|a| a.node.as_str())),
+        text(attempt.map(|a| a.route_reason.as_str())),
+        attempt.map_or(ValueRef::Null, |a| ValueRef::Integer(to_sql(a.started_ms))),
+        events.map_or(ValueRef::Null, |e| ValueRef::Blob(&e.bytes)),
+        ValueRef::Integer(to_sql(events.map_or(0, |e| e.count))),
+    ]);
     values.extend(finish_values(write, stored));
-    if matches!(values.get(18), Some(rusqlite::types::Value::Null)) {
-        values[18] = 0i64.into();
+    if matches!(values.get(23), Some(ValueRef::Null)) {
+        values[23] = ValueRef::Integer(0);
     }
     tx.prepare_cached(
         "INSERT OR IGNORE INTO runs (seq, run_id, adapter, target, operation, pin, api_key_name,
-            queued_ms, outcome, first_output_ms, finished_ms, code, message, finish_reason,
+            queued_ms, node, route_reason, started_ms, events_inline, events_inline_count,
+            outcome, first_output_ms, finished_ms, code, message, finish_reason,
             input_tokens, output_tokens, cached_input_tokens, reasoning_tokens, events, events_stored)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20)",
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18,
+            ?19, ?20, ?21, ?22, ?23, ?24, ?25)",
     )?
-    .execute(rusqlite::params_from_iter(values))?;
+    .execute(rusqlite::params_from_iter(values.into_iter().map(ToSqlOutput::Borrowed)))?;
     Ok(())
 }
 
@@ -316,7 +294,7 @@ fn update_run(tx: &Transaction<'_>, write: &RunWrite, stored: u64) -> rusqlite::
         }
         return Ok(());
     }
-    let mut values: Vec<rusqlite::types::Value> = vec![write.seq.into()];
+    let mut values = vec![ValueRef::Integer(write.seq)];
     values.extend(finish_values(write, stored));
     tx.prepare_cached(
         "UPDATE runs SET outcome = ?2, first_output_ms = coalesce(first_output_ms, ?3),
@@ -325,6 +303,8 @@ fn update_run(tx: &Transaction<'_>, write: &RunWrite, stored: u64) -> rusqlite::
             events = ?12, events_stored = ?13
          WHERE seq = ?1",
     )?
-    .execute(rusqlite::params_from_iter(values))?;
+    .execute(rusqlite::params_from_iter(
+        values.into_iter().map(ToSqlOutput::Borrowed),
+    ))?;
     Ok(())
 }

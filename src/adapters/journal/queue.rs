@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use crate::ports::JournalEntry;
+use super::batch::Queued;
 
 /// The queue between the relay and the writer thread.
 pub(super) struct EntryQueue {
@@ -28,18 +28,20 @@ pub(super) struct EntryQueue {
 }
 
 struct State {
-    entries: VecDeque<JournalEntry>,
+    entries: VecDeque<Queued>,
     /// Entries ever admitted; the n-th admitted entry is done once `done` ≥ n.
     admitted: u64,
     /// The writer waits on `wake` for an empty queue to fill.
     parked: bool,
+    /// A flush is waiting: the writer writes what is queued without lingering.
+    urgent: bool,
     closed: bool,
 }
 
 /// What the writer got from [`EntryQueue::take`].
 pub(super) enum Taken {
     /// Write these.
-    Batch(Vec<JournalEntry>),
+    Batch(Vec<Queued>),
     /// Nothing arrived in time; do periodic work and come back.
     Idle,
     /// The queue is closed and empty: stop.
@@ -53,6 +55,7 @@ impl EntryQueue {
                 entries: VecDeque::new(),
                 admitted: 0,
                 parked: false,
+                urgent: false,
                 closed: false,
             }),
             wake: Condvar::new(),
@@ -68,12 +71,12 @@ impl EntryQueue {
     }
 
     /// Admits `entry` unless the queue is full and it may be left out; never waits.
-    pub(super) fn push(&self, entry: JournalEntry) {
+    pub(super) fn push(&self, entry: Queued) {
         let mut state = self.lock();
         if state.closed {
             return;
         }
-        if state.entries.len() >= self.capacity && droppable(&entry) {
+        if state.entries.len() >= self.capacity && entry.droppable() {
             drop(state);
             self.dropped_full.fetch_add(1, Ordering::Relaxed);
             return;
@@ -108,6 +111,19 @@ impl EntryQueue {
         Taken::Batch(state.entries.drain(..count).collect())
     }
 
+    /// Waits up to `linger` for more entries to gather, unless a flush is waiting (or
+    /// comes) or the queue closes.
+    pub(super) fn linger(&self, linger: Duration) {
+        // Not `parked`: entries arriving meanwhile are what lingering waits for, and need
+        // not wake it.
+        let state = self.lock();
+        let mut state = self
+            .wake
+            .wait_timeout_while(state, linger, |s| !s.urgent && !s.closed)
+            .map_or_else(|p| p.into_inner().0, |(s, _)| s);
+        state.urgent = false;
+    }
+
     /// Entries waiting.
     pub(super) fn depth(&self) -> usize {
         self.lock().entries.len()
@@ -120,7 +136,12 @@ impl EntryQueue {
 
     /// Waits until every entry admitted before the call is done, or the writer is gone.
     pub(super) async fn flush(&self) {
-        let target = self.lock().admitted;
+        let target = {
+            let mut state = self.lock();
+            state.urgent = true;
+            self.wake.notify_one();
+            state.admitted
+        };
         let mut done = self.done.subscribe();
         let _ = done.wait_for(|d| *d >= target).await;
     }
@@ -138,42 +159,34 @@ impl EntryQueue {
     }
 }
 
-/// Whether an entry may be left out under overload: only events that neither end a run nor
-/// are its first output.
-fn droppable(entry: &JournalEntry) -> bool {
-    match entry {
-        JournalEntry::Event {
-            event,
-            first_output,
-            ..
-        } => !first_output && !event.kind.is_terminal(),
-        JournalEntry::Accepted(_) | JournalEntry::Placed { .. } => false,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
 
     use super::*;
     use crate::domain::{AdapterName, EventOrigin, RunEvent, RunEventKind, RunId, Target};
+    use crate::ports::{JournalEntry, RelayedEvent};
 
-    fn event(kind: RunEventKind) -> JournalEntry {
-        JournalEntry::Event {
-            index: 0,
-            at_ms: 0,
-            first_output: false,
-            event: Arc::new(RunEvent {
-                run_id: RunId::new("r"),
-                node: None,
-                adapter: AdapterName::parse("echo").unwrap(),
-                target: Target::parse("default").unwrap(),
-                seq: 1,
-                origin: EventOrigin::Node,
-                kind,
-                route: None,
-            }),
-        }
+    fn event(kind: RunEventKind) -> Queued {
+        let entry = JournalEntry::Events {
+            run_id: RunId::new("r"),
+            events: vec![RelayedEvent {
+                index: 0,
+                at_ms: 0,
+                first_output: false,
+                event: Arc::new(RunEvent {
+                    run_id: RunId::new("r"),
+                    node: None,
+                    adapter: AdapterName::parse("echo").unwrap(),
+                    target: Target::parse("default").unwrap(),
+                    seq: 1,
+                    origin: EventOrigin::Node,
+                    kind,
+                    route: None,
+                }),
+            }],
+        };
+        Queued::of(entry, u64::MAX).0.unwrap()
     }
 
     #[test]

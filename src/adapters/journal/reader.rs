@@ -8,6 +8,7 @@ use std::sync::Mutex;
 use rusqlite::types::Value;
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
+use super::packed::{RunIdentity, unpack};
 use super::schema::open_reader;
 use super::writer::to_sql;
 use crate::domain::{
@@ -21,7 +22,8 @@ const POOL_SIZE: usize = 4;
 
 const RUN_COLUMNS: &str = "seq, run_id, adapter, target, operation, pin, api_key_name, queued_ms,
     first_output_ms, finished_ms, outcome, code, message, finish_reason, input_tokens,
-    output_tokens, cached_input_tokens, reasoning_tokens, events, events_stored";
+    output_tokens, cached_input_tokens, reasoning_tokens, events, events_stored, node,
+    route_reason, started_ms";
 
 /// Read connections to one journal file.
 pub(super) struct Reader {
@@ -90,31 +92,70 @@ impl Reader {
         limit: usize,
     ) -> Result<Vec<StoredEvent>, JournalError> {
         self.with(|conn| {
-            let mut statement = conn.prepare_cached(
-                "SELECT e.first_idx, e.json FROM events e JOIN runs r ON r.seq = e.run_seq
-                 WHERE r.run_id = ?1 AND e.first_idx + e.count > ?2 ORDER BY e.first_idx",
-            )?;
-            let mut rows = statement.query(params![id.as_str(), to_sql(from)])?;
+            let found = conn
+                .prepare_cached(
+                    "SELECT seq, adapter, target, events_inline FROM runs WHERE run_id = ?1",
+                )?
+                .query_row([id.as_str()], |row| {
+                    let identity = identity(id, row.get(1)?, row.get(2)?)?;
+                    let inline: Option<Vec<u8>> = row.get(3)?;
+                    Ok((row.get::<_, i64>(0)?, identity, inline))
+                })
+                .optional()?;
+            let Some((seq, run, inline)) = found else {
+                return Ok(Vec::new());
+            };
             let mut events = Vec::new();
+            let keep = |lines: Vec<String>, first: u64, events: &mut Vec<StoredEvent>| {
+                let room = limit.saturating_sub(events.len());
+                events.extend(
+                    lines
+                        .into_iter()
+                        .zip(first..)
+                        .filter(|(_, index)| *index >= from)
+                        .take(room)
+                        .map(|(json, index)| StoredEvent { index, json }),
+                );
+            };
+            if let Some(packed) = inline {
+                keep(unpack_row(&packed, &run)?, 0, &mut events);
+            }
+            let mut statement = conn.prepare_cached(
+                "SELECT first_idx, json, packed FROM events
+                 WHERE run_seq = ?1 AND first_idx + count > ?2 ORDER BY first_idx",
+            )?;
+            let mut rows = statement.query(params![seq, to_sql(from)])?;
             while events.len() < limit
                 && let Some(row) = rows.next()?
             {
-                let first: i64 = row.get(0)?;
-                let json: String = row.get(1)?;
-                let lines = json.split('\n').zip(from_sql(first)..);
-                events.extend(
-                    lines
-                        .filter(|(_, index)| *index >= from)
-                        .take(limit - events.len())
-                        .map(|(line, index)| StoredEvent {
-                            index,
-                            json: line.to_owned(),
-                        }),
-                );
+                let first = from_sql(row.get(0)?);
+                let lines = match row.get_ref(2)?.as_blob_or_null()? {
+                    Some(packed) => unpack_row(packed, &run)?,
+                    None => row
+                        .get::<_, String>(1)?
+                        .split('\n')
+                        .map(str::to_owned)
+                        .collect(),
+                };
+                keep(lines, first, &mut events);
             }
             Ok(events)
         })
     }
+}
+
+/// What every event of run `id` shares, from its row's adapter and target.
+fn identity(id: &RunId, adapter: String, target: String) -> rusqlite::Result<RunIdentity> {
+    Ok(RunIdentity {
+        run_id: id.clone(),
+        adapter: AdapterName::parse(&adapter).map_err(|_| bad_row("adapter", &adapter))?,
+        target: Target::parse(&target).map_err(|_| bad_row("target", &target))?,
+    })
+}
+
+/// The JSON lines of packed events (schema 2).
+fn unpack_row(packed: &[u8], run: &RunIdentity) -> rusqlite::Result<Vec<String>> {
+    unpack(packed, run).map_err(|damaged| bad_row("events", &damaged.to_string()))
 }
 
 fn storage(error: rusqlite::Error) -> JournalError {
@@ -142,8 +183,11 @@ fn listing_sql(query: &RunQuery) -> (String, Vec<Value>) {
         filter(" AND queued_ms >= ?", to_sql(since).into());
     }
     if let Some(node) = &query.node {
+        // A run's first attempt is in its own row, later ones (and, in files of schema 1,
+        // every one) in `attempts`.
+        filter(" AND (node = ?", node.as_str().to_owned().into());
         filter(
-            " AND seq IN (SELECT run_seq FROM attempts WHERE node = ?)",
+            " OR seq IN (SELECT run_seq FROM attempts WHERE node = ?))",
             node.as_str().to_owned().into(),
         );
     }
@@ -198,9 +242,19 @@ fn read_run(row: &Row<'_>) -> rusqlite::Result<(i64, RunRecord)> {
         }),
         _ => None,
     };
+    let node: Option<String> = row.get(20)?;
+    let inline_attempt = match node {
+        Some(node) => vec![Attempt {
+            number: 1,
+            node: NodeId::parse(&node).map_err(|_| bad_row("node", &node))?,
+            route_reason: row.get::<_, Option<String>>(21)?.unwrap_or_default(),
+            started_ms: time(22)?.unwrap_or(0),
+        }],
+        None => Vec::new(),
+    };
     let record = RunRecord {
         accepted,
-        attempts: Vec::new(),
+        attempts: inline_attempt,
         first_output_ms: time(8)?,
         finished_ms: time(9)?,
         outcome: RunOutcome::parse(&outcome).ok_or_else(|| bad_row("outcome", &outcome))?,
@@ -228,7 +282,10 @@ fn with_attempts(conn: &Connection, seq: i64, mut run: RunRecord) -> rusqlite::R
             started_ms: from_sql(row.get(3)?),
         })
     })?;
-    run.attempts = rows.collect::<rusqlite::Result<_>>()?;
+    for attempt in rows {
+        run.attempts.push(attempt?);
+    }
+    run.attempts.sort_by_key(|a| a.number);
     Ok(run)
 }
 

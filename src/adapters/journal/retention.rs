@@ -1,7 +1,8 @@
-//! Retention: finished runs older than `retention_max_age` are removed, and while the data
-//! is larger than `retention_max_bytes` the oldest finished runs go first. Open runs are
-//! never removed. Work is done in chunks, each its own transaction, between write batches,
-//! so retention never holds up the relay's entries for long.
+//! Retention: finished runs older than `retention_max_age` are removed, and when the data
+//! nears its share of `retention_max_bytes` the oldest finished runs go first, down to a
+//! lower mark (`budget.rs` sets both). Open runs are never removed. Work is done in chunks, each its
+//! own transaction, between write batches, so retention never holds up the relay's entries
+//! for long.
 
 use std::time::Duration;
 
@@ -18,11 +19,10 @@ const CHUNK: usize = 500;
 pub(super) struct Retention {
     /// Finished runs older than this are removed; zero for no age limit.
     pub(super) max_age: Duration,
-    /// The oldest finished runs are removed while the data is larger; 0 for no limit.
-    pub(super) max_bytes: u64,
 }
 
-/// Removes one chunk of runs that retention no longer keeps; returns how many.
+/// Removes one chunk of runs that retention no longer keeps — too old, or the oldest while
+/// the pages in use are over `size_target` — and returns how many.
 ///
 /// # Errors
 /// What SQLite reported; nothing of the chunk is removed then.
@@ -30,6 +30,7 @@ pub(super) fn retention_chunk(
     conn: &mut Connection,
     retention: &Retention,
     now_ms: u64,
+    size_target: Option<u64>,
 ) -> rusqlite::Result<usize> {
     let mut seqs = Vec::new();
     if !retention.max_age.is_zero() {
@@ -42,10 +43,10 @@ pub(super) fn retention_chunk(
             &[CHUNK as i64, cutoff],
         )?;
     }
-    if seqs.is_empty() && retention.max_bytes > 0 {
+    if let Some(target) = size_target.filter(|_| seqs.is_empty()) {
         let used = used_bytes(conn)?;
-        if used > retention.max_bytes {
-            let count = over_size(conn, used, retention.max_bytes)?;
+        if used > target {
+            let count = over_size(conn, used, target)?;
             seqs = select(
                 conn,
                 "SELECT seq FROM runs WHERE outcome != 'open' ORDER BY seq LIMIT ?1",

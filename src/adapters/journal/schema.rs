@@ -6,25 +6,27 @@
 //! pages); a power cut may lose the last few commits but never leaves the file corrupt.
 //! `auto_vacuum = INCREMENTAL` lets retention hand freed pages back to the file system.
 //!
-//! Events are stored in chunks: the consecutive events of one run that one write batch
-//! holds are one row (`first_idx`, `count`, the JSON lines joined by `\n`), so a run that
-//! streams many events costs a few inserts rather than one per event.
+//! A run's row holds its first attempt (`node`, `route_reason`, `started_ms`) and its first
+//! events (`events_inline`, packed as `packed.rs` says) when the batch that accepts it has
+//! them — for most runs everything, so a run costs one row and no other table is touched.
+//! What comes in later batches goes to `attempts` and to `events`, where the consecutive
+//! events of one run that one batch holds are one row (`first_idx`, `count`, `packed`).
+//! Files of schema 1 kept attempts in `attempts` only and events as JSON lines joined by
+//! `\n` in `events.json`; they are read as they are, and gain the new columns.
 
 use std::path::Path;
 use std::time::Duration;
 
 use rusqlite::{Connection, OpenFlags};
 
+use super::budget::Budget;
 use crate::domain::EDGE_CRASHED;
 
 /// The schema this code writes; a file with a newer one is refused.
-const SCHEMA_VERSION: i64 = 1;
+const SCHEMA_VERSION: i64 = 2;
 
 /// How long a connection waits for another's lock (a checkpoint, a backup) before failing.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// The WAL is truncated to this size after a checkpoint, so it cannot keep a burst's size.
-const WAL_SIZE_LIMIT: i64 = 64 * 1024 * 1024;
 
 const TABLES: &str = "
 CREATE TABLE IF NOT EXISTS runs (
@@ -36,6 +38,11 @@ CREATE TABLE IF NOT EXISTS runs (
     pin TEXT,
     api_key_name TEXT,
     queued_ms INTEGER NOT NULL,
+    node TEXT,
+    route_reason TEXT,
+    started_ms INTEGER,
+    events_inline BLOB,
+    events_inline_count INTEGER NOT NULL DEFAULT 0,
     first_output_ms INTEGER,
     finished_ms INTEGER,
     outcome TEXT NOT NULL,
@@ -51,6 +58,7 @@ CREATE TABLE IF NOT EXISTS runs (
 );
 CREATE INDEX IF NOT EXISTS runs_by_queued ON runs (queued_ms, run_id);
 CREATE INDEX IF NOT EXISTS runs_open ON runs (outcome) WHERE outcome = 'open';
+CREATE INDEX IF NOT EXISTS runs_by_node ON runs (node, queued_ms) WHERE node IS NOT NULL;
 CREATE TABLE IF NOT EXISTS attempts (
     run_seq INTEGER NOT NULL,
     number INTEGER NOT NULL,
@@ -65,8 +73,20 @@ CREATE TABLE IF NOT EXISTS events (
     first_idx INTEGER NOT NULL,
     count INTEGER NOT NULL,
     json TEXT NOT NULL,
+    packed BLOB,
     PRIMARY KEY (run_seq, first_idx)
 ) WITHOUT ROWID;
+";
+
+/// What schema 2 adds to a file of schema 1: packed events, and a run's first attempt and
+/// first events in its own row.
+const SCHEMA_1_TO_2: &str = "
+ALTER TABLE events ADD COLUMN packed BLOB;
+ALTER TABLE runs ADD COLUMN node TEXT;
+ALTER TABLE runs ADD COLUMN route_reason TEXT;
+ALTER TABLE runs ADD COLUMN started_ms INTEGER;
+ALTER TABLE runs ADD COLUMN events_inline BLOB;
+ALTER TABLE runs ADD COLUMN events_inline_count INTEGER NOT NULL DEFAULT 0;
 ";
 
 /// Why the journal's file cannot be used.
@@ -112,7 +132,10 @@ pub enum OpenError {
 ///
 /// # Errors
 /// [`OpenError`] naming the file.
-pub(super) fn open_writer(path: &Path) -> Result<(Connection, usize, i64), OpenError> {
+pub(super) fn open_writer(
+    path: &Path,
+    budget: &Budget,
+) -> Result<(Connection, usize, i64), OpenError> {
     let name = path.display().to_string();
     let sqlite = |source| OpenError::Sqlite {
         path: name.clone(),
@@ -127,13 +150,15 @@ pub(super) fn open_writer(path: &Path) -> Result<(Connection, usize, i64), OpenE
         .map_err(sqlite)?;
     conn.pragma_update(None, "synchronous", "NORMAL")
         .map_err(sqlite)?;
-    conn.pragma_update(None, "journal_size_limit", WAL_SIZE_LIMIT)
-        .map_err(sqlite)?;
+    budget.apply(&conn).map_err(sqlite)?;
     let found: i64 = conn
         .pragma_query_value(None, "user_version", |row| row.get(0))
         .map_err(sqlite)?;
     if found > SCHEMA_VERSION {
         return Err(OpenError::NewerSchema { path: name, found });
+    }
+    if found == 1 {
+        conn.execute_batch(SCHEMA_1_TO_2).map_err(sqlite)?;
     }
     conn.execute_batch(TABLES).map_err(sqlite)?;
     conn.pragma_update(None, "user_version", SCHEMA_VERSION)
@@ -161,8 +186,10 @@ fn mark_interrupted(conn: &Connection) -> rusqlite::Result<usize> {
     conn.execute(
         "UPDATE runs SET outcome = 'unknown', code = ?1,
             message = 'the edge stopped before this run ended; how it ended is not known',
-            events_stored = (SELECT coalesce(sum(count), 0) FROM events WHERE run_seq = runs.seq),
-            events = max(events, (SELECT coalesce(sum(count), 0) FROM events WHERE run_seq = runs.seq))
+            events_stored = events_inline_count
+                + (SELECT coalesce(sum(count), 0) FROM events WHERE run_seq = runs.seq),
+            events = max(events, events_inline_count
+                + (SELECT coalesce(sum(count), 0) FROM events WHERE run_seq = runs.seq))
          WHERE outcome = 'open'",
         [EDGE_CRASHED],
     )

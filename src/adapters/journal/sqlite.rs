@@ -10,6 +10,8 @@ use std::thread::JoinHandle;
 use async_trait::async_trait;
 use tracing::{info, warn};
 
+use super::batch::Queued;
+use super::budget::{Budget, Files};
 use super::config::JournalConfig;
 use super::queue::EntryQueue;
 use super::reader::Reader;
@@ -32,16 +34,17 @@ pub struct SqliteJournal {
 }
 
 impl SqliteJournal {
-    /// Opens (or creates) the journal at `config.path`, marks the runs a previous edge left
-    /// open as `unknown`/`edge_crashed`, and starts the writer thread.
+    /// Opens (or creates) the journal in `file`, marks the runs a previous edge left open
+    /// as `unknown`/`edge_crashed`, and starts the writer thread.
     ///
     /// # Errors
     /// [`OpenError`] naming the file: its directory cannot be created, another edge holds
     /// it, or SQLite cannot use it.
-    pub fn open(config: &JournalConfig) -> Result<Self, OpenError> {
-        let path = config.path.clone();
+    pub fn open(config: &JournalConfig, file: &Path) -> Result<Self, OpenError> {
+        let path = file.to_owned();
         let lock = lock_file(&path)?;
-        let (conn, marked, next_seq) = open_writer(&path)?;
+        let budget = Budget::of(config.retention_max_bytes);
+        let (conn, marked, next_seq) = open_writer(&path, &budget)?;
         if marked > 0 {
             warn!(runs = marked, path = %path.display(), "runs left open by an edge that stopped without ending them are marked unknown/edge_crashed");
         }
@@ -54,8 +57,10 @@ impl SqliteJournal {
             shared: Arc::clone(&shared),
             retention: Retention {
                 max_age: config.retention_max_age.0,
-                max_bytes: config.retention_max_bytes,
             },
+            budget,
+            files: Files::of(&path),
+            making_room: false,
             batch_max: config.batch_max.max(1),
             linger: config.batch_linger(),
             open: HashMap::new(),
@@ -119,14 +124,13 @@ impl RunJournal for SqliteJournal {
     }
 
     fn record(&self, entry: JournalEntry) {
-        if let JournalEntry::Event { index, event, .. } = &entry
-            && *index >= self.max_events_per_run
-            && !event.kind.is_terminal()
-        {
-            self.over_cap.fetch_add(1, Ordering::Relaxed);
-            return;
+        let (queued, over_cap) = Queued::of(entry, self.max_events_per_run);
+        if over_cap > 0 {
+            self.over_cap.fetch_add(over_cap, Ordering::Relaxed);
         }
-        self.queue.push(entry);
+        if let Some(queued) = queued {
+            self.queue.push(queued);
+        }
     }
 
     async fn flush(&self) {
@@ -159,6 +163,7 @@ impl RunJournal for SqliteJournal {
             written: self.shared.written.load(Ordering::Relaxed),
             events_over_cap: self.over_cap.load(Ordering::Relaxed),
             dropped_queue_full: self.queue.dropped_full.load(Ordering::Relaxed),
+            dropped_over_budget: self.shared.dropped_over_budget.load(Ordering::Relaxed),
             queue_depth: self.queue.depth() as u64,
             write_errors: self.shared.write_errors.load(Ordering::Relaxed),
             runs_expired: self.shared.runs_expired.load(Ordering::Relaxed),

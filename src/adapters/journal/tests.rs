@@ -8,7 +8,7 @@ use crate::domain::{
     AcceptedRun, AdapterName, Attempt, EdgeFailure, EventOrigin, NodeId, Operation, RunEvent,
     RunEventKind, RunId, RunOutcome, RunQuery, RunStateFilter, Target, Usage,
 };
-use crate::ports::{JournalEntry, RunJournal};
+use crate::ports::{JournalEntry, RelayedEvent, RunJournal};
 
 /// A time in the recent past, so the default retention keeps the runs.
 fn recent(ms: u64) -> u64 {
@@ -16,12 +16,16 @@ fn recent(ms: u64) -> u64 {
     *BASE + ms
 }
 
-fn config(dir: &tempfile::TempDir) -> JournalConfig {
+fn config(_dir: &tempfile::TempDir) -> JournalConfig {
     JournalConfig {
-        path: dir.path().join("j").join("journal.sqlite3"),
         batch_linger_ms: 0,
         ..JournalConfig::default()
     }
+}
+
+/// The journal's file in `dir`.
+fn file(dir: &tempfile::TempDir) -> std::path::PathBuf {
+    dir.path().join("j").join("journal.sqlite3")
 }
 
 fn accepted(id: &str, queued_ms: u64) -> JournalEntry {
@@ -49,7 +53,14 @@ fn placed(id: &str, node: &str) -> JournalEntry {
 }
 
 fn event(id: &str, index: u64, kind: RunEventKind) -> JournalEntry {
-    JournalEntry::Event {
+    JournalEntry::Events {
+        run_id: RunId::new(id),
+        events: vec![relayed(id, index, kind)],
+    }
+}
+
+fn relayed(id: &str, index: u64, kind: RunEventKind) -> RelayedEvent {
+    RelayedEvent {
         index,
         at_ms: recent(1_002 + index),
         first_output: index == 1,
@@ -85,7 +96,7 @@ fn whole_run(journal: &dyn RunJournal, id: &str, queued_ms: u64, node: &str) {
 #[tokio::test]
 async fn a_finished_run_reads_back_with_its_attempts_and_events() {
     let dir = tempfile::tempdir().unwrap();
-    let journal = SqliteJournal::open(&config(&dir)).unwrap();
+    let journal = SqliteJournal::open(&config(&dir), &file(&dir)).unwrap();
     whole_run(&journal, "r1", 1_000, "node-a");
     journal.flush().await;
     assert_eq!(journal.stats().write_errors, 0, "{:?}", journal.stats());
@@ -113,7 +124,7 @@ async fn a_finished_run_reads_back_with_its_attempts_and_events() {
 #[tokio::test]
 async fn listings_filter_and_page_newest_first_without_open_runs() {
     let dir = tempfile::tempdir().unwrap();
-    let journal = SqliteJournal::open(&config(&dir)).unwrap();
+    let journal = SqliteJournal::open(&config(&dir), &file(&dir)).unwrap();
     for i in 0..5u64 {
         let node = if i % 2 == 0 { "node-a" } else { "node-b" };
         whole_run(&journal, &format!("r{i}"), 1_000 + i, node);
@@ -156,10 +167,13 @@ async fn listings_filter_and_page_newest_first_without_open_runs() {
 #[tokio::test]
 async fn events_past_the_cap_are_left_out_but_the_ending_is_kept() {
     let dir = tempfile::tempdir().unwrap();
-    let journal = SqliteJournal::open(&JournalConfig {
-        max_events_per_run: 2,
-        ..config(&dir)
-    })
+    let journal = SqliteJournal::open(
+        &JournalConfig {
+            max_events_per_run: 2,
+            ..config(&dir)
+        },
+        &file(&dir),
+    )
     .unwrap();
     journal.record(accepted("r", 1));
     for i in 0..5 {
@@ -181,8 +195,8 @@ async fn events_past_the_cap_are_left_out_but_the_ending_is_kept() {
 #[tokio::test]
 async fn runs_left_open_are_unknown_after_reopening_and_a_second_edge_is_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let journal = SqliteJournal::open(&config(&dir)).unwrap();
-    let second = SqliteJournal::open(&config(&dir));
+    let journal = SqliteJournal::open(&config(&dir), &file(&dir)).unwrap();
+    let second = SqliteJournal::open(&config(&dir), &file(&dir));
     assert!(matches!(second, Err(OpenError::InUse { .. })));
     whole_run(&journal, "done", 1, "node-a");
     journal.record(accepted("midway", 2));
@@ -204,7 +218,7 @@ async fn runs_left_open_are_unknown_after_reopening_and_a_second_edge_is_refused
 async fn reopen(dir: &tempfile::TempDir) -> SqliteJournal {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
-        match SqliteJournal::open(&config(dir)) {
+        match SqliteJournal::open(&config(dir), &file(dir)) {
             Ok(journal) => return journal,
             Err(OpenError::InUse { .. }) if tokio::time::Instant::now() < deadline => {
                 tokio::time::sleep(Duration::from_millis(10)).await;
@@ -217,17 +231,20 @@ async fn reopen(dir: &tempfile::TempDir) -> SqliteJournal {
 #[tokio::test]
 async fn retention_removes_old_runs_when_the_journal_opens() {
     let dir = tempfile::tempdir().unwrap();
-    let journal = SqliteJournal::open(&config(&dir)).unwrap();
+    let journal = SqliteJournal::open(&config(&dir), &file(&dir)).unwrap();
     whole_run(&journal, "ancient", 1, "node-a");
     journal.record(accepted("open", 1));
     journal.flush().await;
     journal.close().await;
     drop(journal);
     // Retention runs when the journal opens.
-    let journal = SqliteJournal::open(&JournalConfig {
-        retention_max_age: HumanDuration(Duration::from_secs(1)),
-        ..config(&dir)
-    })
+    let journal = SqliteJournal::open(
+        &JournalConfig {
+            retention_max_age: HumanDuration(Duration::from_secs(1)),
+            ..config(&dir)
+        },
+        &file(&dir),
+    )
     .unwrap();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     while journal.run(&RunId::new("ancient")).await.unwrap().is_some() {
@@ -252,10 +269,13 @@ async fn retention_removes_old_runs_when_the_journal_opens() {
 
 #[tokio::test]
 async fn the_disabled_journal_keeps_nothing() {
-    let journal = open_journal(&JournalConfig {
-        enabled: false,
-        ..JournalConfig::default()
-    })
+    let journal = open_journal(
+        &JournalConfig {
+            enabled: false,
+            ..JournalConfig::default()
+        },
+        std::path::Path::new("never-created.sqlite3"),
+    )
     .unwrap();
     assert!(!journal.enabled());
     journal.record(accepted("r", 1));
@@ -266,7 +286,8 @@ async fn the_disabled_journal_keeps_nothing() {
 #[test]
 fn retention_by_size_removes_the_oldest_finished_runs_and_keeps_open_ones() {
     let dir = tempfile::tempdir().unwrap();
-    let (mut conn, _, _) = schema::open_writer(&dir.path().join("j.sqlite3")).unwrap();
+    let budget = budget::Budget::of(0);
+    let (mut conn, _, _) = schema::open_writer(&dir.path().join("j.sqlite3"), &budget).unwrap();
     let padding = "x".repeat(4_000);
     for seq in 1..=200i64 {
         let outcome = if seq == 1 { "open" } else { "completed" };
@@ -285,10 +306,11 @@ fn retention_by_size_removes_the_oldest_finished_runs_and_keeps_open_ones() {
     let before = schema::used_bytes(&conn).unwrap();
     let retention = retention::Retention {
         max_age: Duration::ZERO,
-        max_bytes: before / 2,
     };
     let mut removed = 0;
-    while let n @ 1.. = retention::retention_chunk(&mut conn, &retention, writer::now_ms()).unwrap()
+    let now = writer::now_ms();
+    while let n @ 1.. =
+        retention::retention_chunk(&mut conn, &retention, now, Some(before / 2)).unwrap()
     {
         removed += n;
     }
@@ -310,4 +332,154 @@ fn retention_by_size_removes_the_oldest_finished_runs_and_keeps_open_ones() {
         )
         .unwrap();
     assert_eq!(open, 1);
+}
+
+/// The journal's files in `dir`, added up.
+fn on_disk(dir: &tempfile::TempDir) -> u64 {
+    budget::Files::of(&file(dir)).total_bytes()
+}
+
+#[tokio::test]
+async fn a_flood_never_takes_more_disk_than_the_limit() {
+    const LIMIT: u64 = budget::MIN_LIMIT;
+    let dir = tempfile::tempdir().unwrap();
+    let journal = SqliteJournal::open(
+        &JournalConfig {
+            retention_max_bytes: LIMIT,
+            batch_max: 512,
+            ..config(&dir)
+        },
+        &file(&dir),
+    )
+    .unwrap();
+    // A run open through the whole flood, which retention must keep.
+    journal.record(accepted("held", 0));
+    journal.record(event("held", 0, RunEventKind::Started));
+    let delta = "y".repeat(400);
+    let mut largest = 0;
+    // ~16 MiB of answers, four times the limit.
+    for i in 0..2_000u64 {
+        let id = format!("flood-{i}");
+        journal.record(accepted(&id, 10 + i));
+        journal.record(placed(&id, "node-a"));
+        let events = (0..20)
+            .map(|index| relayed(&id, index, RunEventKind::text(delta.as_str())))
+            .chain([relayed(&id, 20, completed())])
+            .collect();
+        journal.record(JournalEntry::Events {
+            run_id: RunId::new(id.as_str()),
+            events,
+        });
+        if i % 50 == 0 {
+            journal.flush().await;
+            largest = largest.max(on_disk(&dir));
+        }
+    }
+    journal.flush().await;
+    largest = largest.max(on_disk(&dir));
+    let stats = journal.stats();
+    assert!(
+        largest <= LIMIT,
+        "{largest} bytes on disk, limit {LIMIT}: {stats:?}"
+    );
+    assert_eq!(stats.write_errors, 0, "{stats:?}");
+    assert!(stats.runs_expired > 1_000, "{stats:?}");
+    let newest = journal.run(&RunId::new("flood-1999")).await.unwrap();
+    assert_eq!(newest.map(|r| r.outcome), Some(RunOutcome::Completed));
+    let held = journal.run(&RunId::new("held")).await.unwrap();
+    assert_eq!(
+        held.map(|r| r.outcome),
+        Some(RunOutcome::Open),
+        "open runs are kept"
+    );
+    journal.close().await;
+    assert!(on_disk(&dir) <= LIMIT);
+}
+
+#[tokio::test]
+async fn a_journal_of_schema_1_is_read_and_written_on() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("j")).unwrap();
+    {
+        let conn = rusqlite::Connection::open(file(&dir)).unwrap();
+        conn.execute_batch(
+            "CREATE TABLE runs (seq INTEGER PRIMARY KEY, run_id TEXT NOT NULL UNIQUE,
+                adapter TEXT NOT NULL, target TEXT NOT NULL, operation TEXT NOT NULL, pin TEXT,
+                api_key_name TEXT, queued_ms INTEGER NOT NULL, first_output_ms INTEGER,
+                finished_ms INTEGER, outcome TEXT NOT NULL, code TEXT, message TEXT,
+                finish_reason TEXT, input_tokens INTEGER, output_tokens INTEGER,
+                cached_input_tokens INTEGER, reasoning_tokens INTEGER,
+                events INTEGER NOT NULL DEFAULT 0, events_stored INTEGER NOT NULL DEFAULT 0);
+             CREATE TABLE events (run_seq INTEGER NOT NULL, first_idx INTEGER NOT NULL,
+                count INTEGER NOT NULL, json TEXT NOT NULL, PRIMARY KEY (run_seq, first_idx))
+                WITHOUT ROWID;
+             INSERT INTO events VALUES (1, 0, 2, '{\"kind\":\"started\"}' || char(10) || '{\"kind\":\"completed\"}');
+             PRAGMA user_version = 1;",
+        )
+        .unwrap();
+        conn.execute(
+            "INSERT INTO runs (seq, run_id, adapter, target, operation, queued_ms, outcome, events)
+             VALUES (1, 'old', 'echo', 'default', 'chat', ?1, 'completed', 2)",
+            [recent(1) as i64],
+        )
+        .unwrap();
+    }
+    let journal = SqliteJournal::open(&config(&dir), &file(&dir)).unwrap();
+    let old = journal.events(&RunId::new("old"), 0, 10).await.unwrap();
+    let lines: Vec<&str> = old.iter().map(|e| e.json.as_str()).collect();
+    assert_eq!(
+        lines,
+        ["{\"kind\":\"started\"}", "{\"kind\":\"completed\"}"]
+    );
+    whole_run(&journal, "new", 5, "node-a");
+    journal.flush().await;
+    let new = journal.events(&RunId::new("new"), 0, 10).await.unwrap();
+    assert_eq!(new.len(), 3, "{new:?}");
+    assert!(new[1].json.contains("\"text\":\"hi\""), "{new:?}");
+    journal.close().await;
+}
+
+#[tokio::test]
+async fn a_run_written_across_batches_reads_back_whole_from_its_row_and_the_tables() {
+    let dir = tempfile::tempdir().unwrap();
+    let journal = SqliteJournal::open(&config(&dir), &file(&dir)).unwrap();
+    journal.record(accepted("long", 1));
+    journal.record(placed("long", "node-a"));
+    journal.record(event("long", 0, RunEventKind::Started));
+    journal.flush().await;
+    journal.record(JournalEntry::Placed {
+        run_id: RunId::new("long"),
+        attempt: Attempt {
+            number: 2,
+            node: NodeId::parse("node-b").unwrap(),
+            route_reason: "failover".into(),
+            started_ms: recent(1_500),
+        },
+    });
+    journal.record(event("long", 1, RunEventKind::text("one ")));
+    journal.flush().await;
+    journal.record(event("long", 2, RunEventKind::text("two")));
+    journal.record(event("long", 3, completed()));
+    journal.flush().await;
+
+    let run = journal.run(&RunId::new("long")).await.unwrap().unwrap();
+    let nodes: Vec<&str> = run.attempts.iter().map(|a| a.node.as_str()).collect();
+    assert_eq!(nodes, ["node-a", "node-b"]);
+    assert_eq!((run.events, run.events_stored), (4, 4));
+    let all = journal.events(&RunId::new("long"), 0, 10).await.unwrap();
+    let indices: Vec<u64> = all.iter().map(|e| e.index).collect();
+    assert_eq!(indices, [0, 1, 2, 3]);
+    assert!(all[2].json.contains("\"text\":\"two\""), "{all:?}");
+    let tail = journal.events(&RunId::new("long"), 1, 2).await.unwrap();
+    assert_eq!(tail.iter().map(|e| e.index).collect::<Vec<_>>(), [1, 2]);
+    for node in ["node-a", "node-b"] {
+        let query = RunQuery {
+            node: Some(NodeId::parse(node).unwrap()),
+            limit: 10,
+            ..RunQuery::default()
+        };
+        let found = journal.finished_runs(&query).await.unwrap();
+        assert_eq!(found.len(), 1, "by {node}");
+    }
+    journal.close().await;
 }

@@ -3,7 +3,10 @@
 //!
 //! A thread of its own, not a task: SQLite calls block, and the relay's runtime threads
 //! must never wait on a disk. The relay only enqueues (see `queue.rs`); each batch is
-//! grouped by run before it is written (see `plan.rs`).
+//! grouped by run before it is written (see `plan.rs`). After each batch it keeps the
+//! files within the disk limit (see `budget.rs`): retention when the data nears its share,
+//! a checkpoint when the WAL outgrows its own, and a batch that found the file full is
+//! written again after making room.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -13,12 +16,13 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use rusqlite::Connection;
 use tracing::warn;
 
+use super::batch::Queued;
+use super::budget::{Budget, Files};
 use super::plan::{OpenRun, Plan};
 use super::queue::{EntryQueue, Taken};
 use super::retention::{Retention, retention_chunk};
 use super::schema::used_bytes;
 use crate::domain::RunId;
-use crate::ports::JournalEntry;
 
 /// Counters shared by the writer and the journal's handle.
 #[derive(Debug, Default)]
@@ -26,6 +30,7 @@ pub(super) struct Shared {
     pub(super) written: AtomicU64,
     pub(super) write_errors: AtomicU64,
     pub(super) runs_expired: AtomicU64,
+    pub(super) dropped_over_budget: AtomicU64,
     pub(super) bytes: AtomicU64,
 }
 
@@ -41,6 +46,10 @@ pub(super) struct Writer {
     pub(super) queue: Arc<EntryQueue>,
     pub(super) shared: Arc<Shared>,
     pub(super) retention: Retention,
+    pub(super) budget: Budget,
+    pub(super) files: Files,
+    /// Set while retention brings the data down to the budget's low mark.
+    pub(super) making_room: bool,
     pub(super) batch_max: usize,
     pub(super) linger: Duration,
     /// Open runs' row numbers and stored events, so events need no lookup.
@@ -71,10 +80,13 @@ impl Writer {
             match self.queue.take(self.batch_max, idle) {
                 Taken::Batch(batch) => {
                     let count = batch.len();
-                    self.write(batch);
+                    for transaction in split_by_size(batch, self.budget.wal / 4) {
+                        self.write(transaction);
+                        self.keep_budget();
+                    }
                     self.queue.mark_done(count);
                     if count < self.batch_max && !self.linger.is_zero() {
-                        std::thread::sleep(self.linger);
+                        self.queue.linger(self.linger);
                     }
                 }
                 Taken::Idle => {}
@@ -88,15 +100,19 @@ impl Writer {
 
     /// One chunk of retention; returns whether more may be due.
     fn retention_step(&mut self) -> bool {
-        let result = retention_chunk(&mut self.conn, &self.retention, now_ms());
-        if let Ok(bytes) = used_bytes(&self.conn) {
-            self.shared.bytes.store(bytes, Ordering::Relaxed);
-        }
+        let target = self.making_room.then(|| self.budget.low_mark());
+        let result = retention_chunk(&mut self.conn, &self.retention, now_ms(), target);
+        self.shared
+            .bytes
+            .store(self.files.total_bytes(), Ordering::Relaxed);
         match result {
             Ok(removed) => {
                 self.shared
                     .runs_expired
                     .fetch_add(removed as u64, Ordering::Relaxed);
+                if removed == 0 {
+                    self.making_room = false;
+                }
                 removed > 0
             }
             Err(error) => {
@@ -106,9 +122,71 @@ impl Writer {
         }
     }
 
-    /// Writes `batch` in one transaction; on failure its entries are lost and counted.
-    fn write(&mut self, batch: Vec<JournalEntry>) {
-        let count = batch.len() as u64;
+    /// After a batch: removes the oldest finished runs when the data nears its share of
+    /// the limit, and checkpoints a WAL that outgrew its own.
+    fn keep_budget(&mut self) {
+        if self.budget.limit > 0
+            && used_bytes(&self.conn).is_ok_and(|used| self.budget.over_high_mark(used))
+        {
+            self.make_room();
+        }
+        if self.files.wal_bytes() > self.budget.wal {
+            self.checkpoint();
+        }
+        self.shared
+            .bytes
+            .store(self.files.total_bytes(), Ordering::Relaxed);
+    }
+
+    /// Removes the oldest finished runs until the data is at the budget's low mark (or
+    /// nothing finished is left), then checkpoints, so the freed pages can be reused.
+    fn make_room(&mut self) {
+        self.making_room = true;
+        while self.making_room && self.retention_step() {}
+        self.making_room = false;
+        self.checkpoint();
+    }
+
+    fn checkpoint(&mut self) {
+        if let Err(error) = self.conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE);") {
+            self.failed("checkpoint", &error);
+        }
+    }
+
+    /// Writes `batch` in one transaction. A batch the file has no room for is written
+    /// again after retention made room, and then without the events that may be left out;
+    /// what still fails is lost and counted.
+    fn write(&mut self, mut batch: Vec<Queued>) {
+        let mut result = self.transaction(&batch);
+        if is_full(&result) {
+            self.make_room();
+            result = self.transaction(&batch);
+        }
+        if is_full(&result) {
+            let before = batch.len();
+            batch.retain(|entry| !entry.droppable());
+            let left_out = batch.len().abs_diff(before) as u64;
+            self.shared
+                .dropped_over_budget
+                .fetch_add(left_out, Ordering::Relaxed);
+            result = self.transaction(&batch);
+        }
+        match result {
+            Ok(()) => {
+                self.shared
+                    .written
+                    .fetch_add(batch.len() as u64, Ordering::Relaxed);
+            }
+            Err(error) => {
+                self.shared.write_errors.fetch_add(1, Ordering::Relaxed);
+                self.failed("write", &error);
+            }
+        }
+    }
+
+    /// Writes `batch` in one transaction; on failure the writer's view of open runs is
+    /// put back as the file holds it.
+    fn transaction(&mut self, batch: &[Queued]) -> rusqlite::Result<()> {
         // What the file holds if the transaction fails: runs accepted in it are not there
         // (their later entries are skipped), runs it ended are still open.
         let before = self.open.clone();
@@ -117,16 +195,10 @@ impl Writer {
             Plan::of(&tx, batch, open, next_seq)?.apply(&tx, open)?;
             tx.commit()
         });
-        match result {
-            Ok(()) => {
-                self.shared.written.fetch_add(count, Ordering::Relaxed);
-            }
-            Err(error) => {
-                self.open = before;
-                self.shared.write_errors.fetch_add(1, Ordering::Relaxed);
-                self.failed("write", &error);
-            }
+        if result.is_err() {
+            self.open = before;
         }
+        result
     }
 
     fn failed(&mut self, what: &str, error: &rusqlite::Error) {
@@ -138,6 +210,35 @@ impl Writer {
             warn!(%error, what, "the run journal failed; the entries of this transaction are lost");
         }
     }
+}
+
+/// `batch` in pieces of about `max_bytes` at most (one entry at least), so that one
+/// transaction cannot grow the WAL past its share of the disk limit.
+fn split_by_size(batch: Vec<Queued>, max_bytes: u64) -> Vec<Vec<Queued>> {
+    let max_bytes = usize::try_from(max_bytes).unwrap_or(usize::MAX);
+    let mut pieces = vec![Vec::new()];
+    let mut bytes = 0;
+    for entry in batch {
+        let size = entry.estimated_bytes();
+        if bytes + size > max_bytes && pieces.last().is_some_and(|p| !p.is_empty()) {
+            pieces.push(Vec::new());
+            bytes = 0;
+        }
+        bytes += size;
+        if let Some(piece) = pieces.last_mut() {
+            piece.push(entry);
+        }
+    }
+    pieces
+}
+
+/// Whether a write failed because the database file reached its page limit.
+fn is_full(result: &rusqlite::Result<()>) -> bool {
+    matches!(
+        result,
+        Err(rusqlite::Error::SqliteFailure(error, _))
+            if error.code == rusqlite::ErrorCode::DiskFull
+    )
 }
 
 /// Milliseconds since the Unix epoch, now.

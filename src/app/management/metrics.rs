@@ -54,7 +54,9 @@ fn observe_counters(meter: &Meter, journal: &Arc<dyn RunJournal>) {
     let dropped = Arc::clone(journal);
     meter
         .u64_observable_counter("edge_journal_events_dropped")
-        .with_description("Events not journaled: the run's cap was reached, or the queue was full")
+        .with_description(
+            "Events not journaled: the run's cap was reached, the queue was full, or the disk limit left no room",
+        )
         .with_callback(move |o| {
             let stats = dropped.stats();
             o.observe(
@@ -64,6 +66,10 @@ fn observe_counters(meter: &Meter, journal: &Arc<dyn RunJournal>) {
             o.observe(
                 stats.dropped_queue_full,
                 &[KeyValue::new("reason", "queue_full")],
+            );
+            o.observe(
+                stats.dropped_over_budget,
+                &[KeyValue::new("reason", "over_budget")],
             );
         })
         .build();
@@ -78,7 +84,7 @@ fn observe_gauges(meter: &Meter, journal: &Arc<dyn RunJournal>) {
         ),
         (
             "edge_journal_bytes",
-            "Bytes the journal's data takes",
+            "Bytes the journal's files take on disk: the database, its WAL and its index",
             |s| s.bytes,
         ),
     ];

@@ -10,6 +10,11 @@ impl Management {
     /// One page of runs matching `query`, newest first: open runs from the run service,
     /// finished ones from the journal (none when it is disabled).
     ///
+    /// A run is listed from the moment it is accepted until retention removes it: the open
+    /// runs are read first, then the journal is flushed, and a run hands its ending to the
+    /// journal before it leaves the open runs — so a run that ends in between is found in
+    /// one or the other (in both, it is shown as finished).
+    ///
     /// # Errors
     /// [`ManageError::Journal`] when the journal cannot be read.
     pub async fn runs(&self, query: &RunQuery) -> Result<RunPage, ManageError> {
@@ -20,6 +25,7 @@ impl Management {
         };
         let journal = &self.inner.journal;
         let finished = if query.state != RunStateFilter::Open && journal.enabled() {
+            journal.flush().await;
             journal.finished_runs(query).await?
         } else {
             Vec::new()

@@ -22,7 +22,7 @@ use tracing::{debug, warn};
 use super::service::RunService;
 use super::table::{Run, lock};
 use crate::domain::{EventOrigin, EventVerdict, NodeId, RunEvent, RunEventKind, RunState};
-use crate::ports::{ConnectionId, ReportedEvent};
+use crate::ports::{ConnectionId, RelayedEvent, ReportedEvent};
 
 /// Events buffered for a caller who reads slower than the node writes. When it is full the
 /// node's connection waits (it stops reading frames), which slows the node down.
@@ -48,6 +48,9 @@ pub(super) struct Delivery {
     /// Management API followers of the run's events, with each event's position; one that
     /// falls behind is dropped, never waited for.
     followers: Vec<mpsc::Sender<(u64, Arc<RunEvent>)>>,
+    /// Events relayed under this hold of the lock, handed to the journal as one batch
+    /// before the lock is let go (`RunService::hand_to_journal`).
+    journal: Vec<RelayedEvent>,
 }
 
 impl Delivery {
@@ -59,6 +62,7 @@ impl Delivery {
             saw_output: false,
             seq_base: 0,
             followers: Vec::new(),
+            journal: Vec::new(),
         }
     }
 
@@ -133,9 +137,12 @@ impl RunService {
         if self.is_stale(run, source, 1) {
             return false;
         }
-        let (taken, _) = self
+        let (taken, held) = self
             .relay_held(run, delivery, source, seq, origin, kind)
             .await;
+        if let Some(mut delivery) = held {
+            self.hand_to_journal(run, &mut delivery.journal);
+        }
         taken
     }
 
@@ -167,6 +174,7 @@ impl RunService {
                 }
             }
         }
+        self.hand_to_journal(run, &mut delivery.journal);
     }
 
     /// [`Self::relay_event`] with the run's delivery lock held and its source checked;
@@ -187,6 +195,7 @@ impl RunService {
             && let Some(next) = self.fail_over(run, delivery.saw_output, &kind, blame)
         {
             delivery.seq_base = delivery.state.next_edge_seq() - 1;
+            self.hand_to_journal(run, &mut delivery.journal);
             drop(delivery);
             self.continue_run(run, next);
             return (true, None);
@@ -213,7 +222,10 @@ impl RunService {
         let first_output =
             !delivery.saw_output && matches!(event.kind, RunEventKind::Output { .. });
         delivery.saw_output |= first_output;
-        self.tap(run, &mut delivery.followers, &event, first_output);
+        let Delivery {
+            followers, journal, ..
+        } = &mut *delivery;
+        self.tap(run, followers, journal, &event, first_output);
         self.inner.metrics.relayed(run, &event, first_output);
         self.inner.sink.publish(Arc::clone(&event));
         if let Some(caller) = &delivery.caller
@@ -228,6 +240,7 @@ impl RunService {
             log_end(run, &event);
             delivery.caller = None;
             delivery.followers.clear();
+            self.hand_to_journal(run, &mut delivery.journal);
             drop(delivery);
             self.retire(run);
             return (true, None);

@@ -1,6 +1,7 @@
 //! What the management service sees of the run service: records of the open runs, their
 //! placements, following one run's events, cancelling — and what the run service hands
-//! the journal. Off the relay's path except for [`RunService::tap`], which only enqueues.
+//! the journal. Off the relay's path except for [`RunService::tap`] and
+//! [`RunService::hand_to_journal`], which only enqueue.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -15,7 +16,7 @@ use crate::domain::routing::{BreakerState, RouteReason, TenantKey};
 use crate::domain::{
     AcceptedRun, Attempt, NodeId, RunEvent, RunId, RunOutcome, RunRecord, RunSpec,
 };
-use crate::ports::JournalEntry;
+use crate::ports::{JournalEntry, RelayedEvent};
 
 /// Events a management follower may be behind before it is dropped (it can reconnect and
 /// resume from the journal).
@@ -55,26 +56,27 @@ impl RunService {
         }
     }
 
-    /// Hands a relayed event to the journal and to the run's followers, never waiting.
-    /// Called under the run's delivery lock, so positions follow relay order.
+    /// Hands a relayed event to the run's followers and keeps it in `journal` for the
+    /// journal, never waiting. Called under the run's delivery lock, so positions follow
+    /// relay order.
     pub(super) fn tap(
         &self,
         run: &Run,
         followers: &mut Vec<mpsc::Sender<(u64, Arc<RunEvent>)>>,
+        journal: &mut Vec<RelayedEvent>,
         event: &Arc<RunEvent>,
         first_output: bool,
     ) {
         let index = run.relayed.fetch_add(1, Ordering::AcqRel);
-        let journal = &self.inner.journal;
         // Asked once per event: the port's answer is a dynamic call.
-        let journaled = journal.enabled();
+        let journaled = self.inner.journal.enabled();
         if first_output || journaled {
             let at_ms = now_ms();
             if first_output {
                 run.first_output_ms.store(at_ms, Ordering::Release);
             }
             if journaled {
-                journal.record(JournalEntry::Event {
+                journal.push(RelayedEvent {
                     index,
                     at_ms,
                     event: Arc::clone(event),
@@ -86,6 +88,21 @@ impl RunService {
             // A follower that is full or gone is dropped: it resumes from the journal.
             followers.retain(|f| f.try_send((index, Arc::clone(event))).is_ok());
         }
+    }
+
+    /// Hands the events [`Self::tap`] kept to the journal as one entry. Called before the
+    /// run's delivery lock is let go, so a follower registered next finds every earlier
+    /// event on its way to the journal, and before a run that ended leaves the table, so
+    /// a listing finds it in one or the other.
+    pub(super) fn hand_to_journal(&self, run: &Run, journal: &mut Vec<RelayedEvent>) {
+        if journal.is_empty() {
+            return;
+        }
+        let events = std::mem::take(journal);
+        self.inner.journal.record(JournalEntry::Events {
+            run_id: run.id.clone(),
+            events,
+        });
     }
 
     fn open_runs_list(&self) -> Vec<Arc<Run>> {
