@@ -34,10 +34,7 @@ use axum::routing::{get, post};
 
 pub use config::{ApiConfig, ApiKey};
 pub use error::ApiError;
-pub use models::{ModelMap, ModelRoute};
-pub use request::DEADLINE_HEADER;
-pub use routing::{PRIORITY_HEADER, SESSION_HEADER};
-pub use run::{CLIENT_GONE, NODE_HEADER, ROUTE_HEADER, RUN_ID_HEADER};
+pub use models::ModelMap;
 
 use crate::adapters::http::HttpState;
 
