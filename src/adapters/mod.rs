@@ -11,4 +11,4 @@ pub(crate) mod listen;
 pub mod lock_registry;
 pub mod sinks;
 pub mod tcp;
-pub mod tls;
+pub(crate) mod tls;
