@@ -24,6 +24,7 @@ pub use crate::adapters::journal::JournalConfig;
 use crate::adapters::sinks::config::EventsConfig;
 use crate::adapters::tcp::config::ServerConfig;
 use crate::app::identity::EdgeConfig;
+pub use crate::app::logging::{LogConfig, LogFormat};
 pub use crate::app::runs::RunsConfig;
 use crate::app::runs::{LimitsConfig, RoutingConfig};
 use crate::app::telemetry::TracingConfig;
@@ -73,36 +74,6 @@ pub struct Settings {
     /// The file the settings came from and the merged config, from which the node store
     /// reads `[[nodes]]`.
     pub source: ConfigSource,
-}
-
-/// `[log]`: the edge's own logs.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct LogConfig {
-    /// A `tracing` filter directive, such as `info` or `info,edge::adapters::tcp=debug`.
-    pub level: String,
-    /// How log lines look.
-    pub format: LogFormat,
-}
-
-impl Default for LogConfig {
-    fn default() -> Self {
-        Self {
-            level: "info".to_owned(),
-            format: LogFormat::default(),
-        }
-    }
-}
-
-/// How log lines look.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum LogFormat {
-    /// Human-readable lines.
-    #[default]
-    Pretty,
-    /// One JSON object per line.
-    Json,
 }
 
 /// Why the settings could not be loaded. Every message names the config file.
