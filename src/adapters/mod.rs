@@ -1,14 +1,14 @@
 //! Implementations of the ports, one folder per technology, and the event line format they
 //! share (`event_format`).
 
-pub mod admin;
-pub mod api;
+pub(crate) mod admin;
+pub(crate) mod api;
 pub mod event_format;
 pub mod file_store;
-pub mod http;
+pub(crate) mod http;
 pub mod journal;
-pub mod listen;
+pub(crate) mod listen;
 pub mod lock_registry;
 pub mod sinks;
 pub mod tcp;
-pub mod tls;
+pub(crate) mod tls;

@@ -1,17 +1,47 @@
-//! Process-wide logging through `tracing`: level from `RUST_LOG` or the config/flag, format
-//! `pretty` or `json`; and, when `[tracing]` names a collector, the span export layer
-//! beside it (see `telemetry`).
+//! Process-wide logging through `tracing`: its section `[log]` ([`LogConfig`]), level from
+//! `RUST_LOG` or the config/flag, format `pretty` or `json`; and, when `[tracing]` names a
+//! collector, the span export layer beside it (see `telemetry`).
 
 use std::io::IsTerminal;
 
+use serde::Deserialize;
 use tracing_subscriber::EnvFilter;
 use tracing_subscriber::Layer as _;
 use tracing_subscriber::layer::SubscriberExt as _;
 use tracing_subscriber::util::SubscriberInitExt as _;
 
-use super::settings::LogFormat;
 use super::telemetry::{self, Exporter, TracingConfig};
 use crate::domain::EdgeId;
+
+/// `[log]`: the edge's own logs.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LogConfig {
+    /// A `tracing` filter directive, such as `info` or `info,edge::adapters::tcp=debug`.
+    pub level: String,
+    /// How log lines look.
+    pub format: LogFormat,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        Self {
+            level: "info".to_owned(),
+            format: LogFormat::default(),
+        }
+    }
+}
+
+/// How log lines look.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Pretty,
+    /// One JSON object per line.
+    Json,
+}
 
 /// Installs the global subscriber without span export. `RUST_LOG`, when set, wins over
 /// `level`. Logs go to standard error, so standard output carries only the console's events

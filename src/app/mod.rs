@@ -6,14 +6,14 @@
 //! and [`App::run_until_stopped`] serves until the stop signal, then drains.
 
 mod admin;
-pub mod admin_client;
+pub(crate) mod admin_client;
 pub mod cli;
 pub mod console;
-pub mod drains;
-pub mod identity;
+pub(crate) mod drains;
+pub(crate) mod identity;
 pub mod logging;
-pub mod management;
-pub mod metrics;
+pub(crate) mod management;
+pub(crate) mod metrics;
 mod nats_metrics;
 pub mod runs;
 pub mod settings;
@@ -271,7 +271,7 @@ fn http_state(
         readiness,
         runs: Arc::new(runs.clone()),
         registry: Arc::clone(registry),
-        api: Api::new(settings.api.clone())?,
+        api: Api::new(settings.api.clone())?.with_prefix_affinity(settings.routing.prefix_affinity),
     })
 }
 

@@ -10,7 +10,6 @@
 
 use std::io;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use config::{ConfigError, Environment, File, FileFormat};
 use serde::Deserialize;
@@ -25,6 +24,8 @@ pub use crate::adapters::journal::JournalConfig;
 use crate::adapters::sinks::config::EventsConfig;
 use crate::adapters::tcp::config::ServerConfig;
 use crate::app::identity::EdgeConfig;
+pub use crate::app::logging::{LogConfig, LogFormat};
+pub use crate::app::runs::RunsConfig;
 use crate::app::runs::{LimitsConfig, RoutingConfig};
 use crate::app::telemetry::TracingConfig;
 use crate::domain::EdgeId;
@@ -73,95 +74,6 @@ pub struct Settings {
     /// The file the settings came from and the merged config, from which the node store
     /// reads `[[nodes]]`.
     pub source: ConfigSource,
-}
-
-/// `[runs]`: how runs wait, fail over, are cancelled and are bounded in time.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct RunsConfig {
-    /// Runs that may wait for a node at once; at least 1.
-    pub queue_capacity: usize,
-    /// The longest a run waits in the queue for a busy node before it fails.
-    pub queue_timeout_ms: u64,
-    /// The longest a run waits for a node serving it to connect or become available.
-    pub no_node_timeout_ms: u64,
-    /// Attempts per run, the first included: a run that fails for a node's reason before
-    /// any output is placed again on another node (1 to 10; 1 turns failover off).
-    pub max_attempts: u32,
-    /// How long a cancelled run waits for the node's own `cancelled` event before the edge
-    /// ends it.
-    pub cancel_grace_ms: u64,
-    /// The deadline given to runs that do not set one; 0 for none.
-    pub default_deadline_ms: u64,
-    /// How long a run that already produced output is held for its node to reconnect and
-    /// resume it after the node's connection dropped; 0 turns resume off.
-    pub resume_grace_ms: u64,
-}
-
-impl Default for RunsConfig {
-    fn default() -> Self {
-        Self {
-            queue_capacity: 1_024,
-            queue_timeout_ms: 30_000,
-            no_node_timeout_ms: 10_000,
-            max_attempts: 3,
-            cancel_grace_ms: 5_000,
-            default_deadline_ms: 0,
-            resume_grace_ms: 5_000,
-        }
-    }
-}
-
-impl RunsConfig {
-    /// `queue_timeout_ms` as a duration.
-    pub fn queue_timeout(&self) -> Duration {
-        Duration::from_millis(self.queue_timeout_ms)
-    }
-
-    /// `cancel_grace_ms` as a duration.
-    pub fn cancel_grace(&self) -> Duration {
-        Duration::from_millis(self.cancel_grace_ms)
-    }
-
-    /// `resume_grace_ms` as a duration, or `None` when it is 0 (resume off).
-    pub fn resume_grace(&self) -> Option<Duration> {
-        (self.resume_grace_ms > 0).then(|| Duration::from_millis(self.resume_grace_ms))
-    }
-
-    /// `default_deadline_ms` as a duration, or `None` when it is 0 (no deadline).
-    pub fn default_deadline(&self) -> Option<Duration> {
-        (self.default_deadline_ms > 0).then(|| Duration::from_millis(self.default_deadline_ms))
-    }
-}
-
-/// `[log]`: the edge's own logs.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct LogConfig {
-    /// A `tracing` filter directive, such as `info` or `info,edge::adapters::tcp=debug`.
-    pub level: String,
-    /// How log lines look.
-    pub format: LogFormat,
-}
-
-impl Default for LogConfig {
-    fn default() -> Self {
-        Self {
-            level: "info".to_owned(),
-            format: LogFormat::default(),
-        }
-    }
-}
-
-/// How log lines look.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum LogFormat {
-    /// Human-readable lines.
-    #[default]
-    Pretty,
-    /// One JSON object per line.
-    Json,
 }
 
 /// Why the settings could not be loaded. Every message names the config file.
@@ -446,6 +358,7 @@ fn without_quoted_source(message: &str) -> String {
 mod tests {
     use std::collections::HashMap;
     use std::io::Write;
+    use std::time::Duration;
 
     use tempfile::NamedTempFile;
 

@@ -1,6 +1,6 @@
 //! Issue 12 end to end, with nothing scripted: the official `openai` Python SDK
 //! (`tests/python/engine_e2e.py`, in the test venv) talks to a real edge (in process, port
-//! 0), whose reference node (`examples/node`, in process) forwards runs through its `openai`
+//! 0), whose reference node (`edge-node`, in process) forwards runs through its `openai`
 //! adapter to a real llama.cpp `llama-server` serving the tiny test model. The answers are
 //! the tiny model's own deterministic sentence; usage figures are the engine's.
 //!

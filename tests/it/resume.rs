@@ -15,7 +15,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use common::{PATIENCE, TestApp, eventually};
-use edge::adapters::api::RUN_ID_HEADER;
 use node_support::relay::Relay;
 use node_support::upstream::{Reply, ScriptedEngine};
 use node_support::{QWEN, RunningNode, edge_config, edge_on, pings_answered, spawn_node};
@@ -111,7 +110,7 @@ impl Stream {
             .await
             .expect("the request is answered");
         assert_eq!(response.status(), 200);
-        let run_id = response.headers()[RUN_ID_HEADER]
+        let run_id = response.headers()["x-edge-run-id"]
             .to_str()
             .expect("a run id")
             .to_owned();

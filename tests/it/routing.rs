@@ -616,6 +616,27 @@ async fn sessions_keep_their_nodes_and_every_key_source_keeps_its_runs_together(
     app.stop().await;
 }
 
+#[tokio::test]
+async fn with_prefix_affinity_off_a_prompt_keys_no_run() {
+    let ids = ["node-a", "node-b"];
+    let app = spawn_app(&config(&ids, "[routing]\nprefix_affinity = false\n")).await;
+    let mut nodes = Vec::new();
+    for id in ids {
+        nodes.push(mock(&app, id, Behaviour::Echo).await);
+    }
+    app.wait_for_nodes(2).await;
+    let response = send(
+        client()
+            .post(format!("http://{}/v1/chat/completions", app.http_addr))
+            .json(&chat(MODEL, "the same prompt", false)),
+    )
+    .await;
+    let (placed, _) = answered(response).await;
+    assert!(!placed.route.contains("key=prefix"), "{}", placed.route);
+    app.assert_settled().await;
+    app.stop().await;
+}
+
 // ---------------------------------------------------------------------------------------
 // Fair queueing and per-key limits
 // ---------------------------------------------------------------------------------------

@@ -29,7 +29,7 @@ use axum::{Router, middleware};
 use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
 
-pub use config::{AdminConfig, AdminKey};
+pub use config::AdminConfig;
 pub use error::AdminError;
 pub use server::AdminServer;
 

@@ -24,6 +24,8 @@ mod run;
 mod sse;
 mod translate;
 
+use translate::serve_chat_run;
+
 use std::sync::Arc;
 
 use axum::Router;
@@ -34,10 +36,7 @@ use axum::routing::{get, post};
 
 pub use config::{ApiConfig, ApiKey};
 pub use error::ApiError;
-pub use models::{ModelMap, ModelRoute};
-pub use request::DEADLINE_HEADER;
-pub use routing::{PRIORITY_HEADER, SESSION_HEADER};
-pub use run::{CLIENT_GONE, NODE_HEADER, ROUTE_HEADER, RUN_ID_HEADER};
+pub use models::ModelMap;
 
 use crate::adapters::http::HttpState;
 
@@ -131,8 +130,14 @@ pub(super) fn routes(state: &HttpState) -> Router<HttpState> {
         .route("/v1/chat/completions", post(openai::chat::create))
         .route("/v1/completions", post(openai::completions::create))
         .route("/v1/embeddings", post(openai::embeddings::create))
-        .route("/v1/responses", post(responses::create))
-        .route(MESSAGES_PATH, post(anthropic::create));
+        .route(
+            "/v1/responses",
+            post(|s, c, h, b| serve_chat_run(&responses::RESPONSES, s, c, h, b)),
+        )
+        .route(
+            MESSAGES_PATH,
+            post(|s, c, h, b| serve_chat_run(&anthropic::MESSAGES, s, c, h, b)),
+        );
     let routes = if state.api.config().keys.is_empty() {
         routes
     } else {

@@ -5,6 +5,7 @@
 //! share, are pure (`protocol.rs`).
 
 use axum::Json;
+use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse as _, Response};
@@ -37,16 +38,18 @@ pub(super) struct ChatApi<T, S> {
     pub whole: fn(T, &RunId, &Collected, &Finished) -> Value,
 }
 
-/// The handler of an API served as a chat run ([`ChatApi`]): reads and translates the
-/// request ([`chat_run`]), starts the run, and answers streamed or whole, with the run's
-/// headers; every error in the API's shape.
+/// The handler of every API served as a chat run, given its [`ChatApi`] (the route is
+/// `post(|s, c, h, b| serve_chat_run(&API, s, c, h, b))`): reads and translates the request
+/// ([`chat_run`]), starts the run, and answers streamed or whole, with the run's headers;
+/// every error in the API's shape.
 pub(super) async fn serve_chat_run<T: ChatTranslation, S: StreamTranslator>(
     api: &ChatApi<T, S>,
-    state: &HttpState,
-    caller: &Caller,
-    headers: &HeaderMap,
+    State(state): State<HttpState>,
+    caller: Caller,
+    headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
+    let (state, caller, headers) = (&state, &caller, &headers);
     let error_response = api.error_response;
     let (translated, spec) = match chat_run(state, caller, headers, body, api.translate, api.keys) {
         Ok(prepared) => prepared,

@@ -25,8 +25,7 @@ use super::drains::Drains;
 use crate::domain::{NodeId, RunEvent, RunId, RunRecord};
 use crate::ports::{NodeStore, Registry, RunJournal};
 
-pub use crate::ports::{FeedItem, ManageError, NodeStatus};
-pub use feed::EventFeed;
+pub use crate::ports::ManageError;
 
 /// The run service as the management service sees it: the open runs, and cancelling and
 /// following them.

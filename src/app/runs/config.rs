@@ -1,6 +1,7 @@
-//! `[routing]` and `[limits]`: how runs are routed (affinity, circuit breakers) and how much
-//! one API key may start, and [`policy`], which checks them together with `[runs]` and
-//! builds the domain's [`RoutingPolicy`] through its validating constructors.
+//! The run service's sections: `[runs]` (how runs wait, fail over, are cancelled and are
+//! bounded in time), `[routing]` and `[limits]` (how runs are routed — affinity, circuit
+//! breakers — and how much one API key may start), and [`policy`], which checks them
+//! together and builds the domain's [`RoutingPolicy`] through its validating constructors.
 //!
 //! Deserialized by `crate::app::settings` with the other sections; the reference is
 //! `docs/configuration.md`.
@@ -10,10 +11,68 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::app::settings::RunsConfig;
 use crate::domain::routing::{
     BreakerPolicy, LimitPolicy, LoadFactor, MaxAttempts, RoutingPolicy, WaitLimits,
 };
+
+/// `[runs]`: how runs wait, fail over, are cancelled and are bounded in time.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RunsConfig {
+    /// Runs that may wait for a node at once; at least 1.
+    pub queue_capacity: usize,
+    /// The longest a run waits in the queue for a busy node before it fails.
+    pub queue_timeout_ms: u64,
+    /// The longest a run waits for a node serving it to connect or become available.
+    pub no_node_timeout_ms: u64,
+    /// Attempts per run, the first included: a run that fails for a node's reason before
+    /// any output is placed again on another node (1 to 10; 1 turns failover off).
+    pub max_attempts: u32,
+    /// How long a cancelled run waits for the node's own `cancelled` event before the edge
+    /// ends it.
+    pub cancel_grace_ms: u64,
+    /// The deadline given to runs that do not set one; 0 for none.
+    pub default_deadline_ms: u64,
+    /// How long a run that already produced output is held for its node to reconnect and
+    /// resume it after the node's connection dropped; 0 turns resume off.
+    pub resume_grace_ms: u64,
+}
+
+impl Default for RunsConfig {
+    fn default() -> Self {
+        Self {
+            queue_capacity: 1_024,
+            queue_timeout_ms: 30_000,
+            no_node_timeout_ms: 10_000,
+            max_attempts: 3,
+            cancel_grace_ms: 5_000,
+            default_deadline_ms: 0,
+            resume_grace_ms: 5_000,
+        }
+    }
+}
+
+impl RunsConfig {
+    /// `queue_timeout_ms` as a duration.
+    pub fn queue_timeout(&self) -> Duration {
+        Duration::from_millis(self.queue_timeout_ms)
+    }
+
+    /// `cancel_grace_ms` as a duration.
+    pub fn cancel_grace(&self) -> Duration {
+        Duration::from_millis(self.cancel_grace_ms)
+    }
+
+    /// `resume_grace_ms` as a duration, or `None` when it is 0 (resume off).
+    pub fn resume_grace(&self) -> Option<Duration> {
+        (self.resume_grace_ms > 0).then(|| Duration::from_millis(self.resume_grace_ms))
+    }
+
+    /// `default_deadline_ms` as a duration, or `None` when it is 0 (no deadline).
+    pub fn default_deadline(&self) -> Option<Duration> {
+        (self.default_deadline_ms > 0).then(|| Duration::from_millis(self.default_deadline_ms))
+    }
+}
 
 /// `[routing]`: affinity and circuit breakers.
 #[derive(Debug, Clone, PartialEq, Deserialize)]

@@ -45,5 +45,5 @@ mod timers;
 mod trace;
 
 pub use crate::ports::{Placed, RunHandle, StartError, waiting_for};
-pub use config::{BreakerConfig, LimitsConfig, RoutingConfig, policy};
+pub use config::{BreakerConfig, LimitsConfig, RoutingConfig, RunsConfig, policy};
 pub use service::{Routing, RunService, RunStats};

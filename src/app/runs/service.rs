@@ -15,11 +15,11 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, info_span, warn};
 
+use super::config::RunsConfig;
 use super::delivery::{CALLER_BUFFER, Delivery, Source};
 use super::metrics::RunMetrics;
 use super::table::{Miss, Route, Run, Table, lock};
 use super::trace::NodeSpans;
-use crate::app::settings::RunsConfig;
 use crate::domain::routing::{
     BreakerBook, BreakerState, Catalog, KeyLimits, RoutingPolicy, WaitCause,
 };

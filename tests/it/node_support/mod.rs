@@ -1,10 +1,10 @@
-//! Test support for the reference node (`examples/node`): a scripted OpenAI-compatible
-//! engine, a fake edge, a cuttable TCP relay, and helpers that run the node in process.
+//! Test support for the reference node (`edge-node`, in `node/`): a scripted
+//! OpenAI-compatible engine (plain HTTP or HTTPS), a fake edge, a cuttable TCP relay, and
+//! helpers that run the node in process.
 //!
-//! The node runs in process (its module tree included with `#[path]`, like the mock node)
-//! rather than as a spawned example binary: Cargo gives tests no path to example binaries,
-//! in-process nodes start in milliseconds, and a test can stop one with a token where a
-//! process would need a signal. The binary's own code is only the CLI in `main.rs`.
+//! The node runs in process (its library, a dev-dependency) rather than as a spawned
+//! binary: in-process nodes start in milliseconds, and a test can stop one with a token
+//! where a process would need a signal. The binary's own code is only the CLI in `main.rs`.
 #![allow(dead_code)]
 
 pub mod fake_edge;

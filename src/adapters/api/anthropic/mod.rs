@@ -12,35 +12,19 @@ mod stream;
 mod tests;
 
 use axum::Json;
-use axum::extract::State;
-use axum::extract::rejection::BytesRejection;
-use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
-use bytes::Bytes;
 use serde_json::Value;
 
-use super::auth::Caller;
 use super::error::ApiError;
 use super::routing::ClientKeys;
-use super::translate::{ChatApi, serve_chat_run};
-use crate::adapters::http::HttpState;
+use super::translate::ChatApi;
 use crate::domain::RunId;
 use message::{error_body, message};
 use request::MessagesRequest;
 use stream::MessagesStream;
 
-/// `POST /v1/messages`.
-pub(super) async fn create(
-    State(state): State<HttpState>,
-    caller: Caller,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
-) -> Response {
-    serve_chat_run(&MESSAGES, &state, &caller, &headers, body).await
-}
-
 /// Messages as a chat run: `metadata.user_id` is the client's user key.
-const MESSAGES: ChatApi<MessagesRequest, MessagesStream> = ChatApi {
+pub(super) const MESSAGES: ChatApi<MessagesRequest, MessagesStream> = ChatApi {
     translate: request::translate,
     keys: |value| ClientKeys {
         user: value.pointer("/metadata/user_id").and_then(Value::as_str),

@@ -11,7 +11,7 @@ use super::super::protocol::ChatTranslation;
 
 /// A checked Messages request, translated.
 #[derive(Debug, Clone, PartialEq)]
-pub(super) struct MessagesRequest {
+pub(in crate::adapters::api) struct MessagesRequest {
     /// The model as the client named it.
     pub model: String,
     /// Whether the answer is an SSE stream.

@@ -25,7 +25,7 @@ enum Open {
 
 /// The streaming state of one Messages answer.
 #[derive(Debug)]
-pub(super) struct MessagesStream {
+pub(in crate::adapters::api) struct MessagesStream {
     id: String,
     model: String,
     thinking: bool,

@@ -11,34 +11,18 @@ mod stream;
 #[cfg(test)]
 mod tests;
 
-use axum::extract::State;
-use axum::extract::rejection::BytesRejection;
-use axum::http::HeaderMap;
-use axum::response::{IntoResponse, Response};
-use bytes::Bytes;
+use axum::response::IntoResponse;
 
-use super::auth::Caller;
 use super::openai::reply::unix_now;
 use super::routing::ClientKeys;
-use super::translate::{ChatApi, serve_chat_run};
-use crate::adapters::http::HttpState;
+use super::translate::ChatApi;
 use crate::domain::RunId;
 use items::{Outcome, ResponseBase, collected_items, response_json};
 use request::ResponsesRequest;
 use stream::ResponsesStream;
 
-/// `POST /v1/responses`.
-pub(super) async fn create(
-    State(state): State<HttpState>,
-    caller: Caller,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
-) -> Response {
-    serve_chat_run(&RESPONSES, &state, &caller, &headers, body).await
-}
-
 /// Responses as a chat run, with OpenAI's error shape.
-const RESPONSES: ChatApi<ResponsesRequest, ResponsesStream> = ChatApi {
+pub(super) const RESPONSES: ChatApi<ResponsesRequest, ResponsesStream> = ChatApi {
     translate: request::translate,
     keys: |value| ClientKeys::of(value),
     error_response: |error| error.clone().into_response(),

@@ -14,7 +14,7 @@ use super::super::protocol::ChatTranslation;
 
 /// A checked Responses request, translated.
 #[derive(Debug, Clone, PartialEq)]
-pub(super) struct ResponsesRequest {
+pub(in crate::adapters::api) struct ResponsesRequest {
     /// The model as the client named it.
     pub model: String,
     /// Whether the answer is an SSE stream.

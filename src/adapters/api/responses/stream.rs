@@ -22,7 +22,7 @@ use crate::domain::{StructuredOutput, ToolCallDelta};
 
 /// The streaming state of one Responses answer.
 #[derive(Debug)]
-pub(super) struct ResponsesStream {
+pub(in crate::adapters::api) struct ResponsesStream {
     base: ResponseBase,
     sequence: u64,
     /// Every output item so far, in output order, and whether it is done.
@@ -36,7 +36,7 @@ pub(super) struct ResponsesStream {
 
 impl ResponsesStream {
     /// The stream of the response `base` describes.
-    pub fn new(base: ResponseBase) -> Self {
+    pub(super) fn new(base: ResponseBase) -> Self {
         Self {
             base,
             sequence: 0,
