@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use rusqlite::{Connection, params_from_iter};
 
-use super::schema::used_bytes;
+use super::schema::{used_bytes, vacuum_free_pages};
 use super::writer::to_sql;
 
 /// Runs removed per transaction.
@@ -74,7 +74,7 @@ pub(super) fn retention_chunk(
         // Hand the freed pages back to the file system. Not while making room under the
         // disk limit: the pages are reused at once, and moving them to shrink the file would
         // cost as much again.
-        conn.execute_batch("PRAGMA incremental_vacuum;")?;
+        vacuum_free_pages(conn)?;
     }
     Ok(seqs.len())
 }

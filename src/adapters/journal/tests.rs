@@ -483,3 +483,49 @@ async fn a_run_written_across_batches_reads_back_whole_from_its_row_and_the_tabl
     }
     journal.close().await;
 }
+
+#[tokio::test]
+async fn a_limit_lowered_below_the_file_is_kept_from_the_next_start() {
+    const LIMIT: u64 = budget::MIN_LIMIT;
+    let dir = tempfile::tempdir().unwrap();
+    let unlimited = JournalConfig {
+        retention_max_bytes: 0,
+        ..config(&dir)
+    };
+    let journal = SqliteJournal::open(&unlimited, &file(&dir)).unwrap();
+    let delta = "z".repeat(400);
+    for i in 0..1_500u64 {
+        let id = format!("old-{i}");
+        journal.record(accepted(&id, 10 + i));
+        let events = (0..20)
+            .map(|index| relayed(&id, index, RunEventKind::text(delta.as_str())))
+            .chain([relayed(&id, 20, completed())])
+            .collect();
+        journal.record(JournalEntry::Events {
+            run_id: RunId::new(id.as_str()),
+            events,
+        });
+    }
+    journal.close().await;
+    drop(journal);
+    assert!(on_disk(&dir) > 2 * LIMIT, "{} bytes", on_disk(&dir));
+
+    let limited = JournalConfig {
+        retention_max_bytes: LIMIT,
+        ..config(&dir)
+    };
+    let journal = SqliteJournal::open(&limited, &file(&dir)).unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while on_disk(&dir) > LIMIT && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let stats = journal.stats();
+    assert!(
+        on_disk(&dir) <= LIMIT,
+        "{} bytes, limit {LIMIT}: {stats:?}",
+        on_disk(&dir)
+    );
+    let newest = journal.run(&RunId::new("old-1499")).await.unwrap();
+    assert_eq!(newest.map(|r| r.outcome), Some(RunOutcome::Completed));
+    journal.close().await;
+}

@@ -21,7 +21,7 @@ use super::budget::{Budget, Files};
 use super::plan::{OpenRun, Plan};
 use super::queue::{EntryQueue, Taken};
 use super::retention::{Retention, retention_chunk};
-use super::schema::used_bytes;
+use super::schema::{file_bytes, used_bytes, vacuum_free_pages};
 use crate::domain::RunId;
 
 /// Counters shared by the writer and the journal's handle.
@@ -62,6 +62,9 @@ pub(super) struct Writer {
 impl Writer {
     /// Writes batches until the queue is closed and empty, interleaving retention work.
     pub(super) fn run(mut self) {
+        // A file over a limit lowered since it was written is brought within it now, not
+        // at the first write.
+        self.keep_budget();
         let mut next_retention = Instant::now();
         let mut retention_pending = true;
         loop {
@@ -144,6 +147,14 @@ impl Writer {
         self.making_room = true;
         while self.making_room && self.retention_step() {}
         self.making_room = false;
+        // New data reuses the freed pages; only a file larger than its share (the limit was
+        // lowered) hands them back, and then takes the share as its page cap again.
+        if file_bytes(&self.conn).is_ok_and(|bytes| bytes > self.budget.database) {
+            let shrunk = vacuum_free_pages(&self.conn).and_then(|()| self.budget.apply(&self.conn));
+            if let Err(error) = shrunk {
+                self.failed("vacuum", &error);
+            }
+        }
         self.checkpoint();
     }
 
