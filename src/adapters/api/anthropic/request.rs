@@ -36,11 +36,6 @@ impl ChatTranslation for MessagesRequest {
     }
 }
 
-/// A 400 about `param`.
-fn invalid(param: &'static str, message: impl Into<String>) -> ApiError {
-    ApiError::bad_request(Some(param), "invalid_value", message)
-}
-
 /// Translates a Messages request body.
 ///
 /// # Errors
@@ -53,13 +48,18 @@ pub(super) fn translate(body: &Value) -> Result<MessagesRequest, ApiError> {
     let model = match object.get("model") {
         Some(Value::String(model)) if !model.is_empty() => model.clone(),
         None | Some(Value::Null) => return Err(ApiError::missing("model")),
-        Some(_) => return Err(invalid("model", "`model` must be a non-empty string.")),
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "model",
+                "`model` must be a non-empty string.",
+            ));
+        }
     };
     let max_tokens = match object.get("max_tokens") {
         Some(Value::Number(n)) if n.as_u64().is_some_and(|n| n > 0) => n.clone(),
         None | Some(Value::Null) => return Err(ApiError::missing("max_tokens")),
         Some(_) => {
-            return Err(invalid(
+            return Err(ApiError::invalid(
                 "max_tokens",
                 "`max_tokens` must be a positive integer.",
             ));
@@ -74,7 +74,12 @@ pub(super) fn translate(body: &Value) -> Result<MessagesRequest, ApiError> {
     let turns = match object.get("messages") {
         Some(Value::Array(turns)) if !turns.is_empty() => turns,
         None | Some(Value::Null) => return Err(ApiError::missing("messages")),
-        Some(_) => return Err(invalid("messages", "`messages` must be a non-empty array.")),
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "messages",
+                "`messages` must be a non-empty array.",
+            ));
+        }
     };
     for turn in turns {
         translate_turn(turn, &mut messages)?;
@@ -101,7 +106,10 @@ fn optional_bool(object: &Map<String, Value>, name: &'static str) -> Result<bool
     match object.get(name) {
         None | Some(Value::Null) => Ok(false),
         Some(Value::Bool(value)) => Ok(*value),
-        Some(_) => Err(invalid(name, format!("`{name}` must be a boolean."))),
+        Some(_) => Err(ApiError::invalid(
+            name,
+            format!("`{name}` must be a boolean."),
+        )),
     }
 }
 
@@ -114,7 +122,7 @@ fn sampling(object: &Map<String, Value>, chat: &mut Map<String, Value>) -> Resul
                 chat.insert(name.into(), value.clone());
             }
             Some(_) => {
-                return Err(invalid(
+                return Err(ApiError::invalid(
                     "temperature",
                     format!("`{name}` must be a number."),
                 ));
@@ -129,7 +137,7 @@ fn sampling(object: &Map<String, Value>, chat: &mut Map<String, Value>) -> Resul
             }
         }
         Some(_) => {
-            return Err(invalid(
+            return Err(ApiError::invalid(
                 "stop_sequences",
                 "`stop_sequences` must be an array of strings.",
             ));
@@ -145,12 +153,15 @@ fn thinking(object: &Map<String, Value>) -> Result<bool, ApiError> {
         Some(Value::Object(thinking)) => match thinking.get("type").and_then(Value::as_str) {
             Some("enabled" | "adaptive") => Ok(true),
             Some("disabled") => Ok(false),
-            _ => Err(invalid(
+            _ => Err(ApiError::invalid(
                 "thinking",
                 "`thinking.type` must be `enabled`, `adaptive` or `disabled`.",
             )),
         },
-        Some(_) => Err(invalid("thinking", "`thinking` must be an object.")),
+        Some(_) => Err(ApiError::invalid(
+            "thinking",
+            "`thinking` must be an object.",
+        )),
     }
 }
 
@@ -162,10 +173,10 @@ fn text_of(value: &Value, param: &'static str) -> Result<String, ApiError> {
             let texts = blocks
                 .iter()
                 .map(|block| match block_type(block) {
-                    Some("text") => block["text"]
-                        .as_str()
-                        .ok_or_else(|| invalid(param, "A `text` block needs a string `text`.")),
-                    _ => Err(invalid(
+                    Some("text") => block["text"].as_str().ok_or_else(|| {
+                        ApiError::invalid(param, "A `text` block needs a string `text`.")
+                    }),
+                    _ => Err(ApiError::invalid(
                         param,
                         format!("`{param}` may hold only `text` blocks."),
                     )),
@@ -173,7 +184,7 @@ fn text_of(value: &Value, param: &'static str) -> Result<String, ApiError> {
                 .collect::<Result<Vec<_>, _>>()?;
             Ok(texts.join("\n\n"))
         }
-        _ => Err(invalid(
+        _ => Err(ApiError::invalid(
             param,
             format!("`{param}` must be a string or an array of text blocks."),
         )),
@@ -195,11 +206,11 @@ fn translate_turn(turn: &Value, out: &mut Vec<Value>) -> Result<(), ApiError> {
         }
         (Some("user"), Some(Value::Array(blocks))) => user_turn(blocks, out),
         (Some("assistant"), Some(Value::Array(blocks))) => assistant_turn(blocks, out),
-        (Some("user" | "assistant"), _) => Err(invalid(
+        (Some("user" | "assistant"), _) => Err(ApiError::invalid(
             "messages",
             "A message's `content` must be a string or an array of content blocks.",
         )),
-        _ => Err(invalid(
+        _ => Err(ApiError::invalid(
             "messages",
             "A message's `role` must be `user` or `assistant`.",
         )),
@@ -216,7 +227,12 @@ fn user_turn(blocks: &[Value], out: &mut Vec<Value>) -> Result<(), ApiError> {
             Some("image") => parts.push(image_part(block)?),
             Some("tool_result") => out.push(tool_message(block)?),
             Some(other) => return Err(unsupported_block(other)),
-            None => return Err(invalid("messages", "A content block needs a `type`.")),
+            None => {
+                return Err(ApiError::invalid(
+                    "messages",
+                    "A content block needs a `type`.",
+                ));
+            }
         }
     }
     match parts.as_slice() {
@@ -240,7 +256,12 @@ fn assistant_turn(blocks: &[Value], out: &mut Vec<Value>) -> Result<(), ApiError
             Some("tool_use") => calls.push(tool_call(block)?),
             Some("thinking" | "redacted_thinking") => {}
             Some(other) => return Err(unsupported_block(other)),
-            None => return Err(invalid("messages", "A content block needs a `type`.")),
+            None => {
+                return Err(ApiError::invalid(
+                    "messages",
+                    "A content block needs a `type`.",
+                ));
+            }
         }
     }
     let content = if text.is_empty() && !calls.is_empty() {
@@ -257,7 +278,7 @@ fn assistant_turn(blocks: &[Value], out: &mut Vec<Value>) -> Result<(), ApiError
 }
 
 fn unsupported_block(kind: &str) -> ApiError {
-    invalid(
+    ApiError::invalid(
         "messages",
         format!("Content blocks of type `{kind}` are not supported by this server."),
     )
@@ -266,12 +287,12 @@ fn unsupported_block(kind: &str) -> ApiError {
 fn text_field(block: &Value) -> Result<&str, ApiError> {
     block["text"]
         .as_str()
-        .ok_or_else(|| invalid("messages", "A `text` block needs a string `text`."))
+        .ok_or_else(|| ApiError::invalid("messages", "A `text` block needs a string `text`."))
 }
 
 fn string_field<'a>(block: &'a Value, name: &str, kind: &str) -> Result<&'a str, ApiError> {
     block[name].as_str().ok_or_else(|| {
-        invalid(
+        ApiError::invalid(
             "messages",
             format!("A `{kind}` block needs a string `{name}`."),
         )
@@ -289,7 +310,7 @@ fn image_part(block: &Value) -> Result<Value, ApiError> {
         ),
         Some("url") => string_field(source, "url", "image")?.to_owned(),
         _ => {
-            return Err(invalid(
+            return Err(ApiError::invalid(
                 "messages",
                 "An `image` block's `source.type` must be `base64` or `url`.",
             ));
@@ -323,24 +344,24 @@ fn tool_message(block: &Value) -> Result<Value, ApiError> {
 /// `tools`: client tools (`name`, `description`, `input_schema`) as OpenAI function tools.
 fn translate_tools(tools: &Value) -> Result<Value, ApiError> {
     let Value::Array(tools) = tools else {
-        return Err(invalid("tools", "`tools` must be an array."));
+        return Err(ApiError::invalid("tools", "`tools` must be an array."));
     };
     tools
         .iter()
         .map(|tool| {
             if let Some(kind) = block_type(tool).filter(|kind| *kind != "custom") {
-                return Err(invalid(
+                return Err(ApiError::invalid(
                     "tools",
                     format!("Server tools (`{kind}`) are not supported by this server; only client tools with an `input_schema`."),
                 ));
             }
             let name = tool["name"]
                 .as_str()
-                .ok_or_else(|| invalid("tools", "A tool needs a string `name`."))?;
+                .ok_or_else(|| ApiError::invalid("tools", "A tool needs a string `name`."))?;
             let schema = tool
                 .get("input_schema")
                 .filter(|schema| schema.is_object())
-                .ok_or_else(|| invalid("tools", "A tool needs an object `input_schema`."))?;
+                .ok_or_else(|| ApiError::invalid("tools", "A tool needs an object `input_schema`."))?;
             let mut function = json!({ "name": name, "parameters": schema });
             if let Some(description) = tool.get("description").and_then(Value::as_str) {
                 function["description"] = Value::from(description);
@@ -359,7 +380,7 @@ fn translate_tool_choice(choice: &Value, chat: &mut Map<String, Value>) -> Resul
         Some("none") => json!("none"),
         Some("tool") => {
             let name = choice["name"].as_str().ok_or_else(|| {
-                invalid(
+                ApiError::invalid(
                     "tool_choice",
                     "`tool_choice` of type `tool` needs a `name`.",
                 )
@@ -367,7 +388,7 @@ fn translate_tool_choice(choice: &Value, chat: &mut Map<String, Value>) -> Resul
             json!({ "type": "function", "function": { "name": name } })
         }
         _ => {
-            return Err(invalid(
+            return Err(ApiError::invalid(
                 "tool_choice",
                 "`tool_choice.type` must be `auto`, `any`, `tool` or `none`.",
             ));

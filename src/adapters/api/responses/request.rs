@@ -39,10 +39,6 @@ impl ChatTranslation for ResponsesRequest {
     }
 }
 
-fn invalid(param: &'static str, message: impl Into<String>) -> ApiError {
-    ApiError::bad_request(Some(param), "invalid_value", message)
-}
-
 fn unsupported(param: &'static str, message: impl Into<String>) -> ApiError {
     ApiError::bad_request(Some(param), "unsupported_parameter", message)
 }
@@ -60,19 +56,29 @@ pub(super) fn translate(body: &Value) -> Result<ResponsesRequest, ApiError> {
     let model = match object.get("model") {
         Some(Value::String(model)) if !model.is_empty() => model.clone(),
         None | Some(Value::Null) => return Err(ApiError::missing("model")),
-        Some(_) => return Err(invalid("model", "`model` must be a non-empty string.")),
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "model",
+                "`model` must be a non-empty string.",
+            ));
+        }
     };
     let stream = match object.get("stream") {
         None | Some(Value::Null) => false,
         Some(Value::Bool(stream)) => *stream,
-        Some(_) => return Err(invalid("stream", "`stream` must be a boolean.")),
+        Some(_) => return Err(ApiError::invalid("stream", "`stream` must be a boolean.")),
     };
     let mut messages = Vec::new();
     let instructions = object.get("instructions").cloned().unwrap_or(Value::Null);
     match &instructions {
         Value::Null => {}
         Value::String(text) => messages.push(json!({ "role": "system", "content": text })),
-        _ => return Err(invalid("instructions", "`instructions` must be a string.")),
+        _ => {
+            return Err(ApiError::invalid(
+                "instructions",
+                "`instructions` must be a string.",
+            ));
+        }
     }
     match object.get("input") {
         Some(Value::String(text)) => messages.push(json!({ "role": "user", "content": text })),
@@ -83,7 +89,7 @@ pub(super) fn translate(body: &Value) -> Result<ResponsesRequest, ApiError> {
         }
         None | Some(Value::Null) => return Err(ApiError::missing("input")),
         Some(_) => {
-            return Err(invalid(
+            return Err(ApiError::invalid(
                 "input",
                 "`input` must be a string or a non-empty array of items.",
             ));
@@ -148,7 +154,7 @@ fn options(object: &Map<String, Value>, chat: &mut Map<String, Value>) -> Result
                 chat.insert(to.into(), value.clone());
             }
             Some(_) => {
-                return Err(invalid(
+                return Err(ApiError::invalid(
                     "temperature",
                     format!("`{from}` must be a number."),
                 ));
@@ -157,7 +163,7 @@ fn options(object: &Map<String, Value>, chat: &mut Map<String, Value>) -> Result
     }
     if let Some(parallel) = object.get("parallel_tool_calls").filter(|v| !v.is_null()) {
         if !parallel.is_boolean() {
-            return Err(invalid(
+            return Err(ApiError::invalid(
                 "parallel_tool_calls",
                 "`parallel_tool_calls` must be a boolean.",
             ));
@@ -200,7 +206,7 @@ fn translate_item(item: &Value, out: &mut Vec<Value>) -> Result<(), ApiError> {
                 Some(Value::String(text)) => text.clone(),
                 Some(Value::Array(parts)) => content_text(parts)?,
                 _ => {
-                    return Err(invalid(
+                    return Err(ApiError::invalid(
                         "input",
                         "A `function_call_output` item needs an `output`.",
                     ));
@@ -214,7 +220,7 @@ fn translate_item(item: &Value, out: &mut Vec<Value>) -> Result<(), ApiError> {
             "input",
             format!("Input items of type `{other}` are not supported by this server."),
         )),
-        None => Err(invalid(
+        None => Err(ApiError::invalid(
             "input",
             "An input item needs a `type` or a `role`.",
         )),
@@ -222,9 +228,9 @@ fn translate_item(item: &Value, out: &mut Vec<Value>) -> Result<(), ApiError> {
 }
 
 fn string_field<'a>(item: &'a Value, name: &str, kind: &str) -> Result<&'a str, ApiError> {
-    item[name]
-        .as_str()
-        .ok_or_else(|| invalid("input", format!("A `{kind}` item needs a string `{name}`.")))
+    item[name].as_str().ok_or_else(|| {
+        ApiError::invalid("input", format!("A `{kind}` item needs a string `{name}`."))
+    })
 }
 
 /// A message item (`developer` is sent as `system`, which every engine knows).
@@ -233,7 +239,7 @@ fn message_item(item: &Value, out: &mut Vec<Value>) -> Result<(), ApiError> {
         Some("developer" | "system") => "system",
         Some(role @ ("user" | "assistant")) => role,
         _ => {
-            return Err(invalid(
+            return Err(ApiError::invalid(
                 "input",
                 "A message's `role` must be `user`, `assistant`, `system` or `developer`.",
             ));
@@ -244,7 +250,7 @@ fn message_item(item: &Value, out: &mut Vec<Value>) -> Result<(), ApiError> {
         Value::Array(parts) if role == "user" => user_parts(parts)?,
         Value::Array(parts) => Value::from(content_text(parts)?),
         _ => {
-            return Err(invalid(
+            return Err(ApiError::invalid(
                 "input",
                 "A message's `content` must be a string or an array.",
             ));
@@ -339,7 +345,7 @@ fn function_call_item(item: &Value, out: &mut Vec<Value>) -> Result<(), ApiError
 /// Function tools in the chat form; other (hosted) tools are refused.
 fn translate_tools(tools: &Value) -> Result<Vec<Value>, ApiError> {
     let Value::Array(tools) = tools else {
-        return Err(invalid("tools", "`tools` must be an array."));
+        return Err(ApiError::invalid("tools", "`tools` must be an array."));
     };
     tools
         .iter()
@@ -355,7 +361,7 @@ fn translate_tools(tools: &Value) -> Result<Vec<Value>, ApiError> {
             }
             let name = tool["name"]
                 .as_str()
-                .ok_or_else(|| invalid("tools", "A function tool needs a string `name`."))?;
+                .ok_or_else(|| ApiError::invalid("tools", "A function tool needs a string `name`."))?;
             let mut function = json!({ "name": name });
             for field in ["description", "parameters", "strict"] {
                 if let Some(value) = tool.get(field).filter(|v| !v.is_null()) {
@@ -374,7 +380,7 @@ fn translate_tool_choice(choice: &Value) -> Result<Value, ApiError> {
         }
         Value::Object(object) if object.get("type") == Some(&json!("function")) => {
             let name = object.get("name").and_then(Value::as_str).ok_or_else(|| {
-                invalid("tool_choice", "A function `tool_choice` needs a `name`.")
+                ApiError::invalid("tool_choice", "A function `tool_choice` needs a `name`.")
             })?;
             Ok(json!({ "type": "function", "function": { "name": name } }))
         }
