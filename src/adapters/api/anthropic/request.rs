@@ -92,6 +92,15 @@ pub(super) fn translate(body: &Value) -> Result<MessagesRequest, ApiError> {
         chat.insert("tools".into(), translate_tools(tools)?);
     }
     if let Some(choice) = object.get("tool_choice").filter(|c| !c.is_null()) {
+        if let Some(kind) = choice["name"]
+            .as_str()
+            .and_then(|name| server_tool_named(object.get("tools"), name))
+        {
+            return Err(ApiError::invalid(
+                "tool_choice",
+                format!("`tool_choice` forces the server tool `{kind}`, which this server cannot run; only client tools with an `input_schema` run here."),
+            ));
+        }
         translate_tool_choice(choice, &mut chat)?;
     }
     Ok(MessagesRequest {
@@ -206,13 +215,19 @@ fn translate_turn(turn: &Value, out: &mut Vec<Value>) -> Result<(), ApiError> {
         }
         (Some("user"), Some(Value::Array(blocks))) => user_turn(blocks, out),
         (Some("assistant"), Some(Value::Array(blocks))) => assistant_turn(blocks, out),
-        (Some("user" | "assistant"), _) => Err(ApiError::invalid(
+        // Claude Code sends system turns mid-conversation (its environment, reminders):
+        // they stay where they are, as chat system messages.
+        (Some("system"), Some(content)) => {
+            out.push(json!({ "role": "system", "content": text_of(content, "messages")? }));
+            Ok(())
+        }
+        (Some("user" | "assistant" | "system"), _) => Err(ApiError::invalid(
             "messages",
             "A message's `content` must be a string or an array of content blocks.",
         )),
         _ => Err(ApiError::invalid(
             "messages",
-            "A message's `role` must be `user` or `assistant`.",
+            "A message's `role` must be `user`, `assistant` or `system`.",
         )),
     }
 }
@@ -341,20 +356,18 @@ fn tool_message(block: &Value) -> Result<Value, ApiError> {
     Ok(json!({ "role": "tool", "tool_call_id": id, "content": content }))
 }
 
-/// `tools`: client tools (`name`, `description`, `input_schema`) as OpenAI function tools.
+/// `tools`: client tools (`name`, `description`, `input_schema`; no `type`, or `custom`) as
+/// OpenAI function tools. Server tools (a `type` such as `web_search_20250305`, run by
+/// Anthropic's servers) cannot run in this pool and are left out; [`translate_tool_choice`]
+/// refuses a `tool_choice` that names one.
 fn translate_tools(tools: &Value) -> Result<Value, ApiError> {
     let Value::Array(tools) = tools else {
         return Err(ApiError::invalid("tools", "`tools` must be an array."));
     };
     tools
         .iter()
+        .filter(|tool| !is_server_tool(tool))
         .map(|tool| {
-            if let Some(kind) = block_type(tool).filter(|kind| *kind != "custom") {
-                return Err(ApiError::invalid(
-                    "tools",
-                    format!("Server tools (`{kind}`) are not supported by this server; only client tools with an `input_schema`."),
-                ));
-            }
             let name = tool["name"]
                 .as_str()
                 .ok_or_else(|| ApiError::invalid("tools", "A tool needs a string `name`."))?;
@@ -369,6 +382,20 @@ fn translate_tools(tools: &Value) -> Result<Value, ApiError> {
             Ok(json!({ "type": "function", "function": function }))
         })
         .collect()
+}
+
+/// Whether `tool` is one of Anthropic's server tools: typed, and not `custom`.
+fn is_server_tool(tool: &Value) -> bool {
+    block_type(tool).is_some_and(|kind| kind != "custom")
+}
+
+/// The server tool `name` names in `tools`, if any.
+fn server_tool_named<'a>(tools: Option<&'a Value>, name: &str) -> Option<&'a str> {
+    tools?
+        .as_array()?
+        .iter()
+        .find(|tool| is_server_tool(tool) && tool["name"] == name)
+        .and_then(block_type)
 }
 
 /// `tool_choice` (`auto`, `any`, `tool`, `none`) as OpenAI's, and

@@ -80,10 +80,6 @@ fn invalid_and_unsupported_requests_are_400s_naming_the_field() {
             "messages",
             json!([{"role": "user", "content": [{"type": "document"}]}]),
         ),
-        with(
-            "tools",
-            json!([{"type": "web_search_20250305", "name": "web_search"}]),
-        ),
         with("tool_choice", json!({"type": "sometimes"})),
         with("thinking", json!({"type": "maybe"})),
         with("stream", json!("yes")),
@@ -94,6 +90,40 @@ fn invalid_and_unsupported_requests_are_400s_naming_the_field() {
     }
     assert!(translate(&json!([1])).is_err());
     assert!(translate(&json!({"max_tokens": 1, "messages": []})).is_err());
+}
+
+#[test]
+fn server_tools_are_left_out_unless_tool_choice_forces_one() {
+    let body = json!({"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": "x"}],
+        "tools": [{"type": "web_search_20250305", "name": "web_search"},
+                  {"name": "get_weather", "input_schema": {"type": "object"}}]});
+    let translated = translate(&body).expect("server tools are left out");
+    let tools = translated.chat["tools"].as_array().unwrap();
+    assert_eq!(tools.len(), 1);
+    assert_eq!(tools[0]["function"]["name"], "get_weather");
+    let mut forced = body.clone();
+    forced["tool_choice"] = json!({"type": "tool", "name": "web_search"});
+    let error = translate(&forced).unwrap_err();
+    assert_eq!(error.status().as_u16(), 400);
+    assert!(error.message().contains("web_search_20250305"), "{}", error.message());
+}
+
+/// Claude Code's first request (tests/fixtures/clients), as captured: `system` blocks, a
+/// system turn after the first user turn (kept in place), untyped tools, adaptive thinking,
+/// and the options the edge ignores (`context_management`, `output_config`, `metadata`).
+#[test]
+fn the_claude_code_request_translates() {
+    let fixture: Value = serde_json::from_str(include_str!(
+        "../../../../tests/fixtures/clients/claude-code-2.1.332.json"
+    ))
+    .expect("the fixture is JSON");
+    let translated = translate(&fixture["body"]).expect("Claude Code's request translates");
+    let messages = translated.chat["messages"].as_array().unwrap();
+    let roles: Vec<&str> = messages.iter().map(|m| m["role"].as_str().unwrap()).collect();
+    assert_eq!(roles, ["system", "user", "system"]);
+    assert!(messages[2]["content"].as_str().unwrap().starts_with("# Environment"));
+    assert_eq!(translated.chat["tools"].as_array().unwrap().len(), 12);
+    assert!(translated.thinking && translated.stream);
 }
 
 fn text_block() -> impl Strategy<Value = Value> {

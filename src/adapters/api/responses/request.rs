@@ -342,35 +342,78 @@ fn function_call_item(item: &Value, out: &mut Vec<Value>) -> Result<(), ApiError
     Ok(())
 }
 
-/// Function tools in the chat form; other (hosted) tools are refused.
+/// The hosted tools OpenAI's servers run (web and file search, code, computers, images,
+/// remote MCP): no node here runs them, so they are left out of the chat tools.
+const HOSTED_TOOLS: [&str; 9] = [
+    "web_search",
+    "web_search_preview",
+    "file_search",
+    "code_interpreter",
+    "computer_use_preview",
+    "image_generation",
+    "mcp",
+    "local_shell",
+    "tool_search",
+];
+
+fn is_hosted(kind: &str) -> bool {
+    HOSTED_TOOLS.contains(&kind) || kind.starts_with("web_search_preview_")
+}
+
+/// Function tools in the chat form, and the function tools of each `namespace` tool (by
+/// their own names, so the calls map back); hosted tools are left out; other types refused.
 fn translate_tools(tools: &Value) -> Result<Vec<Value>, ApiError> {
     let Value::Array(tools) = tools else {
         return Err(ApiError::invalid("tools", "`tools` must be an array."));
     };
-    tools
-        .iter()
-        .map(|tool| {
-            match tool.get("type").and_then(Value::as_str) {
-                Some("function") => {}
-                other => {
-                    return Err(unsupported(
+    let mut out = Vec::new();
+    for tool in tools {
+        match tool.get("type").and_then(Value::as_str) {
+            Some("function") => out.push(function_tool(tool)?),
+            Some("namespace") => {
+                let Some(Value::Array(members)) = tool.get("tools") else {
+                    return Err(ApiError::invalid(
                         "tools",
-                        format!("Tools of type `{}` are not supported by this server; only `function` tools.", other.unwrap_or("?")),
+                        "A `namespace` tool needs an array `tools`.",
                     ));
+                };
+                for member in members {
+                    out.push(function_tool(member)?);
                 }
             }
-            let name = tool["name"]
-                .as_str()
-                .ok_or_else(|| ApiError::invalid("tools", "A function tool needs a string `name`."))?;
-            let mut function = json!({ "name": name });
-            for field in ["description", "parameters", "strict"] {
-                if let Some(value) = tool.get(field).filter(|v| !v.is_null()) {
-                    function[field] = value.clone();
-                }
+            Some(kind) if is_hosted(kind) => {}
+            other => {
+                return Err(unsupported(
+                    "tools",
+                    format!(
+                        "Tools of type `{}` are not supported by this server; only `function` and `namespace` tools (hosted tools are left out).",
+                        other.unwrap_or("?")
+                    ),
+                ));
             }
-            Ok(json!({ "type": "function", "function": function }))
-        })
-        .collect()
+        }
+    }
+    Ok(out)
+}
+
+/// A `function` tool (inside a namespace too) in the chat form.
+fn function_tool(tool: &Value) -> Result<Value, ApiError> {
+    if tool.get("type").and_then(Value::as_str) != Some("function") {
+        return Err(unsupported(
+            "tools",
+            "A `namespace` tool may hold only `function` tools.",
+        ));
+    }
+    let name = tool["name"]
+        .as_str()
+        .ok_or_else(|| ApiError::invalid("tools", "A function tool needs a string `name`."))?;
+    let mut function = json!({ "name": name });
+    for field in ["description", "parameters", "strict"] {
+        if let Some(value) = tool.get(field).filter(|v| !v.is_null()) {
+            function[field] = value.clone();
+        }
+    }
+    Ok(json!({ "type": "function", "function": function }))
 }
 
 fn translate_tool_choice(choice: &Value) -> Result<Value, ApiError> {
@@ -383,6 +426,20 @@ fn translate_tool_choice(choice: &Value) -> Result<Value, ApiError> {
                 ApiError::invalid("tool_choice", "A function `tool_choice` needs a `name`.")
             })?;
             Ok(json!({ "type": "function", "function": { "name": name } }))
+        }
+        Value::Object(object)
+            if object
+                .get("type")
+                .and_then(Value::as_str)
+                .is_some_and(is_hosted) =>
+        {
+            Err(unsupported(
+                "tool_choice",
+                format!(
+                    "`tool_choice` forces the hosted tool `{}`, which this server cannot run.",
+                    object["type"].as_str().unwrap_or_default()
+                ),
+            ))
         }
         _ => Err(unsupported(
             "tool_choice",

@@ -67,7 +67,8 @@ fn state_and_hosted_tools_are_refused_by_name() {
         ("previous_response_id", json!("resp_1")),
         ("conversation", json!("conv_1")),
         ("background", json!(true)),
-        ("tools", json!([{"type": "web_search"}])),
+        ("tools", json!([{"type": "custom", "name": "apply_patch"}])),
+        ("tool_choice", json!({"type": "web_search"})),
         ("input", json!([{"type": "item_reference", "id": "x"}])),
     ] {
         let error = with(field, value);
@@ -82,6 +83,36 @@ fn state_and_hosted_tools_are_refused_by_name() {
     assert!(translate(&json!({"model": "m", "input": "x", "store": false})).is_ok());
     assert_eq!(with("input", json!(5)).error_code(), Some("invalid_value"));
     assert!(translate(&json!({"input": "x"})).is_err());
+}
+
+/// The Codex CLI's first request (tests/fixtures/clients), as captured: developer messages
+/// become system ones in place, the namespace's functions join the function tools by their
+/// own names, web search is left out, and the client-side options are ignored.
+#[test]
+fn the_codex_cli_request_translates() {
+    let fixture: Value = serde_json::from_str(include_str!(
+        "../../../../tests/fixtures/clients/codex-0.171.0.json"
+    ))
+    .expect("the fixture is JSON");
+    let translated = translate(&fixture["body"]).expect("Codex's request translates");
+    let chat = &translated.chat;
+    let roles: Vec<&str> = chat["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["role"].as_str().unwrap())
+        .collect();
+    assert_eq!(roles, ["system", "system", "user", "user"]);
+    let names: Vec<&str> = chat["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["function"]["name"].as_str().unwrap())
+        .collect();
+    assert!(names.contains(&"exec_command") && names.contains(&"spawn_agent"), "{names:?}");
+    assert_eq!(names.len(), 12, "8 functions and the namespace's 5, no web search: {names:?}");
+    assert_eq!(chat["parallel_tool_calls"], true);
+    assert!(translated.stream);
 }
 
 fn item() -> impl Strategy<Value = Value> {
