@@ -145,6 +145,7 @@ fn fields_routing(
     let (prompt_cache_key, user) = (text("prompt_cache_key"), text("user"));
     let keys = ClientKeys {
         prompt_cache_key: prompt_cache_key.as_deref(),
+        session: None,
         user: user.as_deref(),
     };
     let prefix = api.prefix_affinity() && endpoint == Endpoint::Chat;

@@ -1,6 +1,7 @@
 //! What routing needs from a request: the caller's tenant, priority and limits, and the
-//! affinity key — the first of the body's `prompt_cache_key`, the `x-session-id` header,
-//! the body's `user`, and, for chat runs with `routing.prefix_affinity` on, a hash of the
+//! affinity key — the first of the body's `prompt_cache_key`, a session header
+//! (`x-session-id`, then Claude Code's `x-claude-code-session-id` and the Codex CLI's
+//! `session-id`), a session in Claude Code's `metadata.user_id`, the body's `user`, and, for chat runs with `routing.prefix_affinity` on, a hash of the
 //! prompt's stable prefix (the system messages before the first user message, and that
 //! message).
 //!
@@ -23,15 +24,21 @@ use crate::domain::routing::{AffinityKey, KeySource, Priority};
 /// The header a client sets to keep its runs on one node (a conversation, a session).
 pub const SESSION_HEADER: &str = "x-session-id";
 
+/// The session headers read for affinity, in order: the edge's own, then the ones agent
+/// harnesses send on every request of a session (Claude Code, the Codex CLI).
+const SESSION_HEADERS: [&str; 3] = [SESSION_HEADER, "x-claude-code-session-id", "session-id"];
+
 /// The header a client whose key allows it sets to choose its priority class
 /// (`interactive` or `batch`).
 pub const PRIORITY_HEADER: &str = "x-edge-priority";
 
 /// The values a client gave to key its runs by, as found in its request.
-#[derive(Debug, Default, Clone, Copy)]
+#[derive(Debug, Default, Clone)]
 pub(super) struct ClientKeys<'a> {
     /// `prompt_cache_key`.
     pub prompt_cache_key: Option<&'a str>,
+    /// A session the body names (Claude Code: the `session_id` inside `metadata.user_id`).
+    pub session: Option<String>,
     /// `user` (Anthropic: `metadata.user_id`).
     pub user: Option<&'a str>,
 }
@@ -41,9 +48,26 @@ impl<'a> ClientKeys<'a> {
     pub fn of(body: &'a Value) -> Self {
         Self {
             prompt_cache_key: body.get("prompt_cache_key").and_then(Value::as_str),
+            session: None,
             user: body.get("user").and_then(Value::as_str),
         }
     }
+}
+
+/// The `session_id` of a `metadata.user_id` that is itself JSON, as Claude Code sends it
+/// (`{"device_id": …, "session_id": …}`); `None` for a plain user id.
+pub(super) fn session_in_user_id(user_id: &str) -> Option<String> {
+    #[derive(Deserialize)]
+    struct UserId {
+        session_id: String,
+    }
+    if !user_id.starts_with('{') {
+        return None;
+    }
+    serde_json::from_str::<UserId>(user_id)
+        .ok()
+        .map(|id| id.session_id)
+        .filter(|session| !session.is_empty())
 }
 
 /// The routing of a run `caller` asks for with `headers`: affinity from `keys` or the
@@ -57,9 +81,10 @@ pub(super) fn run_routing(
     keys: ClientKeys<'_>,
     prefix: impl FnOnce() -> Option<AffinityKey>,
 ) -> Result<RunRouting, ApiError> {
-    let session = headers
-        .get(SESSION_HEADER)
-        .and_then(|value| value.to_str().ok());
+    let session = SESSION_HEADERS
+        .iter()
+        .find_map(|name| headers.get(*name).and_then(|value| value.to_str().ok()))
+        .or(keys.session.as_deref());
     let affinity = keys
         .prompt_cache_key
         .and_then(|key| AffinityKey::from_client(KeySource::PromptCacheKey, key))
@@ -253,27 +278,44 @@ mod tests {
         let mut headers = HeaderMap::new();
         let keys = ClientKeys {
             prompt_cache_key: Some("pck"),
+            session: None,
             user: Some("u"),
         };
         let prefix = || AffinityKey::from_client(KeySource::Prefix, "p");
-        let source = |headers: &HeaderMap, keys| {
-            run_routing(&caller, headers, keys, prefix)
-                .unwrap()
-                .affinity
-                .map(AffinityKey::source)
+        let routed = |headers: &HeaderMap, keys| {
+            run_routing(&caller, headers, keys, prefix).unwrap().affinity
         };
-        assert_eq!(source(&headers, keys), Some(KeySource::PromptCacheKey));
-        headers.insert(SESSION_HEADER, HeaderValue::from_static("s"));
+        let source = |headers: &HeaderMap, keys| routed(headers, keys).map(AffinityKey::source);
+        assert_eq!(source(&headers, keys.clone()), Some(KeySource::PromptCacheKey));
         let no_pck = ClientKeys {
             prompt_cache_key: None,
             ..keys
         };
-        assert_eq!(source(&headers, no_pck), Some(KeySource::Session));
-        assert_eq!(source(&HeaderMap::new(), no_pck), Some(KeySource::User));
+        assert_eq!(source(&HeaderMap::new(), no_pck.clone()), Some(KeySource::User));
+        let body_session = ClientKeys {
+            session: Some("claude".into()),
+            ..no_pck.clone()
+        };
+        let by_body = routed(&HeaderMap::new(), body_session.clone());
+        assert_eq!(by_body.map(AffinityKey::source), Some(KeySource::Session));
+        // Every session header is a session key; the same session, the same key.
+        for name in ["session-id", "x-claude-code-session-id", SESSION_HEADER] {
+            headers.insert(name, HeaderValue::from_static("claude"));
+            assert_eq!(routed(&headers, no_pck.clone()), by_body, "{name}");
+        }
         assert_eq!(
             source(&HeaderMap::new(), ClientKeys::default()),
             Some(KeySource::Prefix)
         );
+    }
+
+    #[test]
+    fn claude_codes_user_id_carries_its_session() {
+        let user_id = r#"{"device_id":"d","account_uuid":"","session_id":"316e8cb1"}"#;
+        assert_eq!(session_in_user_id(user_id).as_deref(), Some("316e8cb1"));
+        assert_eq!(session_in_user_id("user-42"), None);
+        assert_eq!(session_in_user_id(r#"{"session_id":""}"#), None);
+        assert_eq!(session_in_user_id("{not json"), None);
     }
 
     #[test]

@@ -16,19 +16,24 @@ use axum::response::{IntoResponse, Response};
 use serde_json::Value;
 
 use super::error::ApiError;
-use super::routing::ClientKeys;
+use super::routing::{ClientKeys, session_in_user_id};
 use super::translate::ChatApi;
 use crate::domain::RunId;
 use message::{error_body, message};
 use request::MessagesRequest;
 use stream::MessagesStream;
 
-/// Messages as a chat run: `metadata.user_id` is the client's user key.
+/// Messages as a chat run: `metadata.user_id` is the client's user key, and the session
+/// Claude Code writes inside it (as JSON) its session key.
 pub(super) const MESSAGES: ChatApi<MessagesRequest, MessagesStream> = ChatApi {
     translate: request::translate,
-    keys: |value| ClientKeys {
-        user: value.pointer("/metadata/user_id").and_then(Value::as_str),
-        ..ClientKeys::default()
+    keys: |value| {
+        let user = value.pointer("/metadata/user_id").and_then(Value::as_str);
+        ClientKeys {
+            session: user.and_then(session_in_user_id),
+            user,
+            ..ClientKeys::default()
+        }
     },
     error_response,
     stream: |request, run_id| {
