@@ -69,6 +69,22 @@ pub fn nats_server_binary() -> PathBuf {
     BINARY.get_or_init(|| install("nats-server.sh")).clone()
 }
 
+/// The directory holding the `claude` (Claude Code) and `codex` (the Codex CLI) commands at
+/// their pinned versions, npm-installed by `.ci/clients/agents.sh` when missing.
+pub fn agent_clients() -> PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let dir = run_installer(Path::new("clients/agents.sh"));
+        assert!(
+            dir.join("claude").is_file() && dir.join("codex").is_file(),
+            "{} holds claude and codex",
+            dir.display()
+        );
+        dir
+    })
+    .clone()
+}
+
 /// A vocab-only GGUF file shipped with llama.cpp (`ggml-vocab-{name}.gguf`, for example
 /// `llama-spm`), kept in the cache next to `llama-server`.
 pub fn vocab(name: &str) -> PathBuf {
@@ -135,8 +151,19 @@ fn make_tiny_model() -> PathBuf {
 /// Runs `.ci/engines/{script}` (which installs when needed) and returns the path it prints.
 /// Its progress messages go to the test's stderr.
 fn install(script: &str) -> PathBuf {
+    let binary = run_installer(&Path::new("engines").join(script));
+    assert!(
+        binary.is_file(),
+        "{script} printed {}, not the path of a binary",
+        binary.display()
+    );
+    binary
+}
+
+/// Runs the installer `.ci/<script>` and returns the path it prints last.
+fn run_installer(script: &Path) -> PathBuf {
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join(".ci/engines")
+        .join(".ci")
         .join(script);
     let output = std::process::Command::new("bash")
         .arg(&path)
@@ -151,13 +178,7 @@ fn install(script: &str) -> PathBuf {
         output.status
     );
     let stdout = String::from_utf8_lossy(&output.stdout);
-    let binary = PathBuf::from(stdout.lines().last().unwrap_or_default().trim());
-    assert!(
-        binary.is_file(),
-        "{} printed {stdout:?}, not the path of a binary",
-        path.display()
-    );
-    binary
+    PathBuf::from(stdout.lines().last().unwrap_or_default().trim())
 }
 
 /// A free loopback port: bound, then released for the engine to take.

@@ -48,6 +48,7 @@ mod admin_cli;
 mod admin_crash;
 mod admin_journal;
 mod admin_openapi;
+mod agents_e2e;
 mod api;
 mod api_anthropic;
 mod api_embeddings;

@@ -283,15 +283,23 @@ mod tests {
         };
         let prefix = || AffinityKey::from_client(KeySource::Prefix, "p");
         let routed = |headers: &HeaderMap, keys| {
-            run_routing(&caller, headers, keys, prefix).unwrap().affinity
+            run_routing(&caller, headers, keys, prefix)
+                .unwrap()
+                .affinity
         };
         let source = |headers: &HeaderMap, keys| routed(headers, keys).map(AffinityKey::source);
-        assert_eq!(source(&headers, keys.clone()), Some(KeySource::PromptCacheKey));
+        assert_eq!(
+            source(&headers, keys.clone()),
+            Some(KeySource::PromptCacheKey)
+        );
         let no_pck = ClientKeys {
             prompt_cache_key: None,
             ..keys
         };
-        assert_eq!(source(&HeaderMap::new(), no_pck.clone()), Some(KeySource::User));
+        assert_eq!(
+            source(&HeaderMap::new(), no_pck.clone()),
+            Some(KeySource::User)
+        );
         let body_session = ClientKeys {
             session: Some("claude".into()),
             ..no_pck.clone()

@@ -92,15 +92,7 @@ pub(super) fn translate(body: &Value) -> Result<MessagesRequest, ApiError> {
         chat.insert("tools".into(), translate_tools(tools)?);
     }
     if let Some(choice) = object.get("tool_choice").filter(|c| !c.is_null()) {
-        if let Some(kind) = choice["name"]
-            .as_str()
-            .and_then(|name| server_tool_named(object.get("tools"), name))
-        {
-            return Err(ApiError::invalid(
-                "tool_choice",
-                format!("`tool_choice` forces the server tool `{kind}`, which this server cannot run; only client tools with an `input_schema` run here."),
-            ));
-        }
+        refuse_forced_server_tool(choice, object.get("tools"))?;
         translate_tool_choice(choice, &mut chat)?;
     }
     Ok(MessagesRequest {
@@ -374,7 +366,9 @@ fn translate_tools(tools: &Value) -> Result<Value, ApiError> {
             let schema = tool
                 .get("input_schema")
                 .filter(|schema| schema.is_object())
-                .ok_or_else(|| ApiError::invalid("tools", "A tool needs an object `input_schema`."))?;
+                .ok_or_else(|| {
+                    ApiError::invalid("tools", "A tool needs an object `input_schema`.")
+                })?;
             let mut function = json!({ "name": name, "parameters": schema });
             if let Some(description) = tool.get("description").and_then(Value::as_str) {
                 function["description"] = Value::from(description);
@@ -387,6 +381,22 @@ fn translate_tools(tools: &Value) -> Result<Value, ApiError> {
 /// Whether `tool` is one of Anthropic's server tools: typed, and not `custom`.
 fn is_server_tool(tool: &Value) -> bool {
     block_type(tool).is_some_and(|kind| kind != "custom")
+}
+
+/// Refuses a `tool_choice` naming a server tool, which [`translate_tools`] leaves out.
+fn refuse_forced_server_tool(choice: &Value, tools: Option<&Value>) -> Result<(), ApiError> {
+    match choice["name"]
+        .as_str()
+        .and_then(|name| server_tool_named(tools, name))
+    {
+        Some(kind) => Err(ApiError::invalid(
+            "tool_choice",
+            format!(
+                "`tool_choice` forces the server tool `{kind}`, which this server cannot run; only client tools with an `input_schema` run here."
+            ),
+        )),
+        None => Ok(()),
+    }
 }
 
 /// The server tool `name` names in `tools`, if any.

@@ -105,7 +105,11 @@ fn server_tools_are_left_out_unless_tool_choice_forces_one() {
     forced["tool_choice"] = json!({"type": "tool", "name": "web_search"});
     let error = translate(&forced).unwrap_err();
     assert_eq!(error.status().as_u16(), 400);
-    assert!(error.message().contains("web_search_20250305"), "{}", error.message());
+    assert!(
+        error.message().contains("web_search_20250305"),
+        "{}",
+        error.message()
+    );
 }
 
 /// Claude Code's first request (tests/fixtures/clients), as captured: `system` blocks, a
@@ -119,9 +123,17 @@ fn the_claude_code_request_translates() {
     .expect("the fixture is JSON");
     let translated = translate(&fixture["body"]).expect("Claude Code's request translates");
     let messages = translated.chat["messages"].as_array().unwrap();
-    let roles: Vec<&str> = messages.iter().map(|m| m["role"].as_str().unwrap()).collect();
+    let roles: Vec<&str> = messages
+        .iter()
+        .map(|m| m["role"].as_str().unwrap())
+        .collect();
     assert_eq!(roles, ["system", "user", "system"]);
-    assert!(messages[2]["content"].as_str().unwrap().starts_with("# Environment"));
+    assert!(
+        messages[2]["content"]
+            .as_str()
+            .unwrap()
+            .starts_with("# Environment")
+    );
     assert_eq!(translated.chat["tools"].as_array().unwrap().len(), 12);
     assert!(translated.thinking && translated.stream);
 }

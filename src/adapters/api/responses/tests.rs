@@ -109,8 +109,15 @@ fn the_codex_cli_request_translates() {
         .iter()
         .map(|t| t["function"]["name"].as_str().unwrap())
         .collect();
-    assert!(names.contains(&"exec_command") && names.contains(&"spawn_agent"), "{names:?}");
-    assert_eq!(names.len(), 12, "8 functions and the namespace's 5, no web search: {names:?}");
+    assert!(
+        names.contains(&"exec_command") && names.contains(&"spawn_agent"),
+        "{names:?}"
+    );
+    assert_eq!(
+        names.len(),
+        12,
+        "8 functions and the namespace's 5, no web search: {names:?}"
+    );
     assert_eq!(chat["parallel_tool_calls"], true);
     assert!(translated.stream);
 }

@@ -1,0 +1,218 @@
+//! Issue 28 end to end: the real agent harnesses, unchanged, through the edge. Claude Code
+//! (`claude -p`, Anthropic Messages) and the Codex CLI (`codex exec`, OpenAI Responses), at
+//! the versions `.ci/clients/agents.sh` pins, each finish a turn against a real edge (in
+//! process, port 0) whose two reference nodes forward to one real `llama-server` serving
+//! the tiny test model; the same session's second turn (`--continue`, `exec resume --last`)
+//! lands on the node of its first, routed by the session the harness sends (prefix affinity
+//! is off here, so the harness's own session key is the only affinity key there is).
+//!
+//! Both clients run with a `HOME` of their own in a temporary directory, so nothing of the
+//! machine's own configuration reaches them, and with their network chatter off.
+
+use crate::common;
+use crate::node_support;
+
+use std::path::Path;
+use std::process::Output;
+use std::time::Duration;
+
+use common::engines::{LlamaOptions, LlamaServer, TINY_REPLY, agent_clients};
+use common::{TestApp, spawn_app};
+use node_support::{RunningNode, spawn_node};
+use serde_json::Value;
+use tokio::process::Command;
+
+const API_KEY: &str = "sk-edge-agents";
+const MODEL: &str = "llama/tiny";
+/// How long one turn of a harness may take (they answer in about two seconds).
+const TURN_PATIENCE: Duration = Duration::from_secs(120);
+/// The harnesses' prompts are long (Claude Code's system prompt is ~12k tokens): one slot
+/// with room for them.
+const CONTEXT: u32 = 65_536;
+
+/// Two nodes, `box-1` and `box-2`, serving the engine at `v1_url` as `llama/tiny`.
+fn edge_config(v1_url: &str) -> String {
+    let node = |id: &str| {
+        format!(
+            r#"
+[[nodes]]
+id = "{id}"
+alias = "{id}"
+token = "token-{id}"
+[[nodes.adapters]]
+name = "llama"
+targets = ["tiny"]
+[nodes.adapters.settings]
+base_url = "{v1_url}"
+availability = "reachable"
+"#
+        )
+    };
+    format!(
+        "[api]\nkeys = [\"{API_KEY}\"]\n[routing]\nprefix_affinity = false\n{}{}",
+        node("box-1"),
+        node("box-2")
+    )
+}
+
+/// llama-server, the edge and its two nodes.
+struct Stack {
+    _llama: LlamaServer,
+    app: TestApp,
+    nodes: Vec<RunningNode>,
+    home: tempfile::TempDir,
+}
+
+impl Stack {
+    async fn start() -> Self {
+        let llama =
+            LlamaServer::start_with(LlamaOptions::default().parallel(1).context(CONTEXT)).await;
+        let app = spawn_app(&edge_config(&llama.v1_url())).await;
+        let nodes = ["box-1", "box-2"]
+            .map(|id| spawn_node(app.node_addr, &format!("token-{id}"), |_| {}))
+            .into();
+        app.wait_for_nodes(2).await;
+        Self {
+            _llama: llama,
+            app,
+            nodes,
+            home: tempfile::tempdir().expect("a HOME for the harnesses"),
+        }
+    }
+
+    /// `program` (in the pinned clients' directory) with `args`, in its own HOME and
+    /// working directory, the edge's address and key in `env`; it must exit 0 and print
+    /// the tiny model's answer.
+    async fn turn(&self, program: &str, args: &[&str], env: &[(&str, String)]) {
+        let work = self.home.path().join("work");
+        std::fs::create_dir_all(&work).expect("a working directory");
+        let mut command = Command::new(agent_clients().join(program));
+        command
+            .args(args)
+            .current_dir(&work)
+            .env("HOME", self.home.path())
+            .env("DISABLE_AUTOUPDATER", "1")
+            .env("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
+            .env("NO_COLOR", "1")
+            .kill_on_drop(true);
+        for (name, value) in env {
+            command.env(name, value);
+        }
+        let output = tokio::time::timeout(TURN_PATIENCE, command.output())
+            .await
+            .unwrap_or_else(|_| panic!("`{program} {args:?}` finished in time"))
+            .unwrap_or_else(|e| panic!("`{program}` ran: {e}"));
+        assert_answered(program, args, &output);
+    }
+
+    /// Claude Code, pointed at the edge as its docs say for a gateway.
+    async fn claude(&self, args: &[&str]) {
+        let env = [
+            (
+                "ANTHROPIC_BASE_URL",
+                format!("http://{}", self.app.http_addr),
+            ),
+            ("ANTHROPIC_API_KEY", API_KEY.to_owned()),
+        ];
+        self.turn("claude", args, &env).await;
+    }
+
+    /// The Codex CLI with a `responses` provider whose base URL is the edge's `/v1`.
+    async fn codex(&self, args: &[&str]) {
+        let codex_home = self.home.path().join(".codex");
+        std::fs::create_dir_all(&codex_home).expect("CODEX_HOME");
+        let config = format!(
+            "model = \"{MODEL}\"\nmodel_provider = \"edge\"\n\
+             [model_providers.edge]\nname = \"edge\"\nbase_url = \"http://{}/v1\"\n\
+             env_key = \"EDGE_API_KEY\"\nwire_api = \"responses\"\n",
+            self.app.http_addr
+        );
+        std::fs::write(codex_home.join("config.toml"), config).expect("codex config");
+        let env = [
+            ("CODEX_HOME", codex_home.display().to_string()),
+            ("EDGE_API_KEY", API_KEY.to_owned()),
+        ];
+        self.turn("codex", args, &env).await;
+    }
+
+    /// Every run the edge has recorded (newest first): its node and route reason.
+    async fn runs(&self) -> Vec<(String, String)> {
+        let url = format!("http://{}/admin/v1/runs", self.app.admin_addr);
+        let listed: Value = common::http()
+            .build()
+            .expect("http client")
+            .get(url)
+            .send()
+            .await
+            .expect("the runs listing answers")
+            .json()
+            .await
+            .expect("the runs listing is JSON");
+        listed["runs"]
+            .as_array()
+            .expect("runs")
+            .iter()
+            .map(|run| {
+                let text = |field: &str| run[field].as_str().unwrap_or_default().to_owned();
+                (text("node"), text("route_reason"))
+            })
+            .collect()
+    }
+
+    async fn stop(self) {
+        for node in self.nodes {
+            node.stop().await.expect("the node stops cleanly");
+        }
+        self.app.stop().await;
+    }
+}
+
+fn assert_answered(program: &str, args: &[&str], output: &Output) {
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success() && stdout.contains(TINY_REPLY.trim()),
+        "`{program} {args:?}` did not answer ({}):\nstdout:\n{stdout}\nstderr:\n{stderr}",
+        output.status
+    );
+}
+
+/// The runs recorded since `before` runs were: all on one node, each routed by affinity
+/// (the `key` the harness sends: the only one there is).
+fn assert_one_node(runs: &[(String, String)], before: usize, key: &str) -> String {
+    let new = &runs[..runs.len() - before];
+    assert!(new.len() >= 2, "two turns made two runs at least: {runs:?}");
+    let node = &new[0].0;
+    for (run_node, reason) in new {
+        assert_eq!(run_node, node, "a session's turns share a node: {new:?}");
+        assert!(
+            reason.starts_with("affinity_hit"),
+            "routed by the {key}: {new:?}"
+        );
+    }
+    node.clone()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claude_code_and_the_codex_cli_finish_turns_and_keep_their_node() {
+    let stack = Stack::start().await;
+    assert!(Path::new(&agent_clients()).is_dir());
+
+    stack.claude(&["-p", "Say hello", "--model", MODEL]).await;
+    stack
+        .claude(&["-p", "Again", "--continue", "--model", MODEL])
+        .await;
+    let claude_runs = stack.runs().await;
+    assert_one_node(&claude_runs, 0, "session");
+
+    let before = claude_runs.len();
+    stack
+        .codex(&["exec", "--skip-git-repo-check", "Say hello"])
+        .await;
+    stack
+        .codex(&["exec", "--skip-git-repo-check", "resume", "--last", "Again"])
+        .await;
+    assert_one_node(&stack.runs().await, before, "prompt_cache_key");
+
+    stack.stop().await;
+}
