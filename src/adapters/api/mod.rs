@@ -10,6 +10,8 @@
 
 mod anthropic;
 mod auth;
+#[cfg(test)]
+mod client_fixtures;
 mod config;
 mod error;
 pub mod models;

@@ -1,7 +1,8 @@
 //! What routing needs from a request: the caller's tenant, priority and limits, and the
 //! affinity key — the first of the body's `prompt_cache_key`, a session header
 //! (`x-session-id`, then Claude Code's `x-claude-code-session-id` and the Codex CLI's
-//! `session-id`), a session in Claude Code's `metadata.user_id`, the body's `user`, and, for chat runs with `routing.prefix_affinity` on, a hash of the
+//! `session-id`), a session the body names (Claude Code's, in `metadata.user_id`), the
+//! body's `user`, and, for chat runs with `routing.prefix_affinity` on, a hash of the
 //! prompt's stable prefix (the system messages before the first user message, and that
 //! message).
 //!
@@ -52,22 +53,6 @@ impl<'a> ClientKeys<'a> {
             user: body.get("user").and_then(Value::as_str),
         }
     }
-}
-
-/// The `session_id` of a `metadata.user_id` that is itself JSON, as Claude Code sends it
-/// (`{"device_id": …, "session_id": …}`); `None` for a plain user id.
-pub(super) fn session_in_user_id(user_id: &str) -> Option<String> {
-    #[derive(Deserialize)]
-    struct UserId {
-        session_id: String,
-    }
-    if !user_id.starts_with('{') {
-        return None;
-    }
-    serde_json::from_str::<UserId>(user_id)
-        .ok()
-        .map(|id| id.session_id)
-        .filter(|session| !session.is_empty())
 }
 
 /// The routing of a run `caller` asks for with `headers`: affinity from `keys` or the
@@ -315,15 +300,6 @@ mod tests {
             source(&HeaderMap::new(), ClientKeys::default()),
             Some(KeySource::Prefix)
         );
-    }
-
-    #[test]
-    fn claude_codes_user_id_carries_its_session() {
-        let user_id = r#"{"device_id":"d","account_uuid":"","session_id":"316e8cb1"}"#;
-        assert_eq!(session_in_user_id(user_id).as_deref(), Some("316e8cb1"));
-        assert_eq!(session_in_user_id("user-42"), None);
-        assert_eq!(session_in_user_id(r#"{"session_id":""}"#), None);
-        assert_eq!(session_in_user_id("{not json"), None);
     }
 
     #[test]

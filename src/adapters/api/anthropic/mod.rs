@@ -13,10 +13,11 @@ mod tests;
 
 use axum::Json;
 use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
 use serde_json::Value;
 
 use super::error::ApiError;
-use super::routing::{ClientKeys, session_in_user_id};
+use super::routing::ClientKeys;
 use super::translate::ChatApi;
 use crate::domain::RunId;
 use message::{error_body, message};
@@ -44,6 +45,22 @@ pub(super) const MESSAGES: ChatApi<MessagesRequest, MessagesStream> = ChatApi {
         message(&id, &request.model, request.thinking, collected, finished)
     },
 };
+
+/// The `session_id` of a `metadata.user_id` that is itself JSON, as Claude Code sends it
+/// (`{"device_id": …, "session_id": …}`); `None` for a plain user id.
+fn session_in_user_id(user_id: &str) -> Option<String> {
+    #[derive(Deserialize)]
+    struct UserId {
+        session_id: String,
+    }
+    if !user_id.starts_with('{') {
+        return None;
+    }
+    serde_json::from_str::<UserId>(user_id)
+        .ok()
+        .map(|id| id.session_id)
+        .filter(|session| !session.is_empty())
+}
 
 /// The id of the message answering run `run_id`.
 fn message_id(run_id: &RunId) -> String {

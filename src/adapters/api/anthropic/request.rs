@@ -350,8 +350,8 @@ fn tool_message(block: &Value) -> Result<Value, ApiError> {
 
 /// `tools`: client tools (`name`, `description`, `input_schema`; no `type`, or `custom`) as
 /// OpenAI function tools. Server tools (a `type` such as `web_search_20250305`, run by
-/// Anthropic's servers) cannot run in this pool and are left out; [`translate_tool_choice`]
-/// refuses a `tool_choice` that names one.
+/// Anthropic's servers) cannot run in this pool and are left out;
+/// [`refuse_forced_server_tool`] refuses a `tool_choice` that names one.
 fn translate_tools(tools: &Value) -> Result<Value, ApiError> {
     let Value::Array(tools) = tools else {
         return Err(ApiError::invalid("tools", "`tools` must be an array."));

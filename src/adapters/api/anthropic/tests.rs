@@ -5,9 +5,11 @@
 use proptest::prelude::*;
 use serde_json::{Value, json};
 
+use super::super::client_fixtures::client_request;
 use super::super::protocol::ApiEvent;
 use super::super::protocol::strategies::{Piece, end, piece, play};
 use super::request::translate;
+use super::session_in_user_id;
 use super::stream::MessagesStream;
 
 #[test]
@@ -117,11 +119,8 @@ fn server_tools_are_left_out_unless_tool_choice_forces_one() {
 /// and the options the edge ignores (`context_management`, `output_config`, `metadata`).
 #[test]
 fn the_claude_code_request_translates() {
-    let fixture: Value = serde_json::from_str(include_str!(
-        "../../../../tests/fixtures/clients/claude-code-2.1.332.json"
-    ))
-    .expect("the fixture is JSON");
-    let translated = translate(&fixture["body"]).expect("Claude Code's request translates");
+    let translated = translate(&client_request("claude-code-2.1.332.json"))
+        .expect("Claude Code's request translates");
     let messages = translated.chat["messages"].as_array().unwrap();
     let roles: Vec<&str> = messages
         .iter()
@@ -136,6 +135,15 @@ fn the_claude_code_request_translates() {
     );
     assert_eq!(translated.chat["tools"].as_array().unwrap().len(), 12);
     assert!(translated.thinking && translated.stream);
+}
+
+#[test]
+fn claude_codes_user_id_carries_its_session() {
+    let user_id = r#"{"device_id":"d","account_uuid":"","session_id":"316e8cb1"}"#;
+    assert_eq!(session_in_user_id(user_id).as_deref(), Some("316e8cb1"));
+    assert_eq!(session_in_user_id("user-42"), None);
+    assert_eq!(session_in_user_id(r#"{"session_id":""}"#), None);
+    assert_eq!(session_in_user_id("{not json"), None);
 }
 
 fn text_block() -> impl Strategy<Value = Value> {

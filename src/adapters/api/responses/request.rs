@@ -417,6 +417,12 @@ fn function_tool(tool: &Value) -> Result<Value, ApiError> {
 }
 
 fn translate_tool_choice(choice: &Value) -> Result<Value, ApiError> {
+    if let Some(kind) = choice["type"].as_str().filter(|kind| is_hosted(kind)) {
+        return Err(unsupported(
+            "tool_choice",
+            format!("`tool_choice` forces the hosted tool `{kind}`, which this server cannot run."),
+        ));
+    }
     match choice {
         Value::String(mode) if matches!(mode.as_str(), "auto" | "none" | "required") => {
             Ok(choice.clone())
@@ -426,20 +432,6 @@ fn translate_tool_choice(choice: &Value) -> Result<Value, ApiError> {
                 ApiError::invalid("tool_choice", "A function `tool_choice` needs a `name`.")
             })?;
             Ok(json!({ "type": "function", "function": { "name": name } }))
-        }
-        Value::Object(object)
-            if object
-                .get("type")
-                .and_then(Value::as_str)
-                .is_some_and(is_hosted) =>
-        {
-            Err(unsupported(
-                "tool_choice",
-                format!(
-                    "`tool_choice` forces the hosted tool `{}`, which this server cannot run.",
-                    object["type"].as_str().unwrap_or_default()
-                ),
-            ))
         }
         _ => Err(unsupported(
             "tool_choice",

@@ -5,6 +5,7 @@
 use proptest::prelude::*;
 use serde_json::{Value, json};
 
+use super::super::client_fixtures::client_request;
 use super::super::protocol::ApiEvent;
 use super::super::protocol::strategies::{Piece, end, piece, play};
 use super::items::ResponseBase;
@@ -90,11 +91,8 @@ fn state_and_hosted_tools_are_refused_by_name() {
 /// own names, web search is left out, and the client-side options are ignored.
 #[test]
 fn the_codex_cli_request_translates() {
-    let fixture: Value = serde_json::from_str(include_str!(
-        "../../../../tests/fixtures/clients/codex-0.171.0.json"
-    ))
-    .expect("the fixture is JSON");
-    let translated = translate(&fixture["body"]).expect("Codex's request translates");
+    let translated =
+        translate(&client_request("codex-0.171.0.json")).expect("Codex's request translates");
     let chat = &translated.chat;
     let roles: Vec<&str> = chat["messages"]
         .as_array()
@@ -116,7 +114,7 @@ fn the_codex_cli_request_translates() {
     assert_eq!(
         names.len(),
         12,
-        "8 functions and the namespace's 5, no web search: {names:?}"
+        "7 functions and the namespace's 5, no web search: {names:?}"
     );
     assert_eq!(chat["parallel_tool_calls"], true);
     assert!(translated.stream);
