@@ -11,6 +11,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use futures::Stream;
 
+use crate::domain::routing::BreakerState;
 use crate::domain::{
     AdapterName, Availability, Drain, NodeRecord, NodeState, RunId, RunPage, RunQuery, RunRecord,
     Target,
@@ -113,6 +114,8 @@ pub struct NodeStatus {
     pub drain: Option<Drain>,
     /// Its state.
     pub state: NodeState,
+    /// Its circuit breaker (closed, with its recent failures, while it is not connected).
+    pub breaker: BreakerState,
 }
 
 impl NodeStatus {

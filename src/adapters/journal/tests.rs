@@ -12,7 +12,8 @@ use crate::ports::{JournalEntry, JournalError, RelayedEvent, RunJournal};
 
 /// A time in the recent past, so the default retention keeps the runs.
 fn recent(ms: u64) -> u64 {
-    static BASE: std::sync::LazyLock<u64> = std::sync::LazyLock::new(|| writer::now_ms() - 60_000);
+    static BASE: std::sync::LazyLock<u64> =
+        std::sync::LazyLock::new(|| crate::ports::clock::now_ms() - 60_000);
     *BASE + ms
 }
 
@@ -331,7 +332,7 @@ fn retention_by_size_removes_the_oldest_finished_runs_and_keeps_open_ones() {
         max_age: Duration::ZERO,
     };
     let mut removed = 0;
-    let now = writer::now_ms();
+    let now = crate::ports::clock::now_ms();
     while let n @ 1.. =
         retention::retention_chunk(&mut conn, &retention, now, Some(before / 2)).unwrap()
     {

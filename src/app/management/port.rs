@@ -6,8 +6,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use futures::StreamExt as _;
 
-use super::{Management, now_ms};
+use super::Management;
 use crate::domain::{RunId, RunPage, RunQuery, RunRecord};
+use crate::ports::clock::now_ms;
 use crate::ports::{FeedStream, Manage, ManageError, NodeStatus};
 
 #[async_trait]
