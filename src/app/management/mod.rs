@@ -22,7 +22,7 @@ use tokio::sync::mpsc;
 use tokio_util::task::TaskTracker;
 
 use super::drains::Drains;
-use crate::domain::{NodeId, RunEvent, RunId, RunRecord};
+use crate::domain::{NodeId, RunEvent, RunId, RunRecord, StatsWindow};
 use crate::ports::{NodeStore, Registry, RunJournal};
 
 pub use crate::ports::ManageError;
@@ -53,6 +53,9 @@ pub trait LiveRuns: Send + Sync {
 
     /// Whether `node`'s circuit breaker keeps new runs away from it now.
     fn breaker_open(&self, node: &NodeId) -> bool;
+
+    /// The last hour of runs in buckets, whole edge and per node.
+    fn stats(&self) -> StatsWindow;
 }
 
 /// A follower of one open run's events.

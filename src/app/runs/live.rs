@@ -14,7 +14,7 @@ use super::table::{Run, lock};
 use crate::app::management::{Follow, LiveRuns, now_ms};
 use crate::domain::routing::{BreakerState, RouteReason, TenantKey};
 use crate::domain::{
-    AcceptedRun, Attempt, NodeId, RunEvent, RunId, RunOutcome, RunRecord, RunSpec,
+    AcceptedRun, Attempt, NodeId, RunEvent, RunId, RunOutcome, RunRecord, RunSpec, StatsWindow,
 };
 use crate::ports::{JournalEntry, RelayedEvent};
 
@@ -163,5 +163,9 @@ impl LiveRuns for RunService {
 
     fn breaker_open(&self, node: &NodeId) -> bool {
         matches!(self.breaker_state(node), BreakerState::Open { .. })
+    }
+
+    fn stats(&self) -> StatsWindow {
+        self.inner.metrics.window()
     }
 }
