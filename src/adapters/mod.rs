@@ -12,3 +12,4 @@ pub mod lock_registry;
 pub mod sinks;
 pub mod tcp;
 pub(crate) mod tls;
+pub(crate) mod web_console;
