@@ -343,6 +343,21 @@ async fn runs_appear_live_their_events_follow_and_cancel_reaches_the_node() {
     app.stop().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_admin_keys_on_loopback_the_console_opens_as_the_api_does() {
+    let open = nodes_config("").replace(&format!("keys = [\"{ADMIN_KEY}\"]\n"), "");
+    let app = spawn_app(&open).await;
+    let mut browser = Browser::start(&app).await;
+    browser.open("/console/").await;
+    browser.wait_text("#access", "needs no admin key").await;
+    browser
+        .wait_text(&format!("{NODE_A} .state"), "disconnected")
+        .await;
+    assert_eq!(browser.count("#sign-in:not([hidden])").await, 0);
+    browser.quit().await;
+    app.stop().await;
+}
+
 #[tokio::test]
 async fn the_console_is_served_beside_the_management_api_only() {
     let app = spawn_app(&nodes_config("")).await;
