@@ -117,6 +117,8 @@ pub struct NodeStatus {
     pub connection: Option<ConnectedNodeView>,
     /// Its drain, if drained.
     pub drain: Option<Drain>,
+    /// Whether its circuit breaker keeps new runs away from it now.
+    pub breaker_open: bool,
     /// Its state.
     pub state: NodeState,
 }

@@ -202,6 +202,9 @@ async fn the_fleet_page_signs_in_shows_a_node_connecting_and_drains_and_resumes_
         .wait_text(&format!("{NODE_A} .targets"), "available")
         .await;
     browser.wait_text(NODE_A, "0 / 2 runs").await;
+    browser
+        .wait_text(&format!("{NODE_A} [data-f=\"breaker\"]"), "closed")
+        .await;
     browser.screenshot("fleet").await;
 
     // Drain with a deadline from the page: the edge has it, and the page shows it.

@@ -45,6 +45,10 @@ pub struct NodeView {
     pub adapters: Vec<AdapterView>,
     /// Its drain, when drained.
     pub drain: Option<DrainView>,
+    /// Whether its circuit breaker keeps new runs away from it now (`state` says
+    /// `breaker_open` unless a drain or a disconnect says more).
+    #[serde(default)]
+    pub breaker_open: bool,
 }
 
 /// A node's limits.
@@ -235,6 +239,7 @@ impl NodeView {
                 since_ms: d.since_ms,
                 deadline_ms: d.deadline_ms,
             }),
+            breaker_open: status.breaker_open,
         }
     }
 }

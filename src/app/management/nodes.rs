@@ -62,6 +62,7 @@ impl Management {
             record,
             connection,
             drain,
+            breaker_open,
             state,
         }
     }

@@ -59,6 +59,7 @@ function build(node, notice, context) {
     heartbeat: fact(facts, 'Heartbeat', 'heartbeat'),
     connected: fact(facts, 'Connected', 'connected'),
     drain: fact(facts, 'Drain', 'drain'),
+    breaker: fact(facts, 'Breaker', 'breaker'),
     targets: el('ul', { class: 'targets', 'aria-label': 'Targets' }),
   };
   const deadline = el('input', {
@@ -110,6 +111,7 @@ function update(card, node, nowMs) {
     ? '—' : `since ${clock(node.connected_since_ms)} from ${node.peer}`;
   card.drain.textContent = !node.drain ? 'not drained'
     : `since ${clock(node.drain.since_ms)}${node.drain.deadline_ms ? `, deadline ${clock(node.drain.deadline_ms)}` : ', no deadline'}`;
+  card.breaker.textContent = node.breaker_open ? 'open: new runs kept away' : 'closed';
   const drained = Boolean(node.drain);
   card.resumeButton.disabled = !drained;
   card.targets.replaceChildren(...node.adapters.flatMap((adapter) => adapter.targets.map((target) => {
