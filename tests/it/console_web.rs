@@ -276,6 +276,10 @@ async fn runs_appear_live_their_events_follow_and_cancel_reaches_the_node() {
     browser.wait_text(&open_row, "open").await;
     browser.wait_text("#runs tr:first-child", id.as_str()).await;
     browser.screenshot("runs").await;
+    browser.size(390, 844).await;
+    browser.wait_text(&open_row, "open").await;
+    browser.screenshot("runs-phone").await;
+    browser.size(1280, 900).await;
 
     // Its page replays what happened and follows what happens next.
     browser.click(&format!("{open_row} a")).await;

@@ -102,6 +102,13 @@ export function mount(page, { id }, context) {
       feedState.textContent = `(${error.message})`;
       context.fail(error);
     });
-  const stop = poll(refresh, EVERY_MS, context.fail);
+  const failed = (error) => {
+    if (error.status === 404) {
+      open = false;
+      notice.textContent = `No open or journaled run has the id ${id}.`;
+    }
+    context.fail(error);
+  };
+  const stop = poll(refresh, EVERY_MS, failed);
   return () => { aborter.abort(); stop(); };
 }

@@ -39,7 +39,8 @@ function filterForm(params, nodes, context) {
   const apply = (data) => {
     const query = new URLSearchParams();
     for (const name of FILTERS) if (data.get(name)) query.set(name, data.get(name));
-    context.go(`#/runs${query.size ? `?${query}` : ''}`);
+    const text = query.toString();
+    context.go(`#/runs${text ? `?${text}` : ''}`);
   };
   form.addEventListener('submit', (event) => { event.preventDefault(); apply(new FormData(form)); });
   form.addEventListener('reset', (event) => { event.preventDefault(); apply(new FormData()); });
