@@ -14,3 +14,4 @@ pub mod sinks;
 pub(crate) mod stdin_console;
 pub mod tcp;
 pub(crate) mod tls;
+pub(crate) mod web_console;

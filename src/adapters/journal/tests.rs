@@ -162,6 +162,26 @@ async fn listings_filter_and_page_newest_first_without_open_runs() {
         ..RunQuery::default()
     };
     assert!(journal.finished_runs(&failed).await.unwrap().is_empty());
+    let by_key = |name: &str| RunQuery {
+        api_key_name: Some(name.to_owned()),
+        limit: 10,
+        ..RunQuery::default()
+    };
+    assert_eq!(
+        journal
+            .finished_runs(&by_key("team-a"))
+            .await
+            .unwrap()
+            .len(),
+        5
+    );
+    assert!(
+        journal
+            .finished_runs(&by_key("team-b"))
+            .await
+            .unwrap()
+            .is_empty()
+    );
     journal.close().await;
 }
 

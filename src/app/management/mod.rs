@@ -23,7 +23,7 @@ use tokio_util::task::TaskTracker;
 
 use super::drains::Drains;
 use crate::domain::routing::BreakerState;
-use crate::domain::{NodeId, RunEvent, RunId, RunRecord};
+use crate::domain::{NodeId, RunEvent, RunId, RunRecord, StatsWindow};
 use crate::ports::{NodeStore, Registry, RunJournal};
 
 pub use crate::ports::ManageError;
@@ -54,6 +54,9 @@ pub trait LiveRuns: Send + Sync {
 
     /// The state of `node`'s circuit breaker.
     fn breaker_state(&self, node: &NodeId) -> BreakerState;
+
+    /// The last hour of runs in buckets, whole edge and per node.
+    fn stats(&self) -> StatsWindow;
 }
 
 /// A follower of one open run's events.

@@ -7,7 +7,7 @@ use async_trait::async_trait;
 use futures::StreamExt as _;
 
 use super::Management;
-use crate::domain::{RunId, RunPage, RunQuery, RunRecord};
+use crate::domain::{RunId, RunPage, RunQuery, RunRecord, StatsWindow};
 use crate::ports::clock::now_ms;
 use crate::ports::{FeedStream, Manage, ManageError, NodeStatus};
 
@@ -44,6 +44,10 @@ impl Manage for Management {
     async fn events(&self, id: &RunId, from: u64, follow: bool) -> Result<FeedStream, ManageError> {
         let feed = Management::events(self, id, from, follow).await?;
         Ok(feed.into_stream().boxed())
+    }
+
+    fn stats(&self) -> StatsWindow {
+        self.inner.live.stats()
     }
 
     fn now_ms(&self) -> u64 {

@@ -14,7 +14,7 @@ use super::table::{Run, lock};
 use crate::app::management::{Follow, LiveRuns};
 use crate::domain::routing::{BreakerState, RouteReason, TenantKey};
 use crate::domain::{
-    AcceptedRun, Attempt, NodeId, RunEvent, RunId, RunOutcome, RunRecord, RunSpec,
+    AcceptedRun, Attempt, NodeId, RunEvent, RunId, RunOutcome, RunRecord, RunSpec, StatsWindow,
 };
 use crate::ports::clock::now_ms;
 use crate::ports::{JournalEntry, RelayedEvent};
@@ -164,5 +164,9 @@ impl LiveRuns for RunService {
 
     fn breaker_state(&self, node: &NodeId) -> BreakerState {
         RunService::breaker_state(self, node)
+    }
+
+    fn stats(&self) -> StatsWindow {
+        self.inner.metrics.window()
     }
 }
