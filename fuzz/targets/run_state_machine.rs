@@ -256,6 +256,7 @@ impl World {
             cancel_grace_ms: [0, 20, 500, 5_000][usize::from(config / 16 % 4)],
             default_deadline_ms: [0, 0, 300, 2_000][usize::from(config / 64 % 4)],
             resume_grace_ms: [0, 50, 1_000, 5_000][usize::from(config / 4 % 4)],
+            max_continuations: u32::from(config / 32 % 3),
         };
         let routing_config = RoutingConfig {
             breaker: BreakerConfig {

@@ -39,6 +39,8 @@ pub struct RegisterAttempt {
     pub instance_id: String,
     /// The runs the node still holds after a reconnect.
     pub resume: Vec<ResumeClaim>,
+    /// The node can carry on runs another node began (`can_continue`); false from a v1 node.
+    pub can_continue: bool,
 }
 
 /// Why a registration is refused; each maps to one protocol `RegisterError`.
@@ -263,6 +265,7 @@ mod tests {
             adapters: vec![],
             instance_id: String::new(),
             resume: vec![],
+            can_continue: false,
         }
     }
 

@@ -131,6 +131,7 @@ impl From<proto::NodeMessage> for NodeFrame {
                     adapters,
                     instance_id,
                     resume,
+                    can_continue,
                 } = request;
                 NodeFrame::Register(RegisterAttempt {
                     token: Token::new(token),
@@ -140,6 +141,7 @@ impl From<proto::NodeMessage> for NodeFrame {
                     adapters,
                     instance_id,
                     resume: resume.into_iter().map(claim_from_wire).collect(),
+                    can_continue,
                 })
             }
             Some(node_message::Body::Heartbeat(proto::Heartbeat {
@@ -173,6 +175,7 @@ impl From<NodeFrame> for proto::NodeMessage {
                 adapters,
                 instance_id,
                 resume,
+                can_continue,
             }) => Some(node_message::Body::Register(proto::RegisterRequest {
                 token: token.expose_secret().to_owned(),
                 node_id,
@@ -181,6 +184,7 @@ impl From<NodeFrame> for proto::NodeMessage {
                 adapters,
                 instance_id,
                 resume: resume.into_iter().map(claim_to_wire).collect(),
+                can_continue,
             })),
             NodeFrame::Heartbeat {
                 active_runs,

@@ -138,6 +138,7 @@ mod tests {
             params: Default::default(),
             deadline_ms: 0,
             operation,
+            continuation: None,
         }
     }
 

@@ -102,6 +102,7 @@ fn config() -> RunsConfig {
         cancel_grace_ms: 500,
         default_deadline_ms: 0,
         resume_grace_ms: 2_000,
+        max_continuations: 1,
     }
 }
 
@@ -653,6 +654,7 @@ async fn a_run_the_node_completes_ends_with_its_completed_event() {
             params,
             deadline_ms: 0,
             operation: crate::domain::Operation::Unspecified,
+            continuation: None,
         }
     );
     assert_eq!(h.active_runs("a"), 1);
@@ -1409,6 +1411,7 @@ async fn interleave(ops: Vec<Op>) {
             cancel_grace_ms: 100,
             default_deadline_ms: 0,
             resume_grace_ms: 250,
+            max_continuations: 1,
         },
         &breakers,
         Expect::default(),
