@@ -96,7 +96,7 @@ impl ContinuationRefusal {
     ];
 
     /// A stable snake_case name for logs, metric labels and failure messages.
-    pub fn as_str(self) -> &'static str {
+    pub const fn as_str(self) -> &'static str {
         match self {
             Self::LimitReached => "limit_reached",
             Self::ToolCallStarted => "tool_call_started",
@@ -110,7 +110,9 @@ impl ContinuationRefusal {
 impl fmt::Display for ContinuationRefusal {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
-            Self::LimitReached => "the run had as many continuations as runs.max_continuations allows",
+            Self::LimitReached => {
+                "the run had as many continuations as runs.max_continuations allows"
+            }
             Self::ToolCallStarted => "a tool call was half streamed",
             Self::ManyChoices => "the run asked for more than one choice",
             Self::ConstrainedOutput => "constrained output the target cannot resume",

@@ -34,6 +34,8 @@ pub struct NewConnection {
     /// resume claims are answered (so no run is placed on the node before the runs it
     /// resumes are counted), and gives back with `adjust_active_runs` afterwards.
     pub reserved_runs: u32,
+    /// The node can carry on runs another node began (`RegisterRequest.can_continue`).
+    pub can_continue: bool,
 }
 
 /// When a connection last sent a frame: written by the connection's task as frames arrive,

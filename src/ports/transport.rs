@@ -7,7 +7,8 @@ use async_trait::async_trait;
 use bytes::Bytes;
 
 use crate::domain::{
-    AdapterName, Continuation, NodeId, Operation, ResumeAnswer, ResumeClaim, RunEventKind, RunId, Target,
+    AdapterName, Continuation, NodeId, Operation, ResumeAnswer, ResumeClaim, RunEventKind, RunId,
+    Target,
 };
 
 use super::registry::ConnectionId;

@@ -5,8 +5,8 @@
 //! compile error here rather than a silently dropped value.
 
 use crate::domain::{
-    AdapterName, Continuation, Embedding, FailureClass, Operation, RunEventKind, RunId, StructuredOutput, Target,
-    TokenLogprob, ToolCallDelta, TopLogprob, Usage,
+    AdapterName, Continuation, Embedding, FailureClass, Operation, RunEventKind, RunId,
+    StructuredOutput, Target, TokenLogprob, ToolCallDelta, TopLogprob, Usage,
 };
 use crate::ports::RunAssignment;
 

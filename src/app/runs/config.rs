@@ -11,10 +11,10 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::domain::MaxContinuations;
 use crate::domain::routing::{
     BreakerPolicy, LimitPolicy, LoadFactor, MaxAttempts, RoutingPolicy, WaitLimits,
 };
-use crate::domain::MaxContinuations;
 
 /// `[runs]`: how runs wait, fail over, are cancelled and are bounded in time.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]

@@ -12,6 +12,8 @@
 //!   takes the locked table as `&mut Table`;
 //! - `failover.rs` — what happens when an attempt ends: the breaker's record, another
 //!   attempt on another node, the disconnect hook;
+//! - `continuation.rs` — a run whose node is lost after output, carried on by another
+//!   node from the output already relayed;
 //! - `resume.rs` — runs held across a blip in their node's connection: detached when it
 //!   drops, re-attached when the node comes back and claims them;
 //! - `config.rs` — the `[routing]` and `[limits]` sections and the policy they build;
@@ -29,6 +31,7 @@
 //! and to the caller's stream, whichever path ends it.
 
 mod config;
+mod continuation;
 mod delivery;
 mod failover;
 mod live;

@@ -6,6 +6,7 @@
 //! terminal event, in the sink and on the caller's stream, whichever path ends it. Timers run
 //! on paused tokio time; nothing here sleeps for real or asserts how long anything took.
 
+mod continuation;
 mod resume;
 mod routing;
 
@@ -102,7 +103,9 @@ fn config() -> RunsConfig {
         cancel_grace_ms: 500,
         default_deadline_ms: 0,
         resume_grace_ms: 2_000,
-        max_continuations: 1,
+        // Off here, so the failover tests see a lost attempt after output end the run;
+        // `tests/continuation.rs` turns it on.
+        max_continuations: 0,
     }
 }
 
@@ -400,6 +403,7 @@ impl Harness {
             instance_id: if claims.is_some() { "i-1" } else { "" }.into(),
             last_frame: Arc::new(LastFrame::new(std::time::Instant::now())),
             reserved_runs: 0,
+            can_continue: true,
         };
         match self.connections.get(id) {
             Some(old) => drop(self.registry.replace(registered, *old).unwrap()),

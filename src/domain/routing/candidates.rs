@@ -28,6 +28,8 @@ pub struct NodeStatus {
     pub drained: bool,
     /// [`NodeHash::of`] its id, computed once when it connected.
     pub hash: NodeHash,
+    /// It registered `can_continue`: it may be sent a continuation.
+    pub can_continue: bool,
 }
 
 impl NodeStatus {
@@ -40,6 +42,7 @@ impl NodeStatus {
             availability: None,
             drained: false,
             hash,
+            can_continue: false,
         }
     }
 
