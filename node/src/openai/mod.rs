@@ -107,7 +107,7 @@ impl OpenAiAdapter {
     /// [`Gone`] when the node let go of the run meanwhile; the engine request is dropped.
     pub async fn execute(&self, run: &RunAssignment, out: &Emitter) -> Result<RunEventKind, Gone> {
         let model = self.settings.upstream_model(run.target.as_str());
-        let call = match request::build(run, model, self.settings.stream_usage) {
+        let call = match request::build(run, model, &self.settings) {
             Ok(call) => call,
             Err(invalid) => {
                 return Ok(RunEventKind::Failed {

@@ -166,3 +166,36 @@ async fn states_that_cannot_move_fail_as_before_with_the_reason() {
     }
     h.finish().await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_run_not_resumed_within_the_grace_is_continued_when_it_expires() {
+    let mut h = Harness::new(continuing(), Expect::terminals(1).runs_sent(2));
+    let (a, _) = h.resume("a", 1, &[]).await;
+    let mut handle = h.start(spec());
+    let run = handle.run_id.clone();
+    h.connect("b", 1).await;
+    h.report_each("a", a, &run, [RunEventKind::Started, output("kept")])
+        .await;
+    h.disconnect("a").await;
+    assert_eq!(h.sent_to(&run).len(), 1, "held for the grace first");
+    sleep(Duration::from_millis(2_010)).await;
+    let (second, assignment) = h.assignments(&run).pop().unwrap();
+    assert_eq!(second.as_str(), "b");
+    assert_eq!(
+        assignment.continuation.map(|c| c.text),
+        Some("kept".to_owned())
+    );
+    h.holder_reports(&run, [output(" on"), completed()]).await;
+    let terminal = h.assert_ended_once(&mut handle);
+    assert_eq!(terminal.kind, completed());
+    let texts: Vec<_> = h
+        .published(&run)
+        .iter()
+        .filter_map(|e| match &e.kind {
+            RunEventKind::Output { text, .. } => Some(text.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(texts, ["kept", " on"]);
+    h.finish().await;
+}
