@@ -59,6 +59,7 @@ mod api_structured;
 mod cli;
 mod console;
 mod console_web;
+mod continuation;
 mod engines_e2e;
 mod engines_smoke;
 mod faults;

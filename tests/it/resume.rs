@@ -90,14 +90,14 @@ async fn setup(dead_after_intervals: u32) -> Setup {
 }
 
 /// A client's chat-completion stream, read an SSE event at a time.
-struct Stream {
+pub(crate) struct Stream {
     response: reqwest::Response,
     buffer: String,
-    run_id: String,
+    pub(crate) run_id: String,
 }
 
 impl Stream {
-    async fn open(app: &TestApp) -> Self {
+    pub(crate) async fn open(app: &TestApp) -> Self {
         let body = json!({
             "model": "llama/qwen",
             "stream": true,
@@ -142,7 +142,7 @@ impl Stream {
 
     /// Reads chunks until `deltas` more content deltas arrived (or, with `None`, to
     /// `[DONE]`); returns the deltas and the finish reasons seen.
-    async fn read(&mut self, deltas: Option<usize>) -> (Vec<String>, Vec<String>) {
+    pub(crate) async fn read(&mut self, deltas: Option<usize>) -> (Vec<String>, Vec<String>) {
         let (mut texts, mut finishes) = (Vec::new(), Vec::new());
         while deltas.is_none_or(|n| texts.len() < n) {
             let Some(data) = self.next().await else {
@@ -170,7 +170,7 @@ impl Stream {
 }
 
 /// The run's events in the file sink, once its terminal event is there.
-async fn sunk(events_file: &Path, run_id: &str) -> Vec<Value> {
+pub(crate) async fn sunk(events_file: &Path, run_id: &str) -> Vec<Value> {
     let mut lines = Vec::new();
     eventually("the run's terminal event is in the file sink", || {
         let text = std::fs::read_to_string(events_file).unwrap_or_default();
@@ -185,7 +185,7 @@ async fn sunk(events_file: &Path, run_id: &str) -> Vec<Value> {
     lines
 }
 
-fn is_terminal(line: &Value) -> bool {
+pub(crate) fn is_terminal(line: &Value) -> bool {
     matches!(
         line["kind"].as_str(),
         Some("completed" | "failed" | "cancelled")
