@@ -35,25 +35,12 @@ fn finished(chunks: &mut Vec<String>) {
     chunks.push("[DONE]".to_owned());
 }
 
+/// `edge_config`'s node, as `node-2` with `token-2` in front of `base_url`.
 fn second_node(base_url: &str) -> String {
-    format!(
-        r#"
-[[nodes]]
-id = "node-2"
-alias = "box-2"
-token = "token-2"
-[nodes.runtime]
-max_concurrent_runs = 8
-heartbeat_interval_ms = 1000
-[[nodes.adapters]]
-name = "llama"
-targets = ["qwen"]
-[nodes.adapters.settings]
-base_url = "{base_url}"
-"model.qwen" = "{QWEN}"
-probe_interval_ms = "60000"
-"#
-    )
+    edge_config(base_url, &["qwen"], 1_000)
+        .replace("node-1", "node-2")
+        .replace("box-1", "box-2")
+        .replace("token-1", "token-2")
 }
 
 #[tokio::test]

@@ -137,9 +137,17 @@ impl RunService {
         if !applies || route.cancelling.is_some() || self.is_draining() || spent {
             return None;
         }
-        match self.place_continuation(table, run, route, progress, now) {
-            Ok(node) => Some(node),
+        let placed = self.seat_continuation(table, run, route, progress, now);
+        let metrics = &self.inner.metrics;
+        match placed {
+            Ok(node) => {
+                metrics.continued(Ok(()));
+                info!(parent: &run.span, run_id = %run.id, %node, relayed_chars = progress.text.len(), "run continued on another node");
+                Some(node)
+            }
             Err(refusal) => {
+                metrics.continued(Err(refusal));
+                info!(parent: &run.span, run_id = %run.id, reason = refusal.as_str(), "run not continued");
                 if let RunEventKind::Failed { message, .. } = kind {
                     message.push_str(&format!(" (not continued: {refusal})"));
                 }
@@ -149,30 +157,7 @@ impl RunService {
     }
 
     /// Places a continuation of `run`, whose attempt was lost after output, on another node
-    /// that can continue runs and can take it now. The node, or why not (counted, logged).
-    pub(super) fn place_continuation(
-        &self,
-        table: &mut Table,
-        run: &Arc<Run>,
-        route: &mut Route,
-        progress: &Progress,
-        now: Instant,
-    ) -> Result<NodeId, ContinuationRefusal> {
-        let placed = self.seat_continuation(table, run, route, progress, now);
-        self.inner
-            .metrics
-            .continued(placed.as_ref().map(|_| ()).map_err(|r| *r));
-        match &placed {
-            Ok(node) => {
-                info!(parent: &run.span, run_id = %run.id, %node, relayed_chars = progress.text.len(), "run continued on another node");
-            }
-            Err(refusal) => {
-                info!(parent: &run.span, run_id = %run.id, reason = refusal.as_str(), "run not continued");
-            }
-        }
-        placed
-    }
-
+    /// that can continue runs and can take it now: the node, or why not.
     fn seat_continuation(
         &self,
         table: &mut Table,
