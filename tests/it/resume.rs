@@ -90,30 +90,20 @@ async fn setup(dead_after_intervals: u32) -> Setup {
 }
 
 /// A client's chat-completion stream, read an SSE event at a time.
-pub(crate) struct Stream {
+struct Stream {
     response: reqwest::Response,
     buffer: String,
-    pub(crate) run_id: String,
+    run_id: String,
 }
 
 impl Stream {
-    pub(crate) async fn open(app: &TestApp) -> Self {
+    async fn open(app: &TestApp) -> Self {
         let body = json!({
             "model": "llama/qwen",
             "stream": true,
             "messages": [{"role": "user", "content": "tell me a long story"}],
         });
-        let response = crate::common::http_client()
-            .post(format!("http://{}/v1/chat/completions", app.http_addr))
-            .json(&body)
-            .send()
-            .await
-            .expect("the request is answered");
-        assert_eq!(response.status(), 200);
-        let run_id = response.headers()["x-edge-run-id"]
-            .to_str()
-            .expect("a run id")
-            .to_owned();
+        let (response, run_id) = open_stream(app, "/v1/chat/completions", &body).await;
         Self {
             response,
             buffer: String::new(),
@@ -142,7 +132,7 @@ impl Stream {
 
     /// Reads chunks until `deltas` more content deltas arrived (or, with `None`, to
     /// `[DONE]`); returns the deltas and the finish reasons seen.
-    pub(crate) async fn read(&mut self, deltas: Option<usize>) -> (Vec<String>, Vec<String>) {
+    async fn read(&mut self, deltas: Option<usize>) -> (Vec<String>, Vec<String>) {
         let (mut texts, mut finishes) = (Vec::new(), Vec::new());
         while deltas.is_none_or(|n| texts.len() < n) {
             let Some(data) = self.next().await else {
@@ -167,6 +157,26 @@ impl Stream {
         }
         (texts, finishes)
     }
+}
+
+/// Posts a streamed request to the API's `path`: the open response and its run id.
+pub(crate) async fn open_stream(
+    app: &TestApp,
+    path: &str,
+    body: &Value,
+) -> (reqwest::Response, String) {
+    let response = crate::common::http_client()
+        .post(format!("http://{}{path}", app.http_addr))
+        .json(body)
+        .send()
+        .await
+        .expect("the request is answered");
+    assert_eq!(response.status(), 200);
+    let run_id = response.headers()["x-edge-run-id"]
+        .to_str()
+        .expect("a run id")
+        .to_owned();
+    (response, run_id)
 }
 
 /// The run's events in the file sink, once its terminal event is there.
