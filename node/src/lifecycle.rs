@@ -206,7 +206,7 @@ async fn attempt(core: &Core) -> Result<SessionEnd, Failure> {
     let (client, outcome) = registered;
     let config = outcome.config.unwrap_or_default();
     core.adapters.configure(&config.adapters, &core.tasks);
-    core.table.link_up();
+    core.table.link_up(outcome.acknowledges_pings);
     let resumed = core.table.apply_answers(&claims, &outcome.resumed);
     tracing::info!(
         node_id = %outcome.node_id, alias = %outcome.alias, instance_id = %core.instance_id,

@@ -47,6 +47,8 @@ pub enum EdgeFrame {
         record: Arc<NodeRecord>,
         /// One answer per resume claim.
         resumed: Vec<ResumeAnswer>,
+        /// Whether this edge answers every ping on the connection (`acknowledges_pings`).
+        acknowledges_pings: bool,
     },
     /// `RegisterResponse` refusing the node.
     Rejected(RegisterRejection),
@@ -92,6 +94,8 @@ pub struct RegisterOutcome {
     pub config: Option<ReceivedConfig>,
     /// The edge's answers to the node's resume claims, when accepted.
     pub resumed: Vec<ResumeAnswer>,
+    /// Whether the edge said it answers every ping (v1.2; false from older edges).
+    pub acknowledges_pings: bool,
 }
 
 /// A node's central config as the node reads it.
@@ -230,17 +234,20 @@ fn rejection_from_wire(error: i32) -> Option<RegisterRejection> {
 impl From<EdgeFrame> for proto::EdgeMessage {
     fn from(frame: EdgeFrame) -> Self {
         let body = match frame {
-            EdgeFrame::Accepted { record, resumed } => {
-                edge_message::Body::Register(proto::RegisterResponse {
-                    accepted: true,
-                    error: proto::RegisterError::Unspecified.into(),
-                    message: "registered".into(),
-                    node_id: record.id().to_string(),
-                    alias: record.alias().to_string(),
-                    config: Some(build_config_payload(&record)),
-                    resumed: resumed.into_iter().map(answer_to_wire).collect(),
-                })
-            }
+            EdgeFrame::Accepted {
+                record,
+                resumed,
+                acknowledges_pings,
+            } => edge_message::Body::Register(proto::RegisterResponse {
+                accepted: true,
+                error: proto::RegisterError::Unspecified.into(),
+                message: "registered".into(),
+                node_id: record.id().to_string(),
+                alias: record.alias().to_string(),
+                config: Some(build_config_payload(&record)),
+                resumed: resumed.into_iter().map(answer_to_wire).collect(),
+                acknowledges_pings,
+            }),
             EdgeFrame::Rejected(rejection) => {
                 edge_message::Body::Register(proto::RegisterResponse {
                     accepted: false,
@@ -250,6 +257,7 @@ impl From<EdgeFrame> for proto::EdgeMessage {
                     alias: String::new(),
                     config: None,
                     resumed: Vec::new(),
+                    acknowledges_pings: false,
                 })
             }
             EdgeFrame::Command(command) => command_to_wire(command),
@@ -311,9 +319,11 @@ fn outcome_from_wire(response: proto::RegisterResponse) -> RegisterOutcome {
         alias,
         config,
         resumed,
+        acknowledges_pings,
     } = response;
     RegisterOutcome {
         accepted,
+        acknowledges_pings,
         rejection: rejection_from_wire(error),
         message,
         node_id,

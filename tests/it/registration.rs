@@ -225,6 +225,7 @@ async fn an_accepted_registration_returns_the_configured_node_and_config() {
         node_id: "node-a".into(),
         alias: "gpu-a".into(),
         resumed: Vec::new(),
+        acknowledges_pings: true,
         config: Some(ReceivedConfig {
             adapters: vec![
                 ReceivedAdapter {

@@ -40,6 +40,8 @@ impl<S: NodeIo> Connection<'_, S> {
             .send(EdgeFrame::Accepted {
                 record: Arc::clone(&session.record),
                 resumed,
+                // `Connection::run` answers every ping (`handle_batch`).
+                acknowledges_pings: true,
             })
             .await
         {
