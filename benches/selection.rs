@@ -202,6 +202,7 @@ fn placement(c: &mut Criterion) {
             instance_id: String::new(),
             last_frame: Arc::new(LastFrame::new(std::time::Instant::now())),
             reserved_runs: 0,
+            operations: edge::domain::DeclaredOperations::default(),
         };
         registry.insert(connection).unwrap();
         registry.adjust_active_runs(node.record.id(), i as u64, node.active_runs as i32);

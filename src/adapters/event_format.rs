@@ -511,6 +511,7 @@ pub(crate) mod tests {
                 index: 0,
                 values: vec![0.5, -1.0],
             }],
+            tokens: Vec::new(),
         };
         let output = event(RunEventKind::Output {
             text: String::new(),

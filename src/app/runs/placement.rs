@@ -47,7 +47,8 @@ impl RunService {
     /// # Errors
     /// [`StartError::Limited`] when its key is over a limit, [`StartError::QueueFull`]
     /// when it would wait and the queue is full, [`StartError::NoNode`] when no node is
-    /// configured to serve it.
+    /// configured to serve it, [`StartError::NotSupported`] when its operation needs a
+    /// declaration and no connected node serving its route made one.
     pub(super) fn admit(&self, table: &mut Table, run: &Arc<Run>) -> Result<Dispatch, StartError> {
         let now = Instant::now();
         let routing = &run.spec.routing;
@@ -62,6 +63,11 @@ impl RunService {
             return Err(StartError::Limited(refusal));
         }
         let mut nodes = self.candidates(run);
+        if nodes.is_empty() && self.none_declares(run) {
+            table.limits.finish(tenant);
+            let operation = run.spec.operation;
+            return Err(StartError::NotSupported { operation });
+        }
         let mut route = lock(&run.route);
         let dispatch = match self.route(table, &mut nodes, run, &mut route, now) {
             Routed::Placed(node) => Dispatch::Sent(node),
@@ -84,12 +90,32 @@ impl RunService {
         Ok(dispatch)
     }
 
-    /// The connected nodes whose config serves `run`'s route, as routing sees them.
+    /// The connected nodes whose config serves `run`'s route and that may get its operation
+    /// (declared it, when it needs a declaration), as routing sees them.
     pub(super) fn candidates(&self, run: &Run) -> Vec<NodeStatus> {
         let selector = &run.spec.selector;
-        self.inner
+        let mut nodes = self
+            .inner
             .registry
-            .statuses_serving(&selector.adapter, &selector.target)
+            .statuses_serving(&selector.adapter, &selector.target);
+        let operation = run.spec.operation;
+        if operation.needs_declaration() {
+            nodes.retain(|node| node.operations.serves(operation));
+        }
+        nodes
+    }
+
+    /// Whether `run`'s operation needs a declaration and nodes serving its route are
+    /// connected, none of which declared it: the run would wait for a node that may never
+    /// come, so it is refused at once instead.
+    fn none_declares(&self, run: &Run) -> bool {
+        let selector = &run.spec.selector;
+        run.spec.operation.needs_declaration()
+            && !self
+                .inner
+                .registry
+                .statuses_serving(&selector.adapter, &selector.target)
+                .is_empty()
     }
 
     /// Decides where `run` goes now, changing nothing but the turn.

@@ -12,6 +12,7 @@ use super::failover::Tried;
 use super::hash::NodeHash;
 use crate::domain::names::{AdapterName, Target};
 use crate::domain::node::{Availability, NodeRecord};
+use crate::domain::run::DeclaredOperations;
 use crate::domain::selection::NodeSelector;
 
 /// A connected node as routing sees it: the registry's facts about it, copied per placement.
@@ -28,6 +29,8 @@ pub struct NodeStatus {
     pub drained: bool,
     /// [`NodeHash::of`] its id, computed once when it connected.
     pub hash: NodeHash,
+    /// The operations needing a declaration that it declared it serves.
+    pub operations: DeclaredOperations,
 }
 
 impl NodeStatus {
@@ -40,6 +43,7 @@ impl NodeStatus {
             availability: None,
             drained: false,
             hash,
+            operations: DeclaredOperations::default(),
         }
     }
 
