@@ -1,6 +1,7 @@
 //! The client-facing APIs: OpenAI's `GET /v1/models`, `POST /v1/chat/completions`,
-//! `POST /v1/completions`, `POST /v1/embeddings` and `POST /v1/responses`, and Anthropic's
-//! `POST /v1/messages`; JSON or Server-Sent Events, each with its API's error shape, so the
+//! `POST /v1/completions`, `POST /v1/embeddings` and `POST /v1/responses`, Anthropic's
+//! `POST /v1/messages` and `/v1/messages/count_tokens`, and llama.cpp's (and vLLM's)
+//! `POST /tokenize` and `/detokenize`; JSON or Server-Sent Events, each with its API's error shape, so the
 //! official client libraries work unchanged.
 //!
 //! This is the only place the external `model` notion exists: a model id is mapped to
@@ -116,7 +117,7 @@ pub(super) const MESSAGES_PATH: &str = "/v1/messages";
 
 /// `error` as a response in the shape of the API at `path`.
 pub(super) fn error_response_for(path: &str, error: &ApiError) -> Response {
-    if path == MESSAGES_PATH {
+    if path == MESSAGES_PATH || path == anthropic::count_tokens::COUNT_TOKENS_PATH {
         anthropic::error_response(error)
     } else {
         error.clone().into_response()
@@ -139,7 +140,13 @@ pub(super) fn routes(state: &HttpState) -> Router<HttpState> {
         .route(
             MESSAGES_PATH,
             post(|s, c, h, b| serve_chat_run(&anthropic::MESSAGES, s, c, h, b)),
-        );
+        )
+        .route(
+            anthropic::count_tokens::COUNT_TOKENS_PATH,
+            post(anthropic::count_tokens::count),
+        )
+        .route("/tokenize", post(openai::tokenize::tokenize))
+        .route("/detokenize", post(openai::tokenize::detokenize));
     let routes = if state.api.config().keys.is_empty() {
         routes
     } else {

@@ -51,7 +51,8 @@ pub(super) async fn serve_chat_run<T: ChatTranslation, S: StreamTranslator>(
 ) -> Response {
     let (state, caller, headers) = (&state, &caller, &headers);
     let error_response = api.error_response;
-    let (translated, spec) = match chat_run(state, caller, headers, body, api.translate, api.keys) {
+    let prepared = chat_run(state, caller, headers, body, api.translate, api.keys);
+    let (translated, spec) = match prepared {
         Ok(prepared) => prepared,
         Err(error) => return error_response(&error),
     };
@@ -94,6 +95,31 @@ pub(super) fn chat_run<T: ChatTranslation>(
     translate: impl FnOnce(&Value) -> Result<T, ApiError>,
     keys: fn(&Value) -> ClientKeys<'_>,
 ) -> Result<(T, RunSpec), ApiError> {
+    chat_body_run(
+        state,
+        caller,
+        headers,
+        body,
+        translate,
+        keys,
+        Operation::Chat,
+    )
+}
+
+/// As [`chat_run`], the chat body going to the node as `operation` (a tokenize run counts
+/// the prompt a chat run would have).
+///
+/// # Errors
+/// As [`chat_run`].
+pub(super) fn chat_body_run<T: ChatTranslation>(
+    state: &HttpState,
+    caller: &Caller,
+    headers: &HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+    translate: impl FnOnce(&Value) -> Result<T, ApiError>,
+    keys: fn(&Value) -> ClientKeys<'_>,
+    operation: Operation,
+) -> Result<(T, RunSpec), ApiError> {
     let body = read_body(&state.api, body)?;
     let value: Value = serde_json::from_slice(&body)
         .map_err(|error| ApiError::malformed_json(&error.to_string()))?;
@@ -106,7 +132,7 @@ pub(super) fn chat_run<T: ChatTranslation>(
     })?;
     let input = Bytes::from(chat.to_string());
     let model = translated.model();
-    let spec = run_spec(&state.api, model, input, Operation::Chat, deadline, routing)?;
+    let spec = run_spec(&state.api, model, input, operation, deadline, routing)?;
     Ok((translated, spec))
 }
 
