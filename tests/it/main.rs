@@ -56,6 +56,7 @@ mod api_responses;
 mod api_routes;
 mod api_sdks;
 mod api_structured;
+mod api_tokenize;
 mod cli;
 mod console;
 mod engines_e2e;
