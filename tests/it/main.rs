@@ -61,6 +61,7 @@ mod cli;
 mod console;
 mod engines_e2e;
 mod engines_smoke;
+mod engines_tokens;
 mod faults;
 mod fuzz_corpus;
 mod http_limits;
