@@ -121,6 +121,7 @@ fn routing(c: &mut Criterion) {
                 selector: &all,
                 affinity: None,
                 tried: &tried,
+                operation: edge::domain::Operation::Chat,
             };
             let ctx = RouteContext {
                 catalog: &catalog,
@@ -141,6 +142,7 @@ fn routing(c: &mut Criterion) {
             selector,
             affinity: key,
             tried: &tried,
+            operation: edge::domain::Operation::Chat,
         };
         let ctx = RouteContext {
             catalog: &catalog,
@@ -227,6 +229,7 @@ fn placement(c: &mut Criterion) {
                     selector: &route,
                     affinity: key,
                     tried: &tried,
+                    operation: edge::domain::Operation::Chat,
                 };
                 let ctx = RouteContext {
                     catalog: &catalog,

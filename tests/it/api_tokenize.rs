@@ -161,6 +161,37 @@ async fn a_node_that_did_not_declare_tokenize_never_gets_one() {
 }
 
 #[tokio::test]
+async fn a_queued_tokenize_run_waits_for_a_declaring_node_not_a_free_v1_one() {
+    let app = spawn_app(TWO_NODES).await;
+    let v1 = node(&app, "token-a", false).await;
+    // node-b declares tokenize and takes a while over each run (2 slots), so a third
+    // concurrent run queues and is placed by the queue's pump when a slot frees.
+    let options = MockOptions {
+        tokenize: true,
+        delay: std::time::Duration::from_millis(300),
+        ..MockOptions::new("token-b")
+    };
+    let declaring = MockNode::start(app.node_addr, options)
+        .await
+        .expect("the mock node registers");
+    app.wait_for_nodes(2).await;
+    let requests = (0..5).map(|n| {
+        let body = json!({"model": MODEL, "content": format!("text {n}")});
+        let app = &app;
+        async move { post(app, "/tokenize", &body).await }
+    });
+    for response in futures::future::join_all(requests).await {
+        assert_eq!(response.status(), StatusCode::OK);
+        assert_eq!(response.headers()["x-edge-node"], "node-b");
+    }
+    assert!(runs(&v1).is_empty(), "{:?}", runs(&v1));
+    assert_eq!(runs(&declaring).len(), 5);
+    v1.kill();
+    declaring.kill();
+    app.stop().await;
+}
+
+#[tokio::test]
 async fn bad_bodies_and_unknown_models_are_answered_in_each_apis_shape() {
     let app = spawn_app(TWO_NODES).await;
     let declaring = node(&app, "token-a", true).await;

@@ -20,7 +20,7 @@ use crate::domain::routing::{
     Decision, LimitRefusal, NodeStatus, RouteContext, RouteReason, RouteRequest, Unroutable,
     WaitCause, Waiter, decide,
 };
-use crate::domain::{AdapterName, EdgeFailure, NodeId, RunEventKind, RunSpec, Target};
+use crate::domain::{AdapterName, EdgeFailure, NodeId, Operation, RunEventKind, RunSpec, Target};
 use crate::ports::StartError;
 use crate::ports::{NodeCommand, RunAssignment};
 
@@ -63,7 +63,7 @@ impl RunService {
             return Err(StartError::Limited(refusal));
         }
         let mut nodes = self.candidates(run);
-        if nodes.is_empty() && self.none_declares(run) {
+        if none_declares(run, &nodes) {
             table.limits.finish(tenant);
             let operation = run.spec.operation;
             return Err(StartError::NotSupported { operation });
@@ -90,32 +90,12 @@ impl RunService {
         Ok(dispatch)
     }
 
-    /// The connected nodes whose config serves `run`'s route and that may get its operation
-    /// (declared it, when it needs a declaration), as routing sees them.
+    /// The connected nodes whose config serves `run`'s route, as routing sees them.
     pub(super) fn candidates(&self, run: &Run) -> Vec<NodeStatus> {
         let selector = &run.spec.selector;
-        let mut nodes = self
-            .inner
+        self.inner
             .registry
-            .statuses_serving(&selector.adapter, &selector.target);
-        let operation = run.spec.operation;
-        if operation.needs_declaration() {
-            nodes.retain(|node| node.operations.serves(operation));
-        }
-        nodes
-    }
-
-    /// Whether `run`'s operation needs a declaration and nodes serving its route are
-    /// connected, none of which declared it: the run would wait for a node that may never
-    /// come, so it is refused at once instead.
-    fn none_declares(&self, run: &Run) -> bool {
-        let selector = &run.spec.selector;
-        run.spec.operation.needs_declaration()
-            && !self
-                .inner
-                .registry
-                .statuses_serving(&selector.adapter, &selector.target)
-                .is_empty()
+            .statuses_serving(&selector.adapter, &selector.target)
     }
 
     /// Decides where `run` goes now, changing nothing but the turn.
@@ -132,6 +112,7 @@ impl RunService {
             selector: &run.spec.selector,
             affinity: run.spec.routing.affinity,
             tried: &route.tried,
+            operation: run.spec.operation,
         };
         let ctx = RouteContext {
             catalog: &self.inner.routing.catalog,
@@ -245,7 +226,9 @@ impl RunService {
         }
         let now = Instant::now();
         let mut nodes = self.inner.registry.statuses();
-        let mut blocked: Vec<(AdapterName, Target, WaitCause)> = Vec::new();
+        // Routes whose first attempts wait, by the operation's gate (a run that needs a
+        // declaration waits for other nodes than the route's other runs).
+        let mut blocked: Vec<(AdapterName, Target, Option<Operation>, WaitCause)> = Vec::new();
         let mut exhausted = Vec::new();
         let mut queue =
             std::mem::replace(&mut table.queue, crate::domain::routing::FairQueue::new(1));
@@ -254,10 +237,11 @@ impl RunService {
             let mut route = lock(&run.route);
             let selector = &run.spec.selector;
             let first = route.tried.attempts() == 0 && selector.pin.is_none();
-            let known = blocked
-                .iter()
-                .find(|(a, t, _)| first && *a == selector.adapter && *t == selector.target);
-            if let Some((_, _, cause)) = known {
+            let gate = Some(run.spec.operation).filter(|op| op.needs_declaration());
+            let known = blocked.iter().find(|(a, t, g, _)| {
+                first && *a == selector.adapter && *t == selector.target && *g == gate
+            });
+            if let Some((_, _, _, cause)) = known {
                 set_cause(run, &mut route, *cause);
                 return None;
             }
@@ -267,7 +251,7 @@ impl RunService {
                     set_cause(run, &mut route, cause);
                     if first {
                         let (a, t) = (selector.adapter.clone(), selector.target.clone());
-                        blocked.push((a, t, cause));
+                        blocked.push((a, t, gate, cause));
                     }
                     None
                 }
@@ -371,6 +355,16 @@ impl RunService {
 }
 
 /// Records a waiting run's latest cause; a change wakes its wait timer.
+/// Whether `run`'s operation needs a declaration and `nodes` (the connected nodes serving
+/// its route) are some, none of which declared it: the run would wait for a node that may
+/// never come, so it is refused at once instead.
+fn none_declares(run: &Run, nodes: &[NodeStatus]) -> bool {
+    let operation = run.spec.operation;
+    operation.needs_declaration()
+        && !nodes.is_empty()
+        && nodes.iter().all(|node| !node.operations.serves(operation))
+}
+
 fn set_cause(run: &Run, route: &mut Route, cause: WaitCause) {
     if let Some(waiting) = route.waiting.as_mut()
         && waiting.cause != cause
