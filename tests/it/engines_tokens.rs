@@ -11,93 +11,38 @@
 //!   `cache_read_input_tokens`, Responses `input_tokens_details.cached_tokens`), equal to what
 //!   a twin llama-server reports for the same requests sent to it directly.
 //!
-//! One slot per engine (`--parallel 1`), so which cache a request meets is not up to
+//! The stack is `engines_e2e`'s. One slot per engine (`--parallel 1`), so which cache a request meets is not up to
 //! llama-server's slot choice: both engines see the same sequence and report the same counts.
 
 use crate::common;
-use crate::node_support;
-
-use std::time::Duration;
 
 use common::engines::{LlamaOptions, LlamaServer};
-use common::{TestApp, spawn_app};
-use node_support::{RunningNode, spawn_node};
 use serde_json::{Value, json};
 
-const NODE_TOKEN: &str = "token-engines-tokens";
+use crate::engines_e2e::{API_KEY, Stack};
+
 const MODEL: &str = "llama/tiny";
 
-fn edge_config(v1_url: &str) -> String {
-    format!(
-        r#"
-[[nodes]]
-id = "box-1"
-alias = "box-1"
-token = "{NODE_TOKEN}"
-[nodes.runtime]
-max_concurrent_runs = 4
-heartbeat_interval_ms = 500
-[[nodes.adapters]]
-name = "llama"
-targets = ["tiny"]
-[nodes.adapters.settings]
-base_url = "{v1_url}"
-availability = "reachable"
-probe_interval_ms = "200"
-"#
-    )
+/// The stack of `engines_e2e` with one engine slot.
+async fn start() -> Stack {
+    Stack::start(LlamaOptions::default().parallel(1)).await
 }
 
-struct Stack {
-    llama: LlamaServer,
-    app: TestApp,
-    node: RunningNode,
-    http: reqwest::Client,
+/// POSTs `body` to the edge's `path`; the answer must be 200 and JSON.
+async fn edge(stack: &Stack, path: &str, body: &Value) -> Value {
+    let url = format!("http://{}{path}", stack.app.http_addr);
+    post(stack.http.post(url).bearer_auth(API_KEY), body).await
 }
 
-impl Stack {
-    async fn start() -> Self {
-        let llama = LlamaServer::start_with(LlamaOptions::default().parallel(1)).await;
-        let app = spawn_app(&edge_config(&llama.v1_url())).await;
-        let node = spawn_node(app.node_addr, NODE_TOKEN, |_| {});
-        app.wait_for_nodes(1).await;
-        let http = common::http()
-            .timeout(Duration::from_secs(20))
-            .build()
-            .expect("http client");
-        Self {
-            llama,
-            app,
-            node,
-            http,
-        }
-    }
-
-    /// POSTs `body` to the edge's `path`; the answer must be 200 and JSON.
-    async fn edge(&self, path: &str, body: &Value) -> Value {
-        let url = format!("http://{}{path}", self.app.http_addr);
-        post(&self.http, &url, body).await
-    }
-
-    /// POSTs `body` to llama-server's `path` (below its root); 200 and JSON.
-    async fn engine(&self, path: &str, body: &Value) -> Value {
-        post(
-            &self.http,
-            &format!("{}{path}", self.llama.base_url()),
-            body,
-        )
-        .await
-    }
-
-    async fn stop(self) {
-        self.node.stop().await.expect("the node stops cleanly");
-        self.app.stop().await;
-    }
+/// POSTs `body` to llama-server's `path` (below its root); 200 and JSON.
+async fn engine(stack: &Stack, path: &str, body: &Value) -> Value {
+    let url = format!("{}{path}", stack.llama.base_url());
+    post(stack.http.post(url), body).await
 }
 
-async fn post(http: &reqwest::Client, url: &str, body: &Value) -> Value {
-    let response = http.post(url).json(body).send().await.expect("an answer");
-    let status = response.status();
+async fn post(request: reqwest::RequestBuilder, body: &Value) -> Value {
+    let response = request.json(body).send().await.expect("an answer");
+    let (status, url) = (response.status(), response.url().clone());
     let text = response.text().await.expect("a body");
     assert_eq!(status, 200, "POST {url} {body}: {text}");
     serde_json::from_str(&text).expect("JSON")
@@ -110,7 +55,7 @@ fn long_prefix(topic: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn count_tokens_tokenize_and_detokenize_are_the_engines_own() {
-    let stack = Stack::start().await;
+    let stack = start().await;
     let messages = json!({
         "model": MODEL,
         "max_tokens": 1,
@@ -122,7 +67,7 @@ async fn count_tokens_tokenize_and_detokenize_are_the_engines_own() {
             {"role": "user", "content": [{"type": "text", "text": "How are you?"}]},
         ],
     });
-    let counted = stack.edge("/v1/messages/count_tokens", &messages).await;
+    let counted = edge(&stack, "/v1/messages/count_tokens", &messages).await;
     let count = counted["input_tokens"].as_u64().expect("input_tokens");
     // The chat the Messages request becomes, as llama-server renders and tokenizes it.
     let chat = json!({"messages": [
@@ -132,15 +77,15 @@ async fn count_tokens_tokenize_and_detokenize_are_the_engines_own() {
         {"role": "system", "content": "Mind the reminder."},
         {"role": "user", "content": "How are you?"},
     ]});
-    let prompt = stack.engine("/apply-template", &chat).await["prompt"].clone();
+    let prompt = engine(&stack, "/apply-template", &chat).await["prompt"].clone();
     let body = json!({"content": prompt, "add_special": true, "parse_special": true});
-    let engine_tokens = stack.engine("/tokenize", &body).await["tokens"].clone();
+    let engine_tokens = engine(&stack, "/tokenize", &body).await["tokens"].clone();
     assert_eq!(
         Some(count),
         engine_tokens.as_array().map(|t| t.len() as u64)
     );
     // And the engine's prompt for the same Messages request has exactly that many tokens.
-    let answer = stack.edge("/v1/messages", &messages).await;
+    let answer = edge(&stack, "/v1/messages", &messages).await;
     let usage = &answer["usage"];
     let seen = usage["input_tokens"].as_u64().unwrap_or(0)
         + usage["cache_read_input_tokens"].as_u64().unwrap_or(0);
@@ -151,18 +96,18 @@ async fn count_tokens_tokenize_and_detokenize_are_the_engines_own() {
         let text = "Hello world, how are you?";
         let ours = json!({"model": MODEL, "content": text, "add_special": add_special});
         let theirs = json!({"content": text, "add_special": add_special});
-        let tokens = stack.edge("/tokenize", &ours).await["tokens"].clone();
-        assert_eq!(tokens, stack.engine("/tokenize", &theirs).await["tokens"]);
+        let tokens = edge(&stack, "/tokenize", &ours).await["tokens"].clone();
+        assert_eq!(tokens, engine(&stack, "/tokenize", &theirs).await["tokens"]);
         let ours = json!({"model": MODEL, "tokens": tokens});
         let theirs = json!({"tokens": tokens});
         assert_eq!(
-            stack.edge("/detokenize", &ours).await["content"],
-            stack.engine("/detokenize", &theirs).await["content"]
+            edge(&stack, "/detokenize", &ours).await["content"],
+            engine(&stack, "/detokenize", &theirs).await["content"]
         );
     }
     let mut chat_body = chat.clone();
     chat_body["model"] = json!(MODEL);
-    let tokenized = stack.edge("/tokenize", &chat_body).await;
+    let tokenized = edge(&stack, "/tokenize", &chat_body).await;
     assert_eq!(tokenized["tokens"], engine_tokens);
     assert_eq!(tokenized["count"], count);
     stack.stop().await;
@@ -212,7 +157,7 @@ const APIS: [Api; 3] = [
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cached_prompt_tokens_reach_every_apis_usage_as_the_engine_counts_them() {
-    let stack = Stack::start().await;
+    let stack = start().await;
     // The engine's own answers to the same chats, sent to it directly in the same order.
     let twin = LlamaServer::start_with(LlamaOptions::default().parallel(1)).await;
     let twin_url = format!("{}/chat/completions", twin.v1_url());
@@ -222,9 +167,9 @@ async fn cached_prompt_tokens_reach_every_apis_usage_as_the_engine_counts_them()
             .into_iter()
             .enumerate()
         {
-            let answer = stack.edge(api.path, &(api.request)(&system, user)).await;
+            let answer = edge(&stack, api.path, &(api.request)(&system, user)).await;
             let direct = (APIS[0].request)(&system, user);
-            let engine = post(&stack.http, &twin_url, &direct).await;
+            let engine = post(stack.http.post(&twin_url), &direct).await;
             let engine_cached = number(&engine, "/usage/prompt_tokens_details/cached_tokens");
             let engine_prompt = number(&engine, "/usage/prompt_tokens");
             assert_eq!(

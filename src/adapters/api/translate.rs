@@ -51,7 +51,8 @@ pub(super) async fn serve_chat_run<T: ChatTranslation, S: StreamTranslator>(
 ) -> Response {
     let (state, caller, headers) = (&state, &caller, &headers);
     let error_response = api.error_response;
-    let prepared = chat_run(state, caller, headers, body, api.translate, api.keys);
+    let chat = Operation::Chat;
+    let prepared = chat_run(state, caller, headers, body, api.translate, api.keys, chat);
     let (translated, spec) = match prepared {
         Ok(prepared) => prepared,
         Err(error) => return error_response(&error),
@@ -81,37 +82,14 @@ pub(super) async fn serve_chat_run<T: ChatTranslation, S: StreamTranslator>(
     run::with_headers(response, &headers)
 }
 
-/// Reads a JSON request `body`, translates it with `translate`, and builds the chat run it
-/// becomes: its deadline from `headers`, its routing from `caller`, `headers`, the client
-/// keys `keys` finds in the request, or the chat prompt's prefix.
+/// Reads a JSON request `body`, translates it with `translate`, and builds the run of the
+/// chat body it becomes, as `operation` (a chat run; a tokenize run counts the prompt a chat
+/// run would have): its deadline from `headers`, its routing from `caller`, `headers`, the
+/// client keys `keys` finds in the request, or the chat prompt's prefix.
 ///
 /// # Errors
 /// The body's or the translation's 4xx, an unknown model, a bad header.
 pub(super) fn chat_run<T: ChatTranslation>(
-    state: &HttpState,
-    caller: &Caller,
-    headers: &HeaderMap,
-    body: Result<Bytes, BytesRejection>,
-    translate: impl FnOnce(&Value) -> Result<T, ApiError>,
-    keys: fn(&Value) -> ClientKeys<'_>,
-) -> Result<(T, RunSpec), ApiError> {
-    chat_body_run(
-        state,
-        caller,
-        headers,
-        body,
-        translate,
-        keys,
-        Operation::Chat,
-    )
-}
-
-/// As [`chat_run`], the chat body going to the node as `operation` (a tokenize run counts
-/// the prompt a chat run would have).
-///
-/// # Errors
-/// As [`chat_run`].
-pub(super) fn chat_body_run<T: ChatTranslation>(
     state: &HttpState,
     caller: &Caller,
     headers: &HeaderMap,

@@ -16,7 +16,7 @@ use serde_json::{Value, json};
 use super::super::auth::Caller;
 use super::super::error::ApiError;
 use super::super::run;
-use super::super::translate::chat_body_run;
+use super::super::translate::chat_run;
 use super::request::{self, MessagesRequest};
 use super::{MESSAGES, error_response};
 use crate::adapters::http::HttpState;
@@ -34,7 +34,7 @@ pub(in crate::adapters::api) async fn count(
 ) -> Response {
     let keys = MESSAGES.keys;
     let tokenize = Operation::Tokenize;
-    let prepared = chat_body_run(&state, &caller, &headers, body, counted, keys, tokenize);
+    let prepared = chat_run(&state, &caller, &headers, body, counted, keys, tokenize);
     let (request, spec) = match prepared {
         Ok(prepared) => prepared,
         Err(error) => return error_response(&error),
