@@ -59,6 +59,7 @@ mod api_structured;
 mod api_tokenize;
 mod cli;
 mod console;
+mod console_web;
 mod engines_e2e;
 mod engines_smoke;
 mod engines_tokens;

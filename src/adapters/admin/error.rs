@@ -5,7 +5,7 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
 use super::views::{ErrorBody, ErrorDetail};
-use crate::ports::ManageError;
+use crate::ports::{JournalError, ManageError};
 
 /// An error answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -52,9 +52,14 @@ impl From<ManageError> for AdminError {
         match error {
             ManageError::UnknownNode(_) | ManageError::UnknownRun(_) => Self::not_found(message),
             ManageError::RunEnded(_) => Self::new(StatusCode::CONFLICT, "run_ended", message),
-            ManageError::Journal(_) => Self::new(
+            ManageError::Journal(JournalError::Unavailable(_)) => Self::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "journal_unavailable",
+                message,
+            ),
+            ManageError::Journal(JournalError::Damaged(_)) => Self::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "journal_damaged",
                 message,
             ),
         }
@@ -77,5 +82,24 @@ impl IntoResponse for AdminError {
             );
         }
         response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_busy_journal_is_unavailable_and_a_damaged_one_is_a_server_error() {
+        let busy = AdminError::from(ManageError::Journal(JournalError::Unavailable(
+            "database is locked".into(),
+        )));
+        assert_eq!(busy.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(busy.code, "journal_unavailable");
+        let damaged = AdminError::from(ManageError::Journal(JournalError::Damaged(
+            "events \"\\u{0}\"".into(),
+        )));
+        assert_eq!(damaged.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(damaged.code, "journal_damaged");
     }
 }

@@ -24,6 +24,7 @@ use super::AdminState;
     tags(
         (name = "nodes", description = "Configured nodes, their state, drain and resume"),
         (name = "runs", description = "Open and finished runs, their records, events and cancels"),
+        (name = "stats", description = "The last hour of runs in buckets, kept in memory"),
         (name = "meta", description = "This document"),
     ),
     modifiers(&AdminKeyScheme)

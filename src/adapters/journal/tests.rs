@@ -8,11 +8,12 @@ use crate::domain::{
     AcceptedRun, AdapterName, Attempt, EdgeFailure, EventOrigin, NodeId, Operation, RunEvent,
     RunEventKind, RunId, RunOutcome, RunQuery, RunStateFilter, Target, Usage,
 };
-use crate::ports::{JournalEntry, RelayedEvent, RunJournal};
+use crate::ports::{JournalEntry, JournalError, RelayedEvent, RunJournal};
 
 /// A time in the recent past, so the default retention keeps the runs.
 fn recent(ms: u64) -> u64 {
-    static BASE: std::sync::LazyLock<u64> = std::sync::LazyLock::new(|| writer::now_ms() - 60_000);
+    static BASE: std::sync::LazyLock<u64> =
+        std::sync::LazyLock::new(|| crate::ports::clock::now_ms() - 60_000);
     *BASE + ms
 }
 
@@ -161,6 +162,26 @@ async fn listings_filter_and_page_newest_first_without_open_runs() {
         ..RunQuery::default()
     };
     assert!(journal.finished_runs(&failed).await.unwrap().is_empty());
+    let by_key = |name: &str| RunQuery {
+        api_key_name: Some(name.to_owned()),
+        limit: 10,
+        ..RunQuery::default()
+    };
+    assert_eq!(
+        journal
+            .finished_runs(&by_key("team-a"))
+            .await
+            .unwrap()
+            .len(),
+        5
+    );
+    assert!(
+        journal
+            .finished_runs(&by_key("team-b"))
+            .await
+            .unwrap()
+            .is_empty()
+    );
     journal.close().await;
 }
 
@@ -211,6 +232,29 @@ async fn runs_left_open_are_unknown_after_reopening_and_a_second_edge_is_refused
     assert_eq!(midway.events_stored, 1);
     let done = journal.run(&RunId::new("done")).await.unwrap().unwrap();
     assert_eq!(done.outcome, RunOutcome::Completed);
+    journal.close().await;
+}
+
+#[tokio::test]
+async fn a_damaged_row_reads_as_damaged_not_as_unavailable() {
+    let dir = tempfile::tempdir().unwrap();
+    let journal = SqliteJournal::open(&config(&dir), &file(&dir)).unwrap();
+    whole_run(&journal, "r1", 1_000, "node-a");
+    journal.flush().await;
+    rusqlite::Connection::open(file(&dir))
+        .unwrap()
+        .execute(
+            "UPDATE runs SET adapter = 'not a name!' WHERE run_id = 'r1'",
+            [],
+        )
+        .unwrap();
+    let read = journal.run(&RunId::new("r1")).await;
+    assert!(matches!(read, Err(JournalError::Damaged(_))), "{read:?}");
+    let events = journal.events(&RunId::new("r1"), 0, 10).await;
+    assert!(
+        matches!(events, Err(JournalError::Damaged(_))),
+        "{events:?}"
+    );
     journal.close().await;
 }
 
@@ -308,7 +352,7 @@ fn retention_by_size_removes_the_oldest_finished_runs_and_keeps_open_ones() {
         max_age: Duration::ZERO,
     };
     let mut removed = 0;
-    let now = writer::now_ms();
+    let now = crate::ports::clock::now_ms();
     while let n @ 1.. =
         retention::retention_chunk(&mut conn, &retention, now, Some(before / 2)).unwrap()
     {

@@ -6,8 +6,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use futures::StreamExt as _;
 
-use super::{Management, now_ms};
-use crate::domain::{RunId, RunPage, RunQuery, RunRecord};
+use super::Management;
+use crate::domain::{RunId, RunPage, RunQuery, RunRecord, StatsWindow};
+use crate::ports::clock::now_ms;
 use crate::ports::{FeedStream, Manage, ManageError, NodeStatus};
 
 #[async_trait]
@@ -43,6 +44,10 @@ impl Manage for Management {
     async fn events(&self, id: &RunId, from: u64, follow: bool) -> Result<FeedStream, ManageError> {
         let feed = Management::events(self, id, from, follow).await?;
         Ok(feed.into_stream().boxed())
+    }
+
+    fn stats(&self) -> StatsWindow {
+        self.inner.live.stats()
     }
 
     fn now_ms(&self) -> u64 {

@@ -184,7 +184,7 @@ impl RunService {
         run.span.record("attempt", reason.attempt);
         debug!(parent: &run.span, run_id = %run.id, node = %id, route = %reason, "run dispatched");
         let waited = now.saturating_duration_since(run.accepted_at);
-        inner.metrics.dispatched(run, &reason, waited);
+        inner.metrics.dispatched(run, &id, &reason, waited);
         Some(id)
     }
 
@@ -206,6 +206,7 @@ impl RunService {
             item: Arc::clone(run),
         };
         let displaced = table.queue.push(waiter).map_err(|_| ())?;
+        self.inner.metrics.queued(table.queue.len());
         route.placement = Placement::Queued;
         route.stays += 1;
         route.waiting = Some(Waiting {
