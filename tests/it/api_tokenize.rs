@@ -211,3 +211,18 @@ async fn bad_bodies_and_unknown_models_are_answered_in_each_apis_shape() {
     declaring.kill();
     app.stop().await;
 }
+
+#[tokio::test]
+async fn without_a_key_each_route_answers_401_in_its_apis_shape() {
+    let app = spawn_app(&format!("{TWO_NODES}\n[api]\nkeys = [\"sk-tokens\"]\n")).await;
+    let response = post(&app, "/v1/messages/count_tokens", &messages_request()).await;
+    assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+    let error: Value = response.json().await.expect("JSON");
+    assert_eq!(error["error"]["type"], "authentication_error", "{error}");
+    let body = json!({"model": MODEL, "content": "Hi"});
+    let response = post(&app, "/tokenize", &body).await;
+    assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+    let error: Value = response.json().await.expect("JSON");
+    assert_eq!(error["error"]["code"], "invalid_api_key", "{error}");
+    app.stop().await;
+}
