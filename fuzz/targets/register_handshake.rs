@@ -128,6 +128,7 @@ fn with_prelude(mode: u8, rest: &[u8]) -> Vec<u8> {
         adapters: vec!["echo".to_owned()],
         instance_id: String::new(),
         resume: Vec::new(),
+        operations: edge::domain::DeclaredOperations::default(),
     });
     let mut bytes = encoded(register);
     bytes.extend_from_slice(rest);

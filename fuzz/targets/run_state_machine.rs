@@ -414,6 +414,7 @@ impl World {
             instance_id: String::new(),
             last_frame: Arc::new(LastFrame::new(std::time::Instant::now())),
             reserved_runs: 0,
+            operations: edge::domain::DeclaredOperations::default(),
         };
         if self.registry.insert(registered).is_err() {
             // Its previous connection has not finished closing yet.

@@ -15,7 +15,7 @@ use edge::client::{
     Backoff, ClientError, Keepalive, LinkEnd, NodeClient, RegisterOutcome, Registration,
     dial as dial_tcp, new_instance_id,
 };
-use edge::domain::{RegisterRejection, ResumeClaim};
+use edge::domain::{Operation, RegisterRejection, ResumeClaim};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -231,6 +231,8 @@ async fn register(
     registration.node_id = core.options.node_id.clone();
     registration.adapters = vec![super::openai::KIND.to_owned()];
     registration.resume = claims.to_vec();
+    // Served from the engine's tokenizer, or answered `not_supported` where it has none.
+    let registration = registration.operations([Operation::Tokenize, Operation::Detokenize]);
     let outcome = tokio::time::timeout(DIAL_TIMEOUT, client.register(registration))
         .await
         .map_err(|_| Failure::Retry("no registration answer in time".into()))?

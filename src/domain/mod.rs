@@ -37,8 +37,8 @@ pub use registration::{
 };
 pub use resume::{ResumeAnswer, ResumeClaim, ResumeRefusal, decide_resume};
 pub use run::{
-    EdgeFailure, EventOrigin, EventVerdict, FailureClass, Operation, RunEvent, RunEventKind, RunId,
-    RunRouting, RunSpec, RunState, Usage,
+    DeclaredOperations, EdgeFailure, EventOrigin, EventVerdict, FailureClass, Operation, RunEvent,
+    RunEventKind, RunId, RunRouting, RunSpec, RunState, Usage,
 };
 pub use run_record::{
     AcceptedRun, Attempt, EDGE_CRASHED, RunCursor, RunEnding, RunOutcome, RunPage, RunQuery,

@@ -10,6 +10,7 @@ use std::time::Instant;
 
 use super::node::NodeRecord;
 use super::resume::ResumeClaim;
+use super::run::DeclaredOperations;
 use super::token::Token;
 
 /// The protocol version this edge speaks. A request's `0` is read as `1`.
@@ -39,6 +40,8 @@ pub struct RegisterAttempt {
     pub instance_id: String,
     /// The runs the node still holds after a reconnect.
     pub resume: Vec<ResumeClaim>,
+    /// The operations needing a declaration that the node serves.
+    pub operations: DeclaredOperations,
 }
 
 /// Why a registration is refused; each maps to one protocol `RegisterError`.
@@ -263,6 +266,7 @@ mod tests {
             adapters: vec![],
             instance_id: String::new(),
             resume: vec![],
+            operations: DeclaredOperations::default(),
         }
     }
 

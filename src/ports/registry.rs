@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
 use crate::domain::routing::NodeStatus;
-use crate::domain::{AdapterName, Availability, NodeId, NodeRecord, Target};
+use crate::domain::{AdapterName, Availability, DeclaredOperations, NodeId, NodeRecord, Target};
 
 use super::transport::NodeLink;
 
@@ -34,6 +34,8 @@ pub struct NewConnection {
     /// resume claims are answered (so no run is placed on the node before the runs it
     /// resumes are counted), and gives back with `adjust_active_runs` afterwards.
     pub reserved_runs: u32,
+    /// The operations needing a declaration that the node declared it serves.
+    pub operations: DeclaredOperations,
 }
 
 /// When a connection last sent a frame: written by the connection's task as frames arrive,

@@ -255,6 +255,7 @@ mod tests {
                 adapters: vec!["echo".into()],
                 instance_id: String::new(),
                 resume: Vec::new(),
+                operations: crate::domain::DeclaredOperations::default(),
             }),
             heartbeat(3),
             NodeFrame::RunEvent(ReportedEvent {
@@ -309,6 +310,7 @@ mod tests {
                 index: 0,
                 values: vec![0.5, -1.0],
             }],
+            tokens: vec![1, 15_043],
         };
         let node_frames = vec![
             NodeFrame::Register(RegisterAttempt {
@@ -323,6 +325,10 @@ mod tests {
                     next_seq: 7,
                     first_buffered_seq: 3,
                 }],
+                operations: crate::domain::DeclaredOperations::new([
+                    Operation::Tokenize,
+                    Operation::Detokenize,
+                ]),
             }),
             NodeFrame::Heartbeat {
                 active_runs: 1,

@@ -7,13 +7,16 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::domain::{
-    AdapterName, Availability, NodeRecord, RegisterAttempt, RegisterRejection, ResumeAnswer,
-    ResumeClaim, ResumeRefusal, RunId, Target, Token,
+    AdapterName, Availability, DeclaredOperations, NodeRecord, RegisterAttempt, RegisterRejection,
+    ResumeAnswer, ResumeClaim, ResumeRefusal, RunId, Target, Token,
 };
 use crate::ports::{NodeCommand, ReportedEvent};
 
 use super::config_payload::build_config_payload;
-use super::events::{event_kind_from_wire, event_kind_to_wire, run_from_wire, run_to_wire};
+use super::events::{
+    event_kind_from_wire, event_kind_to_wire, operation_from_wire, operation_to_wire,
+    run_from_wire, run_to_wire,
+};
 use super::proto::{self, edge_message, node_message};
 
 /// A message a node sends.
@@ -135,6 +138,7 @@ impl From<proto::NodeMessage> for NodeFrame {
                     adapters,
                     instance_id,
                     resume,
+                    operations,
                 } = request;
                 NodeFrame::Register(RegisterAttempt {
                     token: Token::new(token),
@@ -144,6 +148,10 @@ impl From<proto::NodeMessage> for NodeFrame {
                     adapters,
                     instance_id,
                     resume: resume.into_iter().map(claim_from_wire).collect(),
+                    // An operation this edge does not know is left out: it sends none.
+                    operations: DeclaredOperations::new(
+                        operations.into_iter().map(operation_from_wire),
+                    ),
                 })
             }
             Some(node_message::Body::Heartbeat(proto::Heartbeat {
@@ -177,6 +185,7 @@ impl From<NodeFrame> for proto::NodeMessage {
                 adapters,
                 instance_id,
                 resume,
+                operations,
             }) => Some(node_message::Body::Register(proto::RegisterRequest {
                 token: token.expose_secret().to_owned(),
                 node_id,
@@ -185,6 +194,11 @@ impl From<NodeFrame> for proto::NodeMessage {
                 adapters,
                 instance_id,
                 resume: resume.into_iter().map(claim_to_wire).collect(),
+                operations: operations
+                    .operations()
+                    .into_iter()
+                    .map(|operation| operation_to_wire(operation).into())
+                    .collect(),
             })),
             NodeFrame::Heartbeat {
                 active_runs,

@@ -114,7 +114,7 @@ pub struct RunView {
     pub adapter: String,
     /// Its target.
     pub target: String,
-    /// `unspecified`, `chat`, `completion` or `embeddings`.
+    /// `unspecified`, `chat`, `completion`, `embeddings`, `tokenize` or `detokenize`.
     pub operation: String,
     /// The node id or alias it was pinned to.
     pub pin: Option<String>,

@@ -52,7 +52,9 @@ pub(super) async fn serve_chat_run<T: ChatTranslation, S: StreamTranslator>(
 ) -> Response {
     let (state, caller, headers) = (&state, &caller, &headers);
     let error_response = |error: &ApiError| api.error_shape.render(error);
-    let (translated, spec) = match chat_run(state, caller, headers, body, api.translate, api.keys) {
+    let chat = Operation::Chat;
+    let prepared = chat_run(state, caller, headers, body, api.translate, api.keys, chat);
+    let (translated, spec) = match prepared {
         Ok(prepared) => prepared,
         Err(error) => return error_response(&error),
     };
@@ -81,9 +83,10 @@ pub(super) async fn serve_chat_run<T: ChatTranslation, S: StreamTranslator>(
     run::with_headers(response, &headers)
 }
 
-/// Reads a JSON request `body`, translates it with `translate`, and builds the chat run it
-/// becomes: its deadline from `headers`, its routing from `caller`, `headers`, the client
-/// keys `keys` finds in the request, or the chat prompt's prefix.
+/// Reads a JSON request `body`, translates it with `translate`, and builds the run of the
+/// chat body it becomes, as `operation` (a chat run; a tokenize run counts the prompt a chat
+/// run would have): its deadline from `headers`, its routing from `caller`, `headers`, the
+/// client keys `keys` finds in the request, or the chat prompt's prefix.
 ///
 /// # Errors
 /// The body's or the translation's 4xx, an unknown model, a bad header.
@@ -94,6 +97,7 @@ pub(super) fn chat_run<T: ChatTranslation>(
     body: Result<Bytes, BytesRejection>,
     translate: impl FnOnce(&Value) -> Result<T, ApiError>,
     keys: fn(&Value) -> ClientKeys<'_>,
+    operation: Operation,
 ) -> Result<(T, RunSpec), ApiError> {
     let body = read_body(&state.api, body)?;
     let value: Value = serde_json::from_slice(&body)
@@ -107,7 +111,7 @@ pub(super) fn chat_run<T: ChatTranslation>(
     })?;
     let input = Bytes::from(chat.to_string());
     let model = translated.model();
-    let spec = run_spec(&state.api, model, input, Operation::Chat, deadline, routing)?;
+    let spec = run_spec(&state.api, model, input, operation, deadline, routing)?;
     Ok((translated, spec))
 }
 

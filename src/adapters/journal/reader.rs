@@ -314,6 +314,8 @@ fn operation(name: &str) -> Operation {
         "chat" => Operation::Chat,
         "completion" => Operation::Completion,
         "embeddings" => Operation::Embeddings,
+        "tokenize" => Operation::Tokenize,
+        "detokenize" => Operation::Detokenize,
         _ => Operation::Unspecified,
     }
 }

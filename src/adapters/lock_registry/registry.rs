@@ -60,6 +60,7 @@ impl Entry {
             instance_id,
             last_frame,
             reserved_runs: _,
+            operations: _,
         } = &self.connection;
         ConnectedNode {
             record: Arc::clone(record),
@@ -83,6 +84,7 @@ impl Entry {
             availability: self.availability.load_full(),
             drained: self.drained.load(Ordering::Relaxed),
             hash: self.hash,
+            operations: self.connection.operations,
         }
     }
 }
@@ -392,6 +394,7 @@ mod tests {
             instance_id: String::new(),
             last_frame: Arc::new(LastFrame::new(std::time::Instant::now())),
             reserved_runs: 0,
+            operations: crate::domain::DeclaredOperations::default(),
         }
     }
 

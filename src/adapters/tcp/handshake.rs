@@ -165,6 +165,7 @@ impl<S: NodeIo> Connection<'_, S> {
             instance_id: attempt.instance_id.clone(),
             last_frame: Arc::clone(&last_frame),
             reserved_runs: record.runtime().max_concurrent_runs(),
+            operations: attempt.operations,
         };
         let entered = match takeover {
             None => shared.deps.registry.insert(registered).map(|()| None),

@@ -20,7 +20,7 @@ use crate::domain::routing::{
     Decision, LimitRefusal, NodeStatus, RouteContext, RouteReason, RouteRequest, Unroutable,
     WaitCause, Waiter, decide,
 };
-use crate::domain::{AdapterName, EdgeFailure, NodeId, RunEventKind, RunSpec, Target};
+use crate::domain::{AdapterName, EdgeFailure, NodeId, Operation, RunEventKind, RunSpec, Target};
 use crate::ports::StartError;
 use crate::ports::{NodeCommand, RunAssignment};
 
@@ -47,7 +47,8 @@ impl RunService {
     /// # Errors
     /// [`StartError::Limited`] when its key is over a limit, [`StartError::QueueFull`]
     /// when it would wait and the queue is full, [`StartError::NoNode`] when no node is
-    /// configured to serve it.
+    /// configured to serve it, [`StartError::NotSupported`] when its operation needs a
+    /// declaration and no connected node serving its route made one.
     pub(super) fn admit(&self, table: &mut Table, run: &Arc<Run>) -> Result<Dispatch, StartError> {
         let now = Instant::now();
         let routing = &run.spec.routing;
@@ -62,6 +63,11 @@ impl RunService {
             return Err(StartError::Limited(refusal));
         }
         let mut nodes = self.candidates(run);
+        if none_declares(run, &nodes) {
+            table.limits.finish(tenant);
+            let operation = run.spec.operation;
+            return Err(StartError::NotSupported { operation });
+        }
         let mut route = lock(&run.route);
         let dispatch = match self.route(table, &mut nodes, run, &mut route, now) {
             Routed::Placed(node) => Dispatch::Sent(node),
@@ -106,6 +112,7 @@ impl RunService {
             selector: &run.spec.selector,
             affinity: run.spec.routing.affinity,
             tried: &route.tried,
+            operation: run.spec.operation,
         };
         let ctx = RouteContext {
             catalog: &self.inner.routing.catalog,
@@ -220,7 +227,9 @@ impl RunService {
         }
         let now = Instant::now();
         let mut nodes = self.inner.registry.statuses();
-        let mut blocked: Vec<(AdapterName, Target, WaitCause)> = Vec::new();
+        // Routes whose first attempts wait, by the operation's gate (a run that needs a
+        // declaration waits for other nodes than the route's other runs).
+        let mut blocked: Vec<(AdapterName, Target, Option<Operation>, WaitCause)> = Vec::new();
         let mut exhausted = Vec::new();
         let mut queue =
             std::mem::replace(&mut table.queue, crate::domain::routing::FairQueue::new(1));
@@ -229,10 +238,11 @@ impl RunService {
             let mut route = lock(&run.route);
             let selector = &run.spec.selector;
             let first = route.tried.attempts() == 0 && selector.pin.is_none();
-            let known = blocked
-                .iter()
-                .find(|(a, t, _)| first && *a == selector.adapter && *t == selector.target);
-            if let Some((_, _, cause)) = known {
+            let gate = Some(run.spec.operation).filter(|op| op.needs_declaration());
+            let known = blocked.iter().find(|(a, t, g, _)| {
+                first && *a == selector.adapter && *t == selector.target && *g == gate
+            });
+            if let Some((_, _, _, cause)) = known {
                 set_cause(run, &mut route, *cause);
                 return None;
             }
@@ -242,7 +252,7 @@ impl RunService {
                     set_cause(run, &mut route, cause);
                     if first {
                         let (a, t) = (selector.adapter.clone(), selector.target.clone());
-                        blocked.push((a, t, cause));
+                        blocked.push((a, t, gate, cause));
                     }
                     None
                 }
@@ -346,6 +356,16 @@ impl RunService {
 }
 
 /// Records a waiting run's latest cause; a change wakes its wait timer.
+/// Whether `run`'s operation needs a declaration and `nodes` (the connected nodes serving
+/// its route) are some, none of which declared it: the run would wait for a node that may
+/// never come, so it is refused at once instead.
+fn none_declares(run: &Run, nodes: &[NodeStatus]) -> bool {
+    let operation = run.spec.operation;
+    operation.needs_declaration()
+        && !nodes.is_empty()
+        && nodes.iter().all(|node| !node.operations.serves(operation))
+}
+
 fn set_cause(run: &Run, route: &mut Route, cause: WaitCause) {
     if let Some(waiting) = route.waiting.as_mut()
         && waiting.cause != cause

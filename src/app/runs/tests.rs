@@ -399,6 +399,7 @@ impl Harness {
             instance_id: if claims.is_some() { "i-1" } else { "" }.into(),
             last_frame: Arc::new(LastFrame::new(std::time::Instant::now())),
             reserved_runs: 0,
+            operations: crate::domain::DeclaredOperations::default(),
         };
         match self.connections.get(id) {
             Some(old) => drop(self.registry.replace(registered, *old).unwrap()),
