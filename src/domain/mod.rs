@@ -18,6 +18,7 @@ pub mod run_record;
 pub mod selection;
 pub mod throttle;
 pub mod token;
+pub mod usage;
 
 pub use definitions::{
     AdapterDefinition, DefinitionProblem, DefinitionsError, EntryRef, NodeDefinition,
@@ -46,3 +47,6 @@ pub use run_record::{
 pub use selection::NodeSelector;
 pub use throttle::RegistrationThrottle;
 pub use token::{Token, TokenDigest};
+pub use usage::{
+    Bucket, GroupBy, Rollup, UsageCounts, UsageGroup, UsageQuery, UsageRow, utc_month,
+};
