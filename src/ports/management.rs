@@ -13,7 +13,7 @@ use futures::Stream;
 
 use crate::domain::{
     AdapterName, Availability, Drain, NodeRecord, NodeState, RunId, RunPage, RunQuery, RunRecord,
-    Target,
+    Target, UsageQuery, UsageRow,
 };
 use crate::ports::JournalError;
 
@@ -69,6 +69,13 @@ pub trait Manage: Send + Sync {
     /// [`ManageError::UnknownRun`] when the run is neither open nor in the journal.
     async fn events(&self, id: &RunId, from: u64, follow: bool) -> Result<FeedStream, ManageError>;
 
+    /// The usage rollups `query` asks for, every run ended before the call included.
+    ///
+    /// # Errors
+    /// [`ManageError::JournalDisabled`] when the journal keeps nothing,
+    /// [`ManageError::Journal`] when it cannot be read.
+    async fn usage(&self, query: &UsageQuery) -> Result<Vec<UsageRow>, ManageError>;
+
     /// Now, in milliseconds since the Unix epoch: the clock run records and drains are
     /// stamped with (for "the last N minutes" queries).
     fn now_ms(&self) -> u64;
@@ -89,6 +96,9 @@ pub enum ManageError {
     /// The journal could not be read.
     #[error(transparent)]
     Journal(#[from] JournalError),
+    /// The answer needs the journal, and `[journal] enabled = false`.
+    #[error("usage is kept in the run journal, and it is disabled (`[journal] enabled = false`)")]
+    JournalDisabled,
 }
 
 /// One event of a feed.

@@ -19,6 +19,7 @@ mod run_events;
 mod run_get;
 mod runs_list;
 mod server;
+mod usage_get;
 pub mod views;
 
 use std::sync::{Arc, OnceLock};
@@ -60,7 +61,7 @@ impl AdminState {
 
 /// Every route, documented, behind the key check (all but the document itself).
 fn documented(state: &AdminState) -> OpenApiRouter<AdminState> {
-    let routes: [fn(OpenApiRouter<AdminState>) -> OpenApiRouter<AdminState>; 8] = [
+    let routes: [fn(OpenApiRouter<AdminState>) -> OpenApiRouter<AdminState>; 9] = [
         nodes_list::register,
         node_get::register,
         node_drain::register,
@@ -69,6 +70,7 @@ fn documented(state: &AdminState) -> OpenApiRouter<AdminState> {
         run_get::register,
         run_cancel::register,
         run_events::register,
+        usage_get::register,
     ];
     let protected = routes
         .into_iter()
