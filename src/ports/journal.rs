@@ -81,12 +81,17 @@ pub struct JournalStats {
     pub bytes: u64,
 }
 
-/// Why a read failed.
+/// Why a read failed. Messages say how, never with a secret.
 #[derive(Debug, thiserror::Error)]
 pub enum JournalError {
-    /// The storage failed; the message says how (never with a secret).
+    /// The storage could not be read now (it could not be opened, was busy or locked, an
+    /// I/O call failed, or the read was abandoned); asking again may succeed.
     #[error("the run journal cannot be read: {0}")]
-    Storage(String),
+    Unavailable(String),
+    /// What the storage holds is damaged (a row that does not decode, a corrupt file);
+    /// asking again will not help.
+    #[error("the run journal holds damaged data: {0}")]
+    Damaged(String),
 }
 
 /// Keeps run records and their events.
@@ -136,7 +141,7 @@ pub trait RunJournal: Send + Sync {
     /// first to include every run ended before the call).
     ///
     /// # Errors
-    /// [`JournalError::Storage`] when the storage cannot be read.
+    /// [`JournalError`] when the storage cannot be read.
     async fn usage(&self, query: &UsageQuery) -> Result<Vec<UsageRow>, JournalError>;
 
     /// The journal's counters.

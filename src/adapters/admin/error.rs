@@ -5,7 +5,7 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
 use super::views::{ErrorBody, ErrorDetail};
-use crate::ports::ManageError;
+use crate::ports::{JournalError, ManageError};
 
 /// An error answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -55,9 +55,14 @@ impl From<ManageError> for AdminError {
             ManageError::JournalDisabled => {
                 Self::new(StatusCode::SERVICE_UNAVAILABLE, "journal_disabled", message)
             }
-            ManageError::Journal(_) => Self::new(
+            ManageError::Journal(JournalError::Unavailable(_)) => Self::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "journal_unavailable",
+                message,
+            ),
+            ManageError::Journal(JournalError::Damaged(_)) => Self::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "journal_damaged",
                 message,
             ),
         }
@@ -80,5 +85,24 @@ impl IntoResponse for AdminError {
             );
         }
         response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_busy_journal_is_unavailable_and_a_damaged_one_is_a_server_error() {
+        let busy = AdminError::from(ManageError::Journal(JournalError::Unavailable(
+            "database is locked".into(),
+        )));
+        assert_eq!(busy.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(busy.code, "journal_unavailable");
+        let damaged = AdminError::from(ManageError::Journal(JournalError::Damaged(
+            "events \"\\u{0}\"".into(),
+        )));
+        assert_eq!(damaged.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(damaged.code, "journal_damaged");
     }
 }

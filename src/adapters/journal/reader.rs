@@ -158,8 +158,25 @@ fn unpack_row(packed: &[u8], run: &RunIdentity) -> rusqlite::Result<Vec<String>>
     unpack(packed, run).map_err(|damaged| bad_row("events", &damaged.to_string()))
 }
 
+/// A failed read as the port's error: damaged data apart from a storage that may answer
+/// later.
 fn storage(error: rusqlite::Error) -> JournalError {
-    JournalError::Storage(error.to_string())
+    use rusqlite::ErrorCode::{DatabaseCorrupt, NotADatabase};
+    let damaged = match &error {
+        rusqlite::Error::SqliteFailure(failure, _) => {
+            matches!(failure.code, DatabaseCorrupt | NotADatabase)
+        }
+        rusqlite::Error::InvalidColumnType(..)
+        | rusqlite::Error::FromSqlConversionFailure(..)
+        | rusqlite::Error::IntegralValueOutOfRange(..)
+        | rusqlite::Error::Utf8Error(..) => true,
+        _ => false,
+    };
+    if damaged {
+        JournalError::Damaged(error.to_string())
+    } else {
+        JournalError::Unavailable(error.to_string())
+    }
 }
 
 /// The listing's SQL and its parameters, in order.

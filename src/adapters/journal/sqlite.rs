@@ -95,7 +95,9 @@ impl SqliteJournal {
         let reader = Arc::clone(&self.reader);
         tokio::task::spawn_blocking(move || read(&reader))
             .await
-            .map_err(|error| JournalError::Storage(format!("the read was abandoned: {error}")))?
+            .map_err(|error| {
+                JournalError::Unavailable(format!("the read was abandoned: {error}"))
+            })?
     }
 }
 

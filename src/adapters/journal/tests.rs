@@ -8,7 +8,7 @@ use crate::domain::{
     AcceptedRun, AdapterName, Attempt, EdgeFailure, EventOrigin, NodeId, Operation, RunEvent,
     RunEventKind, RunId, RunOutcome, RunQuery, RunStateFilter, Target, Usage,
 };
-use crate::ports::{JournalEntry, RelayedEvent, RunJournal};
+use crate::ports::{JournalEntry, JournalError, RelayedEvent, RunJournal};
 
 /// A time in the recent past, so the default retention keeps the runs.
 fn recent(ms: u64) -> u64 {
@@ -211,6 +211,29 @@ async fn runs_left_open_are_unknown_after_reopening_and_a_second_edge_is_refused
     assert_eq!(midway.events_stored, 1);
     let done = journal.run(&RunId::new("done")).await.unwrap().unwrap();
     assert_eq!(done.outcome, RunOutcome::Completed);
+    journal.close().await;
+}
+
+#[tokio::test]
+async fn a_damaged_row_reads_as_damaged_not_as_unavailable() {
+    let dir = tempfile::tempdir().unwrap();
+    let journal = SqliteJournal::open(&config(&dir), &file(&dir)).unwrap();
+    whole_run(&journal, "r1", 1_000, "node-a");
+    journal.flush().await;
+    rusqlite::Connection::open(file(&dir))
+        .unwrap()
+        .execute(
+            "UPDATE runs SET adapter = 'not a name!' WHERE run_id = 'r1'",
+            [],
+        )
+        .unwrap();
+    let read = journal.run(&RunId::new("r1")).await;
+    assert!(matches!(read, Err(JournalError::Damaged(_))), "{read:?}");
+    let events = journal.events(&RunId::new("r1"), 0, 10).await;
+    assert!(
+        matches!(events, Err(JournalError::Damaged(_))),
+        "{events:?}"
+    );
     journal.close().await;
 }
 
