@@ -80,3 +80,4 @@ mod routing;
 mod runs;
 mod soak;
 mod tls;
+mod usage;

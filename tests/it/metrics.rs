@@ -163,7 +163,7 @@ impl Scrape {
     }
 
     /// Every sample named `name`, by label set.
-    fn all(&self, name: &str) -> BTreeMap<BTreeMap<String, String>, f64> {
+    pub(crate) fn all(&self, name: &str) -> BTreeMap<BTreeMap<String, String>, f64> {
         self.samples
             .iter()
             .filter(|s| s.name == name)
