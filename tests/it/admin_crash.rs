@@ -18,7 +18,7 @@ use tokio::process::Child;
 
 /// One node serving `echo/default` (streams its input back) and `echo/hang` (never
 /// answers), with room for every run of the test; no keys (loopback only).
-const CONFIG: &str = r#"
+pub(crate) const CONFIG: &str = r#"
 [events]
 sinks = ["null"]
 

@@ -4,7 +4,7 @@
 //! agree, a key's token budget refuses exactly the requests past it (in turn and at once),
 //! and the rollups and the budget state survive `kill -9` of a real `edge serve`.
 
-use crate::admin_crash::{Edge as Process, get, start_edge};
+use crate::admin_crash::{CONFIG as CRASH_CONFIG, Edge as Process, get, start_edge};
 use crate::admin_support;
 use crate::api_support::{self, Edge};
 use crate::common;
@@ -289,12 +289,9 @@ async fn a_budget_reached_mid_flood_refuses_exactly_the_requests_past_it() {
     edge.stop().await;
 }
 
-/// One node serving `echo/default` and `echo/hang`, the `load` key, and `metered` with a
-/// daily budget of 100 tokens.
-const CRASH_CONFIG: &str = r#"
-[events]
-sinks = ["null"]
-
+/// The `load` key, and `metered` with a daily budget of 100 tokens, for the node of
+/// `admin_crash.rs` (serving `echo/default` and `echo/hang`).
+const CRASH_KEYS: &str = r#"
 [[api.keys]]
 key = "sk-load"
 name = "load"
@@ -303,17 +300,6 @@ name = "load"
 key = "sk-metered"
 name = "metered"
 budget_tokens_per_day = 100
-
-[[nodes]]
-id = "node-a"
-alias = "gpu-a"
-token = "token-a"
-[nodes.runtime]
-max_concurrent_runs = 64
-heartbeat_interval_ms = 60000
-[[nodes.adapters]]
-name = "echo"
-targets = ["default", "hang"]
 "#;
 
 async fn post_completion(http: SocketAddr, key: &str, model: &str) -> StatusCode {
@@ -344,7 +330,7 @@ async fn journal_sums(admin: SocketAddr, key: &str) -> (u64, u64) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rollups_and_budgets_survive_kill_9_of_edge_serve() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let config = write_config(dir.path(), CRASH_CONFIG);
+    let config = write_config(dir.path(), &format!("{CRASH_KEYS}{CRASH_CONFIG}"));
     let mut edge: Process = start_edge(&config).await;
     let node = MockNode::start(edge.node, MockOptions::new("token-a"))
         .await
