@@ -1,16 +1,19 @@
 //! `affinity`: what the edge's affinity routing earns on real engines. Four `llama-server`
 //! children (prompt caching on, as shipped) behind four reference nodes in process, an edge
-//! in process, and forty multi-turn conversations sharing one long system prompt, streamed
-//! a few at a time. For each routing variant (`on`: the shipped prefix affinity; `off`:
-//! `[routing] prefix_affinity = false`, least busy with ties rotating) it reports the prompt
-//! tokens the engines evaluated and reused (their own counters), the usage API's input and
-//! cached tokens over the same runs, and the time to the first streamed byte. Token counts
-//! are deterministic for a given schedule; the times are this machine's.
+//! in process, and forty multi-turn conversations sharing one long system prompt (each
+//! opening with a document of its own), streamed a few at a time. For each routing variant
+//! (`on`: the shipped prefix affinity; `off`: `[routing] prefix_affinity = false`, least
+//! busy with ties rotating; `round-robin`: each request to the next node in turn, by a
+//! `prompt_cache_key` homed there) it reports the prompt tokens the engines evaluated and
+//! reused (their own counters), the usage API's input and cached tokens over the same runs,
+//! and the time to the first streamed byte. Token counts depend only on where each turn
+//! went; the times are this machine's.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, bail};
@@ -48,11 +51,17 @@ pub struct AffinityArgs {
     /// Words of the shared system prompt.
     #[arg(long, default_value_t = 600)]
     system_words: usize,
+    /// Words of the document each conversation's first message brings (its own context,
+    /// which only the engine that saw it has cached).
+    #[arg(long, default_value_t = 400)]
+    document_words: usize,
     /// Slots of each engine (`--parallel`), each with its own prompt cache.
     #[arg(long, default_value_t = 2)]
     slots: u32,
-    /// The routing variants to measure, comma-separated: `on`, `off`.
-    #[arg(long, default_value = "on,off")]
+    /// The routing variants to measure, comma-separated: `on` (prefix affinity), `off`
+    /// (least busy), `round-robin` (each request to the next node, by `prompt_cache_key`s
+    /// found to home on each node).
+    #[arg(long, default_value = "on,off,round-robin")]
     routing: String,
 }
 
@@ -135,8 +144,8 @@ pub fn run(args: &AffinityArgs, common: &crate::Common) -> anyhow::Result<Vec<Re
     for variant in args.routing.split(',').map(str::trim) {
         let prefix_affinity = match variant {
             "on" => true,
-            "off" => false,
-            other => bail!("--routing takes on and off, not {other:?}"),
+            "off" | "round-robin" => false,
+            other => bail!("--routing takes on, off and round-robin, not {other:?}"),
         };
         let engines: Vec<Engine> = (0..ENGINES)
             .map(|_| Engine::start(args))
@@ -147,7 +156,8 @@ pub fn run(args: &AffinityArgs, common: &crate::Common) -> anyhow::Result<Vec<Re
             common.edge_threads,
         )?;
         let load = runtime("load", common.load_threads)?;
-        let record = load.block_on(measure(args, &edge, &engines))?;
+        let round_robin = variant == "round-robin";
+        let record = load.block_on(measure(args, &edge, &engines, round_robin))?;
         records.push(
             record
                 .into_iter()
@@ -166,6 +176,7 @@ async fn measure(
     args: &AffinityArgs,
     edge: &InProcessEdge,
     engines: &[Engine],
+    round_robin: bool,
 ) -> anyhow::Result<Vec<(&'static str, f64)>> {
     let stop = CancellationToken::new();
     for i in 0..ENGINES {
@@ -173,6 +184,15 @@ async fn measure(
         tokio::spawn(edge_node::run(options, stop.clone()));
     }
     wait_serving(edge.http_addr).await?;
+    let keys = if round_robin {
+        homed_keys(edge.http_addr).await?
+    } else {
+        Vec::new()
+    };
+    let plan = Arc::new(Plan {
+        keys,
+        next: AtomicUsize::new(0),
+    });
     let before = engine_totals(engines)?;
     let since_ms = now_ms();
     let system: String = (0..args.system_words)
@@ -184,10 +204,10 @@ async fn measure(
     let mut conversations = tokio::task::JoinSet::new();
     for c in 0..args.conversations {
         let (gate, system, http) = (Arc::clone(&gate), Arc::clone(&system), edge.http_addr);
-        let turns = args.turns;
+        let (turns, document, plan) = (args.turns, args.document_words, Arc::clone(&plan));
         conversations.spawn(async move {
             let _permit = gate.acquire_owned().await?;
-            conversation(http, &system, c, turns).await
+            conversation(http, &system, c, (turns, document), &plan).await
         });
     }
     let mut ttft = Histogram::default();
@@ -220,6 +240,43 @@ async fn measure(
     ])
 }
 
+/// How requests are keyed: round robin over keys homed on each node, or not at all.
+struct Plan {
+    keys: Vec<String>,
+    next: AtomicUsize,
+}
+
+impl Plan {
+    /// The key of the next request, when round robin.
+    fn next_key(&self) -> Option<&str> {
+        let n = self.next.fetch_add(1, Ordering::Relaxed);
+        self.keys
+            .get(n % self.keys.len().max(1))
+            .map(String::as_str)
+    }
+}
+
+/// One `prompt_cache_key` per node whose runs that node takes (found by asking: the edge
+/// names the node that answered in `x-edge-node`).
+async fn homed_keys(http: SocketAddr) -> anyhow::Result<Vec<String>> {
+    let mut connection = Connection::connect(http).await?;
+    let mut homes: std::collections::BTreeMap<String, String> = Default::default();
+    for k in 0..200 {
+        let key = format!("rr-{k}");
+        let body = json!({"model": "llama/tiny", "max_tokens": 1, "prompt_cache_key": key,
+            "messages": [{"role": "user", "content": "x"}]});
+        let request = post_json(http, "/v1/chat/completions", &body.to_string());
+        let exchange = connection.exchange(&request, false).await?;
+        if let Some(node) = exchange.node {
+            homes.entry(node).or_insert(key);
+        }
+        if homes.len() == ENGINES {
+            return Ok(homes.into_values().collect());
+        }
+    }
+    bail!("no key homes on each of the {ENGINES} nodes")
+}
+
 /// One turn as the client saw it.
 struct Turn {
     first_byte: Duration,
@@ -227,24 +284,32 @@ struct Turn {
     cached: f64,
 }
 
-/// Conversation `c`: `turns` streamed chat requests, each carrying the whole history.
+/// Conversation `c`: `turns` streamed chat requests, each carrying the whole history; the
+/// first brings a document of `document` words of its own.
 async fn conversation(
     http: SocketAddr,
     system: &str,
     c: usize,
-    turns: usize,
+    (turns, document): (usize, usize),
+    plan: &Plan,
 ) -> anyhow::Result<Vec<Turn>> {
     let mut connection = Connection::connect(http).await?;
     let mut messages = vec![json!({"role": "system", "content": system})];
     let mut seen = Vec::new();
     for t in 0..turns {
-        messages.push(
-            json!({"role": "user", "content": format!("conversation {c} question {t}: go on")}),
-        );
-        let body = json!({
+        let mut question = format!("conversation {c} question {t}: go on");
+        if t == 0 {
+            let words: Vec<String> = (0..document).map(|w| format!("c{c}w{w}")).collect();
+            question = format!("{} {question}", words.join(" "));
+        }
+        messages.push(json!({"role": "user", "content": question}));
+        let mut body = json!({
             "model": "llama/tiny", "stream": true, "max_tokens": 8, "temperature": 0,
             "stream_options": {"include_usage": true}, "messages": messages,
         });
+        if let Some(key) = plan.next_key() {
+            body["prompt_cache_key"] = json!(key);
+        }
         let request = post_json(http, "/v1/chat/completions", &body.to_string());
         let exchange = connection.exchange(&request, true).await?;
         if exchange.status != 200 {
