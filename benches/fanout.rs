@@ -5,12 +5,12 @@ use std::hint::black_box;
 use std::sync::Arc;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use edge::adapters::event_format::{write_json_line, write_text_line};
-use edge::adapters::sinks::config::{EventsConfig, SinkKind};
-use edge::adapters::sinks::{SinkSet, build_sinks};
+use edge::components::{SinkSet, build_sinks};
+use edge::components::{write_json_line, write_text_line};
 use edge::domain::EdgeId;
 use edge::domain::{AdapterName, EventOrigin, NodeId, RunEvent, RunEventKind, RunId, Target};
 use edge::ports::EventSink;
+use edge::settings::{EventsConfig, SinkKind};
 
 fn event() -> RunEvent {
     RunEvent {

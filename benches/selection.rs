@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use edge::adapters::lock_registry::LockRegistry;
+use edge::components::LockRegistry;
 use edge::domain::routing::{
     AffinityKey, BreakerBook, Catalog, Decision, KeySource, LoadFactor, NodeStatus, Outcome,
     RouteContext, RouteRequest, Tried, decide,

@@ -12,23 +12,55 @@
 //! - [`ports`] — the traits around it: outbound (`NodeStore`, `Registry`, `EventSink`,
 //!   `NodeTransport`, `NodeLink`, `NodeEventHandler`, `RunJournal`) and inbound (`Runs`,
 //!   `Manage`, what the HTTP adapters call), and the `Readiness` flag.
-//! - [`adapters`] — their implementations by technology: `tcp` (the node transport and its
+//! - `adapters` — their implementations by technology: `tcp` (the node transport and its
 //!   `Connection`), `lock_registry`, `file_store`, `sinks`, `journal`, `http` (operations
 //!   endpoints, metrics rendering, the OpenAI-compatible and Anthropic APIs, the management
 //!   API), `tls`, and `event_format`, the event line they share.
 //! - [`wire`] — the protocol's edge: the generated prost types (private), the frame codec,
 //!   the conversions to and from domain frames, and the one mapper from a node record to
 //!   the config a node receives (`wire/config_payload.rs`, the seed's `BuildConfigPayload`).
-//! - [`app`] — composition (`App::build`), the run service (`app::runs`), settings, the
-//!   metrics pipeline, the console and the command line.
+//! - `app` — composition (`App::build`), the run and management services, settings, the
+//!   metrics pipeline and the command line.
 //! - [`client`] — the node side of the protocol: the public library the reference node
 //!   (`edge-node`), the mock node, the load generator and the tests are built on.
+//!
+//! What is public: [`App`] (build, serve, stop; [`AppParts`] for tests), [`settings`]
+//! (every section's type), [`cli`], [`telemetry`], [`client`], [`domain`], [`ports`],
+//! [`wire`], and [`components`], the few parts benchmarks and fuzz targets assemble by
+//! hand. `adapters` and `app` are the crate's own (decision 28).
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
-pub mod adapters;
-pub mod app;
+pub(crate) mod adapters;
+pub(crate) mod app;
 pub mod client;
 pub mod domain;
 pub mod ports;
 pub mod wire;
+
+pub use app::cli;
+pub use app::settings;
+pub use app::{App, AppParts, Settings};
+
+/// Span export and the edge's own logs, as `edge serve` sets them up (`[tracing]`, `[log]`),
+/// for programs that run an edge in process (the load generator, tests).
+pub mod telemetry {
+    pub use crate::app::logging::{init, init_with_tracing};
+    pub use crate::app::telemetry::{Exporter, OtlpProtocol, TracingConfig, export_layer};
+}
+
+/// The edge's parts one by one, for the programs that build less than a whole [`App`]:
+/// the benchmarks (`benches/`), the load generator's relay and journal modes and the fuzz
+/// targets. A deliberately small list; an operator's program needs none of it, and
+/// nothing here is a stable API.
+pub mod components {
+    pub use crate::adapters::event_format::{write_json_line, write_text_line};
+    pub use crate::adapters::file_store::FileNodeStore;
+    pub use crate::adapters::journal::SqliteJournal;
+    pub use crate::adapters::lock_registry::LockRegistry;
+    pub use crate::adapters::sinks::{SinkSet, build_sinks};
+    pub use crate::adapters::tcp::{
+        ServerDeps, TcpServer, TcpTransport, TransportControl, TransportStats,
+    };
+    pub use crate::app::runs::{Routing, RunService, policy};
+}

@@ -9,7 +9,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
-use edge::adapters::file_store::FileNodeStore;
+use edge::components::FileNodeStore;
 use edge::domain::{
     AdapterDefinition, AdapterName, NodeDefinition, RegisterAttempt, RegisterRejection,
     RunEventKind, RunId, Target, Token, Usage,

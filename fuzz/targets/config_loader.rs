@@ -17,8 +17,8 @@
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-use edge::adapters::file_store::FileNodeStore;
-use edge::app::Settings;
+use edge::Settings;
+use edge::components::FileNodeStore;
 
 /// Token values shorter than this are too likely to occur in any message.
 const MIN_TOKEN_LEN: usize = 3;

@@ -30,13 +30,11 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::{Bytes, BytesMut};
-use edge::adapters::file_store::FileNodeStore;
-use edge::adapters::lock_registry::LockRegistry;
-use edge::adapters::tcp::config::ServerConfig;
-use edge::adapters::tcp::{ServerDeps, TcpServer, TcpTransport, TransportControl};
-use edge::app::RunService;
-use edge::app::runs::Routing;
-use edge::app::settings::RunsConfig;
+use edge::components::FileNodeStore;
+use edge::components::LockRegistry;
+use edge::components::Routing;
+use edge::components::RunService;
+use edge::components::{ServerDeps, TcpServer, TcpTransport, TransportControl};
 use edge::domain::routing::{BreakerPolicy, Catalog, RoutingPolicy};
 use edge::domain::{
     AdapterDefinition, AdapterName, NodeDefinition, NodeId, NodeSelector, RegisterAttempt,
@@ -45,6 +43,8 @@ use edge::domain::{
 use edge::ports::{
     CloseReason, ConnectionId, EventSink, NodeEventHandler, NodeStore, Registry, ReportedEvent,
 };
+use edge::settings::RunsConfig;
+use edge::settings::ServerConfig;
 use edge::wire::{NodeCodec, NodeFrame, ReceivedEdgeFrame, RegisterOutcome};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::runtime::Runtime;

@@ -31,11 +31,11 @@ use std::net::SocketAddr;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use edge::adapters::file_store::FileNodeStore;
-use edge::app::settings::RunsConfig;
+use edge::components::FileNodeStore;
 use edge::domain::routing::RoutingPolicy;
 use edge::domain::{RegisterAttempt, ResumeClaim, RunEventKind, RunId, Token};
 use edge::ports::{Registry, ReportedEvent};
+use edge::settings::RunsConfig;
 use edge::wire::NodeFrame;
 
 use crate::recording::lock;

@@ -25,12 +25,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use edge::adapters::file_store::FileNodeStore;
-use edge::adapters::lock_registry::LockRegistry;
-use edge::adapters::tcp::TcpTransport;
-use edge::app::RunService;
-use edge::app::runs::{BreakerConfig, LimitsConfig, Routing, RoutingConfig, policy};
-use edge::app::settings::RunsConfig;
+use edge::components::FileNodeStore;
+use edge::components::LockRegistry;
+use edge::components::RunService;
+use edge::components::TcpTransport;
+use edge::components::{Routing, policy};
 use edge::domain::routing::{AffinityKey, Catalog, KeySource, Priority, TenantKey};
 use edge::domain::{
     AdapterDefinition, AdapterName, FailureClass, NodeDefinition, NodeId, NodeRecord, NodeSelector,
@@ -40,6 +39,8 @@ use edge::ports::{
     CloseReason, ConnectionId, EventSink, LastFrame, LinkError, NewConnection, NodeCommand,
     NodeEventHandler, NodeLink, NodeStore, Registry, ReportedEvent,
 };
+use edge::settings::RunsConfig;
+use edge::settings::{BreakerConfig, LimitsConfig, RoutingConfig};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 

@@ -9,13 +9,14 @@ use std::time::Instant;
 
 use anyhow::{Context, bail};
 use clap::Args;
-use edge::adapters::journal::{JournalConfig, SqliteJournal};
-use edge::adapters::sinks::config::SinkKind;
+use edge::components::SqliteJournal;
 use edge::domain::{
     AcceptedRun, AdapterName, Attempt, EdgeFailure, EventOrigin, NodeId, Operation, RunEvent,
     RunEventKind, RunId, Target, Usage,
 };
 use edge::ports::{JournalEntry, RelayedEvent, RunJournal};
+use edge::settings::JournalConfig;
+use edge::settings::SinkKind;
 
 use crate::Common;
 use crate::harness::{self, InProcessEdge, Nodes};

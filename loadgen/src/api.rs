@@ -19,7 +19,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::serve::ListenerExt;
 use clap::Args;
-use edge::adapters::sinks::config::SinkKind;
+use edge::settings::SinkKind;
 use tokio::net::TcpListener;
 use tokio::runtime::Runtime;
 

@@ -13,7 +13,7 @@ use edge_mock_node::churn as driver;
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use edge::adapters::sinks::config::SinkKind;
+use edge::settings::SinkKind;
 
 use crate::Common;
 use crate::harness::{self, InProcessEdge, Nodes};

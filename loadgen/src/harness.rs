@@ -9,9 +9,9 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use edge::adapters::sinks::config::SinkKind;
-use edge::app::telemetry::TracingConfig;
-use edge::app::{App, AppParts, Settings};
+use edge::settings::SinkKind;
+use edge::telemetry::TracingConfig;
+use edge::{App, AppParts, Settings};
 
 use crate::external;
 use tokio::runtime::Runtime;
@@ -86,12 +86,12 @@ pub fn runtime(name: &str, threads: usize) -> anyhow::Result<Runtime> {
 /// to [`external::otlp_endpoint`] for the rest of the process.
 pub fn init_logging(common: &crate::Common) {
     use std::sync::OnceLock;
-    static EXPORTER: OnceLock<Option<edge::app::telemetry::Exporter>> = OnceLock::new();
+    static EXPORTER: OnceLock<Option<edge::telemetry::Exporter>> = OnceLock::new();
     EXPORTER.get_or_init(|| {
         let tracing = otlp_config(common.otlp);
         let edge_id = edge::domain::EdgeId::parse("loadgen").expect("a valid id");
-        let format = edge::app::settings::LogFormat::Pretty;
-        edge::app::logging::init_with_tracing(&common.edge_log_level, format, &tracing, &edge_id)
+        let format = edge::settings::LogFormat::Pretty;
+        edge::telemetry::init_with_tracing(&common.edge_log_level, format, &tracing, &edge_id)
             .unwrap_or_else(|error| {
                 eprintln!("loadgen: cannot install the edge's logging: {error:#}");
                 None

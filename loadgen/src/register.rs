@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use clap::Args;
-use edge::adapters::sinks::config::SinkKind;
 use edge::client::NodeClient;
+use edge::settings::SinkKind;
 
 use crate::Common;
 use crate::harness::{self, EdgeProcess, InProcessEdge, Nodes};

@@ -14,9 +14,9 @@ use std::time::{Duration, Instant};
 use anyhow::bail;
 use bytes::Bytes;
 use clap::Args;
-use edge::adapters::sinks::config::SinkKind;
-use edge::app::AppParts;
+use edge::AppParts;
 use edge::domain::{AdapterName, NodeSelector, RunEventKind, RunSpec, Target};
+use edge::settings::SinkKind;
 
 use crate::Common;
 use crate::external::NatsChild;

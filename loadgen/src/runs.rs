@@ -16,13 +16,13 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use bytes::Bytes;
 use clap::Args;
-use edge::adapters::sinks::config::SinkKind;
-use edge::app::AppParts;
+use edge::AppParts;
 use edge::domain::{
     AdapterConfig, AdapterName, Alias, NodeId, NodeRecord, NodeSelector, RunEventKind, RunId,
     RunSpec, RuntimeConfig, Target, Token,
 };
 use edge::ports::{NodeCommand, RunAssignment};
+use edge::settings::SinkKind;
 use edge::wire::{EdgeCodec, EdgeFrame, NodeFrame};
 use futures::{SinkExt, StreamExt};
 use tokio::net::TcpListener;

@@ -11,11 +11,11 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use bytes::Bytes;
 use clap::Args;
-use edge::adapters::sinks::config::SinkKind;
-use edge::app::StartError;
 use edge::client::{NodeClient, Registration};
 use edge::domain::{AdapterName, NodeSelector, Operation, RunSpec, Target};
 use edge::ports::CloseReason;
+use edge::ports::StartError;
+use edge::settings::SinkKind;
 
 use crate::Common;
 use crate::harness::{self, ADAPTER, InProcessEdge, Nodes, TARGET};

@@ -2,6 +2,7 @@
 //! share (`event_format`).
 
 pub(crate) mod admin;
+pub(crate) mod admin_client;
 pub(crate) mod api;
 pub mod event_format;
 pub mod file_store;
@@ -10,5 +11,7 @@ pub mod journal;
 pub(crate) mod listen;
 pub mod lock_registry;
 pub mod sinks;
+pub(crate) mod stdin_console;
 pub mod tcp;
 pub(crate) mod tls;
+pub(crate) mod web_console;

@@ -1,5 +1,6 @@
 //! Composition of the management side: the run journal, the management API's listener
-//! (its own, or the HTTP listener's) and their place in the edge's start and stop.
+//! (its own, or the HTTP listener's) with the operator console beside it, and their place
+//! in the edge's start and stop.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -15,6 +16,7 @@ use super::{RunService, Settings};
 use crate::adapters::admin::{AdminServer, AdminState, routes};
 use crate::adapters::http::HttpServer;
 use crate::adapters::journal::open_journal;
+use crate::adapters::web_console;
 use crate::ports::{NodeStore, Registry, RunJournal};
 
 /// The journal `[journal]` asks for.
@@ -57,13 +59,15 @@ pub(super) async fn bind(
     http: HttpServer,
 ) -> anyhow::Result<(HttpServer, Option<AdminServer>)> {
     let state = AdminState::new(Arc::new(management.clone()), &settings.admin);
+    // The console is a page that calls the management API: it is served where the API is.
+    let router = routes(state).merge(web_console::routes());
     if settings.admin.on_http_listener {
-        return Ok((http.merge(routes(state)), None));
+        return Ok((http.merge(router), None));
     }
     let tls = super::load_tls(settings.admin.tls.as_ref(), "admin.tls", &[b"http/1.1"])
         .context("cannot set up TLS for the management API")?;
     let listen = settings.admin.listen;
-    let mut server = AdminServer::bind(listen, settings.http.clone(), state)
+    let mut server = AdminServer::bind(listen, settings.http.clone(), router)
         .await
         .with_context(|| format!("cannot listen for the management API on {listen}"))?;
     if let Some(tls) = tls {

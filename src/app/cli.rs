@@ -9,7 +9,7 @@ use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 
 use super::settings::{LogFormat, Settings};
-use super::{App, console, logging};
+use super::{App, logging};
 use crate::adapters::file_store::FileNodeStore;
 use crate::adapters::sinks::config::SinkKind;
 use crate::domain::Token;
@@ -40,7 +40,7 @@ enum Command {
     },
     /// Operator commands against a running edge's management API.
     #[command(flatten)]
-    Admin(super::admin_client::AdminCommand),
+    Admin(crate::adapters::admin_client::AdminCommand),
 }
 
 #[derive(Debug, Subcommand)]
@@ -103,12 +103,12 @@ pub fn main() -> ExitCode {
 }
 
 /// Runs an operator command on a small runtime of its own.
-fn admin(command: super::admin_client::AdminCommand) -> anyhow::Result<()> {
+fn admin(command: crate::adapters::admin_client::AdminCommand) -> anyhow::Result<()> {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("cannot start the async runtime")?
-        .block_on(super::admin_client::run(command))
+        .block_on(crate::adapters::admin_client::run(command))
 }
 
 fn serve(args: ServeArgs) -> anyhow::Result<()> {
@@ -151,7 +151,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         let parts = app.parts();
         tokio::spawn(stop_on_signal(parts.stop.clone()));
         if args.console {
-            tokio::spawn(console::run(parts, tokio::io::stdin(), tokio::io::stdout()));
+            tokio::spawn(parts.console(tokio::io::stdin(), tokio::io::stdout()));
         }
         app.run_until_stopped().await
     });

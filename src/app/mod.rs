@@ -6,9 +6,7 @@
 //! and [`App::run_until_stopped`] serves until the stop signal, then drains.
 
 mod admin;
-pub(crate) mod admin_client;
 pub mod cli;
-pub mod console;
 pub(crate) mod drains;
 pub(crate) mod identity;
 pub mod logging;
@@ -23,6 +21,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use anyhow::Context;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
@@ -33,6 +32,7 @@ use crate::adapters::http::{HttpServer, HttpState};
 use crate::adapters::listen;
 use crate::adapters::lock_registry::LockRegistry;
 use crate::adapters::sinks::{SinkSet, build_sinks};
+use crate::adapters::stdin_console::{self, ConsolePorts};
 use crate::adapters::tcp::{ServerDeps, TcpServer, TcpTransport, TransportControl};
 use crate::adapters::tls::{TlsAcceptor, TlsConfig};
 use crate::domain::routing::Catalog;
@@ -41,7 +41,7 @@ use drains::Drains;
 use management::Management;
 use metrics::{MetricSources, Metrics};
 
-pub use runs::{Placed, RunHandle, RunService, StartError};
+pub use runs::RunService;
 pub use settings::Settings;
 
 /// A built edge, listening but not yet serving.
@@ -74,6 +74,23 @@ pub struct AppParts {
     pub management: Management,
     /// The run journal (one that keeps nothing when `[journal] enabled = false`).
     pub journal: Arc<dyn RunJournal>,
+}
+
+impl AppParts {
+    /// Runs the operator console (`edge serve --console`) over `input` and `output` until
+    /// `quit` or the end of `input` (either stops the edge) or the edge's stop.
+    pub async fn console<R, W>(self, input: R, output: W)
+    where
+        R: AsyncRead + Unpin,
+        W: AsyncWrite + Unpin,
+    {
+        let ports = ConsolePorts {
+            runs: Arc::new(self.runs),
+            manage: Arc::new(self.management),
+            stop: self.stop,
+        };
+        stdin_console::run(ports, input, output).await;
+    }
 }
 
 impl App {

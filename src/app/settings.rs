@@ -16,18 +16,19 @@ use serde::Deserialize;
 use serde::de::IgnoredAny;
 use tracing_subscriber::EnvFilter;
 
+// Every section's type, each defined beside the part it configures, named here for the
+// programs that build or change settings (tests, the load generator).
 pub use crate::adapters::admin::AdminConfig;
-use crate::adapters::api::ApiConfig;
-use crate::adapters::file_store::ConfigSource;
+pub use crate::adapters::api::{ApiConfig, ApiKey};
+pub use crate::adapters::file_store::ConfigSource;
 pub use crate::adapters::http::HttpConfig;
 pub use crate::adapters::journal::JournalConfig;
-use crate::adapters::sinks::config::EventsConfig;
-use crate::adapters::tcp::config::ServerConfig;
-use crate::app::identity::EdgeConfig;
+pub use crate::adapters::sinks::config::{EventsConfig, SinkKind};
+pub use crate::adapters::tcp::config::ServerConfig;
+pub use crate::app::identity::EdgeConfig;
 pub use crate::app::logging::{LogConfig, LogFormat};
-pub use crate::app::runs::RunsConfig;
-use crate::app::runs::{LimitsConfig, RoutingConfig};
-use crate::app::telemetry::TracingConfig;
+pub use crate::app::runs::{BreakerConfig, LimitsConfig, RoutingConfig, RunsConfig};
+pub use crate::app::telemetry::TracingConfig;
 use crate::domain::EdgeId;
 
 /// The config file read when no path is given, relative to the working directory.

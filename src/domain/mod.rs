@@ -16,6 +16,7 @@ pub mod routing;
 pub mod run;
 pub mod run_record;
 pub mod selection;
+pub mod stats;
 pub mod throttle;
 pub mod token;
 pub mod usage;
@@ -45,6 +46,7 @@ pub use run_record::{
     RunRecord, RunStateFilter, merge_page,
 };
 pub use selection::NodeSelector;
+pub use stats::{FleetStats, StatsPoint, StatsWindow};
 pub use throttle::RegistrationThrottle;
 pub use token::{Token, TokenDigest};
 pub use usage::{

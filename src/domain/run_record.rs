@@ -299,6 +299,8 @@ pub struct RunQuery {
     pub target: Option<Target>,
     /// Only runs that ended this way.
     pub outcome: Option<RunOutcome>,
+    /// Only runs whose caller used the API key of this name.
+    pub api_key_name: Option<String>,
     /// Only runs accepted at or after this time.
     pub since_ms: Option<u64>,
     /// Only runs after this position (the previous page's last).
@@ -324,6 +326,10 @@ impl RunQuery {
             && self.adapter.as_ref().is_none_or(|a| &accepted.adapter == a)
             && self.target.as_ref().is_none_or(|t| &accepted.target == t)
             && self.outcome.is_none_or(|o| record.outcome == o)
+            && self
+                .api_key_name
+                .as_ref()
+                .is_none_or(|k| accepted.api_key_name.as_ref() == Some(k))
             && self.since_ms.is_none_or(|s| accepted.queued_ms >= s)
             && self.after.as_ref().is_none_or(|c| &record.cursor() < c)
     }

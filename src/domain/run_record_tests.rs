@@ -60,6 +60,21 @@ fn finishing_takes_the_terminal_event_and_ignores_others() {
 }
 
 #[test]
+fn the_key_filter_keeps_runs_of_that_api_key_name_only() {
+    let mut keyed = record("r1", 1, RunOutcome::Open);
+    keyed.accepted.api_key_name = Some("team-a".into());
+    let unkeyed = record("r2", 2, RunOutcome::Open);
+    let by_key = |name: &str| RunQuery {
+        api_key_name: Some(name.into()),
+        ..query(10)
+    };
+    assert!(by_key("team-a").matches(&keyed));
+    assert!(!by_key("team-b").matches(&keyed));
+    assert!(!by_key("team-a").matches(&unkeyed));
+    assert!(query(10).matches(&unkeyed));
+}
+
+#[test]
 fn cursors_round_trip_and_refuse_garbage() {
     let cursor = record("run-0a-000001", 1_700_000_000_000, RunOutcome::Open).cursor();
     assert_eq!(RunCursor::decode(&cursor.encode()), Some(cursor));

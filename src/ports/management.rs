@@ -11,9 +11,10 @@ use std::time::Duration;
 use async_trait::async_trait;
 use futures::Stream;
 
+use crate::domain::routing::BreakerState;
 use crate::domain::{
     AdapterName, Availability, Drain, NodeRecord, NodeState, RunId, RunPage, RunQuery, RunRecord,
-    Target, UsageQuery, UsageRow,
+    StatsWindow, Target, UsageQuery, UsageRow,
 };
 use crate::ports::JournalError;
 
@@ -76,6 +77,12 @@ pub trait Manage: Send + Sync {
     /// [`ManageError::Journal`] when it cannot be read.
     async fn usage(&self, query: &UsageQuery) -> Result<Vec<UsageRow>, ManageError>;
 
+    /// The last hour of runs in buckets of [`crate::domain::stats::BUCKET_MS`]: runs
+    /// started and ended, errors, output tokens, time to first output and the queue's
+    /// peak, for the whole edge and per node. Kept in memory: it starts empty when the edge
+    /// starts.
+    fn stats(&self) -> StatsWindow;
+
     /// Now, in milliseconds since the Unix epoch: the clock run records and drains are
     /// stamped with (for "the last N minutes" queries).
     fn now_ms(&self) -> u64;
@@ -123,9 +130,16 @@ pub struct NodeStatus {
     pub drain: Option<Drain>,
     /// Its state.
     pub state: NodeState,
+    /// Its circuit breaker (closed, with its recent failures, while it is not connected).
+    pub breaker: BreakerState,
 }
 
 impl NodeStatus {
+    /// Whether its circuit breaker keeps new runs away from it now.
+    pub fn breaker_open(&self) -> bool {
+        matches!(self.breaker, BreakerState::Open { .. })
+    }
+
     /// Whether the node reports it can serve `target` through `adapter` now; `None` while
     /// it reports nothing (or is not connected).
     pub fn available(&self, adapter: &AdapterName, target: &Target) -> Option<bool> {

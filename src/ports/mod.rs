@@ -6,6 +6,7 @@
 //! `Manage`) are implemented by the application and called by the adapters that take
 //! requests in (the HTTP APIs, the management API). Tests substitute mockall mocks or fakes.
 
+pub mod clock;
 pub mod event_sink;
 pub mod journal;
 pub mod management;

@@ -31,8 +31,8 @@ use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use edge::app::{App, AppParts, Settings};
 use edge::client::{NodeClient, RegisterOutcome, Registration};
+use edge::{App, AppParts, Settings};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, ChildStderr, Command};
 use tokio::sync::oneshot;
@@ -295,7 +295,7 @@ pub async fn spawn_app(config: &str) -> TestApp {
     let mut settings = settings_on_free_ports(dir.path(), config);
     settings.server.shutdown_grace_ms = 2_000;
     if !config.contains("[events]") {
-        settings.events.sinks = vec![edge::adapters::sinks::config::SinkKind::Null];
+        settings.events.sinks = vec![edge::settings::SinkKind::Null];
     }
     serve(settings, dir).await
 }

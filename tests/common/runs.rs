@@ -4,10 +4,10 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use edge::app::RunHandle;
 use edge::domain::{
     AdapterName, NodeSelector, Operation, RunEvent, RunEventKind, RunId, RunSpec, Target,
 };
+use edge::ports::RunHandle;
 
 use super::{PATIENCE, TestApp};
 

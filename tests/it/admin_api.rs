@@ -289,3 +289,65 @@ async fn a_drain_deadline_cancels_the_runs_left_on_the_node() {
     );
     app.stop().await;
 }
+
+#[tokio::test]
+async fn stats_count_runs_tokens_errors_and_the_queue_per_bucket_and_node() {
+    let app = app().await;
+    let mut a = HandNode::register(&app, "token-a").await;
+    app.wait_for_nodes(1).await;
+    // node-a has two slots and node-b is away: the third run waits in the queue.
+    let mut one = start(&app, echo_run("one"));
+    let first = a.next_run().await;
+    let mut two = start(&app, echo_run("two"));
+    let second = a.next_run().await;
+    let mut three = start(&app, echo_run("three"));
+    a.complete(&first.run_id, "one").await;
+    rest(&mut one).await;
+    let third = a.next_run().await;
+    a.send(
+        &second.run_id,
+        RunEventKind::failed("engine_error", "out of memory"),
+    )
+    .await;
+    rest(&mut two).await;
+    a.complete(&third.run_id, "three").await;
+    rest(&mut three).await;
+
+    let stats = get_ok(&app, "/admin/v1/stats").await;
+    assert_eq!(stats["bucket_ms"], 10_000);
+    let sum = |points: &Value, field: &str| -> u64 {
+        points
+            .as_array()
+            .expect("points")
+            .iter()
+            .map(|p| p[field].as_u64().unwrap_or_default())
+            .sum()
+    };
+    let edge = &stats["edge"];
+    let counts = [
+        "started",
+        "completed",
+        "failed",
+        "cancelled",
+        "output_tokens",
+    ]
+    .map(|field| sum(edge, field));
+    assert_eq!(counts, [3, 2, 1, 0, 4], "{stats}");
+    let peak = edge
+        .as_array()
+        .expect("points")
+        .iter()
+        .map(|p| &p["queue_peak"]);
+    assert!(peak.clone().any(|p| p == 1), "{stats}");
+    assert!(
+        edge.as_array()
+            .expect("points")
+            .iter()
+            .any(|p| p["ttft_p50_ms"].is_u64())
+    );
+    assert_eq!(stats["nodes"].as_array().map(Vec::len), Some(1), "{stats}");
+    assert_eq!(stats["nodes"][0]["node"], "node-a");
+    assert_eq!(sum(&stats["nodes"][0]["points"], "started"), 3);
+    assert_eq!(sum(&stats["nodes"][0]["points"], "queue_peak"), 0);
+    app.stop().await;
+}

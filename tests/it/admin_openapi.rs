@@ -14,7 +14,7 @@ use reqwest::{Method, StatusCode};
 use serde_json::Value;
 
 /// The management API's routes, as the edge serves them.
-const ROUTES: [(&str, &str); 10] = [
+const ROUTES: [(&str, &str); 11] = [
     ("get", "/admin/v1/nodes"),
     ("get", "/admin/v1/nodes/{node}"),
     ("post", "/admin/v1/nodes/{node}/drain"),
@@ -24,8 +24,86 @@ const ROUTES: [(&str, &str); 10] = [
     ("delete", "/admin/v1/runs/{run}"),
     ("get", "/admin/v1/runs/{run}/events"),
     ("get", "/admin/v1/usage"),
+    ("get", "/admin/v1/stats"),
     ("get", "/admin/v1/openapi.json"),
 ];
+
+/// The management API paths the console's scripts call (`api(`/...`)` and the event
+/// feed), with each `${...}` as a `{}` placeholder and the query left off.
+fn console_calls() -> BTreeSet<String> {
+    let dir = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/src/adapters/web_console/assets"
+    );
+    let mut calls = BTreeSet::new();
+    for entry in std::fs::read_dir(dir).expect("the console's assets") {
+        let path = entry.expect("an asset").path();
+        if path.extension().is_none_or(|e| e != "js") {
+            continue;
+        }
+        let script = std::fs::read_to_string(&path).expect("a script");
+        for (at, _) in script
+            .match_indices("api(`/")
+            .chain(script.match_indices("api('/"))
+        {
+            let rest = &script[at + 5..];
+            let end = rest.find(['`', '\'', '?']).expect("a closed path");
+            calls.insert(placeholders(&rest[..end]));
+        }
+        if let Some(at) = script.find("const path = `/runs/") {
+            let rest = &script[at + 14..];
+            calls.insert(placeholders(&rest[..rest.find('?').expect("a query")]));
+        }
+    }
+    calls
+}
+
+fn placeholders(path: &str) -> String {
+    let mut out = String::new();
+    let mut rest = path;
+    while let Some(start) = rest.find("${") {
+        out.push_str(&rest[..start]);
+        out.push_str("{}");
+        let end = rest[start..].find('}').expect("a closed ${}");
+        rest = &rest[start + end + 1..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// `template` with each `{name}` as `{}`.
+fn unnamed(template: &str) -> String {
+    let mut out = String::new();
+    let mut inside = false;
+    for c in template.chars() {
+        match c {
+            '{' => {
+                inside = true;
+                out.push_str("{}");
+            }
+            '}' => inside = false,
+            _ if !inside => out.push(c),
+            _ => {}
+        }
+    }
+    out
+}
+
+#[test]
+fn every_route_the_console_calls_is_documented() {
+    let documented: BTreeSet<String> = ROUTES
+        .iter()
+        .map(|(_, path)| unnamed(path.trim_start_matches("/admin/v1")))
+        .collect();
+    let calls = console_calls();
+    assert!(calls.len() >= 6, "found the console's calls: {calls:?}");
+    for call in &calls {
+        assert!(
+            documented.contains(call),
+            "the console calls {call}, which is not documented"
+        );
+    }
+}
 
 fn documented(doc: &Value) -> BTreeSet<(String, String)> {
     let paths = doc["paths"].as_object().expect("paths");

@@ -27,13 +27,13 @@ use common::{
     file_sink, json_lines, logged, spawn_app, two_nodes_with_node_a_heartbeat, watch_stderr,
     write_config,
 };
-use edge::app::{Placed, RunHandle};
 use edge::client::{ClientError, NodeClient, ReceivedEdgeFrame, Registration};
 use edge::domain::{
     AdapterName, EventOrigin, NodeSelector, RegisterRejection, RunEvent, RunEventKind, RunSpec,
     Target,
 };
 use edge::ports::{CloseReason, NodeCommand};
+use edge::ports::{Placed, RunHandle};
 use futures::StreamExt;
 use mock_node::{Behaviour, Ended, MockNode, MockOptions};
 use serde_json::{Value, json};

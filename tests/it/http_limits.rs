@@ -121,6 +121,18 @@ async fn api_requests_beyond_the_limit_get_503_and_ops_endpoints_still_answer() 
     assert!(refused.headers().contains_key("retry-after"));
     let error: Value = refused.json().await.expect("json");
     assert_eq!(error["error"]["code"], "server_overloaded");
+    // The limit is shared by every API, and answers in each one's shape.
+    let messages = client
+        .post(format!("http://{}/v1/messages", app.http_addr))
+        .json(&json!({"model": "echo/default", "max_tokens": 8,
+            "messages": [{"role": "user", "content": "hi"}]}))
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(messages.status(), 503);
+    let error: Value = messages.json().await.expect("json");
+    assert_eq!(error["type"], "error", "Anthropic's shape: {error}");
+    assert_eq!(error["error"]["type"], "overloaded_error", "{error}");
 
     let health = client
         .get(format!("http://{}/healthz", app.http_addr))

@@ -14,8 +14,8 @@ use std::sync::Arc;
 
 use common::runs::{only_terminal, rest, start};
 use common::{TestApp, eventually};
-use edge::adapters::tcp::TransportStats;
 use edge::client::LinkEnd;
+use edge::components::TransportStats;
 use edge::domain::{RunEventKind, TakeoverReason, TakeoverRefusal};
 use edge::ports::CloseReason;
 use node_support::relay::Relay;

@@ -11,8 +11,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use common::runs::{echo_run, next_event, start};
 use common::{NodeTable, TestApp, eventually, spawn_app};
-use edge::adapters::tcp::TransportStats;
 use edge::client::{ClientError, NodeClient, ReceivedEdgeFrame, RegisterOutcome, Registration};
+use edge::components::TransportStats;
 use edge::domain::{RegisterRejection, RunEventKind, TakeoverReason, TakeoverRefusal};
 use edge::ports::{CloseReason, NodeCommand};
 

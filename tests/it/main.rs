@@ -58,6 +58,7 @@ mod api_sdks;
 mod api_structured;
 mod cli;
 mod console;
+mod console_web;
 mod engines_e2e;
 mod engines_smoke;
 mod faults;

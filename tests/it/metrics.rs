@@ -24,12 +24,12 @@ use std::time::Duration;
 
 use common::runs::{echo_to, mocked, rest};
 use common::{TWO_NODES, TestApp, eventually, eventually_ok, spawn_app};
-use edge::app::{RunHandle, StartError};
 use edge::client::{NodeClient, NodeFrame, ReceivedEdgeFrame, Registration};
 use edge::domain::{
     RegisterRejection, ResumeAnswer, ResumeClaim, RunEvent, RunEventKind, RunId, RunSpec,
 };
 use edge::ports::NodeCommand;
+use edge::ports::{RunHandle, StartError};
 use mock_node::{MockNode, MockOptions};
 use serde::Deserialize;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

@@ -16,8 +16,8 @@ use axum::Router;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::routing::post;
-use edge::app::telemetry::{self, TracingConfig};
 use edge::domain::EdgeId;
+use edge::telemetry::{self, TracingConfig};
 use opentelemetry_proto::tonic::collector::trace::v1::{
     ExportTraceServiceRequest, ExportTraceServiceResponse,
 };

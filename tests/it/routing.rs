@@ -206,11 +206,7 @@ impl Console {
         let (input, console_input) = tokio::io::duplex(4096);
         let (console_output, output) = tokio::io::duplex(64 * 1024);
         let parts = app.parts.clone();
-        tokio::spawn(edge::app::console::run(
-            parts,
-            console_input,
-            console_output,
-        ));
+        tokio::spawn(parts.console(console_input, console_output));
         let mut console = Self {
             input,
             output: BufReader::new(output).lines(),

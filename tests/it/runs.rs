@@ -14,10 +14,10 @@ use std::time::Duration;
 
 use common::runs::{echo_to, failure_code, mocked, next_event, only_terminal, rest, start, words};
 use common::{TWO_NODES, TestApp, eventually, eventually_ok, spawn_app};
-use edge::app::{Placed, RunHandle, StartError};
 use edge::domain::routing::{Unroutable, WaitCause};
 use edge::domain::{EventOrigin, RunEvent, RunEventKind, RunId, RunSpec};
 use edge::ports::NodeCommand;
+use edge::ports::{Placed, RunHandle, StartError};
 use mock_node::{Behaviour, Ended, MockNode, MockOptions};
 
 /// The longest any single asynchronous effect may take before a test gives up.

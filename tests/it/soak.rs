@@ -25,11 +25,12 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use common::{TestApp, eventually, eventually_ok, numbered_nodes, spawn_app};
-use edge::app::{RunHandle, RunService, StartError};
+use edge::components::RunService;
 use edge::domain::{
     AdapterName, NodeSelector, RegisterRejection, RunEvent, RunEventKind, RunSpec, Target,
 };
 use edge::ports::Registry;
+use edge::ports::{RunHandle, StartError};
 use futures::StreamExt;
 use mock_node::{Behaviour, MockError, MockNode, MockOptions};
 use node_support::relay::Relay;

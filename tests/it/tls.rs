@@ -14,7 +14,7 @@ use std::time::Duration;
 use common::pki::Ca;
 use common::runs::echo_run;
 use common::{TWO_NODES, TestApp, eventually, settings_on_free_ports, spawn_app};
-use edge::app::App;
+use edge::App;
 use edge::client::{
     ClientError, NodeClient, RegisterOutcome, Registration, ServerName, tls_client_config,
 };

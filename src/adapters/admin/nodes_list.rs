@@ -25,5 +25,8 @@ pub(super) fn register(router: OpenApiRouter<AdminState>) -> OpenApiRouter<Admin
 )]
 async fn list_nodes(State(state): State<AdminState>) -> Json<NodeList> {
     let nodes = state.management.nodes().iter().map(NodeView::of).collect();
-    Json(NodeList { nodes })
+    Json(NodeList {
+        nodes,
+        now_ms: state.management.now_ms(),
+    })
 }

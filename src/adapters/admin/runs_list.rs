@@ -38,6 +38,8 @@ pub(super) struct RunListParams {
     /// Only runs that ended this way: `completed`, `failed`, `cancelled`, `unknown`, or
     /// `open`.
     outcome: Option<String>,
+    /// Only runs whose caller used the API key of this name (`[[api.keys]]` `name`).
+    key: Option<String>,
     /// Only runs accepted since then: ms since the Unix epoch, or a time ago with a unit
     /// (`90s`, `15m`, `2h`, `7d`).
     since: Option<String>,
@@ -112,6 +114,7 @@ fn run_query(state: &AdminState, params: RunListParams) -> Result<RunQuery, Admi
             .outcome
             .map(|o| RunOutcome::parse(&o).ok_or_else(|| bad("`outcome` is not an outcome")))
             .transpose()?,
+        api_key_name: params.key,
         since_ms: params
             .since
             .map(|s| time_ms("since", &s, state.management.now_ms()))

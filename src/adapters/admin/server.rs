@@ -9,7 +9,9 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tower_http::timeout::RequestBodyTimeoutLayer;
 
-use super::{AdminState, routes, unknown_route};
+#[cfg(doc)]
+use super::routes;
+use super::unknown_route;
 use crate::adapters::http::HttpConfig;
 use crate::adapters::http::serve::serve;
 use crate::adapters::http::tls::TlsListener;
@@ -24,18 +26,19 @@ pub struct AdminServer {
 }
 
 impl AdminServer {
-    /// Binds `listen` and builds the routes; connections live under `limits` (the `[http]`
-    /// header and body timeouts, connection cap and listen backlog).
+    /// Binds `listen` to serve `router` (the management API's [`routes`], and whatever is
+    /// served beside it); connections live under `limits` (the `[http]` header and body
+    /// timeouts, connection cap and listen backlog). Other paths get the API's 404.
     ///
     /// # Errors
     /// The socket error when the address cannot be bound.
     pub async fn bind(
         listen: SocketAddr,
         limits: HttpConfig,
-        state: AdminState,
+        router: Router,
     ) -> io::Result<AdminServer> {
         let listener = crate::adapters::listen::bind(listen, limits.listen_backlog)?;
-        let router = routes(state)
+        let router = router
             .fallback(unknown_route)
             .layer(RequestBodyTimeoutLayer::new(limits.body_read_timeout()));
         Ok(AdminServer {

@@ -4,7 +4,8 @@
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use crate::domain::{Attempt, RunRecord, Usage, UsageCounts, UsageRow};
+use crate::domain::stats::{BUCKET_MS, BUCKETS};
+use crate::domain::{Attempt, RunRecord, StatsPoint, StatsWindow, Usage, UsageCounts, UsageRow};
 use crate::ports::NodeStatus;
 
 /// `GET /admin/v1/nodes`.
@@ -12,6 +13,10 @@ use crate::ports::NodeStatus;
 pub struct NodeList {
     /// Every configured node, ordered by id.
     pub nodes: Vec<NodeView>,
+    /// The edge's clock when it answered, ms since the Unix epoch (to show heartbeat ages
+    /// without trusting the reader's clock).
+    #[serde(default)]
+    pub now_ms: u64,
 }
 
 /// A configured node.
@@ -40,6 +45,10 @@ pub struct NodeView {
     pub adapters: Vec<AdapterView>,
     /// Its drain, when drained.
     pub drain: Option<DrainView>,
+    /// Whether its circuit breaker keeps new runs away from it now (`state` says
+    /// `breaker_open` unless a drain or a disconnect says more).
+    #[serde(default)]
+    pub breaker_open: bool,
 }
 
 /// A node's limits.
@@ -230,6 +239,7 @@ impl NodeView {
                 since_ms: d.since_ms,
                 deadline_ms: d.deadline_ms,
             }),
+            breaker_open: status.breaker_open(),
         }
     }
 }
@@ -359,6 +369,77 @@ impl UsageCountsView {
     }
 }
 
+/// `GET /admin/v1/stats`: the last hour in buckets. Buckets in which nothing happened are
+/// left out: read a missing bucket as all zeros.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct StatsView {
+    /// Each bucket's width, in ms.
+    pub bucket_ms: u64,
+    /// The window covered: buckets starting at or after this, ms since the Unix epoch.
+    pub since_ms: u64,
+    /// Now, ms since the Unix epoch (the last bucket may still be filling).
+    pub now_ms: u64,
+    /// The whole edge, oldest bucket first.
+    pub edge: Vec<StatsPointView>,
+    /// Each node that ran something in the window, by id.
+    pub nodes: Vec<NodeStatsView>,
+}
+
+/// One node's buckets.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct NodeStatsView {
+    /// The node's id.
+    pub node: String,
+    /// Its buckets, oldest first (`queue_peak` is always 0: the queue is the edge's).
+    pub points: Vec<StatsPointView>,
+}
+
+/// One bucket.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct StatsPointView {
+    /// Its start, ms since the Unix epoch.
+    pub start_ms: u64,
+    /// Runs sent to a node for the first time (requests).
+    pub started: u64,
+    /// Runs that completed.
+    pub completed: u64,
+    /// Runs that failed (errors).
+    pub failed: u64,
+    /// Runs that were cancelled.
+    pub cancelled: u64,
+    /// Output tokens of the runs that ended, as their nodes reported them.
+    pub output_tokens: u64,
+    /// Median time from acceptance to first output of the runs that ended, in ms, rounded
+    /// up to a histogram bound (5, 10, 25, 50, 100, 250 ms, ...); absent without output.
+    pub ttft_p50_ms: Option<u64>,
+    /// The 99th percentile of the same.
+    pub ttft_p99_ms: Option<u64>,
+    /// The most runs waiting in the edge's queue at once, sampled as runs entered it.
+    pub queue_peak: u64,
+}
+
+impl StatsView {
+    /// The view of `window`, read at `now_ms`.
+    pub fn of(window: &StatsWindow, now_ms: u64) -> Self {
+        let points = |points: &[StatsPoint]| points.iter().map(StatsPointView::of).collect();
+        let span = BUCKET_MS * BUCKETS as u64;
+        Self {
+            bucket_ms: BUCKET_MS,
+            since_ms: (now_ms / BUCKET_MS * BUCKET_MS + BUCKET_MS).saturating_sub(span),
+            now_ms,
+            edge: points(&window.edge),
+            nodes: window
+                .nodes
+                .iter()
+                .map(|(node, series)| NodeStatsView {
+                    node: node.to_string(),
+                    points: points(series),
+                })
+                .collect(),
+        }
+    }
+}
+
 impl UsageRowView {
     /// The view of `row`.
     pub fn of(row: &UsageRow) -> Self {
@@ -368,6 +449,22 @@ impl UsageRowView {
             model: row.group.model.clone(),
             node: row.group.node.clone(),
             counts: UsageCountsView::of(&row.counts),
+        }
+    }
+}
+
+impl StatsPointView {
+    fn of(point: &StatsPoint) -> Self {
+        Self {
+            start_ms: point.start_ms,
+            started: point.started,
+            completed: point.completed,
+            failed: point.failed,
+            cancelled: point.cancelled,
+            output_tokens: point.output_tokens,
+            ttft_p50_ms: point.ttft_p50_ms,
+            ttft_p99_ms: point.ttft_p99_ms,
+            queue_peak: point.queue_peak,
         }
     }
 }

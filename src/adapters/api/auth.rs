@@ -16,6 +16,7 @@ use axum::middleware::Next;
 use axum::response::Response;
 
 use super::error::ApiError;
+use super::response::ErrorShape;
 use super::{Api, ApiKey};
 use crate::domain::Token;
 use crate::domain::routing::{LimitPolicy, Priority, TenantKey, TokenBudget};
@@ -88,7 +89,7 @@ pub(super) async fn require_key(
             request.extensions_mut().insert(caller);
             next.run(request).await
         }
-        Err(error) => super::error_response_for(request.uri().path(), &error),
+        Err(error) => ErrorShape::of(&request).render(&error),
     }
 }
 

@@ -39,6 +39,7 @@ use axum::routing::{get, post};
 pub use config::{ApiConfig, ApiKey};
 pub use error::ApiError;
 pub use models::ModelMap;
+pub(crate) use response::ErrorShape;
 
 use crate::adapters::http::HttpState;
 
@@ -110,23 +111,12 @@ impl Api {
     }
 }
 
-/// Anthropic's Messages endpoint: its errors (401, 503 before the handler too) take
-/// Anthropic's shape.
-pub(super) const MESSAGES_PATH: &str = "/v1/messages";
-
-/// `error` as a response in the shape of the API at `path`.
-pub(super) fn error_response_for(path: &str, error: &ApiError) -> Response {
-    if path == MESSAGES_PATH {
-        anthropic::error_response(error)
-    } else {
-        error.clone().into_response()
-    }
-}
-
-/// The `/v1` routes, behind the API-key check (when keys are configured) and the body
-/// limit.
-pub(super) fn routes(state: &HttpState) -> Router<HttpState> {
-    let routes = Router::new()
+/// The `/v1` routes in groups, each with the error shape its API's clients read. The
+/// server puts its layers (the request limit) around each group and then the shape, so
+/// every layer that answers early answers in it ([`ErrorShape::of`]). Behind the API-key
+/// check (when keys are configured) and the body limit.
+pub(crate) fn route_groups(state: &HttpState) -> [(ErrorShape, Router<HttpState>); 2] {
+    let openai = Router::new()
         .route("/v1/models", get(models::list))
         .route("/v1/models/{*model}", get(models::retrieve))
         .route("/v1/chat/completions", post(openai::chat::create))
@@ -135,11 +125,19 @@ pub(super) fn routes(state: &HttpState) -> Router<HttpState> {
         .route(
             "/v1/responses",
             post(|s, c, h, b| serve_chat_run(&responses::RESPONSES, s, c, h, b)),
-        )
-        .route(
-            MESSAGES_PATH,
-            post(|s, c, h, b| serve_chat_run(&anthropic::MESSAGES, s, c, h, b)),
         );
+    let anthropic = Router::new().route(
+        "/v1/messages",
+        post(|s, c, h, b| serve_chat_run(&anthropic::MESSAGES, s, c, h, b)),
+    );
+    [
+        (ErrorShape::OpenAi, guarded(openai, state)),
+        (ErrorShape::Anthropic, guarded(anthropic, state)),
+    ]
+}
+
+/// `routes` behind the API-key check (when keys are configured) and the body limit.
+fn guarded(routes: Router<HttpState>, state: &HttpState) -> Router<HttpState> {
     let routes = if state.api.config().keys.is_empty() {
         routes
     } else {

@@ -17,6 +17,7 @@ use super::error::ApiError;
 use super::output::{Collected, Finished};
 use super::protocol::{ApiEvent, ChatTranslation, StreamTranslator};
 use super::request::{deadline, read_body, run_spec};
+use super::response::ErrorShape;
 use super::routing::{ClientKeys, max_output, prefix_of_value, run_routing};
 use super::run::{self, Output, Step};
 use super::sse::{self, EventWriter, push_named_event};
@@ -30,8 +31,8 @@ pub(super) struct ChatApi<T, S> {
     pub translate: fn(&Value) -> Result<T, ApiError>,
     /// The client keys (user, session) in a request.
     pub keys: fn(&Value) -> ClientKeys<'_>,
-    /// An error as the API's response.
-    pub error_response: fn(&ApiError) -> Response,
+    /// The API's error body.
+    pub error_shape: ErrorShape,
     /// The stream translator answering the request of run `run_id`.
     pub stream: fn(T, &RunId) -> S,
     /// The whole answer to the request of run `run_id`.
@@ -50,7 +51,7 @@ pub(super) async fn serve_chat_run<T: ChatTranslation, S: StreamTranslator>(
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let (state, caller, headers) = (&state, &caller, &headers);
-    let error_response = api.error_response;
+    let error_response = |error: &ApiError| api.error_shape.render(error);
     let (translated, spec) = match chat_run(state, caller, headers, body, api.translate, api.keys) {
         Ok(prepared) => prepared,
         Err(error) => return error_response(&error),

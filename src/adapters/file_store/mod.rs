@@ -9,4 +9,4 @@ mod config;
 mod store;
 
 pub use config::ConfigSource;
-pub use store::{FileNodeStore, MalformedEntry, StoreError};
+pub use store::FileNodeStore;

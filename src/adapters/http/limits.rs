@@ -11,7 +11,7 @@ use axum::response::Response;
 use http_body::{Frame, SizeHint};
 use tokio::sync::Semaphore;
 
-use crate::adapters::api::ApiError;
+use crate::adapters::api::{ApiError, ErrorShape};
 /// Slots for `/v1` requests; a request holds one until its response body (a whole
 /// stream, for SSE) has been sent or dropped.
 #[derive(Clone)]
@@ -39,7 +39,7 @@ pub(super) async fn limit(
 ) -> Response {
     let Ok(slot) = Arc::clone(&slots.slots).try_acquire_owned() else {
         let error = ApiError::overloaded(slots.retry_after_secs);
-        return crate::adapters::api::error_response_for(request.uri().path(), &error);
+        return ErrorShape::of(&request).render(&error);
     };
     next.run(request)
         .await

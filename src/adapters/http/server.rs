@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use axum::routing::get;
 use axum::serve::ListenerExt;
-use axum::{Router, middleware};
+use axum::{Extension, Router, middleware};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tower_http::timeout::RequestBodyTimeoutLayer;
@@ -57,12 +57,16 @@ impl HttpServer {
             config.max_concurrent_requests,
             state.api.config().retry_after_secs,
         );
-        let api = api::routes(&state).layer(middleware::from_fn_with_state(slots, limits::limit));
-        let router = Router::new()
+        let mut router = Router::new()
             .route("/healthz", get(health::healthz))
             .route("/readyz", get(health::readyz))
-            .route("/metrics", get(health::metrics))
-            .merge(api)
+            .route("/metrics", get(health::metrics));
+        for (shape, routes) in api::route_groups(&state) {
+            let limited =
+                routes.layer(middleware::from_fn_with_state(slots.clone(), limits::limit));
+            router = router.merge(limited.layer(Extension(shape)));
+        }
+        let router = router
             .fallback(api::unknown_route)
             .layer(RequestBodyTimeoutLayer::new(config.body_read_timeout()))
             .with_state(state);

@@ -196,6 +196,9 @@ fn listing_sql(query: &RunQuery) -> (String, Vec<Value>) {
     if let Some(outcome) = query.outcome {
         filter(" AND outcome = ?", outcome.as_str().to_owned().into());
     }
+    if let Some(key) = &query.api_key_name {
+        filter(" AND api_key_name = ?", key.clone().into());
+    }
     if let Some(since) = query.since_ms {
         filter(" AND queued_ms >= ?", to_sql(since).into());
     }

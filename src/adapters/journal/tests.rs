@@ -12,7 +12,8 @@ use crate::ports::{JournalEntry, JournalError, RelayedEvent, RunJournal};
 
 /// A time in the recent past, so the default retention keeps the runs.
 fn recent(ms: u64) -> u64 {
-    static BASE: std::sync::LazyLock<u64> = std::sync::LazyLock::new(|| writer::now_ms() - 60_000);
+    static BASE: std::sync::LazyLock<u64> =
+        std::sync::LazyLock::new(|| crate::ports::clock::now_ms() - 60_000);
     *BASE + ms
 }
 
@@ -161,6 +162,26 @@ async fn listings_filter_and_page_newest_first_without_open_runs() {
         ..RunQuery::default()
     };
     assert!(journal.finished_runs(&failed).await.unwrap().is_empty());
+    let by_key = |name: &str| RunQuery {
+        api_key_name: Some(name.to_owned()),
+        limit: 10,
+        ..RunQuery::default()
+    };
+    assert_eq!(
+        journal
+            .finished_runs(&by_key("team-a"))
+            .await
+            .unwrap()
+            .len(),
+        5
+    );
+    assert!(
+        journal
+            .finished_runs(&by_key("team-b"))
+            .await
+            .unwrap()
+            .is_empty()
+    );
     journal.close().await;
 }
 
@@ -333,7 +354,7 @@ fn retention_by_size_removes_the_oldest_finished_runs_and_keeps_open_ones() {
         usage_minute_max_age: Duration::ZERO,
     };
     let mut removed = 0;
-    let now = writer::now_ms();
+    let now = crate::ports::clock::now_ms();
     while let n @ 1.. =
         retention::retention_chunk(&mut conn, &retention, now, Some(before / 2)).unwrap()
     {

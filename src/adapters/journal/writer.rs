@@ -11,7 +11,9 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
+
+use crate::ports::clock::now_ms;
 
 use rusqlite::Connection;
 use tracing::warn;
@@ -259,13 +261,6 @@ fn is_full(result: &rusqlite::Result<()>) -> bool {
         Err(rusqlite::Error::SqliteFailure(error, _))
             if error.code == rusqlite::ErrorCode::DiskFull
     )
-}
-
-/// Milliseconds since the Unix epoch, now.
-pub(super) fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// SQLite integers are signed: times and counts past `i64::MAX` are clamped.

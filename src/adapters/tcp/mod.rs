@@ -14,7 +14,6 @@ mod link;
 mod server;
 mod stats;
 
-pub use connection::NodeIo;
 pub use keepalive::Keepalive;
 pub use link::TcpTransport;
 pub use server::{ServerDeps, TcpServer, TransportControl};

@@ -15,14 +15,15 @@ mod runs;
 mod tests;
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use tokio::sync::mpsc;
 use tokio_util::task::TaskTracker;
 
 use super::drains::Drains;
-use crate::domain::{NodeId, RunEvent, RunId, RunRecord};
+use crate::domain::routing::BreakerState;
+use crate::domain::{NodeId, RunEvent, RunId, RunRecord, StatsWindow};
 use crate::ports::{NodeStore, Registry, RunJournal};
 
 pub use crate::ports::ManageError;
@@ -51,8 +52,11 @@ pub trait LiveRuns: Send + Sync {
     /// to it now).
     fn set_drained(&self, node: &NodeId, drained: bool);
 
-    /// Whether `node`'s circuit breaker keeps new runs away from it now.
-    fn breaker_open(&self, node: &NodeId) -> bool;
+    /// The state of `node`'s circuit breaker.
+    fn breaker_state(&self, node: &NodeId) -> BreakerState;
+
+    /// The last hour of runs in buckets, whole edge and per node.
+    fn stats(&self) -> StatsWindow;
 }
 
 /// A follower of one open run's events.
@@ -118,15 +122,4 @@ impl Management {
         self.inner.timers.close();
         let _ = tokio::time::timeout(grace, self.inner.timers.wait()).await;
     }
-}
-
-/// Milliseconds since the Unix epoch, now.
-pub(crate) fn now_ms() -> u64 {
-    unix_ms(SystemTime::now())
-}
-
-/// `at` in milliseconds since the Unix epoch (0 before it).
-pub(crate) fn unix_ms(at: SystemTime) -> u64 {
-    at.duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }

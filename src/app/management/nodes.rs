@@ -5,8 +5,10 @@ use std::time::Duration;
 
 use tracing::info;
 
-use super::{ManageError, Management, now_ms, unix_ms};
+use super::{ManageError, Management};
+use crate::domain::routing::BreakerState;
 use crate::domain::{Drain, NodeId, NodeRecord, NodeState};
+use crate::ports::clock::{now_ms, unix_ms};
 use crate::ports::{ConnectedNode, ConnectedNodeView, NodeStatus};
 
 impl ConnectedNodeView {
@@ -56,13 +58,15 @@ impl Management {
         let drain = self.inner.drains.get(record.id());
         let connection = live.map(ConnectedNodeView::of);
         let active = connection.as_ref().map_or(0, |c| c.active_runs);
-        let breaker_open = self.inner.live.breaker_open(record.id());
+        let breaker = self.inner.live.breaker_state(record.id());
+        let breaker_open = matches!(breaker, BreakerState::Open { .. });
         let state = NodeState::of(connection.is_some(), drain.as_ref(), active, breaker_open);
         NodeStatus {
             record,
             connection,
             drain,
             state,
+            breaker,
         }
     }
 

@@ -6,8 +6,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use futures::StreamExt as _;
 
-use super::{Management, now_ms};
-use crate::domain::{RunId, RunPage, RunQuery, RunRecord, UsageQuery, UsageRow};
+use super::Management;
+use crate::domain::{RunId, RunPage, RunQuery, RunRecord, StatsWindow, UsageQuery, UsageRow};
+use crate::ports::clock::now_ms;
 use crate::ports::{FeedStream, Manage, ManageError, NodeStatus};
 
 #[async_trait]
@@ -53,6 +54,10 @@ impl Manage for Management {
         // Runs that ended before the call are on their way to the journal: wait for them.
         journal.flush().await;
         Ok(journal.usage(query).await?)
+    }
+
+    fn stats(&self) -> StatsWindow {
+        self.inner.live.stats()
     }
 
     fn now_ms(&self) -> u64 {

@@ -6,10 +6,10 @@ use std::collections::HashMap;
 
 use super::service::RunService;
 use super::table::lock;
-use crate::app::management::now_ms;
 use crate::domain::routing::{BudgetWindow, TenantKey};
 use crate::domain::{Bucket, GroupBy, UsageQuery};
 use crate::ports::JournalError;
+use crate::ports::clock::now_ms;
 
 impl RunService {
     /// Loads every key's tokens used this UTC day and month from the journal (nothing when

@@ -11,11 +11,12 @@ use tokio::sync::mpsc;
 
 use super::service::RunService;
 use super::table::{Run, lock};
-use crate::app::management::{Follow, LiveRuns, now_ms};
+use crate::app::management::{Follow, LiveRuns};
 use crate::domain::routing::{BreakerState, RouteReason, TenantKey};
 use crate::domain::{
-    AcceptedRun, Attempt, NodeId, RunEvent, RunId, RunOutcome, RunRecord, RunSpec,
+    AcceptedRun, Attempt, NodeId, RunEvent, RunId, RunOutcome, RunRecord, RunSpec, StatsWindow,
 };
+use crate::ports::clock::now_ms;
 use crate::ports::{JournalEntry, RelayedEvent};
 
 /// Events a management follower may be behind before it is dropped (it can reconnect and
@@ -161,7 +162,11 @@ impl LiveRuns for RunService {
         RunService::set_drained(self, node, drained);
     }
 
-    fn breaker_open(&self, node: &NodeId) -> bool {
-        matches!(self.breaker_state(node), BreakerState::Open { .. })
+    fn breaker_state(&self, node: &NodeId) -> BreakerState {
+        RunService::breaker_state(self, node)
+    }
+
+    fn stats(&self) -> StatsWindow {
+        self.inner.metrics.window()
     }
 }

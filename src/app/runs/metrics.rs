@@ -13,7 +13,11 @@ use super::resume_metrics::ResumeMetrics;
 use super::routing_metrics::{Refusal, RoutingCounts};
 use super::table::{Run, lock};
 use crate::domain::routing::{AttemptEnd, Priority, RouteReason, Transition};
-use crate::domain::{AdapterName, EventOrigin, RunEvent, RunEventKind, RunSpec, Target};
+use crate::domain::stats::{Ending, RunEnd, StatsWindow};
+use crate::domain::{
+    AdapterName, EventOrigin, FleetStats, NodeId, RunEvent, RunEventKind, RunSpec, Target,
+};
+use crate::ports::clock::now_ms;
 
 /// Bucket bounds in seconds for run latencies: from milliseconds (an instant answer) to
 /// ten minutes (a long generation).
@@ -56,6 +60,9 @@ pub(super) struct RunMetrics {
     tokens: [Counter<u64>; 3],
     /// Runs detached, re-attached and lost around their node's reconnects.
     pub(super) resume: ResumeMetrics,
+    /// The last hour in buckets, for `/admin/v1/stats`: written once per run start and
+    /// end and per queued run (a short lock; never on an output event).
+    stats: Mutex<FleetStats>,
 }
 
 /// The instruments of one route (adapter and target), bound to its labels the first time
@@ -133,6 +140,7 @@ impl RunMetrics {
             routing: RoutingCounts::register(meter),
             tokens: token_counters(meter),
             resume: ResumeMetrics::new(meter),
+            stats: Mutex::default(),
         }
     }
 
@@ -158,14 +166,21 @@ impl RunMetrics {
         })
     }
 
-    /// An attempt of `run` was placed on a node for `reason`; the first attempt's
+    /// An attempt of `run` was placed on `node` for `reason`; the first attempt's
     /// placement after waiting `waited` since acceptance also counts the run as started.
-    pub(super) fn dispatched(&self, run: &Run, reason: &RouteReason, waited: Duration) {
+    pub(super) fn dispatched(
+        &self,
+        run: &Run,
+        node: &NodeId,
+        reason: &RouteReason,
+        waited: Duration,
+    ) {
         let failover = reason.is_failover();
         self.routing.placed(reason);
         if failover {
             return;
         }
+        lock(&self.stats).started(now_ms(), node);
         let bound = self.route_of(run);
         let labels = &bound.labels;
         let started = bound.started.get_or_init(|| self.started.bind(labels));
@@ -188,6 +203,9 @@ impl RunMetrics {
             return;
         }
         let since_accepted = run.accepted_at.elapsed().as_secs_f64();
+        if event.kind.is_terminal() {
+            self.count_end(run, event);
+        }
         let Some(bound) = run.route_metrics.get() else {
             // Never dispatched (it ended waiting): measured through the attribute set.
             self.measure_unbound(&run.spec, event, since_accepted);
@@ -258,6 +276,37 @@ impl RunMetrics {
         for (counter, count) in self.tokens.iter().zip(counts) {
             counter.add(count.into(), &labels);
         }
+    }
+
+    /// `run` ended with `event`: its bucket in the last hour's series.
+    fn count_end(&self, run: &Run, event: &RunEvent) {
+        let (ending, output_tokens) = match &event.kind {
+            RunEventKind::Completed { usage, .. } => (
+                Ending::Completed,
+                usage.map_or(0, |u| u64::from(u.output_tokens)),
+            ),
+            RunEventKind::Failed { .. } => (Ending::Failed, 0),
+            _ => (Ending::Cancelled, 0),
+        };
+        let first_output = run.first_output_ms.load(Ordering::Acquire);
+        let end = RunEnd {
+            ending,
+            ttft_ms: (first_output > 0)
+                .then(|| first_output.saturating_sub(run.accepted.queued_ms)),
+            output_tokens,
+        };
+        let node = lock(&run.attempts).last().map(|a| a.node.clone());
+        lock(&self.stats).ended(now_ms(), node.as_ref(), end);
+    }
+
+    /// `depth` runs wait in the queue now.
+    pub(super) fn queued(&self, depth: usize) {
+        lock(&self.stats).queued(now_ms(), depth);
+    }
+
+    /// The last hour's series, as of now.
+    pub(super) fn window(&self) -> StatsWindow {
+        lock(&self.stats).window(now_ms())
     }
 
     /// An attempt that ended with `end` is placed again.

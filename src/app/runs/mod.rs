@@ -47,6 +47,5 @@ mod tests;
 mod timers;
 mod trace;
 
-pub use crate::ports::{Placed, RunHandle, StartError, waiting_for};
 pub use config::{BreakerConfig, LimitsConfig, RoutingConfig, RunsConfig, policy};
-pub use service::{Routing, RunService, RunStats};
+pub use service::{Routing, RunService};

@@ -16,13 +16,13 @@ use tracing::debug;
 use super::routing_metrics::Refusal;
 use super::service::{Dispatch, RunService};
 use super::table::{Placement, Route, Run, Table, Waiting, lock};
-use crate::app::management::now_ms;
 use crate::domain::routing::{
     Decision, LimitRefusal, NodeStatus, RouteContext, RouteReason, RouteRequest, Unroutable,
     WaitCause, Waiter, decide,
 };
 use crate::domain::{AdapterName, EdgeFailure, NodeId, RunEventKind, RunSpec, Target};
 use crate::ports::StartError;
+use crate::ports::clock::now_ms;
 use crate::ports::{NodeCommand, RunAssignment};
 
 /// Ends `run`'s count against its key's limits and settles its budget claim with the
@@ -209,7 +209,7 @@ impl RunService {
         run.span.record("attempt", reason.attempt);
         debug!(parent: &run.span, run_id = %run.id, node = %id, route = %reason, "run dispatched");
         let waited = now.saturating_duration_since(run.accepted_at);
-        inner.metrics.dispatched(run, &reason, waited);
+        inner.metrics.dispatched(run, &id, &reason, waited);
         Some(id)
     }
 
@@ -231,6 +231,7 @@ impl RunService {
             item: Arc::clone(run),
         };
         let displaced = table.queue.push(waiter).map_err(|_| ())?;
+        self.inner.metrics.queued(table.queue.len());
         route.placement = Placement::Queued;
         route.stays += 1;
         route.waiting = Some(Waiting {

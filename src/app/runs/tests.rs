@@ -20,9 +20,7 @@ use proptest::prelude::*;
 use tokio::sync::mpsc::error::TryRecvError;
 use tokio::time::sleep;
 
-use super::{
-    BreakerConfig, LimitsConfig, Routing, RoutingConfig, RunHandle, RunService, StartError, policy,
-};
+use super::{BreakerConfig, LimitsConfig, Routing, RoutingConfig, RunService, policy};
 use crate::adapters::lock_registry::LockRegistry;
 use crate::app::settings::RunsConfig;
 use crate::domain::routing::{Catalog, NodeStatus, Unroutable, WaitCause};
@@ -38,6 +36,7 @@ use crate::ports::{
     CloseReason, ConnectionId, LastFrame, LinkError, NewConnection, NodeCommand, NodeEventHandler,
     NodeLink, Registry, ReportedEvent, RunAssignment, TransportError,
 };
+use crate::ports::{RunHandle, StartError};
 
 const ADAPTER: &str = "echo";
 const TARGET: &str = "t";

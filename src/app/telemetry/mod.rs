@@ -27,8 +27,6 @@ pub use config::{OtlpProtocol, TracingConfig};
 
 use crate::domain::EdgeId;
 
-pub use crate::ports::EXPORT_TARGET;
-
 /// The log filter directive that keeps export-only spans out of the logs.
 pub const NOT_IN_LOGS: &str = "edge::otel=off";
 

@@ -16,7 +16,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use bytes::Bytes;
-use edge::adapters::sinks::config::SinkKind;
+use edge::settings::SinkKind;
 
 use edge::domain::{AdapterName, NodeSelector, Operation, RunSpec, Target};
 use serde_json::json;

@@ -17,6 +17,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::error::ApiError;
+use super::response::ErrorShape;
 use super::routing::ClientKeys;
 use super::translate::ChatApi;
 use crate::domain::RunId;
@@ -36,7 +37,7 @@ pub(super) const MESSAGES: ChatApi<MessagesRequest, MessagesStream> = ChatApi {
             ..ClientKeys::default()
         }
     },
-    error_response,
+    error_shape: ErrorShape::Anthropic,
     stream: |request, run_id| {
         MessagesStream::new(message_id(run_id), request.model, request.thinking)
     },

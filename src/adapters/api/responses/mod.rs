@@ -11,9 +11,8 @@ mod stream;
 #[cfg(test)]
 mod tests;
 
-use axum::response::IntoResponse;
-
 use super::openai::reply::unix_now;
+use super::response::ErrorShape;
 use super::routing::ClientKeys;
 use super::translate::ChatApi;
 use crate::domain::RunId;
@@ -25,7 +24,7 @@ use stream::ResponsesStream;
 pub(super) const RESPONSES: ChatApi<ResponsesRequest, ResponsesStream> = ChatApi {
     translate: request::translate,
     keys: |value| ClientKeys::of(value),
-    error_response: |error| error.clone().into_response(),
+    error_shape: ErrorShape::OpenAi,
     stream: |request, run_id| ResponsesStream::new(base(request, run_id)),
     whole: |request, run_id, collected, finished| {
         let base = base(request, run_id);

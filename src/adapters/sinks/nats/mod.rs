@@ -17,7 +17,7 @@ mod stream;
 pub mod subject;
 mod writer;
 
-pub use config::{JetStreamConfig, NatsSinkConfig, NatsTlsConfig, Secret};
+pub use config::NatsSinkConfig;
 pub use stats::NatsStats;
 
 use super::builder::SinkError;

@@ -1,21 +1,31 @@
 //! Console mode: run commands read from standard input while the edge serves.
 //!
 //! `run`, `cancel`, `nodes`, `help` and `quit`. Answers go to the console's output; the
-//! runs' events reach standard output through the stdout sink (the console router).
+//! runs' events reach standard output through the stdout sink (the console router). An
+//! inbound adapter like the HTTP APIs: it starts and cancels runs through [`Runs`] and
+//! reads nodes through [`Manage`], and knows nothing of the services behind them.
 
 use std::fmt::Write as _;
-use std::time::{Duration, SystemTime};
+use std::sync::Arc;
 
 use bytes::Bytes;
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio_util::sync::CancellationToken;
 
-use super::AppParts;
-use super::runs::{Placed, waiting_for};
 use crate::domain::routing::{BreakerState, TenantKey};
-use crate::domain::{
-    AdapterName, NodeSelector, NodeState, Operation, RunId, RunRouting, RunSpec, Target,
-};
-use crate::ports::ConnectedNode;
+use crate::domain::{AdapterName, NodeSelector, Operation, RunId, RunRouting, RunSpec, Target};
+use crate::ports::{ConnectedNodeView, Manage, NodeStatus, Placed, Runs, waiting_for};
+
+/// What the console works through: the edge's inbound ports and its stop signal.
+#[derive(Clone)]
+pub(crate) struct ConsolePorts {
+    /// Starts and cancels runs.
+    pub runs: Arc<dyn Runs>,
+    /// Node status.
+    pub manage: Arc<dyn Manage>,
+    /// Cancelled by `quit` (and ends the console when the edge stops).
+    pub stop: CancellationToken,
+}
 
 const HELP: &str = "\
 commands:
@@ -86,7 +96,7 @@ fn parse_run(words: &[&str]) -> Result<ConsoleCommand, String> {
 
 /// Reads commands from `input` until `quit` or end of input (both stop the edge), writing
 /// answers to `output`.
-pub async fn run<R, W>(parts: AppParts, input: R, mut output: W)
+pub(crate) async fn run<R, W>(parts: ConsolePorts, input: R, mut output: W)
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
@@ -121,7 +131,7 @@ async fn write_out<W: AsyncWrite + Unpin>(output: &mut W, text: &str) -> std::io
     output.flush().await
 }
 
-async fn execute(parts: &AppParts, command: ConsoleCommand) -> String {
+async fn execute(parts: &ConsolePorts, command: ConsoleCommand) -> String {
     match command {
         ConsoleCommand::Run {
             pin,
@@ -171,14 +181,18 @@ async fn execute(parts: &AppParts, command: ConsoleCommand) -> String {
                 format!("error: no open run {run_id}\n")
             }
         }
-        ConsoleCommand::Nodes => nodes_table(parts),
+        ConsoleCommand::Nodes => nodes_table(parts.manage.as_ref()),
         ConsoleCommand::Help => HELP.to_owned(),
         ConsoleCommand::Quit | ConsoleCommand::Nothing => String::new(),
     }
 }
 
-fn nodes_table(parts: &AppParts) -> String {
-    let nodes = parts.registry.snapshot();
+fn nodes_table(manage: &dyn Manage) -> String {
+    let nodes: Vec<(NodeStatus, ConnectedNodeView)> = manage
+        .nodes()
+        .into_iter()
+        .filter_map(|node| Some((node.clone(), node.connection?)))
+        .collect();
     if nodes.is_empty() {
         return "no nodes connected\n".into();
     }
@@ -186,37 +200,31 @@ fn nodes_table(parts: &AppParts) -> String {
         "{:<16} {:<16} {:<12} {:<22} {:<32} {:>6} {:<12} {:<14} {:>10}\n",
         "ID", "ALIAS", "STATE", "PEER", "ADAPTERS", "ACTIVE", "STATUS", "BREAKER", "LAST SEEN"
     );
-    let now = SystemTime::now();
-    for node in nodes {
-        let seen = now.duration_since(node.last_seen).unwrap_or(Duration::ZERO);
-        let breaker = parts.runs.breaker_state(node.record.id());
-        let drain = parts.management.drains().get(node.record.id());
-        let breaker_open = matches!(breaker, BreakerState::Open { .. });
-        let state = NodeState::of(true, drain.as_ref(), node.active_runs, breaker_open);
+    let now_ms = manage.now_ms();
+    for (node, connection) in nodes {
+        let seen_secs = now_ms.saturating_sub(connection.last_seen_ms) / 1_000;
         let _ = writeln!(
             out,
             "{:<16} {:<16} {:<12} {:<22} {:<32} {:>6} {:<12} {:<14} {:>9}s",
             node.record.id(),
             node.record.alias(),
-            state.as_str(),
-            node.peer,
+            node.state.as_str(),
+            connection.peer,
             adapters_text(&node),
             format!(
                 "{}/{}",
-                node.active_runs,
+                connection.active_runs,
                 node.record.runtime().max_concurrent_runs()
             ),
-            status_text(&node),
-            breaker_text(breaker),
-            seen.as_secs(),
+            status_text(&connection),
+            breaker_text(node.breaker),
+            seen_secs,
         );
     }
     out
 }
 
-/// `adapter/target,target` per adapter; a target the node reported unavailable is marked
-/// with `!`.
-fn adapters_text(node: &ConnectedNode) -> String {
+fn adapters_text(node: &NodeStatus) -> String {
     let adapters: Vec<String> = node
         .record
         .adapters()
@@ -226,10 +234,7 @@ fn adapters_text(node: &ConnectedNode) -> String {
                 .targets()
                 .iter()
                 .map(|t| {
-                    let away = node
-                        .availability
-                        .as_ref()
-                        .is_some_and(|av| !av.serves(a.name(), t));
+                    let away = node.available(a.name(), t) == Some(false);
                     format!("{t}{}", if away { "!" } else { "" })
                 })
                 .collect();
@@ -240,8 +245,8 @@ fn adapters_text(node: &ConnectedNode) -> String {
 }
 
 /// `unavailable` (it reported none of its targets), or `ready`.
-fn status_text(node: &ConnectedNode) -> &'static str {
-    if node
+fn status_text(connection: &ConnectedNodeView) -> &'static str {
+    if connection
         .availability
         .as_ref()
         .is_some_and(|a| a.pairs().is_empty())

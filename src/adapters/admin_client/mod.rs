@@ -22,7 +22,7 @@ use crate::adapters::admin::views::{
     CancelView, DrainRequest, NodeList, NodeView, RunList, RunView,
 };
 use crate::adapters::journal::HumanDuration;
-use crate::app::management::now_ms;
+use crate::ports::clock::now_ms;
 
 /// Where the management API is and how to open it.
 #[derive(Debug, Clone, Args)]

@@ -1,0 +1,53 @@
+// Small helpers the pages share: elements, times, durations, numbers, live polling.
+
+/** An element with attributes (`text` sets its text, `class` its class) and children. */
+export function el(tag, attributes = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [name, value] of Object.entries(attributes)) {
+    if (value === undefined || value === null || value === false) continue;
+    if (name === 'text') node.textContent = value;
+    else if (name === 'class') node.className = value;
+    else node.setAttribute(name, value === true ? '' : value);
+  }
+  for (const child of children) if (child) node.append(child);
+  return node;
+}
+
+/** The local clock time of `ms` since the epoch, `—` without one. */
+export function clock(ms) {
+  if (ms === null || ms === undefined) return '—';
+  const at = new Date(ms);
+  const today = new Date().toDateString() === at.toDateString();
+  const time = at.toLocaleTimeString([], { hour12: false });
+  return today ? time : `${at.toLocaleDateString()} ${time}`;
+}
+
+/** A duration in ms for people: `850 ms`, `2.4 s`, `3 min 5 s`, `2 h 10 min`. */
+export function duration(ms) {
+  if (ms === null || ms === undefined || Number.isNaN(ms)) return '—';
+  if (ms < 1000) return `${Math.max(0, Math.round(ms))} ms`;
+  if (ms < 60_000) return `${(ms / 1000).toFixed(1)} s`;
+  const s = Math.round(ms / 1000);
+  if (s < 3600) return `${Math.floor(s / 60)} min ${s % 60} s`;
+  return `${Math.floor(s / 3600)} h ${Math.floor((s % 3600) / 60)} min`;
+}
+
+/** `n` with at most `digits` decimals. */
+export function num(n, digits = 0) {
+  if (n === null || n === undefined) return '—';
+  return n.toLocaleString([], { maximumFractionDigits: digits, minimumFractionDigits: digits });
+}
+
+/** Runs `tick` now and again `every` ms after each one ends, until the returned stop is
+ *  called. `tick` errors go to `onError`. */
+export function poll(tick, every, onError) {
+  let stopped = false;
+  let timer = null;
+  const run = async () => {
+    if (stopped) return;
+    try { await tick(); } catch (error) { onError(error); }
+    if (!stopped) timer = setTimeout(run, every);
+  };
+  run();
+  return () => { stopped = true; clearTimeout(timer); };
+}
