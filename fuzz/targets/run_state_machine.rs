@@ -490,6 +490,7 @@ impl World {
                 priority: [Priority::Interactive, Priority::Batch]
                     [usize::from(deadline_byte / 6 % 2)],
                 limits: None,
+                budget: None,
             },
         };
         let Ok(handle) = self.service.start(spec) else {

@@ -19,6 +19,7 @@ pub mod selection;
 pub mod stats;
 pub mod throttle;
 pub mod token;
+pub mod usage;
 
 pub use definitions::{
     AdapterDefinition, DefinitionProblem, DefinitionsError, EntryRef, NodeDefinition,
@@ -48,3 +49,6 @@ pub use selection::NodeSelector;
 pub use stats::{FleetStats, StatsPoint, StatsWindow};
 pub use throttle::RegistrationThrottle;
 pub use token::{Token, TokenDigest};
+pub use usage::{
+    Bucket, GroupBy, Rollup, UsageCounts, UsageGroup, UsageQuery, UsageRow, utc_month,
+};

@@ -10,7 +10,7 @@ use bytes::Bytes;
 
 use super::names::{AdapterName, NodeId, Target};
 use super::output::StructuredOutput;
-use super::routing::{AffinityKey, LimitPolicy, Priority, RouteReason, TenantKey};
+use super::routing::{AffinityKey, BudgetClaim, LimitPolicy, Priority, RouteReason, TenantKey};
 use super::selection::NodeSelector;
 
 /// The edge-assigned, unique id of a run.
@@ -81,6 +81,8 @@ pub struct RunRouting {
     pub priority: Priority,
     /// The caller's own limits; `None` applies the edge's `[limits]`.
     pub limits: Option<LimitPolicy>,
+    /// What the run reserves of its key's token budget; `None` when the key has none.
+    pub budget: Option<BudgetClaim>,
 }
 
 impl Default for RunRouting {
@@ -91,6 +93,7 @@ impl Default for RunRouting {
             tenant: TenantKey::anonymous(),
             priority: Priority::default(),
             limits: None,
+            budget: None,
         }
     }
 }

@@ -83,3 +83,4 @@ mod routing;
 mod runs;
 mod soak;
 mod tls;
+mod usage;

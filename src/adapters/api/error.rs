@@ -241,6 +241,7 @@ impl ApiError {
         let code = match refusal {
             LimitRefusal::Concurrency { .. } => "concurrency_limit_exceeded",
             LimitRefusal::Rate { .. } => "rate_limit_exceeded",
+            LimitRefusal::Budget { .. } => "token_budget_exceeded",
         };
         Self::new(
             StatusCode::TOO_MANY_REQUESTS,

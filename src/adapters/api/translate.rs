@@ -18,7 +18,7 @@ use super::output::{Collected, Finished};
 use super::protocol::{ApiEvent, ChatTranslation, StreamTranslator};
 use super::request::{deadline, read_body, run_spec};
 use super::response::ErrorShape;
-use super::routing::{ClientKeys, prefix_of_value, run_routing};
+use super::routing::{ClientKeys, max_output, prefix_of_value, run_routing};
 use super::run::{self, Output, Step};
 use super::sse::{self, EventWriter, push_named_event};
 use crate::adapters::http::HttpState;
@@ -106,7 +106,9 @@ pub(super) fn chat_run<T: ChatTranslation>(
     let deadline = deadline(&state.api, headers)?;
     let prefix = state.api.prefix_affinity();
     let chat = translated.chat();
-    let routing = run_routing(caller, headers, keys(&value), || {
+    let mut keys = keys(&value);
+    keys.max_output = max_output(|name| chat.get(name).and_then(Value::as_u64));
+    let routing = run_routing(caller, headers, keys, || {
         prefix.then(|| prefix_of_value(chat)).flatten()
     })?;
     let input = Bytes::from(chat.to_string());

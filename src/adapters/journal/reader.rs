@@ -40,7 +40,7 @@ impl Reader {
     }
 
     /// Runs `read` on a pooled connection.
-    fn with<T>(
+    pub(super) fn with<T>(
         &self,
         read: impl FnOnce(&Connection) -> rusqlite::Result<T>,
     ) -> Result<T, JournalError> {

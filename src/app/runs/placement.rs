@@ -22,7 +22,20 @@ use crate::domain::routing::{
 };
 use crate::domain::{AdapterName, EdgeFailure, NodeId, Operation, RunEventKind, RunSpec, Target};
 use crate::ports::StartError;
+use crate::ports::clock::now_ms;
 use crate::ports::{NodeCommand, RunAssignment};
+
+/// Ends `run`'s count against its key's limits and settles its budget claim with the
+/// `tokens` it used (none for a run refused after its claim).
+fn release_limits(table: &mut Table, run: &Run, tokens: u64) {
+    let routing = &run.spec.routing;
+    table.limits.finish(&routing.tenant);
+    if let Some(claim) = routing.budget {
+        table
+            .budgets
+            .settle(&routing.tenant, claim.reserve, tokens, now_ms());
+    }
+}
 
 /// What routing did with a run, under the table lock.
 pub(super) enum Routed {
@@ -51,20 +64,10 @@ impl RunService {
     /// declaration and no connected node serving its route made one.
     pub(super) fn admit(&self, table: &mut Table, run: &Arc<Run>) -> Result<Dispatch, StartError> {
         let now = Instant::now();
-        let routing = &run.spec.routing;
-        let limits = routing.limits.unwrap_or(self.inner.routing.policy.limits);
-        let tenant = &routing.tenant;
-        if let Err(refusal) = table.limits.try_start_with(tenant, limits, now.into_std()) {
-            let limit = match refusal {
-                LimitRefusal::Concurrency { .. } => Refusal::Concurrency,
-                LimitRefusal::Rate { .. } => Refusal::Rate,
-            };
-            self.inner.metrics.refused(limit);
-            return Err(StartError::Limited(refusal));
-        }
+        self.claim_limits(table, run, now)?;
         let mut nodes = self.candidates(run);
         if none_declares(run, &nodes) {
-            table.limits.finish(tenant);
+            release_limits(table, run, 0);
             let operation = run.spec.operation;
             return Err(StartError::NotSupported { operation });
         }
@@ -74,20 +77,49 @@ impl RunService {
             Routed::Waits(cause) => match self.enqueue(table, run, &mut route, cause, now) {
                 Ok(displaced) => Dispatch::Waiting { cause, displaced },
                 Err(()) => {
-                    table.limits.finish(tenant);
+                    release_limits(table, run, 0);
                     self.inner.metrics.refused(Refusal::QueueFull);
                     let capacity = table.queue.capacity();
                     return Err(StartError::QueueFull { cause, capacity });
                 }
             },
             Routed::Refused(refusal) => {
-                table.limits.finish(tenant);
+                release_limits(table, run, 0);
                 return Err(StartError::NoNode(refusal));
             }
         };
         drop(route);
         table.runs.insert(run.id.clone(), Arc::clone(run));
         Ok(dispatch)
+    }
+
+    /// Counts `run` against its key's limits and reserves its claim on the key's token
+    /// budget, or refuses it (counting nothing).
+    fn claim_limits(&self, table: &mut Table, run: &Run, now: Instant) -> Result<(), StartError> {
+        let routing = &run.spec.routing;
+        let limits = routing.limits.unwrap_or(self.inner.routing.policy.limits);
+        let tenant = &routing.tenant;
+        let mut refused = table
+            .limits
+            .try_start_with(tenant, limits, now.into_std())
+            .err();
+        if refused.is_none()
+            && let Some(claim) = routing.budget
+            && let Err(refusal) = table.budgets.try_reserve(tenant, claim, now_ms())
+        {
+            table.limits.finish(tenant);
+            refused = Some(refusal);
+        }
+        let Some(refusal) = refused else {
+            return Ok(());
+        };
+        let limit = match refusal {
+            LimitRefusal::Concurrency { .. } => Refusal::Concurrency,
+            LimitRefusal::Rate { .. } => Refusal::Rate,
+            LimitRefusal::Budget { .. } => Refusal::Budget,
+        };
+        self.inner.metrics.refused(limit);
+        Err(StartError::Limited(refusal))
     }
 
     /// The connected nodes whose config serves `run`'s route, as routing sees them.
@@ -282,14 +314,15 @@ impl RunService {
         }
     }
 
-    /// Removes an ended run, frees its node's slot and its key's count, and hands the slot
+    /// Removes an ended run, frees its node's slot and its key's count, settles its claim
+    /// on its key's budget with the `tokens` (input plus output) it used, and hands the slot
     /// to queued runs.
-    pub(super) fn retire(&self, run: &Run) {
+    pub(super) fn retire(&self, run: &Run, tokens: u64) {
         run.ended.cancel();
         let pumped = {
             let mut table = lock(&self.inner.table);
             table.runs.remove(&run.id);
-            table.limits.finish(&run.spec.routing.tenant);
+            release_limits(&mut table, run, tokens);
             let placement = {
                 let mut route = lock(&run.route);
                 route.waiting = None;
