@@ -44,7 +44,10 @@ def main():
         add(usage.input_tokens, usage.input_tokens_details.cached_tokens, usage.output_tokens)
 
     def add_anthropic(usage):
-        add(usage.input_tokens, usage.cache_read_input_tokens, usage.output_tokens)
+        # Anthropic's input_tokens leaves out the prompt read from the cache; the usage API
+        # counts the whole prompt, as OpenAI's prompt_tokens does.
+        cached = usage.cache_read_input_tokens or 0
+        add(usage.input_tokens + cached, cached, usage.output_tokens)
 
     whole = client.chat.completions.create(model="echo/reasoning", messages=MESSAGES)
     add_openai(whole.usage)

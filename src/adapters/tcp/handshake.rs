@@ -40,8 +40,9 @@ impl<S: NodeIo> Connection<'_, S> {
             .send(EdgeFrame::Accepted {
                 record: Arc::clone(&session.record),
                 resumed,
-                // `Connection::run` answers every ping (`handle_batch`).
-                acknowledges_pings: true,
+                // `Connection::run` answers every ping (`handle_batch`); said only to a
+                // node that may resume (a v1 node gets no field it did not ask for).
+                acknowledges_pings: session.resumable,
             })
             .await
         {
