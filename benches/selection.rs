@@ -121,6 +121,7 @@ fn routing(c: &mut Criterion) {
                 selector: &all,
                 affinity: None,
                 tried: &tried,
+                operation: edge::domain::Operation::Chat,
             };
             let ctx = RouteContext {
                 catalog: &catalog,
@@ -141,6 +142,7 @@ fn routing(c: &mut Criterion) {
             selector,
             affinity: key,
             tried: &tried,
+            operation: edge::domain::Operation::Chat,
         };
         let ctx = RouteContext {
             catalog: &catalog,
@@ -203,6 +205,7 @@ fn placement(c: &mut Criterion) {
             last_frame: Arc::new(LastFrame::new(std::time::Instant::now())),
             reserved_runs: 0,
             can_continue: false,
+            operations: edge::domain::DeclaredOperations::default(),
         };
         registry.insert(connection).unwrap();
         registry.adjust_active_runs(node.record.id(), i as u64, node.active_runs as i32);
@@ -227,6 +230,7 @@ fn placement(c: &mut Criterion) {
                     selector: &route,
                     affinity: key,
                     tried: &tried,
+                    operation: edge::domain::Operation::Chat,
                 };
                 let ctx = RouteContext {
                     catalog: &catalog,

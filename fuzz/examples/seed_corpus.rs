@@ -192,6 +192,7 @@ fn register(token: &str, node_id: &str) -> NodeFrame {
         adapters: vec!["echo".to_owned()],
         instance_id: String::new(),
         resume: Vec::new(),
+        operations: edge::domain::DeclaredOperations::default(),
     })
 }
 

@@ -129,6 +129,7 @@ fn with_prelude(mode: u8, rest: &[u8]) -> Vec<u8> {
         instance_id: String::new(),
         resume: Vec::new(),
         can_continue: false,
+        operations: edge::domain::DeclaredOperations::default(),
     });
     let mut bytes = encoded(register);
     bytes.extend_from_slice(rest);

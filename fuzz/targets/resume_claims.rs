@@ -158,6 +158,7 @@ fn register(token: &str, instance_id: &str, resume: Vec<ResumeClaim>) -> Vec<u8>
         instance_id: instance_id.to_owned(),
         resume,
         can_continue: false,
+        operations: edge::domain::DeclaredOperations::default(),
     }))
 }
 

@@ -416,6 +416,7 @@ impl World {
             last_frame: Arc::new(LastFrame::new(std::time::Instant::now())),
             reserved_runs: 0,
             can_continue: true,
+            operations: edge::domain::DeclaredOperations::default(),
         };
         if self.registry.insert(registered).is_err() {
             // Its previous connection has not finished closing yet.
@@ -491,6 +492,7 @@ impl World {
                 priority: [Priority::Interactive, Priority::Batch]
                     [usize::from(deadline_byte / 6 % 2)],
                 limits: None,
+                budget: None,
             },
         };
         let Ok(handle) = self.service.start(spec) else {

@@ -27,6 +27,8 @@ pub struct Exchange {
     pub total: Duration,
     /// The body, de-chunked.
     pub body: Vec<u8>,
+    /// The edge's `x-edge-node` header: the node that answered.
+    pub node: Option<String>,
 }
 
 /// A `POST path` request with a JSON body, ready to write as is.
@@ -136,6 +138,7 @@ impl Connection {
                 .find(|(n, _)| n == name)
                 .map(|(_, v)| v.as_str())
         };
+        let node = header("x-edge-node").map(str::to_owned);
         let mut body = Vec::new();
         let keep = keep_body.then_some(&mut body);
         if header("transfer-encoding").is_some_and(|v| v.eq_ignore_ascii_case("chunked")) {
@@ -165,6 +168,7 @@ impl Connection {
             first_byte,
             total: begun.elapsed(),
             body,
+            node,
         })
     }
 }

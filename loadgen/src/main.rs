@@ -17,6 +17,9 @@
 //!   far the edge's memory grows before it closes the node as a slow consumer.
 //! - `churn`: nodes that drop and reconnect at random under streamed chat requests; the
 //!   share of requests completed and of runs cut after their first output.
+//! - `affinity`: four `llama-server` engines, forty multi-turn conversations with a long
+//!   shared system prompt; prompt tokens the engines evaluated and reused with the edge's
+//!   prefix affinity on and off, beside the usage API's cache hit rate.
 //!
 //! It is a crate of the workspace, not part of the edge's release build. The method and the figures are in
 //! `docs/benchmarks.md`; every load goes to loopback only and every loop is bounded in time.
@@ -28,6 +31,7 @@
 )]
 
 mod admin;
+mod affinity;
 mod api;
 mod churn;
 mod external;
@@ -131,6 +135,9 @@ enum Scenario {
     Storm(storm::StormArgs),
     /// Nodes dropping and reconnecting under streamed chat: what share of requests completes.
     Churn(churn::ChurnArgs),
+    /// Four llama-server engines, multi-turn conversations: prompt tokens evaluated and
+    /// reused with the edge's affinity on and off, next to the usage API's hit rate.
+    Affinity(affinity::AffinityArgs),
 }
 
 impl Scenario {
@@ -144,6 +151,7 @@ impl Scenario {
             Self::Admin(_) => "admin",
             Self::Storm(_) => "storm",
             Self::Churn(_) => "churn",
+            Self::Affinity(_) => "affinity",
         }
     }
 
@@ -157,6 +165,7 @@ impl Scenario {
             Self::Admin(args) => admin::run(args, common),
             Self::Storm(args) => storm::run(args, common),
             Self::Churn(args) => churn::run(args, common),
+            Self::Affinity(args) => affinity::run(args, common),
         }
     }
 }

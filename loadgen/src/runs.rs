@@ -123,6 +123,7 @@ async fn raw_edge_side(listener: TcpListener, window: Arc<Window>) -> anyhow::Re
         .send(EdgeFrame::Accepted {
             record: raw_record()?,
             resumed: Vec::new(),
+            acknowledges_pings: false,
         })
         .await?;
     let mut latency = Histogram::default();

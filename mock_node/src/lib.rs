@@ -11,7 +11,9 @@
 //! `reasoning`, `tools` (two parallel streamed tool calls, or an answer to tool results),
 //! `logprobs`, `length` and `filtered` (other finish reasons), and classed failures
 //! `bad_request` (REQUEST, 400, `context_length_exceeded`), `node_error` (NODE) and
-//! `refused` (REFUSED). Embeddings runs always get deterministic vectors.
+//! `refused` (REFUSED). Embeddings runs always get deterministic vectors; with `tokenize` set the
+//! node declares tokenize and detokenize, and answers them with one token per byte of the
+//! text (the byte's value) and the bytes of the tokens back.
 
 pub mod churn;
 mod scripts;
@@ -26,7 +28,7 @@ use edge::client::{
     Registration, run_event,
 };
 use edge::client::{NodeCommand, RunAssignment};
-use edge::domain::{RunEventKind, Usage};
+use edge::domain::{Operation, RunEventKind, Usage};
 use futures::{SinkExt, StreamExt};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -98,6 +100,9 @@ pub struct MockOptions {
     pub behaviour: Behaviour,
     /// Heartbeat period; `None` uses the interval the edge configured.
     pub heartbeat: Option<Duration>,
+    /// Declare the tokenize and detokenize operations at registration (a node written
+    /// before them does not).
+    pub tokenize: bool,
 }
 
 impl MockOptions {
@@ -109,6 +114,7 @@ impl MockOptions {
             delay: Duration::ZERO,
             behaviour: Behaviour::Echo,
             heartbeat: None,
+            tokenize: false,
         }
     }
 }
@@ -157,6 +163,9 @@ impl MockNode {
         let mut registration = Registration::with_token(&options.token);
         registration.node_id = options.node_id.clone();
         registration.adapters = vec!["echo".into()];
+        if options.tokenize {
+            registration = registration.operations([Operation::Tokenize, Operation::Detokenize]);
+        }
         let outcome = client.register(registration).await?;
         if !outcome.accepted {
             return Err(MockError::Rejected(outcome));

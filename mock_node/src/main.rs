@@ -84,6 +84,7 @@ async fn main() -> ExitCode {
         delay: Duration::from_millis(args.delay_ms),
         behaviour: Behaviour::parse(&args.behaviour).unwrap_or(Behaviour::Echo),
         heartbeat: None,
+        tokenize: true,
     };
     let node = match MockNode::start_on(client, options).await {
         Ok(node) => node,

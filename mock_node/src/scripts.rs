@@ -23,8 +23,11 @@ pub const DEFAULT_DIMENSIONS: usize = 8;
 /// the echo the usual way.
 pub fn script(behaviour: Behaviour, run: &RunAssignment, text: &str) -> Option<Vec<RunEventKind>> {
     let body: Value = serde_json::from_slice(&run.input).unwrap_or(Value::Null);
-    if run.operation == Operation::Embeddings {
-        return Some(embeddings(&body));
+    match run.operation {
+        Operation::Embeddings => return Some(embeddings(&body)),
+        Operation::Tokenize => return Some(tokenize(&body)),
+        Operation::Detokenize => return Some(detokenize(&body)),
+        Operation::Unspecified | Operation::Chat | Operation::Completion => {}
     }
     let words: Vec<&str> = text.split_whitespace().collect();
     Some(match behaviour {
@@ -217,6 +220,79 @@ fn finish(words: &[&str], reason: &str) -> Vec<RunEventKind> {
     let n = count(words.len());
     events.push(completed(reason, Usage::new(n, n)));
     events
+}
+
+/// The mock's tokens of a tokenize input: one per byte of `content`, or of a chat body's
+/// prompt as the mock's template renders it (`"{role}: {content}\n"` per message whose
+/// content is text, `"assistant:"` at the end); all in one output event.
+pub fn tokenize(body: &Value) -> Vec<RunEventKind> {
+    let text = match (&body["content"], &body["messages"]) {
+        (Value::String(content), _) => content.clone(),
+        (_, Value::Array(messages)) => mock_template(messages),
+        _ => {
+            return vec![RunEventKind::Failed {
+                code: "invalid_input".into(),
+                message: "neither `content` nor `messages`".into(),
+                class: FailureClass::Request,
+                status: Some(400),
+            }];
+        }
+    };
+    let tokens: Vec<u32> = text.bytes().map(u32::from).collect();
+    let usage = Usage::new(count(tokens.len()), 0);
+    let structured = StructuredOutput {
+        tokens,
+        ..StructuredOutput::default()
+    };
+    vec![
+        RunEventKind::Output {
+            text: String::new(),
+            data: bytes::Bytes::new(),
+            structured: Some(Box::new(structured)),
+        },
+        complete(usage),
+    ]
+}
+
+/// The mock's chat template (see [`tokenize`]).
+pub fn mock_template(messages: &[Value]) -> String {
+    let mut prompt = String::new();
+    for message in messages {
+        if let (Some(role), Some(content)) = (message["role"].as_str(), message["content"].as_str())
+        {
+            prompt.push_str(&format!("{role}: {content}\n"));
+        }
+    }
+    prompt.push_str("assistant:");
+    prompt
+}
+
+/// The text of `tokens` (each token one byte), in one output event.
+pub fn detokenize(body: &Value) -> Vec<RunEventKind> {
+    let bytes: Vec<u8> = body["tokens"]
+        .as_array()
+        .map(|tokens| {
+            tokens
+                .iter()
+                .filter_map(|token| token.as_u64().and_then(|t| u8::try_from(t).ok()))
+                .collect()
+        })
+        .unwrap_or_default();
+    vec![
+        RunEventKind::Output {
+            text: String::from_utf8_lossy(&bytes).into_owned(),
+            data: bytes::Bytes::new(),
+            structured: None,
+        },
+        complete(Usage::new(0, 0)),
+    ]
+}
+
+fn complete(usage: Usage) -> RunEventKind {
+    RunEventKind::Completed {
+        finish_reason: "stop".into(),
+        usage: Some(usage),
+    }
 }
 
 /// One deterministic vector per input, of `dimensions` (default [`DEFAULT_DIMENSIONS`])

@@ -250,13 +250,15 @@ impl Buffers {
         self.settle();
     }
 
-    /// A connection is registered. An edge that acknowledged on an earlier connection is
-    /// taken to go on doing so before its first ack here: a run that ends in that moment
-    /// is kept until acknowledged, so a cut right after it cannot lose its last events.
-    /// (An edge downgraded meanwhile costs only the memory of such runs until the next
-    /// reconnect, where it leaves their claims unanswered and they are dropped.)
-    pub fn link_up(&mut self) {
+    /// A connection is registered. An edge that said so at registration
+    /// (`edge_acknowledges`), or that acknowledged on an earlier connection, is taken to
+    /// acknowledge before its first ack here: a run that ends in that moment is kept until
+    /// acknowledged, so a cut right after it cannot lose its last events. (An edge
+    /// downgraded meanwhile costs only the memory of such runs until the next reconnect,
+    /// where it leaves their claims unanswered and they are dropped.)
+    pub fn link_up(&mut self, edge_acknowledges: bool) {
         self.link_up = true;
+        self.edge_acks |= edge_acknowledges;
     }
 
     /// The connection is gone: every run is detached and buffers until the next one.

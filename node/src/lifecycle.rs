@@ -15,7 +15,7 @@ use edge::client::{
     Backoff, ClientError, Keepalive, LinkEnd, NodeClient, RegisterOutcome, Registration,
     dial as dial_tcp, new_instance_id,
 };
-use edge::domain::{RegisterRejection, ResumeClaim};
+use edge::domain::{Operation, RegisterRejection, ResumeClaim};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -206,7 +206,7 @@ async fn attempt(core: &Core) -> Result<SessionEnd, Failure> {
     let (client, outcome) = registered;
     let config = outcome.config.unwrap_or_default();
     core.adapters.configure(&config.adapters, &core.tasks);
-    core.table.link_up();
+    core.table.link_up(outcome.acknowledges_pings);
     let resumed = core.table.apply_answers(&claims, &outcome.resumed);
     tracing::info!(
         node_id = %outcome.node_id, alias = %outcome.alias, instance_id = %core.instance_id,
@@ -233,6 +233,8 @@ async fn register(
     registration.node_id = core.options.node_id.clone();
     registration.adapters = vec![super::openai::KIND.to_owned()];
     registration.resume = claims.to_vec();
+    // Served from the engine's tokenizer, or answered `not_supported` where it has none.
+    let registration = registration.operations([Operation::Tokenize, Operation::Detokenize]);
     let outcome = tokio::time::timeout(DIAL_TIMEOUT, client.register(registration))
         .await
         .map_err(|_| Failure::Retry("no registration answer in time".into()))?

@@ -202,10 +202,10 @@ impl RunTable {
         self.changed(false);
     }
 
-    /// A connection is registered: runs admitted from now on are attached to it (see
-    /// [`Buffers::link_up`]).
-    pub fn link_up(&self) {
-        self.buffers().link_up();
+    /// A connection is registered, to an edge that said it acknowledges every ping or not:
+    /// runs admitted from now on are attached to it (see [`Buffers::link_up`]).
+    pub fn link_up(&self, edge_acknowledges: bool) {
+        self.buffers().link_up(edge_acknowledges);
     }
 
     /// The connection is gone: every run is detached and buffers until the next one.

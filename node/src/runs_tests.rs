@@ -39,7 +39,7 @@ fn done() -> RunEventKind {
 #[tokio::test]
 async fn admission_counts_running_runs_and_refuses_while_draining() {
     let table = RunTable::new(limits());
-    table.link_up();
+    table.link_up(false);
     let (a, _sa) = table.admit("a", 2).expect("a");
     let _b = table.admit("b", 2).expect("b");
     assert_eq!(table.admit("c", 2).err(), Some(Refusal::Busy));
@@ -54,7 +54,7 @@ async fn admission_counts_running_runs_and_refuses_while_draining() {
 #[tokio::test]
 async fn events_go_out_in_order_and_delivered_runs_retire() {
     let table = RunTable::new(limits());
-    table.link_up();
+    table.link_up(false);
     let (run, _signal) = table.admit("r", 1).expect("admitted");
     run.emit(RunEventKind::Started).await.expect("emit");
     run.emit(text(2)).await.expect("emit");
@@ -74,7 +74,7 @@ async fn events_go_out_in_order_and_delivered_runs_retire() {
 #[tokio::test]
 async fn with_an_acking_edge_finished_runs_stay_until_acknowledged() {
     let table = RunTable::new(limits());
-    table.link_up();
+    table.link_up(false);
     table.acknowledged(0);
     let (run, _signal) = table.admit("r", 1).expect("admitted");
     run.emit(done()).await.expect("emit");
@@ -87,13 +87,31 @@ async fn with_an_acking_edge_finished_runs_stay_until_acknowledged() {
 }
 
 #[tokio::test]
+async fn an_edge_that_says_it_acknowledges_keeps_a_run_ending_before_the_first_ack() {
+    let table = RunTable::new(limits());
+    // The first connection: no ack seen yet, but the edge said it answers every ping.
+    table.link_up(true);
+    let (run, _signal) = table.admit("r", 1).expect("admitted");
+    run.emit(done()).await.expect("emit");
+    table.take_unsent(1, 100);
+    // Written, not acknowledged: a cut now must not lose the ending, so the run is kept
+    // and claimed on the next connection.
+    assert!(!table.is_empty());
+    table.link_down();
+    assert!(!table.is_empty());
+    table.link_up(true);
+    table.acknowledged(0);
+    assert!(!table.is_empty());
+}
+
+#[tokio::test]
 async fn an_edge_that_acknowledged_before_is_trusted_to_on_the_next_connection() {
     let table = RunTable::new(limits());
-    table.link_up();
+    table.link_up(false);
     table.acknowledged(0);
     table.link_down();
     // Reconnected; the run ends before this connection's first ack.
-    table.link_up();
+    table.link_up(false);
     let (run, _signal) = table.admit("r", 1).expect("admitted");
     run.emit(done()).await.expect("emit");
     table.take_unsent(1, 100);
@@ -108,7 +126,7 @@ async fn an_edge_that_acknowledged_before_is_trusted_to_on_the_next_connection()
 #[tokio::test]
 async fn a_connected_run_waits_when_it_is_a_window_ahead() {
     let table = RunTable::new(limits());
-    table.link_up();
+    table.link_up(false);
     let (run, _signal) = table.admit("r", 1).expect("admitted");
     for n in 1..=4 {
         run.emit(text(n)).await.expect("within the window");
@@ -126,7 +144,7 @@ async fn a_connected_run_waits_when_it_is_a_window_ahead() {
 #[tokio::test]
 async fn a_detached_run_buffers_up_to_its_bound_then_is_given_up() {
     let table = RunTable::new(limits());
-    table.link_up();
+    table.link_up(false);
     let (run, mut signal) = table.admit("r", 1).expect("admitted");
     table.link_down();
     for n in 1..=6 {
@@ -145,7 +163,7 @@ async fn the_total_bound_gives_up_the_run_that_crosses_it() {
         total_bytes: 400,
         ..limits()
     });
-    table.link_up();
+    table.link_up(false);
     let (a, _sa) = table.admit("a", 2).expect("a");
     let (b, _sb) = table.admit("b", 2).expect("b");
     table.link_down();
@@ -160,7 +178,7 @@ async fn the_total_bound_gives_up_the_run_that_crosses_it() {
 #[tokio::test]
 async fn claims_name_the_next_seq_and_the_oldest_buffered_event() {
     let table = RunTable::new(limits());
-    table.link_up();
+    table.link_up(false);
     let (run, _signal) = table.admit("r", 1).expect("admitted");
     for n in 1..=5 {
         run.emit(text(n)).await.expect("emit");
@@ -183,7 +201,7 @@ async fn claims_name_the_next_seq_and_the_oldest_buffered_event() {
 #[tokio::test]
 async fn an_accepted_claim_resends_from_the_edges_seq_then_goes_on() {
     let table = RunTable::new(limits());
-    table.link_up();
+    table.link_up(false);
     let (run, _signal) = table.admit("r", 1).expect("admitted");
     for n in 1..=3 {
         run.emit(text(n)).await.expect("emit");
@@ -192,7 +210,7 @@ async fn an_accepted_claim_resends_from_the_edges_seq_then_goes_on() {
     table.link_down();
     run.emit(text(4)).await.expect("buffered");
     let claims = table.claims();
-    table.link_up();
+    table.link_up(false);
     let answers = [ResumeAnswer {
         run_id: "r".into(),
         outcome: Ok(3),
@@ -215,7 +233,7 @@ async fn an_accepted_claim_resends_from_the_edges_seq_then_goes_on() {
 #[tokio::test]
 async fn refused_and_unanswered_claims_stop_their_runs() {
     let table = RunTable::new(limits());
-    table.link_up();
+    table.link_up(false);
     let (a, mut stop_a) = table.admit("a", 3).expect("a");
     let (_b, mut stop_b) = table.admit("b", 3).expect("b");
     let (_c, mut stop_c) = table.admit("c", 3).expect("c");
@@ -233,7 +251,7 @@ async fn refused_and_unanswered_claims_stop_their_runs() {
             outcome: Ok(0),
         },
     ];
-    table.link_up();
+    table.link_up(false);
     assert_eq!(
         table.apply_answers(&claims, &answers),
         Resumed {
@@ -251,7 +269,7 @@ async fn refused_and_unanswered_claims_stop_their_runs() {
 #[tokio::test]
 async fn refusals_are_one_terminal_event_and_cancels_reach_the_run() {
     let table = RunTable::new(limits());
-    table.link_up();
+    table.link_up(false);
     table.refuse("x", RunEventKind::failed("node_busy", "busy"));
     assert_eq!(seqs(&table.take_unsent(1, 100)), [("x".into(), 1)]);
     let (_run, mut signal) = table.admit("r", 1).expect("admitted");

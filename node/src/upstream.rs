@@ -106,10 +106,25 @@ impl Upstream {
     /// [`UpstreamFault::Status`] with the (bounded) body for any other status; the fault of
     /// the connection otherwise.
     pub async fn post(&self, path: &str, body: &Value) -> Result<reqwest::Response, UpstreamFault> {
-        let mut request = self
-            .client
-            .post(format!("{}{path}", self.base_url))
-            .json(body);
+        self.post_to(format!("{}{path}", self.base_url), body).await
+    }
+
+    /// POSTs `body` to `path` below the engine's root (the base URL without its `/v1`),
+    /// where llama.cpp and vLLM serve `/tokenize`, `/detokenize` and `/apply-template`.
+    ///
+    /// # Errors
+    /// As [`Upstream::post`].
+    pub async fn post_root(
+        &self,
+        path: &str,
+        body: &Value,
+    ) -> Result<reqwest::Response, UpstreamFault> {
+        let root = self.base_url.strip_suffix("/v1").unwrap_or(&self.base_url);
+        self.post_to(format!("{root}{path}"), body).await
+    }
+
+    async fn post_to(&self, url: String, body: &Value) -> Result<reqwest::Response, UpstreamFault> {
+        let mut request = self.client.post(url).json(body);
         if let Some(key) = &self.api_key {
             request = request.bearer_auth(key);
         }

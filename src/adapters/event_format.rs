@@ -31,7 +31,7 @@ pub fn write_line(format: LineFormat, event: &RunEvent, out: &mut Vec<u8>) {
 ///
 /// The payload is the output text (with `\`, newlines and other control characters
 /// escaped, so one event is one line) or `<N bytes>` for binary output;
-/// followed by ` reasoning=.. tool_call=INDEX:ID:NAME:ARGS logprobs=N embeddings=NxDIM` for
+/// followed by ` reasoning=.. tool_call=INDEX:ID:NAME:ARGS logprobs=N embeddings=NxDIM tokens=N` for
 /// what structured output it carries;
 /// `finish_reason=.. input_tokens=.. output_tokens=..` (and `cached_input_tokens=..`,
 /// `reasoning_tokens=..` when not zero) for completed runs;
@@ -151,7 +151,7 @@ fn push_escaped(text: &str, out: &mut Vec<u8>) {
 /// "kind":..,<payload fields>}`. Payload fields: `attempt`, `reason` (the rule's label) and
 /// `route` (the whole reason) for started, when the edge placed it; `text` and `data`
 /// (standard base64, omitted when empty) and `reasoning`, `tool_calls`, `logprobs`,
-/// `embeddings` (each omitted when empty) for output; `finish_reason`, `input_tokens`,
+/// `embeddings`, `tokens` (each omitted when empty) for output; `finish_reason`, `input_tokens`,
 /// `output_tokens` (omitted when the node reported no counts), `cached_input_tokens`,
 /// `reasoning_tokens` (omitted when zero) for completed; `code`, `message`, `class`,
 /// `status` (the last two omitted when the node gave none) for failed; `reason` for
@@ -511,6 +511,7 @@ pub(crate) mod tests {
                 index: 0,
                 values: vec![0.5, -1.0],
             }],
+            tokens: vec![1, 2, 3],
         };
         let output = event(RunEventKind::Output {
             text: String::new(),
@@ -519,7 +520,7 @@ pub(crate) mod tests {
         });
         assert_eq!(
             text(&output),
-            "r1 node-a echo/m1 output  reasoning=think\\nfirst tool_call=0:call_1:lookup:{\"q\":1} logprobs=1 embeddings=1x2\n"
+            "r1 node-a echo/m1 output  reasoning=think\\nfirst tool_call=0:call_1:lookup:{\"q\":1} logprobs=1 embeddings=1x2 tokens=3\n"
         );
         let line = json(&output);
         assert_eq!(line["reasoning"], "think\nfirst");
@@ -532,6 +533,7 @@ pub(crate) mod tests {
             line["embeddings"][0]["values"],
             serde_json::json!([0.5, -1.0])
         );
+        assert_eq!(line["tokens"], serde_json::json!([1, 2, 3]));
 
         let usage = Usage {
             cached_input_tokens: 4,

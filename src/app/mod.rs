@@ -110,15 +110,8 @@ impl App {
         let transport = Arc::new(TcpTransport::new(Arc::clone(&registry)));
         let metrics = Metrics::new().context("cannot start the metrics exporter")?;
         let journal = admin::journal(&settings)?;
-        let runs = RunService::with_journal(
-            Arc::clone(&registry),
-            transport,
-            Arc::clone(&sink),
-            Arc::clone(&journal),
-            settings.runs.clone(),
-            routing(&settings, store.as_ref())?,
-            metrics.meter(),
-        );
+        let outbound = (Arc::clone(&registry), transport, Arc::clone(&sink));
+        let runs = run_service(&settings, store.as_ref(), outbound, &journal, &metrics).await?;
         let deps = ServerDeps {
             store: Arc::clone(&store),
             registry: Arc::clone(&registry),
@@ -246,6 +239,29 @@ impl App {
 
 /// The run service's routing: every node definition, and the `[runs]`, `[routing]` and
 /// `[limits]` settings as the domain's policy.
+/// The run service, its keys' budget state loaded from the journal.
+async fn run_service(
+    settings: &Settings,
+    store: &dyn NodeStore,
+    (registry, transport, sink): (Arc<dyn Registry>, Arc<TcpTransport>, Arc<dyn EventSink>),
+    journal: &Arc<dyn RunJournal>,
+    metrics: &Metrics,
+) -> anyhow::Result<RunService> {
+    let runs = RunService::with_journal(
+        registry,
+        transport,
+        sink,
+        Arc::clone(journal),
+        settings.runs.clone(),
+        routing(settings, store)?,
+        metrics.meter(),
+    );
+    runs.load_budgets()
+        .await
+        .context("cannot load the API keys' budget state from the run journal")?;
+    Ok(runs)
+}
+
 fn routing(settings: &Settings, store: &dyn NodeStore) -> anyhow::Result<runs::Routing> {
     let policy = runs::policy(&settings.runs, &settings.routing, &settings.limits)
         .map_err(|problems| anyhow::anyhow!("invalid routing settings: {}", problems.join("; ")))?;

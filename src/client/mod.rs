@@ -27,7 +27,10 @@ pub use crate::adapters::tls::{TlsError, platform_client_config};
 pub use link::{Backoff, LinkEnd, LinkMonitor, LinkStats};
 pub use stream::{ClientStream, tls_client_config};
 
-use crate::domain::{Availability, PROTOCOL_VERSION, RegisterAttempt, RunEventKind, Token};
+use crate::domain::{
+    Availability, DeclaredOperations, Operation, PROTOCOL_VERSION, RegisterAttempt, RunEventKind,
+    Token,
+};
 use crate::ports::ReportedEvent;
 use crate::wire::NodeCodec;
 
@@ -81,7 +84,16 @@ impl Registration {
             instance_id: String::new(),
             resume: Vec::new(),
             can_continue: false,
+            operations: DeclaredOperations::default(),
         }
+    }
+
+    /// The same registration, declaring `operations` (those that need a declaration, such
+    /// as [`Operation::Tokenize`]; the others are served without one).
+    #[must_use]
+    pub fn operations(mut self, operations: impl IntoIterator<Item = Operation>) -> Self {
+        self.operations = DeclaredOperations::new(operations);
+        self
     }
 
     /// The same registration, presenting `instance_id`.

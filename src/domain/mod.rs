@@ -20,6 +20,7 @@ pub mod selection;
 pub mod stats;
 pub mod throttle;
 pub mod token;
+pub mod usage;
 
 pub use continuation::{
     Continuation, ContinuationFacts, ContinuationRefusal, MaxContinuations, may_continue,
@@ -41,8 +42,8 @@ pub use registration::{
 };
 pub use resume::{ResumeAnswer, ResumeClaim, ResumeRefusal, decide_resume};
 pub use run::{
-    EdgeFailure, EventOrigin, EventVerdict, FailureClass, Operation, RunEvent, RunEventKind, RunId,
-    RunRouting, RunSpec, RunState, Usage,
+    DeclaredOperations, EdgeFailure, EventOrigin, EventVerdict, FailureClass, Operation, RunEvent,
+    RunEventKind, RunId, RunRouting, RunSpec, RunState, Usage,
 };
 pub use run_record::{
     AcceptedRun, Attempt, EDGE_CRASHED, RunCursor, RunEnding, RunOutcome, RunPage, RunQuery,
@@ -52,3 +53,6 @@ pub use selection::NodeSelector;
 pub use stats::{FleetStats, StatsPoint, StatsWindow};
 pub use throttle::RegistrationThrottle;
 pub use token::{Token, TokenDigest};
+pub use usage::{
+    Bucket, GroupBy, Rollup, UsageCounts, UsageGroup, UsageQuery, UsageRow, utc_month,
+};

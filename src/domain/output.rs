@@ -1,5 +1,5 @@
 //! Structured run output beyond plain text: reasoning, tool-call pieces, token log
-//! probabilities and embedding vectors, as a node reports them.
+//! probabilities, embedding vectors and token ids, as a node reports them.
 //!
 //! The edge relays these untouched; the API boundary renders them in each API's own shapes.
 //! Nothing here knows a wire or HTTP type.
@@ -15,6 +15,8 @@ pub struct StructuredOutput {
     pub logprobs: Vec<TokenLogprob>,
     /// Embedding vectors.
     pub embeddings: Vec<Embedding>,
+    /// Token ids (a tokenize run's answer).
+    pub tokens: Vec<u32>,
 }
 
 impl StructuredOutput {
@@ -24,6 +26,7 @@ impl StructuredOutput {
             && self.tool_calls.is_empty()
             && self.logprobs.is_empty()
             && self.embeddings.is_empty()
+            && self.tokens.is_empty()
     }
 }
 

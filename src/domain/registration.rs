@@ -10,6 +10,7 @@ use std::time::Instant;
 
 use super::node::NodeRecord;
 use super::resume::ResumeClaim;
+use super::run::DeclaredOperations;
 use super::token::Token;
 
 /// The protocol version this edge speaks. A request's `0` is read as `1`.
@@ -41,6 +42,8 @@ pub struct RegisterAttempt {
     pub resume: Vec<ResumeClaim>,
     /// The node can carry on runs another node began (`can_continue`); false from a v1 node.
     pub can_continue: bool,
+    /// The operations needing a declaration that the node serves.
+    pub operations: DeclaredOperations,
 }
 
 /// Why a registration is refused; each maps to one protocol `RegisterError`.
@@ -266,6 +269,7 @@ mod tests {
             instance_id: String::new(),
             resume: vec![],
             can_continue: false,
+            operations: DeclaredOperations::default(),
         }
     }
 

@@ -10,7 +10,7 @@ use bytes::Bytes;
 
 use super::names::{AdapterName, NodeId, Target};
 use super::output::StructuredOutput;
-use super::routing::{AffinityKey, LimitPolicy, Priority, RouteReason, TenantKey};
+use super::routing::{AffinityKey, BudgetClaim, LimitPolicy, Priority, RouteReason, TenantKey};
 use super::selection::NodeSelector;
 
 /// The edge-assigned, unique id of a run.
@@ -81,6 +81,8 @@ pub struct RunRouting {
     pub priority: Priority,
     /// The caller's own limits; `None` applies the edge's `[limits]`.
     pub limits: Option<LimitPolicy>,
+    /// What the run reserves of its key's token budget; `None` when the key has none.
+    pub budget: Option<BudgetClaim>,
 }
 
 impl Default for RunRouting {
@@ -91,6 +93,7 @@ impl Default for RunRouting {
             tenant: TenantKey::anonymous(),
             priority: Priority::default(),
             limits: None,
+            budget: None,
         }
     }
 }
@@ -107,6 +110,11 @@ pub enum Operation {
     Completion,
     /// An OpenAI embeddings body without `model`.
     Embeddings,
+    /// Text (`{"content", "add_special"}`) or a chat body to turn into the engine's token
+    /// ids. Only for a node that declared it.
+    Tokenize,
+    /// Token ids (`{"tokens"}`) to turn back into text. Only for a node that declared it.
+    Detokenize,
 }
 
 impl Operation {
@@ -117,7 +125,64 @@ impl Operation {
             Self::Chat => "chat",
             Self::Completion => "completion",
             Self::Embeddings => "embeddings",
+            Self::Tokenize => "tokenize",
+            Self::Detokenize => "detokenize",
         }
+    }
+
+    /// Whether only a node that declared this operation at registration may get it (a node
+    /// written before it existed would not know what to do with it).
+    pub fn needs_declaration(self) -> bool {
+        matches!(self, Self::Tokenize | Self::Detokenize)
+    }
+}
+
+/// The operations a node declared it serves among those that need a declaration
+/// ([`Operation::needs_declaration`]). Copy-cheap, for routing's per-placement node copies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DeclaredOperations {
+    tokenize: bool,
+    detokenize: bool,
+}
+
+impl DeclaredOperations {
+    /// The set of `operations` (those that need no declaration are left out).
+    pub fn new(operations: impl IntoIterator<Item = Operation>) -> Self {
+        let mut declared = Self::default();
+        for operation in operations {
+            match operation {
+                Operation::Tokenize => declared.tokenize = true,
+                Operation::Detokenize => declared.detokenize = true,
+                Operation::Unspecified
+                | Operation::Chat
+                | Operation::Completion
+                | Operation::Embeddings => {}
+            }
+        }
+        declared
+    }
+
+    /// Whether a node with this set may get runs of `operation`.
+    pub fn serves(self, operation: Operation) -> bool {
+        match operation {
+            Operation::Tokenize => self.tokenize,
+            Operation::Detokenize => self.detokenize,
+            Operation::Unspecified
+            | Operation::Chat
+            | Operation::Completion
+            | Operation::Embeddings => true,
+        }
+    }
+
+    /// The declared operations, in a stable order.
+    pub fn operations(self) -> Vec<Operation> {
+        [
+            (self.tokenize, Operation::Tokenize),
+            (self.detokenize, Operation::Detokenize),
+        ]
+        .into_iter()
+        .filter_map(|(on, operation)| on.then_some(operation))
+        .collect()
     }
 }
 

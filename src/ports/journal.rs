@@ -9,7 +9,9 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
-use crate::domain::{AcceptedRun, Attempt, RunEvent, RunId, RunQuery, RunRecord};
+use crate::domain::{
+    AcceptedRun, Attempt, RunEvent, RunId, RunQuery, RunRecord, UsageQuery, UsageRow,
+};
 
 /// One thing to record about a run. Each run's entries arrive in order: accepted first,
 /// then its placements and events; its terminal event last.
@@ -134,6 +136,13 @@ pub trait RunJournal: Send + Sync {
         from: u64,
         limit: usize,
     ) -> Result<Vec<StoredEvent>, JournalError>;
+
+    /// The usage rollups `query` asks for, as of the last write (call [`Self::flush`]
+    /// first to include every run ended before the call).
+    ///
+    /// # Errors
+    /// [`JournalError`] when the storage cannot be read.
+    async fn usage(&self, query: &UsageQuery) -> Result<Vec<UsageRow>, JournalError>;
 
     /// The journal's counters.
     fn stats(&self) -> JournalStats;

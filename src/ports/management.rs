@@ -14,7 +14,7 @@ use futures::Stream;
 use crate::domain::routing::BreakerState;
 use crate::domain::{
     AdapterName, Availability, Drain, NodeRecord, NodeState, RunId, RunPage, RunQuery, RunRecord,
-    StatsWindow, Target,
+    StatsWindow, Target, UsageQuery, UsageRow,
 };
 use crate::ports::JournalError;
 
@@ -70,6 +70,13 @@ pub trait Manage: Send + Sync {
     /// [`ManageError::UnknownRun`] when the run is neither open nor in the journal.
     async fn events(&self, id: &RunId, from: u64, follow: bool) -> Result<FeedStream, ManageError>;
 
+    /// The usage rollups `query` asks for, every run ended before the call included.
+    ///
+    /// # Errors
+    /// [`ManageError::JournalDisabled`] when the journal keeps nothing,
+    /// [`ManageError::Journal`] when it cannot be read.
+    async fn usage(&self, query: &UsageQuery) -> Result<Vec<UsageRow>, ManageError>;
+
     /// The last hour of runs in buckets of [`crate::domain::stats::BUCKET_MS`]: runs
     /// started and ended, errors, output tokens, time to first output and the queue's
     /// peak, for the whole edge and per node. Kept in memory: it starts empty when the edge
@@ -96,6 +103,9 @@ pub enum ManageError {
     /// The journal could not be read.
     #[error(transparent)]
     Journal(#[from] JournalError),
+    /// The answer needs the journal, and `[journal] enabled = false`.
+    #[error("usage is kept in the run journal, and it is disabled (`[journal] enabled = false`)")]
+    JournalDisabled,
 }
 
 /// One event of a feed.

@@ -4,7 +4,7 @@
 
 use async_trait::async_trait;
 
-use crate::domain::{RunId, RunQuery, RunRecord};
+use crate::domain::{RunId, RunQuery, RunRecord, UsageQuery, UsageRow};
 use crate::ports::{JournalEntry, JournalError, JournalStats, RunJournal, StoredEvent};
 
 /// Keeps nothing.
@@ -35,6 +35,10 @@ impl RunJournal for NoopJournal {
         _from: u64,
         _limit: usize,
     ) -> Result<Vec<StoredEvent>, JournalError> {
+        Ok(Vec::new())
+    }
+
+    async fn usage(&self, _query: &UsageQuery) -> Result<Vec<UsageRow>, JournalError> {
         Ok(Vec::new())
     }
 

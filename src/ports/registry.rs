@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
 use crate::domain::routing::NodeStatus;
-use crate::domain::{AdapterName, Availability, NodeId, NodeRecord, Target};
+use crate::domain::{AdapterName, Availability, DeclaredOperations, NodeId, NodeRecord, Target};
 
 use super::transport::NodeLink;
 
@@ -36,6 +36,8 @@ pub struct NewConnection {
     pub reserved_runs: u32,
     /// The node can carry on runs another node began (`RegisterRequest.can_continue`).
     pub can_continue: bool,
+    /// The operations needing a declaration that the node declared it serves.
+    pub operations: DeclaredOperations,
 }
 
 /// When a connection last sent a frame: written by the connection's task as frames arrive,

@@ -9,7 +9,7 @@ use async_trait::async_trait;
 use tokio::sync::mpsc;
 
 use crate::domain::routing::{LimitRefusal, Unroutable, WaitCause};
-use crate::domain::{NodeId, RunEvent, RunId, RunSpec};
+use crate::domain::{NodeId, Operation, RunEvent, RunId, RunSpec};
 
 /// Accepts runs and cancels them.
 #[cfg_attr(test, mockall::automock)]
@@ -51,6 +51,13 @@ pub enum StartError {
     /// The edge is shutting down.
     #[error("the edge is shutting down")]
     ShuttingDown,
+    /// Its operation needs a declaration (`Operation::needs_declaration`) and nodes serving
+    /// its route are connected, none of which declared it.
+    #[error("no connected node serving the route declared the {} operation", .operation.as_str())]
+    NotSupported {
+        /// The operation.
+        operation: Operation,
+    },
 }
 
 /// What a run waiting for `cause` waits for, for messages.

@@ -256,6 +256,7 @@ mod tests {
                 instance_id: String::new(),
                 resume: Vec::new(),
                 can_continue: false,
+                operations: crate::domain::DeclaredOperations::default(),
             }),
             heartbeat(3),
             NodeFrame::RunEvent(ReportedEvent {
@@ -310,6 +311,7 @@ mod tests {
                 index: 0,
                 values: vec![0.5, -1.0],
             }],
+            tokens: vec![1, 15_043],
         };
         let node_frames = vec![
             NodeFrame::Register(RegisterAttempt {
@@ -325,6 +327,10 @@ mod tests {
                     first_buffered_seq: 3,
                 }],
                 can_continue: true,
+                operations: crate::domain::DeclaredOperations::new([
+                    Operation::Tokenize,
+                    Operation::Detokenize,
+                ]),
             }),
             NodeFrame::Heartbeat {
                 active_runs: 1,

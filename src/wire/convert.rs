@@ -7,13 +7,16 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::domain::{
-    AdapterName, Availability, NodeRecord, RegisterAttempt, RegisterRejection, ResumeAnswer,
-    ResumeClaim, ResumeRefusal, RunId, Target, Token,
+    AdapterName, Availability, DeclaredOperations, NodeRecord, RegisterAttempt, RegisterRejection,
+    ResumeAnswer, ResumeClaim, ResumeRefusal, RunId, Target, Token,
 };
 use crate::ports::{NodeCommand, ReportedEvent};
 
 use super::config_payload::build_config_payload;
-use super::events::{event_kind_from_wire, event_kind_to_wire, run_from_wire, run_to_wire};
+use super::events::{
+    event_kind_from_wire, event_kind_to_wire, operation_from_wire, operation_to_wire,
+    run_from_wire, run_to_wire,
+};
 use super::proto::{self, edge_message, node_message};
 
 /// A message a node sends.
@@ -47,6 +50,8 @@ pub enum EdgeFrame {
         record: Arc<NodeRecord>,
         /// One answer per resume claim.
         resumed: Vec<ResumeAnswer>,
+        /// Whether this edge answers every ping on the connection (`acknowledges_pings`).
+        acknowledges_pings: bool,
     },
     /// `RegisterResponse` refusing the node.
     Rejected(RegisterRejection),
@@ -92,6 +97,8 @@ pub struct RegisterOutcome {
     pub config: Option<ReceivedConfig>,
     /// The edge's answers to the node's resume claims, when accepted.
     pub resumed: Vec<ResumeAnswer>,
+    /// Whether the edge said it answers every ping (v1.2; false from older edges).
+    pub acknowledges_pings: bool,
 }
 
 /// A node's central config as the node reads it.
@@ -132,6 +139,7 @@ impl From<proto::NodeMessage> for NodeFrame {
                     instance_id,
                     resume,
                     can_continue,
+                    operations,
                 } = request;
                 NodeFrame::Register(RegisterAttempt {
                     token: Token::new(token),
@@ -142,6 +150,10 @@ impl From<proto::NodeMessage> for NodeFrame {
                     instance_id,
                     resume: resume.into_iter().map(claim_from_wire).collect(),
                     can_continue,
+                    // An operation this edge does not know is left out: it sends none.
+                    operations: DeclaredOperations::new(
+                        operations.into_iter().map(operation_from_wire),
+                    ),
                 })
             }
             Some(node_message::Body::Heartbeat(proto::Heartbeat {
@@ -176,6 +188,7 @@ impl From<NodeFrame> for proto::NodeMessage {
                 instance_id,
                 resume,
                 can_continue,
+                operations,
             }) => Some(node_message::Body::Register(proto::RegisterRequest {
                 token: token.expose_secret().to_owned(),
                 node_id,
@@ -185,6 +198,11 @@ impl From<NodeFrame> for proto::NodeMessage {
                 instance_id,
                 resume: resume.into_iter().map(claim_to_wire).collect(),
                 can_continue,
+                operations: operations
+                    .operations()
+                    .into_iter()
+                    .map(|operation| operation_to_wire(operation).into())
+                    .collect(),
             })),
             NodeFrame::Heartbeat {
                 active_runs,
@@ -234,17 +252,20 @@ fn rejection_from_wire(error: i32) -> Option<RegisterRejection> {
 impl From<EdgeFrame> for proto::EdgeMessage {
     fn from(frame: EdgeFrame) -> Self {
         let body = match frame {
-            EdgeFrame::Accepted { record, resumed } => {
-                edge_message::Body::Register(proto::RegisterResponse {
-                    accepted: true,
-                    error: proto::RegisterError::Unspecified.into(),
-                    message: "registered".into(),
-                    node_id: record.id().to_string(),
-                    alias: record.alias().to_string(),
-                    config: Some(build_config_payload(&record)),
-                    resumed: resumed.into_iter().map(answer_to_wire).collect(),
-                })
-            }
+            EdgeFrame::Accepted {
+                record,
+                resumed,
+                acknowledges_pings,
+            } => edge_message::Body::Register(proto::RegisterResponse {
+                accepted: true,
+                error: proto::RegisterError::Unspecified.into(),
+                message: "registered".into(),
+                node_id: record.id().to_string(),
+                alias: record.alias().to_string(),
+                config: Some(build_config_payload(&record)),
+                resumed: resumed.into_iter().map(answer_to_wire).collect(),
+                acknowledges_pings,
+            }),
             EdgeFrame::Rejected(rejection) => {
                 edge_message::Body::Register(proto::RegisterResponse {
                     accepted: false,
@@ -254,6 +275,7 @@ impl From<EdgeFrame> for proto::EdgeMessage {
                     alias: String::new(),
                     config: None,
                     resumed: Vec::new(),
+                    acknowledges_pings: false,
                 })
             }
             EdgeFrame::Command(command) => command_to_wire(command),
@@ -315,9 +337,11 @@ fn outcome_from_wire(response: proto::RegisterResponse) -> RegisterOutcome {
         alias,
         config,
         resumed,
+        acknowledges_pings,
     } = response;
     RegisterOutcome {
         accepted,
+        acknowledges_pings,
         rejection: rejection_from_wire(error),
         message,
         node_id,

@@ -80,6 +80,7 @@ fn output_from_wire(output: proto::RunOutput) -> RunEventKind {
         tool_calls,
         logprobs,
         embeddings,
+        tokens,
     } = output;
     let structured = StructuredOutput {
         reasoning,
@@ -104,6 +105,7 @@ fn output_from_wire(output: proto::RunOutput) -> RunEventKind {
             .into_iter()
             .map(|proto::Embedding { index, values }| Embedding { index, values })
             .collect(),
+        tokens,
     };
     RunEventKind::Output {
         text,
@@ -122,6 +124,7 @@ fn output_to_wire(
         tool_calls,
         logprobs,
         embeddings,
+        tokens,
     } = structured.map(|boxed| *boxed).unwrap_or_default();
     proto::RunOutput {
         text,
@@ -148,6 +151,7 @@ fn output_to_wire(
             .into_iter()
             .map(|Embedding { index, values }| proto::Embedding { index, values })
             .collect(),
+        tokens,
     }
 }
 
@@ -256,20 +260,24 @@ fn class_to_wire(class: FailureClass) -> proto::FailureClass {
     }
 }
 
-fn operation_to_wire(operation: Operation) -> proto::Operation {
+pub(super) fn operation_to_wire(operation: Operation) -> proto::Operation {
     match operation {
         Operation::Unspecified => proto::Operation::Unspecified,
         Operation::Chat => proto::Operation::Chat,
         Operation::Completion => proto::Operation::Completion,
         Operation::Embeddings => proto::Operation::Embeddings,
+        Operation::Tokenize => proto::Operation::Tokenize,
+        Operation::Detokenize => proto::Operation::Detokenize,
     }
 }
 
-fn operation_from_wire(operation: i32) -> Operation {
+pub(super) fn operation_from_wire(operation: i32) -> Operation {
     match proto::Operation::try_from(operation) {
         Ok(proto::Operation::Chat) => Operation::Chat,
         Ok(proto::Operation::Completion) => Operation::Completion,
         Ok(proto::Operation::Embeddings) => Operation::Embeddings,
+        Ok(proto::Operation::Tokenize) => Operation::Tokenize,
+        Ok(proto::Operation::Detokenize) => Operation::Detokenize,
         Ok(proto::Operation::Unspecified) | Err(_) => Operation::Unspecified,
     }
 }

@@ -111,9 +111,9 @@ pub async fn client_script(script: &str, args: &[&str]) -> tokio::process::Comma
     command
 }
 
-/// Runs [`client_script`] to its end. Panics with its output unless it exits 0 and prints
-/// `ok` first: the scripts assert everything themselves.
-pub async fn run_client_script(script: &str, args: &[&str]) {
+/// Runs [`client_script`] to its end and returns what it printed. Panics with its output
+/// unless it exits 0 and prints `ok` first: the scripts assert everything themselves.
+pub async fn run_client_script(script: &str, args: &[&str]) -> String {
     let run = client_script(script, args).await.output();
     let output = tokio::time::timeout(SCRIPT_PATIENCE, run)
         .await
@@ -130,6 +130,7 @@ pub async fn run_client_script(script: &str, args: &[&str]) {
         stdout.starts_with("ok"),
         "stdout:\n{stdout}\nstderr:\n{stderr}"
     );
+    stdout.into_owned()
 }
 
 /// The interpreter inside `venv`.

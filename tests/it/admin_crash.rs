@@ -18,7 +18,7 @@ use tokio::process::Child;
 
 /// One node serving `echo/default` (streams its input back) and `echo/hang` (never
 /// answers), with room for every run of the test; no keys (loopback only).
-const CONFIG: &str = r#"
+pub(crate) const CONFIG: &str = r#"
 [events]
 sinks = ["null"]
 
@@ -34,16 +34,16 @@ name = "echo"
 targets = ["default", "hang"]
 "#;
 
-/// A running `edge serve` and its addresses.
-struct Edge {
-    child: Child,
-    node: SocketAddr,
-    http: SocketAddr,
-    admin: SocketAddr,
+/// A running `edge serve` and its addresses (`usage.rs` uses it too).
+pub(crate) struct Edge {
+    pub(crate) child: Child,
+    pub(crate) node: SocketAddr,
+    pub(crate) http: SocketAddr,
+    pub(crate) admin: SocketAddr,
     _logs: Logs,
 }
 
-async fn start_edge(config: &Path) -> Edge {
+pub(crate) async fn start_edge(config: &Path) -> Edge {
     let mut child = edge_serve(config)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -78,7 +78,7 @@ fn admin_address(line: &str) -> Option<SocketAddr> {
     admin.as_str()?.parse().ok()
 }
 
-async fn get(admin: SocketAddr, path: &str) -> Value {
+pub(crate) async fn get(admin: SocketAddr, path: &str) -> Value {
     admin_support::client()
         .get(format!("http://{admin}{path}"))
         .send()

@@ -14,7 +14,7 @@ use reqwest::{Method, StatusCode};
 use serde_json::Value;
 
 /// The management API's routes, as the edge serves them.
-const ROUTES: [(&str, &str); 10] = [
+const ROUTES: [(&str, &str); 11] = [
     ("get", "/admin/v1/nodes"),
     ("get", "/admin/v1/nodes/{node}"),
     ("post", "/admin/v1/nodes/{node}/drain"),
@@ -23,6 +23,7 @@ const ROUTES: [(&str, &str); 10] = [
     ("get", "/admin/v1/runs/{run}"),
     ("delete", "/admin/v1/runs/{run}"),
     ("get", "/admin/v1/runs/{run}/events"),
+    ("get", "/admin/v1/usage"),
     ("get", "/admin/v1/stats"),
     ("get", "/admin/v1/openapi.json"),
 ];

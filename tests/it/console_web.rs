@@ -17,7 +17,7 @@ use std::time::Duration;
 use admin_support::{ADMIN_KEY, API_KEY, HandNode, get_ok, nodes_config};
 use common::python::client_script;
 use common::{TestApp, spawn_app};
-use edge::domain::RunEventKind;
+use edge::domain::{RunEventKind, Usage};
 use edge::ports::NodeCommand;
 use reqwest::StatusCode;
 use reqwest::header::CONTENT_TYPE;
@@ -415,5 +415,93 @@ async fn the_console_is_served_beside_the_management_api_only() {
     let (status, _, page) = get(format!("http://{}/console/", app.http_addr)).await;
     assert_eq!(status, StatusCode::OK);
     assert!(page.contains("edge console"));
+    app.stop().await;
+}
+
+/// Runs `text` through the model API on `node` and ends it with `end`.
+async fn run_to_end(app: &TestApp, node: &mut HandNode, text: &str, end: RunEventKind) {
+    let chat = chat(app, text);
+    let run = node.next_run().await;
+    node.send(&run.run_id, RunEventKind::Started).await;
+    node.send(&run.run_id, end).await;
+    chat.await.expect("the chat ends");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_usage_page_shows_the_tokens_runs_used_by_key_and_model() {
+    let app = spawn_app(&nodes_config("")).await;
+    let mut node = HandNode::register(&app, "token-a").await;
+    app.wait_for_nodes(1).await;
+    // Two runs with known token counts, and one that fails (an error, no tokens).
+    let usage = |input, cached, output, reasoning| RunEventKind::Completed {
+        finish_reason: "stop".into(),
+        usage: Some(Usage {
+            input_tokens: input,
+            output_tokens: output,
+            cached_input_tokens: cached,
+            reasoning_tokens: reasoning,
+        }),
+    };
+    run_to_end(&app, &mut node, "one", usage(120, 90, 30, 7)).await;
+    run_to_end(&app, &mut node, "two", usage(80, 10, 25, 0)).await;
+    run_to_end(
+        &app,
+        &mut node,
+        "three",
+        RunEventKind::failed("boom", "it broke"),
+    )
+    .await;
+    let report = get_ok(&app, "/admin/v1/usage?group_by=key,model&since=24h").await;
+    assert_eq!(report["totals"]["input_tokens"], 200, "{report}");
+
+    let mut browser = Browser::start(&app).await;
+    browser.open("/console/#/usage").await;
+    browser.sign_in(ADMIN_KEY).await;
+    browser.wait_text("h1", "Usage").await;
+    let row = "#usage tbody tr[data-key=\"key-1\"][data-model=\"echo/default\"]";
+    browser
+        .wait_text(&format!("{row} td[data-f=\"runs\"]"), "3")
+        .await;
+    let expected = [
+        ("runs", "3"),
+        ("input_tokens", "200"),
+        ("cached_input_tokens", "100"),
+        ("output_tokens", "55"),
+        ("reasoning_tokens", "7"),
+        ("errors", "1"),
+        ("cache_hit_rate", "50.0 %"),
+    ];
+    for scope in [row, "#usage tfoot tr"] {
+        for (field, value) in expected {
+            let css = format!("{scope} td[data-f=\"{field}\"]");
+            let shown = browser.call(json!({"op": "text", "css": css})).await;
+            assert_eq!(shown, value, "{css}");
+        }
+    }
+    assert_eq!(browser.count("#usage tbody tr").await, 1);
+    // The chart has a bar of input and one of output in the current bucket.
+    assert_eq!(
+        browser
+            .count("figure[data-chart=\"usage-tokens\"] rect")
+            .await,
+        2
+    );
+    browser.screenshot("usage").await;
+
+    // Split by node instead: the same totals, on node-a.
+    browser.click("#usage-filters input[value=\"key\"]").await;
+    browser.click("#usage-filters input[value=\"model\"]").await;
+    browser.click("#usage-filters input[value=\"node\"]").await;
+    browser
+        .wait_text(
+            "#usage tbody tr[data-node=\"node-a\"] td[data-f=\"input_tokens\"]",
+            "200",
+        )
+        .await;
+    browser.size(390, 844).await;
+    browser.wait_text("#usage tfoot", "Total").await;
+    browser.screenshot("usage-phone").await;
+
+    browser.quit().await;
     app.stop().await;
 }

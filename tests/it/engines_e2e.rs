@@ -33,7 +33,8 @@ use tokio::process::Command;
 /// How long one run of the script may take (its own waits are shorter).
 const SCRIPT_PATIENCE: Duration = Duration::from_secs(60);
 
-const API_KEY: &str = "sk-edge-engines-e2e";
+/// The API key the stack's edge wants.
+pub(crate) const API_KEY: &str = "sk-edge-engines-e2e";
 const NODE_TOKEN: &str = "token-engines-e2e";
 /// The model id the edge serves the engine as: the `llama` adapter's `tiny` target.
 const MODEL: &str = "llama/tiny";
@@ -68,16 +69,18 @@ probe_down_interval_ms = "100"
     )
 }
 
-/// llama-server, the edge and the node, connected.
-struct Stack {
-    llama: LlamaServer,
-    app: TestApp,
+/// llama-server, the edge and the node, connected (`engines_tokens` runs on it too).
+pub(crate) struct Stack {
+    pub(crate) llama: LlamaServer,
+    pub(crate) app: TestApp,
     node: RunningNode,
-    http: reqwest::Client,
+    pub(crate) http: reqwest::Client,
 }
 
 impl Stack {
-    async fn start(llama: LlamaOptions) -> Self {
+    /// llama-server with `llama`, the edge of [`edge_config`] and the node, once the node
+    /// is registered.
+    pub(crate) async fn start(llama: LlamaOptions) -> Self {
         let llama = LlamaServer::start_with(llama).await;
         let app = spawn_app(&edge_config(&llama.v1_url())).await;
         let node = spawn_node(app.node_addr, NODE_TOKEN, |_| {});
@@ -120,7 +123,7 @@ impl Stack {
         prometheus_sample(&text, name, labels)
     }
 
-    async fn stop(self) {
+    pub(crate) async fn stop(self) {
         self.node.stop().await.expect("the node stops cleanly");
         self.app.stop().await;
     }

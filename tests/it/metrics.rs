@@ -64,7 +64,7 @@ for family in text_string_to_metric_families(sys.stdin.read()):
 
 /// Every metric `docs/operations.md` lists, as `prometheus_client` names its family
 /// (counters without `_total`), with its type.
-const DOCUMENTED: [(&str, &str); 45] = [
+const DOCUMENTED: [(&str, &str); 48] = [
     ("edge_nodes_configured", "gauge"),
     ("edge_nodes_draining", "gauge"),
     ("edge_journal_entries_written", "counter"),
@@ -103,6 +103,9 @@ const DOCUMENTED: [(&str, &str); 45] = [
     ("edge_run_failovers", "counter"),
     ("edge_run_continuations", "counter"),
     ("edge_run_refusals", "counter"),
+    ("edge_input_tokens", "counter"),
+    ("edge_cached_input_tokens", "counter"),
+    ("edge_output_tokens", "counter"),
     ("edge_runs_waiting", "gauge"),
     ("edge_breaker_transitions", "counter"),
     ("edge_breakers_open", "gauge"),
@@ -112,11 +115,12 @@ const DOCUMENTED: [(&str, &str); 45] = [
     ("edge_sink_queue_depth", "gauge"),
 ];
 
-/// Every label name a metric may carry; anything else (a run id, a node id, a token) would
-/// make the label set unbounded.
-const LABEL_NAMES: [&str; 15] = [
+/// Every label name a metric may carry; anything else (a run id, a token) would make the
+/// label set unbounded. `key`, `model` and `node` (the token counters') take values from the
+/// config only: API key names, configured routes, pre-registered node ids.
+const LABEL_NAMES: [&str; 19] = [
     "result", "reason", "adapter", "target", "outcome", "code", "kind", "sink", "le", "by", "rule",
-    "failover", "priority", "to", "limit",
+    "failover", "priority", "to", "limit", "key", "model", "node", "affinity",
 ];
 
 // ---------------------------------------------------------------------------------------
@@ -164,7 +168,7 @@ impl Scrape {
     }
 
     /// Every sample named `name`, by label set.
-    fn all(&self, name: &str) -> BTreeMap<BTreeMap<String, String>, f64> {
+    pub(crate) fn all(&self, name: &str) -> BTreeMap<BTreeMap<String, String>, f64> {
         self.samples
             .iter()
             .filter(|s| s.name == name)
@@ -722,6 +726,7 @@ async fn metrics_after_a_scripted_scenario_count_what_happened() {
         ),
         want("edge_breaker_transitions_total", &[("to", "open")], 0.0),
         want("edge_run_refusals_total", &[("limit", "queue_full")], 0.0),
+        want("edge_run_refusals_total", &[("limit", "budget")], 0.0),
         want(
             "edge_run_time_to_first_output_seconds_count",
             &default,

@@ -225,6 +225,8 @@ async fn an_accepted_registration_returns_the_configured_node_and_config() {
         node_id: "node-a".into(),
         alias: "gpu-a".into(),
         resumed: Vec::new(),
+        // A node without an instance id cannot resume: it is not told about acks.
+        acknowledges_pings: false,
         config: Some(ReceivedConfig {
             adapters: vec![
                 ReceivedAdapter {

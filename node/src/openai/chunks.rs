@@ -175,6 +175,7 @@ fn output_from(
         tool_calls: tool_calls_from(delta.tool_calls.unwrap_or_default()),
         logprobs: logprobs.map(|l| logprobs_from(&l)).unwrap_or_default(),
         embeddings: Vec::new(),
+        tokens: Vec::new(),
     };
     let text = delta.content.or(text).unwrap_or_default();
     if text.is_empty() && structured.is_empty() {

@@ -5,7 +5,8 @@
 //! One adapter per `[[nodes.adapters]]` entry the edge sent: its settings say where the
 //! engine is and how to treat it (`settings.rs`). A run becomes one upstream request
 //! (`request.rs`), streamed back chunk by chunk as run events (`chunks.rs`), and any failure
-//! becomes one terminal event of the right class (`errors.rs`). The adapter never decides
+//! becomes one terminal event of the right class (`errors.rs`). Tokenize and detokenize runs
+//! ask the engine's own tokenizer (`tokenize.rs`). The adapter never decides
 //! whether a run may start (the run table and the availability board do) and never writes to
 //! the edge (it emits into the run's [`Emitter`]).
 
@@ -14,20 +15,22 @@ pub mod echo;
 pub mod errors;
 pub mod request;
 pub mod settings;
+pub mod tokenize;
 
 use std::time::Instant;
 
 use edge::client::ReceivedAdapter;
 use edge::client::RunAssignment;
-use edge::domain::{FailureClass, RunEventKind};
+use edge::domain::{FailureClass, Operation, RunEventKind};
 
 use super::runs::{Emitter, Gone};
 use super::sse::SseDecoder;
 use super::upstream::{MAX_WHOLE_BODY, Timeouts, Upstream};
 use chunks::AnswerStream;
 use errors::{UpstreamFault, classify};
-use request::UpstreamCall;
+use request::{InvalidInput, UpstreamCall};
 use settings::OpenAiSettings;
+use tokenize::Ask;
 
 /// The name of this adapter kind in the `kind` setting (and its default).
 pub const KIND: &str = "openai";
@@ -108,22 +111,103 @@ impl OpenAiAdapter {
     /// [`Gone`] when the node let go of the run meanwhile; the engine request is dropped.
     pub async fn execute(&self, run: &RunAssignment, out: &Emitter) -> Result<RunEventKind, Gone> {
         let model = self.settings.upstream_model(run.target.as_str());
+        let whole = self.settings.request_timeout;
+        if matches!(run.operation, Operation::Tokenize | Operation::Detokenize) {
+            let detokenize = run.operation == Operation::Detokenize;
+            let ask = match tokenize::ask(&run.input, detokenize) {
+                Ok(ask) => ask,
+                Err(invalid) => return Ok(invalid_input(invalid)),
+            };
+            let events = tokio::time::timeout(whole, self.ask_tokenizer(ask, model))
+                .await
+                .unwrap_or_else(|_| Err(classify(&UpstreamFault::Timeout("request_timeout_ms"))));
+            let [output, end] = match events {
+                Ok(events) => events,
+                Err(failed) => return Ok(failed),
+            };
+            out.emit(RunEventKind::Started).await?;
+            out.emit(output).await?;
+            return Ok(end);
+        }
         let call = match request::build(run, model, &self.settings) {
             Ok(call) => call,
-            Err(invalid) => {
-                return Ok(RunEventKind::Failed {
-                    code: "invalid_input".into(),
-                    message: invalid.0,
-                    class: FailureClass::Request,
-                    status: None,
-                });
-            }
+            Err(invalid) => return Ok(invalid_input(invalid)),
         };
-        let whole = self.settings.request_timeout;
         match tokio::time::timeout(whole, self.answer(run, &call, out)).await {
             Ok(result) => result,
             Err(_) => Ok(classify(&UpstreamFault::Timeout("request_timeout_ms"))),
         }
+    }
+
+    /// The events of a tokenize or detokenize run from the engine's tokenizer, or the run's
+    /// failure (`not_supported` when the engine has no such endpoint).
+    async fn ask_tokenizer(
+        &self,
+        ask: Ask,
+        model: &str,
+    ) -> Result<[RunEventKind; 2], RunEventKind> {
+        match ask {
+            Ask::Tokens(tokens) => {
+                let body = tokenize::tokens_body(model, &tokens);
+                let answer = self.whole("/detokenize", &body).await?;
+                let text = tokenize::text_of(&answer).map_err(|fault| classify(&fault))?;
+                Ok(tokenize::detokenized(text))
+            }
+            Ask::Text {
+                content,
+                add_special,
+            } => Ok(tokenize::tokenized(
+                self.tokens(model, &content, add_special).await?,
+            )),
+            Ask::Chat(chat) => {
+                let body = tokenize::chat_body(model, chat);
+                let tokens = match self.upstream.post_root("/apply-template", &body).await {
+                    Ok(mut response) => {
+                        let answer = self.read_whole(&mut response).await?;
+                        let prompt = tokenize::prompt_of(&answer).map_err(|f| classify(&f))?;
+                        // As llama-server's completion path tokenizes a rendered prompt.
+                        self.tokens(model, &prompt, true).await?
+                    }
+                    // No chat template endpoint (vLLM): its /tokenize takes the messages.
+                    Err(fault) if tokenize::is_missing(&fault) => {
+                        let answer = self.whole("/tokenize", &body).await?;
+                        tokenize::tokens_of(&answer).map_err(|fault| classify(&fault))?
+                    }
+                    Err(fault) => return Err(classify(&fault)),
+                };
+                Ok(tokenize::tokenized(tokens))
+            }
+        }
+    }
+
+    /// The engine's tokens of `content`.
+    async fn tokens(
+        &self,
+        model: &str,
+        content: &str,
+        add_special: bool,
+    ) -> Result<Vec<u32>, RunEventKind> {
+        let body = tokenize::text_body(model, content, add_special);
+        let answer = self.whole("/tokenize", &body).await?;
+        tokenize::tokens_of(&answer).map_err(|fault| classify(&fault))
+    }
+
+    /// The whole answer of `POST {root}{path}`; an engine without `path` is `not_supported`.
+    async fn whole(&self, path: &str, body: &serde_json::Value) -> Result<Vec<u8>, RunEventKind> {
+        match self.upstream.post_root(path, body).await {
+            Ok(mut response) => self.read_whole(&mut response).await,
+            Err(fault) if tokenize::is_missing(&fault) => {
+                Err(tokenize::not_supported(&self.name, path))
+            }
+            Err(fault) => Err(classify(&fault)),
+        }
+    }
+
+    async fn read_whole(&self, response: &mut reqwest::Response) -> Result<Vec<u8>, RunEventKind> {
+        self.upstream
+            .read_to_end(response, MAX_WHOLE_BODY)
+            .await
+            .map_err(|fault| classify(&fault))
     }
 
     async fn answer(
@@ -244,6 +328,15 @@ impl OpenAiAdapter {
             out.emit(kind).await?;
         }
         Ok(terminal.ok_or_else(|| UpstreamFault::Malformed("no embeddings".into())))
+    }
+}
+
+fn invalid_input(invalid: InvalidInput) -> RunEventKind {
+    RunEventKind::Failed {
+        code: "invalid_input".into(),
+        message: invalid.0,
+        class: FailureClass::Request,
+        status: None,
     }
 }
 

@@ -76,6 +76,12 @@ pub fn build(
         Operation::Chat | Operation::Unspecified => Endpoint::Chat,
         Operation::Completion => Endpoint::Completions,
         Operation::Embeddings => Endpoint::Embeddings,
+        Operation::Tokenize | Operation::Detokenize => {
+            return Err(InvalidInput(format!(
+                "a {} run is not a completion request",
+                run.operation.as_str()
+            )));
+        }
     };
     let mut body = if json {
         object(&run.input)?

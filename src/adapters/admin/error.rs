@@ -52,6 +52,9 @@ impl From<ManageError> for AdminError {
         match error {
             ManageError::UnknownNode(_) | ManageError::UnknownRun(_) => Self::not_found(message),
             ManageError::RunEnded(_) => Self::new(StatusCode::CONFLICT, "run_ended", message),
+            ManageError::JournalDisabled => {
+                Self::new(StatusCode::SERVICE_UNAVAILABLE, "journal_disabled", message)
+            }
             ManageError::Journal(JournalError::Unavailable(_)) => Self::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "journal_unavailable",

@@ -20,6 +20,7 @@ mod run_get;
 mod runs_list;
 mod server;
 mod stats;
+mod usage_get;
 pub mod views;
 
 use std::sync::{Arc, OnceLock};
@@ -61,7 +62,7 @@ impl AdminState {
 
 /// Every route, documented, behind the key check (all but the document itself).
 fn documented(state: &AdminState) -> OpenApiRouter<AdminState> {
-    let routes: [fn(OpenApiRouter<AdminState>) -> OpenApiRouter<AdminState>; 9] = [
+    let routes: [fn(OpenApiRouter<AdminState>) -> OpenApiRouter<AdminState>; 10] = [
         nodes_list::register,
         node_get::register,
         node_drain::register,
@@ -70,6 +71,7 @@ fn documented(state: &AdminState) -> OpenApiRouter<AdminState> {
         run_get::register,
         run_cancel::register,
         run_events::register,
+        usage_get::register,
         stats::register,
     ];
     let protected = routes

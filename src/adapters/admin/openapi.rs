@@ -17,13 +17,14 @@ use super::AdminState;
 #[openapi(
     info(
         title = "edge management API",
-        description = "Nodes, drains, runs and their events, for operators and the control plane. \
+        description = "Nodes, drains, runs and their events, usage, for operators and the control plane. \
                        Every route but this document needs an admin key: `Authorization: Bearer <key>`.",
         version = "1"
     ),
     tags(
         (name = "nodes", description = "Configured nodes, their state, drain and resume"),
         (name = "runs", description = "Open and finished runs, their records, events and cancels"),
+        (name = "usage", description = "What runs consumed, by key, model and node, and the prompt-cache hit rate"),
         (name = "stats", description = "The last hour of runs in buckets, kept in memory"),
         (name = "meta", description = "This document"),
     ),

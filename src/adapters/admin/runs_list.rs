@@ -117,7 +117,7 @@ fn run_query(state: &AdminState, params: RunListParams) -> Result<RunQuery, Admi
         api_key_name: params.key,
         since_ms: params
             .since
-            .map(|s| since_ms(&s, state.management.now_ms()))
+            .map(|s| time_ms("since", &s, state.management.now_ms()))
             .transpose()?,
         after: params
             .cursor
@@ -127,16 +127,18 @@ fn run_query(state: &AdminState, params: RunListParams) -> Result<RunQuery, Admi
     })
 }
 
-/// `since` as ms since the Unix epoch: digits are taken as such, a duration as that long
-/// before `now_ms`.
-fn since_ms(text: &str, now_ms: u64) -> Result<u64, AdminError> {
+/// A time parameter (`since`, `until`) as ms since the Unix epoch: digits are taken as
+/// such, a duration as that long before `now_ms`.
+pub(super) fn time_ms(name: &str, text: &str, now_ms: u64) -> Result<u64, AdminError> {
     if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) {
         return text
             .parse()
-            .map_err(|_| AdminError::bad_request("`since` is out of range"));
+            .map_err(|_| AdminError::bad_request(format!("`{name}` is out of range")));
     }
     let ago = HumanDuration::parse(text).ok_or_else(|| {
-        AdminError::bad_request("`since` must be ms since the Unix epoch or a duration such as 15m")
+        AdminError::bad_request(format!(
+            "`{name}` must be ms since the Unix epoch or a duration such as 15m"
+        ))
     })?;
     let ago_ms = u64::try_from(ago.0.as_millis()).unwrap_or(u64::MAX);
     Ok(now_ms.saturating_sub(ago_ms))

@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use crate::domain::stats::{BUCKET_MS, BUCKETS};
-use crate::domain::{Attempt, RunRecord, StatsPoint, StatsWindow, Usage};
+use crate::domain::{Attempt, RunRecord, StatsPoint, StatsWindow, Usage, UsageCounts, UsageRow};
 use crate::ports::NodeStatus;
 
 /// `GET /admin/v1/nodes`.
@@ -114,7 +114,7 @@ pub struct RunView {
     pub adapter: String,
     /// Its target.
     pub target: String,
-    /// `unspecified`, `chat`, `completion` or `embeddings`.
+    /// `unspecified`, `chat`, `completion`, `embeddings`, `tokenize` or `detokenize`.
     pub operation: String,
     /// The node id or alias it was pinned to.
     pub pin: Option<String>,
@@ -295,6 +295,80 @@ impl UsageView {
     }
 }
 
+/// `GET /admin/v1/usage`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct UsageReport {
+    /// The bucket size read: `minute`, `hour` or `day`.
+    pub bucket: String,
+    /// Whether the rows are split by bucket (`bucket` was asked for).
+    pub per_bucket: bool,
+    /// The dimensions the rows are split by (`key`, `model`, `node`).
+    pub group_by: Vec<String>,
+    /// Runs that ended in buckets starting at or after this, ms since the Unix epoch.
+    pub since_ms: u64,
+    /// ... and before this.
+    pub until_ms: u64,
+    /// One row per bucket (when split) and group, ordered by bucket, key, model, node.
+    pub rows: Vec<UsageRowView>,
+    /// The sums of every row.
+    pub totals: UsageCountsView,
+}
+
+/// One row of a usage report.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct UsageRowView {
+    /// The bucket's start, ms since the Unix epoch; present when split by bucket.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_ms: Option<u64>,
+    /// The API key's name (absent for runs without one); present when grouped by key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    /// The model, `ADAPTER/TARGET`; present when grouped by model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// The node that held the run at its end (absent for runs never placed); present when
+    /// grouped by node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    /// The row's sums.
+    #[serde(flatten)]
+    pub counts: UsageCountsView,
+}
+
+/// Sums of what runs consumed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct UsageCountsView {
+    /// Runs that ended (completed, failed or cancelled).
+    pub runs: u64,
+    /// Of those, runs that failed.
+    pub errors: u64,
+    /// Prompt tokens, as the nodes reported them.
+    pub input_tokens: u64,
+    /// Prompt tokens the engines served from their prompt caches (part of `input_tokens`).
+    pub cached_input_tokens: u64,
+    /// Generated tokens.
+    pub output_tokens: u64,
+    /// Generated tokens spent on reasoning (part of `output_tokens`).
+    pub reasoning_tokens: u64,
+    /// `cached_input_tokens / input_tokens`; absent when there was no input.
+    pub cache_hit_rate: Option<f64>,
+}
+
+impl UsageCountsView {
+    /// The view of `counts`.
+    pub fn of(counts: &UsageCounts) -> Self {
+        Self {
+            runs: counts.runs,
+            errors: counts.errors,
+            input_tokens: counts.input_tokens,
+            cached_input_tokens: counts.cached_input_tokens,
+            output_tokens: counts.output_tokens,
+            reasoning_tokens: counts.reasoning_tokens,
+            cache_hit_rate: counts.cache_hit_rate(),
+        }
+    }
+}
+
 /// `GET /admin/v1/stats`: the last hour in buckets. Buckets in which nothing happened are
 /// left out: read a missing bucket as all zeros.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
@@ -362,6 +436,19 @@ impl StatsView {
                     points: points(series),
                 })
                 .collect(),
+        }
+    }
+}
+
+impl UsageRowView {
+    /// The view of `row`.
+    pub fn of(row: &UsageRow) -> Self {
+        Self {
+            start_ms: row.start_ms,
+            key: row.group.key.clone(),
+            model: row.group.model.clone(),
+            node: row.group.node.clone(),
+            counts: UsageCountsView::of(&row.counts),
         }
     }
 }

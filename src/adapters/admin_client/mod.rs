@@ -1,11 +1,12 @@
 //! The `edge` operator commands that talk to a running edge's management API, as
 //! operators know them from `kubectl` and `nomad`: `edge nodes`, `edge runs [--follow]`,
 //! `edge run show ID`, `edge run events ID`, `edge drain NODE`, `edge resume NODE`,
-//! `edge cancel RUN`. The address and key come from flags or `EDGE_ADMIN_URL`,
+//! `edge cancel RUN`, `edge usage`. The address and key come from flags or `EDGE_ADMIN_URL`,
 //! `EDGE_ADMIN_KEY` (and `EDGE_ADMIN_CACERT` for HTTPS).
 
 mod http;
 mod render;
+mod usage;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -80,6 +81,8 @@ pub enum AdminCommand {
         #[command(flatten)]
         connection: Connection,
     },
+    /// What runs consumed, by key, model and node, with the prompt-cache hit rate.
+    Usage(usage::UsageArgs),
     /// Cancel an open run.
     Cancel {
         /// The run's id.
@@ -175,6 +178,7 @@ pub async fn run(command: AdminCommand) -> anyhow::Result<()> {
             }
         }
         AdminCommand::Runs(args) => runs(args).await?,
+        AdminCommand::Usage(args) => usage::usage(args).await?,
         AdminCommand::Run { command } => run_command(command).await?,
         AdminCommand::Drain {
             node,

@@ -19,7 +19,7 @@ use super::error::ApiError;
 use super::response::ErrorShape;
 use super::{Api, ApiKey};
 use crate::domain::Token;
-use crate::domain::routing::{LimitPolicy, Priority, TenantKey};
+use crate::domain::routing::{LimitPolicy, Priority, TenantKey, TokenBudget};
 
 /// Who is calling, as routing sees it: set by the key check, read by the handlers.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -32,6 +32,8 @@ pub(super) struct Caller {
     pub allow_priority_header: bool,
     /// Its own limits; `None` applies `[limits]`.
     pub limits: Option<LimitPolicy>,
+    /// Its token budget, if it has one.
+    pub budget: Option<TokenBudget>,
 }
 
 impl Default for Caller {
@@ -43,6 +45,7 @@ impl Default for Caller {
             priority: Priority::Interactive,
             allow_priority_header: true,
             limits: None,
+            budget: None,
         }
     }
 }
@@ -54,6 +57,7 @@ impl Caller {
             priority: key.priority(),
             allow_priority_header: key.allows_priority_header(),
             limits: key.limits(),
+            budget: key.budget(),
         }
     }
 }

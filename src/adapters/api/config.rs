@@ -14,7 +14,7 @@ use std::time::Duration;
 use serde::{Deserialize, Deserializer};
 
 use super::models::ModelMap;
-use crate::domain::routing::{LimitPolicy, Priority, TenantKey};
+use crate::domain::routing::{LimitPolicy, Priority, TenantKey, TokenBudget};
 use crate::domain::{Token, TokenDigest};
 
 /// `[api]`: client keys, model aliases, request limits and deadlines.
@@ -107,6 +107,7 @@ struct KeyGrant {
     priority: Priority,
     allow_priority_header: bool,
     limits: Option<LimitPolicy>,
+    budget: Option<TokenBudget>,
 }
 
 impl ApiKey {
@@ -146,6 +147,11 @@ impl ApiKey {
     pub fn limits(&self) -> Option<LimitPolicy> {
         self.grant.limits
     }
+
+    /// Its token budget, when its table sets one.
+    pub fn budget(&self) -> Option<TokenBudget> {
+        self.grant.budget
+    }
 }
 
 impl fmt::Debug for ApiKey {
@@ -177,7 +183,16 @@ struct KeyTable {
     requests_per_minute: u32,
     #[serde(default)]
     burst: u32,
+    #[serde(default)]
+    budget_tokens_per_day: u64,
+    #[serde(default)]
+    budget_tokens_per_month: u64,
+    #[serde(default)]
+    budget_reserve_tokens: Option<u64>,
 }
+
+/// What a run reserves of its key's budget when its request sets no `max_tokens`.
+const DEFAULT_BUDGET_RESERVE: u64 = 1_024;
 
 impl KeyTable {
     /// The key this table describes, or what is wrong with it (never quoting the key).
@@ -210,6 +225,12 @@ impl KeyTable {
             burst: NonZeroU32::new(self.burst),
         };
         let own_limits = limits != LimitPolicy::default();
+        let budget = TokenBudget {
+            per_day: (self.budget_tokens_per_day > 0).then_some(self.budget_tokens_per_day),
+            per_month: (self.budget_tokens_per_month > 0).then_some(self.budget_tokens_per_month),
+            default_reserve: self.budget_reserve_tokens.unwrap_or(DEFAULT_BUDGET_RESERVE),
+        };
+        let has_budget = budget.per_day.is_some() || budget.per_month.is_some();
         Ok(ApiKey {
             digest,
             grant: KeyGrant {
@@ -217,6 +238,7 @@ impl KeyTable {
                 priority,
                 allow_priority_header: self.allow_priority_header,
                 limits: own_limits.then_some(limits),
+                budget: has_budget.then_some(budget),
             },
         })
     }

@@ -10,12 +10,14 @@ use axum::http::StatusCode;
 use serde::Serialize;
 
 use crate::domain::routing::LimitRefusal;
-use crate::domain::{EdgeFailure, FailureClass};
+use crate::domain::{EdgeFailure, FailureClass, Operation};
 use crate::ports::{StartError, waiting_for};
 
 const INVALID_REQUEST: &str = "invalid_request_error";
 const RATE_LIMIT: &str = "rate_limit_error";
 const SERVER: &str = "server_error";
+/// The code of an operation the pool (or the node's engine) does not support.
+pub const NOT_SUPPORTED: &str = "not_supported";
 
 /// An error the API answers with.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -212,6 +214,7 @@ impl ApiError {
             .code("queue_full")
             .retry_after(retry_after_secs),
             StartError::Limited(refusal) => Self::limited(refusal),
+            StartError::NotSupported { operation } => Self::not_supported(model, *operation),
             StartError::ShuttingDown => {
                 Self::new(StatusCode::SERVICE_UNAVAILABLE, SERVER, "The edge is shutting down. Retry later.")
                     .code(EdgeFailure::EdgeShutdown.code())
@@ -220,11 +223,25 @@ impl ApiError {
         }
     }
 
+    /// 501 `not_supported`: no connected node serving `model` can do `operation`.
+    pub fn not_supported(model: &str, operation: Operation) -> Self {
+        Self::new(
+            StatusCode::NOT_IMPLEMENTED,
+            INVALID_REQUEST,
+            format!(
+                "No node serving `{model}` supports the {} operation (none declared it).",
+                operation.as_str()
+            ),
+        )
+        .code(NOT_SUPPORTED)
+    }
+
     /// 429: the API key is over one of its limits, with the time until it may try again.
     pub fn limited(refusal: &LimitRefusal) -> Self {
         let code = match refusal {
             LimitRefusal::Concurrency { .. } => "concurrency_limit_exceeded",
             LimitRefusal::Rate { .. } => "rate_limit_exceeded",
+            LimitRefusal::Budget { .. } => "token_budget_exceeded",
         };
         Self::new(
             StatusCode::TOO_MANY_REQUESTS,
@@ -235,7 +252,7 @@ impl ApiError {
         .retry_after(refusal.retry_after_secs())
     }
 
-    /// A run that ended with `failed`, by class: REQUEST the node's 4xx (else 400), code and
+    /// A run that ended with `failed`, by class: REQUEST the node's 4xx or 501 (else 400), code and
     /// message; NODE 502; REFUSED 503 with `Retry-After`; unclassified by code.
     pub fn run_failed(
         code: &str,
@@ -263,11 +280,11 @@ impl ApiError {
         }
     }
 
-    /// A run its node judged a bad request: the node's 4xx status, code and message.
+    /// A run its node judged a bad request: the node's 4xx (or 501) status, code and message.
     fn bad_run_request(code: &str, message: &str, status: Option<u16>, retry_after: u64) -> Self {
         let status = status
             .and_then(|status| StatusCode::from_u16(status).ok())
-            .filter(StatusCode::is_client_error)
+            .filter(|status| status.is_client_error() || *status == StatusCode::NOT_IMPLEMENTED)
             .unwrap_or(StatusCode::BAD_REQUEST);
         let kind = match status.as_u16() {
             401 => "authentication_error",

@@ -1,6 +1,7 @@
 //! The client-facing APIs: OpenAI's `GET /v1/models`, `POST /v1/chat/completions`,
-//! `POST /v1/completions`, `POST /v1/embeddings` and `POST /v1/responses`, and Anthropic's
-//! `POST /v1/messages`; JSON or Server-Sent Events, each with its API's error shape, so the
+//! `POST /v1/completions`, `POST /v1/embeddings` and `POST /v1/responses`, Anthropic's
+//! `POST /v1/messages` and `/v1/messages/count_tokens`, and llama.cpp's (and vLLM's)
+//! `POST /tokenize` and `/detokenize`; JSON or Server-Sent Events, each with its API's error shape, so the
 //! official client libraries work unchanged.
 //!
 //! This is the only place the external `model` notion exists: a model id is mapped to
@@ -125,11 +126,18 @@ pub(crate) fn route_groups(state: &HttpState) -> [(ErrorShape, Router<HttpState>
         .route(
             "/v1/responses",
             post(|s, c, h, b| serve_chat_run(&responses::RESPONSES, s, c, h, b)),
+        )
+        .route("/tokenize", post(openai::tokenize::tokenize))
+        .route("/detokenize", post(openai::tokenize::detokenize));
+    let anthropic = Router::new()
+        .route(
+            "/v1/messages",
+            post(|s, c, h, b| serve_chat_run(&anthropic::MESSAGES, s, c, h, b)),
+        )
+        .route(
+            anthropic::count_tokens::COUNT_TOKENS_PATH,
+            post(anthropic::count_tokens::count),
         );
-    let anthropic = Router::new().route(
-        "/v1/messages",
-        post(|s, c, h, b| serve_chat_run(&anthropic::MESSAGES, s, c, h, b)),
-    );
     [
         (ErrorShape::OpenAi, guarded(openai, state)),
         (ErrorShape::Anthropic, guarded(anthropic, state)),

@@ -31,6 +31,8 @@ pub(super) struct Collected {
     pub logprobs: Vec<TokenLogprob>,
     /// Embedding vectors, in the order they came.
     pub embeddings: Vec<Embedding>,
+    /// Token ids (a tokenize run's answer), in the order they came.
+    pub tokens: Vec<u32>,
 }
 
 /// A tool call put together from its pieces.
@@ -60,6 +62,7 @@ impl Collected {
         self.logprobs.extend(structured.logprobs.iter().cloned());
         self.embeddings
             .extend(structured.embeddings.iter().cloned());
+        self.tokens.extend_from_slice(&structured.tokens);
     }
 
     fn push_tool_call(&mut self, piece: &ToolCallDelta) {

@@ -17,7 +17,7 @@ use serde_json::value::RawValue;
 use super::Api;
 use super::auth::Caller;
 use super::error::ApiError;
-use super::routing::{ClientKeys, prefix_of_raw, run_routing};
+use super::routing::{ClientKeys, max_output, prefix_of_raw, run_routing};
 use crate::domain::{NodeSelector, Operation, RunRouting, RunSpec};
 
 /// The header a client sets to ask for a deadline, in milliseconds.
@@ -147,6 +147,11 @@ fn fields_routing(
         prompt_cache_key: prompt_cache_key.as_deref(),
         session: None,
         user: user.as_deref(),
+        max_output: max_output(|name| {
+            fields
+                .get(name)
+                .and_then(|raw| serde_json::from_str::<u64>(raw.get()).ok())
+        }),
     };
     let prefix = api.prefix_affinity() && endpoint == Endpoint::Chat;
     run_routing(caller, headers, keys, || {

@@ -20,7 +20,7 @@ use serde_json::value::RawValue;
 use super::auth::Caller;
 use super::error::ApiError;
 use crate::domain::RunRouting;
-use crate::domain::routing::{AffinityKey, KeySource, Priority};
+use crate::domain::routing::{AffinityKey, BudgetClaim, KeySource, Priority};
 
 /// The header a client sets to keep its runs on one node (a conversation, a session).
 pub const SESSION_HEADER: &str = "x-session-id";
@@ -42,6 +42,9 @@ pub(super) struct ClientKeys<'a> {
     pub session: Option<String>,
     /// `user` (Anthropic: `metadata.user_id`).
     pub user: Option<&'a str>,
+    /// The most tokens the run may generate (`max_completion_tokens`, `max_tokens`), which
+    /// it reserves of its key's token budget.
+    pub max_output: Option<u64>,
 }
 
 impl<'a> ClientKeys<'a> {
@@ -51,6 +54,7 @@ impl<'a> ClientKeys<'a> {
             prompt_cache_key: body.get("prompt_cache_key").and_then(Value::as_str),
             session: None,
             user: body.get("user").and_then(Value::as_str),
+            max_output: None,
         }
     }
 }
@@ -84,7 +88,17 @@ pub(super) fn run_routing(
         tenant: caller.tenant.clone(),
         priority: priority(caller, headers)?,
         limits: caller.limits,
+        budget: caller.budget.map(|budget| BudgetClaim {
+            budget,
+            reserve: keys.max_output.unwrap_or(budget.default_reserve),
+        }),
     })
+}
+
+/// The most tokens a chat body lets the run generate: `max_completion_tokens`, else
+/// `max_tokens`, each read through `field`.
+pub(super) fn max_output(field: impl Fn(&str) -> Option<u64>) -> Option<u64> {
+    field("max_completion_tokens").or_else(|| field("max_tokens"))
 }
 
 /// The caller's class, or the header's when the caller may choose (otherwise the header is
@@ -265,6 +279,7 @@ mod tests {
             prompt_cache_key: Some("pck"),
             session: None,
             user: Some("u"),
+            max_output: None,
         };
         let prefix = || AffinityKey::from_client(KeySource::Prefix, "p");
         let routed = |headers: &HeaderMap, keys| {

@@ -96,6 +96,20 @@ pub(super) async fn collect(run: &mut ActiveRun) -> Result<(Collected, Finished)
     }
 }
 
+/// Reads a whole tokenize run: its token ids, and how many the prompt has (the node's
+/// usage, else the ids counted).
+///
+/// # Errors
+/// As [`collect`].
+pub(super) async fn tokens(run: &mut ActiveRun) -> Result<(Vec<u32>, u32), ApiError> {
+    let (collected, finished) = collect(run).await?;
+    let count = finished.usage.map_or_else(
+        || u32::try_from(collected.tokens.len()).unwrap_or(u32::MAX),
+        |usage| usage.input_tokens,
+    );
+    Ok((collected.tokens, count))
+}
+
 /// What a run did next, as the API sees it.
 #[derive(Debug)]
 pub(super) enum Step {

@@ -18,7 +18,7 @@ use super::output::{Collected, Finished};
 use super::protocol::{ApiEvent, ChatTranslation, StreamTranslator};
 use super::request::{deadline, read_body, run_spec};
 use super::response::ErrorShape;
-use super::routing::{ClientKeys, prefix_of_value, run_routing};
+use super::routing::{ClientKeys, max_output, prefix_of_value, run_routing};
 use super::run::{self, Output, Step};
 use super::sse::{self, EventWriter, push_named_event};
 use crate::adapters::http::HttpState;
@@ -52,7 +52,9 @@ pub(super) async fn serve_chat_run<T: ChatTranslation, S: StreamTranslator>(
 ) -> Response {
     let (state, caller, headers) = (&state, &caller, &headers);
     let error_response = |error: &ApiError| api.error_shape.render(error);
-    let (translated, spec) = match chat_run(state, caller, headers, body, api.translate, api.keys) {
+    let chat = Operation::Chat;
+    let prepared = chat_run(state, caller, headers, body, api.translate, api.keys, chat);
+    let (translated, spec) = match prepared {
         Ok(prepared) => prepared,
         Err(error) => return error_response(&error),
     };
@@ -81,9 +83,10 @@ pub(super) async fn serve_chat_run<T: ChatTranslation, S: StreamTranslator>(
     run::with_headers(response, &headers)
 }
 
-/// Reads a JSON request `body`, translates it with `translate`, and builds the chat run it
-/// becomes: its deadline from `headers`, its routing from `caller`, `headers`, the client
-/// keys `keys` finds in the request, or the chat prompt's prefix.
+/// Reads a JSON request `body`, translates it with `translate`, and builds the run of the
+/// chat body it becomes, as `operation` (a chat run; a tokenize run counts the prompt a chat
+/// run would have): its deadline from `headers`, its routing from `caller`, `headers`, the
+/// client keys `keys` finds in the request, or the chat prompt's prefix.
 ///
 /// # Errors
 /// The body's or the translation's 4xx, an unknown model, a bad header.
@@ -94,6 +97,7 @@ pub(super) fn chat_run<T: ChatTranslation>(
     body: Result<Bytes, BytesRejection>,
     translate: impl FnOnce(&Value) -> Result<T, ApiError>,
     keys: fn(&Value) -> ClientKeys<'_>,
+    operation: Operation,
 ) -> Result<(T, RunSpec), ApiError> {
     let body = read_body(&state.api, body)?;
     let value: Value = serde_json::from_slice(&body)
@@ -102,12 +106,14 @@ pub(super) fn chat_run<T: ChatTranslation>(
     let deadline = deadline(&state.api, headers)?;
     let prefix = state.api.prefix_affinity();
     let chat = translated.chat();
-    let routing = run_routing(caller, headers, keys(&value), || {
+    let mut keys = keys(&value);
+    keys.max_output = max_output(|name| chat.get(name).and_then(Value::as_u64));
+    let routing = run_routing(caller, headers, keys, || {
         prefix.then(|| prefix_of_value(chat)).flatten()
     })?;
     let input = Bytes::from(chat.to_string());
     let model = translated.model();
-    let spec = run_spec(&state.api, model, input, Operation::Chat, deadline, routing)?;
+    let spec = run_spec(&state.api, model, input, operation, deadline, routing)?;
     Ok((translated, spec))
 }
 

@@ -1,5 +1,5 @@
 //! The structured parts of an output event (reasoning, tool-call pieces, log probabilities,
-//! embeddings) in the text and JSON lines. Rare next to plain text, so written through
+//! embeddings, token ids) in the text and JSON lines. Rare next to plain text, so written through
 //! `serde_json` values rather than by hand.
 
 use std::io::Write as _;
@@ -10,7 +10,7 @@ use super::push_escaped;
 use crate::domain::{StructuredOutput, TokenLogprob};
 
 /// Appends ` reasoning=..`, ` tool_call=INDEX:ID:NAME:ARGUMENTS` per piece, ` logprobs=N`
-/// and ` embeddings=NxDIM` for what `structured` carries (text escaped onto one line).
+/// ` embeddings=NxDIM` and ` tokens=N` for what `structured` carries (text escaped onto one line).
 pub(super) fn push_text(structured: &StructuredOutput, out: &mut Vec<u8>) {
     if !structured.reasoning.is_empty() {
         out.extend_from_slice(b" reasoning=");
@@ -32,10 +32,14 @@ pub(super) fn push_text(structured: &StructuredOutput, out: &mut Vec<u8>) {
         let count = structured.embeddings.len();
         let _ = write!(out, " embeddings={count}x{}", first.values.len());
     }
+    if !structured.tokens.is_empty() {
+        let _ = write!(out, " tokens={}", structured.tokens.len());
+    }
 }
 
 /// Appends `,"reasoning":..`, `,"tool_calls":[..]`, `,"logprobs":[..]` and
-/// `,"embeddings":[..]` for what `structured` carries; empty parts are left out.
+/// `,"embeddings":[..]` and `,"tokens":[..]` for what `structured` carries; empty parts are
+/// left out.
 pub(super) fn push_json(structured: &StructuredOutput, out: &mut Vec<u8>) {
     if !structured.reasoning.is_empty() {
         push_field(
@@ -65,6 +69,9 @@ pub(super) fn push_json(structured: &StructuredOutput, out: &mut Vec<u8>) {
             .map(|e| json!({"index": e.index, "values": e.values}))
             .collect();
         push_field("embeddings", &Value::from(embeddings), out);
+    }
+    if !structured.tokens.is_empty() {
+        push_field("tokens", &Value::from(structured.tokens.clone()), out);
     }
 }
 

@@ -5,7 +5,7 @@
 //! rather than by the writer.
 
 use super::packed::Packer;
-use crate::domain::{AcceptedRun, Attempt, RunEnding, RunId};
+use crate::domain::{AcceptedRun, Attempt, NodeId, RunEnding, RunId};
 use crate::ports::{JournalEntry, RelayedEvent};
 
 /// One entry waiting to be written.
@@ -42,6 +42,10 @@ pub(super) struct Finish {
     pub(super) ending: RunEnding,
     /// Events the run relayed, the terminal one included.
     pub(super) events: u64,
+    /// The node that held the run at its end, if it was placed.
+    pub(super) node: Option<NodeId>,
+    /// The run's model, `ADAPTER/TARGET`, for the usage rollups.
+    pub(super) model: String,
 }
 
 impl Queued {
@@ -116,6 +120,8 @@ impl PackedEvents {
                     RunEnding::of(&relayed.event.kind, relayed.at_ms).map(|ending| Finish {
                         ending,
                         events: relayed.index + 1,
+                        node: relayed.event.node.clone(),
+                        model: format!("{}/{}", relayed.event.adapter, relayed.event.target),
                     });
             }
             match packed.chunks.last_mut() {

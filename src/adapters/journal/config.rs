@@ -9,6 +9,9 @@ use serde::Deserialize;
 use super::budget::MIN_LIMIT;
 use serde::de::{self, Deserializer, Visitor};
 
+/// The shortest retention of hourly and daily usage: a month and a day.
+const MIN_USAGE_RETENTION: Duration = Duration::from_secs(32 * 86_400);
+
 /// `[journal]`: whether runs are recorded on disk, where, for how long and how writes are
 /// batched.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -30,6 +33,11 @@ pub struct JournalConfig {
     /// Entries (records and events) waiting to be written; when full, new non-terminal
     /// events are left out (records and terminal events are always admitted).
     pub queue_capacity: usize,
+    /// Hourly and daily usage rollups older than this are removed; `0` keeps them. At
+    /// least 32 days, so a monthly budget is loaded whole at start.
+    pub usage_retention_max_age: HumanDuration,
+    /// Per-minute usage rollups older than this are removed; `0` keeps them.
+    pub usage_minute_max_age: HumanDuration,
     /// The most entries written in one transaction.
     pub batch_max: usize,
     /// After a batch that did not fill, the writer waits this long for more before the
@@ -46,6 +54,8 @@ impl Default for JournalConfig {
             retention_max_age: HumanDuration(Duration::from_secs(7 * 86_400)),
             retention_max_bytes: 1 << 30,
             queue_capacity: 65_536,
+            usage_retention_max_age: HumanDuration(Duration::from_secs(400 * 86_400)),
+            usage_minute_max_age: HumanDuration(Duration::from_secs(2 * 86_400)),
             batch_max: 4_096,
             batch_linger_ms: 10,
         }
@@ -67,6 +77,12 @@ impl JournalConfig {
         if self.path.as_ref().is_some_and(|p| p.as_os_str().is_empty()) {
             problems.push(
                 "`journal.path` must not be empty (leave it out for the data directory)".to_owned(),
+            );
+        }
+        let usage_age = self.usage_retention_max_age.0;
+        if !usage_age.is_zero() && usage_age < MIN_USAGE_RETENTION {
+            problems.push(
+                "`journal.usage_retention_max_age` must be 0 (keep) or at least 32d, so a monthly budget is loaded whole at start".to_owned(),
             );
         }
         let limit = self.retention_max_bytes;

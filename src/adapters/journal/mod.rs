@@ -17,6 +17,7 @@ mod schema;
 mod sqlite;
 #[cfg(test)]
 mod tests;
+mod usage;
 mod writer;
 
 use std::path::Path;

@@ -6,20 +6,25 @@
 
 use std::borrow::Cow;
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use rusqlite::types::{ToSqlOutput, ValueRef};
 use rusqlite::{OptionalExtension, Transaction, params};
 
 use super::batch::{Chunk, Finish, Queued};
 use super::writer::to_sql;
-use crate::domain::{AcceptedRun, Attempt, RunId, RunOutcome, Usage};
+use crate::domain::{
+    AcceptedRun, Attempt, Rollup, RunId, RunOutcome, Usage, UsageCounts, UsageGroup,
+};
 
 /// What the writer knows of a run the file holds as open.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(super) struct OpenRun {
     pub(super) seq: i64,
     /// Events of it stored so far.
     pub(super) stored: u64,
+    /// The name of its API key, for the usage rollups.
+    pub(super) key: Option<Arc<str>>,
 }
 
 /// Everything one batch does to one run, borrowed from the batch (which the writer keeps
@@ -27,6 +32,7 @@ pub(super) struct OpenRun {
 struct RunWrite<'a> {
     seq: i64,
     stored_before: u64,
+    key: Option<Arc<str>>,
     insert: Option<&'a AcceptedRun>,
     attempts: Vec<&'a Attempt>,
     chunks: Vec<&'a Chunk>,
@@ -56,8 +62,13 @@ impl<'a> Plan<'a> {
             if let Queued::Accepted(run) = entry {
                 let seq = *next_seq;
                 *next_seq += 1;
-                open.insert(run_id.clone(), OpenRun { seq, stored: 0 });
-                plan.write(run_id, OpenRun { seq, stored: 0 }).insert = Some(run);
+                let known = OpenRun {
+                    seq,
+                    stored: 0,
+                    key: run.api_key_name.as_deref().map(Arc::from),
+                };
+                open.insert(run_id.clone(), known.clone());
+                plan.write(run_id, known).insert = Some(run);
                 continue;
             }
             let Some(known) = known(tx, open, run_id)? else {
@@ -88,6 +99,7 @@ impl<'a> Plan<'a> {
             RunWrite {
                 seq: known.seq,
                 stored_before: known.stored,
+                key: known.key,
                 insert: None,
                 attempts: Vec::new(),
                 chunks: Vec::new(),
@@ -97,23 +109,26 @@ impl<'a> Plan<'a> {
         })
     }
 
-    /// Writes the plan; `open` learns how many events each open run now has stored.
+    /// Writes the plan and the usage of the runs it ends (summed per bucket and group, one
+    /// upsert per row); `open` learns how many events each open run now has stored.
     pub(super) fn apply(
         self,
         tx: &Transaction<'_>,
         open: &mut HashMap<RunId, OpenRun>,
     ) -> rusqlite::Result<()> {
         let Plan { order, mut runs } = self;
+        let mut rollup = Rollup::default();
         for run_id in order {
             let Some(write) = runs.remove(run_id) else {
                 continue;
             };
+            write.roll_up(&mut rollup);
             let stored = write.apply(tx)?;
             if let Some(known) = open.get_mut(run_id) {
                 known.stored = stored;
             }
         }
-        Ok(())
+        upsert_usage(tx, &rollup)
     }
 }
 
@@ -124,13 +139,14 @@ fn known(
     run_id: &RunId,
 ) -> rusqlite::Result<Option<OpenRun>> {
     if let Some(known) = open.get(run_id) {
-        return Ok(Some(*known));
+        return Ok(Some(known.clone()));
     }
-    tx.prepare_cached("SELECT seq, events_stored FROM runs WHERE run_id = ?1")?
+    tx.prepare_cached("SELECT seq, events_stored, api_key_name FROM runs WHERE run_id = ?1")?
         .query_row([run_id.as_str()], |row| {
             Ok(OpenRun {
                 seq: row.get(0)?,
                 stored: u64::try_from(row.get::<_, i64>(1)?).unwrap_or(0),
+                key: row.get::<_, Option<String>>(2)?.map(Arc::from),
             })
         })
         .optional()
@@ -171,7 +187,58 @@ struct Inline<'a> {
     events: Option<Joined<'a>>,
 }
 
+/// Adds every row of `rollup` to the `usage` table.
+fn upsert_usage(tx: &Transaction<'_>, rollup: &Rollup) -> rusqlite::Result<()> {
+    if rollup.is_empty() {
+        return Ok(());
+    }
+    let mut statement = tx.prepare_cached(
+        "INSERT INTO usage (bucket, start_ms, key, model, node, runs, errors, input_tokens,
+            cached_input_tokens, output_tokens, reasoning_tokens)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)
+         ON CONFLICT (bucket, start_ms, key, model, node) DO UPDATE SET
+            runs = runs + excluded.runs, errors = errors + excluded.errors,
+            input_tokens = input_tokens + excluded.input_tokens,
+            cached_input_tokens = cached_input_tokens + excluded.cached_input_tokens,
+            output_tokens = output_tokens + excluded.output_tokens,
+            reasoning_tokens = reasoning_tokens + excluded.reasoning_tokens",
+    )?;
+    for (bucket, start, group, counts) in rollup.rows() {
+        let name = |v: &Option<String>| v.clone().unwrap_or_default();
+        statement.execute(params![
+            bucket.as_str(),
+            to_sql(start),
+            name(&group.key),
+            name(&group.model),
+            name(&group.node),
+            to_sql(counts.runs),
+            to_sql(counts.errors),
+            to_sql(counts.input_tokens),
+            to_sql(counts.cached_input_tokens),
+            to_sql(counts.output_tokens),
+            to_sql(counts.reasoning_tokens),
+        ])?;
+    }
+    Ok(())
+}
+
 impl RunWrite<'_> {
+    /// Counts the run's usage in `rollup` when this batch ends it.
+    fn roll_up(&self, rollup: &mut Rollup) {
+        let Some(finish) = self.finish else {
+            return;
+        };
+        let ending = &finish.ending;
+        let group = UsageGroup {
+            key: self.key.as_deref().map(str::to_owned),
+            model: Some(finish.model.clone()),
+            node: finish.node.as_ref().map(|n| n.as_str().to_owned()),
+        };
+        let failed = ending.outcome == RunOutcome::Failed;
+        let counts = UsageCounts::of_run(ending.usage.as_ref(), failed);
+        rollup.add(ending.finished_ms, &group, &counts);
+    }
+
     /// Writes the run's rows; returns how many of its events are stored now.
     fn apply(self, tx: &Transaction<'_>) -> rusqlite::Result<u64> {
         let mut chunks = joined(&self.chunks).into_iter().peekable();

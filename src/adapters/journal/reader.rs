@@ -40,7 +40,7 @@ impl Reader {
     }
 
     /// Runs `read` on a pooled connection.
-    fn with<T>(
+    pub(super) fn with<T>(
         &self,
         read: impl FnOnce(&Connection) -> rusqlite::Result<T>,
     ) -> Result<T, JournalError> {
@@ -314,6 +314,8 @@ fn operation(name: &str) -> Operation {
         "chat" => Operation::Chat,
         "completion" => Operation::Completion,
         "embeddings" => Operation::Embeddings,
+        "tokenize" => Operation::Tokenize,
+        "detokenize" => Operation::Detokenize,
         _ => Operation::Unspecified,
     }
 }

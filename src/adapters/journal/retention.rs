@@ -19,6 +19,39 @@ const CHUNK: usize = 500;
 pub(super) struct Retention {
     /// Finished runs older than this are removed; zero for no age limit.
     pub(super) max_age: Duration,
+    /// Hourly and daily usage rows older than this are removed; zero for no age limit.
+    pub(super) usage_max_age: Duration,
+    /// Per-minute usage rows older than this are removed; zero for no age limit.
+    pub(super) usage_minute_max_age: Duration,
+}
+
+/// Removes the usage rollups older than their retention (a range of the primary key per
+/// bucket size, so cheap) and returns how many rows.
+///
+/// # Errors
+/// What SQLite reported.
+pub(super) fn expire_usage(
+    conn: &Connection,
+    retention: &Retention,
+    now_ms: u64,
+) -> rusqlite::Result<usize> {
+    let mut removed = 0;
+    for (buckets, age) in [
+        (&["minute"][..], retention.usage_minute_max_age),
+        (&["hour", "day"][..], retention.usage_max_age),
+    ] {
+        if age.is_zero() {
+            continue;
+        }
+        let age_ms = u64::try_from(age.as_millis()).unwrap_or(u64::MAX);
+        let cutoff = to_sql(now_ms.saturating_sub(age_ms));
+        for bucket in buckets {
+            removed += conn
+                .prepare_cached("DELETE FROM usage WHERE bucket = ?1 AND start_ms < ?2")?
+                .execute(rusqlite::params![bucket, cutoff])?;
+        }
+    }
+    Ok(removed)
 }
 
 /// Removes one chunk of runs that retention no longer keeps — too old, or the oldest while

@@ -22,8 +22,9 @@ use rusqlite::{Connection, OpenFlags};
 use super::budget::Budget;
 use crate::domain::EDGE_CRASHED;
 
-/// The schema this code writes; a file with a newer one is refused.
-const SCHEMA_VERSION: i64 = 2;
+/// The schema this code writes; a file with a newer one is refused. Schema 3 adds the
+/// `usage` rollups, a table of its own that `TABLES` creates in an older file.
+const SCHEMA_VERSION: i64 = 3;
 
 /// How long a connection waits for another's lock (a checkpoint, a backup) before failing.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -75,6 +76,20 @@ CREATE TABLE IF NOT EXISTS events (
     json TEXT NOT NULL,
     packed BLOB,
     PRIMARY KEY (run_seq, first_idx)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS usage (
+    bucket TEXT NOT NULL,
+    start_ms INTEGER NOT NULL,
+    key TEXT NOT NULL,
+    model TEXT NOT NULL,
+    node TEXT NOT NULL,
+    runs INTEGER NOT NULL,
+    errors INTEGER NOT NULL,
+    input_tokens INTEGER NOT NULL,
+    cached_input_tokens INTEGER NOT NULL,
+    output_tokens INTEGER NOT NULL,
+    reasoning_tokens INTEGER NOT NULL,
+    PRIMARY KEY (bucket, start_ms, key, model, node)
 ) WITHOUT ROWID;
 ";
 

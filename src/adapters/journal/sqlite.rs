@@ -17,8 +17,9 @@ use super::queue::EntryQueue;
 use super::reader::Reader;
 use super::retention::Retention;
 use super::schema::{OpenError, open_writer};
+use super::usage::read_usage;
 use super::writer::{Shared, Writer};
-use crate::domain::{RunId, RunQuery, RunRecord};
+use crate::domain::{RunId, RunQuery, RunRecord, UsageQuery, UsageRow};
 use crate::ports::{JournalEntry, JournalError, JournalStats, RunJournal, StoredEvent};
 
 /// The run journal in a SQLite file. Cheap to share behind an `Arc`.
@@ -57,6 +58,8 @@ impl SqliteJournal {
             shared: Arc::clone(&shared),
             retention: Retention {
                 max_age: config.retention_max_age.0,
+                usage_max_age: config.usage_retention_max_age.0,
+                usage_minute_max_age: config.usage_minute_max_age.0,
             },
             budget,
             files: Files::of(&path),
@@ -157,6 +160,12 @@ impl RunJournal for SqliteJournal {
     ) -> Result<Vec<StoredEvent>, JournalError> {
         let id = id.clone();
         self.read(move |reader| reader.events(&id, from, limit))
+            .await
+    }
+
+    async fn usage(&self, query: &UsageQuery) -> Result<Vec<UsageRow>, JournalError> {
+        let query = *query;
+        self.read(move |reader| reader.with(|conn| read_usage(conn, &query)))
             .await
     }
 

@@ -350,6 +350,8 @@ fn retention_by_size_removes_the_oldest_finished_runs_and_keeps_open_ones() {
     let before = schema::used_bytes(&conn).unwrap();
     let retention = retention::Retention {
         max_age: Duration::ZERO,
+        usage_max_age: Duration::ZERO,
+        usage_minute_max_age: Duration::ZERO,
     };
     let mut removed = 0;
     let now = crate::ports::clock::now_ms();
@@ -572,4 +574,53 @@ async fn a_limit_lowered_below_the_file_is_kept_from_the_next_start() {
     let newest = journal.run(&RunId::new("old-1499")).await.unwrap();
     assert_eq!(newest.map(|r| r.outcome), Some(RunOutcome::Completed));
     journal.close().await;
+}
+
+#[tokio::test]
+async fn usage_rolls_up_as_runs_end_and_survives_reopening() {
+    use crate::domain::{Bucket, GroupBy, UsageQuery};
+    let dir = tempfile::tempdir().unwrap();
+    let query = UsageQuery {
+        group_by: GroupBy::parse("key,model,node").unwrap(),
+        since_ms: 0,
+        until_ms: u64::MAX / 2,
+        bucket: Bucket::Minute,
+        per_bucket: false,
+    };
+    {
+        let journal = SqliteJournal::open(&config(&dir), &file(&dir)).unwrap();
+        whole_run(&journal, "r1", 1_000, "node-a");
+        // Ended in a batch of its own, after the record was written.
+        journal.record(accepted("r2", 1_000));
+        journal.flush().await;
+        journal.record(event("r2", 0, RunEventKind::failed("boom", "it broke")));
+        // Still open: not counted.
+        journal.record(accepted("r3", 1_000));
+        journal.flush().await;
+        let rows = journal.usage(&query).await.unwrap();
+        assert_eq!(rows.len(), 1, "{rows:?}");
+        let row = &rows[0];
+        assert_eq!(row.group.key.as_deref(), Some("team-a"));
+        assert_eq!(row.group.model.as_deref(), Some("echo/default"));
+        assert_eq!(row.group.node.as_deref(), Some("node-a"));
+        assert_eq!((row.counts.runs, row.counts.errors), (2, 1));
+        assert_eq!((row.counts.input_tokens, row.counts.output_tokens), (5, 7));
+        journal.close().await;
+    }
+    let journal = SqliteJournal::open(&config(&dir), &file(&dir)).unwrap();
+    for bucket in Bucket::ALL {
+        let per_bucket = UsageQuery {
+            group_by: GroupBy::default(),
+            bucket,
+            per_bucket: true,
+            ..query
+        };
+        let rows = journal.usage(&per_bucket).await.unwrap();
+        let runs: u64 = rows.iter().map(|r| r.counts.runs).sum();
+        assert_eq!(runs, 2, "{bucket:?}: {rows:?}");
+        assert!(
+            rows.iter()
+                .all(|r| r.start_ms.is_some() && r.group.key.is_none())
+        );
+    }
 }

@@ -22,7 +22,7 @@ use super::batch::Queued;
 use super::budget::{Budget, Files};
 use super::plan::{OpenRun, Plan};
 use super::queue::{EntryQueue, Taken};
-use super::retention::{Retention, retention_chunk};
+use super::retention::{Retention, expire_usage, retention_chunk};
 use super::schema::{file_bytes, used_bytes, vacuum_free_pages};
 use crate::domain::RunId;
 
@@ -67,6 +67,7 @@ impl Writer {
         // A file over a limit lowered since it was written is brought within it now, not
         // at the first write.
         self.keep_budget();
+        self.expire_usage();
         let mut next_retention = Instant::now();
         let mut retention_pending = true;
         loop {
@@ -74,6 +75,7 @@ impl Writer {
                 retention_pending = self.retention_step();
             } else if Instant::now() >= next_retention {
                 retention_pending = true;
+                self.expire_usage();
                 next_retention = Instant::now() + RETENTION_INTERVAL;
                 continue;
             }
@@ -124,6 +126,13 @@ impl Writer {
                 self.failed("retention", &error);
                 false
             }
+        }
+    }
+
+    /// Removes the usage rollups past their retention.
+    fn expire_usage(&mut self) {
+        if let Err(error) = expire_usage(&self.conn, &self.retention, now_ms()) {
+            self.failed("usage retention", &error);
         }
     }
 

@@ -61,6 +61,7 @@ impl Entry {
             last_frame,
             reserved_runs: _,
             can_continue: _,
+            operations: _,
         } = &self.connection;
         ConnectedNode {
             record: Arc::clone(record),
@@ -85,6 +86,7 @@ impl Entry {
             drained: self.drained.load(Ordering::Relaxed),
             hash: self.hash,
             can_continue: self.connection.can_continue,
+            operations: self.connection.operations,
         }
     }
 }
@@ -395,6 +397,7 @@ mod tests {
             last_frame: Arc::new(LastFrame::new(std::time::Instant::now())),
             reserved_runs: 0,
             can_continue: false,
+            operations: crate::domain::DeclaredOperations::default(),
         }
     }
 

@@ -40,6 +40,9 @@ impl<S: NodeIo> Connection<'_, S> {
             .send(EdgeFrame::Accepted {
                 record: Arc::clone(&session.record),
                 resumed,
+                // `Connection::run` answers every ping (`handle_batch`); said only to a
+                // node that may resume (a v1 node gets no field it did not ask for).
+                acknowledges_pings: session.resumable,
             })
             .await
         {
@@ -164,6 +167,7 @@ impl<S: NodeIo> Connection<'_, S> {
             last_frame: Arc::clone(&last_frame),
             reserved_runs: record.runtime().max_concurrent_runs(),
             can_continue: attempt.can_continue,
+            operations: attempt.operations,
         };
         let entered = match takeover {
             None => shared.deps.registry.insert(registered).map(|()| None),

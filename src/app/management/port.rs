@@ -7,7 +7,7 @@ use async_trait::async_trait;
 use futures::StreamExt as _;
 
 use super::Management;
-use crate::domain::{RunId, RunPage, RunQuery, RunRecord, StatsWindow};
+use crate::domain::{RunId, RunPage, RunQuery, RunRecord, StatsWindow, UsageQuery, UsageRow};
 use crate::ports::clock::now_ms;
 use crate::ports::{FeedStream, Manage, ManageError, NodeStatus};
 
@@ -44,6 +44,16 @@ impl Manage for Management {
     async fn events(&self, id: &RunId, from: u64, follow: bool) -> Result<FeedStream, ManageError> {
         let feed = Management::events(self, id, from, follow).await?;
         Ok(feed.into_stream().boxed())
+    }
+
+    async fn usage(&self, query: &UsageQuery) -> Result<Vec<UsageRow>, ManageError> {
+        let journal = &self.inner.journal;
+        if !journal.enabled() {
+            return Err(ManageError::JournalDisabled);
+        }
+        // Runs that ended before the call are on their way to the journal: wait for them.
+        journal.flush().await;
+        Ok(journal.usage(query).await?)
     }
 
     fn stats(&self) -> StatsWindow {

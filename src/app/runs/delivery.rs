@@ -246,10 +246,21 @@ impl RunService {
             delivery.followers.clear();
             self.hand_to_journal(run, &mut delivery.journal);
             drop(delivery);
-            self.retire(run);
+            self.retire(run, budget_tokens(&event.kind));
             return (true, None);
         }
         (true, Some(delivery))
+    }
+}
+
+/// What a run that ended with `kind` counts against its key's token budget: the input and
+/// output tokens its node reported (none reported, none counted).
+fn budget_tokens(kind: &RunEventKind) -> u64 {
+    match kind {
+        RunEventKind::Completed {
+            usage: Some(usage), ..
+        } => u64::from(usage.input_tokens) + u64::from(usage.output_tokens),
+        _ => 0,
     }
 }
 

@@ -56,6 +56,8 @@ pub(super) struct RunMetrics {
     /// Each route's bound instruments, made at the route's first dispatch.
     routes: Mutex<HashMap<(AdapterName, Target), Arc<RouteMetrics>>>,
     routing: Arc<RoutingCounts>,
+    /// Tokens of ended runs: input, cached input, output.
+    tokens: [Counter<u64>; 3],
     /// Runs detached, re-attached and lost around their node's reconnects.
     pub(super) resume: ResumeMetrics,
     /// The last hour in buckets, for `/admin/v1/stats`: written once per run start and
@@ -136,6 +138,7 @@ impl RunMetrics {
             ),
             routes: Mutex::default(),
             routing: RoutingCounts::register(meter),
+            tokens: token_counters(meter),
             resume: ResumeMetrics::new(meter),
             stats: Mutex::default(),
         }
@@ -216,6 +219,7 @@ impl RunMetrics {
             histogram.record(since_accepted);
         }
         if event.kind.is_terminal() {
+            self.count_tokens(run, event);
             let duration = bound.duration.get_or_init(|| self.duration.bind(labels));
             duration.record(since_accepted);
             if matches!(event.kind, RunEventKind::Completed { .. }) {
@@ -236,6 +240,41 @@ impl RunMetrics {
             let labels = finished_labels(route(spec), event);
             self.finished.add(1, &labels);
             self.duration.record(since_accepted, &labels[..2]);
+        }
+    }
+
+    /// The tokens `event`, `run`'s terminal event, reports: by key, model, node and the
+    /// source of the run's affinity key (every label bounded by the config or a fixed set).
+    fn count_tokens(&self, run: &Run, event: &RunEvent) {
+        let RunEventKind::Completed {
+            usage: Some(usage), ..
+        } = &event.kind
+        else {
+            return;
+        };
+        let selector = &run.spec.selector;
+        let labels = [
+            KeyValue::new("key", run.spec.routing.tenant.as_str().to_owned()),
+            KeyValue::new("model", format!("{}/{}", selector.adapter, selector.target)),
+            KeyValue::new(
+                "node",
+                event.node.as_ref().map_or("", |n| n.as_str()).to_owned(),
+            ),
+            KeyValue::new(
+                "affinity",
+                run.spec
+                    .routing
+                    .affinity
+                    .map_or("none", |key| key.source().as_str()),
+            ),
+        ];
+        let counts = [
+            usage.input_tokens,
+            usage.cached_input_tokens,
+            usage.output_tokens,
+        ];
+        for (counter, count) in self.tokens.iter().zip(counts) {
+            counter.add(count.into(), &labels);
         }
     }
 
@@ -289,6 +328,29 @@ impl RunMetrics {
     pub(super) fn refused(&self, limit: Refusal) {
         self.routing.refused(limit);
     }
+}
+
+/// `edge_input_tokens_total`, `edge_cached_input_tokens_total`, `edge_output_tokens_total`.
+fn token_counters(meter: &Meter) -> [Counter<u64>; 3] {
+    [
+        (
+            "edge_input_tokens",
+            "Prompt tokens of ended runs, as their nodes reported them",
+        ),
+        (
+            "edge_cached_input_tokens",
+            "Prompt tokens the engines served from their prompt caches (part of the input tokens)",
+        ),
+        ("edge_output_tokens", "Generated tokens of ended runs"),
+    ]
+    .map(|(name, description)| {
+        meter
+            .u64_counter(name)
+            .with_description(format!(
+                "{description}, by API key, model, node and affinity key source"
+            ))
+            .build()
+    })
 }
 
 /// The labels of `edge_runs_finished` for a run of `route` ending with `event`.

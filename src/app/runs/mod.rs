@@ -16,6 +16,8 @@
 //!   node from the output already relayed;
 //! - `resume.rs` — runs held across a blip in their node's connection: detached when it
 //!   drops, re-attached when the node comes back and claims them;
+//! - `budgets.rs` — the API keys' token budgets loaded from the usage rollups at start
+//!   (reserved and settled in `placement.rs`);
 //! - `config.rs` — the `[routing]` and `[limits]` sections and the policy they build;
 //! - `delivery.rs` — the per-run state machine and the event relay
 //!   (`RunService::relay_event`): every event to the sink and the caller, in order;
@@ -30,6 +32,7 @@
 //! Every run it accepts ends with exactly one terminal event, delivered to the event sink
 //! and to the caller's stream, whichever path ends it.
 
+mod budgets;
 mod config;
 mod continuation;
 mod delivery;

@@ -20,9 +20,22 @@ use crate::domain::routing::{
     Decision, LimitRefusal, NodeStatus, RouteContext, RouteReason, RouteRequest, Unroutable,
     WaitCause, Waiter, decide,
 };
-use crate::domain::{AdapterName, EdgeFailure, NodeId, RunEventKind, RunSpec, Target};
+use crate::domain::{AdapterName, EdgeFailure, NodeId, Operation, RunEventKind, RunSpec, Target};
 use crate::ports::StartError;
+use crate::ports::clock::now_ms;
 use crate::ports::{NodeCommand, RunAssignment};
+
+/// Ends `run`'s count against its key's limits and settles its budget claim with the
+/// `tokens` it used (none for a run refused after its claim).
+fn release_limits(table: &mut Table, run: &Run, tokens: u64) {
+    let routing = &run.spec.routing;
+    table.limits.finish(&routing.tenant);
+    if let Some(claim) = routing.budget {
+        table
+            .budgets
+            .settle(&routing.tenant, claim.reserve, tokens, now_ms());
+    }
+}
 
 /// What routing did with a run, under the table lock.
 pub(super) enum Routed {
@@ -47,41 +60,66 @@ impl RunService {
     /// # Errors
     /// [`StartError::Limited`] when its key is over a limit, [`StartError::QueueFull`]
     /// when it would wait and the queue is full, [`StartError::NoNode`] when no node is
-    /// configured to serve it.
+    /// configured to serve it, [`StartError::NotSupported`] when its operation needs a
+    /// declaration and no connected node serving its route made one.
     pub(super) fn admit(&self, table: &mut Table, run: &Arc<Run>) -> Result<Dispatch, StartError> {
         let now = Instant::now();
-        let routing = &run.spec.routing;
-        let limits = routing.limits.unwrap_or(self.inner.routing.policy.limits);
-        let tenant = &routing.tenant;
-        if let Err(refusal) = table.limits.try_start_with(tenant, limits, now.into_std()) {
-            let limit = match refusal {
-                LimitRefusal::Concurrency { .. } => Refusal::Concurrency,
-                LimitRefusal::Rate { .. } => Refusal::Rate,
-            };
-            self.inner.metrics.refused(limit);
-            return Err(StartError::Limited(refusal));
-        }
+        self.claim_limits(table, run, now)?;
         let mut nodes = self.candidates(run);
+        if none_declares(run, &nodes) {
+            release_limits(table, run, 0);
+            let operation = run.spec.operation;
+            return Err(StartError::NotSupported { operation });
+        }
         let mut route = lock(&run.route);
         let dispatch = match self.route(table, &mut nodes, run, &mut route, now) {
             Routed::Placed(node) => Dispatch::Sent(node),
             Routed::Waits(cause) => match self.enqueue(table, run, &mut route, cause, now) {
                 Ok(displaced) => Dispatch::Waiting { cause, displaced },
                 Err(()) => {
-                    table.limits.finish(tenant);
+                    release_limits(table, run, 0);
                     self.inner.metrics.refused(Refusal::QueueFull);
                     let capacity = table.queue.capacity();
                     return Err(StartError::QueueFull { cause, capacity });
                 }
             },
             Routed::Refused(refusal) => {
-                table.limits.finish(tenant);
+                release_limits(table, run, 0);
                 return Err(StartError::NoNode(refusal));
             }
         };
         drop(route);
         table.runs.insert(run.id.clone(), Arc::clone(run));
         Ok(dispatch)
+    }
+
+    /// Counts `run` against its key's limits and reserves its claim on the key's token
+    /// budget, or refuses it (counting nothing).
+    fn claim_limits(&self, table: &mut Table, run: &Run, now: Instant) -> Result<(), StartError> {
+        let routing = &run.spec.routing;
+        let limits = routing.limits.unwrap_or(self.inner.routing.policy.limits);
+        let tenant = &routing.tenant;
+        let mut refused = table
+            .limits
+            .try_start_with(tenant, limits, now.into_std())
+            .err();
+        if refused.is_none()
+            && let Some(claim) = routing.budget
+            && let Err(refusal) = table.budgets.try_reserve(tenant, claim, now_ms())
+        {
+            table.limits.finish(tenant);
+            refused = Some(refusal);
+        }
+        let Some(refusal) = refused else {
+            return Ok(());
+        };
+        let limit = match refusal {
+            LimitRefusal::Concurrency { .. } => Refusal::Concurrency,
+            LimitRefusal::Rate { .. } => Refusal::Rate,
+            LimitRefusal::Budget { .. } => Refusal::Budget,
+        };
+        self.inner.metrics.refused(limit);
+        Err(StartError::Limited(refusal))
     }
 
     /// The connected nodes whose config serves `run`'s route, as routing sees them.
@@ -106,6 +144,7 @@ impl RunService {
             selector: &run.spec.selector,
             affinity: run.spec.routing.affinity,
             tried: &route.tried,
+            operation: run.spec.operation,
         };
         let ctx = RouteContext {
             catalog: &self.inner.routing.catalog,
@@ -220,7 +259,9 @@ impl RunService {
         }
         let now = Instant::now();
         let mut nodes = self.inner.registry.statuses();
-        let mut blocked: Vec<(AdapterName, Target, WaitCause)> = Vec::new();
+        // Routes whose first attempts wait, by the operation's gate (a run that needs a
+        // declaration waits for other nodes than the route's other runs).
+        let mut blocked: Vec<(AdapterName, Target, Option<Operation>, WaitCause)> = Vec::new();
         let mut exhausted = Vec::new();
         let mut queue =
             std::mem::replace(&mut table.queue, crate::domain::routing::FairQueue::new(1));
@@ -229,10 +270,11 @@ impl RunService {
             let mut route = lock(&run.route);
             let selector = &run.spec.selector;
             let first = route.tried.attempts() == 0 && selector.pin.is_none();
-            let known = blocked
-                .iter()
-                .find(|(a, t, _)| first && *a == selector.adapter && *t == selector.target);
-            if let Some((_, _, cause)) = known {
+            let gate = Some(run.spec.operation).filter(|op| op.needs_declaration());
+            let known = blocked.iter().find(|(a, t, g, _)| {
+                first && *a == selector.adapter && *t == selector.target && *g == gate
+            });
+            if let Some((_, _, _, cause)) = known {
                 set_cause(run, &mut route, *cause);
                 return None;
             }
@@ -242,7 +284,7 @@ impl RunService {
                     set_cause(run, &mut route, cause);
                     if first {
                         let (a, t) = (selector.adapter.clone(), selector.target.clone());
-                        blocked.push((a, t, cause));
+                        blocked.push((a, t, gate, cause));
                     }
                     None
                 }
@@ -272,14 +314,15 @@ impl RunService {
         }
     }
 
-    /// Removes an ended run, frees its node's slot and its key's count, and hands the slot
+    /// Removes an ended run, frees its node's slot and its key's count, settles its claim
+    /// on its key's budget with the `tokens` (input plus output) it used, and hands the slot
     /// to queued runs.
-    pub(super) fn retire(&self, run: &Run) {
+    pub(super) fn retire(&self, run: &Run, tokens: u64) {
         run.ended.cancel();
         let pumped = {
             let mut table = lock(&self.inner.table);
             table.runs.remove(&run.id);
-            table.limits.finish(&run.spec.routing.tenant);
+            release_limits(&mut table, run, tokens);
             let placement = {
                 let mut route = lock(&run.route);
                 route.waiting = None;
@@ -346,6 +389,16 @@ impl RunService {
 }
 
 /// Records a waiting run's latest cause; a change wakes its wait timer.
+/// Whether `run`'s operation needs a declaration and `nodes` (the connected nodes serving
+/// its route) are some, none of which declared it: the run would wait for a node that may
+/// never come, so it is refused at once instead.
+fn none_declares(run: &Run, nodes: &[NodeStatus]) -> bool {
+    let operation = run.spec.operation;
+    operation.needs_declaration()
+        && !nodes.is_empty()
+        && nodes.iter().all(|node| !node.operations.serves(operation))
+}
+
 fn set_cause(run: &Run, route: &mut Route, cause: WaitCause) {
     if let Some(waiting) = route.waiting.as_mut()
         && waiting.cause != cause

@@ -39,10 +39,11 @@ const FAILOVER_REASONS: [&str; 3] = ["node_failure", "refused", "node_disconnect
 const BREAKER_STATES: [&str; 3] = ["open", "half_open", "closed"];
 
 /// The `limit` label values of `edge_run_refusals_total`, in [`Refusal::ALL`]'s order.
-const REFUSALS: [&str; 3] = [
+const REFUSALS: [&str; 4] = [
     Refusal::Concurrency.as_str(),
     Refusal::Rate.as_str(),
     Refusal::QueueFull.as_str(),
+    Refusal::Budget.as_str(),
 ];
 
 /// Why a run was refused before acceptance (`edge_run_refusals_total{limit}`).
@@ -54,16 +55,19 @@ pub(super) enum Refusal {
     Rate,
     /// It would wait and the queue is full.
     QueueFull,
+    /// Its API key's token budget is used up.
+    Budget,
 }
 
 impl Refusal {
-    const ALL: [Refusal; 3] = [Self::Concurrency, Self::Rate, Self::QueueFull];
+    const ALL: [Refusal; 4] = [Self::Concurrency, Self::Rate, Self::QueueFull, Self::Budget];
 
     const fn as_str(self) -> &'static str {
         match self {
             Self::Concurrency => "concurrency",
             Self::Rate => "rate",
             Self::QueueFull => "queue_full",
+            Self::Budget => "budget",
         }
     }
 }
@@ -234,9 +238,10 @@ mod tests {
             };
             assert!(RULES.contains(&reason.label()));
         }
-        for (refusal, name) in Refusal::ALL
-            .iter()
-            .zip(["concurrency", "rate", "queue_full"])
+        for (refusal, name) in
+            Refusal::ALL
+                .iter()
+                .zip(["concurrency", "rate", "queue_full", "budget"])
         {
             assert_eq!(refusal.as_str(), name);
         }

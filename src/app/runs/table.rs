@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 use super::delivery::Delivery;
 use super::metrics::RouteMetrics;
 use crate::domain::routing::{
-    Admission, BreakerBook, FairQueue, KeyLimits, NodeHash, RouteReason, Tried, WaitCause,
+    Admission, BreakerBook, Budgets, FairQueue, KeyLimits, NodeHash, RouteReason, Tried, WaitCause,
 };
 use crate::domain::{AcceptedRun, Attempt, Continuation, NodeId, RunEventKind, RunId, RunSpec};
 use crate::ports::ConnectionId;
@@ -186,6 +186,8 @@ pub(super) struct Table {
     pub(super) queue: FairQueue<Arc<Run>>,
     pub(super) breakers: BreakerBook,
     pub(super) limits: KeyLimits,
+    /// Every key's token budget: used, and reserved by its open runs.
+    pub(super) budgets: Budgets,
     /// The most recently ended attempts and the connection that held each, oldest first;
     /// at most [`REMEMBERED_ENDINGS`].
     ended: VecDeque<(RunId, NodeId, ConnectionId)>,
@@ -210,6 +212,7 @@ impl Table {
             queue: FairQueue::new(queue_capacity),
             breakers,
             limits,
+            budgets: Budgets::default(),
             ended: VecDeque::new(),
             turn: 0,
         }

@@ -404,6 +404,7 @@ impl Harness {
             last_frame: Arc::new(LastFrame::new(std::time::Instant::now())),
             reserved_runs: 0,
             can_continue: true,
+            operations: crate::domain::DeclaredOperations::default(),
         };
         match self.connections.get(id) {
             Some(old) => drop(self.registry.replace(registered, *old).unwrap()),

@@ -12,6 +12,7 @@ use super::failover::Tried;
 use super::hash::NodeHash;
 use crate::domain::names::{AdapterName, Target};
 use crate::domain::node::{Availability, NodeRecord};
+use crate::domain::run::{DeclaredOperations, Operation};
 use crate::domain::selection::NodeSelector;
 
 /// A connected node as routing sees it: the registry's facts about it, copied per placement.
@@ -30,6 +31,8 @@ pub struct NodeStatus {
     pub hash: NodeHash,
     /// It registered `can_continue`: it may be sent a continuation.
     pub can_continue: bool,
+    /// The operations needing a declaration that it declared it serves.
+    pub operations: DeclaredOperations,
 }
 
 impl NodeStatus {
@@ -43,6 +46,7 @@ impl NodeStatus {
             drained: false,
             hash,
             can_continue: false,
+            operations: DeclaredOperations::default(),
         }
     }
 
@@ -184,6 +188,9 @@ pub(super) struct Pool {
 /// What filtering looks at besides the nodes.
 pub(super) struct Filter<'a> {
     pub(super) selector: &'a NodeSelector,
+    /// A node that may not get this operation (it did not declare it) is as one that does
+    /// not serve the route.
+    pub(super) operation: Operation,
     pub(super) tried: &'a Tried,
     pub(super) breakers: &'a BreakerBook,
     pub(super) now: std::time::Instant,
@@ -214,7 +221,7 @@ impl Filter<'_> {
             .enumerate()
         {
             let index = indices.start + index;
-            if !node.record.serves(adapter, target) {
+            if !node.record.serves(adapter, target) || !node.operations.serves(self.operation) {
                 continue;
             }
             let slots = node.slots();
@@ -302,6 +309,40 @@ mod tests {
         assert!(!node.available_for(&echo, &t));
         node.active_runs = 2;
         assert!(!node.has_room());
+    }
+
+    #[test]
+    fn a_node_gets_an_operation_needing_a_declaration_only_if_it_made_one() {
+        let v1 = NodeStatus::new(record("a", &["t"]), 0);
+        let declared = NodeStatus {
+            operations: DeclaredOperations::new([Operation::Tokenize]),
+            ..NodeStatus::new(record("b", &["t"]), 0)
+        };
+        let nodes = [v1, declared];
+        let selector = NodeSelector {
+            adapter: AdapterName::parse("echo").unwrap(),
+            target: Target::parse("t").unwrap(),
+            pin: None,
+        };
+        let (tried, breakers) = (Tried::default(), BreakerBook::default());
+        let eligible = |operation| {
+            let filter = Filter {
+                selector: &selector,
+                operation,
+                tried: &tried,
+                breakers: &breakers,
+                now: std::time::Instant::now(),
+            };
+            let pool = filter.pool(&nodes, None);
+            (
+                pool.eligible.iter().map(|s| s.index).collect::<Vec<_>>(),
+                pool.filtered.serving,
+            )
+        };
+        assert_eq!(eligible(Operation::Tokenize), (vec![1], 1));
+        assert_eq!(eligible(Operation::Detokenize), (vec![], 0));
+        assert_eq!(eligible(Operation::Chat), (vec![0, 1], 2));
+        assert_eq!(eligible(Operation::Embeddings), (vec![0, 1], 2));
     }
 
     #[test]

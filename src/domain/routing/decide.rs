@@ -14,6 +14,7 @@ use super::failover::Tried;
 use super::hash::AffinityKey;
 use super::reason::{RouteReason, RouteRule};
 use crate::domain::names::{AdapterName, Target};
+use crate::domain::run::Operation;
 use crate::domain::selection::NodeSelector;
 
 /// What a run asks of routing.
@@ -25,6 +26,8 @@ pub struct RouteRequest<'a> {
     pub affinity: Option<AffinityKey>,
     /// The nodes this run was already placed on (empty for a first attempt).
     pub tried: &'a Tried,
+    /// What the run asks for: one that needs a declaration goes only to nodes that made it.
+    pub operation: Operation,
 }
 
 /// The edge's state and settings a decision reads.
@@ -174,6 +177,7 @@ pub fn decide(
     }
     let filter = Filter {
         selector,
+        operation: request.operation,
         tried: request.tried,
         breakers: ctx.breakers,
         now: ctx.now,

@@ -10,6 +10,7 @@ use std::collections::HashMap;
 use std::num::NonZeroU32;
 use std::time::{Duration, Instant};
 
+use super::budget::BudgetWindow;
 use super::fair_queue::TenantKey;
 
 /// Tenants remembered before rested ones are swept.
@@ -51,12 +52,24 @@ pub enum LimitRefusal {
         /// When the next run would be allowed.
         retry_after: Duration,
     },
+    /// The tenant's tokens used and reserved reach its budget for the window.
+    #[error("its token budget of {limit} per {} is used up", window.as_str())]
+    Budget {
+        /// The window: day or month.
+        window: BudgetWindow,
+        /// The budget.
+        limit: u64,
+        /// Until the window ends.
+        retry_after: Duration,
+    },
 }
 
 impl LimitRefusal {
     /// The `Retry-After` header's value: whole seconds, rounded up, at least 1.
     pub fn retry_after_secs(&self) -> u64 {
-        let (Self::Concurrency { retry_after, .. } | Self::Rate { retry_after, .. }) = self;
+        let (Self::Concurrency { retry_after, .. }
+        | Self::Rate { retry_after, .. }
+        | Self::Budget { retry_after, .. }) = self;
         retry_after.as_nanos().div_ceil(1_000_000_000).max(1) as u64
     }
 }

@@ -14,6 +14,7 @@
 
 pub mod affinity;
 pub mod breaker;
+pub mod budget;
 pub mod candidates;
 pub mod decide;
 pub mod failover;
@@ -31,6 +32,7 @@ pub use breaker::{
     Admission, Breaker, BreakerBook, BreakerPolicy, BreakerPolicyError, Outcome,
     State as BreakerState, Transition,
 };
+pub use budget::{BudgetClaim, BudgetWindow, Budgets, TokenBudget};
 pub use candidates::{Catalog, Filtered, NodeStatus};
 pub use decide::{Decision, RouteContext, RouteRequest, Unroutable, WaitCause, WaitLimits, decide};
 pub use failover::{AttemptEnd, Because, Failover, MaxAttempts, Tried, after_attempt};

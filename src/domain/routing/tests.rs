@@ -85,6 +85,7 @@ impl Setup {
             selector,
             affinity: key,
             tried: &self.tried,
+            operation: crate::domain::Operation::Chat,
         };
         let ctx = RouteContext {
             catalog: &self.catalog,

@@ -160,6 +160,7 @@ impl EdgeConn {
         self.send(EdgeFrame::Accepted {
             record: Arc::clone(record),
             resumed,
+            acknowledges_pings: self.ack_pings,
         })
         .await;
     }

@@ -66,10 +66,12 @@ pub(super) fn stop_reason(finish_reason: &str, called_tools: bool) -> &'static s
     }
 }
 
-/// Anthropic's usage object.
+/// Anthropic's usage object. Anthropic counts the prompt as `input_tokens` (not read from
+/// the cache) plus `cache_read_input_tokens`, so the engine's cached tokens are taken out of
+/// its prompt count: the two add up to the prompt the engine saw.
 pub(super) fn usage_json(usage: Usage) -> Value {
     let mut body = json!({
-        "input_tokens": usage.input_tokens,
+        "input_tokens": usage.input_tokens.saturating_sub(usage.cached_input_tokens),
         "output_tokens": usage.output_tokens,
     });
     if usage.cached_input_tokens > 0 {

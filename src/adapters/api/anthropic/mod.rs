@@ -5,6 +5,7 @@
 //!
 //! This module is the HTTP plumbing; the translators and Anthropic's shapes are pure.
 
+pub(super) mod count_tokens;
 mod message;
 mod request;
 mod stream;

@@ -314,3 +314,17 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn cached_prompt_tokens_are_read_from_the_cache_not_input() {
+    let usage = crate::domain::Usage {
+        cached_input_tokens: 246,
+        ..crate::domain::Usage::new(251, 3)
+    };
+    assert_eq!(
+        super::message::usage_json(usage),
+        json!({"input_tokens": 5, "output_tokens": 3, "cache_read_input_tokens": 246})
+    );
+    let uncached = super::message::usage_json(crate::domain::Usage::new(14, 1));
+    assert_eq!(uncached, json!({"input_tokens": 14, "output_tokens": 1}));
+}

@@ -8,3 +8,4 @@ pub(in crate::adapters::api) mod chunks;
 pub(in crate::adapters::api) mod completions;
 pub(in crate::adapters::api) mod embeddings;
 pub(in crate::adapters::api) mod reply;
+pub(in crate::adapters::api) mod tokenize;

@@ -2,6 +2,8 @@
 //! (`message`, `reasoning`, `function_call`), the `response` object, usage and status.
 //! Pure JSON building.
 
+use std::collections::BTreeMap;
+
 use serde_json::{Value, json};
 
 use super::super::error::ApiError;
@@ -19,6 +21,21 @@ pub(super) struct ResponseBase {
     pub created_at: u64,
     /// The request's `instructions`, echoed.
     pub instructions: Value,
+    /// The namespace of each function that came inside a `namespace` tool, by its name.
+    pub namespaces: BTreeMap<String, String>,
+}
+
+impl ResponseBase {
+    /// A new `function_call` item `id` of the function `name`, its namespace looked up.
+    pub fn call(&self, id: String, call_id: String, name: &str, arguments: String) -> Item {
+        Item::Call {
+            id,
+            call_id,
+            name: name.to_owned(),
+            namespace: self.namespaces.get(name).cloned(),
+            arguments,
+        }
+    }
 }
 
 /// One output item as it grows.
@@ -28,11 +45,12 @@ pub(super) enum Item {
     Message { id: String, text: String },
     /// The model's reasoning.
     Reasoning { id: String, text: String },
-    /// A function call.
+    /// A function call; `namespace` when the function came inside a `namespace` tool.
     Call {
         id: String,
         call_id: String,
         name: String,
+        namespace: Option<String>,
         arguments: String,
     },
 }
@@ -72,11 +90,18 @@ impl Item {
                 id,
                 call_id,
                 name,
+                namespace,
                 arguments,
-            } => json!({
-                "id": id, "type": "function_call", "status": status, "call_id": call_id,
-                "name": name, "arguments": if done { arguments.as_str() } else { "" },
-            }),
+            } => {
+                let mut call = json!({
+                    "id": id, "type": "function_call", "status": status, "call_id": call_id,
+                    "name": name, "arguments": if done { arguments.as_str() } else { "" },
+                });
+                if let Some(namespace) = namespace {
+                    call["namespace"] = json!(namespace);
+                }
+                call
+            }
         }
     }
 }
@@ -103,12 +128,9 @@ pub(super) fn collected_items(base: &ResponseBase, collected: &Collected) -> Vec
         });
     }
     for call in &collected.tool_calls {
-        items.push(Item::Call {
-            id: format!("fc_{}_{}", base.id, items.len()),
-            call_id: call_id(base, &call.id, call.index),
-            name: call.name.clone(),
-            arguments: call.arguments.clone(),
-        });
+        let id = format!("fc_{}_{}", base.id, items.len());
+        let call_id = call_id(base, &call.id, call.index);
+        items.push(base.call(id, call_id, &call.name, call.arguments.clone()));
     }
     items
 }

@@ -43,5 +43,6 @@ fn base(request: ResponsesRequest, run_id: &RunId) -> ResponseBase {
         model: request.model,
         created_at: unix_now(),
         instructions: request.instructions,
+        namespaces: request.namespaces,
     }
 }

@@ -1,11 +1,14 @@
 //! Responses API request → the chat body the chat endpoint would send a node: `instructions`
 //! becomes a system message, `input` (text or items) becomes chat messages (`function_call`
 //! items an assistant's `tool_calls`, `function_call_output` items `tool` messages),
-//! function `tools` take the chat form, `max_output_tokens` becomes `max_tokens` and
+//! function `tools` take the chat form (the functions of a `namespace` tool too, their
+//! namespace kept for the calls' way back), `max_output_tokens` becomes `max_tokens` and
 //! `text.format` becomes `response_format`. Stateless: `store: true`,
 //! `previous_response_id`, `conversation` and `background` are refused by name.
 //!
 //! Pure: JSON in, JSON out, errors as [`ApiError`]s in OpenAI's shape.
+
+use std::collections::BTreeMap;
 
 use serde_json::{Map, Value, json};
 
@@ -23,6 +26,9 @@ pub(in crate::adapters::api) struct ResponsesRequest {
     pub instructions: Value,
     /// The chat-completions body (without `model` and `stream`) the run gets as input.
     pub chat: Value,
+    /// The namespace of each function that came inside a `namespace` tool, by the function's
+    /// name: its calls go back with it.
+    pub namespaces: BTreeMap<String, String>,
 }
 
 impl ChatTranslation for ResponsesRequest {
@@ -103,6 +109,7 @@ pub(super) fn translate(body: &Value) -> Result<ResponsesRequest, ApiError> {
         stream,
         instructions,
         chat: Value::Object(chat),
+        namespaces: object.get("tools").map(namespaces).unwrap_or_default(),
     })
 }
 
@@ -394,6 +401,26 @@ fn translate_tools(tools: &Value) -> Result<Vec<Value>, ApiError> {
         }
     }
     Ok(out)
+}
+
+/// The namespace of each function inside a `namespace` tool of `tools` (already checked by
+/// [`translate_tools`]), by the function's name.
+fn namespaces(tools: &Value) -> BTreeMap<String, String> {
+    let mut namespaces = BTreeMap::new();
+    for tool in tools.as_array().into_iter().flatten() {
+        if tool.get("type").and_then(Value::as_str) != Some("namespace") {
+            continue;
+        }
+        let Some(namespace) = tool.get("name").and_then(Value::as_str) else {
+            continue;
+        };
+        for member in tool["tools"].as_array().into_iter().flatten() {
+            if let Some(name) = member.get("name").and_then(Value::as_str) {
+                namespaces.insert(name.to_owned(), namespace.to_owned());
+            }
+        }
+    }
+    namespaces
 }
 
 /// A `function` tool (inside a namespace too) in the chat form.

@@ -157,12 +157,9 @@ impl ResponsesStream {
             Some((_, index)) => *index,
             None => {
                 self.close_open(events);
-                let item = Item::Call {
-                    id: format!("fc_{}_{}", self.base.id, self.items.len()),
-                    call_id: call_id(&self.base, &piece.id, piece.index),
-                    name: piece.name.clone(),
-                    arguments: String::new(),
-                };
+                let id = format!("fc_{}_{}", self.base.id, self.items.len());
+                let call_id = call_id(&self.base, &piece.id, piece.index);
+                let item = self.base.call(id, call_id, &piece.name, String::new());
                 let index = self.add_item(item, events);
                 self.calls.push((piece.index, index));
                 index

@@ -6,9 +6,10 @@ use proptest::prelude::*;
 use serde_json::{Value, json};
 
 use super::super::client_fixtures::client_request;
+use super::super::output::{Collected, Finished, ToolCall};
 use super::super::protocol::ApiEvent;
 use super::super::protocol::strategies::{Piece, end, piece, play};
-use super::items::ResponseBase;
+use super::items::{ResponseBase, collected_items};
 use super::request::translate;
 use super::stream::ResponsesStream;
 
@@ -118,6 +119,61 @@ fn the_codex_cli_request_translates() {
     );
     assert_eq!(chat["parallel_tool_calls"], true);
     assert!(translated.stream);
+    assert_eq!(
+        translated.namespaces.get("spawn_agent").map(String::as_str),
+        Some("multi_agent_v1")
+    );
+    assert!(!translated.namespaces.contains_key("exec_command"));
+}
+
+/// A call of a function that came inside a `namespace` tool goes back to the client with
+/// the namespace (the Codex CLI maps it to its tool by both), whole and streamed; other
+/// calls carry none.
+#[test]
+fn namespaced_calls_go_back_with_their_namespace() {
+    let request = translate(&client_request("codex-0.171.0.json")).expect("translates");
+    let base = ResponseBase {
+        id: "resp_r".into(),
+        model: "m".into(),
+        created_at: 1,
+        instructions: Value::Null,
+        namespaces: request.namespaces,
+    };
+    let pieces = [
+        Piece::Tool {
+            index: 0,
+            name: "spawn_agent".into(),
+            arguments: "{}".into(),
+        },
+        Piece::Tool {
+            index: 1,
+            name: "exec_command".into(),
+            arguments: "{}".into(),
+        },
+    ];
+    let ok = Ok(Finished {
+        finish_reason: "tool_calls".into(),
+        usage: None,
+    });
+    let events = play(&mut ResponsesStream::new(base.clone()), &pieces, &ok);
+    let added: Vec<&Value> = events
+        .iter()
+        .filter(|e| e.name == "response.output_item.added")
+        .map(|e| &e.data["item"])
+        .collect();
+    assert_eq!(added[0]["namespace"], "multi_agent_v1", "{added:?}");
+    assert!(added[1].get("namespace").is_none(), "{added:?}");
+    let collected = Collected {
+        tool_calls: vec![ToolCall {
+            index: 0,
+            id: "c1".into(),
+            name: "spawn_agent".into(),
+            arguments: "{}".into(),
+        }],
+        ..Collected::default()
+    };
+    let items = collected_items(&base, &collected);
+    assert_eq!(items[0].to_json(true)["namespace"], "multi_agent_v1");
 }
 
 fn item() -> impl Strategy<Value = Value> {
@@ -217,7 +273,7 @@ proptest! {
         pieces in proptest::collection::vec(piece(), 0..24),
         end in end(),
     ) {
-        let base = ResponseBase { id: "resp_r".into(), model: "m".into(), created_at: 1, instructions: Value::Null };
+        let base = ResponseBase { id: "resp_r".into(), model: "m".into(), created_at: 1, instructions: Value::Null, namespaces: Default::default() };
         let events = play(&mut ResponsesStream::new(base), &pieces, &end);
         let response = check_responses_stream(&events)?;
         let expected_status = match &end {

@@ -1,5 +1,5 @@
 // The console's shell: sign-in, navigation between pages (the URL's fragment names the
-// page: #/fleet, #/runs?filters, #/runs/<id>, #/charts) and the status line.
+// page: #/fleet, #/runs?filters, #/runs/<id>, #/charts, #/usage?choices) and the status line.
 
 import { api, ApiError, adminKey, setAdminKey } from './api.js';
 import { clock } from './format.js';
@@ -7,6 +7,7 @@ import * as fleet from './fleet.js';
 import * as runs from './runs.js';
 import * as run from './run.js';
 import * as charts from './charts.js';
+import * as usage from './usage.js';
 
 const $ = (selector) => document.querySelector(selector);
 let unmount = null;
@@ -34,6 +35,7 @@ function route() {
   if (parts[0] === 'runs' && parts[1]) return { page: run, name: 'runs', params, id: parts[1] };
   if (parts[0] === 'runs') return { page: runs, name: 'runs', params };
   if (parts[0] === 'charts') return { page: charts, name: 'charts', params };
+  if (parts[0] === 'usage') return { page: usage, name: 'usage', params };
   return { page: fleet, name: 'fleet', params };
 }
 

@@ -2,10 +2,9 @@
 // memory), for the whole edge or one node, drawn as inline SVG. Polled every 5 seconds.
 
 import { api } from './api.js';
-import { el, num, poll } from './format.js';
+import { el, num, poll, svg } from './format.js';
 
 const EVERY_MS = 5000;
-const SVG = 'http://www.w3.org/2000/svg';
 const W = 600;
 const H = 160;
 const PAD = { left: 44, right: 8, top: 8, bottom: 18 };
@@ -23,12 +22,6 @@ const CHARTS = [
   { id: 'queue', title: 'Queue depth (peak)', unit: ' runs', digits: 0, edgeOnly: true,
     series: [['waiting', (p) => p.queue_peak]] },
 ];
-
-function svg(tag, attributes = {}) {
-  const node = document.createElementNS(SVG, tag);
-  for (const [name, value] of Object.entries(attributes)) node.setAttribute(name, value);
-  return node;
-}
 
 /** The window's buckets, oldest first, with `null` where nothing happened. */
 function dense(stats, points) {

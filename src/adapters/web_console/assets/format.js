@@ -1,4 +1,4 @@
-// Small helpers the pages share: elements, times, durations, numbers, live polling.
+// Small helpers the pages share: elements (HTML and SVG), times, durations, numbers, live polling.
 
 /** An element with attributes (`text` sets its text, `class` its class) and children. */
 export function el(tag, attributes = {}, ...children) {
@@ -10,6 +10,13 @@ export function el(tag, attributes = {}, ...children) {
     else node.setAttribute(name, value === true ? '' : value);
   }
   for (const child of children) if (child) node.append(child);
+  return node;
+}
+
+/** An SVG element with attributes. */
+export function svg(tag, attributes = {}) {
+  const node = document.createElementNS('http://www.w3.org/2000/svg', tag);
+  for (const [name, value] of Object.entries(attributes)) node.setAttribute(name, value);
   return node;
 }
 

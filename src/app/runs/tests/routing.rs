@@ -336,3 +336,53 @@ async fn runs_of_one_session_stay_on_one_node() {
     assert_eq!(reason.label(), "affinity_hit");
     h.finish().await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_token_budget_admits_while_used_and_reserved_are_under_it() {
+    use crate::domain::Usage;
+    use crate::domain::routing::{BudgetClaim, BudgetWindow, TokenBudget};
+    let mut h = Harness::expecting(Expect::terminals(3));
+    let a = h.connect("a", 8).await;
+    let budgeted = RunRouting {
+        tenant: TenantKey::parse("metered").unwrap(),
+        budget: Some(BudgetClaim {
+            budget: TokenBudget {
+                per_day: Some(100),
+                per_month: None,
+                default_reserve: 0,
+            },
+            reserve: 40,
+        }),
+        ..RunRouting::default()
+    };
+    // Reserved 0, then 40, then 80: three open runs; a fourth would make 120.
+    let mut open: Vec<RunHandle> = (0..3).map(|_| h.start(routed(budgeted.clone()))).collect();
+    let refused = h.service.start(routed(budgeted.clone())).unwrap_err();
+    let StartError::Limited(LimitRefusal::Budget {
+        window: BudgetWindow::Day,
+        limit: 100,
+        ..
+    }) = refused
+    else {
+        panic!("{refused:?}");
+    };
+    // The first ends having used 95 tokens: used 95 + reserved 80 is over; still refused.
+    let used = RunEventKind::Completed {
+        finish_reason: "stop".into(),
+        usage: Some(Usage::new(90, 5)),
+    };
+    h.report("a", a, &open[0].run_id, 1, used).await;
+    h.assert_ended_once(&mut open[0]);
+    assert!(h.service.start(routed(budgeted.clone())).is_err());
+    // The others end having used nothing: 95 < 100, one more is admitted.
+    for handle in &mut open[1..] {
+        h.complete("a", a, handle).await;
+    }
+    let mut last = h.start(routed(budgeted.clone()));
+    assert!(
+        h.service.start(routed(budgeted)).is_err(),
+        "95 + 40 reserved"
+    );
+    h.complete("a", a, &mut last).await;
+    h.finish().await;
+}

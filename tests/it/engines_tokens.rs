@@ -1,0 +1,192 @@
+//! The tokenize operation and the prompt cache against a real llama.cpp `llama-server` (the
+//! tiny test model), through a real edge and the reference node, compared with what the
+//! engine itself answers:
+//!
+//! - `POST /v1/messages/count_tokens` counts exactly the prompt the engine then sees for the
+//!   same Messages request (its `prompt_tokens`), and exactly what llama-server's own
+//!   `/apply-template` + `/tokenize` give for the chat it becomes;
+//! - `POST /tokenize` and `/detokenize` equal llama-server's own, text and chat;
+//! - a second request sharing a long prefix reports the engine's cached prompt tokens in every
+//!   API's usage (chat `prompt_tokens_details.cached_tokens`, Messages
+//!   `cache_read_input_tokens`, Responses `input_tokens_details.cached_tokens`), equal to what
+//!   a twin llama-server reports for the same requests sent to it directly.
+//!
+//! The stack is `engines_e2e`'s. One slot per engine (`--parallel 1`), so which cache a request meets is not up to
+//! llama-server's slot choice: both engines see the same sequence and report the same counts.
+
+use crate::common;
+
+use common::engines::{LlamaOptions, LlamaServer};
+use serde_json::{Value, json};
+
+use crate::engines_e2e::{API_KEY, Stack};
+
+const MODEL: &str = "llama/tiny";
+
+/// The stack of `engines_e2e` with one engine slot.
+async fn start() -> Stack {
+    Stack::start(LlamaOptions::default().parallel(1)).await
+}
+
+/// POSTs `body` to the edge's `path`; the answer must be 200 and JSON.
+async fn edge(stack: &Stack, path: &str, body: &Value) -> Value {
+    let url = format!("http://{}{path}", stack.app.http_addr);
+    post(stack.http.post(url).bearer_auth(API_KEY), body).await
+}
+
+/// POSTs `body` to llama-server's `path` (below its root); 200 and JSON.
+async fn engine(stack: &Stack, path: &str, body: &Value) -> Value {
+    let url = format!("{}{path}", stack.llama.base_url());
+    post(stack.http.post(url), body).await
+}
+
+async fn post(request: reqwest::RequestBuilder, body: &Value) -> Value {
+    let response = request.json(body).send().await.expect("an answer");
+    let (status, url) = (response.status(), response.url().clone());
+    let text = response.text().await.expect("a body");
+    assert_eq!(status, 200, "POST {url} {body}: {text}");
+    serde_json::from_str(&text).expect("JSON")
+}
+
+/// A long shared prefix: 20 times one sentence (about 240 tokens of the tiny model).
+fn long_prefix(topic: &str) -> String {
+    format!("About {topic}: the quick brown fox jumps over the lazy dog. ").repeat(20)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn count_tokens_tokenize_and_detokenize_are_the_engines_own() {
+    let stack = start().await;
+    let messages = json!({
+        "model": MODEL,
+        "max_tokens": 1,
+        "system": [{"type": "text", "text": "Be brief."}],
+        "messages": [
+            {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "Hello."},
+            {"role": "system", "content": "Mind the reminder."},
+            {"role": "user", "content": [{"type": "text", "text": "How are you?"}]},
+        ],
+    });
+    let counted = edge(&stack, "/v1/messages/count_tokens", &messages).await;
+    let count = counted["input_tokens"].as_u64().expect("input_tokens");
+    // The chat the Messages request becomes, as llama-server renders and tokenizes it.
+    let chat = json!({"messages": [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello."},
+        {"role": "system", "content": "Mind the reminder."},
+        {"role": "user", "content": "How are you?"},
+    ]});
+    let prompt = engine(&stack, "/apply-template", &chat).await["prompt"].clone();
+    let body = json!({"content": prompt, "add_special": true, "parse_special": true});
+    let engine_tokens = engine(&stack, "/tokenize", &body).await["tokens"].clone();
+    assert_eq!(
+        Some(count),
+        engine_tokens.as_array().map(|t| t.len() as u64)
+    );
+    // And the engine's prompt for the same Messages request has exactly that many tokens.
+    let answer = edge(&stack, "/v1/messages", &messages).await;
+    let usage = &answer["usage"];
+    let seen = usage["input_tokens"].as_u64().unwrap_or(0)
+        + usage["cache_read_input_tokens"].as_u64().unwrap_or(0);
+    assert_eq!(seen, count, "count_tokens {count}, the engine saw {usage}");
+
+    // /tokenize and /detokenize, text and chat, equal llama-server's own.
+    for add_special in [false, true] {
+        let text = "Hello world, how are you?";
+        let ours = json!({"model": MODEL, "content": text, "add_special": add_special});
+        let theirs = json!({"content": text, "add_special": add_special});
+        let tokens = edge(&stack, "/tokenize", &ours).await["tokens"].clone();
+        assert_eq!(tokens, engine(&stack, "/tokenize", &theirs).await["tokens"]);
+        let ours = json!({"model": MODEL, "tokens": tokens});
+        let theirs = json!({"tokens": tokens});
+        assert_eq!(
+            edge(&stack, "/detokenize", &ours).await["content"],
+            engine(&stack, "/detokenize", &theirs).await["content"]
+        );
+    }
+    let mut chat_body = chat.clone();
+    chat_body["model"] = json!(MODEL);
+    let tokenized = edge(&stack, "/tokenize", &chat_body).await;
+    assert_eq!(tokenized["tokens"], engine_tokens);
+    assert_eq!(tokenized["count"], count);
+    stack.stop().await;
+}
+
+/// One API's way to ask with a system text and a user text, and to read the cached prompt
+/// tokens and the whole prompt's tokens of its usage.
+struct Api {
+    path: &'static str,
+    request: fn(&str, &str) -> Value,
+    cached: fn(&Value) -> u64,
+    prompt: fn(&Value) -> u64,
+}
+
+fn number(value: &Value, pointer: &str) -> u64 {
+    value.pointer(pointer).and_then(Value::as_u64).unwrap_or(0)
+}
+
+const APIS: [Api; 3] = [
+    Api {
+        path: "/v1/chat/completions",
+        request: |system, user| {
+            json!({"model": MODEL, "max_tokens": 2, "messages": [
+                {"role": "system", "content": system}, {"role": "user", "content": user}]})
+        },
+        cached: |answer| number(answer, "/usage/prompt_tokens_details/cached_tokens"),
+        prompt: |answer| number(answer, "/usage/prompt_tokens"),
+    },
+    Api {
+        path: "/v1/messages",
+        request: |system, user| {
+            json!({"model": MODEL, "max_tokens": 2, "system": system,
+                "messages": [{"role": "user", "content": user}]})
+        },
+        cached: |answer| number(answer, "/usage/cache_read_input_tokens"),
+        prompt: |answer| {
+            number(answer, "/usage/input_tokens") + number(answer, "/usage/cache_read_input_tokens")
+        },
+    },
+    Api {
+        path: "/v1/responses",
+        request: |system, user| json!({"model": MODEL, "max_output_tokens": 2, "instructions": system, "input": user}),
+        cached: |answer| number(answer, "/usage/input_tokens_details/cached_tokens"),
+        prompt: |answer| number(answer, "/usage/input_tokens"),
+    },
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cached_prompt_tokens_reach_every_apis_usage_as_the_engine_counts_them() {
+    let stack = start().await;
+    // The engine's own answers to the same chats, sent to it directly in the same order.
+    let twin = LlamaServer::start_with(LlamaOptions::default().parallel(1)).await;
+    let twin_url = format!("{}/chat/completions", twin.v1_url());
+    for api in &APIS {
+        let system = long_prefix(api.path);
+        for (turn, user) in ["First question?", "Second question?"]
+            .into_iter()
+            .enumerate()
+        {
+            let answer = edge(&stack, api.path, &(api.request)(&system, user)).await;
+            let direct = (APIS[0].request)(&system, user);
+            let engine = post(stack.http.post(&twin_url), &direct).await;
+            let engine_cached = number(&engine, "/usage/prompt_tokens_details/cached_tokens");
+            let engine_prompt = number(&engine, "/usage/prompt_tokens");
+            assert_eq!(
+                ((api.cached)(&answer), (api.prompt)(&answer)),
+                (engine_cached, engine_prompt),
+                "{} turn {turn}: {answer} against the engine's {engine}",
+                api.path
+            );
+            if turn == 1 {
+                assert!(
+                    engine_cached > 200,
+                    "{}: the shared prefix was read from the cache: {engine}",
+                    api.path
+                );
+            }
+        }
+    }
+    drop(twin);
+    stack.stop().await;
+}
