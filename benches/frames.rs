@@ -42,7 +42,6 @@ fn run_request() -> EdgeFrame {
         params: BTreeMap::new(),
         deadline_ms: 30_000,
         operation: edge::domain::Operation::Unspecified,
-        continuation: None,
     }))
 }
 

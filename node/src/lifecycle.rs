@@ -226,10 +226,8 @@ async fn register(
     let mut client = dial(&core.options)
         .await
         .map_err(|error| Failure::Retry(error.to_string()))?;
-    // Every engine the openai adapter drives can go on from a prefix (request.rs).
-    let mut registration = Registration::with_token(&core.options.token)
-        .instance(core.instance_id.clone())
-        .continuing(true);
+    let mut registration =
+        Registration::with_token(&core.options.token).instance(core.instance_id.clone());
     registration.node_id = core.options.node_id.clone();
     registration.adapters = vec![super::openai::KIND.to_owned()];
     registration.resume = claims.to_vec();

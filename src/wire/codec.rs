@@ -255,7 +255,6 @@ mod tests {
                 adapters: vec!["echo".into()],
                 instance_id: String::new(),
                 resume: Vec::new(),
-                can_continue: false,
                 operations: crate::domain::DeclaredOperations::default(),
             }),
             heartbeat(3),
@@ -326,7 +325,6 @@ mod tests {
                     next_seq: 7,
                     first_buffered_seq: 3,
                 }],
-                can_continue: true,
                 operations: crate::domain::DeclaredOperations::new([
                     Operation::Tokenize,
                     Operation::Detokenize,
@@ -391,11 +389,6 @@ mod tests {
             params: std::collections::BTreeMap::new(),
             deadline_ms: 5,
             operation: Operation::Embeddings,
-            continuation: Some(crate::domain::Continuation {
-                text: "so far".into(),
-                output_tokens: 2,
-                number: 1,
-            }),
         };
         let mut edge = EdgeCodec::new(1 << 20);
         let mut out = BytesMut::new();

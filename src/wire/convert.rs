@@ -138,7 +138,6 @@ impl From<proto::NodeMessage> for NodeFrame {
                     adapters,
                     instance_id,
                     resume,
-                    can_continue,
                     operations,
                 } = request;
                 NodeFrame::Register(RegisterAttempt {
@@ -149,7 +148,6 @@ impl From<proto::NodeMessage> for NodeFrame {
                     adapters,
                     instance_id,
                     resume: resume.into_iter().map(claim_from_wire).collect(),
-                    can_continue,
                     // An operation this edge does not know is left out: it sends none.
                     operations: DeclaredOperations::new(
                         operations.into_iter().map(operation_from_wire),
@@ -187,7 +185,6 @@ impl From<NodeFrame> for proto::NodeMessage {
                 adapters,
                 instance_id,
                 resume,
-                can_continue,
                 operations,
             }) => Some(node_message::Body::Register(proto::RegisterRequest {
                 token: token.expose_secret().to_owned(),
@@ -197,7 +194,6 @@ impl From<NodeFrame> for proto::NodeMessage {
                 adapters,
                 instance_id,
                 resume: resume.into_iter().map(claim_to_wire).collect(),
-                can_continue,
                 operations: operations
                     .operations()
                     .into_iter()

@@ -11,7 +11,6 @@
 //! the edge (it emits into the run's [`Emitter`]).
 
 pub mod chunks;
-pub mod echo;
 pub mod errors;
 pub mod request;
 pub mod settings;
@@ -129,7 +128,7 @@ impl OpenAiAdapter {
             out.emit(output).await?;
             return Ok(end);
         }
-        let call = match request::build(run, model, &self.settings) {
+        let call = match request::build(run, model, self.settings.stream_usage) {
             Ok(call) => call,
             Err(invalid) => return Ok(invalid_input(invalid)),
         };
@@ -232,12 +231,7 @@ impl OpenAiAdapter {
         );
         out.emit(RunEventKind::Started).await?;
         let result = if call.endpoint.streams() {
-            let echo = run
-                .continuation
-                .as_ref()
-                .filter(|_| call.endpoint == request::Endpoint::Chat)
-                .map(|c| echo::EchoFilter::new(&c.text));
-            self.relay_stream(&mut response, out, echo).await?
+            self.relay_stream(&mut response, out).await?
         } else {
             self.relay_embeddings(&mut response, out).await?
         };
@@ -272,7 +266,6 @@ impl OpenAiAdapter {
         &self,
         response: &mut reqwest::Response,
         out: &Emitter,
-        mut echo: Option<echo::EchoFilter>,
     ) -> Result<Result<RunEventKind, UpstreamFault>, Gone> {
         let mut decoder = SseDecoder::new();
         let mut answer = AnswerStream::new();
@@ -288,7 +281,7 @@ impl OpenAiAdapter {
             }
             for data in events.drain(..) {
                 match answer.apply(&data) {
-                    Ok(Some(kind)) => emit_unechoed(out, echo.as_mut(), kind).await?,
+                    Ok(Some(kind)) => out.emit(kind).await?,
                     Ok(None) => {}
                     Err(fault) => return Ok(Err(fault)),
                 }
@@ -298,14 +291,9 @@ impl OpenAiAdapter {
             let _ = decoder.finish(&mut events);
             for data in events.drain(..) {
                 if let Ok(Some(kind)) = answer.apply(&data) {
-                    emit_unechoed(out, echo.as_mut(), kind).await?;
+                    out.emit(kind).await?;
                 }
             }
-        }
-        if let Some(held) = echo.as_mut().map(echo::EchoFilter::finish)
-            && !held.is_empty()
-        {
-            out.emit(RunEventKind::text(held)).await?;
         }
         Ok(answer.finish())
     }
@@ -354,28 +342,4 @@ fn log_failure(run: &RunAssignment, kind: &RunEventKind, started: Instant) {
             "run failed upstream"
         );
     }
-}
-
-/// Emits `kind`, an output's text passed through `echo` first (a continued chat's echoed
-/// prefix dropped); an output left with nothing is not emitted.
-async fn emit_unechoed(
-    out: &Emitter,
-    echo: Option<&mut echo::EchoFilter>,
-    mut kind: RunEventKind,
-) -> Result<(), Gone> {
-    if let (
-        Some(echo),
-        RunEventKind::Output {
-            text,
-            data,
-            structured,
-        },
-    ) = (echo, &mut kind)
-    {
-        *text = echo.filter(text);
-        if text.is_empty() && data.is_empty() && structured.is_none() {
-            return Ok(());
-        }
-    }
-    out.emit(kind).await
 }
