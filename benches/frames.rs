@@ -42,6 +42,7 @@ fn run_request() -> EdgeFrame {
         params: BTreeMap::new(),
         deadline_ms: 30_000,
         operation: edge::domain::Operation::Unspecified,
+        continuation: None,
     }))
 }
 

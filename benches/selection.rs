@@ -204,6 +204,7 @@ fn placement(c: &mut Criterion) {
             instance_id: String::new(),
             last_frame: Arc::new(LastFrame::new(std::time::Instant::now())),
             reserved_runs: 0,
+            can_continue: false,
             operations: edge::domain::DeclaredOperations::default(),
         };
         registry.insert(connection).unwrap();

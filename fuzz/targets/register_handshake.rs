@@ -128,6 +128,7 @@ fn with_prelude(mode: u8, rest: &[u8]) -> Vec<u8> {
         adapters: vec!["echo".to_owned()],
         instance_id: String::new(),
         resume: Vec::new(),
+        can_continue: false,
         operations: edge::domain::DeclaredOperations::default(),
     });
     let mut bytes = encoded(register);

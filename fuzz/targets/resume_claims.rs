@@ -157,6 +157,7 @@ fn register(token: &str, instance_id: &str, resume: Vec<ResumeClaim>) -> Vec<u8>
         adapters: vec!["echo".to_owned()],
         instance_id: instance_id.to_owned(),
         resume,
+        can_continue: false,
         operations: edge::domain::DeclaredOperations::default(),
     }))
 }

@@ -256,6 +256,7 @@ impl World {
             cancel_grace_ms: [0, 20, 500, 5_000][usize::from(config / 16 % 4)],
             default_deadline_ms: [0, 0, 300, 2_000][usize::from(config / 64 % 4)],
             resume_grace_ms: [0, 50, 1_000, 5_000][usize::from(config / 4 % 4)],
+            max_continuations: u32::from(config / 32 % 3),
         };
         let routing_config = RoutingConfig {
             breaker: BreakerConfig {
@@ -414,6 +415,7 @@ impl World {
             instance_id: String::new(),
             last_frame: Arc::new(LastFrame::new(std::time::Instant::now())),
             reserved_runs: 0,
+            can_continue: true,
             operations: edge::domain::DeclaredOperations::default(),
         };
         if self.registry.insert(registered).is_err() {

@@ -139,6 +139,7 @@ async fn raw_edge_side(listener: TcpListener, window: Arc<Window>) -> anyhow::Re
             params: BTreeMap::new(),
             deadline_ms: 0,
             operation: edge::domain::Operation::Unspecified,
+            continuation: None,
         };
         let begun = Instant::now();
         framed

@@ -226,8 +226,10 @@ async fn register(
     let mut client = dial(&core.options)
         .await
         .map_err(|error| Failure::Retry(error.to_string()))?;
-    let mut registration =
-        Registration::with_token(&core.options.token).instance(core.instance_id.clone());
+    // Every engine the openai adapter drives can go on from a prefix (request.rs).
+    let mut registration = Registration::with_token(&core.options.token)
+        .instance(core.instance_id.clone())
+        .continuing(true);
     registration.node_id = core.options.node_id.clone();
     registration.adapters = vec![super::openai::KIND.to_owned()];
     registration.resume = claims.to_vec();

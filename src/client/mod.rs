@@ -83,6 +83,7 @@ impl Registration {
             adapters: Vec::new(),
             instance_id: String::new(),
             resume: Vec::new(),
+            can_continue: false,
             operations: DeclaredOperations::default(),
         }
     }
@@ -99,6 +100,13 @@ impl Registration {
     #[must_use]
     pub fn instance(mut self, instance_id: impl Into<String>) -> Self {
         self.instance_id = instance_id.into();
+        self
+    }
+
+    /// The same registration, saying whether the node can carry on runs another node began.
+    #[must_use]
+    pub fn continuing(mut self, can_continue: bool) -> Self {
+        self.can_continue = can_continue;
         self
     }
 }

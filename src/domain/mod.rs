@@ -5,6 +5,7 @@
 //! in what a decision needs (the store's answer, the registry's state, `now`) and act on the
 //! returned value, so every rule is a plain function tested without a runtime.
 
+pub mod continuation;
 pub mod definitions;
 pub mod drain;
 pub mod names;
@@ -21,6 +22,9 @@ pub mod throttle;
 pub mod token;
 pub mod usage;
 
+pub use continuation::{
+    Continuation, ContinuationFacts, ContinuationRefusal, MaxContinuations, may_continue,
+};
 pub use definitions::{
     AdapterDefinition, DefinitionProblem, DefinitionsError, EntryRef, NodeDefinition,
     validate_definitions,

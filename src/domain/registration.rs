@@ -40,6 +40,8 @@ pub struct RegisterAttempt {
     pub instance_id: String,
     /// The runs the node still holds after a reconnect.
     pub resume: Vec<ResumeClaim>,
+    /// The node can carry on runs another node began (`can_continue`); false from a v1 node.
+    pub can_continue: bool,
     /// The operations needing a declaration that the node serves.
     pub operations: DeclaredOperations,
 }
@@ -266,6 +268,7 @@ mod tests {
             adapters: vec![],
             instance_id: String::new(),
             resume: vec![],
+            can_continue: false,
             operations: DeclaredOperations::default(),
         }
     }

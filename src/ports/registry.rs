@@ -34,6 +34,8 @@ pub struct NewConnection {
     /// resume claims are answered (so no run is placed on the node before the runs it
     /// resumes are counted), and gives back with `adjust_active_runs` afterwards.
     pub reserved_runs: u32,
+    /// The node can carry on runs another node began (`RegisterRequest.can_continue`).
+    pub can_continue: bool,
     /// The operations needing a declaration that the node declared it serves.
     pub operations: DeclaredOperations,
 }

@@ -7,7 +7,8 @@ use async_trait::async_trait;
 use bytes::Bytes;
 
 use crate::domain::{
-    AdapterName, NodeId, Operation, ResumeAnswer, ResumeClaim, RunEventKind, RunId, Target,
+    AdapterName, Continuation, NodeId, Operation, ResumeAnswer, ResumeClaim, RunEventKind, RunId,
+    Target,
 };
 
 use super::registry::ConnectionId;
@@ -31,6 +32,9 @@ pub struct RunAssignment {
     pub deadline_ms: u32,
     /// What kind of work `input` asks for.
     pub operation: Operation,
+    /// Set when this attempt carries on from output another node produced; only ever sent
+    /// to a node that registered `can_continue`.
+    pub continuation: Option<Continuation>,
 }
 
 /// What the edge sends a connected node.

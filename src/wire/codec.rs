@@ -255,6 +255,7 @@ mod tests {
                 adapters: vec!["echo".into()],
                 instance_id: String::new(),
                 resume: Vec::new(),
+                can_continue: false,
                 operations: crate::domain::DeclaredOperations::default(),
             }),
             heartbeat(3),
@@ -325,6 +326,7 @@ mod tests {
                     next_seq: 7,
                     first_buffered_seq: 3,
                 }],
+                can_continue: true,
                 operations: crate::domain::DeclaredOperations::new([
                     Operation::Tokenize,
                     Operation::Detokenize,
@@ -389,6 +391,11 @@ mod tests {
             params: std::collections::BTreeMap::new(),
             deadline_ms: 5,
             operation: Operation::Embeddings,
+            continuation: Some(crate::domain::Continuation {
+                text: "so far".into(),
+                output_tokens: 2,
+                number: 1,
+            }),
         };
         let mut edge = EdgeCodec::new(1 << 20);
         let mut out = BytesMut::new();

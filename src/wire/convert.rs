@@ -138,6 +138,7 @@ impl From<proto::NodeMessage> for NodeFrame {
                     adapters,
                     instance_id,
                     resume,
+                    can_continue,
                     operations,
                 } = request;
                 NodeFrame::Register(RegisterAttempt {
@@ -148,6 +149,7 @@ impl From<proto::NodeMessage> for NodeFrame {
                     adapters,
                     instance_id,
                     resume: resume.into_iter().map(claim_from_wire).collect(),
+                    can_continue,
                     // An operation this edge does not know is left out: it sends none.
                     operations: DeclaredOperations::new(
                         operations.into_iter().map(operation_from_wire),
@@ -185,6 +187,7 @@ impl From<NodeFrame> for proto::NodeMessage {
                 adapters,
                 instance_id,
                 resume,
+                can_continue,
                 operations,
             }) => Some(node_message::Body::Register(proto::RegisterRequest {
                 token: token.expose_secret().to_owned(),
@@ -194,6 +197,7 @@ impl From<NodeFrame> for proto::NodeMessage {
                 adapters,
                 instance_id,
                 resume: resume.into_iter().map(claim_to_wire).collect(),
+                can_continue,
                 operations: operations
                     .operations()
                     .into_iter()

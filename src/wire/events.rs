@@ -5,8 +5,8 @@
 //! compile error here rather than a silently dropped value.
 
 use crate::domain::{
-    AdapterName, Embedding, FailureClass, Operation, RunEventKind, RunId, StructuredOutput, Target,
-    TokenLogprob, ToolCallDelta, TopLogprob, Usage,
+    AdapterName, Continuation, Embedding, FailureClass, Operation, RunEventKind, RunId,
+    StructuredOutput, Target, TokenLogprob, ToolCallDelta, TopLogprob, Usage,
 };
 use crate::ports::RunAssignment;
 
@@ -292,6 +292,7 @@ pub(super) fn run_to_wire(run: RunAssignment) -> proto::RunRequest {
         params,
         deadline_ms,
         operation,
+        continuation,
     } = run;
     proto::RunRequest {
         run_id: run_id.to_string(),
@@ -302,6 +303,33 @@ pub(super) fn run_to_wire(run: RunAssignment) -> proto::RunRequest {
         params: params.into_iter().collect(),
         deadline_ms,
         operation: operation_to_wire(operation).into(),
+        continuation: continuation.map(continuation_to_wire),
+    }
+}
+
+fn continuation_to_wire(continuation: Continuation) -> proto::Continuation {
+    let Continuation {
+        text,
+        output_tokens,
+        number,
+    } = continuation;
+    proto::Continuation {
+        text,
+        output_tokens,
+        number,
+    }
+}
+
+fn continuation_from_wire(continuation: proto::Continuation) -> Continuation {
+    let proto::Continuation {
+        text,
+        output_tokens,
+        number,
+    } = continuation;
+    Continuation {
+        text,
+        output_tokens,
+        number,
     }
 }
 
@@ -316,6 +344,7 @@ pub(super) fn run_from_wire(request: proto::RunRequest) -> Option<RunAssignment>
         params,
         deadline_ms,
         operation,
+        continuation,
     } = request;
     Some(RunAssignment {
         run_id: RunId::new(run_id),
@@ -326,5 +355,6 @@ pub(super) fn run_from_wire(request: proto::RunRequest) -> Option<RunAssignment>
         params: params.into_iter().collect(),
         deadline_ms,
         operation: operation_from_wire(operation),
+        continuation: continuation.map(continuation_from_wire),
     })
 }

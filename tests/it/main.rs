@@ -60,6 +60,7 @@ mod api_tokenize;
 mod cli;
 mod console;
 mod console_web;
+mod continuation;
 mod engines_e2e;
 mod engines_smoke;
 mod engines_tokens;

@@ -64,7 +64,7 @@ for family in text_string_to_metric_families(sys.stdin.read()):
 
 /// Every metric `docs/operations.md` lists, as `prometheus_client` names its family
 /// (counters without `_total`), with its type.
-const DOCUMENTED: [(&str, &str); 47] = [
+const DOCUMENTED: [(&str, &str); 48] = [
     ("edge_nodes_configured", "gauge"),
     ("edge_nodes_draining", "gauge"),
     ("edge_journal_entries_written", "counter"),
@@ -101,6 +101,7 @@ const DOCUMENTED: [(&str, &str); 47] = [
     ("edge_run_detached_seconds", "histogram"),
     ("edge_run_placements", "counter"),
     ("edge_run_failovers", "counter"),
+    ("edge_run_continuations", "counter"),
     ("edge_run_refusals", "counter"),
     ("edge_input_tokens", "counter"),
     ("edge_cached_input_tokens", "counter"),

@@ -45,6 +45,7 @@ fn chat_run(run_id: &str, target: &str) -> RunAssignment {
         params: Default::default(),
         deadline_ms: 0,
         operation: Operation::Chat,
+        continuation: None,
     }
 }
 

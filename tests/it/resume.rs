@@ -103,17 +103,7 @@ impl Stream {
             "stream": true,
             "messages": [{"role": "user", "content": "tell me a long story"}],
         });
-        let response = crate::common::http_client()
-            .post(format!("http://{}/v1/chat/completions", app.http_addr))
-            .json(&body)
-            .send()
-            .await
-            .expect("the request is answered");
-        assert_eq!(response.status(), 200);
-        let run_id = response.headers()["x-edge-run-id"]
-            .to_str()
-            .expect("a run id")
-            .to_owned();
+        let (response, run_id) = open_stream(app, "/v1/chat/completions", &body).await;
         Self {
             response,
             buffer: String::new(),
@@ -169,8 +159,28 @@ impl Stream {
     }
 }
 
+/// Posts a streamed request to the API's `path`: the open response and its run id.
+pub(crate) async fn open_stream(
+    app: &TestApp,
+    path: &str,
+    body: &Value,
+) -> (reqwest::Response, String) {
+    let response = crate::common::http_client()
+        .post(format!("http://{}{path}", app.http_addr))
+        .json(body)
+        .send()
+        .await
+        .expect("the request is answered");
+    assert_eq!(response.status(), 200);
+    let run_id = response.headers()["x-edge-run-id"]
+        .to_str()
+        .expect("a run id")
+        .to_owned();
+    (response, run_id)
+}
+
 /// The run's events in the file sink, once its terminal event is there.
-async fn sunk(events_file: &Path, run_id: &str) -> Vec<Value> {
+pub(crate) async fn sunk(events_file: &Path, run_id: &str) -> Vec<Value> {
     let mut lines = Vec::new();
     eventually("the run's terminal event is in the file sink", || {
         let text = std::fs::read_to_string(events_file).unwrap_or_default();
@@ -185,7 +195,7 @@ async fn sunk(events_file: &Path, run_id: &str) -> Vec<Value> {
     lines
 }
 
-fn is_terminal(line: &Value) -> bool {
+pub(crate) fn is_terminal(line: &Value) -> bool {
     matches!(
         line["kind"].as_str(),
         Some("completed" | "failed" | "cancelled")

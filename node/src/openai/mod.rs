@@ -11,6 +11,7 @@
 //! the edge (it emits into the run's [`Emitter`]).
 
 pub mod chunks;
+pub mod echo;
 pub mod errors;
 pub mod request;
 pub mod settings;
@@ -128,7 +129,7 @@ impl OpenAiAdapter {
             out.emit(output).await?;
             return Ok(end);
         }
-        let call = match request::build(run, model, self.settings.stream_usage) {
+        let call = match request::build(run, model, &self.settings) {
             Ok(call) => call,
             Err(invalid) => return Ok(invalid_input(invalid)),
         };
@@ -231,7 +232,12 @@ impl OpenAiAdapter {
         );
         out.emit(RunEventKind::Started).await?;
         let result = if call.endpoint.streams() {
-            self.relay_stream(&mut response, out).await?
+            let echo = run
+                .continuation
+                .as_ref()
+                .filter(|_| call.endpoint == request::Endpoint::Chat)
+                .map(|c| echo::EchoFilter::new(&c.text));
+            self.relay_stream(&mut response, out, echo).await?
         } else {
             self.relay_embeddings(&mut response, out).await?
         };
@@ -266,6 +272,7 @@ impl OpenAiAdapter {
         &self,
         response: &mut reqwest::Response,
         out: &Emitter,
+        mut echo: Option<echo::EchoFilter>,
     ) -> Result<Result<RunEventKind, UpstreamFault>, Gone> {
         let mut decoder = SseDecoder::new();
         let mut answer = AnswerStream::new();
@@ -281,7 +288,7 @@ impl OpenAiAdapter {
             }
             for data in events.drain(..) {
                 match answer.apply(&data) {
-                    Ok(Some(kind)) => out.emit(kind).await?,
+                    Ok(Some(kind)) => emit_unechoed(out, echo.as_mut(), kind).await?,
                     Ok(None) => {}
                     Err(fault) => return Ok(Err(fault)),
                 }
@@ -291,9 +298,14 @@ impl OpenAiAdapter {
             let _ = decoder.finish(&mut events);
             for data in events.drain(..) {
                 if let Ok(Some(kind)) = answer.apply(&data) {
-                    out.emit(kind).await?;
+                    emit_unechoed(out, echo.as_mut(), kind).await?;
                 }
             }
+        }
+        if let Some(held) = echo.as_mut().map(echo::EchoFilter::finish)
+            && !held.is_empty()
+        {
+            out.emit(RunEventKind::text(held)).await?;
         }
         Ok(answer.finish())
     }
@@ -342,4 +354,28 @@ fn log_failure(run: &RunAssignment, kind: &RunEventKind, started: Instant) {
             "run failed upstream"
         );
     }
+}
+
+/// Emits `kind`, an output's text passed through `echo` first (a continued chat's echoed
+/// prefix dropped); an output left with nothing is not emitted.
+async fn emit_unechoed(
+    out: &Emitter,
+    echo: Option<&mut echo::EchoFilter>,
+    mut kind: RunEventKind,
+) -> Result<(), Gone> {
+    if let (
+        Some(echo),
+        RunEventKind::Output {
+            text,
+            data,
+            structured,
+        },
+    ) = (echo, &mut kind)
+    {
+        *text = echo.filter(text);
+        if text.is_empty() && data.is_empty() && structured.is_none() {
+            return Ok(());
+        }
+    }
+    out.emit(kind).await
 }

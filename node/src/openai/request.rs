@@ -5,10 +5,15 @@
 //! model name, always streams chat and completions (so a cancel or a deadline can stop the
 //! engine promptly, and the first token arrives as soon as it exists), asks for the usage
 //! chunk, and asks embeddings for floats. A console run's plain text becomes one user
-//! message.
+//! message. A continuation (a run another node began) goes on from the text already
+//! relayed: chat gets it as a trailing assistant message to continue, completions get it
+//! after the prompt, and the token budget shrinks by what was generated; nothing else is
+//! added.
 
 use edge::client::RunAssignment;
-use edge::domain::Operation;
+use edge::domain::{Continuation, Operation};
+
+use super::settings::OpenAiSettings;
 use serde_json::{Map, Value, json};
 
 /// Which OpenAI endpoint a run goes to.
@@ -52,14 +57,16 @@ pub struct UpstreamCall {
 #[error("{0}")]
 pub struct InvalidInput(pub String);
 
-/// The request for `run`, naming `model` upstream; `stream_usage` asks for the usage chunk.
+/// The request for `run`, naming `model` upstream, as `settings` say (the usage chunk, how
+/// a chat continuation is asked for).
 ///
 /// # Errors
-/// [`InvalidInput`] when a JSON input is not a JSON object, or a text input is not UTF-8.
+/// [`InvalidInput`] when a JSON input is not a JSON object, or a text input is not UTF-8,
+/// or a continued completion's prompt is not one text.
 pub fn build(
     run: &RunAssignment,
     model: &str,
-    stream_usage: bool,
+    settings: &OpenAiSettings,
 ) -> Result<UpstreamCall, InvalidInput> {
     let json = run
         .content_type
@@ -81,10 +88,18 @@ pub fn build(
     } else {
         text_body(endpoint, &run.input)?
     };
+    if let Some(continuation) = &run.continuation {
+        continue_from(
+            &mut body,
+            endpoint,
+            continuation,
+            settings.continue_final_message,
+        )?;
+    }
     body.insert("model".into(), Value::String(model.to_owned()));
     if endpoint.streams() {
         body.insert("stream".into(), Value::Bool(true));
-        if stream_usage {
+        if settings.stream_usage {
             let options = body
                 .entry("stream_options")
                 .or_insert_with(|| Value::Object(Map::new()));
@@ -100,6 +115,49 @@ pub fn build(
         endpoint,
         body: Value::Object(body),
     })
+}
+
+/// Makes `body` go on from `continuation`'s text: a trailing assistant message for chat
+/// (with vLLM's and SGLang's flags when `final_message_flags`), the prompt followed by the
+/// text for completions; the token budget less what was generated (at least 1).
+fn continue_from(
+    body: &mut Map<String, Value>,
+    endpoint: Endpoint,
+    continuation: &Continuation,
+    final_message_flags: bool,
+) -> Result<(), InvalidInput> {
+    let text = continuation.text.as_str();
+    match endpoint {
+        Endpoint::Chat => {
+            let Some(Value::Array(messages)) = body.get_mut("messages") else {
+                return Err(InvalidInput("a continued chat has no `messages`".into()));
+            };
+            messages.push(json!({ "role": "assistant", "content": text }));
+            if final_message_flags {
+                body.insert("continue_final_message".into(), Value::Bool(true));
+                body.insert("add_generation_prompt".into(), Value::Bool(false));
+            }
+        }
+        Endpoint::Completions => {
+            let prompt = match body.get("prompt") {
+                Some(Value::String(prompt)) => prompt.clone(),
+                Some(Value::Array(parts)) if parts.len() == 1 => parts[0]
+                    .as_str()
+                    .map(str::to_owned)
+                    .ok_or_else(|| InvalidInput("a continued prompt must be text".into()))?,
+                _ => return Err(InvalidInput("a continued prompt must be one text".into())),
+            };
+            body.insert("prompt".into(), Value::String(prompt + text));
+        }
+        Endpoint::Embeddings => return Ok(()),
+    }
+    for key in ["max_tokens", "max_completion_tokens"] {
+        if let Some(budget) = body.get(key).and_then(Value::as_u64) {
+            let left = budget.saturating_sub(u64::from(continuation.output_tokens));
+            body.insert(key.into(), Value::from(left.max(1)));
+        }
+    }
+    Ok(())
 }
 
 fn object(input: &[u8]) -> Result<Map<String, Value>, InvalidInput> {
@@ -144,7 +202,62 @@ mod tests {
             params: Default::default(),
             deadline_ms: 0,
             operation,
+            continuation: None,
         }
+    }
+
+    fn settings(stream_usage: bool) -> OpenAiSettings {
+        let map = [
+            ("base_url", "http://127.0.0.1:1/v1"),
+            ("stream_usage", if stream_usage { "true" } else { "false" }),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+        OpenAiSettings::parse(&map).expect("valid").0
+    }
+
+    fn continued(mut run: RunAssignment) -> RunAssignment {
+        run.continuation = Some(Continuation {
+            text: "Once upon".into(),
+            output_tokens: 2,
+            number: 1,
+        });
+        run
+    }
+
+    #[test]
+    fn a_continued_chat_ends_with_the_text_so_far_as_an_assistant_message() {
+        let input = r#"{"messages":[{"role":"user","content":"tell"}],"max_tokens":10}"#;
+        let run = continued(run(Operation::Chat, "application/json", input));
+        let call = build(&run, "up", &settings(false)).expect("builds");
+        assert_eq!(
+            call.body["messages"],
+            json!([{"role": "user", "content": "tell"}, {"role": "assistant", "content": "Once upon"}])
+        );
+        assert_eq!(call.body["max_tokens"], 8);
+        assert!(call.body.get("continue_final_message").is_none());
+        let mut vllm = settings(false);
+        vllm.continue_final_message = true;
+        let call = build(&run, "up", &vllm).expect("builds");
+        assert_eq!(call.body["continue_final_message"], true);
+        assert_eq!(call.body["add_generation_prompt"], false);
+    }
+
+    #[test]
+    fn a_continued_completion_is_the_prompt_then_the_text_so_far() {
+        let input = r#"{"prompt":"Tell: ","max_tokens":2}"#;
+        let run = continued(run(Operation::Completion, "application/json", input));
+        let call = build(&run, "up", &settings(false)).expect("builds");
+        assert_eq!(call.body["prompt"], "Tell: Once upon");
+        assert_eq!(call.body["max_tokens"], 1);
+        let tokens = continued(run_of_prompt(json!([[1, 2, 3]])));
+        assert!(build(&tokens, "up", &settings(false)).is_err());
+    }
+
+    fn run_of_prompt(prompt: Value) -> RunAssignment {
+        let input = json!({ "prompt": prompt }).to_string();
+        run(Operation::Completion, "application/json", &input)
     }
 
     #[test]
@@ -152,7 +265,7 @@ mod tests {
         let call = build(
             &run(Operation::Unspecified, "text/plain; charset=utf-8", "hello"),
             "up",
-            true,
+            &settings(true),
         )
         .expect("builds");
         assert_eq!(call.endpoint, Endpoint::Chat);
@@ -169,8 +282,12 @@ mod tests {
     fn json_bodies_keep_their_fields_and_get_model_and_stream() {
         let input = r#"{"messages":[{"role":"user","content":"hi"}],"tools":[],"logprobs":true,"model":"caller's","stream_options":{"x":1}}"#;
         for operation in [Operation::Unspecified, Operation::Chat] {
-            let call =
-                build(&run(operation, "application/json", input), "up", true).expect("builds");
+            let call = build(
+                &run(operation, "application/json", input),
+                "up",
+                &settings(true),
+            )
+            .expect("builds");
             assert_eq!(call.endpoint, Endpoint::Chat);
             assert_eq!(call.body["model"], "up");
             assert_eq!(call.body["logprobs"], true);
@@ -186,7 +303,7 @@ mod tests {
                 r#"{"prompt":"a"}"#,
             ),
             "up",
-            false,
+            &settings(false),
         )
         .expect("builds");
         assert_eq!(call.endpoint, Endpoint::Completions);
@@ -202,7 +319,7 @@ mod tests {
         let call = build(
             &run(Operation::Embeddings, "application/json", input),
             "emb",
-            true,
+            &settings(true),
         )
         .expect("builds");
         assert_eq!(call.endpoint, Endpoint::Embeddings);
@@ -215,7 +332,14 @@ mod tests {
     #[test]
     fn inputs_that_are_not_objects_are_invalid() {
         for input in ["[1]", "not json", "\"text\""] {
-            assert!(build(&run(Operation::Chat, "application/json", input), "m", true).is_err());
+            assert!(
+                build(
+                    &run(Operation::Chat, "application/json", input),
+                    "m",
+                    &settings(true)
+                )
+                .is_err()
+            );
         }
     }
 }

@@ -53,6 +53,10 @@ pub struct OpenAiSettings {
     pub retry_backoff: Duration,
     /// Whether to ask for a usage chunk (`stream_options.include_usage`).
     pub stream_usage: bool,
+    /// A continued chat run asks with `continue_final_message: true` and
+    /// `add_generation_prompt: false` (vLLM, SGLang) besides its trailing assistant message
+    /// (all llama.cpp's `llama-server` needs).
+    pub continue_final_message: bool,
 }
 
 /// API keys are never in the settings; the debug form still names every key's value.
@@ -85,6 +89,7 @@ pub const KEYS: &[&str] = &[
     "max_retries",
     "retry_backoff_ms",
     "stream_usage",
+    "continue_final_message",
 ];
 
 /// The prefix of the per-target upstream model keys: `"model.<target>" = "<upstream name>"`.
@@ -145,6 +150,7 @@ impl OpenAiSettings {
             max_retries: number(settings, "max_retries", 0)?,
             retry_backoff: millis(settings, "retry_backoff_ms", 250)?,
             stream_usage: flag(settings, "stream_usage", true)?,
+            continue_final_message: flag(settings, "continue_final_message", false)?,
         };
         Ok((parsed, unknown))
     }

@@ -60,6 +60,7 @@ impl Entry {
             instance_id,
             last_frame,
             reserved_runs: _,
+            can_continue: _,
             operations: _,
         } = &self.connection;
         ConnectedNode {
@@ -84,6 +85,7 @@ impl Entry {
             availability: self.availability.load_full(),
             drained: self.drained.load(Ordering::Relaxed),
             hash: self.hash,
+            can_continue: self.connection.can_continue,
             operations: self.connection.operations,
         }
     }
@@ -394,6 +396,7 @@ mod tests {
             instance_id: String::new(),
             last_frame: Arc::new(LastFrame::new(std::time::Instant::now())),
             reserved_runs: 0,
+            can_continue: false,
             operations: crate::domain::DeclaredOperations::default(),
         }
     }

@@ -166,6 +166,7 @@ impl<S: NodeIo> Connection<'_, S> {
             instance_id: attempt.instance_id.clone(),
             last_frame: Arc::clone(&last_frame),
             reserved_runs: record.runtime().max_concurrent_runs(),
+            can_continue: attempt.can_continue,
             operations: attempt.operations,
         };
         let entered = match takeover {

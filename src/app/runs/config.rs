@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::domain::MaxContinuations;
 use crate::domain::routing::{
     BreakerPolicy, LimitPolicy, LoadFactor, MaxAttempts, RoutingPolicy, WaitLimits,
 };
@@ -36,6 +37,9 @@ pub struct RunsConfig {
     /// How long a run that already produced output is held for its node to reconnect and
     /// resume it after the node's connection dropped; 0 turns resume off.
     pub resume_grace_ms: u64,
+    /// How many times a run whose node was lost after output may be carried on by another
+    /// node from the output already relayed (0 to 10; 0 turns continuation off).
+    pub max_continuations: u32,
 }
 
 impl Default for RunsConfig {
@@ -48,6 +52,7 @@ impl Default for RunsConfig {
             cancel_grace_ms: 5_000,
             default_deadline_ms: 0,
             resume_grace_ms: 5_000,
+            max_continuations: 1,
         }
     }
 }
@@ -146,7 +151,8 @@ impl LimitsConfig {
 /// Every routing setting of `[runs]`, `[routing]` and `[limits]` as the domain's policy.
 ///
 /// # Errors
-/// One message per invalid key, naming it: `runs.max_attempts` outside 1–10, a load factor
+/// One message per invalid key, naming it: `runs.max_attempts` outside 1–10,
+/// `runs.max_continuations` above 10, a load factor
 /// outside 1.0–10.0, a zero breaker threshold or cooldown, a cooldown above its cap.
 pub fn policy(
     runs: &RunsConfig,
@@ -158,6 +164,12 @@ pub fn policy(
         problems.push(format!(
             "`runs.max_attempts` must be from 1 to {} (it is {n})",
             MaxAttempts::MAX
+        ));
+    });
+    let max_continuations = MaxContinuations::new(runs.max_continuations).map_err(|n| {
+        problems.push(format!(
+            "`runs.max_continuations` must be from 0 to {} (it is {n})",
+            MaxContinuations::MAX
         ));
     });
     let load_factor = LoadFactor::new(routing.affinity_load_factor).map_err(|c| {
@@ -172,12 +184,14 @@ pub fn policy(
         Duration::from_millis(breaker.max_cooldown_ms),
     )
     .map_err(|error| problems.push(error.to_string()));
-    let (Ok(max_attempts), Ok(load_factor), Ok(breaker)) = (max_attempts, load_factor, breaker)
+    let (Ok(max_attempts), Ok(max_continuations), Ok(load_factor), Ok(breaker)) =
+        (max_attempts, max_continuations, load_factor, breaker)
     else {
         return Err(problems);
     };
     Ok(RoutingPolicy {
         max_attempts,
+        max_continuations,
         wait: WaitLimits {
             busy: runs.queue_timeout(),
             no_node: Duration::from_millis(runs.no_node_timeout_ms),
@@ -208,6 +222,7 @@ mod tests {
     fn every_invalid_key_is_named() {
         let runs = RunsConfig {
             max_attempts: 0,
+            max_continuations: 11,
             ..RunsConfig::default()
         };
         let routing = RoutingConfig {
@@ -223,6 +238,7 @@ mod tests {
             .join("; ");
         for key in [
             "runs.max_attempts",
+            "runs.max_continuations",
             "routing.affinity_load_factor",
             "routing.breaker.failure_threshold",
         ] {

@@ -19,6 +19,8 @@ use std::time::Duration;
 use tokio::sync::{MutexGuard, mpsc};
 use tracing::{debug, warn};
 
+use super::continuation::Progress;
+use super::failover::Next;
 use super::service::RunService;
 use super::table::{Run, lock};
 use crate::domain::{EventOrigin, EventVerdict, NodeId, RunEvent, RunEventKind, RunState};
@@ -51,6 +53,8 @@ pub(super) struct Delivery {
     /// Events relayed under this hold of the lock, handed to the journal as one batch
     /// before the lock is let go (`RunService::hand_to_journal`).
     journal: Vec<RelayedEvent>,
+    /// What was relayed, for a continuation (kept only when continuations are on).
+    progress: Progress,
 }
 
 impl Delivery {
@@ -63,6 +67,7 @@ impl Delivery {
             seq_base: 0,
             followers: Vec::new(),
             journal: Vec::new(),
+            progress: Progress::default(),
         }
     }
 
@@ -187,14 +192,10 @@ impl RunService {
         source: Source<'_>,
         seq: Option<u64>,
         origin: EventOrigin,
-        kind: RunEventKind,
+        mut kind: RunEventKind,
     ) -> (bool, Option<MutexGuard<'a, Delivery>>) {
         let blame = !matches!(source, Source::Departed(..));
-        if kind.is_terminal()
-            && !delivery.state.is_finished()
-            && let Some(next) = self.fail_over(run, delivery.saw_output, &kind, blame)
-        {
-            delivery.seq_base = delivery.state.next_edge_seq() - 1;
+        if let Some(next) = self.attempt_ended(run, &mut delivery, &mut kind, blame) {
             self.hand_to_journal(run, &mut delivery.journal);
             drop(delivery);
             self.continue_run(run, next);
@@ -218,6 +219,9 @@ impl RunService {
             EventVerdict::Relay => false,
             EventVerdict::RelayTerminal => true,
         };
+        if self.keeps_progress() {
+            delivery.progress.note(&mut kind);
+        }
         let event = Arc::new(event_of(run, source, seq, origin, kind));
         let first_output =
             !delivery.saw_output && matches!(event.kind, RunEventKind::Output { .. });
@@ -261,6 +265,28 @@ fn budget_tokens(kind: &RunEventKind) -> u64 {
 }
 
 impl RunService {
+    /// Offers a terminal `kind` of the current attempt to failover (or continuation):
+    /// `Some` when the run goes on with another attempt, whose events then number on from
+    /// the last relayed and which carries what was relayed. `None` for any other event.
+    fn attempt_ended(
+        &self,
+        run: &Arc<Run>,
+        delivery: &mut Delivery,
+        kind: &mut RunEventKind,
+        blame: bool,
+    ) -> Option<Next> {
+        if !kind.is_terminal() || delivery.state.is_finished() {
+            return None;
+        }
+        let progress = delivery.saw_output.then_some(&delivery.progress);
+        let next = self.fail_over(run, progress, kind, blame)?;
+        if delivery.saw_output {
+            delivery.progress.carry();
+        }
+        delivery.seq_base = delivery.state.next_edge_seq() - 1;
+        Some(next)
+    }
+
     /// Whether `events` from `source` belong to an attempt that has ended (failed over)
     /// or moved to another connection (resumed) while they waited for the run's lock;
     /// such events are dropped and counted.

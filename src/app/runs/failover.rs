@@ -18,6 +18,7 @@ use std::sync::Arc;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
+use super::continuation::Progress;
 use super::delivery::Source;
 use super::placement::Pumped;
 use super::service::RunService;
@@ -39,13 +40,14 @@ pub(super) struct Next {
 impl RunService {
     /// Records how `run`'s current attempt ended (`kind`, a terminal event) and, if the
     /// run gets another attempt, places or queues it. `None`: relay `kind` as the run's
-    /// end. `saw_output` says whether any output reached the caller; without `blame` the
-    /// ending says nothing to the node's breaker.
+    /// end. `progress`, set once output reached the caller, is what a continuation carries
+    /// on from (`continuation.rs`); without `blame` the ending says nothing to the node's
+    /// breaker.
     pub(super) fn fail_over(
         &self,
         run: &Arc<Run>,
-        saw_output: bool,
-        kind: &RunEventKind,
+        progress: Option<&Progress>,
+        kind: &mut RunEventKind,
         blame: bool,
     ) -> Option<Next> {
         let end = AttemptEnd::of(kind)?;
@@ -62,10 +64,15 @@ impl RunService {
             Outcome::Neutral
         };
         self.record_outcome(&mut table, &mut route, &node, outcome, now);
-        if !self.may_retry(run, &route, end, saw_output, now) {
-            return None;
-        }
-        let (sent_to, displaced) = self.next_attempt(&mut table, run, &mut route, now)?;
+        let (sent_to, displaced) = if let Some(progress) = progress {
+            let next = self.continue_after(&mut table, run, &mut route, end, progress, kind, now);
+            (Some(next?), None)
+        } else {
+            if !self.may_retry(run, &route, end, false, now) {
+                return None;
+            }
+            self.next_attempt(&mut table, run, &mut route, now)?
+        };
         // The failed attempt's slot is free; late events from it count as after its end.
         self.inner
             .registry
@@ -74,7 +81,9 @@ impl RunService {
         route.last_failure = Some(kind.clone());
         let attempt = route.tried.attempts();
         drop(route);
-        self.inner.metrics.failed_over(end);
+        if progress.is_none() {
+            self.inner.metrics.failed_over(end);
+        }
         info!(parent: &run.span, run_id = %run.id, %node, ended = kind.name(), next_attempt = attempt + u32::from(sent_to.is_none()), queued = sent_to.is_none(), "run failed over");
         let pumped = self.pump(&mut table);
         Some(Next {

@@ -314,6 +314,11 @@ impl RunMetrics {
         self.routing.failed_over(end);
     }
 
+    /// A run whose node was lost after output was continued (`Ok`) or not.
+    pub(super) fn continued(&self, outcome: Result<(), crate::domain::ContinuationRefusal>) {
+        self.routing.continued(outcome);
+    }
+
     /// A circuit breaker changed state.
     pub(super) fn breaker(&self, transition: Transition) {
         self.routing.breaker(transition);

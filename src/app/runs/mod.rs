@@ -12,6 +12,8 @@
 //!   takes the locked table as `&mut Table`;
 //! - `failover.rs` — what happens when an attempt ends: the breaker's record, another
 //!   attempt on another node, the disconnect hook;
+//! - `continuation.rs` — a run whose node is lost after output, carried on by another
+//!   node from the output already relayed;
 //! - `resume.rs` — runs held across a blip in their node's connection: detached when it
 //!   drops, re-attached when the node comes back and claims them;
 //! - `budgets.rs` — the API keys' token budgets loaded from the usage rollups at start
@@ -32,6 +34,7 @@
 
 mod budgets;
 mod config;
+mod continuation;
 mod delivery;
 mod failover;
 mod live;

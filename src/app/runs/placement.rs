@@ -453,5 +453,6 @@ fn assignment(run: &Run) -> RunAssignment {
             u32::try_from(left.as_millis()).unwrap_or(u32::MAX)
         }),
         operation: *operation,
+        continuation: lock(&run.route).continuation.clone(),
     }
 }

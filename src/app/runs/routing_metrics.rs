@@ -9,16 +9,27 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use opentelemetry::KeyValue;
 use opentelemetry::metrics::Meter;
 
-use crate::domain::FailureClass;
 use crate::domain::routing::{AttemptEnd, RouteReason, Transition};
+use crate::domain::{ContinuationRefusal, FailureClass};
 
 /// The `rule` label values, as `RouteReason::label` names them.
-const RULES: [&str; 5] = [
+const RULES: [&str; 6] = [
     "pinned",
     "affinity_hit",
     "affinity_miss",
     "affinity_overloaded",
     "least_busy",
+    "continuation",
+];
+
+/// The `outcome` label values of `edge_run_continuations_total`: placed, or the refusal.
+const CONTINUATION_OUTCOMES: [&str; 6] = [
+    "placed",
+    ContinuationRefusal::ALL[0].as_str(),
+    ContinuationRefusal::ALL[1].as_str(),
+    ContinuationRefusal::ALL[2].as_str(),
+    ContinuationRefusal::ALL[3].as_str(),
+    ContinuationRefusal::ALL[4].as_str(),
 ];
 
 /// The `reason` label values of `edge_run_failovers_total`.
@@ -78,6 +89,7 @@ pub(super) struct RoutingCounts {
     failovers: [AtomicU64; FAILOVER_REASONS.len()],
     transitions: [AtomicU64; BREAKER_STATES.len()],
     refusals: [AtomicU64; Refusal::ALL.len()],
+    continuations: [AtomicU64; CONTINUATION_OUTCOMES.len()],
 }
 
 impl RoutingCounts {
@@ -102,30 +114,7 @@ impl RoutingCounts {
                 }
             })
             .build();
-        let sets: [LabelledCounts; 3] = [
-            (
-                "edge_run_failovers",
-                "Attempts that ended before any output and were placed again, by why they ended",
-                "reason",
-                &FAILOVER_REASONS,
-                |c| &c.failovers,
-            ),
-            (
-                "edge_breaker_transitions",
-                "Circuit breaker state changes, by the state entered",
-                "to",
-                &BREAKER_STATES,
-                |c| &c.transitions,
-            ),
-            (
-                "edge_run_refusals",
-                "Runs refused before acceptance, by the limit that refused them",
-                "limit",
-                &REFUSALS,
-                |c| &c.refusals,
-            ),
-        ];
-        for (name, description, label, values, field) in sets {
+        for (name, description, label, values, field) in labelled_counts() {
             let counts = Arc::clone(&counts);
             meter
                 .u64_observable_counter(name)
@@ -175,11 +164,62 @@ impl RoutingCounts {
         self.transitions[index].fetch_add(1, Ordering::Relaxed);
     }
 
+    /// A run whose node was lost after output was continued (`Ok`) or not.
+    pub(super) fn continued(&self, outcome: Result<(), ContinuationRefusal>) {
+        let index = match outcome {
+            Ok(()) => 0,
+            Err(refusal) => {
+                1 + ContinuationRefusal::ALL
+                    .iter()
+                    .position(|r| *r == refusal)
+                    .unwrap_or(0)
+            }
+        };
+        if let Some(count) = self.continuations.get(index) {
+            count.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
     /// A run was refused by `limit`.
     pub(super) fn refused(&self, limit: Refusal) {
         let index = Refusal::ALL.iter().position(|l| *l == limit).unwrap_or(0);
         self.refusals[index].fetch_add(1, Ordering::Relaxed);
     }
+}
+
+/// The labelled counters besides placements: failovers, breaker transitions, refusals and
+/// continuations.
+fn labelled_counts() -> [LabelledCounts; 4] {
+    [
+        (
+            "edge_run_failovers",
+            "Attempts that ended before any output and were placed again, by why they ended",
+            "reason",
+            &FAILOVER_REASONS,
+            |c| &c.failovers,
+        ),
+        (
+            "edge_breaker_transitions",
+            "Circuit breaker state changes, by the state entered",
+            "to",
+            &BREAKER_STATES,
+            |c| &c.transitions,
+        ),
+        (
+            "edge_run_refusals",
+            "Runs refused before acceptance, by the limit that refused them",
+            "limit",
+            &REFUSALS,
+            |c| &c.refusals,
+        ),
+        (
+            "edge_run_continuations",
+            "Runs whose node was lost after output, by whether another node carried them on or why not",
+            "outcome",
+            &CONTINUATION_OUTCOMES,
+            |c| &c.continuations,
+        ),
+    ]
 }
 
 #[cfg(test)]

@@ -14,7 +14,7 @@ use super::metrics::RouteMetrics;
 use crate::domain::routing::{
     Admission, BreakerBook, Budgets, FairQueue, KeyLimits, NodeHash, RouteReason, Tried, WaitCause,
 };
-use crate::domain::{AcceptedRun, Attempt, NodeId, RunEventKind, RunId, RunSpec};
+use crate::domain::{AcceptedRun, Attempt, Continuation, NodeId, RunEventKind, RunId, RunSpec};
 use crate::ports::ConnectionId;
 
 /// Where a run is.
@@ -93,6 +93,10 @@ pub(super) struct Route {
     /// A cancel was asked for (by the caller, the deadline or the edge), with its reason:
     /// no more attempts, and a run resumed meanwhile is sent the cancel again.
     pub(super) cancelling: Option<String>,
+    /// Continuations the run had.
+    pub(super) continuations: u32,
+    /// What the current attempt carries on from, when it is a continuation.
+    pub(super) continuation: Option<Continuation>,
 }
 
 impl Default for Route {
@@ -106,6 +110,8 @@ impl Default for Route {
             stays: 0,
             last_failure: None,
             cancelling: None,
+            continuations: 0,
+            continuation: None,
         }
     }
 }

@@ -6,6 +6,7 @@
 //! terminal event, in the sink and on the caller's stream, whichever path ends it. Timers run
 //! on paused tokio time; nothing here sleeps for real or asserts how long anything took.
 
+mod continuation;
 mod resume;
 mod routing;
 
@@ -102,6 +103,9 @@ fn config() -> RunsConfig {
         cancel_grace_ms: 500,
         default_deadline_ms: 0,
         resume_grace_ms: 2_000,
+        // Off here, so the failover tests see a lost attempt after output end the run;
+        // `tests/continuation.rs` turns it on.
+        max_continuations: 0,
     }
 }
 
@@ -399,6 +403,7 @@ impl Harness {
             instance_id: if claims.is_some() { "i-1" } else { "" }.into(),
             last_frame: Arc::new(LastFrame::new(std::time::Instant::now())),
             reserved_runs: 0,
+            can_continue: true,
             operations: crate::domain::DeclaredOperations::default(),
         };
         match self.connections.get(id) {
@@ -654,6 +659,7 @@ async fn a_run_the_node_completes_ends_with_its_completed_event() {
             params,
             deadline_ms: 0,
             operation: crate::domain::Operation::Unspecified,
+            continuation: None,
         }
     );
     assert_eq!(h.active_runs("a"), 1);
@@ -1410,6 +1416,7 @@ async fn interleave(ops: Vec<Op>) {
             cancel_grace_ms: 100,
             default_deadline_ms: 0,
             resume_grace_ms: 250,
+            max_continuations: 1,
         },
         &breakers,
         Expect::default(),

@@ -29,6 +29,8 @@ pub struct NodeStatus {
     pub drained: bool,
     /// [`NodeHash::of`] its id, computed once when it connected.
     pub hash: NodeHash,
+    /// It registered `can_continue`: it may be sent a continuation.
+    pub can_continue: bool,
     /// The operations needing a declaration that it declared it serves.
     pub operations: DeclaredOperations,
 }
@@ -43,6 +45,7 @@ impl NodeStatus {
             availability: None,
             drained: false,
             hash,
+            can_continue: false,
             operations: DeclaredOperations::default(),
         }
     }

@@ -26,6 +26,7 @@ pub mod reason;
 #[cfg(test)]
 mod tests;
 
+use super::continuation::MaxContinuations;
 pub use affinity::LoadFactor;
 pub use breaker::{
     Admission, Breaker, BreakerBook, BreakerPolicy, BreakerPolicyError, Outcome,
@@ -46,6 +47,8 @@ pub use reason::{AffinityOutcome, RouteReason, RouteRule};
 pub struct RoutingPolicy {
     /// `runs.max_attempts`.
     pub max_attempts: MaxAttempts,
+    /// `runs.max_continuations`.
+    pub max_continuations: MaxContinuations,
     /// `runs.queue_timeout_ms` and `runs.no_node_timeout_ms`.
     pub wait: WaitLimits,
     /// `routing.affinity_load_factor`.
@@ -62,6 +65,7 @@ impl Default for RoutingPolicy {
     fn default() -> Self {
         Self {
             max_attempts: MaxAttempts::default(),
+            max_continuations: MaxContinuations::default(),
             wait: WaitLimits::default(),
             load_factor: LoadFactor::default(),
             prefix_affinity: true,

@@ -37,6 +37,9 @@ pub enum RouteRule {
     },
     /// No key: the least busy eligible node (fewest active runs per slot), ties rotating.
     LeastBusy,
+    /// A continuation: the run's node was lost after output, and this node (one that can
+    /// continue runs, chosen as any other attempt's) carries it on.
+    Continuation,
 }
 
 /// Why a run was placed where it was.
@@ -63,7 +66,7 @@ impl RouteReason {
     }
 
     /// A stable label for metrics: `pinned`, `affinity_hit`, `affinity_miss`,
-    /// `affinity_overloaded` or `least_busy`.
+    /// `affinity_overloaded`, `least_busy` or `continuation`.
     pub fn label(&self) -> &'static str {
         match self.rule {
             RouteRule::Pinned => "pinned",
@@ -73,6 +76,7 @@ impl RouteReason {
                 AffinityOutcome::Overloaded { .. } => "affinity_overloaded",
             },
             RouteRule::LeastBusy => "least_busy",
+            RouteRule::Continuation => "continuation",
         }
     }
 

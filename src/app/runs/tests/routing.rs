@@ -31,14 +31,18 @@ fn session(key: &str) -> RunSpec {
 
 impl Harness {
     /// The node run `run` is on now (the last it was sent to) and that node's connection.
-    fn holder(&self, run: &RunId) -> (String, ConnectionId) {
+    pub(super) fn holder(&self, run: &RunId) -> (String, ConnectionId) {
         let node = self.sent_to(run).last().unwrap().to_string();
         let connection = self.connections[&node];
         (node, connection)
     }
 
     /// The node holding `run` reports `kinds`, numbered from 1.
-    async fn holder_reports(&self, run: &RunId, kinds: impl IntoIterator<Item = RunEventKind>) {
+    pub(super) async fn holder_reports(
+        &self,
+        run: &RunId,
+        kinds: impl IntoIterator<Item = RunEventKind>,
+    ) {
         let (node, connection) = self.holder(run);
         self.report_each(&node, connection, run, kinds).await;
     }
