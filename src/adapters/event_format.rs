@@ -86,19 +86,14 @@ fn push_text_payload(event: &RunEvent, out: &mut Vec<u8>) {
         } => {
             out.extend_from_slice(b" finish_reason=");
             push_escaped(finish_reason, out);
-            if let Some(usage) = usage {
-                out.extend_from_slice(b" input_tokens=");
-                push_u64(u64::from(usage.input_tokens), out);
-                out.extend_from_slice(b" output_tokens=");
-                push_u64(u64::from(usage.output_tokens), out);
-                push_usage_detail(usage, b" cached_input_tokens=", b" reasoning_tokens=", out);
-            }
+            push_text_usage(usage.as_ref(), out);
         }
         RunEventKind::Failed {
             code,
             message,
             class,
             status,
+            usage,
         } => {
             out.extend_from_slice(b" code=");
             push_escaped(code, out);
@@ -110,13 +105,39 @@ fn push_text_payload(event: &RunEvent, out: &mut Vec<u8>) {
                 out.extend_from_slice(b" status=");
                 push_u64(u64::from(*status), out);
             }
+            push_text_usage(usage.as_ref(), out);
             out.extend_from_slice(b" message=");
             push_escaped(message, out);
         }
-        RunEventKind::Cancelled { reason } => {
+        RunEventKind::Cancelled { reason, usage } => {
+            push_text_usage(usage.as_ref(), out);
             out.extend_from_slice(b" reason=");
             push_escaped(reason, out);
         }
+    }
+}
+
+/// Appends a terminal event's ` input_tokens=.. output_tokens=..` (and the detail), if known.
+fn push_text_usage(usage: Option<&Usage>, out: &mut Vec<u8>) {
+    if let Some(usage) = usage {
+        out.extend_from_slice(b" input_tokens=");
+        push_u64(u64::from(usage.input_tokens), out);
+        out.extend_from_slice(b" output_tokens=");
+        push_u64(u64::from(usage.output_tokens), out);
+        push_usage_detail(usage, b" cached_input_tokens=", b" reasoning_tokens=", out);
+    }
+}
+
+/// Appends a terminal event's `,"input_tokens":..,"output_tokens":..` (and the detail), if
+/// known.
+fn push_json_usage(usage: Option<&Usage>, out: &mut Vec<u8>) {
+    if let Some(usage) = usage {
+        out.extend_from_slice(b",\"input_tokens\":");
+        push_u64(u64::from(usage.input_tokens), out);
+        out.extend_from_slice(b",\"output_tokens\":");
+        push_u64(u64::from(usage.output_tokens), out);
+        let (cached, reasoning) = (b",\"cached_input_tokens\":", b",\"reasoning_tokens\":");
+        push_usage_detail(usage, cached, reasoning, out);
     }
 }
 
@@ -211,20 +232,14 @@ fn push_json_payload(event: &RunEvent, out: &mut Vec<u8>) {
         } => {
             out.extend_from_slice(b",\"finish_reason\":");
             push_json_str(finish_reason, out);
-            if let Some(usage) = usage {
-                out.extend_from_slice(b",\"input_tokens\":");
-                push_u64(u64::from(usage.input_tokens), out);
-                out.extend_from_slice(b",\"output_tokens\":");
-                push_u64(u64::from(usage.output_tokens), out);
-                let (cached, reasoning) = (b",\"cached_input_tokens\":", b",\"reasoning_tokens\":");
-                push_usage_detail(usage, cached, reasoning, out);
-            }
+            push_json_usage(usage.as_ref(), out);
         }
         RunEventKind::Failed {
             code,
             message,
             class,
             status,
+            usage,
         } => {
             out.extend_from_slice(b",\"code\":");
             push_json_str(code, out);
@@ -239,10 +254,12 @@ fn push_json_payload(event: &RunEvent, out: &mut Vec<u8>) {
                 out.extend_from_slice(b",\"status\":");
                 push_u64(u64::from(*status), out);
             }
+            push_json_usage(usage.as_ref(), out);
         }
-        RunEventKind::Cancelled { reason } => {
+        RunEventKind::Cancelled { reason, usage } => {
             out.extend_from_slice(b",\"reason\":");
             push_json_str(reason, out);
+            push_json_usage(usage.as_ref(), out);
         }
     }
 }
@@ -401,9 +418,7 @@ pub(crate) mod tests {
             "r1 node-a echo/m1 failed code=node_disconnected message=the node went away\n"
         );
         assert_eq!(
-            text(&event(RunEventKind::Cancelled {
-                reason: "caller".into()
-            })),
+            text(&event(RunEventKind::cancelled("caller"))),
             "r1 node-a echo/m1 cancelled reason=caller\n"
         );
     }
@@ -481,9 +496,7 @@ pub(crate) mod tests {
         assert_eq!(failed["node"], serde_json::Value::Null);
         assert_eq!(failed["code"], "deadline_exceeded");
         assert_eq!(failed["message"], "too slow");
-        let cancelled = json(&event(RunEventKind::Cancelled {
-            reason: "caller".into(),
-        }));
+        let cancelled = json(&event(RunEventKind::cancelled("caller")));
         assert_eq!(cancelled["kind"], "cancelled");
         assert_eq!(cancelled["reason"], "caller");
     }
@@ -562,6 +575,7 @@ pub(crate) mod tests {
             message: "bad prompt".into(),
             class: FailureClass::Request,
             status: Some(400),
+            usage: None,
         });
         assert_eq!(
             text(&failed),
@@ -689,7 +703,7 @@ pub(crate) mod tests {
                     line.code = Some(code);
                     line.message = Some(message);
                 }
-                RunEventKind::Cancelled { reason } => line.reason = Some(reason),
+                RunEventKind::Cancelled { reason, .. } => line.reason = Some(reason),
             }
             line
         }
@@ -719,9 +733,7 @@ pub(crate) mod tests {
                 usage: None,
             }),
             event(RunEventKind::failed("deadline_exceeded", "too \"slow\"")),
-            event(RunEventKind::Cancelled {
-                reason: "caller".into(),
-            }),
+            event(RunEventKind::cancelled("caller")),
             event(RunEventKind::Output {
                 text: String::new(),
                 data: Bytes::from_static(b"foobar\xff"),

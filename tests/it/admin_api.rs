@@ -184,9 +184,7 @@ async fn runs_are_listed_inspected_and_cancelled_through_the_api() {
     }
     a.send(
         &second.run_id,
-        RunEventKind::Cancelled {
-            reason: "asked".into(),
-        },
+        RunEventKind::cancelled("asked"),
     )
     .await;
     rest(&mut open).await;
@@ -269,9 +267,7 @@ async fn a_drain_deadline_cancels_the_runs_left_on_the_node() {
     }
     a.send(
         &run.run_id,
-        RunEventKind::Cancelled {
-            reason: "drain".into(),
-        },
+        RunEventKind::cancelled("drain"),
     )
     .await;
     rest(&mut handle).await;

@@ -95,9 +95,7 @@ async fn operator_commands_list_drain_resume_show_and_cancel() {
     }
     node.send(
         &run.run_id,
-        RunEventKind::Cancelled {
-            reason: "cli".into(),
-        },
+        RunEventKind::cancelled("cli"),
     )
     .await;
     rest(&mut handle).await;

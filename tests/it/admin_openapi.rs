@@ -180,9 +180,7 @@ async fn the_openapi_document_validates_and_matches_the_routes_served() {
             // The cancel went out; let the run end.
             node.send(
                 &run.run_id,
-                edge::domain::RunEventKind::Cancelled {
-                    reason: "doc".into(),
-                },
+                edge::domain::RunEventKind::cancelled("doc"),
             )
             .await;
         }

@@ -301,9 +301,7 @@ async fn runs_appear_live_their_events_follow_and_cancel_reaches_the_node() {
     }
     node.send(
         &id,
-        RunEventKind::Cancelled {
-            reason: "cancelled by the operator".into(),
-        },
+        RunEventKind::cancelled("cancelled by the operator"),
     )
     .await;
     browser.wait_text("#events", "cancelled").await;

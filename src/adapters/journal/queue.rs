@@ -197,7 +197,7 @@ mod tests {
         }
         assert_eq!(queue.depth(), 2);
         assert_eq!(queue.dropped_full.load(Ordering::Relaxed), 3);
-        queue.push(event(RunEventKind::Cancelled { reason: "c".into() }));
+        queue.push(event(RunEventKind::cancelled("c")));
         assert_eq!(queue.depth(), 3);
         let Taken::Batch(batch) = queue.take(10, Duration::ZERO) else {
             panic!("expected a batch");
