@@ -182,11 +182,8 @@ async fn runs_are_listed_inspected_and_cancelled_through_the_api() {
         NodeCommand::Cancel { run_id, .. } => assert_eq!(run_id, second.run_id),
         other => panic!("expected a cancel, got {other:?}"),
     }
-    a.send(
-        &second.run_id,
-        RunEventKind::cancelled("asked"),
-    )
-    .await;
+    a.send(&second.run_id, RunEventKind::cancelled("asked"))
+        .await;
     rest(&mut open).await;
     run_until(&app, &second.run_id, "is cancelled", |r| {
         r["outcome"] == "cancelled"
@@ -265,11 +262,7 @@ async fn a_drain_deadline_cancels_the_runs_left_on_the_node() {
         }
         other => panic!("expected a cancel, got {other:?}"),
     }
-    a.send(
-        &run.run_id,
-        RunEventKind::cancelled("drain"),
-    )
-    .await;
+    a.send(&run.run_id, RunEventKind::cancelled("drain")).await;
     rest(&mut handle).await;
     let (status, body) = admin(
         &app,
