@@ -42,8 +42,9 @@ const MODEL: &str = "llama/tiny";
 const NO_NODE_TIMEOUT_MS: u64 = 1_000;
 
 /// The edge's config: one node whose `llama` adapter points at the engine at `v1_url`, as
-/// docs/node.md's llama-server block, with probes and heartbeats quick enough for a test.
-fn edge_config(v1_url: &str) -> String {
+/// docs/node.md's llama-server block, with probes and heartbeats quick enough for a test,
+/// and the adapter settings lines `settings` besides.
+fn edge_config(v1_url: &str, settings: &str) -> String {
     format!(
         r#"
 [api]
@@ -65,6 +66,7 @@ base_url = "{v1_url}"
 availability = "reachable"
 probe_interval_ms = "200"
 probe_down_interval_ms = "100"
+{settings}
 "#
     )
 }
@@ -81,8 +83,13 @@ impl Stack {
     /// llama-server with `llama`, the edge of [`edge_config`] and the node, once the node
     /// is registered.
     pub(crate) async fn start(llama: LlamaOptions) -> Self {
+        Self::start_with_settings(llama, "").await
+    }
+
+    /// [`Self::start`] with the adapter settings lines `settings` added.
+    pub(crate) async fn start_with_settings(llama: LlamaOptions, settings: &str) -> Self {
         let llama = LlamaServer::start_with(llama).await;
-        let app = spawn_app(&edge_config(&llama.v1_url())).await;
+        let app = spawn_app(&edge_config(&llama.v1_url(), settings)).await;
         let node = spawn_node(app.node_addr, NODE_TOKEN, |_| {});
         app.wait_for_nodes(1).await;
         let http = crate::common::http()
