@@ -14,7 +14,7 @@ use rusqlite::{OptionalExtension, Transaction, params};
 use super::batch::{Chunk, Finish, Queued};
 use super::writer::to_sql;
 use crate::domain::{
-    AcceptedRun, Attempt, Rollup, RunId, RunOutcome, Usage, UsageCounts, UsageGroup,
+    AcceptedRun, Attempt, Bucket, NodeId, Rollup, RunId, RunOutcome, Usage, UsageCounts, UsageGroup,
 };
 
 /// What the writer knows of a run the file holds as open.
@@ -109,26 +109,73 @@ impl<'a> Plan<'a> {
         })
     }
 
-    /// Writes the plan and the usage of the runs it ends (summed per bucket and group, one
-    /// upsert per row); `open` learns how many events each open run now has stored.
+    /// Writes the plan and the usage of the runs it ends (summed per minute and group
+    /// first, so a run costs no allocation; one upsert per row); `open` learns how many
+    /// events each open run now has stored.
     pub(super) fn apply(
         self,
         tx: &Transaction<'_>,
         open: &mut HashMap<RunId, OpenRun>,
     ) -> rusqlite::Result<()> {
         let Plan { order, mut runs } = self;
-        let mut rollup = Rollup::default();
+        let mut endings = Endings::default();
         for run_id in order {
             let Some(write) = runs.remove(run_id) else {
                 continue;
             };
-            write.roll_up(&mut rollup);
+            endings.add(&write);
             let stored = write.apply(tx)?;
             if let Some(known) = open.get_mut(run_id) {
                 known.stored = stored;
             }
         }
-        upsert_usage(tx, &rollup)
+        upsert_usage(tx, &endings.rollup())
+    }
+}
+
+/// The usage of one transaction's endings by UTC minute, key, adapter, target and node,
+/// borrowed from the batch.
+#[derive(Default)]
+struct Endings<'a> {
+    sums: HashMap<EndingGroup<'a>, UsageCounts>,
+}
+
+/// A minute's start, the key's name, the adapter, the target and the node.
+type EndingGroup<'a> = (u64, Option<Arc<str>>, &'a str, &'a str, Option<&'a str>);
+
+impl<'a> Endings<'a> {
+    /// Counts `write`'s run when its batch ends it.
+    fn add(&mut self, write: &RunWrite<'a>) {
+        let Some(finish) = write.finish else {
+            return;
+        };
+        let ending = &finish.ending;
+        let failed = ending.outcome == RunOutcome::Failed;
+        let group = (
+            Bucket::Minute.start_of(ending.finished_ms),
+            write.key.clone(),
+            finish.adapter.as_str(),
+            finish.target.as_str(),
+            finish.node.as_ref().map(NodeId::as_str),
+        );
+        self.sums
+            .entry(group)
+            .or_default()
+            .add(&UsageCounts::of_run(ending.usage.as_ref(), failed));
+    }
+
+    /// Every bucket size's rows (an hour or a day starts on a minute).
+    fn rollup(&self) -> Rollup {
+        let mut rollup = Rollup::default();
+        for ((minute, key, adapter, target, node), counts) in &self.sums {
+            let group = UsageGroup {
+                key: key.as_deref().map(str::to_owned),
+                model: Some(format!("{adapter}/{target}")),
+                node: node.map(str::to_owned),
+            };
+            rollup.add(*minute, &group, counts);
+        }
+        rollup
     }
 }
 
@@ -223,22 +270,6 @@ fn upsert_usage(tx: &Transaction<'_>, rollup: &Rollup) -> rusqlite::Result<()> {
 }
 
 impl RunWrite<'_> {
-    /// Counts the run's usage in `rollup` when this batch ends it.
-    fn roll_up(&self, rollup: &mut Rollup) {
-        let Some(finish) = self.finish else {
-            return;
-        };
-        let ending = &finish.ending;
-        let group = UsageGroup {
-            key: self.key.as_deref().map(str::to_owned),
-            model: Some(finish.model.clone()),
-            node: finish.node.as_ref().map(|n| n.as_str().to_owned()),
-        };
-        let failed = ending.outcome == RunOutcome::Failed;
-        let counts = UsageCounts::of_run(ending.usage.as_ref(), failed);
-        rollup.add(ending.finished_ms, &group, &counts);
-    }
-
     /// Writes the run's rows; returns how many of its events are stored now.
     fn apply(self, tx: &Transaction<'_>) -> rusqlite::Result<u64> {
         let mut chunks = joined(&self.chunks).into_iter().peekable();
