@@ -117,27 +117,49 @@ fn push_text_payload(event: &RunEvent, out: &mut Vec<u8>) {
     }
 }
 
-/// Appends a terminal event's ` input_tokens=.. output_tokens=..` (and the detail), if known.
+/// The labels of a usage's counts on a text line: input, output, cached input, reasoning.
+const TEXT_USAGE: [&[u8]; 4] = [
+    b" input_tokens=",
+    b" output_tokens=",
+    b" cached_input_tokens=",
+    b" reasoning_tokens=",
+];
+
+/// The same in a JSON line.
+const JSON_USAGE: [&[u8]; 4] = [
+    b",\"input_tokens\":",
+    b",\"output_tokens\":",
+    b",\"cached_input_tokens\":",
+    b",\"reasoning_tokens\":",
+];
+
+/// Appends a terminal event's usage to a text line, if known.
 fn push_text_usage(usage: Option<&Usage>, out: &mut Vec<u8>) {
-    if let Some(usage) = usage {
-        out.extend_from_slice(b" input_tokens=");
-        push_u64(u64::from(usage.input_tokens), out);
-        out.extend_from_slice(b" output_tokens=");
-        push_u64(u64::from(usage.output_tokens), out);
-        push_usage_detail(usage, b" cached_input_tokens=", b" reasoning_tokens=", out);
-    }
+    push_usage(usage, TEXT_USAGE, out);
 }
 
-/// Appends a terminal event's `,"input_tokens":..,"output_tokens":..` (and the detail), if
-/// known.
+/// Appends a terminal event's usage to a JSON line, if known.
 fn push_json_usage(usage: Option<&Usage>, out: &mut Vec<u8>) {
-    if let Some(usage) = usage {
-        out.extend_from_slice(b",\"input_tokens\":");
-        push_u64(u64::from(usage.input_tokens), out);
-        out.extend_from_slice(b",\"output_tokens\":");
-        push_u64(u64::from(usage.output_tokens), out);
-        let (cached, reasoning) = (b",\"cached_input_tokens\":", b",\"reasoning_tokens\":");
-        push_usage_detail(usage, cached, reasoning, out);
+    push_usage(usage, JSON_USAGE, out);
+}
+
+/// Appends a terminal event's usage, if known, under `labels`: input and output tokens
+/// always, cached input and reasoning tokens only when there are any.
+fn push_usage(usage: Option<&Usage>, labels: [&[u8]; 4], out: &mut Vec<u8>) {
+    let Some(usage) = usage else {
+        return;
+    };
+    let counts = [
+        usage.input_tokens,
+        usage.output_tokens,
+        usage.cached_input_tokens,
+        usage.reasoning_tokens,
+    ];
+    for (i, (label, count)) in labels.into_iter().zip(counts).enumerate() {
+        if i < 2 || count > 0 {
+            out.extend_from_slice(label);
+            push_u64(u64::from(count), out);
+        }
     }
 }
 
@@ -287,20 +309,6 @@ fn push_json_route(route: Option<&RouteReason>, out: &mut Vec<u8>) {
     }
 }
 
-/// Appends the cached-input and reasoning token counts of `usage` after their labels, each
-/// only when not zero (a node that does not report them sends zero).
-fn push_usage_detail(usage: &Usage, cached: &[u8], reasoning: &[u8], out: &mut Vec<u8>) {
-    for (label, count) in [
-        (cached, usage.cached_input_tokens),
-        (reasoning, usage.reasoning_tokens),
-    ] {
-        if count > 0 {
-            out.extend_from_slice(label);
-            push_u64(u64::from(count), out);
-        }
-    }
-}
-
 /// Appends `text` as a JSON string, escaped by `serde_json`.
 fn push_json_str(text: &str, out: &mut Vec<u8>) {
     // Serializing a `str` into a Vec cannot fail.
@@ -387,6 +395,38 @@ pub(crate) mod tests {
         assert_eq!(out.last(), Some(&b'\n'));
         assert_eq!(out.iter().filter(|&&b| b == b'\n').count(), 1);
         serde_json::from_slice(&out).unwrap()
+    }
+
+    #[test]
+    fn failed_and_cancelled_lines_carry_what_the_run_produced() {
+        let produced = Some(Usage {
+            input_tokens: 5,
+            output_tokens: 2,
+            cached_input_tokens: 4,
+            reasoning_tokens: 0,
+        });
+        let cancelled = event(RunEventKind::Cancelled {
+            reason: "caller".into(),
+            usage: produced,
+        });
+        assert_eq!(
+            text(&cancelled),
+            "r1 node-a echo/m1 cancelled input_tokens=5 output_tokens=2 cached_input_tokens=4 reason=caller\n"
+        );
+        assert_eq!(json(&cancelled)["output_tokens"], 2);
+        let failed = event(RunEventKind::Failed {
+            code: "engine_error".into(),
+            message: "broke".into(),
+            class: FailureClass::Node,
+            status: None,
+            usage: produced,
+        });
+        assert_eq!(json(&failed)["cached_input_tokens"], 4);
+        assert!(
+            json(&event(RunEventKind::cancelled("x")))
+                .get("output_tokens")
+                .is_none()
+        );
     }
 
     #[test]

@@ -20,10 +20,11 @@
 
 use crate::common;
 
+use crate::node_support::prompt as plain_run;
 use bytes::Bytes;
 use common::engines::{LlamaOptions, LlamaServer};
 use common::runs::{next_event, rest, start as start_run};
-use edge::domain::{AdapterName, NodeSelector, Operation, RunEventKind, RunSpec, Target};
+use edge::domain::{NodeSelector, Operation, RunEventKind, RunSpec, Target};
 use serde_json::{Value, json};
 
 use crate::engines_e2e::{API_KEY, Stack};
@@ -223,16 +224,13 @@ async fn a_stream_cancelled_midway_counts_what_the_engine_produced() {
     let body = json!({"messages": messages, "max_tokens": 3000, "ignore_eos": true});
     let spec = RunSpec {
         selector: NodeSelector {
-            adapter: AdapterName::parse("llama").expect("adapter"),
             target: Target::parse("tiny").expect("target"),
-            pin: None,
+            ..plain_run("").selector
         },
         input: Bytes::from(body.to_string()),
         content_type: "application/json".into(),
-        params: Default::default(),
-        deadline: None,
         operation: Operation::Chat,
-        routing: Default::default(),
+        ..plain_run("")
     };
     let mut handle = start_run(&stack.app, spec);
     let mut relayed = 0;
