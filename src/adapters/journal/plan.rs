@@ -141,15 +141,21 @@ fn known(
     if let Some(known) = open.get(run_id) {
         return Ok(Some(known.clone()));
     }
-    tx.prepare_cached("SELECT seq, events_stored, api_key_name FROM runs WHERE run_id = ?1")?
-        .query_row([run_id.as_str()], |row| {
-            Ok(OpenRun {
-                seq: row.get(0)?,
-                stored: u64::try_from(row.get::<_, i64>(1)?).unwrap_or(0),
-                key: row.get::<_, Option<String>>(2)?.map(Arc::from),
-            })
+    // A run an earlier edge left open has only its inline count in `events_stored`: its
+    // stored events are counted (a run taken back after a restart ends with the right count).
+    tx.prepare_cached(
+        "SELECT seq, CASE WHEN outcome = 'open' THEN events_inline_count
+            + (SELECT coalesce(sum(count), 0) FROM events WHERE run_seq = runs.seq)
+            ELSE events_stored END, api_key_name FROM runs WHERE run_id = ?1",
+    )?
+    .query_row([run_id.as_str()], |row| {
+        Ok(OpenRun {
+            seq: row.get(0)?,
+            stored: u64::try_from(row.get::<_, i64>(1)?).unwrap_or(0),
+            key: row.get::<_, Option<String>>(2)?.map(Arc::from),
         })
-        .optional()
+    })
+    .optional()
 }
 
 /// Consecutive chunks of a run joined: where they start, how many events, their bytes.
@@ -225,7 +231,11 @@ fn upsert_usage(tx: &Transaction<'_>, rollup: &Rollup) -> rusqlite::Result<()> {
 impl RunWrite<'_> {
     /// Counts the run's usage in `rollup` when this batch ends it.
     fn roll_up(&self, rollup: &mut Rollup) {
-        let Some(finish) = self.finish else {
+        // A run whose ending is not known (an edge left it open) counts nowhere.
+        let Some(finish) = self
+            .finish
+            .filter(|f| f.ending.outcome != RunOutcome::Unknown)
+        else {
             return;
         };
         let ending = &finish.ending;
@@ -321,7 +331,7 @@ fn insert_run<'a>(
     let text = |v: Option<&'a str>| v.map_or(ValueRef::Null, |t| ValueRef::Text(t.as_bytes()));
     let attempt = inline.attempt;
     let events = inline.events.as_ref();
-    let mut values: Vec<ValueRef<'a>> = Vec::with_capacity(25);
+    let mut values: Vec<ValueRef<'a>> = Vec::with_capacity(26);
     values.extend([
         ValueRef::Integer(write.seq),
         ValueRef::Text(run.run_id.as_str().as_bytes()),
@@ -341,13 +351,18 @@ fn insert_run<'a>(
     if matches!(values.get(23), Some(ValueRef::Null)) {
         values[23] = ValueRef::Integer(0);
     }
+    values.push(
+        run.deadline_ms
+            .map_or(ValueRef::Null, |d| ValueRef::Integer(to_sql(d))),
+    );
     tx.prepare_cached(
         "INSERT OR IGNORE INTO runs (seq, run_id, adapter, target, operation, pin, api_key_name,
             queued_ms, node, route_reason, started_ms, events_inline, events_inline_count,
             outcome, first_output_ms, finished_ms, code, message, finish_reason,
-            input_tokens, output_tokens, cached_input_tokens, reasoning_tokens, events, events_stored)
+            input_tokens, output_tokens, cached_input_tokens, reasoning_tokens, events, events_stored,
+            deadline_ms)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18,
-            ?19, ?20, ?21, ?22, ?23, ?24, ?25)",
+            ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26)",
     )?
     .execute(rusqlite::params_from_iter(values.into_iter().map(ToSqlOutput::Borrowed)))?;
     Ok(())

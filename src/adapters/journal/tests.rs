@@ -38,6 +38,7 @@ fn accepted(id: &str, queued_ms: u64) -> JournalEntry {
         pin: None,
         api_key_name: Some("team-a".into()),
         queued_ms: recent(queued_ms),
+        deadline_ms: None,
     }))
 }
 
@@ -319,6 +320,7 @@ async fn the_disabled_journal_keeps_nothing() {
             ..JournalConfig::default()
         },
         std::path::Path::new("never-created.sqlite3"),
+        true,
     )
     .unwrap();
     assert!(!journal.enabled());
@@ -331,7 +333,8 @@ async fn the_disabled_journal_keeps_nothing() {
 fn retention_by_size_removes_the_oldest_finished_runs_and_keeps_open_ones() {
     let dir = tempfile::tempdir().unwrap();
     let budget = budget::Budget::of(0);
-    let (mut conn, _, _) = schema::open_writer(&dir.path().join("j.sqlite3"), &budget).unwrap();
+    let (mut conn, _, _) =
+        schema::open_writer(&dir.path().join("j.sqlite3"), &budget, false).unwrap();
     let padding = "x".repeat(4_000);
     for seq in 1..=200i64 {
         let outcome = if seq == 1 { "open" } else { "completed" };

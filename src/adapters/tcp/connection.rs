@@ -248,12 +248,14 @@ impl<'a, S: NodeIo> Connection<'a, S> {
                     if let Some(availability) = availability {
                         self.availability(record, availability);
                     }
-                    // Answered at once, after every frame before it was handled: the ack
-                    // tells the node the edge has read (and relayed) all of those.
-                    if ping != 0
-                        && let Err(reason) = self.send(EdgeFrame::HeartbeatAck { ping }).await
-                    {
-                        return (handled, Some(reason));
+                    // Answered after every frame before it was handled and is kept: the
+                    // ack tells the node the edge has read, relayed and journaled all of
+                    // those, so it may forget them.
+                    if ping != 0 {
+                        self.shared.deps.handler.events_kept().await;
+                        if let Err(reason) = self.send(EdgeFrame::HeartbeatAck { ping }).await {
+                            return (handled, Some(reason));
+                        }
                     }
                 }
                 NodeFrame::Unknown => {}

@@ -1,0 +1,197 @@
+//! A run outlives its edge: the real `edge serve` is killed with SIGKILL mid-answer and
+//! started again on the same journal and node address; the reference node (still
+//! generating, its events buffered) reconnects and claims the run, and the restarted edge
+//! takes it back from one past the last event its journal holds. The run's record ends
+//! completed with every delta once and in order. A run whose node never comes back ends
+//! `unknown`/`edge_crashed` after the grace.
+
+use crate::admin_crash::{Edge, get, start_edge_with};
+use crate::common;
+#[allow(dead_code, unused_imports)]
+use crate::node;
+use crate::node_support;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use common::{edge_serve_on, eventually_ok, write_config};
+use node_support::upstream::{Reply, ScriptedEngine};
+use node_support::{QWEN, edge_config, spawn_node};
+use serde_json::{Value, json};
+use tokio::sync::Semaphore;
+
+/// Deltas in the answer.
+const DELTAS: usize = 20;
+
+/// Deltas let out before the edge is killed.
+const BEFORE_THE_KILL: usize = 7;
+
+fn delta(n: usize) -> String {
+    format!("d{n} ")
+}
+
+/// An engine streaming [`DELTAS`] deltas, one per permit of the returned gate.
+async fn gated_engine() -> (ScriptedEngine, Arc<Semaphore>) {
+    let engine = ScriptedEngine::start(&[QWEN]).await;
+    let gate = Arc::new(Semaphore::new(0));
+    let mut chunks: Vec<String> = (0..DELTAS)
+        .map(|n| json!({"choices": [{"index": 0, "delta": {"content": delta(n)}}]}).to_string())
+        .collect();
+    chunks
+        .push(json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}).to_string());
+    chunks.push("[DONE]".to_owned());
+    let reply = Reply::Sse {
+        chunks,
+        gate: Some(Arc::clone(&gate)),
+        hang: false,
+    };
+    engine.script(QWEN, reply);
+    (engine, gate)
+}
+
+/// A free loopback address for the edge's node listener, kept across its restarts.
+fn node_listen() -> String {
+    let socket = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+    socket.local_addr().expect("its address").to_string()
+}
+
+async fn edge_at(config: &Path, listen: &str) -> Edge {
+    start_edge_with(edge_serve_on(config, listen)).await
+}
+
+/// Starts a streamed chat completion in the background; returns its run id once the
+/// answer has begun. The stream itself dies with the edge.
+async fn start_stream(edge: &Edge) -> String {
+    let body = json!({
+        "model": "llama/qwen",
+        "stream": true,
+        "messages": [{"role": "user", "content": "tell me a long story"}],
+    });
+    let response = common::http_client()
+        .post(format!("http://{}/v1/chat/completions", edge.http))
+        .json(&body)
+        .send()
+        .await
+        .expect("the request is answered");
+    assert_eq!(response.status(), 200);
+    let run_id = response.headers()["x-edge-run-id"]
+        .to_str()
+        .expect("a run id")
+        .to_owned();
+    tokio::spawn(async move {
+        let mut response = response;
+        while let Ok(Some(_)) = response.chunk().await {}
+    });
+    run_id
+}
+
+/// The run's stored events, as JSON lines.
+async fn events(edge: &Edge, run_id: &str) -> Vec<Value> {
+    let url = format!(
+        "http://{}/admin/v1/runs/{run_id}/events?format=jsonl&follow=false",
+        edge.admin
+    );
+    let text = crate::admin_support::client()
+        .get(url)
+        .send()
+        .await
+        .expect("the events are answered")
+        .text()
+        .await
+        .expect("a body");
+    text.lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+/// Waits until the run's record says `outcome`; returns the record.
+async fn outcome(edge: &Edge, run_id: &str, outcome: &str) -> Value {
+    let path = format!("/admin/v1/runs/{run_id}");
+    eventually_ok("the run's record says how it ended", || async {
+        let record = get(edge.admin, &path).await;
+        if record["outcome"] == outcome {
+            Ok(record)
+        } else {
+            Err(record.to_string())
+        }
+    })
+    .await
+}
+
+fn config(engine: &ScriptedEngine, dir: &Path, grace_ms: u64) -> std::path::PathBuf {
+    let config = format!(
+        "{}\n[runs]\nresume_grace_ms = {grace_ms}\n[events]\nsinks = [\"null\"]\n",
+        edge_config(&engine.base_url(), &["qwen"], 500),
+    );
+    write_config(dir, &config)
+}
+
+/// Kills `edge` with SIGKILL once its journal holds `outputs` outputs of `run_id`.
+async fn kill_after(mut edge: Edge, run_id: &str, outputs: usize) {
+    eventually_ok("the journal holds the first deltas", || async {
+        let stored = events(&edge, run_id).await;
+        let n = stored.iter().filter(|e| e["kind"] == "output").count();
+        if n >= outputs { Ok(()) } else { Err(n) }
+    })
+    .await;
+    edge.child.start_kill().expect("kill -9");
+    edge.child.wait().await.expect("the edge is gone");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_outlives_a_kill_9_of_its_edge_and_completes_once() {
+    let (engine, gate) = gated_engine().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = config(&engine, dir.path(), 30_000);
+    let listen = node_listen();
+    let edge = edge_at(&config, &listen).await;
+    let node = spawn_node(edge.node, "token-1", |_| {});
+    gate.add_permits(BEFORE_THE_KILL);
+    let run_id = start_stream(&edge).await;
+    kill_after(edge, &run_id, BEFORE_THE_KILL).await;
+
+    // The engine goes on while the edge is away: the node buffers.
+    gate.add_permits(DELTAS - BEFORE_THE_KILL + 2);
+    let edge = edge_at(&config, &listen).await;
+    let record = outcome(&edge, &run_id, "completed").await;
+    let stored = events(&edge, &run_id).await;
+    let texts: Vec<&str> = stored
+        .iter()
+        .filter(|e| e["kind"] == "output")
+        .filter_map(|e| e["text"].as_str())
+        .collect();
+    let expected: Vec<String> = (0..DELTAS).map(delta).collect();
+    assert_eq!(texts, expected, "every delta once, in order");
+    let seqs: Vec<u64> = stored.iter().filter_map(|e| e["seq"].as_u64()).collect();
+    assert!(seqs.windows(2).all(|w| w[0] < w[1]), "{seqs:?}");
+    assert_eq!(
+        record["events"].as_u64(),
+        Some(stored.len() as u64),
+        "{record}"
+    );
+    assert_eq!(
+        stored.iter().filter(|e| e["kind"] == "completed").count(),
+        1
+    );
+    // Taken back, not run again.
+    assert_eq!(engine.seen().len(), 1);
+    node.stop().await.expect("clean stop");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_no_node_takes_back_ends_edge_crashed() {
+    let (engine, gate) = gated_engine().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = config(&engine, dir.path(), 300);
+    let listen = node_listen();
+    let edge = edge_at(&config, &listen).await;
+    let node = spawn_node(edge.node, "token-1", |_| {});
+    gate.add_permits(BEFORE_THE_KILL);
+    let run_id = start_stream(&edge).await;
+    kill_after(edge, &run_id, BEFORE_THE_KILL).await;
+    node.kill();
+
+    let edge = edge_at(&config, &listen).await;
+    let record = outcome(&edge, &run_id, "unknown").await;
+    assert_eq!(record["code"], "edge_crashed", "{record}");
+}
