@@ -195,3 +195,119 @@ async fn a_run_no_node_takes_back_ends_edge_crashed() {
     let record = outcome(&edge, &run_id, "unknown").await;
     assert_eq!(record["code"], "edge_crashed", "{record}");
 }
+
+/// Runs in the soak.
+const SOAK_RUNS: usize = 200;
+
+/// Engine chunks per run: the deltas, the finish chunk and `[DONE]`.
+const CHUNKS: usize = DELTAS + 2;
+
+/// The open runs' records, from the run service (no journal read).
+async fn open_runs(edge: &Edge) -> Vec<Value> {
+    let list = get(edge.admin, "/admin/v1/runs?state=open&limit=1000").await;
+    list["runs"].as_array().cloned().unwrap_or_default()
+}
+
+/// Waits until the runs took every one of the `released` chunks the engine may send: an
+/// ended run took all [`CHUNKS`]; an open one its outputs, plus its finish when every delta
+/// is out (the finish becomes `completed` only with the `[DONE]` after it). Every open run
+/// has its `started` relayed, so each can be taken back.
+async fn progressed(edge: &Edge, released: usize) {
+    eventually_ok("the runs relay what the engine sent", || async {
+        let open = open_runs(edge).await;
+        let taken: u64 = open
+            .iter()
+            .filter_map(|r| r["events"].as_u64())
+            .map(|events| events.saturating_sub(1) + u64::from(events == DELTAS as u64 + 1))
+            .sum();
+        let ended = SOAK_RUNS.saturating_sub(open.len()) as u64;
+        let taken = taken + ended * CHUNKS as u64;
+        let all_started = open.iter().all(|r| r["events"].as_u64() > Some(0));
+        if all_started && taken >= released as u64 {
+            Ok(())
+        } else {
+            // Look less often than `eventually` would: a listing is not free.
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            Err(format!(
+                "{} open, {taken} chunks of {released} taken",
+                open.len()
+            ))
+        }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn soak_runs_outlive_three_kills_of_their_edge() {
+    let (engine, gate) = gated_engine().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = format!(
+        "{}\n[runs]\nresume_grace_ms = 30000\n[events]\nsinks = [\"null\"]\n",
+        edge_config(&engine.base_url(), &["qwen"], 500)
+            .replace("max_concurrent_runs = 8", "max_concurrent_runs = 256"),
+    );
+    let config = write_config(dir.path(), &config);
+    let listen = node_listen();
+    let mut edge = edge_at(&config, &listen).await;
+    let node = spawn_node(edge.node, "token-1", |_| {});
+    // No chunk yet: every run starts (the engine answers at once, its chunks wait), and
+    // none can end before all are open.
+    // The engine shares one gate among all runs, so which run gets a chunk is anyone's
+    // guess: the streams are started in the background, the ids read from the listing.
+    let http = edge.http;
+    // One client for all: building one loads the system's CA certificates.
+    let client = common::http_client();
+    for _ in 0..SOAK_RUNS {
+        let client = client.clone();
+        tokio::spawn(async move {
+            let body = json!({
+                "model": "llama/qwen",
+                "stream": true,
+                "messages": [{"role": "user", "content": "tell me a long story"}],
+            });
+            let url = format!("http://{http}/v1/chat/completions");
+            if let Ok(mut response) = client.post(url).json(&body).send().await {
+                while let Ok(Some(_)) = response.chunk().await {}
+            }
+        });
+    }
+    eventually_ok("every run is open", || async {
+        let open = open_runs(&edge).await.len();
+        if open == SOAK_RUNS { Ok(()) } else { Err(open) }
+    })
+    .await;
+    let ids: Vec<String> = open_runs(&edge)
+        .await
+        .iter()
+        .filter_map(|r| r["id"].as_str().map(str::to_owned))
+        .collect();
+    let mut released = 0;
+    for _ in 0..3 {
+        let more = 6 * SOAK_RUNS;
+        gate.add_permits(more);
+        released += more;
+        progressed(&edge, released).await;
+        edge.child.start_kill().expect("kill -9");
+        edge.child.wait().await.expect("the edge is gone");
+        edge = edge_at(&config, &listen).await;
+    }
+    gate.add_permits(CHUNKS * SOAK_RUNS - released);
+    let expected: Vec<String> = (0..DELTAS).map(delta).collect();
+    for id in &ids {
+        outcome(&edge, id, "completed").await;
+        let stored = events(&edge, id).await;
+        let texts: Vec<&str> = stored
+            .iter()
+            .filter(|e| e["kind"] == "output")
+            .filter_map(|e| e["text"].as_str())
+            .collect();
+        assert_eq!(texts, expected, "run {id}: every delta once, in order");
+        let terminals = stored
+            .iter()
+            .filter(|e| e["kind"] != "output" && e["kind"] != "started");
+        assert_eq!(terminals.count(), 1, "run {id}");
+    }
+    // Taken back each time, never run again.
+    assert_eq!(engine.seen().len(), SOAK_RUNS);
+    node.stop().await.expect("clean stop");
+}

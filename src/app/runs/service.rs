@@ -32,6 +32,9 @@ use crate::ports::{
     StartError,
 };
 
+/// How long a node's ping waits for the journal to hold the events read before it.
+const JOURNAL_ACK_WAIT: Duration = Duration::from_millis(250);
+
 /// What placement did with a new run, before it is sent.
 pub(super) enum Dispatch {
     /// Send it to this node.
@@ -340,9 +343,14 @@ impl Runs for RunService {
 impl NodeEventHandler for RunService {
     async fn events_kept(&self) {
         // Only a journal that a restarted edge takes runs back from makes this worth a
-        // wait: the node may forget what it acknowledged.
+        // wait: the node may forget what it acknowledged. The wait is bounded, so a journal
+        // that stalls (a checkpoint waiting for readers, a slow disk) cannot hold up the
+        // node's connection: past it the ack goes anyway, and a restart in that moment may
+        // find an event neither has, which refuses the node's claim (`events_lost`) and
+        // ends the run `edge_crashed` — never a wrong stream.
         if self.inner.config.resume_grace().is_some() && self.inner.journal.enabled() {
-            self.inner.journal.flush().await;
+            let flushed = self.inner.journal.flush();
+            let _ = tokio::time::timeout(JOURNAL_ACK_WAIT, flushed).await;
         }
     }
 
