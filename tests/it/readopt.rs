@@ -10,13 +10,14 @@ use crate::common;
 #[allow(dead_code, unused_imports)]
 use crate::node;
 use crate::node_support;
+use crate::resume::open_stream_at;
 
 use std::path::Path;
 use std::sync::Arc;
 
 use common::{edge_serve_on, eventually_ok, write_config};
-use node_support::upstream::{Reply, ScriptedEngine};
-use node_support::{QWEN, edge_config, spawn_node};
+use node_support::upstream::{Reply, ScriptedEngine, chat_chunks};
+use node_support::{QWEN, RunningNode, edge_config, spawn_node};
 use serde_json::{Value, json};
 use tokio::sync::Semaphore;
 
@@ -34,12 +35,7 @@ fn delta(n: usize) -> String {
 async fn gated_engine() -> (ScriptedEngine, Arc<Semaphore>) {
     let engine = ScriptedEngine::start(&[QWEN]).await;
     let gate = Arc::new(Semaphore::new(0));
-    let mut chunks: Vec<String> = (0..DELTAS)
-        .map(|n| json!({"choices": [{"index": 0, "delta": {"content": delta(n)}}]}).to_string())
-        .collect();
-    chunks
-        .push(json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}).to_string());
-    chunks.push("[DONE]".to_owned());
+    let chunks = chat_chunks((0..DELTAS).map(delta));
     let reply = Reply::Sse {
         chunks,
         gate: Some(Arc::clone(&gate)),
@@ -67,17 +63,7 @@ async fn start_stream(edge: &Edge) -> String {
         "stream": true,
         "messages": [{"role": "user", "content": "tell me a long story"}],
     });
-    let response = common::http_client()
-        .post(format!("http://{}/v1/chat/completions", edge.http))
-        .json(&body)
-        .send()
-        .await
-        .expect("the request is answered");
-    assert_eq!(response.status(), 200);
-    let run_id = response.headers()["x-edge-run-id"]
-        .to_str()
-        .expect("a run id")
-        .to_owned();
+    let (response, run_id) = open_stream_at(edge.http, "/v1/chat/completions", &body).await;
     tokio::spawn(async move {
         let mut response = response;
         while let Ok(Some(_)) = response.chunk().await {}
@@ -138,23 +124,50 @@ async fn kill_after(mut edge: Edge, run_id: &str, outputs: usize) {
     edge.child.wait().await.expect("the edge is gone");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_run_outlives_a_kill_9_of_its_edge_and_completes_once() {
+/// What a test has once its edge was killed mid-answer.
+struct Killed {
+    engine: ScriptedEngine,
+    gate: Arc<Semaphore>,
+    config: std::path::PathBuf,
+    listen: String,
+    node: RunningNode,
+    run_id: String,
+    _dir: tempfile::TempDir,
+}
+
+/// An edge (resume grace `grace_ms`) and the reference node; a streamed run that has
+/// relayed [`BEFORE_THE_KILL`] deltas, and its edge killed with SIGKILL.
+async fn killed_mid_answer(grace_ms: u64) -> Killed {
     let (engine, gate) = gated_engine().await;
     let dir = tempfile::tempdir().expect("tempdir");
-    let config = config(&engine, dir.path(), 30_000);
+    let config = config(&engine, dir.path(), grace_ms);
     let listen = node_listen();
     let edge = edge_at(&config, &listen).await;
     let node = spawn_node(edge.node, "token-1", |_| {});
     gate.add_permits(BEFORE_THE_KILL);
     let run_id = start_stream(&edge).await;
     kill_after(edge, &run_id, BEFORE_THE_KILL).await;
+    Killed {
+        engine,
+        gate,
+        config,
+        listen,
+        node,
+        run_id,
+        _dir: dir,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_outlives_a_kill_9_of_its_edge_and_completes_once() {
+    let killed = killed_mid_answer(30_000).await;
+    let (engine, gate, run_id) = (&killed.engine, &killed.gate, &killed.run_id);
 
     // The engine goes on while the edge is away: the node buffers.
     gate.add_permits(DELTAS - BEFORE_THE_KILL + 2);
-    let edge = edge_at(&config, &listen).await;
-    let record = outcome(&edge, &run_id, "completed").await;
-    let stored = events(&edge, &run_id).await;
+    let edge = edge_at(&killed.config, &killed.listen).await;
+    let record = outcome(&edge, run_id, "completed").await;
+    let stored = events(&edge, run_id).await;
     let texts: Vec<&str> = stored
         .iter()
         .filter(|e| e["kind"] == "output")
@@ -175,24 +188,17 @@ async fn a_run_outlives_a_kill_9_of_its_edge_and_completes_once() {
     );
     // Taken back, not run again.
     assert_eq!(engine.seen().len(), 1);
-    node.stop().await.expect("clean stop");
+    killed.node.stop().await.expect("clean stop");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_no_node_takes_back_ends_edge_crashed() {
-    let (engine, gate) = gated_engine().await;
-    let dir = tempfile::tempdir().expect("tempdir");
-    let config = config(&engine, dir.path(), 300);
-    let listen = node_listen();
-    let edge = edge_at(&config, &listen).await;
-    let node = spawn_node(edge.node, "token-1", |_| {});
-    gate.add_permits(BEFORE_THE_KILL);
-    let run_id = start_stream(&edge).await;
-    kill_after(edge, &run_id, BEFORE_THE_KILL).await;
-    node.kill();
+    let killed = killed_mid_answer(300).await;
+    let (config, listen, run_id) = (&killed.config, &killed.listen, &killed.run_id);
+    killed.node.kill();
 
-    let edge = edge_at(&config, &listen).await;
-    let record = outcome(&edge, &run_id, "unknown").await;
+    let edge = edge_at(config, listen).await;
+    let record = outcome(&edge, run_id, "unknown").await;
     assert_eq!(record["code"], "edge_crashed", "{record}");
 }
 

@@ -627,3 +627,57 @@ async fn usage_rolls_up_as_runs_end_and_survives_reopening() {
         );
     }
 }
+
+#[tokio::test]
+async fn an_adopting_open_hands_runs_left_open_over_once_and_takes_their_endings() {
+    use crate::domain::{Bucket, GroupBy, UsageQuery};
+    let dir = tempfile::tempdir().unwrap();
+    let journal = SqliteJournal::open(&config(&dir), &file(&dir)).unwrap();
+    whole_run(&journal, "done", 1, "node-a");
+    let JournalEntry::Accepted(mut midway) = accepted("midway", 2) else {
+        unreachable!()
+    };
+    midway.deadline_ms = Some(recent(60_002));
+    journal.record(JournalEntry::Accepted(midway));
+    journal.record(placed("midway", "node-a"));
+    journal.record(event("midway", 0, RunEventKind::Started));
+    journal.record(event("midway", 1, RunEventKind::text("half")));
+    journal.flush().await;
+    drop(journal);
+    let journal = loop {
+        match SqliteJournal::open_adopting(&config(&dir), &file(&dir)) {
+            Ok(journal) => break journal,
+            Err(OpenError::InUse { .. }) => tokio::time::sleep(Duration::from_millis(10)).await,
+            Err(error) => panic!("reopen: {error}"),
+        }
+    };
+    // Left as it was, and handed over once, deadline and attempt included.
+    let left = journal.take_left_open();
+    assert_eq!(left.len(), 1, "{left:?}");
+    assert_eq!(left[0].outcome, RunOutcome::Open);
+    assert_eq!(left[0].accepted.deadline_ms, Some(recent(60_002)));
+    assert_eq!(left[0].attempts.len(), 1);
+    assert!(journal.take_left_open().is_empty());
+    // Taken back and then lost: its ending is recorded as unknown, in no rollup.
+    let lost = EdgeFailure::EdgeCrashed.into_event_kind();
+    journal.record(event("midway", 2, lost));
+    journal.flush().await;
+    let midway = journal.run(&RunId::new("midway")).await.unwrap().unwrap();
+    assert_eq!(midway.outcome, RunOutcome::Unknown);
+    assert_eq!(midway.code.as_deref(), Some(crate::domain::EDGE_CRASHED));
+    assert_eq!((midway.events, midway.events_stored), (3, 3));
+    let query = UsageQuery {
+        group_by: GroupBy::parse("key").unwrap(),
+        since_ms: 0,
+        until_ms: u64::MAX / 2,
+        bucket: Bucket::Minute,
+        per_bucket: false,
+    };
+    let rows = journal.usage(&query).await.unwrap();
+    assert_eq!(
+        rows.iter().map(|r| r.counts.runs).sum::<u64>(),
+        1,
+        "{rows:?}"
+    );
+    journal.close().await;
+}
