@@ -9,7 +9,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime};
 
 use bytes::BytesMut;
@@ -59,6 +59,9 @@ pub(super) struct Connection<'a, S> {
     pub(super) framed: Framed<S, EdgeCodec>,
     pub(super) peer: SocketAddr,
     pub(super) id: ConnectionId,
+    /// Whether events were relayed since the last ping was answered: only then does an
+    /// answer wait for them to be kept (an idle node's pings cost nothing).
+    relayed_since_ack: AtomicBool,
 }
 
 /// A registered node's side of the connection, made by the handshake.
@@ -92,6 +95,7 @@ impl<'a, S: NodeIo> Connection<'a, S> {
             framed: Framed::new(stream, codec),
             peer,
             id,
+            relayed_since_ack: AtomicBool::new(false),
         }
     }
 
@@ -252,7 +256,9 @@ impl<'a, S: NodeIo> Connection<'a, S> {
                     // ack tells the node the edge has read, relayed and journaled all of
                     // those, so it may forget them.
                     if ping != 0 {
-                        self.shared.deps.handler.events_kept().await;
+                        if self.relayed_since_ack.swap(false, Ordering::Relaxed) {
+                            self.shared.deps.handler.events_kept().await;
+                        }
                         if let Err(reason) = self.send(EdgeFrame::HeartbeatAck { ping }).await {
                             return (handled, Some(reason));
                         }
@@ -283,6 +289,7 @@ impl<'a, S: NodeIo> Connection<'a, S> {
     /// relays before this returns.
     async fn relay(&self, record: &NodeRecord, events: &mut Vec<ReportedEvent>) {
         if !events.is_empty() {
+            self.relayed_since_ack.store(true, Ordering::Relaxed);
             let handler = &self.shared.deps.handler;
             handler.run_events(record.id(), self.id, events).await;
         }
