@@ -78,6 +78,7 @@ mod node_reconnect;
 mod openai_python;
 mod otlp;
 mod protocol_v1;
+mod readopt;
 mod registration;
 mod resume;
 mod routing;

@@ -71,6 +71,21 @@ impl Delivery {
         }
     }
 
+    /// The delivery of a run taken back after an edge restart, which relayed up to
+    /// `last_seq` (`seq_base` before its current attempt's `started`): no caller yet
+    /// (callers resume from the journal), and repeats of what it relayed are dropped.
+    pub(super) fn adopted(last_seq: u64, seq_base: u64, saw_output: bool) -> Self {
+        Self {
+            state: RunState::adopted(last_seq),
+            caller: None,
+            saw_output,
+            seq_base,
+            followers: Vec::new(),
+            journal: Vec::new(),
+            progress: Progress::default(),
+        }
+    }
+
     /// Whether an `output` event has been relayed.
     pub(super) fn saw_output(&self) -> bool {
         self.saw_output
