@@ -230,15 +230,20 @@ async fn continued(case: Case, loss: Loss) -> Value {
     asked[0].body.clone()
 }
 
-#[tokio::test]
-async fn a_chat_whose_node_is_lost_mid_answer_is_finished_by_another_node() {
-    let asked = continued(Case::CHAT, Loss::Cut).await;
+/// Checks that the second engine was `asked` to go on from the prefix in a trailing
+/// assistant message.
+fn assert_asked_to_go_on_in_chat(asked: &Value) {
     let prefix: String = (0..BEFORE).map(delta).collect();
     let messages = asked["messages"].as_array().expect("messages");
     assert_eq!(
         messages.last(),
         Some(&json!({"role": "assistant", "content": prefix}))
     );
+}
+
+#[tokio::test]
+async fn a_chat_whose_node_is_lost_mid_answer_is_finished_by_another_node() {
+    assert_asked_to_go_on_in_chat(&continued(Case::CHAT, Loss::Cut).await);
 }
 
 #[tokio::test]
@@ -250,11 +255,5 @@ async fn a_completion_whose_node_is_lost_mid_answer_is_finished_by_another_node(
 
 #[tokio::test]
 async fn a_chat_left_on_a_node_at_its_drain_deadline_is_finished_by_another_node() {
-    let asked = continued(Case::CHAT, Loss::DrainDeadline).await;
-    let prefix: String = (0..BEFORE).map(delta).collect();
-    let messages = asked["messages"].as_array().expect("messages");
-    assert_eq!(
-        messages.last(),
-        Some(&json!({"role": "assistant", "content": prefix}))
-    );
+    assert_asked_to_go_on_in_chat(&continued(Case::CHAT, Loss::DrainDeadline).await);
 }

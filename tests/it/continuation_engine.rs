@@ -35,6 +35,7 @@ use crate::admin_support::{ADMIN_KEY, run_until};
 use crate::common::engines::LlamaServer;
 use crate::common::python::client_script;
 use crate::common::{PATIENCE, TestApp};
+use crate::engines_e2e::llama_node;
 use crate::node_support::edge_on;
 use crate::resume::{is_terminal, sunk};
 
@@ -266,34 +267,13 @@ impl Mode {
 /// `llama` adapter's `tiny` target), resume off (a killed node's runs are lost for good),
 /// the file sink at `events`, an admin key for the run's record.
 fn edge_config(first: &str, second: &str, events: &str) -> String {
-    let node = |n: u32, url: &str| {
-        format!(
-            r#"
-[[nodes]]
-id = "node-{n}"
-alias = "box-{n}"
-token = "token-{n}"
-[nodes.runtime]
-max_concurrent_runs = 4
-heartbeat_interval_ms = 500
-[[nodes.adapters]]
-name = "llama"
-targets = ["tiny"]
-[nodes.adapters.settings]
-base_url = "{url}"
-availability = "reachable"
-probe_interval_ms = "200"
-probe_down_interval_ms = "100"
-"#
-        )
-    };
     format!(
         "[api]\nkeys = [\"{API_KEY}\"]\n[admin]\nkeys = [\"{ADMIN_KEY}\"]\n\
          [runs]\nresume_grace_ms = 0\n\
          [events]\nsinks = [\"file\"]\n[events.file]\npath = {events:?}\nflush_interval_ms = 20\n\
          {}{}",
-        node(1, first),
-        node(2, second),
+        llama_node("node-1", "token-1", first),
+        llama_node("node-2", "token-2", second),
     )
 }
 

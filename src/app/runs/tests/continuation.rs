@@ -208,14 +208,22 @@ async fn drain_deadline(h: &Harness, node: &str, run: &RunId) -> bool {
     h.service.move_off_drained(&node, run, reason).await
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_drain_deadline_continues_a_run_with_output_on_another_node() {
+/// A run of [`spec()`] placed on one of nodes `a` and `b`: the harness, the run's handle
+/// and its node.
+async fn on_one_of_two() -> (Harness, RunHandle, String) {
     let mut h = Harness::new(continuing(), Expect::terminals(1).runs_sent(2));
     h.connect("a", 1).await;
     h.connect("b", 1).await;
-    let mut handle = h.start(spec());
+    let handle = h.start(spec());
+    let first = h.holder(&handle.run_id).0;
+    (h, handle, first)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_drain_deadline_continues_a_run_with_output_on_another_node() {
+    let (h, mut handle, first) = on_one_of_two().await;
     let run = handle.run_id.clone();
-    let (first, first_connection) = h.holder(&run);
+    let first_connection = h.holder(&run).1;
     h.holder_reports(&run, [RunEventKind::Started, output("Hel")])
         .await;
     assert!(drain_deadline(&h, &first, &run).await);
@@ -249,12 +257,8 @@ async fn a_drain_deadline_continues_a_run_with_output_on_another_node() {
 
 #[tokio::test(start_paused = true)]
 async fn a_drain_deadline_places_a_run_without_output_again() {
-    let mut h = Harness::new(continuing(), Expect::terminals(1).runs_sent(2));
-    h.connect("a", 1).await;
-    h.connect("b", 1).await;
-    let mut handle = h.start(spec());
+    let (h, mut handle, first) = on_one_of_two().await;
     let run = handle.run_id.clone();
-    let first = h.holder(&run).0;
     h.holder_reports(&run, [RunEventKind::Started]).await;
     assert!(drain_deadline(&h, &first, &run).await);
     let (second, assignment) = h.assignments(&run).pop().unwrap();
