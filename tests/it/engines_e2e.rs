@@ -45,15 +45,20 @@ const NO_NODE_TIMEOUT_MS: u64 = 1_000;
 /// docs/node.md's llama-server block, with probes and heartbeats quick enough for a test.
 fn edge_config(v1_url: &str) -> String {
     format!(
+        "[api]\nkeys = [\"{API_KEY}\"]\n[runs]\nno_node_timeout_ms = {NO_NODE_TIMEOUT_MS}\n{}",
+        llama_node("box-1", NODE_TOKEN, v1_url)
+    )
+}
+
+/// A `[[nodes]]` block: node `id` (its alias too) with `token`, whose `llama` adapter serves
+/// `tiny` from the engine at `v1_url`, probed every 200 ms, heartbeating every 500 ms.
+pub(crate) fn llama_node(id: &str, token: &str, v1_url: &str) -> String {
+    format!(
         r#"
-[api]
-keys = ["{API_KEY}"]
-[runs]
-no_node_timeout_ms = {NO_NODE_TIMEOUT_MS}
 [[nodes]]
-id = "box-1"
-alias = "box-1"
-token = "{NODE_TOKEN}"
+id = "{id}"
+alias = "{id}"
+token = "{token}"
 [nodes.runtime]
 max_concurrent_runs = 4
 heartbeat_interval_ms = 500

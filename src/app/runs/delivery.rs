@@ -302,6 +302,30 @@ impl RunService {
         Some(next)
     }
 
+    /// Ends `run`'s attempt on `node`'s `connection` with `kind` (never relayed) only if
+    /// failover or a continuation moves the run on, its next attempt sent or queued; else
+    /// leaves the attempt as it is and returns `false` (`kind`'s message then ends with why
+    /// the run was not continued, when it was refused one).
+    pub(super) async fn move_off_attempt(
+        &self,
+        run: &Arc<Run>,
+        node: &NodeId,
+        connection: ConnectionId,
+        kind: &mut RunEventKind,
+    ) -> bool {
+        let mut delivery = run.delivery.lock().await;
+        if !run.is_on(node, connection) {
+            return false;
+        }
+        let Some(next) = self.attempt_ended(run, &mut delivery, kind, false) else {
+            return false;
+        };
+        self.hand_to_journal(run, &mut delivery.journal);
+        drop(delivery);
+        self.continue_run(run, next);
+        true
+    }
+
     /// Whether `events` from `source` belong to an attempt that has ended (failed over)
     /// or moved to another connection (resumed) while they waited for the run's lock;
     /// such events are dropped and counted.

@@ -315,10 +315,9 @@ impl RunService {
                 "ending runs still open after the drain grace period"
             );
         }
-        let endings = remaining.iter().map(|run| async move {
-            self.send_cancel(run, "edge shutting down");
-            self.end_run(run, EdgeFailure::EdgeShutdown.into_event_kind())
-                .await;
+        let endings = remaining.iter().map(|run| {
+            let kind = EdgeFailure::EdgeShutdown.into_event_kind();
+            self.end_then_cancel(run, kind, "edge shutting down")
         });
         futures::future::join_all(endings).await;
         inner.timers.close();
