@@ -62,6 +62,7 @@ fn entries(i: usize, nodes: usize, base: u64) -> anyhow::Result<Vec<JournalEntry
         pin: None,
         api_key_name: None,
         queued_ms: at,
+        deadline_ms: None,
     };
     let attempt = Attempt {
         number: 1,

@@ -19,12 +19,14 @@ use crate::adapters::journal::open_journal;
 use crate::adapters::web_console;
 use crate::ports::{NodeStore, Registry, RunJournal};
 
-/// The journal `[journal]` asks for.
+/// The journal `[journal]` asks for, the runs a previous edge left open kept for the run
+/// service to take back (`RunService::adopt_left_open`).
 ///
 /// # Errors
 /// The enabled journal's file cannot be used (the message names it).
 pub(super) fn journal(settings: &Settings) -> anyhow::Result<Arc<dyn RunJournal>> {
-    open_journal(&settings.journal, &settings.journal_file()).context("cannot open the run journal")
+    open_journal(&settings.journal, &settings.journal_file(), true)
+        .context("cannot open the run journal")
 }
 
 /// The management service over the edge's parts, its metrics registered.

@@ -259,6 +259,13 @@ async fn run_service(
     runs.load_budgets()
         .await
         .context("cannot load the API keys' budget state from the run journal")?;
+    let held = runs.adopt_left_open().await;
+    if held > 0 {
+        tracing::info!(
+            runs = held,
+            "runs left open by the previous edge are held for their nodes to resume"
+        );
+    }
     Ok(runs)
 }
 

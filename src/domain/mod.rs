@@ -5,6 +5,7 @@
 //! in what a decision needs (the store's answer, the registry's state, `now`) and act on the
 //! returned value, so every rule is a plain function tested without a runtime.
 
+pub mod adoption;
 pub mod continuation;
 pub mod definitions;
 pub mod drain;

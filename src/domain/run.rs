@@ -399,6 +399,9 @@ pub enum EdgeFailure {
     NoNodeAvailable,
     /// The run waited in a full queue and gave its place to a run with a better claim.
     QueueFull,
+    /// The edge that held the run stopped without ending it, and no node took it back
+    /// after the restart: how it ended is not known (its record's outcome is `unknown`).
+    EdgeCrashed,
 }
 
 impl EdgeFailure {
@@ -411,6 +414,7 @@ impl EdgeFailure {
             Self::QueueTimeout => "queue_timeout",
             Self::NoNodeAvailable => "no_node_available",
             Self::QueueFull => "queue_full",
+            Self::EdgeCrashed => super::run_record::EDGE_CRASHED,
         }
     }
 
@@ -439,6 +443,10 @@ impl EdgeFailure {
             ),
             Self::QueueFull => (
                 "the run queue is full and the run gave its place to another",
+                FailureClass::Unspecified,
+            ),
+            Self::EdgeCrashed => (
+                "the edge stopped before this run ended; how it ended is not known",
                 FailureClass::Unspecified,
             ),
         };
@@ -495,6 +503,16 @@ impl RunState {
     /// The sequence number for an event the edge makes now.
     pub fn next_edge_seq(&self) -> u64 {
         self.last_seq.saturating_add(1)
+    }
+
+    /// The state of a run taken back after an edge restart, whose last relayed event was
+    /// numbered `last_seq`: open, and from now on dropping repeats as a resumed run does.
+    pub fn adopted(last_seq: u64) -> Self {
+        Self {
+            last_seq,
+            finished: false,
+            resumed: true,
+        }
     }
 
     /// The highest sequence number relayed so far; 0 before any event.

@@ -52,10 +52,12 @@ impl RunOutcome {
         Self::ALL.into_iter().find(|o| o.as_str() == name)
     }
 
-    /// The outcome a terminal event gives; `None` for a non-terminal one.
+    /// The outcome a terminal event gives; `None` for a non-terminal one. A failure with
+    /// code [`EDGE_CRASHED`] (a run an edge left open that no node took back) is `unknown`.
     pub fn of_event(kind: &RunEventKind) -> Option<Self> {
         match kind {
             RunEventKind::Completed { .. } => Some(Self::Completed),
+            RunEventKind::Failed { code, .. } if code == EDGE_CRASHED => Some(Self::Unknown),
             RunEventKind::Failed { .. } => Some(Self::Failed),
             RunEventKind::Cancelled { .. } => Some(Self::Cancelled),
             RunEventKind::Started | RunEventKind::Output { .. } => None,
@@ -108,6 +110,9 @@ pub struct AcceptedRun {
     pub api_key_name: Option<String>,
     /// When it was accepted (and queued, if it had to wait).
     pub queued_ms: u64,
+    /// When its deadline passes, in milliseconds since the Unix epoch; `None` without one.
+    /// Kept so a run taken back after an edge restart keeps its deadline.
+    pub deadline_ms: Option<u64>,
 }
 
 /// Everything recorded about a run.

@@ -14,6 +14,7 @@ fn record(id: &str, queued_ms: u64, outcome: RunOutcome) -> RunRecord {
         pin: None,
         api_key_name: None,
         queued_ms,
+        deadline_ms: None,
     });
     record.outcome = outcome;
     record

@@ -113,6 +113,14 @@ pub trait RunJournal: Send + Sync {
     /// Returns once every entry accepted before the call is in storage (or failed).
     async fn flush(&self);
 
+    /// The runs an earlier edge left open (it stopped without ending them), handed over
+    /// once: the caller takes them back or ends them, each with a terminal event recorded
+    /// as usual. Empty for a journal that marks them ended when it opens, keeps nothing, or
+    /// was asked before.
+    fn take_left_open(&self) -> Vec<RunRecord> {
+        Vec::new()
+    }
+
     /// The record of run `id`, open or finished.
     ///
     /// # Errors

@@ -212,6 +212,12 @@ pub trait NodeEventHandler: Send + Sync {
         events: &mut Vec<ReportedEvent>,
     );
 
+    /// Returns once the events the node reported so far are kept as durably as the edge
+    /// keeps them (in the run journal, so a restarted edge can take their runs back); the
+    /// connection calls it before it acknowledges a ping, which lets the node forget them.
+    /// Returns at once by default.
+    async fn events_kept(&self) {}
+
     /// A node's registration on `connection` was accepted and it is in the registry, not
     /// yet answered; `claims` are the runs it says it still holds after a reconnect (none
     /// from a node that does not resume). Re-attaches to `connection` each claimed run the

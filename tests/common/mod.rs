@@ -325,12 +325,18 @@ pub type Logs = Arc<Mutex<Vec<String>>>;
 /// `edge serve` on `config` with both listeners on free ports and JSON logs on a piped
 /// stderr; the process is killed if dropped. The caller adds flags and stdio, then spawns.
 pub fn edge_serve(config: &Path) -> Command {
+    edge_serve_on(config, "127.0.0.1:0")
+}
+
+/// [`edge_serve`] with the node listener on `listen` (an edge restarted where its nodes
+/// dial).
+pub fn edge_serve_on(config: &Path, listen: &str) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_edge"));
     command
         .arg("serve")
         .arg("--config")
         .arg(config)
-        .args(["--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0"])
+        .args(["--listen", listen, "--http-listen", "127.0.0.1:0"])
         .args(["--admin-listen", "127.0.0.1:0"])
         .args(["--log-format", "json"])
         .env_remove("RUST_LOG")

@@ -22,6 +22,9 @@ pub(crate) const CONFIG: &str = r#"
 [events]
 sinks = ["null"]
 
+[runs]
+resume_grace_ms = 300
+
 [[nodes]]
 id = "node-a"
 alias = "gpu-a"
@@ -44,7 +47,12 @@ pub(crate) struct Edge {
 }
 
 pub(crate) async fn start_edge(config: &Path) -> Edge {
-    let mut child = edge_serve(config)
+    start_edge_with(edge_serve(config)).await
+}
+
+/// A running edge from `command` (an `edge serve` command line).
+pub(crate) async fn start_edge_with(mut command: tokio::process::Command) -> Edge {
+    let mut child = command
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .spawn()
@@ -157,6 +165,12 @@ async fn after_kill_9_mid_load_the_journal_opens_with_finished_runs_and_no_false
     drop(conn);
 
     let edge = start_edge(&config).await;
+    // Runs taken back for their node (gone for good here) end when the grace expires.
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while !runs_of(&get(edge.admin, "/admin/v1/runs?state=open").await).is_empty() {
+        assert!(tokio::time::Instant::now() < deadline, "runs stay open");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     for run in &finished {
         let id = run["id"].as_str().expect("an id");
         let record = get(edge.admin, &format!("/admin/v1/runs/{id}")).await;

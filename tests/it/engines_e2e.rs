@@ -43,18 +43,23 @@ const NO_NODE_TIMEOUT_MS: u64 = 1_000;
 
 /// The edge's config: one node whose `llama` adapter points at the engine at `v1_url`, as
 /// docs/node.md's llama-server block, with probes and heartbeats quick enough for a test,
-/// and the adapter settings lines `settings` besides.
+/// and the adapter settings lines `settings` besides (the block ends in its settings).
 fn edge_config(v1_url: &str, settings: &str) -> String {
     format!(
+        "[api]\nkeys = [\"{API_KEY}\"]\n[runs]\nno_node_timeout_ms = {NO_NODE_TIMEOUT_MS}\n{}{settings}\n",
+        llama_node("box-1", NODE_TOKEN, v1_url)
+    )
+}
+
+/// A `[[nodes]]` block: node `id` (its alias too) with `token`, whose `llama` adapter serves
+/// `tiny` from the engine at `v1_url`, probed every 200 ms, heartbeating every 500 ms.
+pub(crate) fn llama_node(id: &str, token: &str, v1_url: &str) -> String {
+    format!(
         r#"
-[api]
-keys = ["{API_KEY}"]
-[runs]
-no_node_timeout_ms = {NO_NODE_TIMEOUT_MS}
 [[nodes]]
-id = "box-1"
-alias = "box-1"
-token = "{NODE_TOKEN}"
+id = "{id}"
+alias = "{id}"
+token = "{token}"
 [nodes.runtime]
 max_concurrent_runs = 4
 heartbeat_interval_ms = 500
@@ -66,7 +71,6 @@ base_url = "{v1_url}"
 availability = "reachable"
 probe_interval_ms = "200"
 probe_down_interval_ms = "100"
-{settings}
 "#
     )
 }

@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use common::{PATIENCE, TestApp, eventually};
 use node_support::relay::Relay;
-use node_support::upstream::{Reply, ScriptedEngine};
+use node_support::upstream::{Reply, ScriptedEngine, chat_chunks};
 use node_support::{QWEN, RunningNode, edge_config, edge_on, pings_answered, spawn_node};
 use serde_json::{Value, json};
 use tokio::sync::Semaphore;
@@ -51,12 +51,7 @@ fn delta(n: usize) -> String {
 async fn setup(dead_after_intervals: u32) -> Setup {
     let engine = ScriptedEngine::start(&[QWEN]).await;
     let gate = Arc::new(Semaphore::new(0));
-    let mut chunks: Vec<String> = (0..DELTAS)
-        .map(|n| json!({"choices": [{"index": 0, "delta": {"content": delta(n)}}]}).to_string())
-        .collect();
-    chunks
-        .push(json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}).to_string());
-    chunks.push("[DONE]".to_owned());
+    let chunks = chat_chunks((0..DELTAS).map(delta));
     engine.script(
         QWEN,
         Reply::Sse {
@@ -165,8 +160,17 @@ pub(crate) async fn open_stream(
     path: &str,
     body: &Value,
 ) -> (reqwest::Response, String) {
+    open_stream_at(app.http_addr, path, body).await
+}
+
+/// [`open_stream`] to the API at `http`.
+pub(crate) async fn open_stream_at(
+    http: SocketAddr,
+    path: &str,
+    body: &Value,
+) -> (reqwest::Response, String) {
     let response = crate::common::http_client()
-        .post(format!("http://{}{path}", app.http_addr))
+        .post(format!("http://{http}{path}"))
         .json(body)
         .send()
         .await

@@ -31,12 +31,19 @@ pub use sqlite::SqliteJournal;
 use crate::ports::{NoopJournal, RunJournal};
 
 /// The journal `config` asks for: SQLite in `file` when enabled, else one that keeps
-/// nothing.
+/// nothing. With `adopting`, the runs a previous edge left open stay open for the edge to
+/// take back ([`SqliteJournal::open_adopting`]); else they are marked `unknown`.
 ///
 /// # Errors
 /// [`OpenError`] when the enabled journal's file cannot be used.
-pub fn open_journal(config: &JournalConfig, file: &Path) -> Result<Arc<dyn RunJournal>, OpenError> {
-    if config.enabled {
+pub fn open_journal(
+    config: &JournalConfig,
+    file: &Path,
+    adopting: bool,
+) -> Result<Arc<dyn RunJournal>, OpenError> {
+    if config.enabled && adopting {
+        Ok(Arc::new(SqliteJournal::open_adopting(config, file)?))
+    } else if config.enabled {
         Ok(Arc::new(SqliteJournal::open(config, file)?))
     } else {
         Ok(Arc::new(NoopJournal))

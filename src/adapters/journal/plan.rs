@@ -148,7 +148,11 @@ type EndingGroup<'a> = (u64, Option<Arc<str>>, &'a str, &'a str, Option<&'a str>
 impl<'a> Endings<'a> {
     /// Counts `write`'s run when its batch ends it.
     fn add(&mut self, write: &RunWrite<'a>) {
-        let Some(finish) = write.finish else {
+        // A run whose ending is not known (an edge left it open) counts nowhere.
+        let Some(finish) = write
+            .finish
+            .filter(|f| f.ending.outcome != RunOutcome::Unknown)
+        else {
             return;
         };
         let ending = &finish.ending;
@@ -190,15 +194,21 @@ fn known(
     if let Some(known) = open.get(run_id) {
         return Ok(Some(known.clone()));
     }
-    tx.prepare_cached("SELECT seq, events_stored, api_key_name FROM runs WHERE run_id = ?1")?
-        .query_row([run_id.as_str()], |row| {
-            Ok(OpenRun {
-                seq: row.get(0)?,
-                stored: u64::try_from(row.get::<_, i64>(1)?).unwrap_or(0),
-                key: row.get::<_, Option<String>>(2)?.map(Arc::from),
-            })
+    // A run an earlier edge left open has only its inline count in `events_stored`: its
+    // stored events are counted (a run taken back after a restart ends with the right count).
+    tx.prepare_cached(
+        "SELECT seq, CASE WHEN outcome = 'open' THEN events_inline_count
+            + (SELECT coalesce(sum(count), 0) FROM events WHERE run_seq = runs.seq)
+            ELSE events_stored END, api_key_name FROM runs WHERE run_id = ?1",
+    )?
+    .query_row([run_id.as_str()], |row| {
+        Ok(OpenRun {
+            seq: row.get(0)?,
+            stored: u64::try_from(row.get::<_, i64>(1)?).unwrap_or(0),
+            key: row.get::<_, Option<String>>(2)?.map(Arc::from),
         })
-        .optional()
+    })
+    .optional()
 }
 
 /// Consecutive chunks of a run joined: where they start, how many events, their bytes.
@@ -353,9 +363,10 @@ fn finish_values<'a>(write: &RunWrite<'a>, stored: u64) -> [ValueRef<'a>; 12] {
 const INSERT_RUN: &str = "INSERT OR IGNORE INTO runs (seq, run_id, adapter, target, operation,
         pin, api_key_name, queued_ms, node, route_reason, started_ms, events_inline,
         events_inline_count, outcome, first_output_ms, finished_ms, code, message, finish_reason,
-        input_tokens, output_tokens, cached_input_tokens, reasoning_tokens, events, events_stored)
+        input_tokens, output_tokens, cached_input_tokens, reasoning_tokens, events, events_stored,
+        deadline_ms)
     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18,
-        ?19, ?20, ?21, ?22, ?23, ?24, ?25)";
+        ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26)";
 
 fn insert_run<'a>(
     insert: &mut CachedStatement<'_>,
@@ -411,6 +422,8 @@ fn insert_run<'a>(
         reasoning,
         count,
         stored,
+        run.deadline_ms
+            .map_or(ValueRef::Null, |d| ValueRef::Integer(to_sql(d))),
     ];
     insert.execute(rusqlite::params_from_iter(
         values.into_iter().map(ToSqlOutput::Borrowed),

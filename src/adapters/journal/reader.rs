@@ -23,7 +23,7 @@ const POOL_SIZE: usize = 4;
 const RUN_COLUMNS: &str = "seq, run_id, adapter, target, operation, pin, api_key_name, queued_ms,
     first_output_ms, finished_ms, outcome, code, message, finish_reason, input_tokens,
     output_tokens, cached_input_tokens, reasoning_tokens, events, events_stored, node,
-    route_reason, started_ms";
+    route_reason, started_ms, deadline_ms";
 
 /// Read connections to one journal file.
 pub(super) struct Reader {
@@ -68,6 +68,20 @@ impl Reader {
             found
                 .map(|(seq, run)| with_attempts(conn, seq, run))
                 .transpose()
+        })
+    }
+
+    /// The runs the file holds as open, oldest first: an edge stopped without ending them.
+    pub(super) fn left_open(&self) -> Result<Vec<RunRecord>, JournalError> {
+        self.with(|conn| {
+            let sql = format!("SELECT {RUN_COLUMNS} FROM runs WHERE outcome = 'open' ORDER BY seq");
+            let mut statement = conn.prepare(&sql)?;
+            let runs: Vec<(i64, RunRecord)> = statement
+                .query_map([], read_run)?
+                .collect::<rusqlite::Result<_>>()?;
+            runs.into_iter()
+                .map(|(seq, run)| with_attempts(conn, seq, run))
+                .collect()
         })
     }
 
@@ -251,6 +265,7 @@ fn read_run(row: &Row<'_>) -> rusqlite::Result<(i64, RunRecord)> {
         pin: row.get(5)?,
         api_key_name: row.get(6)?,
         queued_ms: from_sql(row.get(7)?),
+        deadline_ms: time(23)?,
     };
     let tokens = |i: usize| -> rusqlite::Result<Option<u32>> { row.get(i) };
     let usage = match (tokens(14)?, tokens(15)?) {

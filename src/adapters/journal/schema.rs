@@ -23,8 +23,9 @@ use super::budget::Budget;
 use crate::domain::EDGE_CRASHED;
 
 /// The schema this code writes; a file with a newer one is refused. Schema 3 adds the
-/// `usage` rollups, a table of its own that `TABLES` creates in an older file.
-const SCHEMA_VERSION: i64 = 3;
+/// `usage` rollups, a table of its own that `TABLES` creates in an older file; schema 4 a
+/// run's `deadline_ms`, so a run taken back after a restart keeps its deadline.
+const SCHEMA_VERSION: i64 = 4;
 
 /// How long a connection waits for another's lock (a checkpoint, a backup) before failing.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -55,7 +56,8 @@ CREATE TABLE IF NOT EXISTS runs (
     cached_input_tokens INTEGER,
     reasoning_tokens INTEGER,
     events INTEGER NOT NULL DEFAULT 0,
-    events_stored INTEGER NOT NULL DEFAULT 0
+    events_stored INTEGER NOT NULL DEFAULT 0,
+    deadline_ms INTEGER
 );
 CREATE INDEX IF NOT EXISTS runs_by_queued ON runs (queued_ms, run_id);
 CREATE INDEX IF NOT EXISTS runs_open ON runs (outcome) WHERE outcome = 'open';
@@ -104,6 +106,9 @@ ALTER TABLE runs ADD COLUMN events_inline BLOB;
 ALTER TABLE runs ADD COLUMN events_inline_count INTEGER NOT NULL DEFAULT 0;
 ";
 
+/// What schema 4 adds to a file of schema 1 to 3: a run's deadline.
+const SCHEMA_3_TO_4: &str = "ALTER TABLE runs ADD COLUMN deadline_ms INTEGER;";
+
 /// Why the journal's file cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum OpenError {
@@ -141,15 +146,17 @@ pub enum OpenError {
     },
 }
 
-/// Opens (creating if missing) the journal for writing, sets it up, and marks the runs a
-/// previous edge left open as ended with an unknown outcome. Returns the connection, how
-/// many runs it marked, and the row number for the next run.
+/// Opens (creating if missing) the journal for writing, sets it up, and — unless
+/// `keep_open` (the edge takes them back, see `SqliteJournal::open_adopting`) — marks the
+/// runs a previous edge left open as ended with an unknown outcome. Returns the connection,
+/// how many runs it marked, and the row number for the next run.
 ///
 /// # Errors
 /// [`OpenError`] naming the file.
 pub(super) fn open_writer(
     path: &Path,
     budget: &Budget,
+    keep_open: bool,
 ) -> Result<(Connection, usize, i64), OpenError> {
     let name = path.display().to_string();
     let sqlite = |source| OpenError::Sqlite {
@@ -175,10 +182,17 @@ pub(super) fn open_writer(
     if found == 1 {
         conn.execute_batch(SCHEMA_1_TO_2).map_err(sqlite)?;
     }
+    if (1..4).contains(&found) {
+        conn.execute_batch(SCHEMA_3_TO_4).map_err(sqlite)?;
+    }
     conn.execute_batch(TABLES).map_err(sqlite)?;
     conn.pragma_update(None, "user_version", SCHEMA_VERSION)
         .map_err(sqlite)?;
-    let marked = mark_interrupted(&conn).map_err(sqlite)?;
+    let marked = if keep_open {
+        0
+    } else {
+        mark_interrupted(&conn).map_err(sqlite)?
+    };
     let next_seq: i64 = conn
         .query_row("SELECT coalesce(max(seq), 0) + 1 FROM runs", [], |row| {
             row.get(0)

@@ -28,6 +28,8 @@ pub struct SqliteJournal {
     queue: Arc<EntryQueue>,
     shared: Arc<Shared>,
     reader: Arc<Reader>,
+    /// The runs a previous edge left open, until taken (only when opened adopting).
+    left_open: Mutex<Vec<RunRecord>>,
     max_events_per_run: u64,
     over_cap: std::sync::atomic::AtomicU64,
     writer: Mutex<Option<JoinHandle<()>>>,
@@ -43,10 +45,33 @@ impl SqliteJournal {
     /// [`OpenError`] naming the file: its directory cannot be created, another edge holds
     /// it, or SQLite cannot use it.
     pub fn open(config: &JournalConfig, file: &Path) -> Result<Self, OpenError> {
+        Self::open_with(config, file, false)
+    }
+
+    /// [`SqliteJournal::open`] that leaves the runs a previous edge left open as they are,
+    /// for the edge to take back: [`RunJournal::take_left_open`] hands them over once, and
+    /// whoever takes them ends each (a terminal event recorded as usual).
+    ///
+    /// # Errors
+    /// As [`SqliteJournal::open`].
+    pub fn open_adopting(config: &JournalConfig, file: &Path) -> Result<Self, OpenError> {
+        Self::open_with(config, file, true)
+    }
+
+    fn open_with(config: &JournalConfig, file: &Path, adopting: bool) -> Result<Self, OpenError> {
         let path = file.to_owned();
         let lock = lock_file(&path)?;
         let budget = Budget::of(config.retention_max_bytes);
-        let (conn, marked, next_seq) = open_writer(&path, &budget)?;
+        let (conn, marked, next_seq) = open_writer(&path, &budget, adopting)?;
+        let reader = Reader::new(path.clone());
+        let left_open = if adopting {
+            reader.left_open().map_err(|error| OpenError::Io {
+                path: path.display().to_string(),
+                reason: std::io::Error::other(error.to_string()),
+            })?
+        } else {
+            Vec::new()
+        };
         if marked > 0 {
             warn!(runs = marked, path = %path.display(), "runs left open by an edge that stopped without ending them are marked unknown/edge_crashed");
         }
@@ -85,7 +110,8 @@ impl SqliteJournal {
         Ok(Self {
             queue,
             shared,
-            reader: Arc::new(Reader::new(path)),
+            reader: Arc::new(reader),
+            left_open: Mutex::new(left_open),
             max_events_per_run: config.max_events_per_run,
             over_cap: std::sync::atomic::AtomicU64::new(0),
             writer: Mutex::new(Some(handle)),
@@ -145,6 +171,10 @@ impl RunJournal for SqliteJournal {
 
     async fn flush(&self) {
         self.queue.flush().await;
+    }
+
+    fn take_left_open(&self) -> Vec<RunRecord> {
+        std::mem::take(&mut *self.left_open.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
     async fn run(&self, id: &RunId) -> Result<Option<RunRecord>, JournalError> {

@@ -38,6 +38,7 @@ fn accepted(id: &str, queued_ms: u64) -> JournalEntry {
         pin: None,
         api_key_name: Some("team-a".into()),
         queued_ms: recent(queued_ms),
+        deadline_ms: None,
     }))
 }
 
@@ -319,6 +320,7 @@ async fn the_disabled_journal_keeps_nothing() {
             ..JournalConfig::default()
         },
         std::path::Path::new("never-created.sqlite3"),
+        true,
     )
     .unwrap();
     assert!(!journal.enabled());
@@ -331,7 +333,8 @@ async fn the_disabled_journal_keeps_nothing() {
 fn retention_by_size_removes_the_oldest_finished_runs_and_keeps_open_ones() {
     let dir = tempfile::tempdir().unwrap();
     let budget = budget::Budget::of(0);
-    let (mut conn, _, _) = schema::open_writer(&dir.path().join("j.sqlite3"), &budget).unwrap();
+    let (mut conn, _, _) =
+        schema::open_writer(&dir.path().join("j.sqlite3"), &budget, false).unwrap();
     let padding = "x".repeat(4_000);
     for seq in 1..=200i64 {
         let outcome = if seq == 1 { "open" } else { "completed" };
@@ -623,6 +626,60 @@ async fn usage_rolls_up_as_runs_end_and_survives_reopening() {
                 .all(|r| r.start_ms.is_some() && r.group.key.is_none())
         );
     }
+}
+
+#[tokio::test]
+async fn an_adopting_open_hands_runs_left_open_over_once_and_takes_their_endings() {
+    use crate::domain::{Bucket, GroupBy, UsageQuery};
+    let dir = tempfile::tempdir().unwrap();
+    let journal = SqliteJournal::open(&config(&dir), &file(&dir)).unwrap();
+    whole_run(&journal, "done", 1, "node-a");
+    let JournalEntry::Accepted(mut midway) = accepted("midway", 2) else {
+        unreachable!()
+    };
+    midway.deadline_ms = Some(recent(60_002));
+    journal.record(JournalEntry::Accepted(midway));
+    journal.record(placed("midway", "node-a"));
+    journal.record(event("midway", 0, RunEventKind::Started));
+    journal.record(event("midway", 1, RunEventKind::text("half")));
+    journal.flush().await;
+    drop(journal);
+    let journal = loop {
+        match SqliteJournal::open_adopting(&config(&dir), &file(&dir)) {
+            Ok(journal) => break journal,
+            Err(OpenError::InUse { .. }) => tokio::time::sleep(Duration::from_millis(10)).await,
+            Err(error) => panic!("reopen: {error}"),
+        }
+    };
+    // Left as it was, and handed over once, deadline and attempt included.
+    let left = journal.take_left_open();
+    assert_eq!(left.len(), 1, "{left:?}");
+    assert_eq!(left[0].outcome, RunOutcome::Open);
+    assert_eq!(left[0].accepted.deadline_ms, Some(recent(60_002)));
+    assert_eq!(left[0].attempts.len(), 1);
+    assert!(journal.take_left_open().is_empty());
+    // Taken back and then lost: its ending is recorded as unknown, in no rollup.
+    let lost = EdgeFailure::EdgeCrashed.into_event_kind();
+    journal.record(event("midway", 2, lost));
+    journal.flush().await;
+    let midway = journal.run(&RunId::new("midway")).await.unwrap().unwrap();
+    assert_eq!(midway.outcome, RunOutcome::Unknown);
+    assert_eq!(midway.code.as_deref(), Some(crate::domain::EDGE_CRASHED));
+    assert_eq!((midway.events, midway.events_stored), (3, 3));
+    let query = UsageQuery {
+        group_by: GroupBy::parse("key").unwrap(),
+        since_ms: 0,
+        until_ms: u64::MAX / 2,
+        bucket: Bucket::Minute,
+        per_bucket: false,
+    };
+    let rows = journal.usage(&query).await.unwrap();
+    assert_eq!(
+        rows.iter().map(|r| r.counts.runs).sum::<u64>(),
+        1,
+        "{rows:?}"
+    );
+    journal.close().await;
 }
 
 /// The rows of `events` the file holds for run `id` (its events past the run's own row).

@@ -9,7 +9,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime};
 
 use bytes::BytesMut;
@@ -59,6 +59,9 @@ pub(super) struct Connection<'a, S> {
     pub(super) framed: Framed<S, EdgeCodec>,
     pub(super) peer: SocketAddr,
     pub(super) id: ConnectionId,
+    /// Whether events were relayed since the last ping was answered: only then does an
+    /// answer wait for them to be kept (an idle node's pings cost nothing).
+    relayed_since_ack: AtomicBool,
 }
 
 /// A registered node's side of the connection, made by the handshake.
@@ -92,6 +95,7 @@ impl<'a, S: NodeIo> Connection<'a, S> {
             framed: Framed::new(stream, codec),
             peer,
             id,
+            relayed_since_ack: AtomicBool::new(false),
         }
     }
 
@@ -248,12 +252,16 @@ impl<'a, S: NodeIo> Connection<'a, S> {
                     if let Some(availability) = availability {
                         self.availability(record, availability);
                     }
-                    // Answered at once, after every frame before it was handled: the ack
-                    // tells the node the edge has read (and relayed) all of those.
-                    if ping != 0
-                        && let Err(reason) = self.send(EdgeFrame::HeartbeatAck { ping }).await
-                    {
-                        return (handled, Some(reason));
+                    // Answered after every frame before it was handled and is kept: the
+                    // ack tells the node the edge has read, relayed and journaled all of
+                    // those, so it may forget them.
+                    if ping != 0 {
+                        if self.relayed_since_ack.swap(false, Ordering::Relaxed) {
+                            self.shared.deps.handler.events_kept().await;
+                        }
+                        if let Err(reason) = self.send(EdgeFrame::HeartbeatAck { ping }).await {
+                            return (handled, Some(reason));
+                        }
                     }
                 }
                 NodeFrame::Unknown => {}
@@ -281,6 +289,7 @@ impl<'a, S: NodeIo> Connection<'a, S> {
     /// relays before this returns.
     async fn relay(&self, record: &NodeRecord, events: &mut Vec<ReportedEvent>) {
         if !events.is_empty() {
+            self.relayed_since_ack.store(true, Ordering::Relaxed);
             let handler = &self.shared.deps.handler;
             handler.run_events(record.id(), self.id, events).await;
         }

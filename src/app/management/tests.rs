@@ -18,6 +18,7 @@ fn record(id: &str, queued_ms: u64) -> RunRecord {
         pin: None,
         api_key_name: None,
         queued_ms,
+        deadline_ms: None,
     })
 }
 

@@ -71,6 +71,21 @@ impl Delivery {
         }
     }
 
+    /// The delivery of a run taken back after an edge restart, which relayed up to
+    /// `last_seq` (`seq_base` before its current attempt's `started`): no caller yet
+    /// (callers resume from the journal), and repeats of what it relayed are dropped.
+    pub(super) fn adopted(last_seq: u64, seq_base: u64, saw_output: bool) -> Self {
+        Self {
+            state: RunState::adopted(last_seq),
+            caller: None,
+            saw_output,
+            seq_base,
+            followers: Vec::new(),
+            journal: Vec::new(),
+            progress: Progress::default(),
+        }
+    }
+
     /// Whether an `output` event has been relayed.
     pub(super) fn saw_output(&self) -> bool {
         self.saw_output
@@ -281,6 +296,30 @@ impl RunService {
         }
         delivery.seq_base = delivery.state.next_edge_seq() - 1;
         Some(next)
+    }
+
+    /// Ends `run`'s attempt on `node`'s `connection` with `kind` (never relayed) only if
+    /// failover or a continuation moves the run on, its next attempt sent or queued; else
+    /// leaves the attempt as it is and returns `false` (`kind`'s message then ends with why
+    /// the run was not continued, when it was refused one).
+    pub(super) async fn move_off_attempt(
+        &self,
+        run: &Arc<Run>,
+        node: &NodeId,
+        connection: ConnectionId,
+        kind: &mut RunEventKind,
+    ) -> bool {
+        let mut delivery = run.delivery.lock().await;
+        if !run.is_on(node, connection) {
+            return false;
+        }
+        let Some(next) = self.attempt_ended(run, &mut delivery, kind, false) else {
+            return false;
+        };
+        self.hand_to_journal(run, &mut delivery.journal);
+        drop(delivery);
+        self.continue_run(run, next);
+        true
     }
 
     /// Whether `events` from `source` belong to an attempt that has ended (failed over)

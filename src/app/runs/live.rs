@@ -25,6 +25,8 @@ const FOLLOWER_BUFFER: usize = 1_024;
 
 /// What is known of a run when it is accepted.
 pub(super) fn accepted(id: &RunId, spec: &RunSpec) -> AcceptedRun {
+    let queued_ms = now_ms();
+    let millis = |d: std::time::Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
     AcceptedRun {
         run_id: id.clone(),
         adapter: spec.selector.adapter.clone(),
@@ -33,7 +35,8 @@ pub(super) fn accepted(id: &RunId, spec: &RunSpec) -> AcceptedRun {
         pin: spec.selector.pin.clone(),
         api_key_name: (spec.routing.tenant != TenantKey::anonymous())
             .then(|| spec.routing.tenant.as_str().to_owned()),
-        queued_ms: now_ms(),
+        queued_ms,
+        deadline_ms: spec.deadline.map(|d| queued_ms.saturating_add(millis(d))),
     }
 }
 
@@ -143,6 +146,10 @@ impl LiveRuns for RunService {
 
     async fn cancel(&self, id: &RunId, reason: &str) -> bool {
         RunService::cancel(self, id, reason).await
+    }
+
+    async fn move_off_drained(&self, node: &NodeId, id: &RunId, reason: &str) -> bool {
+        RunService::move_off_drained(self, node, id, reason).await
     }
 
     async fn follow(&self, id: &RunId) -> Option<Follow> {

@@ -14,8 +14,12 @@
 //!   attempt on another node, the disconnect hook;
 //! - `continuation.rs` — a run whose node is lost after output, carried on by another
 //!   node from the output already relayed;
+//! - `drained.rs` — a node drain's deadline: its runs moved to other nodes like lost
+//!   attempts, cancelled where they cannot move;
 //! - `resume.rs` — runs held across a blip in their node's connection: detached when it
 //!   drops, re-attached when the node comes back and claims them;
+//! - `adopt.rs` — the runs a previous edge left open in the journal, taken back at start
+//!   and held like detached runs for their nodes to claim;
 //! - `budgets.rs` — the API keys' token budgets loaded from the usage rollups at start
 //!   (reserved and settled in `placement.rs`);
 //! - `config.rs` — the `[routing]` and `[limits]` sections and the policy they build;
@@ -32,10 +36,12 @@
 //! Every run it accepts ends with exactly one terminal event, delivered to the event sink
 //! and to the caller's stream, whichever path ends it.
 
+mod adopt;
 mod budgets;
 mod config;
 mod continuation;
 mod delivery;
+mod drained;
 mod failover;
 mod live;
 mod metrics;

@@ -23,6 +23,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tracing::info;
 
+use super::adopt::PREVIOUS_EDGE;
 use super::delivery::{Delivery, Source};
 use super::service::RunService;
 use super::table::{Placement, Route, Run, lock};
@@ -322,7 +323,13 @@ impl RunService {
         } else {
             Source::Departed(node, held_on)
         };
-        let lost = EdgeFailure::NodeDisconnected.into_event_kind();
+        // A run taken back from the previous edge that its node does not resume: how it
+        // ended is not known.
+        let lost = if held_on == PREVIOUS_EDGE {
+            EdgeFailure::EdgeCrashed.into_event_kind()
+        } else {
+            EdgeFailure::NodeDisconnected.into_event_kind()
+        };
         if self
             .relay_event(run, source, None, EventOrigin::Edge, lost)
             .await

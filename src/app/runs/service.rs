@@ -4,7 +4,7 @@
 //! (`failover.rs`), the relay of events (`delivery.rs`) and the timers (`timers.rs`).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -18,7 +18,7 @@ use tracing::{debug, info_span, warn};
 use super::config::RunsConfig;
 use super::delivery::{CALLER_BUFFER, Delivery, Source};
 use super::metrics::RunMetrics;
-use super::table::{Miss, Route, Run, Table, lock};
+use super::table::{Miss, Run, Table, lock};
 use super::trace::NodeSpans;
 use crate::domain::routing::{
     BreakerBook, BreakerState, Catalog, KeyLimits, RoutingPolicy, WaitCause,
@@ -31,6 +31,9 @@ use crate::ports::{
     NodeTransport, NoopJournal, Placed, Registry, ReportedEvent, RunHandle, RunJournal, Runs,
     StartError,
 };
+
+/// How long a node's ping waits for the journal to hold the events read before it.
+const JOURNAL_ACK_WAIT: Duration = Duration::from_millis(250);
 
 /// What placement did with a new run, before it is sent.
 pub(super) enum Dispatch {
@@ -257,21 +260,8 @@ impl RunService {
             attempt = tracing::field::Empty,
         );
         let accepted = super::live::accepted(&id, &spec);
-        Run {
-            id,
-            span,
-            spec,
-            route: Mutex::new(Route::default()),
-            accepted_at: Instant::now(),
-            delivery: tokio::sync::Mutex::new(Delivery::new(caller)),
-            ended: CancellationToken::new(),
-            wait_changed: Notify::new(),
-            accepted,
-            attempts: Mutex::new(Vec::new()),
-            relayed: AtomicU64::new(0),
-            first_output_ms: AtomicU64::new(0),
-            route_metrics: OnceLock::new(),
-        }
+        let delivery = Delivery::new(caller);
+        Run::new(id, spec, accepted, delivery, span, Instant::now())
     }
 
     /// Cancels a run. A queued run ends at once with `cancelled`; a dispatched run is sent
@@ -323,10 +313,9 @@ impl RunService {
                 "ending runs still open after the drain grace period"
             );
         }
-        let endings = remaining.iter().map(|run| async move {
-            self.send_cancel(run, "edge shutting down");
-            self.end_run(run, EdgeFailure::EdgeShutdown.into_event_kind())
-                .await;
+        let endings = remaining.iter().map(|run| {
+            let kind = EdgeFailure::EdgeShutdown.into_event_kind();
+            self.end_then_cancel(run, kind, "edge shutting down")
         });
         futures::future::join_all(endings).await;
         inner.timers.close();
@@ -349,6 +338,19 @@ impl Runs for RunService {
 
 #[async_trait]
 impl NodeEventHandler for RunService {
+    async fn events_kept(&self) {
+        // Only a journal that a restarted edge takes runs back from makes this worth a
+        // wait: the node may forget what it acknowledged. The wait is bounded, so a journal
+        // that stalls (a checkpoint waiting for readers, a slow disk) cannot hold up the
+        // node's connection: past it the ack goes anyway, and a restart in that moment may
+        // find an event neither has, which refuses the node's claim (`events_lost`) and
+        // ends the run `edge_crashed` — never a wrong stream.
+        if self.inner.config.resume_grace().is_some() && self.inner.journal.enabled() {
+            let flushed = self.inner.journal.flush();
+            let _ = tokio::time::timeout(JOURNAL_ACK_WAIT, flushed).await;
+        }
+    }
+
     fn node_connected(&self, node: &NodeId) {
         let connection = || self.inner.registry.get(node.as_str()).map(|n| n.connection);
         self.inner.node_spans.connected(node, connection);

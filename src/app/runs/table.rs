@@ -144,6 +144,33 @@ pub(super) struct Run {
 }
 
 impl Run {
+    /// A run not yet in the table, accepted at `accepted_at`, with nothing relayed by
+    /// this edge.
+    pub(super) fn new(
+        id: RunId,
+        spec: RunSpec,
+        accepted: AcceptedRun,
+        delivery: Delivery,
+        span: tracing::Span,
+        accepted_at: Instant,
+    ) -> Self {
+        Self {
+            id,
+            span,
+            spec,
+            route: Mutex::new(Route::default()),
+            accepted_at,
+            delivery: tokio::sync::Mutex::new(delivery),
+            ended: CancellationToken::new(),
+            wait_changed: tokio::sync::Notify::new(),
+            accepted,
+            attempts: Mutex::new(Vec::new()),
+            relayed: AtomicU64::new(0),
+            first_output_ms: AtomicU64::new(0),
+            route_metrics: OnceLock::new(),
+        }
+    }
+
     pub(super) fn placement(&self) -> Placement {
         lock(&self.route).placement.clone()
     }

@@ -46,6 +46,11 @@ impl RunningNode {
         self.ended().await
     }
 
+    /// Ends the node at once, as a killed process: nothing drained, nothing said.
+    pub fn kill(self) {
+        self.task.abort();
+    }
+
     /// Waits for the node to return on its own.
     pub async fn ended(self) -> Result<(), NodeError> {
         tokio::time::timeout(PATIENCE, self.task)

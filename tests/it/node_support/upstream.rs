@@ -44,6 +44,17 @@ pub enum Reply {
     Json(Value),
 }
 
+/// A chat stream's chunks: one delta per text, the finish chunk (`stop`) and `[DONE]`.
+pub fn chat_chunks(texts: impl Iterator<Item = String>) -> Vec<String> {
+    let mut chunks: Vec<String> = texts
+        .map(|text| json!({"choices": [{"index": 0, "delta": {"content": text}}]}).to_string())
+        .collect();
+    chunks
+        .push(json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}).to_string());
+    chunks.push("[DONE]".to_owned());
+    chunks
+}
+
 impl Reply {
     /// Streams `chunks` at once and ends.
     pub fn sse(chunks: &[Value], done: bool) -> Self {

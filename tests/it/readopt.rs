@@ -1,0 +1,319 @@
+//! A run outlives its edge: the real `edge serve` is killed with SIGKILL mid-answer and
+//! started again on the same journal and node address; the reference node (still
+//! generating, its events buffered) reconnects and claims the run, and the restarted edge
+//! takes it back from one past the last event its journal holds. The run's record ends
+//! completed with every delta once and in order. A run whose node never comes back ends
+//! `unknown`/`edge_crashed` after the grace.
+
+use crate::admin_crash::{Edge, get, start_edge_with};
+use crate::common;
+#[allow(dead_code, unused_imports)]
+use crate::node;
+use crate::node_support;
+use crate::resume::open_stream_at;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use common::{edge_serve_on, eventually_ok, write_config};
+use node_support::upstream::{Reply, ScriptedEngine, chat_chunks};
+use node_support::{QWEN, RunningNode, edge_config, spawn_node};
+use serde_json::{Value, json};
+use tokio::sync::Semaphore;
+
+/// Deltas in the answer.
+const DELTAS: usize = 20;
+
+/// Deltas let out before the edge is killed.
+const BEFORE_THE_KILL: usize = 7;
+
+fn delta(n: usize) -> String {
+    format!("d{n} ")
+}
+
+/// An engine streaming [`DELTAS`] deltas, one per permit of the returned gate.
+async fn gated_engine() -> (ScriptedEngine, Arc<Semaphore>) {
+    let engine = ScriptedEngine::start(&[QWEN]).await;
+    let gate = Arc::new(Semaphore::new(0));
+    let chunks = chat_chunks((0..DELTAS).map(delta));
+    let reply = Reply::Sse {
+        chunks,
+        gate: Some(Arc::clone(&gate)),
+        hang: false,
+    };
+    engine.script(QWEN, reply);
+    (engine, gate)
+}
+
+/// A free loopback address for the edge's node listener, kept across its restarts.
+fn node_listen() -> String {
+    let socket = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+    socket.local_addr().expect("its address").to_string()
+}
+
+async fn edge_at(config: &Path, listen: &str) -> Edge {
+    start_edge_with(edge_serve_on(config, listen)).await
+}
+
+/// Starts a streamed chat completion in the background; returns its run id once the
+/// answer has begun. The stream itself dies with the edge.
+async fn start_stream(edge: &Edge) -> String {
+    let body = json!({
+        "model": "llama/qwen",
+        "stream": true,
+        "messages": [{"role": "user", "content": "tell me a long story"}],
+    });
+    let (response, run_id) = open_stream_at(edge.http, "/v1/chat/completions", &body).await;
+    tokio::spawn(async move {
+        let mut response = response;
+        while let Ok(Some(_)) = response.chunk().await {}
+    });
+    run_id
+}
+
+/// The run's stored events, as JSON lines.
+async fn events(edge: &Edge, run_id: &str) -> Vec<Value> {
+    let url = format!(
+        "http://{}/admin/v1/runs/{run_id}/events?format=jsonl&follow=false",
+        edge.admin
+    );
+    let text = crate::admin_support::client()
+        .get(url)
+        .send()
+        .await
+        .expect("the events are answered")
+        .text()
+        .await
+        .expect("a body");
+    text.lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+/// Waits until the run's record says `outcome`; returns the record.
+async fn outcome(edge: &Edge, run_id: &str, outcome: &str) -> Value {
+    let path = format!("/admin/v1/runs/{run_id}");
+    eventually_ok("the run's record says how it ended", || async {
+        let record = get(edge.admin, &path).await;
+        if record["outcome"] == outcome {
+            Ok(record)
+        } else {
+            Err(record.to_string())
+        }
+    })
+    .await
+}
+
+fn config(engine: &ScriptedEngine, dir: &Path, grace_ms: u64) -> std::path::PathBuf {
+    let config = format!(
+        "{}\n[runs]\nresume_grace_ms = {grace_ms}\n[events]\nsinks = [\"null\"]\n",
+        edge_config(&engine.base_url(), &["qwen"], 500),
+    );
+    write_config(dir, &config)
+}
+
+/// Kills `edge` with SIGKILL once its journal holds `outputs` outputs of `run_id`.
+async fn kill_after(mut edge: Edge, run_id: &str, outputs: usize) {
+    eventually_ok("the journal holds the first deltas", || async {
+        let stored = events(&edge, run_id).await;
+        let n = stored.iter().filter(|e| e["kind"] == "output").count();
+        if n >= outputs { Ok(()) } else { Err(n) }
+    })
+    .await;
+    edge.child.start_kill().expect("kill -9");
+    edge.child.wait().await.expect("the edge is gone");
+}
+
+/// What a test has once its edge was killed mid-answer.
+struct Killed {
+    engine: ScriptedEngine,
+    gate: Arc<Semaphore>,
+    config: std::path::PathBuf,
+    listen: String,
+    node: RunningNode,
+    run_id: String,
+    _dir: tempfile::TempDir,
+}
+
+/// An edge (resume grace `grace_ms`) and the reference node; a streamed run that has
+/// relayed [`BEFORE_THE_KILL`] deltas, and its edge killed with SIGKILL.
+async fn killed_mid_answer(grace_ms: u64) -> Killed {
+    let (engine, gate) = gated_engine().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = config(&engine, dir.path(), grace_ms);
+    let listen = node_listen();
+    let edge = edge_at(&config, &listen).await;
+    let node = spawn_node(edge.node, "token-1", |_| {});
+    gate.add_permits(BEFORE_THE_KILL);
+    let run_id = start_stream(&edge).await;
+    kill_after(edge, &run_id, BEFORE_THE_KILL).await;
+    Killed {
+        engine,
+        gate,
+        config,
+        listen,
+        node,
+        run_id,
+        _dir: dir,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_outlives_a_kill_9_of_its_edge_and_completes_once() {
+    let killed = killed_mid_answer(30_000).await;
+    let (engine, gate, run_id) = (&killed.engine, &killed.gate, &killed.run_id);
+
+    // The engine goes on while the edge is away: the node buffers.
+    gate.add_permits(DELTAS - BEFORE_THE_KILL + 2);
+    let edge = edge_at(&killed.config, &killed.listen).await;
+    let record = outcome(&edge, run_id, "completed").await;
+    let stored = events(&edge, run_id).await;
+    let texts: Vec<&str> = stored
+        .iter()
+        .filter(|e| e["kind"] == "output")
+        .filter_map(|e| e["text"].as_str())
+        .collect();
+    let expected: Vec<String> = (0..DELTAS).map(delta).collect();
+    assert_eq!(texts, expected, "every delta once, in order");
+    let seqs: Vec<u64> = stored.iter().filter_map(|e| e["seq"].as_u64()).collect();
+    assert!(seqs.windows(2).all(|w| w[0] < w[1]), "{seqs:?}");
+    assert_eq!(
+        record["events"].as_u64(),
+        Some(stored.len() as u64),
+        "{record}"
+    );
+    assert_eq!(
+        stored.iter().filter(|e| e["kind"] == "completed").count(),
+        1
+    );
+    // Taken back, not run again.
+    assert_eq!(engine.seen().len(), 1);
+    killed.node.stop().await.expect("clean stop");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_no_node_takes_back_ends_edge_crashed() {
+    let killed = killed_mid_answer(300).await;
+    let (config, listen, run_id) = (&killed.config, &killed.listen, &killed.run_id);
+    killed.node.kill();
+
+    let edge = edge_at(config, listen).await;
+    let record = outcome(&edge, run_id, "unknown").await;
+    assert_eq!(record["code"], "edge_crashed", "{record}");
+}
+
+/// Runs in the soak.
+const SOAK_RUNS: usize = 200;
+
+/// Engine chunks per run: the deltas, the finish chunk and `[DONE]`.
+const CHUNKS: usize = DELTAS + 2;
+
+/// The open runs' records, from the run service (no journal read).
+async fn open_runs(edge: &Edge) -> Vec<Value> {
+    let list = get(edge.admin, "/admin/v1/runs?state=open&limit=1000").await;
+    list["runs"].as_array().cloned().unwrap_or_default()
+}
+
+/// Waits until the runs took every one of the `released` chunks the engine may send: an
+/// ended run took all [`CHUNKS`]; an open one its outputs, plus its finish when every delta
+/// is out (the finish becomes `completed` only with the `[DONE]` after it). Every open run
+/// has its `started` relayed, so each can be taken back.
+async fn progressed(edge: &Edge, released: usize) {
+    eventually_ok("the runs relay what the engine sent", || async {
+        let open = open_runs(edge).await;
+        let taken: u64 = open
+            .iter()
+            .filter_map(|r| r["events"].as_u64())
+            .map(|events| events.saturating_sub(1) + u64::from(events == DELTAS as u64 + 1))
+            .sum();
+        let ended = SOAK_RUNS.saturating_sub(open.len()) as u64;
+        let taken = taken + ended * CHUNKS as u64;
+        let all_started = open.iter().all(|r| r["events"].as_u64() > Some(0));
+        if all_started && taken >= released as u64 {
+            Ok(())
+        } else {
+            // Look less often than `eventually` would: a listing is not free.
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            Err(format!(
+                "{} open, {taken} chunks of {released} taken",
+                open.len()
+            ))
+        }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn soak_runs_outlive_three_kills_of_their_edge() {
+    let (engine, gate) = gated_engine().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = format!(
+        "{}\n[runs]\nresume_grace_ms = 30000\n[events]\nsinks = [\"null\"]\n",
+        edge_config(&engine.base_url(), &["qwen"], 500)
+            .replace("max_concurrent_runs = 8", "max_concurrent_runs = 256"),
+    );
+    let config = write_config(dir.path(), &config);
+    let listen = node_listen();
+    let mut edge = edge_at(&config, &listen).await;
+    let node = spawn_node(edge.node, "token-1", |_| {});
+    // No chunk yet: every run starts (the engine answers at once, its chunks wait), and
+    // none can end before all are open.
+    // The engine shares one gate among all runs, so which run gets a chunk is anyone's
+    // guess: the streams are started in the background, the ids read from the listing.
+    let http = edge.http;
+    // One client for all: building one loads the system's CA certificates.
+    let client = common::http_client();
+    for _ in 0..SOAK_RUNS {
+        let client = client.clone();
+        tokio::spawn(async move {
+            let body = json!({
+                "model": "llama/qwen",
+                "stream": true,
+                "messages": [{"role": "user", "content": "tell me a long story"}],
+            });
+            let url = format!("http://{http}/v1/chat/completions");
+            if let Ok(mut response) = client.post(url).json(&body).send().await {
+                while let Ok(Some(_)) = response.chunk().await {}
+            }
+        });
+    }
+    eventually_ok("every run is open", || async {
+        let open = open_runs(&edge).await.len();
+        if open == SOAK_RUNS { Ok(()) } else { Err(open) }
+    })
+    .await;
+    let ids: Vec<String> = open_runs(&edge)
+        .await
+        .iter()
+        .filter_map(|r| r["id"].as_str().map(str::to_owned))
+        .collect();
+    let mut released = 0;
+    for _ in 0..3 {
+        let more = 6 * SOAK_RUNS;
+        gate.add_permits(more);
+        released += more;
+        progressed(&edge, released).await;
+        edge.child.start_kill().expect("kill -9");
+        edge.child.wait().await.expect("the edge is gone");
+        edge = edge_at(&config, &listen).await;
+    }
+    gate.add_permits(CHUNKS * SOAK_RUNS - released);
+    let expected: Vec<String> = (0..DELTAS).map(delta).collect();
+    for id in &ids {
+        outcome(&edge, id, "completed").await;
+        let stored = events(&edge, id).await;
+        let texts: Vec<&str> = stored
+            .iter()
+            .filter(|e| e["kind"] == "output")
+            .filter_map(|e| e["text"].as_str())
+            .collect();
+        assert_eq!(texts, expected, "run {id}: every delta once, in order");
+        let terminals = stored
+            .iter()
+            .filter(|e| e["kind"] != "output" && e["kind"] != "started");
+        assert_eq!(terminals.count(), 1, "run {id}");
+    }
+    // Taken back each time, never run again.
+    assert_eq!(engine.seen().len(), SOAK_RUNS);
+    node.stop().await.expect("clean stop");
+}
