@@ -182,13 +182,8 @@ async fn runs_are_listed_inspected_and_cancelled_through_the_api() {
         NodeCommand::Cancel { run_id, .. } => assert_eq!(run_id, second.run_id),
         other => panic!("expected a cancel, got {other:?}"),
     }
-    a.send(
-        &second.run_id,
-        RunEventKind::Cancelled {
-            reason: "asked".into(),
-        },
-    )
-    .await;
+    a.send(&second.run_id, RunEventKind::cancelled("asked"))
+        .await;
     rest(&mut open).await;
     run_until(&app, &second.run_id, "is cancelled", |r| {
         r["outcome"] == "cancelled"
@@ -268,13 +263,7 @@ async fn a_drain_deadline_moves_the_runs_left_on_the_node_to_another() {
         other => panic!("expected a cancel, got {other:?}"),
     }
     // Its answer to the cancel comes from an attempt that has ended: dropped.
-    a.send(
-        &run.run_id,
-        RunEventKind::Cancelled {
-            reason: "drain".into(),
-        },
-    )
-    .await;
+    a.send(&run.run_id, RunEventKind::cancelled("drain")).await;
     // Nothing of the run reached its caller: it waits for another node, as a lost
     // attempt's run does, and node-b finishes it.
     let mut b = HandNode::register(&app, "token-b").await;

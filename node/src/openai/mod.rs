@@ -293,6 +293,9 @@ impl OpenAiAdapter {
                     Err(fault) => return Ok(Err(fault)),
                 }
             }
+            if let Some(counted) = answer.counted() {
+                out.engine_counted(counted);
+            }
         }
         if !answer.is_done() {
             let _ = decoder.finish(&mut events);
@@ -337,6 +340,7 @@ fn invalid_input(invalid: InvalidInput) -> RunEventKind {
         message: invalid.0,
         class: FailureClass::Request,
         status: None,
+        usage: None,
     }
 }
 

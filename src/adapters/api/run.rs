@@ -223,6 +223,7 @@ impl ActiveRun {
                 message,
                 class,
                 status,
+                ..
             } => {
                 debug!(%run_id, code, message, class = class.as_str(), "API run failed");
                 Err(ApiError::run_failed(
@@ -233,7 +234,7 @@ impl ActiveRun {
                     self.retry_after_secs,
                 ))
             }
-            RunEventKind::Cancelled { reason } => Err(ApiError::run_cancelled(reason)),
+            RunEventKind::Cancelled { reason, .. } => Err(ApiError::run_cancelled(reason)),
             RunEventKind::Started | RunEventKind::Output { .. } => {
                 Err(ApiError::internal("a run's event was taken for its end"))
             }

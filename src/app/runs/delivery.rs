@@ -234,9 +234,7 @@ impl RunService {
             EventVerdict::Relay => false,
             EventVerdict::RelayTerminal => true,
         };
-        if self.keeps_progress() {
-            delivery.progress.note(&mut kind);
-        }
+        delivery.progress.note(&mut kind, self.keeps_progress());
         let event = Arc::new(event_of(run, source, seq, origin, kind));
         let first_output =
             !delivery.saw_output && matches!(event.kind, RunEventKind::Output { .. });
@@ -269,14 +267,12 @@ impl RunService {
 }
 
 /// What a run that ended with `kind` counts against its key's token budget: the input and
-/// output tokens its node reported (none reported, none counted).
+/// output tokens of its usage, a completed run's or what a failed or cancelled one produced
+/// (none known, none counted).
 fn budget_tokens(kind: &RunEventKind) -> u64 {
-    match kind {
-        RunEventKind::Completed {
-            usage: Some(usage), ..
-        } => u64::from(usage.input_tokens) + u64::from(usage.output_tokens),
-        _ => 0,
-    }
+    kind.usage().map_or(0, |usage| {
+        u64::from(usage.input_tokens) + u64::from(usage.output_tokens)
+    })
 }
 
 impl RunService {

@@ -24,6 +24,7 @@ fn drain_deadline_end() -> RunEventKind {
         message: "the node's drain deadline passed".to_owned(),
         class: FailureClass::Node,
         status: None,
+        usage: None,
     }
 }
 

@@ -271,9 +271,7 @@ impl RunService {
         let Some(run) = lock(&self.inner.table).runs.get(run_id).cloned() else {
             return false;
         };
-        let cancelled = RunEventKind::Cancelled {
-            reason: reason.to_owned(),
-        };
+        let cancelled = RunEventKind::cancelled(reason);
         let queued = {
             let mut table = lock(&self.inner.table);
             lock(&run.route).cancelling = Some(reason.to_owned());

@@ -28,7 +28,7 @@ use crate::domain::routing::{Catalog, NodeStatus, Unroutable, WaitCause};
 use crate::domain::{
     AdapterConfig, AdapterName, Alias, EventOrigin, FailureClass, NodeId, NodeRecord, NodeSelector,
     ResumeAnswer, ResumeClaim, RunEvent, RunEventKind, RunId, RunRouting, RunSpec, RuntimeConfig,
-    Target, Token,
+    Target, Token, Usage,
 };
 use crate::ports::event_sink::MockEventSink;
 use crate::ports::registry::MockRegistry;
@@ -138,13 +138,21 @@ fn classed(class: FailureClass) -> RunEventKind {
         message: "the engine said no".into(),
         class,
         status: None,
+        usage: None,
     }
 }
 
 fn cancelled(reason: &str) -> RunEventKind {
-    RunEventKind::Cancelled {
-        reason: reason.into(),
+    RunEventKind::cancelled(reason)
+}
+
+/// `kind`, a terminal event, as the edge relays it after `output_tokens` text outputs: with
+/// the output it counted as its usage (the node said nothing of its own).
+fn counted(mut kind: RunEventKind, output_tokens: u32) -> RunEventKind {
+    if let Some(usage) = kind.usage_mut() {
+        *usage = Some(Usage::new(0, output_tokens));
     }
+    kind
 }
 
 fn failure_code(event: &RunEvent) -> Option<&str> {
@@ -897,7 +905,7 @@ async fn a_cancelled_run_ends_with_the_nodes_own_cancelled_event() {
     h.report("a", a, &run, 3, cancelled("caller")).await;
     let terminal = h.assert_ended_once(&mut handle);
     assert_eq!(terminal.origin, EventOrigin::Node);
-    assert_eq!(terminal.kind, cancelled("caller"));
+    assert_eq!(terminal.kind, counted(cancelled("caller"), 1));
     assert_eq!(h.active_runs("a"), 0);
 
     // The grace period passes without a second terminal event.
@@ -923,7 +931,7 @@ async fn a_cancelled_run_the_node_ignores_ends_after_the_grace_period() {
 
     sleep(Duration::from_millis(20)).await;
     let terminal = h.assert_ended_once(&mut handle);
-    assert_eq!(terminal.kind, cancelled("caller"));
+    assert_eq!(terminal.kind, counted(cancelled("caller"), 1));
     assert_eq!(terminal.origin, EventOrigin::Edge);
     assert_eq!(terminal.seq, 3);
     assert_eq!(h.active_runs("a"), 0);

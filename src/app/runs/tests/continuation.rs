@@ -290,3 +290,37 @@ async fn a_run_that_cannot_move_at_a_drain_deadline_is_cancelled_on_its_node() {
     assert!(matches!(terminal.kind, RunEventKind::Cancelled { .. }));
     h.finish().await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_continued_run_then_cancelled_counts_both_attempts_output() {
+    let mut h = Harness::new(
+        continuing(),
+        Expect::terminals(1).runs_sent(2).cancels_sent(1),
+    );
+    h.connect("a", 1).await;
+    h.connect("b", 1).await;
+    let mut handle = h.start(spec());
+    let run = handle.run_id.clone();
+    let lost = [
+        RunEventKind::Started,
+        output("Hel"),
+        output("lo"),
+        classed(FailureClass::Node),
+    ];
+    h.holder_reports(&run, lost).await;
+    h.holder_reports(&run, [RunEventKind::Started, output(", "), output("wor")])
+        .await;
+    assert!(h.service.cancel(&run, "caller").await);
+    // The node says what its engine produced: the prompt, and less output than it relayed
+    // (the edge's count of relayed pieces is the floor).
+    let reported = RunEventKind::Cancelled {
+        reason: "caller".into(),
+        usage: Some(Usage::new(5, 1)),
+    };
+    h.holder_reports(&run, [reported]).await;
+    let terminal = h.assert_ended_once(&mut handle);
+    assert_eq!(terminal.kind.name(), "cancelled");
+    // Two tokens carried from the first attempt, two relayed by the second.
+    assert_eq!(terminal.kind.usage(), Some(Usage::new(5, 4)));
+    h.finish().await;
+}
