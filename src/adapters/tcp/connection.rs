@@ -24,6 +24,7 @@ use tracing::{debug, info};
 use super::link::LinkSignals;
 use super::server::Shared;
 use crate::domain::{Availability, NodeRecord};
+use crate::hops;
 use crate::ports::{CloseReason, ConnectionId, LastFrame, NodeCommand, ReportedEvent};
 use crate::wire::{EdgeCodec, EdgeFrame, FrameError, NodeFrame};
 
@@ -241,7 +242,10 @@ impl<'a, S: NodeIo> Connection<'a, S> {
                     debug!("second register request");
                     return (handled, Some(CloseReason::ProtocolViolation));
                 }
-                NodeFrame::RunEvent(event) => events.push(event),
+                NodeFrame::RunEvent(event) => {
+                    tracing::trace!(target: hops::TARGET, hop = hops::EVENT_RECEIVED, run_id = event.run_id, seq = event.seq);
+                    events.push(event);
+                }
                 NodeFrame::Heartbeat {
                     ping, availability, ..
                 } => {
@@ -312,11 +316,17 @@ impl<'a, S: NodeIo> Connection<'a, S> {
         commands: &mut mpsc::Receiver<NodeCommand>,
     ) -> Result<Sent, CloseReason> {
         let framed = &mut self.framed;
+        let mut traced = Vec::new();
         let write = async {
             let mut command = first;
             let mut written = 0;
             let sent = loop {
                 let shutdown = matches!(command, NodeCommand::Shutdown { .. });
+                if let NodeCommand::Run(run) = &command
+                    && hops::enabled()
+                {
+                    traced.push(run.run_id.clone());
+                }
                 framed.feed(EdgeFrame::Command(command)).await?;
                 written += 1;
                 if shutdown {
@@ -338,6 +348,9 @@ impl<'a, S: NodeIo> Connection<'a, S> {
         };
         match timeout(self.shared.config.write_timeout(), write).await {
             Ok(Ok((written, sent))) => {
+                for run_id in traced {
+                    tracing::trace!(target: hops::TARGET, hop = hops::RUN_SENT, %run_id);
+                }
                 let frames_out = &self.shared.stats.frames_out;
                 frames_out.fetch_add(written, Ordering::Relaxed);
                 Ok(sent)
