@@ -13,7 +13,8 @@ pub const TARGET: &str = "edge_hop";
 
 /// The edge's API accepted the request and started its run (body read, routed).
 pub const API_ACCEPTED: &str = "api_accepted";
-/// The edge wrote the `RunRequest` to the node's socket (after the flush).
+/// The edge is writing the `RunRequest` to the node's socket (stamped before the flush:
+/// a stamp after it can come after the node's, on another thread).
 pub const RUN_SENT: &str = "run_sent";
 /// The node read the `RunRequest`.
 pub const RUN_RECEIVED: &str = "run_received";
@@ -23,7 +24,7 @@ pub const ENGINE_REQUEST: &str = "engine_request";
 pub const ENGINE_HEADERS: &str = "engine_headers";
 /// The node decoded the run's first output from the engine's stream.
 pub const ENGINE_FIRST_OUTPUT: &str = "engine_first_output";
-/// The node wrote run event `seq` to the edge's socket (after the flush).
+/// The node is writing run event `seq` to the edge's socket (stamped before the flush).
 pub const EVENT_SENT: &str = "event_sent";
 /// The edge read run event `seq` from the node's socket.
 pub const EVENT_RECEIVED: &str = "event_received";

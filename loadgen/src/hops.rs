@@ -96,7 +96,7 @@ pub const SEGMENTS: [(&str, &str, &str); 10] = [
     (
         "api_to_link_p50_us",
         "api_to_link_p90_us",
-        "→ edge wrote RunRequest to the node",
+        "→ edge writes RunRequest to the node",
     ),
     (
         "link_to_node_p50_us",
@@ -121,7 +121,7 @@ pub const SEGMENTS: [(&str, &str, &str); 10] = [
     (
         "node_emit_p50_us",
         "node_emit_p90_us",
-        "→ node wrote its event to the edge",
+        "→ node writes its event to the edge",
     ),
     (
         "link_to_edge_p50_us",

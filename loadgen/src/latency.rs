@@ -143,7 +143,9 @@ pub fn run(args: &LatencyArgs, common: &Common) -> anyhow::Result<Vec<Record>> {
 /// returned.
 fn install_logging(level: &str) -> anyhow::Result<HopLog> {
     let log = HopLog::default();
-    let filter = tracing_subscriber::EnvFilter::try_new(level)?;
+    // As `edge serve` filters its logs: export-only spans are never formatted.
+    let filter =
+        tracing_subscriber::EnvFilter::try_new(level)?.add_directive("edge::otel=off".parse()?);
     let writer = std::io::stderr
         .with_max_level(tracing::Level::WARN)
         .or_else(std::io::sink);

@@ -343,14 +343,14 @@ impl<'a, S: NodeIo> Connection<'a, S> {
                     Err(_) => break Sent::Commands,
                 }
             };
+            for run_id in &traced {
+                tracing::trace!(target: hops::TARGET, hop = hops::RUN_SENT, %run_id);
+            }
             framed.flush().await?;
             Ok::<_, FrameError>((written, sent))
         };
         match timeout(self.shared.config.write_timeout(), write).await {
             Ok(Ok((written, sent))) => {
-                for run_id in traced {
-                    tracing::trace!(target: hops::TARGET, hop = hops::RUN_SENT, %run_id);
-                }
                 let frames_out = &self.shared.stats.frames_out;
                 frames_out.fetch_add(written, Ordering::Relaxed);
                 Ok(sent)
