@@ -239,10 +239,10 @@ impl Writer<'_> {
                 self.sender.feed(frame).await?;
             }
         }
-        self.sender.flush().await?;
         for (run_id, seq) in traced {
             tracing::trace!(target: hops::TARGET, hop = hops::EVENT_SENT, run_id, seq);
         }
+        self.sender.flush().await?;
         if ended_a_run
             && self.core.draining.is_cancelled()
             && book(self.link).monitor.answers_pings()
