@@ -5,7 +5,7 @@
 //! rather than by the writer.
 
 use super::packed::Packer;
-use crate::domain::{AcceptedRun, Attempt, NodeId, RunEnding, RunId};
+use crate::domain::{AcceptedRun, AdapterName, Attempt, NodeId, RunEnding, RunId, Target};
 use crate::ports::{JournalEntry, RelayedEvent};
 
 /// One entry waiting to be written.
@@ -44,8 +44,9 @@ pub(super) struct Finish {
     pub(super) events: u64,
     /// The node that held the run at its end, if it was placed.
     pub(super) node: Option<NodeId>,
-    /// The run's model, `ADAPTER/TARGET`, for the usage rollups.
-    pub(super) model: String,
+    /// The run's adapter and target (its model, `ADAPTER/TARGET`), for the usage rollups.
+    pub(super) adapter: AdapterName,
+    pub(super) target: Target,
 }
 
 impl Queued {
@@ -121,7 +122,8 @@ impl PackedEvents {
                         ending,
                         events: relayed.index + 1,
                         node: relayed.event.node.clone(),
-                        model: format!("{}/{}", relayed.event.adapter, relayed.event.target),
+                        adapter: relayed.event.adapter.clone(),
+                        target: relayed.event.target.clone(),
                     });
             }
             match packed.chunks.last_mut() {

@@ -43,6 +43,10 @@ pub struct JournalConfig {
     /// After a batch that did not fill, the writer waits this long for more before the
     /// next transaction, so a trickle of events does not cost one commit each.
     pub batch_linger_ms: u64,
+    /// The longest an open run's events are held back so they are written together (one
+    /// row per run, or per this interval for long runs) rather than one row per
+    /// transaction; `0` writes them with the next transaction.
+    pub open_events_hold_ms: u64,
 }
 
 impl Default for JournalConfig {
@@ -58,6 +62,7 @@ impl Default for JournalConfig {
             usage_minute_max_age: HumanDuration(Duration::from_secs(2 * 86_400)),
             batch_max: 4_096,
             batch_linger_ms: 10,
+            open_events_hold_ms: 1_000,
         }
     }
 }
@@ -99,6 +104,11 @@ impl JournalConfig {
         self.path
             .clone()
             .unwrap_or_else(|| data_dir.join("journal.sqlite3"))
+    }
+
+    /// `open_events_hold_ms` as a duration.
+    pub fn open_events_hold(&self) -> Duration {
+        Duration::from_millis(self.open_events_hold_ms)
     }
 
     /// `batch_linger_ms` as a duration.

@@ -2,12 +2,13 @@
 //! (decision 16 says why SQLite), or nothing at all when `[journal] enabled = false`.
 //!
 //! The relay only enqueues (`queue.rs`); a writer thread batches transactions
-//! (`writer.rs`) and applies retention (`retention.rs`); the management API reads on
+//! (`writer.rs`), holding open runs' events back to write them together (`hold.rs`), and applies retention (`retention.rs`); the management API reads on
 //! read-only connections (`reader.rs`). Nothing here is on the relay's path but a push.
 
 mod batch;
 mod budget;
 pub mod config;
+mod hold;
 mod packed;
 mod plan;
 mod queue;

@@ -9,12 +9,12 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use rusqlite::types::{ToSqlOutput, ValueRef};
-use rusqlite::{OptionalExtension, Transaction, params};
+use rusqlite::{CachedStatement, OptionalExtension, Transaction, params};
 
 use super::batch::{Chunk, Finish, Queued};
 use super::writer::to_sql;
 use crate::domain::{
-    AcceptedRun, Attempt, Rollup, RunId, RunOutcome, Usage, UsageCounts, UsageGroup,
+    AcceptedRun, Attempt, Bucket, NodeId, Rollup, RunId, RunOutcome, Usage, UsageCounts, UsageGroup,
 };
 
 /// What the writer knows of a run the file holds as open.
@@ -109,26 +109,75 @@ impl<'a> Plan<'a> {
         })
     }
 
-    /// Writes the plan and the usage of the runs it ends (summed per bucket and group, one
-    /// upsert per row); `open` learns how many events each open run now has stored.
+    /// Writes the plan and the usage of the runs it ends (summed per minute and group
+    /// first, so a run costs no allocation; one upsert per row); `open` learns how many
+    /// events each open run now has stored.
     pub(super) fn apply(
         self,
         tx: &Transaction<'_>,
         open: &mut HashMap<RunId, OpenRun>,
     ) -> rusqlite::Result<()> {
         let Plan { order, mut runs } = self;
-        let mut rollup = Rollup::default();
+        let mut endings = Endings::default();
+        // Prepared once per transaction: looking a statement up hashes its whole text.
+        let mut insert = tx.prepare_cached(INSERT_RUN)?;
         for run_id in order {
             let Some(write) = runs.remove(run_id) else {
                 continue;
             };
-            write.roll_up(&mut rollup);
-            let stored = write.apply(tx)?;
+            endings.add(&write);
+            let stored = write.apply(tx, &mut insert)?;
             if let Some(known) = open.get_mut(run_id) {
                 known.stored = stored;
             }
         }
-        upsert_usage(tx, &rollup)
+        upsert_usage(tx, &endings.rollup())
+    }
+}
+
+/// The usage of one transaction's endings by UTC minute, key, adapter, target and node,
+/// borrowed from the batch.
+#[derive(Default)]
+struct Endings<'a> {
+    sums: HashMap<EndingGroup<'a>, UsageCounts>,
+}
+
+/// A minute's start, the key's name, the adapter, the target and the node.
+type EndingGroup<'a> = (u64, Option<Arc<str>>, &'a str, &'a str, Option<&'a str>);
+
+impl<'a> Endings<'a> {
+    /// Counts `write`'s run when its batch ends it.
+    fn add(&mut self, write: &RunWrite<'a>) {
+        let Some(finish) = write.finish else {
+            return;
+        };
+        let ending = &finish.ending;
+        let failed = ending.outcome == RunOutcome::Failed;
+        let group = (
+            Bucket::Minute.start_of(ending.finished_ms),
+            write.key.clone(),
+            finish.adapter.as_str(),
+            finish.target.as_str(),
+            finish.node.as_ref().map(NodeId::as_str),
+        );
+        self.sums
+            .entry(group)
+            .or_default()
+            .add(&UsageCounts::of_run(ending.usage.as_ref(), failed));
+    }
+
+    /// Every bucket size's rows (an hour or a day starts on a minute).
+    fn rollup(&self) -> Rollup {
+        let mut rollup = Rollup::default();
+        for ((minute, key, adapter, target, node), counts) in &self.sums {
+            let group = UsageGroup {
+                key: key.as_deref().map(str::to_owned),
+                model: Some(format!("{adapter}/{target}")),
+                node: node.map(str::to_owned),
+            };
+            rollup.add(*minute, &group, counts);
+        }
+        rollup
     }
 }
 
@@ -223,24 +272,13 @@ fn upsert_usage(tx: &Transaction<'_>, rollup: &Rollup) -> rusqlite::Result<()> {
 }
 
 impl RunWrite<'_> {
-    /// Counts the run's usage in `rollup` when this batch ends it.
-    fn roll_up(&self, rollup: &mut Rollup) {
-        let Some(finish) = self.finish else {
-            return;
-        };
-        let ending = &finish.ending;
-        let group = UsageGroup {
-            key: self.key.as_deref().map(str::to_owned),
-            model: Some(finish.model.clone()),
-            node: finish.node.as_ref().map(|n| n.as_str().to_owned()),
-        };
-        let failed = ending.outcome == RunOutcome::Failed;
-        let counts = UsageCounts::of_run(ending.usage.as_ref(), failed);
-        rollup.add(ending.finished_ms, &group, &counts);
-    }
-
-    /// Writes the run's rows; returns how many of its events are stored now.
-    fn apply(self, tx: &Transaction<'_>) -> rusqlite::Result<u64> {
+    /// Writes the run's rows (a new run's with `insert`, [`INSERT_RUN`]); returns how many
+    /// of its events are stored now.
+    fn apply(
+        self,
+        tx: &Transaction<'_>,
+        insert: &mut CachedStatement<'_>,
+    ) -> rusqlite::Result<u64> {
         let mut chunks = joined(&self.chunks).into_iter().peekable();
         let mut attempts = self.attempts.iter().copied().peekable();
         let inline = Inline {
@@ -275,7 +313,7 @@ impl RunWrite<'_> {
             ])?;
         }
         match self.insert {
-            Some(run) => insert_run(tx, run, &self, stored, &inline)?,
+            Some(run) => insert_run(insert, run, &self, stored, &inline)?,
             None => update_run(tx, &self, stored)?,
         }
         Ok(stored)
@@ -311,8 +349,16 @@ fn finish_values<'a>(write: &RunWrite<'a>, stored: u64) -> [ValueRef<'a>; 12] {
     ]
 }
 
+/// A new run's row, its first attempt and first events inline.
+const INSERT_RUN: &str = "INSERT OR IGNORE INTO runs (seq, run_id, adapter, target, operation,
+        pin, api_key_name, queued_ms, node, route_reason, started_ms, events_inline,
+        events_inline_count, outcome, first_output_ms, finished_ms, code, message, finish_reason,
+        input_tokens, output_tokens, cached_input_tokens, reasoning_tokens, events, events_stored)
+    VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18,
+        ?19, ?20, ?21, ?22, ?23, ?24, ?25)";
+
 fn insert_run<'a>(
-    tx: &Transaction<'_>,
+    insert: &mut CachedStatement<'_>,
     run: &'a AcceptedRun,
     write: &RunWrite<'a>,
     stored: u64,
@@ -321,8 +367,25 @@ fn insert_run<'a>(
     let text = |v: Option<&'a str>| v.map_or(ValueRef::Null, |t| ValueRef::Text(t.as_bytes()));
     let attempt = inline.attempt;
     let events = inline.events.as_ref();
-    let mut values: Vec<ValueRef<'a>> = Vec::with_capacity(25);
-    values.extend([
+    let [
+        outcome,
+        first_output,
+        finished,
+        code,
+        message,
+        finish_reason,
+        input,
+        output,
+        cached,
+        reasoning,
+        count,
+        stored,
+    ] = finish_values(write, stored);
+    let count = match count {
+        ValueRef::Null => ValueRef::Integer(0),
+        count => count,
+    };
+    let values = [
         ValueRef::Integer(write.seq),
         ValueRef::Text(run.run_id.as_str().as_bytes()),
         ValueRef::Text(run.adapter.as_str().as_bytes()),
@@ -336,20 +399,22 @@ fn insert_run<'a>(
         attempt.map_or(ValueRef::Null, |a| ValueRef::Integer(to_sql(a.started_ms))),
         events.map_or(ValueRef::Null, |e| ValueRef::Blob(&e.bytes)),
         ValueRef::Integer(to_sql(events.map_or(0, |e| e.count))),
-    ]);
-    values.extend(finish_values(write, stored));
-    if matches!(values.get(23), Some(ValueRef::Null)) {
-        values[23] = ValueRef::Integer(0);
-    }
-    tx.prepare_cached(
-        "INSERT OR IGNORE INTO runs (seq, run_id, adapter, target, operation, pin, api_key_name,
-            queued_ms, node, route_reason, started_ms, events_inline, events_inline_count,
-            outcome, first_output_ms, finished_ms, code, message, finish_reason,
-            input_tokens, output_tokens, cached_input_tokens, reasoning_tokens, events, events_stored)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18,
-            ?19, ?20, ?21, ?22, ?23, ?24, ?25)",
-    )?
-    .execute(rusqlite::params_from_iter(values.into_iter().map(ToSqlOutput::Borrowed)))?;
+        outcome,
+        first_output,
+        finished,
+        code,
+        message,
+        finish_reason,
+        input,
+        output,
+        cached,
+        reasoning,
+        count,
+        stored,
+    ];
+    insert.execute(rusqlite::params_from_iter(
+        values.into_iter().map(ToSqlOutput::Borrowed),
+    ))?;
     Ok(())
 }
 

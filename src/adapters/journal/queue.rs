@@ -35,13 +35,15 @@ struct State {
     parked: bool,
     /// A flush is waiting: the writer writes what is queued without lingering.
     urgent: bool,
+    /// The `admitted` count the latest flush waits for.
+    flush_target: u64,
     closed: bool,
 }
 
 /// What the writer got from [`EntryQueue::take`].
 pub(super) enum Taken {
-    /// Write these.
-    Batch(Vec<Queued>),
+    /// Write these (appended to the caller's buffer).
+    Batch,
     /// Nothing arrived in time; do periodic work and come back.
     Idle,
     /// The queue is closed and empty: stop.
@@ -56,6 +58,7 @@ impl EntryQueue {
                 admitted: 0,
                 parked: false,
                 urgent: false,
+                flush_target: 0,
                 closed: false,
             }),
             wake: Condvar::new(),
@@ -89,14 +92,17 @@ impl EntryQueue {
         }
     }
 
-    /// Up to `max` entries, waiting up to `idle` for the first.
-    pub(super) fn take(&self, max: usize, idle: Duration) -> Taken {
+    /// Up to `max` entries, appended to `into` (a buffer the writer keeps, so a batch
+    /// costs no fresh memory), waiting up to `idle` for the first (or for a flush).
+    pub(super) fn take(&self, max: usize, idle: Duration, into: &mut Vec<Queued>) -> Taken {
         let mut state = self.lock();
-        if state.entries.is_empty() && !state.closed {
+        if state.entries.is_empty() && !state.closed && !state.urgent {
             state.parked = true;
             state = self
                 .wake
-                .wait_timeout_while(state, idle, |s| s.entries.is_empty() && !s.closed)
+                .wait_timeout_while(state, idle, |s| {
+                    s.entries.is_empty() && !s.closed && !s.urgent
+                })
                 .map_or_else(|p| p.into_inner().0, |(s, _)| s);
             state.parked = false;
         }
@@ -108,7 +114,8 @@ impl EntryQueue {
             };
         }
         let count = state.entries.len().min(max);
-        Taken::Batch(state.entries.drain(..count).collect())
+        into.extend(state.entries.drain(..count));
+        Taken::Batch
     }
 
     /// Waits up to `linger` for more entries to gather, unless a flush is waiting (or
@@ -117,11 +124,26 @@ impl EntryQueue {
         // Not `parked`: entries arriving meanwhile are what lingering waits for, and need
         // not wake it.
         let state = self.lock();
-        let mut state = self
+        let _state = self
             .wake
             .wait_timeout_while(state, linger, |s| !s.urgent && !s.closed)
             .map_or_else(|p| p.into_inner().0, |(s, _)| s);
-        state.urgent = false;
+    }
+
+    /// The admitted count a waiting flush needs done, if one waits: the writer then
+    /// writes everything it holds back, too, until it has taken that many entries.
+    pub(super) fn pending_flush(&self) -> Option<u64> {
+        let state = self.lock();
+        state.urgent.then_some(state.flush_target)
+    }
+
+    /// The writer has taken (and released) every entry up to `taken`: a flush waiting
+    /// for no more than that needs no more hurry.
+    pub(super) fn flush_served(&self, taken: u64) {
+        let mut state = self.lock();
+        if state.flush_target <= taken {
+            state.urgent = false;
+        }
     }
 
     /// Entries waiting.
@@ -139,6 +161,7 @@ impl EntryQueue {
         let target = {
             let mut state = self.lock();
             state.urgent = true;
+            state.flush_target = state.admitted;
             self.wake.notify_one();
             state.admitted
         };
@@ -199,13 +222,15 @@ mod tests {
         assert_eq!(queue.dropped_full.load(Ordering::Relaxed), 3);
         queue.push(event(RunEventKind::Cancelled { reason: "c".into() }));
         assert_eq!(queue.depth(), 3);
-        let Taken::Batch(batch) = queue.take(10, Duration::ZERO) else {
-            panic!("expected a batch");
-        };
+        let mut batch = Vec::new();
+        let taken = queue.take(10, Duration::ZERO, &mut batch);
+        assert!(matches!(taken, Taken::Batch));
         assert_eq!(batch.len(), 3);
-        assert!(matches!(queue.take(10, Duration::ZERO), Taken::Idle));
+        let taken = queue.take(10, Duration::ZERO, &mut batch);
+        assert!(matches!(taken, Taken::Idle));
         queue.close();
-        assert!(matches!(queue.take(10, Duration::ZERO), Taken::Closed));
+        let taken = queue.take(10, Duration::ZERO, &mut batch);
+        assert!(matches!(taken, Taken::Closed));
     }
 
     #[tokio::test]

@@ -13,6 +13,7 @@ use tracing::{info, warn};
 use super::batch::Queued;
 use super::budget::{Budget, Files};
 use super::config::JournalConfig;
+use super::hold::Held;
 use super::queue::EntryQueue;
 use super::reader::Reader;
 use super::retention::Retention;
@@ -69,6 +70,10 @@ impl SqliteJournal {
             open: HashMap::new(),
             next_seq,
             last_error_log: None,
+            held: Held::new(config.open_events_hold()),
+            taken: 0,
+            batch: Vec::new(),
+            due: Vec::new(),
         };
         let handle = std::thread::Builder::new()
             .name("edge-journal".to_owned())

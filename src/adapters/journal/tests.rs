@@ -624,3 +624,103 @@ async fn usage_rolls_up_as_runs_end_and_survives_reopening() {
         );
     }
 }
+
+/// The rows of `events` the file holds for run `id` (its events past the run's own row).
+fn event_rows(dir: &tempfile::TempDir, id: &str) -> i64 {
+    let conn = rusqlite::Connection::open(file(dir)).unwrap();
+    conn.query_row(
+        "SELECT count(*) FROM events WHERE run_seq = (SELECT seq FROM runs WHERE run_id = ?1)",
+        [id],
+        |row| row.get(0),
+    )
+    .unwrap()
+}
+
+#[tokio::test]
+async fn a_streaming_runs_events_are_written_together_when_it_ends() {
+    let dir = tempfile::tempdir().unwrap();
+    // One entry per transaction: without the hold, each delta would be a row of its own.
+    let hold = JournalConfig {
+        batch_max: 1,
+        open_events_hold_ms: 3_600_000,
+        ..config(&dir)
+    };
+    let journal = SqliteJournal::open(&hold, &file(&dir)).unwrap();
+    journal.record(accepted("stream", 1));
+    journal.record(placed("stream", "node-a"));
+    journal.flush().await;
+    for index in 0..40 {
+        journal.record(event("stream", index, RunEventKind::text("tok ")));
+    }
+    journal.record(event("stream", 40, completed()));
+    // Not a flush: one would write what is held at once (read-your-writes).
+    while journal.stats().written < 43 {
+        tokio::task::yield_now().await;
+    }
+    let rows = event_rows(&dir, "stream");
+    assert_eq!(rows, 1, "{rows} rows, {:?}", journal.stats());
+    let run = journal.run(&RunId::new("stream")).await.unwrap().unwrap();
+    assert_eq!(run.outcome, RunOutcome::Completed);
+    assert_eq!((run.events, run.events_stored), (41, 41));
+    let events = journal.events(&RunId::new("stream"), 0, 100).await.unwrap();
+    assert_eq!(events.len(), 41);
+    assert!(events.iter().enumerate().all(|(i, e)| e.index == i as u64));
+    journal.close().await;
+}
+
+#[tokio::test]
+async fn a_flush_writes_the_events_held_for_an_open_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let hold = JournalConfig {
+        open_events_hold_ms: 3_600_000,
+        ..config(&dir)
+    };
+    let journal = SqliteJournal::open(&hold, &file(&dir)).unwrap();
+    journal.record(accepted("open", 1));
+    journal.record(event("open", 0, RunEventKind::Started));
+    journal.record(event("open", 1, RunEventKind::text("so far")));
+    journal.flush().await;
+    let events = journal.events(&RunId::new("open"), 0, 10).await.unwrap();
+    assert_eq!(events.iter().map(|e| e.index).collect::<Vec<_>>(), [0, 1]);
+    let run = journal.run(&RunId::new("open")).await.unwrap().unwrap();
+    assert_eq!(run.outcome, RunOutcome::Open);
+    // Closing writes what is held, too.
+    journal.record(event("open", 2, RunEventKind::text(" and more")));
+    journal.close().await;
+    drop(journal);
+    let journal = reopen(&dir).await;
+    let events = journal.events(&RunId::new("open"), 0, 10).await.unwrap();
+    assert_eq!(events.len(), 3, "{events:?}");
+    journal.close().await;
+}
+
+#[tokio::test]
+async fn held_events_are_written_when_their_hold_is_over() {
+    let dir = tempfile::tempdir().unwrap();
+    let hold = JournalConfig {
+        open_events_hold_ms: 1,
+        ..config(&dir)
+    };
+    let journal = SqliteJournal::open(&hold, &file(&dir)).unwrap();
+    journal.record(accepted("slow", 1));
+    journal.record(event("slow", 0, RunEventKind::text("a")));
+    // No flush: the writer wakes for the hold's end by itself.
+    let mut written = 0;
+    while written == 0 {
+        tokio::task::yield_now().await;
+        written = event_rows(&dir, "slow") + inline_events(&dir, "slow");
+    }
+    assert_eq!(written, 1);
+    journal.close().await;
+}
+
+/// Events the run's own row holds.
+fn inline_events(dir: &tempfile::TempDir, id: &str) -> i64 {
+    let conn = rusqlite::Connection::open(file(dir)).unwrap();
+    conn.query_row(
+        "SELECT events_inline_count FROM runs WHERE run_id = ?1",
+        [id],
+        |row| row.get(0),
+    )
+    .unwrap_or(0)
+}

@@ -20,6 +20,7 @@ use tracing::warn;
 
 use super::batch::Queued;
 use super::budget::{Budget, Files};
+use super::hold::Held;
 use super::plan::{OpenRun, Plan};
 use super::queue::{EntryQueue, Taken};
 use super::retention::{Retention, expire_usage, retention_chunk};
@@ -59,6 +60,14 @@ pub(super) struct Writer {
     /// The row number of the next run accepted.
     pub(super) next_seq: i64,
     pub(super) last_error_log: Option<Instant>,
+    /// Open runs' events kept back to be written together (see `hold.rs`).
+    pub(super) held: Held,
+    /// Entries taken from the queue so far (a flush waits for those admitted before it).
+    pub(super) taken: u64,
+    /// The batch taken from the queue and the entries due to be written: buffers kept
+    /// from one batch to the next, so a batch costs no fresh memory (and no page faults).
+    pub(super) batch: Vec<Queued>,
+    pub(super) due: Vec<Queued>,
 }
 
 impl Writer {
@@ -84,25 +93,73 @@ impl Writer {
             } else {
                 next_retention.saturating_duration_since(Instant::now())
             };
-            match self.queue.take(self.batch_max, idle) {
-                Taken::Batch(batch) => {
-                    let count = batch.len();
-                    for transaction in split_by_size(batch, self.budget.wal / 4) {
-                        self.write(transaction);
-                        self.keep_budget();
-                    }
-                    self.queue.mark_done(count);
-                    if count < self.batch_max && !self.linger.is_zero() {
-                        self.queue.linger(self.linger);
-                    }
-                }
-                Taken::Idle => {}
-                Taken::Closed => break,
+            let idle = self
+                .held
+                .next_due(Instant::now())
+                .map_or(idle, |due| due.min(idle));
+            let closed = matches!(
+                self.queue.take(self.batch_max, idle, &mut self.batch),
+                Taken::Closed
+            );
+            let drained = self.batch.len() < self.batch_max;
+            self.write_taken(closed);
+            if closed {
+                break;
+            }
+            if drained && !self.linger.is_zero() {
+                self.queue.linger(self.linger);
             }
         }
         // Leave a small WAL behind for the next start and for backups.
         let _ = self.conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE);");
         self.queue.writer_gone();
+    }
+
+    /// Writes what the batch taken and the hold have due: everything held when the queue
+    /// closed or a flush waits for entries taken up to now, else the holds that are over.
+    fn write_taken(&mut self, closed: bool) {
+        let now = Instant::now();
+        self.taken += self.batch.len() as u64;
+        let mut due = std::mem::take(&mut self.due);
+        self.held.absorb(&mut self.batch, now, &mut due);
+        if closed || self.queue.pending_flush().is_some() {
+            self.held.release_all(&mut due);
+            self.queue.flush_served(self.taken);
+        } else {
+            self.held.release_due(now, &mut due);
+        }
+        let count = due.len();
+        if count > 0 {
+            self.write_pieces(&mut due);
+            self.queue.mark_done(count);
+        }
+        due.clear();
+        self.due = due;
+    }
+
+    /// Writes `due` in transactions of about a quarter of the WAL's share at most, so one
+    /// cannot grow the WAL past its share of the disk limit; leaves `due` empty.
+    fn write_pieces(&mut self, due: &mut Vec<Queued>) {
+        let max_bytes = usize::try_from(self.budget.wal / 4).unwrap_or(usize::MAX);
+        while !due.is_empty() {
+            let mut bytes = 0;
+            let fits = due
+                .iter()
+                .take_while(|entry| {
+                    bytes += entry.estimated_bytes();
+                    bytes <= max_bytes
+                })
+                .count()
+                .max(1);
+            if fits == due.len() {
+                self.write(due);
+                due.clear();
+            } else {
+                let mut piece: Vec<Queued> = due.drain(..fits).collect();
+                self.write(&mut piece);
+            }
+            self.keep_budget();
+        }
     }
 
     /// One chunk of retention; returns whether more may be due.
@@ -178,11 +235,11 @@ impl Writer {
     /// Writes `batch` in one transaction. A batch the file has no room for is written
     /// again after retention made room, and then without the events that may be left out;
     /// what still fails is lost and counted.
-    fn write(&mut self, mut batch: Vec<Queued>) {
-        let mut result = self.transaction(&batch);
+    fn write(&mut self, batch: &mut Vec<Queued>) {
+        let mut result = self.transaction(batch);
         if is_full(&result) {
             self.make_room();
-            result = self.transaction(&batch);
+            result = self.transaction(batch);
         }
         if is_full(&result) {
             let before = batch.len();
@@ -191,7 +248,7 @@ impl Writer {
             self.shared
                 .dropped_over_budget
                 .fetch_add(left_out, Ordering::Relaxed);
-            result = self.transaction(&batch);
+            result = self.transaction(batch);
         }
         match result {
             Ok(()) => {
@@ -232,26 +289,6 @@ impl Writer {
             warn!(%error, what, "the run journal failed; the entries of this transaction are lost");
         }
     }
-}
-
-/// `batch` in pieces of about `max_bytes` at most (one entry at least), so that one
-/// transaction cannot grow the WAL past its share of the disk limit.
-fn split_by_size(batch: Vec<Queued>, max_bytes: u64) -> Vec<Vec<Queued>> {
-    let max_bytes = usize::try_from(max_bytes).unwrap_or(usize::MAX);
-    let mut pieces = vec![Vec::new()];
-    let mut bytes = 0;
-    for entry in batch {
-        let size = entry.estimated_bytes();
-        if bytes + size > max_bytes && pieces.last().is_some_and(|p| !p.is_empty()) {
-            pieces.push(Vec::new());
-            bytes = 0;
-        }
-        bytes += size;
-        if let Some(piece) = pieces.last_mut() {
-            piece.push(entry);
-        }
-    }
-    pieces
 }
 
 /// Whether a write failed because the database file reached its page limit.

@@ -12,7 +12,7 @@ use opentelemetry::metrics::{BoundCounter, BoundHistogram, Counter, Histogram, M
 use super::resume_metrics::ResumeMetrics;
 use super::routing_metrics::{Refusal, RoutingCounts};
 use super::table::{Run, lock};
-use crate::domain::routing::{AttemptEnd, Priority, RouteReason, Transition};
+use crate::domain::routing::{AttemptEnd, Priority, RouteReason, TenantKey, Transition};
 use crate::domain::stats::{Ending, RunEnd, StatsWindow};
 use crate::domain::{
     AdapterName, EventOrigin, FleetStats, NodeId, RunEvent, RunEventKind, RunSpec, Target,
@@ -77,7 +77,14 @@ pub(super) struct RouteMetrics {
     duration: OnceLock<BoundHistogram<f64>>,
     /// `edge_runs_finished{outcome="completed",code=""}`, most runs' end.
     completed: OnceLock<BoundCounter<u64>>,
+    /// The token counters (input, cached input, output) by API key, node and affinity
+    /// source, bound at each group's first ended run: every label is bounded by the config
+    /// or a fixed set.
+    tokens: Mutex<HashMap<TokenGroup, Arc<[BoundCounter<u64>; 3]>>>,
 }
+
+/// An API key (tenant), a node (`None`: not placed) and an affinity key's source.
+type TokenGroup = (TenantKey, Option<NodeId>, &'static str);
 
 fn priority_index(priority: Priority) -> usize {
     match priority {
@@ -160,6 +167,7 @@ impl RunMetrics {
                     first_output: OnceLock::new(),
                     duration: OnceLock::new(),
                     completed: OnceLock::new(),
+                    tokens: Mutex::default(),
                 })
             });
             Arc::clone(bound)
@@ -219,7 +227,7 @@ impl RunMetrics {
             histogram.record(since_accepted);
         }
         if event.kind.is_terminal() {
-            self.count_tokens(run, event);
+            self.count_tokens(run, bound, event);
             let duration = bound.duration.get_or_init(|| self.duration.bind(labels));
             duration.record(since_accepted);
             if matches!(event.kind, RunEventKind::Completed { .. }) {
@@ -244,37 +252,36 @@ impl RunMetrics {
     }
 
     /// The tokens `event`, `run`'s terminal event, reports: by key, model, node and the
-    /// source of the run's affinity key (every label bounded by the config or a fixed set).
-    fn count_tokens(&self, run: &Run, event: &RunEvent) {
+    /// source of the run's affinity key, through `bound`'s counters for the group.
+    fn count_tokens(&self, run: &Run, bound: &RouteMetrics, event: &RunEvent) {
         let RunEventKind::Completed {
             usage: Some(usage), ..
         } = &event.kind
         else {
             return;
         };
-        let selector = &run.spec.selector;
-        let labels = [
-            KeyValue::new("key", run.spec.routing.tenant.as_str().to_owned()),
-            KeyValue::new("model", format!("{}/{}", selector.adapter, selector.target)),
-            KeyValue::new(
-                "node",
-                event.node.as_ref().map_or("", |n| n.as_str()).to_owned(),
-            ),
-            KeyValue::new(
-                "affinity",
-                run.spec
-                    .routing
-                    .affinity
-                    .map_or("none", |key| key.source().as_str()),
-            ),
-        ];
+        let routing = &run.spec.routing;
+        let affinity = routing.affinity.map_or("none", |key| key.source().as_str());
+        let group = (routing.tenant.clone(), event.node.clone(), affinity);
+        let counters = Arc::clone(lock(&bound.tokens).entry(group).or_insert_with_key(
+            |(tenant, node, affinity)| {
+                let selector = &run.spec.selector;
+                let labels = [
+                    KeyValue::new("key", tenant.as_str().to_owned()),
+                    KeyValue::new("model", format!("{}/{}", selector.adapter, selector.target)),
+                    KeyValue::new("node", node.as_ref().map_or("", |n| n.as_str()).to_owned()),
+                    KeyValue::new("affinity", *affinity),
+                ];
+                Arc::new(self.tokens.each_ref().map(|counter| counter.bind(&labels)))
+            },
+        ));
         let counts = [
             usage.input_tokens,
             usage.cached_input_tokens,
             usage.output_tokens,
         ];
-        for (counter, count) in self.tokens.iter().zip(counts) {
-            counter.add(count.into(), &labels);
+        for (counter, count) in counters.iter().zip(counts) {
+            counter.add(count.into());
         }
     }
 
