@@ -249,6 +249,8 @@ struct Timings {
     total: Histogram,
     hops: Vec<Histogram>,
     unmatched: u64,
+    /// Requests that failed (an error status, or the connection), warm-up included.
+    errors: u64,
 }
 
 impl Timings {
@@ -260,6 +262,7 @@ impl Timings {
             mine.merge(theirs);
         }
         self.unmatched += other.unmatched;
+        self.errors += other.errors;
     }
 }
 
@@ -300,7 +303,8 @@ fn report(list: &[Path], per_path: &[Timings], callers: usize) -> Vec<Record> {
             .with("ttft_p50_ms", ms(&timings.first, 0.5))
             .with("ttft_p90_ms", ms(&timings.first, 0.9))
             .with("total_p50_ms", ms(&timings.total, 0.5))
-            .with("total_p90_ms", ms(&timings.total, 0.9));
+            .with("total_p90_ms", ms(&timings.total, 0.9))
+            .with("errors", timings.errors as f64);
         if *name != "direct" {
             record = record
                 .with(
@@ -412,10 +416,16 @@ async fn caller_loop(
                 "messages": [{"role": "user", "content": "Say something short."}],
             });
             let request = post_json(addr, "/v1/chat/completions", &body.to_string());
-            let asked = links[i]
-                .ask(&request)
-                .await
-                .with_context(|| format!("{name}: round {round}"))?;
+            let asked = match links[i].ask(&request).await {
+                Ok(asked) => asked,
+                Err(error) => {
+                    // Counted, and the next request on this path opens a fresh connection.
+                    links[i].connection = None;
+                    timings[i].errors += 1;
+                    eprintln!("loadgen latency: {name}: round {round}: {error:#}");
+                    continue;
+                }
+            };
             if round < warmup {
                 continue;
             }

@@ -288,5 +288,10 @@ fn latency_breaks_the_edge_path_into_hops() {
         assert!(stdout.contains("ttft_p50_over_direct_ms="), "{stdout}");
         assert!(stdout.contains("engine_first_p50_us="), "{stdout}");
         assert!(stdout.contains("unmatched=0"), "{stdout}");
+        let errors = stdout
+            .split_whitespace()
+            .filter(|w| w.starts_with("errors="));
+        assert!(errors.clone().count() > 0, "{stdout}");
+        assert!(errors.into_iter().all(|w| w == "errors=0"), "{stdout}");
     }
 }
