@@ -212,11 +212,14 @@ pub trait NodeEventHandler: Send + Sync {
         events: &mut Vec<ReportedEvent>,
     );
 
-    /// Returns once the events the node reported so far are kept as durably as the edge
-    /// keeps them (in the run journal, so a restarted edge can take their runs back); the
-    /// connection calls it before it acknowledges a ping, which lets the node forget them.
-    /// Returns at once by default.
-    async fn events_kept(&self) {}
+    /// Waits (a bounded time) until the events the node reported so far are kept as
+    /// durably as the edge keeps them (in the run journal, so a restarted edge can take
+    /// their runs back) and says whether they are; the connection calls it before it
+    /// acknowledges a ping, which lets the node forget them, and leaves that ping
+    /// unanswered when they are not (a later ping asks again). `true` at once by default.
+    async fn events_kept(&self) -> bool {
+        true
+    }
 
     /// A node's registration on `connection` was accepted and it is in the registry, not
     /// yet answered; `claims` are the runs it says it still holds after a reconnect (none

@@ -259,10 +259,7 @@ impl<'a, S: NodeIo> Connection<'a, S> {
                     // Answered after every frame before it was handled and is kept: the
                     // ack tells the node the edge has read, relayed and journaled all of
                     // those, so it may forget them.
-                    if ping != 0 {
-                        if self.relayed_since_ack.swap(false, Ordering::Relaxed) {
-                            self.shared.deps.handler.events_kept().await;
-                        }
+                    if ping != 0 && self.events_kept().await {
                         if let Err(reason) = self.send(EdgeFrame::HeartbeatAck { ping }).await {
                             return (handled, Some(reason));
                         }
@@ -297,6 +294,21 @@ impl<'a, S: NodeIo> Connection<'a, S> {
             let handler = &self.shared.deps.handler;
             handler.run_events(record.id(), self.id, events).await;
         }
+    }
+
+    /// Whether the events relayed since the last ack are kept (the run service waits a
+    /// bounded time for its journal): a ping is answered only then, so the node never
+    /// forgets an event a restarted edge would not have; unanswered, a later ping asks
+    /// again.
+    async fn events_kept(&self) -> bool {
+        if !self.relayed_since_ack.swap(false, Ordering::Relaxed) {
+            return true;
+        }
+        let kept = self.shared.deps.handler.events_kept().await;
+        if !kept {
+            self.relayed_since_ack.store(true, Ordering::Relaxed);
+        }
+        kept
     }
 
     /// Stores what the node reports it can serve now and, if that changed, tells the run

@@ -338,17 +338,19 @@ impl Runs for RunService {
 
 #[async_trait]
 impl NodeEventHandler for RunService {
-    async fn events_kept(&self) {
+    async fn events_kept(&self) -> bool {
         // Only a journal that a restarted edge takes runs back from makes this worth a
         // wait: the node may forget what it acknowledged. The wait is bounded, so a journal
-        // that stalls (a checkpoint waiting for readers, a slow disk) cannot hold up the
-        // node's connection: past it the ack goes anyway, and a restart in that moment may
-        // find an event neither has, which refuses the node's claim (`events_lost`) and
-        // ends the run `edge_crashed` — never a wrong stream.
+        // that stalls (a checkpoint waiting for readers, a slow disk, a starved machine)
+        // cannot hold up the node's connection: past it this ping goes unanswered and the
+        // node keeps its copies until a later ping's answer, so no event is ever in neither.
         if self.inner.config.resume_grace().is_some() && self.inner.journal.enabled() {
             let flushed = self.inner.journal.flush();
-            let _ = tokio::time::timeout(JOURNAL_ACK_WAIT, flushed).await;
+            return tokio::time::timeout(JOURNAL_ACK_WAIT, flushed)
+                .await
+                .is_ok();
         }
+        true
     }
 
     fn node_connected(&self, node: &NodeId) {
