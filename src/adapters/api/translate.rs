@@ -37,6 +37,9 @@ pub(super) struct ChatApi<T, S> {
     pub stream: fn(T, &RunId) -> S,
     /// The whole answer to the request of run `run_id`.
     pub whole: fn(T, &RunId, &Collected, &Finished) -> Value,
+    /// The answer, at once, to a non-streamed request that asked for a run outliving the
+    /// connection ([`ChatTranslation::background`]); `None` where the API has no such thing.
+    pub accepted: Option<fn(T, &RunId) -> Value>,
 }
 
 /// The handler of every API served as a chat run, given its [`ChatApi`] (the route is
@@ -63,7 +66,16 @@ pub(super) async fn serve_chat_run<T: ChatTranslation, S: StreamTranslator>(
         Err(error) => return error_response(&error),
     };
     let run_id = run.id().clone();
-    let (response, headers) = if translated.stream() {
+    let accepted = api.accepted.filter(|_| translated.background());
+    if accepted.is_some() {
+        run.detach();
+    }
+    let (response, headers) = if let Some(accepted) = accepted.filter(|_| !translated.stream()) {
+        (
+            Json(accepted(translated, &run_id)).into_response(),
+            run.headers(),
+        )
+    } else if translated.stream() {
         let first = run.next().await;
         let headers = run.headers();
         let response = match first {
@@ -145,7 +157,8 @@ impl<T: StreamTranslator> EventWriter for NamedEvents<T> {
     }
 }
 
-fn write_all(frame: &mut BytesMut, events: Vec<ApiEvent>) {
+/// Appends `events` as named SSE events.
+pub(super) fn write_all(frame: &mut BytesMut, events: Vec<ApiEvent>) {
     for event in events {
         push_named_event(frame, event.name, &event.data);
     }
