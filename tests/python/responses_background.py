@@ -63,10 +63,17 @@ def background_whole_and_cancel(client):
     check(queued.status in ("queued", "in_progress"), f"background answer: {queued.status}")
     check(queued.background, "the response says background")
 
-    hanging = client.responses.create(model="echo/hang", input="x", background=True)
-    cancelled = client.responses.cancel(hanging.id)
+    # A dropped background stream leaves its run open: only the cancel ends it (the Rust
+    # side checks that the node was sent no `client disconnected` cancel).
+    stream = client.responses.create(model="echo/hang", input="x", background=True, stream=True)
+    events = iter(stream)
+    opening = [next(events), next(events)]
+    stream.close()
+    hanging_id = opening[0].response.id
+    check(opening[1].type == "response.in_progress", f"opening: {opening}")
+    cancelled = client.responses.cancel(hanging_id)
     check(cancelled.status == "cancelled", f"cancel: {cancelled.status}")
-    check(client.responses.retrieve(hanging.id).status == "cancelled", "retrieved after the cancel")
+    check(client.responses.retrieve(hanging_id).status == "cancelled", "retrieved after the cancel")
 
     plain = client.responses.create(model="echo/default", input="x")
     try:

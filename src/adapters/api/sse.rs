@@ -4,7 +4,7 @@
 //! error event.
 //!
 //! The SSE body owns the run: when the client disconnects, hyper drops the body and the run
-//! is cancelled on the node. Every event the run has ready when hyper asks for more goes
+//! is cancelled on the node (unless the run was detached: Responses `background: true`). Every event the run has ready when hyper asks for more goes
 //! out in one body frame (one write), rendered straight into that frame's buffer.
 
 use std::convert::Infallible;
@@ -53,9 +53,9 @@ pub(super) trait EventWriter: Send + Unpin + 'static {
     }
 }
 
-/// Answers with an SSE stream whose first step (output or a successful end) has already
-/// been read.
-pub(super) fn respond<W: EventWriter>(run: ActiveRun, writer: W, first: Step) -> Response {
+/// Answers with an SSE stream, given its first step (output or a successful end) when it
+/// has already been read.
+pub(super) fn respond<W: EventWriter>(run: ActiveRun, writer: W, first: Option<Step>) -> Response {
     let mut body = SseBody {
         run,
         writer,
@@ -65,7 +65,9 @@ pub(super) fn respond<W: EventWriter>(run: ActiveRun, writer: W, first: Step) ->
         keep_alive: None,
     };
     body.writer.open(&mut body.frame);
-    body.absorb(first);
+    if let Some(first) = first {
+        body.absorb(first);
+    }
     let mut response = Response::new(Body::new(body));
     let headers = response.headers_mut();
     headers.insert(
@@ -215,7 +217,7 @@ mod tests {
         let first = run.next().await;
         (
             events,
-            respond(run, ChunkWriter::new(&reply), first).into_body(),
+            respond(run, ChunkWriter::new(&reply), Some(first)).into_body(),
         )
     }
 

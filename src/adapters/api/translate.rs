@@ -19,7 +19,7 @@ use super::protocol::{ApiEvent, ChatTranslation, StreamTranslator};
 use super::request::{deadline, read_body, run_spec};
 use super::response::ErrorShape;
 use super::routing::{ClientKeys, max_output, prefix_of_value, run_routing};
-use super::run::{self, Output, Step};
+use super::run::{self, ActiveRun, Output, Step};
 use super::sse::{self, EventWriter, push_named_event};
 use crate::adapters::http::HttpState;
 use crate::domain::{Operation, RunId, RunSpec};
@@ -65,22 +65,19 @@ pub(super) async fn serve_chat_run<T: ChatTranslation, S: StreamTranslator>(
         Ok(run) => run,
         Err(error) => return error_response(&error),
     };
-    let run_id = run.id().clone();
-    let accepted = api.accepted.filter(|_| translated.background());
-    if accepted.is_some() {
-        run.detach();
+    if let Some(accepted) = api.accepted.filter(|_| translated.background()) {
+        return background(run, translated, accepted, api.stream);
     }
-    let (response, headers) = if let Some(accepted) = accepted.filter(|_| !translated.stream()) {
-        (
-            Json(accepted(translated, &run_id)).into_response(),
-            run.headers(),
-        )
-    } else if translated.stream() {
+    let run_id = run.id().clone();
+    let (response, headers) = if translated.stream() {
         let first = run.next().await;
         let headers = run.headers();
         let response = match first {
             Step::End(Err(error)) => error_response(&error),
-            first => sse::respond(run, NamedEvents((api.stream)(translated, &run_id)), first),
+            first => {
+                let writer = NamedEvents((api.stream)(translated, &run_id));
+                sse::respond(run, writer, Some(first))
+            }
         };
         (response, headers)
     } else {
@@ -91,6 +88,26 @@ pub(super) async fn serve_chat_run<T: ChatTranslation, S: StreamTranslator>(
             Err(error) => error_response(&error),
         };
         (response, run.headers())
+    };
+    run::with_headers(response, &headers)
+}
+
+/// The answer to a request whose run outlives the connection: the run is detached (a
+/// disconnect no longer cancels it) and answered without waiting for its node — the
+/// `accepted` answer, or a stream that starts with its opening events.
+fn background<T: ChatTranslation, S: StreamTranslator>(
+    mut run: ActiveRun,
+    translated: T,
+    accepted: fn(T, &RunId) -> Value,
+    stream: fn(T, &RunId) -> S,
+) -> Response {
+    run.detach();
+    let run_id = run.id().clone();
+    let headers = run.headers();
+    let response = if translated.stream() {
+        sse::respond(run, NamedEvents(stream(translated, &run_id)), None)
+    } else {
+        Json(accepted(translated, &run_id)).into_response()
     };
     run::with_headers(response, &headers)
 }

@@ -34,6 +34,9 @@ use crate::domain::routing::TenantKey;
 use crate::domain::{RunId, RunRecord};
 use crate::ports::{FeedStream, ManageError};
 
+/// The reason a run cancelled by `POST /v1/responses/{id}/cancel` ends with.
+const CANCELLED_BY_CALLER: &str = "cancelled by its caller";
+
 /// `GET /v1/responses/{id}`'s query.
 #[derive(Debug, Deserialize)]
 pub(in crate::adapters::api) struct RetrieveQuery {
@@ -71,7 +74,8 @@ pub(in crate::adapters::api) async fn retrieve(
         .unwrap_or_else(|error| ErrorShape::OpenAi.render(&error))
 }
 
-/// `POST /v1/responses/{id}/cancel`: cancels the run, waits for its end, and answers
+/// `POST /v1/responses/{id}/cancel`: cancels the run (reason [`CANCELLED_BY_CALLER`]),
+/// waits for its end, and answers
 /// with the response (cancelled, or as it ended if it had already).
 pub(in crate::adapters::api) async fn cancel(
     State(state): State<HttpState>,
@@ -84,10 +88,8 @@ pub(in crate::adapters::api) async fn cancel(
             return Err(ApiError::bad_request(None, "invalid_request", message));
         }
         let (run_id, base) = find(&state, &caller, &id).await?;
-        match state.manage.cancel(&run_id).await {
-            Ok(()) | Err(ManageError::RunEnded(_)) => {}
-            Err(error) => return Err(manage_error(&id, &error)),
-        }
+        // A run that has ended already is answered as it ended.
+        state.runs.cancel(&run_id, CANCELLED_BY_CALLER).await;
         let feed = events(&state, &run_id, 0, true).await?;
         Ok(Json(whole(feed, Replay::new(base, None), retry_after(&state)).await).into_response())
     };
