@@ -14,9 +14,8 @@ every check holds. Started by tests/it/responses_background.rs.
 import sys
 
 import openai
-from openai import OpenAI
 
-from sdk_support import check
+from sdk_support import check, openai_from_args
 
 PROMPT = "one two three four five six seven eight"
 
@@ -89,11 +88,10 @@ def background_whole_and_cancel(client):
 
 
 def main():
-    if len(sys.argv) != 3:
-        print(__doc__, file=sys.stderr)
+    args = openai_from_args(__doc__)
+    if args is None:
         return 2
-    base, key = sys.argv[1], sys.argv[2]
-    client = OpenAI(base_url=f"{base}/v1", api_key=key, max_retries=0, timeout=30)
+    base, key, client = args
     resumed_stream(client)
     background_whole_and_cancel(client)
     print(f"ok: openai {openai.__version__} resumed a background response at {base}")

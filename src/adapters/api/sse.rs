@@ -68,7 +68,12 @@ pub(super) fn respond<W: EventWriter>(run: ActiveRun, writer: W, first: Option<S
     if let Some(first) = first {
         body.absorb(first);
     }
-    let mut response = Response::new(Body::new(body));
+    event_stream(Body::new(body))
+}
+
+/// The response whose body is the SSE stream `body`, with the headers every stream has.
+pub(super) fn event_stream(body: Body) -> Response {
+    let mut response = Response::new(body);
     let headers = response.headers_mut();
     headers.insert(
         header::CONTENT_TYPE,

@@ -95,3 +95,170 @@ fn usage(event: &Value) -> Option<Usage> {
         reasoning_tokens: count("reasoning_tokens"),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+    use serde_json::Value;
+
+    use super::super::super::protocol::StreamTranslator;
+    use super::super::items::ResponseBase;
+    use super::super::stream::ResponsesStream;
+    use super::*;
+    use crate::adapters::event_format::tests::event;
+    use crate::adapters::event_format::write_json_line;
+    use crate::domain::{RunEvent, RunEventKind};
+
+    fn base() -> ResponseBase {
+        ResponseBase {
+            id: "resp_bg_r1".into(),
+            model: "echo/m1".into(),
+            created_at: 1,
+            instructions: Value::Null,
+            namespaces: Default::default(),
+            background: true,
+        }
+    }
+
+    fn structured(reasoning: &str, call: Option<(u32, &str, &str)>) -> RunEventKind {
+        RunEventKind::Output {
+            text: String::new(),
+            data: Bytes::new(),
+            structured: Some(Box::new(StructuredOutput {
+                reasoning: reasoning.into(),
+                tool_calls: call
+                    .map(|(index, name, arguments)| ToolCallDelta {
+                        index,
+                        id: format!("call_{index}"),
+                        name: name.into(),
+                        arguments: arguments.into(),
+                    })
+                    .into_iter()
+                    .collect(),
+                ..StructuredOutput::default()
+            })),
+        }
+    }
+
+    /// The events the translator makes of `kinds` when fed directly, as a live stream is.
+    fn live(kinds: &[RunEventKind]) -> Vec<(String, Value)> {
+        let mut stream = ResponsesStream::new(base());
+        let mut events = stream.open();
+        for kind in kinds {
+            match kind {
+                RunEventKind::Output {
+                    text, structured, ..
+                } => events.extend(stream.output(text, structured.as_deref())),
+                RunEventKind::Completed {
+                    finish_reason,
+                    usage,
+                } => {
+                    let finished = Finished {
+                        finish_reason: finish_reason.clone(),
+                        usage: *usage,
+                    };
+                    events.extend(stream.close(Ok(&finished)));
+                }
+                RunEventKind::Cancelled { reason } => {
+                    events.extend(stream.close(Err(&ApiError::run_cancelled(reason))));
+                }
+                _ => {}
+            }
+        }
+        events
+            .into_iter()
+            .map(|e| (e.name.to_owned(), e.data))
+            .collect()
+    }
+
+    /// The same, fed from the events' JSON lines, as a replay is.
+    fn replayed_from_lines(kinds: &[RunEventKind]) -> Vec<(String, Value)> {
+        let mut stream = ResponsesStream::new(base());
+        let mut events = stream.open();
+        for kind in kinds {
+            let event: RunEvent = event(kind.clone());
+            let mut line = Vec::new();
+            write_json_line(&event, &mut line);
+            let line = String::from_utf8(line).unwrap();
+            match replayed(kind.name(), line.trim_end(), 1) {
+                Replayed::Output(text, structured) => {
+                    events.extend(stream.output(&text, structured.as_ref()));
+                }
+                Replayed::End(end) => events.extend(stream.close(end.as_ref())),
+                Replayed::Skip => {}
+            }
+        }
+        events
+            .into_iter()
+            .map(|e| (e.name.to_owned(), e.data))
+            .collect()
+    }
+
+    #[test]
+    fn a_replay_from_the_event_lines_is_the_live_stream_again() {
+        let answers = [
+            vec![
+                RunEventKind::Started,
+                structured("think", None),
+                RunEventKind::text("one "),
+                RunEventKind::text(""),
+                RunEventKind::text("two"),
+                structured("", Some((0, "lookup", "{\"a\""))),
+                structured("", Some((1, "clock", "{}"))),
+                structured("", Some((0, "", ":1}"))),
+                RunEventKind::Completed {
+                    finish_reason: "tool_calls".into(),
+                    usage: Some(Usage {
+                        input_tokens: 5,
+                        output_tokens: 7,
+                        cached_input_tokens: 2,
+                        reasoning_tokens: 1,
+                    }),
+                },
+            ],
+            vec![
+                RunEventKind::text("cut "),
+                RunEventKind::Completed {
+                    finish_reason: "length".into(),
+                    usage: None,
+                },
+            ],
+            vec![
+                RunEventKind::text("gone"),
+                RunEventKind::Cancelled {
+                    reason: "cancelled by its caller".into(),
+                },
+            ],
+        ];
+        for kinds in answers {
+            let live = live(&kinds);
+            assert_eq!(replayed_from_lines(&kinds), live);
+            let numbers: Vec<u64> = live
+                .iter()
+                .filter_map(|(_, data)| data["sequence_number"].as_u64())
+                .collect();
+            assert_eq!(numbers, (0..live.len() as u64).collect::<Vec<_>>());
+        }
+    }
+
+    #[test]
+    fn a_failure_replays_with_its_code_and_message() {
+        let failed = RunEventKind::Failed {
+            code: "engine_error".into(),
+            message: "boom".into(),
+            class: FailureClass::Unspecified,
+            status: Some(500),
+        };
+        let events = replayed_from_lines(&[RunEventKind::text("a"), failed]);
+        let (name, data) = events.last().unwrap();
+        assert_eq!(name, "response.failed");
+        assert_eq!(data["response"]["status"], "failed");
+        assert!(
+            data["response"]["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("boom")
+        );
+        assert!(matches!(replayed("output", "not json", 1), Replayed::Skip));
+    }
+}

@@ -13,7 +13,6 @@ use axum::Json;
 use axum::body::{Body, Bytes};
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
-use axum::http::{HeaderValue, header};
 use axum::response::{IntoResponse as _, Response};
 use bytes::BytesMut;
 use serde::Deserialize;
@@ -24,6 +23,7 @@ use super::super::error::ApiError;
 use super::super::models::ModelRoute;
 use super::super::protocol::{ApiEvent, StreamTranslator};
 use super::super::response::ErrorShape;
+use super::super::sse::event_stream;
 use super::super::translate::write_all;
 use super::items::ResponseBase;
 use super::replay::{Replayed, replayed};
@@ -261,14 +261,7 @@ fn stream(state: HttpState, run_id: RunId, feed: FeedStream, mut replay: Replay)
         let frame = resumed.next_frame().await?;
         Some((Ok::<_, Infallible>(frame), resumed))
     });
-    let mut response = Body::from_stream(futures::StreamExt::chain(opening, rest)).into_response();
-    let headers = response.headers_mut();
-    headers.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/event-stream"),
-    );
-    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    response
+    event_stream(Body::from_stream(futures::StreamExt::chain(opening, rest)))
 }
 
 impl Resumed {
