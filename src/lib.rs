@@ -25,7 +25,7 @@
 //!   (`edge-node`), the mock node, the load generator and the tests are built on.
 //!
 //! What is public: [`App`] (build, serve, stop; [`AppParts`] for tests), [`settings`]
-//! (every section's type), [`cli`], [`telemetry`], [`client`], [`domain`], [`ports`],
+//! (every section's type), [`cli`], [`telemetry`], [`hops`], [`client`], [`domain`], [`ports`],
 //! [`wire`], and [`components`], the few parts benchmarks and fuzz targets assemble by
 //! hand. `adapters` and `app` are the crate's own (decision 28).
 #![forbid(unsafe_code)]
@@ -35,6 +35,7 @@ pub(crate) mod adapters;
 pub(crate) mod app;
 pub mod client;
 pub mod domain;
+pub mod hops;
 pub mod ports;
 pub mod wire;
 

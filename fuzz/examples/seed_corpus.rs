@@ -228,6 +228,7 @@ fn all_node_frames(run_id: &str) -> Vec<NodeFrame> {
             5,
             RunEventKind::Cancelled {
                 reason: "late".to_owned(),
+                usage: Some(Usage::new(3, 2)),
             },
         ),
         NodeFrame::Unknown,

@@ -606,6 +606,7 @@ fn event(run_id: &str, seq: u8, kind: u8) -> ReportedEvent {
         message: "the node failed".to_owned(),
         class,
         status: None,
+        usage: None,
     };
     let kind = match kind % 9 {
         0 => RunEventKind::Started,
@@ -618,9 +619,7 @@ fn event(run_id: &str, seq: u8, kind: u8) -> ReportedEvent {
         5 => classed(FailureClass::Node),
         6 => classed(FailureClass::Refused),
         7 => classed(FailureClass::Request),
-        _ => RunEventKind::Cancelled {
-            reason: "node".to_owned(),
-        },
+        _ => RunEventKind::cancelled("node"),
     };
     ReportedEvent {
         run_id: run_id.to_owned(),

@@ -11,10 +11,9 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, bail};
 use clap::Args;
@@ -23,7 +22,8 @@ use serde_json::{Value, json};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
-use crate::harness::{InProcessEdge, http_get, metric, runtime, token};
+use crate::engine::{Engine, edge_config, wait_serving};
+use crate::harness::{InProcessEdge, http_get, runtime, token};
 use crate::http::{Connection, post_json};
 use crate::stats::{Histogram, Record};
 
@@ -65,80 +65,6 @@ pub struct AffinityArgs {
     routing: String,
 }
 
-/// A `llama-server` child, killed on drop.
-struct Engine {
-    child: Child,
-    addr: SocketAddr,
-}
-
-impl Engine {
-    fn start(args: &AffinityArgs) -> anyhow::Result<Self> {
-        let addr = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
-        let context = (8_192 * args.slots).to_string();
-        let child = Command::new(&args.llama_server)
-            .arg("--model")
-            .arg(&args.model)
-            .args(["--alias", "tiny", "--host", "127.0.0.1", "--port"])
-            .arg(addr.port().to_string())
-            .args([
-                "--ctx-size",
-                &context,
-                "--parallel",
-                &args.slots.to_string(),
-            ])
-            .args(["--threads", "1", "--threads-batch", "1", "--metrics"])
-            .args(["--no-warmup", "--no-webui"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .context("cannot start llama-server")?;
-        let engine = Self { child, addr };
-        let started = Instant::now();
-        while started.elapsed() < Duration::from_secs(60) {
-            if http_get(addr, "/health").is_ok_and(|r| r.starts_with("HTTP/1.1 200")) {
-                return Ok(engine);
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        bail!("llama-server did not become healthy within 60 s")
-    }
-
-    /// (prompt tokens evaluated, prompt tokens reused from the cache) so far.
-    fn counters(&self) -> anyhow::Result<(f64, f64)> {
-        let text = http_get(self.addr, "/metrics")?;
-        let read = |name| metric(&text, name, "").with_context(|| format!("no {name}"));
-        Ok((
-            read("llamacpp:prompt_tokens_total")?,
-            read("llamacpp:prompt_tokens_cached_total")?,
-        ))
-    }
-}
-
-impl Drop for Engine {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn edge_config(engines: &[Engine], prefix_affinity: bool) -> String {
-    let mut toml = format!(
-        "[routing]\nprefix_affinity = {prefix_affinity}\n[runs]\nno_node_timeout_ms = 30000\n"
-    );
-    for (i, engine) in engines.iter().enumerate() {
-        toml.push_str(&format!(
-            "[[nodes]]\nid = \"box-{i}\"\nalias = \"box-{i}\"\ntoken = \"{}\"\n\
-             [nodes.runtime]\nmax_concurrent_runs = 8\nheartbeat_interval_ms = 1000\n\
-             [[nodes.adapters]]\nname = \"llama\"\ntargets = [\"tiny\"]\n\
-             [nodes.adapters.settings]\nbase_url = \"http://{}/v1\"\navailability = \"reachable\"\n\n",
-            token(i),
-            engine.addr,
-        ));
-    }
-    toml
-}
-
 pub fn run(args: &AffinityArgs, common: &crate::Common) -> anyhow::Result<Vec<Record>> {
     let mut records = Vec::new();
     for variant in args.routing.split(',').map(str::trim) {
@@ -148,10 +74,15 @@ pub fn run(args: &AffinityArgs, common: &crate::Common) -> anyhow::Result<Vec<Re
             other => bail!("--routing takes on, off and round-robin, not {other:?}"),
         };
         let engines: Vec<Engine> = (0..ENGINES)
-            .map(|_| Engine::start(args))
+            .map(|_| Engine::start(&args.llama_server, &args.model, args.slots))
             .collect::<anyhow::Result<_>>()?;
         let edge = InProcessEdge::start(
-            &edge_config(&engines, prefix_affinity),
+            &edge_config(
+                &engines.iter().map(|e| e.addr).collect::<Vec<_>>(),
+                &format!(
+                    "[routing]\nprefix_affinity = {prefix_affinity}\n[runs]\nno_node_timeout_ms = 30000\n"
+                ),
+            ),
             &[SinkKind::Null],
             common.edge_threads,
         )?;
@@ -355,19 +286,6 @@ fn read_stream(body: &[u8]) -> (String, Option<Value>) {
         }
     }
     (text, usage)
-}
-
-/// Waits until the edge lists the model with every node available.
-async fn wait_serving(http: SocketAddr) -> anyhow::Result<()> {
-    let started = Instant::now();
-    while started.elapsed() < Duration::from_secs(30) {
-        let models = tokio::task::spawn_blocking(move || http_get(http, "/v1/models")).await??;
-        if models.contains("llama/tiny") {
-            return Ok(());
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    bail!("the nodes did not come up within 30 s")
 }
 
 fn engine_totals(engines: &[Engine]) -> anyhow::Result<(f64, f64)> {

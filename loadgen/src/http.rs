@@ -29,6 +29,11 @@ pub struct Exchange {
     pub body: Vec<u8>,
     /// The edge's `x-edge-node` header: the node that answered.
     pub node: Option<String>,
+    /// The edge's `x-edge-run-id` header: the run that answered.
+    pub run_id: Option<String>,
+    /// From writing the request to the end of the first body chunk the watch accepted
+    /// (see [`Connection::exchange_watching`]).
+    pub watched: Option<Duration>,
 }
 
 /// A `POST path` request with a JSON body, ready to write as is.
@@ -110,6 +115,19 @@ impl Connection {
 
     /// Writes `request` and reads the whole response; keeps the body when `keep_body`.
     pub async fn exchange(&mut self, request: &[u8], keep_body: bool) -> anyhow::Result<Exchange> {
+        self.exchange_watching(request, keep_body, None).await
+    }
+
+    /// [`Self::exchange`], noting in [`Exchange::watched`] when the body read so far first
+    /// satisfies `watch` (looked at after each chunk of a chunked body; the body is kept).
+    pub async fn exchange_watching(
+        &mut self,
+        request: &[u8],
+        keep_body: bool,
+        watch: Option<fn(&[u8]) -> bool>,
+    ) -> anyhow::Result<Exchange> {
+        let keep_body = keep_body || watch.is_some();
+        let mut watched = None;
         let begun = Instant::now();
         self.stream.write_all(request).await?;
         if self.pending().is_empty() {
@@ -139,6 +157,7 @@ impl Connection {
                 .map(|(_, v)| v.as_str())
         };
         let node = header("x-edge-node").map(str::to_owned);
+        let run_id = header("x-edge-run-id").map(str::to_owned);
         let mut body = Vec::new();
         let keep = keep_body.then_some(&mut body);
         if header("transfer-encoding").is_some_and(|v| v.eq_ignore_ascii_case("chunked")) {
@@ -154,6 +173,12 @@ impl Connection {
                     break;
                 }
                 self.exact(size, keep.as_deref_mut()).await?;
+                if watched.is_none()
+                    && let (Some(watch), Some(body)) = (watch, keep.as_deref())
+                    && watch(body)
+                {
+                    watched = Some(begun.elapsed());
+                }
                 self.exact(2, None).await?;
             }
         } else {
@@ -169,6 +194,8 @@ impl Connection {
             total: begun.elapsed(),
             body,
             node,
+            run_id,
+            watched,
         })
     }
 }

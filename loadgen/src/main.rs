@@ -20,6 +20,9 @@
 //! - `affinity`: four `llama-server` engines, forty multi-turn conversations with a long
 //!   shared system prompt; prompt tokens the engines evaluated and reused with the edge's
 //!   prefix affinity on and off, beside the usage API's cache hit rate.
+//! - `latency`: a `llama-server` asked directly and through the edge and a reference node
+//!   (and SMG), interleaved; time to first token and to the end, and the edge path's time
+//!   to first token hop by hop, from the edge's and the node's hop events.
 //!
 //! It is a crate of the workspace, not part of the edge's release build. The method and the figures are in
 //! `docs/benchmarks.md`; every load goes to loopback only and every loop is bounded in time.
@@ -34,9 +37,12 @@ mod admin;
 mod affinity;
 mod api;
 mod churn;
+mod engine;
 mod external;
 mod harness;
+mod hops;
 mod http;
+mod latency;
 mod lean;
 mod netstat;
 mod register;
@@ -138,6 +144,9 @@ enum Scenario {
     /// Four llama-server engines, multi-turn conversations: prompt tokens evaluated and
     /// reused with the edge's affinity on and off, next to the usage API's hit rate.
     Affinity(affinity::AffinityArgs),
+    /// A real llama-server asked directly and through the edge and a reference node (and
+    /// SMG): time to first token and to the end, and the edge path's time per hop.
+    Latency(latency::LatencyArgs),
 }
 
 impl Scenario {
@@ -152,6 +161,7 @@ impl Scenario {
             Self::Storm(_) => "storm",
             Self::Churn(_) => "churn",
             Self::Affinity(_) => "affinity",
+            Self::Latency(_) => "latency",
         }
     }
 
@@ -166,6 +176,7 @@ impl Scenario {
             Self::Storm(args) => storm::run(args, common),
             Self::Churn(args) => churn::run(args, common),
             Self::Affinity(args) => affinity::run(args, common),
+            Self::Latency(args) => latency::run(args, common),
         }
     }
 }

@@ -200,3 +200,98 @@ fn churn_reports_the_completed_share() {
     assert!(stdout.contains("completed_share="), "{stdout}");
     assert!(stdout.contains("http_404=0"), "{stdout}");
 }
+
+/// A stand-in for an OpenAI-compatible engine on a loopback port: `GET /v1/models` lists
+/// `tiny`; any POST is answered with a short streamed chat answer, and the connection is
+/// closed after it (as `llama-server` does after a streamed answer).
+fn fake_engine() -> std::net::SocketAddr {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind the fake engine");
+    let addr = listener.local_addr().expect("its address");
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            std::thread::spawn(move || serve_fake(stream));
+        }
+    });
+    addr
+}
+
+/// Serves one connection of the fake engine.
+fn serve_fake(stream: std::net::TcpStream) {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let mut reader = BufReader::new(stream);
+    loop {
+        let (mut head, mut length) = (String::new(), 0usize);
+        loop {
+            let mut line = String::new();
+            if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                return;
+            }
+            if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                length = v.trim().parse().unwrap_or(0);
+            }
+            if line == "\r\n" {
+                break;
+            }
+            head.push_str(&line);
+        }
+        if reader.read_exact(&mut vec![0; length]).is_err() {
+            return;
+        }
+        let stream = reader.get_mut();
+        if !head.starts_with("GET") {
+            let _ = stream.write_all(fake_stream().as_bytes());
+            return;
+        }
+        let list = r#"{"object":"list","data":[{"id":"tiny"}]}"#;
+        let _ = write!(
+            stream,
+            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{list}",
+            list.len()
+        );
+    }
+}
+
+/// The fake engine's streamed chat answer: a role chunk, two words, the end, `[DONE]`.
+fn fake_stream() -> String {
+    let chunk = |delta: &str, finish: &str| {
+        format!(r#"data: {{"choices":[{{"index":0,"finish_reason":{finish},"delta":{delta}}}]}}"#)
+            + "\n\n"
+    };
+    let events = [
+        chunk(r#"{"role":"assistant","content":null}"#, "null"),
+        chunk(r#"{"content":" Hello"}"#, "null"),
+        chunk(r#"{"content":" there"}"#, "null"),
+        chunk("{}", r#""stop""#),
+        "data: [DONE]\n\n".to_owned(),
+    ];
+    let mut out = String::from(
+        "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n",
+    );
+    for event in events {
+        out.push_str(&format!("{:x}\r\n{event}\r\n", event.len()));
+    }
+    out + "0\r\n\r\n"
+}
+
+#[test]
+fn latency_breaks_the_edge_path_into_hops() {
+    let engine = fake_engine();
+    let output = run(&[
+        "latency",
+        &format!("--engine={engine}"),
+        "--requests=4",
+        "--warmup=1",
+        "--concurrency=1,2",
+    ]);
+    for case in ["path=direct c=1", "path=edge c=1", "hops c=2"] {
+        let stdout = assert_reported(&output, "latency", case);
+        assert!(stdout.contains("ttft_p50_over_direct_ms="), "{stdout}");
+        assert!(stdout.contains("engine_first_p50_us="), "{stdout}");
+        assert!(stdout.contains("unmatched=0"), "{stdout}");
+        let errors = stdout
+            .split_whitespace()
+            .filter(|w| w.starts_with("errors="));
+        assert!(errors.clone().count() > 0, "{stdout}");
+        assert!(errors.into_iter().all(|w| w == "errors=0"), "{stdout}");
+    }
+}

@@ -7,7 +7,8 @@
 //! the node's default: `echo` (stream and complete), `fail` (one output, then
 //! `failed`/`mock_failure`), `hang` (never answer, though cancels are still honoured),
 //! `drop` (one output, then drop the whole connection), `ignore_cancel` (echo, but never
-//! answer a cancel). The scripted behaviours of `scripts.rs` produce structured output:
+//! answer a cancel), `stall` (the echo's words, then wait for the cancel and answer it with
+//! the usage produced). The scripted behaviours of `scripts.rs` produce structured output:
 //! `reasoning`, `tools` (two parallel streamed tool calls, or an answer to tool results),
 //! `logprobs`, `length` and `filtered` (other finish reasons), and classed failures
 //! `bad_request` (REQUEST, 400, `context_length_exceeded`), `node_error` (NODE) and
@@ -63,10 +64,13 @@ pub enum Behaviour {
     NodeError,
     /// A REFUSED-class failure.
     Refused,
+    /// Stream the input back word by word, then never finish; answer the cancel with what
+    /// was produced (`usage`: the words in, the words out).
+    Stall,
 }
 
 impl Behaviour {
-    /// Parses `echo`, `fail`, `hang`, `drop` or `ignore_cancel`.
+    /// Parses a behaviour's name (`echo`, `fail`, `hang`, `stall`, ...).
     pub fn parse(text: &str) -> Option<Self> {
         Some(match text {
             "echo" => Self::Echo,
@@ -82,6 +86,7 @@ impl Behaviour {
             "bad_request" => Self::BadRequest,
             "node_error" => Self::NodeError,
             "refused" => Self::Refused,
+            "stall" => Self::Stall,
             _ => return None,
         })
     }
@@ -345,9 +350,7 @@ async fn answer(
         seq += 1;
         run_event(&id, seq, kind)
     };
-    let cancelled = |reason: &str| RunEventKind::Cancelled {
-        reason: reason.into(),
-    };
+    let cancelled = RunEventKind::cancelled;
     if behaviour == Behaviour::Hang {
         cancel.cancelled().await;
         let _ = frames.send(emit(cancelled("cancelled by the edge"))).await;
@@ -393,6 +396,15 @@ async fn answer(
         return;
     }
     let usage = Usage::new(count(words.len()), count(words.len()));
+    if behaviour == Behaviour::Stall {
+        cancel.cancelled().await;
+        let cancelled = RunEventKind::Cancelled {
+            reason: "cancelled by the edge".into(),
+            usage: Some(usage),
+        };
+        let _ = frames.send(emit(cancelled)).await;
+        return;
+    }
     let completed = RunEventKind::Completed {
         finish_reason: "stop".into(),
         usage: Some(usage),

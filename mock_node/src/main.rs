@@ -32,7 +32,7 @@ struct Args {
     /// overrides it); see lib.rs.
     #[arg(long, default_value = "echo", value_parser = [
         "echo", "fail", "hang", "drop", "ignore_cancel", "reasoning", "tools", "logprobs",
-        "length", "filtered", "bad_request", "node_error", "refused",
+        "length", "filtered", "bad_request", "node_error", "refused", "stall",
     ])]
     behaviour: String,
     /// Speak TLS, trusting the CA certificates in this PEM file.

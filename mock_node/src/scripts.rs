@@ -44,18 +44,21 @@ pub fn script(behaviour: Behaviour, run: &RunAssignment, text: &str) -> Option<V
             ),
             class: FailureClass::Request,
             status: Some(400),
+            usage: None,
         }],
         Behaviour::NodeError => vec![RunEventKind::Failed {
             code: "engine_unavailable".into(),
             message: "the engine at 127.0.0.1:1 refused the connection".into(),
             class: FailureClass::Node,
             status: Some(503),
+            usage: None,
         }],
         Behaviour::Refused => vec![RunEventKind::Failed {
             code: "busy".into(),
             message: "every engine slot is taken".into(),
             class: FailureClass::Refused,
             status: None,
+            usage: None,
         }],
         _ => return None,
     })
@@ -235,6 +238,7 @@ pub fn tokenize(body: &Value) -> Vec<RunEventKind> {
                 message: "neither `content` nor `messages`".into(),
                 class: FailureClass::Request,
                 status: Some(400),
+                usage: None,
             }];
         }
     };
@@ -357,9 +361,7 @@ pub async fn play(
         }
         seq += 1;
         if cancel.is_cancelled() {
-            let cancelled = RunEventKind::Cancelled {
-                reason: "cancelled by the edge".into(),
-            };
+            let cancelled = RunEventKind::cancelled("cancelled by the edge");
             let _ = frames.send(run_event(id, seq, cancelled)).await;
             return;
         }

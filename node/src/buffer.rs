@@ -388,7 +388,7 @@ fn size_of_event(kind: &RunEventKind) -> usize {
             structured: parts,
         } => text.len() + data.len() + parts.as_deref().map_or(0, structured),
         RunEventKind::Failed { code, message, .. } => code.len() + message.len(),
-        RunEventKind::Cancelled { reason } => reason.len(),
+        RunEventKind::Cancelled { reason, .. } => reason.len(),
         RunEventKind::Completed { finish_reason, .. } => finish_reason.len(),
         RunEventKind::Started => 0,
     }

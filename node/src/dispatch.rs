@@ -4,7 +4,8 @@
 //!
 //! The driver races the adapter against the run's stop signal and its deadline; whichever
 //! wins, the adapter's future is dropped, and with it the engine request and its connection,
-//! so the engine stops generating at once.
+//! so the engine stops generating at once. A run that fails or is cancelled reports what
+//! it produced until then (the emitter's tally).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -72,6 +73,7 @@ fn adapter_for(
                 message: format!("adapter {} cannot run: {problem}", run.adapter),
                 class: FailureClass::Node,
                 status: None,
+                usage: None,
             };
             table.refuse(run.run_id.as_str(), failed);
             None
@@ -95,6 +97,7 @@ fn refuse(table: &RunTable, run: &RunAssignment, code: &str, message: String) {
         message,
         class: FailureClass::Refused,
         status: None,
+        usage: None,
     };
     table.refuse(run.run_id.as_str(), failed);
 }
@@ -116,17 +119,18 @@ async fn drive(
     let terminal = tokio::select! {
         result = adapter.execute(&run, &out) => result.ok(),
         stop = signal.stopped() => match stop {
-            Stop::Cancel(reason) => Some(RunEventKind::Cancelled { reason }),
-            Stop::Shutdown => Some(RunEventKind::Cancelled { reason: "node_shutdown".into() }),
+            Stop::Cancel(reason) => Some(RunEventKind::cancelled(reason)),
+            Stop::Shutdown => Some(RunEventKind::cancelled("node_shutdown")),
             Stop::Forget => None,
         },
-        () = deadline => Some(RunEventKind::Failed {
-            code: "deadline_exceeded".into(),
-            message: format!("the run did not finish within its {} ms deadline", run.deadline_ms),
-            class: FailureClass::Unspecified,
-            status: None,
-        }),
+        () = deadline => Some(RunEventKind::failed(
+            "deadline_exceeded",
+            format!("the run did not finish within its {} ms deadline", run.deadline_ms),
+        )),
     };
+    // A failure or cancel reports what the engine produced before it (the adapter's future,
+    // dropped by a cancel, left its count in the emitter).
+    let terminal = terminal.map(|kind| out.with_produced(kind));
     let elapsed_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
     match terminal {
         Some(kind) => {

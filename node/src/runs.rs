@@ -8,12 +8,13 @@
 //! waits, and the run stops reading its engine: flow control all the way up. While
 //! disconnected, runs keep running and their events pile up, bounded per run and in total;
 //! past a bound the run is given up and never claimed. On reconnect every entry becomes a
-//! resume claim, and the edge's answers decide which runs go on.
+//! resume claim, and the edge's answers decide which runs go on. Each run's emitter also
+//! tallies what the run produced, the usage its `failed` or `cancelled` event reports.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use edge::client::NodeFrame;
-use edge::domain::{ResumeAnswer, ResumeClaim, RunEventKind};
+use edge::domain::{ResumeAnswer, ResumeClaim, RunEventKind, Usage};
 use tokio::sync::{Notify, watch};
 
 use super::buffer::{Buffers, Push};
@@ -143,6 +144,7 @@ impl RunTable {
         let emitter = Emitter {
             table: self.clone(),
             run_id: run_id.to_owned(),
+            produced: Arc::default(),
         };
         Ok((emitter, StopSignal(stop)))
     }
@@ -232,6 +234,34 @@ impl RunTable {
 pub struct Emitter {
     table: RunTable,
     run_id: String,
+    produced: Arc<Mutex<Produced>>,
+}
+
+/// What a run produced so far, for the usage of a run that fails or is cancelled.
+#[derive(Debug, Default)]
+struct Produced {
+    /// Output events emitted with generated text, reasoning or a piece of a tool call:
+    /// the output tokens as far as the node can count them (llama-server streams one token
+    /// per chunk).
+    pieces: u32,
+    /// The engine's own counts so far, when it sends them mid-stream (llama-server's
+    /// `timings` with `timings_per_token`).
+    engine: Option<Usage>,
+}
+
+/// Whether `kind` is an output the engine generated (text, reasoning, a tool call's piece).
+fn is_generated(kind: &RunEventKind) -> bool {
+    match kind {
+        RunEventKind::Output {
+            text, structured, ..
+        } => {
+            !text.is_empty()
+                || structured
+                    .as_ref()
+                    .is_some_and(|s| !s.reasoning.is_empty() || !s.tool_calls.is_empty())
+        }
+        _ => false,
+    }
 }
 
 impl Emitter {
@@ -246,6 +276,10 @@ impl Emitter {
     /// # Errors
     /// [`Gone`] when the node no longer holds the run (forgotten, given up, or ended).
     pub async fn emit(&self, kind: RunEventKind) -> Result<(), Gone> {
+        if is_generated(&kind) {
+            let mut produced = lock(&self.produced);
+            produced.pieces = produced.pieces.saturating_add(1);
+        }
         let mut kind = Some(kind);
         loop {
             let progress = self.table.progress();
@@ -265,6 +299,48 @@ impl Emitter {
             }
         }
     }
+}
+
+impl Emitter {
+    /// The engine's own counts so far (prompt, cached prompt and generated tokens), as it
+    /// sent them mid-stream.
+    pub fn engine_counted(&self, usage: Usage) {
+        lock(&self.produced).engine = Some(usage);
+    }
+
+    /// What the run produced so far, for a `failed` or `cancelled` event: the engine's
+    /// counts when it sent any (the output at least the generated pieces emitted), else one
+    /// output token per generated piece emitted with the input unknown (0); `None` when
+    /// nothing was produced.
+    pub fn produced(&self) -> Option<Usage> {
+        let produced = lock(&self.produced);
+        match produced.engine {
+            Some(engine) => Some(Usage {
+                output_tokens: engine.output_tokens.max(produced.pieces),
+                ..engine
+            }),
+            None => (produced.pieces > 0).then(|| Usage::new(0, produced.pieces)),
+        }
+    }
+
+    /// `kind`, a terminal event, with what the run produced when it says nothing of its
+    /// own: a failure or a cancel without usage gets [`Self::produced`].
+    pub fn with_produced(&self, mut kind: RunEventKind) -> RunEventKind {
+        if let RunEventKind::Failed { usage, .. } | RunEventKind::Cancelled { usage, .. } =
+            &mut kind
+            && usage.is_none()
+        {
+            *usage = self.produced();
+        }
+        kind
+    }
+}
+
+fn lock(produced: &Mutex<Produced>) -> MutexGuard<'_, Produced> {
+    // Two counters, consistent whenever the lock is let go.
+    produced
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// Tells a run task why it must stop.

@@ -1,7 +1,7 @@
 //! Tests of the run table: flow control, buffer bounds, resume claims and answers.
 
 use edge::client::NodeFrame;
-use edge::domain::ResumeRefusal;
+use edge::domain::{ResumeRefusal, Usage};
 
 use super::*;
 
@@ -277,4 +277,36 @@ async fn refusals_are_one_terminal_event_and_cancels_reach_the_run() {
     assert!(!table.stop("unknown", Stop::Shutdown));
     table.stop_all(&Stop::Shutdown);
     assert_eq!(signal.stopped().await, Stop::Cancel("caller".into()));
+}
+
+#[tokio::test]
+async fn a_run_reports_what_it_produced_when_it_fails_or_is_cancelled() {
+    let table = RunTable::new(limits());
+    table.link_up(false);
+    let (run, _signal) = table.admit("r", 1).expect("admitted");
+    assert_eq!(run.produced(), None, "nothing produced yet");
+    run.emit(RunEventKind::Started).await.expect("emit");
+    assert_eq!(run.produced(), None, "`started` is no output");
+    run.emit(text(2)).await.expect("emit");
+    run.emit(text(3)).await.expect("emit");
+    // One output token per generated piece; the input is not known.
+    let cancelled = run.with_produced(RunEventKind::cancelled("client_disconnected"));
+    assert_eq!(cancelled.usage(), Some(Usage::new(0, 2)));
+    // The engine's own counts, once it sent them, give the input side.
+    let engine = Usage {
+        input_tokens: 12,
+        cached_input_tokens: 8,
+        output_tokens: 3,
+        reasoning_tokens: 0,
+    };
+    run.engine_counted(engine);
+    let failed = run.with_produced(RunEventKind::failed("engine_error", "broke"));
+    assert_eq!(failed.usage(), Some(engine));
+    // A terminal event with usage of its own keeps it; a completion is left alone.
+    let own = RunEventKind::Cancelled {
+        reason: "x".into(),
+        usage: Some(Usage::new(1, 1)),
+    };
+    assert_eq!(run.with_produced(own).usage(), Some(Usage::new(1, 1)));
+    assert_eq!(run.with_produced(done()).usage(), None);
 }

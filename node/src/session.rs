@@ -12,11 +12,12 @@ use std::collections::VecDeque;
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use edge::client::NodeCommand;
 use edge::client::{
     ClientError, LinkMonitor, NodeReceiver, NodeSender, ReceivedConfig, ReceivedEdgeFrame,
     heartbeat,
 };
+use edge::client::{NodeCommand, NodeFrame};
+use edge::hops;
 use futures::{SinkExt, StreamExt};
 
 use super::dispatch::start_run;
@@ -121,6 +122,7 @@ async fn read_loop(
         book(link).monitor.heard(heard);
         match frame {
             ReceivedEdgeFrame::Command(NodeCommand::Run(run)) => {
+                tracing::trace!(target: hops::TARGET, hop = hops::RUN_RECEIVED, run_id = %run.run_id);
                 start_run(run, &core.adapters, &core.table, &core.tasks, max_running);
             }
             ReceivedEdgeFrame::Command(NodeCommand::Cancel { run_id, reason }) => {
@@ -219,6 +221,7 @@ impl Writer<'_> {
     /// that ended a run is followed by a ping so the edge's ack lets the node retire it.
     async fn write_unsent(&mut self) -> Result<(), ClientError> {
         let mut ended_a_run = false;
+        let mut traced = Vec::new();
         loop {
             self.batch += 1;
             let unsent = self.core.table.take_unsent(self.batch, BATCH);
@@ -226,9 +229,18 @@ impl Writer<'_> {
                 break;
             }
             ended_a_run |= unsent.terminal;
+            if hops::enabled() {
+                traced.extend(unsent.frames.iter().filter_map(|frame| match frame {
+                    NodeFrame::RunEvent(event) => Some((event.run_id.clone(), event.seq)),
+                    _ => None,
+                }));
+            }
             for frame in unsent.frames {
                 self.sender.feed(frame).await?;
             }
+        }
+        for (run_id, seq) in traced {
+            tracing::trace!(target: hops::TARGET, hop = hops::EVENT_SENT, run_id, seq);
         }
         self.sender.flush().await?;
         if ended_a_run

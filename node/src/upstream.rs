@@ -124,12 +124,25 @@ impl Upstream {
     }
 
     async fn post_to(&self, url: String, body: &Value) -> Result<reqwest::Response, UpstreamFault> {
-        let mut request = self.client.post(url).json(body);
-        if let Some(key) = &self.api_key {
-            request = request.bearer_auth(key);
-        }
-        let response = tokio::time::timeout(self.idle_timeout, request.send())
-            .await
+        let send = || {
+            let mut request = self.client.post(&url).json(body);
+            if let Some(key) = &self.api_key {
+                request = request.bearer_auth(key);
+            }
+            tokio::time::timeout(self.idle_timeout, request.send())
+        };
+        let answer = match send().await {
+            // A kept-alive connection the engine had closed meanwhile (llama-server closes
+            // the connection after every streamed answer, and its close can cross the
+            // next request): the engine never saw the request, so it goes again at once,
+            // on a fresh connection. Not counted against `max_retries`.
+            Ok(Err(error)) if closed_before_answer(&error) => {
+                tracing::debug!(error = %error, "the engine closed a kept-alive connection; sending again");
+                send().await
+            }
+            answer => answer,
+        };
+        let response = answer
             .map_err(|_| UpstreamFault::Timeout("no answer before idle_timeout_ms"))?
             .map_err(fault_of)?;
         let status = response.status();
@@ -237,6 +250,12 @@ pub fn model_ids(body: &[u8]) -> Result<Vec<String>, UpstreamFault> {
     Ok(ids)
 }
 
+/// Whether sending failed on a connection that was open (not a connect, a timeout or a
+/// body error): the engine closed it before answering.
+fn closed_before_answer(error: &reqwest::Error) -> bool {
+    error.is_request() && !error.is_connect() && !error.is_timeout() && !error.is_body()
+}
+
 /// A `reqwest` error as a fault, with its causes (never the request's headers).
 fn fault_of(error: reqwest::Error) -> UpstreamFault {
     let mut detail = error.to_string();
@@ -257,7 +276,68 @@ fn fault_of(error: reqwest::Error) -> UpstreamFault {
 
 #[cfg(test)]
 mod tests {
+    use std::io::{BufRead, BufReader, Read, Write};
+
     use super::*;
+
+    /// Reads one request (head and `Content-Length` body) from `reader`; false at its end.
+    fn read_request(reader: &mut BufReader<std::net::TcpStream>) -> bool {
+        let mut length = 0;
+        loop {
+            let mut line = String::new();
+            if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                return false;
+            }
+            if let Some(value) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                length = value.trim().parse().unwrap_or(0);
+            }
+            if line == "\r\n" {
+                break;
+            }
+        }
+        reader.read_exact(&mut vec![0; length]).is_ok()
+    }
+
+    /// An engine that answers the first request on a connection with `keep-alive`, then
+    /// closes the connection when the next request arrives on it, without answering.
+    fn engine_closing_kept_connections() -> std::net::SocketAddr {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = listener.local_addr().expect("address");
+        std::thread::spawn(move || {
+            for stream in listener.incoming().flatten() {
+                let mut reader = BufReader::new(stream);
+                if !read_request(&mut reader) {
+                    continue;
+                }
+                let answer = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\
+                              Keep-Alive: timeout=5\r\nContent-Length: 2\r\n\r\n{}";
+                let _ = reader.get_mut().write_all(answer.as_bytes());
+                let _ = read_request(&mut reader);
+                // Dropped: closed with the second request unanswered.
+            }
+        });
+        addr
+    }
+
+    #[tokio::test]
+    async fn a_request_on_a_connection_the_engine_closed_goes_again() {
+        let addr = engine_closing_kept_connections();
+        let timeouts = Timeouts {
+            connect: Duration::from_secs(5),
+            idle: Duration::from_secs(5),
+            probe: Duration::from_secs(5),
+        };
+        let upstream =
+            Upstream::new(&format!("http://{addr}/v1"), None, None, timeouts).expect("client");
+        for _ in 0..3 {
+            let mut response = upstream
+                .post("/chat/completions", &serde_json::json!({}))
+                .await
+                .expect("answered, on a fresh connection when the kept one was closed");
+            let body = upstream.read_to_end(&mut response, 64).await.expect("body");
+            assert_eq!(body, b"{}");
+        }
+    }
 
     #[test]
     fn model_lists_of_several_engines() {

@@ -86,19 +86,14 @@ fn push_text_payload(event: &RunEvent, out: &mut Vec<u8>) {
         } => {
             out.extend_from_slice(b" finish_reason=");
             push_escaped(finish_reason, out);
-            if let Some(usage) = usage {
-                out.extend_from_slice(b" input_tokens=");
-                push_u64(u64::from(usage.input_tokens), out);
-                out.extend_from_slice(b" output_tokens=");
-                push_u64(u64::from(usage.output_tokens), out);
-                push_usage_detail(usage, b" cached_input_tokens=", b" reasoning_tokens=", out);
-            }
+            push_text_usage(usage.as_ref(), out);
         }
         RunEventKind::Failed {
             code,
             message,
             class,
             status,
+            usage,
         } => {
             out.extend_from_slice(b" code=");
             push_escaped(code, out);
@@ -110,12 +105,60 @@ fn push_text_payload(event: &RunEvent, out: &mut Vec<u8>) {
                 out.extend_from_slice(b" status=");
                 push_u64(u64::from(*status), out);
             }
+            push_text_usage(usage.as_ref(), out);
             out.extend_from_slice(b" message=");
             push_escaped(message, out);
         }
-        RunEventKind::Cancelled { reason } => {
+        RunEventKind::Cancelled { reason, usage } => {
+            push_text_usage(usage.as_ref(), out);
             out.extend_from_slice(b" reason=");
             push_escaped(reason, out);
+        }
+    }
+}
+
+/// The labels of a usage's counts on a text line: input, output, cached input, reasoning.
+const TEXT_USAGE: [&[u8]; 4] = [
+    b" input_tokens=",
+    b" output_tokens=",
+    b" cached_input_tokens=",
+    b" reasoning_tokens=",
+];
+
+/// The same in a JSON line.
+const JSON_USAGE: [&[u8]; 4] = [
+    b",\"input_tokens\":",
+    b",\"output_tokens\":",
+    b",\"cached_input_tokens\":",
+    b",\"reasoning_tokens\":",
+];
+
+/// Appends a terminal event's usage to a text line, if known.
+fn push_text_usage(usage: Option<&Usage>, out: &mut Vec<u8>) {
+    push_usage(usage, TEXT_USAGE, out);
+}
+
+/// Appends a terminal event's usage to a JSON line, if known.
+fn push_json_usage(usage: Option<&Usage>, out: &mut Vec<u8>) {
+    push_usage(usage, JSON_USAGE, out);
+}
+
+/// Appends a terminal event's usage, if known, under `labels`: input and output tokens
+/// always, cached input and reasoning tokens only when there are any.
+fn push_usage(usage: Option<&Usage>, labels: [&[u8]; 4], out: &mut Vec<u8>) {
+    let Some(usage) = usage else {
+        return;
+    };
+    let counts = [
+        usage.input_tokens,
+        usage.output_tokens,
+        usage.cached_input_tokens,
+        usage.reasoning_tokens,
+    ];
+    for (i, (label, count)) in labels.into_iter().zip(counts).enumerate() {
+        if i < 2 || count > 0 {
+            out.extend_from_slice(label);
+            push_u64(u64::from(count), out);
         }
     }
 }
@@ -211,20 +254,14 @@ fn push_json_payload(event: &RunEvent, out: &mut Vec<u8>) {
         } => {
             out.extend_from_slice(b",\"finish_reason\":");
             push_json_str(finish_reason, out);
-            if let Some(usage) = usage {
-                out.extend_from_slice(b",\"input_tokens\":");
-                push_u64(u64::from(usage.input_tokens), out);
-                out.extend_from_slice(b",\"output_tokens\":");
-                push_u64(u64::from(usage.output_tokens), out);
-                let (cached, reasoning) = (b",\"cached_input_tokens\":", b",\"reasoning_tokens\":");
-                push_usage_detail(usage, cached, reasoning, out);
-            }
+            push_json_usage(usage.as_ref(), out);
         }
         RunEventKind::Failed {
             code,
             message,
             class,
             status,
+            usage,
         } => {
             out.extend_from_slice(b",\"code\":");
             push_json_str(code, out);
@@ -239,10 +276,12 @@ fn push_json_payload(event: &RunEvent, out: &mut Vec<u8>) {
                 out.extend_from_slice(b",\"status\":");
                 push_u64(u64::from(*status), out);
             }
+            push_json_usage(usage.as_ref(), out);
         }
-        RunEventKind::Cancelled { reason } => {
+        RunEventKind::Cancelled { reason, usage } => {
             out.extend_from_slice(b",\"reason\":");
             push_json_str(reason, out);
+            push_json_usage(usage.as_ref(), out);
         }
     }
 }
@@ -267,20 +306,6 @@ fn push_json_route(route: Option<&RouteReason>, out: &mut Vec<u8>) {
         out.extend_from_slice(route.label().as_bytes());
         out.extend_from_slice(b"\",\"route\":");
         push_json_str(&route.to_string(), out);
-    }
-}
-
-/// Appends the cached-input and reasoning token counts of `usage` after their labels, each
-/// only when not zero (a node that does not report them sends zero).
-fn push_usage_detail(usage: &Usage, cached: &[u8], reasoning: &[u8], out: &mut Vec<u8>) {
-    for (label, count) in [
-        (cached, usage.cached_input_tokens),
-        (reasoning, usage.reasoning_tokens),
-    ] {
-        if count > 0 {
-            out.extend_from_slice(label);
-            push_u64(u64::from(count), out);
-        }
     }
 }
 
@@ -373,6 +398,38 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn failed_and_cancelled_lines_carry_what_the_run_produced() {
+        let produced = Some(Usage {
+            input_tokens: 5,
+            output_tokens: 2,
+            cached_input_tokens: 4,
+            reasoning_tokens: 0,
+        });
+        let cancelled = event(RunEventKind::Cancelled {
+            reason: "caller".into(),
+            usage: produced,
+        });
+        assert_eq!(
+            text(&cancelled),
+            "r1 node-a echo/m1 cancelled input_tokens=5 output_tokens=2 cached_input_tokens=4 reason=caller\n"
+        );
+        assert_eq!(json(&cancelled)["output_tokens"], 2);
+        let failed = event(RunEventKind::Failed {
+            code: "engine_error".into(),
+            message: "broke".into(),
+            class: FailureClass::Node,
+            status: None,
+            usage: produced,
+        });
+        assert_eq!(json(&failed)["cached_input_tokens"], 4);
+        assert!(
+            json(&event(RunEventKind::cancelled("x")))
+                .get("output_tokens")
+                .is_none()
+        );
+    }
+
+    #[test]
     fn text_line_for_each_kind() {
         assert_eq!(
             text(&event(RunEventKind::Started)),
@@ -401,9 +458,7 @@ pub(crate) mod tests {
             "r1 node-a echo/m1 failed code=node_disconnected message=the node went away\n"
         );
         assert_eq!(
-            text(&event(RunEventKind::Cancelled {
-                reason: "caller".into()
-            })),
+            text(&event(RunEventKind::cancelled("caller"))),
             "r1 node-a echo/m1 cancelled reason=caller\n"
         );
     }
@@ -481,9 +536,7 @@ pub(crate) mod tests {
         assert_eq!(failed["node"], serde_json::Value::Null);
         assert_eq!(failed["code"], "deadline_exceeded");
         assert_eq!(failed["message"], "too slow");
-        let cancelled = json(&event(RunEventKind::Cancelled {
-            reason: "caller".into(),
-        }));
+        let cancelled = json(&event(RunEventKind::cancelled("caller")));
         assert_eq!(cancelled["kind"], "cancelled");
         assert_eq!(cancelled["reason"], "caller");
     }
@@ -562,6 +615,7 @@ pub(crate) mod tests {
             message: "bad prompt".into(),
             class: FailureClass::Request,
             status: Some(400),
+            usage: None,
         });
         assert_eq!(
             text(&failed),
@@ -689,7 +743,7 @@ pub(crate) mod tests {
                     line.code = Some(code);
                     line.message = Some(message);
                 }
-                RunEventKind::Cancelled { reason } => line.reason = Some(reason),
+                RunEventKind::Cancelled { reason, .. } => line.reason = Some(reason),
             }
             line
         }
@@ -719,9 +773,7 @@ pub(crate) mod tests {
                 usage: None,
             }),
             event(RunEventKind::failed("deadline_exceeded", "too \"slow\"")),
-            event(RunEventKind::Cancelled {
-                reason: "caller".into(),
-            }),
+            event(RunEventKind::cancelled("caller")),
             event(RunEventKind::Output {
                 text: String::new(),
                 data: Bytes::from_static(b"foobar\xff"),

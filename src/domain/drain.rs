@@ -1,5 +1,5 @@
-//! Draining a node: it takes no new runs, its running ones finish (or are cancelled at an
-//! optional deadline), and it stays registered until an operator resumes it.
+//! Draining a node: it takes no new runs, its running ones finish (or, at an optional
+//! deadline, move to other nodes or are cancelled), and it stays registered until an operator resumes it.
 //!
 //! Pure: the state a node is shown in, and which nodes selection may consider. The drains
 //! themselves (who is draining since when) are kept by the application.
@@ -11,7 +11,8 @@ use std::fmt;
 pub struct Drain {
     /// When the drain began, in milliseconds since the Unix epoch.
     pub since_ms: u64,
-    /// When the node's remaining runs are cancelled; `None` to let them finish.
+    /// When the node's remaining runs are moved off it (or cancelled); `None` to let them
+    /// finish.
     pub deadline_ms: Option<u64>,
 }
 

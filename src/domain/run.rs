@@ -186,7 +186,8 @@ impl DeclaredOperations {
     }
 }
 
-/// Token counts a node reports with a completed run.
+/// Token counts a node reports with a completed run (and, since protocol v1.2, what a
+/// failed or cancelled run produced).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Usage {
     /// Tokens in the prompt.
@@ -270,11 +271,15 @@ pub enum RunEventKind {
         class: FailureClass,
         /// The HTTP status the node's upstream answered, when it did.
         status: Option<u16>,
+        /// What the run produced before it failed, when anything is known.
+        usage: Option<Usage>,
     },
     /// Terminal: the run was cancelled.
     Cancelled {
         /// Why.
         reason: String,
+        /// What the run produced before it was cancelled, when anything is known.
+        usage: Option<Usage>,
     },
 }
 
@@ -295,6 +300,36 @@ impl RunEventKind {
             message: message.into(),
             class: FailureClass::Unspecified,
             status: None,
+            usage: None,
+        }
+    }
+
+    /// A cancellation with no usage known.
+    pub fn cancelled(reason: impl Into<String>) -> Self {
+        Self::Cancelled {
+            reason: reason.into(),
+            usage: None,
+        }
+    }
+
+    /// A terminal event's token counts: a completion's usage, or what a failed or
+    /// cancelled run produced; `None` for other events and when nothing is known.
+    pub fn usage(&self) -> Option<Usage> {
+        match self {
+            Self::Completed { usage, .. }
+            | Self::Failed { usage, .. }
+            | Self::Cancelled { usage, .. } => *usage,
+            Self::Started | Self::Output { .. } => None,
+        }
+    }
+
+    /// A terminal event's token counts, to be set or changed; `None` for other events.
+    pub fn usage_mut(&mut self) -> Option<&mut Option<Usage>> {
+        match self {
+            Self::Completed { usage, .. }
+            | Self::Failed { usage, .. }
+            | Self::Cancelled { usage, .. } => Some(usage),
+            Self::Started | Self::Output { .. } => None,
         }
     }
 
@@ -420,6 +455,7 @@ impl EdgeFailure {
             message: message.into(),
             class,
             status: None,
+            usage: None,
         }
     }
 }
@@ -512,9 +548,7 @@ mod tests {
             }),
             Just(EdgeFailure::NodeDisconnected.into_event_kind()),
             Just(EdgeFailure::DeadlineExceeded.into_event_kind()),
-            Just(RunEventKind::Cancelled {
-                reason: "caller".into()
-            }),
+            Just(RunEventKind::cancelled("caller")),
         ]
     }
 

@@ -134,7 +134,7 @@ pub struct RunRecord {
     pub message: Option<String>,
     /// Why generation stopped (completed).
     pub finish_reason: Option<String>,
-    /// Token counts, when the node reported them.
+    /// Token counts: a completion's usage, or what a failed or cancelled run produced.
     pub usage: Option<Usage>,
     /// Events relayed so far.
     pub events: u64,
@@ -156,7 +156,8 @@ pub struct RunEnding {
     pub message: Option<String>,
     /// A completion's finish reason.
     pub finish_reason: Option<String>,
-    /// A completion's token counts, when the node reported them.
+    /// Its token counts: a completion's usage, or what a failed or cancelled run produced;
+    /// `None` when unknown.
     pub usage: Option<Usage>,
 }
 
@@ -172,20 +173,17 @@ impl RunEnding {
             usage: None,
         };
         match kind {
-            RunEventKind::Completed {
-                finish_reason,
-                usage,
-            } => {
+            RunEventKind::Completed { finish_reason, .. } => {
                 ending.finish_reason = Some(finish_reason.clone());
-                ending.usage = *usage;
             }
             RunEventKind::Failed { code, message, .. } => {
                 ending.code = Some(code.clone());
                 ending.message = Some(message.clone());
             }
-            RunEventKind::Cancelled { reason } => ending.message = Some(reason.clone()),
+            RunEventKind::Cancelled { reason, .. } => ending.message = Some(reason.clone()),
             RunEventKind::Started | RunEventKind::Output { .. } => {}
         }
+        ending.usage = kind.usage();
         Some(ending)
     }
 }
@@ -235,6 +233,8 @@ impl RunRecord {
         self.message = ending.message;
         if ending.finish_reason.is_some() {
             self.finish_reason = ending.finish_reason;
+        }
+        if ending.usage.is_some() {
             self.usage = ending.usage;
         }
     }

@@ -31,8 +31,8 @@ pub trait Manage: Send + Sync {
     /// The configured node with id or alias `name`.
     fn node(&self, name: &str) -> Option<NodeStatus>;
 
-    /// Drains node `name`: it takes no new run; its runs finish, or are cancelled once
-    /// `deadline` has passed. Draining again replaces the deadline.
+    /// Drains node `name`: it takes no new run; its runs finish, or once `deadline` has
+    /// passed move to other nodes (or are cancelled where they cannot move). Draining again replaces the deadline.
     ///
     /// # Errors
     /// [`ManageError::UnknownNode`] when no configured node has that id or alias.

@@ -262,7 +262,7 @@ mod tests {
             NodeFrame::RunEvent(ReportedEvent {
                 run_id: "r1".into(),
                 seq: 2,
-                kind: RunEventKind::Cancelled { reason: "x".into() },
+                kind: RunEventKind::cancelled("x"),
             }),
         ];
         let mut buf = encoded(&frames);
@@ -371,6 +371,7 @@ mod tests {
                     message: "too long".into(),
                     class: FailureClass::Request,
                     status: Some(400),
+                    usage: None,
                 },
             }),
         ];

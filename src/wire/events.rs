@@ -1,5 +1,6 @@
 //! Run events and run requests between their protobuf messages and the domain: output with
-//! its structured parts, completions with usage, failures with their class.
+//! its structured parts, completions with usage, failures with their class, and what a
+//! failed or cancelled run produced.
 //!
 //! Every message is destructured exhaustively, so a field added to the `.proto` file is a
 //! compile error here rather than a silently dropped value.
@@ -28,14 +29,19 @@ pub(super) fn event_kind_from_wire(kind: run_event::Kind) -> RunEventKind {
             message,
             class,
             status,
+            usage,
         }) => RunEventKind::Failed {
             code,
             message,
             class: class_from_wire(class),
             status: u16::try_from(status).ok().filter(|status| *status != 0),
+            usage: usage.map(usage_from_wire),
         },
-        run_event::Kind::Cancelled(proto::RunCancelled { reason }) => {
-            RunEventKind::Cancelled { reason }
+        run_event::Kind::Cancelled(proto::RunCancelled { reason, usage }) => {
+            RunEventKind::Cancelled {
+                reason,
+                usage: usage.map(usage_from_wire),
+            }
         }
     }
 }
@@ -60,14 +66,19 @@ pub(super) fn event_kind_to_wire(kind: RunEventKind) -> run_event::Kind {
             message,
             class,
             status,
+            usage,
         } => run_event::Kind::Failed(proto::RunFailed {
             code,
             message,
             class: class_to_wire(class).into(),
             status: status.map_or(0, u32::from),
+            usage: usage.map(usage_to_wire),
         }),
-        RunEventKind::Cancelled { reason } => {
-            run_event::Kind::Cancelled(proto::RunCancelled { reason })
+        RunEventKind::Cancelled { reason, usage } => {
+            run_event::Kind::Cancelled(proto::RunCancelled {
+                reason,
+                usage: usage.map(usage_to_wire),
+            })
         }
     }
 }

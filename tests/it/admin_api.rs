@@ -182,13 +182,8 @@ async fn runs_are_listed_inspected_and_cancelled_through_the_api() {
         NodeCommand::Cancel { run_id, .. } => assert_eq!(run_id, second.run_id),
         other => panic!("expected a cancel, got {other:?}"),
     }
-    a.send(
-        &second.run_id,
-        RunEventKind::Cancelled {
-            reason: "asked".into(),
-        },
-    )
-    .await;
+    a.send(&second.run_id, RunEventKind::cancelled("asked"))
+        .await;
     rest(&mut open).await;
     run_until(&app, &second.run_id, "is cancelled", |r| {
         r["outcome"] == "cancelled"
@@ -244,7 +239,7 @@ async fn a_drained_node_gets_no_new_run_finishes_its_own_and_is_used_again_once_
 }
 
 #[tokio::test]
-async fn a_drain_deadline_cancels_the_runs_left_on_the_node() {
+async fn a_drain_deadline_moves_the_runs_left_on_the_node_to_another() {
     let app = app().await;
     let mut a = HandNode::register(&app, "token-a").await;
     app.wait_for_nodes(1).await;
@@ -267,14 +262,22 @@ async fn a_drain_deadline_cancels_the_runs_left_on_the_node() {
         }
         other => panic!("expected a cancel, got {other:?}"),
     }
-    a.send(
-        &run.run_id,
-        RunEventKind::Cancelled {
-            reason: "drain".into(),
-        },
-    )
-    .await;
-    rest(&mut handle).await;
+    // Its answer to the cancel comes from an attempt that has ended: dropped.
+    a.send(&run.run_id, RunEventKind::cancelled("drain")).await;
+    // Nothing of the run reached its caller: it waits for another node, as a lost
+    // attempt's run does, and node-b finishes it.
+    let mut b = HandNode::register(&app, "token-b").await;
+    let moved = b.next_run().await;
+    assert_eq!(moved.run_id, run.run_id);
+    assert_eq!(moved.continuation, None);
+    b.complete(&moved.run_id, "on b").await;
+    let events = rest(&mut handle).await;
+    let kinds: Vec<&str> = events.iter().map(|e| e.kind.name()).collect();
+    assert_eq!(
+        kinds,
+        ["started", "output", "completed"],
+        "only node-b's answer"
+    );
     let (status, body) = admin(
         &app,
         Method::POST,

@@ -93,13 +93,7 @@ async fn operator_commands_list_drain_resume_show_and_cancel() {
         NodeCommand::Cancel { run_id, .. } => assert_eq!(run_id, run.run_id),
         other => panic!("expected a cancel, got {other:?}"),
     }
-    node.send(
-        &run.run_id,
-        RunEventKind::Cancelled {
-            reason: "cli".into(),
-        },
-    )
-    .await;
+    node.send(&run.run_id, RunEventKind::cancelled("cli")).await;
     rest(&mut handle).await;
 
     let (ok, _, err) = edge(&app, None, &["nodes"]).await;

@@ -178,13 +178,8 @@ async fn the_openapi_document_validates_and_matches_the_routes_served() {
         assert!(status.is_success(), "{method} {path}: {status} {body}");
         if method == Method::DELETE {
             // The cancel went out; let the run end.
-            node.send(
-                &run.run_id,
-                edge::domain::RunEventKind::Cancelled {
-                    reason: "doc".into(),
-                },
-            )
-            .await;
+            node.send(&run.run_id, edge::domain::RunEventKind::cancelled("doc"))
+                .await;
         }
     }
     rest(&mut handle).await;

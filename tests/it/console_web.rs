@@ -299,13 +299,8 @@ async fn runs_appear_live_their_events_follow_and_cancel_reaches_the_node() {
         NodeCommand::Cancel { run_id, .. } => assert_eq!(run_id, id),
         other => panic!("expected a cancel, got {other:?}"),
     }
-    node.send(
-        &id,
-        RunEventKind::Cancelled {
-            reason: "cancelled by the operator".into(),
-        },
-    )
-    .await;
+    node.send(&id, RunEventKind::cancelled("cancelled by the operator"))
+        .await;
     browser.wait_text("#events", "cancelled").await;
     browser.wait_text("#run-outcome", "cancelled").await;
     browser.wait_text("#feed-state", "complete").await;

@@ -4,10 +4,12 @@
 //! good); the edge continues the run on the second node, which asks its engine to go on from
 //! the text the client has (chat: a trailing assistant message, whose echo — `llama-server`
 //! sends one — it drops; completions: the prompt plus that text). The client's stream
-//! completes with nothing repeated or lost, and one terminal event reaches the sink.
+//! completes with nothing repeated or lost, and one terminal event reaches the sink. The same
+//! when the first node is drained with a deadline that passes mid-answer.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use serde_json::{Value, json};
 use tokio::sync::Semaphore;
@@ -142,8 +144,17 @@ fn second_node(base_url: &str) -> String {
         .replace("token-1", "token-2")
 }
 
+/// How the first node loses the run mid-answer.
+#[derive(Clone, Copy, PartialEq)]
+enum Loss {
+    /// Its link to the edge is cut (resume off: lost for good).
+    Cut,
+    /// An operator drains it with a deadline that has passed at once.
+    DrainDeadline,
+}
+
 /// Streams `case` through the loss of its first node; returns the second engine's request.
-async fn continued(case: Case) -> Value {
+async fn continued(case: Case, loss: Loss) -> Value {
     let first = ScriptedEngine::start(&[QWEN]).await;
     let gate = Arc::new(Semaphore::new(0));
     let chunks = case.finished((0..DELTAS).map(|n| case.chunk(&delta(n))).collect());
@@ -189,7 +200,13 @@ async fn continued(case: Case) -> Value {
     // The second node arrives once the run is on the first.
     let node_2 = spawn_node(app.node_addr, "token-2", |_| {});
     app.wait_for_nodes(2).await;
-    relay.cut();
+    match loss {
+        Loss::Cut => relay.cut(),
+        Loss::DrainDeadline => {
+            let drain = app.parts.management.drain("node-1", Some(Duration::ZERO));
+            drain.expect("node-1 is configured");
+        }
+    }
     texts.extend(client.read(None).await);
 
     let mut expected: Vec<String> = (0..BEFORE).map(delta).collect();
@@ -213,9 +230,9 @@ async fn continued(case: Case) -> Value {
     asked[0].body.clone()
 }
 
-#[tokio::test]
-async fn a_chat_whose_node_is_lost_mid_answer_is_finished_by_another_node() {
-    let asked = continued(Case::CHAT).await;
+/// Checks that the second engine was `asked` to go on from the prefix in a trailing
+/// assistant message.
+fn assert_asked_to_go_on_in_chat(asked: &Value) {
     let prefix: String = (0..BEFORE).map(delta).collect();
     let messages = asked["messages"].as_array().expect("messages");
     assert_eq!(
@@ -225,8 +242,18 @@ async fn a_chat_whose_node_is_lost_mid_answer_is_finished_by_another_node() {
 }
 
 #[tokio::test]
+async fn a_chat_whose_node_is_lost_mid_answer_is_finished_by_another_node() {
+    assert_asked_to_go_on_in_chat(&continued(Case::CHAT, Loss::Cut).await);
+}
+
+#[tokio::test]
 async fn a_completion_whose_node_is_lost_mid_answer_is_finished_by_another_node() {
-    let asked = continued(Case::COMPLETION).await;
+    let asked = continued(Case::COMPLETION, Loss::Cut).await;
     let prefix: String = (0..BEFORE).map(delta).collect();
     assert_eq!(asked["prompt"], format!("Story: {prefix}"));
+}
+
+#[tokio::test]
+async fn a_chat_left_on_a_node_at_its_drain_deadline_is_finished_by_another_node() {
+    assert_asked_to_go_on_in_chat(&continued(Case::CHAT, Loss::DrainDeadline).await);
 }

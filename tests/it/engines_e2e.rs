@@ -42,18 +42,24 @@ const MODEL: &str = "llama/tiny";
 const NO_NODE_TIMEOUT_MS: u64 = 1_000;
 
 /// The edge's config: one node whose `llama` adapter points at the engine at `v1_url`, as
-/// docs/node.md's llama-server block, with probes and heartbeats quick enough for a test.
-fn edge_config(v1_url: &str) -> String {
+/// docs/node.md's llama-server block, with probes and heartbeats quick enough for a test,
+/// and the adapter settings lines `settings` besides (the block ends in its settings).
+fn edge_config(v1_url: &str, settings: &str) -> String {
+    format!(
+        "[api]\nkeys = [\"{API_KEY}\"]\n[runs]\nno_node_timeout_ms = {NO_NODE_TIMEOUT_MS}\n{}{settings}\n",
+        llama_node("box-1", NODE_TOKEN, v1_url)
+    )
+}
+
+/// A `[[nodes]]` block: node `id` (its alias too) with `token`, whose `llama` adapter serves
+/// `tiny` from the engine at `v1_url`, probed every 200 ms, heartbeating every 500 ms.
+pub(crate) fn llama_node(id: &str, token: &str, v1_url: &str) -> String {
     format!(
         r#"
-[api]
-keys = ["{API_KEY}"]
-[runs]
-no_node_timeout_ms = {NO_NODE_TIMEOUT_MS}
 [[nodes]]
-id = "box-1"
-alias = "box-1"
-token = "{NODE_TOKEN}"
+id = "{id}"
+alias = "{id}"
+token = "{token}"
 [nodes.runtime]
 max_concurrent_runs = 4
 heartbeat_interval_ms = 500
@@ -81,8 +87,13 @@ impl Stack {
     /// llama-server with `llama`, the edge of [`edge_config`] and the node, once the node
     /// is registered.
     pub(crate) async fn start(llama: LlamaOptions) -> Self {
+        Self::start_with_settings(llama, "").await
+    }
+
+    /// [`Self::start`] with the adapter settings lines `settings` added.
+    pub(crate) async fn start_with_settings(llama: LlamaOptions, settings: &str) -> Self {
         let llama = LlamaServer::start_with(llama).await;
-        let app = spawn_app(&edge_config(&llama.v1_url())).await;
+        let app = spawn_app(&edge_config(&llama.v1_url(), settings)).await;
         let node = spawn_node(app.node_addr, NODE_TOKEN, |_| {});
         app.wait_for_nodes(1).await;
         let http = crate::common::http()

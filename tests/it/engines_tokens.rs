@@ -11,12 +11,20 @@
 //!   `cache_read_input_tokens`, Responses `input_tokens_details.cached_tokens`), equal to what
 //!   a twin llama-server reports for the same requests sent to it directly.
 //!
+//! - a chat stream cancelled mid-way counts what the engine produced: at least the output
+//!   pieces relayed, and the prompt tokens the engine counts for the same chat (the node asks
+//!   llama-server for its running counts, `timings_per_token`).
+//!
 //! The stack is `engines_e2e`'s. One slot per engine (`--parallel 1`), so which cache a request meets is not up to
 //! llama-server's slot choice: both engines see the same sequence and report the same counts.
 
 use crate::common;
 
+use crate::node_support::prompt as plain_run;
+use bytes::Bytes;
 use common::engines::{LlamaOptions, LlamaServer};
+use common::runs::{next_event, rest, start as start_run};
+use edge::domain::{NodeSelector, Operation, RunEventKind, RunSpec, Target};
 use serde_json::{Value, json};
 
 use crate::engines_e2e::{API_KEY, Stack};
@@ -188,5 +196,66 @@ async fn cached_prompt_tokens_reach_every_apis_usage_as_the_engine_counts_them()
         }
     }
     drop(twin);
+    stack.stop().await;
+}
+
+/// Whether `kind` is an output the engine generated (text or reasoning).
+fn is_generated(kind: &RunEventKind) -> bool {
+    match kind {
+        RunEventKind::Output {
+            text, structured, ..
+        } => !text.is_empty() || structured.as_ref().is_some_and(|s| !s.reasoning.is_empty()),
+        _ => false,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_cancelled_midway_counts_what_the_engine_produced() {
+    let llama = LlamaOptions::default().parallel(1).context(4096);
+    let stack = Stack::start_with_settings(llama, r#"timings_per_token = "true""#).await;
+    let messages = json!([{"role": "user", "content": "Tell me a long story."}]);
+    // The prompt's tokens as the engine counts them: the same chat, answered whole.
+    let whole = json!({"model": MODEL, "max_tokens": 1, "messages": messages});
+    let prompt = number(
+        &edge(&stack, "/v1/chat/completions", &whole).await,
+        "/usage/prompt_tokens",
+    );
+    // Far more output than the engine makes before the cancel reaches it.
+    let body = json!({"messages": messages, "max_tokens": 3000, "ignore_eos": true});
+    let spec = RunSpec {
+        selector: NodeSelector {
+            target: Target::parse("tiny").expect("target"),
+            ..plain_run("").selector
+        },
+        input: Bytes::from(body.to_string()),
+        content_type: "application/json".into(),
+        operation: Operation::Chat,
+        ..plain_run("")
+    };
+    let mut handle = start_run(&stack.app, spec);
+    let mut relayed = 0;
+    while relayed < 3 {
+        relayed += usize::from(is_generated(&next_event(&mut handle).await.kind));
+    }
+    assert!(
+        stack
+            .app
+            .parts
+            .runs
+            .cancel(&handle.run_id, "client_disconnected")
+            .await
+    );
+    let events = rest(&mut handle).await;
+    relayed += events.iter().filter(|e| is_generated(&e.kind)).count();
+    let terminal = events.last().expect("a terminal event");
+    assert_eq!(terminal.kind.name(), "cancelled", "{terminal:?}");
+    let usage = terminal.kind.usage().expect("a cancelled run's usage");
+    let output = usage.output_tokens as usize;
+    assert!(
+        (relayed..3000).contains(&output),
+        "{relayed} pieces relayed, {usage:?} counted"
+    );
+    assert_eq!(u64::from(usage.input_tokens), prompt, "{usage:?}");
+    assert!(usage.cached_input_tokens <= usage.input_tokens, "{usage:?}");
     stack.stop().await;
 }

@@ -802,7 +802,14 @@ async fn sigterm_lets_a_run_finish_within_the_grace_and_fails_the_one_that_never
         "{streamed}"
     );
     let never = within(never).await.expect("the stuck request");
-    assert_eq!(never.status(), reqwest::StatusCode::SERVICE_UNAVAILABLE);
+    let status = never.status();
+    let answer = within(never.text()).await.unwrap_or_default();
+    assert_eq!(
+        status,
+        reqwest::StatusCode::SERVICE_UNAVAILABLE,
+        "{answer}\n{:#?}",
+        logged(&edge.logs)
+    );
 
     edge.assert_clean_exit([stuck, quick]).await;
 

@@ -61,6 +61,7 @@ mod cli;
 mod console;
 mod console_web;
 mod continuation;
+mod continuation_engine;
 mod engines_e2e;
 mod engines_smoke;
 mod engines_tokens;

@@ -98,6 +98,7 @@ fn failure(event: &RunEvent) -> (FailureClass, String, Option<u16>, String) {
             message,
             class,
             status,
+            ..
         } => (*class, code.clone(), *status, message.clone()),
         other => panic!("expected failed, got {other:?}"),
     }
@@ -339,8 +340,11 @@ async fn a_stream_that_breaks_after_output_ends_with_one_failure() {
     );
     let events = run_to_end(&app, spec("qwen", Operation::Chat, json!({"messages": []}))).await;
     assert_eq!(text_of(&events), "partial");
-    let (class, code, _, _) = failure(events.last().expect("terminal"));
+    let terminal = events.last().expect("terminal");
+    let (class, code, _, _) = failure(terminal);
     assert_eq!((class, code.as_str()), (FailureClass::Node, "engine_error"));
+    // What it produced: one output token per piece relayed, the input unknown.
+    assert_eq!(terminal.kind.usage(), Some(Usage::new(0, 1)));
     node.stop().await.expect("clean stop");
 }
 
@@ -370,10 +374,12 @@ async fn a_cancel_closes_the_engine_connection() {
             .await
     );
     let events = rest(&mut handle).await;
+    // The node reports the piece it relayed before the cancel.
     assert_eq!(
         events.last().expect("terminal").kind,
         RunEventKind::Cancelled {
-            reason: "the caller left".into()
+            reason: "the caller left".into(),
+            usage: Some(Usage::new(0, 1)),
         }
     );
     eventually("the engine saw its stream closed", || {

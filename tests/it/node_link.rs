@@ -322,10 +322,12 @@ async fn a_graceful_stop_offers_nothing_cancels_what_still_runs_and_returns() {
         "a draining node offers nothing"
     );
     let events = conn.events_until_terminal().await;
+    // With the one piece the engine produced before the shutdown.
     assert_eq!(
         events.last().expect("terminal").kind,
         RunEventKind::Cancelled {
-            reason: "node_shutdown".into()
+            reason: "node_shutdown".into(),
+            usage: Some(edge::domain::Usage::new(0, 1)),
         }
     );
     node.ended().await.expect("the node returns cleanly");

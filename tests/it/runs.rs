@@ -571,7 +571,7 @@ async fn a_node_that_ignores_a_cancel_gets_the_edges_cancelled_after_the_grace()
         "the edge's own cancelled: {last:?}"
     );
     assert!(
-        matches!(&last.kind, RunEventKind::Cancelled { reason } if reason == "stop it"),
+        matches!(&last.kind, RunEventKind::Cancelled { reason, .. } if reason == "stop it"),
         "{last:?}"
     );
     assert!(cancels_sent(&a).contains(&handle.run_id));

@@ -1,6 +1,7 @@
 //! Usage, budgets and token metrics against a real edge: the usage API's totals equal the
 //! sums of the `usage` objects the official SDKs received (chat, completions, Responses,
-//! Messages, streamed and whole, a cancel and a failover), the Prometheus token counters
+//! Messages, streamed and whole, a cancel and a failover) plus what a cancelled and a failed
+//! stream produced (the output the client saw), the Prometheus token counters
 //! agree, a key's token budget refuses exactly the requests past it (in turn and at once),
 //! and the rollups and the budget state survive `kill -9` of a real `edge serve`.
 
@@ -22,11 +23,12 @@ use serde_json::{Value, json};
 
 const KEY: &str = "sk-usage-team-a";
 
-/// Two nodes serving `echo/default`, `echo/reasoning` and `echo/hang`; one API key.
+/// Two nodes serving `echo/default`, `echo/reasoning`, `echo/hang`, `echo/stall` and
+/// `echo/fail`; one API key.
 fn two_nodes() -> String {
     let node = |id: &str, token: &str| {
         format!(
-            "[[nodes]]\nid = \"{id}\"\nalias = \"gpu-{id}\"\ntoken = \"{token}\"\n[nodes.runtime]\nmax_concurrent_runs = 16\nheartbeat_interval_ms = 60000\n[[nodes.adapters]]\nname = \"echo\"\ntargets = [\"default\", \"reasoning\", \"hang\"]\n"
+            "[[nodes]]\nid = \"{id}\"\nalias = \"gpu-{id}\"\ntoken = \"{token}\"\n[nodes.runtime]\nmax_concurrent_runs = 16\nheartbeat_interval_ms = 60000\n[[nodes.adapters]]\nname = \"echo\"\ntargets = [\"default\", \"reasoning\", \"hang\", \"stall\", \"fail\"]\n"
         )
     };
     format!(
@@ -95,6 +97,8 @@ async fn usage_totals_equal_the_usage_the_official_sdks_received() {
     let expected = sdk["cached"].as_f64().unwrap() / sdk["input"].as_f64().unwrap();
     assert!((rate - expected).abs() < 1e-9, "{rate} vs {expected}");
     assert_eq!(report["totals"]["runs"], sdk["runs"], "{report}");
+    // The one failure is the run that failed after output; its output is in the sums.
+    assert_eq!(row["errors"], 1, "{report}");
 
     // The failover: a run placed on node-a first, refused there, finished on node-b.
     let runs = get(app.admin_addr, "/admin/v1/runs?limit=100").await;

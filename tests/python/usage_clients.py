@@ -5,10 +5,12 @@ API.
 Usage: usage_clients.py HTTP_BASE API_KEY
 
 The edge must serve `echo/reasoning` (usage with cached and reasoning tokens), `echo/default`
-(two completions: one lands on a node that refuses it and fails over) and `echo/hang` (never
-answers: the SDK's call times out and goes away, which cancels the run). Covers chat (whole and
-streamed with `include_usage`), completions, Responses (whole and streamed), Anthropic
-Messages (whole and streamed) and a cancel. Prints `ok`, then one JSON line: runs, input,
+(two completions: one lands on a node that refuses it and fails over), `echo/hang` (never
+answers: the SDK's call times out and goes away, which cancels the run), `echo/stall` (streams,
+then waits: the client goes away after the output) and `echo/fail` (one word, then a failure).
+Covers chat (whole and streamed with `include_usage`), completions, Responses (whole and
+streamed), Anthropic Messages (whole and streamed), a cancel before output, a cancel after
+output and a failure after output. Prints `ok`, then one JSON line: runs, input,
 cached, output.
 """
 
@@ -92,6 +94,35 @@ def main():
     except openai.APITimeoutError:
         pass
     add(0, 0, 0)
+
+    # A cancel after output: `echo/stall` streams the prompt's four words, then waits. The
+    # client reads them and goes away, which cancels the run; it counts what was produced:
+    # the output the client saw, and the input its node reported (the mock counts words).
+    stream = client.chat.completions.create(model="echo/stall", messages=MESSAGES, stream=True)
+    seen = 0
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            seen += 1
+        if seen == 4:
+            break
+    stream.close()
+    check(seen == 4, f"the stalled stream's words: {seen}")
+    add(4, 0, seen)
+
+    # A failure after output: `echo/fail` streams one word, then fails. Its node reports no
+    # usage; it counts the output the client saw (the edge's count of what it relayed).
+    seen = 0
+    try:
+        for chunk in client.chat.completions.create(
+            model="echo/fail", messages=MESSAGES, stream=True
+        ):
+            if chunk.choices and chunk.choices[0].delta.content:
+                seen += 1
+        raise AssertionError("a failing run completed")
+    except openai.APIError:
+        pass
+    check(seen == 1, f"the failed stream's words: {seen}")
+    add(0, 0, seen)
 
     print("ok")
     print(json.dumps(totals))

@@ -26,7 +26,19 @@ const MAX_VALUES_PER_EVENT: usize = 256 * 1024;
 struct Chunk {
     choices: Option<Vec<Choice>>,
     usage: Option<UsageBody>,
+    timings: Option<Timings>,
     error: Option<Value>,
+}
+
+/// llama-server's running counts, on every chunk when the request asked for
+/// `timings_per_token` (else on the last): prompt tokens evaluated, prompt tokens taken
+/// from the cache, tokens generated so far.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct Timings {
+    prompt_n: u64,
+    cache_n: u64,
+    predicted_n: u64,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -89,6 +101,7 @@ struct ReasoningDetail {
 pub struct AnswerStream {
     finish_reason: Option<String>,
     usage: Option<Usage>,
+    counted: Option<Usage>,
     done: bool,
 }
 
@@ -121,6 +134,15 @@ impl AnswerStream {
         if let Some(usage) = chunk.usage {
             self.usage = Some(usage_from(usage));
         }
+        if let Some(timings) = chunk.timings {
+            let cached = saturate(timings.cache_n);
+            self.counted = Some(Usage {
+                input_tokens: saturate(timings.prompt_n).saturating_add(cached),
+                cached_input_tokens: cached,
+                output_tokens: saturate(timings.predicted_n),
+                reasoning_tokens: 0,
+            });
+        }
         let Some(choice) = chunk
             .choices
             .unwrap_or_default()
@@ -137,6 +159,12 @@ impl AnswerStream {
             choice.text,
             choice.logprobs,
         ))
+    }
+
+    /// The engine's running counts as of the last chunk that carried them (llama-server's
+    /// `timings`): what the run produced so far, should it end before its usage chunk.
+    pub fn counted(&self) -> Option<Usage> {
+        self.counted
     }
 
     /// Whether the engine sent `[DONE]`.
@@ -279,8 +307,12 @@ fn top_from(entry: &Value) -> TopLogprob {
     }
 }
 
+fn saturate(n: u64) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
+
 fn usage_from(usage: UsageBody) -> Usage {
-    let count = |n: u64| u32::try_from(n).unwrap_or(u32::MAX);
+    let count = saturate;
     Usage {
         input_tokens: count(usage.prompt_tokens),
         output_tokens: count(usage.completion_tokens),

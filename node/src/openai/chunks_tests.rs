@@ -219,3 +219,27 @@ fn large_embedding_answers_are_split_across_events() {
         .collect();
     assert_eq!(indexes, [0, 1, 2]);
 }
+
+#[test]
+fn llama_server_timings_are_the_running_counts() {
+    let mut stream = AnswerStream::new();
+    assert_eq!(stream.counted(), None);
+    let chunk = |predicted: u64| {
+        json!({
+            "choices": [{"index": 0, "delta": {"content": "x"}, "finish_reason": null}],
+            "timings": {"cache_n": 3, "prompt_n": 9, "predicted_n": predicted, "prompt_ms": 1.5}
+        })
+        .to_string()
+    };
+    stream.apply(&chunk(1)).expect("ok");
+    stream.apply(&chunk(2)).expect("ok");
+    assert_eq!(
+        stream.counted(),
+        Some(Usage {
+            input_tokens: 12,
+            cached_input_tokens: 3,
+            output_tokens: 2,
+            reasoning_tokens: 0,
+        })
+    );
+}

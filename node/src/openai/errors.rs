@@ -183,6 +183,7 @@ fn failed(class: FailureClass, code: &str, status: Option<u16>, message: String)
         message,
         class,
         status,
+        usage: None,
     }
 }
 
@@ -213,6 +214,7 @@ mod tests {
                 message,
                 class,
                 status,
+                ..
             } => (*class, code, *status, message),
             other => panic!("expected failed, got {other:?}"),
         }

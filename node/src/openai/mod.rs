@@ -22,6 +22,7 @@ use std::time::Instant;
 use edge::client::ReceivedAdapter;
 use edge::client::RunAssignment;
 use edge::domain::{FailureClass, Operation, RunEventKind};
+use edge::hops;
 
 use super::runs::{Emitter, Gone};
 use super::sse::SseDecoder;
@@ -218,6 +219,7 @@ impl OpenAiAdapter {
     ) -> Result<RunEventKind, Gone> {
         let started = Instant::now();
         let path = call.endpoint.path();
+        tracing::trace!(target: hops::TARGET, hop = hops::ENGINE_REQUEST, run_id = %run.run_id);
         let mut response = match self.send(call).await {
             Ok(response) => response,
             Err(fault) => {
@@ -226,6 +228,7 @@ impl OpenAiAdapter {
                 return Ok(kind);
             }
         };
+        tracing::trace!(target: hops::TARGET, hop = hops::ENGINE_HEADERS, run_id = %run.run_id);
         tracing::debug!(
             run_id = %run.run_id, adapter = %self.name, path, status = response.status().as_u16(),
             first_byte_ms = started.elapsed().as_millis() as u64, "engine answered"
@@ -277,6 +280,7 @@ impl OpenAiAdapter {
         let mut decoder = SseDecoder::new();
         let mut answer = AnswerStream::new();
         let mut events = Vec::new();
+        let mut first_output = true;
         while !answer.is_done() {
             let chunk = match self.upstream.next_chunk(response).await {
                 Ok(Some(chunk)) => chunk,
@@ -288,10 +292,19 @@ impl OpenAiAdapter {
             }
             for data in events.drain(..) {
                 match answer.apply(&data) {
-                    Ok(Some(kind)) => emit_unechoed(out, echo.as_mut(), kind).await?,
+                    Ok(Some(kind)) => {
+                        if first_output {
+                            first_output = false;
+                            tracing::trace!(target: hops::TARGET, hop = hops::ENGINE_FIRST_OUTPUT, run_id = out.run_id());
+                        }
+                        emit_unechoed(out, echo.as_mut(), kind).await?;
+                    }
                     Ok(None) => {}
                     Err(fault) => return Ok(Err(fault)),
                 }
+            }
+            if let Some(counted) = answer.counted() {
+                out.engine_counted(counted);
             }
         }
         if !answer.is_done() {
@@ -337,6 +350,7 @@ fn invalid_input(invalid: InvalidInput) -> RunEventKind {
         message: invalid.0,
         class: FailureClass::Request,
         status: None,
+        usage: None,
     }
 }
 

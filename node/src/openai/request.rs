@@ -4,8 +4,8 @@
 //! Pure. The edge sends OpenAI bodies without `model` and `stream`; this adds the upstream
 //! model name, always streams chat and completions (so a cancel or a deadline can stop the
 //! engine promptly, and the first token arrives as soon as it exists), asks for the usage
-//! chunk, and asks embeddings for floats. A console run's plain text becomes one user
-//! message. A continuation (a run another node began) goes on from the text already
+//! chunk (and, when set, llama-server's per-chunk counts), and asks embeddings for floats.
+//! A console run's plain text becomes one user message. A continuation (a run another node began) goes on from the text already
 //! relayed: chat gets it as a trailing assistant message to continue, completions get it
 //! after the prompt, and the token budget shrinks by what was generated; nothing else is
 //! added.
@@ -99,6 +99,9 @@ pub fn build(
     body.insert("model".into(), Value::String(model.to_owned()));
     if endpoint.streams() {
         body.insert("stream".into(), Value::Bool(true));
+        if settings.timings_per_token {
+            body.insert("timings_per_token".into(), Value::Bool(true));
+        }
         if settings.stream_usage {
             let options = body
                 .entry("stream_options")
@@ -276,6 +279,11 @@ mod tests {
                 "model": "up", "stream": true, "stream_options": {"include_usage": true}
             })
         );
+        let mut llama = settings(true);
+        llama.timings_per_token = true;
+        let run = run(Operation::Chat, "application/json", r#"{"messages":[]}"#);
+        let call = build(&run, "up", &llama).expect("builds");
+        assert_eq!(call.body["timings_per_token"], true);
     }
 
     #[test]

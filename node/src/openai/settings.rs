@@ -57,6 +57,9 @@ pub struct OpenAiSettings {
     /// `add_generation_prompt: false` (vLLM, SGLang) besides its trailing assistant message
     /// (all llama.cpp's `llama-server` needs).
     pub continue_final_message: bool,
+    /// Ask llama-server for its running counts on every chunk (`timings_per_token: true`),
+    /// so a run cancelled or failed mid-stream reports its prompt and cached tokens too.
+    pub timings_per_token: bool,
 }
 
 /// API keys are never in the settings; the debug form still names every key's value.
@@ -90,6 +93,7 @@ pub const KEYS: &[&str] = &[
     "retry_backoff_ms",
     "stream_usage",
     "continue_final_message",
+    "timings_per_token",
 ];
 
 /// The prefix of the per-target upstream model keys: `"model.<target>" = "<upstream name>"`.
@@ -151,6 +155,7 @@ impl OpenAiSettings {
             retry_backoff: millis(settings, "retry_backoff_ms", 250)?,
             stream_usage: flag(settings, "stream_usage", true)?,
             continue_final_message: flag(settings, "continue_final_message", false)?,
+            timings_per_token: flag(settings, "timings_per_token", false)?,
         };
         Ok((parsed, unknown))
     }

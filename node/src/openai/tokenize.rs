@@ -158,6 +158,7 @@ pub fn not_supported(adapter: &str, path: &str) -> RunEventKind {
         ),
         class: FailureClass::Request,
         status: Some(501),
+        usage: None,
     }
 }
 

@@ -83,7 +83,8 @@ pub struct TargetView {
 pub struct DrainView {
     /// When it began, ms since the Unix epoch.
     pub since_ms: u64,
-    /// When the node's remaining runs are cancelled, ms since the Unix epoch.
+    /// When the node's remaining runs move to other nodes (or are cancelled), ms since the
+    /// Unix epoch.
     pub deadline_ms: Option<u64>,
 }
 

@@ -62,11 +62,11 @@ pub enum AdminCommand {
         #[command(subcommand)]
         command: RunCommand,
     },
-    /// Drain a node: no new runs; running ones finish (or are cancelled at --deadline).
+    /// Drain a node: no new runs; running ones finish (or move to other nodes at --deadline).
     Drain {
         /// The node's id or alias.
         node: String,
-        /// Cancel the runs still on it after this long (`90s`, `10m`, `1h`).
+        /// Move the runs still on it to other nodes (or cancel them) after this long (`90s`, `10m`, `1h`).
         #[arg(long)]
         deadline: Option<String>,
         /// Where the management API is.

@@ -20,6 +20,7 @@ use super::output::{Collected, Finished};
 use crate::adapters::http::HttpState;
 use crate::domain::routing::RouteReason;
 use crate::domain::{NodeId, RunEvent, RunEventKind, RunId, RunSpec, StructuredOutput};
+use crate::hops;
 use crate::ports::{RunHandle, Runs};
 
 /// The reason a run is cancelled with when its client disconnects.
@@ -46,6 +47,7 @@ pub(super) fn start(state: &HttpState, spec: RunSpec, model: &str) -> Result<Act
     match state.runs.start(spec) {
         Ok(handle) => {
             debug!(run_id = %handle.run_id, %model, %adapter, %target, operation, "API run accepted");
+            tracing::trace!(target: hops::TARGET, hop = hops::API_ACCEPTED, run_id = %handle.run_id);
             Ok(ActiveRun::new(Arc::clone(&state.runs), handle, retry_after))
         }
         Err(error) => {
@@ -229,6 +231,7 @@ impl ActiveRun {
                 message,
                 class,
                 status,
+                ..
             } => {
                 debug!(%run_id, code, message, class = class.as_str(), "API run failed");
                 Err(ApiError::run_failed(
@@ -239,7 +242,7 @@ impl ActiveRun {
                     self.retry_after_secs,
                 ))
             }
-            RunEventKind::Cancelled { reason } => Err(ApiError::run_cancelled(reason)),
+            RunEventKind::Cancelled { reason, .. } => Err(ApiError::run_cancelled(reason)),
             RunEventKind::Started | RunEventKind::Output { .. } => {
                 Err(ApiError::internal("a run's event was taken for its end"))
             }

@@ -23,6 +23,7 @@ use tokio::time::{Instant, Sleep};
 use super::error::ApiError;
 use super::output::Finished;
 use super::run::{ActiveRun, Output, Step};
+use crate::hops;
 
 /// How long a stream may stay silent before a comment line keeps idle-timeout proxies from
 /// closing it.
@@ -120,6 +121,7 @@ impl<W: EventWriter> HttpBody for SseBody<W> {
         }
         if !body.frame.is_empty() {
             body.last_sent = Instant::now();
+            tracing::trace!(target: hops::TARGET, hop = hops::API_FRAME, run_id = %body.run.id());
             return Poll::Ready(Some(Ok(Frame::data(body.frame.split().freeze()))));
         }
         if body.done {

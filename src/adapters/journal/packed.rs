@@ -290,6 +290,7 @@ mod tests {
                 message: "it \"broke\"".into(),
                 class: FailureClass::Node,
                 status: Some(502),
+                usage: None,
             }),
         ]
     }

@@ -220,7 +220,7 @@ mod tests {
         }
         assert_eq!(queue.depth(), 2);
         assert_eq!(queue.dropped_full.load(Ordering::Relaxed), 3);
-        queue.push(event(RunEventKind::Cancelled { reason: "c".into() }));
+        queue.push(event(RunEventKind::cancelled("c")));
         assert_eq!(queue.depth(), 3);
         let mut batch = Vec::new();
         let taken = queue.take(10, Duration::ZERO, &mut batch);

@@ -67,6 +67,15 @@ fn record(event: &RunEvent) {
                 "run event"
             );
         }
+        RunEventKind::Completed { .. }
+        | RunEventKind::Failed { .. }
+        | RunEventKind::Cancelled { .. } => record_end(event),
+    }
+}
+
+/// Emits the record for a terminal event.
+fn record_end(event: &RunEvent) {
+    match &event.kind {
         RunEventKind::Completed {
             finish_reason,
             usage,
@@ -84,17 +93,25 @@ fn record(event: &RunEvent) {
             message,
             class,
             status,
+            usage,
         } => event_record!(
             event,
             code = code.as_str(),
             error_message = message.as_str(),
             class = class.as_str(),
             status = *status,
+            input_tokens = usage.map(|usage| usage.input_tokens),
+            output_tokens = usage.map(|usage| usage.output_tokens),
             "run event"
         ),
-        RunEventKind::Cancelled { reason } => {
-            event_record!(event, reason = reason.as_str(), "run event");
-        }
+        RunEventKind::Cancelled { reason, usage } => event_record!(
+            event,
+            reason = reason.as_str(),
+            input_tokens = usage.map(|usage| usage.input_tokens),
+            output_tokens = usage.map(|usage| usage.output_tokens),
+            "run event"
+        ),
+        RunEventKind::Started | RunEventKind::Output { .. } => record(event),
     }
 }
 

@@ -24,6 +24,7 @@ use tracing::{debug, info};
 use super::link::LinkSignals;
 use super::server::Shared;
 use crate::domain::{Availability, NodeRecord};
+use crate::hops;
 use crate::ports::{CloseReason, ConnectionId, LastFrame, NodeCommand, ReportedEvent};
 use crate::wire::{EdgeCodec, EdgeFrame, FrameError, NodeFrame};
 
@@ -245,7 +246,10 @@ impl<'a, S: NodeIo> Connection<'a, S> {
                     debug!("second register request");
                     return (handled, Some(CloseReason::ProtocolViolation));
                 }
-                NodeFrame::RunEvent(event) => events.push(event),
+                NodeFrame::RunEvent(event) => {
+                    tracing::trace!(target: hops::TARGET, hop = hops::EVENT_RECEIVED, run_id = event.run_id, seq = event.seq);
+                    events.push(event);
+                }
                 NodeFrame::Heartbeat {
                     ping, availability, ..
                 } => {
@@ -321,11 +325,17 @@ impl<'a, S: NodeIo> Connection<'a, S> {
         commands: &mut mpsc::Receiver<NodeCommand>,
     ) -> Result<Sent, CloseReason> {
         let framed = &mut self.framed;
+        let mut traced = Vec::new();
         let write = async {
             let mut command = first;
             let mut written = 0;
             let sent = loop {
                 let shutdown = matches!(command, NodeCommand::Shutdown { .. });
+                if let NodeCommand::Run(run) = &command
+                    && hops::enabled()
+                {
+                    traced.push(run.run_id.clone());
+                }
                 framed.feed(EdgeFrame::Command(command)).await?;
                 written += 1;
                 if shutdown {
@@ -342,6 +352,9 @@ impl<'a, S: NodeIo> Connection<'a, S> {
                     Err(_) => break Sent::Commands,
                 }
             };
+            for run_id in &traced {
+                tracing::trace!(target: hops::TARGET, hop = hops::RUN_SENT, %run_id);
+            }
             framed.flush().await?;
             Ok::<_, FrameError>((written, sent))
         };

@@ -45,6 +45,12 @@ pub trait LiveRuns: Send + Sync {
     /// Cancels open run `id` (as a caller's cancel does); returns whether it was open.
     async fn cancel(&self, id: &RunId, reason: &str) -> bool;
 
+    /// Moves open run `id` off `node`, whose drain deadline passed, to another node like a
+    /// lost attempt (placed again, or continued from what was relayed), then cancels it on
+    /// `node` with `reason`; a run that cannot move is cancelled there as before, `reason`
+    /// then saying why. Returns whether the run was open on `node`.
+    async fn move_off_drained(&self, node: &NodeId, id: &RunId, reason: &str) -> bool;
+
     /// Follows open run `id` from its next event on; `None` when it is not open.
     async fn follow(&self, id: &RunId) -> Option<Follow>;
 
@@ -82,7 +88,7 @@ struct Inner {
     live: Arc<dyn LiveRuns>,
     journal: Arc<dyn RunJournal>,
     drains: Drains,
-    /// Drain deadlines waiting to cancel runs.
+    /// Drain deadlines waiting to move runs off their nodes.
     timers: TaskTracker,
 }
 

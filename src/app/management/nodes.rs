@@ -70,8 +70,9 @@ impl Management {
         }
     }
 
-    /// Drains node `name`: it takes no new run; its runs finish, or are cancelled once
-    /// `deadline` has passed. Draining again replaces the deadline. The node stays
+    /// Drains node `name`: it takes no new run; its runs finish, or once `deadline` has
+    /// passed are moved to other nodes (placed again, or continued), or cancelled where
+    /// they cannot move. Draining again replaces the deadline. The node stays
     /// registered (and a node not connected now stays drained when it connects).
     ///
     /// # Errors
@@ -92,7 +93,7 @@ impl Management {
         self.inner.live.set_drained(&id, true);
         info!(node = %id, deadline_secs = deadline.map(|d| d.as_secs()), "node drained");
         if let Some(deadline) = deadline {
-            self.cancel_at_deadline(id.clone(), drain, deadline);
+            self.move_off_at_deadline(id.clone(), drain, deadline);
         }
         self.node(id.as_str())
             .ok_or_else(|| ManageError::UnknownNode(name.to_owned()))
@@ -115,9 +116,9 @@ impl Management {
             .ok_or_else(|| ManageError::UnknownNode(name.to_owned()))
     }
 
-    /// At `deadline`, cancels the runs still on the node, unless the drain was replaced or
-    /// ended meanwhile.
-    fn cancel_at_deadline(&self, node: NodeId, drain: Drain, deadline: Duration) {
+    /// At `deadline`, moves the runs still on the node off it (or cancels them), unless the
+    /// drain was replaced or ended meanwhile.
+    fn move_off_at_deadline(&self, node: NodeId, drain: Drain, deadline: Duration) {
         let this = self.clone();
         self.inner.timers.spawn(async move {
             tokio::time::sleep(deadline).await;
@@ -125,9 +126,10 @@ impl Management {
                 return;
             }
             let runs = this.inner.live.runs_on(&node);
-            info!(node = %node, runs = runs.len(), "drain deadline passed; cancelling the node's runs");
+            info!(node = %node, runs = runs.len(), "drain deadline passed; moving the node's runs off it");
             for run in runs {
-                this.inner.live.cancel(&run, "node drain deadline passed").await;
+                let reason = "node drain deadline passed";
+                this.inner.live.move_off_drained(&node, &run, reason).await;
             }
         });
     }

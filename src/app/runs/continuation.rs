@@ -6,7 +6,8 @@
 //! A continuation is placed at once or not at all: it never waits in the queue (the pump
 //! places queued runs on any node serving them, and a node that cannot continue must never
 //! be sent one). Its events go on the run's numbering like a failed-over attempt's
-//! (`delivery.rs`); its usage adds the output counted before it.
+//! (`delivery.rs`); its usage, completed, failed or cancelled, adds the output counted before
+//! it.
 
 use std::sync::Arc;
 
@@ -18,11 +19,12 @@ use super::table::{Route, Run, Table};
 use crate::domain::routing::{AttemptEnd, Decision, RouteReason, RouteRule};
 use crate::domain::{
     Continuation, ContinuationFacts, ContinuationRefusal, FailureClass, NodeId, Operation,
-    RunEventKind, may_continue,
+    RunEventKind, Usage, may_continue,
 };
 
-/// What a run has relayed to its caller so far, as a continuation needs it. Kept only when
-/// `runs.max_continuations` is above 0.
+/// What a run has relayed to its caller so far: as a continuation needs it (the text, kept
+/// only when `runs.max_continuations` is above 0), and as its usage needs it when it fails
+/// or is cancelled (the output pieces, always counted).
 #[derive(Debug, Default)]
 pub(super) struct Progress {
     /// Every relayed output's text, in order.
@@ -30,6 +32,9 @@ pub(super) struct Progress {
     /// Relayed output events that carried text: the output tokens as far as the edge can
     /// count them (engines stream one token per event).
     outputs: u32,
+    /// Relayed output events of the current attempt that carried text, reasoning or a piece
+    /// of a tool call: the output tokens it generated, as far as the edge can count them.
+    generated: u32,
     /// Some of a tool call was relayed.
     tool_call: bool,
     /// Output tokens of the attempts before the current one, added to its usage.
@@ -37,35 +42,59 @@ pub(super) struct Progress {
 }
 
 impl Progress {
-    /// Notes an event about to be relayed; a `completed` one gets the carried output
-    /// tokens added to its usage.
-    pub(super) fn note(&mut self, kind: &mut RunEventKind) {
-        self.add_carried(kind);
-        if let RunEventKind::Output {
+    /// Notes an event about to be relayed, keeping its text when `keep_text` (continuations
+    /// are on); a terminal one gets its usage settled ([`Self::settle`]).
+    pub(super) fn note(&mut self, kind: &mut RunEventKind, keep_text: bool) {
+        if kind.is_terminal() {
+            self.settle(kind);
+            return;
+        }
+        let RunEventKind::Output {
             text, structured, ..
         } = kind
-        {
-            if !text.is_empty() {
-                self.text.push_str(text);
-                self.outputs = self.outputs.saturating_add(1);
-            }
-            self.tool_call |= structured
+        else {
+            return;
+        };
+        let generated = !text.is_empty()
+            || structured
                 .as_ref()
-                .is_some_and(|s| !s.tool_calls.is_empty());
+                .is_some_and(|s| !s.reasoning.is_empty() || !s.tool_calls.is_empty());
+        self.generated = self.generated.saturating_add(u32::from(generated));
+        if !keep_text {
+            return;
         }
+        if !text.is_empty() {
+            self.text.push_str(text);
+            self.outputs = self.outputs.saturating_add(1);
+        }
+        self.tool_call |= structured
+            .as_ref()
+            .is_some_and(|s| !s.tool_calls.is_empty());
     }
 
     /// The next attempt is a continuation: what was relayed so far is carried.
     pub(super) fn carry(&mut self) {
         self.carried = self.outputs;
+        self.generated = 0;
     }
 
-    /// Adds the carried output tokens to a `completed` event's usage.
-    fn add_carried(&self, kind: &mut RunEventKind) {
-        if let RunEventKind::Completed {
-            usage: Some(usage), ..
-        } = kind
-        {
+    /// Settles a terminal event's usage. A completion's gets the carried output tokens
+    /// added. A failure or a cancel counts what was produced: the output tokens its node
+    /// reported, at least one per generated piece this attempt relayed (the edge's own
+    /// endings, and nodes that report nothing), plus the carried ones; a run that produced
+    /// nothing known keeps no usage.
+    fn settle(&self, kind: &mut RunEventKind) {
+        let completed = matches!(kind, RunEventKind::Completed { .. });
+        let Some(usage) = kind.usage_mut() else {
+            return;
+        };
+        if usage.is_none() && !completed && self.generated.saturating_add(self.carried) > 0 {
+            *usage = Some(Usage::default());
+        }
+        if let Some(usage) = usage {
+            if !completed {
+                usage.output_tokens = usage.output_tokens.max(self.generated);
+            }
             usage.output_tokens = usage.output_tokens.saturating_add(self.carried);
         }
     }

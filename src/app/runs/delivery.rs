@@ -234,9 +234,7 @@ impl RunService {
             EventVerdict::Relay => false,
             EventVerdict::RelayTerminal => true,
         };
-        if self.keeps_progress() {
-            delivery.progress.note(&mut kind);
-        }
+        delivery.progress.note(&mut kind, self.keeps_progress());
         let event = Arc::new(event_of(run, source, seq, origin, kind));
         let first_output =
             !delivery.saw_output && matches!(event.kind, RunEventKind::Output { .. });
@@ -269,14 +267,12 @@ impl RunService {
 }
 
 /// What a run that ended with `kind` counts against its key's token budget: the input and
-/// output tokens its node reported (none reported, none counted).
+/// output tokens of its usage, a completed run's or what a failed or cancelled one produced
+/// (none known, none counted).
 fn budget_tokens(kind: &RunEventKind) -> u64 {
-    match kind {
-        RunEventKind::Completed {
-            usage: Some(usage), ..
-        } => u64::from(usage.input_tokens) + u64::from(usage.output_tokens),
-        _ => 0,
-    }
+    kind.usage().map_or(0, |usage| {
+        u64::from(usage.input_tokens) + u64::from(usage.output_tokens)
+    })
 }
 
 impl RunService {
@@ -300,6 +296,30 @@ impl RunService {
         }
         delivery.seq_base = delivery.state.next_edge_seq() - 1;
         Some(next)
+    }
+
+    /// Ends `run`'s attempt on `node`'s `connection` with `kind` (never relayed) only if
+    /// failover or a continuation moves the run on, its next attempt sent or queued; else
+    /// leaves the attempt as it is and returns `false` (`kind`'s message then ends with why
+    /// the run was not continued, when it was refused one).
+    pub(super) async fn move_off_attempt(
+        &self,
+        run: &Arc<Run>,
+        node: &NodeId,
+        connection: ConnectionId,
+        kind: &mut RunEventKind,
+    ) -> bool {
+        let mut delivery = run.delivery.lock().await;
+        if !run.is_on(node, connection) {
+            return false;
+        }
+        let Some(next) = self.attempt_ended(run, &mut delivery, kind, false) else {
+            return false;
+        };
+        self.hand_to_journal(run, &mut delivery.journal);
+        drop(delivery);
+        self.continue_run(run, next);
+        true
     }
 
     /// Whether `events` from `source` belong to an attempt that has ended (failed over)

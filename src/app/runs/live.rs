@@ -148,6 +148,10 @@ impl LiveRuns for RunService {
         RunService::cancel(self, id, reason).await
     }
 
+    async fn move_off_drained(&self, node: &NodeId, id: &RunId, reason: &str) -> bool {
+        RunService::move_off_drained(self, node, id, reason).await
+    }
+
     async fn follow(&self, id: &RunId) -> Option<Follow> {
         let run = lock(&self.inner.table).runs.get(id).cloned()?;
         let mut delivery = run.delivery.lock().await;

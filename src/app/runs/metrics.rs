@@ -254,10 +254,7 @@ impl RunMetrics {
     /// The tokens `event`, `run`'s terminal event, reports: by key, model, node and the
     /// source of the run's affinity key, through `bound`'s counters for the group.
     fn count_tokens(&self, run: &Run, bound: &RouteMetrics, event: &RunEvent) {
-        let RunEventKind::Completed {
-            usage: Some(usage), ..
-        } = &event.kind
-        else {
+        let Some(usage) = event.kind.usage() else {
             return;
         };
         let routing = &run.spec.routing;
@@ -287,14 +284,12 @@ impl RunMetrics {
 
     /// `run` ended with `event`: its bucket in the last hour's series.
     fn count_end(&self, run: &Run, event: &RunEvent) {
-        let (ending, output_tokens) = match &event.kind {
-            RunEventKind::Completed { usage, .. } => (
-                Ending::Completed,
-                usage.map_or(0, |u| u64::from(u.output_tokens)),
-            ),
-            RunEventKind::Failed { .. } => (Ending::Failed, 0),
-            _ => (Ending::Cancelled, 0),
+        let ending = match &event.kind {
+            RunEventKind::Completed { .. } => Ending::Completed,
+            RunEventKind::Failed { .. } => Ending::Failed,
+            _ => Ending::Cancelled,
         };
+        let output_tokens = event.kind.usage().map_or(0, |u| u64::from(u.output_tokens));
         let first_output = run.first_output_ms.load(Ordering::Acquire);
         let end = RunEnd {
             ending,
@@ -391,9 +386,7 @@ mod tests {
                 usage: None,
             },
             RunEventKind::failed(String::new(), String::new()),
-            RunEventKind::Cancelled {
-                reason: String::new(),
-            },
+            RunEventKind::cancelled(String::new()),
         ];
         for kind in &kinds {
             assert_eq!(KINDS[kind_index(kind)], kind.name());

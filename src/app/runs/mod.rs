@@ -14,6 +14,8 @@
 //!   attempt on another node, the disconnect hook;
 //! - `continuation.rs` — a run whose node is lost after output, carried on by another
 //!   node from the output already relayed;
+//! - `drained.rs` — a node drain's deadline: its runs moved to other nodes like lost
+//!   attempts, cancelled where they cannot move;
 //! - `resume.rs` — runs held across a blip in their node's connection: detached when it
 //!   drops, re-attached when the node comes back and claims them;
 //! - `adopt.rs` — the runs a previous edge left open in the journal, taken back at start
@@ -39,6 +41,7 @@ mod budgets;
 mod config;
 mod continuation;
 mod delivery;
+mod drained;
 mod failover;
 mod live;
 mod metrics;

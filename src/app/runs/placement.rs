@@ -374,6 +374,15 @@ impl RunService {
         }
     }
 
+    /// Ends `run` with the edge's own terminal `kind` (a deadline, a shutdown), then sends
+    /// its node `CancelRun` with `reason` — in that order: a node quick to answer the
+    /// cancel must find the run ended, so its `cancelled` is dropped, never taken for the
+    /// run's end.
+    pub(super) async fn end_then_cancel(&self, run: &Arc<Run>, kind: RunEventKind, reason: &str) {
+        self.end_run(run, kind).await;
+        self.send_cancel(run, reason);
+    }
+
     /// Asks the node holding `run`, if any, to cancel it. A detached run's node is asked
     /// when it resumes the run.
     pub(super) fn send_cancel(&self, run: &Run, reason: &str) {

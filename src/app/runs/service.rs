@@ -271,9 +271,7 @@ impl RunService {
         let Some(run) = lock(&self.inner.table).runs.get(run_id).cloned() else {
             return false;
         };
-        let cancelled = RunEventKind::Cancelled {
-            reason: reason.to_owned(),
-        };
+        let cancelled = RunEventKind::cancelled(reason);
         let queued = {
             let mut table = lock(&self.inner.table);
             lock(&run.route).cancelling = Some(reason.to_owned());
@@ -315,10 +313,9 @@ impl RunService {
                 "ending runs still open after the drain grace period"
             );
         }
-        let endings = remaining.iter().map(|run| async move {
-            self.send_cancel(run, "edge shutting down");
-            self.end_run(run, EdgeFailure::EdgeShutdown.into_event_kind())
-                .await;
+        let endings = remaining.iter().map(|run| {
+            let kind = EdgeFailure::EdgeShutdown.into_event_kind();
+            self.end_then_cancel(run, kind, "edge shutting down")
         });
         futures::future::join_all(endings).await;
         inner.timers.close();

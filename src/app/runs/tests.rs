@@ -28,7 +28,7 @@ use crate::domain::routing::{Catalog, NodeStatus, Unroutable, WaitCause};
 use crate::domain::{
     AdapterConfig, AdapterName, Alias, EventOrigin, FailureClass, NodeId, NodeRecord, NodeSelector,
     ResumeAnswer, ResumeClaim, RunEvent, RunEventKind, RunId, RunRouting, RunSpec, RuntimeConfig,
-    Target, Token,
+    Target, Token, Usage,
 };
 use crate::ports::event_sink::MockEventSink;
 use crate::ports::registry::MockRegistry;
@@ -138,13 +138,21 @@ fn classed(class: FailureClass) -> RunEventKind {
         message: "the engine said no".into(),
         class,
         status: None,
+        usage: None,
     }
 }
 
 fn cancelled(reason: &str) -> RunEventKind {
-    RunEventKind::Cancelled {
-        reason: reason.into(),
+    RunEventKind::cancelled(reason)
+}
+
+/// `kind`, a terminal event, as the edge relays it after `output_tokens` text outputs: with
+/// the output it counted as its usage (the node said nothing of its own).
+fn counted(mut kind: RunEventKind, output_tokens: u32) -> RunEventKind {
+    if let Some(usage) = kind.usage_mut() {
+        *usage = Some(Usage::new(0, output_tokens));
     }
+    kind
 }
 
 fn failure_code(event: &RunEvent) -> Option<&str> {
@@ -173,12 +181,38 @@ fn record_events(log: &Log<Arc<RunEvent>>) -> impl FnMut(Arc<RunEvent>) + Send +
     move |event| log.lock().unwrap().push(event)
 }
 
+/// Where the mock transport records what it is sent: the commands, and (read from the
+/// sink's log) the runs whose `Cancel` went out after their terminal event.
+#[derive(Clone, Default)]
+struct Recorder {
+    commands: Log<(NodeId, NodeCommand)>,
+    published: Log<Arc<RunEvent>>,
+    cancelled_after_end: Log<RunId>,
+}
+
 fn record_commands(
-    log: &Log<(NodeId, NodeCommand)>,
+    recorder: &Recorder,
 ) -> impl FnMut(&NodeId, NodeCommand) -> Result<(), TransportError> + Send + 'static {
-    let log = Arc::clone(log);
+    let recorder = recorder.clone();
     move |node: &NodeId, command: NodeCommand| {
-        log.lock().unwrap().push((node.clone(), command));
+        if let NodeCommand::Cancel { run_id, .. } = &command {
+            let published = recorder.published.lock().unwrap();
+            if published
+                .iter()
+                .any(|e| &e.run_id == run_id && e.kind.is_terminal())
+            {
+                recorder
+                    .cancelled_after_end
+                    .lock()
+                    .unwrap()
+                    .push(run_id.clone());
+            }
+        }
+        recorder
+            .commands
+            .lock()
+            .unwrap()
+            .push((node.clone(), command));
         Ok(())
     }
 }
@@ -257,7 +291,7 @@ fn expect_sends(
     transport: &mut MockNodeTransport,
     matches: fn(&NodeId, &NodeCommand) -> bool,
     times: Option<usize>,
-    log: &Log<(NodeId, NodeCommand)>,
+    log: &Recorder,
 ) {
     if let Some(times) = times {
         transport
@@ -304,6 +338,8 @@ struct Harness {
     registry: LockRegistry,
     published: Log<Arc<RunEvent>>,
     commands: Log<(NodeId, NodeCommand)>,
+    /// The runs whose `Cancel` went out after their terminal event.
+    cancelled_after_end: Log<RunId>,
     /// Each connected node's live connection.
     connections: HashMap<String, ConnectionId>,
     /// The nodes whose live connection registered with an instance id (may resume).
@@ -323,8 +359,8 @@ impl Harness {
 
     /// A harness whose service routes as `routing` says (breakers, affinity).
     fn routed(config: RunsConfig, routing: &RoutingConfig, expect: Expect) -> Self {
-        let published = Log::default();
-        let commands = Log::default();
+        let recorder = Recorder::default();
+        let published = Arc::clone(&recorder.published);
 
         let mut sink = MockEventSink::new();
         if let Some(terminals) = expect.terminals {
@@ -345,11 +381,11 @@ impl Harness {
                 })
             });
         }
-        expect_sends(&mut transport, is_run, expect.runs_sent, &commands);
-        expect_sends(&mut transport, is_cancel, expect.cancels_sent, &commands);
+        expect_sends(&mut transport, is_run, expect.runs_sent, &recorder);
+        expect_sends(&mut transport, is_cancel, expect.cancels_sent, &recorder);
         transport
             .expect_send()
-            .returning(record_commands(&commands));
+            .returning(record_commands(&recorder));
 
         let registry = LockRegistry::new();
         let service = service_over(Arc::new(registry.clone()), transport, sink, config, routing);
@@ -357,7 +393,8 @@ impl Harness {
             service,
             registry,
             published,
-            commands,
+            commands: recorder.commands,
+            cancelled_after_end: recorder.cancelled_after_end,
             connections: HashMap::new(),
             resumable: HashSet::new(),
             last_connection: 0,
@@ -571,6 +608,11 @@ impl Harness {
             NodeCommand::Cancel { run_id, reason } if run_id == run => Some(reason.clone()),
             _ => None,
         })
+    }
+
+    /// Whether `run`'s `Cancel` went out only once its terminal event had been relayed.
+    fn cancelled_after_end(&self, run: &RunId) -> bool {
+        self.cancelled_after_end.lock().unwrap().contains(run)
     }
 
     fn dropped_after_terminal(&self) -> u64 {
@@ -793,8 +835,9 @@ async fn the_deadline_fails_the_run_and_cancels_it_on_the_node() {
     let terminal = h.assert_edge_failed(&mut handle, "deadline_exceeded");
     assert_eq!(terminal.seq, 2);
     assert_eq!(h.active_runs("a"), 0);
-
-    // The node's answer to the cancel arrives after the edge ended the run.
+    // The run ended before the cancel went out, so however quickly the node answers it,
+    // its answer arrives after the edge ended the run.
+    assert!(h.cancelled_after_end(&run));
     h.report("a", a, &run, 2, cancelled("deadline exceeded"))
         .await;
     assert_eq!(h.published(&run).len(), 2);
@@ -862,7 +905,7 @@ async fn a_cancelled_run_ends_with_the_nodes_own_cancelled_event() {
     h.report("a", a, &run, 3, cancelled("caller")).await;
     let terminal = h.assert_ended_once(&mut handle);
     assert_eq!(terminal.origin, EventOrigin::Node);
-    assert_eq!(terminal.kind, cancelled("caller"));
+    assert_eq!(terminal.kind, counted(cancelled("caller"), 1));
     assert_eq!(h.active_runs("a"), 0);
 
     // The grace period passes without a second terminal event.
@@ -888,7 +931,7 @@ async fn a_cancelled_run_the_node_ignores_ends_after_the_grace_period() {
 
     sleep(Duration::from_millis(20)).await;
     let terminal = h.assert_ended_once(&mut handle);
-    assert_eq!(terminal.kind, cancelled("caller"));
+    assert_eq!(terminal.kind, counted(cancelled("caller"), 1));
     assert_eq!(terminal.origin, EventOrigin::Edge);
     assert_eq!(terminal.seq, 3);
     assert_eq!(h.active_runs("a"), 0);
@@ -936,6 +979,9 @@ async fn drain_ends_open_runs_after_the_grace_and_refuses_new_ones() {
         h.cancels(&dispatched.run_id),
         [(node_id("a"), "edge shutting down".to_owned())]
     );
+    // The run ended before the cancel went out: a node that answers the cancel at once
+    // cannot make its `cancelled` the run's end (the shutdown's 503 would become a 502).
+    assert!(h.cancelled_after_end(&dispatched.run_id));
     assert!(h.sent_to(&queued.run_id).is_empty());
     assert_eq!(h.active_runs("a"), 0);
     assert_eq!(

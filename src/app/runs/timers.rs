@@ -38,8 +38,8 @@ impl RunService {
                             lock(&run.route).cancelling = Some(DEADLINE_EXCEEDED.to_owned());
                             table.unqueue(&run.id);
                         }
-                        service.send_cancel(&run, DEADLINE_EXCEEDED);
-                        service.end_run(&run, EdgeFailure::DeadlineExceeded.into_event_kind()).await;
+                        let kind = EdgeFailure::DeadlineExceeded.into_event_kind();
+                        service.end_then_cancel(&run, kind, DEADLINE_EXCEEDED).await;
                     }
                 }
             }

@@ -199,7 +199,7 @@ async fn a_cancel_while_detached_reaches_the_node_when_it_resumes() {
 
     h.report("a", a, &run, 3, cancelled("caller")).await;
     let terminal = h.assert_ended_once(&mut handle);
-    assert_eq!(terminal.kind, cancelled("caller"));
+    assert_eq!(terminal.kind, counted(cancelled("caller"), 1));
     assert_eq!(terminal.origin, EventOrigin::Node);
     assert_eq!(h.active_runs("a"), 0);
     h.finish().await;
@@ -215,7 +215,7 @@ async fn a_cancel_while_detached_ends_the_run_after_the_cancel_grace() {
     assert!(h.service.cancel(&run, "caller").await);
     sleep(Duration::from_millis(510)).await;
     let terminal = h.assert_ended_once(&mut handle);
-    assert_eq!(terminal.kind, cancelled("caller"));
+    assert_eq!(terminal.kind, counted(cancelled("caller"), 1));
     assert_eq!(terminal.origin, EventOrigin::Edge);
 
     let (_, answers) = h.resume("a", 2, &[claim(&run, 3, 1)]).await;

@@ -123,7 +123,8 @@ async fn request_failures_output_and_cancels_are_never_retried() {
     let node_failure = classed(FailureClass::Node);
     h.holder_reports(&late.run_id, [output("half"), node_failure.clone()])
         .await;
-    assert_eq!(h.assert_ended_once(&mut late).kind, node_failure);
+    let counted_failure = counted(node_failure.clone(), 1);
+    assert_eq!(h.assert_ended_once(&mut late).kind, counted_failure);
     // Cancelled by its caller: the node's failure while cancelling ends it.
     let mut cancelled = h.start(spec());
     h.service.cancel(&cancelled.run_id, "caller").await;

@@ -1,0 +1,471 @@
+//! `latency`: the real path's latency, a few callers at a time. A `llama-server` (started
+//! here, or `--engine`), an edge in process on the shipped default (journal on, stdout sink:
+//! the scenario runs in a child whose standard output is `/dev/null`) and a reference node
+//! in process on its own runtime; each caller interleaves streamed chat requests straight
+//! to the engine and through the edge (and through SMG with `--smg`). Reported per path:
+//! time to the first content and to the end, p50 and p90; for the edge, the overhead over
+//! the engine direct and the breakdown of its time to first content into the hops between
+//! the edge's and the node's hop events (`edge::hops`, collected by a `tracing` layer here).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use clap::Args;
+use edge::settings::SinkKind;
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+use tracing_subscriber::filter::{LevelFilter, Targets};
+use tracing_subscriber::fmt::writer::MakeWriterExt;
+use tracing_subscriber::prelude::*;
+
+use crate::Common;
+use crate::engine::{Engine, edge_config, wait_healthy, wait_serving};
+use crate::harness::{InProcessEdge, runtime, token};
+use crate::hops::{HopLog, SEGMENTS};
+use crate::http::{Connection, post_json};
+use crate::stats::{Histogram, Record};
+
+#[derive(Debug, Clone, Args)]
+pub struct LatencyArgs {
+    /// The `llama-server` binary (`bash .ci/engines/llama-server.sh` prints it).
+    #[arg(long, required_unless_present = "engine")]
+    llama_server: Option<PathBuf>,
+    /// The GGUF model it serves (the tests' tiny model).
+    #[arg(long, required_unless_present = "engine")]
+    model: Option<PathBuf>,
+    /// An engine already running (`host:port`, serving the model as `tiny`) instead.
+    #[arg(long)]
+    engine: Option<SocketAddr>,
+    /// Measured requests per path at each concurrency.
+    #[arg(long, default_value_t = 80)]
+    requests: usize,
+    /// Unmeasured requests per path before them.
+    #[arg(long, default_value_t = 8)]
+    warmup: usize,
+    /// Callers at once, each alternating between the paths.
+    #[arg(long, value_delimiter = ',', default_value = "1,4")]
+    concurrency: Vec<usize>,
+    /// Tokens each answer generates.
+    #[arg(long, default_value_t = 8)]
+    max_tokens: u32,
+    /// Slots of the engine started here (`--parallel`).
+    #[arg(long, default_value_t = 4)]
+    slots: u32,
+    /// The `smg` program (`pip install smg==1.13.*`): adds SMG (`smg launch --backend
+    /// openai`) in front of the same engine as a third path.
+    #[arg(long)]
+    smg: Option<PathBuf>,
+}
+
+/// `args` as the arguments of the child run.
+fn child_args(args: &LatencyArgs) -> Vec<String> {
+    let concurrency: Vec<String> = args.concurrency.iter().map(usize::to_string).collect();
+    let path = |p: &Option<PathBuf>| p.as_ref().map(|p| p.display().to_string());
+    [
+        path(&args.llama_server).map(|p| format!("--llama-server={p}")),
+        path(&args.model).map(|p| format!("--model={p}")),
+        args.engine.map(|a| format!("--engine={a}")),
+        path(&args.smg).map(|p| format!("--smg={p}")),
+        Some(format!("--requests={}", args.requests)),
+        Some(format!("--warmup={}", args.warmup)),
+        Some(format!("--concurrency={}", concurrency.join(","))),
+        Some(format!("--max-tokens={}", args.max_tokens)),
+        Some(format!("--slots={}", args.slots)),
+    ]
+    .into_iter()
+    .flatten()
+    .collect()
+}
+
+pub fn run(args: &LatencyArgs, common: &Common) -> anyhow::Result<Vec<Record>> {
+    if !common.child {
+        return crate::run_in_child(common, "latency", &child_args(args));
+    }
+    let log = install_logging(&common.edge_log_level)?;
+    let engine = match (&args.engine, &args.llama_server, &args.model) {
+        (Some(_), _, _) => None,
+        (None, Some(binary), Some(model)) => Some(Engine::start(binary, model, args.slots)?),
+        _ => bail!("give --engine, or --llama-server and --model"),
+    };
+    let engine_addr = match (&engine, args.engine) {
+        (Some(engine), _) => engine.addr,
+        (None, Some(addr)) => addr,
+        (None, None) => bail!("no engine"),
+    };
+    let smg = args
+        .smg
+        .as_ref()
+        .map(|program| Smg::start(program, engine_addr))
+        .transpose()?;
+    let edge = InProcessEdge::start(
+        &edge_config(&[engine_addr], ""),
+        &[SinkKind::Stdout],
+        common.edge_threads,
+    )?;
+    // The node on a runtime of its own, as its own process would have.
+    let node_runtime = runtime("node", 1)?;
+    let stop = CancellationToken::new();
+    let options = edge_node::NodeOptions::new(edge.node_addr.to_string(), token(0));
+    node_runtime.spawn(edge_node::run(options, stop.clone()));
+    let load = runtime("load", common.load_threads)?;
+    let paths = Paths {
+        direct: engine_addr,
+        edge: edge.http_addr,
+        smg: smg.as_ref().map(|s| s.addr),
+    };
+    let result = load.block_on(async {
+        wait_serving(edge.http_addr).await?;
+        if let Some(smg) = paths.smg {
+            wait_answering(smg, "tiny").await?;
+        }
+        let mut records = Vec::new();
+        for &callers in &args.concurrency {
+            log.clear();
+            records.extend(measure(args, &paths, callers.max(1), &log).await?);
+        }
+        anyhow::Ok(records)
+    });
+    stop.cancel();
+    node_runtime.shutdown_timeout(Duration::from_secs(2));
+    drop(load);
+    edge.stop();
+    drop(smg);
+    drop(engine);
+    result
+}
+
+/// The edge's and node's logs as `edge serve` and `edge-node` write them at `level`
+/// (formatted as ever, only warnings and errors shown), and the hop events into the log
+/// returned.
+fn install_logging(level: &str) -> anyhow::Result<HopLog> {
+    let log = HopLog::default();
+    // As `edge serve` filters its logs: export-only spans are never formatted.
+    let filter =
+        tracing_subscriber::EnvFilter::try_new(level)?.add_directive("edge::otel=off".parse()?);
+    let writer = std::io::stderr
+        .with_max_level(tracing::Level::WARN)
+        .or_else(std::io::sink);
+    let logs = tracing_subscriber::fmt::layer()
+        .with_ansi(false)
+        .with_writer(writer)
+        .with_filter(filter);
+    let hops = log
+        .layer()
+        .with_filter(Targets::new().with_target(edge::hops::TARGET, LevelFilter::TRACE));
+    tracing_subscriber::registry()
+        .with(logs)
+        .with(hops)
+        .try_init()
+        .map_err(|error| anyhow::anyhow!("cannot install the logging: {error}"))?;
+    Ok(log)
+}
+
+/// SMG 1.13 as a child: `smg launch --backend openai` in front of the engine.
+struct Smg {
+    child: Child,
+    addr: SocketAddr,
+}
+
+impl Smg {
+    fn start(program: &std::path::Path, engine: SocketAddr) -> anyhow::Result<Self> {
+        let addr = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+        let metrics = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+        let child = Command::new(program)
+            .args(["launch", "--backend", "openai", "--host", "127.0.0.1"])
+            .args(["--port", &addr.port().to_string()])
+            .arg("--worker-urls")
+            .arg(format!("http://{engine}"))
+            .args(["--prometheus-host", "127.0.0.1", "--prometheus-port"])
+            .arg(metrics.port().to_string())
+            .args(["--log-level", "warn"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .with_context(|| format!("cannot start {}", program.display()))?;
+        let mut smg = Self { child, addr };
+        wait_healthy(addr, "/health", &mut smg.child)?;
+        Ok(smg)
+    }
+}
+
+impl Drop for Smg {
+    fn drop(&mut self) {
+        // Only the child this struct started.
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Waits until `addr` answers a chat request for `model` (SMG registers its worker in the
+/// background after it is healthy).
+async fn wait_answering(addr: SocketAddr, model: &str) -> anyhow::Result<()> {
+    let body = json!({"model": model, "max_tokens": 1,
+        "messages": [{"role": "user", "content": "x"}]});
+    let request = post_json(addr, "/v1/chat/completions", &body.to_string());
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(30) {
+        let mut connection = Connection::connect(addr).await?;
+        let answered = connection.exchange(&request, false).await;
+        if answered.is_ok_and(|exchange| exchange.status == 200) {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    bail!("{addr} did not answer a chat request within 30 s")
+}
+
+/// Where each path's requests go.
+struct Paths {
+    direct: SocketAddr,
+    edge: SocketAddr,
+    smg: Option<SocketAddr>,
+}
+
+/// A path's name, address and the model it is asked for.
+type Path = (&'static str, SocketAddr, &'static str);
+
+impl Paths {
+    fn list(&self) -> Vec<Path> {
+        let mut list = vec![
+            ("direct", self.direct, "tiny"),
+            ("edge", self.edge, "llama/tiny"),
+        ];
+        if let Some(smg) = self.smg {
+            list.push(("smg", smg, "tiny"));
+        }
+        list
+    }
+}
+
+/// What one path's requests took, and for the edge, each hop.
+#[derive(Default, Clone)]
+struct Timings {
+    first: Histogram,
+    total: Histogram,
+    hops: Vec<Histogram>,
+    unmatched: u64,
+    /// Requests that failed (an error status, or the connection), warm-up included.
+    errors: u64,
+}
+
+impl Timings {
+    fn merge(&mut self, other: &Timings) {
+        self.first.merge(&other.first);
+        self.total.merge(&other.total);
+        self.hops.resize(SEGMENTS.len(), Histogram::default());
+        for (mine, theirs) in self.hops.iter_mut().zip(&other.hops) {
+            mine.merge(theirs);
+        }
+        self.unmatched += other.unmatched;
+        self.errors += other.errors;
+    }
+}
+
+/// `callers` callers, each alternating between the paths (the order rotating every round);
+/// one record per path and one of the edge's hops.
+async fn measure(
+    args: &LatencyArgs,
+    paths: &Paths,
+    callers: usize,
+    log: &HopLog,
+) -> anyhow::Result<Vec<Record>> {
+    let list = Arc::new(paths.list());
+    let rounds = args.requests.div_ceil(callers);
+    let warmup = args.warmup.div_ceil(callers);
+    let mut tasks = tokio::task::JoinSet::new();
+    for caller in 0..callers {
+        let (list, log, max_tokens) = (Arc::clone(&list), log.clone(), args.max_tokens);
+        tasks.spawn(
+            async move { caller_loop(&list, caller, (warmup, rounds), max_tokens, &log).await },
+        );
+    }
+    let mut per_path = vec![Timings::default(); list.len()];
+    while let Some(done) = tasks.join_next().await {
+        for (total, part) in per_path.iter_mut().zip(done??) {
+            total.merge(&part);
+        }
+    }
+    Ok(report(&list, &per_path, callers))
+}
+
+/// The records of one concurrency.
+fn report(list: &[Path], per_path: &[Timings], callers: usize) -> Vec<Record> {
+    let ms = |h: &Histogram, q| h.quantile_us(q) / 1_000.0;
+    let direct = &per_path[0];
+    let mut records = Vec::new();
+    for ((name, _, _), timings) in list.iter().zip(per_path) {
+        let mut record = Record::new(format!("path={name} c={callers}"))
+            .with("ttft_p50_ms", ms(&timings.first, 0.5))
+            .with("ttft_p90_ms", ms(&timings.first, 0.9))
+            .with("total_p50_ms", ms(&timings.total, 0.5))
+            .with("total_p90_ms", ms(&timings.total, 0.9))
+            .with("errors", timings.errors as f64);
+        if *name != "direct" {
+            record = record
+                .with(
+                    "ttft_p50_over_direct_ms",
+                    ms(&timings.first, 0.5) - ms(&direct.first, 0.5),
+                )
+                .with(
+                    "ttft_p90_over_direct_ms",
+                    ms(&timings.first, 0.9) - ms(&direct.first, 0.9),
+                );
+        }
+        records.push(record);
+        if *name == "edge" {
+            let mut hops = Record::new(format!("hops c={callers}"));
+            for ((p50, p90, _), histogram) in SEGMENTS.iter().zip(&timings.hops) {
+                hops = hops
+                    .with(p50, histogram.quantile_us(0.5))
+                    .with(p90, histogram.quantile_us(0.9));
+            }
+            records.push(hops.with("unmatched", timings.unmatched as f64));
+        }
+    }
+    records
+}
+
+/// A caller's connection to one path. `llama-server` closes the connection after each
+/// streamed answer, so a path found to do that gets a fresh connection per request, its
+/// connect counted in the request's time (as it is in the node's request to the engine).
+struct Link {
+    addr: SocketAddr,
+    connection: Option<Connection>,
+    fresh_each: bool,
+}
+
+/// What one request took: from `sent` (before any connect) to the first content and to
+/// the end, and the run that answered.
+struct Asked {
+    sent: Instant,
+    first: Duration,
+    total: Duration,
+    run_id: Option<String>,
+}
+
+impl Link {
+    async fn ask(&mut self, request: &[u8]) -> anyhow::Result<Asked> {
+        loop {
+            let sent = Instant::now();
+            let reused = self.connection.is_some() && !self.fresh_each;
+            let mut connection = match self.connection.take().filter(|_| reused) {
+                Some(connection) => connection,
+                None => Connection::connect(self.addr).await?,
+            };
+            let connected = sent.elapsed();
+            match connection
+                .exchange_watching(request, false, Some(has_content))
+                .await
+            {
+                Ok(exchange) => {
+                    if exchange.status != 200 {
+                        bail!("status {}", exchange.status);
+                    }
+                    let first = exchange.watched.context("an answer without content")?;
+                    self.connection = Some(connection);
+                    return Ok(Asked {
+                        sent,
+                        first: connected + first,
+                        total: connected + exchange.total,
+                        run_id: exchange.run_id,
+                    });
+                }
+                // The server closed the connection it kept after the last answer.
+                Err(_) if reused => self.fresh_each = true,
+                Err(error) => return Err(error),
+            }
+        }
+    }
+}
+
+/// One caller: `warmup` unmeasured rounds, then `rounds` measured ones, each a request on
+/// every path, in an order that rotates.
+async fn caller_loop(
+    list: &[Path],
+    caller: usize,
+    (warmup, rounds): (usize, usize),
+    max_tokens: u32,
+    log: &HopLog,
+) -> anyhow::Result<Vec<Timings>> {
+    let mut links: Vec<Link> = list
+        .iter()
+        .map(|(_, addr, _)| Link {
+            addr: *addr,
+            connection: None,
+            fresh_each: false,
+        })
+        .collect();
+    let mut timings = vec![
+        Timings {
+            hops: vec![Histogram::default(); SEGMENTS.len()],
+            ..Timings::default()
+        };
+        list.len()
+    ];
+    for round in 0..warmup + rounds {
+        for k in 0..list.len() {
+            let i = (round + caller + k) % list.len();
+            let (name, addr, model) = list[i];
+            let body = json!({
+                "model": model, "stream": true, "max_tokens": max_tokens, "temperature": 0,
+                "messages": [{"role": "user", "content": "Say something short."}],
+            });
+            let request = post_json(addr, "/v1/chat/completions", &body.to_string());
+            let asked = match links[i].ask(&request).await {
+                Ok(asked) => asked,
+                Err(error) => {
+                    // Counted, and the next request on this path opens a fresh connection.
+                    links[i].connection = None;
+                    timings[i].errors += 1;
+                    eprintln!("loadgen latency: {name}: round {round}: {error:#}");
+                    continue;
+                }
+            };
+            if round < warmup {
+                continue;
+            }
+            let timing = &mut timings[i];
+            timing.first.record_duration(asked.first);
+            timing.total.record_duration(asked.total);
+            if name == "edge" {
+                let run_id = asked.run_id.unwrap_or_default();
+                match log.breakdown(&run_id, asked.sent, asked.sent + asked.first) {
+                    Some(hops) => {
+                        for (histogram, hop) in timing.hops.iter_mut().zip(hops) {
+                            histogram.record_duration(hop);
+                        }
+                    }
+                    None => timing.unmatched += 1,
+                }
+            }
+        }
+    }
+    Ok(timings)
+}
+
+/// Whether a streamed chat body holds some content yet: a `"content":"` with a character
+/// after it (the role-only first chunk has none, or `null`).
+fn has_content(body: &[u8]) -> bool {
+    const KEY: &[u8] = b"\"content\":\"";
+    body.windows(KEY.len() + 1)
+        .any(|w| w.starts_with(KEY) && w[KEY.len()] != b'"')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::has_content;
+
+    #[test]
+    fn content_is_a_non_empty_string() {
+        assert!(!has_content(
+            br#"data: {"delta":{"role":"assistant","content":null}}"#
+        ));
+        assert!(!has_content(br#"data: {"delta":{"content":""}}"#));
+        assert!(has_content(br#"data: {"delta":{"content":"Hi"}}"#));
+    }
+}

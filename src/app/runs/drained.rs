@@ -1,0 +1,74 @@
+//! A node drain's deadline: each run still on the node is moved to another node like a lost
+//! attempt — placed again when nothing of it reached the caller yet (failover, `failover.rs`),
+//! continued from what was relayed otherwise (`continuation.rs`) — and only then cancelled
+//! on the drained node, whose late events for it are dropped. A run that cannot move is
+//! cancelled on its node as before, the reason saying why it did not move.
+//!
+//! It decides nothing itself: the failover and continuation rules are the ones every lost
+//! attempt goes through.
+
+use super::service::RunService;
+use super::table::{Placement, lock};
+use crate::domain::{FailureClass, NodeId, RunEventKind, RunId};
+use crate::ports::NodeCommand;
+
+/// The code of the attempt a drain deadline ends, as the run's record shows it when the run
+/// moved on (it is never relayed).
+const DRAIN_DEADLINE: &str = "drain_deadline";
+
+/// The attempt's end a drain deadline makes: a node-class failure, so the run may be placed
+/// again or continued; not held against the node's breaker.
+fn drain_deadline_end() -> RunEventKind {
+    RunEventKind::Failed {
+        code: DRAIN_DEADLINE.to_owned(),
+        message: "the node's drain deadline passed".to_owned(),
+        class: FailureClass::Node,
+        status: None,
+        usage: None,
+    }
+}
+
+impl RunService {
+    /// Moves open run `id` off `node`, whose drain deadline passed: to another node (placed
+    /// again, queued, or continued), then cancelled on `node` with `reason`. A run that
+    /// cannot move is cancelled on `node` as a caller's cancel is, `reason` then ending with
+    /// why it did not move. Returns whether the run was open on `node`.
+    pub async fn move_off_drained(&self, node: &NodeId, id: &RunId, reason: &str) -> bool {
+        let Some(run) = lock(&self.inner.table).runs.get(id).cloned() else {
+            return false;
+        };
+        let Placement::Dispatched {
+            node: held,
+            connection,
+        } = run.placement()
+        else {
+            // Detached (its node may claim it back) or queued: nothing to move it from.
+            return self.cancel(id, reason).await;
+        };
+        if &held != node {
+            return false;
+        }
+        let mut end = drain_deadline_end();
+        let message = |kind: &RunEventKind| match kind {
+            RunEventKind::Failed { message, .. } => message.clone(),
+            _ => String::new(),
+        };
+        let before = message(&end);
+        if !self
+            .move_off_attempt(&run, node, connection, &mut end)
+            .await
+        {
+            // A continuation's refusal, if any, was added to the end's message.
+            let after = message(&end);
+            let why = after.strip_prefix(before.as_str()).unwrap_or_default();
+            return self.cancel(id, &format!("{reason}{why}")).await;
+        }
+        let command = NodeCommand::Cancel {
+            run_id: run.id.clone(),
+            reason: reason.to_owned(),
+        };
+        // A node that cannot be reached has lost the attempt anyway.
+        let _ = self.inner.transport.send(node, command);
+        true
+    }
+}
