@@ -159,7 +159,7 @@ mod tests {
                     };
                     events.extend(stream.close(Ok(&finished)));
                 }
-                RunEventKind::Cancelled { reason } => {
+                RunEventKind::Cancelled { reason, .. } => {
                     events.extend(stream.close(Err(&ApiError::run_cancelled(reason))));
                 }
                 _ => {}
@@ -227,6 +227,7 @@ mod tests {
                 RunEventKind::text("gone"),
                 RunEventKind::Cancelled {
                     reason: "cancelled by its caller".into(),
+                    usage: None,
                 },
             ],
         ];
@@ -248,6 +249,7 @@ mod tests {
             message: "boom".into(),
             class: FailureClass::Unspecified,
             status: Some(500),
+            usage: None,
         };
         let events = replayed_from_lines(&[RunEventKind::text("a"), failed]);
         let (name, data) = events.last().unwrap();
