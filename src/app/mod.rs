@@ -126,13 +126,14 @@ impl App {
             sinks,
         });
         let readiness = server.control().readiness();
-        let http = bind_http_server(
-            &settings,
-            http_state(&metrics, readiness, &runs, &registry, &settings)?,
-        )
-        .await?;
         let management =
             admin::management(&store, &registry, &runs, &journal, Drains::new(), &metrics);
+        let parts = (&runs, &registry, &management);
+        let http = bind_http_server(
+            &settings,
+            http_state(&metrics, readiness, parts, &settings)?,
+        )
+        .await?;
         let (http, admin) = admin::bind(&settings, &management, http).await?;
         let parts = AppParts {
             store,
@@ -302,8 +303,7 @@ fn journal_shown(settings: &Settings) -> String {
 fn http_state(
     metrics: &Metrics,
     readiness: Readiness,
-    runs: &RunService,
-    registry: &Arc<dyn Registry>,
+    (runs, registry, management): (&RunService, &Arc<dyn Registry>, &Management),
     settings: &Settings,
 ) -> anyhow::Result<HttpState> {
     Ok(HttpState {
@@ -312,6 +312,7 @@ fn http_state(
         runs: Arc::new(runs.clone()),
         registry: Arc::clone(registry),
         api: Api::new(settings.api.clone())?.with_prefix_affinity(settings.routing.prefix_affinity),
+        manage: Arc::new(management.clone()),
     })
 }
 

@@ -81,6 +81,7 @@ mod otlp;
 mod protocol_v1;
 mod readopt;
 mod registration;
+mod responses_background;
 mod resume;
 mod routing;
 mod runs;

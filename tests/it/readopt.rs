@@ -3,7 +3,9 @@
 //! generating, its events buffered) reconnects and claims the run, and the restarted edge
 //! takes it back from one past the last event its journal holds. The run's record ends
 //! completed with every delta once and in order. A run whose node never comes back ends
-//! `unknown`/`edge_crashed` after the grace.
+//! `unknown`/`edge_crashed` after the grace. A background Responses stream read part-way
+//! before the kill is resumed after the restart by the official `openai` SDK's
+//! `responses.retrieve(id, stream=True, starting_after=N)`.
 
 use crate::admin_crash::{Edge, get, start_edge_with};
 use crate::common;
@@ -200,6 +202,83 @@ async fn a_run_no_node_takes_back_ends_edge_crashed() {
     let edge = edge_at(config, listen).await;
     let record = outcome(&edge, run_id, "unknown").await;
     assert_eq!(record["code"], "edge_crashed", "{record}");
+}
+
+/// What a caller read of a background Responses stream before its connection died.
+struct ReadPart {
+    response_id: String,
+    last_seen: u64,
+    text: String,
+}
+
+/// Reads the named SSE events of `response` until `deltas` text deltas have come.
+async fn read_deltas(mut response: reqwest::Response, deltas: usize) -> ReadPart {
+    let (mut buffer, mut part, mut seen) = (String::new(), None::<ReadPart>, 0);
+    while seen < deltas {
+        let chunk = response.chunk().await.expect("the stream goes on");
+        buffer.push_str(&String::from_utf8_lossy(
+            &chunk.expect("more of the stream"),
+        ));
+        while let Some((event, rest)) = buffer.split_once("\n\n") {
+            let data = event.lines().find_map(|l| l.strip_prefix("data: "));
+            let event: Value = data
+                .and_then(|d| serde_json::from_str(d).ok())
+                .unwrap_or_default();
+            buffer = rest.to_owned();
+            let part = part.get_or_insert_with(|| ReadPart {
+                response_id: event["response"]["id"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
+                last_seen: 0,
+                text: String::new(),
+            });
+            part.last_seen = event["sequence_number"].as_u64().expect("numbered");
+            if event["type"] == "response.output_text.delta" {
+                part.text
+                    .push_str(event["delta"].as_str().unwrap_or_default());
+                seen += 1;
+            }
+        }
+    }
+    part.expect("events were read")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_background_response_resumes_across_a_kill_9_of_its_edge() {
+    let (engine, gate) = gated_engine().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = config(&engine, dir.path(), 30_000);
+    let listen = node_listen();
+    let edge = edge_at(&config, &listen).await;
+    let node = spawn_node(edge.node, "token-1", |_| {});
+    gate.add_permits(BEFORE_THE_KILL);
+    let body = json!({
+        "model": "llama/qwen", "input": "tell me a long story",
+        "stream": true, "background": true,
+    });
+    let (response, run_id) = open_stream_at(edge.http, "/v1/responses", &body).await;
+    let read = read_deltas(response, BEFORE_THE_KILL).await;
+    assert_eq!(read.response_id, format!("resp_bg_{run_id}"));
+    kill_after(edge, &run_id, BEFORE_THE_KILL).await;
+
+    gate.add_permits(DELTAS - BEFORE_THE_KILL + 2);
+    let edge = edge_at(&config, &listen).await;
+    let base_url = format!("http://{}", edge.http);
+    let expected: String = (0..DELTAS).map(delta).collect();
+    let last_seen = read.last_seen.to_string();
+    let args = [
+        &base_url,
+        &read.response_id,
+        &last_seen,
+        &read.text,
+        &expected,
+    ];
+    crate::common::python::run_client_script("responses_resume.py", &args.map(String::as_str))
+        .await;
+    outcome(&edge, &run_id, "completed").await;
+    assert_eq!(engine.seen().len(), 1, "taken back, not run again");
+    node.stop().await.expect("clean stop");
 }
 
 /// Runs in the soak.

@@ -17,9 +17,8 @@ import sys
 
 import anthropic
 import openai
-from openai import OpenAI
 
-from sdk_support import check
+from sdk_support import check, openai_from_args
 
 TOOLS = [
     {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}},
@@ -217,11 +216,10 @@ def anthropic_errors(base, key):
 
 
 def main():
-    if len(sys.argv) != 3:
-        print(__doc__, file=sys.stderr)
+    args = openai_from_args(__doc__)
+    if args is None:
         return 2
-    base, key = sys.argv[1], sys.argv[2]
-    client = OpenAI(base_url=f"{base}/v1", api_key=key, max_retries=0, timeout=30)
+    base, key, client = args
     embeddings(client)
     responses(client)
     chat(client)

@@ -1,10 +1,25 @@
-"""What the SDK client scripts share: a check that fails with a message, and reading a
-streamed chat or text completion into its text, finish reason, usage and chunk count."""
+"""What the SDK client scripts share: a check that fails with a message, their
+`HTTP_BASE API_KEY` arguments and `openai` client, and reading a streamed chat or text completion into its
+text, finish reason, usage and chunk count."""
+
+import sys
+
+from openai import OpenAI
 
 
 def check(condition, message):
     if not condition:
         raise AssertionError(message)
+
+
+def openai_from_args(usage):
+    """The script's `HTTP_BASE API_KEY` arguments and an `openai` client of them (no
+    retries); `None` (after printing `usage`) when the arguments are not two."""
+    if len(sys.argv) != 3:
+        print(usage, file=sys.stderr)
+        return None
+    base, key = sys.argv[1], sys.argv[2]
+    return base, key, OpenAI(base_url=f"{base}/v1", api_key=key, max_retries=0, timeout=30)
 
 
 def chat_piece(choice):

@@ -174,6 +174,16 @@ impl ApiError {
         .code("model_not_found")
     }
 
+    /// 404: no background response has this id (or it belongs to another API key).
+    pub fn response_not_found(id: &str) -> Self {
+        Self::new(
+            StatusCode::NOT_FOUND,
+            INVALID_REQUEST,
+            format!("No response found with id '{id}'."),
+        )
+        .code("not_found")
+    }
+
     /// 404 for a path the API does not have.
     pub fn unknown_url(method: &str, path: &str) -> Self {
         Self::new(

@@ -127,6 +127,8 @@ pub(crate) fn route_groups(state: &HttpState) -> [(ErrorShape, Router<HttpState>
             "/v1/responses",
             post(|s, c, h, b| serve_chat_run(&responses::RESPONSES, s, c, h, b)),
         )
+        .route("/v1/responses/{id}", get(responses::retrieve))
+        .route("/v1/responses/{id}/cancel", post(responses::cancel))
         .route("/tokenize", post(openai::tokenize::tokenize))
         .route("/detokenize", post(openai::tokenize::detokenize));
     let anthropic = Router::new()

@@ -19,6 +19,10 @@ pub(super) trait ChatTranslation {
     fn chat(&self) -> &Value;
     /// Whether the client asked for a stream.
     fn stream(&self) -> bool;
+    /// Whether the run outlives the caller's connection (Responses `background: true`).
+    fn background(&self) -> bool {
+        false
+    }
 }
 
 /// One event of an API's stream: its SSE event name and its JSON data.

@@ -152,6 +152,12 @@ impl ActiveRun {
         &self.guard.run_id
     }
 
+    /// Lets the run outlive this answer: dropping it no longer cancels the run (Responses
+    /// `background: true`).
+    pub fn detach(&mut self) {
+        self.guard.open = false;
+    }
+
     /// The headers that tell where the run went, as far as its events have said so far.
     pub fn headers(&self) -> RunHeaders {
         RunHeaders {

@@ -4,7 +4,7 @@
 //! error event.
 //!
 //! The SSE body owns the run: when the client disconnects, hyper drops the body and the run
-//! is cancelled on the node. Every event the run has ready when hyper asks for more goes
+//! is cancelled on the node (unless the run was detached: Responses `background: true`). Every event the run has ready when hyper asks for more goes
 //! out in one body frame (one write), rendered straight into that frame's buffer.
 
 use std::convert::Infallible;
@@ -54,9 +54,9 @@ pub(super) trait EventWriter: Send + Unpin + 'static {
     }
 }
 
-/// Answers with an SSE stream whose first step (output or a successful end) has already
-/// been read.
-pub(super) fn respond<W: EventWriter>(run: ActiveRun, writer: W, first: Step) -> Response {
+/// Answers with an SSE stream, given its first step (output or a successful end) when it
+/// has already been read.
+pub(super) fn respond<W: EventWriter>(run: ActiveRun, writer: W, first: Option<Step>) -> Response {
     let mut body = SseBody {
         run,
         writer,
@@ -66,8 +66,15 @@ pub(super) fn respond<W: EventWriter>(run: ActiveRun, writer: W, first: Step) ->
         keep_alive: None,
     };
     body.writer.open(&mut body.frame);
-    body.absorb(first);
-    let mut response = Response::new(Body::new(body));
+    if let Some(first) = first {
+        body.absorb(first);
+    }
+    event_stream(Body::new(body))
+}
+
+/// The response whose body is the SSE stream `body`, with the headers every stream has.
+pub(super) fn event_stream(body: Body) -> Response {
+    let mut response = Response::new(body);
     let headers = response.headers_mut();
     headers.insert(
         header::CONTENT_TYPE,
@@ -217,7 +224,7 @@ mod tests {
         let first = run.next().await;
         (
             events,
-            respond(run, ChunkWriter::new(&reply), first).into_body(),
+            respond(run, ChunkWriter::new(&reply), Some(first)).into_body(),
         )
     }
 

@@ -19,7 +19,7 @@ use super::protocol::{ApiEvent, ChatTranslation, StreamTranslator};
 use super::request::{deadline, read_body, run_spec};
 use super::response::ErrorShape;
 use super::routing::{ClientKeys, max_output, prefix_of_value, run_routing};
-use super::run::{self, Output, Step};
+use super::run::{self, ActiveRun, Output, Step};
 use super::sse::{self, EventWriter, push_named_event};
 use crate::adapters::http::HttpState;
 use crate::domain::{Operation, RunId, RunSpec};
@@ -37,6 +37,9 @@ pub(super) struct ChatApi<T, S> {
     pub stream: fn(T, &RunId) -> S,
     /// The whole answer to the request of run `run_id`.
     pub whole: fn(T, &RunId, &Collected, &Finished) -> Value,
+    /// The answer, at once, to a non-streamed request that asked for a run outliving the
+    /// connection ([`ChatTranslation::background`]); `None` where the API has no such thing.
+    pub accepted: Option<fn(T, &RunId) -> Value>,
 }
 
 /// The handler of every API served as a chat run, given its [`ChatApi`] (the route is
@@ -62,13 +65,19 @@ pub(super) async fn serve_chat_run<T: ChatTranslation, S: StreamTranslator>(
         Ok(run) => run,
         Err(error) => return error_response(&error),
     };
+    if let Some(accepted) = api.accepted.filter(|_| translated.background()) {
+        return background(run, translated, accepted, api.stream);
+    }
     let run_id = run.id().clone();
     let (response, headers) = if translated.stream() {
         let first = run.next().await;
         let headers = run.headers();
         let response = match first {
             Step::End(Err(error)) => error_response(&error),
-            first => sse::respond(run, NamedEvents((api.stream)(translated, &run_id)), first),
+            first => {
+                let writer = NamedEvents((api.stream)(translated, &run_id));
+                sse::respond(run, writer, Some(first))
+            }
         };
         (response, headers)
     } else {
@@ -79,6 +88,26 @@ pub(super) async fn serve_chat_run<T: ChatTranslation, S: StreamTranslator>(
             Err(error) => error_response(&error),
         };
         (response, run.headers())
+    };
+    run::with_headers(response, &headers)
+}
+
+/// The answer to a request whose run outlives the connection: the run is detached (a
+/// disconnect no longer cancels it) and answered without waiting for its node — the
+/// `accepted` answer, or a stream that starts with its opening events.
+fn background<T: ChatTranslation, S: StreamTranslator>(
+    mut run: ActiveRun,
+    translated: T,
+    accepted: fn(T, &RunId) -> Value,
+    stream: fn(T, &RunId) -> S,
+) -> Response {
+    run.detach();
+    let run_id = run.id().clone();
+    let headers = run.headers();
+    let response = if translated.stream() {
+        sse::respond(run, NamedEvents(stream(translated, &run_id)), None)
+    } else {
+        Json(accepted(translated, &run_id)).into_response()
     };
     run::with_headers(response, &headers)
 }
@@ -145,7 +174,8 @@ impl<T: StreamTranslator> EventWriter for NamedEvents<T> {
     }
 }
 
-fn write_all(frame: &mut BytesMut, events: Vec<ApiEvent>) {
+/// Appends `events` as named SSE events.
+pub(super) fn write_all(frame: &mut BytesMut, events: Vec<ApiEvent>) {
     for event in events {
         push_named_event(frame, event.name, &event.data);
     }

@@ -18,7 +18,7 @@ use super::serve::serve;
 use super::tls::TlsListener;
 use crate::adapters::api::{self, Api};
 use crate::adapters::tls::TlsAcceptor;
-use crate::ports::{Readiness, Registry, Runs};
+use crate::ports::{Manage, Readiness, Registry, Runs};
 
 /// What the handlers work with. Cheap to clone.
 #[derive(Clone)]
@@ -33,6 +33,9 @@ pub struct HttpState {
     pub registry: Arc<dyn Registry>,
     /// The OpenAI-compatible API's settings and model map.
     pub api: Api,
+    /// Run records and event feeds (the management port), for what the API finds again
+    /// by id: background Responses.
+    pub manage: Arc<dyn Manage>,
 }
 
 /// The bound HTTP listener.

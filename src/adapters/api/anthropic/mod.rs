@@ -46,6 +46,7 @@ pub(super) const MESSAGES: ChatApi<MessagesRequest, MessagesStream> = ChatApi {
         let id = message_id(run_id);
         message(&id, &request.model, request.thinking, collected, finished)
     },
+    accepted: None,
 };
 
 /// The `session_id` of a `metadata.user_id` that is itself JSON, as Claude Code sends it

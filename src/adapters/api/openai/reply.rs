@@ -52,7 +52,7 @@ pub(in crate::adapters::api) async fn respond(
         let headers = run.headers();
         let response = match first {
             Step::End(Err(error)) => error.into_response(),
-            first => sse::respond(run, ChunkWriter::new(&reply), first),
+            first => sse::respond(run, ChunkWriter::new(&reply), Some(first)),
         };
         (response, headers)
     } else {

@@ -23,6 +23,8 @@ pub(super) struct ResponseBase {
     pub instructions: Value,
     /// The namespace of each function that came inside a `namespace` tool, by its name.
     pub namespaces: BTreeMap<String, String>,
+    /// `background: true`: the response can be retrieved, resumed and cancelled by its id.
+    pub background: bool,
 }
 
 impl ResponseBase {
@@ -181,11 +183,13 @@ pub(super) fn response_json(
             }
         }
         Outcome::Failed(error) => {
+            let cancelled = error.error_code() == Some("run_cancelled");
             let error = json!({
                 "code": error.error_code().unwrap_or("server_error"),
                 "message": error.message(),
             });
-            ("failed", Value::Null, error, Value::Null)
+            let status = if cancelled { "cancelled" } else { "failed" };
+            (status, Value::Null, error, Value::Null)
         }
     };
     json!({
@@ -205,8 +209,8 @@ pub(super) fn response_json(
         "tools": [],
         "temperature": null,
         "top_p": null,
-        "store": false,
-        "background": false,
+        "store": base.background,
+        "background": base.background,
     })
 }
 

@@ -1,12 +1,16 @@
-//! `POST /v1/responses`: OpenAI's Responses API, stateless, whole and streamed, with
-//! OpenAI's error shape. A request is translated ([`request`]) into the chat body the chat
-//! endpoint would send, and runs as a chat run, so any node that serves chat serves
-//! Responses; the run's events are translated back ([`stream`], [`items`]).
+//! `POST /v1/responses`: OpenAI's Responses API, whole and streamed, with OpenAI's error
+//! shape. A request is translated ([`request`]) into the chat body the chat endpoint would
+//! send, and runs as a chat run, so any node that serves chat serves Responses; the run's
+//! events are translated back ([`stream`], [`items`]). A `background: true` response
+//! outlives its caller's connection and is found again by its id ([`stored`]:
+//! `GET /v1/responses/{id}`, resumable streams, `POST /v1/responses/{id}/cancel`).
 //!
 //! This module is the HTTP plumbing; the translators are pure.
 
 mod items;
+mod replay;
 mod request;
+mod stored;
 mod stream;
 #[cfg(test)]
 mod tests;
@@ -18,7 +22,11 @@ use super::translate::ChatApi;
 use crate::domain::RunId;
 use items::{Outcome, ResponseBase, collected_items, response_json};
 use request::ResponsesRequest;
+pub(super) use stored::{cancel, retrieve};
 use stream::ResponsesStream;
+
+/// The prefix of a background response's id; the run's id follows it.
+const BACKGROUND_ID_PREFIX: &str = "resp_bg_";
 
 /// Responses as a chat run, with OpenAI's error shape.
 pub(super) const RESPONSES: ChatApi<ResponsesRequest, ResponsesStream> = ChatApi {
@@ -34,15 +42,29 @@ pub(super) const RESPONSES: ChatApi<ResponsesRequest, ResponsesStream> = ChatApi
             .collect();
         response_json(&base, &Outcome::Finished(finished), output)
     },
+    accepted: Some(|request, run_id| {
+        response_json(&base(request, run_id), &Outcome::InProgress, Vec::new())
+    }),
 };
 
 /// What every form of the response to `request` (run `run_id`) starts from.
 fn base(request: ResponsesRequest, run_id: &RunId) -> ResponseBase {
     ResponseBase {
-        id: format!("resp_{run_id}"),
+        id: response_id(run_id, request.background),
         model: request.model,
         created_at: unix_now(),
         instructions: request.instructions,
         namespaces: request.namespaces,
+        background: request.background,
+    }
+}
+
+/// The id of run `run_id`'s response: `resp_bg_<run id>` for a background one (so the run
+/// is found from the id alone, after an edge restart too), else `resp_<run id>`.
+fn response_id(run_id: &RunId, background: bool) -> String {
+    if background {
+        format!("{BACKGROUND_ID_PREFIX}{run_id}")
+    } else {
+        format!("resp_{run_id}")
     }
 }

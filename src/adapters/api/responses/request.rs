@@ -3,8 +3,10 @@
 //! items an assistant's `tool_calls`, `function_call_output` items `tool` messages),
 //! function `tools` take the chat form (the functions of a `namespace` tool too, their
 //! namespace kept for the calls' way back), `max_output_tokens` becomes `max_tokens` and
-//! `text.format` becomes `response_format`. Stateless: `store: true`,
-//! `previous_response_id`, `conversation` and `background` are refused by name.
+//! `text.format` becomes `response_format`. `background: true` (with or without
+//! `store: true`) makes a run that outlives the caller's connection, found again by its
+//! response id; otherwise stateless: `store: true`, `previous_response_id` and
+//! `conversation` are refused by name.
 //!
 //! Pure: JSON in, JSON out, errors as [`ApiError`]s in OpenAI's shape.
 
@@ -22,6 +24,8 @@ pub(in crate::adapters::api) struct ResponsesRequest {
     pub model: String,
     /// Whether the answer is an SSE stream.
     pub stream: bool,
+    /// `background: true`: the run is not cancelled when the caller goes away.
+    pub background: bool,
     /// `instructions`, echoed in the answer.
     pub instructions: Value,
     /// The chat-completions body (without `model` and `stream`) the run gets as input.
@@ -42,6 +46,10 @@ impl ChatTranslation for ResponsesRequest {
 
     fn stream(&self) -> bool {
         self.stream
+    }
+
+    fn background(&self) -> bool {
+        self.background
     }
 }
 
@@ -107,6 +115,7 @@ pub(super) fn translate(body: &Value) -> Result<ResponsesRequest, ApiError> {
     Ok(ResponsesRequest {
         model,
         stream,
+        background: object.get("background") == Some(&Value::Bool(true)),
         instructions,
         chat: Value::Object(chat),
         namespaces: object.get("tools").map(namespaces).unwrap_or_default(),
@@ -115,10 +124,11 @@ pub(super) fn translate(body: &Value) -> Result<ResponsesRequest, ApiError> {
 
 /// Refuses what needs state the edge does not keep.
 fn refuse_state(object: &Map<String, Value>) -> Result<(), ApiError> {
-    if object.get("store") == Some(&Value::Bool(true)) {
+    let background = object.get("background") == Some(&Value::Bool(true));
+    if object.get("store") == Some(&Value::Bool(true)) && !background {
         return Err(unsupported(
             "store",
-            "`store: true` is not supported: this server keeps no responses. Send `store: false` or leave it out.",
+            "`store: true` is only supported with `background: true`: this server keeps no other responses. Send `store: false` or leave it out.",
         ));
     }
     for (name, what) in [
@@ -138,12 +148,6 @@ fn refuse_state(object: &Map<String, Value>) -> Result<(), ApiError> {
         if object.get(name).is_some_and(|value| !value.is_null()) {
             return Err(unsupported(name, what));
         }
-    }
-    if object.get("background") == Some(&Value::Bool(true)) {
-        return Err(unsupported(
-            "background",
-            "`background: true` is not supported: this server keeps no responses.",
-        ));
     }
     Ok(())
 }

@@ -47,6 +47,19 @@ impl ResponsesStream {
         }
     }
 
+    /// The response as it stands before its end: in progress, with its output so far.
+    pub(super) fn snapshot(&self) -> Value {
+        response_json(&self.base, &Outcome::InProgress, self.output_json())
+    }
+
+    /// Every output item so far, as JSON.
+    fn output_json(&self) -> Vec<Value> {
+        self.items
+            .iter()
+            .map(|(item, done)| item.to_json(*done))
+            .collect()
+    }
+
     fn event(&mut self, name: &'static str, mut data: Value) -> ApiEvent {
         data["type"] = Value::from(name);
         data["sequence_number"] = Value::from(self.sequence);
@@ -232,11 +245,7 @@ impl StreamTranslator for ResponsesStream {
             }
             Err(error) => Outcome::Failed(error),
         };
-        let output = self
-            .items
-            .iter()
-            .map(|(item, done)| item.to_json(*done))
-            .collect();
+        let output = self.output_json();
         let response = response_json(&self.base, &outcome, output);
         let event = self.event(terminal_event(&outcome), json!({ "response": response }));
         events.push(event);

@@ -68,7 +68,6 @@ fn state_and_hosted_tools_are_refused_by_name() {
         ("store", json!(true)),
         ("previous_response_id", json!("resp_1")),
         ("conversation", json!("conv_1")),
-        ("background", json!(true)),
         ("tools", json!([{"type": "custom", "name": "apply_patch"}])),
         ("tool_choice", json!({"type": "web_search"})),
         ("input", json!([{"type": "item_reference", "id": "x"}])),
@@ -83,6 +82,8 @@ fn state_and_hosted_tools_are_refused_by_name() {
         );
     }
     assert!(translate(&json!({"model": "m", "input": "x", "store": false})).is_ok());
+    let background = json!({"model": "m", "input": "x", "store": true, "background": true});
+    assert!(translate(&background).unwrap().background);
     assert_eq!(with("input", json!(5)).error_code(), Some("invalid_value"));
     assert!(translate(&json!({"input": "x"})).is_err());
 }
@@ -138,6 +139,7 @@ fn namespaced_calls_go_back_with_their_namespace() {
         created_at: 1,
         instructions: Value::Null,
         namespaces: request.namespaces,
+        background: false,
     };
     let pieces = [
         Piece::Tool {
@@ -273,7 +275,7 @@ proptest! {
         pieces in proptest::collection::vec(piece(), 0..24),
         end in end(),
     ) {
-        let base = ResponseBase { id: "resp_r".into(), model: "m".into(), created_at: 1, instructions: Value::Null, namespaces: Default::default() };
+        let base = ResponseBase { id: "resp_r".into(), model: "m".into(), created_at: 1, instructions: Value::Null, namespaces: Default::default(), background: false };
         let events = play(&mut ResponsesStream::new(base), &pieces, &end);
         let response = check_responses_stream(&events)?;
         let expected_status = match &end {
