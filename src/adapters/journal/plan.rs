@@ -378,25 +378,8 @@ fn insert_run<'a>(
     let text = |v: Option<&'a str>| v.map_or(ValueRef::Null, |t| ValueRef::Text(t.as_bytes()));
     let attempt = inline.attempt;
     let events = inline.events.as_ref();
-    let [
-        outcome,
-        first_output,
-        finished,
-        code,
-        message,
-        finish_reason,
-        input,
-        output,
-        cached,
-        reasoning,
-        count,
-        stored,
-    ] = finish_values(write, stored);
-    let count = match count {
-        ValueRef::Null => ValueRef::Integer(0),
-        count => count,
-    };
-    let values = [
+    let mut values = [ValueRef::Null; 26];
+    values[..13].copy_from_slice(&[
         ValueRef::Integer(write.seq),
         ValueRef::Text(run.run_id.as_str().as_bytes()),
         ValueRef::Text(run.adapter.as_str().as_bytes()),
@@ -410,21 +393,15 @@ fn insert_run<'a>(
         attempt.map_or(ValueRef::Null, |a| ValueRef::Integer(to_sql(a.started_ms))),
         events.map_or(ValueRef::Null, |e| ValueRef::Blob(&e.bytes)),
         ValueRef::Integer(to_sql(events.map_or(0, |e| e.count))),
-        outcome,
-        first_output,
-        finished,
-        code,
-        message,
-        finish_reason,
-        input,
-        output,
-        cached,
-        reasoning,
-        count,
-        stored,
-        run.deadline_ms
-            .map_or(ValueRef::Null, |d| ValueRef::Integer(to_sql(d))),
-    ];
+    ]);
+    values[13..25].copy_from_slice(&finish_values(write, stored));
+    // `events` (the count relayed) is 0, not NULL, for a run not yet ended.
+    if matches!(values[23], ValueRef::Null) {
+        values[23] = ValueRef::Integer(0);
+    }
+    values[25] = run
+        .deadline_ms
+        .map_or(ValueRef::Null, |d| ValueRef::Integer(to_sql(d)));
     insert.execute(rusqlite::params_from_iter(
         values.into_iter().map(ToSqlOutput::Borrowed),
     ))?;

@@ -259,10 +259,11 @@ impl<'a, S: NodeIo> Connection<'a, S> {
                     // Answered after every frame before it was handled and is kept: the
                     // ack tells the node the edge has read, relayed and journaled all of
                     // those, so it may forget them.
-                    if ping != 0 && self.events_kept().await {
-                        if let Err(reason) = self.send(EdgeFrame::HeartbeatAck { ping }).await {
-                            return (handled, Some(reason));
-                        }
+                    if ping != 0
+                        && self.events_kept().await
+                        && let Err(reason) = self.send(EdgeFrame::HeartbeatAck { ping }).await
+                    {
+                        return (handled, Some(reason));
                     }
                 }
                 NodeFrame::Unknown => {}
