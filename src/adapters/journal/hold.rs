@@ -131,34 +131,14 @@ impl Held {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
+    use super::super::tests as journal_tests;
     use super::*;
-    use crate::domain::{AdapterName, EventOrigin, RunEvent, RunEventKind, Target, Usage};
-    use crate::ports::{JournalEntry, RelayedEvent};
+    use crate::domain::RunEventKind;
 
     fn entry(run: &str, index: u64, kind: RunEventKind) -> Queued {
-        let event = RunEvent {
-            run_id: RunId::new(run),
-            node: None,
-            adapter: AdapterName::parse("echo").unwrap(),
-            target: Target::parse("default").unwrap(),
-            seq: index + 1,
-            origin: EventOrigin::Node,
-            kind,
-            route: None,
-        };
-        let relayed = RelayedEvent {
-            index,
-            at_ms: 1,
-            event: Arc::new(event),
-            first_output: false,
-        };
-        let events = JournalEntry::Events {
-            run_id: RunId::new(run),
-            events: vec![relayed],
-        };
-        Queued::of(events, u64::MAX).0.unwrap()
+        Queued::of(journal_tests::event(run, index, kind), u64::MAX)
+            .0
+            .unwrap()
     }
 
     fn runs(entries: &[Queued]) -> Vec<&str> {
@@ -194,14 +174,7 @@ mod tests {
             vec![
                 entry("b", 0, RunEventKind::text("y")),
                 entry("a", 1, RunEventKind::text("z")),
-                entry(
-                    "a",
-                    2,
-                    RunEventKind::Completed {
-                        finish_reason: "stop".into(),
-                        usage: Some(Usage::new(1, 2)),
-                    },
-                ),
+                entry("a", 2, journal_tests::completed()),
             ],
             now,
         );

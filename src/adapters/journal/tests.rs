@@ -54,7 +54,8 @@ fn placed(id: &str, node: &str) -> JournalEntry {
     }
 }
 
-fn event(id: &str, index: u64, kind: RunEventKind) -> JournalEntry {
+/// One relayed event of run `id`, as the relay hands it on (also the hold's tests' entry).
+pub(super) fn event(id: &str, index: u64, kind: RunEventKind) -> JournalEntry {
     JournalEntry::Events {
         run_id: RunId::new(id),
         events: vec![relayed(id, index, kind)],
@@ -79,7 +80,7 @@ fn relayed(id: &str, index: u64, kind: RunEventKind) -> RelayedEvent {
     }
 }
 
-fn completed() -> RunEventKind {
+pub(super) fn completed() -> RunEventKind {
     RunEventKind::Completed {
         finish_reason: "stop".into(),
         usage: Some(Usage::new(5, 7)),
@@ -682,15 +683,33 @@ async fn an_adopting_open_hands_runs_left_open_over_once_and_takes_their_endings
     journal.close().await;
 }
 
+/// A count the file holds for run `id`, read on a connection of its own: `sql` takes the
+/// run's id as `?1`.
+fn count(dir: &tempfile::TempDir, sql: &str, id: &str) -> i64 {
+    let conn = rusqlite::Connection::open(file(dir)).unwrap();
+    conn.query_row(sql, [id], |row| row.get(0)).unwrap_or(0)
+}
+
 /// The rows of `events` the file holds for run `id` (its events past the run's own row).
 fn event_rows(dir: &tempfile::TempDir, id: &str) -> i64 {
-    let conn = rusqlite::Connection::open(file(dir)).unwrap();
-    conn.query_row(
+    count(
+        dir,
         "SELECT count(*) FROM events WHERE run_seq = (SELECT seq FROM runs WHERE run_id = ?1)",
-        [id],
-        |row| row.get(0),
+        id,
     )
-    .unwrap()
+}
+
+/// Waits until `done` holds, polling; a writer that never gets there fails the test after a
+/// generous deadline instead of hanging it.
+async fn until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while !done() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting until {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
 }
 
 #[tokio::test]
@@ -711,9 +730,10 @@ async fn a_streaming_runs_events_are_written_together_when_it_ends() {
     }
     journal.record(event("stream", 40, completed()));
     // Not a flush: one would write what is held at once (read-your-writes).
-    while journal.stats().written < 43 {
-        tokio::task::yield_now().await;
-    }
+    until("all 43 entries are written", || {
+        journal.stats().written >= 43
+    })
+    .await;
     let rows = event_rows(&dir, "stream");
     assert_eq!(rows, 1, "{rows} rows, {:?}", journal.stats());
     let run = journal.run(&RunId::new("stream")).await.unwrap().unwrap();
@@ -762,22 +782,15 @@ async fn held_events_are_written_when_their_hold_is_over() {
     journal.record(accepted("slow", 1));
     journal.record(event("slow", 0, RunEventKind::text("a")));
     // No flush: the writer wakes for the hold's end by itself.
-    let mut written = 0;
-    while written == 0 {
-        tokio::task::yield_now().await;
-        written = event_rows(&dir, "slow") + inline_events(&dir, "slow");
-    }
-    assert_eq!(written, 1);
+    let written = || {
+        event_rows(&dir, "slow")
+            + count(
+                &dir,
+                "SELECT events_inline_count FROM runs WHERE run_id = ?1",
+                "slow",
+            )
+    };
+    until("the held event is written", || written() > 0).await;
+    assert_eq!(written(), 1);
     journal.close().await;
-}
-
-/// Events the run's own row holds.
-fn inline_events(dir: &tempfile::TempDir, id: &str) -> i64 {
-    let conn = rusqlite::Connection::open(file(dir)).unwrap();
-    conn.query_row(
-        "SELECT events_inline_count FROM runs WHERE run_id = ?1",
-        [id],
-        |row| row.get(0),
-    )
-    .unwrap_or(0)
 }
