@@ -237,6 +237,14 @@ impl FailureClass {
             Self::Refused => "refused",
         }
     }
+
+    /// The class named `name` ([`Self::as_str`]); `Unspecified` for any other name.
+    pub fn parse(name: &str) -> Self {
+        [Self::Request, Self::Node, Self::Refused]
+            .into_iter()
+            .find(|class| class.as_str() == name)
+            .unwrap_or(Self::Unspecified)
+    }
 }
 
 /// What happened in a run.

@@ -18,6 +18,7 @@ use tokio::time::Instant;
 use tracing::{info, info_span, warn};
 
 use super::delivery::Delivery;
+use super::resume::millis;
 use super::service::RunService;
 use super::table::{Placement, Run, lock};
 use crate::domain::adoption::{Adoption, Held, LeftOpen, StepKind, StoredStep, adopt};
@@ -156,7 +157,7 @@ impl RunService {
             blame: false,
         };
         self.inner.metrics.resume.detached();
-        info!(run_id = %run.id, %node, grace_ms = u64::try_from(grace.as_millis()).unwrap_or(u64::MAX), "run left open by the previous edge taken back; holding it for its node to resume");
+        info!(run_id = %run.id, %node, grace_ms = millis(grace), "run left open by the previous edge taken back; holding it for its node to resume");
         self.watch(run);
         self.arm_resume_grace(Arc::clone(run), node, PREVIOUS_EDGE, grace);
     }

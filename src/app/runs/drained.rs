@@ -18,10 +18,13 @@ const DRAIN_DEADLINE: &str = "drain_deadline";
 
 /// The attempt's end a drain deadline makes: a node-class failure, so the run may be placed
 /// again or continued; not held against the node's breaker.
+const DRAIN_DEADLINE_MESSAGE: &str = "the node's drain deadline passed";
+
+/// The end a drain deadline gives the attempt on the drained node (see above).
 fn drain_deadline_end() -> RunEventKind {
     RunEventKind::Failed {
         code: DRAIN_DEADLINE.to_owned(),
-        message: "the node's drain deadline passed".to_owned(),
+        message: DRAIN_DEADLINE_MESSAGE.to_owned(),
         class: FailureClass::Node,
         status: None,
         usage: None,
@@ -37,30 +40,27 @@ impl RunService {
         let Some(run) = lock(&self.inner.table).runs.get(id).cloned() else {
             return false;
         };
-        let Placement::Dispatched {
-            node: held,
-            connection,
-        } = run.placement()
-        else {
-            // Detached (its node may claim it back) or queued: nothing to move it from.
-            return self.cancel(id, reason).await;
-        };
-        if &held != node {
+        let placement = run.placement();
+        if placement.attempt().is_none_or(|(held, _)| held != node) {
+            // Queued, or moved to another node since the drain listed it: not this node's.
             return false;
         }
-        let mut end = drain_deadline_end();
-        let message = |kind: &RunEventKind| match kind {
-            RunEventKind::Failed { message, .. } => message.clone(),
-            _ => String::new(),
+        let Placement::Dispatched { connection, .. } = placement else {
+            // Detached from `node` (it may still claim it back): nothing to move it from.
+            return self.cancel(id, reason).await;
         };
-        let before = message(&end);
+        let mut end = drain_deadline_end();
         if !self
             .move_off_attempt(&run, node, connection, &mut end)
             .await
         {
             // A continuation's refusal, if any, was added to the end's message.
-            let after = message(&end);
-            let why = after.strip_prefix(before.as_str()).unwrap_or_default();
+            let why = match &end {
+                RunEventKind::Failed { message, .. } => message
+                    .strip_prefix(DRAIN_DEADLINE_MESSAGE)
+                    .unwrap_or_default(),
+                _ => "",
+            };
             return self.cancel(id, &format!("{reason}{why}")).await;
         }
         let command = NodeCommand::Cancel {

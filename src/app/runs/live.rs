@@ -9,6 +9,7 @@ use std::sync::atomic::Ordering;
 use async_trait::async_trait;
 use tokio::sync::mpsc;
 
+use super::resume::millis;
 use super::service::RunService;
 use super::table::{Run, lock};
 use crate::app::management::{Follow, LiveRuns};
@@ -26,7 +27,6 @@ const FOLLOWER_BUFFER: usize = 1_024;
 /// What is known of a run when it is accepted.
 pub(super) fn accepted(id: &RunId, spec: &RunSpec) -> AcceptedRun {
     let queued_ms = now_ms();
-    let millis = |d: std::time::Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
     AcceptedRun {
         run_id: id.clone(),
         adapter: spec.selector.adapter.clone(),

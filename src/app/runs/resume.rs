@@ -342,6 +342,6 @@ impl RunService {
 }
 
 /// `duration` in whole milliseconds, for logs.
-fn millis(duration: Duration) -> u64 {
+pub(super) fn millis(duration: Duration) -> u64 {
     u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }

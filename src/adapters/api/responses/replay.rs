@@ -42,7 +42,7 @@ pub(super) fn replayed(kind: &str, json: &str, retry_after_secs: u64) -> Replaye
         "failed" => {
             let status = event["status"].as_u64().and_then(|s| u16::try_from(s).ok());
             let (code, message) = (text("code"), text("message"));
-            let class = FailureClass::Unspecified;
+            let class = FailureClass::parse(&text("class"));
             let error = ApiError::run_failed(&code, &message, class, status, retry_after_secs);
             Replayed::End(Err(error))
         }
@@ -172,15 +172,19 @@ mod tests {
     }
 
     /// The same, fed from the events' JSON lines, as a replay is.
+    /// `kind`'s event as the journal stores it: the `file` sink's line.
+    fn line_of(kind: &RunEventKind) -> String {
+        let event: RunEvent = event(kind.clone());
+        let mut line = Vec::new();
+        write_json_line(&event, &mut line);
+        String::from_utf8(line).unwrap().trim_end().to_owned()
+    }
+
     fn replayed_from_lines(kinds: &[RunEventKind]) -> Vec<(String, Value)> {
         let mut stream = ResponsesStream::new(base());
         let mut events = stream.open();
         for kind in kinds {
-            let event: RunEvent = event(kind.clone());
-            let mut line = Vec::new();
-            write_json_line(&event, &mut line);
-            let line = String::from_utf8(line).unwrap();
-            match replayed(kind.name(), line.trim_end(), 1) {
+            match replayed(kind.name(), &line_of(kind), 1) {
                 Replayed::Output(text, structured) => {
                     events.extend(stream.output(&text, structured.as_ref()));
                 }
@@ -243,24 +247,37 @@ mod tests {
     }
 
     #[test]
-    fn a_failure_replays_with_its_code_and_message() {
-        let failed = RunEventKind::Failed {
-            code: "engine_error".into(),
-            message: "boom".into(),
-            class: FailureClass::Unspecified,
-            status: Some(500),
-            usage: None,
-        };
-        let events = replayed_from_lines(&[RunEventKind::text("a"), failed]);
-        let (name, data) = events.last().unwrap();
-        assert_eq!(name, "response.failed");
-        assert_eq!(data["response"]["status"], "failed");
-        assert!(
-            data["response"]["error"]["message"]
-                .as_str()
-                .unwrap()
-                .contains("boom")
-        );
+    fn a_failure_replays_as_it_was_sent_whatever_its_class() {
+        for class in [
+            FailureClass::Unspecified,
+            FailureClass::Request,
+            FailureClass::Node,
+            FailureClass::Refused,
+        ] {
+            let failed = RunEventKind::Failed {
+                code: "engine_error".into(),
+                message: "boom".into(),
+                class,
+                status: Some(400),
+                usage: None,
+            };
+            let kinds = [RunEventKind::text("a"), failed];
+            let events = replayed_from_lines(&kinds);
+            let (name, data) = events.last().unwrap();
+            assert_eq!(name, "response.failed");
+            assert_eq!(data["response"]["status"], "failed");
+            assert!(
+                data["response"]["error"]["message"]
+                    .as_str()
+                    .unwrap()
+                    .contains("boom")
+            );
+            let Replayed::End(Err(error)) = replayed("failed", &line_of(&kinds[1]), 1) else {
+                panic!("a failure replays as an error");
+            };
+            let sent = ApiError::run_failed("engine_error", "boom", class, Some(400), 1);
+            assert_eq!(error, sent, "{class:?}");
+        }
         assert!(matches!(replayed("output", "not json", 1), Replayed::Skip));
     }
 }
