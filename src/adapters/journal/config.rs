@@ -62,7 +62,7 @@ impl Default for JournalConfig {
             usage_minute_max_age: HumanDuration(Duration::from_secs(2 * 86_400)),
             batch_max: 4_096,
             batch_linger_ms: 10,
-            open_events_hold_ms: 1_000,
+            open_events_hold_ms: 0,
         }
     }
 }
