@@ -33,8 +33,6 @@ pub struct SqliteJournal {
     max_events_per_run: u64,
     over_cap: std::sync::atomic::AtomicU64,
     writer: Mutex<Option<JoinHandle<()>>>,
-    /// Held while the journal is open: a second edge on the same file is refused.
-    _lock: File,
 }
 
 impl SqliteJournal {
@@ -99,6 +97,7 @@ impl SqliteJournal {
             taken: 0,
             batch: Vec::new(),
             due: Vec::new(),
+            _lock: lock,
         };
         let handle = std::thread::Builder::new()
             .name("edge-journal".to_owned())
@@ -115,7 +114,6 @@ impl SqliteJournal {
             max_events_per_run: config.max_events_per_run,
             over_cap: std::sync::atomic::AtomicU64::new(0),
             writer: Mutex::new(Some(handle)),
-            _lock: lock,
         })
     }
 

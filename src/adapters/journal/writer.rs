@@ -68,6 +68,10 @@ pub(super) struct Writer {
     /// from one batch to the next, so a batch costs no fresh memory (and no page faults).
     pub(super) batch: Vec<Queued>,
     pub(super) due: Vec<Queued>,
+    /// The file's lock, held until the writer has stopped (dropped last): an edge that
+    /// opens the file after this one closed it never writes beside this writer's last
+    /// transaction or checkpoint.
+    pub(super) _lock: std::fs::File,
 }
 
 impl Writer {
