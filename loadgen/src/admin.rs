@@ -36,18 +36,25 @@ pub struct AdminArgs {
 }
 
 /// When the first pre-filled run was accepted (ms since the epoch); run `i` came `i` ms later.
-fn base_ms() -> u64 {
+pub(crate) fn base_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
         .saturating_sub(3_600_000)
 }
 
-fn run_id(i: usize) -> RunId {
+pub(crate) fn run_id(i: usize) -> RunId {
     RunId::new(format!("run-prefill-{i:07}"))
 }
 
-fn entries(i: usize, nodes: usize, base: u64) -> anyhow::Result<Vec<JournalEntry>> {
+/// Run `i`'s entries as the relay records them: accepted, placed, and one batch of its
+/// events (started, `outputs` text outputs, its ending; 1 % fail).
+pub(crate) fn entries(
+    i: usize,
+    nodes: usize,
+    base: u64,
+    outputs: usize,
+) -> anyhow::Result<Vec<JournalEntry>> {
     let (adapter, target) = (
         AdapterName::parse(harness::ADAPTER)?,
         Target::parse(harness::TARGET)?,
@@ -78,11 +85,9 @@ fn entries(i: usize, nodes: usize, base: u64) -> anyhow::Result<Vec<JournalEntry
             usage: Some(Usage::new(12, 80)),
         }
     };
-    let kinds = [
-        RunEventKind::Started,
-        RunEventKind::text("a reply of a few words"),
-        end,
-    ];
+    let kinds = std::iter::once(RunEventKind::Started)
+        .chain((0..outputs).map(|_| RunEventKind::text("a reply of a few words")))
+        .chain(std::iter::once(end));
     let mut out = vec![
         JournalEntry::Accepted(Box::new(accepted)),
         JournalEntry::Placed {
@@ -90,7 +95,7 @@ fn entries(i: usize, nodes: usize, base: u64) -> anyhow::Result<Vec<JournalEntry
             attempt,
         },
     ];
-    let mut events = Vec::with_capacity(kinds.len());
+    let mut events = Vec::with_capacity(outputs + 2);
     for (index, kind) in kinds.into_iter().enumerate() {
         let event = RunEvent {
             run_id: run_id(i),
@@ -124,7 +129,7 @@ fn prefill(config: &JournalConfig, args: &AdminArgs, base: u64) -> anyhow::Resul
     let started = Instant::now();
     let mut written = 0usize;
     for i in 0..args.runs {
-        for entry in entries(i, args.nodes, base)? {
+        for entry in entries(i, args.nodes, base, 1)? {
             journal.record(entry);
             written += 1;
         }

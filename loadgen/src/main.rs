@@ -42,6 +42,7 @@ mod external;
 mod harness;
 mod hops;
 mod http;
+mod journal;
 mod latency;
 mod lean;
 mod netstat;
@@ -137,6 +138,8 @@ enum Scenario {
     SlowConsumer(slow::SlowArgs),
     /// The management API with many nodes and a large run journal.
     Admin(admin::AdminArgs),
+    /// The run journal's writer alone: its CPU per run, on the shipped settings.
+    Journal(journal::JournalArgs),
     /// Connected nodes, the edge killed and restarted: every node reconnects at once.
     Storm(storm::StormArgs),
     /// Nodes dropping and reconnecting under streamed chat: what share of requests completes.
@@ -158,6 +161,7 @@ impl Scenario {
             Self::Api(_) => "api",
             Self::SlowConsumer(_) => "slow-consumer",
             Self::Admin(_) => "admin",
+            Self::Journal(_) => "journal",
             Self::Storm(_) => "storm",
             Self::Churn(_) => "churn",
             Self::Affinity(_) => "affinity",
@@ -173,6 +177,7 @@ impl Scenario {
             Self::Api(args) => api::run(args, common),
             Self::SlowConsumer(args) => slow::run(args, common),
             Self::Admin(args) => admin::run(args, common),
+            Self::Journal(args) => journal::run(args, common),
             Self::Storm(args) => storm::run(args, common),
             Self::Churn(args) => churn::run(args, common),
             Self::Affinity(args) => affinity::run(args, common),

@@ -291,9 +291,11 @@ impl RunWrite<'_> {
     ) -> rusqlite::Result<u64> {
         let mut chunks = joined(&self.chunks).into_iter().peekable();
         let mut attempts = self.attempts.iter().copied().peekable();
+        // A run's first events go into its row whether the batch accepts it or a later
+        // one brings them (the update rewrites the row anyway): no `events` row for them.
         let inline = Inline {
             attempt: attempts.next_if(|a| self.insert.is_some() && a.number == 1),
-            events: chunks.next_if(|c| self.insert.is_some() && c.first_idx == 0),
+            events: chunks.next_if(|c| self.stored_before == 0 && c.first_idx == 0),
         };
         let mut stored = self.stored_before + inline.events.as_ref().map_or(0, |e| e.count);
         for chunk in chunks {
@@ -324,7 +326,7 @@ impl RunWrite<'_> {
         }
         match self.insert {
             Some(run) => insert_run(insert, run, &self, stored, &inline)?,
-            None => update_run(tx, &self, stored)?,
+            None => update_run(tx, &self, stored, inline.events.as_ref())?,
         }
         Ok(stored)
     }
@@ -408,23 +410,47 @@ fn insert_run<'a>(
     Ok(())
 }
 
-fn update_run(tx: &Transaction<'_>, write: &RunWrite, stored: u64) -> rusqlite::Result<()> {
+fn update_run(
+    tx: &Transaction<'_>,
+    write: &RunWrite,
+    stored: u64,
+    inline: Option<&Joined<'_>>,
+) -> rusqlite::Result<()> {
+    let (events, count) = inline.map_or((ValueRef::Null, 0), |e| {
+        (ValueRef::Blob(&e.bytes), to_sql(e.count))
+    });
     if write.finish.is_none() {
-        if let Some(first) = write.first_output_ms {
+        if write.first_output_ms.is_some() || inline.is_some() {
             tx.prepare_cached(
-                "UPDATE runs SET first_output_ms = coalesce(first_output_ms, ?2) WHERE seq = ?1",
+                "UPDATE runs SET first_output_ms = coalesce(first_output_ms, ?2),
+                    events_inline = coalesce(?3, events_inline),
+                    events_inline_count = max(events_inline_count, ?4)
+                 WHERE seq = ?1",
             )?
-            .execute(params![write.seq, to_sql(first)])?;
+            .execute(rusqlite::params_from_iter(
+                [
+                    ValueRef::Integer(write.seq),
+                    write
+                        .first_output_ms
+                        .map_or(ValueRef::Null, |at| ValueRef::Integer(to_sql(at))),
+                    events,
+                    ValueRef::Integer(count),
+                ]
+                .into_iter()
+                .map(ToSqlOutput::Borrowed),
+            ))?;
         }
         return Ok(());
     }
     let mut values = vec![ValueRef::Integer(write.seq)];
     values.extend(finish_values(write, stored));
+    values.extend([events, ValueRef::Integer(count)]);
     tx.prepare_cached(
         "UPDATE runs SET outcome = ?2, first_output_ms = coalesce(first_output_ms, ?3),
             finished_ms = ?4, code = ?5, message = ?6, finish_reason = ?7, input_tokens = ?8,
             output_tokens = ?9, cached_input_tokens = ?10, reasoning_tokens = ?11,
-            events = ?12, events_stored = ?13
+            events = ?12, events_stored = ?13, events_inline = coalesce(?14, events_inline),
+            events_inline_count = max(events_inline_count, ?15)
          WHERE seq = ?1",
     )?
     .execute(rusqlite::params_from_iter(

@@ -28,6 +28,8 @@ pub struct SqliteJournal {
     queue: Arc<EntryQueue>,
     shared: Arc<Shared>,
     reader: Arc<Reader>,
+    /// The database, WAL and index files, for what they take on disk.
+    files: Files,
     /// The runs a previous edge left open, until taken (only when opened adopting).
     left_open: Mutex<Vec<RunRecord>>,
     max_events_per_run: u64,
@@ -88,6 +90,7 @@ impl SqliteJournal {
             budget,
             files: Files::of(&path),
             making_room: false,
+            next_used_check: std::time::Instant::now(),
             batch_max: config.batch_max.max(1),
             linger: config.batch_linger(),
             open: HashMap::new(),
@@ -110,6 +113,7 @@ impl SqliteJournal {
             queue,
             shared,
             reader: Arc::new(reader),
+            files: Files::of(&path),
             left_open: Mutex::new(left_open),
             max_events_per_run: config.max_events_per_run,
             over_cap: std::sync::atomic::AtomicU64::new(0),
@@ -211,7 +215,7 @@ impl RunJournal for SqliteJournal {
             queue_depth: self.queue.depth() as u64,
             write_errors: self.shared.write_errors.load(Ordering::Relaxed),
             runs_expired: self.shared.runs_expired.load(Ordering::Relaxed),
-            bytes: self.shared.bytes.load(Ordering::Relaxed),
+            bytes: self.files.total_bytes(),
         }
     }
 

@@ -490,6 +490,42 @@ async fn a_journal_of_schema_1_is_read_and_written_on() {
 }
 
 #[tokio::test]
+async fn a_runs_first_events_written_after_its_row_go_into_the_row() {
+    let dir = tempfile::tempdir().unwrap();
+    let journal = SqliteJournal::open(&config(&dir), &file(&dir)).unwrap();
+    journal.record(accepted("split", 1));
+    journal.record(placed("split", "node-a"));
+    journal.flush().await;
+    // Each relay batch one entry, so each is written in one transaction.
+    let batch = |events: Vec<RelayedEvent>| JournalEntry::Events {
+        run_id: RunId::new("split"),
+        events,
+    };
+    journal.record(batch(vec![
+        relayed("split", 0, RunEventKind::Started),
+        relayed("split", 1, RunEventKind::text("one ")),
+    ]));
+    journal.flush().await;
+    journal.record(batch(vec![
+        relayed("split", 2, RunEventKind::text("two")),
+        relayed("split", 3, completed()),
+    ]));
+    journal.flush().await;
+    // The first events rewrote the row; the next went to `events`.
+    let inline = "SELECT events_inline_count FROM runs WHERE run_id = ?1";
+    assert_eq!(count(&dir, inline, "split"), 2);
+    assert_eq!(event_rows(&dir, "split"), 1);
+    let run = journal.run(&RunId::new("split")).await.unwrap().unwrap();
+    assert_eq!(run.outcome, RunOutcome::Completed);
+    assert_eq!((run.events, run.events_stored), (4, 4));
+    let all = journal.events(&RunId::new("split"), 0, 10).await.unwrap();
+    let indices: Vec<u64> = all.iter().map(|e| e.index).collect();
+    assert_eq!(indices, [0, 1, 2, 3]);
+    assert!(all[1].json.contains("\"text\":\"one \""), "{all:?}");
+    journal.close().await;
+}
+
+#[tokio::test]
 async fn a_run_written_across_batches_reads_back_whole_from_its_row_and_the_tables() {
     let dir = tempfile::tempdir().unwrap();
     let journal = SqliteJournal::open(&config(&dir), &file(&dir)).unwrap();
@@ -734,8 +770,11 @@ async fn a_streaming_runs_events_are_written_together_when_it_ends() {
         journal.stats().written >= 43
     })
     .await;
+    // Written together, into the run's own row (its first events): no `events` row.
     let rows = event_rows(&dir, "stream");
-    assert_eq!(rows, 1, "{rows} rows, {:?}", journal.stats());
+    assert_eq!(rows, 0, "{rows} rows, {:?}", journal.stats());
+    let inline = "SELECT events_inline_count FROM runs WHERE run_id = ?1";
+    assert_eq!(count(&dir, inline, "stream"), 41);
     let run = journal.run(&RunId::new("stream")).await.unwrap().unwrap();
     assert_eq!(run.outcome, RunOutcome::Completed);
     assert_eq!((run.events, run.events_stored), (41, 41));

@@ -34,11 +34,13 @@ pub(super) struct Shared {
     pub(super) write_errors: AtomicU64,
     pub(super) runs_expired: AtomicU64,
     pub(super) dropped_over_budget: AtomicU64,
-    pub(super) bytes: AtomicU64,
 }
 
 /// How often retention looks for runs to remove.
 const RETENTION_INTERVAL: Duration = Duration::from_secs(60);
+
+/// How often the writer counts the pages in use against the limit's high mark, at most.
+const USED_CHECK_INTERVAL: Duration = Duration::from_millis(50);
 
 /// How often a failing journal logs, at most.
 const ERROR_LOG_INTERVAL: Duration = Duration::from_secs(10);
@@ -53,6 +55,8 @@ pub(super) struct Writer {
     pub(super) files: Files,
     /// Set while retention brings the data down to the budget's low mark.
     pub(super) making_room: bool,
+    /// When `keep_budget` next counts the pages in use.
+    pub(super) next_used_check: Instant,
     pub(super) batch_max: usize,
     pub(super) linger: Duration,
     /// Open runs' row numbers and stored events, so events need no lookup.
@@ -170,9 +174,6 @@ impl Writer {
     fn retention_step(&mut self) -> bool {
         let target = self.making_room.then(|| self.budget.low_mark());
         let result = retention_chunk(&mut self.conn, &self.retention, now_ms(), target);
-        self.shared
-            .bytes
-            .store(self.files.total_bytes(), Ordering::Relaxed);
         match result {
             Ok(removed) => {
                 self.shared
@@ -197,20 +198,22 @@ impl Writer {
         }
     }
 
-    /// After a batch: removes the oldest finished runs when the data nears its share of
-    /// the limit, and checkpoints a WAL that outgrew its own.
+    /// After a batch: checkpoints a WAL that outgrew its own share and, at most every
+    /// [`USED_CHECK_INTERVAL`], removes the oldest finished runs when the data nears its
+    /// share of the limit. (Counting the pages in use takes two statements and a read
+    /// lock: per transaction it was a tenth of a small one's cost. Between two counts the
+    /// file's page cap still holds the limit: a write that finds it full makes room then.)
     fn keep_budget(&mut self) {
-        if self.budget.limit > 0
-            && used_bytes(&self.conn).is_ok_and(|used| self.budget.over_high_mark(used))
-        {
-            self.make_room();
+        let now = Instant::now();
+        if self.budget.limit > 0 && now >= self.next_used_check {
+            self.next_used_check = now + USED_CHECK_INTERVAL;
+            if used_bytes(&self.conn).is_ok_and(|used| self.budget.over_high_mark(used)) {
+                self.make_room();
+            }
         }
         if self.files.wal_bytes() > self.budget.wal {
             self.checkpoint();
         }
-        self.shared
-            .bytes
-            .store(self.files.total_bytes(), Ordering::Relaxed);
     }
 
     /// Removes the oldest finished runs until the data is at the budget's low mark (or
