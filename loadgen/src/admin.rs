@@ -63,6 +63,7 @@ fn entries(i: usize, nodes: usize, base: u64) -> anyhow::Result<Vec<JournalEntry
         api_key_name: None,
         queued_ms: at,
         deadline_ms: None,
+        client_stream: None,
     };
     let attempt = Attempt {
         number: 1,

@@ -22,6 +22,7 @@ mod protocol;
 mod request;
 mod response;
 mod responses;
+mod resume;
 mod routing;
 mod run;
 mod sse;
@@ -129,6 +130,7 @@ pub(crate) fn route_groups(state: &HttpState) -> [(ErrorShape, Router<HttpState>
         )
         .route("/v1/responses/{id}", get(responses::retrieve))
         .route("/v1/responses/{id}/cancel", post(responses::cancel))
+        .route("/v1/runs/{run_id}/stream", get(resume::resume))
         .route("/tokenize", post(openai::tokenize::tokenize))
         .route("/detokenize", post(openai::tokenize::detokenize));
     let anthropic = Router::new()

@@ -106,6 +106,7 @@ fn config() -> RunsConfig {
         // Off here, so the failover tests see a lost attempt after output end the run;
         // `tests/continuation.rs` turns it on.
         max_continuations: 0,
+        client_resume_grace_ms: 1_000,
     }
 }
 
@@ -1463,6 +1464,7 @@ async fn interleave(ops: Vec<Op>) {
             default_deadline_ms: 0,
             resume_grace_ms: 250,
             max_continuations: 1,
+            client_resume_grace_ms: 0,
         },
         &breakers,
         Expect::default(),

@@ -1,0 +1,226 @@
+//! Chat completion and Messages streams resumed after `Last-Event-ID` through
+//! `GET /v1/runs/{run_id}/stream`, over real HTTP against a mock node that streams slowly:
+//! read part-way, the connection dropped, resumed — the whole text is the uninterrupted
+//! stream's, no event twice; and a stream dropped with nobody resuming it ends cancelled
+//! once `runs.client_resume_grace_ms` has passed.
+
+use std::time::Duration;
+
+use edge::ports::NodeCommand;
+use futures::StreamExt;
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+use crate::common::runs::words;
+use crate::common::{TWO_NODES, TestApp, eventually, spawn_app};
+use crate::mock_node::{Behaviour, MockNode, MockOptions};
+
+const PATIENCE: Duration = Duration::from_secs(10);
+
+/// One SSE event: its id, name and data.
+#[derive(Debug, Clone, PartialEq)]
+struct Event {
+    id: String,
+    name: Option<String>,
+    data: String,
+}
+
+/// The complete events in `text` (an event ends with a blank line).
+fn events_in(text: &str) -> Vec<Event> {
+    text.split("\n\n")
+        .filter(|block| !block.trim().is_empty() && !block.starts_with(':'))
+        .map(|block| {
+            let field = |name: &str| {
+                block
+                    .lines()
+                    .find_map(|line| line.strip_prefix(name).map(str::to_owned))
+            };
+            Event {
+                id: field("id: ").expect("every event has an id"),
+                name: field("event: "),
+                data: field("data: ").expect("every event has data"),
+            }
+        })
+        .collect()
+}
+
+async fn edge(grace_ms: u64) -> (TestApp, MockNode) {
+    let config = format!("{TWO_NODES}\n[runs]\nclient_resume_grace_ms = {grace_ms}\n");
+    let app = spawn_app(&config).await;
+    let options = MockOptions {
+        behaviour: Behaviour::Echo,
+        delay: Duration::from_millis(5),
+        ..MockOptions::new("token-a")
+    };
+    let node = MockNode::start(app.node_addr, options)
+        .await
+        .expect("the mock node registers");
+    app.wait_for_nodes(1).await;
+    (app, node)
+}
+
+fn client() -> reqwest::Client {
+    crate::common::http()
+        .timeout(PATIENCE)
+        .build()
+        .expect("client")
+}
+
+fn chat_body(text: &str) -> (&'static str, Value) {
+    let body = json!({
+        "model": "echo/default",
+        "stream": true,
+        "messages": [{"role": "user", "content": text}],
+    });
+    ("/v1/chat/completions", body)
+}
+
+fn messages_body(text: &str) -> (&'static str, Value) {
+    let body = json!({
+        "model": "echo/default",
+        "max_tokens": 1000,
+        "stream": true,
+        "messages": [{"role": "user", "content": text}],
+    });
+    ("/v1/messages", body)
+}
+
+/// The text the events carry, in either API's shape.
+fn text_of(events: &[Event]) -> String {
+    let mut text = String::new();
+    for event in events {
+        let Ok(data) = serde_json::from_str::<Value>(&event.data) else {
+            continue;
+        };
+        let piece = data["choices"][0]["delta"]["content"]
+            .as_str()
+            .or_else(|| data["delta"]["text"].as_str());
+        text.push_str(piece.unwrap_or_default());
+    }
+    text
+}
+
+/// Starts the stream of `request`, reads events until `at_least` have come, drops the
+/// connection; returns the run's id and the complete events read.
+async fn read_part(
+    app: &TestApp,
+    (path, body): &(&str, Value),
+    at_least: usize,
+) -> (String, Vec<Event>) {
+    let response = client()
+        .post(format!("http://{}{path}", app.http_addr))
+        .json(body)
+        .send()
+        .await
+        .expect("a response");
+    assert_eq!(response.status(), StatusCode::OK);
+    let run_id = response.headers()["x-edge-run-id"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    let mut stream = response.bytes_stream();
+    let mut seen = String::new();
+    while events_in(&complete(&seen)).len() < at_least {
+        let bytes = tokio::time::timeout(PATIENCE, stream.next())
+            .await
+            .expect("a chunk in time")
+            .expect("the stream goes on")
+            .expect("bytes");
+        seen.push_str(&String::from_utf8_lossy(&bytes));
+    }
+    drop(stream);
+    (run_id, events_in(&complete(&seen)))
+}
+
+/// `text` up to its last complete event.
+fn complete(text: &str) -> String {
+    text.rfind("\n\n")
+        .map_or_else(String::new, |end| text[..end + 2].to_owned())
+}
+
+/// Resumes run `run_id`'s stream after `last` (from the start without); every event.
+async fn resume(app: &TestApp, run_id: &str, last: Option<&str>) -> Vec<Event> {
+    let mut request = client().get(format!("http://{}/v1/runs/{run_id}/stream", app.http_addr));
+    if let Some(last) = last {
+        request = request.header("last-event-id", last);
+    }
+    let response = request.send().await.expect("a response");
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(response.headers()["x-edge-run-id"], run_id);
+    events_in(&response.text().await.expect("the whole stream"))
+}
+
+/// Reads part of `request`'s stream, drops it, resumes: the events are the uninterrupted
+/// stream's, none twice.
+async fn dropped_and_resumed(request: (&str, Value)) {
+    let (app, node) = edge(60_000).await;
+    let (run_id, first) = read_part(&app, &request, 4).await;
+    let last = first.last().map(|e| e.id.clone());
+    let rest = resume(&app, &run_id, last.as_deref()).await;
+    let whole = resume(&app, &run_id, None).await;
+    let joined: Vec<Event> = first.iter().chain(&rest).cloned().collect();
+    assert_eq!(
+        joined, whole,
+        "the resumed stream continues the first, event for event"
+    );
+    let ids: std::collections::HashSet<&str> = joined.iter().map(|e| e.id.as_str()).collect();
+    assert_eq!(ids.len(), joined.len(), "no id twice");
+    assert_eq!(text_of(&whole), words(40));
+    app.assert_settled().await;
+    node.kill();
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_dropped_chat_stream_resumes_after_its_last_event_id() {
+    let (path, body) = chat_body(&words(40));
+    dropped_and_resumed((path, body)).await;
+}
+
+#[tokio::test]
+async fn a_dropped_messages_stream_resumes_after_its_last_event_id() {
+    let (path, body) = messages_body(&words(40));
+    dropped_and_resumed((path, body)).await;
+}
+
+#[tokio::test]
+async fn a_dropped_stream_nobody_resumes_is_cancelled_after_the_grace() {
+    let (app, node) = edge(50).await;
+    let (run_id, _) = read_part(&app, &chat_body(&words(2_000)), 3).await;
+    eventually("the node got the cancel", || {
+        node.commands().iter().any(|c| {
+            matches!(c, NodeCommand::Cancel { run_id: id, reason } if id.as_str() == run_id && reason == "client disconnected")
+        })
+    })
+    .await;
+    // The run ended cancelled: its resumed stream says so.
+    let events = resume(&app, &run_id, None).await;
+    let last = events.last().expect("events");
+    assert!(last.data.contains("cancel"), "{last:?}");
+    app.assert_settled().await;
+    node.kill();
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn only_a_resumable_run_of_the_caller_s_own_key_is_found() {
+    let (app, node) = edge(0).await;
+    let response = client()
+        .get(format!(
+            "http://{}/v1/runs/no-such-run/stream",
+            app.http_addr
+        ))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::NOT_FOUND);
+    let response = client()
+        .get(format!("http://{}/v1/runs/x/stream", app.http_addr))
+        .header("last-event-id", "not an id")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+    node.kill();
+    app.stop().await;
+}
