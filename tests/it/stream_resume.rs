@@ -4,6 +4,7 @@
 //! stream's, no event twice; and a stream dropped with nobody resuming it ends cancelled
 //! once `runs.client_resume_grace_ms` has passed.
 
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use edge::ports::NodeCommand;
@@ -19,14 +20,25 @@ const PATIENCE: Duration = Duration::from_secs(10);
 
 /// One SSE event: its id, name and data.
 #[derive(Debug, Clone, PartialEq)]
-struct Event {
-    id: String,
-    name: Option<String>,
-    data: String,
+pub struct Event {
+    pub id: String,
+    pub name: Option<String>,
+    pub data: String,
+}
+
+impl Event {
+    /// Its id as `(position, part)`, for ordering.
+    pub fn order(&self) -> (u64, u32) {
+        let (position, part) = self.id.split_once('.').unwrap_or((&self.id, "0"));
+        (
+            position.parse().expect("a position"),
+            part.parse().expect("a part"),
+        )
+    }
 }
 
 /// The complete events in `text` (an event ends with a blank line).
-fn events_in(text: &str) -> Vec<Event> {
+pub fn events_in(text: &str) -> Vec<Event> {
     text.split("\n\n")
         .filter(|block| !block.trim().is_empty() && !block.starts_with(':'))
         .map(|block| {
@@ -86,7 +98,7 @@ fn messages_body(text: &str) -> (&'static str, Value) {
 }
 
 /// The text the events carry, in either API's shape.
-fn text_of(events: &[Event]) -> String {
+pub fn text_of(events: &[Event]) -> String {
     let mut text = String::new();
     for event in events {
         let Ok(data) = serde_json::from_str::<Value>(&event.data) else {
@@ -118,9 +130,21 @@ async fn read_part(
         .to_str()
         .unwrap()
         .to_owned();
+    (
+        run_id,
+        read_until(response, |events| events.len() >= at_least).await,
+    )
+}
+
+/// Reads `response`'s events until `enough` says so, then drops the connection; the
+/// complete events read.
+pub async fn read_until(
+    response: reqwest::Response,
+    enough: impl Fn(&[Event]) -> bool,
+) -> Vec<Event> {
     let mut stream = response.bytes_stream();
     let mut seen = String::new();
-    while events_in(&complete(&seen)).len() < at_least {
+    while !enough(&events_in(&complete(&seen))) {
         let bytes = tokio::time::timeout(PATIENCE, stream.next())
             .await
             .expect("a chunk in time")
@@ -128,19 +152,19 @@ async fn read_part(
             .expect("bytes");
         seen.push_str(&String::from_utf8_lossy(&bytes));
     }
-    drop(stream);
-    (run_id, events_in(&complete(&seen)))
+    events_in(&complete(&seen))
 }
 
 /// `text` up to its last complete event.
-fn complete(text: &str) -> String {
+pub fn complete(text: &str) -> String {
     text.rfind("\n\n")
         .map_or_else(String::new, |end| text[..end + 2].to_owned())
 }
 
-/// Resumes run `run_id`'s stream after `last` (from the start without); every event.
-async fn resume(app: &TestApp, run_id: &str, last: Option<&str>) -> Vec<Event> {
-    let mut request = client().get(format!("http://{}/v1/runs/{run_id}/stream", app.http_addr));
+/// Resumes run `run_id`'s stream from the edge at `http` after `last` (from the start
+/// without); every event.
+pub async fn resume(http: SocketAddr, run_id: &str, last: Option<&str>) -> Vec<Event> {
+    let mut request = client().get(format!("http://{http}/v1/runs/{run_id}/stream"));
     if let Some(last) = last {
         request = request.header("last-event-id", last);
     }
@@ -156,8 +180,8 @@ async fn dropped_and_resumed(request: (&str, Value)) {
     let (app, node) = edge(60_000).await;
     let (run_id, first) = read_part(&app, &request, 4).await;
     let last = first.last().map(|e| e.id.clone());
-    let rest = resume(&app, &run_id, last.as_deref()).await;
-    let whole = resume(&app, &run_id, None).await;
+    let rest = resume(app.http_addr, &run_id, last.as_deref()).await;
+    let whole = resume(app.http_addr, &run_id, None).await;
     let joined: Vec<Event> = first.iter().chain(&rest).cloned().collect();
     assert_eq!(
         joined, whole,
@@ -194,7 +218,7 @@ async fn a_dropped_stream_nobody_resumes_is_cancelled_after_the_grace() {
     })
     .await;
     // The run ended cancelled: its resumed stream says so.
-    let events = resume(&app, &run_id, None).await;
+    let events = resume(app.http_addr, &run_id, None).await;
     let last = events.last().expect("events");
     assert!(last.data.contains("cancel"), "{last:?}");
     app.assert_settled().await;
