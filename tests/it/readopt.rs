@@ -128,20 +128,19 @@ async fn kill_after(mut edge: Edge, run_id: &str, outputs: usize) {
     edge.child.wait().await.expect("the edge is gone");
 }
 
-/// What a test has once its edge was killed mid-answer.
-struct Killed {
+/// A gated engine with [`BEFORE_THE_KILL`] deltas let out, the edge's config and node
+/// address, and the reference node.
+struct Stack {
     engine: ScriptedEngine,
     gate: Arc<Semaphore>,
     config: std::path::PathBuf,
     listen: String,
     node: RunningNode,
-    run_id: String,
     _dir: tempfile::TempDir,
 }
 
-/// An edge (resume grace `grace_ms`) and the reference node; a streamed run that has
-/// relayed [`BEFORE_THE_KILL`] deltas, and its edge killed with SIGKILL.
-async fn killed_mid_answer(grace_ms: u64) -> Killed {
+/// A [`Stack`] and its edge (resume grace `grace_ms`).
+async fn stack(grace_ms: u64) -> (Stack, Edge) {
     let (engine, gate) = gated_engine().await;
     let dir = tempfile::tempdir().expect("tempdir");
     let config = config(&engine, dir.path(), grace_ms);
@@ -149,23 +148,30 @@ async fn killed_mid_answer(grace_ms: u64) -> Killed {
     let edge = edge_at(&config, &listen).await;
     let node = spawn_node(edge.node, "token-1", |_| {});
     gate.add_permits(BEFORE_THE_KILL);
-    let run_id = start_stream(&edge).await;
-    kill_after(edge, &run_id, BEFORE_THE_KILL).await;
-    Killed {
+    let stack = Stack {
         engine,
         gate,
         config,
         listen,
         node,
-        run_id,
         _dir: dir,
-    }
+    };
+    (stack, edge)
+}
+
+/// A [`stack`]; a streamed run that has relayed [`BEFORE_THE_KILL`] deltas, and its edge
+/// killed with SIGKILL. Returns the stack and the run's id.
+async fn killed_mid_answer(grace_ms: u64) -> (Stack, String) {
+    let (stack, edge) = stack(grace_ms).await;
+    let run_id = start_stream(&edge).await;
+    kill_after(edge, &run_id, BEFORE_THE_KILL).await;
+    (stack, run_id)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_outlives_a_kill_9_of_its_edge_and_completes_once() {
-    let killed = killed_mid_answer(30_000).await;
-    let (engine, gate, run_id) = (&killed.engine, &killed.gate, &killed.run_id);
+    let (killed, run_id) = killed_mid_answer(30_000).await;
+    let (engine, gate, run_id) = (&killed.engine, &killed.gate, &run_id);
 
     // The engine goes on while the edge is away: the node buffers.
     gate.add_permits(DELTAS - BEFORE_THE_KILL + 2);
@@ -197,8 +203,8 @@ async fn a_run_outlives_a_kill_9_of_its_edge_and_completes_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_no_node_takes_back_ends_edge_crashed() {
-    let killed = killed_mid_answer(300).await;
-    let (config, listen, run_id) = (&killed.config, &killed.listen, &killed.run_id);
+    let (killed, run_id) = killed_mid_answer(300).await;
+    let (config, listen, run_id) = (&killed.config, &killed.listen, &run_id);
     killed.node.kill();
 
     let edge = edge_at(config, listen).await;
@@ -248,24 +254,13 @@ async fn read_deltas(mut response: reqwest::Response, deltas: usize) -> ReadPart
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_background_response_resumes_across_a_kill_9_of_its_edge() {
-    let (engine, gate) = gated_engine().await;
-    let dir = tempfile::tempdir().expect("tempdir");
-    let config = config(&engine, dir.path(), 30_000);
-    let listen = node_listen();
-    let edge = edge_at(&config, &listen).await;
-    let node = spawn_node(edge.node, "token-1", |_| {});
-    gate.add_permits(BEFORE_THE_KILL);
     let body = json!({
         "model": "llama/qwen", "input": "tell me a long story",
         "stream": true, "background": true,
     });
-    let (response, run_id) = open_stream_at(edge.http, "/v1/responses", &body).await;
-    let read = read_deltas(response, BEFORE_THE_KILL).await;
+    let read = |response| read_deltas(response, BEFORE_THE_KILL);
+    let (after, edge, run_id, read) = read_across_a_kill("/v1/responses", &body, read).await;
     assert_eq!(read.response_id, format!("resp_bg_{run_id}"));
-    kill_after(edge, &run_id, BEFORE_THE_KILL).await;
-
-    gate.add_permits(DELTAS - BEFORE_THE_KILL + 2);
-    let edge = edge_at(&config, &listen).await;
     let base_url = format!("http://{}", edge.http);
     let expected: String = (0..DELTAS).map(delta).collect();
     let last_seen = read.last_seen.to_string();
@@ -279,44 +274,49 @@ async fn a_background_response_resumes_across_a_kill_9_of_its_edge() {
     crate::common::python::run_client_script("responses_resume.py", &args.map(String::as_str))
         .await;
     outcome(&edge, &run_id, "completed").await;
-    assert_eq!(engine.seen().len(), 1, "taken back, not run again");
-    node.stop().await.expect("clean stop");
+    assert_eq!(after.engine.seen().len(), 1, "taken back, not run again");
+    after.node.stop().await.expect("clean stop");
+}
+
+/// A [`stack`]; a stream of `path` with `body` read by `read` (up to [`BEFORE_THE_KILL`]
+/// deltas), its edge killed with SIGKILL, the rest of the answer let out and the edge
+/// started again. Returns the stack, the restarted edge, the run's id and what `read` read.
+async fn read_across_a_kill<R, F: std::future::Future<Output = R>>(
+    path: &str,
+    body: &Value,
+    read: impl FnOnce(reqwest::Response) -> F,
+) -> (Stack, Edge, String, R) {
+    let (stack, edge) = stack(30_000).await;
+    let (response, run_id) = open_stream_at(edge.http, path, body).await;
+    let read = read(response).await;
+    kill_after(edge, &run_id, BEFORE_THE_KILL).await;
+    stack.gate.add_permits(DELTAS - BEFORE_THE_KILL + 2);
+    let edge = edge_at(&stack.config, &stack.listen).await;
+    (stack, edge, run_id, read)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_messages_stream_resumes_across_a_kill_9_of_its_edge() {
-    let (engine, gate) = gated_engine().await;
-    let dir = tempfile::tempdir().expect("tempdir");
-    let config = config(&engine, dir.path(), 30_000);
-    let listen = node_listen();
-    let edge = edge_at(&config, &listen).await;
-    let node = spawn_node(edge.node, "token-1", |_| {});
-    gate.add_permits(BEFORE_THE_KILL);
     let body = json!({
         "model": "llama/qwen", "max_tokens": 100, "stream": true,
         "messages": [{"role": "user", "content": "tell me a long story"}],
     });
-    let (response, run_id) = open_stream_at(edge.http, "/v1/messages", &body).await;
     let before: String = (0..BEFORE_THE_KILL).map(delta).collect();
-    let first = read_until(response, |events| text_of(events) == before).await;
-    kill_after(edge, &run_id, BEFORE_THE_KILL).await;
-
-    gate.add_permits(DELTAS - BEFORE_THE_KILL + 2);
-    let edge = edge_at(&config, &listen).await;
+    let read = |response| read_until(response, move |events| text_of(events) == before);
+    let (after, edge, run_id, first) = read_across_a_kill("/v1/messages", &body, read).await;
+    let http = edge.http;
     let last = first.last().map(|e| e.id.as_str());
-    let rest = resume(edge.http, &run_id, last).await;
+    let rest = resume(http, &run_id, last).await;
     let joined: Vec<Event> = first.into_iter().chain(rest).collect();
     let expected: String = (0..DELTAS).map(delta).collect();
     assert_eq!(text_of(&joined), expected, "every delta once, in order");
-    assert_eq!(
-        joined.last().and_then(|e| e.name.as_deref()),
-        Some("message_stop")
-    );
+    let end = joined.last().and_then(|e| e.name.as_deref());
+    assert_eq!(end, Some("message_stop"));
     // What the first stream and the resumed one wrote is the run's stream, event for event.
-    assert_eq!(joined, resume(edge.http, &run_id, None).await);
+    assert_eq!(joined, resume(http, &run_id, None).await);
     outcome(&edge, &run_id, "completed").await;
-    assert_eq!(engine.seen().len(), 1, "taken back, not run again");
-    node.stop().await.expect("clean stop");
+    assert_eq!(after.engine.seen().len(), 1, "taken back, not run again");
+    after.node.stop().await.expect("clean stop");
 }
 
 /// Runs in the soak.
