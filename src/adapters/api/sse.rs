@@ -14,7 +14,7 @@
 //! the same id again and a resume can continue after any of them.
 
 use std::convert::Infallible;
-use std::fmt;
+use std::fmt::{self, Write as _};
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -289,9 +289,8 @@ impl SseFrame {
         let start = self.buf.len();
         let id = self.next;
         if let Some(id) = id {
-            self.buf.put_slice(b"id: ");
-            self.buf.put_slice(id.to_string().as_bytes());
-            self.buf.put_u8(b'\n');
+            // Formatting into a `BytesMut` cannot fail, and allocates nothing new.
+            let _ = writeln!(self.buf, "id: {id}");
             self.next = Some(EventId {
                 part: id.part + 1,
                 ..id
@@ -382,6 +381,44 @@ mod tests {
 
     fn events_in(frame: &str) -> Vec<&str> {
         frame.split_terminator("\n\n").collect()
+    }
+
+    #[test]
+    fn event_ids_read_back_as_written_and_order_by_position_then_part() {
+        for text in ["0", "7", "7.1", "12.3"] {
+            assert_eq!(EventId::parse(text).unwrap().to_string(), text);
+        }
+        assert_eq!(EventId::parse(" 7.0 ").unwrap().to_string(), "7");
+        for bad in ["", "x", "7.", ".1", "-1", "7.1.2"] {
+            assert_eq!(EventId::parse(bad), None, "{bad:?}");
+        }
+        assert!(EventId::parse("7.2") < EventId::parse("8"));
+        assert!(EventId::parse("7") < EventId::parse("7.1"));
+    }
+
+    #[test]
+    fn a_resumed_frame_leaves_out_the_events_up_to_the_last_one_seen() {
+        let write = |frame: &mut SseFrame| {
+            for position in [3, 5] {
+                frame.group(position);
+                for data in ["a", "b"] {
+                    push_event(frame, |buf| buf.put_slice(data.as_bytes()));
+                }
+            }
+            String::from_utf8(frame.split().to_vec()).unwrap()
+        };
+        assert_eq!(
+            write(&mut SseFrame::resumed(None)),
+            "id: 3\ndata: a\n\nid: 3.1\ndata: b\n\nid: 5\ndata: a\n\nid: 5.1\ndata: b\n\n"
+        );
+        assert_eq!(
+            write(&mut SseFrame::resumed(EventId::parse("3.1"))),
+            "id: 5\ndata: a\n\nid: 5.1\ndata: b\n\n"
+        );
+        // Without a group, no ids.
+        let mut plain = SseFrame::default();
+        push_event(&mut plain, |buf| buf.put_slice(b"x"));
+        assert_eq!(plain.split(), "data: x\n\n");
     }
 
     #[tokio::test(start_paused = true)]

@@ -891,6 +891,39 @@ async fn cancelling_a_queued_run_ends_it_at_once_and_never_sends_it() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_run_whose_reader_went_is_cancelled_only_when_none_came_back_within_the_grace() {
+    let mut h = Harness::expecting(Expect::terminals(1).cancels_sent(1));
+    let a = h.connect("a", 1).await;
+    let mut handle = h.start(spec());
+    let run = handle.run_id.clone();
+    h.report_each("a", a, &run, [RunEventKind::Started, output("so far")])
+        .await;
+
+    // The caller goes (grace 1 s); a resumed reader comes within it.
+    h.service.reader_gone(&run, "client disconnected").await;
+    sleep(Duration::from_millis(900)).await;
+    assert!(h.service.reader_back(&run));
+    sleep(Duration::from_millis(500)).await;
+    assert!(h.cancels(&run).is_empty(), "a reader came back in time");
+
+    // That reader goes too: the grace starts again from then.
+    h.service.reader_gone(&run, "client disconnected").await;
+    sleep(Duration::from_millis(990)).await;
+    assert!(h.cancels(&run).is_empty());
+    sleep(Duration::from_millis(20)).await;
+    let reason = "client disconnected".to_owned();
+    assert_eq!(h.cancels(&run), [(node_id("a"), reason)]);
+    h.report("a", a, &run, 3, cancelled("client disconnected"))
+        .await;
+    h.assert_ended_once(&mut handle);
+    assert!(
+        !h.service.reader_back(&run),
+        "an ended run has no reader to take"
+    );
+    h.finish().await;
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_cancelled_run_ends_with_the_nodes_own_cancelled_event() {
     let mut h = Harness::expecting(Expect::terminals(1).cancels_sent(1));
     let a = h.connect("a", 1).await;
