@@ -262,6 +262,15 @@ impl<W: EventWriter> Resumed<W> {
                 }
             };
             self.reopened = false;
+            if item.index != self.next {
+                // Events the journal does not hold (disabled, or over its per-run limit):
+                // what follows cannot be rendered as the first stream was.
+                self.end(Err(ApiError::internal(format!(
+                    "the run's events from position {} are not kept",
+                    self.next
+                ))));
+                break;
+            }
             self.next = item.index + 1;
             self.frame.group(item.index);
             match replayed(&item.kind, &item.json, retry_after_secs) {
