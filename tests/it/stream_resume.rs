@@ -56,8 +56,10 @@ pub fn events_in(text: &str) -> Vec<Event> {
         .collect()
 }
 
-async fn edge(grace_ms: u64) -> (TestApp, MockNode) {
-    let config = format!("{TWO_NODES}\n[runs]\nclient_resume_grace_ms = {grace_ms}\n");
+/// An edge (`runs.client_resume_grace_ms` = `grace_ms`, and `extra` config) with a mock
+/// node that streams slowly.
+async fn edge_with(grace_ms: u64, extra: &str) -> (TestApp, MockNode) {
+    let config = format!("{TWO_NODES}\n{extra}\n[runs]\nclient_resume_grace_ms = {grace_ms}\n");
     let app = spawn_app(&config).await;
     let options = MockOptions {
         behaviour: Behaviour::Echo,
@@ -69,6 +71,10 @@ async fn edge(grace_ms: u64) -> (TestApp, MockNode) {
         .expect("the mock node registers");
     app.wait_for_nodes(1).await;
     (app, node)
+}
+
+async fn edge(grace_ms: u64) -> (TestApp, MockNode) {
+    edge_with(grace_ms, "").await
 }
 
 fn client() -> reqwest::Client {
@@ -119,12 +125,23 @@ async fn read_part(
     (path, body): &(&str, Value),
     at_least: usize,
 ) -> (String, Vec<Event>) {
-    let response = client()
+    read_part_as(app, None, &(path, body.clone()), at_least).await
+}
+
+/// [`read_part`] with API key `key`.
+async fn read_part_as(
+    app: &TestApp,
+    key: Option<&str>,
+    (path, body): &(&str, Value),
+    at_least: usize,
+) -> (String, Vec<Event>) {
+    let mut request = client()
         .post(format!("http://{}{path}", app.http_addr))
-        .json(body)
-        .send()
-        .await
-        .expect("a response");
+        .json(body);
+    if let Some(key) = key {
+        request = request.bearer_auth(key);
+    }
+    let response = request.send().await.expect("a response");
     assert_eq!(response.status(), StatusCode::OK);
     let run_id = response.headers()["x-edge-run-id"]
         .to_str()
@@ -245,6 +262,39 @@ async fn only_a_resumable_run_of_the_caller_s_own_key_is_found() {
         .await
         .unwrap();
     assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+    node.kill();
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn only_the_key_that_started_a_run_resumes_its_stream() {
+    let keys = "[[api.keys]]\nkey = \"sk-a\"\nname = \"team-a\"\n\
+                [[api.keys]]\nkey = \"sk-b\"\nname = \"team-b\"\n";
+    let (app, node) = edge_with(60_000, keys).await;
+    let (run_id, first) = read_part_as(&app, Some("sk-a"), &chat_body(&words(40)), 3).await;
+    let url = format!("http://{}/v1/runs/{run_id}/stream", app.http_addr);
+    let status = |key: Option<&'static str>| {
+        let mut request = client().get(&url);
+        if let Some(key) = key {
+            request = request.bearer_auth(key);
+        }
+        async move { request.send().await.expect("a response").status() }
+    };
+    assert_eq!(status(None).await, StatusCode::UNAUTHORIZED);
+    assert_eq!(status(Some("sk-b")).await, StatusCode::NOT_FOUND);
+    let last = &first.last().expect("events").id;
+    let rest = client()
+        .get(&url)
+        .bearer_auth("sk-a")
+        .header("last-event-id", last)
+        .send()
+        .await
+        .expect("a response");
+    assert_eq!(rest.status(), StatusCode::OK);
+    let rest = events_in(&rest.text().await.expect("the rest"));
+    let joined: Vec<Event> = first.into_iter().chain(rest).collect();
+    assert_eq!(text_of(&joined), words(40));
+    app.assert_settled().await;
     node.kill();
     app.stop().await;
 }

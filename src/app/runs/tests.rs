@@ -890,14 +890,22 @@ async fn cancelling_a_queued_run_ends_it_at_once_and_never_sends_it() {
     h.finish().await;
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_run_whose_reader_went_is_cancelled_only_when_none_came_back_within_the_grace() {
+/// A harness expecting one terminal event and one cancel, with a run on node `a` that has
+/// streamed some output.
+async fn cancelled_once_after_output() -> (Harness, ConnectionId, RunHandle) {
     let mut h = Harness::expecting(Expect::terminals(1).cancels_sent(1));
     let a = h.connect("a", 1).await;
-    let mut handle = h.start(spec());
+    let handle = h.start(spec());
     let run = handle.run_id.clone();
     h.report_each("a", a, &run, [RunEventKind::Started, output("so far")])
         .await;
+    (h, a, handle)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_run_whose_reader_went_is_cancelled_only_when_none_came_back_within_the_grace() {
+    let (h, a, mut handle) = cancelled_once_after_output().await;
+    let run = handle.run_id.clone();
 
     // The caller goes (grace 1 s); a resumed reader comes within it.
     h.service.reader_gone(&run, "client disconnected").await;
@@ -925,12 +933,8 @@ async fn a_run_whose_reader_went_is_cancelled_only_when_none_came_back_within_th
 
 #[tokio::test(start_paused = true)]
 async fn a_cancelled_run_ends_with_the_nodes_own_cancelled_event() {
-    let mut h = Harness::expecting(Expect::terminals(1).cancels_sent(1));
-    let a = h.connect("a", 1).await;
-    let mut handle = h.start(spec());
+    let (h, a, mut handle) = cancelled_once_after_output().await;
     let run = handle.run_id.clone();
-    h.report_each("a", a, &run, [RunEventKind::Started, output("so far")])
-        .await;
 
     assert!(h.service.cancel(&run, "caller").await);
     assert_eq!(h.cancels(&run), [(node_id("a"), "caller".to_owned())]);
