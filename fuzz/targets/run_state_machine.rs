@@ -257,6 +257,7 @@ impl World {
             default_deadline_ms: [0, 0, 300, 2_000][usize::from(config / 64 % 4)],
             resume_grace_ms: [0, 50, 1_000, 5_000][usize::from(config / 4 % 4)],
             max_continuations: u32::from(config / 32 % 3),
+            client_resume_grace_ms: [0, 50, 1_000, 5_000][usize::from(config / 8 % 4)],
         };
         let routing_config = RoutingConfig {
             breaker: BreakerConfig {
@@ -493,6 +494,7 @@ impl World {
                     [usize::from(deadline_byte / 6 % 2)],
                 limits: None,
                 budget: None,
+                client_stream: None,
             },
         };
         let Ok(handle) = self.service.start(spec) else {

@@ -70,6 +70,7 @@ pub(crate) fn entries(
         api_key_name: None,
         queued_ms: at,
         deadline_ms: None,
+        client_stream: None,
     };
     let attempt = Attempt {
         number: 1,

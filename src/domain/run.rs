@@ -83,6 +83,10 @@ pub struct RunRouting {
     pub limits: Option<LimitPolicy>,
     /// What the run reserves of its key's token budget; `None` when the key has none.
     pub budget: Option<BudgetClaim>,
+    /// What the caller's API needs to render the run's client stream again for a caller
+    /// that resumes it (opaque to the edge: the API adapter writes and reads it); kept in
+    /// the run's record. `None` for runs whose stream cannot be resumed.
+    pub client_stream: Option<Arc<str>>,
 }
 
 impl Default for RunRouting {
@@ -94,6 +98,7 @@ impl Default for RunRouting {
             priority: Priority::default(),
             limits: None,
             budget: None,
+            client_stream: None,
         }
     }
 }

@@ -113,6 +113,9 @@ pub struct AcceptedRun {
     /// When its deadline passes, in milliseconds since the Unix epoch; `None` without one.
     /// Kept so a run taken back after an edge restart keeps its deadline.
     pub deadline_ms: Option<u64>,
+    /// What the caller's API needs to render the run's client stream again
+    /// ([`super::RunRouting::client_stream`]); `None` for runs whose stream cannot be resumed.
+    pub client_stream: Option<String>,
 }
 
 /// Everything recorded about a run.

@@ -15,6 +15,7 @@ fn record(id: &str, queued_ms: u64, outcome: RunOutcome) -> RunRecord {
         api_key_name: None,
         queued_ms,
         deadline_ms: None,
+        client_stream: None,
     });
     record.outcome = outcome;
     record

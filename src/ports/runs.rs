@@ -27,6 +27,17 @@ pub trait Runs: Send + Sync {
     /// a dispatched one is asked to stop and ends with its node's terminal event (or the
     /// edge's `cancelled` after the cancel grace). Returns whether the run was open.
     async fn cancel(&self, run_id: &RunId, reason: &str) -> bool;
+
+    /// A reader of open run `run_id`'s client stream went away (its connection dropped):
+    /// when it was the last, the run goes on for `runs.client_resume_grace_ms` so that its
+    /// caller can resume the stream ([`Runs::reader_back`]), and is cancelled for `reason`
+    /// when the grace passes with no reader (at once when the grace is 0).
+    async fn reader_gone(&self, run_id: &RunId, reason: &str);
+
+    /// A caller resumed open run `run_id`'s client stream: the run is not cancelled for
+    /// want of a reader while it reads (call [`Runs::reader_gone`] when it goes). Returns
+    /// whether the run is open.
+    fn reader_back(&self, run_id: &RunId) -> bool;
 }
 
 /// Why a run was not accepted. Accepted runs never fail this way: they end with a terminal

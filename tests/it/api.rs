@@ -852,7 +852,8 @@ async fn a_node_failure_after_streaming_began_is_an_error_chunk() {
 
 #[tokio::test]
 async fn a_client_disconnecting_mid_stream_cancels_the_run() {
-    let app = spawn_app(TWO_NODES).await;
+    // No grace for a resume: the run is cancelled as soon as its reader goes.
+    let app = spawn_app(&config("[runs]\nclient_resume_grace_ms = 0")).await;
     let slow = node(&app, "token-a", Behaviour::Echo, Duration::from_millis(20)).await;
     app.wait_for_nodes(1).await;
 

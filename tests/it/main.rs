@@ -86,5 +86,6 @@ mod resume;
 mod routing;
 mod runs;
 mod soak;
+mod stream_resume;
 mod tls;
 mod usage;

@@ -5,7 +5,8 @@
 //! completed with every delta once and in order. A run whose node never comes back ends
 //! `unknown`/`edge_crashed` after the grace. A background Responses stream read part-way
 //! before the kill is resumed after the restart by the official `openai` SDK's
-//! `responses.retrieve(id, stream=True, starting_after=N)`.
+//! `responses.retrieve(id, stream=True, starting_after=N)`. In the soak, every chat client
+//! resumes its own stream through `GET /v1/runs/{run_id}/stream` after each kill.
 
 use crate::admin_crash::{Edge, get, start_edge_with};
 use crate::common;
@@ -13,6 +14,7 @@ use crate::common;
 use crate::node;
 use crate::node_support;
 use crate::resume::open_stream_at;
+use crate::stream_resume::{Event, complete, events_in, read_until, resume, text_of};
 
 use std::path::Path;
 use std::sync::Arc;
@@ -126,20 +128,19 @@ async fn kill_after(mut edge: Edge, run_id: &str, outputs: usize) {
     edge.child.wait().await.expect("the edge is gone");
 }
 
-/// What a test has once its edge was killed mid-answer.
-struct Killed {
+/// A gated engine with [`BEFORE_THE_KILL`] deltas let out, the edge's config and node
+/// address, and the reference node.
+struct Stack {
     engine: ScriptedEngine,
     gate: Arc<Semaphore>,
     config: std::path::PathBuf,
     listen: String,
     node: RunningNode,
-    run_id: String,
     _dir: tempfile::TempDir,
 }
 
-/// An edge (resume grace `grace_ms`) and the reference node; a streamed run that has
-/// relayed [`BEFORE_THE_KILL`] deltas, and its edge killed with SIGKILL.
-async fn killed_mid_answer(grace_ms: u64) -> Killed {
+/// A [`Stack`] and its edge (resume grace `grace_ms`).
+async fn stack(grace_ms: u64) -> (Stack, Edge) {
     let (engine, gate) = gated_engine().await;
     let dir = tempfile::tempdir().expect("tempdir");
     let config = config(&engine, dir.path(), grace_ms);
@@ -147,23 +148,30 @@ async fn killed_mid_answer(grace_ms: u64) -> Killed {
     let edge = edge_at(&config, &listen).await;
     let node = spawn_node(edge.node, "token-1", |_| {});
     gate.add_permits(BEFORE_THE_KILL);
-    let run_id = start_stream(&edge).await;
-    kill_after(edge, &run_id, BEFORE_THE_KILL).await;
-    Killed {
+    let stack = Stack {
         engine,
         gate,
         config,
         listen,
         node,
-        run_id,
         _dir: dir,
-    }
+    };
+    (stack, edge)
+}
+
+/// A [`stack`]; a streamed run that has relayed [`BEFORE_THE_KILL`] deltas, and its edge
+/// killed with SIGKILL. Returns the stack and the run's id.
+async fn killed_mid_answer(grace_ms: u64) -> (Stack, String) {
+    let (stack, edge) = stack(grace_ms).await;
+    let run_id = start_stream(&edge).await;
+    kill_after(edge, &run_id, BEFORE_THE_KILL).await;
+    (stack, run_id)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_outlives_a_kill_9_of_its_edge_and_completes_once() {
-    let killed = killed_mid_answer(30_000).await;
-    let (engine, gate, run_id) = (&killed.engine, &killed.gate, &killed.run_id);
+    let (killed, run_id) = killed_mid_answer(30_000).await;
+    let (engine, gate, run_id) = (&killed.engine, &killed.gate, &run_id);
 
     // The engine goes on while the edge is away: the node buffers.
     gate.add_permits(DELTAS - BEFORE_THE_KILL + 2);
@@ -195,8 +203,8 @@ async fn a_run_outlives_a_kill_9_of_its_edge_and_completes_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_no_node_takes_back_ends_edge_crashed() {
-    let killed = killed_mid_answer(300).await;
-    let (config, listen, run_id) = (&killed.config, &killed.listen, &killed.run_id);
+    let (killed, run_id) = killed_mid_answer(300).await;
+    let (config, listen, run_id) = (&killed.config, &killed.listen, &run_id);
     killed.node.kill();
 
     let edge = edge_at(config, listen).await;
@@ -246,24 +254,13 @@ async fn read_deltas(mut response: reqwest::Response, deltas: usize) -> ReadPart
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_background_response_resumes_across_a_kill_9_of_its_edge() {
-    let (engine, gate) = gated_engine().await;
-    let dir = tempfile::tempdir().expect("tempdir");
-    let config = config(&engine, dir.path(), 30_000);
-    let listen = node_listen();
-    let edge = edge_at(&config, &listen).await;
-    let node = spawn_node(edge.node, "token-1", |_| {});
-    gate.add_permits(BEFORE_THE_KILL);
     let body = json!({
         "model": "llama/qwen", "input": "tell me a long story",
         "stream": true, "background": true,
     });
-    let (response, run_id) = open_stream_at(edge.http, "/v1/responses", &body).await;
-    let read = read_deltas(response, BEFORE_THE_KILL).await;
+    let read = |response| read_deltas(response, BEFORE_THE_KILL);
+    let (after, edge, run_id, read) = read_across_a_kill("/v1/responses", &body, read).await;
     assert_eq!(read.response_id, format!("resp_bg_{run_id}"));
-    kill_after(edge, &run_id, BEFORE_THE_KILL).await;
-
-    gate.add_permits(DELTAS - BEFORE_THE_KILL + 2);
-    let edge = edge_at(&config, &listen).await;
     let base_url = format!("http://{}", edge.http);
     let expected: String = (0..DELTAS).map(delta).collect();
     let last_seen = read.last_seen.to_string();
@@ -277,8 +274,49 @@ async fn a_background_response_resumes_across_a_kill_9_of_its_edge() {
     crate::common::python::run_client_script("responses_resume.py", &args.map(String::as_str))
         .await;
     outcome(&edge, &run_id, "completed").await;
-    assert_eq!(engine.seen().len(), 1, "taken back, not run again");
-    node.stop().await.expect("clean stop");
+    assert_eq!(after.engine.seen().len(), 1, "taken back, not run again");
+    after.node.stop().await.expect("clean stop");
+}
+
+/// A [`stack`]; a stream of `path` with `body` read by `read` (up to [`BEFORE_THE_KILL`]
+/// deltas), its edge killed with SIGKILL, the rest of the answer let out and the edge
+/// started again. Returns the stack, the restarted edge, the run's id and what `read` read.
+async fn read_across_a_kill<R, F: std::future::Future<Output = R>>(
+    path: &str,
+    body: &Value,
+    read: impl FnOnce(reqwest::Response) -> F,
+) -> (Stack, Edge, String, R) {
+    let (stack, edge) = stack(30_000).await;
+    let (response, run_id) = open_stream_at(edge.http, path, body).await;
+    let read = read(response).await;
+    kill_after(edge, &run_id, BEFORE_THE_KILL).await;
+    stack.gate.add_permits(DELTAS - BEFORE_THE_KILL + 2);
+    let edge = edge_at(&stack.config, &stack.listen).await;
+    (stack, edge, run_id, read)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_messages_stream_resumes_across_a_kill_9_of_its_edge() {
+    let body = json!({
+        "model": "llama/qwen", "max_tokens": 100, "stream": true,
+        "messages": [{"role": "user", "content": "tell me a long story"}],
+    });
+    let before: String = (0..BEFORE_THE_KILL).map(delta).collect();
+    let read = |response| read_until(response, move |events| text_of(events) == before);
+    let (after, edge, run_id, first) = read_across_a_kill("/v1/messages", &body, read).await;
+    let http = edge.http;
+    let last = first.last().map(|e| e.id.as_str());
+    let rest = resume(http, &run_id, last).await;
+    let joined: Vec<Event> = first.into_iter().chain(rest).collect();
+    let expected: String = (0..DELTAS).map(delta).collect();
+    assert_eq!(text_of(&joined), expected, "every delta once, in order");
+    let end = joined.last().and_then(|e| e.name.as_deref());
+    assert_eq!(end, Some("message_stop"));
+    // What the first stream and the resumed one wrote is the run's stream, event for event.
+    assert_eq!(joined, resume(http, &run_id, None).await);
+    outcome(&edge, &run_id, "completed").await;
+    assert_eq!(after.engine.seen().len(), 1, "taken back, not run again");
+    after.node.stop().await.expect("clean stop");
 }
 
 /// Runs in the soak.
@@ -322,6 +360,62 @@ async fn progressed(edge: &Edge, released: usize) {
     .await;
 }
 
+/// One soak client: starts a streamed chat completion (counted in `begun` once answered)
+/// and reads it to its `[DONE]`,
+/// resuming after its last event id through `GET /v1/runs/{run_id}/stream` whenever the
+/// connection ends before (at the edge `http` says now, waiting for the next one when the
+/// edge is down). Returns the run's id, every event it read and how often it resumed.
+async fn soak_client(
+    client: reqwest::Client,
+    mut http: tokio::sync::watch::Receiver<std::net::SocketAddr>,
+    begun: Arc<std::sync::atomic::AtomicUsize>,
+) -> (String, Vec<Event>, usize) {
+    let body = json!({
+        "model": "llama/qwen",
+        "stream": true,
+        "messages": [{"role": "user", "content": "tell me a long story"}],
+    });
+    let url = format!("http://{}/v1/chat/completions", *http.borrow_and_update());
+    let response = client
+        .post(url)
+        .json(&body)
+        .send()
+        .await
+        .expect("the run starts");
+    let id = response.headers()["x-edge-run-id"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    begun.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+    let mut streamed = read_events(response).await;
+    let mut resumed = 0;
+    while streamed.last().is_none_or(|e| e.data != "[DONE]") {
+        let url = format!("http://{}/v1/runs/{id}/stream", *http.borrow_and_update());
+        let mut request = client.get(url);
+        if let Some(last) = streamed.last() {
+            request = request.header("last-event-id", &last.id);
+        }
+        match request.send().await {
+            Ok(response) if response.status().is_success() => {
+                resumed += 1;
+                streamed.extend(read_events(response).await);
+            }
+            // The edge is down (or not yet the new one): wait for the next.
+            _ => http.changed().await.expect("the test still runs"),
+        }
+    }
+    (id, streamed, resumed)
+}
+
+/// The complete events of `response` until it ends or breaks.
+async fn read_events(mut response: reqwest::Response) -> Vec<Event> {
+    let mut text = String::new();
+    while let Ok(Some(bytes)) = response.chunk().await {
+        text.push_str(&String::from_utf8_lossy(&bytes));
+    }
+    events_in(&complete(&text))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn soak_runs_outlive_three_kills_of_their_edge() {
     let (engine, gate) = gated_engine().await;
@@ -339,23 +433,16 @@ async fn soak_runs_outlive_three_kills_of_their_edge() {
     // none can end before all are open.
     // The engine shares one gate among all runs, so which run gets a chunk is anyone's
     // guess: the streams are started in the background, the ids read from the listing.
-    let http = edge.http;
+    let (address, http) = tokio::sync::watch::channel(edge.http);
     // One client for all: building one loads the system's CA certificates.
     let client = common::http_client();
-    for _ in 0..SOAK_RUNS {
-        let client = client.clone();
-        tokio::spawn(async move {
-            let body = json!({
-                "model": "llama/qwen",
-                "stream": true,
-                "messages": [{"role": "user", "content": "tell me a long story"}],
-            });
-            let url = format!("http://{http}/v1/chat/completions");
-            if let Ok(mut response) = client.post(url).json(&body).send().await {
-                while let Ok(Some(_)) = response.chunk().await {}
-            }
-        });
-    }
+    let begun = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let clients: Vec<_> = (0..SOAK_RUNS)
+        .map(|_| {
+            let begun = Arc::clone(&begun);
+            tokio::spawn(soak_client(client.clone(), http.clone(), begun))
+        })
+        .collect();
     eventually_ok("every run is open", || async {
         let open = open_runs(&edge).await.len();
         if open == SOAK_RUNS { Ok(()) } else { Err(open) }
@@ -366,17 +453,70 @@ async fn soak_runs_outlive_three_kills_of_their_edge() {
         .iter()
         .filter_map(|r| r["id"].as_str().map(str::to_owned))
         .collect();
-    let mut released = 0;
+    // A client learns its run's id from the answer's headers, which wait for the first
+    // output: one chunk each (the gate lets its waiters through in order), before any kill.
+    gate.add_permits(SOAK_RUNS);
+    let mut released = SOAK_RUNS;
+    // How many kills cut each run's stream.
+    let mut cut = std::collections::HashMap::<String, usize>::new();
+    eventually_ok("every client has its run's id", || async {
+        let begun = begun.load(std::sync::atomic::Ordering::Acquire);
+        if begun == SOAK_RUNS {
+            Ok(())
+        } else {
+            Err(begun)
+        }
+    })
+    .await;
     for _ in 0..3 {
         let more = 6 * SOAK_RUNS;
         gate.add_permits(more);
         released += more;
         progressed(&edge, released).await;
+        // Every released chunk is relayed: the runs open now are open at the kill.
+        for run in open_runs(&edge).await {
+            let id = run["id"].as_str().unwrap_or_default().to_owned();
+            *cut.entry(id).or_default() += 1;
+        }
         edge.child.start_kill().expect("kill -9");
         edge.child.wait().await.expect("the edge is gone");
         edge = edge_at(&config, &listen).await;
+        address.send_replace(edge.http);
     }
     gate.add_permits(CHUNKS * SOAK_RUNS - released);
+    let expected_text: String = (0..DELTAS).map(delta).collect();
+    let mut resumes = 0;
+    for client in clients {
+        let (id, streamed, resumed) = client.await.expect("the client finished");
+        // A client resumes at least once after each kill that cut its stream.
+        let kills = cut.get(&id).copied().unwrap_or_default();
+        assert!(
+            resumed >= kills,
+            "run {id}: cut {kills} times, resumed {resumed}"
+        );
+        resumes += resumed;
+        let orders: Vec<(u64, u32)> = streamed.iter().map(Event::order).collect();
+        assert!(
+            orders.is_sorted_by(|a, b| a < b),
+            "run {id}: no event twice: {orders:?}"
+        );
+        assert_eq!(
+            text_of(&streamed),
+            expected_text,
+            "run {id}: the whole answer, once"
+        );
+        assert_eq!(
+            streamed.last().map(|e| e.data.as_str()),
+            Some("[DONE]"),
+            "run {id}"
+        );
+        // Shown completed: the run did complete.
+        outcome(&edge, &id, "completed").await;
+    }
+    assert!(
+        resumes >= SOAK_RUNS,
+        "the runs open at the first kill resumed"
+    );
     let expected: Vec<String> = (0..DELTAS).map(delta).collect();
     for id in &ids {
         outcome(&edge, id, "completed").await;

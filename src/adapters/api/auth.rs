@@ -18,8 +18,8 @@ use axum::response::Response;
 use super::error::ApiError;
 use super::response::ErrorShape;
 use super::{Api, ApiKey};
-use crate::domain::Token;
 use crate::domain::routing::{LimitPolicy, Priority, TenantKey, TokenBudget};
+use crate::domain::{AcceptedRun, Token};
 
 /// Who is calling, as routing sees it: set by the key check, read by the handlers.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -34,6 +34,15 @@ pub(super) struct Caller {
     pub limits: Option<LimitPolicy>,
     /// Its token budget, if it has one.
     pub budget: Option<TokenBudget>,
+}
+
+impl Caller {
+    /// Whether the caller may see run `accepted` again (retrieve, resume): the API key that
+    /// started it, or anyone on an open API when it was started without one.
+    pub fn owns(&self, accepted: &AcceptedRun) -> bool {
+        let key = (self.tenant != TenantKey::anonymous()).then(|| self.tenant.as_str());
+        accepted.api_key_name.as_deref() == key
+    }
 }
 
 impl Default for Caller {

@@ -184,6 +184,17 @@ impl ApiError {
         .code("not_found")
     }
 
+    /// 404: no run with this id has a stream that can be resumed (or it belongs to
+    /// another API key).
+    pub fn stream_not_found(run_id: &str) -> Self {
+        Self::new(
+            StatusCode::NOT_FOUND,
+            INVALID_REQUEST,
+            format!("No resumable stream found for run '{run_id}'."),
+        )
+        .code("not_found")
+    }
+
     /// 404 for a path the API does not have.
     pub fn unknown_url(method: &str, path: &str) -> Self {
         Self::new(

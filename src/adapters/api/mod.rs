@@ -2,7 +2,8 @@
 //! `POST /v1/completions`, `POST /v1/embeddings` and `POST /v1/responses`, Anthropic's
 //! `POST /v1/messages` and `/v1/messages/count_tokens`, and llama.cpp's (and vLLM's)
 //! `POST /tokenize` and `/detokenize`; JSON or Server-Sent Events, each with its API's error shape, so the
-//! official client libraries work unchanged.
+//! official client libraries work unchanged. The edge's own `GET /v1/runs/{run_id}/stream`
+//! resumes a streamed chat, completion or Messages answer ([`resume`]).
 //!
 //! This is the only place the external `model` notion exists: a model id is mapped to
 //! `adapter + target` here ([`models`]) and every request becomes a run started through the
@@ -22,6 +23,7 @@ mod protocol;
 mod request;
 mod response;
 mod responses;
+mod resume;
 mod routing;
 mod run;
 mod sse;
@@ -129,6 +131,7 @@ pub(crate) fn route_groups(state: &HttpState) -> [(ErrorShape, Router<HttpState>
         )
         .route("/v1/responses/{id}", get(responses::retrieve))
         .route("/v1/responses/{id}/cancel", post(responses::cancel))
+        .route("/v1/runs/{run_id}/stream", get(resume::resume))
         .route("/tokenize", post(openai::tokenize::tokenize))
         .route("/detokenize", post(openai::tokenize::detokenize));
     let anthropic = Router::new()

@@ -9,6 +9,7 @@ use serde_json::Value;
 
 use super::error::ApiError;
 use super::output::Finished;
+use super::resume::ClientStream;
 use crate::domain::StructuredOutput;
 
 /// What a request of another API becomes: a chat-completions body for one model.
@@ -22,6 +23,11 @@ pub(super) trait ChatTranslation {
     /// Whether the run outlives the caller's connection (Responses `background: true`).
     fn background(&self) -> bool {
         false
+    }
+    /// How its stream is rendered again for a caller that resumes it (`GET
+    /// /v1/runs/{run_id}/stream`); `None` where the API resumes its own way, or not at all.
+    fn client_stream(&self) -> Option<ClientStream> {
+        None
     }
 }
 

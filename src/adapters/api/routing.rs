@@ -92,6 +92,7 @@ pub(super) fn run_routing(
             budget,
             reserve: keys.max_output.unwrap_or(budget.default_reserve),
         }),
+        client_stream: None,
     })
 }
 

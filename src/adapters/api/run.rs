@@ -36,19 +36,24 @@ pub const NODE_HEADER: &str = "x-edge-node";
 /// (`least_busy; attempt=2; eligible=3; queued_ms=40`).
 pub const ROUTE_HEADER: &str = "x-edge-route";
 
-/// Starts the run of `spec` for a client that named `model`.
+/// Starts the run of `spec` for a client that named `model`. A run whose spec carries a
+/// client stream is resumable: its stream's events carry ids, and its client going away
+/// mid-stream leaves it to `runs.client_resume_grace_ms` rather than cancelling it.
 ///
 /// # Errors
 /// The API's answer when the run service does not accept the run (404, 429, 503).
 pub(super) fn start(state: &HttpState, spec: RunSpec, model: &str) -> Result<ActiveRun, ApiError> {
     let retry_after = state.api.config().retry_after_secs;
+    let resumable = spec.routing.client_stream.is_some();
     let (adapter, target) = (spec.selector.adapter.clone(), spec.selector.target.clone());
     let operation = spec.operation.as_str();
     match state.runs.start(spec) {
         Ok(handle) => {
             debug!(run_id = %handle.run_id, %model, %adapter, %target, operation, "API run accepted");
             tracing::trace!(target: hops::TARGET, hop = hops::API_ACCEPTED, run_id = %handle.run_id);
-            Ok(ActiveRun::new(Arc::clone(&state.runs), handle, retry_after))
+            let mut run = ActiveRun::new(Arc::clone(&state.runs), handle, retry_after);
+            run.resumable = resumable;
+            Ok(run)
         }
         Err(error) => {
             debug!(%model, %adapter, %target, %error, "API run not accepted");
@@ -124,6 +129,11 @@ pub(super) enum Step {
 /// A run the API is answering for. Dropping it before its end cancels the run on the node.
 pub(super) struct ActiveRun {
     events: mpsc::Receiver<Arc<RunEvent>>,
+    /// Events received so far, skipped ones included: the run service hands the caller
+    /// every event it relays, in order, so the latest is at position `received - 1`.
+    received: u64,
+    /// Whether a caller may resume its stream (`resume.rs`).
+    resumable: bool,
     guard: CancelOnDrop,
     retry_after_secs: u64,
     /// The node of the latest attempt seen, and why it was chosen.
@@ -136,10 +146,13 @@ impl ActiveRun {
         let RunHandle { run_id, events, .. } = handle;
         Self {
             events,
+            received: 0,
+            resumable: false,
             guard: CancelOnDrop {
                 runs,
                 run_id,
                 open: true,
+                resumable: false,
             },
             retry_after_secs,
             node: None,
@@ -156,6 +169,22 @@ impl ActiveRun {
     /// `background: true`).
     pub fn detach(&mut self) {
         self.guard.open = false;
+    }
+
+    /// Whether a caller may resume the run's stream.
+    pub fn resumable(&self) -> bool {
+        self.resumable
+    }
+
+    /// The position among the run's events of the latest one received.
+    pub fn position(&self) -> u64 {
+        self.received.saturating_sub(1)
+    }
+
+    /// The run's stream is being answered: from now on, a client that goes away leaves a
+    /// resumable run to its grace rather than cancelling it.
+    pub fn streaming(&mut self) {
+        self.guard.resumable = self.resumable;
     }
 
     /// The headers that tell where the run went, as far as its events have said so far.
@@ -178,10 +207,13 @@ impl ActiveRun {
         loop {
             let Some(event) = ready!(self.events.poll_recv(cx)) else {
                 self.guard.open = false;
+                // The stream's error event gets an id of its own.
+                self.received += 1;
                 return Poll::Ready(Step::End(Err(ApiError::internal(
                     "the run ended without a terminal event",
                 ))));
             };
+            self.received += 1;
             let end = match &event.kind {
                 RunEventKind::Started => {
                     // A failed-over run has one per attempt; the latest one counts.
@@ -277,10 +309,30 @@ impl Output {
 
 /// Cancels the run on drop while it is open: the handler's future (before the answer) or
 /// the SSE body (while streaming) owns it, and both are dropped when the client goes away.
-struct CancelOnDrop {
+/// A resumable stream's reader only tells the run service it went
+/// ([`Runs::reader_gone`]): the run is cancelled when no caller resumes within the grace.
+pub(super) struct CancelOnDrop {
     runs: Arc<dyn Runs>,
     run_id: RunId,
     open: bool,
+    resumable: bool,
+}
+
+impl CancelOnDrop {
+    /// The guard of a resumed stream's reader of open run `run_id`.
+    pub(super) fn resumed(runs: Arc<dyn Runs>, run_id: RunId) -> Self {
+        Self {
+            runs,
+            run_id,
+            open: true,
+            resumable: true,
+        }
+    }
+
+    /// The run has ended: dropping the guard does nothing.
+    pub(super) fn ended(&mut self) {
+        self.open = false;
+    }
 }
 
 impl Drop for CancelOnDrop {
@@ -291,13 +343,20 @@ impl Drop for CancelOnDrop {
         let Ok(runtime) = Handle::try_current() else {
             return;
         };
-        debug!(run_id = %self.run_id, "the client went away; cancelling the run");
         let runs = Arc::clone(&self.runs);
         let run_id = self.run_id.clone();
         // Short-lived: `cancel` sends CancelRun and arms the run service's own (tracked)
-        // grace timer, then returns.
-        runtime.spawn(async move {
-            runs.cancel(&run_id, CLIENT_GONE).await;
-        });
+        // grace timer, `reader_gone` arms its resume grace timer; both then return.
+        if self.resumable {
+            debug!(run_id = %self.run_id, "the client went away; the run waits for a resume");
+            runtime.spawn(async move {
+                runs.reader_gone(&run_id, CLIENT_GONE).await;
+            });
+        } else {
+            debug!(run_id = %self.run_id, "the client went away; cancelling the run");
+            runtime.spawn(async move {
+                runs.cancel(&run_id, CLIENT_GONE).await;
+            });
+        }
     }
 }

@@ -4,10 +4,17 @@
 //! error event.
 //!
 //! The SSE body owns the run: when the client disconnects, hyper drops the body and the run
-//! is cancelled on the node (unless the run was detached: Responses `background: true`). Every event the run has ready when hyper asks for more goes
-//! out in one body frame (one write), rendered straight into that frame's buffer.
+//! is cancelled on the node (unless the run was detached: Responses `background: true`; a
+//! resumable stream's run goes on for `runs.client_resume_grace_ms`, see `resume.rs`).
+//! Every event the run has ready when hyper asks for more goes out in one body frame (one
+//! write), rendered straight into that frame's buffer.
+//!
+//! A resumable stream's events carry an `id:` ([`EventId`]): the position of the run's
+//! event they were rendered from, so a replay of the run's events gives every SSE event
+//! the same id again and a resume can continue after any of them.
 
 use std::convert::Infallible;
+use std::fmt::{self, Write as _};
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -22,12 +29,13 @@ use tokio::time::{Instant, Sleep};
 
 use super::error::ApiError;
 use super::output::Finished;
-use super::run::{ActiveRun, Output, Step};
+use super::run::{ActiveRun, Step};
+use crate::domain::StructuredOutput;
 use crate::hops;
 
 /// How long a stream may stay silent before a comment line keeps idle-timeout proxies from
 /// closing it.
-const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(15);
+pub(super) const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(15);
 
 /// The keep-alive comment.
 pub(super) const KEEP_ALIVE_COMMENT: &[u8] = b":\n\n";
@@ -42,11 +50,11 @@ const FIRST_FRAME_CAPACITY: usize = 4 * 1024;
 /// closing events of a run's end, each appended to the frame being filled.
 pub(super) trait EventWriter: Send + Unpin + 'static {
     /// The events that open the stream (written before the first output).
-    fn open(&mut self, frame: &mut BytesMut);
-    /// The events of one piece of output.
-    fn output(&mut self, output: &Output, frame: &mut BytesMut);
+    fn open(&mut self, frame: &mut SseFrame);
+    /// The events of one piece of output: its text and its structured parts.
+    fn output(&mut self, text: &str, structured: Option<&StructuredOutput>, frame: &mut SseFrame);
     /// The events that end the stream: after success, or the API's error event.
-    fn close(&mut self, end: Result<Finished, ApiError>, frame: &mut BytesMut);
+    fn close(&mut self, end: Result<Finished, ApiError>, frame: &mut SseFrame);
     /// What is sent when the stream has been silent for a while (an SSE comment unless the
     /// API has an event for it).
     fn keep_alive(&self) -> Bytes {
@@ -56,18 +64,27 @@ pub(super) trait EventWriter: Send + Unpin + 'static {
 
 /// Answers with an SSE stream, given its first step (output or a successful end) when it
 /// has already been read.
-pub(super) fn respond<W: EventWriter>(run: ActiveRun, writer: W, first: Option<Step>) -> Response {
+pub(super) fn respond<W: EventWriter>(
+    mut run: ActiveRun,
+    writer: W,
+    first: Option<Step>,
+) -> Response {
+    run.streaming();
+    let ids = run.resumable();
     let mut body = SseBody {
         run,
         writer,
-        frame: BytesMut::with_capacity(FIRST_FRAME_CAPACITY),
+        frame: SseFrame::with_capacity(FIRST_FRAME_CAPACITY),
+        ids,
+        opened: false,
         done: false,
         last_sent: Instant::now(),
         keep_alive: None,
     };
-    body.writer.open(&mut body.frame);
-    if let Some(first) = first {
-        body.absorb(first);
+    match first {
+        Some(first) => body.absorb(first),
+        // The stream begins at once, before the run's first event.
+        None => body.open(),
     }
     event_stream(Body::new(body))
 }
@@ -95,7 +112,11 @@ struct SseBody<W> {
     /// Renders the API's events.
     writer: W,
     /// Events rendered and not yet handed to hyper.
-    frame: BytesMut,
+    frame: SseFrame,
+    /// Whether the events carry ids (the stream can be resumed).
+    ids: bool,
+    /// Whether the opening events are written.
+    opened: bool,
     /// The run has ended; send what is rendered, then end.
     done: bool,
     /// When the last frame was handed to hyper.
@@ -122,7 +143,7 @@ impl<W: EventWriter> HttpBody for SseBody<W> {
         if !body.frame.is_empty() {
             body.last_sent = Instant::now();
             tracing::trace!(target: hops::TARGET, hop = hops::API_FRAME, run_id = %body.run.id());
-            return Poll::Ready(Some(Ok(Frame::data(body.frame.split().freeze()))));
+            return Poll::Ready(Some(Ok(Frame::data(body.frame.split()))));
         }
         if body.done {
             return Poll::Ready(None);
@@ -155,9 +176,25 @@ impl<W: EventWriter> SseBody<W> {
         Poll::Ready(Some(Ok(Frame::data(self.writer.keep_alive()))))
     }
 
+    fn open(&mut self) {
+        if !self.opened {
+            self.opened = true;
+            self.writer.open(&mut self.frame);
+        }
+    }
+
+    /// Writes `step`, the opening events first; its events' ids follow the position of
+    /// the run's event it came from.
     fn absorb(&mut self, step: Step) {
+        if self.ids {
+            self.frame.group(self.run.position());
+        }
+        self.open();
         match step {
-            Step::Output(output) => self.writer.output(&output, &mut self.frame),
+            Step::Output(output) => {
+                let (text, structured) = (output.text(), output.structured());
+                self.writer.output(text, structured, &mut self.frame);
+            }
             Step::End(end) => {
                 self.writer.close(end, &mut self.frame);
                 self.done = true;
@@ -166,21 +203,125 @@ impl<W: EventWriter> SseBody<W> {
     }
 }
 
+/// The id of one SSE event of a resumable stream: the position of the run's event it was
+/// rendered from, and its place among the SSE events that one made. Written `P` for the
+/// first of them and `P.K` for the next; a resume continues after it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) struct EventId {
+    position: u64,
+    part: u32,
+}
+
+impl EventId {
+    /// Reads an id as [`fmt::Display`] writes it; `None` when it is not one.
+    pub fn parse(text: &str) -> Option<Self> {
+        let (position, part) = match text.trim().split_once('.') {
+            Some((position, part)) => (position, part.parse().ok()?),
+            None => (text.trim(), 0),
+        };
+        Some(Self {
+            position: position.parse().ok()?,
+            part,
+        })
+    }
+}
+
+impl fmt::Display for EventId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.part {
+            0 => write!(f, "{}", self.position),
+            part => write!(f, "{}.{part}", self.position),
+        }
+    }
+}
+
+/// SSE events being written into one body frame, each with its [`EventId`] when the
+/// stream has them.
+#[derive(Debug, Default)]
+pub(super) struct SseFrame {
+    buf: BytesMut,
+    /// The next event's id; `None` when the events carry none.
+    next: Option<EventId>,
+    /// A resumed stream's caller has every event up to this one: they are rendered (the
+    /// writers keep state across events) but not written.
+    skip_through: Option<EventId>,
+}
+
+impl SseFrame {
+    /// An empty frame whose events carry no ids.
+    pub fn with_capacity(capacity: usize) -> Self {
+        Self {
+            buf: BytesMut::with_capacity(capacity),
+            ..Self::default()
+        }
+    }
+
+    /// An empty frame of a resumed stream: the events up to `skip_through` are left out.
+    pub fn resumed(skip_through: Option<EventId>) -> Self {
+        Self {
+            skip_through,
+            ..Self::default()
+        }
+    }
+
+    /// The events written from now on come from the run's event at `position`.
+    pub fn group(&mut self, position: u64) {
+        self.next = Some(EventId { position, part: 0 });
+    }
+
+    /// Whether nothing is written.
+    pub fn is_empty(&self) -> bool {
+        self.buf.is_empty()
+    }
+
+    fn len(&self) -> usize {
+        self.buf.len()
+    }
+
+    /// What is written, taken out of the frame.
+    pub fn split(&mut self) -> Bytes {
+        self.buf.split().freeze()
+    }
+
+    /// Appends one event: its id line, then what `write` writes (its `event`/`data`
+    /// lines); leaves it out again when the resumed stream's caller has it.
+    fn event(&mut self, write: impl FnOnce(&mut BytesMut)) {
+        let start = self.buf.len();
+        let id = self.next;
+        if let Some(id) = id {
+            // Formatting into a `BytesMut` cannot fail, and allocates nothing new.
+            let _ = writeln!(self.buf, "id: {id}");
+            self.next = Some(EventId {
+                part: id.part + 1,
+                ..id
+            });
+        }
+        write(&mut self.buf);
+        if id.is_some() && id <= self.skip_through {
+            self.buf.truncate(start);
+        }
+    }
+}
+
 /// Appends one unnamed SSE event whose data `write_data` writes (JSON, or `[DONE]`: never
 /// a line break).
-pub(super) fn push_event(frame: &mut BytesMut, write_data: impl FnOnce(&mut BytesMut)) {
-    frame.put_slice(b"data: ");
-    write_data(frame);
-    frame.put_slice(b"\n\n");
+pub(super) fn push_event(frame: &mut SseFrame, write_data: impl FnOnce(&mut BytesMut)) {
+    frame.event(|buf| {
+        buf.put_slice(b"data: ");
+        write_data(buf);
+        buf.put_slice(b"\n\n");
+    });
 }
 
 /// Appends one SSE event named `name` whose data is `data` as JSON.
-pub(super) fn push_named_event(frame: &mut BytesMut, name: &str, data: &impl Serialize) {
-    frame.put_slice(b"event: ");
-    frame.put_slice(name.as_bytes());
-    frame.put_slice(b"\ndata: ");
-    write_json(frame, data);
-    frame.put_slice(b"\n\n");
+pub(super) fn push_named_event(frame: &mut SseFrame, name: &str, data: &impl Serialize) {
+    frame.event(|buf| {
+        buf.put_slice(b"event: ");
+        buf.put_slice(name.as_bytes());
+        buf.put_slice(b"\ndata: ");
+        write_json(buf, data);
+        buf.put_slice(b"\n\n");
+    });
 }
 
 /// Writes `value` as JSON (serde_json escapes line breaks inside strings, so it is one line).
@@ -240,6 +381,44 @@ mod tests {
 
     fn events_in(frame: &str) -> Vec<&str> {
         frame.split_terminator("\n\n").collect()
+    }
+
+    #[test]
+    fn event_ids_read_back_as_written_and_order_by_position_then_part() {
+        for text in ["0", "7", "7.1", "12.3"] {
+            assert_eq!(EventId::parse(text).unwrap().to_string(), text);
+        }
+        assert_eq!(EventId::parse(" 7.0 ").unwrap().to_string(), "7");
+        for bad in ["", "x", "7.", ".1", "-1", "7.1.2"] {
+            assert_eq!(EventId::parse(bad), None, "{bad:?}");
+        }
+        assert!(EventId::parse("7.2") < EventId::parse("8"));
+        assert!(EventId::parse("7") < EventId::parse("7.1"));
+    }
+
+    #[test]
+    fn a_resumed_frame_leaves_out_the_events_up_to_the_last_one_seen() {
+        let write = |frame: &mut SseFrame| {
+            for position in [3, 5] {
+                frame.group(position);
+                for data in ["a", "b"] {
+                    push_event(frame, |buf| buf.put_slice(data.as_bytes()));
+                }
+            }
+            String::from_utf8(frame.split().to_vec()).unwrap()
+        };
+        assert_eq!(
+            write(&mut SseFrame::resumed(None)),
+            "id: 3\ndata: a\n\nid: 3.1\ndata: b\n\nid: 5\ndata: a\n\nid: 5.1\ndata: b\n\n"
+        );
+        assert_eq!(
+            write(&mut SseFrame::resumed(EventId::parse("3.1"))),
+            "id: 5\ndata: a\n\nid: 5.1\ndata: b\n\n"
+        );
+        // Without a group, no ids.
+        let mut plain = SseFrame::default();
+        push_event(&mut plain, |buf| buf.put_slice(b"x"));
+        assert_eq!(plain.split(), "data: x\n\n");
     }
 
     #[tokio::test(start_paused = true)]

@@ -9,7 +9,7 @@ use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse as _, Response};
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use serde_json::Value;
 
 use super::auth::Caller;
@@ -19,10 +19,10 @@ use super::protocol::{ApiEvent, ChatTranslation, StreamTranslator};
 use super::request::{deadline, read_body, run_spec};
 use super::response::ErrorShape;
 use super::routing::{ClientKeys, max_output, prefix_of_value, run_routing};
-use super::run::{self, ActiveRun, Output, Step};
-use super::sse::{self, EventWriter, push_named_event};
+use super::run::{self, ActiveRun, Step};
+use super::sse::{self, EventWriter, SseFrame, push_named_event};
 use crate::adapters::http::HttpState;
-use crate::domain::{Operation, RunId, RunSpec};
+use crate::domain::{Operation, RunId, RunSpec, StructuredOutput};
 
 /// One API served as a chat run: how its requests translate, where its client keys are,
 /// its error shape, and its answers — streamed through a translator, or whole.
@@ -57,10 +57,11 @@ pub(super) async fn serve_chat_run<T: ChatTranslation, S: StreamTranslator>(
     let error_response = |error: &ApiError| api.error_shape.render(error);
     let chat = Operation::Chat;
     let prepared = chat_run(state, caller, headers, body, api.translate, api.keys, chat);
-    let (translated, spec) = match prepared {
+    let (translated, mut spec) = match prepared {
         Ok(prepared) => prepared,
         Err(error) => return error_response(&error),
     };
+    spec.routing.client_stream = translated.client_stream().map(|stream| stream.to_json());
     let mut run = match run::start(state, spec, translated.model()) {
         Ok(run) => run,
         Err(error) => return error_response(&error),
@@ -150,24 +151,24 @@ pub(super) fn chat_run<T: ChatTranslation>(
 pub(super) struct NamedEvents<T>(pub T);
 
 impl<T: StreamTranslator> EventWriter for NamedEvents<T> {
-    fn open(&mut self, frame: &mut BytesMut) {
+    fn open(&mut self, frame: &mut SseFrame) {
         write_all(frame, self.0.open());
     }
 
-    fn output(&mut self, output: &Output, frame: &mut BytesMut) {
-        write_all(frame, self.0.output(output.text(), output.structured()));
+    fn output(&mut self, text: &str, structured: Option<&StructuredOutput>, frame: &mut SseFrame) {
+        write_all(frame, self.0.output(text, structured));
     }
 
-    fn close(&mut self, end: Result<Finished, ApiError>, frame: &mut BytesMut) {
+    fn close(&mut self, end: Result<Finished, ApiError>, frame: &mut SseFrame) {
         write_all(frame, self.0.close(end.as_ref()));
     }
 
     fn keep_alive(&self) -> bytes::Bytes {
         match self.0.keep_alive() {
             Some(event) => {
-                let mut frame = BytesMut::new();
+                let mut frame = SseFrame::default();
                 push_named_event(&mut frame, event.name, &event.data);
-                frame.freeze()
+                frame.split()
             }
             None => bytes::Bytes::from_static(super::sse::KEEP_ALIVE_COMMENT),
         }
@@ -175,7 +176,7 @@ impl<T: StreamTranslator> EventWriter for NamedEvents<T> {
 }
 
 /// Appends `events` as named SSE events.
-pub(super) fn write_all(frame: &mut BytesMut, events: Vec<ApiEvent>) {
+pub(super) fn write_all(frame: &mut SseFrame, events: Vec<ApiEvent>) {
     for event in events {
         push_named_event(frame, event.name, &event.data);
     }

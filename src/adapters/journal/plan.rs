@@ -366,9 +366,9 @@ const INSERT_RUN: &str = "INSERT OR IGNORE INTO runs (seq, run_id, adapter, targ
         pin, api_key_name, queued_ms, node, route_reason, started_ms, events_inline,
         events_inline_count, outcome, first_output_ms, finished_ms, code, message, finish_reason,
         input_tokens, output_tokens, cached_input_tokens, reasoning_tokens, events, events_stored,
-        deadline_ms)
+        deadline_ms, client_stream)
     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18,
-        ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26)";
+        ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27)";
 
 fn insert_run<'a>(
     insert: &mut CachedStatement<'_>,
@@ -380,7 +380,7 @@ fn insert_run<'a>(
     let text = |v: Option<&'a str>| v.map_or(ValueRef::Null, |t| ValueRef::Text(t.as_bytes()));
     let attempt = inline.attempt;
     let events = inline.events.as_ref();
-    let mut values = [ValueRef::Null; 26];
+    let mut values = [ValueRef::Null; 27];
     values[..13].copy_from_slice(&[
         ValueRef::Integer(write.seq),
         ValueRef::Text(run.run_id.as_str().as_bytes()),
@@ -404,6 +404,7 @@ fn insert_run<'a>(
     values[25] = run
         .deadline_ms
         .map_or(ValueRef::Null, |d| ValueRef::Integer(to_sql(d)));
+    values[26] = text(run.client_stream.as_deref());
     insert.execute(rusqlite::params_from_iter(
         values.into_iter().map(ToSqlOutput::Borrowed),
     ))?;

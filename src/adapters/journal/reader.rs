@@ -23,7 +23,7 @@ const POOL_SIZE: usize = 4;
 const RUN_COLUMNS: &str = "seq, run_id, adapter, target, operation, pin, api_key_name, queued_ms,
     first_output_ms, finished_ms, outcome, code, message, finish_reason, input_tokens,
     output_tokens, cached_input_tokens, reasoning_tokens, events, events_stored, node,
-    route_reason, started_ms, deadline_ms";
+    route_reason, started_ms, deadline_ms, client_stream";
 
 /// Read connections to one journal file.
 pub(super) struct Reader {
@@ -266,6 +266,7 @@ fn read_run(row: &Row<'_>) -> rusqlite::Result<(i64, RunRecord)> {
         api_key_name: row.get(6)?,
         queued_ms: from_sql(row.get(7)?),
         deadline_ms: time(23)?,
+        client_stream: row.get(24)?,
     };
     let tokens = |i: usize| -> rusqlite::Result<Option<u32>> { row.get(i) };
     let usage = match (tokens(14)?, tokens(15)?) {

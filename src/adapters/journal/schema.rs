@@ -24,8 +24,10 @@ use crate::domain::EDGE_CRASHED;
 
 /// The schema this code writes; a file with a newer one is refused. Schema 3 adds the
 /// `usage` rollups, a table of its own that `TABLES` creates in an older file; schema 4 a
-/// run's `deadline_ms`, so a run taken back after a restart keeps its deadline.
-const SCHEMA_VERSION: i64 = 4;
+/// run's `deadline_ms`, so a run taken back after a restart keeps its deadline; schema 5 a
+/// run's `client_stream`, what its API needs to render its stream again for a caller that
+/// resumes it.
+const SCHEMA_VERSION: i64 = 5;
 
 /// How long a connection waits for another's lock (a checkpoint, a backup) before failing.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -57,7 +59,8 @@ CREATE TABLE IF NOT EXISTS runs (
     reasoning_tokens INTEGER,
     events INTEGER NOT NULL DEFAULT 0,
     events_stored INTEGER NOT NULL DEFAULT 0,
-    deadline_ms INTEGER
+    deadline_ms INTEGER,
+    client_stream TEXT
 );
 CREATE INDEX IF NOT EXISTS runs_by_queued ON runs (queued_ms, run_id);
 CREATE INDEX IF NOT EXISTS runs_open ON runs (outcome) WHERE outcome = 'open';
@@ -108,6 +111,9 @@ ALTER TABLE runs ADD COLUMN events_inline_count INTEGER NOT NULL DEFAULT 0;
 
 /// What schema 4 adds to a file of schema 1 to 3: a run's deadline.
 const SCHEMA_3_TO_4: &str = "ALTER TABLE runs ADD COLUMN deadline_ms INTEGER;";
+
+/// What schema 5 adds to a file of schema 1 to 4: a run's client stream.
+const SCHEMA_4_TO_5: &str = "ALTER TABLE runs ADD COLUMN client_stream TEXT;";
 
 /// Why the journal's file cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -184,6 +190,9 @@ pub(super) fn open_writer(
     }
     if (1..4).contains(&found) {
         conn.execute_batch(SCHEMA_3_TO_4).map_err(sqlite)?;
+    }
+    if (1..5).contains(&found) {
+        conn.execute_batch(SCHEMA_4_TO_5).map_err(sqlite)?;
     }
     conn.execute_batch(TABLES).map_err(sqlite)?;
     conn.pragma_update(None, "user_version", SCHEMA_VERSION)

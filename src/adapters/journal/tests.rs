@@ -39,6 +39,7 @@ fn accepted(id: &str, queued_ms: u64) -> JournalEntry {
         api_key_name: Some("team-a".into()),
         queued_ms: recent(queued_ms),
         deadline_ms: None,
+        client_stream: Some(r#"{"api":"chat"}"#.into()),
     }))
 }
 
@@ -107,6 +108,10 @@ async fn a_finished_run_reads_back_with_its_attempts_and_events() {
     assert_eq!(run.outcome, RunOutcome::Completed);
     assert_eq!(run.usage, Some(Usage::new(5, 7)));
     assert_eq!(run.accepted.api_key_name.as_deref(), Some("team-a"));
+    assert_eq!(
+        run.accepted.client_stream.as_deref(),
+        Some(r#"{"api":"chat"}"#)
+    );
     assert_eq!(run.node().map(NodeId::as_str), Some("node-a"));
     assert_eq!(run.started_ms(), Some(recent(1_001)));
     assert_eq!(run.first_output_ms, Some(recent(1_003)));

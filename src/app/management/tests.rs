@@ -19,6 +19,7 @@ fn record(id: &str, queued_ms: u64) -> RunRecord {
         api_key_name: None,
         queued_ms,
         deadline_ms: None,
+        client_stream: None,
     })
 }
 

@@ -126,6 +126,8 @@ impl RunService {
         let id = accepted.run_id.clone();
         let run = Run::new(id, spec, accepted, delivery, span, Instant::now());
         run.relayed.store(held.next_index, Ordering::Release);
+        // Its caller's connection died with the previous edge: none reads its stream.
+        lock(&run.readers).count = 0;
         run.first_output_ms
             .store(record.first_output_ms.unwrap_or(0), Ordering::Release);
         {

@@ -40,6 +40,9 @@ pub struct RunsConfig {
     /// How many times a run whose node was lost after output may be carried on by another
     /// node from the output already relayed (0 to 10; 0 turns continuation off).
     pub max_continuations: u32,
+    /// How long a streamed run whose client's connection dropped goes on for a caller to
+    /// resume its stream before it is cancelled; 0 cancels it at once.
+    pub client_resume_grace_ms: u64,
 }
 
 impl Default for RunsConfig {
@@ -53,6 +56,7 @@ impl Default for RunsConfig {
             default_deadline_ms: 0,
             resume_grace_ms: 5_000,
             max_continuations: 1,
+            client_resume_grace_ms: 10_000,
         }
     }
 }
@@ -71,6 +75,11 @@ impl RunsConfig {
     /// `resume_grace_ms` as a duration, or `None` when it is 0 (resume off).
     pub fn resume_grace(&self) -> Option<Duration> {
         (self.resume_grace_ms > 0).then(|| Duration::from_millis(self.resume_grace_ms))
+    }
+
+    /// `client_resume_grace_ms` as a duration.
+    pub fn client_resume_grace(&self) -> Duration {
+        Duration::from_millis(self.client_resume_grace_ms)
     }
 
     /// `default_deadline_ms` as a duration, or `None` when it is 0 (no deadline).

@@ -37,6 +37,7 @@ pub(super) fn accepted(id: &RunId, spec: &RunSpec) -> AcceptedRun {
             .then(|| spec.routing.tenant.as_str().to_owned()),
         queued_ms,
         deadline_ms: spec.deadline.map(|d| queued_ms.saturating_add(millis(d))),
+        client_stream: spec.routing.client_stream.as_deref().map(str::to_owned),
     }
 }
 

@@ -20,6 +20,8 @@
 //!   drops, re-attached when the node comes back and claims them;
 //! - `adopt.rs` — the runs a previous edge left open in the journal, taken back at start
 //!   and held like detached runs for their nodes to claim;
+//! - `readers.rs` — the readers of a run's client stream: a streamed run whose caller went
+//!   away is cancelled only when no caller has resumed its stream within a grace;
 //! - `budgets.rs` — the API keys' token budgets loaded from the usage rollups at start
 //!   (reserved and settled in `placement.rs`);
 //! - `config.rs` — the `[routing]` and `[limits]` sections and the policy they build;
@@ -46,6 +48,7 @@ mod failover;
 mod live;
 mod metrics;
 mod placement;
+mod readers;
 mod resume;
 mod resume_metrics;
 mod routing_metrics;

@@ -334,6 +334,14 @@ impl Runs for RunService {
     async fn cancel(&self, run_id: &RunId, reason: &str) -> bool {
         RunService::cancel(self, run_id, reason).await
     }
+
+    async fn reader_gone(&self, run_id: &RunId, reason: &str) {
+        RunService::reader_gone(self, run_id, reason).await;
+    }
+
+    fn reader_back(&self, run_id: &RunId) -> bool {
+        RunService::reader_back(self, run_id)
+    }
 }
 
 #[async_trait]

@@ -141,6 +141,19 @@ pub(super) struct Run {
     pub(super) first_output_ms: AtomicU64,
     /// Its route's bound instruments, found at its first dispatch.
     pub(super) route_metrics: OnceLock<Arc<RouteMetrics>>,
+    /// Who reads its client stream (`readers.rs`).
+    pub(super) readers: Mutex<Readers>,
+}
+
+/// The readers of a run's client stream: the caller that started it, and callers that
+/// resumed it.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Readers {
+    /// Readers attached now.
+    pub(super) count: u32,
+    /// Bumped whenever a reader comes or goes, so a grace timer armed when the last one
+    /// went knows whether that is still the latest news.
+    pub(super) epoch: u64,
 }
 
 impl Run {
@@ -168,6 +181,8 @@ impl Run {
             relayed: AtomicU64::new(0),
             first_output_ms: AtomicU64::new(0),
             route_metrics: OnceLock::new(),
+            // The caller that started it reads its stream.
+            readers: Mutex::new(Readers { count: 1, epoch: 0 }),
         }
     }
 

@@ -106,6 +106,7 @@ fn config() -> RunsConfig {
         // Off here, so the failover tests see a lost attempt after output end the run;
         // `tests/continuation.rs` turns it on.
         max_continuations: 0,
+        client_resume_grace_ms: 1_000,
     }
 }
 
@@ -889,14 +890,51 @@ async fn cancelling_a_queued_run_ends_it_at_once_and_never_sends_it() {
     h.finish().await;
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_cancelled_run_ends_with_the_nodes_own_cancelled_event() {
+/// A harness expecting one terminal event and one cancel, with a run on node `a` that has
+/// streamed some output.
+async fn cancelled_once_after_output() -> (Harness, ConnectionId, RunHandle) {
     let mut h = Harness::expecting(Expect::terminals(1).cancels_sent(1));
     let a = h.connect("a", 1).await;
-    let mut handle = h.start(spec());
+    let handle = h.start(spec());
     let run = handle.run_id.clone();
     h.report_each("a", a, &run, [RunEventKind::Started, output("so far")])
         .await;
+    (h, a, handle)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_run_whose_reader_went_is_cancelled_only_when_none_came_back_within_the_grace() {
+    let (h, a, mut handle) = cancelled_once_after_output().await;
+    let run = handle.run_id.clone();
+
+    // The caller goes (grace 1 s); a resumed reader comes within it.
+    h.service.reader_gone(&run, "client disconnected").await;
+    sleep(Duration::from_millis(900)).await;
+    assert!(h.service.reader_back(&run));
+    sleep(Duration::from_millis(500)).await;
+    assert!(h.cancels(&run).is_empty(), "a reader came back in time");
+
+    // That reader goes too: the grace starts again from then.
+    h.service.reader_gone(&run, "client disconnected").await;
+    sleep(Duration::from_millis(990)).await;
+    assert!(h.cancels(&run).is_empty());
+    sleep(Duration::from_millis(20)).await;
+    let reason = "client disconnected".to_owned();
+    assert_eq!(h.cancels(&run), [(node_id("a"), reason)]);
+    h.report("a", a, &run, 3, cancelled("client disconnected"))
+        .await;
+    h.assert_ended_once(&mut handle);
+    assert!(
+        !h.service.reader_back(&run),
+        "an ended run has no reader to take"
+    );
+    h.finish().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cancelled_run_ends_with_the_nodes_own_cancelled_event() {
+    let (h, a, mut handle) = cancelled_once_after_output().await;
+    let run = handle.run_id.clone();
 
     assert!(h.service.cancel(&run, "caller").await);
     assert_eq!(h.cancels(&run), [(node_id("a"), "caller".to_owned())]);
@@ -1463,6 +1501,7 @@ async fn interleave(ops: Vec<Op>) {
             default_deadline_ms: 0,
             resume_grace_ms: 250,
             max_continuations: 1,
+            client_resume_grace_ms: 0,
         },
         &breakers,
         Expect::default(),

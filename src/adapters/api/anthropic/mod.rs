@@ -20,7 +20,7 @@ use serde_json::Value;
 use super::error::ApiError;
 use super::response::ErrorShape;
 use super::routing::ClientKeys;
-use super::translate::ChatApi;
+use super::translate::{ChatApi, NamedEvents};
 use crate::domain::RunId;
 use message::{error_body, message};
 use request::MessagesRequest;
@@ -63,6 +63,15 @@ fn session_in_user_id(user_id: &str) -> Option<String> {
         .ok()
         .map(|id| id.session_id)
         .filter(|session| !session.is_empty())
+}
+
+/// The writer of a Messages stream answering run `run_id` with `model` (a resumed stream).
+pub(super) fn stream_writer(
+    run_id: &RunId,
+    model: String,
+    thinking: bool,
+) -> NamedEvents<MessagesStream> {
+    NamedEvents(MessagesStream::new(message_id(run_id), model, thinking))
 }
 
 /// The id of the message answering run `run_id`.

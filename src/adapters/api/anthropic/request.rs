@@ -8,6 +8,7 @@ use serde_json::{Map, Value, json};
 
 use super::super::error::ApiError;
 use super::super::protocol::ChatTranslation;
+use super::super::resume::ClientStream;
 
 /// A checked Messages request, translated.
 #[derive(Debug, Clone, PartialEq)]
@@ -33,6 +34,13 @@ impl ChatTranslation for MessagesRequest {
 
     fn stream(&self) -> bool {
         self.stream
+    }
+
+    fn client_stream(&self) -> Option<ClientStream> {
+        self.stream.then(|| ClientStream::Messages {
+            model: self.model.clone(),
+            thinking: self.thinking,
+        })
     }
 }
 

@@ -17,8 +17,7 @@ use super::super::output::{
     chat_logprobs_json, legacy_logprobs_json, tool_call_deltas_json, usage_json,
 };
 use super::super::request::Endpoint;
-use super::super::run::Output;
-use super::super::sse::{EventWriter, push_event, write_json};
+use super::super::sse::{EventWriter, SseFrame, push_event, write_json};
 use super::reply::Reply;
 use crate::domain::{StructuredOutput, Usage};
 
@@ -75,20 +74,20 @@ struct Envelope<'a> {
 }
 
 impl EventWriter for ChunkWriter {
-    fn open(&mut self, frame: &mut BytesMut) {
+    fn open(&mut self, frame: &mut SseFrame) {
         if self.endpoint == Endpoint::Chat {
             self.push(Piece::Start, frame);
         }
     }
 
-    fn output(&mut self, output: &Output, frame: &mut BytesMut) {
-        match output.structured() {
-            None => self.push(Piece::Text(output.text()), frame),
-            Some(structured) => self.push(Piece::Structured(output.text(), structured), frame),
+    fn output(&mut self, text: &str, structured: Option<&StructuredOutput>, frame: &mut SseFrame) {
+        match structured {
+            None => self.push(Piece::Text(text), frame),
+            Some(structured) => self.push(Piece::Structured(text, structured), frame),
         }
     }
 
-    fn close(&mut self, end: Result<Finished, ApiError>, frame: &mut BytesMut) {
+    fn close(&mut self, end: Result<Finished, ApiError>, frame: &mut SseFrame) {
         match end {
             Ok(finished) => {
                 self.push(Piece::Finish(&finished.finish_reason), frame);
@@ -129,7 +128,7 @@ impl ChunkWriter {
     }
 
     /// Appends the SSE event of `piece`.
-    fn push(&mut self, piece: Piece<'_>, frame: &mut BytesMut) {
+    fn push(&mut self, piece: Piece<'_>, frame: &mut SseFrame) {
         push_event(frame, |frame| self.render(piece, frame));
     }
 

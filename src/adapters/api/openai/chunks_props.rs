@@ -1,13 +1,12 @@
 //! The property the Anthropic and Responses writers have, for OpenAI's chunk writer: any
 //! sequence of run output and any end becomes a well-formed chunk stream.
 
-use bytes::BytesMut;
 use proptest::prelude::*;
 use serde_json::Value;
 
 use super::super::super::protocol::strategies::{self, end, output_of, piece};
 use super::super::super::request::Endpoint;
-use super::super::super::sse::EventWriter;
+use super::super::super::sse::{EventWriter, SseFrame};
 use super::super::reply::Reply;
 use super::{ChunkWriter, Piece};
 use crate::domain::RunId;
@@ -19,7 +18,7 @@ fn stream(
     end: &Result<super::Finished, super::ApiError>,
 ) -> Vec<String> {
     let mut writer = ChunkWriter::new(reply);
-    let mut frame = BytesMut::new();
+    let mut frame = SseFrame::default();
     writer.open(&mut frame);
     for generated in pieces {
         let (text, structured) = output_of(generated);
@@ -29,7 +28,7 @@ fn stream(
         }
     }
     writer.close(end.clone(), &mut frame);
-    let body = String::from_utf8(frame.to_vec()).expect("the stream is UTF-8");
+    let body = String::from_utf8(frame.split().to_vec()).expect("the stream is UTF-8");
     body.split_terminator("\n\n")
         .map(|event| {
             event

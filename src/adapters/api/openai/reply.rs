@@ -14,6 +14,7 @@ use super::super::auth::Caller;
 use super::super::output::Finished;
 use super::super::output::{Collected, usage_json};
 use super::super::request::{self, ApiRequest, Endpoint};
+use super::super::resume::ClientStream;
 use super::super::run::{self, Step};
 use super::super::sse;
 use super::chunks::ChunkWriter;
@@ -37,16 +38,22 @@ pub(in crate::adapters::api) async fn respond(
         model,
         stream,
         include_usage,
-        spec,
+        mut spec,
     } = match request::prepare(&state.api, endpoint, &caller, &headers, body) {
         Ok(request) => request,
         Err(error) => return error.into_response(),
     };
+    let created = unix_now();
+    if stream {
+        let resumable = ClientStream::openai(endpoint, &model, created, include_usage);
+        spec.routing.client_stream = Some(resumable.to_json());
+    }
     let mut run = match run::start(&state, spec, &model) {
         Ok(run) => run,
         Err(error) => return error.into_response(),
     };
-    let reply = Reply::new(endpoint, run.id(), model, include_usage);
+    let mut reply = Reply::new(endpoint, run.id(), model, include_usage);
+    reply.created = created;
     let (response, headers) = if stream {
         let first = run.next().await;
         let headers = run.headers();

@@ -21,6 +21,7 @@ use super::routing::ClientKeys;
 use super::translate::ChatApi;
 use crate::domain::RunId;
 use items::{Outcome, ResponseBase, collected_items, response_json};
+pub(super) use replay::{Replayed, replayed};
 use request::ResponsesRequest;
 pub(super) use stored::{cancel, retrieve};
 use stream::ResponsesStream;

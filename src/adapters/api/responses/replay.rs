@@ -13,7 +13,7 @@ use crate::domain::{FailureClass, StructuredOutput, ToolCallDelta, Usage};
 
 /// What one event of the run means to the translator.
 #[derive(Debug)]
-pub(super) enum Replayed {
+pub(in crate::adapters::api) enum Replayed {
     /// A piece of output: its text, and its reasoning and tool calls if it has any.
     Output(String, Option<StructuredOutput>),
     /// The run's end.
@@ -23,7 +23,11 @@ pub(super) enum Replayed {
 }
 
 /// The event of `kind` whose JSON line is `json`; failures carry `retry_after_secs`.
-pub(super) fn replayed(kind: &str, json: &str, retry_after_secs: u64) -> Replayed {
+pub(in crate::adapters::api) fn replayed(
+    kind: &str,
+    json: &str,
+    retry_after_secs: u64,
+) -> Replayed {
     let Ok(event) = serde_json::from_str::<Value>(json) else {
         return Replayed::Skip;
     };

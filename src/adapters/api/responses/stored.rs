@@ -14,7 +14,6 @@ use axum::body::{Body, Bytes};
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
 use axum::response::{IntoResponse as _, Response};
-use bytes::BytesMut;
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -23,14 +22,13 @@ use super::super::error::ApiError;
 use super::super::models::ModelRoute;
 use super::super::protocol::{ApiEvent, StreamTranslator};
 use super::super::response::ErrorShape;
-use super::super::sse::event_stream;
+use super::super::sse::{SseFrame, event_stream};
 use super::super::translate::write_all;
 use super::items::ResponseBase;
 use super::replay::{Replayed, replayed};
 use super::stream::ResponsesStream;
 use super::{BACKGROUND_ID_PREFIX, response_id};
 use crate::adapters::http::HttpState;
-use crate::domain::routing::TenantKey;
 use crate::domain::{RunId, RunRecord};
 use crate::ports::{FeedStream, ManageError};
 
@@ -119,8 +117,7 @@ async fn find(
         Ok(None) => return Err(not_found()),
         Err(error) => return Err(manage_error(id, &error)),
     };
-    let key = (caller.tenant != TenantKey::anonymous()).then(|| caller.tenant.as_str());
-    if record.accepted.api_key_name.as_deref() != key {
+    if !caller.owns(&record.accepted) {
         return Err(not_found());
     }
     let base = base_of(&record);
@@ -245,7 +242,7 @@ struct Resumed {
 
 /// The Responses event stream of run `run_id`, replayed and then followed.
 fn stream(state: HttpState, run_id: RunId, feed: FeedStream, mut replay: Replay) -> Response {
-    let mut first = BytesMut::new();
+    let mut first = SseFrame::default();
     write_all(&mut first, replay.open());
     let resumed = Resumed {
         state,
@@ -256,7 +253,7 @@ fn stream(state: HttpState, run_id: RunId, feed: FeedStream, mut replay: Replay)
         reopened: false,
         done: false,
     };
-    let opening = futures::stream::iter([Ok::<_, Infallible>(first.freeze())]);
+    let opening = futures::stream::iter([Ok::<_, Infallible>(first.split())]);
     let rest = futures::stream::unfold(resumed, |mut resumed| async move {
         let frame = resumed.next_frame().await?;
         Some((Ok::<_, Infallible>(frame), resumed))
@@ -281,9 +278,9 @@ impl Resumed {
             let events = self.replay.feed(&item.kind, &item.json, retry_after_secs);
             self.done = self.replay.end.is_some();
             if !events.is_empty() {
-                let mut frame = BytesMut::new();
+                let mut frame = SseFrame::default();
                 write_all(&mut frame, events);
-                return Some(frame.freeze());
+                return Some(frame.split());
             }
         }
         None
@@ -304,8 +301,8 @@ impl Resumed {
         let events = self.replay.close(Err(&error));
         let events = self.replay.keep(events);
         self.done = true;
-        let mut frame = BytesMut::new();
+        let mut frame = SseFrame::default();
         write_all(&mut frame, events);
-        Some(frame.freeze())
+        Some(frame.split())
     }
 }

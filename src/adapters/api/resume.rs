@@ -1,0 +1,323 @@
+//! `GET /v1/runs/{run_id}/stream`: a streamed chat completion, completion or Messages
+//! answer resumed after `Last-Event-ID`, in the API the run was started with — the same
+//! ids, model name and framing as the first stream, because the same writer is fed the
+//! run's events again (from the journal, then live, through the management port), and every
+//! SSE event gets the same [`EventId`] from its run event's position. Works across a
+//! client's network drop and across an edge restart alike.
+//!
+//! What the journal lacks to render the stream ([`ClientStream`]: which API, the model as
+//! the client named it, ...) is kept in the run's record from its start. The resumed
+//! reader keeps the run from being cancelled for want of one (`Runs::reader_back`).
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, State};
+use axum::http::HeaderMap;
+use axum::response::Response;
+use serde::{Deserialize, Serialize};
+
+use super::anthropic;
+use super::auth::Caller;
+use super::error::ApiError;
+use super::openai::chunks::ChunkWriter;
+use super::openai::reply::Reply;
+use super::request::Endpoint;
+use super::response::ErrorShape;
+use super::responses::{Replayed, replayed};
+use super::run::{CancelOnDrop, RUN_ID_HEADER};
+use super::sse::{EventId, EventWriter, KEEP_ALIVE_INTERVAL, SseFrame, event_stream};
+use crate::adapters::http::HttpState;
+use crate::domain::RunId;
+use crate::ports::{FeedStream, ManageError};
+
+/// The header a resuming client names the last event it has in (SSE's own).
+const LAST_EVENT_ID: &str = "last-event-id";
+
+/// What a resumable run's stream is rendered from besides its events, kept in its record.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "api", rename_all = "snake_case")]
+pub(super) enum ClientStream {
+    /// `chat.completion.chunk`s.
+    Chat {
+        /// The model as the client named it.
+        model: String,
+        /// The chunks' `created`.
+        created: u64,
+        /// `stream_options.include_usage`.
+        include_usage: bool,
+    },
+    /// Streamed `text_completion`s.
+    Completion {
+        /// The model as the client named it.
+        model: String,
+        /// The chunks' `created`.
+        created: u64,
+        /// `stream_options.include_usage`.
+        include_usage: bool,
+    },
+    /// Anthropic Messages events.
+    Messages {
+        /// The model as the client named it.
+        model: String,
+        /// Whether the client asked for thinking.
+        thinking: bool,
+    },
+}
+
+impl ClientStream {
+    /// The OpenAI stream of `endpoint` answering with `model`.
+    pub fn openai(endpoint: Endpoint, model: &str, created: u64, include_usage: bool) -> Self {
+        let model = model.to_owned();
+        match endpoint {
+            Endpoint::Chat => Self::Chat {
+                model,
+                created,
+                include_usage,
+            },
+            Endpoint::Completion => Self::Completion {
+                model,
+                created,
+                include_usage,
+            },
+        }
+    }
+
+    /// As the run's spec carries it.
+    pub fn to_json(&self) -> Arc<str> {
+        // Serializing strings, numbers and booleans cannot fail.
+        Arc::from(serde_json::to_string(self).unwrap_or_default())
+    }
+}
+
+/// `GET /v1/runs/{run_id}/stream`.
+pub(super) async fn resume(
+    State(state): State<HttpState>,
+    caller: Caller,
+    Path(run): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    let run_id = RunId::new(run.as_str());
+    let answer = async {
+        let after = match headers.get(LAST_EVENT_ID).map(|v| v.to_str()) {
+            None => None,
+            Some(Ok(id)) if id.trim().is_empty() => None,
+            Some(Ok(id)) => Some(EventId::parse(id).ok_or_else(|| {
+                ApiError::invalid("Last-Event-ID", format!("{id:?} is not an event id"))
+            })?),
+            Some(Err(_)) => {
+                let message = "is not an event id".to_owned();
+                return Err(ApiError::invalid("Last-Event-ID", message));
+            }
+        };
+        let stream = find(&state, &caller, &run_id).await?;
+        // A reader first, then the feed: the run's grace cannot run out in between.
+        let reader = state
+            .runs
+            .reader_back(&run_id)
+            .then(|| CancelOnDrop::resumed(Arc::clone(&state.runs), run_id.clone()));
+        let feed = events(&state, &run_id, 0).await?;
+        let frame = SseFrame::resumed(after);
+        let resumed = (state.clone(), run_id.clone(), feed, frame, reader);
+        Ok(match stream {
+            ClientStream::Chat {
+                model,
+                created,
+                include_usage,
+            } => openai(resumed, Endpoint::Chat, model, created, include_usage),
+            ClientStream::Completion {
+                model,
+                created,
+                include_usage,
+            } => openai(resumed, Endpoint::Completion, model, created, include_usage),
+            ClientStream::Messages { model, thinking } => {
+                let writer = anthropic::stream_writer(&run_id, model, thinking);
+                respond(Resumed::new(resumed, writer))
+            }
+        })
+    };
+    match answer.await {
+        Ok(mut response) => {
+            if let Ok(value) = run_id.as_str().parse() {
+                response.headers_mut().insert(RUN_ID_HEADER, value);
+            }
+            response
+        }
+        Err(error) => ErrorShape::OpenAi.render(&error),
+    }
+}
+
+/// How run `run_id`'s stream is rendered, if the caller may see it (the API key that
+/// started it, or anyone on an open API) and it can be resumed.
+///
+/// # Errors
+/// 404 for an unknown run, another key's run, or a run whose stream cannot be resumed.
+async fn find(
+    state: &HttpState,
+    caller: &Caller,
+    run_id: &RunId,
+) -> Result<ClientStream, ApiError> {
+    let not_found = || ApiError::stream_not_found(run_id.as_str());
+    let record = match state.manage.run(run_id).await {
+        Ok(Some(record)) if caller.owns(&record.accepted) => record,
+        Ok(_) => return Err(not_found()),
+        Err(error) => return Err(manage_error(&error, not_found)),
+    };
+    record
+        .accepted
+        .client_stream
+        .as_deref()
+        .and_then(|json| serde_json::from_str(json).ok())
+        .ok_or_else(not_found)
+}
+
+async fn events(state: &HttpState, run_id: &RunId, from: u64) -> Result<FeedStream, ApiError> {
+    let not_found = || ApiError::stream_not_found(run_id.as_str());
+    state
+        .manage
+        .events(run_id, from, true)
+        .await
+        .map_err(|error| manage_error(&error, not_found))
+}
+
+fn manage_error(error: &ManageError, not_found: impl FnOnce() -> ApiError) -> ApiError {
+    match error {
+        ManageError::UnknownRun(_) => not_found(),
+        error => ApiError::internal(error.to_string()),
+    }
+}
+
+/// What every resumed stream starts from: the edge, the run, its events, the frame that
+/// skips what the caller has, and the reader's hold on the run.
+type Start = (HttpState, RunId, FeedStream, SseFrame, Option<CancelOnDrop>);
+
+/// The resumed OpenAI stream of `endpoint`.
+fn openai(
+    start: Start,
+    endpoint: Endpoint,
+    model: String,
+    created: u64,
+    include_usage: bool,
+) -> Response {
+    let mut reply = Reply::new(endpoint, &start.1, model, include_usage);
+    reply.created = created;
+    respond(Resumed::new(start, ChunkWriter::new(&reply)))
+}
+
+fn respond<W: EventWriter>(resumed: Resumed<W>) -> Response {
+    let body = futures::stream::unfold(resumed, |mut resumed| async move {
+        let frame = resumed.next_frame().await?;
+        Some((Ok::<_, Infallible>(frame), resumed))
+    });
+    event_stream(Body::from_stream(body))
+}
+
+/// What the resumed stream's body reads from and writes with.
+struct Resumed<W> {
+    state: HttpState,
+    run_id: RunId,
+    feed: FeedStream,
+    writer: W,
+    frame: SseFrame,
+    opened: bool,
+    /// The position of the next event to read.
+    next: u64,
+    /// The feed was opened again and has yielded nothing since.
+    reopened: bool,
+    done: bool,
+    /// The reader's hold on an open run; `None` once the run ended.
+    reader: Option<CancelOnDrop>,
+}
+
+impl<W: EventWriter> Resumed<W> {
+    fn new(start: Start, writer: W) -> Self {
+        let (state, run_id, feed, frame, reader) = start;
+        Self {
+            state,
+            run_id,
+            feed,
+            writer,
+            frame,
+            opened: false,
+            next: 0,
+            reopened: false,
+            done: false,
+            reader,
+        }
+    }
+
+    /// The next events, written (a keep-alive after a silence); `None` once the run's end
+    /// has been written.
+    async fn next_frame(&mut self) -> Option<Bytes> {
+        use futures::StreamExt as _;
+        let retry_after_secs = self.state.api.config().retry_after_secs;
+        while !self.done {
+            let item = match tokio::time::timeout(KEEP_ALIVE_INTERVAL, self.feed.next()).await {
+                Err(_) => return Some(self.writer.keep_alive()),
+                Ok(Some(item)) => item,
+                Ok(None) => {
+                    self.refollow().await;
+                    continue;
+                }
+            };
+            self.reopened = false;
+            if item.index != self.next {
+                // Events the journal does not hold (disabled, or over its per-run limit):
+                // what follows cannot be rendered as the first stream was.
+                self.end(Err(ApiError::internal(format!(
+                    "the run's events from position {} are not kept",
+                    self.next
+                ))));
+                break;
+            }
+            self.next = item.index + 1;
+            self.frame.group(item.index);
+            match replayed(&item.kind, &item.json, retry_after_secs) {
+                Replayed::Skip => continue,
+                Replayed::Output(text, structured) => {
+                    self.open();
+                    self.writer
+                        .output(&text, structured.as_ref(), &mut self.frame);
+                }
+                Replayed::End(end) => self.end(end),
+            }
+            if !self.frame.is_empty() {
+                return Some(self.frame.split());
+            }
+        }
+        (!self.frame.is_empty()).then(|| self.frame.split())
+    }
+
+    fn open(&mut self) {
+        if !self.opened {
+            self.opened = true;
+            self.writer.open(&mut self.frame);
+        }
+    }
+
+    fn end(&mut self, end: Result<super::output::Finished, ApiError>) {
+        self.open();
+        self.writer.close(end, &mut self.frame);
+        self.done = true;
+        if let Some(reader) = &mut self.reader {
+            reader.ended();
+        }
+    }
+
+    /// The feed ended before the run's end (a follower that fell behind is dropped):
+    /// follows again from the next event, once; a second time with nothing new, the
+    /// stream ends with the API's error event.
+    async fn refollow(&mut self) {
+        if !self.reopened {
+            self.reopened = true;
+            if let Ok(feed) = events(&self.state, &self.run_id, self.next).await {
+                self.feed = feed;
+                return;
+            }
+        }
+        self.end(Err(ApiError::internal(
+            "the run's events stopped before its end",
+        )));
+    }
+}
