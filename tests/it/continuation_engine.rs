@@ -256,15 +256,7 @@ impl Mode {
                        "prompt": format!("{PROMPT}{prefix}")}),
             ),
         };
-        let answer: Value = crate::common::http_client()
-            .post(format!("{}/{path}", llama.v1_url()))
-            .json(&body)
-            .send()
-            .await
-            .expect("llama-server answers")
-            .json()
-            .await
-            .expect("a JSON answer");
+        let answer = llama.ask(path, &body).await;
         let choice = &answer["choices"][0];
         let text = match self {
             Self::Chat => choice["message"]["content"].as_str(),
@@ -289,8 +281,8 @@ fn edge_config(first: &str, second: &str, events: &str) -> String {
     )
 }
 
-/// The next line the SDK script printed, as JSON.
-async fn next_line(lines: &mut Lines<BufReader<ChildStdout>>) -> Value {
+/// The next line the SDK script printed, as JSON (`readopt_engine` reads its script so too).
+pub(crate) async fn next_line(lines: &mut Lines<BufReader<ChildStdout>>) -> Value {
     let line = tokio::time::timeout(PATIENCE, lines.next_line())
         .await
         .expect("the SDK goes on in time")

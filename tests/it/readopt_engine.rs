@@ -25,11 +25,11 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdin, ChildStdout};
 
-use crate::admin_crash::{Edge, get, start_edge_with};
+use crate::admin_crash::{Edge, get, start_edge_with, text};
 use crate::common::engines::LlamaServer;
 use crate::common::python::client_script;
 use crate::common::{PATIENCE, edge_serve_on, eventually_ok, write_config};
-use crate::continuation_engine::{Gate, NodeProcess};
+use crate::continuation_engine::{Gate, NodeProcess, next_line};
 use crate::engines_e2e::llama_node;
 
 /// Text deltas the SDK reads before the edge is killed (the tiny model's answer has seven).
@@ -81,16 +81,6 @@ fn edge_config(v1_url: &str, grace_ms: u64) -> String {
     )
 }
 
-/// The next line the SDK script printed, as JSON.
-async fn next_line(lines: &mut Lines<BufReader<ChildStdout>>) -> Value {
-    let line = tokio::time::timeout(PATIENCE, lines.next_line())
-        .await
-        .expect("the SDK goes on in time")
-        .expect("the SDK's stdout reads")
-        .expect("the SDK printed all it had to");
-    serde_json::from_str(&line).unwrap_or_else(|e| panic!("{line:?} is not JSON: {e}"))
-}
-
 /// Reads the SDK's events until `deltas` text deltas have come.
 async fn read_deltas(lines: &mut Lines<BufReader<ChildStdout>>, deltas: usize) -> Read {
     let (mut read, mut seen) = (Read::default(), 0);
@@ -108,21 +98,13 @@ async fn read_deltas(lines: &mut Lines<BufReader<ChildStdout>>, deltas: usize) -
     read
 }
 
-/// The run's events as the edge's journal holds them (reading them flushes the journal).
+/// The kinds of the run's events as the edge's journal holds them (reading them flushes
+/// the journal).
 async fn stored_kinds(edge: &Edge, run_id: &str) -> Vec<String> {
-    let url = format!(
-        "http://{}/admin/v1/runs/{run_id}/events?format=jsonl&follow=false",
-        edge.admin
-    );
-    let text = crate::admin_support::client()
-        .get(url)
-        .send()
+    let path = format!("/admin/v1/runs/{run_id}/events?format=jsonl&follow=false");
+    text(edge.admin, &path)
         .await
-        .expect("the events are answered")
-        .text()
-        .await
-        .expect("a body");
-    text.lines()
+        .lines()
         .filter_map(|l| serde_json::from_str::<Value>(l).ok())
         .filter_map(|e| e["kind"].as_str().map(str::to_owned))
         .collect()
@@ -226,15 +208,7 @@ async fn greedy_answer(llama: &LlamaServer) -> String {
         "model": llama.model(), "temperature": 0, "max_tokens": MAX_TOKENS,
         "messages": [{"role": "user", "content": PROMPT}],
     });
-    let answer: Value = crate::common::http_client()
-        .post(format!("{}/chat/completions", llama.v1_url()))
-        .json(&body)
-        .send()
-        .await
-        .expect("llama-server answers")
-        .json()
-        .await
-        .expect("a JSON answer");
+    let answer = llama.ask("chat/completions", &body).await;
     answer["choices"][0]["message"]["content"]
         .as_str()
         .expect("an answer text")
