@@ -37,7 +37,7 @@ use crate::stats::Record;
 
 #[derive(Debug, Clone, Args)]
 pub struct ReadoptArgs {
-    /// Streamed runs open when the edge is killed.
+    /// Streamed runs open when the edge is killed (at most 1,000).
     #[arg(long, default_value_t = 200)]
     pub runs: usize,
     /// Reference nodes the runs are spread over.
@@ -177,6 +177,9 @@ fn open_streams(load: &tokio::runtime::Runtime, http: SocketAddr, count: usize) 
 pub fn run(args: &ReadoptArgs, common: &Common) -> anyhow::Result<Vec<Record>> {
     if args.before == 0 || args.before >= args.deltas {
         bail!("--before must be at least 1 and below --deltas");
+    }
+    if args.runs == 0 || args.runs > 1_000 {
+        bail!("--runs must be 1 to 1,000 (one page of the management API's listing)");
     }
     let binary = edge_bin(args.edge_bin.as_ref())?;
     let limit = Duration::from_millis(args.limit_ms);
