@@ -26,7 +26,7 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdin, ChildStdout};
 
 use crate::admin_crash::{Edge, get, start_edge_with, text};
-use crate::common::engines::LlamaServer;
+use crate::common::engines::{LlamaServer, prometheus_sample};
 use crate::common::python::client_script;
 use crate::common::{PATIENCE, edge_serve_on, eventually_ok, write_config};
 use crate::continuation_engine::{Gate, NodeProcess, next_line};
@@ -261,6 +261,16 @@ async fn a_background_response_on_a_real_engine_outlives_a_kill_9_of_its_edge() 
     assert_eq!(record["outcome"], "completed", "{record:#}");
     let attempts = record["attempts"].as_array().expect("attempts");
     assert_eq!(attempts.len(), 1, "taken back, not run again: {record:#}");
+    let metrics = crate::common::http_client()
+        .get(format!("http://{}/metrics", edge.http))
+        .send()
+        .await
+        .expect("the metrics are answered")
+        .text()
+        .await
+        .expect("a body");
+    let reattached = prometheus_sample(&metrics, "edge_runs_reattached_total", &[]);
+    assert_eq!(reattached, Some(1.0), "its node claimed it");
     killed.node.take().expect("the node").kill().await;
 }
 
