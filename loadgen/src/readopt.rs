@@ -253,8 +253,13 @@ pub fn run(args: &ReadoptArgs, common: &Common) -> anyhow::Result<Vec<Record>> {
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
     Ok(vec![
         Record::new(format!(
-            "runs={} nodes={} deltas={} before={}",
-            args.runs, args.nodes, args.deltas, args.before
+            "runs={} nodes={} deltas={} before={} reconnect_ms={}-{}",
+            args.runs,
+            args.nodes,
+            args.deltas,
+            args.before,
+            args.reconnect_min_ms,
+            args.reconnect_max_ms
         ))
         .with("restart_to_ready_ms", ms(ready))
         .with("restart_to_reattached_ms", ms(reattached))
