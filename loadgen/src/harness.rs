@@ -193,6 +193,7 @@ pub struct EdgeProcess {
     child: Child,
     pub node_addr: SocketAddr,
     pub http_addr: SocketAddr,
+    pub admin_addr: SocketAddr,
     _dir: tempfile::TempDir,
 }
 
@@ -205,26 +206,26 @@ impl EdgeProcess {
         threads: usize,
         log_level: &str,
     ) -> anyhow::Result<Self> {
-        Self::start_at(
-            binary,
-            config,
-            threads,
-            log_level,
-            free_port()?,
-            free_port()?,
-        )
+        Self::start_at(binary, config, threads, log_level, None, None)
     }
 
-    /// [`Self::start`] on given addresses: those of an edge this one replaces.
+    /// [`Self::start`] on given (node, HTTP, management) addresses — those of an edge this
+    /// one replaces — and with the run journal at `journal` (one this process's temporary
+    /// directory holds, when `None`).
     pub fn start_at(
         binary: &Path,
         config: &str,
         threads: usize,
         log_level: &str,
-        node_addr: SocketAddr,
-        http_addr: SocketAddr,
+        at: Option<(SocketAddr, SocketAddr, SocketAddr)>,
+        journal: Option<&Path>,
     ) -> anyhow::Result<Self> {
+        let (node_addr, http_addr, admin_addr) = match at {
+            Some(addrs) => addrs,
+            None => (free_port()?, free_port()?, free_port()?),
+        };
         let dir = tempfile::tempdir().context("cannot make a temporary directory")?;
+        let journal = journal.map_or_else(|| dir.path().join("journal.sqlite3"), Path::to_path_buf);
         let path = dir.path().join("edge.toml");
         std::fs::write(&path, config).context("cannot write the edge config")?;
         let child = Command::new(binary)
@@ -235,9 +236,10 @@ impl EdgeProcess {
             .arg(node_addr.to_string())
             .arg("--http-listen")
             .arg(http_addr.to_string())
-            .args(["--admin-listen", "127.0.0.1:0"])
+            .arg("--admin-listen")
+            .arg(admin_addr.to_string())
             .env("EDGE__JOURNAL__ENABLED", journal_on().to_string())
-            .env("EDGE__JOURNAL__PATH", dir.path().join("journal.sqlite3"))
+            .env("EDGE__JOURNAL__PATH", journal)
             .envs(
                 journal_max_bytes()
                     .map(|max| ("EDGE__JOURNAL__RETENTION_MAX_BYTES", max.to_string())),
@@ -255,6 +257,7 @@ impl EdgeProcess {
             child,
             node_addr,
             http_addr,
+            admin_addr,
             _dir: dir,
         };
         edge.wait_ready(Duration::from_secs(60))?;

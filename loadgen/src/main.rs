@@ -13,6 +13,9 @@
 //! - `storm`: N connected nodes, the edge killed and restarted, every node reconnecting at
 //!   once (immediately, or with the reference node's jittered backoff); time until all are
 //!   back, handshake p50/p99, the kernel's listen-queue counters, runs served afterwards.
+//! - `readopt`: N streamed runs open on reference nodes, the edge killed and restarted on
+//!   its journal; the time until the restarted edge serves and has taken every run back,
+//!   and the runs lost and events missing or repeated.
 //! - `slow-consumer`: a node that stops reading while large runs are offered to it; how
 //!   far the edge's memory grows before it closes the node as a slow consumer.
 //! - `churn`: nodes that drop and reconnect at random under streamed chat requests; the
@@ -46,6 +49,7 @@ mod journal;
 mod latency;
 mod lean;
 mod netstat;
+mod readopt;
 mod register;
 mod relay;
 mod runs;
@@ -142,6 +146,9 @@ enum Scenario {
     Journal(journal::JournalArgs),
     /// Connected nodes, the edge killed and restarted: every node reconnects at once.
     Storm(storm::StormArgs),
+    /// Streamed runs open on reference nodes, the edge killed and restarted on its journal:
+    /// how long until the runs are taken back, and whether any event was lost or repeated.
+    Readopt(readopt::ReadoptArgs),
     /// Nodes dropping and reconnecting under streamed chat: what share of requests completes.
     Churn(churn::ChurnArgs),
     /// Four llama-server engines, multi-turn conversations: prompt tokens evaluated and
@@ -163,6 +170,7 @@ impl Scenario {
             Self::Admin(_) => "admin",
             Self::Journal(_) => "journal",
             Self::Storm(_) => "storm",
+            Self::Readopt(_) => "readopt",
             Self::Churn(_) => "churn",
             Self::Affinity(_) => "affinity",
             Self::Latency(_) => "latency",
@@ -179,6 +187,7 @@ impl Scenario {
             Self::Admin(args) => admin::run(args, common),
             Self::Journal(args) => journal::run(args, common),
             Self::Storm(args) => storm::run(args, common),
+            Self::Readopt(args) => readopt::run(args, common),
             Self::Churn(args) => churn::run(args, common),
             Self::Affinity(args) => affinity::run(args, common),
             Self::Latency(args) => latency::run(args, common),

@@ -149,19 +149,18 @@ fn storm_once(
 ) -> anyhow::Result<Record> {
     let total = args.nodes;
     let limit = Duration::from_millis(args.limit_ms);
-    let start = |at: Option<(SocketAddr, SocketAddr)>| match at {
-        None => EdgeProcess::start(binary, config, common.edge_threads, &common.edge_log_level),
-        Some((node, http)) => EdgeProcess::start_at(
+    let start = |at| {
+        EdgeProcess::start_at(
             binary,
             config,
             common.edge_threads,
             &common.edge_log_level,
-            node,
-            http,
-        ),
+            at,
+            None,
+        )
     };
     let edge = start(None)?;
-    let addrs = (edge.node_addr, edge.http_addr);
+    let addrs = (edge.node_addr, edge.http_addr, edge.admin_addr);
     let load = harness::runtime("load", common.load_threads)?;
     let (_, clients) = register_all(&load, addrs.0, total, 64)?;
     let storm = Arc::new(Storm::default());

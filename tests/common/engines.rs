@@ -480,6 +480,20 @@ impl LlamaServer {
         &self.model
     }
 
+    /// Its JSON answer to `body` posted to `{v1_url}/{path}` (`chat/completions`, ...): what
+    /// the engine itself says, for a test to compare with what came through the edge.
+    pub async fn ask(&self, path: &str, body: &serde_json::Value) -> serde_json::Value {
+        super::http_client()
+            .post(format!("{}/{path}", self.v1_url()))
+            .json(body)
+            .send()
+            .await
+            .expect("llama-server answers")
+            .json()
+            .await
+            .expect("a JSON answer")
+    }
+
     /// Whether the process is still running.
     pub fn is_running(&mut self) -> bool {
         self.process.is_running()

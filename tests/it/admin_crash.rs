@@ -97,7 +97,7 @@ pub(crate) async fn get(admin: SocketAddr, path: &str) -> Value {
         .expect("JSON")
 }
 
-async fn text(admin: SocketAddr, path: &str) -> String {
+pub(crate) async fn text(admin: SocketAddr, path: &str) -> String {
     admin_support::client()
         .get(format!("http://{admin}{path}"))
         .send()

@@ -69,11 +69,12 @@ fn node_process() {
     });
 }
 
-/// A reference node running as a process of its own, killed on drop.
-struct NodeProcess(Child);
+/// A reference node running as a process of its own, killed on drop (`readopt_engine` uses
+/// it too).
+pub(crate) struct NodeProcess(Child);
 
 impl NodeProcess {
-    fn spawn(edge: SocketAddr, token: &str) -> Self {
+    pub(crate) fn spawn(edge: SocketAddr, token: &str) -> Self {
         let binary = std::env::current_exe().expect("the test binary");
         let child = Command::new(binary)
             .args([
@@ -94,20 +95,31 @@ impl NodeProcess {
     }
 
     /// `SIGKILL`, and waits for the process to be gone.
-    async fn kill(mut self) {
+    pub(crate) async fn kill(mut self) {
         self.0.kill().await.expect("the node process is killed");
     }
 }
 
 /// A TCP pass-through in front of an engine. On a connection that carries a `POST /v1/...`
 /// (a completion), it forwards the engine's answer SSE event by SSE event, holding every
-/// text-bearing event past the number allowed so far; anything else passes untouched.
-struct Gate {
-    addr: SocketAddr,
+/// text-bearing event past the number allowed so far; anything else passes untouched
+/// (`readopt_engine` uses it too).
+pub(crate) struct Gate {
+    pub(crate) addr: SocketAddr,
     allowed: watch::Sender<usize>,
 }
 
 impl Gate {
+    /// A gate in front of `llama`.
+    pub(crate) async fn before(llama: &LlamaServer) -> Self {
+        let upstream = llama
+            .base_url()
+            .trim_start_matches("http://")
+            .parse()
+            .expect("llama-server's address");
+        Self::start(upstream).await
+    }
+
     async fn start(upstream: SocketAddr) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("local addr");
@@ -128,7 +140,7 @@ impl Gate {
     }
 
     /// Lets `texts` more text events through.
-    fn allow(&self, texts: usize) {
+    pub(crate) fn allow(&self, texts: usize) {
         self.allowed.send_modify(|allowed| *allowed += texts);
     }
 }
@@ -244,15 +256,7 @@ impl Mode {
                        "prompt": format!("{PROMPT}{prefix}")}),
             ),
         };
-        let answer: Value = crate::common::http_client()
-            .post(format!("{}/{path}", llama.v1_url()))
-            .json(&body)
-            .send()
-            .await
-            .expect("llama-server answers")
-            .json()
-            .await
-            .expect("a JSON answer");
+        let answer = llama.ask(path, &body).await;
         let choice = &answer["choices"][0];
         let text = match self {
             Self::Chat => choice["message"]["content"].as_str(),
@@ -277,8 +281,8 @@ fn edge_config(first: &str, second: &str, events: &str) -> String {
     )
 }
 
-/// The next line the SDK script printed, as JSON.
-async fn next_line(lines: &mut Lines<BufReader<ChildStdout>>) -> Value {
+/// The next line the SDK script printed, as JSON (`readopt_engine` reads its script so too).
+pub(crate) async fn next_line(lines: &mut Lines<BufReader<ChildStdout>>) -> Value {
     let line = tokio::time::timeout(PATIENCE, lines.next_line())
         .await
         .expect("the SDK goes on in time")
@@ -290,12 +294,7 @@ async fn next_line(lines: &mut Lines<BufReader<ChildStdout>>) -> Value {
 /// The whole scenario for `mode`.
 async fn killed_mid_answer(mode: Mode) {
     let (first, second) = tokio::join!(LlamaServer::start(), LlamaServer::start());
-    let upstream = first
-        .base_url()
-        .trim_start_matches("http://")
-        .parse()
-        .expect("llama-server's address");
-    let gate = Gate::start(upstream).await;
+    let gate = Gate::before(&first).await;
     let events_dir = tempfile::tempdir().expect("tempdir");
     let events = events_dir.path().join("events.jsonl");
     let gated_url = format!("http://{}/v1", gate.addr);

@@ -80,6 +80,7 @@ mod openai_python;
 mod otlp;
 mod protocol_v1;
 mod readopt;
+mod readopt_engine;
 mod registration;
 mod responses_background;
 mod resume;
