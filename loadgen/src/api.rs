@@ -208,11 +208,11 @@ async fn capture(addr: SocketAddr, chunks: usize) -> anyhow::Result<Canned> {
         .iter()
         .filter(|e| e.windows(10).any(|w| w == b"\"content\":"))
         .count();
-    // The role chunk carries `"content":""` too.
+    // The role chunk carries `"content":""` too; each event may start with its `id:`.
     if deltas != chunks + 1
         || !events
             .last()
-            .is_some_and(|e| e.starts_with(b"data: [DONE]"))
+            .is_some_and(|e| e.windows(12).any(|w| w == b"data: [DONE]"))
     {
         bail!(
             "unexpected stream ({deltas} content chunks): {}",

@@ -40,6 +40,28 @@ impl ResponseBase {
     }
 }
 
+/// Where an output item stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum ItemState {
+    /// Still growing: shown without its content (the deltas carry it).
+    InProgress,
+    /// Done.
+    Completed,
+    /// Cut short by the response's failure: shown with what it had.
+    Incomplete,
+}
+
+impl ItemState {
+    /// The `status` the item shows.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::InProgress => "in_progress",
+            Self::Completed => "completed",
+            Self::Incomplete => "incomplete",
+        }
+    }
+}
+
 /// One output item as it grows.
 #[derive(Debug, Clone, PartialEq)]
 pub(super) enum Item {
@@ -65,9 +87,10 @@ impl Item {
         }
     }
 
-    /// The item as JSON, `in_progress` or `completed`.
-    pub fn to_json(&self, done: bool) -> Value {
-        let status = if done { "completed" } else { "in_progress" };
+    /// The item as JSON in `state`: with its content once it is no longer in progress.
+    pub fn to_json(&self, state: ItemState) -> Value {
+        let status = state.as_str();
+        let done = state != ItemState::InProgress;
         match self {
             Self::Message { id, text } => {
                 let content = if done {

@@ -20,7 +20,7 @@ use super::response::ErrorShape;
 use super::routing::ClientKeys;
 use super::translate::ChatApi;
 use crate::domain::RunId;
-use items::{Outcome, ResponseBase, collected_items, response_json};
+use items::{ItemState, Outcome, ResponseBase, collected_items, response_json};
 pub(super) use replay::{Replayed, replayed};
 use request::ResponsesRequest;
 pub(super) use stored::{cancel, retrieve};
@@ -39,7 +39,7 @@ pub(super) const RESPONSES: ChatApi<ResponsesRequest, ResponsesStream> = ChatApi
         let base = base(request, run_id);
         let output = collected_items(&base, collected)
             .iter()
-            .map(|item| item.to_json(true))
+            .map(|item| item.to_json(ItemState::Completed))
             .collect();
         response_json(&base, &Outcome::Finished(finished), output)
     },

@@ -16,7 +16,7 @@ use super::super::error::ApiError;
 use super::super::output::Finished;
 use super::super::protocol::{ApiEvent, StreamTranslator};
 use super::items::{
-    Item, Outcome, ResponseBase, call_id, response_json, terminal_event, text_part,
+    Item, ItemState, Outcome, ResponseBase, call_id, response_json, terminal_event, text_part,
 };
 use crate::domain::{StructuredOutput, ToolCallDelta};
 
@@ -49,14 +49,20 @@ impl ResponsesStream {
 
     /// The response as it stands before its end: in progress, with its output so far.
     pub(super) fn snapshot(&self) -> Value {
-        response_json(&self.base, &Outcome::InProgress, self.output_json())
+        response_json(&self.base, &Outcome::InProgress, self.output_json(false))
     }
 
-    /// Every output item so far, as JSON.
-    fn output_json(&self) -> Vec<Value> {
+    /// Every output item so far, as JSON; when the response `failed`, the items it cut
+    /// short are `incomplete`, with what they had.
+    fn output_json(&self, failed: bool) -> Vec<Value> {
+        let state = |done: bool| match (done, failed) {
+            (true, _) => ItemState::Completed,
+            (false, true) => ItemState::Incomplete,
+            (false, false) => ItemState::InProgress,
+        };
         self.items
             .iter()
-            .map(|(item, done)| item.to_json(*done))
+            .map(|(item, done)| item.to_json(state(*done)))
             .collect()
     }
 
@@ -69,7 +75,7 @@ impl ResponsesStream {
 
     fn add_item(&mut self, item: Item, events: &mut Vec<ApiEvent>) -> usize {
         let index = self.items.len();
-        let added = json!({ "output_index": index, "item": item.to_json(false) });
+        let added = json!({ "output_index": index, "item": item.to_json(ItemState::InProgress) });
         self.items.push((item, false));
         let event = self.event("response.output_item.added", added);
         events.push(event);
@@ -105,7 +111,8 @@ impl ResponsesStream {
 
     fn finish_item(&mut self, index: usize, events: &mut Vec<ApiEvent>) {
         self.items[index].1 = true;
-        let done = json!({ "output_index": index, "item": self.items[index].0.to_json(true) });
+        let item = self.items[index].0.to_json(ItemState::Completed);
+        let done = json!({ "output_index": index, "item": item });
         let event = self.event("response.output_item.done", done);
         events.push(event);
     }
@@ -245,7 +252,7 @@ impl StreamTranslator for ResponsesStream {
             }
             Err(error) => Outcome::Failed(error),
         };
-        let output = self.output_json();
+        let output = self.output_json(end.is_err());
         let response = response_json(&self.base, &outcome, output);
         let event = self.event(terminal_event(&outcome), json!({ "response": response }));
         events.push(event);

@@ -9,7 +9,7 @@ use super::super::client_fixtures::client_request;
 use super::super::output::{Collected, Finished, ToolCall};
 use super::super::protocol::ApiEvent;
 use super::super::protocol::strategies::{Piece, end, piece, play};
-use super::items::{ResponseBase, collected_items};
+use super::items::{ItemState, ResponseBase, collected_items};
 use super::request::translate;
 use super::stream::ResponsesStream;
 
@@ -175,7 +175,10 @@ fn namespaced_calls_go_back_with_their_namespace() {
         ..Collected::default()
     };
     let items = collected_items(&base, &collected);
-    assert_eq!(items[0].to_json(true)["namespace"], "multi_agent_v1");
+    assert_eq!(
+        items[0].to_json(ItemState::Completed)["namespace"],
+        "multi_agent_v1"
+    );
 }
 
 fn item() -> impl Strategy<Value = Value> {
@@ -269,7 +272,7 @@ fn check_responses_stream(events: &[ApiEvent]) -> Result<Value, TestCaseError> {
 
 proptest! {
     /// Any sequence of run output and any end becomes a well-formed Responses stream whose
-    /// final response holds all the text and every call's arguments.
+    /// final response holds all the text and every call's arguments, failed or not.
     #[test]
     fn any_event_sequence_becomes_a_well_formed_responses_stream(
         pieces in proptest::collection::vec(piece(), 0..24),
@@ -284,7 +287,8 @@ proptest! {
             Ok(_) => "completed",
         };
         prop_assert_eq!(response["status"].as_str(), Some(expected_status));
-        if end.is_ok() {
+        // A failed response, too, carries what it had (its unfinished items `incomplete`).
+        {
             let output = response["output"].as_array().unwrap();
             let text: String = output.iter().filter(|i| i["type"] == "message")
                 .filter_map(|i| i["content"][0]["text"].as_str()).collect();
