@@ -41,13 +41,16 @@ impl Management {
         if let Some(open) = self.inner.live.open_record(id) {
             return Ok(Some(open));
         }
+        self.journal_run(id).await
+    }
+
+    /// Run `id`'s record in the journal, what was queued for it included: a run that ended
+    /// a moment ago may have its ending — a short one its whole record — still on the way
+    /// to the disk, so a miss or an open record waits for the writer and reads again.
+    async fn journal_run(&self, id: &RunId) -> Result<Option<RunRecord>, ManageError> {
         let journal = &self.inner.journal;
         let found = journal.run(id).await?;
-        if found
-            .as_ref()
-            .is_some_and(|r| r.outcome == RunOutcome::Open)
-        {
-            // It ended a moment ago and its ending is still on the way to the disk.
+        if found.as_ref().is_none_or(|r| r.outcome == RunOutcome::Open) {
             journal.flush().await;
             return Ok(journal.run(id).await?);
         }
@@ -66,7 +69,7 @@ impl Management {
             info!(run_id = %id, "run cancelled through the management API");
             return Ok(());
         }
-        match self.inner.journal.run(id).await? {
+        match self.journal_run(id).await? {
             Some(_) => Err(ManageError::RunEnded(id.to_string())),
             None => Err(ManageError::UnknownRun(id.to_string())),
         }
