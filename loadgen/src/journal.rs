@@ -28,6 +28,10 @@ pub struct JournalArgs {
     /// Text outputs per run.
     #[arg(long, default_value_t = 16)]
     pub outputs: usize,
+    /// Nodes the runs are spread over (the API scenario has 4): each node's runs are a
+    /// separate place in the node index, dirtied by every transaction.
+    #[arg(long, default_value_t = 16)]
+    pub nodes: usize,
     /// A run's events come in the transaction after the one that accepts it, as when runs
     /// outlast the writer's linger (the API scenario's at high rates); else in the same.
     #[arg(long)]
@@ -52,7 +56,7 @@ pub fn run(args: &JournalArgs, _common: &Common) -> anyhow::Result<Vec<Record>> 
     let per_batch = args.per_batch.max(1);
     let mut later = Vec::new();
     for i in 0..args.runs {
-        let mut run = entries(i, 16, base, args.outputs)?;
+        let mut run = entries(i, args.nodes, base, args.outputs)?;
         if args.split {
             later.extend(run.split_off(2));
         }
@@ -77,8 +81,8 @@ pub fn run(args: &JournalArgs, _common: &Common) -> anyhow::Result<Vec<Record>> 
     let runs = args.runs.max(1) as f64;
     Ok(vec![
         Record::new(format!(
-            "runs={} per_batch={} outputs={} split={}",
-            args.runs, args.per_batch, args.outputs, args.split
+            "runs={} per_batch={} outputs={} nodes={} split={}",
+            args.runs, args.per_batch, args.outputs, args.nodes, args.split
         ))
         .with("writer_cpu_us_per_run", cpu_ms as f64 * 1000.0 / runs)
         .with("runs_per_s", runs / elapsed)
