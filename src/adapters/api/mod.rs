@@ -16,6 +16,7 @@ mod auth;
 mod client_fixtures;
 mod config;
 mod error;
+mod follow;
 pub mod models;
 mod openai;
 mod output;

@@ -21,6 +21,7 @@ use serde::{Deserialize, Serialize};
 use super::anthropic;
 use super::auth::Caller;
 use super::error::ApiError;
+use super::follow::{EVENTS_STOPPED, Followed, RunFollower};
 use super::openai::chunks::ChunkWriter;
 use super::openai::reply::Reply;
 use super::request::Endpoint;
@@ -215,16 +216,11 @@ fn respond<W: EventWriter>(resumed: Resumed<W>) -> Response {
 
 /// What the resumed stream's body reads from and writes with.
 struct Resumed<W> {
-    state: HttpState,
-    run_id: RunId,
-    feed: FeedStream,
+    follower: RunFollower,
+    retry_after_secs: u64,
     writer: W,
     frame: SseFrame,
     opened: bool,
-    /// The position of the next event to read.
-    next: u64,
-    /// The feed was opened again and has yielded nothing since.
-    reopened: bool,
     done: bool,
     /// The reader's hold on an open run; `None` once the run ended.
     reader: Option<CancelOnDrop>,
@@ -233,15 +229,13 @@ struct Resumed<W> {
 impl<W: EventWriter> Resumed<W> {
     fn new(start: Start, writer: W) -> Self {
         let (state, run_id, feed, frame, reader) = start;
+        let retry_after_secs = state.api.config().retry_after_secs;
         Self {
-            state,
-            run_id,
-            feed,
+            follower: RunFollower::new(state, run_id, feed),
+            retry_after_secs,
             writer,
             frame,
             opened: false,
-            next: 0,
-            reopened: false,
             done: false,
             reader,
         }
@@ -250,30 +244,26 @@ impl<W: EventWriter> Resumed<W> {
     /// The next events, written (a keep-alive after a silence); `None` once the run's end
     /// has been written.
     async fn next_frame(&mut self) -> Option<Bytes> {
-        use futures::StreamExt as _;
-        let retry_after_secs = self.state.api.config().retry_after_secs;
         while !self.done {
-            let item = match tokio::time::timeout(KEEP_ALIVE_INTERVAL, self.feed.next()).await {
-                Err(_) => return Some(self.writer.keep_alive()),
-                Ok(Some(item)) => item,
-                Ok(None) => {
-                    self.refollow().await;
-                    continue;
+            let expected = self.follower.next_position();
+            let item = match self.follower.next(Some(KEEP_ALIVE_INTERVAL)).await {
+                Followed::Event(item) => item,
+                Followed::Silent => return Some(self.writer.keep_alive()),
+                Followed::Stopped => {
+                    self.end(Err(ApiError::internal(EVENTS_STOPPED)));
+                    break;
                 }
             };
-            self.reopened = false;
-            if item.index != self.next {
+            if item.index != expected {
                 // Events the journal does not hold (disabled, or over its per-run limit):
                 // what follows cannot be rendered as the first stream was.
                 self.end(Err(ApiError::internal(format!(
-                    "the run's events from position {} are not kept",
-                    self.next
+                    "the run's events from position {expected} are not kept"
                 ))));
                 break;
             }
-            self.next = item.index + 1;
             self.frame.group(item.index);
-            match replayed(&item.kind, &item.json, retry_after_secs) {
+            match replayed(&item.kind, &item.json, self.retry_after_secs) {
                 Replayed::Skip => continue,
                 Replayed::Output(text, structured) => {
                     self.open();
@@ -303,21 +293,5 @@ impl<W: EventWriter> Resumed<W> {
         if let Some(reader) = &mut self.reader {
             reader.ended();
         }
-    }
-
-    /// The feed ended before the run's end (a follower that fell behind is dropped):
-    /// follows again from the next event, once; a second time with nothing new, the
-    /// stream ends with the API's error event.
-    async fn refollow(&mut self) {
-        if !self.reopened {
-            self.reopened = true;
-            if let Ok(feed) = events(&self.state, &self.run_id, self.next).await {
-                self.feed = feed;
-                return;
-            }
-        }
-        self.end(Err(ApiError::internal(
-            "the run's events stopped before its end",
-        )));
     }
 }

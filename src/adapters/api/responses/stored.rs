@@ -19,6 +19,7 @@ use serde_json::Value;
 
 use super::super::auth::Caller;
 use super::super::error::ApiError;
+use super::super::follow::{EVENTS_STOPPED, Followed, RunFollower};
 use super::super::models::ModelRoute;
 use super::super::protocol::{ApiEvent, StreamTranslator};
 use super::super::response::ErrorShape;
@@ -229,14 +230,9 @@ async fn whole(mut feed: FeedStream, mut replay: Replay, retry_after_secs: u64) 
 
 /// What the resumed stream's body reads from.
 struct Resumed {
-    state: HttpState,
-    run_id: RunId,
-    feed: FeedStream,
+    follower: RunFollower,
+    retry_after_secs: u64,
     replay: Replay,
-    /// The position of the next event to read.
-    next: u64,
-    /// The feed was opened again and has yielded nothing since.
-    reopened: bool,
     done: bool,
 }
 
@@ -245,12 +241,9 @@ fn stream(state: HttpState, run_id: RunId, feed: FeedStream, mut replay: Replay)
     let mut first = SseFrame::default();
     write_all(&mut first, replay.open());
     let resumed = Resumed {
-        state,
-        run_id,
-        feed,
+        retry_after_secs: retry_after(&state),
+        follower: RunFollower::new(state, run_id, feed),
         replay,
-        next: 0,
-        reopened: false,
         done: false,
     };
     let opening = futures::stream::iter([Ok::<_, Infallible>(first.split())]);
@@ -262,20 +255,21 @@ fn stream(state: HttpState, run_id: RunId, feed: FeedStream, mut replay: Replay)
 }
 
 impl Resumed {
-    /// The next events, written; `None` once the run's end has been written.
+    /// The next events, written; `None` once the run's end has been written. Events that
+    /// stop before the run's end end the stream with an error event.
     async fn next_frame(&mut self) -> Option<Bytes> {
-        use futures::StreamExt as _;
-        let retry_after_secs = retry_after(&self.state);
         while !self.done {
-            let Some(item) = self.feed.next().await else {
-                match self.refollow().await {
-                    Some(frame) => return Some(frame),
-                    None => continue,
+            let events = match self.follower.next(None).await {
+                Followed::Event(item) => {
+                    self.replay
+                        .feed(&item.kind, &item.json, self.retry_after_secs)
+                }
+                Followed::Silent | Followed::Stopped => {
+                    let error = ApiError::internal(EVENTS_STOPPED);
+                    let events = self.replay.close(Err(&error));
+                    self.replay.keep(events)
                 }
             };
-            self.reopened = false;
-            self.next = item.index + 1;
-            let events = self.replay.feed(&item.kind, &item.json, retry_after_secs);
             self.done = self.replay.end.is_some();
             if !events.is_empty() {
                 let mut frame = SseFrame::default();
@@ -284,25 +278,5 @@ impl Resumed {
             }
         }
         None
-    }
-
-    /// The feed ended before the run's end (a follower that fell behind is dropped):
-    /// follows again from the next event, once; a second time with nothing new, the
-    /// stream ends with an error event, which is returned.
-    async fn refollow(&mut self) -> Option<Bytes> {
-        if !self.reopened {
-            self.reopened = true;
-            if let Ok(feed) = events(&self.state, &self.run_id, self.next, true).await {
-                self.feed = feed;
-                return None;
-            }
-        }
-        let error = ApiError::internal("the run's events stopped before its end");
-        let events = self.replay.close(Err(&error));
-        let events = self.replay.keep(events);
-        self.done = true;
-        let mut frame = SseFrame::default();
-        write_all(&mut frame, events);
-        Some(frame.split())
     }
 }
