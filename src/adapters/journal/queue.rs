@@ -130,11 +130,10 @@ impl EntryQueue {
             .map_or_else(|p| p.into_inner().0, |(s, _)| s);
     }
 
-    /// The admitted count a waiting flush needs done, if one waits: the writer then
-    /// writes everything it holds back, too, until it has taken that many entries.
-    pub(super) fn pending_flush(&self) -> Option<u64> {
-        let state = self.lock();
-        state.urgent.then_some(state.flush_target)
+    /// Whether a flush waits: the writer then writes everything it holds back, too, until
+    /// it has taken every entry admitted before the flush ([`EntryQueue::flush_served`]).
+    pub(super) fn flush_waiting(&self) -> bool {
+        self.lock().urgent
     }
 
     /// The writer has taken (and released) every entry up to `taken`: a flush waiting

@@ -77,6 +77,7 @@ impl SqliteJournal {
         }
         info!(path = %path.display(), "run journal open");
         let queue = Arc::new(EntryQueue::new(config.queue_capacity));
+        let files = Files::of(&path);
         let shared = Arc::new(Shared::default());
         let writer = Writer {
             conn,
@@ -88,7 +89,7 @@ impl SqliteJournal {
                 usage_minute_max_age: config.usage_minute_max_age.0,
             },
             budget,
-            files: Files::of(&path),
+            files: files.clone(),
             making_room: false,
             next_used_check: std::time::Instant::now(),
             batch_max: config.batch_max.max(1),
@@ -113,7 +114,7 @@ impl SqliteJournal {
             queue,
             shared,
             reader: Arc::new(reader),
-            files: Files::of(&path),
+            files,
             left_open: Mutex::new(left_open),
             max_events_per_run: config.max_events_per_run,
             over_cap: std::sync::atomic::AtomicU64::new(0),

@@ -130,7 +130,7 @@ impl Writer {
         self.taken += self.batch.len() as u64;
         let mut due = std::mem::take(&mut self.due);
         self.held.absorb(&mut self.batch, now, &mut due);
-        if closed || self.queue.pending_flush().is_some() {
+        if closed || self.queue.flush_waiting() {
             self.held.release_all(&mut due);
             self.queue.flush_served(self.taken);
         } else {
