@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use rusqlite::{Connection, params_from_iter};
 
+use super::config::JournalConfig;
 use super::schema::{used_bytes, vacuum_free_pages};
 use super::writer::to_sql;
 
@@ -23,6 +24,17 @@ pub(super) struct Retention {
     pub(super) usage_max_age: Duration,
     /// Per-minute usage rows older than this are removed; zero for no age limit.
     pub(super) usage_minute_max_age: Duration,
+}
+
+impl Retention {
+    /// What `config` keeps.
+    pub(super) fn of(config: &JournalConfig) -> Self {
+        Self {
+            max_age: config.retention_max_age.0,
+            usage_max_age: config.usage_retention_max_age.0,
+            usage_minute_max_age: config.usage_minute_max_age.0,
+        }
+    }
 }
 
 /// Removes the usage rollups older than their retention (a range of the primary key per

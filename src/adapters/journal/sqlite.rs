@@ -83,11 +83,7 @@ impl SqliteJournal {
             conn,
             queue: Arc::clone(&queue),
             shared: Arc::clone(&shared),
-            retention: Retention {
-                max_age: config.retention_max_age.0,
-                usage_max_age: config.usage_retention_max_age.0,
-                usage_minute_max_age: config.usage_minute_max_age.0,
-            },
+            retention: Retention::of(config),
             budget,
             files: files.clone(),
             making_room: false,
