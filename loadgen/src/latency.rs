@@ -2,7 +2,9 @@
 //! here, or `--engine`), an edge in process on the shipped default (journal on, stdout sink:
 //! the scenario runs in a child whose standard output is `/dev/null`) and a reference node
 //! in process on its own runtime; each caller interleaves streamed chat requests straight
-//! to the engine and through the edge (and through SMG with `--smg`). Reported per path:
+//! to the engine and through the edge (and through SMG with `--smg`, and through the
+//! shipped binaries — `edge serve` and an `edge-node` process — with `--binaries`).
+//! Reported per path:
 //! time to the first content and to the end, p50 and p90; for the edge, the overhead over
 //! the engine direct and the breakdown of its time to first content into the hops between
 //! the edge's and the node's hop events (`edge::hops`, collected by a `tracing` layer here).
@@ -24,7 +26,7 @@ use tracing_subscriber::prelude::*;
 
 use crate::Common;
 use crate::engine::{Engine, edge_config, wait_healthy, wait_serving};
-use crate::harness::{InProcessEdge, runtime, token};
+use crate::harness::{EdgeProcess, InProcessEdge, runtime, token};
 use crate::hops::{HopLog, SEGMENTS};
 use crate::http::{Connection, post_json};
 use crate::stats::{Histogram, Record};
@@ -59,6 +61,12 @@ pub struct LatencyArgs {
     /// openai`) in front of the same engine as a third path.
     #[arg(long)]
     smg: Option<PathBuf>,
+    /// A directory holding release builds of `edge` and `edge-node` (`target/release`):
+    /// adds them as processes — `edge serve` with `--edge-threads` workers, one node
+    /// definition and the journal as `--journal` says, and `edge-node` dialling it — as the
+    /// path `edge-bin` (no hop breakdown: their logs are not collected).
+    #[arg(long)]
+    binaries: Option<PathBuf>,
 }
 
 /// `args` as the arguments of the child run.
@@ -70,6 +78,7 @@ fn child_args(args: &LatencyArgs) -> Vec<String> {
         path(&args.model).map(|p| format!("--model={p}")),
         args.engine.map(|a| format!("--engine={a}")),
         path(&args.smg).map(|p| format!("--smg={p}")),
+        path(&args.binaries).map(|p| format!("--binaries={p}")),
         Some(format!("--requests={}", args.requests)),
         Some(format!("--warmup={}", args.warmup)),
         Some(format!("--concurrency={}", concurrency.join(","))),
@@ -101,6 +110,11 @@ pub fn run(args: &LatencyArgs, common: &Common) -> anyhow::Result<Vec<Record>> {
         .as_ref()
         .map(|program| Smg::start(program, engine_addr))
         .transpose()?;
+    let binaries = args
+        .binaries
+        .as_ref()
+        .map(|dir| Binaries::start(dir, engine_addr, common.edge_threads))
+        .transpose()?;
     let edge = InProcessEdge::start(
         &edge_config(&[engine_addr], ""),
         &[SinkKind::Stdout],
@@ -116,9 +130,13 @@ pub fn run(args: &LatencyArgs, common: &Common) -> anyhow::Result<Vec<Record>> {
         direct: engine_addr,
         edge: edge.http_addr,
         smg: smg.as_ref().map(|s| s.addr),
+        binaries: binaries.as_ref().map(|b| b.edge.http_addr),
     };
     let result = load.block_on(async {
         wait_serving(edge.http_addr).await?;
+        if let Some(http) = paths.binaries {
+            wait_serving(http).await?;
+        }
         if let Some(smg) = paths.smg {
             wait_answering(smg, "tiny").await?;
         }
@@ -134,6 +152,7 @@ pub fn run(args: &LatencyArgs, common: &Common) -> anyhow::Result<Vec<Record>> {
     drop(load);
     edge.stop();
     drop(smg);
+    drop(binaries);
     drop(engine);
     result
 }
@@ -201,6 +220,41 @@ impl Drop for Smg {
     }
 }
 
+/// The shipped binaries as children: `edge serve` and an `edge-node` dialling it.
+struct Binaries {
+    edge: EdgeProcess,
+    node: Child,
+}
+
+impl Binaries {
+    fn start(dir: &std::path::Path, engine: SocketAddr, threads: usize) -> anyhow::Result<Self> {
+        let edge = EdgeProcess::start(
+            &dir.join("edge"),
+            &edge_config(&[engine], ""),
+            threads,
+            "info",
+        )?;
+        let node = Command::new(dir.join("edge-node"))
+            .args(["--edge", &edge.node_addr.to_string()])
+            .env("EDGE_NODE_TOKEN", token(0))
+            .env_remove("RUST_LOG")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .with_context(|| format!("cannot start {}", dir.join("edge-node").display()))?;
+        Ok(Self { edge, node })
+    }
+}
+
+impl Drop for Binaries {
+    fn drop(&mut self) {
+        // Only the child this struct started; the edge stops with its own drop.
+        let _ = self.node.kill();
+        let _ = self.node.wait();
+    }
+}
+
 /// Waits until `addr` answers a chat request for `model` (SMG registers its worker in the
 /// background after it is healthy).
 async fn wait_answering(addr: SocketAddr, model: &str) -> anyhow::Result<()> {
@@ -224,6 +278,7 @@ struct Paths {
     direct: SocketAddr,
     edge: SocketAddr,
     smg: Option<SocketAddr>,
+    binaries: Option<SocketAddr>,
 }
 
 /// A path's name, address and the model it is asked for.
@@ -237,6 +292,9 @@ impl Paths {
         ];
         if let Some(smg) = self.smg {
             list.push(("smg", smg, "tiny"));
+        }
+        if let Some(binaries) = self.binaries {
+            list.push(("edge-bin", binaries, "llama/tiny"));
         }
         list
     }

@@ -3,7 +3,7 @@
 //! the pure decision whether a run may be continued at all, and if not, why.
 //!
 //! The edge never changes an answer silently: where the state cannot move (a tool call half
-//! streamed, several choices, constrained decoding the target cannot resume, no capable
+//! streamed, reasoning streamed, several choices, constrained decoding the target cannot resume, no capable
 //! node, the limit reached) the run fails as it would without continuations, with the
 //! refusal's reason.
 
@@ -57,6 +57,10 @@ impl Default for MaxContinuations {
 pub struct ContinuationFacts {
     /// Some of a tool call reached the caller: its arguments cannot be resumed as text.
     pub tool_call_started: bool,
+    /// Reasoning reached the caller: a continuation carries text only, so the next engine
+    /// would reason again from the start and the caller would see a second, different
+    /// reasoning.
+    pub reasoning_started: bool,
     /// How many choices the run asked for (`n`); 0 or 1 is one.
     pub choices: u32,
     /// The run constrains its output (a JSON schema, a grammar, a regex).
@@ -77,6 +81,8 @@ pub enum ContinuationRefusal {
     LimitReached,
     /// A tool call was half streamed.
     ToolCallStarted,
+    /// Reasoning was streamed.
+    ReasoningStarted,
     /// The run asked for more than one choice.
     ManyChoices,
     /// Its output is constrained and the target cannot resume constrained decoding.
@@ -87,9 +93,10 @@ pub enum ContinuationRefusal {
 
 impl ContinuationRefusal {
     /// Every refusal, for metric labels.
-    pub const ALL: [Self; 5] = [
+    pub const ALL: [Self; 6] = [
         Self::LimitReached,
         Self::ToolCallStarted,
+        Self::ReasoningStarted,
         Self::ManyChoices,
         Self::ConstrainedOutput,
         Self::NoCapableNode,
@@ -100,6 +107,7 @@ impl ContinuationRefusal {
         match self {
             Self::LimitReached => "limit_reached",
             Self::ToolCallStarted => "tool_call_started",
+            Self::ReasoningStarted => "reasoning_started",
             Self::ManyChoices => "many_choices",
             Self::ConstrainedOutput => "constrained_output",
             Self::NoCapableNode => "no_capable_node",
@@ -114,6 +122,7 @@ impl fmt::Display for ContinuationRefusal {
                 "the run had as many continuations as runs.max_continuations allows"
             }
             Self::ToolCallStarted => "a tool call was half streamed",
+            Self::ReasoningStarted => "reasoning was streamed and only text can be carried on",
             Self::ManyChoices => "the run asked for more than one choice",
             Self::ConstrainedOutput => "constrained output the target cannot resume",
             Self::NoCapableNode => "no other node serving the route can continue runs",
@@ -135,6 +144,8 @@ pub fn may_continue(
         Err(ContinuationRefusal::LimitReached)
     } else if facts.tool_call_started {
         Err(ContinuationRefusal::ToolCallStarted)
+    } else if facts.reasoning_started {
+        Err(ContinuationRefusal::ReasoningStarted)
     } else if facts.choices > 1 {
         Err(ContinuationRefusal::ManyChoices)
     } else if facts.constrained && !facts.target_resumes_constrained {
@@ -189,6 +200,13 @@ mod tests {
                     ..plain()
                 },
                 ContinuationRefusal::ToolCallStarted,
+            ),
+            (
+                ContinuationFacts {
+                    reasoning_started: true,
+                    ..plain()
+                },
+                ContinuationRefusal::ReasoningStarted,
             ),
             (
                 ContinuationFacts {

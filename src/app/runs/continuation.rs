@@ -37,6 +37,8 @@ pub(super) struct Progress {
     generated: u32,
     /// Some of a tool call was relayed.
     tool_call: bool,
+    /// Some reasoning was relayed.
+    reasoning: bool,
     /// Output tokens of the attempts before the current one, added to its usage.
     carried: u32,
 }
@@ -67,9 +69,10 @@ impl Progress {
             self.text.push_str(text);
             self.outputs = self.outputs.saturating_add(1);
         }
-        self.tool_call |= structured
-            .as_ref()
-            .is_some_and(|s| !s.tool_calls.is_empty());
+        if let Some(structured) = structured {
+            self.tool_call |= !structured.tool_calls.is_empty();
+            self.reasoning |= !structured.reasoning.is_empty();
+        }
     }
 
     /// The next attempt is a continuation: what was relayed so far is carried.
@@ -200,6 +203,7 @@ impl RunService {
         let (choices, constrained) = input_shape(run);
         let facts = ContinuationFacts {
             tool_call_started: progress.tool_call,
+            reasoning_started: progress.reasoning,
             choices,
             constrained,
             target_resumes_constrained: false,

@@ -128,9 +128,9 @@ async fn a_lost_connection_after_output_is_continued_once_then_fails() {
 
 #[tokio::test(start_paused = true)]
 async fn states_that_cannot_move_fail_as_before_with_the_reason() {
-    let mut h = Harness::new(continuing(), Expect::terminals(3).runs_sent(3));
-    h.connect("a", 3).await;
-    h.connect("b", 3).await;
+    let mut h = Harness::new(continuing(), Expect::terminals(4).runs_sent(4));
+    h.connect("a", 4).await;
+    h.connect("b", 4).await;
     let two_choices = chat(serde_json::json!({"messages": [], "n": 2}));
     let schema = chat(serde_json::json!({
         "messages": [],
@@ -147,10 +147,19 @@ async fn states_that_cannot_move_fail_as_before_with_the_reason() {
             ..Default::default()
         })),
     };
+    let reasoning = RunEventKind::Output {
+        text: String::new(),
+        data: Bytes::new(),
+        structured: Some(Box::new(crate::domain::StructuredOutput {
+            reasoning: "Let me think".into(),
+            ..Default::default()
+        })),
+    };
     let cases = [
         (two_choices, output("x"), "more than one choice"),
         (schema, output("{"), "constrained output"),
         (spec(), tool, "tool call"),
+        (spec(), reasoning, "reasoning was streamed"),
     ];
     for (spec, first_output, reason) in cases {
         let mut handle = h.start(spec);
