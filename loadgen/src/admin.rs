@@ -71,6 +71,7 @@ pub(crate) fn entries(
         queued_ms: at,
         deadline_ms: None,
         client_stream: None,
+        affinity: None,
     };
     let attempt = Attempt {
         number: 1,

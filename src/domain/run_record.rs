@@ -8,6 +8,7 @@
 use std::fmt;
 
 use super::names::{AdapterName, NodeId, Target};
+use super::routing::KeySource;
 use super::run::{Operation, RunEventKind, RunId, Usage};
 
 /// How a run ended, or that it has not.
@@ -116,6 +117,8 @@ pub struct AcceptedRun {
     /// What the caller's API needs to render the run's client stream again
     /// ([`super::RunRouting::client_stream`]); `None` for runs whose stream cannot be resumed.
     pub client_stream: Option<String>,
+    /// Where its affinity key came from (`None`: it had none), for the usage rollups.
+    pub affinity: Option<KeySource>,
 }
 
 /// Everything recorded about a run.

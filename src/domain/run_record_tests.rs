@@ -16,6 +16,7 @@ fn record(id: &str, queued_ms: u64, outcome: RunOutcome) -> RunRecord {
         queued_ms,
         deadline_ms: None,
         client_stream: None,
+        affinity: None,
     });
     record.outcome = outcome;
     record

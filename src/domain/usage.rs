@@ -1,10 +1,12 @@
-//! Usage rollups: what runs consumed, summed by API key × model × node × time bucket, and
-//! the questions operators ask of them (which groups, which range, which bucket size).
+//! Usage rollups: what runs consumed, summed by API key × model × node × affinity source ×
+//! time bucket, and the questions operators ask of them (which groups, which range, which
+//! bucket size).
 //!
 //! Pure data and rules: times are milliseconds since the Unix epoch, passed in by callers;
 //! buckets are UTC minutes, hours and days. [`Rollup`] sums the endings of one journal
 //! transaction in memory so the journal writes a few upserts per batch, never a scan.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 
 use super::run::Usage;
@@ -112,8 +114,9 @@ impl UsageCounts {
     }
 }
 
-/// Who and what a rollup row is about. `None` is "no key" (an open API, the console) or
-/// "no node" (the run ended before it was placed).
+/// Who and what a rollup row is about. `None` is "no key" (an open API, the console), "no
+/// node" (the run ended before it was placed) or "affinity not known" (rolled up by an
+/// edge that did not record it).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct UsageGroup {
     /// The API key's name.
@@ -122,6 +125,10 @@ pub struct UsageGroup {
     pub model: Option<String>,
     /// The node that held the run at its end.
     pub node: Option<String>,
+    /// Where the run's affinity key came from, as metrics name it
+    /// ([`super::routing::KeySource::label`]: `none` without a key). Borrowed when it is
+    /// rolled up, so summing a run allocates nothing for it.
+    pub affinity: Option<Cow<'static, str>>,
 }
 
 /// The endings of one transaction summed per bucket and group.
@@ -161,10 +168,12 @@ pub struct GroupBy {
     pub model: bool,
     /// By node.
     pub node: bool,
+    /// By the source of the runs' affinity keys.
+    pub affinity: bool,
 }
 
 impl GroupBy {
-    /// Reads `key,model,node` (any of them, comma-separated; empty for none).
+    /// Reads `key,model,node,affinity` (any of them, comma-separated; empty for none).
     ///
     /// # Errors
     /// The first name that is not one of them.
@@ -175,6 +184,7 @@ impl GroupBy {
                 "key" => group.key = true,
                 "model" => group.model = true,
                 "node" => group.node = true,
+                "affinity" => group.affinity = true,
                 other => return Err(other.to_owned()),
             }
         }
@@ -293,6 +303,7 @@ mod tests {
             key: Some("team-a".into()),
             model: Some("llama/qwen".into()),
             node: Some("n1".into()),
+            affinity: Some(Cow::Borrowed("prefix")),
         };
         let usage = Usage {
             input_tokens: 100,
@@ -321,11 +332,64 @@ mod tests {
             GroupBy::parse("key, node").unwrap(),
             GroupBy {
                 key: true,
-                model: false,
-                node: true
+                node: true,
+                ..GroupBy::default()
+            }
+        );
+        assert_eq!(
+            GroupBy::parse("affinity,model").unwrap(),
+            GroupBy {
+                model: true,
+                affinity: true,
+                ..GroupBy::default()
             }
         );
         assert_eq!(GroupBy::parse("").unwrap(), GroupBy::default());
         assert_eq!(GroupBy::parse("key,tenant").unwrap_err(), "tenant");
+    }
+
+    #[test]
+    fn a_rollup_keeps_runs_of_different_affinity_sources_apart() {
+        use super::super::routing::KeySource;
+        let of = |source| UsageGroup {
+            key: Some("team-a".into()),
+            model: Some("llama/qwen".into()),
+            node: Some("n1".into()),
+            affinity: Some(Cow::Borrowed(KeySource::label(source))),
+        };
+        let run = |input, cached| Usage {
+            input_tokens: input,
+            output_tokens: 1,
+            cached_input_tokens: cached,
+            reasoning_tokens: 0,
+        };
+        let mut rollup = Rollup::default();
+        let cached = of(Some(KeySource::PromptCacheKey));
+        rollup.add(
+            1_000,
+            &cached,
+            &UsageCounts::of_run(Some(&run(100, 90)), false),
+        );
+        rollup.add(
+            1_500,
+            &cached,
+            &UsageCounts::of_run(Some(&run(100, 70)), false),
+        );
+        rollup.add(
+            2_000,
+            &of(None),
+            &UsageCounts::of_run(Some(&run(50, 0)), false),
+        );
+        let minutes: HashMap<_, _> = rollup
+            .rows()
+            .filter(|(bucket, ..)| *bucket == Bucket::Minute)
+            .map(|(_, _, group, counts)| (group.affinity.as_deref(), *counts))
+            .collect();
+        assert_eq!(minutes.len(), 2, "{minutes:?}");
+        let keyed = minutes[&Some("prompt_cache_key")];
+        assert_eq!((keyed.runs, keyed.input_tokens), (2, 200));
+        assert_eq!(keyed.cache_hit_rate(), Some(0.8));
+        let none = minutes[&Some("none")];
+        assert_eq!((none.runs, none.cache_hit_rate()), (1, Some(0.0)));
     }
 }

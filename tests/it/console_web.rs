@@ -493,6 +493,16 @@ async fn the_usage_page_shows_the_tokens_runs_used_by_key_and_model() {
             "200",
         )
         .await;
+    // And by affinity source: the chats are keyed by their prompts' prefixes.
+    browser
+        .click("#usage-filters input[value=\"affinity\"]")
+        .await;
+    browser
+        .wait_text(
+            "#usage tbody tr[data-node=\"node-a\"][data-affinity=\"prefix\"] td[data-f=\"input_tokens\"]",
+            "200",
+        )
+        .await;
     browser.size(390, 844).await;
     browser.wait_text("#usage tfoot", "Total").await;
     browser.screenshot("usage-phone").await;

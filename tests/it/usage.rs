@@ -1,8 +1,9 @@
 //! Usage, budgets and token metrics against a real edge: the usage API's totals equal the
 //! sums of the `usage` objects the official SDKs received (chat, completions, Responses,
 //! Messages, streamed and whole, a cancel and a failover) plus what a cancelled and a failed
-//! stream produced (the output the client saw), the Prometheus token counters
-//! agree, a key's token budget refuses exactly the requests past it (in turn and at once),
+//! stream produced (the output the client saw), split by affinity source too (each
+//! source's cache hit rate the ratio of the Prometheus counters with its label), the
+//! Prometheus token counters agree, a key's token budget refuses exactly the requests past it (in turn and at once),
 //! and the rollups and the budget state survive `kill -9` of a real `edge serve`.
 
 use crate::admin_crash::{CONFIG as CRASH_CONFIG, Edge as Process, get, start_edge};
@@ -120,6 +121,14 @@ async fn usage_totals_equal_the_usage_the_official_sdks_received() {
     assert!(tokens_on_a < sdk["output"].as_u64().unwrap(), "{by_node}");
 
     token_metrics_agree(&app, &sdk).await;
+    let by_affinity = usage_by_affinity_agrees(&app, &sdk).await;
+    cli_agrees(
+        app.admin_addr,
+        "affinity",
+        &by_affinity,
+        "prompt_cache_key ",
+    )
+    .await;
     node_a.kill();
     node_b.kill();
     app.stop().await;
@@ -165,6 +174,72 @@ async fn token_metrics_agree(app: &TestApp, sdk: &Value) {
         assert!(labels["affinity"].contains(&"none"), "{labels:?}");
         assert!(labels["affinity"].contains(&"prefix"), "{labels:?}");
     }
+}
+
+/// The usage API split by affinity source has a row per source the SDK calls were keyed
+/// from, with their sums; each row's cache hit rate is the ratio of the Prometheus
+/// counters with the same `affinity` label. Returns the report.
+async fn usage_by_affinity_agrees(app: &TestApp, sdk: &Value) -> Value {
+    let report = usage(app.admin_addr, "group_by=affinity").await;
+    assert_eq!(report["group_by"], json!(["affinity"]), "{report}");
+    let rows: BTreeMap<&str, &Value> = report["rows"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|r| (r["affinity"].as_str().unwrap_or("(absent)"), r))
+        .collect();
+    let expected = sdk["by_affinity"].as_object().expect("sums by source");
+    let mut sources: Vec<&str> = expected.keys().map(String::as_str).collect();
+    sources.sort_unstable();
+    assert_eq!(
+        rows.keys().copied().collect::<Vec<_>>(),
+        sources,
+        "{report}"
+    );
+    assert_eq!(
+        sources,
+        ["none", "prefix", "prompt_cache_key", "session", "user"]
+    );
+    let scrape = scrape(&api_support::client(), app).await;
+    let by_label = |metric: &str, source: &str| -> f64 {
+        let samples = scrape.all(metric);
+        samples
+            .iter()
+            .filter(|(labels, _)| labels.get("affinity").map(String::as_str) == Some(source))
+            .map(|(_, value)| value)
+            .sum()
+    };
+    for (source, sums) in expected {
+        let row = rows[source.as_str()];
+        for (api, sdk_name) in [
+            ("runs", "runs"),
+            ("input_tokens", "input"),
+            ("cached_input_tokens", "cached"),
+            ("output_tokens", "output"),
+        ] {
+            assert_eq!(row[api], sums[sdk_name], "{source} {api}: {report}");
+        }
+        let input = by_label("edge_input_tokens_total", source);
+        let cached = by_label("edge_cached_input_tokens_total", source);
+        assert_eq!(Some(input), sums["input"].as_f64(), "{source}");
+        let rate = row["cache_hit_rate"].as_f64().expect("a hit rate");
+        assert!(
+            (rate - cached / input).abs() < 1e-9,
+            "{source}: {rate} vs {cached}/{input}"
+        );
+    }
+    assert!(
+        rows["user"]["cache_hit_rate"].as_f64() > Some(0.0),
+        "{report}"
+    );
+    assert_eq!(rows["none"]["cache_hit_rate"], 0.0, "{report}");
+    // Combined with another dimension: the same sums, split further.
+    let by_key = usage(app.admin_addr, "group_by=key,affinity").await;
+    let session = rows_where(&by_key, "affinity", "session")
+        .map(|r| (r["key"].clone(), r["runs"].clone()))
+        .collect::<Vec<_>>();
+    assert_eq!(session, [(json!("team-a"), json!(1))], "{by_key}");
+    report
 }
 
 /// A key with a daily budget of 100 tokens, one with 100 tokens and the `echo/hang` runs.
@@ -391,14 +466,15 @@ async fn rollups_and_budgets_survive_kill_9_of_edge_serve() {
         .expect("the mock node registers again");
     let status = post_completion(edge.http, "sk-metered", "echo/default").await;
     assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
-    cli_agrees(edge.admin, &report).await;
+    cli_agrees(edge.admin, "key", &report, "metered ").await;
     node.kill();
     drop(edge);
 }
 
-/// `edge usage --group-by key --json` prints what the API answers; the table has a line
-/// per key and the totals.
-async fn cli_agrees(admin: SocketAddr, report: &Value) {
+/// `edge usage --group-by GROUP --json` prints what the API answers (`report`, grouped by
+/// `group`); the table has a column of the group, a line starting with `line`, and the
+/// totals.
+async fn cli_agrees(admin: SocketAddr, group: &str, report: &Value, line: &str) {
     let run = |json: bool| {
         let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_edge"));
         command.args([
@@ -406,7 +482,7 @@ async fn cli_agrees(admin: SocketAddr, report: &Value) {
             "--admin",
             &format!("http://{admin}"),
             "--group-by",
-            "key",
+            group,
         ]);
         if json {
             command.arg("--json");
@@ -426,8 +502,8 @@ async fn cli_agrees(admin: SocketAddr, report: &Value) {
     assert_eq!(printed["rows"], report["rows"]);
     let table = run(false).await;
     let lines: Vec<&str> = table.lines().collect();
-    assert!(lines[0].starts_with("KEY"), "{table}");
-    assert!(lines.iter().any(|l| l.starts_with("metered ")), "{table}");
+    assert!(lines[0].starts_with(&group.to_uppercase()), "{table}");
+    assert!(lines.iter().any(|l| l.starts_with(line)), "{table}");
     assert!(
         lines.last().is_some_and(|l| l.starts_with("total")),
         "{table}"

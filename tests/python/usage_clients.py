@@ -10,8 +10,10 @@ answers: the SDK's call times out and goes away, which cancels the run), `echo/s
 then waits: the client goes away after the output) and `echo/fail` (one word, then a failure).
 Covers chat (whole and streamed with `include_usage`), completions, Responses (whole and
 streamed), Anthropic Messages (whole and streamed), a cancel before output, a cancel after
-output and a failure after output. Prints `ok`, then one JSON line: runs, input,
-cached, output.
+output and a failure after output, and chat runs keyed by `prompt_cache_key`, the
+`x-session-id` header and `user`. Prints `ok`, then one JSON line: runs, input, cached,
+output, and the same sums by the affinity source each run was keyed from (`by_affinity`:
+`prefix` for chat-like runs without a client key, `none` for completions).
 """
 
 import json
@@ -30,17 +32,20 @@ def main():
     base, key = sys.argv[1], sys.argv[2]
     client = OpenAI(base_url=f"{base}/v1", api_key=key, max_retries=0)
     claude = anthropic.Anthropic(base_url=base, api_key=key, max_retries=0)
-    totals = {"runs": 0, "input": 0, "cached": 0, "output": 0}
+    totals = {"runs": 0, "input": 0, "cached": 0, "output": 0, "by_affinity": {}}
 
-    def add(input_tokens, cached, output_tokens):
-        totals["runs"] += 1
-        totals["input"] += input_tokens
-        totals["cached"] += cached or 0
-        totals["output"] += output_tokens
+    def add(input_tokens, cached, output_tokens, source="prefix"):
+        zero = {"runs": 0, "input": 0, "cached": 0, "output": 0}
+        for sums in (totals, totals["by_affinity"].setdefault(source, zero)):
+            sums["runs"] += 1
+            sums["input"] += input_tokens
+            sums["cached"] += cached or 0
+            sums["output"] += output_tokens
 
-    def add_openai(usage):
+    def add_openai(usage, source="prefix"):
         details = usage.prompt_tokens_details
-        add(usage.prompt_tokens, details.cached_tokens if details else 0, usage.completion_tokens)
+        cached = details.cached_tokens if details else 0
+        add(usage.prompt_tokens, cached, usage.completion_tokens, source)
 
     def add_responses(usage):
         add(usage.input_tokens, usage.input_tokens_details.cached_tokens, usage.output_tokens)
@@ -67,7 +72,16 @@ def main():
     # Least busy with ties rotating: one of the two lands on the refusing node first.
     for prompt in ["one two three", "four five six seven"]:
         completion = client.completions.create(model="echo/default", prompt=prompt, max_tokens=8)
-        add_openai(completion.usage)
+        add_openai(completion.usage, "none")
+
+    # Chat keyed by what the client gave: each its own affinity source.
+    for source, options in [
+        ("prompt_cache_key", {"extra_body": {"prompt_cache_key": "conversation-1"}}),
+        ("session", {"extra_headers": {"x-session-id": "session-1"}}),
+        ("user", {"user": "alice"}),
+    ]:
+        keyed = client.chat.completions.create(model="echo/reasoning", messages=MESSAGES, **options)
+        add_openai(keyed.usage, source)
 
     response = client.responses.create(model="echo/reasoning", input="hello there you")
     add_responses(response.usage)

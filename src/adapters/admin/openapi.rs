@@ -24,7 +24,7 @@ use super::AdminState;
     tags(
         (name = "nodes", description = "Configured nodes, their state, drain and resume"),
         (name = "runs", description = "Open and finished runs, their records, events and cancels"),
-        (name = "usage", description = "What runs consumed, by key, model and node, and the prompt-cache hit rate"),
+        (name = "usage", description = "What runs consumed, by key, model, node and affinity source, and the prompt-cache hit rate"),
         (name = "stats", description = "The last hour of runs in buckets, kept in memory"),
         (name = "meta", description = "This document"),
     ),

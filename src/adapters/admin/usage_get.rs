@@ -1,5 +1,5 @@
 //! `GET /admin/v1/usage`: what runs consumed, from the journal's usage rollups, summed by
-//! key, model and node as asked, over a range, optionally per bucket.
+//! key, model, node and affinity source as asked, over a range, optionally per bucket.
 
 use axum::Json;
 use axum::extract::rejection::QueryRejection;
@@ -23,8 +23,8 @@ pub(super) fn register(router: OpenApiRouter<AdminState>) -> OpenApiRouter<Admin
 #[derive(Debug, Default, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
 pub(super) struct UsageParams {
-    /// The dimensions to split by, comma-separated: any of `key`, `model`, `node` (none:
-    /// one row of totals).
+    /// The dimensions to split by, comma-separated: any of `key`, `model`, `node`,
+    /// `affinity` (the source of the runs' affinity keys) (none: one row of totals).
     group_by: Option<String>,
     /// Runs that ended since then: ms since the Unix epoch, or a time ago with a unit
     /// (`90s`, `15m`, `2h`, `7d`); rounded down to its bucket's start. Default: everything
@@ -38,7 +38,7 @@ pub(super) struct UsageParams {
     bucket: Option<String>,
 }
 
-/// Usage by API key, model and node.
+/// Usage by API key, model, node and affinity source.
 #[utoipa::path(
     get,
     path = "/admin/v1/usage",
@@ -64,11 +64,16 @@ async fn get_usage(
         totals.add(&row.counts);
     }
     let by = query.group_by;
-    let group_by = [("key", by.key), ("model", by.model), ("node", by.node)]
-        .into_iter()
-        .filter(|&(_, on)| on)
-        .map(|(name, _)| name.to_owned())
-        .collect();
+    let group_by = [
+        ("key", by.key),
+        ("model", by.model),
+        ("node", by.node),
+        ("affinity", by.affinity),
+    ]
+    .into_iter()
+    .filter(|&(_, on)| on)
+    .map(|(name, _)| name.to_owned())
+    .collect();
     Ok(Json(UsageReport {
         bucket: query.bucket.as_str().to_owned(),
         per_bucket: query.per_bucket,
@@ -85,7 +90,7 @@ fn usage_query(state: &AdminState, params: &UsageParams) -> Result<UsageQuery, A
     let group_by =
         GroupBy::parse(params.group_by.as_deref().unwrap_or_default()).map_err(|name| {
             AdminError::bad_request(format!(
-                "`group_by` takes key, model and node; {name:?} is none of them"
+                "`group_by` takes key, model, node and affinity; {name:?} is none of them"
             ))
         })?;
     let bucket = params

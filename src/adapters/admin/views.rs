@@ -303,13 +303,14 @@ pub struct UsageReport {
     pub bucket: String,
     /// Whether the rows are split by bucket (`bucket` was asked for).
     pub per_bucket: bool,
-    /// The dimensions the rows are split by (`key`, `model`, `node`).
+    /// The dimensions the rows are split by (`key`, `model`, `node`, `affinity`).
     pub group_by: Vec<String>,
     /// Runs that ended in buckets starting at or after this, ms since the Unix epoch.
     pub since_ms: u64,
     /// ... and before this.
     pub until_ms: u64,
-    /// One row per bucket (when split) and group, ordered by bucket, key, model, node.
+    /// One row per bucket (when split) and group, ordered by bucket, key, model, node,
+    /// affinity.
     pub rows: Vec<UsageRowView>,
     /// The sums of every row.
     pub totals: UsageCountsView,
@@ -331,6 +332,12 @@ pub struct UsageRowView {
     /// grouped by node.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node: Option<String>,
+    /// Where the runs' affinity keys came from, as the `affinity` label of the token
+    /// metrics names it: `prompt_cache_key`, `session`, `user`, `prefix`, or `none` for
+    /// runs without one; present when grouped by affinity (absent for runs rolled up by an
+    /// edge that did not record it, before journal schema 6).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub affinity: Option<String>,
     /// The row's sums.
     #[serde(flatten)]
     pub counts: UsageCountsView,
@@ -449,6 +456,7 @@ impl UsageRowView {
             key: row.group.key.clone(),
             model: row.group.model.clone(),
             node: row.group.node.clone(),
+            affinity: row.group.affinity.as_deref().map(str::to_owned),
             counts: UsageCountsView::of(&row.counts),
         }
     }

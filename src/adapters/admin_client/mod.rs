@@ -81,7 +81,7 @@ pub enum AdminCommand {
         #[command(flatten)]
         connection: Connection,
     },
-    /// What runs consumed, by key, model and node, with the prompt-cache hit rate.
+    /// What runs consumed, by key, model, node and affinity source, with the prompt-cache hit rate.
     Usage(usage::UsageArgs),
     /// Cancel an open run.
     Cancel {

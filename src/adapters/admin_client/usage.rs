@@ -10,7 +10,8 @@ use crate::adapters::admin::views::{UsageCountsView, UsageReport, UsageRowView};
 /// `edge usage`.
 #[derive(Debug, Args)]
 pub struct UsageArgs {
-    /// Split by any of `key`, `model`, `node`, comma-separated (none: totals only).
+    /// Split by any of `key`, `model`, `node`, `affinity` (the source of the runs' affinity
+    /// keys), comma-separated (none: totals only).
     #[arg(long = "group-by")]
     group_by: Option<String>,
     /// Runs that ended in this last while (`15m`, `2h`, `30d`) or since this time (ms since
@@ -66,6 +67,7 @@ fn render(report: &UsageReport) -> String {
     header.extend(report.group_by.iter().map(|g| match g.as_str() {
         "key" => "KEY",
         "model" => "MODEL",
+        "affinity" => "AFFINITY",
         _ => "NODE",
     }));
     let dimensions = header.len();
@@ -97,6 +99,7 @@ fn row(report: &UsageReport, row: &UsageRowView) -> Vec<String> {
         let value = match group.as_str() {
             "key" => &row.key,
             "model" => &row.model,
+            "affinity" => &row.affinity,
             _ => &row.node,
         };
         cells.push(value.clone().unwrap_or_else(|| "-".to_owned()));

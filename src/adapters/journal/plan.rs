@@ -13,6 +13,7 @@ use rusqlite::{CachedStatement, OptionalExtension, Transaction, params};
 
 use super::batch::{Chunk, Finish, Queued};
 use super::writer::to_sql;
+use crate::domain::routing::KeySource;
 use crate::domain::{
     AcceptedRun, Attempt, Bucket, NodeId, Rollup, RunId, RunOutcome, Usage, UsageCounts, UsageGroup,
 };
@@ -25,6 +26,9 @@ pub(super) struct OpenRun {
     pub(super) stored: u64,
     /// The name of its API key, for the usage rollups.
     pub(super) key: Option<Arc<str>>,
+    /// Its affinity source as metrics name it, for the usage rollups (empty: not known, a
+    /// run a schema-5 edge accepted).
+    pub(super) affinity: &'static str,
 }
 
 /// Everything one batch does to one run, borrowed from the batch (which the writer keeps
@@ -33,6 +37,7 @@ struct RunWrite<'a> {
     seq: i64,
     stored_before: u64,
     key: Option<Arc<str>>,
+    affinity: &'static str,
     insert: Option<&'a AcceptedRun>,
     attempts: Vec<&'a Attempt>,
     chunks: Vec<&'a Chunk>,
@@ -66,6 +71,7 @@ impl<'a> Plan<'a> {
                     seq,
                     stored: 0,
                     key: run.api_key_name.as_deref().map(Arc::from),
+                    affinity: KeySource::label(run.affinity),
                 };
                 open.insert(run_id.clone(), known.clone());
                 plan.write(run_id, known).insert = Some(run);
@@ -100,6 +106,7 @@ impl<'a> Plan<'a> {
                 seq: known.seq,
                 stored_before: known.stored,
                 key: known.key,
+                affinity: known.affinity,
                 insert: None,
                 attempts: Vec::new(),
                 chunks: Vec::new(),
@@ -135,15 +142,23 @@ impl<'a> Plan<'a> {
     }
 }
 
-/// The usage of one transaction's endings by UTC minute, key, adapter, target and node,
-/// borrowed from the batch.
+/// The usage of one transaction's endings by UTC minute, key, adapter, target, node and
+/// affinity source, borrowed from the batch.
 #[derive(Default)]
 struct Endings<'a> {
     sums: HashMap<EndingGroup<'a>, UsageCounts>,
 }
 
-/// A minute's start, the key's name, the adapter, the target and the node.
-type EndingGroup<'a> = (u64, Option<Arc<str>>, &'a str, &'a str, Option<&'a str>);
+/// A minute's start, the key's name, the adapter, the target, the node and the affinity
+/// source.
+type EndingGroup<'a> = (
+    u64,
+    Option<Arc<str>>,
+    &'a str,
+    &'a str,
+    Option<&'a str>,
+    &'static str,
+);
 
 impl<'a> Endings<'a> {
     /// Counts `write`'s run when its batch ends it.
@@ -163,6 +178,7 @@ impl<'a> Endings<'a> {
             finish.adapter.as_str(),
             finish.target.as_str(),
             finish.node.as_ref().map(NodeId::as_str),
+            write.affinity,
         );
         self.sums
             .entry(group)
@@ -173,11 +189,12 @@ impl<'a> Endings<'a> {
     /// Every bucket size's rows (an hour or a day starts on a minute).
     fn rollup(&self) -> Rollup {
         let mut rollup = Rollup::default();
-        for ((minute, key, adapter, target, node), counts) in &self.sums {
+        for ((minute, key, adapter, target, node, affinity), counts) in &self.sums {
             let group = UsageGroup {
                 key: key.as_deref().map(str::to_owned),
                 model: Some(format!("{adapter}/{target}")),
                 node: node.map(str::to_owned),
+                affinity: (!affinity.is_empty()).then_some(Cow::Borrowed(*affinity)),
             };
             rollup.add(*minute, &group, counts);
         }
@@ -199,16 +216,23 @@ fn known(
     tx.prepare_cached(
         "SELECT seq, CASE WHEN outcome = 'open' THEN events_inline_count
             + (SELECT coalesce(sum(count), 0) FROM events WHERE run_seq = runs.seq)
-            ELSE events_stored END, api_key_name FROM runs WHERE run_id = ?1",
+            ELSE events_stored END, api_key_name, affinity FROM runs WHERE run_id = ?1",
     )?
     .query_row([run_id.as_str()], |row| {
         Ok(OpenRun {
             seq: row.get(0)?,
             stored: u64::try_from(row.get::<_, i64>(1)?).unwrap_or(0),
             key: row.get::<_, Option<String>>(2)?.map(Arc::from),
+            affinity: stored_affinity(row.get::<_, Option<String>>(3)?.as_deref()),
         })
     })
     .optional()
+}
+
+/// The affinity source of a run as its row holds it (NULL: accepted by a schema-5 edge,
+/// not known), named as metrics name it.
+fn stored_affinity(name: Option<&str>) -> &'static str {
+    name.map_or("", |name| KeySource::label(KeySource::parse(name)))
 }
 
 /// Consecutive chunks of a run joined: where they start, how many events, their bytes.
@@ -252,10 +276,10 @@ fn upsert_usage(tx: &Transaction<'_>, rollup: &Rollup) -> rusqlite::Result<()> {
         return Ok(());
     }
     let mut statement = tx.prepare_cached(
-        "INSERT INTO usage (bucket, start_ms, key, model, node, runs, errors, input_tokens,
-            cached_input_tokens, output_tokens, reasoning_tokens)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)
-         ON CONFLICT (bucket, start_ms, key, model, node) DO UPDATE SET
+        "INSERT INTO usage (bucket, start_ms, key, model, node, affinity, runs, errors,
+            input_tokens, cached_input_tokens, output_tokens, reasoning_tokens)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)
+         ON CONFLICT (bucket, start_ms, key, model, node, affinity) DO UPDATE SET
             runs = runs + excluded.runs, errors = errors + excluded.errors,
             input_tokens = input_tokens + excluded.input_tokens,
             cached_input_tokens = cached_input_tokens + excluded.cached_input_tokens,
@@ -270,6 +294,7 @@ fn upsert_usage(tx: &Transaction<'_>, rollup: &Rollup) -> rusqlite::Result<()> {
             name(&group.key),
             name(&group.model),
             name(&group.node),
+            group.affinity.as_deref().unwrap_or_default(),
             to_sql(counts.runs),
             to_sql(counts.errors),
             to_sql(counts.input_tokens),
@@ -366,9 +391,9 @@ const INSERT_RUN: &str = "INSERT OR IGNORE INTO runs (seq, run_id, adapter, targ
         pin, api_key_name, queued_ms, node, route_reason, started_ms, events_inline,
         events_inline_count, outcome, first_output_ms, finished_ms, code, message, finish_reason,
         input_tokens, output_tokens, cached_input_tokens, reasoning_tokens, events, events_stored,
-        deadline_ms, client_stream)
+        deadline_ms, client_stream, affinity)
     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18,
-        ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27)";
+        ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28)";
 
 fn insert_run<'a>(
     insert: &mut CachedStatement<'_>,
@@ -380,7 +405,7 @@ fn insert_run<'a>(
     let text = |v: Option<&'a str>| v.map_or(ValueRef::Null, |t| ValueRef::Text(t.as_bytes()));
     let attempt = inline.attempt;
     let events = inline.events.as_ref();
-    let mut values = [ValueRef::Null; 27];
+    let mut values = [ValueRef::Null; 28];
     values[..13].copy_from_slice(&[
         ValueRef::Integer(write.seq),
         ValueRef::Text(run.run_id.as_str().as_bytes()),
@@ -405,6 +430,7 @@ fn insert_run<'a>(
         .deadline_ms
         .map_or(ValueRef::Null, |d| ValueRef::Integer(to_sql(d)));
     values[26] = text(run.client_stream.as_deref());
+    values[27] = ValueRef::Text(write.affinity.as_bytes());
     insert.execute(rusqlite::params_from_iter(
         values.into_iter().map(ToSqlOutput::Borrowed),
     ))?;

@@ -11,6 +11,7 @@ use rusqlite::{Connection, OptionalExtension, Row, params};
 use super::packed::{RunIdentity, unpack};
 use super::schema::open_reader;
 use super::writer::to_sql;
+use crate::domain::routing::KeySource;
 use crate::domain::{
     AcceptedRun, AdapterName, Attempt, NodeId, Operation, RunId, RunOutcome, RunQuery, RunRecord,
     Target, Usage,
@@ -23,7 +24,7 @@ const POOL_SIZE: usize = 4;
 const RUN_COLUMNS: &str = "seq, run_id, adapter, target, operation, pin, api_key_name, queued_ms,
     first_output_ms, finished_ms, outcome, code, message, finish_reason, input_tokens,
     output_tokens, cached_input_tokens, reasoning_tokens, events, events_stored, node,
-    route_reason, started_ms, deadline_ms, client_stream";
+    route_reason, started_ms, deadline_ms, client_stream, affinity";
 
 /// Read connections to one journal file.
 pub(super) struct Reader {
@@ -267,6 +268,9 @@ fn read_run(row: &Row<'_>) -> rusqlite::Result<(i64, RunRecord)> {
         queued_ms: from_sql(row.get(7)?),
         deadline_ms: time(23)?,
         client_stream: row.get(24)?,
+        affinity: row
+            .get::<_, Option<String>>(25)?
+            .and_then(|name| KeySource::parse(&name)),
     };
     let tokens = |i: usize| -> rusqlite::Result<Option<u32>> { row.get(i) };
     let usage = match (tokens(14)?, tokens(15)?) {

@@ -26,8 +26,9 @@ use crate::domain::EDGE_CRASHED;
 /// `usage` rollups, a table of its own that `TABLES` creates in an older file; schema 4 a
 /// run's `deadline_ms`, so a run taken back after a restart keeps its deadline; schema 5 a
 /// run's `client_stream`, what its API needs to render its stream again for a caller that
-/// resumes it.
-const SCHEMA_VERSION: i64 = 5;
+/// resumes it; schema 6 a run's `affinity` source and the usage rollups' `affinity`
+/// dimension (rows rolled up before it have an empty one: not known).
+const SCHEMA_VERSION: i64 = 6;
 
 /// How long a connection waits for another's lock (a checkpoint, a backup) before failing.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -60,7 +61,8 @@ CREATE TABLE IF NOT EXISTS runs (
     events INTEGER NOT NULL DEFAULT 0,
     events_stored INTEGER NOT NULL DEFAULT 0,
     deadline_ms INTEGER,
-    client_stream TEXT
+    client_stream TEXT,
+    affinity TEXT
 );
 CREATE INDEX IF NOT EXISTS runs_by_queued ON runs (queued_ms, run_id);
 CREATE INDEX IF NOT EXISTS runs_open ON runs (outcome) WHERE outcome = 'open';
@@ -88,13 +90,14 @@ CREATE TABLE IF NOT EXISTS usage (
     key TEXT NOT NULL,
     model TEXT NOT NULL,
     node TEXT NOT NULL,
+    affinity TEXT NOT NULL,
     runs INTEGER NOT NULL,
     errors INTEGER NOT NULL,
     input_tokens INTEGER NOT NULL,
     cached_input_tokens INTEGER NOT NULL,
     output_tokens INTEGER NOT NULL,
     reasoning_tokens INTEGER NOT NULL,
-    PRIMARY KEY (bucket, start_ms, key, model, node)
+    PRIMARY KEY (bucket, start_ms, key, model, node, affinity)
 ) WITHOUT ROWID;
 ";
 
@@ -114,6 +117,22 @@ const SCHEMA_3_TO_4: &str = "ALTER TABLE runs ADD COLUMN deadline_ms INTEGER;";
 
 /// What schema 5 adds to a file of schema 1 to 4: a run's client stream.
 const SCHEMA_4_TO_5: &str = "ALTER TABLE runs ADD COLUMN client_stream TEXT;";
+
+/// What schema 6 adds to a file of schema 1 to 5: a run's affinity source.
+const SCHEMA_5_TO_6: &str = "ALTER TABLE runs ADD COLUMN affinity TEXT;";
+
+/// What schema 6 does to the `usage` table of a file of schema 3 to 5: SQLite cannot
+/// change a primary key, so the old table is set aside, `TABLES` creates the new one with
+/// `affinity` in its key, and [`USAGE_5_COPIED`] moves the rows over.
+const USAGE_5_SET_ASIDE: &str = "ALTER TABLE usage RENAME TO usage_5;";
+
+/// The rows of a schema-5 `usage` table, copied with an empty (not known) source; the old
+/// table dropped.
+const USAGE_5_COPIED: &str = "
+INSERT INTO usage SELECT bucket, start_ms, key, model, node, '', runs, errors,
+    input_tokens, cached_input_tokens, output_tokens, reasoning_tokens FROM usage_5;
+DROP TABLE usage_5;
+";
 
 /// Why the journal's file cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -169,7 +188,7 @@ pub(super) fn open_writer(
         path: name.clone(),
         source,
     };
-    let conn = Connection::open(path).map_err(sqlite)?;
+    let mut conn = Connection::open(path).map_err(sqlite)?;
     conn.busy_timeout(BUSY_TIMEOUT).map_err(sqlite)?;
     // auto_vacuum only takes effect before the first table exists.
     conn.execute_batch("PRAGMA auto_vacuum = INCREMENTAL;")
@@ -185,18 +204,7 @@ pub(super) fn open_writer(
     if found > SCHEMA_VERSION {
         return Err(OpenError::NewerSchema { path: name, found });
     }
-    if found == 1 {
-        conn.execute_batch(SCHEMA_1_TO_2).map_err(sqlite)?;
-    }
-    if (1..4).contains(&found) {
-        conn.execute_batch(SCHEMA_3_TO_4).map_err(sqlite)?;
-    }
-    if (1..5).contains(&found) {
-        conn.execute_batch(SCHEMA_4_TO_5).map_err(sqlite)?;
-    }
-    conn.execute_batch(TABLES).map_err(sqlite)?;
-    conn.pragma_update(None, "user_version", SCHEMA_VERSION)
-        .map_err(sqlite)?;
+    upgrade(&mut conn, found).map_err(sqlite)?;
     let marked = if keep_open {
         0
     } else {
@@ -208,6 +216,35 @@ pub(super) fn open_writer(
         })
         .map_err(sqlite)?;
     Ok((conn, marked, next_seq))
+}
+
+/// Brings a file of schema `found` (0: a new file) to [`SCHEMA_VERSION`], in one
+/// transaction: a failure leaves the file as it was.
+fn upgrade(conn: &mut Connection, found: i64) -> rusqlite::Result<()> {
+    let tx = conn.transaction()?;
+    if found == 1 {
+        tx.execute_batch(SCHEMA_1_TO_2)?;
+    }
+    if (1..4).contains(&found) {
+        tx.execute_batch(SCHEMA_3_TO_4)?;
+    }
+    if (1..5).contains(&found) {
+        tx.execute_batch(SCHEMA_4_TO_5)?;
+    }
+    if (1..6).contains(&found) {
+        tx.execute_batch(SCHEMA_5_TO_6)?;
+    }
+    // Schema 3 created `usage`; older files get it from `TABLES`, as new files do.
+    let rebuild_usage = (3..6).contains(&found);
+    if rebuild_usage {
+        tx.execute_batch(USAGE_5_SET_ASIDE)?;
+    }
+    tx.execute_batch(TABLES)?;
+    if rebuild_usage {
+        tx.execute_batch(USAGE_5_COPIED)?;
+    }
+    tx.pragma_update(None, "user_version", SCHEMA_VERSION)?;
+    tx.commit()
 }
 
 /// Opens a read-only connection to the journal.

@@ -4,6 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::*;
+use crate::domain::routing::KeySource;
 use crate::domain::{
     AcceptedRun, AdapterName, Attempt, EdgeFailure, EventOrigin, NodeId, Operation, RunEvent,
     RunEventKind, RunId, RunOutcome, RunQuery, RunStateFilter, Target, Usage,
@@ -40,6 +41,7 @@ fn accepted(id: &str, queued_ms: u64) -> JournalEntry {
         queued_ms: recent(queued_ms),
         deadline_ms: None,
         client_stream: Some(r#"{"api":"chat"}"#.into()),
+        affinity: Some(KeySource::Session),
     }))
 }
 
@@ -112,6 +114,7 @@ async fn a_finished_run_reads_back_with_its_attempts_and_events() {
         run.accepted.client_stream.as_deref(),
         Some(r#"{"api":"chat"}"#)
     );
+    assert_eq!(run.accepted.affinity, Some(KeySource::Session));
     assert_eq!(run.node().map(NodeId::as_str), Some("node-a"));
     assert_eq!(run.started_ms(), Some(recent(1_001)));
     assert_eq!(run.first_output_ms, Some(recent(1_003)));
@@ -494,6 +497,110 @@ async fn a_journal_of_schema_1_is_read_and_written_on() {
     journal.close().await;
 }
 
+/// A file as an edge of schema 5 left it: its tables without `affinity`, one usage row
+/// per bucket size, a finished run.
+fn schema_5_file(dir: &tempfile::TempDir) {
+    std::fs::create_dir_all(dir.path().join("j")).unwrap();
+    let conn = rusqlite::Connection::open(file(dir)).unwrap();
+    conn.execute_batch(
+        "CREATE TABLE runs (seq INTEGER PRIMARY KEY, run_id TEXT NOT NULL UNIQUE,
+            adapter TEXT NOT NULL, target TEXT NOT NULL, operation TEXT NOT NULL, pin TEXT,
+            api_key_name TEXT, queued_ms INTEGER NOT NULL, node TEXT, route_reason TEXT,
+            started_ms INTEGER, events_inline BLOB,
+            events_inline_count INTEGER NOT NULL DEFAULT 0, first_output_ms INTEGER,
+            finished_ms INTEGER, outcome TEXT NOT NULL, code TEXT, message TEXT,
+            finish_reason TEXT, input_tokens INTEGER, output_tokens INTEGER,
+            cached_input_tokens INTEGER, reasoning_tokens INTEGER,
+            events INTEGER NOT NULL DEFAULT 0, events_stored INTEGER NOT NULL DEFAULT 0,
+            deadline_ms INTEGER, client_stream TEXT);
+         CREATE TABLE usage (bucket TEXT NOT NULL, start_ms INTEGER NOT NULL,
+            key TEXT NOT NULL, model TEXT NOT NULL, node TEXT NOT NULL,
+            runs INTEGER NOT NULL, errors INTEGER NOT NULL, input_tokens INTEGER NOT NULL,
+            cached_input_tokens INTEGER NOT NULL, output_tokens INTEGER NOT NULL,
+            reasoning_tokens INTEGER NOT NULL,
+            PRIMARY KEY (bucket, start_ms, key, model, node)) WITHOUT ROWID;
+         PRAGMA user_version = 5;",
+    )
+    .unwrap();
+    conn.execute(
+        "INSERT INTO runs (seq, run_id, adapter, target, operation, api_key_name, queued_ms,
+            node, finished_ms, outcome, input_tokens, output_tokens, events)
+         VALUES (1, 'old', 'echo', 'default', 'chat', 'team-a', ?1, 'node-a', ?1,
+            'completed', 40, 4, 2)",
+        [recent(1) as i64],
+    )
+    .unwrap();
+    for bucket in crate::domain::Bucket::ALL {
+        let start = bucket.start_of(recent(1)) as i64;
+        conn.execute(
+            "INSERT INTO usage VALUES (?1, ?2, 'team-a', 'echo/default', 'node-a',
+                1, 0, 40, 30, 4, 0)",
+            rusqlite::params![bucket.as_str(), start],
+        )
+        .unwrap();
+    }
+}
+
+#[tokio::test]
+async fn a_journal_of_schema_5_keeps_its_usage_and_rolls_up_by_affinity_on() {
+    use crate::domain::{Bucket, GroupBy, UsageQuery};
+    let dir = tempfile::tempdir().unwrap();
+    schema_5_file(&dir);
+    let journal = SqliteJournal::open(&config(&dir), &file(&dir)).unwrap();
+    let old = journal.run(&RunId::new("old")).await.unwrap().unwrap();
+    assert_eq!(old.accepted.affinity, None);
+    // A run of schema 6, keyed by its session, in the same buckets as the old row.
+    whole_run(&journal, "new", 5, "node-a");
+    journal.flush().await;
+    for bucket in Bucket::ALL {
+        let query = UsageQuery {
+            group_by: GroupBy::parse("key,model,node,affinity").unwrap(),
+            since_ms: 0,
+            until_ms: u64::MAX / 2,
+            bucket,
+            per_bucket: false,
+        };
+        let rows = journal.usage(&query).await.unwrap();
+        let affinity: Vec<_> = rows.iter().map(|r| r.group.affinity.as_deref()).collect();
+        // Rows the old edge rolled up have no source (not known); the new run's is kept.
+        assert_eq!(affinity, [None, Some("session")], "{bucket:?}: {rows:?}");
+        assert_eq!(rows[0].counts.input_tokens, 40, "{rows:?}");
+        assert_eq!(rows[0].counts.cache_hit_rate(), Some(0.75));
+        assert_eq!(rows[1].counts.input_tokens, 5, "{rows:?}");
+        assert!(
+            rows.iter()
+                .all(|r| r.group.key.as_deref() == Some("team-a"))
+        );
+        // Summed over the sources, as budgets read the daily rollups.
+        let by_key = journal
+            .usage(&UsageQuery {
+                group_by: GroupBy::parse("key").unwrap(),
+                ..query
+            })
+            .await
+            .unwrap();
+        assert_eq!(by_key.len(), 1, "{by_key:?}");
+        assert_eq!(
+            (by_key[0].counts.runs, by_key[0].counts.input_tokens),
+            (2, 45)
+        );
+    }
+    journal.close().await;
+    let conn = rusqlite::Connection::open(file(&dir)).unwrap();
+    let version: i64 = conn
+        .pragma_query_value(None, "user_version", |row| row.get(0))
+        .unwrap();
+    assert_eq!(version, 6);
+    let stored: Option<String> = conn
+        .query_row(
+            "SELECT affinity FROM runs WHERE run_id = 'new'",
+            [],
+            |row| row.get(0),
+        )
+        .unwrap();
+    assert_eq!(stored.as_deref(), Some("session"));
+}
+
 #[tokio::test]
 async fn a_runs_first_events_written_after_its_row_go_into_the_row() {
     let dir = tempfile::tempdir().unwrap();
@@ -698,6 +805,7 @@ async fn an_adopting_open_hands_runs_left_open_over_once_and_takes_their_endings
     assert_eq!(left.len(), 1, "{left:?}");
     assert_eq!(left[0].outcome, RunOutcome::Open);
     assert_eq!(left[0].accepted.deadline_ms, Some(recent(60_002)));
+    assert_eq!(left[0].accepted.affinity, Some(KeySource::Session));
     assert_eq!(left[0].attempts.len(), 1);
     assert!(journal.take_left_open().is_empty());
     // Taken back and then lost: its ending is recorded as unknown, in no rollup.

@@ -2,12 +2,14 @@
 //! ends each run): the rows of one bucket size in a range, summed by the groups asked for.
 //! Never a scan of runs or events.
 
+use std::borrow::Cow;
+
 use rusqlite::{Connection, Row, params};
 
 use super::writer::to_sql;
 use crate::domain::{UsageCounts, UsageGroup, UsageQuery, UsageRow};
 
-/// The rows `query` asks for: ordered by bucket start, then key, model and node.
+/// The rows `query` asks for: ordered by bucket start, then key, model, node and affinity.
 ///
 /// # Errors
 /// What SQLite reported.
@@ -20,13 +22,14 @@ pub(super) fn read_usage(conn: &Connection, query: &UsageQuery) -> rusqlite::Res
         column(by.key, "key"),
         column(by.model, "model"),
         column(by.node, "node"),
+        column(by.affinity, "affinity"),
     ]
     .join(", ");
     let sql = format!(
         "SELECT {dimensions}, sum(runs), sum(errors), sum(input_tokens),
             sum(cached_input_tokens), sum(output_tokens), sum(reasoning_tokens)
          FROM usage WHERE bucket = ?1 AND start_ms >= ?2 AND start_ms < ?3
-         GROUP BY 1, 2, 3, 4 ORDER BY 1, 2, 3, 4"
+         GROUP BY 1, 2, 3, 4, 5 ORDER BY 1, 2, 3, 4, 5"
     );
     let since = query.bucket.start_of(query.since_ms);
     let mut statement = conn.prepare_cached(&sql)?;
@@ -54,14 +57,15 @@ fn read_row(row: &Row<'_>, query: &UsageQuery) -> rusqlite::Result<UsageRow> {
             key: name(by.key, 1)?,
             model: name(by.model, 2)?,
             node: name(by.node, 3)?,
+            affinity: name(by.affinity, 4)?.map(Cow::Owned),
         },
         counts: UsageCounts {
-            runs: count(4)?,
-            errors: count(5)?,
-            input_tokens: count(6)?,
-            cached_input_tokens: count(7)?,
-            output_tokens: count(8)?,
-            reasoning_tokens: count(9)?,
+            runs: count(5)?,
+            errors: count(6)?,
+            input_tokens: count(7)?,
+            cached_input_tokens: count(8)?,
+            output_tokens: count(9)?,
+            reasoning_tokens: count(10)?,
         },
     })
 }

@@ -20,6 +20,7 @@ fn record(id: &str, queued_ms: u64) -> RunRecord {
         queued_ms,
         deadline_ms: None,
         client_stream: None,
+        affinity: None,
     })
 }
 

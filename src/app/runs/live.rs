@@ -13,7 +13,7 @@ use super::resume::millis;
 use super::service::RunService;
 use super::table::{Run, lock};
 use crate::app::management::{Follow, LiveRuns};
-use crate::domain::routing::{BreakerState, RouteReason, TenantKey};
+use crate::domain::routing::{AffinityKey, BreakerState, RouteReason, TenantKey};
 use crate::domain::{
     AcceptedRun, Attempt, NodeId, RunEvent, RunId, RunOutcome, RunRecord, RunSpec, StatsWindow,
 };
@@ -38,6 +38,7 @@ pub(super) fn accepted(id: &RunId, spec: &RunSpec) -> AcceptedRun {
         queued_ms,
         deadline_ms: spec.deadline.map(|d| queued_ms.saturating_add(millis(d))),
         client_stream: spec.routing.client_stream.as_deref().map(str::to_owned),
+        affinity: spec.routing.affinity.map(AffinityKey::source),
     }
 }
 

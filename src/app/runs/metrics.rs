@@ -12,7 +12,9 @@ use opentelemetry::metrics::{BoundCounter, BoundHistogram, Counter, Histogram, M
 use super::resume_metrics::ResumeMetrics;
 use super::routing_metrics::{Refusal, RoutingCounts};
 use super::table::{Run, lock};
-use crate::domain::routing::{AttemptEnd, Priority, RouteReason, TenantKey, Transition};
+use crate::domain::routing::{
+    AffinityKey, AttemptEnd, KeySource, Priority, RouteReason, TenantKey, Transition,
+};
 use crate::domain::stats::{Ending, RunEnd, StatsWindow};
 use crate::domain::{
     AdapterName, EventOrigin, FleetStats, NodeId, RunEvent, RunEventKind, RunSpec, Target,
@@ -258,7 +260,7 @@ impl RunMetrics {
             return;
         };
         let routing = &run.spec.routing;
-        let affinity = routing.affinity.map_or("none", |key| key.source().as_str());
+        let affinity = KeySource::label(routing.affinity.map(AffinityKey::source));
         let group = (routing.tenant.clone(), event.node.clone(), affinity);
         let counters = Arc::clone(lock(&bound.tokens).entry(group).or_insert_with_key(
             |(tenant, node, affinity)| {

@@ -67,6 +67,14 @@ pub enum KeySource {
 }
 
 impl KeySource {
+    /// Every source.
+    pub const ALL: [KeySource; 4] = [
+        Self::PromptCacheKey,
+        Self::User,
+        Self::Session,
+        Self::Prefix,
+    ];
+
     /// A stable snake_case name.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -75,6 +83,17 @@ impl KeySource {
             Self::Session => "session",
             Self::Prefix => "prefix",
         }
+    }
+
+    /// The source named `name`, if any (`none` is none).
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|s| s.as_str() == name)
+    }
+
+    /// What metrics and usage call the affinity of a run keyed from `source`: the source's
+    /// name, `none` for a run without an affinity key.
+    pub fn label(source: Option<Self>) -> &'static str {
+        source.map_or("none", Self::as_str)
     }
 
     fn tag(self) -> &'static [u8] {

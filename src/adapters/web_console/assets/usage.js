@@ -1,5 +1,5 @@
 // Usage: what runs consumed, from /admin/v1/usage (the journal's rollups), over a chosen
-// period and bucket: a table by key, model and/or node with totals, and a bar chart of
+// period and bucket: a table by key, model, node and/or affinity source with totals, and a bar chart of
 // input and output tokens per bucket. One request per refresh (every 10 seconds): the rows
 // come split by bucket and group, the table sums them by group, the chart by bucket, so
 // both count the same runs. The choices live in the URL.
@@ -16,12 +16,12 @@ const PERIODS = [['1h', 'last hour'], ['24h', 'last day'], ['7d', 'last 7 days']
 /** The buckets each period offers (the first is its default): at most a few hundred. */
 const BUCKETS = { '1h': ['minute'], '24h': ['hour', 'minute'], '7d': ['hour', 'day'], '30d': ['day', 'hour'] };
 const BUCKET_MS = { minute: 60_000, hour: 3_600_000, day: 86_400_000 };
-const DIMENSIONS = [['key', 'Key'], ['model', 'Model'], ['node', 'Node']];
+const DIMENSIONS = [['key', 'Key'], ['model', 'Model'], ['node', 'Node'], ['affinity', 'Affinity']];
 const COLUMNS = [
   ['runs', 'Runs'], ['input_tokens', 'Input'], ['cached_input_tokens', 'Cached input'],
   ['output_tokens', 'Output'], ['reasoning_tokens', 'Reasoning'], ['errors', 'Errors'],
 ];
-const BLANK = { key: '(no key)', model: '—', node: '(never placed)' };
+const BLANK = { key: '(no key)', model: '—', node: '(never placed)', affinity: '(not recorded)' };
 
 /** The page's choices, from the URL, with defaults for what is missing or unknown. */
 function choices(params) {
