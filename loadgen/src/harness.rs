@@ -220,6 +220,42 @@ impl EdgeProcess {
         at: Option<(SocketAddr, SocketAddr, SocketAddr)>,
         journal: Option<&Path>,
     ) -> anyhow::Result<Self> {
+        Self::launch(
+            binary,
+            config,
+            (threads, log_level),
+            at,
+            journal,
+            Stdio::null(),
+        )
+    }
+
+    /// [`Self::start`] with the edge's log (its standard error) written to `log`.
+    pub fn start_logged(
+        binary: &Path,
+        config: &str,
+        threads: usize,
+        log_level: &str,
+        log: std::fs::File,
+    ) -> anyhow::Result<Self> {
+        Self::launch(
+            binary,
+            config,
+            (threads, log_level),
+            None,
+            None,
+            Stdio::from(log),
+        )
+    }
+
+    fn launch(
+        binary: &Path,
+        config: &str,
+        (threads, log_level): (usize, &str),
+        at: Option<(SocketAddr, SocketAddr, SocketAddr)>,
+        journal: Option<&Path>,
+        stderr: Stdio,
+    ) -> anyhow::Result<Self> {
         let (node_addr, http_addr, admin_addr) = match at {
             Some(addrs) => addrs,
             None => (free_port()?, free_port()?, free_port()?),
@@ -250,7 +286,7 @@ impl EdgeProcess {
             .env_remove("RUST_LOG")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(stderr)
             .spawn()
             .with_context(|| format!("cannot start {}", binary.display()))?;
         let mut edge = Self {

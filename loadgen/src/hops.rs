@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use edge::hops;
 use tracing::field::{Field, Visit};
@@ -83,6 +83,72 @@ impl HopLog {
     pub fn clear(&self) {
         self.runs().clear();
     }
+
+    /// Notes that run `run_id` passed `hop` (event `seq`) at `at`.
+    fn record(&self, run_id: String, hop: &'static str, seq: Option<u64>, at: Instant) {
+        self.runs()
+            .entry(run_id)
+            .or_default()
+            .push(Seen { hop, seq, at });
+    }
+
+    /// Reads the hop events out of processes' JSON log lines (`log.format = "json"` for
+    /// `edge serve`, `--log-format json` for `edge-node`, both with `edge_hop=trace`): each
+    /// stamped with its line's wall-clock `timestamp`, put on this process's clock by
+    /// `clock` (an `Instant` and the `SystemTime` read with it). Other lines are skipped.
+    pub fn read_json_lines(&self, text: &str, clock: (Instant, SystemTime)) {
+        for line in text.lines() {
+            let Ok(line) = serde_json::from_str::<serde_json::Value>(line) else {
+                continue;
+            };
+            // The edge flattens an event's fields into the line; the node nests them.
+            let field = |name: &str| line.get(name).or_else(|| line.get("fields")?.get(name));
+            let text_of = |name: &str| field(name).and_then(serde_json::Value::as_str);
+            let (Some(hop), Some(run_id), Some(wall)) = (
+                text_of("hop").and_then(known_hop),
+                text_of("run_id"),
+                line.get("timestamp")
+                    .and_then(serde_json::Value::as_str)
+                    .and_then(parse_utc),
+            ) else {
+                continue;
+            };
+            let at = match wall.duration_since(clock.1) {
+                Ok(after) => clock.0 + after,
+                Err(before) => clock.0 - before.duration(),
+            };
+            let seq = field("seq").and_then(serde_json::Value::as_u64);
+            self.record(run_id.to_owned(), hop, seq, at);
+        }
+    }
+}
+
+/// A UTC timestamp as `tracing-subscriber` writes it (`2026-12-03T18:09:55.613657Z`).
+fn parse_utc(text: &str) -> Option<SystemTime> {
+    let (date, time) = text.strip_suffix('Z')?.split_once('T')?;
+    let mut date = date.splitn(3, '-').map(str::parse::<i64>);
+    let (year, month, day) = (date.next()?.ok()?, date.next()?.ok()?, date.next()?.ok()?);
+    let (clock, fraction) = time.split_once('.').unwrap_or((time, "0"));
+    let mut clock = clock.splitn(3, ':').map(str::parse::<u64>);
+    let (hour, minute, second) = (
+        clock.next()?.ok()?,
+        clock.next()?.ok()?,
+        clock.next()?.ok()?,
+    );
+    let nanos: u64 = format!("{fraction:0<9}").get(..9)?.parse().ok()?;
+    // Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's algorithm).
+    let (y, m) = if month <= 2 {
+        (year - 1, month + 9)
+    } else {
+        (year, month - 3)
+    };
+    let era = y.div_euclid(400);
+    let year_of_era = y - era * 400;
+    let day_of_year = (153 * m + 2) / 5 + day - 1;
+    let day_of_era = year_of_era * 365 + year_of_era / 4 - year_of_era / 100 + day_of_year;
+    let days = u64::try_from(era * 146_097 + day_of_era - 719_468).ok()?;
+    let seconds = days * 86_400 + hour * 3_600 + minute * 60 + second;
+    Some(SystemTime::UNIX_EPOCH + Duration::from_secs(seconds) + Duration::from_nanos(nanos))
 }
 
 /// The hops of a first output, in order: the name of each figure (p50, p90) and what it
@@ -201,11 +267,49 @@ impl<S: tracing::Subscriber> Layer<S> for HopLayer {
         let (Some(hop), Some(run_id)) = (fields.hop, fields.run_id) else {
             return;
         };
-        let seen = Seen {
-            hop,
-            seq: fields.seq,
-            at,
+        self.log.record(run_id, hop, fields.seq, at);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn log_timestamps_are_read_as_utc_to_the_microsecond() {
+        let at = |secs, micros| {
+            SystemTime::UNIX_EPOCH + Duration::from_secs(secs) + Duration::from_micros(micros)
         };
-        self.log.runs().entry(run_id).or_default().push(seen);
+        assert_eq!(parse_utc("1970-01-01T00:00:00.000001Z"), Some(at(0, 1)));
+        assert_eq!(
+            parse_utc("2026-12-03T18:14:18.405531Z"),
+            Some(at(1_796_321_658, 405_531))
+        );
+        assert_eq!(parse_utc("2000-02-29T00:00:00Z"), Some(at(951_782_400, 0)));
+        assert_eq!(parse_utc("2026-12-03 18:14:18Z"), None);
+        assert_eq!(parse_utc("yesterday"), None);
+    }
+
+    #[test]
+    fn hop_events_are_read_from_the_edges_and_the_nodes_json_lines() {
+        let log = HopLog::default();
+        let clock = (
+            Instant::now(),
+            SystemTime::UNIX_EPOCH + Duration::from_secs(1_796_321_658),
+        );
+        let lines = [
+            r#"{"timestamp":"2026-12-03T18:14:18.000100Z","level":"TRACE","hop":"run_sent","run_id":"r1","target":"edge_hop"}"#,
+            r#"{"timestamp":"2026-12-03T18:14:18.000250Z","level":"TRACE","fields":{"hop":"event_sent","run_id":"r1","seq":2},"target":"edge_hop"}"#,
+            r#"{"timestamp":"2026-12-03T18:14:18.000300Z","level":"INFO","fields":{"message":"run ended"}}"#,
+            "not json",
+        ];
+        log.read_json_lines(&lines.join("\n"), clock);
+        let runs = log.runs();
+        let seen = runs.get("r1").expect("r1");
+        assert_eq!(seen.len(), 2);
+        assert_eq!((seen[0].hop, seen[0].seq), (hops::RUN_SENT, None));
+        assert_eq!(seen[0].at - clock.0, Duration::from_micros(100));
+        assert_eq!((seen[1].hop, seen[1].seq), (hops::EVENT_SENT, Some(2)));
+        assert_eq!(seen[1].at - clock.0, Duration::from_micros(250));
     }
 }

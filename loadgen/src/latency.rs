@@ -67,6 +67,11 @@ pub struct LatencyArgs {
     /// path `edge-bin` (no hop breakdown: their logs are not collected).
     #[arg(long)]
     binaries: Option<PathBuf>,
+    /// With `--binaries`: the processes log their hop events too (JSON lines, read back
+    /// after each concurrency) and `edge-bin` gets its breakdown, `hops-bin`. Each hop is
+    /// then a log line written on the path, which `edge-bin`'s figures include.
+    #[arg(long, requires = "binaries")]
+    binary_hops: bool,
 }
 
 /// `args` as the arguments of the child run.
@@ -79,6 +84,7 @@ fn child_args(args: &LatencyArgs) -> Vec<String> {
         args.engine.map(|a| format!("--engine={a}")),
         path(&args.smg).map(|p| format!("--smg={p}")),
         path(&args.binaries).map(|p| format!("--binaries={p}")),
+        args.binary_hops.then(|| "--binary-hops".to_owned()),
         Some(format!("--requests={}", args.requests)),
         Some(format!("--warmup={}", args.warmup)),
         Some(format!("--concurrency={}", concurrency.join(","))),
@@ -113,7 +119,7 @@ pub fn run(args: &LatencyArgs, common: &Common) -> anyhow::Result<Vec<Record>> {
     let binaries = args
         .binaries
         .as_ref()
-        .map(|dir| Binaries::start(dir, engine_addr, common.edge_threads))
+        .map(|dir| Binaries::start(dir, engine_addr, common.edge_threads, args.binary_hops))
         .transpose()?;
     let edge = InProcessEdge::start(
         &edge_config(&[engine_addr], ""),
@@ -143,7 +149,8 @@ pub fn run(args: &LatencyArgs, common: &Common) -> anyhow::Result<Vec<Record>> {
         let mut records = Vec::new();
         for &callers in &args.concurrency {
             log.clear();
-            records.extend(measure(args, &paths, callers.max(1), &log).await?);
+            let logs = (&log, binaries.as_ref());
+            records.extend(measure(args, &paths, callers.max(1), logs).await?);
         }
         anyhow::Ok(records)
     });
@@ -224,26 +231,64 @@ impl Drop for Smg {
 struct Binaries {
     edge: EdgeProcess,
     node: Child,
+    /// With `--binary-hops`: the directory of their logs (`edge.log`, `node.log`), and this
+    /// process's clock read at their start, to put the logs' timestamps on it.
+    logs: Option<(tempfile::TempDir, (Instant, std::time::SystemTime))>,
 }
 
 impl Binaries {
-    fn start(dir: &std::path::Path, engine: SocketAddr, threads: usize) -> anyhow::Result<Self> {
-        let edge = EdgeProcess::start(
-            &dir.join("edge"),
-            &edge_config(&[engine], ""),
-            threads,
-            "info",
-        )?;
-        let node = Command::new(dir.join("edge-node"))
+    fn start(
+        dir: &std::path::Path,
+        engine: SocketAddr,
+        threads: usize,
+        hops: bool,
+    ) -> anyhow::Result<Self> {
+        const HOPS: &str = "info,edge_hop=trace";
+        let edge_binary = dir.join("edge");
+        let mut node = Command::new(dir.join("edge-node"));
+        node.env("EDGE_NODE_TOKEN", token(0)).env_remove("RUST_LOG");
+        let (edge, logs) = if hops {
+            let logs = tempfile::tempdir().context("cannot make a temporary directory")?;
+            let log = |name| std::fs::File::create(logs.path().join(name));
+            let config = edge_config(&[engine], "[log]\nformat = \"json\"\n\n");
+            let edge =
+                EdgeProcess::start_logged(&edge_binary, &config, threads, HOPS, log("edge.log")?)?;
+            node.args(["--log-format", "json"])
+                .env("RUST_LOG", HOPS)
+                .stderr(log("node.log")?);
+            let clock = (Instant::now(), std::time::SystemTime::now());
+            (edge, Some((logs, clock)))
+        } else {
+            let config = edge_config(&[engine], "");
+            (
+                EdgeProcess::start(&edge_binary, &config, threads, "info")?,
+                None,
+            )
+        };
+        if logs.is_none() {
+            node.stderr(Stdio::null());
+        }
+        let node = node
             .args(["--edge", &edge.node_addr.to_string()])
-            .env("EDGE_NODE_TOKEN", token(0))
-            .env_remove("RUST_LOG")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
             .spawn()
             .with_context(|| format!("cannot start {}", dir.join("edge-node").display()))?;
-        Ok(Self { edge, node })
+        Ok(Self { edge, node, logs })
+    }
+
+    /// The hop events the two processes logged so far, when they log them.
+    fn hop_log(&self) -> anyhow::Result<Option<HopLog>> {
+        let Some((dir, clock)) = &self.logs else {
+            return Ok(None);
+        };
+        let log = HopLog::default();
+        for name in ["edge.log", "node.log"] {
+            let text = std::fs::read_to_string(dir.path().join(name))
+                .with_context(|| format!("cannot read the {name} of the binaries"))?;
+            log.read_json_lines(&text, *clock);
+        }
+        Ok(Some(log))
     }
 }
 
@@ -309,6 +354,9 @@ struct Timings {
     unmatched: u64,
     /// Requests that failed (an error status, or the connection), warm-up included.
     errors: u64,
+    /// For the processes' path: each measured request's run id, when it was written and
+    /// when its first content was read, for the breakdown read from their logs afterwards.
+    awaiting_hops: Vec<(String, Instant, Instant)>,
 }
 
 impl Timings {
@@ -321,6 +369,22 @@ impl Timings {
         }
         self.unmatched += other.unmatched;
         self.errors += other.errors;
+        self.awaiting_hops
+            .extend(other.awaiting_hops.iter().cloned());
+    }
+
+    /// Each awaiting request's hops, from `log`.
+    fn break_down(&mut self, log: &HopLog) {
+        for (run_id, sent, first) in std::mem::take(&mut self.awaiting_hops) {
+            match log.breakdown(&run_id, sent, first) {
+                Some(hops) => {
+                    for (histogram, hop) in self.hops.iter_mut().zip(hops) {
+                        histogram.record_duration(hop);
+                    }
+                }
+                None => self.unmatched += 1,
+            }
+        }
     }
 }
 
@@ -330,7 +394,7 @@ async fn measure(
     args: &LatencyArgs,
     paths: &Paths,
     callers: usize,
-    log: &HopLog,
+    (log, binaries): (&HopLog, Option<&Binaries>),
 ) -> anyhow::Result<Vec<Record>> {
     let list = Arc::new(paths.list());
     let rounds = args.requests.div_ceil(callers);
@@ -348,11 +412,18 @@ async fn measure(
             total.merge(&part);
         }
     }
-    Ok(report(&list, &per_path, callers))
+    let binary_hops = binaries.map(Binaries::hop_log).transpose()?.flatten();
+    if let Some(hop_log) = &binary_hops {
+        let bin = list.iter().position(|(name, _, _)| *name == "edge-bin");
+        if let Some(timings) = bin.and_then(|i| per_path.get_mut(i)) {
+            timings.break_down(hop_log);
+        }
+    }
+    Ok(report(&list, &per_path, callers, binary_hops.is_some()))
 }
 
 /// The records of one concurrency.
-fn report(list: &[Path], per_path: &[Timings], callers: usize) -> Vec<Record> {
+fn report(list: &[Path], per_path: &[Timings], callers: usize, binary_hops: bool) -> Vec<Record> {
     let ms = |h: &Histogram, q| h.quantile_us(q) / 1_000.0;
     let direct = &per_path[0];
     let mut records = Vec::new();
@@ -375,8 +446,13 @@ fn report(list: &[Path], per_path: &[Timings], callers: usize) -> Vec<Record> {
                 );
         }
         records.push(record);
-        if *name == "edge" {
-            let mut hops = Record::new(format!("hops c={callers}"));
+        let hops_name = match *name {
+            "edge" => Some("hops"),
+            "edge-bin" if binary_hops => Some("hops-bin"),
+            _ => None,
+        };
+        if let Some(hops_name) = hops_name {
+            let mut hops = Record::new(format!("{hops_name} c={callers}"));
             for ((p50, p90, _), histogram) in SEGMENTS.iter().zip(&timings.hops) {
                 hops = hops
                     .with(p50, histogram.quantile_us(0.5))
@@ -490,6 +566,11 @@ async fn caller_loop(
             let timing = &mut timings[i];
             timing.first.record_duration(asked.first);
             timing.total.record_duration(asked.total);
+            if name == "edge-bin" {
+                let run_id = asked.run_id.clone().unwrap_or_default();
+                let first = asked.sent + asked.first;
+                timing.awaiting_hops.push((run_id, asked.sent, first));
+            }
             if name == "edge" {
                 let run_id = asked.run_id.unwrap_or_default();
                 match log.breakdown(&run_id, asked.sent, asked.sent + asked.first) {
