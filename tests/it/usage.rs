@@ -233,6 +233,20 @@ async fn usage_by_affinity_agrees(app: &TestApp, sdk: &Value) -> Value {
         "{report}"
     );
     assert_eq!(rows["none"]["cache_hit_rate"], 0.0, "{report}");
+    // Each run's record names the same source as the row that counted it.
+    let listed = get(app.admin_addr, "/admin/v1/runs?state=finished&limit=1000").await;
+    let mut records_by_source = BTreeMap::<&str, u64>::new();
+    for run in listed["runs"].as_array().into_iter().flatten() {
+        let source = run["affinity"].as_str().unwrap_or("none");
+        *records_by_source.entry(source).or_default() += 1;
+    }
+    for (source, row) in &rows {
+        assert_eq!(
+            records_by_source.get(source).copied(),
+            row["runs"].as_u64(),
+            "{source}: {listed}"
+        );
+    }
     // Combined with another dimension: the same sums, split further.
     let by_key = usage(app.admin_addr, "group_by=key,affinity").await;
     let session = rows_where(&by_key, "affinity", "session")

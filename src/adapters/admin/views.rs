@@ -121,6 +121,10 @@ pub struct RunView {
     pub pin: Option<String>,
     /// The name of the API key the caller used, when the API set one.
     pub api_key_name: Option<String>,
+    /// The source of its affinity key (`prompt_cache_key`, `session`, `user`, `prefix`), as
+    /// the usage rollups and the token metrics split by it; absent when it had none (and for
+    /// runs a journal of schema 5 or older recorded).
+    pub affinity: Option<String>,
     /// `open`, `completed`, `failed`, `cancelled`, or `unknown` (the edge stopped while
     /// the run was open).
     pub outcome: String,
@@ -256,6 +260,7 @@ impl RunView {
             operation: accepted.operation.as_str().to_owned(),
             pin: accepted.pin.clone(),
             api_key_name: accepted.api_key_name.clone(),
+            affinity: accepted.affinity.map(|source| source.as_str().to_owned()),
             outcome: record.outcome.as_str().to_owned(),
             code: record.code.clone(),
             message: record.message.clone(),
