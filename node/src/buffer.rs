@@ -569,6 +569,16 @@ mod tests {
                 }
                 check_counts(&buffers);
             }
+            // Nothing is left behind: writing until nothing comes leaves no attached run
+            // with events to write.
+            loop {
+                batch += 1;
+                if buffers.take_unsent(batch, 3).frames.is_empty() {
+                    break;
+                }
+            }
+            let stuck: Vec<_> = buffers.runs.iter().filter(|(_, e)| e.has_unsent()).map(|(id, _)| id.clone()).collect();
+            prop_assert!(stuck.is_empty(), "{:?}", stuck);
         }
     }
 }

@@ -443,9 +443,26 @@ async fn soak_runs_outlive_three_kills_of_their_edge() {
             tokio::spawn(soak_client(client.clone(), http.clone(), begun))
         })
         .collect();
-    eventually_ok("every run is open", || async {
-        let open = open_runs(&edge).await.len();
-        if open == SOAK_RUNS { Ok(()) } else { Err(open) }
+    // Every run open with its `started` relayed (the node has the engine's headers), and
+    // the engine streaming each: only once every stream waits at the gate for its first
+    // chunk do the permits below give one to each (the gate is fair to its waiters, but a
+    // stream that got its first chunk before the last one came queues for its second ahead
+    // of it).
+    eventually_ok("every run is open and streaming", || async {
+        let open = open_runs(&edge).await;
+        let started = open
+            .iter()
+            .filter(|r| r["events"].as_u64() > Some(0))
+            .count();
+        let streaming = engine.seen().len();
+        if (open.len(), started, streaming) == (SOAK_RUNS, SOAK_RUNS, SOAK_RUNS) {
+            Ok(())
+        } else {
+            Err(format!(
+                "{} open, {started} started, {streaming} engine requests",
+                open.len()
+            ))
+        }
     })
     .await;
     let ids: Vec<String> = open_runs(&edge)
