@@ -259,15 +259,11 @@ impl Binaries {
             let clock = (Instant::now(), std::time::SystemTime::now());
             (edge, Some((logs, clock)))
         } else {
-            let config = edge_config(&[engine], "");
-            (
-                EdgeProcess::start(&edge_binary, &config, threads, "info")?,
-                None,
-            )
-        };
-        if logs.is_none() {
             node.stderr(Stdio::null());
-        }
+            let config = edge_config(&[engine], "");
+            let edge = EdgeProcess::start(&edge_binary, &config, threads, "info")?;
+            (edge, None)
+        };
         let node = node
             .args(["--edge", &edge.node_addr.to_string()])
             .stdin(Stdio::null())

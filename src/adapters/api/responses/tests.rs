@@ -288,16 +288,14 @@ proptest! {
         };
         prop_assert_eq!(response["status"].as_str(), Some(expected_status));
         // A failed response, too, carries what it had (its unfinished items `incomplete`).
-        {
-            let output = response["output"].as_array().unwrap();
-            let text: String = output.iter().filter(|i| i["type"] == "message")
-                .filter_map(|i| i["content"][0]["text"].as_str()).collect();
-            let sent: String = pieces.iter().filter_map(|p| match p { Piece::Text(t) => Some(t.as_str()), _ => None }).collect();
-            prop_assert_eq!(text, sent);
-            let arguments: String = output.iter().filter(|i| i["type"] == "function_call")
-                .filter_map(|i| i["arguments"].as_str()).collect::<Vec<_>>().concat();
-            let sent_arguments: usize = pieces.iter().map(|p| match p { Piece::Tool { arguments, .. } => arguments.len(), _ => 0 }).sum();
-            prop_assert_eq!(arguments.len(), sent_arguments);
-        }
+        let output = response["output"].as_array().unwrap();
+        let text: String = output.iter().filter(|i| i["type"] == "message")
+            .filter_map(|i| i["content"][0]["text"].as_str()).collect();
+        let sent: String = pieces.iter().filter_map(|p| match p { Piece::Text(t) => Some(t.as_str()), _ => None }).collect();
+        prop_assert_eq!(text, sent);
+        let arguments: String = output.iter().filter(|i| i["type"] == "function_call")
+            .filter_map(|i| i["arguments"].as_str()).collect::<Vec<_>>().concat();
+        let sent_arguments: usize = pieces.iter().map(|p| match p { Piece::Tool { arguments, .. } => arguments.len(), _ => 0 }).sum();
+        prop_assert_eq!(arguments.len(), sent_arguments);
     }
 }
