@@ -223,7 +223,8 @@ impl EdgeProcess {
         Self::launch(
             binary,
             config,
-            (threads, log_level),
+            threads,
+            log_level,
             at,
             journal,
             Stdio::null(),
@@ -241,7 +242,8 @@ impl EdgeProcess {
         Self::launch(
             binary,
             config,
-            (threads, log_level),
+            threads,
+            log_level,
             None,
             None,
             Stdio::from(log),
@@ -251,7 +253,8 @@ impl EdgeProcess {
     fn launch(
         binary: &Path,
         config: &str,
-        (threads, log_level): (usize, &str),
+        threads: usize,
+        log_level: &str,
         at: Option<(SocketAddr, SocketAddr, SocketAddr)>,
         journal: Option<&Path>,
         stderr: Stdio,
