@@ -61,6 +61,11 @@ struct Args {
     /// Sent events each run keeps while connected, to resend after a cut.
     #[arg(long, default_value_t = 32)]
     keep_sent_events: usize,
+    /// Worker threads: 1 runs every task on one thread (the fewest wake-ups between a
+    /// run's steps: the lowest latency); more spread the runs over that many.
+    #[arg(long, env = "EDGE_NODE_THREADS", default_value_t = 1,
+          value_parser = clap::value_parser!(u16).range(1..))]
+    threads: u16,
     /// Log format: pretty or json (the filter comes from RUST_LOG, default info).
     #[arg(long, default_value = "pretty", value_parser = ["pretty", "json"])]
     log_format: String,
@@ -146,10 +151,32 @@ fn on_signals(stop: CancellationToken) -> Result<(), std::io::Error> {
     Ok(())
 }
 
-#[tokio::main]
-async fn main() -> ExitCode {
+/// The node's runtime: one thread for `threads == 1` (a run's steps then hand over
+/// within the thread, with no other worker to wake), else that many workers.
+fn runtime(threads: u16) -> std::io::Result<tokio::runtime::Runtime> {
+    let mut builder = if threads == 1 {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        let mut builder = tokio::runtime::Builder::new_multi_thread();
+        builder.worker_threads(usize::from(threads));
+        builder
+    };
+    builder.enable_all().thread_name("edge-node").build()
+}
+
+fn main() -> ExitCode {
     let args = Args::parse();
     init_logs(&args.log_format);
+    match runtime(args.threads) {
+        Ok(runtime) => runtime.block_on(serve(args)),
+        Err(error) => {
+            tracing::error!(%error, "cannot start the runtime");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn serve(args: Args) -> ExitCode {
     // rustls' `ring` backend as the process default, for any TLS client a dependency builds
     // on its own; the node's clients pass it in themselves (`upstream::client_builder`), so
     // the node runs the same in process, in the tests, where nothing installs it.
@@ -181,5 +208,31 @@ async fn main() -> ExitCode {
             tracing::error!(%error, "node stopped");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::runtime::RuntimeFlavor;
+
+    #[test]
+    fn one_thread_is_a_current_thread_runtime_and_more_are_workers() {
+        let flavor = |threads| {
+            runtime(threads)
+                .expect("runtime")
+                .block_on(async { tokio::runtime::Handle::current().runtime_flavor() })
+        };
+        assert_eq!(flavor(1), RuntimeFlavor::CurrentThread);
+        assert_eq!(flavor(3), RuntimeFlavor::MultiThread);
+    }
+
+    #[test]
+    fn the_thread_count_defaults_to_one_and_refuses_zero() {
+        let parse =
+            |extra: &[&str]| Args::try_parse_from([&["edge-node", "--token", "t"], extra].concat());
+        assert_eq!(parse(&[]).expect("parsed").threads, 1);
+        assert_eq!(parse(&["--threads", "4"]).expect("parsed").threads, 4);
+        assert!(parse(&["--threads", "0"]).is_err());
     }
 }

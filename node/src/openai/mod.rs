@@ -332,7 +332,7 @@ impl OpenAiAdapter {
             Ok(body) => body,
             Err(fault) => return Ok(Err(fault)),
         };
-        let mut events = match chunks::embeddings_events(&body) {
+        let mut events = match embeddings_events(body).await {
             Ok(events) => events,
             Err(fault) => return Ok(Err(fault)),
         };
@@ -342,6 +342,25 @@ impl OpenAiAdapter {
         }
         Ok(terminal.ok_or_else(|| UpstreamFault::Malformed("no embeddings".into())))
     }
+}
+
+/// The most of an embeddings answer parsed on the node's own thread; a larger one (a big
+/// batch: tens of MiB take a good part of a second) is parsed on the blocking pool, so a
+/// node on one thread keeps streaming its other runs meanwhile.
+const PARSED_IN_PLACE: usize = 256 * 1024;
+
+/// [`chunks::embeddings_events`] of `body`, off the runtime's threads when it is large.
+async fn embeddings_events(body: Vec<u8>) -> Result<Vec<RunEventKind>, UpstreamFault> {
+    if body.len() <= PARSED_IN_PLACE {
+        return chunks::embeddings_events(&body);
+    }
+    tokio::task::spawn_blocking(move || chunks::embeddings_events(&body))
+        .await
+        .unwrap_or_else(|gone| {
+            Err(UpstreamFault::Malformed(format!(
+                "the embeddings answer could not be parsed: {gone}"
+            )))
+        })
 }
 
 fn invalid_input(invalid: InvalidInput) -> RunEventKind {
@@ -392,4 +411,27 @@ async fn emit_unechoed(
         }
     }
     out.emit(kind).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_large_embeddings_answer_is_parsed_off_the_thread_into_the_same_events() {
+        let item = |index| serde_json::json!({"index": index, "embedding": vec![0.5_f32; 512]});
+        let items: Vec<_> = (0..200).map(item).collect();
+        let body = serde_json::json!({"data": items, "usage": {"prompt_tokens": 7}});
+        let body = serde_json::to_vec(&body).expect("json");
+        assert!(body.len() > PARSED_IN_PLACE);
+        let expected = chunks::embeddings_events(&body).expect("parsed in place");
+        assert_eq!(embeddings_events(body).await.expect("parsed"), expected);
+
+        let mut malformed = vec![b' '; PARSED_IN_PLACE + 1];
+        malformed.extend_from_slice(br#"{"data": "not a list"}"#);
+        assert!(matches!(
+            embeddings_events(malformed).await,
+            Err(UpstreamFault::Malformed(_))
+        ));
+    }
 }
