@@ -94,15 +94,33 @@ impl EntryQueue {
 
     /// Up to `max` entries, appended to `into` (a buffer the writer keeps, so a batch
     /// costs no fresh memory), waiting up to `idle` for the first (or for a flush).
-    pub(super) fn take(&self, max: usize, idle: Duration, into: &mut Vec<Queued>) -> Taken {
+    ///
+    /// While runs keep coming the writer passes `unwoken` (its linger): the first part of
+    /// the wait, up to `unwoken`, asks no pusher to wake it, and it looks again when that
+    /// ends. A steady stream of runs then never makes the relay wake the writer (a system
+    /// call on the relay's path, and a sleeping thread woken on another core); only a
+    /// queue still empty after `unwoken` parks it until a push.
+    pub(super) fn take(
+        &self,
+        max: usize,
+        idle: Duration,
+        unwoken: Duration,
+        into: &mut Vec<Queued>,
+    ) -> Taken {
+        let waiting = |s: &mut State| s.entries.is_empty() && !s.closed && !s.urgent;
+        let unwoken = unwoken.min(idle);
         let mut state = self.lock();
-        if state.entries.is_empty() && !state.closed && !state.urgent {
+        if waiting(&mut state) && !unwoken.is_zero() {
+            state = self
+                .wake
+                .wait_timeout_while(state, unwoken, |s| !s.closed && !s.urgent)
+                .map_or_else(|p| p.into_inner().0, |(s, _)| s);
+        }
+        if waiting(&mut state) {
             state.parked = true;
             state = self
                 .wake
-                .wait_timeout_while(state, idle, |s| {
-                    s.entries.is_empty() && !s.closed && !s.urgent
-                })
+                .wait_timeout_while(state, idle.saturating_sub(unwoken), waiting)
                 .map_or_else(|p| p.into_inner().0, |(s, _)| s);
             state.parked = false;
         }
@@ -212,6 +230,42 @@ mod tests {
     }
 
     #[test]
+    fn while_runs_keep_coming_the_writer_waits_without_asking_to_be_woken() {
+        let queue = Arc::new(EntryQueue::new(16));
+        let taker = std::thread::spawn({
+            let queue = Arc::clone(&queue);
+            move || {
+                let mut batch = Vec::new();
+                let wait = Duration::from_millis(100);
+                let taken = queue.take(10, wait, wait, &mut batch);
+                (matches!(taken, Taken::Idle), batch.len())
+            }
+        });
+        // The whole wait is unwoken: a push would never find the writer parked.
+        while !taker.is_finished() {
+            assert!(!queue.lock().parked);
+            std::thread::yield_now();
+        }
+        assert_eq!(taker.join().expect("taker"), (true, 0));
+
+        // What comes during an unwoken wait is taken when it ends; a flush (`urgent`, and a
+        // notification) ends it at once.
+        let taker = std::thread::spawn({
+            let queue = Arc::clone(&queue);
+            move || {
+                let mut batch = Vec::new();
+                let wait = Duration::from_secs(3600);
+                queue.take(10, wait, wait, &mut batch);
+                batch.len()
+            }
+        });
+        queue.push(event(RunEventKind::text("x")));
+        queue.lock().urgent = true;
+        queue.wake.notify_one();
+        assert_eq!(taker.join().expect("taker"), 1);
+    }
+
+    #[test]
     fn a_full_queue_leaves_out_events_but_admits_endings() {
         let queue = EntryQueue::new(2);
         for _ in 0..5 {
@@ -222,13 +276,13 @@ mod tests {
         queue.push(event(RunEventKind::cancelled("c")));
         assert_eq!(queue.depth(), 3);
         let mut batch = Vec::new();
-        let taken = queue.take(10, Duration::ZERO, &mut batch);
+        let taken = queue.take(10, Duration::ZERO, Duration::ZERO, &mut batch);
         assert!(matches!(taken, Taken::Batch));
         assert_eq!(batch.len(), 3);
-        let taken = queue.take(10, Duration::ZERO, &mut batch);
+        let taken = queue.take(10, Duration::ZERO, Duration::ZERO, &mut batch);
         assert!(matches!(taken, Taken::Idle));
         queue.close();
-        let taken = queue.take(10, Duration::ZERO, &mut batch);
+        let taken = queue.take(10, Duration::ZERO, Duration::ZERO, &mut batch);
         assert!(matches!(taken, Taken::Closed));
     }
 

@@ -87,6 +87,9 @@ impl Writer {
         self.expire_usage();
         let mut next_retention = Instant::now();
         let mut retention_pending = true;
+        // While runs keep coming, how long the next wait asks no pusher to wake the writer
+        // (`EntryQueue::take`).
+        let mut unwoken = Duration::ZERO;
         loop {
             if retention_pending {
                 retention_pending = self.retention_step();
@@ -106,10 +109,16 @@ impl Writer {
                 .next_due(Instant::now())
                 .map_or(idle, |due| due.min(idle));
             let closed = matches!(
-                self.queue.take(self.batch_max, idle, &mut self.batch),
+                self.queue
+                    .take(self.batch_max, idle, unwoken, &mut self.batch),
                 Taken::Closed
             );
             let drained = self.batch.len() < self.batch_max;
+            unwoken = if self.batch.is_empty() {
+                Duration::ZERO
+            } else {
+                self.linger
+            };
             self.write_taken(closed);
             if closed {
                 break;
