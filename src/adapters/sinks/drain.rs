@@ -22,6 +22,12 @@ const MAX_BATCH: usize = 1_024;
 /// fill [`MAX_BATCH`]. Events then reach the writer up to this much later.
 const LINGER: Duration = Duration::from_millis(1);
 
+/// How long after a batch a drain on its own thread keeps looking for messages (every
+/// [`LINGER`]) before it sleeps until one wakes it: while events keep coming, the relay
+/// never has to wake it (a system call on the relay's path, and a thread woken on the
+/// core the engine or the caller may need).
+const UNWOKEN: Duration = Duration::from_millis(10);
+
 /// How often a drain whose writer holds events looks for new messages while it waits to
 /// retry them.
 const RETRY_POLL: Duration = Duration::from_millis(5);
@@ -108,7 +114,7 @@ impl<W: SinkWriter> Drain<W> {
     ) -> Option<Message> {
         loop {
             let Some(wait) = self.writer.retry_in() else {
-                return receiver.blocking_recv();
+                return Self::look_then_park(receiver);
             };
             let until = std::time::Instant::now() + wait;
             loop {
@@ -125,6 +131,19 @@ impl<W: SinkWriter> Drain<W> {
             }
             self.flush();
         }
+    }
+
+    /// The next message: looked for every [`LINGER`] for [`UNWOKEN`], then waited for.
+    fn look_then_park(receiver: &mut mpsc::UnboundedReceiver<Message>) -> Option<Message> {
+        let until = std::time::Instant::now() + UNWOKEN;
+        while std::time::Instant::now() < until {
+            match receiver.try_recv() {
+                Ok(message) => return Some(message),
+                Err(mpsc::error::TryRecvError::Disconnected) => return None,
+                Err(mpsc::error::TryRecvError::Empty) => std::thread::sleep(LINGER),
+            }
+        }
+        receiver.blocking_recv()
     }
 
     /// Handles one batch of messages in order: writes the events, answers flushes, and
@@ -278,6 +297,32 @@ impl WarnThrottle {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_drain_takes_what_comes_while_it_looks_or_sleeps_and_stops_when_senders_go() {
+        type Looker = Drain<super::super::queue::tests::Recorder>;
+        let (sender, mut receiver) = mpsc::unbounded_channel();
+        sender
+            .send(Message::Flush(oneshot::channel().0))
+            .expect("sent");
+        assert!(matches!(
+            Looker::look_then_park(&mut receiver),
+            Some(Message::Flush(_))
+        ));
+        // Sent from another thread while the drain looks (or, later, sleeps).
+        let late = std::thread::spawn({
+            let sender = sender.clone();
+            move || {
+                sender
+                    .send(Message::Flush(oneshot::channel().0))
+                    .expect("sent")
+            }
+        });
+        assert!(Looker::look_then_park(&mut receiver).is_some());
+        late.join().expect("sender");
+        drop(sender);
+        assert!(Looker::look_then_park(&mut receiver).is_none());
+    }
 
     #[test]
     fn warnings_are_limited_to_one_per_window_with_the_suppressed_count() {
