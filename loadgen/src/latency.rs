@@ -72,6 +72,11 @@ pub struct LatencyArgs {
     /// then a log line written on the path, which `edge-bin`'s figures include.
     #[arg(long, requires = "binaries")]
     binary_hops: bool,
+    /// Another directory of `edge` and `edge-node` builds (the build before a change),
+    /// started the same way as the path `edge-bin-base` and interleaved with `edge-bin` in
+    /// the same rounds, so two builds are compared under the same moment's noise.
+    #[arg(long, requires = "binaries")]
+    baseline_binaries: Option<PathBuf>,
 }
 
 /// `args` as the arguments of the child run.
@@ -85,6 +90,7 @@ fn child_args(args: &LatencyArgs) -> Vec<String> {
         path(&args.smg).map(|p| format!("--smg={p}")),
         path(&args.binaries).map(|p| format!("--binaries={p}")),
         args.binary_hops.then(|| "--binary-hops".to_owned()),
+        path(&args.baseline_binaries).map(|p| format!("--baseline-binaries={p}")),
         Some(format!("--requests={}", args.requests)),
         Some(format!("--warmup={}", args.warmup)),
         Some(format!("--concurrency={}", concurrency.join(","))),
@@ -121,6 +127,11 @@ pub fn run(args: &LatencyArgs, common: &Common) -> anyhow::Result<Vec<Record>> {
         .as_ref()
         .map(|dir| Binaries::start(dir, engine_addr, common.edge_threads, args.binary_hops))
         .transpose()?;
+    let baseline = args
+        .baseline_binaries
+        .as_ref()
+        .map(|dir| Binaries::start(dir, engine_addr, common.edge_threads, false))
+        .transpose()?;
     let edge = InProcessEdge::start(
         &edge_config(&[engine_addr], ""),
         &[SinkKind::Stdout],
@@ -137,10 +148,11 @@ pub fn run(args: &LatencyArgs, common: &Common) -> anyhow::Result<Vec<Record>> {
         edge: edge.http_addr,
         smg: smg.as_ref().map(|s| s.addr),
         binaries: binaries.as_ref().map(|b| b.edge.http_addr),
+        baseline: baseline.as_ref().map(|b| b.edge.http_addr),
     };
     let result = load.block_on(async {
         wait_serving(edge.http_addr).await?;
-        if let Some(http) = paths.binaries {
+        for http in paths.binaries.into_iter().chain(paths.baseline) {
             wait_serving(http).await?;
         }
         if let Some(smg) = paths.smg {
@@ -160,6 +172,7 @@ pub fn run(args: &LatencyArgs, common: &Common) -> anyhow::Result<Vec<Record>> {
     edge.stop();
     drop(smg);
     drop(binaries);
+    drop(baseline);
     drop(engine);
     result
 }
@@ -320,6 +333,7 @@ struct Paths {
     edge: SocketAddr,
     smg: Option<SocketAddr>,
     binaries: Option<SocketAddr>,
+    baseline: Option<SocketAddr>,
 }
 
 /// A path's name, address and the model it is asked for.
@@ -336,6 +350,9 @@ impl Paths {
         }
         if let Some(binaries) = self.binaries {
             list.push(("edge-bin", binaries, "llama/tiny"));
+        }
+        if let Some(baseline) = self.baseline {
+            list.push(("edge-bin-base", baseline, "llama/tiny"));
         }
         list
     }
