@@ -54,6 +54,10 @@ const STOP_CHECK_EVERY: u64 = 16;
 /// At most this many queued commands are written to a node with one flush.
 const MAX_COMMANDS_PER_WRITE: u64 = 64;
 
+/// A link that wrote commands less than this long ago is busy: its writer yields once
+/// before a write, so that the runs other tasks are starting go in the same write.
+const BUSY_LINK: Duration = Duration::from_millis(1);
+
 /// One node connection: the framed stream and what the transport shares with it.
 pub(super) struct Connection<'a, S> {
     pub(super) shared: &'a Shared,
@@ -63,6 +67,8 @@ pub(super) struct Connection<'a, S> {
     /// Whether events were relayed since the last ping was answered: only then does an
     /// answer wait for them to be kept (an idle node's pings cost nothing).
     relayed_since_ack: AtomicBool,
+    /// When commands were last written to the node (see [`BUSY_LINK`]).
+    commands_written: Option<Instant>,
 }
 
 /// A registered node's side of the connection, made by the handshake.
@@ -97,6 +103,7 @@ impl<'a, S: NodeIo> Connection<'a, S> {
             peer,
             id,
             relayed_since_ack: AtomicBool::new(false),
+            commands_written: None,
         }
     }
 
@@ -329,14 +336,19 @@ impl<'a, S: NodeIo> Connection<'a, S> {
     /// [`MAX_COMMANDS_PER_WRITE`], up to a `Shutdown`) with one flush, within the write
     /// timeout.
     ///
-    /// Before looking at the queue the task yields once, so the tasks already woken (HTTP
-    /// requests starting runs, say) queue their commands first: under load many runs go to
-    /// a node in one write; alone, a command waits only for that yield.
+    /// On a busy link ([`BUSY_LINK`]) the task yields once before looking at the queue, so
+    /// the tasks already woken (HTTP requests starting runs, say) queue their commands
+    /// first: under load many runs go to a node in one write. A command on a quiet link is
+    /// written at once: a yield would queue this task behind nothing and wake another
+    /// worker to steal it, and the `RunRequest` would wait for that wake-up (decision 37).
     async fn write_commands(
         &mut self,
         first: NodeCommand,
         commands: &mut mpsc::Receiver<NodeCommand>,
     ) -> Result<Sent, CloseReason> {
+        let busy = self
+            .commands_written
+            .is_some_and(|at| at.elapsed() < BUSY_LINK);
         let framed = &mut self.framed;
         let mut traced = Vec::new();
         let write = async {
@@ -354,7 +366,7 @@ impl<'a, S: NodeIo> Connection<'a, S> {
                 if shutdown {
                     break Sent::Shutdown;
                 }
-                if written == 1 {
+                if written == 1 && busy {
                     tokio::task::yield_now().await;
                 }
                 if written == MAX_COMMANDS_PER_WRITE {
@@ -371,7 +383,9 @@ impl<'a, S: NodeIo> Connection<'a, S> {
             framed.flush().await?;
             Ok::<_, FrameError>((written, sent))
         };
-        match timeout(self.shared.config.write_timeout(), write).await {
+        let result = timeout(self.shared.config.write_timeout(), write).await;
+        self.commands_written = Some(Instant::now());
+        match result {
             Ok(Ok((written, sent))) => {
                 let frames_out = &self.shared.stats.frames_out;
                 frames_out.fetch_add(written, Ordering::Relaxed);

@@ -218,6 +218,11 @@ impl RunService {
             inner.journal.record(entry);
         }
         let dispatch = self.admit(&mut lock(&inner.table), &run)?;
+        // The deadline's task first: spawned after the node link's writer was woken, it
+        // would take the writer's place as the next task of this thread and send the
+        // writer to the queue another worker is woken to steal from, so the `RunRequest`
+        // would wait for that wake-up (decision 37).
+        self.watch(&run);
         let placed = match dispatch {
             Dispatch::Sent(node) => {
                 self.send_run(&run, &node);
@@ -231,7 +236,6 @@ impl RunService {
                 Placed::Waiting(cause)
             }
         };
-        self.watch(&run);
         Ok(RunHandle {
             run_id: run.id.clone(),
             events,
