@@ -206,12 +206,13 @@ impl EdgeProcess {
         threads: usize,
         log_level: &str,
     ) -> anyhow::Result<Self> {
-        Self::start_at(binary, config, threads, log_level, None, None)
+        Self::start_at(binary, config, threads, log_level, None, None, None)
     }
 
     /// [`Self::start`] on given (node, HTTP, management) addresses — those of an edge this
-    /// one replaces — and with the run journal at `journal` (one this process's temporary
-    /// directory holds, when `None`).
+    /// one replaces — with the run journal at `journal` (one this process's temporary
+    /// directory holds, when `None`), and the edge's log (its standard error) written to
+    /// `log` (discarded, when `None`).
     pub fn start_at(
         binary: &Path,
         config: &str,
@@ -219,45 +220,7 @@ impl EdgeProcess {
         log_level: &str,
         at: Option<(SocketAddr, SocketAddr, SocketAddr)>,
         journal: Option<&Path>,
-    ) -> anyhow::Result<Self> {
-        Self::launch(
-            binary,
-            config,
-            threads,
-            log_level,
-            at,
-            journal,
-            Stdio::null(),
-        )
-    }
-
-    /// [`Self::start`] with the edge's log (its standard error) written to `log`.
-    pub fn start_logged(
-        binary: &Path,
-        config: &str,
-        threads: usize,
-        log_level: &str,
-        log: std::fs::File,
-    ) -> anyhow::Result<Self> {
-        Self::launch(
-            binary,
-            config,
-            threads,
-            log_level,
-            None,
-            None,
-            Stdio::from(log),
-        )
-    }
-
-    fn launch(
-        binary: &Path,
-        config: &str,
-        threads: usize,
-        log_level: &str,
-        at: Option<(SocketAddr, SocketAddr, SocketAddr)>,
-        journal: Option<&Path>,
-        stderr: Stdio,
+        log: Option<std::fs::File>,
     ) -> anyhow::Result<Self> {
         let (node_addr, http_addr, admin_addr) = match at {
             Some(addrs) => addrs,
@@ -289,7 +252,7 @@ impl EdgeProcess {
             .env_remove("RUST_LOG")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(stderr)
+            .stderr(log.map_or_else(Stdio::null, Stdio::from))
             .spawn()
             .with_context(|| format!("cannot start {}", binary.display()))?;
         let mut edge = Self {

@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime};
 
+use edge::domain::usage::days_from_civil;
 use edge::hops;
 use tracing::field::{Field, Visit};
 use tracing_subscriber::Layer;
@@ -113,9 +114,14 @@ impl HopLog {
             ) else {
                 continue;
             };
+            // A timestamp no `Instant` can hold (on a platform whose clock starts at boot) is
+            // no hop of this run.
             let at = match wall.duration_since(clock.1) {
-                Ok(after) => clock.0 + after,
-                Err(before) => clock.0 - before.duration(),
+                Ok(after) => clock.0.checked_add(after),
+                Err(before) => clock.0.checked_sub(before.duration()),
+            };
+            let Some(at) = at else {
+                continue;
             };
             let seq = field("seq").and_then(serde_json::Value::as_u64);
             self.record(run_id.to_owned(), hop, seq, at);
@@ -136,19 +142,18 @@ fn parse_utc(text: &str) -> Option<SystemTime> {
         clock.next()?.ok()?,
     );
     let nanos: u64 = format!("{fraction:0<9}").get(..9)?.parse().ok()?;
-    // Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's algorithm).
-    let (y, m) = if month <= 2 {
-        (year - 1, month + 9)
-    } else {
-        (year, month - 3)
-    };
-    let era = y.div_euclid(400);
-    let year_of_era = y - era * 400;
-    let day_of_year = (153 * m + 2) / 5 + day - 1;
-    let day_of_era = year_of_era * 365 + year_of_era / 4 - year_of_era / 100 + day_of_year;
-    let days = u64::try_from(era * 146_097 + day_of_era - 719_468).ok()?;
+    let in_range = (1970..=9999).contains(&year)
+        && (1..=12).contains(&month)
+        && (1..=31).contains(&day)
+        && hour < 24
+        && minute < 60
+        && second < 61;
+    if !in_range {
+        return None;
+    }
+    let days = u64::try_from(days_from_civil(year, month, day)).ok()?;
     let seconds = days * 86_400 + hour * 3_600 + minute * 60 + second;
-    Some(SystemTime::UNIX_EPOCH + Duration::from_secs(seconds) + Duration::from_nanos(nanos))
+    SystemTime::UNIX_EPOCH.checked_add(Duration::from_secs(seconds) + Duration::from_nanos(nanos))
 }
 
 /// The hops of a first output, in order: the name of each figure (p50, p90) and what it
@@ -287,6 +292,8 @@ mod tests {
         );
         assert_eq!(parse_utc("2000-02-29T00:00:00Z"), Some(at(951_782_400, 0)));
         assert_eq!(parse_utc("2026-12-03 18:14:18Z"), None);
+        assert_eq!(parse_utc("2026-13-03T18:14:18Z"), None);
+        assert_eq!(parse_utc("99999999999-12-03T99999999999:14:18Z"), None);
         assert_eq!(parse_utc("yesterday"), None);
     }
 

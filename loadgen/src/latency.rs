@@ -264,8 +264,9 @@ impl Binaries {
             let logs = tempfile::tempdir().context("cannot make a temporary directory")?;
             let log = |name| std::fs::File::create(logs.path().join(name));
             let config = edge_config(&[engine], "[log]\nformat = \"json\"\n\n");
+            let log_file = Some(log("edge.log")?);
             let edge =
-                EdgeProcess::start_logged(&edge_binary, &config, threads, HOPS, log("edge.log")?)?;
+                EdgeProcess::start_at(&edge_binary, &config, threads, HOPS, None, None, log_file)?;
             node.args(["--log-format", "json"])
                 .env("RUST_LOG", HOPS)
                 .stderr(log("node.log")?);
@@ -373,7 +374,7 @@ struct Timings {
 }
 
 impl Timings {
-    fn merge(&mut self, other: &Timings) {
+    fn merge(&mut self, mut other: Timings) {
         self.first.merge(&other.first);
         self.total.merge(&other.total);
         self.hops.resize(SEGMENTS.len(), Histogram::default());
@@ -382,21 +383,26 @@ impl Timings {
         }
         self.unmatched += other.unmatched;
         self.errors += other.errors;
-        self.awaiting_hops
-            .extend(other.awaiting_hops.iter().cloned());
+        self.awaiting_hops.append(&mut other.awaiting_hops);
+    }
+
+    /// The hops of the request `run_id` (written at `sent`, its first content read at
+    /// `first`), from `log`.
+    fn record_hops(&mut self, log: &HopLog, run_id: &str, sent: Instant, first: Instant) {
+        match log.breakdown(run_id, sent, first) {
+            Some(hops) => {
+                for (histogram, hop) in self.hops.iter_mut().zip(hops) {
+                    histogram.record_duration(hop);
+                }
+            }
+            None => self.unmatched += 1,
+        }
     }
 
     /// Each awaiting request's hops, from `log`.
     fn break_down(&mut self, log: &HopLog) {
         for (run_id, sent, first) in std::mem::take(&mut self.awaiting_hops) {
-            match log.breakdown(&run_id, sent, first) {
-                Some(hops) => {
-                    for (histogram, hop) in self.hops.iter_mut().zip(hops) {
-                        histogram.record_duration(hop);
-                    }
-                }
-                None => self.unmatched += 1,
-            }
+            self.record_hops(log, &run_id, sent, first);
         }
     }
 }
@@ -415,14 +421,16 @@ async fn measure(
     let mut tasks = tokio::task::JoinSet::new();
     for caller in 0..callers {
         let (list, log, max_tokens) = (Arc::clone(&list), log.clone(), args.max_tokens);
-        tasks.spawn(
-            async move { caller_loop(&list, caller, (warmup, rounds), max_tokens, &log).await },
-        );
+        let binary_hops = args.binary_hops;
+        tasks.spawn(async move {
+            let rounds = (warmup, rounds);
+            caller_loop(&list, caller, rounds, max_tokens, (&log, binary_hops)).await
+        });
     }
     let mut per_path = vec![Timings::default(); list.len()];
     while let Some(done) = tasks.join_next().await {
         for (total, part) in per_path.iter_mut().zip(done??) {
-            total.merge(&part);
+            total.merge(part);
         }
     }
     let binary_hops = binaries.map(Binaries::hop_log).transpose()?.flatten();
@@ -531,13 +539,14 @@ impl Link {
 }
 
 /// One caller: `warmup` unmeasured rounds, then `rounds` measured ones, each a request on
-/// every path, in an order that rotates.
+/// every path, in an order that rotates. The edge's hops come from `log` as it goes; with
+/// `binary_hops` the processes' requests are kept for their logs.
 async fn caller_loop(
     list: &[Path],
     caller: usize,
     (warmup, rounds): (usize, usize),
     max_tokens: u32,
-    log: &HopLog,
+    (log, binary_hops): (&HopLog, bool),
 ) -> anyhow::Result<Vec<Timings>> {
     let mut links: Vec<Link> = list
         .iter()
@@ -579,21 +588,13 @@ async fn caller_loop(
             let timing = &mut timings[i];
             timing.first.record_duration(asked.first);
             timing.total.record_duration(asked.total);
-            if name == "edge-bin" {
-                let run_id = asked.run_id.clone().unwrap_or_default();
-                let first = asked.sent + asked.first;
-                timing.awaiting_hops.push((run_id, asked.sent, first));
-            }
-            if name == "edge" {
-                let run_id = asked.run_id.unwrap_or_default();
-                match log.breakdown(&run_id, asked.sent, asked.sent + asked.first) {
-                    Some(hops) => {
-                        for (histogram, hop) in timing.hops.iter_mut().zip(hops) {
-                            histogram.record_duration(hop);
-                        }
-                    }
-                    None => timing.unmatched += 1,
-                }
+            let run_id = asked.run_id.unwrap_or_default();
+            let first = asked.sent + asked.first;
+            match name {
+                "edge" => timing.record_hops(log, &run_id, asked.sent, first),
+                // The processes' hops are in their logs, read once the rounds are over.
+                "edge-bin" if binary_hops => timing.awaiting_hops.push((run_id, asked.sent, first)),
+                _ => {}
             }
         }
     }

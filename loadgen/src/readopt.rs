@@ -205,6 +205,7 @@ pub fn run(args: &ReadoptArgs, common: &Common) -> anyhow::Result<Vec<Record>> {
             &common.edge_log_level,
             at,
             Some(&journal),
+            None,
         )
     };
     let edge = start(None)?;

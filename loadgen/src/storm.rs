@@ -157,6 +157,7 @@ fn storm_once(
             &common.edge_log_level,
             at,
             None,
+            None,
         )
     };
     let edge = start(None)?;

@@ -245,8 +245,10 @@ fn civil_from_days(days: i64) -> (i64, i64, i64) {
     (year, month, day)
 }
 
-/// Howard Hinnant's `days_from_civil`.
-fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
+/// Howard Hinnant's `days_from_civil`: the days since 1970-01-01 of a proleptic Gregorian
+/// date (month 1-12, day 1-31).
+#[must_use]
+pub fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
     let year = if month <= 2 { year - 1 } else { year };
     let era = year.div_euclid(400);
     let yoe = year.rem_euclid(400);
