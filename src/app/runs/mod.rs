@@ -28,7 +28,8 @@
 //! - `delivery.rs` — the per-run state machine and the event relay
 //!   (`RunService::relay_event`): every event to the sink and the caller, in order;
 //! - `timers.rs` — the queue wait, the deadline, the cancel grace and the resume grace,
-//!   which let the edge end a run the node cannot;
+//!   which let the edge end a run the node cannot; `deadlines.rs` — the open runs'
+//!   deadlines, kept by one task;
 //! - `table.rs` — the table of open runs, the queue, breakers and limits, behind one mutex;
 //! - `metrics.rs`, `routing_metrics.rs`, `resume_metrics.rs` — the service's OpenTelemetry
 //!   instruments;
@@ -42,6 +43,7 @@ mod adopt;
 mod budgets;
 mod config;
 mod continuation;
+mod deadlines;
 mod delivery;
 mod drained;
 mod failover;

@@ -317,8 +317,9 @@ impl RunService {
     /// Removes an ended run, frees its node's slot and its key's count, settles its claim
     /// on its key's budget with the `tokens` (input plus output) it used, and hands the slot
     /// to queued runs.
-    pub(super) fn retire(&self, run: &Run, tokens: u64) {
+    pub(super) fn retire(&self, run: &Arc<Run>, tokens: u64) {
         run.ended.cancel();
+        self.inner.deadlines.remove(run);
         let pumped = {
             let mut table = lock(&self.inner.table);
             table.runs.remove(&run.id);

@@ -16,6 +16,7 @@ use tokio_util::task::TaskTracker;
 use tracing::{debug, info_span, warn};
 
 use super::config::RunsConfig;
+use super::deadlines::Deadlines;
 use super::delivery::{CALLER_BUFFER, Delivery, Source};
 use super::metrics::RunMetrics;
 use super::table::{Miss, Run, Table, lock};
@@ -93,6 +94,8 @@ pub(super) struct Inner {
     /// Signalled whenever a run ends, for the drain wait.
     pub(super) run_ended: Notify,
     pub(super) timers: TaskTracker,
+    /// The open runs' deadlines, and what wakes the task that keeps them.
+    pub(super) deadlines: Arc<Deadlines>,
     pub(super) stats: RunStats,
     pub(super) metrics: RunMetrics,
     /// Nodes' connection spans, while span export is on.
@@ -146,6 +149,7 @@ impl RunService {
                 stopping: CancellationToken::new(),
                 run_ended: Notify::new(),
                 timers: TaskTracker::new(),
+                deadlines: Arc::default(),
                 stats: RunStats::default(),
                 metrics: RunMetrics::new(meter),
                 node_spans: NodeSpans::default(),
@@ -218,10 +222,6 @@ impl RunService {
             inner.journal.record(entry);
         }
         let dispatch = self.admit(&mut lock(&inner.table), &run)?;
-        // The deadline's task first: spawned after the node link's writer was woken, it
-        // would take the writer's place as the next task of this thread and send the
-        // writer to the queue another worker is woken to steal from, so the `RunRequest`
-        // would wait for that wake-up (decision 37).
         self.watch(&run);
         let placed = match dispatch {
             Dispatch::Sent(node) => {
@@ -322,6 +322,7 @@ impl RunService {
             self.end_then_cancel(run, kind, "edge shutting down")
         });
         futures::future::join_all(endings).await;
+        inner.deadlines.stop();
         inner.timers.close();
         inner.timers.wait().await;
         inner.sink.flush().await;

@@ -848,6 +848,31 @@ async fn the_deadline_fails_the_run_and_cancels_it_on_the_node() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn one_task_keeps_every_deadline_and_a_sooner_one_still_ends_its_run_on_time() {
+    let mut h = Harness::expecting(Expect::terminals(3).runs_sent(3).cancels_sent(1));
+    let a = h.connect("a", 3).await;
+    let mut long = h.start(with_deadline(Duration::from_secs(60)));
+    let tasks = h.service.inner.timers.len();
+    let mut finished = h.start(with_deadline(Duration::from_secs(30)));
+    // Sooner than the one the task sleeps until: it is woken for it.
+    let mut short = h.start(with_deadline(Duration::from_secs(1)));
+    assert_eq!(h.service.inner.timers.len(), tasks, "a task per run");
+    assert_eq!(h.service.inner.deadlines.len(), 3);
+
+    h.complete("a", a, &mut finished).await;
+    assert_eq!(h.service.inner.deadlines.len(), 2);
+    sleep(Duration::from_millis(990)).await;
+    assert!(h.cancels(&short.run_id).is_empty());
+    sleep(Duration::from_millis(20)).await;
+    h.assert_edge_failed(&mut short, "deadline_exceeded");
+    assert_eq!(h.service.inner.deadlines.len(), 1);
+
+    h.complete("a", a, &mut long).await;
+    assert_eq!(h.service.inner.deadlines.len(), 0);
+    h.finish().await;
+}
+
+#[tokio::test(start_paused = true)]
 async fn runs_without_a_deadline_get_the_configured_default() {
     let mut h = Harness::new(
         RunsConfig {

@@ -1,16 +1,18 @@
 //! Timers: the tasks that end a run the node does not — the deadline, the queue wait, the
 //! cancel grace, the resume grace — the deferred ending of a run, and the pump when a
 //! breaker's cooldown ends. Each is a task in the service's `TaskTracker` that ends when
-//! its run ends (or, for a cooldown, when the drain begins); `drain` waits for them.
+//! its run ends (or, for a cooldown, when the drain begins), but the deadlines, which one
+//! task keeps for every run (`deadlines.rs`) until the drain stops it; `drain` waits for them.
 
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use tokio::time::Instant;
 use tracing::Instrument;
 
+use super::deadlines::{Added, Deadlines};
 use super::placement::wait_expired;
-use super::service::RunService;
+use super::service::{Inner, RunService};
 use super::table::{Run, lock};
 use crate::domain::routing::WaitCause;
 use crate::domain::{EdgeFailure, NodeId, RunEventKind};
@@ -20,28 +22,30 @@ use crate::ports::ConnectionId;
 const DEADLINE_EXCEEDED: &str = "deadline exceeded";
 
 impl RunService {
-    /// Starts the timer of the run's deadline, if it has one.
+    /// Keeps the run's deadline, if it has one, in the service's set (`deadlines.rs`);
+    /// the first one starts the task that keeps them.
     pub(super) fn watch(&self, run: &Arc<Run>) {
-        let Some(deadline) = run.spec.deadline else {
-            return;
-        };
+        if self.inner.deadlines.add(run) == Added::StartTask {
+            let deadlines = Arc::clone(&self.inner.deadlines);
+            let service = Arc::downgrade(&self.inner);
+            self.inner.timers.spawn(keep_deadlines(deadlines, service));
+        }
+    }
+
+    /// Ends `run`, whose deadline has passed, on a task of its own: cancelled at the node
+    /// and ended with `deadline_exceeded`.
+    fn expire_deadline(&self, run: Arc<Run>) {
         let service = self.clone();
-        let run = Arc::clone(run);
         let span = run.span.clone();
         self.inner.timers.spawn(
             async move {
-                tokio::select! {
-                    () = run.ended.cancelled() => {}
-                    () = tokio::time::sleep_until(run.accepted_at + deadline) => {
-                        {
-                            let mut table = lock(&service.inner.table);
-                            lock(&run.route).cancelling = Some(DEADLINE_EXCEEDED.to_owned());
-                            table.unqueue(&run.id);
-                        }
-                        let kind = EdgeFailure::DeadlineExceeded.into_event_kind();
-                        service.end_then_cancel(&run, kind, DEADLINE_EXCEEDED).await;
-                    }
+                {
+                    let mut table = lock(&service.inner.table);
+                    lock(&run.route).cancelling = Some(DEADLINE_EXCEEDED.to_owned());
+                    table.unqueue(&run.id);
                 }
+                let kind = EdgeFailure::DeadlineExceeded.into_event_kind();
+                service.end_then_cancel(&run, kind, DEADLINE_EXCEEDED).await;
             }
             .instrument(span),
         );
@@ -163,5 +167,26 @@ impl RunService {
         self.inner.timers.spawn(async move {
             service.end_run(&run, kind).await;
         });
+    }
+}
+
+/// The task that ends runs whose deadline passed: it sleeps until the soonest, or until a
+/// sooner one comes in, and ends when the drain stops it or the service is gone.
+async fn keep_deadlines(deadlines: Arc<Deadlines>, service: Weak<Inner>) {
+    let mut expired = Vec::new();
+    loop {
+        let next = deadlines.take_expired(Instant::now(), &mut expired);
+        if !expired.is_empty() {
+            let Some(inner) = service.upgrade() else {
+                return;
+            };
+            let service = RunService { inner };
+            for run in expired.drain(..) {
+                service.expire_deadline(run);
+            }
+        }
+        if !deadlines.sleep(next).await {
+            return;
+        }
     }
 }
