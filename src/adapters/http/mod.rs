@@ -9,6 +9,7 @@
 mod config;
 mod health;
 mod limits;
+mod poll_again;
 pub(crate) mod serve;
 mod server;
 pub(crate) mod tls;

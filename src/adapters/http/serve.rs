@@ -1,8 +1,9 @@
 //! The HTTP connection loop: hyper with limits that `axum::serve` does not offer.
 //!
 //! Every connection gets a header-read timeout (slow-header clients are closed), the
-//! number of connections is bounded (excess ones are closed at once), and a graceful stop
-//! lets open requests finish before the loop returns.
+//! number of connections is bounded (excess ones are closed at once), a graceful stop
+//! lets open requests finish before the loop returns, and a connection that wakes itself
+//! while it runs is polled again in place (`poll_again.rs`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,6 +19,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
 use super::config::HttpConfig;
+use super::poll_again::PollAgain;
 
 /// How long a graceful stop waits for open HTTP requests before dropping them. Streams
 /// end on their own first: the edge drains runs before it stops HTTP.
@@ -53,7 +55,7 @@ pub(crate) async fn serve<L>(
         let connection = builder
             .serve_connection_with_upgrades(TokioIo::new(io), service)
             .into_owned();
-        let connection = graceful.watch(connection);
+        let connection = PollAgain::new(graceful.watch(connection));
         tokio::spawn(async move {
             if let Err(error) = connection.await {
                 debug!(%error, "HTTP connection ended with an error");
