@@ -121,7 +121,9 @@ impl Deadlines {
     }
 }
 
+/// `run`'s place in the set; `None` without a deadline, or with one too far away to
+/// name as an instant (it never passes).
 fn key_of(run: &Arc<Run>) -> Option<Key> {
-    let deadline = run.spec.deadline?;
-    Some((run.accepted_at + deadline, Arc::as_ptr(run) as usize))
+    let when = run.accepted_at.checked_add(run.spec.deadline?)?;
+    Some((when, Arc::as_ptr(run) as usize))
 }

@@ -873,6 +873,18 @@ async fn one_task_keeps_every_deadline_and_a_sooner_one_still_ends_its_run_on_ti
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_deadline_too_far_away_to_name_never_passes() {
+    let mut h = Harness::expecting(Expect::terminals(1).runs_sent(1));
+    let a = h.connect("a", 1).await;
+    let mut handle = h.start(with_deadline(Duration::MAX));
+    assert_eq!(h.service.inner.deadlines.len(), 0);
+    sleep(Duration::from_secs(3_600)).await;
+    assert_eq!(h.service.open_runs(), 1);
+    h.complete("a", a, &mut handle).await;
+    h.finish().await;
+}
+
+#[tokio::test(start_paused = true)]
 async fn runs_without_a_deadline_get_the_configured_default() {
     let mut h = Harness::new(
         RunsConfig {
