@@ -6,6 +6,7 @@ node, start a run) between browser steps.
 Commands (`op`): open {url}; wait_text {css, text} (until an element matching css holds
 text); wait_gone {css}; click {css}; type {css, text}; text {css}; count {css};
 set_storage {key, value} (sessionStorage); size {width, height}; screenshot {path}; quit.
+Reads and clicks that meet an element a refresh replaced meanwhile look again.
 Answers: {"ok": true, "value": ...} or {"ok": false, "error": "..."}. Every wait is
 bounded by PATIENCE seconds. Selenium Manager is never used: the driver is Debian's.
 """
@@ -16,7 +17,7 @@ import sys
 import tempfile
 
 from selenium import webdriver
-from selenium.common.exceptions import WebDriverException
+from selenium.common.exceptions import StaleElementReferenceException, WebDriverException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
@@ -58,6 +59,27 @@ def has_text(driver, css, text):
     return False
 
 
+def clicked(driver, css):
+    """Clicks the first shown, enabled match; False when there is none yet, or a refresh
+    replaced it between finding and clicking."""
+    try:
+        for element in driver.find_elements(By.CSS_SELECTOR, css):
+            if element.is_displayed() and element.is_enabled():
+                element.click()
+                return True
+    except StaleElementReferenceException:
+        pass
+    return False
+
+
+def text_of(driver, css):
+    """The first matching element's text, or False when a refresh replaced it while read."""
+    try:
+        return [driver.find_element(By.CSS_SELECTOR, css).text]
+    except StaleElementReferenceException:
+        return False
+
+
 def run(driver, command):
     op = command["op"]
     wait = WebDriverWait(driver, PATIENCE, poll_frequency=0.05)
@@ -72,11 +94,8 @@ def run(driver, command):
         wait.until(lambda d: not d.find_elements(By.CSS_SELECTOR, css), f"{css} to go")
         return None
     if op == "click":
-        element = wait.until(
-            lambda d: next((e for e in d.find_elements(By.CSS_SELECTOR, command["css"])
-                            if e.is_displayed() and e.is_enabled()), False),
-            f"{command['css']} to be clickable")
-        element.click()
+        css = command["css"]
+        wait.until(lambda d: clicked(d, css), f"{css} to be clickable")
         return None
     if op == "type":
         element = wait.until(lambda d: d.find_element(By.CSS_SELECTOR, command["css"]))
@@ -84,7 +103,8 @@ def run(driver, command):
         element.send_keys(command["text"])
         return None
     if op == "text":
-        return driver.find_element(By.CSS_SELECTOR, command["css"]).text
+        css = command["css"]
+        return wait.until(lambda d: text_of(d, css), f"{css} to be read")[0]
     if op == "count":
         return len(driver.find_elements(By.CSS_SELECTOR, command["css"]))
     if op == "set_storage":
