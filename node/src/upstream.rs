@@ -8,10 +8,15 @@
 //! decides whose fault they are. The API key goes only into the `Authorization` header and
 //! never into an error or a log line. Dropping a [`reqwest::Response`] before its end closes
 //! its connection, which is how a cancelled run tells the engine to stop.
+//!
+//! After a streamed answer the next request's connection is opened ahead of it
+//! ([`Upstream::preconnect`]): llama.cpp's `llama-server` closes the connection after every
+//! streamed answer, so without it every streamed request would first wait for a fresh one.
 
 use std::error::Error as _;
 use std::path::Path;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -25,6 +30,9 @@ const MAX_ERROR_BODY: usize = 64 * 1024;
 /// The most of a whole (non-streamed) answer accepted: embeddings of a large batch.
 pub const MAX_WHOLE_BODY: usize = 256 * 1024 * 1024;
 
+/// The most connections an [`Upstream`] opens ahead at once.
+const MAX_PRECONNECTS: usize = 8;
+
 /// An engine's HTTP endpoint.
 #[derive(Clone)]
 pub struct Upstream {
@@ -33,6 +41,8 @@ pub struct Upstream {
     api_key: Option<String>,
     idle_timeout: Duration,
     probe_timeout: Duration,
+    /// Connections being opened ahead now ([`Upstream::preconnect`]).
+    preconnecting: Arc<AtomicUsize>,
 }
 
 impl std::fmt::Debug for Upstream {
@@ -97,6 +107,7 @@ impl Upstream {
             api_key,
             idle_timeout: timeouts.idle,
             probe_timeout: timeouts.probe,
+            preconnecting: Arc::new(AtomicUsize::new(0)),
         })
     }
 
@@ -195,6 +206,50 @@ impl Upstream {
         Ok(body)
     }
 
+    /// Opens a connection for the next request ahead of it, in the background: a
+    /// `GET {base_url}/models` whose answer is read to its end, so the connection goes back
+    /// to the client's pool kept alive. Called after a streamed answer, whose connection
+    /// `llama-server` closes: the next streamed request then finds a connection the engine
+    /// has already accepted and handed to one of its HTTP threads, instead of waiting for
+    /// that. At most [`MAX_PRECONNECTS`] at once; a failure is only logged at DEBUG (the
+    /// next request connects as it would have).
+    pub fn preconnect(&self) {
+        if self.preconnecting.fetch_add(1, Ordering::Relaxed) >= MAX_PRECONNECTS {
+            self.preconnecting.fetch_sub(1, Ordering::Relaxed);
+            return;
+        }
+        let upstream = self.clone();
+        tokio::spawn(async move {
+            if let Err(fault) = upstream.open_connection().await {
+                tracing::debug!(%fault, "could not open a connection to the engine ahead");
+            }
+            upstream.preconnecting.fetch_sub(1, Ordering::Relaxed);
+        });
+    }
+
+    /// What [`Upstream::preconnect`] does, awaited: the connection is in the pool when it
+    /// returns `Ok`.
+    async fn open_connection(&self) -> Result<(), UpstreamFault> {
+        let open = async {
+            let mut response = self.models_request().send().await.map_err(fault_of)?;
+            // Whatever the status: an answer read to its end leaves the connection pooled.
+            self.read_to_end(&mut response, MAX_ERROR_BODY * 16).await
+        };
+        tokio::time::timeout(self.probe_timeout, open)
+            .await
+            .map_err(|_| UpstreamFault::Timeout("probe_timeout_ms"))?
+            .map(drop)
+    }
+
+    /// `GET {base_url}/models`, with the engine's API key.
+    fn models_request(&self) -> reqwest::RequestBuilder {
+        let request = self.client.get(format!("{}/models", self.base_url));
+        match &self.api_key {
+            Some(key) => request.bearer_auth(key),
+            None => request,
+        }
+    }
+
     /// The model ids `GET {base_url}/models` lists.
     ///
     /// # Errors
@@ -202,11 +257,7 @@ impl Upstream {
     /// nothing readable.
     pub async fn models(&self) -> Result<Vec<String>, UpstreamFault> {
         let probe = async {
-            let mut request = self.client.get(format!("{}/models", self.base_url));
-            if let Some(key) = &self.api_key {
-                request = request.bearer_auth(key);
-            }
-            let mut response = request.send().await.map_err(fault_of)?;
+            let mut response = self.models_request().send().await.map_err(fault_of)?;
             let status = response.status().as_u16();
             let body = self.read_to_end(&mut response, MAX_ERROR_BODY * 16).await?;
             if !(200..300).contains(&status) {
@@ -280,13 +331,18 @@ mod tests {
 
     use super::*;
 
-    /// Reads one request (head and `Content-Length` body) from `reader`; false at its end.
-    fn read_request(reader: &mut BufReader<std::net::TcpStream>) -> bool {
+    /// Reads one request (head and `Content-Length` body) from `reader`; returns its method,
+    /// `None` at the connection's end.
+    fn read_request(reader: &mut BufReader<std::net::TcpStream>) -> Option<String> {
+        let mut method = None;
         let mut length = 0;
         loop {
             let mut line = String::new();
             if reader.read_line(&mut line).unwrap_or(0) == 0 {
-                return false;
+                return None;
+            }
+            if method.is_none() {
+                method = line.split(' ').next().map(str::to_owned);
             }
             if let Some(value) = line.to_ascii_lowercase().strip_prefix("content-length:") {
                 length = value.trim().parse().unwrap_or(0);
@@ -295,7 +351,8 @@ mod tests {
                 break;
             }
         }
-        reader.read_exact(&mut vec![0; length]).is_ok()
+        reader.read_exact(&mut vec![0; length]).ok()?;
+        method
     }
 
     /// An engine that answers the first request on a connection with `keep-alive`, then
@@ -306,7 +363,7 @@ mod tests {
         std::thread::spawn(move || {
             for stream in listener.incoming().flatten() {
                 let mut reader = BufReader::new(stream);
-                if !read_request(&mut reader) {
+                if read_request(&mut reader).is_none() {
                     continue;
                 }
                 let answer = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\
@@ -337,6 +394,62 @@ mod tests {
             let body = upstream.read_to_end(&mut response, 64).await.expect("body");
             assert_eq!(body, b"{}");
         }
+    }
+
+    /// An engine that closes the connection after answering a `POST`, as `llama-server`
+    /// does after a streamed answer, and keeps it open after a `GET`. Each request is sent
+    /// to the returned channel as the number of its connection and its method.
+    fn engine_closing_after_posts() -> (
+        std::net::SocketAddr,
+        std::sync::mpsc::Receiver<(usize, String)>,
+    ) {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = listener.local_addr().expect("address");
+        let (seen, requests) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for (number, stream) in listener.incoming().flatten().enumerate() {
+                let mut reader = BufReader::new(stream);
+                while let Some(method) = read_request(&mut reader) {
+                    let close = method == "POST";
+                    let _ = seen.send((number, method));
+                    let connection = if close { "close" } else { "keep-alive" };
+                    let answer = format!(
+                        "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\
+                         Connection: {connection}\r\nContent-Length: 2\r\n\r\n{{}}"
+                    );
+                    if reader.get_mut().write_all(answer.as_bytes()).is_err() || close {
+                        break;
+                    }
+                }
+            }
+        });
+        (addr, requests)
+    }
+
+    #[tokio::test]
+    async fn a_connection_opened_ahead_carries_the_next_request() {
+        let (addr, requests) = engine_closing_after_posts();
+        let timeouts = Timeouts {
+            connect: Duration::from_secs(5),
+            idle: Duration::from_secs(5),
+            probe: Duration::from_secs(5),
+        };
+        let upstream =
+            Upstream::new(&format!("http://{addr}/v1"), None, None, timeouts).expect("client");
+        let ask = || async {
+            let mut response = upstream
+                .post("/chat/completions", &serde_json::json!({}))
+                .await
+                .expect("answered");
+            upstream.read_to_end(&mut response, 64).await.expect("body");
+        };
+        ask().await;
+        upstream.open_connection().await.expect("opened ahead");
+        ask().await;
+        let seen: Vec<(usize, String)> = requests.try_iter().collect();
+        let seen: Vec<(usize, &str)> = seen.iter().map(|(n, m)| (*n, m.as_str())).collect();
+        // The second POST went on the connection the GET had opened, not on a third.
+        assert_eq!(seen, [(0, "POST"), (1, "GET"), (1, "POST")]);
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! The reference node between a real edge (port 0) and a scripted OpenAI-compatible engine:
 //! what the engine streams reaches the edge's run events as text, structured parts and one
 //! terminal event; engine failures arrive classified; cancels and deadlines close the
-//! engine's connection.
+//! engine's connection; after a streamed answer the next request's connection is opened
+//! ahead.
 
 use crate::common;
 #[allow(dead_code, unused_imports)]
@@ -346,6 +347,35 @@ async fn a_stream_that_breaks_after_output_ends_with_one_failure() {
     // What it produced: one output token per piece relayed, the input unknown.
     assert_eq!(terminal.kind.usage(), Some(Usage::new(0, 1)));
     node.stop().await.expect("clean stop");
+}
+
+#[tokio::test]
+async fn after_a_streamed_answer_the_next_request_finds_its_connection_open() {
+    let (app, engine, node) = setup().await;
+    let chunks = [delta(json!({"content": "hi"})), finish("stop")];
+    engine.script(QWEN, Reply::sse(&chunks, true));
+    const RUNS: usize = 5;
+    for _ in 0..RUNS {
+        let listed = engine.listed_to().len();
+        run_to_end(&app, spec("qwen", Operation::Chat, json!({"messages": []}))).await;
+        // The node opens the next request's connection with a `GET /v1/models`.
+        eventually("the node opened a connection ahead", || {
+            engine.listed_to().len() > listed
+        })
+        .await;
+    }
+    // Each run after the first came on a connection opened ahead (the first, perhaps on
+    // the probe's); without it, each would have waited for a fresh one.
+    let opened_ahead = engine.listed_to();
+    let seen = engine.seen();
+    assert_eq!(seen.len(), RUNS);
+    let on_open_connections = seen
+        .iter()
+        .filter(|request| opened_ahead.contains(&request.peer))
+        .count();
+    assert!(on_open_connections >= RUNS - 1, "{seen:?} {opened_ahead:?}");
+    node.stop().await.expect("clean stop");
+    app.assert_settled().await;
 }
 
 #[tokio::test]

@@ -240,7 +240,12 @@ impl OpenAiAdapter {
                 .as_ref()
                 .filter(|_| call.endpoint == request::Endpoint::Chat)
                 .map(|c| echo::EchoFilter::new(&c.text));
-            self.relay_stream(&mut response, out, echo).await?
+            let relayed = self.relay_stream(&mut response, out, echo).await?;
+            drop(response);
+            if self.settings.preconnect && relayed.is_ok() {
+                self.upstream.preconnect();
+            }
+            relayed
         } else {
             self.relay_embeddings(&mut response, out).await?
         };

@@ -60,6 +60,9 @@ pub struct OpenAiSettings {
     /// Ask llama-server for its running counts on every chunk (`timings_per_token: true`),
     /// so a run cancelled or failed mid-stream reports its prompt and cached tokens too.
     pub timings_per_token: bool,
+    /// After a streamed answer, open the next request's connection ahead of it (the engine
+    /// closed the answer's; see `Upstream::preconnect`).
+    pub preconnect: bool,
 }
 
 /// API keys are never in the settings; the debug form still names every key's value.
@@ -94,6 +97,7 @@ pub const KEYS: &[&str] = &[
     "stream_usage",
     "continue_final_message",
     "timings_per_token",
+    "preconnect",
 ];
 
 /// The prefix of the per-target upstream model keys: `"model.<target>" = "<upstream name>"`.
@@ -156,6 +160,7 @@ impl OpenAiSettings {
             stream_usage: flag(settings, "stream_usage", true)?,
             continue_final_message: flag(settings, "continue_final_message", false)?,
             timings_per_token: flag(settings, "timings_per_token", false)?,
+            preconnect: flag(settings, "preconnect", true)?,
         };
         Ok((parsed, unknown))
     }
@@ -236,6 +241,7 @@ mod tests {
         assert_eq!(settings.availability, AvailabilityMode::Listed);
         assert_eq!(settings.probe_interval, Duration::from_secs(5));
         assert!(settings.stream_usage);
+        assert!(settings.preconnect);
         assert_eq!(unknown, ["colour"]);
     }
 

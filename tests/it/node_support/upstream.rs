@@ -1,7 +1,7 @@
 //! A scripted OpenAI-compatible engine for the node's tests: answers per upstream model
 //! name with SSE chunks (optionally paced by a gate, optionally hanging at the end), an
 //! error status with a body, or a whole JSON body; lists its models; records what it was
-//! asked; counts the streams a client dropped before they ended; and can be stopped and
+//! asked (and on which connection); counts the streams a client dropped before they ended; and can be stopped and
 //! started again on the same port (an engine going down and coming back). It speaks plain
 //! HTTP, or HTTPS with a certificate the test issued ([`ScriptedEngine::start_https`]).
 
@@ -13,10 +13,12 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::body::{Body, Bytes};
-use axum::extract::State;
+use axum::extract::connect_info::Connected;
+use axum::extract::{ConnectInfo, State};
 use axum::http::{HeaderMap, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use axum::serve::IncomingStream;
 use rustls::pki_types::pem::PemObject as _;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use serde_json::{Value, json};
@@ -79,6 +81,8 @@ pub struct Seen {
     pub body: Value,
     /// The `Authorization` header, if any.
     pub authorization: Option<String>,
+    /// The client's end of the connection it came on.
+    pub peer: SocketAddr,
 }
 
 #[derive(Debug, Default)]
@@ -86,6 +90,8 @@ struct Engine {
     replies: Mutex<HashMap<String, Reply>>,
     models: Mutex<Vec<String>>,
     seen: Mutex<Vec<Seen>>,
+    /// The client's end of each connection `GET /v1/models` came on.
+    listed_to: Mutex<Vec<SocketAddr>>,
     dropped: AtomicUsize,
     finished: AtomicUsize,
 }
@@ -159,6 +165,11 @@ impl ScriptedEngine {
         self.engine.seen.lock().expect("seen").clone()
     }
 
+    /// The client's end of the connection of each `GET /v1/models` so far.
+    pub fn listed_to(&self) -> Vec<SocketAddr> {
+        self.engine.listed_to.lock().expect("listed_to").clone()
+    }
+
     /// Streams a client dropped before they ended (a cancelled run closing its connection).
     pub fn dropped_streams(&self) -> usize {
         self.engine.dropped.load(Ordering::SeqCst)
@@ -189,7 +200,8 @@ impl ScriptedEngine {
             .route("/v1/chat/completions", post(answer))
             .route("/v1/completions", post(answer))
             .route("/v1/embeddings", post(answer))
-            .with_state(Arc::clone(&self.engine));
+            .with_state(Arc::clone(&self.engine))
+            .into_make_service_with_connect_info::<Peer>();
         let stop = CancellationToken::new();
         let signal = stop.clone().cancelled_owned();
         let serving = match self.tls.clone() {
@@ -206,6 +218,22 @@ impl ScriptedEngine {
             }),
         };
         self.server = Some((stop, serving));
+    }
+}
+
+/// The client's end of a connection, for the handlers (plain or TLS).
+#[derive(Debug, Clone, Copy)]
+struct Peer(SocketAddr);
+
+impl Connected<IncomingStream<'_, tokio::net::TcpListener>> for Peer {
+    fn connect_info(stream: IncomingStream<'_, tokio::net::TcpListener>) -> Self {
+        Self(*stream.remote_addr())
+    }
+}
+
+impl Connected<IncomingStream<'_, TlsListener>> for Peer {
+    fn connect_info(stream: IncomingStream<'_, TlsListener>) -> Self {
+        Self(*stream.remote_addr())
     }
 }
 
@@ -235,7 +263,11 @@ impl axum::serve::Listener for TlsListener {
     }
 }
 
-async fn models(State(engine): State<Arc<Engine>>) -> Response {
+async fn models(
+    State(engine): State<Arc<Engine>>,
+    ConnectInfo(Peer(peer)): ConnectInfo<Peer>,
+) -> Response {
+    engine.listed_to.lock().expect("listed_to").push(peer);
     let models = engine.models.lock().expect("models").clone();
     let data: Vec<Value> = models
         .iter()
@@ -246,6 +278,7 @@ async fn models(State(engine): State<Arc<Engine>>) -> Response {
 
 async fn answer(
     State(engine): State<Arc<Engine>>,
+    ConnectInfo(Peer(peer)): ConnectInfo<Peer>,
     uri: Uri,
     headers: HeaderMap,
     body: Bytes,
@@ -259,6 +292,7 @@ async fn answer(
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned),
+        peer,
     });
     let reply = engine.replies.lock().expect("replies").get(&model).cloned();
     match reply {
