@@ -51,8 +51,12 @@ impl Browser {
             installed.success(),
             "chromium and chromedriver are installed"
         );
+        // Not killed when dropped: a test that fails drops its `Browser`, and the script then
+        // reads the end of its input and quits chromium (killed, it would leave chromium and
+        // chromedriver running).
         let mut child = client_script("browser.py", &[])
             .await
+            .kill_on_drop(false)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
