@@ -376,16 +376,19 @@ mod tests {
         addr
     }
 
-    #[tokio::test]
-    async fn a_request_on_a_connection_the_engine_closed_goes_again() {
-        let addr = engine_closing_kept_connections();
+    /// An upstream for the engine at `addr`, with 5 s timeouts.
+    fn upstream_of(addr: std::net::SocketAddr) -> Upstream {
         let timeouts = Timeouts {
             connect: Duration::from_secs(5),
             idle: Duration::from_secs(5),
             probe: Duration::from_secs(5),
         };
-        let upstream =
-            Upstream::new(&format!("http://{addr}/v1"), None, None, timeouts).expect("client");
+        Upstream::new(&format!("http://{addr}/v1"), None, None, timeouts).expect("client")
+    }
+
+    #[tokio::test]
+    async fn a_request_on_a_connection_the_engine_closed_goes_again() {
+        let upstream = upstream_of(engine_closing_kept_connections());
         for _ in 0..3 {
             let mut response = upstream
                 .post("/chat/completions", &serde_json::json!({}))
@@ -429,13 +432,7 @@ mod tests {
     #[tokio::test]
     async fn a_connection_opened_ahead_carries_the_next_request() {
         let (addr, requests) = engine_closing_after_posts();
-        let timeouts = Timeouts {
-            connect: Duration::from_secs(5),
-            idle: Duration::from_secs(5),
-            probe: Duration::from_secs(5),
-        };
-        let upstream =
-            Upstream::new(&format!("http://{addr}/v1"), None, None, timeouts).expect("client");
+        let upstream = upstream_of(addr);
         let ask = || async {
             let mut response = upstream
                 .post("/chat/completions", &serde_json::json!({}))
