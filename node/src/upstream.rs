@@ -16,7 +16,7 @@
 use std::error::Error as _;
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -30,9 +30,6 @@ const MAX_ERROR_BODY: usize = 64 * 1024;
 /// The most of a whole (non-streamed) answer accepted: embeddings of a large batch.
 pub const MAX_WHOLE_BODY: usize = 256 * 1024 * 1024;
 
-/// The most connections an [`Upstream`] opens ahead at once.
-const MAX_PRECONNECTS: usize = 8;
-
 /// An engine's HTTP endpoint.
 #[derive(Clone)]
 pub struct Upstream {
@@ -41,8 +38,10 @@ pub struct Upstream {
     api_key: Option<String>,
     idle_timeout: Duration,
     probe_timeout: Duration,
-    /// Connections being opened ahead now ([`Upstream::preconnect`]).
-    preconnecting: Arc<AtomicUsize>,
+    /// A connection opened ahead ([`Upstream::preconnect`]) is on its way or waits in the
+    /// pool: one at a time, since each holds one of `llama-server`'s HTTP threads (a
+    /// thread per connection) while it waits.
+    spare: Arc<AtomicBool>,
 }
 
 impl std::fmt::Debug for Upstream {
@@ -107,7 +106,7 @@ impl Upstream {
             api_key,
             idle_timeout: timeouts.idle,
             probe_timeout: timeouts.probe,
-            preconnecting: Arc::new(AtomicUsize::new(0)),
+            spare: Arc::new(AtomicBool::new(false)),
         })
     }
 
@@ -135,6 +134,8 @@ impl Upstream {
     }
 
     async fn post_to(&self, url: String, body: &Value) -> Result<reqwest::Response, UpstreamFault> {
+        // This request takes the connection opened ahead, if one waits.
+        self.spare.store(false, Ordering::Release);
         let send = || {
             let mut request = self.client.post(&url).json(body);
             if let Some(key) = &self.api_key {
@@ -211,20 +212,21 @@ impl Upstream {
     /// to the client's pool kept alive. Called after a streamed answer, whose connection
     /// `llama-server` closes: the next streamed request then finds a connection the engine
     /// has already accepted and handed to one of its HTTP threads, instead of waiting for
-    /// that. At most [`MAX_PRECONNECTS`] at once; a failure is only logged at DEBUG (the
-    /// next request connects as it would have).
-    pub fn preconnect(&self) {
-        if self.preconnecting.fetch_add(1, Ordering::Relaxed) >= MAX_PRECONNECTS {
-            self.preconnecting.fetch_sub(1, Ordering::Relaxed);
-            return;
+    /// that. Only one at a time: nothing is opened while an earlier one is on its way or
+    /// unused (the next `POST` takes it). A failure is only logged at DEBUG (the next
+    /// request connects as it would have). Returns whether it started one.
+    pub fn preconnect(&self) -> bool {
+        if self.spare.swap(true, Ordering::AcqRel) {
+            return false;
         }
         let upstream = self.clone();
         tokio::spawn(async move {
             if let Err(fault) = upstream.open_connection().await {
+                upstream.spare.store(false, Ordering::Release);
                 tracing::debug!(%fault, "could not open a connection to the engine ahead");
             }
-            upstream.preconnecting.fetch_sub(1, Ordering::Relaxed);
         });
+        true
     }
 
     /// What [`Upstream::preconnect`] does, awaited: the connection is in the pool when it
@@ -447,6 +449,23 @@ mod tests {
         let seen: Vec<(usize, &str)> = seen.iter().map(|(n, m)| (*n, m.as_str())).collect();
         // The second POST went on the connection the GET had opened, not on a third.
         assert_eq!(seen, [(0, "POST"), (1, "GET"), (1, "POST")]);
+    }
+
+    #[tokio::test]
+    async fn one_connection_is_opened_ahead_at_a_time_until_a_request_takes_it() {
+        let (addr, _requests) = engine_closing_after_posts();
+        let upstream = upstream_of(addr);
+        assert!(upstream.preconnect(), "the first is opened");
+        assert!(!upstream.preconnect(), "not a second while the first waits");
+        let mut response = upstream
+            .post("/chat/completions", &serde_json::json!({}))
+            .await
+            .expect("answered");
+        upstream.read_to_end(&mut response, 64).await.expect("body");
+        assert!(
+            upstream.preconnect(),
+            "the request took it: the next is opened"
+        );
     }
 
     #[test]
