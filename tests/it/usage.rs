@@ -15,6 +15,7 @@ use crate::mock_node;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use common::python::run_client_script;
 use common::{PATIENCE, TestApp, eventually_ok, spawn_app, write_config};
@@ -269,6 +270,25 @@ name = "burst"
 budget_tokens_per_day = 100
 "#;
 
+/// How near the turn of the UTC day a budget test may start. Budgets are per UTC day: a
+/// test the day turns under finds its key's spend started again (a CI run across midnight
+/// saw all 16 requests of the flood admitted).
+const DAY_TURN_MARGIN: Duration = Duration::from_secs(300);
+
+/// Waits for the UTC day to turn when that is less than [`DAY_TURN_MARGIN`] away, so a
+/// budget test runs within one day.
+async fn within_one_utc_day() {
+    const DAY: Duration = Duration::from_secs(86_400);
+    let since_epoch = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    let into_day = Duration::from_secs(since_epoch.as_secs() % DAY.as_secs());
+    let left = DAY.saturating_sub(into_day);
+    if left < DAY_TURN_MARGIN {
+        tokio::time::sleep(left + Duration::from_secs(1)).await;
+    }
+}
+
 /// A completion of `echo/default` as `key`: four words in, four out (8 tokens).
 async fn complete(edge: &Edge, key: &str) -> reqwest::Response {
     let body = json!({"model": "echo/default", "prompt": "a b c d", "max_tokens": 4});
@@ -301,6 +321,7 @@ fn retry_after(response: &reqwest::Response) -> Option<u64> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_budget_reached_mid_flood_refuses_exactly_the_requests_past_it() {
+    within_one_utc_day().await;
     let edge = Edge::start(BUDGETS).await;
     // In turn: run k is admitted while 8 × (k - 1) < 100, so 13 pass and the rest do not.
     let mut statuses = Vec::new();
@@ -422,6 +443,7 @@ async fn journal_sums(admin: SocketAddr, key: &str) -> (u64, u64) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rollups_and_budgets_survive_kill_9_of_edge_serve() {
+    within_one_utc_day().await;
     let dir = tempfile::tempdir().expect("tempdir");
     let config = write_config(dir.path(), &format!("{CRASH_KEYS}{CRASH_CONFIG}"));
     let mut edge: Process = start_edge(&config).await;
