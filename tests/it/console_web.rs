@@ -19,6 +19,7 @@ use common::python::client_script;
 use common::{TestApp, spawn_app};
 use edge::domain::{RunEventKind, Usage};
 use edge::ports::NodeCommand;
+use edge::ports::clock::now_ms;
 use reqwest::StatusCode;
 use reqwest::header::CONTENT_TYPE;
 use serde_json::{Value, json};
@@ -151,10 +152,7 @@ impl Browser {
 
 /// The hour since the epoch, UTC: the usage chart's default bucket.
 fn utc_hour() -> u64 {
-    let since_epoch = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
-    since_epoch.as_secs() / 3_600
+    now_ms() / 3_600_000
 }
 
 /// A streamed chat completion of `echo/default` through the model API, left running.

@@ -15,10 +15,11 @@ use crate::mock_node;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use common::python::run_client_script;
 use common::{PATIENCE, TestApp, eventually_ok, spawn_app, write_config};
+use edge::ports::clock::now_ms;
 use mock_node::{Behaviour, MockNode, MockOptions};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
@@ -278,12 +279,8 @@ const DAY_TURN_MARGIN: Duration = Duration::from_secs(300);
 /// Waits for the UTC day to turn when that is less than [`DAY_TURN_MARGIN`] away, so a
 /// budget test runs within one day.
 async fn within_one_utc_day() {
-    const DAY: Duration = Duration::from_secs(86_400);
-    let since_epoch = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default();
-    let into_day = Duration::from_secs(since_epoch.as_secs() % DAY.as_secs());
-    let left = DAY.saturating_sub(into_day);
+    const DAY_MS: u64 = 86_400_000;
+    let left = Duration::from_millis(DAY_MS - now_ms() % DAY_MS);
     if left < DAY_TURN_MARGIN {
         tokio::time::sleep(left + Duration::from_secs(1)).await;
     }
