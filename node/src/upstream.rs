@@ -30,6 +30,9 @@ const MAX_ERROR_BODY: usize = 64 * 1024;
 /// The most of a whole (non-streamed) answer accepted: embeddings of a large batch.
 pub const MAX_WHOLE_BODY: usize = 256 * 1024 * 1024;
 
+/// The most of a `GET /models` answer read: an engine listing hundreds of models.
+const MAX_MODEL_LIST: usize = MAX_ERROR_BODY * 16;
+
 /// An engine's HTTP endpoint.
 #[derive(Clone)]
 pub struct Upstream {
@@ -235,7 +238,7 @@ impl Upstream {
         let open = async {
             let mut response = self.models_request().send().await.map_err(fault_of)?;
             // Whatever the status: an answer read to its end leaves the connection pooled.
-            self.read_to_end(&mut response, MAX_ERROR_BODY * 16).await
+            self.read_to_end(&mut response, MAX_MODEL_LIST).await
         };
         tokio::time::timeout(self.probe_timeout, open)
             .await
@@ -261,7 +264,7 @@ impl Upstream {
         let probe = async {
             let mut response = self.models_request().send().await.map_err(fault_of)?;
             let status = response.status().as_u16();
-            let body = self.read_to_end(&mut response, MAX_ERROR_BODY * 16).await?;
+            let body = self.read_to_end(&mut response, MAX_MODEL_LIST).await?;
             if !(200..300).contains(&status) {
                 return Err(UpstreamFault::Status { status, body });
             }
