@@ -71,7 +71,7 @@ fn journal_max_bytes() -> Option<u64> {
     JOURNAL.get().and_then(|(_, max)| *max)
 }
 
-/// A runtime for the edge or for the load, with `threads` workers.
+/// A runtime for the load (or another part that is not the edge), with `threads` workers.
 pub fn runtime(name: &str, threads: usize) -> anyhow::Result<Runtime> {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(threads.max(1))
@@ -146,8 +146,22 @@ impl InProcessEdge {
         settings.events.sinks = sinks.to_vec();
         settings.events.file.path = dir.path().join("events.jsonl");
         settings.tracing = otlp_config(OTLP_ON.load(std::sync::atomic::Ordering::Relaxed));
-        let runtime = runtime("edge", threads)?;
-        let app = runtime.block_on(App::build(settings))?;
+        // `edge serve` asks for its threads' scheduling slice before it starts any: here the
+        // edge's runtime threads ask as they start, and the edge is built on one of them, so
+        // the threads it starts (the journal's writer, the sinks' drains) inherit it.
+        let slice = settings.thread_slice;
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(threads.max(1))
+            .thread_name("edge")
+            .enable_all()
+            .on_thread_start(move || {
+                if let Some(slice) = slice {
+                    let _ = edge_thread_slice::request_slice(slice);
+                }
+            })
+            .build()
+            .context("cannot start the edge runtime")?;
+        let app = runtime.block_on(async { tokio::spawn(App::build(settings)).await })??;
         let node_addr = app.node_addr()?;
         let http_addr = app.http_addr()?;
         let admin_addr = app.admin_addr()?;

@@ -66,6 +66,13 @@ struct Args {
     #[arg(long, env = "EDGE_NODE_THREADS", default_value_t = 1,
           value_parser = clap::value_parser!(u16).range(1..))]
     threads: u16,
+    /// The scheduling slice the node's threads ask Linux for, in µs (0: the kernel's
+    /// default). The shortest, by default, so a node woken by its engine's or its edge's
+    /// bytes takes a core from the engine's computing threads at once; its share of the
+    /// CPU is unchanged (docs/node.md).
+    #[arg(long, env = "EDGE_NODE_THREAD_SLICE_US", default_value_t = 100,
+          value_parser = thread_slice_us)]
+    thread_slice_us: u64,
     /// Log format: pretty or json (the filter comes from RUST_LOG, default info).
     #[arg(long, default_value = "pretty", value_parser = ["pretty", "json"])]
     log_format: String,
@@ -113,6 +120,22 @@ fn host_of(address: &str) -> String {
     host.trim_start_matches('[')
         .trim_end_matches(']')
         .to_owned()
+}
+
+/// `--thread-slice-us`: 0, or a slice Linux grants (100 µs to 100 ms).
+fn thread_slice_us(value: &str) -> Result<u64, String> {
+    let us: u64 = value.parse().map_err(|error| format!("{error}"))?;
+    let granted =
+        edge_thread_slice::MIN_SLICE.as_micros()..=edge_thread_slice::MAX_SLICE.as_micros();
+    if us == 0 || granted.contains(&u128::from(us)) {
+        Ok(us)
+    } else {
+        Err(format!(
+            "0 (the kernel's default) or from {} to {} (the slices Linux grants)",
+            granted.start(),
+            granted.end()
+        ))
+    }
 }
 
 fn init_logs(format: &str) {
@@ -167,6 +190,10 @@ fn runtime(threads: u16) -> std::io::Result<tokio::runtime::Runtime> {
 fn main() -> ExitCode {
     let args = Args::parse();
     init_logs(&args.log_format);
+    if args.thread_slice_us > 0 {
+        // Asked before the runtime starts: every thread of the node inherits it.
+        edge_thread_slice::request_slice_logged(Duration::from_micros(args.thread_slice_us));
+    }
     match runtime(args.threads) {
         Ok(runtime) => runtime.block_on(serve(args)),
         Err(error) => {
@@ -234,5 +261,27 @@ mod tests {
         assert_eq!(parse(&[]).expect("parsed").threads, 1);
         assert_eq!(parse(&["--threads", "4"]).expect("parsed").threads, 4);
         assert!(parse(&["--threads", "0"]).is_err());
+    }
+
+    #[test]
+    fn the_thread_slice_defaults_to_the_kernels_shortest_and_refuses_what_it_does_not_grant() {
+        let parse =
+            |extra: &[&str]| Args::try_parse_from([&["edge-node", "--token", "t"], extra].concat());
+        assert_eq!(parse(&[]).expect("parsed").thread_slice_us, 100);
+        assert_eq!(
+            parse(&["--thread-slice-us", "0"])
+                .expect("parsed")
+                .thread_slice_us,
+            0
+        );
+        assert_eq!(
+            parse(&["--thread-slice-us", "100000"])
+                .expect("parsed")
+                .thread_slice_us,
+            100_000
+        );
+        for bad in ["50", "100001", "-1", "fast"] {
+            assert!(parse(&["--thread-slice-us", bad]).is_err(), "{bad}");
+        }
     }
 }

@@ -145,6 +145,11 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         &settings.tracing,
         &settings.edge_id,
     )?;
+    if let Some(slice) = settings.thread_slice {
+        // Asked on this thread before the runtime starts, so every thread the edge starts
+        // from here on (its workers, the journal's writer, the sinks' drains) inherits it.
+        edge_thread_slice::request_slice_logged(slice);
+    }
     let runtime = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
     let served = runtime.block_on(async move {
         let app = App::build(settings).await?;

@@ -2,25 +2,65 @@
 //! of its run events on NATS, the resource of its traces, and (later) the control plane
 //! that manages it through its management API (defaults to the host name) — and the
 //! directory it keeps its state in (the run journal), which defaults to where a service's
-//! state belongs rather than to the working directory.
+//! state belongs rather than to the working directory — and the scheduling slice its
+//! threads ask for.
 //!
 //! Resolving reads the host name and the environment; it does no other I/O and never logs.
 
 use std::ffi::OsString;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use serde::Deserialize;
 
 use crate::domain::EdgeId;
 
 /// `[edge]` as written in the config file.
-#[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct EdgeConfig {
     /// The edge's id; the host name when absent.
     pub id: Option<String>,
     /// Where the edge keeps its state; see [`EdgeConfig::data_dir`] for the default.
     pub data_dir: Option<PathBuf>,
+    /// The scheduling slice the runtime's threads ask Linux for, in µs; 0 leaves the
+    /// kernel's default (decision 38).
+    pub thread_slice_us: u64,
+}
+
+impl Default for EdgeConfig {
+    fn default() -> Self {
+        Self {
+            id: None,
+            data_dir: None,
+            thread_slice_us: DEFAULT_THREAD_SLICE_US,
+        }
+    }
+}
+
+/// The slice asked for when `thread_slice_us` is left out: the kernel's shortest.
+const DEFAULT_THREAD_SLICE_US: u64 = 100;
+/// The slices the kernel grants, in µs (0: not asked for).
+const THREAD_SLICE_RANGE_US: std::ops::RangeInclusive<u64> = 100..=100_000;
+
+impl EdgeConfig {
+    /// The slice to ask for, `None` for the kernel's default.
+    ///
+    /// # Errors
+    /// A message naming `edge.thread_slice_us` when it is neither 0 nor a slice the
+    /// kernel grants.
+    pub fn thread_slice(&self) -> Result<Option<Duration>, String> {
+        match self.thread_slice_us {
+            0 => Ok(None),
+            us if THREAD_SLICE_RANGE_US.contains(&us) => Ok(Some(Duration::from_micros(us))),
+            us => Err(format!(
+                "`edge.thread_slice_us` is {us}: it must be 0 (the kernel's default) or \
+                 from {} to {} (the slices Linux grants)",
+                THREAD_SLICE_RANGE_US.start(),
+                THREAD_SLICE_RANGE_US.end()
+            )),
+        }
+    }
 }
 
 impl EdgeConfig {
@@ -109,6 +149,28 @@ mod tests {
         let message = bad.resolve().unwrap_err();
         assert!(message.contains("`edge.id`"), "{message}");
         assert!(message.contains("site a"), "{message}");
+    }
+
+    #[test]
+    fn the_thread_slice_is_the_kernels_shortest_unless_configured() {
+        let slice = |us| EdgeConfig {
+            thread_slice_us: us,
+            ..EdgeConfig::default()
+        };
+        assert_eq!(
+            EdgeConfig::default().thread_slice(),
+            Ok(Some(Duration::from_micros(100)))
+        );
+        assert_eq!(slice(0).thread_slice(), Ok(None));
+        assert_eq!(
+            slice(100_000).thread_slice(),
+            Ok(Some(Duration::from_millis(100)))
+        );
+        for bad in [1, 99, 100_001] {
+            let message = slice(bad).thread_slice().unwrap_err();
+            assert!(message.contains("`edge.thread_slice_us`"), "{message}");
+            assert!(message.contains(&bad.to_string()), "{message}");
+        }
     }
 
     #[test]

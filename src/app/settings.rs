@@ -10,6 +10,7 @@
 
 use std::io;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use config::{ConfigError, Environment, File, FileFormat};
 use serde::Deserialize;
@@ -50,6 +51,9 @@ pub struct Settings {
     pub edge_id: EdgeId,
     /// `[edge] data_dir`, resolved: where the edge keeps its state (the run journal).
     pub data_dir: PathBuf,
+    /// `[edge] thread_slice_us`, resolved: the scheduling slice the runtime's threads ask
+    /// for (`None`: the kernel's default).
+    pub thread_slice: Option<Duration>,
     /// `[server]`: the node transport.
     pub server: ServerConfig,
     /// `[events]`: the event sinks.
@@ -191,6 +195,8 @@ impl Settings {
         };
 
         let data_dir = sections.edge.data_dir();
+        // Checked with the other problems above.
+        let thread_slice = sections.edge.thread_slice().unwrap_or_default();
         let Sections {
             edge: _,
             server,
@@ -209,6 +215,7 @@ impl Settings {
         Ok(Self {
             edge_id,
             data_dir,
+            thread_slice,
             tracing,
             server,
             events,
@@ -291,6 +298,7 @@ impl Sections {
             .map(|(key, _)| format!("`{key}` must be at least 1"))
             .collect();
         problems.extend(self.server.keepalive_problems());
+        problems.extend(self.edge.thread_slice().err());
         for (key, tls) in [
             ("server.tls", &self.server.tls),
             ("http.tls", &self.http.tls),

@@ -1,4 +1,5 @@
-//! The `edge` command line: `check-config` and `token generate`, run as a real process.
+//! The `edge` command line: `check-config`, `token generate` and what `serve` asks of the
+//! kernel for its threads, run as a real process.
 
 use crate::common;
 
@@ -123,4 +124,70 @@ fn token_generate_prints_a_fresh_token_and_its_digest() {
         "256 bits as hex"
     );
     assert_eq!(digest_line.len(), "token_sha256 = \"\"".len() + 64);
+}
+
+/// A thread's `se.slice` in ns, when the kernel shows it (Linux 6.12+ with
+/// `CONFIG_SCHED_DEBUG`).
+fn sched_slice(sched: &std::path::Path) -> Option<u64> {
+    let text = std::fs::read_to_string(sched).ok()?;
+    let line = text.lines().find(|l| l.starts_with("se.slice "))?;
+    line.rsplit(':').next()?.trim().parse().ok()
+}
+
+/// Every thread `edge serve` starts asks for `[edge] thread_slice_us`, the kernel's
+/// shortest slice by default; with 0 they keep the slice the process started with.
+#[tokio::test]
+async fn serve_gives_its_threads_the_configured_scheduling_slice() {
+    let own = std::path::Path::new("/proc/thread-self/sched");
+    let Some(started_with) = sched_slice(own) else {
+        eprintln!("this kernel does not show a thread's slice: nothing to check");
+        return;
+    };
+    for (setting, expected) in [(None, 100_000), (Some("0"), started_with)] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut command = common::edge_serve(&common::write_config(dir.path(), ""));
+        if let Some(us) = setting {
+            command.env("EDGE__EDGE__THREAD_SLICE_US", us);
+        }
+        let mut child = command.spawn().expect("spawn the edge binary");
+        let (logs, bound) = common::watch_stderr(child.stderr.take().expect("stderr"));
+        tokio::time::timeout(std::time::Duration::from_secs(30), bound)
+            .await
+            .expect("the edge serves in time")
+            .expect("the edge serves");
+        let pid = child.id().expect("running");
+        let mut slices: Vec<(String, u64)> = Vec::new();
+        for task in std::fs::read_dir(format!("/proc/{pid}/task")).expect("tasks") {
+            let task = task.expect("task").path();
+            let name = std::fs::read_to_string(task.join("comm")).expect("comm");
+            let slice = sched_slice(&task.join("sched")).expect("se.slice");
+            slices.push((name.trim().to_owned(), slice));
+        }
+        for name in ["tokio-rt-worker", "edge-journal", "edge-sink-stdou"] {
+            assert!(slices.iter().any(|(n, _)| n == name), "{name}: {slices:?}");
+        }
+        assert!(
+            slices.iter().all(|(_, slice)| *slice == expected),
+            "{setting:?}: {slices:?}"
+        );
+        let asked = common::logged(&logs)
+            .iter()
+            .any(|line| line.contains("threads ask for a short scheduling slice"));
+        assert_eq!(asked, setting.is_none(), "{:?}", common::logged(&logs));
+        child.kill().await.expect("kill");
+    }
+}
+
+#[test]
+fn check_config_refuses_a_slice_the_kernel_does_not_grant() {
+    let output = edge_on_config(
+        "check-config",
+        "edge.toml",
+        "[edge]\nthread_slice_us = 50\n",
+        &[],
+    );
+    assert!(!output.status.success());
+    let stderr = text(&output.stderr);
+    assert!(stderr.contains("edge.toml"), "{stderr}");
+    assert!(stderr.contains("`edge.thread_slice_us` is 50"), "{stderr}");
 }
