@@ -145,9 +145,22 @@ mod tests {
         fields[16].parse().expect("nice")
     }
 
+    /// Runs `test` on a thread of its own, so the test runner's threads keep their slice.
+    fn on_a_thread_of_its_own(test: impl FnOnce() + Send + 'static) {
+        std::thread::spawn(test).join().expect("the thread");
+    }
+
+    /// The calling thread's slice is `ns`, where the kernel shows it (not before 6.12, nor
+    /// without `CONFIG_SCHED_DEBUG`).
+    fn assert_slice(ns: u64) {
+        if let Some(slice) = sched_field("se.slice") {
+            assert_eq!(slice, ns);
+        }
+    }
+
     #[test]
     fn a_thread_gets_the_slice_it_asks_for_and_keeps_its_nice() {
-        std::thread::spawn(|| {
+        on_a_thread_of_its_own(|| {
             // A thread someone made nicer keeps that: the call sets the slice only.
             let niced = std::process::Command::new("renice")
                 .args(["-n", "3", "-p"])
@@ -163,42 +176,26 @@ mod tests {
             if niced {
                 assert_eq!(before, 3);
             }
-            // Kernels before 6.12, or without `CONFIG_SCHED_DEBUG`, do not show the slice.
-            if let Some(slice) = sched_field("se.slice") {
-                assert_eq!(slice, 250_000);
-            }
-        })
-        .join()
-        .expect("the thread");
+            assert_slice(250_000);
+        });
     }
 
     #[test]
     fn requests_outside_the_kernels_range_are_clamped() {
-        std::thread::spawn(|| {
+        on_a_thread_of_its_own(|| {
             request_slice(Duration::from_nanos(1)).expect("request");
-            if let Some(slice) = sched_field("se.slice") {
-                assert_eq!(slice, 100_000);
-            }
+            assert_slice(100_000);
             request_slice(Duration::from_secs(5)).expect("request");
-            if let Some(slice) = sched_field("se.slice") {
-                assert_eq!(slice, 100_000_000);
-            }
-        })
-        .join()
-        .expect("the thread");
+            assert_slice(100_000_000);
+        });
     }
 
     #[test]
     fn threads_started_afterwards_inherit_the_slice() {
-        std::thread::spawn(|| {
+        on_a_thread_of_its_own(|| {
             request_slice(MIN_SLICE).expect("request");
-            let child = std::thread::spawn(|| sched_field("se.slice")).join();
-            if let Some(slice) = child.expect("the child") {
-                assert_eq!(slice, 100_000);
-            }
-        })
-        .join()
-        .expect("the thread");
+            on_a_thread_of_its_own(|| assert_slice(100_000));
+        });
     }
 
     /// The calling thread's id, from `/proc/thread-self`.
