@@ -23,7 +23,7 @@ pub struct EdgeConfig {
     pub id: Option<String>,
     /// Where the edge keeps its state; see [`EdgeConfig::data_dir`] for the default.
     pub data_dir: Option<PathBuf>,
-    /// The scheduling slice the runtime's threads ask Linux for, in µs; 0 leaves the
+    /// The scheduling slice the edge's threads ask Linux for, in µs; 0 leaves the
     /// kernel's default (decision 38).
     pub thread_slice_us: u64,
 }
@@ -40,8 +40,6 @@ impl Default for EdgeConfig {
 
 /// The slice asked for when `thread_slice_us` is left out: the kernel's shortest.
 const DEFAULT_THREAD_SLICE_US: u64 = 100;
-/// The slices the kernel grants, in µs (0: not asked for).
-const THREAD_SLICE_RANGE_US: std::ops::RangeInclusive<u64> = 100..=100_000;
 
 impl EdgeConfig {
     /// The slice to ask for, `None` for the kernel's default.
@@ -50,14 +48,17 @@ impl EdgeConfig {
     /// A message naming `edge.thread_slice_us` when it is neither 0 nor a slice the
     /// kernel grants.
     pub fn thread_slice(&self) -> Result<Option<Duration>, String> {
-        match self.thread_slice_us {
+        let us = self.thread_slice_us;
+        let slice = Duration::from_micros(us);
+        let granted = edge_thread_slice::MIN_SLICE..=edge_thread_slice::MAX_SLICE;
+        match us {
             0 => Ok(None),
-            us if THREAD_SLICE_RANGE_US.contains(&us) => Ok(Some(Duration::from_micros(us))),
-            us => Err(format!(
+            _ if granted.contains(&slice) => Ok(Some(slice)),
+            _ => Err(format!(
                 "`edge.thread_slice_us` is {us}: it must be 0 (the kernel's default) or \
                  from {} to {} (the slices Linux grants)",
-                THREAD_SLICE_RANGE_US.start(),
-                THREAD_SLICE_RANGE_US.end()
+                granted.start().as_micros(),
+                granted.end().as_micros()
             )),
         }
     }
