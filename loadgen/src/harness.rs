@@ -71,12 +71,28 @@ fn journal_max_bytes() -> Option<u64> {
     JOURNAL.get().and_then(|(_, max)| *max)
 }
 
-/// A runtime for the load (or another part that is not the edge), with `threads` workers.
+/// A runtime for the load (or another part that does not run as the edge or a node would),
+/// with `threads` workers.
 pub fn runtime(name: &str, threads: usize) -> anyhow::Result<Runtime> {
+    runtime_with_slice(name, threads, None)
+}
+
+/// [`runtime`] whose threads ask for `slice` as they start, as the threads of `edge serve`
+/// and `edge-node` do (`None`: the kernel's default); threads they start inherit it.
+pub fn runtime_with_slice(
+    name: &str,
+    threads: usize,
+    slice: Option<Duration>,
+) -> anyhow::Result<Runtime> {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(threads.max(1))
         .thread_name(name)
         .enable_all()
+        .on_thread_start(move || {
+            if let Some(slice) = slice {
+                let _ = edge_thread_slice::request_slice(slice);
+            }
+        })
         .build()
         .with_context(|| format!("cannot start the {name} runtime"))
 }
@@ -149,18 +165,7 @@ impl InProcessEdge {
         // `edge serve` asks for its threads' scheduling slice before it starts any: here the
         // edge's runtime threads ask as they start, and the edge is built on one of them, so
         // the threads it starts (the journal's writer, the sinks' drains) inherit it.
-        let slice = settings.thread_slice;
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(threads.max(1))
-            .thread_name("edge")
-            .enable_all()
-            .on_thread_start(move || {
-                if let Some(slice) = slice {
-                    let _ = edge_thread_slice::request_slice(slice);
-                }
-            })
-            .build()
-            .context("cannot start the edge runtime")?;
+        let runtime = runtime_with_slice("edge", threads, settings.thread_slice)?;
         let app = runtime.block_on(async { tokio::spawn(App::build(settings)).await })??;
         let node_addr = app.node_addr()?;
         let http_addr = app.http_addr()?;

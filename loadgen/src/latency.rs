@@ -26,7 +26,7 @@ use tracing_subscriber::prelude::*;
 
 use crate::Common;
 use crate::engine::{Engine, edge_config, wait_healthy, wait_serving};
-use crate::harness::{EdgeProcess, InProcessEdge, runtime, token};
+use crate::harness::{EdgeProcess, InProcessEdge, runtime, runtime_with_slice, token};
 use crate::hops::{HopLog, SEGMENTS};
 use crate::http::{Connection, post_json};
 use crate::stats::{Histogram, Record};
@@ -137,8 +137,9 @@ pub fn run(args: &LatencyArgs, common: &Common) -> anyhow::Result<Vec<Record>> {
         &[SinkKind::Stdout],
         common.edge_threads,
     )?;
-    // The node on a runtime of its own, as its own process would have.
-    let node_runtime = runtime("node", 1)?;
+    // The node on a runtime of its own, as its own process would have, its thread asking
+    // for the scheduling slice `edge-node` asks for by default.
+    let node_runtime = runtime_with_slice("node", 1, Some(edge_thread_slice::MIN_SLICE))?;
     let stop = CancellationToken::new();
     let options = edge_node::NodeOptions::new(edge.node_addr.to_string(), token(0));
     node_runtime.spawn(edge_node::run(options, stop.clone()));
