@@ -125,17 +125,7 @@ fn host_of(address: &str) -> String {
 /// `--thread-slice-us`: 0, or a slice Linux grants (100 µs to 100 ms).
 fn thread_slice_us(value: &str) -> Result<u64, String> {
     let us: u64 = value.parse().map_err(|error| format!("{error}"))?;
-    let granted =
-        edge_thread_slice::MIN_SLICE.as_micros()..=edge_thread_slice::MAX_SLICE.as_micros();
-    if us == 0 || granted.contains(&u128::from(us)) {
-        Ok(us)
-    } else {
-        Err(format!(
-            "0 (the kernel's default) or from {} to {} (the slices Linux grants)",
-            granted.start(),
-            granted.end()
-        ))
-    }
+    edge_thread_slice::configured_slice(us).map(|_| us)
 }
 
 fn init_logs(format: &str) {
@@ -190,9 +180,9 @@ fn runtime(threads: u16) -> std::io::Result<tokio::runtime::Runtime> {
 fn main() -> ExitCode {
     let args = Args::parse();
     init_logs(&args.log_format);
-    if args.thread_slice_us > 0 {
-        // Asked before the runtime starts: every thread of the node inherits it.
-        edge_thread_slice::request_slice_logged(Duration::from_micros(args.thread_slice_us));
+    // Asked before the runtime starts: every thread of the node inherits it.
+    if let Ok(Some(slice)) = edge_thread_slice::configured_slice(args.thread_slice_us) {
+        edge_thread_slice::request_slice_logged(slice);
     }
     match runtime(args.threads) {
         Ok(runtime) => runtime.block_on(serve(args)),

@@ -49,18 +49,8 @@ impl EdgeConfig {
     /// kernel grants.
     pub fn thread_slice(&self) -> Result<Option<Duration>, String> {
         let us = self.thread_slice_us;
-        let slice = Duration::from_micros(us);
-        let granted = edge_thread_slice::MIN_SLICE..=edge_thread_slice::MAX_SLICE;
-        match us {
-            0 => Ok(None),
-            _ if granted.contains(&slice) => Ok(Some(slice)),
-            _ => Err(format!(
-                "`edge.thread_slice_us` is {us}: it must be 0 (the kernel's default) or \
-                 from {} to {} (the slices Linux grants)",
-                granted.start().as_micros(),
-                granted.end().as_micros()
-            )),
-        }
+        edge_thread_slice::configured_slice(us)
+            .map_err(|must| format!("`edge.thread_slice_us` is {us}: {must}"))
     }
 }
 

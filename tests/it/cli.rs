@@ -172,7 +172,7 @@ async fn serve_gives_its_threads_the_configured_scheduling_slice() {
         );
         let asked = common::logged(&logs)
             .iter()
-            .any(|line| line.contains("threads ask for a short scheduling slice"));
+            .any(|line| line.contains("threads ask for their own scheduling slice"));
         assert_eq!(asked, setting.is_none(), "{:?}", common::logged(&logs));
         child.kill().await.expect("kill");
     }

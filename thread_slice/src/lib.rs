@@ -21,6 +21,27 @@ pub const MIN_SLICE: Duration = Duration::from_micros(100);
 /// The longest slice the kernel grants; longer requests are cut to it.
 pub const MAX_SLICE: Duration = Duration::from_millis(100);
 
+/// A slice setting in µs as operators write it (`[edge] thread_slice_us`, the node's
+/// `--thread-slice-us`): 0 asks for nothing (`None`: the kernel's default), else a slice
+/// the kernel grants.
+///
+/// # Errors
+/// What the setting must be, when it is neither.
+pub fn configured_slice(us: u64) -> Result<Option<Duration>, String> {
+    let slice = Duration::from_micros(us);
+    if us == 0 {
+        Ok(None)
+    } else if (MIN_SLICE..=MAX_SLICE).contains(&slice) {
+        Ok(Some(slice))
+    } else {
+        Err(format!(
+            "it must be 0 (the kernel's default) or from {} to {} (the slices Linux grants)",
+            MIN_SLICE.as_micros(),
+            MAX_SLICE.as_micros()
+        ))
+    }
+}
+
 /// What [`request_slice`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
@@ -57,7 +78,7 @@ pub fn request_slice_logged(slice: Duration) {
     let slice_us = slice.as_micros();
     match request_slice(slice) {
         Ok(Outcome::Requested) => {
-            tracing::info!(slice_us, "threads ask for a short scheduling slice");
+            tracing::info!(slice_us, "threads ask for their own scheduling slice");
         }
         Ok(Outcome::OtherPolicy) => tracing::info!(
             "the process runs under a scheduling policy chosen for it: its slice is left alone"
@@ -155,6 +176,17 @@ mod tests {
     fn assert_slice(ns: u64) {
         if let Some(slice) = sched_field("se.slice") {
             assert_eq!(slice, ns);
+        }
+    }
+
+    #[test]
+    fn a_setting_is_0_or_a_slice_the_kernel_grants() {
+        assert_eq!(configured_slice(0), Ok(None));
+        assert_eq!(configured_slice(100), Ok(Some(MIN_SLICE)));
+        assert_eq!(configured_slice(100_000), Ok(Some(MAX_SLICE)));
+        for bad in [1, 99, 100_001] {
+            let message = configured_slice(bad).unwrap_err();
+            assert!(message.contains("from 100 to 100000"), "{message}");
         }
     }
 

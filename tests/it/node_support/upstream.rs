@@ -1,9 +1,10 @@
 //! A scripted OpenAI-compatible engine for the node's tests: answers per upstream model
 //! name with SSE chunks (optionally paced by a gate, optionally hanging at the end), an
 //! error status with a body, or a whole JSON body; lists its models; records what it was
-//! asked (and on which connection); counts the streams a client dropped before they ended; and can be stopped and
-//! started again on the same port (an engine going down and coming back). It speaks plain
-//! HTTP, or HTTPS with a certificate the test issued ([`ScriptedEngine::start_https`]).
+//! asked (and on which connection); counts the streams a client dropped before they ended;
+//! and can be stopped and started again on the same port (an engine going down and coming
+//! back). It speaks plain HTTP, or HTTPS with a certificate the test issued
+//! ([`ScriptedEngine::start_https`]).
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
