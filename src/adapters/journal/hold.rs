@@ -1,13 +1,12 @@
 //! The writer's hold on open runs' events: a run that is still streaming has its events
 //! kept back and written together — when it ends, when it has gathered `RUN_MAX_BYTES`, or
-//! when the oldest of them has waited `open_events_hold_ms` — instead of one row per
+//! when the oldest of them has waited `open_events_hold_ms` — instead of one chunk per
 //! transaction it streamed through.
 //!
 //! A real answer streams for seconds at tens of tokens a second, so without the hold every
-//! transaction (one per `batch_linger_ms`) writes a small row for each streaming run, each
-//! in its own page of the `events` table: the WAL and the checkpoints then copy a page per
-//! token delta. Held, a run's events become one row per run for most runs, and one per
-//! hold interval for long ones. Run records (accepted, placed) and endings are never held;
+//! transaction (one per `batch_linger_ms`) writes a small chunk for each streaming run, with
+//! the run's id and position: a few dozen bytes of framing per token delta. Held, a run's
+//! events become one chunk per run for most runs, and one per hold interval for long ones. Run records (accepted, placed) and endings are never held;
 //! a flush (the management API's read-your-writes) writes everything held first; what a
 //! `kill -9` loses is at most the held interval of each open run's events, which the node
 //! still buffers until acknowledged (docs/operations.md).

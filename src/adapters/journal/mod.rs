@@ -1,16 +1,21 @@
 //! The run journal: every run's record and its events in an embedded SQLite database
 //! (decision 16 says why SQLite), or nothing at all when `[journal] enabled = false`.
 //!
-//! The relay only enqueues (`queue.rs`); a writer thread batches transactions
-//! (`writer.rs`), holding open runs' events back to write them together (`hold.rs`), and applies retention (`retention.rs`); the management API reads on
-//! read-only connections (`reader.rs`). Nothing here is on the relay's path but a push.
+//! The relay only enqueues (`queue.rs`); a writer thread writes each batch of entries as
+//! one row of the log (`writer.rs`, `log.rs`, laid out as `frames.rs` says), holding open
+//! runs' events back to write them together when asked (`hold.rs`), and applies retention
+//! (`retention.rs`); the management API reads on read-only connections (`reader.rs`).
+//! Nothing here is on the relay's path but a push.
 
 mod batch;
+mod bloom;
 mod budget;
 pub mod config;
+mod frames;
 mod hold;
+mod log;
+mod migrate;
 mod packed;
-mod plan;
 mod queue;
 mod reader;
 mod retention;

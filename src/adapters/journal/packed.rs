@@ -154,7 +154,7 @@ fn compact(event: &RunEvent) -> Option<Compact<'_>> {
     }
 }
 
-fn push_usage(usage: Option<&Usage>, out: &mut Vec<u8>) {
+pub(super) fn push_usage(usage: Option<&Usage>, out: &mut Vec<u8>) {
     let Some(usage) = usage else {
         out.push(0);
         return;
@@ -168,6 +168,18 @@ fn push_usage(usage: Option<&Usage>, out: &mut Vec<u8>) {
     ] {
         push_varint(tokens.into(), out);
     }
+}
+
+/// Events stored as whole JSON lines (a journal of schema 1), packed: each line kept as it
+/// is, so reading gives it back unchanged.
+pub(super) fn pack_lines<'a>(lines: impl Iterator<Item = &'a str>) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    for line in lines {
+        bytes.push(LINE);
+        push_varint(0, &mut bytes);
+        push_bytes(line.as_bytes(), &mut bytes);
+    }
+    bytes
 }
 
 /// What every event of a run shares, to rebuild its JSON line.
@@ -189,7 +201,7 @@ pub(super) struct Damaged {
 /// # Errors
 /// [`Damaged`] when `bytes` is not a packed chunk.
 pub(super) fn unpack(bytes: &[u8], run: &RunIdentity) -> Result<Vec<String>, Damaged> {
-    let mut reader = Reader { bytes, at: 0 };
+    let mut reader = Reader::new(bytes);
     let mut lines = Vec::new();
     let mut node: Option<NodeId> = None;
     let mut next_seq = 0u64;
@@ -258,7 +270,7 @@ fn event_text_len(event: &RunEvent) -> usize {
     }
 }
 
-fn push_varint(mut value: u64, out: &mut Vec<u8>) {
+pub(super) fn push_varint(mut value: u64, out: &mut Vec<u8>) {
     while value >= 0x80 {
         out.push((value as u8 & 0x7f) | 0x80);
         value >>= 7;
@@ -266,28 +278,38 @@ fn push_varint(mut value: u64, out: &mut Vec<u8>) {
     out.push(value as u8);
 }
 
-fn push_bytes(bytes: &[u8], out: &mut Vec<u8>) {
+pub(super) fn push_bytes(bytes: &[u8], out: &mut Vec<u8>) {
     push_varint(bytes.len() as u64, out);
     out.extend_from_slice(bytes);
 }
 
-struct Reader<'a> {
+/// Reads what the `push_` functions wrote.
+pub(super) struct Reader<'a> {
     bytes: &'a [u8],
     at: usize,
 }
 
 impl<'a> Reader<'a> {
-    fn damaged(&self) -> Damaged {
+    pub(super) fn new(bytes: &'a [u8]) -> Self {
+        Self { bytes, at: 0 }
+    }
+
+    pub(super) fn damaged(&self) -> Damaged {
         Damaged { offset: self.at }
     }
 
-    fn byte(&mut self) -> Option<u8> {
+    /// Whether every byte has been read.
+    pub(super) fn at_end(&self) -> bool {
+        self.at >= self.bytes.len()
+    }
+
+    pub(super) fn byte(&mut self) -> Option<u8> {
         let byte = *self.bytes.get(self.at)?;
         self.at += 1;
         Some(byte)
     }
 
-    fn varint(&mut self) -> Result<u64, Damaged> {
+    pub(super) fn varint(&mut self) -> Result<u64, Damaged> {
         let mut value = 0u64;
         for shift in (0..64).step_by(7) {
             let byte = self.byte().ok_or_else(|| self.damaged())?;
@@ -316,7 +338,7 @@ impl<'a> Reader<'a> {
         Ok((seq, origin, kind))
     }
 
-    fn usage(&mut self) -> Result<Option<Usage>, Damaged> {
+    pub(super) fn usage(&mut self) -> Result<Option<Usage>, Damaged> {
         match self.byte() {
             Some(0) => Ok(None),
             Some(1) => {
@@ -335,16 +357,23 @@ impl<'a> Reader<'a> {
         }
     }
 
-    fn text(&mut self) -> Result<&'a str, Damaged> {
+    pub(super) fn text(&mut self) -> Result<&'a str, Damaged> {
+        let at = self.at;
+        let bytes = self.bytes()?;
+        std::str::from_utf8(bytes).map_err(|_| Damaged { offset: at })
+    }
+
+    /// A length and that many bytes.
+    pub(super) fn bytes(&mut self) -> Result<&'a [u8], Damaged> {
         let len = usize::try_from(self.varint()?).map_err(|_| self.damaged())?;
         let end = self
             .at
             .checked_add(len)
             .filter(|end| *end <= self.bytes.len())
             .ok_or_else(|| self.damaged())?;
-        let text = std::str::from_utf8(&self.bytes[self.at..end]).map_err(|_| self.damaged())?;
+        let bytes = &self.bytes[self.at..end];
         self.at = end;
-        Ok(text)
+        Ok(bytes)
     }
 }
 

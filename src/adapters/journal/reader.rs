@@ -1,30 +1,24 @@
-//! Reads for the management API: run records, listings and stored events, on read-only
-//! connections (WAL lets them read while the writer writes) taken from a small pool.
-//! Every call blocks: the journal runs them on the blocking pool.
+//! Reads for the management API: run records, listings and stored events from the batch
+//! rows (`log.rs`), on read-only connections (WAL lets them read while the writer writes)
+//! taken from a small pool. Each read is one read transaction, so it sees one state of the
+//! file. Every call blocks: the journal runs them on the blocking pool.
 
 use std::path::PathBuf;
 use std::sync::Mutex;
 
-use rusqlite::types::Value;
-use rusqlite::{Connection, OptionalExtension, Row, params};
+use rusqlite::{Connection, params};
 
+use super::bloom::IdFilter;
+use super::frames::{Frame, Stored, read_frames, read_records};
+use super::log::damaged;
 use super::packed::{RunIdentity, unpack};
 use super::schema::open_reader;
 use super::writer::to_sql;
-use crate::domain::routing::KeySource;
-use crate::domain::{
-    AcceptedRun, AdapterName, Attempt, NodeId, Operation, RunId, RunOutcome, RunQuery, RunRecord,
-    Target, Usage,
-};
+use crate::domain::{Attempt, RunId, RunQuery, RunRecord, RunStateFilter};
 use crate::ports::{JournalError, StoredEvent};
 
 /// Idle read connections kept for the next read.
 const POOL_SIZE: usize = 4;
-
-const RUN_COLUMNS: &str = "seq, run_id, adapter, target, operation, pin, api_key_name, queued_ms,
-    first_output_ms, finished_ms, outcome, code, message, finish_reason, input_tokens,
-    output_tokens, cached_input_tokens, reasoning_tokens, events, events_stored, node,
-    route_reason, started_ms, deadline_ms, client_stream, affinity";
 
 /// Read connections to one journal file.
 pub(super) struct Reader {
@@ -58,44 +52,52 @@ impl Reader {
         result
     }
 
-    /// The record of `id`.
+    /// The record of `id`, open or finished.
     pub(super) fn run(&self, id: &RunId) -> Result<Option<RunRecord>, JournalError> {
         self.with(|conn| {
-            let sql = format!("SELECT {RUN_COLUMNS} FROM runs WHERE run_id = ?1");
-            let found = conn
-                .prepare_cached(&sql)?
-                .query_row([id.as_str()], read_run)
-                .optional()?;
-            found
-                .map(|(seq, run)| with_attempts(conn, seq, run))
-                .transpose()
+            let tx = conn.unchecked_transaction()?;
+            Ok(locate(&tx, id)?.map(|found| found.stored.record))
         })
     }
 
-    /// The runs the file holds as open, oldest first: an edge stopped without ending them.
-    pub(super) fn left_open(&self) -> Result<Vec<RunRecord>, JournalError> {
-        self.with(|conn| {
-            let sql = format!("SELECT {RUN_COLUMNS} FROM runs WHERE outcome = 'open' ORDER BY seq");
-            let mut statement = conn.prepare(&sql)?;
-            let runs: Vec<(i64, RunRecord)> = statement
-                .query_map([], read_run)?
-                .collect::<rusqlite::Result<_>>()?;
-            runs.into_iter()
-                .map(|(seq, run)| with_attempts(conn, seq, run))
-                .collect()
-        })
-    }
-
-    /// Finished runs matching `query`, newest first.
+    /// Finished runs matching `query`, newest first: the batches are read by the newest
+    /// acceptance time among the runs they ended, down to where no batch can hold a run
+    /// newer than the page's last.
     pub(super) fn finished_runs(&self, query: &RunQuery) -> Result<Vec<RunRecord>, JournalError> {
-        let (sql, values) = listing_sql(query);
+        let mut wanted = query.clone();
+        wanted.state = RunStateFilter::Finished;
+        let mut sql = "SELECT ended_to_ms, ended FROM batches WHERE ended_to_ms IS NOT NULL
+            AND ended_to_ms >= ?1 AND ended_from_ms <= ?2"
+            .to_owned();
+        sql.push_str(" ORDER BY ended_to_ms DESC");
+        let since = to_sql(query.since_ms.unwrap_or(0));
+        let before = to_sql(query.after.as_ref().map_or(u64::MAX, |a| a.queued_ms));
         self.with(|conn| {
-            let mut statement = conn.prepare_cached(&sql)?;
-            let rows = statement.query_map(rusqlite::params_from_iter(values), read_run)?;
-            let runs: Vec<(i64, RunRecord)> = rows.collect::<rusqlite::Result<_>>()?;
-            runs.into_iter()
-                .map(|(seq, run)| with_attempts(conn, seq, run))
-                .collect()
+            let tx = conn.unchecked_transaction()?;
+            let mut statement = tx.prepare_cached(&sql)?;
+            let mut rows = statement.query(params![since, before])?;
+            let mut runs: Vec<RunRecord> = Vec::new();
+            while let Some(row) = rows.next()? {
+                let newest = from_sql(row.get(0)?);
+                let full = runs.len() >= query.limit;
+                if full
+                    && runs
+                        .last()
+                        .is_some_and(|last| newest < last.accepted.queued_ms)
+                {
+                    break;
+                }
+                let records = read_records(row.get_ref(1)?.as_blob()?).map_err(damaged)?;
+                runs.extend(
+                    records
+                        .into_iter()
+                        .map(|stored| stored.record)
+                        .filter(|record| wanted.matches(record)),
+                );
+                runs.sort_by_key(|r| std::cmp::Reverse(r.cursor()));
+                runs.truncate(query.limit);
+            }
+            Ok(runs)
         })
     }
 
@@ -107,22 +109,45 @@ impl Reader {
         limit: usize,
     ) -> Result<Vec<StoredEvent>, JournalError> {
         self.with(|conn| {
-            let found = conn
-                .prepare_cached(
-                    "SELECT seq, adapter, target, events_inline FROM runs WHERE run_id = ?1",
-                )?
-                .query_row([id.as_str()], |row| {
-                    let identity = identity(id, row.get(1)?, row.get(2)?)?;
-                    let inline: Option<Vec<u8>> = row.get(3)?;
-                    Ok((row.get::<_, i64>(0)?, identity, inline))
-                })
-                .optional()?;
-            let Some((seq, run, inline)) = found else {
+            let tx = conn.unchecked_transaction()?;
+            let Some(found) = locate(&tx, id)? else {
                 return Ok(Vec::new());
             };
+            let accepted = &found.stored.record.accepted;
+            let run = RunIdentity {
+                run_id: id.clone(),
+                adapter: accepted.adapter.clone(),
+                target: accepted.target.clone(),
+            };
+            let mut chunks: Vec<(u64, Vec<u8>)> = Vec::new();
+            let mut statement = tx.prepare_cached(
+                "SELECT seq, ids FROM batches WHERE seq >= ?1 AND seq <= ?2 ORDER BY seq",
+            )?;
+            let mut rows = statement.query(params![found.stored.events_from, found.last])?;
+            while let Some(row) = rows.next()? {
+                if !IdFilter::from_bytes(row.get(1)?).may_hold(id.as_str()) {
+                    continue;
+                }
+                let frames: Vec<u8> = tx
+                    .prepare_cached("SELECT frames FROM batches WHERE seq = ?1")?
+                    .query_row([row.get::<_, i64>(0)?], |row| row.get(0))?;
+                for frame in read_frames(&frames).map_err(damaged)? {
+                    if let Frame::Events(chunk) = frame
+                        && chunk.run_id == id.as_str()
+                        && chunk.first_idx + chunk.count > from
+                    {
+                        chunks.push((chunk.first_idx, chunk.packed.to_vec()));
+                    }
+                }
+            }
+            chunks.sort_by_key(|(first, _)| *first);
             let mut events = Vec::new();
-            let keep = |lines: Vec<String>, first: u64, events: &mut Vec<StoredEvent>| {
-                let room = limit.saturating_sub(events.len());
+            for (first, packed) in chunks {
+                if events.len() >= limit {
+                    break;
+                }
+                let lines = unpack(&packed, &run).map_err(damaged)?;
+                let room = limit - events.len();
                 events.extend(
                     lines
                         .into_iter()
@@ -131,46 +156,77 @@ impl Reader {
                         .take(room)
                         .map(|(json, index)| StoredEvent { index, json }),
                 );
-            };
-            if let Some(packed) = inline {
-                keep(unpack_row(&packed, &run)?, 0, &mut events);
-            }
-            let mut statement = conn.prepare_cached(
-                "SELECT first_idx, json, packed FROM events
-                 WHERE run_seq = ?1 AND first_idx + count > ?2 ORDER BY first_idx",
-            )?;
-            let mut rows = statement.query(params![seq, to_sql(from)])?;
-            while events.len() < limit
-                && let Some(row) = rows.next()?
-            {
-                let first = from_sql(row.get(0)?);
-                let lines = match row.get_ref(2)?.as_blob_or_null()? {
-                    Some(packed) => unpack_row(packed, &run)?,
-                    None => row
-                        .get::<_, String>(1)?
-                        .split('\n')
-                        .map(str::to_owned)
-                        .collect(),
-                };
-                keep(lines, first, &mut events);
             }
             Ok(events)
         })
     }
 }
 
-/// What every event of run `id` shares, from its row's adapter and target.
-fn identity(id: &RunId, adapter: String, target: String) -> rusqlite::Result<RunIdentity> {
-    Ok(RunIdentity {
-        run_id: id.clone(),
-        adapter: AdapterName::parse(&adapter).map_err(|_| bad_row("adapter", &adapter))?,
-        target: Target::parse(&target).map_err(|_| bad_row("target", &target))?,
-    })
+/// Run `id` as the batches hold it: its record (open or ended), the batch its events start
+/// in, and the last batch that can hold any of them.
+struct Found {
+    stored: Stored,
+    last: i64,
 }
 
-/// The JSON lines of packed events (schema 2).
-fn unpack_row(packed: &[u8], run: &RunIdentity) -> rusqlite::Result<Vec<String>> {
-    unpack(packed, run).map_err(|damaged| bad_row("events", &damaged.to_string()))
+/// Finds run `id` by reading the batches that may hold it, newest first: the record a
+/// batch ended it with, or the snapshot a batch left it open with and what later batches
+/// added (placements, events).
+fn locate(conn: &Connection, id: &RunId) -> rusqlite::Result<Option<Found>> {
+    let mut statement = conn.prepare_cached("SELECT seq, ids FROM batches ORDER BY seq DESC")?;
+    let mut rows = statement.query([])?;
+    let mut newest = None;
+    let mut placed: Vec<Attempt> = Vec::new();
+    let mut later_events = 0;
+    let mut first_output_ms = None;
+    while let Some(row) = rows.next()? {
+        let seq: i64 = row.get(0)?;
+        newest.get_or_insert(seq);
+        if !IdFilter::from_bytes(row.get(1)?).may_hold(id.as_str()) {
+            continue;
+        }
+        let (ended, frames): (Vec<u8>, Vec<u8>) = conn
+            .prepare_cached("SELECT ended, frames FROM batches WHERE seq = ?1")?
+            .query_row([seq], |row| Ok((row.get(0)?, row.get(1)?)))?;
+        let records = read_records(&ended).map_err(damaged)?;
+        if let Some(stored) = records.into_iter().find(|s| s.record.run_id() == id) {
+            return Ok(Some(Found { stored, last: seq }));
+        }
+        // A snapshot says how the run stood at the end of its batch: what the same batch
+        // added is in it already.
+        let mut batch_placed = Vec::new();
+        let (mut batch_events, mut batch_first_output) = (0, None);
+        for frame in read_frames(&frames).map_err(damaged)? {
+            match frame {
+                Frame::Open(mut stored) if stored.record.run_id() == id => {
+                    let record = &mut stored.record;
+                    record.attempts.append(&mut placed);
+                    record.attempts.sort_by_key(|a| a.number);
+                    record.events_stored += later_events;
+                    record.events = record.events.max(record.events_stored);
+                    if record.first_output_ms.is_none() {
+                        record.first_output_ms = first_output_ms;
+                    }
+                    return Ok(Some(Found {
+                        stored: *stored,
+                        last: newest.unwrap_or(seq),
+                    }));
+                }
+                Frame::Placed { run_id, attempt } if run_id == id.as_str() => {
+                    batch_placed.push(attempt);
+                }
+                Frame::Events(chunk) if chunk.run_id == id.as_str() => {
+                    batch_events += chunk.count;
+                    batch_first_output = batch_first_output.or(chunk.first_output_ms);
+                }
+                _ => {}
+            }
+        }
+        placed.append(&mut batch_placed);
+        later_events += batch_events;
+        first_output_ms = batch_first_output.or(first_output_ms);
+    }
+    Ok(None)
 }
 
 /// A failed read as the port's error: damaged data apart from a storage that may answer
@@ -194,148 +250,6 @@ fn storage(error: rusqlite::Error) -> JournalError {
     }
 }
 
-/// The listing's SQL and its parameters, in order.
-fn listing_sql(query: &RunQuery) -> (String, Vec<Value>) {
-    let mut sql = format!("SELECT {RUN_COLUMNS} FROM runs WHERE outcome != 'open'");
-    let mut values: Vec<Value> = Vec::new();
-    let mut filter = |clause: &str, value: Value| {
-        values.push(value);
-        sql.push_str(&clause.replace('?', &format!("?{}", values.len())));
-    };
-    if let Some(adapter) = &query.adapter {
-        filter(" AND adapter = ?", adapter.as_str().to_owned().into());
-    }
-    if let Some(target) = &query.target {
-        filter(" AND target = ?", target.as_str().to_owned().into());
-    }
-    if let Some(outcome) = query.outcome {
-        filter(" AND outcome = ?", outcome.as_str().to_owned().into());
-    }
-    if let Some(key) = &query.api_key_name {
-        filter(" AND api_key_name = ?", key.clone().into());
-    }
-    if let Some(since) = query.since_ms {
-        filter(" AND queued_ms >= ?", to_sql(since).into());
-    }
-    if let Some(node) = &query.node {
-        // A run's first attempt is in its own row, later ones (and, in files of schema 1,
-        // every one) in `attempts`.
-        filter(" AND (node = ?", node.as_str().to_owned().into());
-        filter(
-            " OR seq IN (SELECT run_seq FROM attempts WHERE node = ?))",
-            node.as_str().to_owned().into(),
-        );
-    }
-    if let Some(after) = &query.after {
-        // A row value: SQLite walks the (queued_ms, run_id) index from the cursor on.
-        filter(
-            " AND (queued_ms, run_id) < (?",
-            to_sql(after.queued_ms).into(),
-        );
-        filter(", ?)", after.run_id.as_str().to_owned().into());
-    }
-    let limit = i64::try_from(query.limit).unwrap_or(i64::MAX);
-    filter(
-        " ORDER BY queued_ms DESC, run_id DESC LIMIT ?",
-        limit.into(),
-    );
-    (sql, values)
-}
-
 fn from_sql(value: i64) -> u64 {
     u64::try_from(value).unwrap_or(0)
-}
-
-fn bad_row(what: &str, value: &str) -> rusqlite::Error {
-    rusqlite::Error::InvalidColumnType(0, format!("{what} {value:?}"), rusqlite::types::Type::Text)
-}
-
-fn read_run(row: &Row<'_>) -> rusqlite::Result<(i64, RunRecord)> {
-    let text = |i: usize| -> rusqlite::Result<String> { row.get(i) };
-    let time = |i: usize| -> rusqlite::Result<Option<u64>> {
-        Ok(row.get::<_, Option<i64>>(i)?.map(from_sql))
-    };
-    let adapter = text(2)?;
-    let target = text(3)?;
-    let outcome = text(10)?;
-    let accepted = AcceptedRun {
-        run_id: RunId::new(text(1)?),
-        adapter: AdapterName::parse(&adapter).map_err(|_| bad_row("adapter", &adapter))?,
-        target: Target::parse(&target).map_err(|_| bad_row("target", &target))?,
-        operation: operation(&text(4)?),
-        pin: row.get(5)?,
-        api_key_name: row.get(6)?,
-        queued_ms: from_sql(row.get(7)?),
-        deadline_ms: time(23)?,
-        client_stream: row.get(24)?,
-        affinity: row
-            .get::<_, Option<String>>(25)?
-            .and_then(|name| KeySource::parse(&name)),
-    };
-    let tokens = |i: usize| -> rusqlite::Result<Option<u32>> { row.get(i) };
-    let usage = match (tokens(14)?, tokens(15)?) {
-        (Some(input), Some(output)) => Some(Usage {
-            input_tokens: input,
-            output_tokens: output,
-            cached_input_tokens: tokens(16)?.unwrap_or(0),
-            reasoning_tokens: tokens(17)?.unwrap_or(0),
-        }),
-        _ => None,
-    };
-    let node: Option<String> = row.get(20)?;
-    let inline_attempt = match node {
-        Some(node) => vec![Attempt {
-            number: 1,
-            node: NodeId::parse(&node).map_err(|_| bad_row("node", &node))?,
-            route_reason: row.get::<_, Option<String>>(21)?.unwrap_or_default(),
-            started_ms: time(22)?.unwrap_or(0),
-        }],
-        None => Vec::new(),
-    };
-    let record = RunRecord {
-        accepted,
-        attempts: inline_attempt,
-        first_output_ms: time(8)?,
-        finished_ms: time(9)?,
-        outcome: RunOutcome::parse(&outcome).ok_or_else(|| bad_row("outcome", &outcome))?,
-        code: row.get(11)?,
-        message: row.get(12)?,
-        finish_reason: row.get(13)?,
-        usage,
-        events: from_sql(row.get(18)?),
-        events_stored: from_sql(row.get(19)?),
-    };
-    Ok((row.get(0)?, record))
-}
-
-fn with_attempts(conn: &Connection, seq: i64, mut run: RunRecord) -> rusqlite::Result<RunRecord> {
-    let mut statement = conn.prepare_cached(
-        "SELECT number, node, route_reason, started_ms FROM attempts WHERE run_seq = ?1
-         ORDER BY number",
-    )?;
-    let rows = statement.query_map([seq], |row| {
-        let node: String = row.get(1)?;
-        Ok(Attempt {
-            number: row.get(0)?,
-            node: NodeId::parse(&node).map_err(|_| bad_row("node", &node))?,
-            route_reason: row.get(2)?,
-            started_ms: from_sql(row.get(3)?),
-        })
-    })?;
-    for attempt in rows {
-        run.attempts.push(attempt?);
-    }
-    run.attempts.sort_by_key(|a| a.number);
-    Ok(run)
-}
-
-fn operation(name: &str) -> Operation {
-    match name {
-        "chat" => Operation::Chat,
-        "completion" => Operation::Completion,
-        "embeddings" => Operation::Embeddings,
-        "tokenize" => Operation::Tokenize,
-        "detokenize" => Operation::Detokenize,
-        _ => Operation::Unspecified,
-    }
 }

@@ -1,19 +1,21 @@
-//! Retention: finished runs older than `retention_max_age` are removed, and when the data
-//! nears its share of `retention_max_bytes` the oldest finished runs go first, down to a
-//! lower mark (`budget.rs` sets both). Open runs are never removed. Work is done in chunks, each its
-//! own transaction, between write batches, so retention never holds up the relay's entries
-//! for long.
+//! Retention: batch rows (`log.rs`) older than `retention_max_age` are removed, and when
+//! the data nears its share of `retention_max_bytes` the oldest go first, down to a lower
+//! mark (`budget.rs` sets both) — with them the runs they ended and the events they hold.
+//! A batch an open run's events start in, or any after it, is never removed (the writer
+//! carries such runs forward when they are all that is left, see `writer.rs`). Work is done
+//! in chunks, each its own transaction, between write batches, so retention never holds up
+//! the relay's entries for long.
 
 use std::time::Duration;
 
-use rusqlite::{Connection, params_from_iter};
+use rusqlite::{Connection, params};
 
 use super::config::JournalConfig;
 use super::schema::{used_bytes, vacuum_free_pages};
 use super::writer::to_sql;
 
-/// Runs removed per transaction.
-const CHUNK: usize = 500;
+/// Batch rows removed per transaction, at most.
+const CHUNK: i64 = 64;
 
 /// What retention keeps.
 #[derive(Debug, Clone, Copy)]
@@ -66,77 +68,80 @@ pub(super) fn expire_usage(
     Ok(removed)
 }
 
-/// Removes one chunk of runs that retention no longer keeps — too old, or the oldest while
-/// the pages in use are over `size_target` — and returns how many.
+/// What one chunk of retention removed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(super) struct Removed {
+    /// Batch rows.
+    pub(super) batches: usize,
+    /// Runs they ended.
+    pub(super) runs: usize,
+}
+
+/// Removes one chunk of the oldest batch rows that retention no longer keeps — too old, or
+/// the oldest while the pages in use are over `size_target` — but none from `open_from` on.
 ///
 /// # Errors
 /// What SQLite reported; nothing of the chunk is removed then.
 pub(super) fn retention_chunk(
-    conn: &mut Connection,
+    conn: &Connection,
     retention: &Retention,
     now_ms: u64,
     size_target: Option<u64>,
-) -> rusqlite::Result<usize> {
-    let mut seqs = Vec::new();
+    open_from: i64,
+) -> rusqlite::Result<Removed> {
+    let oldest = |count: i64| -> rusqlite::Result<Vec<(i64, i64, i64)>> {
+        let mut statement = conn.prepare_cached(
+            "SELECT seq, ended_count, newest_ms FROM batches WHERE seq < ?1 ORDER BY seq LIMIT ?2",
+        )?;
+        let rows = statement.query_map(params![open_from, count], |row| {
+            Ok((row.get(0)?, row.get(1)?, row.get(2)?))
+        })?;
+        rows.collect()
+    };
+    let mut chosen = Vec::new();
     if !retention.max_age.is_zero() {
         let max_age_ms = u64::try_from(retention.max_age.as_millis()).unwrap_or(u64::MAX);
         let cutoff = to_sql(now_ms.saturating_sub(max_age_ms));
-        seqs = select(
-            conn,
-            "SELECT seq FROM runs WHERE outcome != 'open' AND coalesce(finished_ms, queued_ms) < ?2
-             ORDER BY seq LIMIT ?1",
-            &[CHUNK as i64, cutoff],
-        )?;
+        chosen = oldest(CHUNK)?;
+        let expired = chosen
+            .iter()
+            .take_while(|(_, _, newest)| *newest < cutoff)
+            .count();
+        chosen.truncate(expired);
     }
-    if let Some(target) = size_target.filter(|_| seqs.is_empty()) {
+    if let Some(target) = size_target.filter(|_| chosen.is_empty()) {
         let used = used_bytes(conn)?;
         if used > target {
-            let count = over_size(conn, used, target)?;
-            seqs = select(
-                conn,
-                "SELECT seq FROM runs WHERE outcome != 'open' ORDER BY seq LIMIT ?1",
-                &[count],
-            )?;
+            chosen = oldest(over_size(conn, used, target)?)?;
         }
     }
-    if seqs.is_empty() {
-        return Ok(0);
-    }
-    let marks = vec!["?"; seqs.len()].join(",");
-    let tx = conn.transaction()?;
-    for table in ["events", "attempts"] {
-        tx.execute(
-            &format!("DELETE FROM {table} WHERE run_seq IN ({marks})"),
-            params_from_iter(&seqs),
-        )?;
-    }
-    tx.execute(
-        &format!("DELETE FROM runs WHERE seq IN ({marks})"),
-        params_from_iter(&seqs),
-    )?;
-    tx.commit()?;
+    let Some(&(last, _, _)) = chosen.last() else {
+        return Ok(Removed::default());
+    };
+    conn.prepare_cached("DELETE FROM batches WHERE seq <= ?1")?
+        .execute([last])?;
     if size_target.is_none() {
         // Hand the freed pages back to the file system. Not while making room under the
         // disk limit: the pages are reused at once, and moving them to shrink the file would
         // cost as much again.
         vacuum_free_pages(conn)?;
     }
-    Ok(seqs.len())
+    Ok(Removed {
+        batches: chosen.len(),
+        runs: chosen
+            .iter()
+            .map(|(_, runs, _)| usize::try_from(*runs).unwrap_or(0))
+            .sum(),
+    })
 }
 
-/// How many of the oldest finished runs to remove next for the data to shrink from `used`
-/// to `max` bytes, assuming runs of average size: at least 1, at most a chunk.
+/// How many of the oldest batch rows to remove next for the data to shrink from `used` to
+/// `max` bytes, assuming rows of average size: at least 1, at most a chunk.
 fn over_size(conn: &Connection, used: u64, max: u64) -> rusqlite::Result<i64> {
-    let finished: i64 = conn
-        .prepare_cached("SELECT count(*) FROM runs WHERE outcome != 'open'")?
+    let batches: i64 = conn
+        .prepare_cached("SELECT count(*) FROM batches")?
         .query_row([], |row| row.get(0))?;
     let excess = (used - max) as f64 / used as f64;
-    let count = (finished as f64 * excess).ceil() as i64;
-    Ok(count.clamp(1, CHUNK as i64))
-}
-
-fn select(conn: &Connection, sql: &str, values: &[i64]) -> rusqlite::Result<Vec<i64>> {
-    let mut statement = conn.prepare_cached(sql)?;
-    let rows = statement.query_map(params_from_iter(values), |row| row.get(0))?;
-    rows.collect()
+    let count = (batches as f64 * excess).ceil() as i64;
+    Ok(count.clamp(1, CHUNK))
 }

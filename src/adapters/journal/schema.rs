@@ -1,89 +1,54 @@
-//! The journal's SQLite file: opening it, its pragmas, its tables, and the repair of runs
-//! an edge left open when it died.
+//! The journal's SQLite file: opening it, its pragmas, its tables, and the runs an edge
+//! left open when it died.
 //!
 //! WAL mode with `synchronous = NORMAL`: a commit is one append to the WAL and no `fsync`,
 //! and every committed transaction survives the process being killed (the OS holds the
 //! pages); a power cut may lose the last few commits but never leaves the file corrupt.
 //! `auto_vacuum = INCREMENTAL` lets retention hand freed pages back to the file system.
 //!
-//! A run's row holds its first attempt (`node`, `route_reason`, `started_ms`) and its first
-//! events (`events_inline`, packed as `packed.rs` says) when the batch that accepts it has
-//! them — for most runs everything, so a run costs one row and no other table is touched.
-//! What comes in later batches goes to `attempts` and to `events`, where the consecutive
-//! events of one run that one batch holds are one row (`first_idx`, `count`, `packed`).
-//! Files of schema 1 kept attempts in `attempts` only and events as JSON lines joined by
-//! `\n` in `events.json`; they are read as they are, and gain the new columns.
+//! Runs and their events are kept in `batches`, one row per write transaction (`log.rs`).
+//! Files of schema 1 to 6 kept a row per run (`runs`, `attempts`, `events`); they are
+//! rewritten into batches when opened (`migrate.rs`).
 
 use std::path::Path;
 use std::time::Duration;
 
+use std::collections::HashMap;
+
 use rusqlite::{Connection, OpenFlags};
 
 use super::budget::Budget;
-use crate::domain::EDGE_CRASHED;
+use super::frames::Stored;
+use super::log::{BatchRow, OpenRun, fold_open};
+use super::migrate::migrate_rows;
+use crate::domain::{EDGE_CRASHED, RunId, RunOutcome};
+use crate::ports::clock::now_ms;
 
 /// The schema this code writes; a file with a newer one is refused. Schema 3 adds the
 /// `usage` rollups, a table of its own that `TABLES` creates in an older file; schema 4 a
 /// run's `deadline_ms`, so a run taken back after a restart keeps its deadline; schema 5 a
 /// run's `client_stream`, what its API needs to render its stream again for a caller that
 /// resumes it; schema 6 a run's `affinity` source and the usage rollups' `affinity`
-/// dimension (rows rolled up before it have an empty one: not known).
-const SCHEMA_VERSION: i64 = 6;
+/// dimension (rows rolled up before it have an empty one: not known); schema 7 the log of
+/// batches in place of a row per run.
+const SCHEMA_VERSION: i64 = 7;
 
 /// How long a connection waits for another's lock (a checkpoint, a backup) before failing.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
 const TABLES: &str = "
-CREATE TABLE IF NOT EXISTS runs (
+CREATE TABLE IF NOT EXISTS batches (
     seq INTEGER PRIMARY KEY,
-    run_id TEXT NOT NULL UNIQUE,
-    adapter TEXT NOT NULL,
-    target TEXT NOT NULL,
-    operation TEXT NOT NULL,
-    pin TEXT,
-    api_key_name TEXT,
-    queued_ms INTEGER NOT NULL,
-    node TEXT,
-    route_reason TEXT,
-    started_ms INTEGER,
-    events_inline BLOB,
-    events_inline_count INTEGER NOT NULL DEFAULT 0,
-    first_output_ms INTEGER,
-    finished_ms INTEGER,
-    outcome TEXT NOT NULL,
-    code TEXT,
-    message TEXT,
-    finish_reason TEXT,
-    input_tokens INTEGER,
-    output_tokens INTEGER,
-    cached_input_tokens INTEGER,
-    reasoning_tokens INTEGER,
-    events INTEGER NOT NULL DEFAULT 0,
-    events_stored INTEGER NOT NULL DEFAULT 0,
-    deadline_ms INTEGER,
-    client_stream TEXT,
-    affinity TEXT
+    newest_ms INTEGER NOT NULL,
+    ended_from_ms INTEGER,
+    ended_to_ms INTEGER,
+    ended_count INTEGER NOT NULL,
+    open_from INTEGER NOT NULL,
+    ids BLOB NOT NULL,
+    ended BLOB NOT NULL,
+    frames BLOB NOT NULL
 );
-CREATE INDEX IF NOT EXISTS runs_by_queued ON runs (queued_ms, run_id);
-CREATE INDEX IF NOT EXISTS runs_open ON runs (outcome) WHERE outcome = 'open';
-CREATE INDEX IF NOT EXISTS runs_by_node ON runs (node, queued_ms) WHERE node IS NOT NULL;
-CREATE TABLE IF NOT EXISTS attempts (
-    run_seq INTEGER NOT NULL,
-    number INTEGER NOT NULL,
-    node TEXT NOT NULL,
-    route_reason TEXT NOT NULL,
-    started_ms INTEGER NOT NULL,
-    PRIMARY KEY (run_seq, number)
-) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS attempts_by_node ON attempts (node, run_seq);
-CREATE TABLE IF NOT EXISTS events (
-    run_seq INTEGER NOT NULL,
-    first_idx INTEGER NOT NULL,
-    count INTEGER NOT NULL,
-    json TEXT NOT NULL,
-    packed BLOB,
-    PRIMARY KEY (run_seq, first_idx)
-) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS batches_by_ended ON batches (ended_to_ms) WHERE ended_to_ms IS NOT NULL;
 CREATE TABLE IF NOT EXISTS usage (
     bucket TEXT NOT NULL,
     start_ms INTEGER NOT NULL,
@@ -171,10 +136,22 @@ pub enum OpenError {
     },
 }
 
-/// Opens (creating if missing) the journal for writing, sets it up, and — unless
-/// `keep_open` (the edge takes them back, see `SqliteJournal::open_adopting`) — marks the
-/// runs a previous edge left open as ended with an unknown outcome. Returns the connection,
-/// how many runs it marked, and the row number for the next run.
+/// The journal's file as the writer takes it over.
+pub(super) struct Opened {
+    pub(super) conn: Connection,
+    /// The runs a previous edge left open (empty unless kept open for the edge to take
+    /// back).
+    pub(super) open: HashMap<RunId, OpenRun>,
+    /// How many runs left open were ended as unknown.
+    pub(super) marked: usize,
+    /// The number of the next batch row.
+    pub(super) next_seq: i64,
+}
+
+/// Opens (creating if missing) the journal for writing, sets it up, rewrites a file of an
+/// older schema into batches, and — unless `keep_open` (the edge takes them back, see
+/// `SqliteJournal::open_adopting`) — ends the runs a previous edge left open with an
+/// unknown outcome.
 ///
 /// # Errors
 /// [`OpenError`] naming the file.
@@ -182,7 +159,7 @@ pub(super) fn open_writer(
     path: &Path,
     budget: &Budget,
     keep_open: bool,
-) -> Result<(Connection, usize, i64), OpenError> {
+) -> Result<Opened, OpenError> {
     let name = path.display().to_string();
     let sqlite = |source| OpenError::Sqlite {
         path: name.clone(),
@@ -205,21 +182,59 @@ pub(super) fn open_writer(
         return Err(OpenError::NewerSchema { path: name, found });
     }
     upgrade(&mut conn, found).map_err(sqlite)?;
+    migrate_rows(&mut conn).map_err(sqlite)?;
+    let (mut open, mut next_seq) = fold_open(&conn).map_err(sqlite)?;
     let marked = if keep_open {
         0
     } else {
-        mark_interrupted(&conn).map_err(sqlite)?
+        end_left_open(&mut conn, &mut open, &mut next_seq).map_err(sqlite)?
     };
-    let next_seq: i64 = conn
-        .query_row("SELECT coalesce(max(seq), 0) + 1 FROM runs", [], |row| {
-            row.get(0)
-        })
-        .map_err(sqlite)?;
-    Ok((conn, marked, next_seq))
+    Ok(Opened {
+        conn,
+        open,
+        marked,
+        next_seq,
+    })
 }
 
-/// Brings a file of schema `found` (0: a new file) to [`SCHEMA_VERSION`], in one
-/// transaction: a failure leaves the file as it was.
+/// Runs still open in the file belonged to an edge that stopped without ending them: they
+/// are written ended, outcome `unknown` with code `edge_crashed` (never `completed`), in
+/// one batch row. Returns how many.
+fn end_left_open(
+    conn: &mut Connection,
+    open: &mut HashMap<RunId, OpenRun>,
+    next_seq: &mut i64,
+) -> rusqlite::Result<usize> {
+    if open.is_empty() {
+        return Ok(0);
+    }
+    let mut records: Vec<Stored> = open.drain().map(|(_, run)| run.stored).collect();
+    records.sort_by_key(|s| s.record.accepted.queued_ms);
+    for stored in &mut records {
+        let record = &mut stored.record;
+        record.outcome = RunOutcome::Unknown;
+        record.code = Some(EDGE_CRASHED.to_owned());
+        record.message =
+            Some("the edge stopped before this run ended; how it ended is not known".to_owned());
+        record.events = record.events.max(record.events_stored);
+    }
+    let count = records.len();
+    let ids: Vec<String> = records
+        .iter()
+        .map(|s| s.record.run_id().to_string())
+        .collect();
+    let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
+    let row = BatchRow::of_records(*next_seq, records, Vec::new(), &ids);
+    let tx = conn.transaction()?;
+    row.insert(&tx, now_ms(), *next_seq)?;
+    tx.commit()?;
+    *next_seq += 1;
+    Ok(count)
+}
+
+/// Brings a file of schema `found` (0: a new file) to [`SCHEMA_VERSION`]'s tables, in one
+/// transaction: a failure leaves the file as it was. The rows of an older schema are
+/// rewritten afterwards (`migrate_rows`).
 fn upgrade(conn: &mut Connection, found: i64) -> rusqlite::Result<()> {
     let tx = conn.transaction()?;
     if found == 1 {
@@ -253,21 +268,6 @@ pub(super) fn open_reader(path: &Path) -> rusqlite::Result<Connection> {
     let conn = Connection::open_with_flags(path, flags)?;
     conn.busy_timeout(BUSY_TIMEOUT)?;
     Ok(conn)
-}
-
-/// Runs still open in the file belonged to an edge that stopped without ending them: their
-/// outcome becomes `unknown` with code `edge_crashed`, never `completed`.
-fn mark_interrupted(conn: &Connection) -> rusqlite::Result<usize> {
-    conn.execute(
-        "UPDATE runs SET outcome = 'unknown', code = ?1,
-            message = 'the edge stopped before this run ended; how it ended is not known',
-            events_stored = events_inline_count
-                + (SELECT coalesce(sum(count), 0) FROM events WHERE run_seq = runs.seq),
-            events = max(events, events_inline_count
-                + (SELECT coalesce(sum(count), 0) FROM events WHERE run_seq = runs.seq))
-         WHERE outcome = 'open'",
-        [EDGE_CRASHED],
-    )
 }
 
 /// Hands every free page back to the file system. SQLite frees one page per step of

@@ -1,6 +1,5 @@
 //! [`SqliteJournal`]: the run journal in one SQLite file, written by a thread of its own.
 
-use std::collections::HashMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
@@ -62,16 +61,15 @@ impl SqliteJournal {
         let path = file.to_owned();
         let lock = lock_file(&path)?;
         let budget = Budget::of(config.retention_max_bytes);
-        let (conn, marked, next_seq) = open_writer(&path, &budget, adopting)?;
+        let opened = open_writer(&path, &budget, adopting)?;
+        let (marked, next_seq) = (opened.marked, opened.next_seq);
         let reader = Reader::new(path.clone());
-        let left_open = if adopting {
-            reader.left_open().map_err(|error| OpenError::Io {
-                path: path.display().to_string(),
-                reason: std::io::Error::other(error.to_string()),
-            })?
-        } else {
-            Vec::new()
-        };
+        let mut left_open: Vec<RunRecord> = opened
+            .open
+            .values()
+            .map(|run| run.stored.record.clone())
+            .collect();
+        left_open.sort_by_key(|record| record.accepted.queued_ms);
         if marked > 0 {
             warn!(runs = marked, path = %path.display(), "runs left open by an edge that stopped without ending them are marked unknown/edge_crashed");
         }
@@ -80,7 +78,7 @@ impl SqliteJournal {
         let files = Files::of(&path);
         let shared = Arc::new(Shared::default());
         let writer = Writer {
-            conn,
+            conn: opened.conn,
             queue: Arc::clone(&queue),
             shared: Arc::clone(&shared),
             retention: Retention::of(config),
@@ -90,7 +88,7 @@ impl SqliteJournal {
             next_used_check: std::time::Instant::now(),
             batch_max: config.batch_max.max(1),
             linger: config.batch_linger(),
-            open: HashMap::new(),
+            open: opened.open,
             next_seq,
             last_error_log: None,
             held: Held::new(config.open_events_hold()),

@@ -253,10 +253,7 @@ async fn a_damaged_row_reads_as_damaged_not_as_unavailable() {
     journal.flush().await;
     rusqlite::Connection::open(file(&dir))
         .unwrap()
-        .execute(
-            "UPDATE runs SET adapter = 'not a name!' WHERE run_id = 'r1'",
-            [],
-        )
+        .execute("UPDATE batches SET ended = x'ff', frames = x'ff'", [])
         .unwrap();
     let read = journal.run(&RunId::new("r1")).await;
     assert!(matches!(read, Err(JournalError::Damaged(_))), "{read:?}");
@@ -338,28 +335,50 @@ async fn the_disabled_journal_keeps_nothing() {
     assert!(journal.run(&RunId::new("r")).await.unwrap().is_none());
 }
 
-#[test]
-fn retention_by_size_removes_the_oldest_finished_runs_and_keeps_open_ones() {
+#[tokio::test]
+async fn retention_by_size_removes_the_oldest_batches_and_none_an_open_run_needs() {
     let dir = tempfile::tempdir().unwrap();
-    let budget = budget::Budget::of(0);
-    let (mut conn, _, _) =
-        schema::open_writer(&dir.path().join("j.sqlite3"), &budget, false).unwrap();
+    let unlimited = JournalConfig {
+        retention_max_bytes: 0,
+        ..config(&dir)
+    };
+    let journal = SqliteJournal::open(&unlimited, &file(&dir)).unwrap();
     let padding = "x".repeat(4_000);
-    for seq in 1..=200i64 {
-        let outcome = if seq == 1 { "open" } else { "completed" };
-        conn.execute(
-            "INSERT INTO runs (seq, run_id, adapter, target, operation, queued_ms, finished_ms, outcome)
-             VALUES (?1, 'r' || ?1, 'echo', 'default', 'chat', ?1, ?1, ?2)",
-            rusqlite::params![seq, outcome],
-        )
-        .unwrap();
-        conn.execute(
-            "INSERT INTO events (run_seq, first_idx, count, json) VALUES (?1, 0, 1, ?2)",
-            rusqlite::params![seq, padding],
-        )
-        .unwrap();
+    for i in 0..200u64 {
+        let id = format!("r{i}");
+        if i == 100 {
+            journal.record(accepted("open", 10 + i));
+            journal.record(event("open", 0, RunEventKind::Started));
+        }
+        journal.record(accepted(&id, 10 + i));
+        journal.record(event(&id, 0, RunEventKind::text(padding.as_str())));
+        journal.record(event(&id, 1, completed()));
+        journal.flush().await;
     }
+    journal.close().await;
+    drop(journal);
+    let budget = budget::Budget::of(0);
+    let opened = schema::open_writer(&file(&dir), &budget, true).unwrap();
+    let conn = opened.conn;
+    let open_from = log::open_from(&opened.open, opened.next_seq);
+    // The batches before the open run's first one, and the runs they ended: r0 to r99 (a
+    // flush may have split the writer's batches anywhere).
+    let (older_batches, older_runs): (i64, i64) = conn
+        .query_row(
+            "SELECT count(*), coalesce(sum(ended_count), 0) FROM batches WHERE seq < ?1",
+            [open_from],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .unwrap();
+    assert!(older_runs >= 99, "{older_runs}");
     let before = schema::used_bytes(&conn).unwrap();
+    let rows = |conn: &rusqlite::Connection| -> (i64, i64) {
+        conn.query_row("SELECT min(seq), count(*) FROM batches", [], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })
+        .unwrap()
+    };
+    let (_, rows_before) = rows(&conn);
     let retention = retention::Retention {
         max_age: Duration::ZERO,
         usage_max_age: Duration::ZERO,
@@ -367,29 +386,18 @@ fn retention_by_size_removes_the_oldest_finished_runs_and_keeps_open_ones() {
     };
     let mut removed = 0;
     let now = crate::ports::clock::now_ms();
-    while let n @ 1.. =
-        retention::retention_chunk(&mut conn, &retention, now, Some(before / 2)).unwrap()
-    {
-        removed += n;
+    loop {
+        let chunk = retention::retention_chunk(&conn, &retention, now, Some(before / 4), open_from)
+            .unwrap();
+        if chunk.batches == 0 {
+            break;
+        }
+        removed += chunk.runs;
     }
-    assert!(schema::used_bytes(&conn).unwrap() <= before / 2);
-    assert!(removed > 0 && removed < 200, "{removed}");
-    let oldest: i64 = conn
-        .query_row(
-            "SELECT min(seq) FROM runs WHERE outcome != 'open'",
-            [],
-            |r| r.get(0),
-        )
-        .unwrap();
-    assert!(oldest > 2, "the oldest finished runs go first");
-    let open: i64 = conn
-        .query_row(
-            "SELECT count(*) FROM runs WHERE outcome = 'open'",
-            [],
-            |r| r.get(0),
-        )
-        .unwrap();
-    assert_eq!(open, 1);
+    // Everything before the open run's first batch went, oldest first; nothing after.
+    assert_eq!(removed as i64, older_runs);
+    assert_eq!(rows(&conn), (open_from, rows_before - older_batches));
+    assert!(schema::used_bytes(&conn).unwrap() < before);
 }
 
 /// The journal's files in `dir`, added up.
@@ -549,6 +557,7 @@ async fn a_journal_of_schema_5_keeps_its_usage_and_rolls_up_by_affinity_on() {
     let journal = SqliteJournal::open(&config(&dir), &file(&dir)).unwrap();
     let old = journal.run(&RunId::new("old")).await.unwrap().unwrap();
     assert_eq!(old.accepted.affinity, None);
+    assert_eq!(old.attempts.len(), 1, "its first attempt was in its row");
     // A run of schema 6, keyed by its session, in the same buckets as the old row.
     whole_run(&journal, "new", 5, "node-a");
     journal.flush().await;
@@ -585,60 +594,98 @@ async fn a_journal_of_schema_5_keeps_its_usage_and_rolls_up_by_affinity_on() {
             (2, 45)
         );
     }
+    let new = journal.run(&RunId::new("new")).await.unwrap().unwrap();
+    assert_eq!(new.accepted.affinity, Some(KeySource::Session));
     journal.close().await;
     let conn = rusqlite::Connection::open(file(&dir)).unwrap();
     let version: i64 = conn
         .pragma_query_value(None, "user_version", |row| row.get(0))
         .unwrap();
-    assert_eq!(version, 6);
-    let stored: Option<String> = conn
+    assert_eq!(version, 7);
+    let old_tables: i64 = conn
         .query_row(
-            "SELECT affinity FROM runs WHERE run_id = 'new'",
+            "SELECT count(*) FROM sqlite_master WHERE name IN ('runs', 'attempts', 'events')",
             [],
             |row| row.get(0),
         )
         .unwrap();
-    assert_eq!(stored.as_deref(), Some("session"));
+    assert_eq!(old_tables, 0, "the rows were rewritten into batches");
 }
 
 #[tokio::test]
-async fn a_runs_first_events_written_after_its_row_go_into_the_row() {
+async fn a_run_an_older_edge_left_open_is_rewritten_open_and_taken_back() {
     let dir = tempfile::tempdir().unwrap();
-    let journal = SqliteJournal::open(&config(&dir), &file(&dir)).unwrap();
-    journal.record(accepted("split", 1));
-    journal.record(placed("split", "node-a"));
+    schema_5_file(&dir);
+    {
+        let conn = rusqlite::Connection::open(file(&dir)).unwrap();
+        conn.execute_batch(
+            "CREATE TABLE events (run_seq INTEGER NOT NULL, first_idx INTEGER NOT NULL,
+                count INTEGER NOT NULL, json TEXT NOT NULL, packed BLOB,
+                PRIMARY KEY (run_seq, first_idx)) WITHOUT ROWID;
+             INSERT INTO events VALUES (2, 0, 1, '{\"kind\":\"started\"}', NULL);",
+        )
+        .unwrap();
+        conn.execute(
+            "INSERT INTO runs (seq, run_id, adapter, target, operation, queued_ms, node,
+                route_reason, started_ms, outcome, deadline_ms)
+             VALUES (2, 'midway', 'echo', 'default', 'chat', ?1, 'node-a', 'least_busy', ?1,
+                'open', ?2)",
+            [recent(2) as i64, recent(60_002) as i64],
+        )
+        .unwrap();
+    }
+    let journal = SqliteJournal::open_adopting(&config(&dir), &file(&dir)).unwrap();
+    let left = journal.take_left_open();
+    assert_eq!(left.len(), 1, "{left:?}");
+    assert_eq!(left[0].run_id().as_str(), "midway");
+    assert_eq!(left[0].accepted.deadline_ms, Some(recent(60_002)));
+    assert_eq!(left[0].attempts.len(), 1);
+    assert_eq!(left[0].events_stored, 1);
+    let events = journal.events(&RunId::new("midway"), 0, 10).await.unwrap();
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(events[0].json, "{\"kind\":\"started\"}");
+    journal.record(event("midway", 1, completed()));
     journal.flush().await;
-    // Each relay batch one entry, so each is written in one transaction.
-    let batch = |events: Vec<RelayedEvent>| JournalEntry::Events {
-        run_id: RunId::new("split"),
-        events,
-    };
-    journal.record(batch(vec![
-        relayed("split", 0, RunEventKind::Started),
-        relayed("split", 1, RunEventKind::text("one ")),
-    ]));
-    journal.flush().await;
-    journal.record(batch(vec![
-        relayed("split", 2, RunEventKind::text("two")),
-        relayed("split", 3, completed()),
-    ]));
-    journal.flush().await;
-    // The first events rewrote the row; the next went to `events`.
-    let inline = "SELECT events_inline_count FROM runs WHERE run_id = ?1";
-    assert_eq!(count(&dir, inline, "split"), 2);
-    assert_eq!(event_rows(&dir, "split"), 1);
-    let run = journal.run(&RunId::new("split")).await.unwrap().unwrap();
-    assert_eq!(run.outcome, RunOutcome::Completed);
-    assert_eq!((run.events, run.events_stored), (4, 4));
-    let all = journal.events(&RunId::new("split"), 0, 10).await.unwrap();
-    let indices: Vec<u64> = all.iter().map(|e| e.index).collect();
-    assert_eq!(indices, [0, 1, 2, 3]);
-    assert!(all[1].json.contains("\"text\":\"one \""), "{all:?}");
+    let midway = journal.run(&RunId::new("midway")).await.unwrap().unwrap();
+    assert_eq!(midway.outcome, RunOutcome::Completed);
+    assert_eq!((midway.events, midway.events_stored), (2, 2));
+    let old = journal.run(&RunId::new("old")).await.unwrap().unwrap();
+    assert_eq!(old.outcome, RunOutcome::Completed);
     journal.close().await;
 }
 
 #[tokio::test]
-async fn a_run_written_across_batches_reads_back_whole_from_its_row_and_the_tables() {
+async fn a_transaction_is_one_row_whatever_runs_it_holds() {
+    let dir = tempfile::tempdir().unwrap();
+    let journal = SqliteJournal::open(&config(&dir), &file(&dir)).unwrap();
+    for i in 0..50 {
+        whole_run(&journal, &format!("r{i}"), 1 + i, "node-a");
+    }
+    journal.record(accepted("split", 100));
+    journal.record(placed("split", "node-a"));
+    journal.flush().await;
+    journal.record(event("split", 0, RunEventKind::Started));
+    journal.record(event("split", 1, completed()));
+    journal.flush().await;
+    let rows = rusqlite::Connection::open(file(&dir))
+        .unwrap()
+        .query_row("SELECT count(*) FROM batches", [], |row| {
+            row.get::<_, i64>(0)
+        })
+        .unwrap();
+    assert_eq!(rows, 2, "51 runs in two transactions");
+    for id in ["r0", "r49", "split"] {
+        let run = journal.run(&RunId::new(id)).await.unwrap().unwrap();
+        assert_eq!(run.outcome, RunOutcome::Completed, "{id}");
+        assert_eq!(run.attempts.len(), 1, "{id}");
+    }
+    let split = journal.events(&RunId::new("split"), 0, 10).await.unwrap();
+    assert_eq!(split.len(), 2, "{split:?}");
+    journal.close().await;
+}
+
+#[tokio::test]
+async fn a_run_written_across_batches_reads_back_whole() {
     let dir = tempfile::tempdir().unwrap();
     let journal = SqliteJournal::open(&config(&dir), &file(&dir)).unwrap();
     journal.record(accepted("long", 1));
@@ -832,20 +879,27 @@ async fn an_adopting_open_hands_runs_left_open_over_once_and_takes_their_endings
     journal.close().await;
 }
 
-/// A count the file holds for run `id`, read on a connection of its own: `sql` takes the
-/// run's id as `?1`.
-fn count(dir: &tempfile::TempDir, sql: &str, id: &str) -> i64 {
+/// The batch rows that hold events of run `id`, and how many events they hold, read on a
+/// connection of its own.
+fn stored_events(dir: &tempfile::TempDir, id: &str) -> (usize, u64) {
     let conn = rusqlite::Connection::open(file(dir)).unwrap();
-    conn.query_row(sql, [id], |row| row.get(0)).unwrap_or(0)
-}
-
-/// The rows of `events` the file holds for run `id` (its events past the run's own row).
-fn event_rows(dir: &tempfile::TempDir, id: &str) -> i64 {
-    count(
-        dir,
-        "SELECT count(*) FROM events WHERE run_seq = (SELECT seq FROM runs WHERE run_id = ?1)",
-        id,
-    )
+    let mut statement = conn.prepare("SELECT frames FROM batches").unwrap();
+    let mut rows = statement.query([]).unwrap();
+    let (mut batches, mut events) = (0, 0);
+    while let Some(row) = rows.next().unwrap() {
+        let frames =
+            super::frames::read_frames(row.get_ref(0).unwrap().as_blob().unwrap()).unwrap();
+        let counts: Vec<u64> = frames
+            .iter()
+            .filter_map(|frame| match frame {
+                super::frames::Frame::Events(chunk) if chunk.run_id == id => Some(chunk.count),
+                _ => None,
+            })
+            .collect();
+        batches += usize::from(!counts.is_empty());
+        events += counts.iter().sum::<u64>();
+    }
+    (batches, events)
 }
 
 /// Waits until `done` holds, polling; a writer that never gets there fails the test after a
@@ -883,11 +937,9 @@ async fn a_streaming_runs_events_are_written_together_when_it_ends() {
         journal.stats().written >= 43
     })
     .await;
-    // Written together, into the run's own row (its first events): no `events` row.
-    let rows = event_rows(&dir, "stream");
-    assert_eq!(rows, 0, "{rows} rows, {:?}", journal.stats());
-    let inline = "SELECT events_inline_count FROM runs WHERE run_id = ?1";
-    assert_eq!(count(&dir, inline, "stream"), 41);
+    // Written together, in one transaction's row.
+    let stored = stored_events(&dir, "stream");
+    assert_eq!(stored, (1, 41), "{:?}", journal.stats());
     let run = journal.run(&RunId::new("stream")).await.unwrap().unwrap();
     assert_eq!(run.outcome, RunOutcome::Completed);
     assert_eq!((run.events, run.events_stored), (41, 41));
@@ -934,14 +986,7 @@ async fn held_events_are_written_when_their_hold_is_over() {
     journal.record(accepted("slow", 1));
     journal.record(event("slow", 0, RunEventKind::text("a")));
     // No flush: the writer wakes for the hold's end by itself.
-    let written = || {
-        event_rows(&dir, "slow")
-            + count(
-                &dir,
-                "SELECT events_inline_count FROM runs WHERE run_id = ?1",
-                "slow",
-            )
-    };
+    let written = || stored_events(&dir, "slow").1;
     until("the held event is written", || written() > 0).await;
     assert_eq!(written(), 1);
     journal.close().await;

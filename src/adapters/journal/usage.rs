@@ -1,4 +1,4 @@
-//! Reads of the usage rollups (`usage` table, written by `plan.rs` in the transaction that
+//! Reads of the usage rollups (`usage` table, written by `log.rs` in the transaction that
 //! ends each run): the rows of one bucket size in a range, summed by the groups asked for.
 //! Never a scan of runs or events.
 

@@ -1,12 +1,13 @@
 //! The journal's writer thread: takes batches from the queue and writes each in one
-//! transaction, and removes old runs when retention asks.
+//! transaction, as batch rows of the log (see `log.rs`), and removes old rows when
+//! retention asks.
 //!
 //! A thread of its own, not a task: SQLite calls block, and the relay's runtime threads
-//! must never wait on a disk. The relay only enqueues (see `queue.rs`); each batch is
-//! grouped by run before it is written (see `plan.rs`). After each batch it keeps the
-//! files within the disk limit (see `budget.rs`): retention when the data nears its share,
-//! a checkpoint when the WAL outgrows its own, and a batch that found the file full is
-//! written again after making room.
+//! must never wait on a disk. The relay only enqueues (see `queue.rs`). After each batch it
+//! keeps the files within the disk limit (see `budget.rs`): retention when the data nears
+//! its share (carrying open runs forward when only their rows are left), a checkpoint when
+//! the WAL outgrows its own, and a batch that found the file full is written again after
+//! making room.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -21,7 +22,7 @@ use tracing::warn;
 use super::batch::Queued;
 use super::budget::{Budget, Files};
 use super::hold::Held;
-use super::plan::{OpenRun, Plan};
+use super::log::{BatchRow, OpenRun, ROW_MAX_BYTES, Undo, open_from};
 use super::queue::{EntryQueue, Taken};
 use super::retention::{Retention, expire_usage, retention_chunk};
 use super::schema::{file_bytes, used_bytes, vacuum_free_pages};
@@ -59,9 +60,9 @@ pub(super) struct Writer {
     pub(super) next_used_check: Instant,
     pub(super) batch_max: usize,
     pub(super) linger: Duration,
-    /// Open runs' row numbers and stored events, so events need no lookup.
+    /// Open runs' records so far (the file has a snapshot of those a batch left open).
     pub(super) open: HashMap<RunId, OpenRun>,
-    /// The row number of the next run accepted.
+    /// The number of the next batch row.
     pub(super) next_seq: i64,
     pub(super) last_error_log: Option<Instant>,
     /// Open runs' events kept back to be written together (see `hold.rs`).
@@ -159,15 +160,7 @@ impl Writer {
     fn write_pieces(&mut self, due: &mut Vec<Queued>) {
         let max_bytes = usize::try_from(self.budget.wal / 4).unwrap_or(usize::MAX);
         while !due.is_empty() {
-            let mut bytes = 0;
-            let fits = due
-                .iter()
-                .take_while(|entry| {
-                    bytes += entry.estimated_bytes();
-                    bytes <= max_bytes
-                })
-                .count()
-                .max(1);
+            let fits = fitting(due, max_bytes);
             if fits == due.len() {
                 self.write(due);
                 due.clear();
@@ -182,16 +175,17 @@ impl Writer {
     /// One chunk of retention; returns whether more may be due.
     fn retention_step(&mut self) -> bool {
         let target = self.making_room.then(|| self.budget.low_mark());
-        let result = retention_chunk(&mut self.conn, &self.retention, now_ms(), target);
+        let open_from = open_from(&self.open, self.next_seq);
+        let result = retention_chunk(&self.conn, &self.retention, now_ms(), target, open_from);
         match result {
             Ok(removed) => {
                 self.shared
                     .runs_expired
-                    .fetch_add(removed as u64, Ordering::Relaxed);
-                if removed == 0 {
+                    .fetch_add(removed.runs as u64, Ordering::Relaxed);
+                if removed.batches == 0 {
                     self.making_room = false;
                 }
-                removed > 0
+                removed.batches > 0
             }
             Err(error) => {
                 self.failed("retention", &error);
@@ -225,12 +219,23 @@ impl Writer {
         }
     }
 
-    /// Removes the oldest finished runs until the data is at the budget's low mark (or
-    /// nothing finished is left), then checkpoints, so the freed pages can be reused.
+    /// Removes the oldest batch rows until the data is at the budget's low mark, then
+    /// checkpoints, so the freed pages can be reused. When only batches that open runs'
+    /// events start in are left, those runs are carried forward first (their events so far
+    /// are given up, their records kept).
     fn make_room(&mut self) {
-        self.making_room = true;
-        while self.making_room && self.retention_step() {}
-        self.making_room = false;
+        for carried in [false, true] {
+            if carried && !self.carry_open_runs(self.next_seq) {
+                break;
+            }
+            self.making_room = true;
+            while self.making_room && self.retention_step() {}
+            self.making_room = false;
+            let low = self.budget.low_mark();
+            if used_bytes(&self.conn).is_ok_and(|used| used <= low) {
+                break;
+            }
+        }
         // New data reuses the freed pages; only a file larger than its share (the limit was
         // lowered) hands them back, and then takes the share as its page cap again.
         if file_bytes(&self.conn).is_ok_and(|bytes| bytes > self.budget.database) {
@@ -279,21 +284,77 @@ impl Writer {
         }
     }
 
-    /// Writes `batch` in one transaction; on failure the writer's view of open runs is
-    /// put back as the file holds it.
+    /// Writes `batch` as one batch row in one transaction; on failure the writer's view of
+    /// open runs is put back as the file holds it.
     fn transaction(&mut self, batch: &[Queued]) -> rusqlite::Result<()> {
-        // What the file holds if the transaction fails: runs accepted in it are not there
-        // (their later entries are skipped), runs it ended are still open.
-        let before = self.open.clone();
-        let (open, next_seq) = (&mut self.open, &mut self.next_seq);
-        let result = self.conn.transaction().and_then(|tx| {
-            Plan::of(&tx, batch, open, next_seq)?.apply(&tx, open)?;
-            tx.commit()
-        });
-        if result.is_err() {
-            self.open = before;
+        let mut undo = Undo::default();
+        let mut rows = Vec::new();
+        let mut rest = batch;
+        while !rest.is_empty() {
+            let (piece, after) = rest.split_at(fitting(rest, ROW_MAX_BYTES));
+            rest = after;
+            let seq = self.next_seq + rows.len() as i64;
+            let row = BatchRow::of(seq, piece, &mut self.open, &mut undo);
+            if !row.is_empty() {
+                rows.push(row);
+            }
+        }
+        let result = self.insert(&rows);
+        match result {
+            Ok(()) => self.next_seq += rows.len() as i64,
+            Err(_) => undo.restore(&mut self.open),
         }
         result
+    }
+
+    /// Writes `rows` in one transaction.
+    fn insert(&mut self, rows: &[BatchRow<'_>]) -> rusqlite::Result<()> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        // Every row of the transaction is committed with the last: the state after it is
+        // the one a later reader of `open_from` sees.
+        let open_from = open_from(&self.open, self.next_seq + rows.len() as i64);
+        let tx = self.conn.transaction()?;
+        let now = now_ms();
+        for row in rows {
+            row.insert(&tx, now, open_from)?;
+        }
+        tx.commit()
+    }
+
+    /// Writes the open runs whose events start before batch `before` again, as snapshots
+    /// in a batch of their own, so retention can remove the batches they started in (their
+    /// events there go with them). Returns whether any was carried.
+    fn carry_open_runs(&mut self, before: i64) -> bool {
+        let mut undo = Undo::default();
+        for (id, _) in self
+            .open
+            .iter()
+            .filter(|(_, run)| run.stored.events_from < before)
+        {
+            undo.keep(&self.open, id);
+        }
+        if undo.is_empty() {
+            return false;
+        }
+        let seq = self.next_seq;
+        let runs = self
+            .open
+            .values_mut()
+            .filter(|run| run.stored.events_from < before);
+        let row = BatchRow::carrying(seq, runs);
+        match self.insert(std::slice::from_ref(&row)) {
+            Ok(()) => {
+                self.next_seq += 1;
+                true
+            }
+            Err(error) => {
+                undo.restore(&mut self.open);
+                self.failed("carrying open runs forward", &error);
+                false
+            }
+        }
     }
 
     fn failed(&mut self, what: &str, error: &rusqlite::Error) {
@@ -305,6 +366,20 @@ impl Writer {
             warn!(%error, what, "the run journal failed; the entries of this transaction are lost");
         }
     }
+}
+
+/// How many of `entries`, from the first, fit in `max_bytes` as `Queued::estimated_bytes`
+/// counts them: at least one.
+fn fitting(entries: &[Queued], max_bytes: usize) -> usize {
+    let mut bytes = 0;
+    entries
+        .iter()
+        .take_while(|entry| {
+            bytes += entry.estimated_bytes();
+            bytes <= max_bytes
+        })
+        .count()
+        .max(1)
 }
 
 /// Whether a write failed because the database file reached its page limit.
