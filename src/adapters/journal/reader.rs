@@ -185,13 +185,15 @@ fn locate(conn: &Connection, id: &RunId) -> rusqlite::Result<Option<Found>> {
         if !IdFilter::from_bytes(row.get(1)?).may_hold(id.as_str()) {
             continue;
         }
-        let (ended, frames): (Vec<u8>, Vec<u8>) = conn
-            .prepare_cached("SELECT ended, frames FROM batches WHERE seq = ?1")?
-            .query_row([seq], |row| Ok((row.get(0)?, row.get(1)?)))?;
-        let records = read_records(&ended).map_err(damaged)?;
+        let column = |name: &str| -> rusqlite::Result<Vec<u8>> {
+            conn.prepare_cached(&format!("SELECT {name} FROM batches WHERE seq = ?1"))?
+                .query_row([seq], |row| row.get(0))
+        };
+        let records = read_records(&column("ended")?).map_err(damaged)?;
         if let Some(stored) = records.into_iter().find(|s| s.record.run_id() == id) {
             return Ok(Some(Found { stored, last: seq }));
         }
+        let frames = column("frames")?;
         // A snapshot says how the run stood at the end of its batch: what the same batch
         // added is in it already.
         let mut batch_placed = Vec::new();

@@ -458,6 +458,16 @@ async fn a_flood_never_takes_more_disk_than_the_limit() {
         Some(RunOutcome::Open),
         "open runs are kept"
     );
+    // Carried forward past the rows its first event was in: it goes on and ends whole,
+    // the event it had before given up.
+    journal.record(event("held", 1, RunEventKind::text("late")));
+    journal.record(event("held", 2, completed()));
+    journal.flush().await;
+    let held = journal.run(&RunId::new("held")).await.unwrap().unwrap();
+    assert_eq!(held.outcome, RunOutcome::Completed);
+    assert_eq!((held.events, held.events_stored), (3, 2));
+    let events = journal.events(&RunId::new("held"), 0, 10).await.unwrap();
+    assert_eq!(events.iter().map(|e| e.index).collect::<Vec<_>>(), [1, 2]);
     journal.close().await;
     assert!(on_disk(&dir) <= LIMIT);
 }
