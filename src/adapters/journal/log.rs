@@ -47,37 +47,6 @@ pub(super) struct OpenRun {
     pub(super) in_file: bool,
 }
 
-/// The open runs' state before a transaction changed it, to put back if it fails.
-#[derive(Default)]
-pub(super) struct Undo {
-    before: HashMap<RunId, Option<OpenRun>>,
-}
-
-impl Undo {
-    /// Keeps `run_id`'s state as it is now, unless kept already.
-    pub(super) fn keep(&mut self, open: &HashMap<RunId, OpenRun>, run_id: &RunId) {
-        if !self.before.contains_key(run_id) {
-            self.before
-                .insert(run_id.clone(), open.get(run_id).cloned());
-        }
-    }
-
-    /// Whether nothing was kept.
-    pub(super) fn is_empty(&self) -> bool {
-        self.before.is_empty()
-    }
-
-    /// Puts back what the failed transaction changed.
-    pub(super) fn restore(self, open: &mut HashMap<RunId, OpenRun>) {
-        for (run_id, before) in self.before {
-            match before {
-                Some(run) => open.insert(run_id, run),
-                None => open.remove(&run_id),
-            };
-        }
-    }
-}
-
 /// One batch row, built from a batch of queued entries (borrowed: the writer keeps the
 /// batch until its transaction commits).
 pub(super) struct BatchRow<'a> {
@@ -90,14 +59,9 @@ pub(super) struct BatchRow<'a> {
 }
 
 impl<'a> BatchRow<'a> {
-    /// The row `batch` makes as batch `seq`; `open` follows the runs it accepts and ends
-    /// (what it changes is kept in `undo`). Entries of runs not open are skipped.
-    pub(super) fn of(
-        seq: i64,
-        batch: &'a [Queued],
-        open: &mut HashMap<RunId, OpenRun>,
-        undo: &mut Undo,
-    ) -> Self {
+    /// The row `batch` makes as batch `seq`; `open` follows the runs it accepts and ends.
+    /// Entries of runs not open are skipped.
+    pub(super) fn of(seq: i64, batch: &'a [Queued], open: &mut HashMap<RunId, OpenRun>) -> Self {
         let mut row = Self {
             seq,
             ids: IdFilter::with_capacity(batch.len()),
@@ -108,7 +72,6 @@ impl<'a> BatchRow<'a> {
         let mut accepted: Vec<&RunId> = Vec::new();
         for entry in batch {
             let run_id = entry.run_id();
-            undo.keep(open, run_id);
             if let Queued::Accepted(run) = entry {
                 let stored = Stored {
                     record: RunRecord::open(run.as_ref().clone()),

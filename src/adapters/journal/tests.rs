@@ -473,6 +473,31 @@ async fn a_flood_never_takes_more_disk_than_the_limit() {
 }
 
 #[tokio::test]
+async fn a_failed_transaction_leaves_the_runs_it_touched_as_the_file_has_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let small = JournalConfig {
+        retention_max_bytes: budget::MIN_LIMIT,
+        ..config(&dir)
+    };
+    let journal = SqliteJournal::open(&small, &file(&dir)).unwrap();
+    journal.record(accepted("r", 1));
+    journal.record(event("r", 0, RunEventKind::Started));
+    journal.flush().await;
+    // A first output larger than the file may be: it cannot be left out, and it fails.
+    let huge = "h".repeat(5 << 20);
+    journal.record(event("r", 1, RunEventKind::text(huge.as_str())));
+    journal.flush().await;
+    assert_eq!(journal.stats().write_errors, 1, "{:?}", journal.stats());
+    journal.record(event("r", 2, completed()));
+    journal.flush().await;
+    let run = journal.run(&RunId::new("r")).await.unwrap().unwrap();
+    assert_eq!(run.outcome, RunOutcome::Completed);
+    // The lost output is not counted as stored.
+    assert_eq!((run.events, run.events_stored), (3, 2));
+    journal.close().await;
+}
+
+#[tokio::test]
 async fn a_journal_of_schema_1_is_read_and_written_on() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::create_dir_all(dir.path().join("j")).unwrap();

@@ -22,7 +22,7 @@ use tracing::warn;
 use super::batch::Queued;
 use super::budget::{Budget, Files};
 use super::hold::Held;
-use super::log::{BatchRow, OpenRun, ROW_MAX_BYTES, Undo, open_from};
+use super::log::{BatchRow, OpenRun, ROW_MAX_BYTES, fold_open, open_from};
 use super::queue::{EntryQueue, Taken};
 use super::retention::{Retention, expire_usage, retention_chunk};
 use super::schema::{file_bytes, used_bytes, vacuum_free_pages};
@@ -284,17 +284,16 @@ impl Writer {
         }
     }
 
-    /// Writes `batch` as one batch row in one transaction; on failure the writer's view of
-    /// open runs is put back as the file holds it.
+    /// Writes `batch` as batch rows (one per [`ROW_MAX_BYTES`] of entries) in one
+    /// transaction; on failure the writer's view of open runs is read back from the file.
     fn transaction(&mut self, batch: &[Queued]) -> rusqlite::Result<()> {
-        let mut undo = Undo::default();
         let mut rows = Vec::new();
         let mut rest = batch;
         while !rest.is_empty() {
             let (piece, after) = rest.split_at(fitting(rest, ROW_MAX_BYTES));
             rest = after;
             let seq = self.next_seq + rows.len() as i64;
-            let row = BatchRow::of(seq, piece, &mut self.open, &mut undo);
+            let row = BatchRow::of(seq, piece, &mut self.open);
             if !row.is_empty() {
                 rows.push(row);
             }
@@ -302,9 +301,22 @@ impl Writer {
         let result = self.insert(&rows);
         match result {
             Ok(()) => self.next_seq += rows.len() as i64,
-            Err(_) => undo.restore(&mut self.open),
+            Err(_) => self.reload_open(),
         }
         result
+    }
+
+    /// Takes the open runs as the file holds them, after a transaction that changed them in
+    /// memory failed. (Cheaper than keeping an undo log: a write fails rarely, and every
+    /// entry of every run would pay for the log.)
+    fn reload_open(&mut self) {
+        match fold_open(&self.conn) {
+            Ok((open, next_seq)) => {
+                self.open = open;
+                self.next_seq = next_seq;
+            }
+            Err(error) => self.failed("reading the open runs back", &error),
+        }
     }
 
     /// Writes `rows` in one transaction.
@@ -327,15 +339,11 @@ impl Writer {
     /// in a batch of their own, so retention can remove the batches they started in (their
     /// events there go with them). Returns whether any was carried.
     fn carry_open_runs(&mut self, before: i64) -> bool {
-        let mut undo = Undo::default();
-        for (id, _) in self
+        if self
             .open
-            .iter()
-            .filter(|(_, run)| run.stored.events_from < before)
+            .values()
+            .all(|run| run.stored.events_from >= before)
         {
-            undo.keep(&self.open, id);
-        }
-        if undo.is_empty() {
             return false;
         }
         let seq = self.next_seq;
@@ -350,8 +358,8 @@ impl Writer {
                 true
             }
             Err(error) => {
-                undo.restore(&mut self.open);
                 self.failed("carrying open runs forward", &error);
+                self.reload_open();
                 false
             }
         }
