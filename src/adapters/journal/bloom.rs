@@ -53,8 +53,12 @@ impl IdFilter {
     fn probes(&self, id: &str) -> impl Iterator<Item = usize> + use<> {
         let hash = fnv1a(id.as_bytes());
         let (first, step) = (hash, hash.rotate_left(32) | 1);
-        let len = (self.bits.len() * 8).max(1) as u64;
-        (0..PROBES).map(move |i| (first.wrapping_add(i.wrapping_mul(step)) % len) as usize)
+        let len = (self.bits.len() as u64 * 8).clamp(1, u64::from(u32::MAX));
+        // Each probe's high 32 bits scaled to the filter's length: a multiply, not a division.
+        (0..PROBES).map(move |i| {
+            let probe = first.wrapping_add(i.wrapping_mul(step)) >> 32;
+            ((probe * len) >> 32) as usize
+        })
     }
 }
 

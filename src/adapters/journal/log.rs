@@ -45,6 +45,8 @@ pub(super) struct OpenRun {
     /// Whether the file holds a snapshot of it (some batch left it open): its later
     /// placements are then frames of their own.
     pub(super) in_file: bool,
+    /// The last row whose id filter has it, so a row adds it once.
+    pub(super) in_row: i64,
 }
 
 /// One batch row, built from a batch of queued entries (borrowed: the writer keeps the
@@ -64,9 +66,10 @@ impl<'a> BatchRow<'a> {
     pub(super) fn of(seq: i64, batch: &'a [Queued], open: &mut HashMap<RunId, OpenRun>) -> Self {
         let mut row = Self {
             seq,
-            ids: IdFilter::with_capacity(batch.len()),
-            ended: Vec::new(),
-            finishes: Vec::new(),
+            // A run has two entries or more (accepted, events), most often three.
+            ids: IdFilter::with_capacity(batch.len().div_ceil(2)),
+            ended: Vec::with_capacity(batch.len() / 3),
+            finishes: Vec::with_capacity(batch.len() / 3),
             frames: Vec::with_capacity(batch.iter().map(Queued::estimated_bytes).sum()),
         };
         let mut accepted: Vec<&RunId> = Vec::new();
@@ -77,20 +80,23 @@ impl<'a> BatchRow<'a> {
                     record: RunRecord::open(run.as_ref().clone()),
                     events_from: seq,
                 };
-                open.insert(
-                    run_id.clone(),
-                    OpenRun {
-                        stored,
-                        in_file: false,
-                    },
-                );
+                row.ids.insert(run_id.as_str());
+                let run = OpenRun {
+                    stored,
+                    in_file: false,
+                    in_row: seq,
+                };
+                open.insert(run_id.clone(), run);
                 accepted.push(run_id);
                 continue;
             }
             let Some(run) = open.get_mut(run_id) else {
                 continue;
             };
-            row.ids.insert(run_id.as_str());
+            if run.in_row != seq {
+                row.ids.insert(run_id.as_str());
+                run.in_row = seq;
+            }
             match entry {
                 Queued::Placed { attempt, .. } => {
                     if run.in_file {
@@ -110,7 +116,6 @@ impl<'a> BatchRow<'a> {
             }
         }
         for run_id in accepted {
-            row.ids.insert(run_id.as_str());
             if let Some(run) = open.get_mut(run_id) {
                 push_open(&run.stored, &mut row.frames);
                 run.in_file = true;
@@ -220,7 +225,7 @@ impl<'a> BatchRow<'a> {
         now_ms: u64,
         open_from: i64,
     ) -> rusqlite::Result<()> {
-        let mut ended = Vec::with_capacity(self.ended.len() * 256);
+        let mut ended = Vec::with_capacity(self.ended.len() * 384);
         for stored in &self.ended {
             push_record(stored, &mut ended);
         }
@@ -374,6 +379,7 @@ pub(super) fn fold_open(conn: &Connection) -> rusqlite::Result<(HashMap<RunId, O
                         OpenRun {
                             stored: *stored,
                             in_file: true,
+                            in_row: 0,
                         },
                     );
                 }
