@@ -90,6 +90,10 @@ impl Held {
     }
 
     fn release(&mut self, run_id: &RunId, out: &mut Vec<Queued>) {
+        // Nothing held (the hold is off by default): no need to hash the id.
+        if self.runs.is_empty() {
+            return;
+        }
         if let Some(run) = self.runs.remove(run_id) {
             self.bytes -= run.bytes;
             out.extend(run.entries);

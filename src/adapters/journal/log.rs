@@ -37,6 +37,10 @@ use crate::domain::{
 /// its index entry) is spread over hundreds of runs.
 pub(super) const ROW_MAX_BYTES: usize = 256 << 10;
 
+/// The open runs by id, as the writer keeps them (hashed with foldhash: the writer
+/// looks a run up a few times per run, and SipHash was a tenth of its time).
+pub(super) type OpenRuns = HashMap<RunId, OpenRun, foldhash::fast::RandomState>;
+
 /// What the writer knows of a run still open.
 #[derive(Debug, Clone)]
 pub(super) struct OpenRun {
@@ -63,7 +67,7 @@ pub(super) struct BatchRow<'a> {
 impl<'a> BatchRow<'a> {
     /// The row `batch` makes as batch `seq`; `open` follows the runs it accepts and ends.
     /// Entries of runs not open are skipped.
-    pub(super) fn of(seq: i64, batch: &'a [Queued], open: &mut HashMap<RunId, OpenRun>) -> Self {
+    pub(super) fn of(seq: i64, batch: &'a [Queued], open: &mut OpenRuns) -> Self {
         let mut row = Self {
             seq,
             // A run has two entries or more (accepted, events), most often three.
@@ -260,7 +264,8 @@ impl<'a> BatchRow<'a> {
     /// first with keys borrowed from the batch, so a run costs no allocation (an hour or a
     /// day starts on a minute).
     fn rollup(&self) -> Rollup {
-        let mut sums: HashMap<EndingGroup<'_>, UsageCounts> = HashMap::new();
+        let mut sums: HashMap<EndingGroup<'_>, UsageCounts, foldhash::fast::RandomState> =
+            HashMap::default();
         for (stored, finish) in self.ended.iter().zip(&self.finishes) {
             let Some(finish) = finish else {
                 continue;
@@ -306,7 +311,7 @@ type EndingGroup<'a> = (
 );
 
 /// The oldest batch an open run's events start in (`next_seq` when none is open).
-pub(super) fn open_from(open: &HashMap<RunId, OpenRun>, next_seq: i64) -> i64 {
+pub(super) fn open_from(open: &OpenRuns, next_seq: i64) -> i64 {
     open.values()
         .map(|run| run.stored.events_from)
         .min()
@@ -354,7 +359,7 @@ fn upsert_usage(tx: &Transaction<'_>, rollup: &Rollup) -> rusqlite::Result<()> {
 ///
 /// # Errors
 /// What SQLite reported; a damaged row as `InvalidColumnType`.
-pub(super) fn fold_open(conn: &Connection) -> rusqlite::Result<(HashMap<RunId, OpenRun>, i64)> {
+pub(super) fn fold_open(conn: &Connection) -> rusqlite::Result<(OpenRuns, i64)> {
     let last: Option<(i64, i64)> = conn
         .query_row(
             "SELECT seq, open_from FROM batches ORDER BY seq DESC LIMIT 1",
@@ -363,9 +368,9 @@ pub(super) fn fold_open(conn: &Connection) -> rusqlite::Result<(HashMap<RunId, O
         )
         .optional()?;
     let Some((last, from)) = last else {
-        return Ok((HashMap::new(), 1));
+        return Ok((OpenRuns::default(), 1));
     };
-    let mut open: HashMap<RunId, OpenRun> = HashMap::new();
+    let mut open = OpenRuns::default();
     let mut statement =
         conn.prepare("SELECT ended, frames FROM batches WHERE seq >= ?1 ORDER BY seq")?;
     let mut rows = statement.query([from])?;

@@ -13,15 +13,13 @@
 use std::path::Path;
 use std::time::Duration;
 
-use std::collections::HashMap;
-
 use rusqlite::{Connection, OpenFlags};
 
 use super::budget::Budget;
 use super::frames::Stored;
-use super::log::{BatchRow, OpenRun, fold_open};
+use super::log::{BatchRow, OpenRuns, fold_open};
 use super::migrate::migrate_rows;
-use crate::domain::{EDGE_CRASHED, RunId, RunOutcome};
+use crate::domain::{EDGE_CRASHED, RunOutcome};
 use crate::ports::clock::now_ms;
 
 /// The schema this code writes; a file with a newer one is refused. Schema 3 adds the
@@ -141,7 +139,7 @@ pub(super) struct Opened {
     pub(super) conn: Connection,
     /// The runs a previous edge left open (empty unless kept open for the edge to take
     /// back).
-    pub(super) open: HashMap<RunId, OpenRun>,
+    pub(super) open: OpenRuns,
     /// How many runs left open were ended as unknown.
     pub(super) marked: usize,
     /// The number of the next batch row.
@@ -202,7 +200,7 @@ pub(super) fn open_writer(
 /// one batch row. Returns how many.
 fn end_left_open(
     conn: &mut Connection,
-    open: &mut HashMap<RunId, OpenRun>,
+    open: &mut OpenRuns,
     next_seq: &mut i64,
 ) -> rusqlite::Result<usize> {
     if open.is_empty() {

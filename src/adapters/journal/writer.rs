@@ -9,7 +9,6 @@
 //! the WAL outgrows its own, and a batch that found the file full is written again after
 //! making room.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -22,11 +21,10 @@ use tracing::warn;
 use super::batch::Queued;
 use super::budget::{Budget, Files};
 use super::hold::Held;
-use super::log::{BatchRow, OpenRun, ROW_MAX_BYTES, fold_open, open_from};
+use super::log::{BatchRow, OpenRuns, ROW_MAX_BYTES, fold_open, open_from};
 use super::queue::{EntryQueue, Taken};
 use super::retention::{Retention, expire_usage, retention_chunk};
 use super::schema::{file_bytes, used_bytes, vacuum_free_pages};
-use crate::domain::RunId;
 
 /// Counters shared by the writer and the journal's handle.
 #[derive(Debug, Default)]
@@ -61,7 +59,7 @@ pub(super) struct Writer {
     pub(super) batch_max: usize,
     pub(super) linger: Duration,
     /// Open runs' records so far (the file has a snapshot of those a batch left open).
-    pub(super) open: HashMap<RunId, OpenRun>,
+    pub(super) open: OpenRuns,
     /// The number of the next batch row.
     pub(super) next_seq: i64,
     pub(super) last_error_log: Option<Instant>,
