@@ -1,5 +1,7 @@
 //! Which runs a batch row may hold: a Bloom filter over the run ids with anything in it,
-//! so a read by run id decodes only the few batches that can hold that run.
+//! so a read by run id decodes only the few batches that can hold that run; and one over
+//! what its ended runs may be listed by (node, key, outcome, adapter, target), so a
+//! filtered listing decodes only the rows that can hold a match.
 //!
 //! Ten bits and seven probes per id (about 1 % false positives), the probes by double
 //! hashing of one FNV-1a hash. The hash is spelled out here, not taken from `std`, because
@@ -36,7 +38,12 @@ impl IdFilter {
 
     /// Adds `id`.
     pub(super) fn insert(&mut self, id: &str) {
-        for bit in self.probes(id) {
+        self.insert_tagged(0, id);
+    }
+
+    /// Adds `value` as one of the kind `tag` names (a node, a key, ...).
+    pub(super) fn insert_tagged(&mut self, tag: u8, value: &str) {
+        for bit in self.probes(tag, value) {
             self.bits[bit / 8] |= 1 << (bit % 8);
         }
     }
@@ -44,14 +51,19 @@ impl IdFilter {
     /// Whether `id` may have been added (never `false` for one that was; always `true`
     /// for a filter with no bytes, which cannot say).
     pub(super) fn may_hold(&self, id: &str) -> bool {
+        self.may_hold_tagged(0, id)
+    }
+
+    /// [`Self::may_hold`] for a value of the kind `tag` names.
+    pub(super) fn may_hold_tagged(&self, tag: u8, value: &str) -> bool {
         self.bits.is_empty()
             || self
-                .probes(id)
+                .probes(tag, value)
                 .all(|bit| self.bits[bit / 8] & (1 << (bit % 8)) != 0)
     }
 
-    fn probes(&self, id: &str) -> impl Iterator<Item = usize> + use<> {
-        let hash = fnv1a(id.as_bytes());
+    fn probes(&self, tag: u8, value: &str) -> impl Iterator<Item = usize> + use<> {
+        let hash = fnv1a(tag, value.as_bytes());
         let (first, step) = (hash, hash.rotate_left(32) | 1);
         let len = (self.bits.len() as u64 * 8).clamp(1, u64::from(u32::MAX));
         // Each probe's high 32 bits scaled to the filter's length: a multiply, not a division.
@@ -62,9 +74,11 @@ impl IdFilter {
     }
 }
 
-fn fnv1a(bytes: &[u8]) -> u64 {
+/// FNV-1a of `bytes`, after `tag` unless it is 0 (so a plain id hashes as itself).
+fn fnv1a(tag: u8, bytes: &[u8]) -> u64 {
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for byte in bytes {
+    let tag = (tag != 0).then_some(tag);
+    for byte in tag.iter().chain(bytes) {
         hash ^= u64::from(*byte);
         hash = hash.wrapping_mul(0x0100_0000_01b3);
     }
@@ -91,6 +105,15 @@ mod tests {
     }
 
     #[test]
+    fn a_tagged_value_is_apart_from_the_same_text_under_another_tag() {
+        let mut filter = IdFilter::with_capacity(4);
+        filter.insert_tagged(1, "gpu-a");
+        assert!(filter.may_hold_tagged(1, "gpu-a"));
+        assert!(!filter.may_hold_tagged(2, "gpu-a"));
+        assert!(!filter.may_hold("gpu-a"));
+    }
+
+    #[test]
     fn a_filter_without_bytes_may_hold_anything_and_an_empty_one_nothing() {
         assert!(IdFilter::from_bytes(Vec::new()).may_hold("run-1"));
         assert!(!IdFilter::with_capacity(0).may_hold("run-1"));
@@ -99,6 +122,6 @@ mod tests {
     #[test]
     fn the_hash_is_the_stored_one() {
         // FNV-1a's published test vector: the filter's bits depend on it.
-        assert_eq!(fnv1a(b"a"), 0xaf63_dc4c_8601_ec8c);
+        assert_eq!(fnv1a(0, b"a"), 0xaf63_dc4c_8601_ec8c);
     }
 }

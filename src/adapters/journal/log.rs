@@ -28,7 +28,7 @@ use super::frames::{
 use super::writer::to_sql;
 use crate::domain::routing::KeySource;
 use crate::domain::{
-    Bucket, NodeId, Rollup, RunId, RunOutcome, RunRecord, UsageCounts, UsageGroup,
+    Bucket, NodeId, Rollup, RunId, RunOutcome, RunQuery, RunRecord, UsageCounts, UsageGroup,
 };
 
 /// A batch row holds at most about this many bytes of entries; a transaction with more
@@ -241,10 +241,18 @@ impl<'a> BatchRow<'a> {
             .map(|s| s.record.finished_ms.unwrap_or(s.record.accepted.queued_ms))
             .max()
             .unwrap_or(now_ms);
+        // Most runs of a row share their key, outcome, adapter and target: about two
+        // distinct values a run.
+        let mut facets = IdFilter::with_capacity(self.ended.len() * 2);
+        for stored in &self.ended {
+            record_facets(&stored.record, |tag, value| {
+                facets.insert_tagged(tag, value)
+            });
+        }
         tx.prepare_cached(
             "INSERT INTO batches (seq, newest_ms, ended_from_ms, ended_to_ms, ended_count,
-                open_from, ids, ended, frames)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+                open_from, ids, facets, ended, frames)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
         )?
         .execute(params![
             self.seq,
@@ -254,6 +262,7 @@ impl<'a> BatchRow<'a> {
             self.ended.len() as i64,
             open_from.min(self.seq),
             self.ids.bytes(),
+            facets.bytes(),
             ended,
             self.frames,
         ])?;
@@ -309,6 +318,49 @@ type EndingGroup<'a> = (
     Option<&'a str>,
     &'static str,
 );
+
+/// The kinds of value a listing filters ended runs by, as a row's facet filter tags them.
+const NODE: u8 = 1;
+const KEY: u8 = 2;
+const OUTCOME: u8 = 3;
+const ADAPTER: u8 = 4;
+const TARGET: u8 = 5;
+
+/// Calls `add` with each value `record` may be listed by: every node it was placed on, its
+/// key, outcome, adapter and target.
+fn record_facets<'r>(record: &'r RunRecord, mut add: impl FnMut(u8, &'r str)) {
+    for attempt in &record.attempts {
+        add(NODE, attempt.node.as_str());
+    }
+    if let Some(key) = &record.accepted.api_key_name {
+        add(KEY, key);
+    }
+    add(OUTCOME, record.outcome.as_str());
+    add(ADAPTER, record.accepted.adapter.as_str());
+    add(TARGET, record.accepted.target.as_str());
+}
+
+/// The values every run `query` lists must have, tagged as [`record_facets`] tags them:
+/// a row whose facet filter lacks one ends no run the listing wants.
+pub(super) fn query_facets(query: &RunQuery) -> Vec<(u8, String)> {
+    let mut facets = Vec::new();
+    if let Some(node) = &query.node {
+        facets.push((NODE, node.as_str().to_owned()));
+    }
+    if let Some(key) = &query.api_key_name {
+        facets.push((KEY, key.clone()));
+    }
+    if let Some(outcome) = query.outcome {
+        facets.push((OUTCOME, outcome.as_str().to_owned()));
+    }
+    if let Some(adapter) = &query.adapter {
+        facets.push((ADAPTER, adapter.as_str().to_owned()));
+    }
+    if let Some(target) = &query.target {
+        facets.push((TARGET, target.as_str().to_owned()));
+    }
+    facets
+}
 
 /// The oldest batch an open run's events start in (`next_seq` when none is open).
 pub(super) fn open_from(open: &OpenRuns, next_seq: i64) -> i64 {

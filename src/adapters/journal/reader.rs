@@ -10,7 +10,7 @@ use rusqlite::{Connection, params};
 
 use super::bloom::IdFilter;
 use super::frames::{Frame, Stored, read_frames, read_records};
-use super::log::damaged;
+use super::log::{damaged, query_facets};
 use super::packed::{RunIdentity, unpack};
 use super::schema::open_reader;
 use super::writer::to_sql;
@@ -62,23 +62,24 @@ impl Reader {
 
     /// Finished runs matching `query`, newest first: the batches are read by the newest
     /// acceptance time among the runs they ended, down to where no batch can hold a run
-    /// newer than the page's last.
+    /// newer than the page's last; a batch whose facet filter lacks a value the query
+    /// asks for is not decoded.
     pub(super) fn finished_runs(&self, query: &RunQuery) -> Result<Vec<RunRecord>, JournalError> {
         let mut wanted = query.clone();
         wanted.state = RunStateFilter::Finished;
-        let mut sql = "SELECT ended_to_ms, ended FROM batches WHERE ended_to_ms IS NOT NULL
-            AND ended_to_ms >= ?1 AND ended_from_ms <= ?2"
-            .to_owned();
-        sql.push_str(" ORDER BY ended_to_ms DESC");
+        let facets = query_facets(query);
         let since = to_sql(query.since_ms.unwrap_or(0));
         let before = to_sql(query.after.as_ref().map_or(u64::MAX, |a| a.queued_ms));
         self.with(|conn| {
             let tx = conn.unchecked_transaction()?;
-            let mut statement = tx.prepare_cached(&sql)?;
+            let mut statement = tx.prepare_cached(
+                "SELECT seq, ended_to_ms, facets FROM batches WHERE ended_to_ms IS NOT NULL
+                    AND ended_to_ms >= ?1 AND ended_from_ms <= ?2 ORDER BY ended_to_ms DESC",
+            )?;
             let mut rows = statement.query(params![since, before])?;
             let mut runs: Vec<RunRecord> = Vec::new();
             while let Some(row) = rows.next()? {
-                let newest = from_sql(row.get(0)?);
+                let newest = from_sql(row.get(1)?);
                 let full = runs.len() >= query.limit;
                 if full
                     && runs
@@ -87,7 +88,17 @@ impl Reader {
                 {
                     break;
                 }
-                let records = read_records(row.get_ref(1)?.as_blob()?).map_err(damaged)?;
+                let filter = IdFilter::from_bytes(row.get(2)?);
+                if !facets
+                    .iter()
+                    .all(|(tag, value)| filter.may_hold_tagged(*tag, value))
+                {
+                    continue;
+                }
+                let ended: Vec<u8> = tx
+                    .prepare_cached("SELECT ended FROM batches WHERE seq = ?1")?
+                    .query_row([row.get::<_, i64>(0)?], |row| row.get(0))?;
+                let records = read_records(&ended).map_err(damaged)?;
                 runs.extend(
                     records
                         .into_iter()

@@ -43,6 +43,7 @@ CREATE TABLE IF NOT EXISTS batches (
     ended_count INTEGER NOT NULL,
     open_from INTEGER NOT NULL,
     ids BLOB NOT NULL,
+    facets BLOB NOT NULL,
     ended BLOB NOT NULL,
     frames BLOB NOT NULL
 );
