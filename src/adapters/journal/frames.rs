@@ -78,17 +78,7 @@ pub(super) fn push_events(chunk: &EventChunk<'_>, out: &mut Vec<u8>) {
 /// Appends an ended run's record (to a batch's `ended`).
 pub(super) fn push_record(stored: &Stored, out: &mut Vec<u8>) {
     let record = &stored.record;
-    let run = &record.accepted;
-    push_str(run.run_id.as_str(), out);
-    push_str(run.adapter.as_str(), out);
-    push_str(run.target.as_str(), out);
-    push_str(run.operation.as_str(), out);
-    push_opt_str(run.pin.as_deref(), out);
-    push_opt_str(run.api_key_name.as_deref(), out);
-    push_varint(run.queued_ms, out);
-    push_opt_u64(run.deadline_ms, out);
-    push_opt_str(run.client_stream.as_deref(), out);
-    push_opt_str(run.affinity.map(KeySource::as_str), out);
+    push_accepted(&record.accepted, out);
     push_varint(record.attempts.len() as u64, out);
     for attempt in &record.attempts {
         push_attempt(attempt, out);
@@ -103,6 +93,20 @@ pub(super) fn push_record(stored: &Stored, out: &mut Vec<u8>) {
     push_varint(record.events, out);
     push_varint(record.events_stored, out);
     push_varint(u64::try_from(stored.events_from).unwrap_or(0), out);
+}
+
+/// What was known of a run when it was accepted: the record's first fields.
+fn push_accepted(run: &AcceptedRun, out: &mut Vec<u8>) {
+    push_str(run.run_id.as_str(), out);
+    push_str(run.adapter.as_str(), out);
+    push_str(run.target.as_str(), out);
+    push_str(run.operation.as_str(), out);
+    push_opt_str(run.pin.as_deref(), out);
+    push_opt_str(run.api_key_name.as_deref(), out);
+    push_varint(run.queued_ms, out);
+    push_opt_u64(run.deadline_ms, out);
+    push_opt_str(run.client_stream.as_deref(), out);
+    push_opt_str(run.affinity.map(KeySource::as_str), out);
 }
 
 /// The records of a batch's `ended`.
@@ -146,22 +150,7 @@ pub(super) fn read_frames(bytes: &[u8]) -> Result<Vec<Frame<'_>>, Damaged> {
 }
 
 fn read_record(reader: &mut Reader<'_>) -> Result<Stored, Damaged> {
-    let run_id = RunId::new(reader.text()?);
-    let adapter = AdapterName::parse(reader.text()?).map_err(|_| reader.damaged())?;
-    let target = Target::parse(reader.text()?).map_err(|_| reader.damaged())?;
-    let operation = operation(reader.text()?);
-    let accepted = AcceptedRun {
-        run_id,
-        adapter,
-        target,
-        operation,
-        pin: read_opt_string(reader)?,
-        api_key_name: read_opt_string(reader)?,
-        queued_ms: reader.varint()?,
-        deadline_ms: read_opt_u64(reader)?,
-        client_stream: read_opt_string(reader)?,
-        affinity: read_opt_string(reader)?.and_then(|name| KeySource::parse(&name)),
-    };
+    let accepted = read_accepted(reader)?;
     let attempts = (0..reader.varint()?)
         .map(|_| read_attempt(reader))
         .collect::<Result<Vec<_>, _>>()?;
@@ -185,6 +174,25 @@ fn read_record(reader: &mut Reader<'_>) -> Result<Stored, Damaged> {
     Ok(Stored {
         record,
         events_from,
+    })
+}
+
+fn read_accepted(reader: &mut Reader<'_>) -> Result<AcceptedRun, Damaged> {
+    let run_id = RunId::new(reader.text()?);
+    let adapter = AdapterName::parse(reader.text()?).map_err(|_| reader.damaged())?;
+    let target = Target::parse(reader.text()?).map_err(|_| reader.damaged())?;
+    let operation = operation(reader.text()?);
+    Ok(AcceptedRun {
+        run_id,
+        adapter,
+        target,
+        operation,
+        pin: read_opt_string(reader)?,
+        api_key_name: read_opt_string(reader)?,
+        queued_ms: reader.varint()?,
+        deadline_ms: read_opt_u64(reader)?,
+        client_stream: read_opt_string(reader)?,
+        affinity: read_opt_string(reader)?.and_then(|name| KeySource::parse(&name)),
     })
 }
 
