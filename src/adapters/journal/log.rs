@@ -1,13 +1,15 @@
 //! The journal's log (schema 7): one row per write transaction in `batches`, holding the
 //! records of the runs that batch ended, a snapshot of each run it left open, later
 //! placements of open runs, and every event chunk it wrote (`frames.rs` says how they are
-//! laid out), with a filter of the run ids it holds (`bloom.rs`).
+//! laid out), with a filter of the run ids it holds and one of what its ended runs may be
+//! listed by (`bloom.rs`).
 //!
 //! A run costs no row and no index entry of its own: one `INSERT` per transaction carries
 //! all of its runs, so the writer's cost per run is the bytes the run says. What the
-//! readers need of a run they find from the rows: by id through the filters, listings
-//! through the range of acceptance times of the runs each batch ended (`batches_by_ended`),
-//! a run's events from the batch its events start in (`events_from`) to its end.
+//! readers need of a run they find from the rows: by id through the id filters, listings
+//! through the range of acceptance times of the runs each batch ended (`batches_by_ended`)
+//! and the facet filters, a run's events from the batch its events start in
+//! (`events_from`) to its end.
 //!
 //! The writer keeps each open run's record in memory ([`OpenRun`]); the file has it from
 //! the first batch that leaves the run open (a snapshot frame), so a restarted edge finds
