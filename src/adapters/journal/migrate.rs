@@ -10,6 +10,7 @@
 //! any other, and ended as unknown or taken back as the edge opened the journal.
 
 use rusqlite::{Connection, OptionalExtension, Row, Transaction, params_from_iter};
+use tracing::info;
 
 use super::frames::{EventChunk, Stored, operation, push_events, push_open};
 use super::log::{BatchRow, ROW_MAX_BYTES};
@@ -67,6 +68,9 @@ pub(super) fn migrate_rows(conn: &mut Connection) -> rusqlite::Result<()> {
     }
     // Files of schema 1 may lack the tables an edge of schema 2 on created beside `runs`.
     conn.execute_batch(LEGACY_TABLES)?;
+    info!(
+        "the run journal has a row per run (schema 6 or older): rewriting it into batches (schema 7), about as long as reading it once"
+    );
     // An open run's events start in the first batch that holds one: the rewrite keeps that
     // batch from retention until the run is ended or taken back. (A rewrite that stopped
     // halfway goes on from what its last batch said.)
@@ -77,6 +81,7 @@ pub(super) fn migrate_rows(conn: &mut Connection) -> rusqlite::Result<()> {
             |row| row.get(0),
         )
         .optional()?;
+    let mut runs = 0;
     loop {
         let tx = conn.transaction()?;
         let seq: i64 =
@@ -88,7 +93,9 @@ pub(super) fn migrate_rows(conn: &mut Connection) -> rusqlite::Result<()> {
         if rewritten == 0 {
             break;
         }
+        runs += rewritten;
     }
+    info!(runs, "the run journal is rewritten into batches");
     conn.execute_batch("DROP TABLE events; DROP TABLE attempts; DROP TABLE runs;")?;
     super::schema::vacuum_free_pages(conn)
 }
