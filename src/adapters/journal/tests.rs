@@ -692,23 +692,47 @@ async fn a_run_an_older_edge_left_open_is_rewritten_open_and_taken_back() {
 #[tokio::test]
 async fn a_transaction_is_one_row_whatever_runs_it_holds() {
     let dir = tempfile::tempdir().unwrap();
-    let journal = SqliteJournal::open(&config(&dir), &file(&dir)).unwrap();
-    for i in 0..50 {
-        whole_run(&journal, &format!("r{i}"), 1 + i, "node-a");
+    std::fs::create_dir_all(dir.path().join("j")).unwrap();
+    {
+        // Two transactions written as the writer writes them, without its thread's timing.
+        let budget = budget::Budget::of(0);
+        let mut opened = schema::open_writer(&file(&dir), &budget, false).unwrap();
+        let queued = |entries: Vec<JournalEntry>| -> Vec<batch::Queued> {
+            entries
+                .into_iter()
+                .filter_map(|entry| batch::Queued::of(entry, 100).0)
+                .collect()
+        };
+        let mut first = Vec::new();
+        for i in 0..50 {
+            let id = format!("r{i}");
+            first.extend([
+                accepted(&id, 1 + i),
+                placed(&id, "node-a"),
+                event(&id, 0, RunEventKind::Started),
+                event(&id, 1, RunEventKind::text("hi")),
+                event(&id, 2, completed()),
+            ]);
+        }
+        first.extend([accepted("split", 100), placed("split", "node-a")]);
+        let second = vec![
+            event("split", 0, RunEventKind::Started),
+            event("split", 1, completed()),
+        ];
+        for (seq, entries) in [(1, queued(first)), (2, queued(second))] {
+            let row = log::BatchRow::of(seq, &entries, &mut opened.open);
+            let tx = opened.conn.transaction().unwrap();
+            row.insert(&tx, recent(0), log::open_from(&opened.open, seq + 1))
+                .unwrap();
+            tx.commit().unwrap();
+        }
+        let rows: i64 = opened
+            .conn
+            .query_row("SELECT count(*) FROM batches", [], |row| row.get(0))
+            .unwrap();
+        assert_eq!(rows, 2, "51 runs in two transactions, a row each");
     }
-    journal.record(accepted("split", 100));
-    journal.record(placed("split", "node-a"));
-    journal.flush().await;
-    journal.record(event("split", 0, RunEventKind::Started));
-    journal.record(event("split", 1, completed()));
-    journal.flush().await;
-    let rows = rusqlite::Connection::open(file(&dir))
-        .unwrap()
-        .query_row("SELECT count(*) FROM batches", [], |row| {
-            row.get::<_, i64>(0)
-        })
-        .unwrap();
-    assert_eq!(rows, 2, "51 runs in two transactions");
+    let journal = SqliteJournal::open(&config(&dir), &file(&dir)).unwrap();
     for id in ["r0", "r49", "split"] {
         let run = journal.run(&RunId::new(id)).await.unwrap().unwrap();
         assert_eq!(run.outcome, RunOutcome::Completed, "{id}");
