@@ -63,8 +63,8 @@ impl RunService {
     }
 
     /// Hands a relayed event to the run's followers and keeps it in `journal` for the
-    /// journal, never waiting. Called under the run's delivery lock, so positions follow
-    /// relay order.
+    /// journal (a terminal one hands what is kept to the journal first), never waiting.
+    /// Called under the run's delivery lock, so positions follow relay order.
     pub(super) fn tap(
         &self,
         run: &Run,
@@ -89,6 +89,11 @@ impl RunService {
                     first_output,
                 });
             }
+        }
+        // A run's end reaches the journal before any follower or caller sees it: one that
+        // saw the end and then reads the run (after a flush) finds the end there too.
+        if event.kind.is_terminal() {
+            self.hand_to_journal(run, journal);
         }
         if !followers.is_empty() {
             // A follower that is full or gone is dropped: it resumes from the journal.
