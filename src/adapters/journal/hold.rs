@@ -6,10 +6,11 @@
 //! A real answer streams for seconds at tens of tokens a second, so without the hold every
 //! transaction (one per `batch_linger_ms`) writes a small chunk for each streaming run, with
 //! the run's id and position: a few dozen bytes of framing per token delta. Held, a run's
-//! events become one chunk per run for most runs, and one per hold interval for long ones. Run records (accepted, placed) and endings are never held;
-//! a flush (the management API's read-your-writes) writes everything held first; what a
-//! `kill -9` loses is at most the held interval of each open run's events, which the node
-//! still buffers until acknowledged (docs/operations.md).
+//! events become one chunk per run for most runs, and one per hold interval for long ones.
+//! Run records (accepted, placed) and endings are never held; a flush (the management
+//! API's read-your-writes) writes everything held first; what a `kill -9` loses is at most
+//! the held interval of each open run's events, which the node still buffers until
+//! acknowledged (docs/operations.md).
 
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};

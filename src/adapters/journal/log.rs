@@ -46,11 +46,9 @@ pub(super) type OpenRuns = HashMap<RunId, OpenRun, foldhash::fast::RandomState>;
 /// What the writer knows of a run still open.
 #[derive(Debug, Clone)]
 pub(super) struct OpenRun {
-    /// Its record so far (outcome open), and the batch its events start in.
+    /// Its record so far (outcome open), and the batch its events start in: a row after
+    /// that one follows a snapshot of it, so its placements there are frames of their own.
     pub(super) stored: Stored,
-    /// Whether the file holds a snapshot of it (some batch left it open): its later
-    /// placements are then frames of their own.
-    pub(super) in_file: bool,
     /// The last row whose id filter has it, so a row adds it once.
     pub(super) in_row: i64,
 }
@@ -89,7 +87,6 @@ impl<'a> BatchRow<'a> {
                 row.ids.insert(run_id.as_str());
                 let run = OpenRun {
                     stored,
-                    in_file: false,
                     in_row: seq,
                 };
                 open.insert(run_id.clone(), run);
@@ -105,7 +102,7 @@ impl<'a> BatchRow<'a> {
             }
             match entry {
                 Queued::Placed { attempt, .. } => {
-                    if run.in_file {
+                    if run.stored.events_from < seq {
                         push_placed(run_id, attempt, &mut row.frames);
                     }
                     run.stored.record.attempts.push(attempt.clone());
@@ -122,9 +119,8 @@ impl<'a> BatchRow<'a> {
             }
         }
         for run_id in accepted {
-            if let Some(run) = open.get_mut(run_id) {
+            if let Some(run) = open.get(run_id) {
                 push_open(&run.stored, &mut row.frames);
-                run.in_file = true;
             }
         }
         row
@@ -152,38 +148,34 @@ impl<'a> BatchRow<'a> {
     /// A row of snapshots of `runs` (open runs carried forward, or a legacy file's open
     /// runs), their events starting in it.
     pub(super) fn carrying<'r>(seq: i64, runs: impl Iterator<Item = &'r mut OpenRun>) -> Self {
+        let runs: Vec<&mut OpenRun> = runs.collect();
         let mut row = Self {
             seq,
-            ids: IdFilter::with_capacity(0),
+            ids: IdFilter::with_capacity(runs.len()),
             ended: Vec::new(),
             finishes: Vec::new(),
             frames: Vec::new(),
         };
-        let mut ids = Vec::new();
         for run in runs {
             run.stored.events_from = seq;
             run.stored.record.events_stored = 0;
-            run.in_file = true;
             push_open(&run.stored, &mut row.frames);
-            ids.push(run.stored.record.run_id().clone());
-        }
-        row.ids = IdFilter::with_capacity(ids.len());
-        for id in &ids {
-            row.ids.insert(id.as_str());
+            row.ids.insert(run.stored.record.run_id().as_str());
         }
         row
     }
 
     /// A row of `records` as they are (a legacy file's finished runs, or runs left open
-    /// ended as unknown) and `frames` beside them.
+    /// ended as unknown) and `frames` beside them, which are about the runs `frame_ids`.
     pub(super) fn of_records(
         seq: i64,
         records: Vec<Stored>,
         frames: Vec<u8>,
-        ids: &[&str],
+        frame_ids: &[&str],
     ) -> Self {
-        let mut filter = IdFilter::with_capacity(ids.len());
-        for id in ids {
+        let mut filter = IdFilter::with_capacity(records.len() + frame_ids.len());
+        let ended_ids = records.iter().map(|s| s.record.run_id().as_str());
+        for id in ended_ids.chain(frame_ids.iter().copied()) {
             filter.insert(id);
         }
         Self {
@@ -437,7 +429,6 @@ pub(super) fn fold_open(conn: &Connection) -> rusqlite::Result<(OpenRuns, i64)> 
                         id,
                         OpenRun {
                             stored: *stored,
-                            in_file: true,
                             in_row: 0,
                         },
                     );

@@ -13,8 +13,9 @@ use rusqlite::{Connection, OptionalExtension, Row, Transaction, params_from_iter
 use tracing::info;
 
 use super::frames::{EventChunk, Stored, operation, push_events, push_open};
-use super::log::{BatchRow, ROW_MAX_BYTES};
+use super::log::{BatchRow, ROW_MAX_BYTES, damaged};
 use super::packed::pack_lines;
+use super::writer::from_sql;
 use crate::domain::routing::KeySource;
 use crate::domain::{
     AcceptedRun, AdapterName, Attempt, NodeId, RunId, RunOutcome, RunRecord, Target, Usage,
@@ -200,12 +201,8 @@ fn rewrite_events(
     Ok(stored)
 }
 
-fn from_sql(value: i64) -> u64 {
-    u64::try_from(value).unwrap_or(0)
-}
-
 fn bad_row(what: &str, value: &str) -> rusqlite::Error {
-    rusqlite::Error::InvalidColumnType(0, format!("{what} {value:?}"), rusqlite::types::Type::Text)
+    damaged(format!("{what} {value:?}"))
 }
 
 fn read_run(row: &Row<'_>) -> rusqlite::Result<(i64, RunRecord)> {

@@ -13,7 +13,7 @@ use super::frames::{Frame, Stored, read_frames, read_records};
 use super::log::{damaged, query_facets};
 use super::packed::{RunIdentity, unpack};
 use super::schema::open_reader;
-use super::writer::to_sql;
+use super::writer::{from_sql, to_sql};
 use crate::domain::{Attempt, RunId, RunQuery, RunRecord, RunStateFilter};
 use crate::ports::{JournalError, StoredEvent};
 
@@ -196,15 +196,15 @@ fn locate(conn: &Connection, id: &RunId) -> rusqlite::Result<Option<Found>> {
         if !IdFilter::from_bytes(row.get(1)?).may_hold(id.as_str()) {
             continue;
         }
-        let column = |name: &str| -> rusqlite::Result<Vec<u8>> {
-            conn.prepare_cached(&format!("SELECT {name} FROM batches WHERE seq = ?1"))?
-                .query_row([seq], |row| row.get(0))
+        let column = |sql: &str| -> rusqlite::Result<Vec<u8>> {
+            conn.prepare_cached(sql)?.query_row([seq], |row| row.get(0))
         };
-        let records = read_records(&column("ended")?).map_err(damaged)?;
+        let ended = column("SELECT ended FROM batches WHERE seq = ?1")?;
+        let records = read_records(&ended).map_err(damaged)?;
         if let Some(stored) = records.into_iter().find(|s| s.record.run_id() == id) {
             return Ok(Some(Found { stored, last: seq }));
         }
-        let frames = column("frames")?;
+        let frames = column("SELECT frames FROM batches WHERE seq = ?1")?;
         // A snapshot says how the run stood at the end of its batch: what the same batch
         // added is in it already.
         let mut batch_placed = Vec::new();
@@ -261,8 +261,4 @@ fn storage(error: rusqlite::Error) -> JournalError {
     } else {
         JournalError::Unavailable(error.to_string())
     }
-}
-
-fn from_sql(value: i64) -> u64 {
-    u64::try_from(value).unwrap_or(0)
 }

@@ -218,12 +218,7 @@ fn end_left_open(
         record.events = record.events.max(record.events_stored);
     }
     let count = records.len();
-    let ids: Vec<String> = records
-        .iter()
-        .map(|s| s.record.run_id().to_string())
-        .collect();
-    let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
-    let row = BatchRow::of_records(*next_seq, records, Vec::new(), &ids);
+    let row = BatchRow::of_records(*next_seq, records, Vec::new(), &[]);
     let tx = conn.transaction()?;
     row.insert(&tx, now_ms(), *next_seq)?;
     tx.commit()?;

@@ -222,17 +222,11 @@ impl Writer {
     /// events start in are left, those runs are carried forward first (their events so far
     /// are given up, their records kept).
     fn make_room(&mut self) {
-        for carried in [false, true] {
-            if carried && !self.carry_open_runs(self.next_seq) {
-                break;
-            }
-            self.making_room = true;
-            while self.making_room && self.retention_step() {}
-            self.making_room = false;
-            let low = self.budget.low_mark();
-            if used_bytes(&self.conn).is_ok_and(|used| used <= low) {
-                break;
-            }
+        self.remove_to_low_mark();
+        let low = self.budget.low_mark();
+        let over = used_bytes(&self.conn).is_ok_and(|used| used > low);
+        if over && self.carry_open_runs(self.next_seq) {
+            self.remove_to_low_mark();
         }
         // New data reuses the freed pages; only a file larger than its share (the limit was
         // lowered) hands them back, and then takes the share as its page cap again.
@@ -243,6 +237,14 @@ impl Writer {
             }
         }
         self.checkpoint();
+    }
+
+    /// Removes the oldest batch rows retention may remove until the data is at the budget's
+    /// low mark.
+    fn remove_to_low_mark(&mut self) {
+        self.making_room = true;
+        while self.making_room && self.retention_step() {}
+        self.making_room = false;
     }
 
     fn checkpoint(&mut self) {
@@ -400,4 +402,9 @@ fn is_full(result: &rusqlite::Result<()>) -> bool {
 /// SQLite integers are signed: times and counts past `i64::MAX` are clamped.
 pub(super) fn to_sql(value: u64) -> i64 {
     i64::try_from(value).unwrap_or(i64::MAX)
+}
+
+/// A stored time or count back: a negative one (never written) reads as 0.
+pub(super) fn from_sql(value: i64) -> u64 {
+    u64::try_from(value).unwrap_or(0)
 }

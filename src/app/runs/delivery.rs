@@ -257,7 +257,7 @@ impl RunService {
             log_end(run, &event);
             delivery.caller = None;
             delivery.followers.clear();
-            self.hand_to_journal(run, &mut delivery.journal);
+            // `tap` handed the run's last batch, its end included, to the journal.
             drop(delivery);
             self.retire(run, budget_tokens(&event.kind));
             return (true, None);

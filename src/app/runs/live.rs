@@ -103,8 +103,9 @@ impl RunService {
 
     /// Hands the events [`Self::tap`] kept to the journal as one entry. Called before the
     /// run's delivery lock is let go, so a follower registered next finds every earlier
-    /// event on its way to the journal, and before a run that ended leaves the table, so
-    /// a listing finds it in one or the other.
+    /// event on its way to the journal, and by `tap` as soon as a run's terminal event is
+    /// kept (before anyone sees it, and so before the run leaves the table), so a reader
+    /// finds the run's end in one or the other.
     pub(super) fn hand_to_journal(&self, run: &Run, journal: &mut Vec<RelayedEvent>) {
         if journal.is_empty() {
             return;
