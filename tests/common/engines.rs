@@ -60,29 +60,31 @@ pub fn cache_dir() -> PathBuf {
 /// The cached `llama-server`, built by `.ci/engines/llama-server.sh` when missing.
 pub fn llama_server_binary() -> PathBuf {
     static BINARY: OnceLock<PathBuf> = OnceLock::new();
-    BINARY.get_or_init(|| install("llama-server.sh")).clone()
+    super::deadline::installing(|| BINARY.get_or_init(|| install("llama-server.sh")).clone())
 }
 
 /// The `nats-server` binary, apt-installed by `.ci/engines/nats-server.sh` when missing.
 pub fn nats_server_binary() -> PathBuf {
     static BINARY: OnceLock<PathBuf> = OnceLock::new();
-    BINARY.get_or_init(|| install("nats-server.sh")).clone()
+    super::deadline::installing(|| BINARY.get_or_init(|| install("nats-server.sh")).clone())
 }
 
 /// The directory holding the `claude` (Claude Code) and `codex` (the Codex CLI) commands at
 /// their pinned versions, npm-installed by `.ci/clients/agents.sh` when missing.
 pub fn agent_clients() -> PathBuf {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        let dir = run_installer(Path::new("clients/agents.sh"));
-        assert!(
-            dir.join("claude").is_file() && dir.join("codex").is_file(),
-            "{} holds claude and codex",
-            dir.display()
-        );
-        dir
+    super::deadline::installing(|| {
+        BIN.get_or_init(|| {
+            let dir = run_installer(Path::new("clients/agents.sh"));
+            assert!(
+                dir.join("claude").is_file() && dir.join("codex").is_file(),
+                "{} holds claude and codex",
+                dir.display()
+            );
+            dir
+        })
+        .clone()
     })
-    .clone()
 }
 
 /// A vocab-only GGUF file shipped with llama.cpp (`ggml-vocab-{name}.gguf`, for example
@@ -102,7 +104,7 @@ pub fn vocab(name: &str) -> PathBuf {
 /// again whenever `make_tiny_model.py` changes.
 pub fn tiny_model() -> PathBuf {
     static MODEL: OnceLock<PathBuf> = OnceLock::new();
-    MODEL.get_or_init(make_tiny_model).clone()
+    super::deadline::installing(|| MODEL.get_or_init(make_tiny_model).clone())
 }
 
 fn make_tiny_model() -> PathBuf {
@@ -237,7 +239,8 @@ impl Process {
     /// SIGKILL, then waits for the exit (so the port is free once this returns).
     async fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
-            let _ = child.kill().await;
+            let what = format!("{} to exit after SIGKILL", self.name);
+            let _ = super::bounded(what, child.kill()).await;
         }
     }
 

@@ -1,20 +1,35 @@
 //! The integration-test harness: a real edge on port 0 and real protocol clients.
 #![allow(dead_code)]
 
+pub mod deadline;
 pub mod engines;
 pub mod pki;
 pub mod python;
 pub mod runs;
 
+/// `#[common::test]`: every integration test runs under a deadline of its own
+/// ([`deadline`]).
+pub use edge_test_deadline::test;
+
 /// A `reqwest` client builder for the tests' HTTP calls. The reference node (a
 /// dev-dependency) turns on reqwest's rustls without a process-wide crypto provider, so a
 /// bare `reqwest::Client::new()` would panic in this process: every client starts from the
-/// node's builder, which passes the `ring` provider in (decision 15).
+/// node's builder, which passes the `ring` provider in (decision 15). No request waits
+/// forever: a connection is made within [`PATIENCE`], and a response's head and each read
+/// of its body come within [`READ_PATIENCE`] (or the request fails with a timeout error
+/// naming its URL).
 pub fn http() -> reqwest::ClientBuilder {
-    edge_node::upstream::client_builder(None).expect("the system's CA certificates load")
+    edge_node::upstream::client_builder(None)
+        .expect("the system's CA certificates load")
+        .connect_timeout(PATIENCE)
+        .read_timeout(READ_PATIENCE)
 }
 
-/// A client from [`http`] with reqwest's defaults.
+/// The longest a test's HTTP client waits for the next bytes of a response: longer than
+/// [`PATIENCE`], since a real engine under a loaded machine may pause mid-answer.
+pub const READ_PATIENCE: Duration = Duration::from_secs(60);
+
+/// A client from [`http`].
 pub fn http_client() -> reqwest::Client {
     http().build().expect("an HTTP client")
 }
@@ -212,7 +227,7 @@ impl TestApp {
     /// Stops the edge gracefully and waits for it.
     pub async fn stop(self) {
         self.parts.stop.cancel();
-        self.serving
+        bounded("the edge to stop", self.serving)
             .await
             .expect("serving task")
             .expect("clean stop");
@@ -265,24 +280,51 @@ pub async fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
 }
 
 /// Polls the asynchronous `probe` with short waits until it returns `Ok`, and returns the
-/// value; panics naming `what` and the last error if it has not after [`PATIENCE`]. For
-/// effects observed through I/O (a metric scraped, a health check, a retried start).
+/// value; panics naming `what` and the last error if it has not after [`PATIENCE`] — also
+/// when a probe itself never returns. For effects observed through I/O (a metric scraped, a
+/// health check, a retried start).
 pub async fn eventually_ok<T, E: fmt::Display, F: std::future::Future<Output = Result<T, E>>>(
     what: &str,
     mut probe: impl FnMut() -> F,
 ) -> T {
     let deadline = tokio::time::Instant::now() + PATIENCE;
+    let mut last = String::from("no probe answered yet");
     loop {
-        let error = match probe().await {
-            Ok(value) => return value,
-            Err(error) => error,
-        };
+        match tokio::time::timeout_at(deadline, probe()).await {
+            Ok(Ok(value)) => return value,
+            Ok(Err(error)) => last = error.to_string(),
+            Err(_) => panic!(
+                "timed out waiting until {what}: a probe did not return within {PATIENCE:?}; \
+                 the one before said: {last}"
+            ),
+        }
         assert!(
             tokio::time::Instant::now() < deadline,
-            "timed out waiting until {what}: {error}"
+            "timed out waiting until {what}: {last}"
         );
         tokio::time::sleep(POLL).await;
     }
+}
+
+/// Awaits `future` for at most [`PATIENCE`]; panics naming `what` it waited for if it has
+/// not ended by then. For every wait of a test on the edge, a node, a client task, a child
+/// process or a response body that has no bound of its own.
+pub async fn bounded<T>(
+    what: impl fmt::Display,
+    future: impl std::future::Future<Output = T>,
+) -> T {
+    bounded_for(PATIENCE, what, future).await
+}
+
+/// [`bounded`] with a bound of `patience` (a wait that is long by design: a whole soak).
+pub async fn bounded_for<T>(
+    patience: Duration,
+    what: impl fmt::Display,
+    future: impl std::future::Future<Output = T>,
+) -> T {
+    tokio::time::timeout(patience, future)
+        .await
+        .unwrap_or_else(|_| panic!("timed out after {patience:?} waiting for {what}"))
 }
 
 /// How long [`eventually`] and [`eventually_ok`] wait between two looks.
@@ -357,14 +399,23 @@ pub fn watch_stderr(stderr: ChildStderr) -> (Logs, oneshot::Receiver<(SocketAddr
     let kept = Arc::clone(&logs);
     tokio::spawn(async move {
         let mut serving = Some(serving);
-        let mut reader = BufReader::new(stderr).lines();
-        while let Ok(Some(line)) = reader.next_line().await {
-            if let Some(addrs) = serving_addresses(&line)
+        let mut reader = BufReader::new(stderr);
+        let mut line = Vec::new();
+        // Bytes, not `lines()`: a line that is not UTF-8 must not end the reading (the
+        // pipe would fill and block the edge, and its serving line would go unseen).
+        while reader
+            .read_until(b'\n', &mut line)
+            .await
+            .is_ok_and(|read| read > 0)
+        {
+            let text = String::from_utf8_lossy(&line).trim_end().to_owned();
+            line.clear();
+            if let Some(addrs) = serving_addresses(&text)
                 && let Some(serving) = serving.take()
             {
                 let _ = serving.send(addrs);
             }
-            kept.lock().expect("log lines").push(line);
+            kept.lock().expect("log lines").push(text);
         }
     });
     (logs, bound)

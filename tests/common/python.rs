@@ -27,7 +27,7 @@ const MARKER: &str = ".requirements.sha256";
 /// failed, when the venv cannot be created or the install fails.
 pub fn python() -> PathBuf {
     static PYTHON: OnceLock<PathBuf> = OnceLock::new();
-    PYTHON.get_or_init(prepare).clone()
+    super::deadline::installing(|| PYTHON.get_or_init(prepare).clone())
 }
 
 fn prepare() -> PathBuf {

@@ -26,7 +26,7 @@ fn node<'a>(list: &'a Value, id: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("no node {id} in {list}"))
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn nodes_are_listed_with_their_state_and_found_by_id_or_alias() {
     let app = app().await;
     let mut hand_a = HandNode::register(&app, "token-a").await;
@@ -78,7 +78,7 @@ async fn nodes_are_listed_with_their_state_and_found_by_id_or_alias() {
     app.stop().await;
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn admin_keys_open_the_management_api_and_api_keys_do_not_and_vice_versa() {
     let app = app().await;
     for key in [None, Some(API_KEY), Some("adm-wrong")] {
@@ -107,7 +107,7 @@ async fn admin_keys_open_the_management_api_and_api_keys_do_not_and_vice_versa()
     app.stop().await;
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn the_management_api_can_share_the_http_listener() {
     let config = nodes_config("").replace("[admin]\n", "[admin]\non_http_listener = true\n");
     let app = spawn_app(&config).await;
@@ -119,7 +119,7 @@ async fn the_management_api_can_share_the_http_listener() {
     app.stop().await;
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn runs_are_listed_inspected_and_cancelled_through_the_api() {
     let app = app().await;
     let mut a = HandNode::register(&app, "token-a").await;
@@ -196,7 +196,7 @@ async fn runs_are_listed_inspected_and_cancelled_through_the_api() {
     app.stop().await;
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn a_drained_node_gets_no_new_run_finishes_its_own_and_is_used_again_once_resumed() {
     let app = app().await;
     let mut a = HandNode::register(&app, "token-a").await;
@@ -238,7 +238,7 @@ async fn a_drained_node_gets_no_new_run_finishes_its_own_and_is_used_again_once_
     app.stop().await;
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn a_drain_deadline_moves_the_runs_left_on_the_node_to_another() {
     let app = app().await;
     let mut a = HandNode::register(&app, "token-a").await;
@@ -293,7 +293,7 @@ async fn a_drain_deadline_moves_the_runs_left_on_the_node_to_another() {
     app.stop().await;
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn stats_count_runs_tokens_errors_and_the_queue_per_bucket_and_node() {
     let app = app().await;
     let mut a = HandNode::register(&app, "token-a").await;

@@ -31,7 +31,7 @@ async fn edge(app: &TestApp, key: Option<&str>, args: &[&str]) -> (bool, String,
     )
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn operator_commands_list_drain_resume_show_and_cancel() {
     let app = spawn_app(&nodes_config("")).await;
     let mut node = HandNode::register(&app, "token-a").await;

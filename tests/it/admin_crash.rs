@@ -126,7 +126,7 @@ fn runs_of(list: &Value) -> Vec<Value> {
     list["runs"].as_array().cloned().unwrap_or_default()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[crate::common::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_kill_9_mid_load_the_journal_opens_with_finished_runs_and_no_false_completions() {
     let dir = tempfile::tempdir().expect("tempdir");
     let config = write_config(dir.path(), CONFIG);
@@ -153,7 +153,9 @@ async fn after_kill_9_mid_load_the_journal_opens_with_finished_runs_and_no_false
     // More load in flight while the edge dies.
     load(edge.http, "echo/default", 100);
     edge.child.start_kill().expect("kill -9");
-    edge.child.wait().await.expect("the edge is gone");
+    common::bounded("the edge process to exit after kill -9", edge.child.wait())
+        .await
+        .expect("the edge is gone");
     node.kill();
 
     let journal = dir.path().join("journal.sqlite3");
@@ -214,7 +216,7 @@ async fn after_kill_9_mid_load_the_journal_opens_with_finished_runs_and_no_false
     drop(edge);
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn edge_serve_keeps_its_journal_in_the_data_directory_and_names_it() {
     let dir = tempfile::tempdir().expect("tempdir");
     let config = write_config(dir.path(), CONFIG);
@@ -246,5 +248,7 @@ async fn edge_serve_keeps_its_journal_in_the_data_directory_and_names_it() {
         !dir.path().join("data").exists(),
         "nothing is created in the working directory"
     );
-    child.kill().await.expect("kill the edge");
+    common::bounded("the edge process to exit after SIGKILL", child.kill())
+        .await
+        .expect("kill the edge");
 }

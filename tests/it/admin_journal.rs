@@ -47,7 +47,7 @@ async fn read_lines(response: &mut reqwest::Response, lines: &mut Vec<String>, c
     }
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn event_replay_equals_the_sink_and_follows_a_live_run_to_its_terminal_event() {
     let sink_dir = tempfile::tempdir().expect("tempdir");
     let app = spawn_app(&nodes_config(&file_sink(sink_dir.path()))).await;
@@ -131,7 +131,7 @@ async fn edge_on_journal(dir: &Path) -> TestApp {
     spawn_app(&nodes_config(&journal)).await
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn a_finished_run_answers_after_a_restart() {
     let dir = tempfile::tempdir().expect("tempdir");
     let app = edge_on_journal(dir.path()).await;
@@ -169,7 +169,7 @@ async fn a_finished_run_answers_after_a_restart() {
     app.stop().await;
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn with_the_journal_off_only_open_runs_are_known() {
     let app = spawn_app(&nodes_config("[journal]\nenabled = false\n")).await;
     let mut node = HandNode::register(&app, "token-a").await;
@@ -196,7 +196,7 @@ async fn with_the_journal_off_only_open_runs_are_known() {
     app.stop().await;
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn a_run_its_caller_saw_finish_is_listed_at_once_every_time() {
     let dir = tempfile::tempdir().expect("tempdir");
     let app = edge_on_journal(dir.path()).await;

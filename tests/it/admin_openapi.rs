@@ -89,7 +89,7 @@ fn unnamed(template: &str) -> String {
     out
 }
 
-#[test]
+#[crate::common::test]
 fn every_route_the_console_calls_is_documented() {
     let documented: BTreeSet<String> = ROUTES
         .iter()
@@ -120,7 +120,7 @@ fn documented(doc: &Value) -> BTreeSet<(String, String)> {
         .collect()
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn the_openapi_document_validates_and_matches_the_routes_served() {
     let app = spawn_app(&nodes_config("")).await;
     // The document needs no key.
@@ -133,13 +133,16 @@ async fn the_openapi_document_validates_and_matches_the_routes_served() {
 
     let path = app.path("openapi.json");
     std::fs::write(&path, serde_json::to_vec(&doc).expect("JSON")).expect("write the document");
-    let output = std::process::Command::new(common::python::python())
+    let validate = tokio::process::Command::new(common::python::python())
         .arg(concat!(
             env!("CARGO_MANIFEST_DIR"),
             "/tests/python/validate_openapi.py"
         ))
         .arg(&path)
-        .output()
+        .kill_on_drop(true)
+        .output();
+    let output = common::bounded("the OpenAPI validator (validate_openapi.py)", validate)
+        .await
         .expect("run the validator");
     assert!(
         output.status.success(),

@@ -195,7 +195,7 @@ fn assert_one_node(runs: &[(String, String)], before: usize, key: &str) {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[crate::common::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claude_code_and_the_codex_cli_finish_turns_and_keep_their_node() {
     let stack = Stack::start().await;
 

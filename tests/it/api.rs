@@ -281,7 +281,7 @@ fn chat_text(chunks: &[Value]) -> String {
 // GET /v1/models
 // ---------------------------------------------------------------------------------------
 
-#[tokio::test]
+#[crate::common::test]
 async fn models_lists_what_the_connected_nodes_serve_right_now() {
     let app = spawn_app(&config(
         "[api.models]\n\"gpt-4o-mini\" = \"echo/fast\"\n\"ghost\" = \"ollama/llama3.1:8b\"\n",
@@ -324,7 +324,7 @@ async fn models_lists_what_the_connected_nodes_serve_right_now() {
 // POST /v1/chat/completions
 // ---------------------------------------------------------------------------------------
 
-#[tokio::test]
+#[crate::common::test]
 async fn chat_completion_answers_with_the_whole_completion() {
     let (app, node_a) = edge_with_node_a(TWO_NODES, Behaviour::Echo).await;
 
@@ -383,7 +383,7 @@ async fn chat_completion_answers_with_the_whole_completion() {
     settle_and_stop(app, [node_a]).await;
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn chat_completion_streams_chunks_ending_with_done() {
     let (app, node_a) = edge_with_node_a(TWO_NODES, Behaviour::Echo).await;
 
@@ -418,7 +418,7 @@ async fn chat_completion_streams_chunks_ending_with_done() {
     settle_and_stop(app, [node_a]).await;
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn include_usage_ends_the_stream_with_a_usage_chunk() {
     let (app, node_a) = edge_with_node_a(TWO_NODES, Behaviour::Echo).await;
 
@@ -446,7 +446,7 @@ async fn include_usage_ends_the_stream_with_a_usage_chunk() {
 // POST /v1/completions
 // ---------------------------------------------------------------------------------------
 
-#[tokio::test]
+#[crate::common::test]
 async fn completions_answer_whole_and_streamed() {
     let (app, node_a) = edge_with_node_a(TWO_NODES, Behaviour::Echo).await;
 
@@ -481,7 +481,7 @@ async fn completions_answer_whole_and_streamed() {
 // Model mapping
 // ---------------------------------------------------------------------------------------
 
-#[tokio::test]
+#[crate::common::test]
 async fn an_alias_routes_to_its_adapter_and_target() {
     let app = spawn_app(&config("[api.models]\n\"gpt-4o-mini\" = \"echo/fast\"\n")).await;
     let node_a = echo(&app, "token-a").await;
@@ -512,7 +512,7 @@ async fn an_alias_routes_to_its_adapter_and_target() {
 // Errors before a run starts
 // ---------------------------------------------------------------------------------------
 
-#[tokio::test]
+#[crate::common::test]
 async fn malformed_json_and_missing_fields_are_400() {
     let (app, node_a) = edge_with_node_a(TWO_NODES, Behaviour::Echo).await;
 
@@ -549,7 +549,7 @@ async fn malformed_json_and_missing_fields_are_400() {
     kill_and_stop(app, [node_a]).await;
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn api_keys_are_required_when_configured_and_ops_endpoints_stay_open() {
     let (app, node_a) = edge_with_node_a(
         &config("[api]\nkeys = [\"sk-test-one\", \"sk-test-two\"]\n"),
@@ -588,7 +588,7 @@ async fn api_keys_are_required_when_configured_and_ops_endpoints_stay_open() {
     settle_and_stop(app, [node_a]).await;
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn an_unknown_model_is_404() {
     let (app, node_a) = edge_with_node_a(TWO_NODES, Behaviour::Echo).await;
 
@@ -625,7 +625,7 @@ async fn an_unknown_model_is_404() {
     kill_and_stop(app, [node_a]).await;
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn an_oversized_body_is_413() {
     let (app, node_a) =
         edge_with_node_a(&config("[api]\nmax_body_bytes = 1024\n"), Behaviour::Echo).await;
@@ -667,7 +667,7 @@ fn abort_all(requests: Vec<JoinHandle<reqwest::Result<Response>>>) {
     }
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn a_full_queue_is_429_with_retry_after() {
     let (app, node_a) = edge_with_node_a(
         &config("[runs]\nqueue_capacity = 1\n[api]\nretry_after_secs = 3\n"),
@@ -699,7 +699,7 @@ async fn a_full_queue_is_429_with_retry_after() {
     kill_and_stop(app, [node_a]).await;
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn an_expired_queue_wait_is_503_with_retry_after() {
     let (app, node_a) =
         edge_with_node_a(&config("[runs]\nqueue_timeout_ms = 200\n"), Behaviour::Hang).await;
@@ -723,7 +723,7 @@ async fn an_expired_queue_wait_is_503_with_retry_after() {
 // Deadlines: 504
 // ---------------------------------------------------------------------------------------
 
-#[tokio::test]
+#[crate::common::test]
 async fn a_missed_deadline_is_504_and_the_header_is_capped() {
     let (app, node_a) = edge_with_node_a(
         &config("[api]\ndefault_deadline_ms = 100\nmax_deadline_ms = 150\n"),
@@ -768,7 +768,7 @@ async fn a_missed_deadline_is_504_and_the_header_is_capped() {
 // Node failures: 502 before streaming, an error chunk after
 // ---------------------------------------------------------------------------------------
 
-#[tokio::test]
+#[crate::common::test]
 async fn a_node_failure_before_streaming_is_502() {
     // Non-streaming: the node fails the run after some output.
     let (app, failing) = edge_with_node_a(
@@ -800,7 +800,10 @@ async fn a_node_failure_before_streaming_is_502() {
     })
     .await;
     hanging.kill();
-    let response = request.await.expect("task").expect("request");
+    let response = common::bounded("the streamed request to be answered", request)
+        .await
+        .expect("task")
+        .expect("request");
     assert_eq!(response.headers()["retry-after"], "1");
     let error = assert_error(
         response,
@@ -818,7 +821,7 @@ async fn a_node_failure_before_streaming_is_502() {
     settle_and_stop(app, []).await;
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn a_node_failure_after_streaming_began_is_an_error_chunk() {
     let (app, failing) = edge_with_node_a(TWO_NODES, Behaviour::Fail).await;
 
@@ -850,7 +853,7 @@ async fn a_node_failure_after_streaming_began_is_an_error_chunk() {
 // Client disconnects cancel the run on the node
 // ---------------------------------------------------------------------------------------
 
-#[tokio::test]
+#[crate::common::test]
 async fn a_client_disconnecting_mid_stream_cancels_the_run() {
     // No grace for a resume: the run is cancelled as soon as its reader goes.
     let app = spawn_app(&config("[runs]\nclient_resume_grace_ms = 0")).await;
@@ -879,7 +882,7 @@ async fn a_client_disconnecting_mid_stream_cancels_the_run() {
     settle_and_stop(app, [slow]).await;
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn a_client_giving_up_on_a_whole_answer_cancels_the_run() {
     let (app, hanging) = edge_with_node_a(TWO_NODES, Behaviour::Hang).await;
 

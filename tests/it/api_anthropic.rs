@@ -38,7 +38,7 @@ fn names(events: &[Sse]) -> Vec<String> {
         .collect()
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn a_whole_message_reaches_the_node_as_a_chat_body() {
     let edge = Edge::start("").await;
     let response = edge
@@ -81,7 +81,7 @@ async fn a_whole_message_reaches_the_node_as_a_chat_body() {
     edge.stop().await;
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn a_streamed_message_is_anthropic_s_event_sequence() {
     let edge = Edge::start("").await;
     let body = messages(
@@ -108,7 +108,7 @@ async fn a_streamed_message_is_anthropic_s_event_sequence() {
     edge.stop().await;
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn tool_use_whole_and_its_round_trip() {
     let edge = Edge::start("").await;
     let whole = ok_json(
@@ -155,7 +155,7 @@ async fn tool_use_whole_and_its_round_trip() {
     edge.stop().await;
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn tool_use_streams_as_tool_use_blocks() {
     let edge = Edge::start("").await;
     let events = read_events(
@@ -190,7 +190,7 @@ async fn tool_use_streams_as_tool_use_blocks() {
     edge.stop().await;
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn thinking_is_shown_only_when_asked_for() {
     let edge = Edge::start("").await;
     let mut body = messages("echo/reasoning", json!("hi"), false);
@@ -212,7 +212,7 @@ async fn thinking_is_shown_only_when_asked_for() {
     edge.stop().await;
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn stop_reasons_follow_the_finish_reason() {
     let edge = Edge::start("").await;
     for (model, reason) in [("echo/length", "max_tokens"), ("echo/filtered", "refusal")] {
@@ -239,7 +239,7 @@ async fn anthropic_error(response: reqwest::Response, status: StatusCode) -> Val
     body["error"].clone()
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn errors_take_anthropic_s_shape() {
     let edge = Edge::start("").await;
     for raw in [
@@ -290,7 +290,7 @@ async fn errors_take_anthropic_s_shape() {
     edge.stop().await;
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn keys_are_taken_from_x_api_key_or_bearer() {
     let edge = Edge::start("[api]\nkeys = [\"sk-ant-test\"]\n").await;
     let body = messages("echo/default", json!("hi"), false);

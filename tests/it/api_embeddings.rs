@@ -38,7 +38,7 @@ fn decode(text: &str) -> Vec<f32> {
         .collect()
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn float_and_base64_vectors_for_string_and_array_inputs() {
     let edge = Edge::start("").await;
     let body = json!({"model": "echo/default", "input": ["ab", "cde"], "dimensions": 3});
@@ -86,7 +86,7 @@ async fn float_and_base64_vectors_for_string_and_array_inputs() {
     edge.stop().await;
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn malformed_embedding_requests_are_400_in_openai_s_shape() {
     let edge = Edge::start("").await;
     for raw in [

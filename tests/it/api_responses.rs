@@ -25,7 +25,7 @@ fn request(model: &str, input: Value, stream: bool) -> Value {
     })
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn a_whole_response_and_what_the_node_receives() {
     let edge = Edge::start("").await;
     let response = edge
@@ -57,7 +57,7 @@ async fn a_whole_response_and_what_the_node_receives() {
     edge.stop().await;
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn a_streamed_response_is_the_typed_event_sequence() {
     let edge = Edge::start("").await;
     let events = read_events(
@@ -105,7 +105,7 @@ async fn a_streamed_response_is_the_typed_event_sequence() {
     edge.stop().await;
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn function_calls_whole_streamed_and_outputs_sent_back() {
     let edge = Edge::start("").await;
     let whole = ok_json(
@@ -166,7 +166,7 @@ async fn function_calls_whole_streamed_and_outputs_sent_back() {
     edge.stop().await;
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn a_truncated_answer_is_incomplete() {
     let edge = Edge::start("").await;
     let whole = ok_json(
@@ -188,7 +188,7 @@ async fn a_truncated_answer_is_incomplete() {
     edge.stop().await;
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn errors_take_openai_s_shape_and_name_what_is_unsupported() {
     let edge = Edge::start("").await;
     let error_of = |body: Value| body["error"].clone();

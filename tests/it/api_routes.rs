@@ -32,7 +32,7 @@ fn cancels(edge: &Edge) -> Vec<String> {
         .collect()
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn a_client_going_away_cancels_its_run_on_every_route() {
     let edge = Edge::start("").await;
     let cases = [
@@ -52,7 +52,7 @@ async fn a_client_going_away_cancels_its_run_on_every_route() {
     edge.stop().await;
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn deadlines_end_runs_in_each_api_s_shape() {
     let edge = Edge::start("").await;
     let late = |path: &str, body: &Value| {
@@ -82,7 +82,7 @@ async fn deadlines_end_runs_in_each_api_s_shape() {
     edge.stop().await;
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn oversized_bodies_are_413_in_each_api_s_shape() {
     let edge = Edge::start("[api]\nmax_body_bytes = 256\n").await;
     let long = "x".repeat(400);

@@ -13,7 +13,7 @@ use common::python::run_client_script;
 
 const API_KEY: &str = "sk-edge-sdk-test";
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[crate::common::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_official_openai_and_anthropic_sdks_work_unchanged() {
     let edge = Edge::start(&format!("[api]\nkeys = [\"{API_KEY}\"]\n")).await;
     let base_url = format!("http://{}", edge.app.http_addr);

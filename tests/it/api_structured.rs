@@ -31,7 +31,7 @@ fn deltas<'a>(chunks: &'a [Value], field: &str) -> Vec<&'a Value> {
         .collect()
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn reasoning_reaches_chat_whole_and_streamed_with_usage_details() {
     let edge = Edge::start("").await;
     let whole = ok_json(
@@ -66,7 +66,7 @@ async fn reasoning_reaches_chat_whole_and_streamed_with_usage_details() {
     edge.stop().await;
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn parallel_tool_calls_cross_the_edge_whole_and_streamed() {
     let edge = Edge::start("").await;
     let whole = ok_json(edge.send(CHAT, &chat("echo/tools", "Oslo", false)).await).await;
@@ -119,7 +119,7 @@ async fn parallel_tool_calls_cross_the_edge_whole_and_streamed() {
     edge.stop().await;
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn logprobs_take_the_chat_and_the_legacy_shapes() {
     let edge = Edge::start("").await;
     let whole = ok_json(edge.send(CHAT, &chat("echo/logprobs", "a b", false)).await).await;
@@ -157,7 +157,7 @@ async fn logprobs_take_the_chat_and_the_legacy_shapes() {
     edge.stop().await;
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn other_finish_reasons_pass_through() {
     let edge = Edge::start("").await;
     for (model, reason) in [
@@ -175,7 +175,7 @@ async fn other_finish_reasons_pass_through() {
     edge.stop().await;
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn failure_classes_decide_the_status() {
     let edge = Edge::start("").await;
     for stream in [false, true] {
@@ -209,7 +209,7 @@ async fn failure_classes_decide_the_status() {
     edge.stop().await;
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn one_model_can_be_retrieved_by_id_alias_or_escaped_id() {
     let edge = Edge::start("[api.models]\n\"gpt-4o-mini\" = \"echo/tools\"\n").await;
     let client = api_support::client();

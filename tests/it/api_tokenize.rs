@@ -60,7 +60,7 @@ fn messages_request() -> Value {
     })
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn count_tokenize_and_detokenize_go_through_a_declaring_node() {
     let app = spawn_app(TWO_NODES).await;
     let declaring = node(&app, "token-a", true).await;
@@ -98,7 +98,7 @@ async fn count_tokenize_and_detokenize_go_through_a_declaring_node() {
     app.stop().await;
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn a_node_that_did_not_declare_tokenize_never_gets_one() {
     let app = spawn_app(TWO_NODES).await;
     let v1 = node(&app, "token-a", false).await;
@@ -160,7 +160,7 @@ async fn a_node_that_did_not_declare_tokenize_never_gets_one() {
     app.stop().await;
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn a_queued_tokenize_run_waits_for_a_declaring_node_not_a_free_v1_one() {
     let app = spawn_app(TWO_NODES).await;
     let v1 = node(&app, "token-a", false).await;
@@ -180,7 +180,8 @@ async fn a_queued_tokenize_run_waits_for_a_declaring_node_not_a_free_v1_one() {
         let app = &app;
         async move { post(app, "/tokenize", &body).await }
     });
-    for response in futures::future::join_all(requests).await {
+    let answered = futures::future::join_all(requests);
+    for response in crate::common::bounded("the five tokenize requests", answered).await {
         assert_eq!(response.status(), StatusCode::OK);
         assert_eq!(response.headers()["x-edge-node"], "node-b");
     }
@@ -191,7 +192,7 @@ async fn a_queued_tokenize_run_waits_for_a_declaring_node_not_a_free_v1_one() {
     app.stop().await;
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn bad_bodies_and_unknown_models_are_answered_in_each_apis_shape() {
     let app = spawn_app(TWO_NODES).await;
     let declaring = node(&app, "token-a", true).await;
@@ -212,7 +213,7 @@ async fn bad_bodies_and_unknown_models_are_answered_in_each_apis_shape() {
     app.stop().await;
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn without_a_key_each_route_answers_401_in_its_apis_shape() {
     let app = spawn_app(&format!("{TWO_NODES}\n[api]\nkeys = [\"sk-tokens\"]\n")).await;
     let response = post(&app, "/v1/messages/count_tokens", &messages_request()).await;

@@ -29,7 +29,7 @@ fn edge_on_config(command: &str, file_name: &str, contents: &str, extra_args: &[
     edge(&[&[command, "--config", config], extra_args].concat())
 }
 
-#[test]
+#[crate::common::test]
 fn check_config_summarises_the_shipped_config_without_tokens() {
     let shipped = concat!(env!("CARGO_MANIFEST_DIR"), "/config/edge.toml");
     let output = edge(&["check-config", "--config", shipped]);
@@ -42,7 +42,7 @@ fn check_config_summarises_the_shipped_config_without_tokens() {
     assert!(!stdout.contains("CHANGE-ME"), "a token leaked: {stdout}");
 }
 
-#[test]
+#[crate::common::test]
 fn check_config_on_a_broken_file_fails_and_names_every_offending_entry() {
     let broken = [
         NodeTable::new("node-a", "gpu-a", "shared-secret-token"),
@@ -76,7 +76,7 @@ fn check_config_on_a_broken_file_fails_and_names_every_offending_entry() {
     );
 }
 
-#[test]
+#[crate::common::test]
 fn check_config_names_an_unknown_key() {
     let typo = "[server]\nlistn = \"127.0.0.1:7100\"\n";
     let output = edge_on_config("check-config", "typo.toml", typo, &[]);
@@ -88,7 +88,7 @@ fn check_config_names_an_unknown_key() {
     );
 }
 
-#[test]
+#[crate::common::test]
 fn serve_refuses_to_start_on_a_broken_config() {
     let output = edge_on_config(
         "serve",
@@ -105,7 +105,7 @@ fn serve_refuses_to_start_on_a_broken_config() {
     assert!(!stderr.contains("edge is serving"), "{stderr}");
 }
 
-#[test]
+#[crate::common::test]
 fn token_generate_prints_a_fresh_token_and_its_digest() {
     let first = text(&edge(&["token", "generate"]).stdout);
     let second = text(&edge(&["token", "generate"]).stdout);
@@ -136,7 +136,7 @@ fn sched_slice(sched: &std::path::Path) -> Option<u64> {
 
 /// Every thread `edge serve` starts asks for `[edge] thread_slice_us`, the kernel's
 /// shortest slice by default; with 0 they keep the slice the process started with.
-#[tokio::test]
+#[crate::common::test]
 async fn serve_gives_its_threads_the_configured_scheduling_slice() {
     let own = std::path::Path::new("/proc/thread-self/sched");
     let Some(started_with) = sched_slice(own) else {
@@ -174,11 +174,13 @@ async fn serve_gives_its_threads_the_configured_scheduling_slice() {
             .iter()
             .any(|line| line.contains("threads ask for their own scheduling slice"));
         assert_eq!(asked, setting.is_none(), "{:?}", common::logged(&logs));
-        child.kill().await.expect("kill");
+        common::bounded("the edge process to exit after SIGKILL", child.kill())
+            .await
+            .expect("kill");
     }
 }
 
-#[test]
+#[crate::common::test]
 fn check_config_refuses_a_slice_the_kernel_does_not_grant() {
     let output = edge_on_config(
         "check-config",

@@ -194,7 +194,7 @@ async fn mock(addr: SocketAddr, token: &str, delay: Duration) -> MockNode {
         .expect("mock node registers")
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn console_mode_runs_cancels_and_quits_through_stdin() {
     let (mut console, addr) = Console::start(TWO_NODES).await;
 
@@ -298,7 +298,7 @@ async fn console_mode_runs_cancels_and_quits_through_stdin() {
     }
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn console_mode_exits_on_sigterm_while_waiting_for_input() {
     let (mut console, addr) = Console::start(TWO_NODES).await;
     let node_a = mock(addr, "token-a", Duration::ZERO).await;

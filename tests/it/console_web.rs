@@ -177,7 +177,7 @@ fn chat(app: &TestApp, text: &str) -> tokio::task::JoinHandle<()> {
 
 const NODE_A: &str = "[data-node=\"node-a\"]";
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[crate::common::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_fleet_page_signs_in_shows_a_node_connecting_and_drains_and_resumes_it() {
     let app = spawn_app(&nodes_config("")).await;
     let mut browser = Browser::start(&app).await;
@@ -260,7 +260,7 @@ async fn the_fleet_page_signs_in_shows_a_node_connecting_and_drains_and_resumes_
     app.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[crate::common::test(flavor = "multi_thread", worker_threads = 2)]
 async fn runs_appear_live_their_events_follow_and_cancel_reaches_the_node() {
     let app = spawn_app(&nodes_config("")).await;
     let mut node = HandNode::register(&app, "token-a").await;
@@ -274,7 +274,9 @@ async fn runs_appear_live_their_events_follow_and_cancel_reaches_the_node() {
     let first = chat(&app, "one");
     let done = node.next_run().await;
     node.complete(&done.run_id, "one").await;
-    first.await.expect("the first chat ends");
+    common::bounded("the first chat to end", first)
+        .await
+        .expect("the first chat ends");
     let done_row = format!("#runs tr[data-run=\"{}\"]", done.run_id);
     browser.wait_text(&done_row, "completed").await;
 
@@ -315,7 +317,9 @@ async fn runs_appear_live_their_events_follow_and_cancel_reaches_the_node() {
     browser.wait_text("#run-outcome", "cancelled").await;
     browser.wait_text("#feed-state", "complete").await;
     assert_eq!(browser.count("#cancel:not([hidden])").await, 0);
-    second.await.expect("the second chat ends");
+    common::bounded("the second chat to end", second)
+        .await
+        .expect("the second chat ends");
 
     // The list shows both ends; a filter narrows it.
     browser.open("/console/#/runs?outcome=cancelled").await;
@@ -355,7 +359,7 @@ async fn runs_appear_live_their_events_follow_and_cancel_reaches_the_node() {
     app.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[crate::common::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_admin_keys_on_loopback_the_console_opens_as_the_api_does() {
     let open = nodes_config("").replace(&format!("keys = [\"{ADMIN_KEY}\"]\n"), "");
     let app = spawn_app(&open).await;
@@ -370,7 +374,7 @@ async fn without_admin_keys_on_loopback_the_console_opens_as_the_api_does() {
     app.stop().await;
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn the_console_is_served_beside_the_management_api_only() {
     let app = spawn_app(&nodes_config("")).await;
     let get = |url: String| async move {
@@ -429,10 +433,12 @@ async fn run_to_end(app: &TestApp, node: &mut HandNode, text: &str, end: RunEven
     let run = node.next_run().await;
     node.send(&run.run_id, RunEventKind::Started).await;
     node.send(&run.run_id, end).await;
-    chat.await.expect("the chat ends");
+    common::bounded(format!("the chat `{text}` to end"), chat)
+        .await
+        .expect("the chat ends");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[crate::common::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_usage_page_shows_the_tokens_runs_used_by_key_and_model() {
     let app = spawn_app(&nodes_config("")).await;
     let mut node = HandNode::register(&app, "token-a").await;

@@ -241,19 +241,19 @@ fn assert_asked_to_go_on_in_chat(asked: &Value) {
     );
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn a_chat_whose_node_is_lost_mid_answer_is_finished_by_another_node() {
     assert_asked_to_go_on_in_chat(&continued(Case::CHAT, Loss::Cut).await);
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn a_completion_whose_node_is_lost_mid_answer_is_finished_by_another_node() {
     let asked = continued(Case::COMPLETION, Loss::Cut).await;
     let prefix: String = (0..BEFORE).map(delta).collect();
     assert_eq!(asked["prompt"], format!("Story: {prefix}"));
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn a_chat_left_on_a_node_at_its_drain_deadline_is_finished_by_another_node() {
     assert_asked_to_go_on_in_chat(&continued(Case::CHAT, Loss::DrainDeadline).await);
 }

@@ -52,7 +52,7 @@ const NODE_TOKEN_ENV: &str = "EDGE_IT_NODE_TOKEN";
 /// Not a test: the body of the node processes [`NodeProcess::spawn`] starts (this binary,
 /// run again with `--ignored --exact` and the environment naming the edge and token). Run
 /// without that environment it does nothing.
-#[test]
+#[crate::common::test]
 #[ignore = "the reference node process the engine continuation tests start, not a test"]
 fn node_process() {
     let (Ok(edge), Ok(token)) = (std::env::var(NODE_EDGE_ENV), std::env::var(NODE_TOKEN_ENV))
@@ -96,7 +96,9 @@ impl NodeProcess {
 
     /// `SIGKILL`, and waits for the process to be gone.
     pub(crate) async fn kill(mut self) {
-        self.0.kill().await.expect("the node process is killed");
+        crate::common::bounded("the node process to exit after SIGKILL", self.0.kill())
+            .await
+            .expect("the node process is killed");
     }
 }
 
@@ -378,12 +380,12 @@ async fn killed_mid_answer(mode: Mode) {
     app.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[crate::common::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_streamed_chat_whose_node_is_killed_mid_answer_is_finished_by_another_engine() {
     killed_mid_answer(Mode::Chat).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[crate::common::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_streamed_completion_whose_node_is_killed_mid_answer_is_finished_by_another_engine() {
     killed_mid_answer(Mode::Completion).await;
 }

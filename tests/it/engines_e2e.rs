@@ -160,14 +160,14 @@ async fn engine_requests(llama: &LlamaServer) -> Result<f64, String> {
         .ok_or_else(|| "llama-server's /metrics has no llamacpp:requests_processing".to_owned())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[crate::common::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_openai_sdk_gets_llama_server_answers_through_the_node_and_the_edge() {
     let stack = Stack::start(LlamaOptions::default()).await;
     stack.run("answers").await;
     stack.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[crate::common::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_leaves_mid_stream_stops_llama_server_generating() {
     // One slot with the model's whole context: left alone, the endless answer would go on
     // until 32768 tokens fill it (minutes on a small machine).
@@ -247,7 +247,10 @@ async fn leave_mid_stream(stack: &Stack) {
         .expect("the script streams in time")
         .expect("read the script's stdout");
     if said.as_deref() != Some("streaming") {
-        let output = client.wait_with_output().await.expect("the script ended");
+        let ended = client.wait_with_output();
+        let output = common::bounded("engine_e2e.py leave to end", ended)
+            .await
+            .expect("the script ended");
         panic!("engine_e2e.py leave said {said:?}, not `streaming`: {output:?}");
     }
 
@@ -274,7 +277,7 @@ async fn leave_mid_stream(stack: &Stack) {
     assert_succeeded("leave", &output);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[crate::common::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_engine_leaves_the_model_list_and_gets_503_until_it_is_back() {
     let mut stack = Stack::start(LlamaOptions::default()).await;
     stack.run("up").await;

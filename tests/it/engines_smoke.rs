@@ -71,7 +71,7 @@ fn with(mut body: Value, key: &str, value: Value) -> Value {
     body
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn llama_server_lists_the_tiny_model_and_answers_chats() {
     let server = LlamaServer::start().await;
 
@@ -112,7 +112,7 @@ async fn llama_server_lists_the_tiny_model_and_answers_chats() {
     assert_eq!(cut["usage"]["completion_tokens"], 3);
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn llama_server_streams_chat_chunks_with_usage() {
     let server = LlamaServer::start().await;
     let body = with(chat("Stream it"), "stream", json!(true));
@@ -138,7 +138,7 @@ async fn llama_server_streams_chat_chunks_with_usage() {
     );
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn llama_server_completes_prompts_and_repeats_when_eos_is_banned() {
     let server = LlamaServer::start().await;
 
@@ -163,7 +163,7 @@ async fn llama_server_completes_prompts_and_repeats_when_eos_is_banned() {
     assert_eq!(endless["choices"][0]["finish_reason"], "length");
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn llama_server_comes_back_on_the_same_port() {
     let mut server = LlamaServer::start().await;
     let addr = server.addr();
@@ -188,7 +188,7 @@ async fn llama_server_comes_back_on_the_same_port() {
     );
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn llama_server_serves_mean_pooled_embeddings() {
     let server = LlamaServer::start_with(LlamaOptions::default().embeddings()).await;
 
@@ -234,7 +234,12 @@ impl Nats {
             writer,
         };
         let mut info = String::new();
-        nats.reader.read_line(&mut info).await.expect("INFO line");
+        common::bounded(
+            "nats-server's INFO greeting",
+            nats.reader.read_line(&mut info),
+        )
+        .await
+        .expect("INFO line");
         assert!(info.starts_with("INFO "), "greeting: {info}");
         nats.send("CONNECT {\"verbose\":false,\"pedantic\":false}\r\nSUB _INBOX.smoke 1\r\n")
             .await;
@@ -257,7 +262,10 @@ impl Nats {
         .await;
         loop {
             let mut line = String::new();
-            self.reader.read_line(&mut line).await.expect("read");
+            let read = self.reader.read_line(&mut line);
+            common::bounded(format!("nats-server's reply to {subject}"), read)
+                .await
+                .expect("read");
             if line.starts_with("PING") {
                 self.send("PONG\r\n").await;
             } else if line.starts_with("MSG ") {
@@ -267,7 +275,10 @@ impl Nats {
                     .and_then(|n| n.parse().ok())
                     .expect("MSG size");
                 let mut payload = vec![0; size + 2];
-                self.reader.read_exact(&mut payload).await.expect("payload");
+                let read = self.reader.read_exact(&mut payload);
+                common::bounded(format!("the payload of the reply to {subject}"), read)
+                    .await
+                    .expect("payload");
                 payload.truncate(size);
                 return serde_json::from_slice(&payload).expect("a JSON reply");
             } else {
@@ -277,7 +288,7 @@ impl Nats {
     }
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn nats_server_keeps_jetstream_streams_across_a_restart() {
     let mut server = NatsServer::start_jetstream().await;
     let info = nats_info(server.addr()).await.expect("INFO");
@@ -302,7 +313,7 @@ async fn nats_server_keeps_jetstream_streams_across_a_restart() {
     assert_eq!(stream["state"]["messages"], 1, "{stream}");
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn nats_server_without_jetstream_greets_clients() {
     let server = NatsServer::start().await;
     let info = nats_info(server.addr()).await.expect("INFO");

@@ -61,7 +61,7 @@ fn long_prefix(topic: &str) -> String {
     format!("About {topic}: the quick brown fox jumps over the lazy dog. ").repeat(20)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[crate::common::test(flavor = "multi_thread", worker_threads = 2)]
 async fn count_tokens_tokenize_and_detokenize_are_the_engines_own() {
     let stack = start().await;
     let messages = json!({
@@ -163,7 +163,7 @@ const APIS: [Api; 3] = [
     },
 ];
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[crate::common::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cached_prompt_tokens_reach_every_apis_usage_as_the_engine_counts_them() {
     let stack = start().await;
     // The engine's own answers to the same chats, sent to it directly in the same order.
@@ -209,7 +209,7 @@ fn is_generated(kind: &RunEventKind) -> bool {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[crate::common::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_cancelled_midway_counts_what_the_engine_produced() {
     let llama = LlamaOptions::default().parallel(1).context(4096);
     let stack = Stack::start_with_settings(llama, r#"timings_per_token = "true""#).await;

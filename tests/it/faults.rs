@@ -314,7 +314,7 @@ impl EdgeProcess {
 // A node dies
 // ---------------------------------------------------------------------------------------
 
-#[tokio::test]
+#[crate::common::test]
 async fn a_node_killed_mid_stream_fails_its_runs_and_the_other_node_streams_on() {
     let dir = tempfile::tempdir().expect("tempdir");
     let events = dir.path().join("events.jsonl");
@@ -368,7 +368,7 @@ async fn a_node_killed_mid_stream_fails_its_runs_and_the_other_node_streams_on()
     );
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn a_half_open_node_is_evicted_by_the_heartbeat_timeout_and_its_run_fails() {
     // node-a must heartbeat every 300 ms; node-b keeps the default 1 s.
     let app = spawn_app(&two_nodes_with_node_a_heartbeat(300)).await;
@@ -432,7 +432,7 @@ fn not_reading() -> String {
 const OFFERED_RUNS: usize = 256;
 const RUN_INPUT_BYTES: usize = 1024 * 1024;
 
-#[tokio::test]
+#[crate::common::test]
 async fn a_node_that_stops_reading_is_closed_as_a_slow_consumer_with_bounded_memory() {
     let app = spawn_app(&not_reading()).await;
     let _b = echo_mock(app.node_addr, "token-b", Duration::ZERO).await;
@@ -500,7 +500,7 @@ fn stuck_write() -> String {
     format!("[server]\nwrite_timeout_ms = 60000\n\n{}", greedy_node_a())
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn a_node_stuck_in_a_write_does_not_hold_up_a_graceful_stop() {
     let app = spawn_app(&stuck_write()).await;
     let not_reading = raw_node(&app, "token-a").await;
@@ -528,7 +528,7 @@ async fn a_node_stuck_in_a_write_does_not_hold_up_a_graceful_stop() {
 // A node sends garbage
 // ---------------------------------------------------------------------------------------
 
-#[tokio::test]
+#[crate::common::test]
 async fn garbage_after_a_valid_registration_closes_that_node_and_fails_only_its_runs() {
     // Long heartbeats: only the garbage can close node-a.
     let app = spawn_app(&two_nodes_with_node_a_heartbeat(60000)).await;
@@ -579,7 +579,7 @@ const BAD_TOKENS: usize = 1_000;
 /// Wrong-token connections open at once.
 const BAD_AT_ONCE: usize = 64;
 
-#[tokio::test]
+#[crate::common::test]
 async fn a_thousand_bad_tokens_are_refused_while_valid_nodes_keep_registering() {
     // A small brake: 1 ms, doubling per failure from the same address, up to 100 ms.
     let config = format!(
@@ -643,7 +643,7 @@ async fn a_thousand_bad_tokens_are_refused_while_valid_nodes_keep_registering() 
 // Event sinks that cannot write
 // ---------------------------------------------------------------------------------------
 
-#[tokio::test]
+#[crate::common::test]
 async fn a_file_sink_on_a_full_disk_counts_write_errors_while_runs_complete() {
     let app = spawn_app(&format!(
         "{TWO_NODES}\n{}",
@@ -673,7 +673,7 @@ async fn a_file_sink_on_a_full_disk_counts_write_errors_while_runs_complete() {
     app.stop().await;
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn a_closed_stdout_does_not_stop_the_binary_serving_and_sigterm_exits_0() {
     let dir = tempfile::tempdir().expect("tempdir");
     let events = "[events]\nsinks = [\"stdout\"]\n[events.stdout]\nformat = \"text\"\n";
@@ -731,7 +731,7 @@ fn two_targets() -> String {
     format!("[server]\nshutdown_grace_ms = 3000\n\n{node_a}\n{node_b}")
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn sigterm_lets_a_run_finish_within_the_grace_and_fails_the_one_that_never_ends() {
     let dir = tempfile::tempdir().expect("tempdir");
     let events = dir.path().join("events.jsonl");

@@ -38,27 +38,27 @@ fn replay(target: &str, run: fn(&[u8])) {
     }
 }
 
-#[test]
+#[crate::common::test]
 fn frame_decoder_corpus() {
     replay("frame_decoder", frame_decoder::run);
 }
 
-#[test]
+#[crate::common::test]
 fn register_handshake_corpus() {
     replay("register_handshake", register_handshake::run);
 }
 
-#[test]
+#[crate::common::test]
 fn resume_claims_corpus() {
     replay("resume_claims", resume_claims::run);
 }
 
-#[test]
+#[crate::common::test]
 fn run_state_machine_corpus() {
     replay("run_state_machine", run_state_machine::run);
 }
 
-#[test]
+#[crate::common::test]
 fn config_loader_corpus() {
     replay("config_loader", config_loader::run);
 }

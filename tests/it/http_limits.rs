@@ -33,7 +33,7 @@ async fn read_to_close(stream: &mut TcpStream) -> String {
     String::from_utf8_lossy(&received).into_owned()
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn a_client_that_sends_headers_too_slowly_is_disconnected() {
     let app = spawn_app(&config("header_read_timeout_ms = 200")).await;
     let mut slow = TcpStream::connect(app.http_addr).await.expect("connect");
@@ -50,7 +50,7 @@ async fn a_client_that_sends_headers_too_slowly_is_disconnected() {
     app.stop().await;
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn a_body_that_never_arrives_fails_the_request() {
     let app = spawn_app(&config("body_read_timeout_ms = 200")).await;
     let mut slow = TcpStream::connect(app.http_addr).await.expect("connect");
@@ -66,7 +66,7 @@ async fn a_body_that_never_arrives_fails_the_request() {
     app.stop().await;
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn connections_beyond_the_limit_are_closed_at_once() {
     let app = spawn_app(&config(
         "max_connections = 2\nheader_read_timeout_ms = 60000",
@@ -85,7 +85,7 @@ async fn connections_beyond_the_limit_are_closed_at_once() {
     app.stop().await;
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn api_requests_beyond_the_limit_get_503_and_ops_endpoints_still_answer() {
     let app = spawn_app(&config("max_concurrent_requests = 1")).await;
     let options = MockOptions {

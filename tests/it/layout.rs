@@ -46,7 +46,7 @@ fn naming(dir: &str, paths: &[&str], skip: impl Fn(&Path) -> bool) -> Vec<String
     found
 }
 
-#[test]
+#[crate::common::test]
 fn adapters_reach_the_application_only_through_the_ports() {
     let found = naming("adapters", &["crate::app"], |_| false);
     assert!(
@@ -56,7 +56,7 @@ fn adapters_reach_the_application_only_through_the_ports() {
     );
 }
 
-#[test]
+#[crate::common::test]
 fn the_domain_and_the_ports_name_no_adapter_and_no_application() {
     for dir in ["domain", "ports"] {
         let found = naming(dir, &["crate::app", "crate::adapters"], |_| false);
@@ -68,7 +68,7 @@ fn the_domain_and_the_ports_name_no_adapter_and_no_application() {
     }
 }
 
-#[test]
+#[crate::common::test]
 fn the_run_service_builds_on_ports_not_adapters() {
     // Its unit tests (`tests.rs`, `tests/`) may wire real adapters in.
     let is_test = |file: &Path| {

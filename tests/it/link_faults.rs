@@ -50,7 +50,7 @@ fn instance(app: &TestApp) -> Option<String> {
     app.parts.registry.get("node-1").map(|n| n.instance_id)
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn a_black_holed_link_is_declared_dead_by_the_node_whose_reconnect_takes_it_over() {
     let engine = ScriptedEngine::start(&[QWEN]).await;
     let app = edge(&engine).await;
@@ -86,7 +86,7 @@ async fn a_black_holed_link_is_declared_dead_by_the_node_whose_reconnect_takes_i
     app.assert_settled().await;
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn a_node_that_stays_behind_a_black_hole_is_dropped_by_the_edge() {
     let engine = ScriptedEngine::start(&[QWEN]).await;
     let app = edge(&engine).await;
@@ -105,7 +105,7 @@ async fn a_node_that_stays_behind_a_black_hole_is_dropped_by_the_edge() {
     node.stop().await.expect("clean stop");
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn a_second_process_with_the_same_token_waits_until_the_first_has_gone_silent() {
     let engine = ScriptedEngine::start(&[QWEN]).await;
     let app = edge(&engine).await;

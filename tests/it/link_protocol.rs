@@ -84,7 +84,7 @@ fn stats(app: &TestApp) -> std::sync::Arc<TransportStats> {
     app.parts.transport.stats()
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn every_ping_is_answered_with_its_value_after_the_frames_before_it() {
     let app = spawn_app(&one_node(60_000)).await;
     let (mut client, outcome) = attempt(&app, "i-1").await;
@@ -131,7 +131,7 @@ async fn every_ping_is_answered_with_its_value_after_the_frames_before_it() {
     app.stop().await;
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn the_same_instance_takes_over_its_live_connection_at_once() {
     let app = spawn_app(&one_node(60_000)).await;
     let (mut old, outcome) = attempt(&app, "i-1").await;
@@ -168,7 +168,7 @@ async fn the_same_instance_takes_over_its_live_connection_at_once() {
     app.stop().await;
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn another_instance_waits_until_the_live_one_has_missed_a_whole_heartbeat() {
     let interval = Duration::from_millis(1_000);
     let app = spawn_app(&one_node(1_000)).await;
@@ -215,7 +215,7 @@ async fn another_instance_waits_until_the_live_one_has_missed_a_whole_heartbeat(
     app.stop().await;
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn a_clean_close_followed_at_once_by_the_same_instance_is_never_refused() {
     let app = spawn_app(&one_node(60_000)).await;
     for _ in 0..20 {

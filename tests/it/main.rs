@@ -4,6 +4,10 @@
 //! (the `edge-mock-node` crate) and `node` the reference node (`edge-node`), and the fuzz
 //! targets' bodies are declared here for `fuzz_corpus` to replay.
 //!
+//! Every test is marked `#[crate::common::test]` (not `#[tokio::test]` or `#[test]`): it
+//! runs under a deadline of its own and fails naming itself instead of hanging the suite
+//! (`tests/common/deadline.rs`, decision 40).
+//!
 //! Every test here shares the process: none may set process-global state (environment
 //! variables, the global tracing subscriber, the working directory) or assert on the
 //! process as a whole (resident memory, thread count); such a test belongs in a binary of
@@ -67,6 +71,7 @@ mod engines_smoke;
 mod engines_tokens;
 mod faults;
 mod fuzz_corpus;
+mod harness;
 mod http_limits;
 mod layout;
 mod link_faults;

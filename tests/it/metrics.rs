@@ -488,7 +488,9 @@ async fn resumed_run(app: &TestApp, seen: &mut Seen) {
         let mut client = NodeClient::connect(app.node_addr).await.expect("connect");
         let mut registration = Registration::with_token("token-b").instance("node-b-1");
         registration.resume = resume;
-        let outcome = client.register(registration).await.expect("register");
+        let outcome = common::bounded("node-b's registration", client.register(registration))
+            .await
+            .expect("register");
         assert!(outcome.accepted);
         (client, outcome)
     };
@@ -501,15 +503,17 @@ async fn resumed_run(app: &TestApp, seen: &mut Seen) {
         .expect("accepted");
     let run_id = handle.run_id.as_str().to_owned();
     while !matches!(
-        first.next().await.expect("the run arrives"),
+        common::bounded("node-b's run", first.next())
+            .await
+            .expect("the run arrives"),
         ReceivedEdgeFrame::Command(NodeCommand::Run(_))
     ) {}
     first
         .event(&run_id, 1, RunEventKind::text("kept"))
         .await
         .expect("send");
-    seen.events
-        .push(handle.events.recv().await.expect("the output"));
+    let output = common::bounded("the kept run's output", handle.events.recv());
+    seen.events.push(output.await.expect("the output"));
     drop(first);
     let detached = [want("edge_runs_detached_total", &[], 1.0)];
     scrape_until(&crate::common::http_client(), app, &detached).await;
@@ -659,7 +663,7 @@ fn whole_frame(bytes: &[u8]) -> Option<usize> {
 
 /// Every counter after the scenario equals what the scenario did, in text a real
 /// Prometheus parser accepts.
-#[tokio::test]
+#[crate::common::test]
 async fn metrics_after_a_scripted_scenario_count_what_happened() {
     let scenario = scripted_scenario().await;
     let app = &scenario.app;
@@ -925,7 +929,7 @@ async fn metrics_after_a_scripted_scenario_count_what_happened() {
 }
 
 /// No label value is a run id or a token, and no label name is outside the bounded set.
-#[tokio::test]
+#[crate::common::test]
 async fn no_label_value_is_a_run_id_or_a_token() {
     let scenario = scripted_scenario().await;
     let http = crate::common::http_client();
@@ -983,7 +987,7 @@ async fn no_label_value_is_a_run_id_or_a_token() {
 /// `/readyz` answers 200 while serving and 503 from the moment a graceful stop begins,
 /// while `/healthz` still answers 200; the drain is held open by a run on a node that
 /// never answers it.
-#[tokio::test]
+#[crate::common::test]
 async fn readyz_is_503_while_a_stop_drains_and_healthz_stays_200() {
     let app = spawn_app(TWO_NODES).await;
     let http = crate::common::http_client();
@@ -1038,15 +1042,15 @@ async fn readyz_is_503_while_a_stop_drains_and_healthz_stays_200() {
 /// The transport's byte and frame counters equal what crossed the wire, for refused
 /// registrations (a wrong token, a first frame that is not a registration) and for a node
 /// that registers, runs and leaves.
-#[tokio::test]
+#[crate::common::test]
 async fn transport_counters_equal_the_bytes_and_frames_on_the_wire() {
     let app = spawn_app(TWO_NODES).await;
     let proxy = CountingProxy::start(app.node_addr).await;
     let http = crate::common::http_client();
 
     let mut wrong = NodeClient::connect(proxy.addr).await.expect("connect");
-    let outcome = wrong
-        .register(Registration::with_token(WRONG_TOKEN))
+    let answer = wrong.register(Registration::with_token(WRONG_TOKEN));
+    let outcome = common::bounded("the answer to a wrong token", answer)
         .await
         .expect("an answer");
     assert_eq!(outcome.rejection, Some(RegisterRejection::InvalidToken));

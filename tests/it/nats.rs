@@ -112,7 +112,7 @@ fn json(payload: &[u8]) -> serde_json::Value {
     serde_json::from_slice(payload).expect("payload is JSON")
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn events_arrive_on_their_documented_subjects_in_order_as_the_file_sinks_lines() {
     let nats = NatsServer::start().await;
     let listener = async_nats::connect(nats.url()).await.expect("listener");
@@ -120,7 +120,9 @@ async fn events_arrive_on_their_documented_subjects_in_order_as_the_file_sinks_l
         .subscribe("edge.*.runs.>")
         .await
         .expect("subscribe");
-    listener.flush().await.expect("subscribed");
+    crate::common::bounded("nats-server to confirm the subscription", listener.flush())
+        .await
+        .expect("subscribed");
     let dir = tempfile::tempdir().expect("tempdir");
     let file = dir.path().join("events.jsonl");
     let (app, _node) = edge_with_node(&config(&nats, "\"file\", ", &file, "")).await;
@@ -176,7 +178,7 @@ async fn events_arrive_on_their_documented_subjects_in_order_as_the_file_sinks_l
     }
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn jetstream_replays_to_a_durable_consumer_after_it_restarts() {
     let nats = NatsServer::start_jetstream().await;
     let keys = "[events.nats.jetstream]\nstream = \"EDGE_TEST\"\nmax_age_secs = 3600\n";
@@ -251,7 +253,7 @@ async fn read_durable(nats: &NatsServer, config: pull::Config, n: usize) -> Vec<
     read
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn a_killed_and_restarted_server_is_survived_and_the_counters_say_what_was_dropped() {
     let mut nats = NatsServer::start_jetstream().await;
     let keys = "backlog_capacity = 40\nack_timeout_ms = 1000\n\

@@ -105,7 +105,7 @@ fn failure(event: &RunEvent) -> (FailureClass, String, Option<u16>, String) {
     }
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn a_console_prompt_streams_text_in_order_then_completes_with_usage() {
     let (app, engine, node) = setup().await;
     let usage = json!({"choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 3,
@@ -148,7 +148,7 @@ async fn a_console_prompt_streams_text_in_order_then_completes_with_usage() {
     app.assert_settled().await;
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn a_run_is_served_by_an_https_engine_checked_against_the_adapters_ca() {
     let ca = common::pki::Ca::new("engine CA");
     let (cert, key) = ca.issue(
@@ -185,7 +185,7 @@ async fn a_run_is_served_by_an_https_engine_checked_against_the_adapters_ca() {
     app.assert_settled().await;
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn reasoning_parallel_tool_calls_and_logprobs_reach_the_edge() {
     let (app, engine, node) = setup().await;
     let call = |index: u32, id: Option<&str>, name: Option<&str>, arguments: &str| {
@@ -246,7 +246,7 @@ async fn reasoning_parallel_tool_calls_and_logprobs_reach_the_edge() {
     node.stop().await.expect("clean stop");
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn embeddings_come_back_as_vectors() {
     let (app, engine, node) = setup().await;
     let answer = json!({"object": "list", "data": [{"index": 0, "embedding": [0.5, -0.25]}, {"index": 1, "embedding": [1.0, 0.0]}],
@@ -277,7 +277,7 @@ async fn embeddings_come_back_as_vectors() {
     node.stop().await.expect("clean stop");
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn engine_failures_arrive_classified() {
     let (app, mut engine, node) = setup().await;
     let too_long = json!({"error": {"message": "maximum context length is 4096 tokens", "type": "invalid_request_error",
@@ -324,7 +324,7 @@ async fn engine_failures_arrive_classified() {
     node.stop().await.expect("clean stop");
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn a_stream_that_breaks_after_output_ends_with_one_failure() {
     let (app, engine, node) = setup().await;
     let chunks = vec![
@@ -349,7 +349,7 @@ async fn a_stream_that_breaks_after_output_ends_with_one_failure() {
     node.stop().await.expect("clean stop");
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn after_a_streamed_answer_the_next_request_finds_its_connection_open() {
     let (app, engine, node) = setup().await;
     let chunks = [delta(json!({"content": "hi"})), finish("stop")];
@@ -378,7 +378,7 @@ async fn after_a_streamed_answer_the_next_request_finds_its_connection_open() {
     app.assert_settled().await;
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn a_cancel_closes_the_engine_connection() {
     let (app, engine, node) = setup().await;
     let chunks = vec![delta(json!({"content": "thinking..."})).to_string()];
@@ -420,7 +420,7 @@ async fn a_cancel_closes_the_engine_connection() {
     app.assert_settled().await;
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn a_deadline_closes_the_engine_connection() {
     let (app, engine, node) = setup().await;
     engine.script(

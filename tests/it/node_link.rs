@@ -101,7 +101,7 @@ fn failure(event: &ReportedEvent) -> (FailureClass, &str) {
     }
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn availability_follows_the_engine_down_and_back_while_the_node_stays_connected() {
     let mut engine = ScriptedEngine::start(&[QWEN]).await;
     let edge = FakeEdge::bind().await;
@@ -122,7 +122,7 @@ async fn availability_follows_the_engine_down_and_back_while_the_node_stays_conn
     node.stop().await.expect("clean stop");
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn heartbeats_ping_and_reconnects_keep_the_instance_id_and_retry_already_connected() {
     let engine = ScriptedEngine::start(&[QWEN]).await;
     let (edge, mut conn, node, definition) = connected(&engine, 2, 50).await;
@@ -151,7 +151,7 @@ async fn heartbeats_ping_and_reconnects_keep_the_instance_id_and_retry_already_c
     node.stop().await.expect("clean stop");
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn an_edge_that_answered_pings_and_then_falls_silent_is_left_for_a_new_connection() {
     let engine = ScriptedEngine::start(&[QWEN]).await;
     let (edge, mut conn, node, definition) = connected(&engine, 2, 50).await;
@@ -165,7 +165,7 @@ async fn an_edge_that_answered_pings_and_then_falls_silent_is_left_for_a_new_con
     node.stop().await.expect("clean stop");
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn after_a_cut_the_node_claims_its_run_and_an_accepted_resume_continues_the_stream() {
     let engine = ScriptedEngine::start(&[QWEN]).await;
     let gate = gated_letters(&engine, "abcdef");
@@ -214,7 +214,7 @@ async fn after_a_cut_the_node_claims_its_run_and_an_accepted_resume_continues_th
     node.stop().await.expect("clean stop");
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn refused_and_unanswered_claims_close_the_engine_requests() {
     let engine = ScriptedEngine::start(&[QWEN]).await;
     engine.script(
@@ -257,7 +257,7 @@ async fn refused_and_unanswered_claims_close_the_engine_requests() {
     node.stop().await.expect("clean stop");
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn runs_the_node_cannot_take_are_refused_without_trying() {
     let engine = ScriptedEngine::start(&[QWEN]).await;
     engine.script(
@@ -293,7 +293,7 @@ async fn runs_the_node_cannot_take_are_refused_without_trying() {
     node.stop().await.expect("clean stop");
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn a_graceful_stop_offers_nothing_cancels_what_still_runs_and_returns() {
     let engine = ScriptedEngine::start(&[QWEN]).await;
     engine.script(

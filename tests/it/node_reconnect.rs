@@ -29,7 +29,7 @@ async fn completes(app: &TestApp, text: &str) {
     );
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn the_node_registers_again_after_the_edge_restarts() {
     let engine = ScriptedEngine::start(&[QWEN]).await;
     engine.script(QWEN, answer("hi"));
@@ -48,7 +48,7 @@ async fn the_node_registers_again_after_the_edge_restarts() {
     second.assert_settled().await;
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn after_a_cut_an_edge_without_resume_fails_the_run_and_the_node_closes_the_engine_request() {
     let engine = ScriptedEngine::start(&[QWEN]).await;
     let first_words =

@@ -13,7 +13,7 @@ use mock_node::{MockNode, MockOptions};
 
 const API_KEY: &str = "sk-edge-python-test";
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[crate::common::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_official_openai_python_client_works_unchanged() {
     let config = format!(
         "{TWO_NODES}\n[api]\nkeys = [\"{API_KEY}\"]\n[api.models]\n\"gpt-4o-mini\" = \"echo/default\"\n"

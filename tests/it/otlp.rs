@@ -138,7 +138,7 @@ const ALONE: &str = "EDGE_TEST_OTLP_ALONE";
 /// subscriber is a thread-local default, and tracing caches each callsite's interest
 /// process-wide, so a callsite another test's thread registers while this one installs its
 /// subscriber can stay disabled for it and lose a span.
-#[test]
+#[crate::common::test]
 fn a_streamed_api_request_is_one_trace_from_the_clients_traceparent_to_the_node() {
     if std::env::var_os(ALONE).is_none() {
         let name =

@@ -269,7 +269,7 @@ impl V1Node {
     }
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn a_v1_node_registers_runs_and_is_cancelled() {
     let app = spawn_app(CONFIG).await;
     let mut node = V1Node::connect(app.node_addr).await;
@@ -346,7 +346,11 @@ async fn a_v1_node_registers_runs_and_is_cancelled() {
     )
     .await;
     let mut kinds = Vec::new();
-    while let Some(event) = handle.events.recv().await {
+    loop {
+        let what = format!("the console run's events (got {kinds:?})");
+        let Some(event) = common::bounded(what, handle.events.recv()).await else {
+            break;
+        };
         kinds.push(event.kind.clone());
     }
     assert_eq!(kinds.len(), 3, "{kinds:?}");
@@ -382,7 +386,11 @@ async fn a_v1_node_registers_runs_and_is_cancelled() {
     .await;
     let mut events = handle.events;
     let mut last = None;
-    while let Some(event) = events.recv().await {
+    loop {
+        let what = format!("the cancelled run's events (last {last:?})");
+        let Some(event) = common::bounded(what, events.recv()).await else {
+            break;
+        };
         last = Some(event.kind.clone());
     }
     assert!(matches!(
@@ -401,5 +409,7 @@ async fn a_v1_node_registers_runs_and_is_cancelled() {
         "expected a shutdown, got {message:?}"
     );
     assert!(understood);
-    stopping.await.expect("stopped");
+    common::bounded("the edge to stop", stopping)
+        .await
+        .expect("stopped");
 }

@@ -125,7 +125,9 @@ async fn kill_after(mut edge: Edge, run_id: &str, outputs: usize) {
     })
     .await;
     edge.child.start_kill().expect("kill -9");
-    edge.child.wait().await.expect("the edge is gone");
+    common::bounded("the killed edge to exit", edge.child.wait())
+        .await
+        .expect("the edge is gone");
 }
 
 /// A gated engine with [`BEFORE_THE_KILL`] deltas let out, the edge's config and node
@@ -168,7 +170,7 @@ async fn killed_mid_answer(grace_ms: u64) -> (Stack, String) {
     (stack, run_id)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[crate::common::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_outlives_a_kill_9_of_its_edge_and_completes_once() {
     let (killed, run_id) = killed_mid_answer(30_000).await;
     let (engine, gate, run_id) = (&killed.engine, &killed.gate, &run_id);
@@ -201,7 +203,7 @@ async fn a_run_outlives_a_kill_9_of_its_edge_and_completes_once() {
     killed.node.stop().await.expect("clean stop");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[crate::common::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_no_node_takes_back_ends_edge_crashed() {
     let (killed, run_id) = killed_mid_answer(300).await;
     let (config, listen, run_id) = (&killed.config, &killed.listen, &run_id);
@@ -252,7 +254,7 @@ async fn read_deltas(mut response: reqwest::Response, deltas: usize) -> ReadPart
     part.expect("events were read")
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[crate::common::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_background_response_resumes_across_a_kill_9_of_its_edge() {
     let body = json!({
         "model": "llama/qwen", "input": "tell me a long story",
@@ -295,7 +297,7 @@ async fn read_across_a_kill<R, F: std::future::Future<Output = R>>(
     (stack, edge, run_id, read)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[crate::common::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_messages_stream_resumes_across_a_kill_9_of_its_edge() {
     let body = json!({
         "model": "llama/qwen", "max_tokens": 100, "stream": true,
@@ -325,6 +327,10 @@ const SOAK_RUNS: usize = 200;
 /// How often a soak client's resume may be refused by an edge that is up (asked again
 /// 50 ms later each time) before the test fails with the refusal.
 const MAX_REFUSALS: usize = 200;
+
+/// The longest a soak client may take to read its run's whole answer, resumes included;
+/// within the test's deadline.
+const SOAK_PATIENCE: std::time::Duration = std::time::Duration::from_secs(120);
 
 /// Engine chunks per run: the deltas, the finish chunk and `[DONE]`.
 const CHUNKS: usize = DELTAS + 2;
@@ -394,9 +400,17 @@ async fn soak_client(
     let mut streamed = read_events(response).await;
     let mut resumed = 0;
     let mut refusals = 0;
+    let mut last_attempt = String::from("none yet");
+    let give_up = tokio::time::Instant::now() + SOAK_PATIENCE;
     while streamed.last().is_none_or(|e| e.data != "[DONE]") {
+        assert!(
+            tokio::time::Instant::now() < give_up,
+            "run {id}: no [DONE] within {SOAK_PATIENCE:?}: {} events read, {resumed} \
+             resumes, the last attempt: {last_attempt}",
+            streamed.len()
+        );
         let url = format!("http://{}/v1/runs/{id}/stream", *http.borrow_and_update());
-        let mut request = client.get(url);
+        let mut request = client.get(&url);
         if let Some(last) = streamed.last() {
             request = request.header("last-event-id", &last.id);
         }
@@ -404,11 +418,16 @@ async fn soak_client(
             Ok(response) if response.status().is_success() => {
                 resumed += 1;
                 streamed.extend(read_events(response).await);
+                last_attempt = format!("{url} read to {:?}", streamed.last().map(|e| &e.id));
             }
             // The edge is down (or not yet the new one): wait for the next. A refusal by
             // the edge that is up is asked again a little later: it was seen once, under
             // the whole suite's load, to leave a client waiting for an edge that never came.
             refused => {
+                last_attempt = match &refused {
+                    Ok(response) => format!("{url} answered {}", response.status()),
+                    Err(error) => format!("{url} failed: {error}"),
+                };
                 if let Ok(response) = refused {
                     refusals += 1;
                     assert!(
@@ -436,7 +455,7 @@ async fn read_events(mut response: reqwest::Response) -> Vec<Event> {
     events_in(&complete(&text))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[crate::common::test(flavor = "multi_thread", worker_threads = 2)]
 async fn soak_runs_outlive_three_kills_of_their_edge() {
     let (engine, gate) = gated_engine().await;
     let dir = tempfile::tempdir().expect("tempdir");
@@ -516,15 +535,23 @@ async fn soak_runs_outlive_three_kills_of_their_edge() {
             *cut.entry(id).or_default() += 1;
         }
         edge.child.start_kill().expect("kill -9");
-        edge.child.wait().await.expect("the edge is gone");
+        common::bounded("the killed edge to exit", edge.child.wait())
+            .await
+            .expect("the edge is gone");
         edge = edge_at(&config, &listen).await;
         address.send_replace(edge.http);
     }
     gate.add_permits(CHUNKS * SOAK_RUNS - released);
     let expected_text: String = (0..DELTAS).map(delta).collect();
     let mut resumes = 0;
-    for client in clients {
-        let (id, streamed, resumed) = client.await.expect("the client finished");
+    for (n, client) in clients.into_iter().enumerate() {
+        let (id, streamed, resumed) = common::bounded_for(
+            SOAK_PATIENCE,
+            format_args!("soak client {n} to read its answer"),
+            client,
+        )
+        .await
+        .expect("the client finished");
         // A client resumes at least once after each kill that cut its stream.
         let kills = cut.get(&id).copied().unwrap_or_default();
         assert!(

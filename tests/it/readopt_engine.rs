@@ -150,7 +150,9 @@ async fn killed_mid_answer(grace_ms: u64) -> Killed {
     assert!(outputs >= BEFORE, "{stored:?}");
 
     edge.child.start_kill().expect("kill -9");
-    edge.child.wait().await.expect("the edge is gone");
+    crate::common::bounded("the edge process to exit after kill -9", edge.child.wait())
+        .await
+        .expect("the edge is gone");
     let dropped = next_line(&mut lines).await;
     assert_eq!(
         dropped["dropped"], true,
@@ -229,7 +231,7 @@ async fn ended(edge: &Edge, run_id: &str) -> Value {
     .await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[crate::common::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_background_response_on_a_real_engine_outlives_a_kill_9_of_its_edge() {
     let mut killed = killed_mid_answer(30_000).await;
     // The engine goes on while the edge is away: the node buffers the rest.
@@ -274,7 +276,7 @@ async fn a_background_response_on_a_real_engine_outlives_a_kill_9_of_its_edge() 
     killed.node.take().expect("the node").kill().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[crate::common::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_background_response_whose_node_died_with_the_edge_ends_edge_crashed() {
     let mut killed = killed_mid_answer(300).await;
     killed.node.take().expect("the node").kill().await;

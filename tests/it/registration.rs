@@ -203,11 +203,13 @@ async fn encoded(frame: NodeFrame) -> Vec<u8> {
     client.send(frame).await.expect("send");
     drop(client);
     let mut bytes = Vec::new();
-    peer.read_to_end(&mut bytes).await.expect("read");
+    common::bounded("the client's bytes", peer.read_to_end(&mut bytes))
+        .await
+        .expect("read");
     bytes
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn an_accepted_registration_returns_the_configured_node_and_config() {
     let app = spawn_app(&rich_nodes()).await;
     let (_client, outcome) = attempt(&app, registration("token-a", "node-a")).await;
@@ -260,7 +262,7 @@ async fn an_accepted_registration_returns_the_configured_node_and_config() {
     app.stop().await;
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn a_registration_without_node_id_is_given_the_tokens_node() {
     let app = spawn_app(TWO_NODES).await;
     let (_client, outcome) = attempt(&app, Registration::with_token("token-b")).await;
@@ -290,7 +292,7 @@ async fn refused_on_a_fresh_edge(registration: Registration, reason: RegisterRej
     app.stop().await;
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn an_unknown_token_is_rejected_and_the_connection_closed() {
     refused_on_a_fresh_edge(
         Registration::with_token("no-such-token"),
@@ -299,7 +301,7 @@ async fn an_unknown_token_is_rejected_and_the_connection_closed() {
     .await;
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn an_empty_token_is_rejected_and_the_connection_closed() {
     refused_on_a_fresh_edge(
         Registration::with_token(""),
@@ -308,7 +310,7 @@ async fn an_empty_token_is_rejected_and_the_connection_closed() {
     .await;
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn a_node_id_that_is_not_the_tokens_node_is_rejected_and_the_connection_closed() {
     refused_on_a_fresh_edge(
         registration("token-a", "node-b"),
@@ -317,7 +319,7 @@ async fn a_node_id_that_is_not_the_tokens_node_is_rejected_and_the_connection_cl
     .await;
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn a_second_connection_of_a_connected_node_is_rejected_and_the_live_one_keeps_working() {
     let app = spawn_app(&patient("")).await;
     let (mut live, connection) = registered(&app, "token-a", "node-a").await;
@@ -333,7 +335,7 @@ async fn a_second_connection_of_a_connected_node_is_rejected_and_the_live_one_ke
     app.stop().await;
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn an_unsupported_protocol_version_is_rejected_and_zero_is_read_as_one() {
     let app = spawn_app(&patient("")).await;
     for version in [2, 3, u32::MAX] {
@@ -351,7 +353,7 @@ async fn an_unsupported_protocol_version_is_rejected_and_zero_is_read_as_one() {
     app.stop().await;
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn a_first_message_that_is_not_a_registration_is_a_protocol_violation() {
     let app = spawn_app(&patient("")).await;
     for first in [
@@ -379,7 +381,7 @@ async fn a_first_message_that_is_not_a_registration_is_a_protocol_violation() {
 /// `start_draining` also stops the accept loop, so a connection opened afterwards may never
 /// be served. The connection under test is therefore opened, and known to be accepted,
 /// before draining starts; it registers afterwards.
-#[tokio::test]
+#[crate::common::test]
 async fn a_registration_while_the_edge_drains_is_told_it_is_shutting_down() {
     let app = spawn_app(&patient("")).await;
     let mut early = connect(&app).await;
@@ -413,7 +415,7 @@ async fn a_registration_while_the_edge_drains_is_told_it_is_shutting_down() {
     app.stop().await;
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn a_registration_delivered_one_byte_at_a_time_is_accepted() {
     let app = spawn_app(&patient("")).await;
     let bytes = encoded(NodeFrame::Register(registration("token-a", "node-a"))).await;
@@ -456,7 +458,7 @@ async fn closes_without_harm(app: &TestApp, bytes: &[u8]) {
     assert_eq!(app.parts.registry.len(), 2);
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn an_oversized_length_prefix_is_closed_without_harm_to_other_nodes() {
     let app = spawn_app(&patient("")).await;
     // About 4 GiB announced, and nothing else sent: the edge must not wait for it.
@@ -464,7 +466,7 @@ async fn an_oversized_length_prefix_is_closed_without_harm_to_other_nodes() {
     app.stop().await;
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn a_length_prefix_just_above_the_register_frame_limit_is_closed() {
     let app = spawn_app(&patient("max_register_frame_bytes = 100")).await;
     // 101 as a varint.
@@ -472,7 +474,7 @@ async fn a_length_prefix_just_above_the_register_frame_limit_is_closed() {
     app.stop().await;
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn garbage_bytes_are_closed_without_harm_to_other_nodes() {
     let app = spawn_app(&patient("")).await;
     // A three-byte frame whose bytes are not a NodeMessage.
@@ -480,14 +482,14 @@ async fn garbage_bytes_are_closed_without_harm_to_other_nodes() {
     app.stop().await;
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn an_overlong_varint_is_closed_without_harm_to_other_nodes() {
     let app = spawn_app(&patient("")).await;
     closes_without_harm(&app, &[0x80; 11]).await;
     app.stop().await;
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn a_silent_client_is_closed_after_the_register_timeout_without_harm() {
     // rich_nodes() sets register_timeout_ms = 300.
     let app = spawn_app(&rich_nodes()).await;
@@ -495,7 +497,7 @@ async fn a_silent_client_is_closed_after_the_register_timeout_without_harm() {
     app.stop().await;
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn a_client_that_sends_half_a_frame_is_closed_after_the_register_timeout() {
     let app = spawn_app(&rich_nodes()).await;
     let bytes = encoded(NodeFrame::Register(Registration::with_token("token-b"))).await;
@@ -503,7 +505,7 @@ async fn a_client_that_sends_half_a_frame_is_closed_after_the_register_timeout()
     app.stop().await;
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn an_oversized_frame_from_a_registered_node_closes_only_that_node() {
     let app = spawn_app(&patient("max_frame_bytes = 1024")).await;
     let (mut live, connection) = registered(&app, "token-a", "node-a").await;
@@ -520,7 +522,7 @@ async fn an_oversized_frame_from_a_registered_node_closes_only_that_node() {
     app.stop().await;
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn heartbeat_silence_evicts_the_node() {
     let app = spawn_app(&two_nodes_with_heartbeat(100)).await;
     let (mut silent, _) = registered(&app, "token-a", "node-a").await;
@@ -535,7 +537,7 @@ async fn heartbeat_silence_evicts_the_node() {
     app.stop().await;
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn heartbeats_keep_a_node_registered() {
     let app = spawn_app(&two_nodes_with_heartbeat(200)).await;
     let (mut client, connection) = registered(&app, "token-a", "node-a").await;
@@ -548,7 +550,7 @@ async fn heartbeats_keep_a_node_registered() {
     app.stop().await;
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn a_disconnect_removes_the_node_from_the_registry() {
     let app = spawn_app(&patient("")).await;
     let (client, _) = registered(&app, "token-a", "node-a").await;
@@ -565,7 +567,7 @@ async fn a_disconnect_removes_the_node_from_the_registry() {
     app.stop().await;
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn a_second_register_request_on_an_accepted_connection_closes_it() {
     let app = spawn_app(&patient("")).await;
     let (mut client, _) = registered(&app, "token-a", "node-a").await;
@@ -578,7 +580,7 @@ async fn a_second_register_request_on_an_accepted_connection_closes_it() {
     app.stop().await;
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn a_graceful_stop_sends_shutdown_to_every_node_and_ends_cleanly() {
     let app = spawn_app(&patient("")).await;
     let (mut a, _) = registered(&app, "token-a", "node-a").await;
@@ -601,7 +603,7 @@ async fn a_graceful_stop_sends_shutdown_to_every_node_and_ends_cleanly() {
     assert!(app.parts.registry.is_empty());
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn a_rejection_never_tells_whether_a_node_exists() {
     // Six wrong tokens from one address: keep the brute-force brake's growing delay short.
     let app = spawn_app(&patient(
@@ -628,7 +630,7 @@ async fn a_rejection_never_tells_whether_a_node_exists() {
     app.stop().await;
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn fifty_nodes_register_concurrently_and_all_leave_on_disconnect() {
     const NODES: usize = 50;
     let app = spawn_app(&numbered_nodes(NODES, "alias", 1, 60000)).await;

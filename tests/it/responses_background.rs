@@ -11,7 +11,7 @@ use crate::common::python::run_client_script;
 
 const API_KEY: &str = "sk-edge-background-test";
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[crate::common::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dropped_background_stream_resumes_where_it_stopped() {
     let edge = Edge::start(&format!("[api]\nkeys = [\"{API_KEY}\"]\n")).await;
     let base_url = format!("http://{}", edge.app.http_addr);

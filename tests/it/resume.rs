@@ -257,13 +257,13 @@ async fn streams_through(setup: Setup, break_link: impl FnOnce(&Relay)) {
     app.assert_settled().await;
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn a_cut_mid_stream_is_invisible_to_the_client() {
     let setup = setup(3).await;
     streams_through(setup, Relay::cut).await;
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn a_black_hole_mid_stream_is_invisible_to_the_client() {
     // The node judges the link by its pings after one silent interval, well within the
     // edge's own bound: its reconnect takes the half-open connection over, runs and all.

@@ -28,7 +28,8 @@ use crate::api_support::{
     chat, chat_text, chunks_text, client, json_with, read_chunks, read_events,
 };
 use crate::common::{
-    NodeTable, TestApp, eventually, file_sink, json_lines, numbered_nodes, spawn_app,
+    NodeTable, TestApp, bounded, bounded_for, eventually, file_sink, json_lines, numbered_nodes,
+    spawn_app,
 };
 use crate::metrics::{scrape_until, want};
 use crate::mock_node::{Behaviour, MockNode, MockOptions};
@@ -253,7 +254,7 @@ impl Console {
 // Failover before the first output, and none after it
 // ---------------------------------------------------------------------------------------
 
-#[tokio::test]
+#[crate::common::test]
 async fn a_node_failing_before_output_is_failed_over_and_the_caller_gets_one_answer() {
     let dir = tempfile::tempdir().expect("tempdir");
     let events = dir.path().join("events.jsonl");
@@ -320,7 +321,7 @@ async fn a_node_failing_before_output_is_failed_over_and_the_caller_gets_one_ans
     }
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn a_node_dying_after_its_first_output_fails_the_run_without_a_retry() {
     let dir = tempfile::tempdir().expect("tempdir");
     let events = dir.path().join("events.jsonl");
@@ -345,7 +346,9 @@ async fn a_node_dying_after_its_first_output_fails_the_run_without_a_retry() {
             .send(&run.run_id, edge::domain::RunEventKind::text("never "))
             .await;
         drop(doomed);
-        let response = request.await.expect("the request task");
+        let response = bounded("the request to node-a to be answered", request)
+            .await
+            .expect("the request task");
         let placed = placement(&response);
         assert_eq!(placed.node, "node-a");
         assert_eq!(
@@ -383,7 +386,7 @@ async fn a_node_dying_after_its_first_output_fails_the_run_without_a_retry() {
 // Circuit breakers
 // ---------------------------------------------------------------------------------------
 
-#[tokio::test]
+#[crate::common::test]
 async fn a_failing_node_gets_its_breaker_opened_is_avoided_then_probed_and_used_again() {
     // Two node failures in a row open the breaker for 2 s: long enough for one request to
     // see it open, short enough to wait out.
@@ -477,7 +480,7 @@ async fn a_failing_node_gets_its_breaker_opened_is_avoided_then_probed_and_used_
     app.stop().await;
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn a_request_error_is_not_retried_and_never_trips_a_breaker() {
     let app = spawn_app(&config(&AB, "")).await;
     let a = mock(&app, "node-a", Behaviour::Echo).await;
@@ -534,7 +537,7 @@ async fn a_request_error_is_not_retried_and_never_trips_a_breaker() {
 // Affinity
 // ---------------------------------------------------------------------------------------
 
-#[tokio::test]
+#[crate::common::test]
 async fn sessions_keep_their_nodes_and_every_key_source_keeps_its_runs_together() {
     let ids = ["node-a", "node-b", "node-c", "node-d"];
     let app = spawn_app(&config(&ids, "")).await;
@@ -612,7 +615,7 @@ async fn sessions_keep_their_nodes_and_every_key_source_keeps_its_runs_together(
     app.stop().await;
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn with_prefix_affinity_off_a_prompt_keys_no_run() {
     let ids = ["node-a", "node-b"];
     let app = spawn_app(&config(&ids, "[routing]\nprefix_affinity = false\n")).await;
@@ -662,7 +665,7 @@ fn prompt_of(run: &RunAssignment) -> String {
         .to_owned()
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn a_flooding_key_delays_another_key_by_one_slot_turnover_at_most() {
     let keys = api_keys(&[
         ("sk-flood", "flood", ""),
@@ -709,15 +712,17 @@ async fn a_flooding_key_delays_another_key_by_one_slot_turnover_at_most() {
     );
     assert_eq!(order.last().map(String::as_str), Some("batch"), "{order:?}");
     assert_eq!(order.iter().filter(|p| p.starts_with("flood")).count(), 6);
-    for request in requests {
-        let response = request.await.expect("the request task");
+    for (i, request) in requests.into_iter().enumerate() {
+        let response = bounded(format!("queued request {i} to be answered"), request)
+            .await
+            .expect("the request task");
         assert_eq!(response.status(), StatusCode::OK);
     }
     app.assert_settled().await;
     app.stop().await;
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn a_key_over_its_limits_is_answered_429_with_retry_after() {
     let keys = api_keys(&[
         ("sk-single", "single", "max_concurrent_runs = 1"),
@@ -795,7 +800,7 @@ async fn listed_models(app: &TestApp) -> Vec<String> {
         .collect()
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn a_request_waits_for_the_only_node_to_reconnect_and_completes() {
     let app = spawn_app(&config(&["node-a"], "")).await;
     let node = mock(&app, "node-a", Behaviour::Echo).await;
@@ -831,7 +836,8 @@ async fn a_request_waits_for_the_only_node_to_reconnect_and_completes() {
 
     // The node comes back within the wait: both runs are placed and complete.
     let _node = mock(&app, "node-a", Behaviour::Echo).await;
-    let response = request.await.expect("the request task");
+    let answered = bounded("the waiting request to be answered", request);
+    let response = answered.await.expect("the request task");
     let placed = placement(&response);
     assert_eq!(placed.node, "node-a");
     assert!(placed.route.contains("queued_ms="), "{}", placed.route);
@@ -847,7 +853,7 @@ async fn a_request_waits_for_the_only_node_to_reconnect_and_completes() {
     app.stop().await;
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn a_request_whose_node_never_comes_back_is_503_with_retry_after_never_404() {
     let app = spawn_app(&config(&["node-a"], "[runs]\nno_node_timeout_ms = 300\n")).await;
     let node = mock(&app, "node-a", Behaviour::Echo).await;
@@ -893,7 +899,7 @@ async fn a_request_whose_node_never_comes_back_is_503_with_retry_after_never_404
     app.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[crate::common::test(flavor = "multi_thread", worker_threads = 2)]
 async fn under_churn_every_request_completes_or_fails_5xx_and_none_is_404() {
     let dir = tempfile::tempdir().expect("tempdir");
     let events = dir.path().join("events.jsonl");
@@ -912,7 +918,13 @@ async fn under_churn_every_request_completes_or_fails_5xx_and_none_is_404() {
         down_ms: 20..300,
         seed: 19,
     };
-    let report = churn::run(&plan).await;
+    let churned = churn::run(&plan);
+    let report = bounded_for(
+        Duration::from_secs(120),
+        "the churn's 300 requests",
+        churned,
+    )
+    .await;
 
     let wrong: Vec<&churn::Answer> = report
         .answers

@@ -251,7 +251,7 @@ async fn echo_run(app: &TestApp, input: &str) -> (RunId, Vec<Arc<RunEvent>>) {
 // Streaming and the sink
 // ---------------------------------------------------------------------------------------
 
-#[tokio::test]
+#[crate::common::test]
 async fn a_run_streams_every_delta_in_order_to_the_caller_and_the_file_sink() {
     let (_out, path) = events_file();
     let (app, _a) = edge_with_sinks(&["file"], &path).await;
@@ -299,7 +299,7 @@ async fn a_run_streams_every_delta_in_order_to_the_caller_and_the_file_sink() {
 // Placement
 // ---------------------------------------------------------------------------------------
 
-#[tokio::test]
+#[crate::common::test]
 async fn two_nodes_share_the_load() {
     let (app, a, b) = edge_with_both_nodes(Behaviour::Hang).await;
 
@@ -330,7 +330,7 @@ async fn two_nodes_share_the_load() {
     settle_and_stop(app).await;
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn pinning_by_alias_and_by_id_picks_that_node() {
     let (app, _a, _b) = edge_with_both_nodes(Behaviour::Echo).await;
 
@@ -369,7 +369,7 @@ async fn pinning_by_alias_and_by_id_picks_that_node() {
 // Capacity and the queue
 // ---------------------------------------------------------------------------------------
 
-#[tokio::test]
+#[crate::common::test]
 async fn busy_nodes_queue_runs_and_dispatch_them_when_a_slot_frees() {
     let (app, a) = edge_with_hanging_node_a(TWO_NODES).await;
 
@@ -396,7 +396,7 @@ async fn busy_nodes_queue_runs_and_dispatch_them_when_a_slot_frees() {
     settle_and_stop(app).await;
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn a_short_run_ending_frees_its_slot_for_a_queued_one() {
     let (app, a) = edge_with_slow_echo_node_a(TWO_NODES).await;
 
@@ -422,7 +422,7 @@ async fn a_short_run_ending_frees_its_slot_for_a_queued_one() {
     settle_and_stop(app).await;
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn a_full_queue_refuses_and_an_unserved_target_fails_at_once() {
     let (app, _a) = edge_with_hanging_node_a(&config("[runs]\nqueue_capacity = 1\n")).await;
 
@@ -465,7 +465,7 @@ async fn a_full_queue_refuses_and_an_unserved_target_fails_at_once() {
     settle_and_stop(app).await;
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn a_configured_target_waits_when_no_node_is_connected() {
     let app = spawn_app(TWO_NODES).await;
     let mut waiting = start(&app, spec("default", "x", "echo"));
@@ -475,7 +475,7 @@ async fn a_configured_target_waits_when_no_node_is_connected() {
     settle_and_stop(app).await;
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn a_queued_run_whose_wait_expires_fails_with_queue_timeout() {
     let (app, a) = edge_with_hanging_node_a(&config("[runs]\nqueue_timeout_ms = 200\n")).await;
 
@@ -500,7 +500,7 @@ async fn a_queued_run_whose_wait_expires_fails_with_queue_timeout() {
 // The edge's own terminal events
 // ---------------------------------------------------------------------------------------
 
-#[tokio::test]
+#[crate::common::test]
 async fn killing_a_node_mid_stream_fails_every_run_it_held() {
     let (app, a) = edge_with_slow_echo_node_a(TWO_NODES).await;
 
@@ -535,7 +535,7 @@ async fn killing_a_node_mid_stream_fails_every_run_it_held() {
     settle_and_stop(app).await;
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn a_caller_cancel_mid_stream_reaches_the_node_which_ends_the_run() {
     let (app, a) = edge_with_slow_echo_node_a(TWO_NODES).await;
 
@@ -557,7 +557,7 @@ async fn a_caller_cancel_mid_stream_reaches_the_node_which_ends_the_run() {
     settle_and_stop(app).await;
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn a_node_that_ignores_a_cancel_gets_the_edges_cancelled_after_the_grace() {
     let (app, a) = edge_with_slow_echo_node_a(&config("[runs]\ncancel_grace_ms = 200\n")).await;
 
@@ -587,7 +587,7 @@ async fn a_node_that_ignores_a_cancel_gets_the_edges_cancelled_after_the_grace()
     settle_and_stop(app).await;
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn a_missed_deadline_fails_the_run_and_cancels_it_on_the_node() {
     let (app, a) = edge_with_hanging_node_a(TWO_NODES).await;
 
@@ -616,7 +616,7 @@ async fn a_missed_deadline_fails_the_run_and_cancels_it_on_the_node() {
     settle_and_stop(app).await;
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn a_graceful_stop_ends_a_run_that_never_ends_with_edge_shutdown() {
     let app = spawn_app(TWO_NODES).await;
     // Started, then silence far longer than the test; cancels are ignored.
@@ -667,7 +667,7 @@ async fn a_graceful_stop_ends_a_run_that_never_ends_with_edge_shutdown() {
 // Sinks
 // ---------------------------------------------------------------------------------------
 
-#[tokio::test]
+#[crate::common::test]
 async fn the_file_sink_writes_json_lines_and_recovers_when_its_directory_returns() {
     let out = tempfile::tempdir().expect("tempdir");
     let sub: PathBuf = out.path().join("sub");
@@ -724,7 +724,7 @@ async fn the_file_sink_writes_json_lines_and_recovers_when_its_directory_returns
     assert_eq!(others.count(), 0, "{lines:#?}");
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn swapping_the_sink_by_config_changes_where_events_go() {
     for sinks in [&["file"][..], &["null"][..], &["log", "file"][..]] {
         let (_out, path) = events_file();

@@ -52,6 +52,9 @@ const IN_FLIGHT: usize = 48;
 const DEFAULT_SEED: u64 = 0x5eed_0001;
 /// The longest any single step may take before the test gives up.
 const PATIENCE: Duration = Duration::from_secs(20);
+/// The longest all of a soak's runs may take together: far above what they need, below
+/// the test's deadline.
+const SOAK_PATIENCE: Duration = Duration::from_secs(180);
 
 /// What one run asks its mock node to do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -242,7 +245,9 @@ async fn drive(edge: Handle, runs: RunService, index: usize, plan: Plan) -> Fini
                 events.push(first);
                 if open {
                     let (runs, id) = (runs.clone(), handle.run_id.clone());
-                    edge.spawn(async move { runs.cancel(&id, "soak cancel").await })
+                    let what = format!("the cancel of run {id}");
+                    let cancel = edge.spawn(async move { runs.cancel(&id, "soak cancel").await });
+                    common::bounded(what, cancel)
                         .await
                         .expect("the cancel task");
                 }
@@ -367,7 +372,7 @@ fn seed() -> u64 {
     seed
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[crate::common::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thousand_runs_through_random_kills_each_end_once_and_leave_nothing_behind() {
     let seed = seed();
     let mut rng = StdRng::seed_from_u64(seed);
@@ -385,8 +390,8 @@ async fn a_thousand_runs_through_random_kills_each_end_once_and_leave_nothing_be
     let dir = tempfile::tempdir().expect("tempdir");
     let events_path = dir.path().join("events.jsonl");
     let config = config(&events_path);
-    let app: TestApp = edge
-        .spawn(async move { spawn_app(&config).await })
+    let started = edge.spawn(async move { spawn_app(&config).await });
+    let app: TestApp = common::bounded("the edge to start on its runtime", started)
         .await
         .expect("the edge starts");
     let runs = app.parts.runs.clone();
@@ -401,11 +406,12 @@ async fn a_thousand_runs_through_random_kills_each_end_once_and_leave_nothing_be
     ));
     eventually("the first nodes are connected", || !registry.is_empty()).await;
 
-    let finished: Vec<Finished> = futures::stream::iter(plans.into_iter().enumerate())
+    let driven = futures::stream::iter(plans.into_iter().enumerate())
         .map(|(index, plan)| drive(edge.clone(), runs.clone(), index, plan))
         .buffer_unordered(IN_FLIGHT)
-        .collect()
-        .await;
+        .collect();
+    let finished: Vec<Finished> =
+        common::bounded_for(SOAK_PATIENCE, "the soak's 1,000 runs to end", driven).await;
     stop_chaos.cancel();
     let Chaos {
         nodes,
@@ -553,7 +559,7 @@ async fn scraped(app: &TestApp, counter: &str) -> f64 {
 /// 1,000 streamed runs through the reference node, whose connection the relay cuts at
 /// random moments (about every 10-80 ms while it is registered): every run completes with
 /// every delta once and in order, and nothing stays in the registry or the run table.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[crate::common::test(flavor = "multi_thread", worker_threads = 2)]
 async fn resumed_runs_survive_random_cuts() {
     let seed = seed();
     let engine = ScriptedEngine::start(&[QWEN]).await;
@@ -579,11 +585,12 @@ async fn resumed_runs_survive_random_cuts() {
         StdRng::seed_from_u64(seed.wrapping_add(2)),
         stop_cuts.clone(),
     ));
-    let finished: Vec<Vec<Arc<RunEvent>>> = futures::stream::iter(0..RESUMED_RUNS)
+    let streamed = futures::stream::iter(0..RESUMED_RUNS)
         .map(|index| stream_one(runs.clone(), index))
         .buffer_unordered(IN_FLIGHT)
-        .collect()
-        .await;
+        .collect();
+    let finished: Vec<Vec<Arc<RunEvent>>> =
+        common::bounded_for(SOAK_PATIENCE, "the 1,000 resumed runs to end", streamed).await;
     stop_cuts.cancel();
     let cuts = tokio::time::timeout(PATIENCE, cutting)
         .await

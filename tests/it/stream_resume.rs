@@ -212,19 +212,19 @@ async fn dropped_and_resumed(request: (&str, Value)) {
     app.stop().await;
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn a_dropped_chat_stream_resumes_after_its_last_event_id() {
     let (path, body) = chat_body(&words(40));
     dropped_and_resumed((path, body)).await;
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn a_dropped_messages_stream_resumes_after_its_last_event_id() {
     let (path, body) = messages_body(&words(40));
     dropped_and_resumed((path, body)).await;
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn a_dropped_stream_nobody_resumes_is_cancelled_after_the_grace() {
     let (app, node) = edge(50).await;
     let (run_id, _) = read_part(&app, &chat_body(&words(2_000)), 3).await;
@@ -243,7 +243,7 @@ async fn a_dropped_stream_nobody_resumes_is_cancelled_after_the_grace() {
     app.stop().await;
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn only_a_resumable_run_of_the_caller_s_own_key_is_found() {
     let (app, node) = edge(0).await;
     let response = client()
@@ -266,7 +266,7 @@ async fn only_a_resumable_run_of_the_caller_s_own_key_is_found() {
     app.stop().await;
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn only_the_key_that_started_a_run_resumes_its_stream() {
     let keys = "[[api.keys]]\nkey = \"sk-a\"\nname = \"team-a\"\n\
                 [[api.keys]]\nkey = \"sk-b\"\nname = \"team-b\"\n";

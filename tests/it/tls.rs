@@ -169,7 +169,7 @@ async fn build_error(config: &str) -> String {
 // Node transport over TLS
 // ---------------------------------------------------------------------------------------
 
-#[tokio::test]
+#[crate::common::test]
 async fn a_node_registers_over_tls_gets_its_config_and_serves_runs() {
     let pki = Pki::new();
     let app = spawn_app(&format!("{TWO_NODES}{}", pki.section("server", ""))).await;
@@ -220,7 +220,7 @@ async fn a_node_registers_over_tls_gets_its_config_and_serves_runs() {
     app.stop().await;
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn a_plaintext_node_is_closed_and_tls_nodes_keep_working() {
     let pki = Pki::new();
     let app = spawn_app(&format!("{TWO_NODES}{}", pki.section("server", ""))).await;
@@ -248,7 +248,7 @@ async fn a_plaintext_node_is_closed_and_tls_nodes_keep_working() {
     app.stop().await;
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn a_peer_that_never_starts_the_handshake_is_closed_after_the_timeout() {
     let pki = Pki::new();
     let config = format!(
@@ -305,7 +305,7 @@ async fn assert_refused_by_mtls(app: &TestApp, pki: &Pki, identity: Option<&str>
     assert_eq!(app.parts.registry.len(), 0);
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn mtls_accepts_a_node_whose_certificate_the_ca_signed() {
     let pki = Pki::new();
     let app = mutual_tls_app(&pki).await;
@@ -318,7 +318,7 @@ async fn mtls_accepts_a_node_whose_certificate_the_ca_signed() {
     app.stop().await;
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn mtls_refuses_a_node_without_a_certificate() {
     let pki = Pki::new();
     let app = mutual_tls_app(&pki).await;
@@ -334,7 +334,7 @@ async fn mtls_refuses_a_node_without_a_certificate() {
     app.stop().await;
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn mtls_refuses_a_node_whose_certificate_another_ca_signed() {
     let pki = Pki::new();
     let app = mutual_tls_app(&pki).await;
@@ -352,7 +352,7 @@ async fn mtls_refuses_a_node_whose_certificate_another_ca_signed() {
 // Bad TLS files at startup
 // ---------------------------------------------------------------------------------------
 
-#[tokio::test]
+#[crate::common::test]
 async fn a_missing_certificate_file_stops_startup_naming_the_file_and_key() {
     let pki = Pki::new();
     let missing = pki.path("no-such-cert.pem");
@@ -365,7 +365,7 @@ async fn a_missing_certificate_file_stops_startup_naming_the_file_and_key() {
     );
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn garbage_pem_stops_startup_naming_the_file_and_key() {
     let pki = Pki::new();
     let garbage_path = pki.path("garbage.pem");
@@ -388,7 +388,7 @@ async fn garbage_pem_stops_startup_naming_the_file_and_key() {
     assert!(message.contains(&garbage), "{message}");
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn a_key_that_does_not_match_the_certificate_stops_startup() {
     let pki = Pki::new();
     let config = tls_table(
@@ -421,7 +421,7 @@ async fn https_get(addr: SocketAddr, config: Arc<rustls::ClientConfig>, path: &s
     String::from_utf8_lossy(&response).into_owned()
 }
 
-#[tokio::test]
+#[crate::common::test]
 async fn healthz_answers_over_https_even_while_a_peer_stalls_its_handshake() {
     let pki = Pki::new();
     let app = spawn_app(&format!("{TWO_NODES}{}", pki.section("http", ""))).await;

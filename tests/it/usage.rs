@@ -54,7 +54,7 @@ fn row_of<'a>(report: &'a Value, key: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("no row for {key}: {report}"))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[crate::common::test(flavor = "multi_thread", worker_threads = 2)]
 async fn usage_totals_equal_the_usage_the_official_sdks_received() {
     let app = spawn_app(&two_nodes()).await;
     let refusing = MockOptions {
@@ -316,7 +316,7 @@ fn retry_after(response: &reqwest::Response) -> Option<u64> {
         .ok()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[crate::common::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_budget_reached_mid_flood_refuses_exactly_the_requests_past_it() {
     within_one_utc_day().await;
     let edge = Edge::start(BUDGETS).await;
@@ -376,7 +376,11 @@ async fn a_budget_reached_mid_flood_refuses_exactly_the_requests_past_it() {
     }
     let mut refused = 0;
     while refused < 2 {
-        let status = calls.join_next().await.expect("a call").expect("joined");
+        let what = format!("a refused call of the burst ({refused} of 2 so far)");
+        let status = common::bounded(what, calls.join_next())
+            .await
+            .expect("a call")
+            .expect("joined");
         assert_eq!(status.ok(), Some(StatusCode::TOO_MANY_REQUESTS));
         refused += 1;
     }
@@ -438,7 +442,7 @@ async fn journal_sums(admin: SocketAddr, key: &str) -> (u64, u64) {
     })
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[crate::common::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rollups_and_budgets_survive_kill_9_of_edge_serve() {
     within_one_utc_day().await;
     let dir = tempfile::tempdir().expect("tempdir");
@@ -478,7 +482,9 @@ async fn rollups_and_budgets_survive_kill_9_of_edge_serve() {
     })
     .await;
     edge.child.start_kill().expect("kill -9");
-    edge.child.wait().await.expect("the edge is gone");
+    common::bounded("the edge process to exit after kill -9", edge.child.wait())
+        .await
+        .expect("the edge is gone");
     node.kill();
 
     let edge = start_edge(&config).await;
