@@ -168,7 +168,16 @@ async fn write_loop(
         let result = tokio::select! {
             () = core.table.unsent_ready() => writer.write_unsent().await,
             _ = ticker.tick() => {
-                if book(link).monitor.is_dead(now()) {
+                let at = now();
+                let (dead, silent) = {
+                    let monitor = &book(link).monitor;
+                    (monitor.is_dead(at), monitor.silent_for(at))
+                };
+                if dead {
+                    // How long the edge was silent tells a stalled edge (or a stalled node)
+                    // from one that is gone.
+                    let silent_ms = silent.as_millis();
+                    tracing::warn!(silent_ms, "the edge answers no ping: declaring the link dead");
                     return SessionEnd::LinkDead;
                 }
                 writer.heartbeat(None).await

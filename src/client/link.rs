@@ -68,12 +68,15 @@ impl LinkMonitor {
         self.last_ping > self.last_answered
     }
 
+    /// How long nothing has arrived from the edge, at `now`.
+    pub fn silent_for(&self, now: Instant) -> Duration {
+        now.saturating_duration_since(self.last_heard)
+    }
+
     /// Whether the link counts as dead at `now`: the edge answers pings, one is unanswered,
     /// and nothing has arrived for `dead_after` intervals.
     pub fn is_dead(&self, now: Instant) -> bool {
-        self.answers_pings
-            && self.ping_outstanding()
-            && now.saturating_duration_since(self.last_heard) >= self.silence_limit
+        self.answers_pings && self.ping_outstanding() && self.silent_for(now) >= self.silence_limit
     }
 }
 

@@ -19,7 +19,7 @@ use tokio::sync::mpsc;
 use tokio::time::{Instant, sleep_until, timeout};
 use tokio_util::codec::{Decoder, Framed};
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 use super::link::LinkSignals;
 use super::server::Shared;
@@ -191,6 +191,11 @@ impl<'a, S: NodeIo> Connection<'a, S> {
                 () = &mut silence => {
                     let deadline = last_frame + silence_limit;
                     if deadline <= Instant::now() {
+                        // How long it was silent tells a node that stalled (a busy host, a
+                        // paused process) from one that is gone.
+                        let silent_ms = last_frame.elapsed().as_millis();
+                        let limit_ms = silence_limit.as_millis();
+                        warn!(silent_ms, limit_ms, "node silent past its heartbeat limit: declaring its link dead");
                         return CloseReason::HeartbeatTimeout;
                     }
                     silence.as_mut().reset(deadline);
