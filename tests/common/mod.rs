@@ -173,6 +173,24 @@ pub fn json_lines(path: &Path) -> Vec<serde_json::Value> {
         .collect()
 }
 
+/// Every `.rs` file under `dir`, recursively: for the tests that check rules on the source.
+pub fn rust_files(dir: &Path) -> Vec<PathBuf> {
+    fn walk(dir: &Path, files: &mut Vec<PathBuf>) {
+        let entries = std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+        for entry in entries {
+            let path = entry.expect("a directory entry").path();
+            if path.is_dir() {
+                walk(&path, files);
+            } else if path.extension().is_some_and(|ext| ext == "rs") {
+                files.push(path);
+            }
+        }
+    }
+    let mut files = Vec::new();
+    walk(dir, &mut files);
+    files
+}
+
 /// Writes `config` to `edge.toml` in `dir` and returns its path.
 pub fn write_config(dir: &Path, config: &str) -> PathBuf {
     let path = dir.join("edge.toml");

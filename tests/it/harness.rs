@@ -2,28 +2,11 @@
 //! `#[crate::common::test]`, so each runs under a deadline of its own (decision 40). A test
 //! marked `#[tokio::test]` or `#[test]` fails here, naming the file and line.
 
-use std::path::{Path, PathBuf};
-
-/// Every `.rs` file under `dir`, recursively.
-fn rust_files(dir: &Path, files: &mut Vec<PathBuf>) {
-    let entries = std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
-    for entry in entries {
-        let path = entry.expect("a directory entry").path();
-        if path.is_dir() {
-            rust_files(&path, files);
-        } else if path.extension().is_some_and(|ext| ext == "rs") {
-            files.push(path);
-        }
-    }
-}
+use std::path::Path;
 
 #[crate::common::test]
 fn every_integration_test_runs_under_a_deadline() {
-    let mut files = Vec::new();
-    rust_files(
-        &Path::new(env!("CARGO_MANIFEST_DIR")).join("tests"),
-        &mut files,
-    );
+    let files = crate::common::rust_files(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests"));
     assert!(files.len() > 40, "the integration tests are under tests/");
     let mut undeadlined = Vec::new();
     for file in files {

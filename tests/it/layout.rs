@@ -7,22 +7,8 @@ use std::path::{Path, PathBuf};
 
 /// Every `.rs` file under `src/<dir>`, recursively.
 fn sources(dir: &str) -> Vec<PathBuf> {
-    fn walk(dir: &Path, files: &mut Vec<PathBuf>) {
-        let entries = std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
-        for entry in entries {
-            let path = entry.expect("a directory entry").path();
-            if path.is_dir() {
-                walk(&path, files);
-            } else if path.extension().is_some_and(|ext| ext == "rs") {
-                files.push(path);
-            }
-        }
-    }
-    let mut files = Vec::new();
-    walk(
-        &Path::new(env!("CARGO_MANIFEST_DIR")).join("src").join(dir),
-        &mut files,
-    );
+    let files =
+        crate::common::rust_files(&Path::new(env!("CARGO_MANIFEST_DIR")).join("src").join(dir));
     assert!(!files.is_empty(), "no sources under src/{dir}");
     files
 }
