@@ -24,6 +24,10 @@
 //! - [`client`] — the node side of the protocol: the public library the reference node
 //!   (`edge-node`), the mock node, the load generator and the tests are built on.
 //!
+//! Without the default `server` feature the crate is only the node side of the protocol —
+//! [`client`], [`wire`], [`domain`], [`ports`], [`hops`] — what `edge-node` and the mock node
+//! build on, free of the server's crates.
+//!
 //! What is public: [`App`] (build, serve, stop; [`AppParts`] for tests), [`settings`]
 //! (every section's type), [`cli`], [`telemetry`], [`hops`], [`client`], [`domain`], [`ports`],
 //! [`wire`], and [`components`], the few parts benchmarks and fuzz targets assemble by
@@ -31,7 +35,9 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+#[cfg(feature = "server")]
 pub(crate) mod adapters;
+#[cfg(feature = "server")]
 pub(crate) mod app;
 pub mod client;
 pub mod domain;
@@ -39,12 +45,16 @@ pub mod hops;
 pub mod ports;
 pub mod wire;
 
+#[cfg(feature = "server")]
 pub use app::cli;
+#[cfg(feature = "server")]
 pub use app::settings;
+#[cfg(feature = "server")]
 pub use app::{App, AppParts, Settings};
 
 /// Span export and the edge's own logs, as `edge serve` sets them up (`[tracing]`, `[log]`),
 /// for programs that run an edge in process (the load generator, tests).
+#[cfg(feature = "server")]
 pub mod telemetry {
     pub use crate::app::logging::{init, init_with_tracing};
     pub use crate::app::telemetry::{Exporter, OtlpProtocol, TracingConfig, export_layer};
@@ -54,6 +64,7 @@ pub mod telemetry {
 /// the benchmarks (`benches/`), the load generator's relay and journal modes and the fuzz
 /// targets. A deliberately small list; an operator's program needs none of it, and
 /// nothing here is a stable API.
+#[cfg(feature = "server")]
 pub mod components {
     pub use crate::adapters::event_format::{write_json_line, write_text_line};
     pub use crate::adapters::file_store::FileNodeStore;

@@ -22,8 +22,8 @@ use futures::{SinkExt, StreamExt};
 use tokio::net::{TcpStream, ToSocketAddrs};
 use tokio_util::codec::Framed;
 
-pub use crate::adapters::tcp::Keepalive;
-pub use crate::adapters::tls::{TlsError, platform_client_config};
+pub use crate::wire::keepalive::Keepalive;
+pub use crate::wire::tls::{TlsError, platform_client_config};
 pub use link::{Backoff, LinkEnd, LinkMonitor, LinkStats};
 pub use stream::{ClientStream, tls_client_config};
 

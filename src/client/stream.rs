@@ -10,7 +10,7 @@ use std::task::{Context, Poll};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
-use crate::adapters::tls::{
+use crate::wire::tls::{
     TlsError, crypto_provider, load_certificates, load_private_key, load_roots,
 };
 

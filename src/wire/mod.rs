@@ -1,5 +1,6 @@
 //! The node protocol on the wire: the generated protobuf types, the varint-delimited frame
-//! codecs, and the only place where wire types and domain types meet.
+//! codecs, the only place where wire types and domain types meet, and what both sides'
+//! sockets need under the frames ([`keepalive`], [`tls`] material).
 //!
 //! Generated code stays in the private `proto` module; nothing outside `wire` sees a prost
 //! type. The edge's transport reads [`NodeFrame`]s and writes [`EdgeFrame`]s through
@@ -10,6 +11,8 @@ mod codec;
 mod config_payload;
 mod convert;
 mod events;
+pub mod keepalive;
+pub mod tls;
 
 pub use codec::{EdgeCodec, FrameError, NodeCodec};
 pub use convert::{

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::keepalive::Keepalive;
 use crate::adapters::tls::TlsConfig;
+use crate::wire::keepalive::Keepalive;
 
 /// `[server]`: where nodes connect and the limits each connection lives under.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]

@@ -9,12 +9,10 @@
 pub mod config;
 mod connection;
 mod handshake;
-pub mod keepalive;
 mod link;
 mod server;
 mod stats;
 
-pub use keepalive::Keepalive;
 pub use link::TcpTransport;
 pub use server::{ServerDeps, TcpServer, TransportControl};
 pub use stats::TransportStats;

@@ -14,11 +14,11 @@ use tracing::{Instrument, debug, info, info_span, warn};
 
 use super::config::ServerConfig;
 use super::connection::{Connection, NodeIo};
-use super::keepalive::Keepalive;
 use super::stats::TransportStats;
 use crate::adapters::tls::TlsAcceptor;
 use crate::domain::RegistrationThrottle;
 use crate::ports::{CloseReason, NodeCommand, NodeEventHandler, NodeStore, Readiness, Registry};
+use crate::wire::keepalive::Keepalive;
 
 /// How long the accept loop pauses when the process is out of file descriptors.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);

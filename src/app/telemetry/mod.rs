@@ -114,7 +114,7 @@ where
 /// process-wide crypto provider is needed (decision 15). Built on a thread of its own, as
 /// the exporter's default is: a blocking client must not be built inside the runtime.
 fn http_client(timeout: Duration) -> anyhow::Result<reqwest::blocking::Client> {
-    let tls = crate::adapters::tls::platform_client_config()?;
+    let tls = crate::wire::tls::platform_client_config()?;
     std::thread::Builder::new()
         .name("otlp-client".to_owned())
         .spawn(move || {

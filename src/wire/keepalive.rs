@@ -1,7 +1,8 @@
 //! TCP keepalive on a node connection: the kernel probes an idle connection and closes it
 //! when the peer stops answering, a second line under the heartbeat rule for a link that
 //! died without a FIN or RST. Used by the edge on accepted node sockets
-//! (`server.tcp_keepalive_*`) and by the node client (`edge::client::Keepalive`).
+//! (`server.tcp_keepalive_*`) and by the node client (`edge::client::Keepalive`), so it
+//! lives with the protocol, not among the server's adapters.
 //!
 //! It only sets socket options; it decides nothing about the connection.
 
