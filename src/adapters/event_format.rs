@@ -7,6 +7,7 @@
 //! through `serde_json`'s own escaping. Nothing here does I/O; every line ends with `\n` and
 //! holds no other newline.
 
+use std::borrow::Cow;
 use std::io::Write as _;
 
 use base64::Engine as _;
@@ -14,6 +15,7 @@ use base64::engine::general_purpose::STANDARD;
 
 use crate::domain::routing::RouteReason;
 use crate::domain::{EventOrigin, FailureClass, RunEvent, RunEventKind, Usage};
+use crate::ports::FeedEvent;
 
 use super::sinks::config::LineFormat;
 
@@ -24,6 +26,22 @@ pub fn write_line(format: LineFormat, event: &RunEvent, out: &mut Vec<u8>) {
     match format {
         LineFormat::Text => write_text_line(event, out),
         LineFormat::Json => write_json_line(event, out),
+    }
+}
+
+/// A feed's event as one JSON object (no newline): the journal's bytes for a stored one,
+/// the same event line written now for a live one, so a reader cannot tell them apart.
+pub fn feed_json(event: &FeedEvent) -> Cow<'_, str> {
+    match event {
+        FeedEvent::Stored(json) => Cow::Borrowed(json),
+        FeedEvent::Live(event) => {
+            let mut line = Vec::with_capacity(128);
+            write_json_line(event, &mut line);
+            while line.last() == Some(&b'\n') {
+                line.pop();
+            }
+            Cow::Owned(String::from_utf8_lossy(&line).into_owned())
+        }
     }
 }
 

@@ -13,8 +13,8 @@ use futures::Stream;
 
 use crate::domain::routing::BreakerState;
 use crate::domain::{
-    AdapterName, Availability, Drain, NodeRecord, NodeState, RunId, RunPage, RunQuery, RunRecord,
-    StatsWindow, Target, UsageQuery, UsageRow,
+    AdapterName, Availability, Drain, NodeRecord, NodeState, RunEvent, RunId, RunPage, RunQuery,
+    RunRecord, StatsWindow, Target, UsageQuery, UsageRow,
 };
 use crate::ports::JournalError;
 
@@ -109,14 +109,25 @@ pub enum ManageError {
 }
 
 /// One event of a feed.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct FeedItem {
     /// Its position among the run's events.
     pub index: u64,
     /// Its kind (`started`, `output`, ...).
     pub kind: String,
-    /// The event as the `file` sink writes it (one JSON object, no newline).
-    pub json: String,
+    /// The event, as the journal stored it or as it was relayed.
+    pub event: FeedEvent,
+}
+
+/// A feed's event: read back from the journal, or live. The adapter that serves the feed
+/// writes a live one as the journal wrote the stored ones (the event line), so a reader
+/// cannot tell them apart.
+#[derive(Debug, Clone, PartialEq)]
+pub enum FeedEvent {
+    /// As the journal stored it: one JSON object, as the `file` sink writes it (no newline).
+    Stored(String),
+    /// Relayed while the feed follows the run.
+    Live(Box<RunEvent>),
 }
 
 /// A configured node as an operator sees it.

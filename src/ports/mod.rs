@@ -27,7 +27,9 @@ pub use event_sink::EventSink;
 pub use journal::{
     JournalEntry, JournalError, JournalStats, RelayedEvent, RunJournal, StoredEvent,
 };
-pub use management::{ConnectedNodeView, FeedItem, FeedStream, Manage, ManageError, NodeStatus};
+pub use management::{
+    ConnectedNodeView, FeedEvent, FeedItem, FeedStream, Manage, ManageError, NodeStatus,
+};
 pub use node_store::NodeStore;
 pub use noop_journal::NoopJournal;
 pub use readiness::Readiness;

@@ -18,6 +18,7 @@ use utoipa_axum::routes;
 use super::AdminState;
 use super::error::AdminError;
 use super::views::ErrorBody;
+use crate::adapters::event_format::feed_json;
 use crate::domain::RunId;
 use crate::ports::{FeedItem, FeedStream};
 
@@ -100,7 +101,9 @@ fn respond(feed: FeedStream, sse: bool) -> Response {
     let body = if sse {
         Body::from_stream(sse_stream(feed))
     } else {
-        Body::from_stream(feed.map(|item| Ok::<_, Infallible>(Bytes::from(item.json + "\n"))))
+        Body::from_stream(feed.map(|item| {
+            Ok::<_, Infallible>(Bytes::from(feed_json(&item.event).into_owned() + "\n"))
+        }))
     };
     let mut response = body.into_response();
     let headers = response.headers_mut();
@@ -125,6 +128,8 @@ fn sse_stream(feed: FeedStream) -> impl futures::Stream<Item = Result<Bytes, Inf
 fn sse_frame(item: &FeedItem) -> String {
     format!(
         "id: {}\nevent: {}\ndata: {}\n\n",
-        item.index, item.kind, item.json
+        item.index,
+        item.kind,
+        feed_json(&item.event)
     )
 }

@@ -29,6 +29,7 @@ use super::response::ErrorShape;
 use super::responses::{Replayed, replayed};
 use super::run::{CancelOnDrop, RUN_ID_HEADER};
 use super::sse::{EventId, EventWriter, KEEP_ALIVE_INTERVAL, SseFrame, event_stream};
+use crate::adapters::event_format::feed_json;
 use crate::adapters::http::HttpState;
 use crate::domain::RunId;
 use crate::ports::{FeedStream, ManageError};
@@ -263,7 +264,7 @@ impl<W: EventWriter> Resumed<W> {
                 break;
             }
             self.frame.group(item.index);
-            match replayed(&item.kind, &item.json, self.retry_after_secs) {
+            match replayed(&item.kind, &feed_json(&item.event), self.retry_after_secs) {
                 Replayed::Skip => continue,
                 Replayed::Output(text, structured) => {
                     self.open();

@@ -9,9 +9,8 @@ use futures::Stream;
 use tokio::sync::mpsc;
 
 use super::{Follow, ManageError, Management};
-use crate::adapters::event_format::write_json_line;
 use crate::domain::{RunEvent, RunId};
-use crate::ports::{FeedItem, RunJournal, StoredEvent};
+use crate::ports::{FeedEvent, FeedItem, RunJournal, StoredEvent};
 
 /// Stored events read from the journal at a time.
 const REPLAY_PAGE: usize = 256;
@@ -117,20 +116,15 @@ fn item_of_stored(stored: StoredEvent) -> FeedItem {
     FeedItem {
         index: stored.index,
         kind,
-        json: stored.json,
+        event: FeedEvent::Stored(stored.json),
     }
 }
 
 fn item_of_live(index: u64, event: &RunEvent) -> FeedItem {
-    let mut line = Vec::with_capacity(128);
-    write_json_line(event, &mut line);
-    while line.last() == Some(&b'\n') {
-        line.pop();
-    }
     FeedItem {
         index,
         kind: event.kind.name().to_owned(),
-        json: String::from_utf8_lossy(&line).into_owned(),
+        event: FeedEvent::Live(Box::new(event.clone())),
     }
 }
 

@@ -29,6 +29,7 @@ use super::items::ResponseBase;
 use super::replay::{Replayed, replayed};
 use super::stream::ResponsesStream;
 use super::{BACKGROUND_ID_PREFIX, response_id};
+use crate::adapters::event_format::feed_json;
 use crate::adapters::http::HttpState;
 use crate::domain::{RunId, RunRecord};
 use crate::ports::{FeedStream, ManageError};
@@ -220,7 +221,7 @@ impl Replay {
 async fn whole(mut feed: FeedStream, mut replay: Replay, retry_after_secs: u64) -> Value {
     use futures::StreamExt as _;
     while let Some(item) = feed.next().await {
-        replay.feed(&item.kind, &item.json, retry_after_secs);
+        replay.feed(&item.kind, &feed_json(&item.event), retry_after_secs);
     }
     match replay.end {
         Some(mut end) => end.data["response"].take(),
@@ -262,7 +263,7 @@ impl Resumed {
             let events = match self.follower.next(None).await {
                 Followed::Event(item) => {
                     self.replay
-                        .feed(&item.kind, &item.json, self.retry_after_secs)
+                        .feed(&item.kind, &feed_json(&item.event), self.retry_after_secs)
                 }
                 Followed::Silent | Followed::Stopped => {
                     let error = ApiError::internal(EVENTS_STOPPED);
