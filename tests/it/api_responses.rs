@@ -230,3 +230,45 @@ async fn errors_take_openai_s_shape_and_name_what_is_unsupported() {
     );
     edge.stop().await;
 }
+
+/// Codex's built-in provider opens `GET /v1/responses` as a WebSocket first: 426 sends it to
+/// HTTP at once (any other status has it retry five times, every turn), naming the protocol
+/// to use. A plain `GET` is 405, naming the method to use; `POST` still serves.
+#[crate::common::test]
+async fn a_websocket_upgrade_is_426_so_codex_falls_back_to_http_at_once() {
+    let edge = Edge::start("").await;
+    let upgrade = api_support::client()
+        .get(edge.url("/v1/responses"))
+        .header("connection", "Upgrade")
+        .header("upgrade", "websocket")
+        .header("sec-websocket-version", "13")
+        .header("sec-websocket-key", "dGhlIHNhbXBsZSBub25jZQ==")
+        .header("openai-beta", "responses_websockets=2026-02-06")
+        .send()
+        .await
+        .expect("an answer");
+    assert_eq!(upgrade.status(), StatusCode::UPGRADE_REQUIRED);
+    assert_eq!(upgrade.headers()["upgrade"], "HTTP/1.1");
+    let body: Value = upgrade.json().await.expect("OpenAI's error shape");
+    assert_eq!(body["error"]["code"], "websocket_not_supported", "{body}");
+
+    let plain = api_support::client()
+        .get(edge.url("/v1/responses"))
+        .send()
+        .await
+        .expect("an answer");
+    assert_eq!(plain.status(), StatusCode::METHOD_NOT_ALLOWED);
+    assert_eq!(plain.headers()["allow"], "POST");
+    let body: Value = plain.json().await.expect("OpenAI's error shape");
+    assert_eq!(body["error"]["code"], "method_not_allowed", "{body}");
+
+    let served = edge
+        .post(
+            "/v1/responses",
+            &request("echo/default", json!("still served"), false),
+        )
+        .send()
+        .await
+        .expect("an answer");
+    assert_eq!(served.status(), StatusCode::OK);
+}

@@ -205,6 +205,27 @@ impl ApiError {
         .code("unknown_url")
     }
 
+    /// 405 for a method a path does not serve.
+    pub fn method_not_allowed(method: &str, path: &str, allowed: &str) -> Self {
+        Self::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            INVALID_REQUEST,
+            format!("{method} is not allowed on {path}: use {allowed}."),
+        )
+        .code("method_not_allowed")
+    }
+
+    /// 426 for a WebSocket upgrade: the API is served over plain HTTP. Codex falls back to
+    /// HTTP at once on this status (any other has it retry first).
+    pub fn websocket_not_supported(path: &str) -> Self {
+        Self::new(
+            StatusCode::UPGRADE_REQUIRED,
+            INVALID_REQUEST,
+            format!("WebSockets are not served on {path}: send the request over HTTP."),
+        )
+        .code("websocket_not_supported")
+    }
+
     /// 413: the body exceeds `api.max_body_bytes`.
     pub fn body_too_large(limit: usize) -> Self {
         Self::new(

@@ -128,7 +128,8 @@ pub(crate) fn route_groups(state: &HttpState) -> [(ErrorShape, Router<HttpState>
         .route("/v1/embeddings", post(openai::embeddings::create))
         .route(
             "/v1/responses",
-            post(|s, c, h, b| serve_chat_run(&responses::RESPONSES, s, c, h, b)),
+            post(|s, c, h, b| serve_chat_run(&responses::RESPONSES, s, c, h, b))
+                .get(responses::websocket),
         )
         .route("/v1/responses/{id}", get(responses::retrieve))
         .route("/v1/responses/{id}/cancel", post(responses::cancel))

@@ -5,6 +5,9 @@
 //! outlives its caller's connection and is found again by its id ([`stored`]:
 //! `GET /v1/responses/{id}`, resumable streams, `POST /v1/responses/{id}/cancel`).
 //!
+//! `GET /v1/responses` with a WebSocket upgrade (Codex's built-in provider tries one first) is
+//! answered 426, which sends Codex to HTTP at once ([`websocket`]).
+//!
 //! This module is the HTTP plumbing; the translators are pure.
 
 mod items;
@@ -15,6 +18,10 @@ mod stream;
 #[cfg(test)]
 mod tests;
 
+use axum::http::{HeaderMap, HeaderValue, header};
+use axum::response::{IntoResponse, Response};
+
+use super::error::ApiError;
 use super::openai::reply::unix_now;
 use super::response::ErrorShape;
 use super::routing::ClientKeys;
@@ -68,4 +75,33 @@ fn response_id(run_id: &RunId, background: bool) -> String {
     } else {
         format!("resp_{run_id}")
     }
+}
+
+/// `GET /v1/responses`: Responses are served over HTTP only. A WebSocket upgrade gets 426
+/// (with `Upgrade: HTTP/1.1`, the protocol to use): Codex then falls back to HTTP for the
+/// session at once, where any other refusal costs it five retries, about 6.5 s, every turn.
+/// A plain `GET` gets 405.
+pub(super) async fn websocket(headers: HeaderMap) -> Response {
+    const PATH: &str = "/v1/responses";
+    let upgrade = headers
+        .get_all(header::UPGRADE)
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .flat_map(|value| value.split(','))
+        .any(|protocol| protocol.trim().eq_ignore_ascii_case("websocket"));
+    let (error, name, value) = if upgrade {
+        let error = ApiError::websocket_not_supported(PATH);
+        (error, header::UPGRADE, "HTTP/1.1")
+    } else {
+        (
+            ApiError::method_not_allowed("GET", PATH, "POST"),
+            header::ALLOW,
+            "POST",
+        )
+    };
+    let mut response = error.into_response();
+    response
+        .headers_mut()
+        .insert(name, HeaderValue::from_static(value));
+    response
 }
