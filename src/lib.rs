@@ -10,8 +10,9 @@
 //! - [`domain`] — the pure core: validated names and node records, the registration
 //!   policy, node selection, the run state machine. No I/O, no clock, no protobuf.
 //! - [`ports`] — the traits around it: outbound (`NodeStore`, `Registry`, `EventSink`,
-//!   `NodeTransport`, `NodeLink`, `NodeEventHandler`, `RunJournal`) and inbound (`Runs`,
-//!   `Manage`, what the HTTP adapters call), and the `Readiness` flag.
+//!   `NodeTransport`, `NodeLink`, `RunJournal`) and inbound (`Runs` and `Manage`, what the
+//!   HTTP adapters call; `NodeEventHandler`, what the node transport calls), and the
+//!   `Readiness` flag.
 //! - `adapters` — their implementations by technology: `tcp` (the node transport and its
 //!   `Connection`), `lock_registry`, `file_store`, `sinks`, `journal`, `http` (operations
 //!   endpoints, metrics rendering, the OpenAI-compatible and Anthropic APIs, the management

@@ -3,8 +3,9 @@
 //! Each trait speaks only domain types. Outbound ports (`NodeStore`, `Registry`,
 //! `EventSink`, `NodeTransport`, `RunJournal`) are implemented by adapters in
 //! `crate::adapters` and called by the application in `crate::app`; inbound ports (`Runs`,
-//! `Manage`) are implemented by the application and called by the adapters that take
-//! requests in (the HTTP APIs, the management API). Tests substitute mockall mocks or fakes.
+//! `Manage`, `NodeEventHandler`) are implemented by the application and called by the
+//! adapters that take requests and events in (the HTTP APIs, the management API, the node
+//! transport). Tests substitute mockall mocks or fakes.
 
 pub mod clock;
 pub mod event_sink;

@@ -84,6 +84,7 @@ mod node_reconnect;
 mod openai_python;
 mod otlp;
 mod protocol_v1;
+mod readme;
 mod readopt;
 mod readopt_engine;
 mod registration;
