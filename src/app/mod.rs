@@ -27,8 +27,9 @@ use tracing::info;
 
 use crate::adapters::admin::AdminServer;
 use crate::adapters::api::Api;
+use crate::adapters::api::{self as client_api, ApiState};
 use crate::adapters::file_store::FileNodeStore;
-use crate::adapters::http::{HttpServer, HttpState};
+use crate::adapters::http::{HttpServer, OpsState};
 use crate::adapters::listen;
 use crate::adapters::lock_registry::LockRegistry;
 use crate::adapters::sinks::{SinkSet, build_sinks};
@@ -36,7 +37,7 @@ use crate::adapters::stdin_console::{self, ConsolePorts};
 use crate::adapters::tcp::{ServerDeps, TcpServer, TcpTransport, TransportControl};
 use crate::adapters::tls::{TlsAcceptor, TlsConfig};
 use crate::domain::routing::Catalog;
-use crate::ports::{EventSink, NodeStore, Readiness, Registry, RunJournal};
+use crate::ports::{EventSink, NodeStore, Registry, RunJournal};
 use drains::Drains;
 use management::Management;
 use metrics::{MetricSources, Metrics};
@@ -129,11 +130,11 @@ impl App {
         let management =
             admin::management(&store, &registry, &runs, &journal, Drains::new(), &metrics);
         let parts = (&runs, &registry, &management);
-        let http = bind_http_server(
-            &settings,
-            http_state(&metrics, readiness, parts, &settings)?,
-        )
-        .await?;
+        let ops = OpsState {
+            metrics: metrics.registry(),
+            readiness,
+        };
+        let http = bind_http_server(&settings, ops, &api_state(parts, &settings)?).await?;
         let (http, admin) = admin::bind(&settings, &management, http).await?;
         let parts = AppParts {
             store,
@@ -299,16 +300,12 @@ fn journal_shown(settings: &Settings) -> String {
     }
 }
 
-/// What the HTTP handlers work with.
-fn http_state(
-    metrics: &Metrics,
-    readiness: Readiness,
+/// What the client APIs' handlers work with.
+fn api_state(
     (runs, registry, management): (&RunService, &Arc<dyn Registry>, &Management),
     settings: &Settings,
-) -> anyhow::Result<HttpState> {
-    Ok(HttpState {
-        metrics: metrics.registry(),
-        readiness,
+) -> anyhow::Result<ApiState> {
+    Ok(ApiState {
         runs: Arc::new(runs.clone()),
         registry: Arc::clone(registry),
         api: Api::new(settings.api.clone())?.with_prefix_affinity(settings.routing.prefix_affinity),
@@ -316,13 +313,26 @@ fn http_state(
     })
 }
 
-/// Binds the HTTP listener, with TLS when `[http.tls]` is set.
-async fn bind_http_server(settings: &Settings, state: HttpState) -> anyhow::Result<HttpServer> {
+/// Binds the HTTP listener with the operations endpoints and the client APIs' routes, with
+/// TLS when `[http.tls]` is set.
+async fn bind_http_server(
+    settings: &Settings,
+    ops: OpsState,
+    api: &ApiState,
+) -> anyhow::Result<HttpServer> {
     let tls = load_tls(settings.http.tls.as_ref(), "http.tls", &[b"http/1.1"])
         .context("cannot set up TLS for the HTTP server")?;
     let listen = settings.http.listen;
-    let http = HttpServer::bind(settings.http.clone(), state).await;
-    let mut http = http.with_context(|| format!("cannot listen for HTTP on {listen}"))?;
+    let routes = client_api::route_groups(api);
+    let http = HttpServer::bind(
+        settings.http.clone(),
+        ops,
+        routes,
+        client_api::unknown_routes(),
+    );
+    let mut http = http
+        .await
+        .with_context(|| format!("cannot listen for HTTP on {listen}"))?;
     listen::warn_if_capped("http.listen_backlog", settings.http.listen_backlog);
     if settings.tracing.enabled() {
         http = http.with_request_traces();

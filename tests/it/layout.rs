@@ -1,6 +1,7 @@
 //! The hexagon's arrows, checked on the source (docs/architecture.md): adapters reach the
 //! application only through the inbound ports, the domain and the ports name neither
-//! adapters nor the application, and the services (`app/runs`, `app/management`,
+//! adapters nor the application, the HTTP server names nothing of the APIs it serves, and
+//! the services (`app/runs`, `app/management`,
 //! `app/drains.rs`) build on the domain and the ports, never on an adapter. A path that
 //! breaks a rule fails here, naming the file and line, before review has to find it.
 //!
@@ -330,6 +331,17 @@ fn the_services_build_on_the_domain_and_the_ports_not_on_adapters() {
             found.join("\n")
         );
     }
+}
+
+#[crate::common::test]
+fn the_http_server_imports_nothing_from_the_apis_it_serves() {
+    // The client APIs hand the server their routes; the server knows none of theirs.
+    let found = naming("adapters/http", &["crate::adapters::api"], false);
+    assert!(
+        found.is_empty(),
+        "src/adapters/http importing the APIs:\n{}",
+        found.join("\n")
+    );
 }
 
 #[crate::common::test]

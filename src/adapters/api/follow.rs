@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use futures::StreamExt as _;
 
-use crate::adapters::http::HttpState;
+use crate::adapters::api::ApiState;
 use crate::domain::RunId;
 use crate::ports::{FeedItem, FeedStream};
 
@@ -26,7 +26,7 @@ pub(super) enum Followed {
 
 /// A run's events as a client stream reads them.
 pub(super) struct RunFollower {
-    state: HttpState,
+    state: ApiState,
     run_id: RunId,
     feed: FeedStream,
     /// The position after the last event yielded.
@@ -37,7 +37,7 @@ pub(super) struct RunFollower {
 
 impl RunFollower {
     /// Follows run `run_id` through `feed`, opened from its first event.
-    pub(super) fn new(state: HttpState, run_id: RunId, feed: FeedStream) -> Self {
+    pub(super) fn new(state: ApiState, run_id: RunId, feed: FeedStream) -> Self {
         Self {
             state,
             run_id,

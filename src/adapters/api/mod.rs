@@ -34,18 +34,32 @@ use translate::serve_chat_run;
 
 use std::sync::Arc;
 
-use axum::Router;
 use axum::extract::{DefaultBodyLimit, Request};
-use axum::middleware;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use axum::{Extension, Router, middleware};
 
 pub use config::{ApiConfig, ApiKey};
 pub use error::ApiError;
 pub use models::ModelMap;
 pub(crate) use response::ErrorShape;
 
-use crate::adapters::http::HttpState;
+use crate::adapters::http::LimitedRoutes;
+use crate::ports::{Manage, Registry, Runs};
+
+/// What the API's handlers work with. Cheap to clone.
+#[derive(Clone)]
+pub struct ApiState {
+    /// Accepts runs (the run service, through the inbound runs port).
+    pub runs: Arc<dyn Runs>,
+    /// The connected nodes.
+    pub registry: Arc<dyn Registry>,
+    /// The API's settings and model map.
+    pub api: Api,
+    /// Run records and event feeds (the management port), for what the API finds again
+    /// by id: background Responses, resumed streams.
+    pub manage: Arc<dyn Manage>,
+}
 
 /// The API's settings and model map. Cheap to clone.
 #[derive(Debug, Clone)]
@@ -115,11 +129,12 @@ impl Api {
     }
 }
 
-/// The `/v1` routes in groups, each with the error shape its API's clients read. The
-/// server puts its layers (the request limit) around each group and then the shape, so
-/// every layer that answers early answers in it ([`ErrorShape::of`]). Behind the API-key
-/// check (when keys are configured) and the body limit.
-pub(crate) fn route_groups(state: &HttpState) -> [(ErrorShape, Router<HttpState>); 2] {
+/// The API's routes for the HTTP server, in groups: each with the error shape its API's
+/// clients read, set outermost so every layer that answers early answers in it
+/// ([`ErrorShape::of`]), and with its refusal when the server's request limit is reached
+/// (`503` with `Retry-After`, in that shape). Behind the API-key check (when keys are
+/// configured) and the body limit.
+pub(crate) fn route_groups(state: &ApiState) -> Vec<LimitedRoutes> {
     let openai = Router::new()
         .route("/v1/models", get(models::list))
         .route("/v1/models/{*model}", get(models::retrieve))
@@ -146,13 +161,29 @@ pub(crate) fn route_groups(state: &HttpState) -> [(ErrorShape, Router<HttpState>
             post(anthropic::count_tokens::count),
         );
     [
-        (ErrorShape::OpenAi, guarded(openai, state)),
-        (ErrorShape::Anthropic, guarded(anthropic, state)),
+        (ErrorShape::OpenAi, openai),
+        (ErrorShape::Anthropic, anthropic),
     ]
+    .into_iter()
+    .map(|(shape, routes)| {
+        let retry_after_secs = state.api.config().retry_after_secs;
+        LimitedRoutes {
+            routes: guarded(routes, state)
+                .with_state(state.clone())
+                .layer(Extension(shape)),
+            refuse: Arc::new(move || shape.render(&ApiError::overloaded(retry_after_secs))),
+        }
+    })
+    .collect()
+}
+
+/// The answer to a path the server has no route for: 404 in OpenAI's shape.
+pub(crate) fn unknown_routes() -> Router {
+    Router::new().fallback(unknown_route)
 }
 
 /// `routes` behind the API-key check (when keys are configured) and the body limit.
-fn guarded(routes: Router<HttpState>, state: &HttpState) -> Router<HttpState> {
+fn guarded(routes: Router<ApiState>, state: &ApiState) -> Router<ApiState> {
     let routes = if state.api.config().keys.is_empty() {
         routes
     } else {
@@ -165,6 +196,6 @@ fn guarded(routes: Router<HttpState>, state: &HttpState) -> Router<HttpState> {
 }
 
 /// Any other path: 404 in OpenAI's shape.
-pub(super) async fn unknown_route(request: Request) -> Response {
+async fn unknown_route(request: Request) -> Response {
     ApiError::unknown_url(request.method().as_str(), request.uri().path()).into_response()
 }

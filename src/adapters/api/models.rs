@@ -15,7 +15,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
 use super::error::ApiError;
-use crate::adapters::http::HttpState;
+use crate::adapters::api::ApiState;
 use crate::domain::{AdapterName, NameError, Target};
 use crate::ports::ConnectedNode;
 
@@ -206,7 +206,7 @@ struct ModelList {
 }
 
 /// `GET /v1/models`: the models the connected nodes can serve right now.
-pub(super) async fn list(State(state): State<HttpState>) -> Response {
+pub(super) async fn list(State(state): State<ApiState>) -> Response {
     let data = state.api.models().served(&state.registry.snapshot());
     Json(ModelList {
         object: "list",
@@ -216,10 +216,7 @@ pub(super) async fn list(State(state): State<HttpState>) -> Response {
 }
 
 /// `GET /v1/models/{model}`: one served model, or 404.
-pub(super) async fn retrieve(
-    State(state): State<HttpState>,
-    Path(model): Path<String>,
-) -> Response {
+pub(super) async fn retrieve(State(state): State<ApiState>, Path(model): Path<String>) -> Response {
     let served = state.api.models().served(&state.registry.snapshot());
     match served.into_iter().find(|m| m.id == model) {
         Some(found) => Json(found).into_response(),

@@ -29,8 +29,8 @@ use super::response::ErrorShape;
 use super::responses::{Replayed, replayed};
 use super::run::{CancelOnDrop, RUN_ID_HEADER};
 use super::sse::{EventId, EventWriter, KEEP_ALIVE_INTERVAL, SseFrame, event_stream};
+use crate::adapters::api::ApiState;
 use crate::adapters::event_format::feed_json;
-use crate::adapters::http::HttpState;
 use crate::domain::RunId;
 use crate::ports::{FeedStream, ManageError};
 
@@ -95,7 +95,7 @@ impl ClientStream {
 
 /// `GET /v1/runs/{run_id}/stream`.
 pub(super) async fn resume(
-    State(state): State<HttpState>,
+    State(state): State<ApiState>,
     caller: Caller,
     Path(run): Path<String>,
     headers: HeaderMap,
@@ -155,11 +155,7 @@ pub(super) async fn resume(
 ///
 /// # Errors
 /// 404 for an unknown run, another key's run, or a run whose stream cannot be resumed.
-async fn find(
-    state: &HttpState,
-    caller: &Caller,
-    run_id: &RunId,
-) -> Result<ClientStream, ApiError> {
+async fn find(state: &ApiState, caller: &Caller, run_id: &RunId) -> Result<ClientStream, ApiError> {
     let not_found = || ApiError::stream_not_found(run_id.as_str());
     let record = match state.manage.run(run_id).await {
         Ok(Some(record)) if caller.owns(&record.accepted) => record,
@@ -174,7 +170,7 @@ async fn find(
         .ok_or_else(not_found)
 }
 
-async fn events(state: &HttpState, run_id: &RunId, from: u64) -> Result<FeedStream, ApiError> {
+async fn events(state: &ApiState, run_id: &RunId, from: u64) -> Result<FeedStream, ApiError> {
     let not_found = || ApiError::stream_not_found(run_id.as_str());
     state
         .manage
@@ -192,7 +188,7 @@ fn manage_error(error: &ManageError, not_found: impl FnOnce() -> ApiError) -> Ap
 
 /// What every resumed stream starts from: the edge, the run, its events, the frame that
 /// skips what the caller has, and the reader's hold on the run.
-type Start = (HttpState, RunId, FeedStream, SseFrame, Option<CancelOnDrop>);
+type Start = (ApiState, RunId, FeedStream, SseFrame, Option<CancelOnDrop>);
 
 /// The resumed OpenAI stream of `endpoint`.
 fn openai(

@@ -17,7 +17,7 @@ use tracing::debug;
 
 use super::error::ApiError;
 use super::output::{Collected, Finished};
-use crate::adapters::http::HttpState;
+use crate::adapters::api::ApiState;
 use crate::domain::routing::RouteReason;
 use crate::domain::{NodeId, RunEvent, RunEventKind, RunId, RunSpec, StructuredOutput};
 use crate::hops;
@@ -42,7 +42,7 @@ pub const ROUTE_HEADER: &str = "x-edge-route";
 ///
 /// # Errors
 /// The API's answer when the run service does not accept the run (404, 429, 503).
-pub(super) fn start(state: &HttpState, spec: RunSpec, model: &str) -> Result<ActiveRun, ApiError> {
+pub(super) fn start(state: &ApiState, spec: RunSpec, model: &str) -> Result<ActiveRun, ApiError> {
     let retry_after = state.api.config().retry_after_secs;
     let resumable = spec.routing.client_stream.is_some();
     let (adapter, target) = (spec.selector.adapter.clone(), spec.selector.target.clone());

@@ -21,7 +21,7 @@ use super::response::ErrorShape;
 use super::routing::{ClientKeys, max_output, prefix_of_value, run_routing};
 use super::run::{self, ActiveRun, Step};
 use super::sse::{self, EventWriter, SseFrame, push_named_event};
-use crate::adapters::http::HttpState;
+use crate::adapters::api::ApiState;
 use crate::domain::{Operation, RunId, RunSpec, StructuredOutput};
 
 /// One API served as a chat run: how its requests translate, where its client keys are,
@@ -48,7 +48,7 @@ pub(super) struct ChatApi<T, S> {
 /// every error in the API's shape.
 pub(super) async fn serve_chat_run<T: ChatTranslation, S: StreamTranslator>(
     api: &ChatApi<T, S>,
-    State(state): State<HttpState>,
+    State(state): State<ApiState>,
     caller: Caller,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
@@ -121,7 +121,7 @@ fn background<T: ChatTranslation, S: StreamTranslator>(
 /// # Errors
 /// The body's or the translation's 4xx, an unknown model, a bad header.
 pub(super) fn chat_run<T: ChatTranslation>(
-    state: &HttpState,
+    state: &ApiState,
     caller: &Caller,
     headers: &HeaderMap,
     body: Result<Bytes, BytesRejection>,

@@ -5,7 +5,7 @@ use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
-use super::server::HttpState;
+use super::server::OpsState;
 
 /// The process is alive and serving HTTP.
 pub(super) async fn healthz() -> &'static str {
@@ -14,7 +14,7 @@ pub(super) async fn healthz() -> &'static str {
 
 /// Ready for work: the node transport is listening, the config is loaded (both hold once
 /// the server runs), and the edge is not draining.
-pub(super) async fn readyz(State(state): State<HttpState>) -> Response {
+pub(super) async fn readyz(State(state): State<OpsState>) -> Response {
     if state.readiness.is_draining() {
         (StatusCode::SERVICE_UNAVAILABLE, "draining\n").into_response()
     } else {
@@ -23,7 +23,7 @@ pub(super) async fn readyz(State(state): State<HttpState>) -> Response {
 }
 
 /// Every metric in the Prometheus text format.
-pub(super) async fn metrics(State(state): State<HttpState>) -> Response {
+pub(super) async fn metrics(State(state): State<OpsState>) -> Response {
     match render(&state.metrics) {
         Ok(text) => (
             [(

@@ -1,4 +1,4 @@
-//! The bound on `/v1` requests served at once.
+//! The bound on the client APIs' requests served at once.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -11,35 +11,47 @@ use axum::response::Response;
 use http_body::{Frame, SizeHint};
 use tokio::sync::Semaphore;
 
-use crate::adapters::api::{ApiError, ErrorShape};
-/// Slots for `/v1` requests; a request holds one until its response body (a whole
+/// Slots for the limited routes; a request holds one until its response body (a whole
 /// stream, for SSE) has been sent or dropped.
 #[derive(Clone)]
 pub(super) struct RequestSlots {
     slots: Arc<Semaphore>,
-    retry_after_secs: u64,
 }
 
 impl RequestSlots {
-    /// `max` slots; a refused request is told to retry after `retry_after_secs`.
-    pub(super) fn new(max: usize, retry_after_secs: u64) -> Self {
+    /// `max` slots.
+    pub(super) fn new(max: usize) -> Self {
         Self {
             slots: Arc::new(Semaphore::new(max.max(1))),
-            retry_after_secs,
+        }
+    }
+
+    /// The limit of one group of routes: these slots, and `refuse` for a request that
+    /// finds none free.
+    pub(super) fn for_group(&self, refuse: Arc<dyn Fn() -> Response + Send + Sync>) -> GroupLimit {
+        GroupLimit {
+            slots: Arc::clone(&self.slots),
+            refuse,
         }
     }
 }
 
-/// Middleware: serves the request in a free slot, or answers `503` with `Retry-After` in
-/// OpenAI's error shape instead of queueing without bound.
+/// One group's view of the slots.
+#[derive(Clone)]
+pub(super) struct GroupLimit {
+    slots: Arc<Semaphore>,
+    refuse: Arc<dyn Fn() -> Response + Send + Sync>,
+}
+
+/// Middleware: serves the request in a free slot, or answers with the group's refusal
+/// (a `503` with `Retry-After`) instead of queueing without bound.
 pub(super) async fn limit(
-    State(slots): State<RequestSlots>,
+    State(limit): State<GroupLimit>,
     request: Request,
     next: Next,
 ) -> Response {
-    let Ok(slot) = Arc::clone(&slots.slots).try_acquire_owned() else {
-        let error = ApiError::overloaded(slots.retry_after_secs);
-        return ErrorShape::of(&request).render(&error);
+    let Ok(slot) = Arc::clone(&limit.slots).try_acquire_owned() else {
+        return (limit.refuse)();
     };
     next.run(request)
         .await

@@ -1,6 +1,7 @@
 //! The HTTP server in front of the edge: its listener, connection loop, limits and TLS,
-//! the operations endpoints (`/metrics`, `/healthz`, `/readyz`), and the routes of the
-//! client APIs (`crate::adapters::api`) mounted on it, served with axum. The management
+//! and the operations endpoints (`/metrics`, `/healthz`, `/readyz`), served with axum. The
+//! client APIs (`crate::adapters::api`) hand it their routes ([`LimitedRoutes`]); it
+//! imports nothing of theirs. The management
 //! API (`crate::adapters::admin`) reuses its connection loop and TLS on its own listener.
 //!
 //! The APIs never reach a node except through the run service, which speaks the node
@@ -16,4 +17,4 @@ pub(crate) mod tls;
 mod trace;
 
 pub use config::HttpConfig;
-pub use server::{HttpServer, HttpState};
+pub use server::{HttpServer, LimitedRoutes, OpsState};

@@ -4,9 +4,10 @@ use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use axum::response::Response;
 use axum::routing::get;
 use axum::serve::ListenerExt;
-use axum::{Extension, Router, middleware};
+use axum::{Router, middleware};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tower_http::timeout::RequestBodyTimeoutLayer;
@@ -16,26 +17,27 @@ use super::health;
 use super::limits::{self, RequestSlots};
 use super::serve::serve;
 use super::tls::TlsListener;
-use crate::adapters::api::{self, Api};
 use crate::adapters::tls::TlsAcceptor;
-use crate::ports::{Manage, Readiness, Registry, Runs};
+use crate::ports::Readiness;
 
-/// What the handlers work with. Cheap to clone.
+/// What the operations endpoints work with. Cheap to clone.
 #[derive(Clone)]
-pub struct HttpState {
+pub struct OpsState {
     /// The registry `/metrics` renders.
     pub metrics: prometheus::Registry,
     /// For `/readyz`: whether the edge is draining.
     pub readiness: Readiness,
-    /// Accepts runs (the run service, through the inbound runs port).
-    pub runs: Arc<dyn Runs>,
-    /// The connected nodes.
-    pub registry: Arc<dyn Registry>,
-    /// The OpenAI-compatible API's settings and model map.
-    pub api: Api,
-    /// Run records and event feeds (the management port), for what the API finds again
-    /// by id: background Responses.
-    pub manage: Arc<dyn Manage>,
+}
+
+/// A group of routes served behind the listener's concurrent-request limit (the client
+/// APIs), with their own state and layers already applied, and how to refuse a request of
+/// theirs when every slot is taken: a `503` with `Retry-After`, in the group's own error
+/// shape. The server knows nothing of what the routes serve.
+pub struct LimitedRoutes {
+    /// The routes.
+    pub routes: Router,
+    /// The answer to a request that finds no free slot.
+    pub refuse: Arc<dyn Fn() -> Response + Send + Sync>,
 }
 
 /// The bound HTTP listener.
@@ -47,32 +49,38 @@ pub struct HttpServer {
 }
 
 impl HttpServer {
-    /// Binds `config.listen` (with `config.listen_backlog`) and builds the routes: the operations endpoints, open to all
-    /// and never limited, and the OpenAI-compatible `/v1` API behind the concurrent-request
-    /// limit. Unknown paths get a 404 in OpenAI's error shape. Every request body must
-    /// arrive within `config.body_read_timeout_ms`.
+    /// Binds `config.listen` (with `config.listen_backlog`) and builds the routes: the
+    /// operations endpoints, open to all and never limited, the `limited` groups behind the
+    /// concurrent-request limit (`config.max_concurrent_requests`, one count for all of
+    /// them), and `fallback`'s answer to any other path. Every request body must arrive
+    /// within `config.body_read_timeout_ms`.
     ///
     /// # Errors
     /// The socket error when the address cannot be bound.
-    pub async fn bind(config: HttpConfig, state: HttpState) -> io::Result<HttpServer> {
+    pub async fn bind(
+        config: HttpConfig,
+        ops: OpsState,
+        limited: Vec<LimitedRoutes>,
+        fallback: Router,
+    ) -> io::Result<HttpServer> {
         let listener = crate::adapters::listen::bind(config.listen, config.listen_backlog)?;
-        let slots = RequestSlots::new(
-            config.max_concurrent_requests,
-            state.api.config().retry_after_secs,
-        );
+        let slots = RequestSlots::new(config.max_concurrent_requests);
         let mut router = Router::new()
             .route("/healthz", get(health::healthz))
             .route("/readyz", get(health::readyz))
-            .route("/metrics", get(health::metrics));
-        for (shape, routes) in api::route_groups(&state) {
-            let limited =
-                routes.layer(middleware::from_fn_with_state(slots.clone(), limits::limit));
-            router = router.merge(limited.layer(Extension(shape)));
+            .route("/metrics", get(health::metrics))
+            .with_state(ops);
+        for group in limited {
+            let limit = slots.for_group(group.refuse);
+            router = router.merge(
+                group
+                    .routes
+                    .layer(middleware::from_fn_with_state(limit, limits::limit)),
+            );
         }
         let router = router
-            .fallback(api::unknown_route)
-            .layer(RequestBodyTimeoutLayer::new(config.body_read_timeout()))
-            .with_state(state);
+            .merge(fallback)
+            .layer(RequestBodyTimeoutLayer::new(config.body_read_timeout()));
         Ok(HttpServer {
             listener,
             router,

@@ -19,7 +19,7 @@ use super::super::run;
 use super::super::translate::chat_run;
 use super::request::{self, MessagesRequest};
 use super::{MESSAGES, error_response};
-use crate::adapters::http::HttpState;
+use crate::adapters::api::ApiState;
 use crate::domain::Operation;
 
 /// Where Anthropic serves it.
@@ -27,7 +27,7 @@ pub(in crate::adapters::api) const COUNT_TOKENS_PATH: &str = "/v1/messages/count
 
 /// `POST /v1/messages/count_tokens`.
 pub(in crate::adapters::api) async fn count(
-    State(state): State<HttpState>,
+    State(state): State<ApiState>,
     caller: Caller,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,

@@ -13,11 +13,11 @@ use super::super::auth::Caller;
 use super::super::output::{Collected, chat_logprobs_json, tool_calls_json};
 use super::super::request::Endpoint;
 use super::reply::{self, Reply};
-use crate::adapters::http::HttpState;
+use crate::adapters::api::ApiState;
 
 /// `POST /v1/chat/completions`.
 pub(in crate::adapters::api) async fn create(
-    State(state): State<HttpState>,
+    State(state): State<ApiState>,
     caller: Caller,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,

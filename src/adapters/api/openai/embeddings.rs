@@ -22,7 +22,7 @@ use super::super::request::{
 };
 use super::super::routing::{ClientKeys, run_routing};
 use super::super::run;
-use crate::adapters::http::HttpState;
+use crate::adapters::api::ApiState;
 use crate::domain::{Embedding, FailureClass, Operation, RunRouting};
 
 /// How the vectors are rendered.
@@ -36,7 +36,7 @@ pub(in crate::adapters::api) enum Encoding {
 
 /// `POST /v1/embeddings`.
 pub(in crate::adapters::api) async fn create(
-    State(state): State<HttpState>,
+    State(state): State<ApiState>,
     caller: Caller,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,

@@ -19,7 +19,7 @@ use super::super::run::{self, Step};
 use super::super::sse;
 use super::chunks::ChunkWriter;
 use super::{chat, completions};
-use crate::adapters::http::HttpState;
+use crate::adapters::api::ApiState;
 use crate::domain::RunId;
 
 /// Serves a chat or completion request: checks it, starts its run, and answers with JSON
@@ -28,7 +28,7 @@ use crate::domain::RunId;
 /// No status is chosen before the run's first output or terminal event: a run that fails
 /// before producing anything gets a proper error status even when streaming was asked for.
 pub(in crate::adapters::api) async fn respond(
-    state: HttpState,
+    state: ApiState,
     endpoint: Endpoint,
     caller: Caller,
     headers: HeaderMap,

@@ -23,12 +23,12 @@ use super::super::request::{
 };
 use super::super::routing::{ClientKeys, run_routing};
 use super::super::run;
-use crate::adapters::http::HttpState;
+use crate::adapters::api::ApiState;
 use crate::domain::Operation;
 
 /// `POST /tokenize`.
 pub(in crate::adapters::api) async fn tokenize(
-    state: State<HttpState>,
+    state: State<ApiState>,
     caller: Caller,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
@@ -38,7 +38,7 @@ pub(in crate::adapters::api) async fn tokenize(
 
 /// `POST /detokenize`.
 pub(in crate::adapters::api) async fn detokenize(
-    state: State<HttpState>,
+    state: State<ApiState>,
     caller: Caller,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
@@ -47,7 +47,7 @@ pub(in crate::adapters::api) async fn detokenize(
 }
 
 async fn serve(
-    State(state): State<HttpState>,
+    State(state): State<ApiState>,
     caller: &Caller,
     headers: &HeaderMap,
     body: Result<Bytes, BytesRejection>,

@@ -29,8 +29,8 @@ use super::items::ResponseBase;
 use super::replay::{Replayed, replayed};
 use super::stream::ResponsesStream;
 use super::{BACKGROUND_ID_PREFIX, response_id};
+use crate::adapters::api::ApiState;
 use crate::adapters::event_format::feed_json;
-use crate::adapters::http::HttpState;
 use crate::domain::{RunId, RunRecord};
 use crate::ports::{FeedStream, ManageError};
 
@@ -49,7 +49,7 @@ pub(in crate::adapters::api) struct RetrieveQuery {
 
 /// `GET /v1/responses/{id}`.
 pub(in crate::adapters::api) async fn retrieve(
-    State(state): State<HttpState>,
+    State(state): State<ApiState>,
     caller: Caller,
     Path(id): Path<String>,
     query: Result<Query<RetrieveQuery>, QueryRejection>,
@@ -78,7 +78,7 @@ pub(in crate::adapters::api) async fn retrieve(
 /// waits for its end, and answers
 /// with the response (cancelled, or as it ended if it had already).
 pub(in crate::adapters::api) async fn cancel(
-    State(state): State<HttpState>,
+    State(state): State<ApiState>,
     caller: Caller,
     Path(id): Path<String>,
 ) -> Response {
@@ -105,7 +105,7 @@ pub(in crate::adapters::api) async fn cancel(
 /// 404 for an unknown id or another key's response; 400 for a cancel of a response that
 /// is not a background one.
 async fn find(
-    state: &HttpState,
+    state: &ApiState,
     caller: &Caller,
     id: &str,
 ) -> Result<(RunId, ResponseBase), ApiError> {
@@ -146,7 +146,7 @@ fn base_of(record: &RunRecord) -> ResponseBase {
 }
 
 async fn events(
-    state: &HttpState,
+    state: &ApiState,
     run_id: &RunId,
     from: u64,
     follow: bool,
@@ -165,7 +165,7 @@ fn manage_error(id: &str, error: &ManageError) -> ApiError {
     }
 }
 
-fn retry_after(state: &HttpState) -> u64 {
+fn retry_after(state: &ApiState) -> u64 {
     state.api.config().retry_after_secs
 }
 
@@ -238,7 +238,7 @@ struct Resumed {
 }
 
 /// The Responses event stream of run `run_id`, replayed and then followed.
-fn stream(state: HttpState, run_id: RunId, feed: FeedStream, mut replay: Replay) -> Response {
+fn stream(state: ApiState, run_id: RunId, feed: FeedStream, mut replay: Replay) -> Response {
     let mut first = SseFrame::default();
     write_all(&mut first, replay.open());
     let resumed = Resumed {
