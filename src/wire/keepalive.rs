@@ -57,17 +57,9 @@ impl Keepalive {
             target_os = "netbsd",
             target_os = "windows"
         ))]
-        let keepalive = keepalive.with_interval(self.interval);
-        #[cfg(any(
-            target_os = "linux",
-            target_os = "android",
-            target_os = "macos",
-            target_os = "ios",
-            target_os = "freebsd",
-            target_os = "netbsd",
-            target_os = "windows"
-        ))]
-        let keepalive = keepalive.with_retries(self.retries);
+        let keepalive = keepalive
+            .with_interval(self.interval)
+            .with_retries(self.retries);
         socket2::SockRef::from(stream).set_tcp_keepalive(&keepalive)
     }
 }
