@@ -150,17 +150,29 @@ pub enum MockError {
     Client(#[from] ClientError),
     #[error("registration rejected: {0:?}")]
     Rejected(RegisterOutcome),
+    #[error("the edge did not answer the registration within {0:?}")]
+    Unanswered(Duration),
 }
+
+/// The longest [`MockNode::start`] waits for the edge to take its connection and answer its
+/// registration: an edge that never answers fails the caller, naming the wait, rather than
+/// hang it.
+pub const REGISTER_PATIENCE: Duration = Duration::from_secs(15);
 
 impl MockNode {
     /// Connects to the edge at `edge`, registers, and starts serving runs.
     pub async fn start(edge: SocketAddr, options: MockOptions) -> Result<MockNode, MockError> {
-        let client = NodeClient::connect(edge).await?;
-        Self::start_on(client, options).await
+        let started = async {
+            let client = NodeClient::connect(edge).await?;
+            Self::start_on(client, options).await
+        };
+        tokio::time::timeout(REGISTER_PATIENCE, started)
+            .await
+            .map_err(|_| MockError::Unanswered(REGISTER_PATIENCE))?
     }
 
     /// Registers over an already-open connection (such as one from
-    /// [`NodeClient::connect_tls`]) and starts serving runs.
+    /// [`NodeClient::connect_tls`]) and starts serving runs. Unbounded: the caller bounds it.
     pub async fn start_on(
         mut client: NodeClient,
         options: MockOptions,

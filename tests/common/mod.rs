@@ -234,12 +234,15 @@ impl TestApp {
 
     /// Connects a client and registers with `token`.
     pub async fn register(&self, token: &str) -> (NodeClient, RegisterOutcome) {
-        let mut client = NodeClient::connect(self.node_addr).await.expect("connect");
-        let outcome = client
-            .register(Registration::with_token(token))
-            .await
-            .expect("register");
-        (client, outcome)
+        let registered = async {
+            let mut client = NodeClient::connect(self.node_addr).await.expect("connect");
+            let outcome = client
+                .register(Registration::with_token(token))
+                .await
+                .expect("register");
+            (client, outcome)
+        };
+        bounded("the edge to answer a registration", registered).await
     }
 
     /// Stops the edge gracefully and waits for it.
