@@ -324,6 +324,11 @@ fn the_domain_and_the_ports_name_no_adapter_and_no_application() {
 fn the_services_build_on_the_domain_and_the_ports_not_on_adapters() {
     // Their tests (`tests.rs`, `tests/`, `mod tests`) may wire real adapters in.
     for service in ["app/runs", "app/management", "app/drains"] {
+        // The paths are read at all: each service names the domain or the ports.
+        assert!(
+            !naming(service, &["crate::domain", "crate::ports"], true).is_empty(),
+            "src/{service}: no path to the domain or the ports was read"
+        );
         let found = naming(service, &["crate::adapters"], true);
         assert!(
             found.is_empty(),
