@@ -1,7 +1,8 @@
 //! The map is true: every path the edge's HTTP listeners mount (the APIs, the operations
 //! endpoints, the management API, the console) is in README.md's endpoint tables, and every
-//! path the tables name is mounted. Read from the source, where the routes are declared, so
-//! a new route or a stale line fails here naming it.
+//! path the tables name is mounted (read from the source, where the routes are declared);
+//! every command `edge --help` lists is in README's shell examples, and every `edge …` they
+//! run is a command. A new route or command, or a stale line, fails here naming it.
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -88,5 +89,55 @@ fn the_readme_lists_every_endpoint_the_edge_mounts_and_no_other() {
     assert!(
         missing.is_empty() && stale.is_empty(),
         "README.md's endpoint tables: missing {missing:?}, not mounted {stale:?}"
+    );
+}
+
+/// The subcommands `edge --help` lists (`help` aside).
+fn commands() -> BTreeSet<String> {
+    let help = std::process::Command::new(env!("CARGO_BIN_EXE_edge"))
+        .arg("--help")
+        .output()
+        .expect("run edge --help");
+    let help = String::from_utf8_lossy(&help.stdout).into_owned();
+    let listed = help
+        .split("Commands:")
+        .nth(1)
+        .and_then(|rest| rest.split("Options:").next())
+        .expect("edge --help lists its commands");
+    listed
+        .lines()
+        .filter_map(|line| line.split_whitespace().next())
+        .filter(|command| *command != "help")
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The subcommands README.md's shell examples (its `sh` blocks) run: `edge nodes` is
+/// `nodes`.
+fn shown() -> BTreeSet<String> {
+    let (mut in_shell, mut shown) = (false, BTreeSet::new());
+    for line in read("README.md").lines() {
+        if line.starts_with("```") {
+            in_shell = line == "```sh";
+        } else if in_shell
+            && let Some(command) = line
+                .strip_prefix("edge ")
+                .and_then(|rest| rest.split_whitespace().next())
+        {
+            shown.insert(command.to_owned());
+        }
+    }
+    shown
+}
+
+#[crate::common::test]
+fn the_readme_shows_every_command_of_the_edge_binary_and_no_other() {
+    let (commands, shown) = (commands(), shown());
+    assert!(commands.len() > 5, "the commands are read: {commands:?}");
+    let missing: Vec<_> = commands.difference(&shown).collect();
+    let stale: Vec<_> = shown.difference(&commands).collect();
+    assert!(
+        missing.is_empty() && stale.is_empty(),
+        "README.md's commands: missing {missing:?}, not commands of `edge` {stale:?}"
     );
 }
