@@ -19,8 +19,9 @@ use serde::Deserialize;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_rustls::server::TlsStream;
 
-pub use crate::wire::tls::TlsError;
-use crate::wire::tls::{crypto_provider, load_certificates, load_private_key, load_roots};
+use crate::wire::tls::{
+    TlsError, crypto_provider, load_certificates, load_private_key, load_roots,
+};
 
 /// `[server.tls]` or `[http.tls]`: the listener's certificate and key, and optionally the CA
 /// that client certificates must be signed by (mutual TLS).

@@ -355,24 +355,25 @@ fn relative_paths_are_resolved_against_the_module_they_are_in() {
         .map(str::to_owned)
         .to_vec();
     let children = vec!["stored".to_owned()];
-    let resolved = |path| resolve(path, &here, &children);
-    assert_eq!(
-        resolved("super::super::adapters::x").as_deref(),
-        Some("crate::app::adapters::x")
-    );
-    assert_eq!(
-        resolved("super::super::super::adapters").as_deref(),
-        Some("crate::adapters")
-    );
-    assert_eq!(
-        resolved("self::stored::Row").as_deref(),
-        Some("crate::app::management::feed::stored::Row")
-    );
-    assert_eq!(
-        resolved("stored::Row").as_deref(),
-        Some("crate::app::management::feed::stored::Row")
-    );
-    assert_eq!(resolved("tokio::sync"), None);
+    for (path, absolute) in [
+        ("super::super::adapters::x", Some("crate::app::adapters::x")),
+        ("super::super::super::adapters", Some("crate::adapters")),
+        (
+            "self::stored::Row",
+            Some("crate::app::management::feed::stored::Row"),
+        ),
+        (
+            "stored::Row",
+            Some("crate::app::management::feed::stored::Row"),
+        ),
+        ("tokio::sync", None),
+    ] {
+        assert_eq!(
+            resolve(path, &here, &children).as_deref(),
+            absolute,
+            "{path}"
+        );
+    }
     assert_eq!(
         expand_use("crate::{adapters::{tls::X, tcp}, domain as d}"),
         [

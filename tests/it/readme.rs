@@ -80,16 +80,21 @@ fn documented() -> BTreeSet<String> {
         .collect()
 }
 
-#[crate::common::test]
-fn the_readme_lists_every_endpoint_the_edge_mounts_and_no_other() {
-    let (mounted, documented) = (mounted(), documented());
-    assert!(mounted.len() > 20, "the routes are read: {mounted:?}");
-    let missing: Vec<_> = mounted.difference(&documented).collect();
-    let stale: Vec<_> = documented.difference(&mounted).collect();
+/// Fails naming what README.md's `what` lacks of `real`, and what it names that is not.
+fn assert_readme_matches(what: &str, real: &BTreeSet<String>, readme: &BTreeSet<String>) {
+    let missing: Vec<_> = real.difference(readme).collect();
+    let stale: Vec<_> = readme.difference(real).collect();
     assert!(
         missing.is_empty() && stale.is_empty(),
-        "README.md's endpoint tables: missing {missing:?}, not mounted {stale:?}"
+        "README.md's {what}: missing {missing:?}, not real {stale:?}"
     );
+}
+
+#[crate::common::test]
+fn the_readme_lists_every_endpoint_the_edge_mounts_and_no_other() {
+    let mounted = mounted();
+    assert!(mounted.len() > 20, "the routes are read: {mounted:?}");
+    assert_readme_matches("endpoint tables", &mounted, &documented());
 }
 
 /// The subcommands `edge --help` lists (`help` aside).
@@ -132,12 +137,7 @@ fn shown() -> BTreeSet<String> {
 
 #[crate::common::test]
 fn the_readme_shows_every_command_of_the_edge_binary_and_no_other() {
-    let (commands, shown) = (commands(), shown());
+    let commands = commands();
     assert!(commands.len() > 5, "the commands are read: {commands:?}");
-    let missing: Vec<_> = commands.difference(&shown).collect();
-    let stale: Vec<_> = shown.difference(&commands).collect();
-    assert!(
-        missing.is_empty() && stale.is_empty(),
-        "README.md's commands: missing {missing:?}, not commands of `edge` {stale:?}"
-    );
+    assert_readme_matches("shell examples", &commands, &shown());
 }
