@@ -233,7 +233,8 @@ fn named_paths(file: &Path) -> Vec<(usize, String, bool)> {
                 let path_end = trimmed[at + 2..]
                     .find(|c: char| !(c.is_alphanumeric() || c == '_' || c == ':'))
                     .map_or(trimmed.len(), |i| at + 2 + i);
-                if seen.contains(&start) {
+                // A visibility, `pub(in crate::x)`, names no item.
+                if seen.contains(&start) || trimmed[..start].ends_with("(in ") {
                     continue;
                 }
                 seen.push(start);
@@ -345,6 +346,72 @@ fn the_http_server_imports_nothing_from_the_apis_it_serves() {
     assert!(
         found.is_empty(),
         "src/adapters/http importing the APIs:\n{}",
+        found.join("\n")
+    );
+}
+
+/// `file:line: word` for each line of code under `src/<dir>` that names one of `crates`
+/// (`axum::…`, `use tokio;`) or reads a clock.
+fn external_names(dir: &str, crates: &[&str]) -> Vec<String> {
+    let mut found = Vec::new();
+    for file in sources(dir) {
+        let text = std::fs::read_to_string(&file).expect("a source file");
+        let relative = file
+            .strip_prefix(env!("CARGO_MANIFEST_DIR"))
+            .unwrap_or(&file);
+        for (n, code) in code_lines(&text).iter().enumerate() {
+            let words = code.split(|c: char| !(c.is_alphanumeric() || c == '_' || c == ':'));
+            for word in words {
+                let first = word.split("::").next().unwrap_or_default();
+                let clock = word.ends_with("Instant::now") || word.ends_with("SystemTime::now");
+                if crates.contains(&first) || clock {
+                    found.push(format!("{}:{}: {word}", relative.display(), n + 1));
+                }
+            }
+        }
+    }
+    found
+}
+
+#[crate::common::test]
+fn the_translators_import_no_http_no_runtime_and_no_handler() {
+    const TRANSLATORS: &str = "adapters/api/translators";
+    // What they may name of the crate: the domain, the ports' errors, the events' JSON
+    // format, and each other.
+    let allowed = [
+        "crate::domain",
+        "crate::ports",
+        "crate::adapters::event_format",
+        "crate::adapters::api::translators",
+    ];
+    let mut found: Vec<String> = naming(TRANSLATORS, &["crate::adapters", "crate::app"], false)
+        .into_iter()
+        .filter(|line| {
+            let path = line.rsplit(": ").next().unwrap_or_default();
+            !allowed
+                .iter()
+                .any(|m| path == *m || path.starts_with(&format!("{m}::")))
+        })
+        .collect();
+    found.extend(external_names(
+        TRANSLATORS,
+        &[
+            "axum",
+            "tokio",
+            "hyper",
+            "http",
+            "http_body",
+            "tower",
+            "tower_http",
+        ],
+    ));
+    assert!(
+        !naming(TRANSLATORS, &["crate::domain"], false).is_empty(),
+        "src/{TRANSLATORS}: no path to the domain was read"
+    );
+    assert!(
+        found.is_empty(),
+        "src/{TRANSLATORS} importing HTTP, the runtime, a handler or a clock:\n{}",
         found.join("\n")
     );
 }

@@ -15,7 +15,7 @@ use axum::http::{HeaderMap, header};
 use axum::middleware::Next;
 use axum::response::Response;
 
-use super::error::ApiError;
+use super::ApiError;
 use super::response::ErrorShape;
 use super::{Api, ApiKey};
 use crate::domain::routing::{LimitPolicy, Priority, TenantKey, TokenBudget};

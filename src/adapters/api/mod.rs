@@ -12,15 +12,10 @@
 
 mod anthropic;
 mod auth;
-#[cfg(test)]
-mod client_fixtures;
 mod config;
-mod error;
 mod follow;
 pub mod models;
 mod openai;
-mod output;
-mod protocol;
 mod request;
 mod response;
 mod responses;
@@ -29,6 +24,7 @@ mod routing;
 mod run;
 mod sse;
 mod translate;
+mod translators;
 
 use translate::serve_chat_run;
 
@@ -40,9 +36,9 @@ use axum::routing::{get, post};
 use axum::{Extension, Router, middleware};
 
 pub use config::{ApiConfig, ApiKey};
-pub use error::ApiError;
 pub use models::ModelMap;
 pub(crate) use response::ErrorShape;
+pub use translators::ApiError;
 
 use crate::adapters::http::LimitedRoutes;
 use crate::ports::{Manage, Registry, Runs};

@@ -14,7 +14,7 @@ use axum::extract::{Path, State};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
-use super::error::ApiError;
+use super::ApiError;
 use crate::adapters::api::ApiState;
 use crate::domain::{AdapterName, NameError, Target};
 use crate::ports::ConnectedNode;

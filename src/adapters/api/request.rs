@@ -15,9 +15,10 @@ use serde_json::error::Category;
 use serde_json::value::RawValue;
 
 use super::Api;
+use super::ApiError;
 use super::auth::Caller;
-use super::error::ApiError;
 use super::routing::{ClientKeys, max_output, prefix_of_raw, run_routing};
+use super::translators::openai::Endpoint;
 use crate::domain::{NodeSelector, Operation, RunRouting, RunSpec};
 
 /// The header a client sets to ask for a deadline, in milliseconds.
@@ -25,33 +26,6 @@ pub const DEADLINE_HEADER: &str = "x-edge-deadline-ms";
 
 /// What a request's body is read as by the node.
 pub const CONTENT_TYPE: &str = "application/json";
-
-/// Which endpoint a request came to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Endpoint {
-    /// `POST /v1/chat/completions`.
-    Chat,
-    /// `POST /v1/completions`.
-    Completion,
-}
-
-impl Endpoint {
-    /// The kind of work the endpoint's runs ask of a node.
-    fn operation(self) -> Operation {
-        match self {
-            Self::Chat => Operation::Chat,
-            Self::Completion => Operation::Completion,
-        }
-    }
-
-    /// The field the endpoint cannot do without.
-    fn required(self) -> &'static str {
-        match self {
-            Self::Chat => "messages",
-            Self::Completion => "prompt",
-        }
-    }
-}
 
 /// A checked request, ready to start.
 #[derive(Debug)]

@@ -1,14 +1,14 @@
-//! [`ApiError`] as an HTTP response: its status, OpenAI's JSON body and the headers that
-//! go with it (`Retry-After`, `WWW-Authenticate` on a 401), and [`ErrorShape`], which of the
-//! APIs' error bodies a route answers with. The other APIs' error shapes (Anthropic's) reuse
-//! [`ApiError::add_headers`].
+//! [`ApiError`] as an HTTP response: the status of its kind, OpenAI's JSON body and the
+//! headers that go with it (`Retry-After`, `WWW-Authenticate` on a 401), and [`ErrorShape`],
+//! which of the APIs' error bodies a route answers with. The other APIs' error shapes
+//! (Anthropic's) reuse [`ApiError::status`] and [`ApiError::add_headers`].
 
 use axum::Json;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
 use super::anthropic;
-use super::error::ApiError;
+use super::translators::{ApiError, ErrorKind};
 
 /// The error body a route answers with: each API's routes carry theirs (as a request
 /// extension set around the route group, `api::route_groups`), so the middleware in front
@@ -43,6 +43,27 @@ impl ErrorShape {
 }
 
 impl ApiError {
+    /// The HTTP status of the error's kind.
+    pub fn status(&self) -> StatusCode {
+        match self.kind() {
+            ErrorKind::InvalidRequest => StatusCode::BAD_REQUEST,
+            ErrorKind::Authentication => StatusCode::UNAUTHORIZED,
+            ErrorKind::Permission => StatusCode::FORBIDDEN,
+            ErrorKind::NotFound => StatusCode::NOT_FOUND,
+            ErrorKind::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            ErrorKind::Conflict => StatusCode::CONFLICT,
+            ErrorKind::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            ErrorKind::Unprocessable => StatusCode::UNPROCESSABLE_ENTITY,
+            ErrorKind::RateLimited => StatusCode::TOO_MANY_REQUESTS,
+            ErrorKind::UpgradeRequired => StatusCode::UPGRADE_REQUIRED,
+            ErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+            ErrorKind::NotSupported => StatusCode::NOT_IMPLEMENTED,
+            ErrorKind::Upstream => StatusCode::BAD_GATEWAY,
+            ErrorKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+            ErrorKind::Timeout => StatusCode::GATEWAY_TIMEOUT,
+        }
+    }
+
     /// Adds the headers every rendering of this error carries (`Retry-After`).
     pub fn add_headers(&self, response: &mut Response) {
         if let Some(secs) = self.retry_after_secs() {

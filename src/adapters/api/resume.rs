@@ -16,82 +16,26 @@ use axum::body::{Body, Bytes};
 use axum::extract::{Path, State};
 use axum::http::HeaderMap;
 use axum::response::Response;
-use serde::{Deserialize, Serialize};
 
+use super::ApiError;
 use super::anthropic;
 use super::auth::Caller;
-use super::error::ApiError;
 use super::follow::{EVENTS_STOPPED, Followed, RunFollower};
-use super::openai::chunks::ChunkWriter;
-use super::openai::reply::Reply;
-use super::request::Endpoint;
 use super::response::ErrorShape;
 use super::responses::{Replayed, replayed};
 use super::run::{CancelOnDrop, RUN_ID_HEADER};
-use super::sse::{EventId, EventWriter, KEEP_ALIVE_INTERVAL, SseFrame, event_stream};
+use super::sse::{KEEP_ALIVE_INTERVAL, event_stream};
 use crate::adapters::api::ApiState;
+use crate::adapters::api::translators::ClientStream;
+use crate::adapters::api::translators::frame::{EventId, EventWriter, SseFrame};
+use crate::adapters::api::translators::openai::chunks::ChunkWriter;
+use crate::adapters::api::translators::openai::{Endpoint, Reply};
 use crate::adapters::event_format::feed_json;
 use crate::domain::RunId;
 use crate::ports::{FeedStream, ManageError};
 
 /// The header a resuming client names the last event it has in (SSE's own).
 const LAST_EVENT_ID: &str = "last-event-id";
-
-/// What a resumable run's stream is rendered from besides its events, kept in its record.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "api", rename_all = "snake_case")]
-pub(super) enum ClientStream {
-    /// `chat.completion.chunk`s.
-    Chat {
-        /// The model as the client named it.
-        model: String,
-        /// The chunks' `created`.
-        created: u64,
-        /// `stream_options.include_usage`.
-        include_usage: bool,
-    },
-    /// Streamed `text_completion`s.
-    Completion {
-        /// The model as the client named it.
-        model: String,
-        /// The chunks' `created`.
-        created: u64,
-        /// `stream_options.include_usage`.
-        include_usage: bool,
-    },
-    /// Anthropic Messages events.
-    Messages {
-        /// The model as the client named it.
-        model: String,
-        /// Whether the client asked for thinking.
-        thinking: bool,
-    },
-}
-
-impl ClientStream {
-    /// The OpenAI stream of `endpoint` answering with `model`.
-    pub fn openai(endpoint: Endpoint, model: &str, created: u64, include_usage: bool) -> Self {
-        let model = model.to_owned();
-        match endpoint {
-            Endpoint::Chat => Self::Chat {
-                model,
-                created,
-                include_usage,
-            },
-            Endpoint::Completion => Self::Completion {
-                model,
-                created,
-                include_usage,
-            },
-        }
-    }
-
-    /// As the run's spec carries it.
-    pub fn to_json(&self) -> Arc<str> {
-        // Serializing strings, numbers and booleans cannot fail.
-        Arc::from(serde_json::to_string(self).unwrap_or_default())
-    }
-}
 
 /// `GET /v1/runs/{run_id}/stream`.
 pub(super) async fn resume(
@@ -198,8 +142,7 @@ fn openai(
     created: u64,
     include_usage: bool,
 ) -> Response {
-    let mut reply = Reply::new(endpoint, &start.1, model, include_usage);
-    reply.created = created;
+    let reply = Reply::new(endpoint, &start.1, model, created, include_usage);
     respond(Resumed::new(start, ChunkWriter::new(&reply)))
 }
 
@@ -283,7 +226,7 @@ impl<W: EventWriter> Resumed<W> {
         }
     }
 
-    fn end(&mut self, end: Result<super::output::Finished, ApiError>) {
+    fn end(&mut self, end: Result<super::translators::output::Finished, ApiError>) {
         self.open();
         self.writer.close(end, &mut self.frame);
         self.done = true;

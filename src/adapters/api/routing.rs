@@ -17,8 +17,8 @@ use serde::Deserialize;
 use serde_json::Value;
 use serde_json::value::RawValue;
 
+use super::ApiError;
 use super::auth::Caller;
-use super::error::ApiError;
 use crate::domain::RunRouting;
 use crate::domain::routing::{AffinityKey, BudgetClaim, KeySource, Priority};
 

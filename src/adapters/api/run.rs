@@ -15,8 +15,8 @@ use tokio::runtime::Handle;
 use tokio::sync::mpsc;
 use tracing::debug;
 
-use super::error::ApiError;
-use super::output::{Collected, Finished};
+use super::ApiError;
+use super::translators::output::{Collected, Finished};
 use crate::adapters::api::ApiState;
 use crate::domain::routing::RouteReason;
 use crate::domain::{NodeId, RunEvent, RunEventKind, RunId, RunSpec, StructuredOutput};

@@ -1,5 +1,5 @@
 //! The streamed answer's body, for every API: Server-Sent Events written by an API's
-//! [`EventWriter`] as the run's events arrive. A stream never ends silently: the writer
+//! [`EventWriter`] (`translators/frame.rs`) as the run's events arrive. A stream never ends silently: the writer
 //! closes it with the API's own end (`[DONE]`, `message_stop`, `response.completed`) or
 //! error event.
 //!
@@ -8,13 +8,9 @@
 //! resumable stream's run goes on for `runs.client_resume_grace_ms`, see `resume.rs`).
 //! Every event the run has ready when hyper asks for more goes out in one body frame (one
 //! write), rendered straight into that frame's buffer.
-//!
-//! A resumable stream's events carry an `id:` ([`EventId`]): the position of the run's
-//! event they were rendered from, so a replay of the run's events gives every SSE event
-//! the same id again and a resume can continue after any of them.
+//! A resumable stream's events carry ids (`frame.rs`'s `EventId`).
 
 use std::convert::Infallible;
-use std::fmt::{self, Write as _};
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -22,45 +18,22 @@ use std::time::Duration;
 use axum::body::{Body, Bytes, HttpBody};
 use axum::http::{HeaderValue, header};
 use axum::response::Response;
-use bytes::{BufMut, BytesMut};
 use http_body::Frame;
-use serde::Serialize;
 use tokio::time::{Instant, Sleep};
 
-use super::error::ApiError;
-use super::output::Finished;
 use super::run::{ActiveRun, Step};
-use crate::domain::StructuredOutput;
+use super::translators::frame::{EventWriter, SseFrame};
 use crate::hops;
 
 /// How long a stream may stay silent before a comment line keeps idle-timeout proxies from
 /// closing it.
 pub(super) const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(15);
 
-/// The keep-alive comment.
-pub(super) const KEEP_ALIVE_COMMENT: &[u8] = b":\n\n";
-
 /// A frame stops taking ready events at this size; the rest go in the next one.
 const MAX_FRAME_BYTES: usize = 64 * 1024;
 
 /// The first buffer's size: a typical short completion fits in one.
 const FIRST_FRAME_CAPACITY: usize = 4 * 1024;
-
-/// Renders one API's stream: the opening events, one or more events per run output, and the
-/// closing events of a run's end, each appended to the frame being filled.
-pub(super) trait EventWriter: Send + Unpin + 'static {
-    /// The events that open the stream (written before the first output).
-    fn open(&mut self, frame: &mut SseFrame);
-    /// The events of one piece of output: its text and its structured parts.
-    fn output(&mut self, text: &str, structured: Option<&StructuredOutput>, frame: &mut SseFrame);
-    /// The events that end the stream: after success, or the API's error event.
-    fn close(&mut self, end: Result<Finished, ApiError>, frame: &mut SseFrame);
-    /// What is sent when the stream has been silent for a while (an SSE comment unless the
-    /// API has an event for it).
-    fn keep_alive(&self) -> Bytes {
-        Bytes::from_static(KEEP_ALIVE_COMMENT)
-    }
-}
 
 /// Answers with an SSE stream, given its first step (output or a successful end) when it
 /// has already been read.
@@ -203,144 +176,18 @@ impl<W: EventWriter> SseBody<W> {
     }
 }
 
-/// The id of one SSE event of a resumable stream: the position of the run's event it was
-/// rendered from, and its place among the SSE events that one made. Written `P` for the
-/// first of them and `P.K` for the next; a resume continues after it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub(super) struct EventId {
-    position: u64,
-    part: u32,
-}
-
-impl EventId {
-    /// Reads an id as [`fmt::Display`] writes it; `None` when it is not one.
-    pub fn parse(text: &str) -> Option<Self> {
-        let (position, part) = match text.trim().split_once('.') {
-            Some((position, part)) => (position, part.parse().ok()?),
-            None => (text.trim(), 0),
-        };
-        Some(Self {
-            position: position.parse().ok()?,
-            part,
-        })
-    }
-}
-
-impl fmt::Display for EventId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.part {
-            0 => write!(f, "{}", self.position),
-            part => write!(f, "{}.{part}", self.position),
-        }
-    }
-}
-
-/// SSE events being written into one body frame, each with its [`EventId`] when the
-/// stream has them.
-#[derive(Debug, Default)]
-pub(super) struct SseFrame {
-    buf: BytesMut,
-    /// The next event's id; `None` when the events carry none.
-    next: Option<EventId>,
-    /// A resumed stream's caller has every event up to this one: they are rendered (the
-    /// writers keep state across events) but not written.
-    skip_through: Option<EventId>,
-}
-
-impl SseFrame {
-    /// An empty frame whose events carry no ids.
-    pub fn with_capacity(capacity: usize) -> Self {
-        Self {
-            buf: BytesMut::with_capacity(capacity),
-            ..Self::default()
-        }
-    }
-
-    /// An empty frame of a resumed stream: the events up to `skip_through` are left out.
-    pub fn resumed(skip_through: Option<EventId>) -> Self {
-        Self {
-            skip_through,
-            ..Self::default()
-        }
-    }
-
-    /// The events written from now on come from the run's event at `position`.
-    pub fn group(&mut self, position: u64) {
-        self.next = Some(EventId { position, part: 0 });
-    }
-
-    /// Whether nothing is written.
-    pub fn is_empty(&self) -> bool {
-        self.buf.is_empty()
-    }
-
-    fn len(&self) -> usize {
-        self.buf.len()
-    }
-
-    /// What is written, taken out of the frame.
-    pub fn split(&mut self) -> Bytes {
-        self.buf.split().freeze()
-    }
-
-    /// Appends one event: its id line, then what `write` writes (its `event`/`data`
-    /// lines); leaves it out again when the resumed stream's caller has it.
-    fn event(&mut self, write: impl FnOnce(&mut BytesMut)) {
-        let start = self.buf.len();
-        let id = self.next;
-        if let Some(id) = id {
-            // Formatting into a `BytesMut` cannot fail, and allocates nothing new.
-            let _ = writeln!(self.buf, "id: {id}");
-            self.next = Some(EventId {
-                part: id.part + 1,
-                ..id
-            });
-        }
-        write(&mut self.buf);
-        if id.is_some() && id <= self.skip_through {
-            self.buf.truncate(start);
-        }
-    }
-}
-
-/// Appends one unnamed SSE event whose data `write_data` writes (JSON, or `[DONE]`: never
-/// a line break).
-pub(super) fn push_event(frame: &mut SseFrame, write_data: impl FnOnce(&mut BytesMut)) {
-    frame.event(|buf| {
-        buf.put_slice(b"data: ");
-        write_data(buf);
-        buf.put_slice(b"\n\n");
-    });
-}
-
-/// Appends one SSE event named `name` whose data is `data` as JSON.
-pub(super) fn push_named_event(frame: &mut SseFrame, name: &str, data: &impl Serialize) {
-    frame.event(|buf| {
-        buf.put_slice(b"event: ");
-        buf.put_slice(name.as_bytes());
-        buf.put_slice(b"\ndata: ");
-        write_json(buf, data);
-        buf.put_slice(b"\n\n");
-    });
-}
-
-/// Writes `value` as JSON (serde_json escapes line breaks inside strings, so it is one line).
-pub(super) fn write_json(frame: &mut BytesMut, value: &impl Serialize) {
-    // Writing JSON into a `BytesMut` cannot fail.
-    let _ = serde_json::to_writer(frame.writer(), value);
-}
-
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
 
+    use bytes::BufMut as _;
     use futures::FutureExt;
     use tokio::sync::mpsc;
 
-    use super::super::openai::chunks::ChunkWriter;
-    use super::super::openai::reply::Reply;
-    use super::super::request::Endpoint;
     use super::*;
+    use crate::adapters::api::translators::frame::{EventId, push_event};
+    use crate::adapters::api::translators::openai::chunks::ChunkWriter;
+    use crate::adapters::api::translators::openai::{Endpoint, Reply};
     use crate::adapters::event_format::tests::{completed, output};
     use crate::domain::routing::WaitCause;
     use crate::domain::{RunEvent, RunId};
@@ -360,7 +207,7 @@ mod tests {
             placed: Placed::Waiting(WaitCause::AllBusy),
         };
         let mut run = ActiveRun::new(Arc::new(runs), handle, 1);
-        let reply = Reply::new(Endpoint::Chat, run.id(), "echo/m1".to_owned(), false);
+        let reply = Reply::new(Endpoint::Chat, run.id(), "echo/m1".to_owned(), 0, false);
         events.send(output("first")).await.unwrap();
         let first = run.next().await;
         (
@@ -381,19 +228,6 @@ mod tests {
 
     fn events_in(frame: &str) -> Vec<&str> {
         frame.split_terminator("\n\n").collect()
-    }
-
-    #[test]
-    fn event_ids_read_back_as_written_and_order_by_position_then_part() {
-        for text in ["0", "7", "7.1", "12.3"] {
-            assert_eq!(EventId::parse(text).unwrap().to_string(), text);
-        }
-        assert_eq!(EventId::parse(" 7.0 ").unwrap().to_string(), "7");
-        for bad in ["", "x", "7.", ".1", "-1", "7.1.2"] {
-            assert_eq!(EventId::parse(bad), None, "{bad:?}");
-        }
-        assert!(EventId::parse("7.2") < EventId::parse("8"));
-        assert!(EventId::parse("7") < EventId::parse("7.1"));
     }
 
     #[test]

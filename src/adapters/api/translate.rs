@@ -12,16 +12,19 @@ use axum::response::{IntoResponse as _, Response};
 use bytes::Bytes;
 use serde_json::Value;
 
+use super::ApiError;
 use super::auth::Caller;
-use super::error::ApiError;
-use super::output::{Collected, Finished};
-use super::protocol::{ApiEvent, ChatTranslation, StreamTranslator};
 use super::request::{deadline, read_body, run_spec};
 use super::response::ErrorShape;
 use super::routing::{ClientKeys, max_output, prefix_of_value, run_routing};
 use super::run::{self, ActiveRun, Step};
-use super::sse::{self, EventWriter, SseFrame, push_named_event};
+use super::sse;
+use super::translators::output::{Collected, Finished};
+use super::translators::{ApiEvent, ChatTranslation, StreamTranslator};
 use crate::adapters::api::ApiState;
+use crate::adapters::api::translators::frame::{
+    EventWriter, KEEP_ALIVE_COMMENT, SseFrame, push_named_event,
+};
 use crate::domain::{Operation, RunId, RunSpec, StructuredOutput};
 
 /// One API served as a chat run: how its requests translate, where its client keys are,
@@ -170,7 +173,7 @@ impl<T: StreamTranslator> EventWriter for NamedEvents<T> {
                 push_named_event(&mut frame, event.name, &event.data);
                 frame.split()
             }
-            None => bytes::Bytes::from_static(super::sse::KEEP_ALIVE_COMMENT),
+            None => bytes::Bytes::from_static(KEEP_ALIVE_COMMENT),
         }
     }
 }

@@ -13,13 +13,13 @@ use axum::response::{IntoResponse as _, Response};
 use bytes::Bytes;
 use serde_json::{Value, json};
 
-use super::super::auth::Caller;
-use super::super::error::ApiError;
-use super::super::run;
-use super::super::translate::chat_run;
-use super::request::{self, MessagesRequest};
 use super::{MESSAGES, error_response};
+use crate::adapters::api::ApiError;
 use crate::adapters::api::ApiState;
+use crate::adapters::api::auth::Caller;
+use crate::adapters::api::run;
+use crate::adapters::api::translate::chat_run;
+use crate::adapters::api::translators::anthropic::request::{self, MessagesRequest};
 use crate::domain::Operation;
 
 /// Where Anthropic serves it.
@@ -64,7 +64,7 @@ fn counted(body: &Value) -> Result<MessagesRequest, ApiError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::adapters::api::protocol::ChatTranslation as _;
+    use crate::adapters::api::translators::ChatTranslation as _;
 
     #[test]
     fn a_count_request_translates_as_messages_would() {

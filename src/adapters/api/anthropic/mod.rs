@@ -6,25 +6,20 @@
 //! This module is the HTTP plumbing; the translators and Anthropic's shapes are pure.
 
 pub(super) mod count_tokens;
-mod message;
-mod request;
-mod stream;
-#[cfg(test)]
-mod tests;
 
 use axum::Json;
 use axum::response::{IntoResponse, Response};
-use serde::Deserialize;
 use serde_json::Value;
 
-use super::error::ApiError;
+use super::ApiError;
 use super::response::ErrorShape;
 use super::routing::ClientKeys;
 use super::translate::{ChatApi, NamedEvents};
+use crate::adapters::api::translators::anthropic::message::{error_body, message};
+use crate::adapters::api::translators::anthropic::request::{self, MessagesRequest};
+use crate::adapters::api::translators::anthropic::stream::MessagesStream;
+use crate::adapters::api::translators::anthropic::{message_id, session_in_user_id};
 use crate::domain::RunId;
-use message::{error_body, message};
-use request::MessagesRequest;
-use stream::MessagesStream;
 
 /// Messages as a chat run: `metadata.user_id` is the client's user key, and the session
 /// Claude Code writes inside it (as JSON) its session key.
@@ -49,22 +44,6 @@ pub(super) const MESSAGES: ChatApi<MessagesRequest, MessagesStream> = ChatApi {
     accepted: None,
 };
 
-/// The `session_id` of a `metadata.user_id` that is itself JSON, as Claude Code sends it
-/// (`{"device_id": …, "session_id": …}`); `None` for a plain user id.
-fn session_in_user_id(user_id: &str) -> Option<String> {
-    #[derive(Deserialize)]
-    struct UserId {
-        session_id: String,
-    }
-    if !user_id.starts_with('{') {
-        return None;
-    }
-    serde_json::from_str::<UserId>(user_id)
-        .ok()
-        .map(|id| id.session_id)
-        .filter(|session| !session.is_empty())
-}
-
 /// The writer of a Messages stream answering run `run_id` with `model` (a resumed stream).
 pub(super) fn stream_writer(
     run_id: &RunId,
@@ -72,11 +51,6 @@ pub(super) fn stream_writer(
     thinking: bool,
 ) -> NamedEvents<MessagesStream> {
     NamedEvents(MessagesStream::new(message_id(run_id), model, thinking))
-}
-
-/// The id of the message answering run `run_id`.
-fn message_id(run_id: &RunId) -> String {
-    format!("msg_{run_id}")
 }
 
 /// The error as an Anthropic-shaped response, with its status and `Retry-After`.

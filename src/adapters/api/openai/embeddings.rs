@@ -13,16 +13,16 @@ use bytes::Bytes;
 use serde::Serialize;
 use serde_json::Value;
 
-use super::super::auth::Caller;
-use super::super::error::ApiError;
-use super::super::output::Collected;
-use super::super::output::Finished;
-use super::super::request::{
+use crate::adapters::api::ApiError;
+use crate::adapters::api::ApiState;
+use crate::adapters::api::auth::Caller;
+use crate::adapters::api::request::{
     Fields, deadline, encode_object, field_value, parse_object, read_body, run_spec, take_model,
 };
-use super::super::routing::{ClientKeys, run_routing};
-use super::super::run;
-use crate::adapters::api::ApiState;
+use crate::adapters::api::routing::{ClientKeys, run_routing};
+use crate::adapters::api::run;
+use crate::adapters::api::translators::output::Collected;
+use crate::adapters::api::translators::output::Finished;
 use crate::domain::{Embedding, FailureClass, Operation, RunRouting};
 
 /// How the vectors are rendered.

@@ -8,19 +8,15 @@ use axum::extract::rejection::BytesRejection;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
-use serde_json::Value;
 
-use super::super::auth::Caller;
-use super::super::output::Finished;
-use super::super::output::{Collected, usage_json};
-use super::super::request::{self, ApiRequest, Endpoint};
-use super::super::resume::ClientStream;
-use super::super::run::{self, Step};
-use super::super::sse;
-use super::chunks::ChunkWriter;
-use super::{chat, completions};
 use crate::adapters::api::ApiState;
-use crate::domain::RunId;
+use crate::adapters::api::auth::Caller;
+use crate::adapters::api::request::{self, ApiRequest};
+use crate::adapters::api::run::{self, Step};
+use crate::adapters::api::sse;
+use crate::adapters::api::translators::ClientStream;
+use crate::adapters::api::translators::openai::chunks::ChunkWriter;
+use crate::adapters::api::translators::openai::{Endpoint, Reply};
 
 /// Serves a chat or completion request: checks it, starts its run, and answers with JSON
 /// or, for `stream: true`, with SSE.
@@ -52,8 +48,7 @@ pub(in crate::adapters::api) async fn respond(
         Ok(run) => run,
         Err(error) => return error.into_response(),
     };
-    let mut reply = Reply::new(endpoint, run.id(), model, include_usage);
-    reply.created = created;
+    let reply = Reply::new(endpoint, run.id(), model, created, include_usage);
     let (response, headers) = if stream {
         let first = run.next().await;
         let headers = run.headers();
@@ -70,58 +65,6 @@ pub(in crate::adapters::api) async fn respond(
         (response, run.headers())
     };
     run::with_headers(response, &headers)
-}
-
-/// What every part of one answer shares.
-#[derive(Debug, Clone)]
-pub(in crate::adapters::api) struct Reply {
-    /// Which endpoint's shape.
-    pub endpoint: Endpoint,
-    /// The answer's id (`chatcmpl-<run id>`, `cmpl-<run id>`).
-    pub id: String,
-    /// Unix seconds.
-    pub created: u64,
-    /// The model as the client named it.
-    pub model: String,
-    /// Whether chunks carry `usage` and a usage chunk closes the stream.
-    pub include_usage: bool,
-}
-
-impl Reply {
-    /// The envelope of the answer to run `run_id`.
-    pub fn new(endpoint: Endpoint, run_id: &RunId, model: String, include_usage: bool) -> Self {
-        let prefix = match endpoint {
-            Endpoint::Chat => "chatcmpl",
-            Endpoint::Completion => "cmpl",
-        };
-        Self {
-            endpoint,
-            id: format!("{prefix}-{run_id}"),
-            created: unix_now(),
-            model,
-            include_usage,
-        }
-    }
-
-    /// The non-streaming answer.
-    pub fn full(&self, collected: &Collected, finished: &Finished) -> Value {
-        let mut body = match self.endpoint {
-            Endpoint::Chat => chat::full(self, collected, &finished.finish_reason),
-            Endpoint::Completion => completions::full(self, collected, &finished.finish_reason),
-        };
-        if let Some(usage) = finished.usage {
-            body["usage"] = usage_json(usage);
-        }
-        body
-    }
-
-    /// The `object` of a chunk.
-    pub fn chunk_object(&self) -> &'static str {
-        match self.endpoint {
-            Endpoint::Chat => "chat.completion.chunk",
-            Endpoint::Completion => "text_completion",
-        }
-    }
 }
 
 /// Now, in Unix seconds.

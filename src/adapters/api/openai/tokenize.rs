@@ -16,14 +16,14 @@ use axum::response::{IntoResponse as _, Response};
 use bytes::Bytes;
 use serde_json::{Value, json};
 
-use super::super::auth::Caller;
-use super::super::error::ApiError;
-use super::super::request::{
+use crate::adapters::api::ApiError;
+use crate::adapters::api::ApiState;
+use crate::adapters::api::auth::Caller;
+use crate::adapters::api::request::{
     Fields, deadline, encode_object, field_value, parse_object, read_body, run_spec, take_model,
 };
-use super::super::routing::{ClientKeys, run_routing};
-use super::super::run;
-use crate::adapters::api::ApiState;
+use crate::adapters::api::routing::{ClientKeys, run_routing};
+use crate::adapters::api::run;
 use crate::domain::Operation;
 
 /// `POST /tokenize`.

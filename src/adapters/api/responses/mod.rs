@@ -10,28 +10,24 @@
 //!
 //! This module is the HTTP plumbing; the translators are pure.
 
-mod items;
-mod replay;
-mod request;
 mod stored;
-mod stream;
-#[cfg(test)]
-mod tests;
 
 use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 
-use super::error::ApiError;
+use super::ApiError;
 use super::openai::reply::unix_now;
 use super::response::ErrorShape;
 use super::routing::ClientKeys;
 use super::translate::ChatApi;
+use crate::adapters::api::translators::responses::items::{
+    ItemState, Outcome, ResponseBase, collected_items, response_json,
+};
+pub(super) use crate::adapters::api::translators::responses::replay::{Replayed, replayed};
+use crate::adapters::api::translators::responses::request::{self, ResponsesRequest};
+use crate::adapters::api::translators::responses::stream::ResponsesStream;
 use crate::domain::RunId;
-use items::{ItemState, Outcome, ResponseBase, collected_items, response_json};
-pub(super) use replay::{Replayed, replayed};
-use request::ResponsesRequest;
 pub(super) use stored::{cancel, retrieve};
-use stream::ResponsesStream;
 
 /// The prefix of a background response's id; the run's id follows it.
 const BACKGROUND_ID_PREFIX: &str = "resp_bg_";

@@ -17,19 +17,20 @@ use axum::response::{IntoResponse as _, Response};
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::super::auth::Caller;
-use super::super::error::ApiError;
-use super::super::follow::{EVENTS_STOPPED, Followed, RunFollower};
-use super::super::models::ModelRoute;
-use super::super::protocol::{ApiEvent, StreamTranslator};
-use super::super::response::ErrorShape;
-use super::super::sse::{SseFrame, event_stream};
-use super::super::translate::write_all;
-use super::items::ResponseBase;
-use super::replay::{Replayed, replayed};
-use super::stream::ResponsesStream;
 use super::{BACKGROUND_ID_PREFIX, response_id};
+use crate::adapters::api::ApiError;
 use crate::adapters::api::ApiState;
+use crate::adapters::api::auth::Caller;
+use crate::adapters::api::follow::{EVENTS_STOPPED, Followed, RunFollower};
+use crate::adapters::api::models::ModelRoute;
+use crate::adapters::api::response::ErrorShape;
+use crate::adapters::api::sse::event_stream;
+use crate::adapters::api::translate::write_all;
+use crate::adapters::api::translators::frame::SseFrame;
+use crate::adapters::api::translators::responses::items::ResponseBase;
+use crate::adapters::api::translators::responses::replay::{Replayed, replayed};
+use crate::adapters::api::translators::responses::stream::ResponsesStream;
+use crate::adapters::api::translators::{ApiEvent, StreamTranslator};
 use crate::adapters::event_format::feed_json;
 use crate::domain::{RunId, RunRecord};
 use crate::ports::{FeedStream, ManageError};
@@ -202,7 +203,10 @@ impl Replay {
         self.keep(events)
     }
 
-    fn close(&mut self, end: Result<&super::super::output::Finished, &ApiError>) -> Vec<ApiEvent> {
+    fn close(
+        &mut self,
+        end: Result<&crate::adapters::api::translators::output::Finished, &ApiError>,
+    ) -> Vec<ApiEvent> {
         let events = self.stream.close(end);
         self.end = events.last().cloned();
         events

@@ -1,12 +1,12 @@
-//! Errors in OpenAI's shape, `{"error":{"message","type","param","code"}}`, with the status
-//! (and `Retry-After`) that fits, so the official clients raise the exception they document.
+//! The error the APIs answer with: OpenAI's fields (`{"error":{"message","type","param",
+//! "code"}}`), its [`ErrorKind`] and the `Retry-After` that fits, so the official clients
+//! raise the exception they document.
 //!
 //! Used for a response before streaming starts and, once an SSE stream has begun, as its
-//! last chunk. Messages name what the client sent, never an API key. The error is data (a
-//! status and OpenAI's fields), so the pure translators can return it; rendering it as an
-//! HTTP response is `response.rs`.
+//! last chunk. Messages name what the client sent, never an API key. The error is data,
+//! with no HTTP status: the kind says what went wrong, and the handlers choose the status
+//! for it (`api/response.rs`), Anthropic's shape its error type.
 
-use axum::http::StatusCode;
 use serde::Serialize;
 
 use crate::domain::routing::LimitRefusal;
@@ -19,11 +19,67 @@ const SERVER: &str = "server_error";
 /// The code of an operation the pool (or the node's engine) does not support.
 pub const NOT_SUPPORTED: &str = "not_supported";
 
+/// What went wrong, as the APIs tell their callers apart: each kind has one HTTP status
+/// and one Anthropic error type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// The request is malformed or asks for something the API does not accept.
+    InvalidRequest,
+    /// No API key, or a wrong one.
+    Authentication,
+    /// The key may not do this.
+    Permission,
+    /// No such model, response or stream; no such path.
+    NotFound,
+    /// The path does not serve the method.
+    MethodNotAllowed,
+    /// The request conflicts with the target's state.
+    Conflict,
+    /// The body is larger than the API takes.
+    TooLarge,
+    /// The request is well formed but cannot be processed.
+    Unprocessable,
+    /// Over a limit: the caller retries later.
+    RateLimited,
+    /// The request must be made another way (a WebSocket upgrade on an HTTP-only path).
+    UpgradeRequired,
+    /// Something that should not happen.
+    Internal,
+    /// No node serving the model supports the operation.
+    NotSupported,
+    /// The node failed the request, or the run was cancelled by someone else.
+    Upstream,
+    /// Nothing can take the request now: the caller retries later.
+    Unavailable,
+    /// The run's deadline passed.
+    Timeout,
+}
+
+impl ErrorKind {
+    /// The kind a node's HTTP-style status stands for (a node judging a request bad reports
+    /// its engine's status); a status the APIs have no kind for is an invalid request.
+    fn of_node_status(status: Option<u16>) -> Self {
+        match status {
+            Some(401) => Self::Authentication,
+            Some(403) => Self::Permission,
+            Some(404) => Self::NotFound,
+            Some(405) => Self::MethodNotAllowed,
+            Some(409) => Self::Conflict,
+            Some(413) => Self::TooLarge,
+            Some(422) => Self::Unprocessable,
+            Some(429) => Self::RateLimited,
+            Some(501) => Self::NotSupported,
+            _ => Self::InvalidRequest,
+        }
+    }
+}
+
 /// An error the API answers with.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ApiError {
-    status: StatusCode,
-    kind: &'static str,
+    kind: ErrorKind,
+    /// OpenAI's `type`.
+    openai_type: &'static str,
     message: String,
     param: Option<&'static str>,
     code: Option<String>,
@@ -31,12 +87,12 @@ pub struct ApiError {
 }
 
 #[derive(Serialize)]
-pub(super) struct Body<'a> {
+pub(in crate::adapters::api) struct Body<'a> {
     error: Detail<'a>,
 }
 
 #[derive(Serialize)]
-pub(super) struct Detail<'a> {
+pub(in crate::adapters::api) struct Detail<'a> {
     message: &'a str,
     #[serde(rename = "type")]
     kind: &'a str,
@@ -45,10 +101,10 @@ pub(super) struct Detail<'a> {
 }
 
 impl ApiError {
-    fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> Self {
+    fn new(kind: ErrorKind, openai_type: &'static str, message: impl Into<String>) -> Self {
         Self {
-            status,
             kind,
+            openai_type,
             message: message.into(),
             param: None,
             code: None,
@@ -71,9 +127,9 @@ impl ApiError {
         self
     }
 
-    /// The HTTP status.
-    pub fn status(&self) -> StatusCode {
-        self.status
+    /// What went wrong.
+    pub fn kind(&self) -> ErrorKind {
+        self.kind
     }
 
     /// The machine-readable code, if any.
@@ -97,16 +153,16 @@ impl ApiError {
         code: &str,
         message: impl Into<String>,
     ) -> Self {
-        let mut error = Self::new(StatusCode::BAD_REQUEST, INVALID_REQUEST, message).code(code);
+        let mut error = Self::new(ErrorKind::InvalidRequest, INVALID_REQUEST, message).code(code);
         error.param = param;
         error
     }
 
-    pub(super) fn body(&self) -> Body<'_> {
+    pub(in crate::adapters::api) fn body(&self) -> Body<'_> {
         Body {
             error: Detail {
                 message: &self.message,
-                kind: self.kind,
+                kind: self.openai_type,
                 param: self.param,
                 code: self.code.as_deref(),
             },
@@ -123,7 +179,7 @@ impl ApiError {
     /// 400: the body is not JSON (or not an object).
     pub fn malformed_json(detail: &str) -> Self {
         Self::new(
-            StatusCode::BAD_REQUEST,
+            ErrorKind::InvalidRequest,
             INVALID_REQUEST,
             format!("We could not parse the JSON body of your request: {detail}"),
         )
@@ -132,7 +188,7 @@ impl ApiError {
     /// 400: a required field is missing.
     pub fn missing(param: &'static str) -> Self {
         Self::new(
-            StatusCode::BAD_REQUEST,
+            ErrorKind::InvalidRequest,
             INVALID_REQUEST,
             format!("Missing required parameter: '{param}'."),
         )
@@ -142,14 +198,14 @@ impl ApiError {
 
     /// 400: a field has a value the API does not accept.
     pub fn invalid(param: &'static str, message: impl Into<String>) -> Self {
-        Self::new(StatusCode::BAD_REQUEST, INVALID_REQUEST, message)
+        Self::new(ErrorKind::InvalidRequest, INVALID_REQUEST, message)
             .param(param)
             .code("invalid_value")
     }
 
     /// 400: a header has a value the API does not accept.
     pub fn invalid_header(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::BAD_REQUEST, INVALID_REQUEST, message).code("invalid_header")
+        Self::new(ErrorKind::InvalidRequest, INVALID_REQUEST, message).code("invalid_header")
     }
 
     /// 401: no API key, or a wrong one.
@@ -159,14 +215,14 @@ impl ApiError {
         } else {
             "Incorrect API key provided."
         };
-        Self::new(StatusCode::UNAUTHORIZED, INVALID_REQUEST, message).code("invalid_api_key")
+        Self::new(ErrorKind::Authentication, INVALID_REQUEST, message).code("invalid_api_key")
     }
 
     /// 404: the model is not an alias, not `ADAPTER/TARGET`, or no node is configured to
     /// serve it (a configured model whose nodes are away is not unknown: its runs wait).
     pub fn model_not_found(model: &str) -> Self {
         Self::new(
-            StatusCode::NOT_FOUND,
+            ErrorKind::NotFound,
             INVALID_REQUEST,
             format!("The model `{model}` does not exist: no node is configured to serve it."),
         )
@@ -177,7 +233,7 @@ impl ApiError {
     /// 404: no background response has this id (or it belongs to another API key).
     pub fn response_not_found(id: &str) -> Self {
         Self::new(
-            StatusCode::NOT_FOUND,
+            ErrorKind::NotFound,
             INVALID_REQUEST,
             format!("No response found with id '{id}'."),
         )
@@ -188,7 +244,7 @@ impl ApiError {
     /// another API key).
     pub fn stream_not_found(run_id: &str) -> Self {
         Self::new(
-            StatusCode::NOT_FOUND,
+            ErrorKind::NotFound,
             INVALID_REQUEST,
             format!("No resumable stream found for run '{run_id}'."),
         )
@@ -198,7 +254,7 @@ impl ApiError {
     /// 404 for a path the API does not have.
     pub fn unknown_url(method: &str, path: &str) -> Self {
         Self::new(
-            StatusCode::NOT_FOUND,
+            ErrorKind::NotFound,
             INVALID_REQUEST,
             format!("Unknown request URL: {method} {path}."),
         )
@@ -208,7 +264,7 @@ impl ApiError {
     /// 405 for a method a path does not serve.
     pub fn method_not_allowed(method: &str, path: &str, allowed: &str) -> Self {
         Self::new(
-            StatusCode::METHOD_NOT_ALLOWED,
+            ErrorKind::MethodNotAllowed,
             INVALID_REQUEST,
             format!("{method} is not allowed on {path}: use {allowed}."),
         )
@@ -219,7 +275,7 @@ impl ApiError {
     /// HTTP at once on this status (any other has it retry first).
     pub fn websocket_not_supported(path: &str) -> Self {
         Self::new(
-            StatusCode::UPGRADE_REQUIRED,
+            ErrorKind::UpgradeRequired,
             INVALID_REQUEST,
             format!("WebSockets are not served on {path}: send the request over HTTP."),
         )
@@ -229,7 +285,7 @@ impl ApiError {
     /// 413: the body exceeds `api.max_body_bytes`.
     pub fn body_too_large(limit: usize) -> Self {
         Self::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
+            ErrorKind::TooLarge,
             INVALID_REQUEST,
             format!("The request body is larger than the limit of {limit} bytes."),
         )
@@ -238,7 +294,7 @@ impl ApiError {
 
     /// 500: something that should not happen.
     pub fn internal(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::INTERNAL_SERVER_ERROR, SERVER, message).code("internal_error")
+        Self::new(ErrorKind::Internal, SERVER, message).code("internal_error")
     }
 
     /// Why the run service did not accept a run for `model`.
@@ -246,7 +302,7 @@ impl ApiError {
         match error {
             StartError::NoNode(_) => Self::model_not_found(model),
             StartError::QueueFull { capacity, cause } => Self::new(
-                StatusCode::TOO_MANY_REQUESTS,
+                ErrorKind::RateLimited,
                 RATE_LIMIT,
                 format!(
                     "No node can take `{model}` now ({}) and the wait queue is full ({capacity} waiting). Retry later.",
@@ -258,7 +314,7 @@ impl ApiError {
             StartError::Limited(refusal) => Self::limited(refusal),
             StartError::NotSupported { operation } => Self::not_supported(model, *operation),
             StartError::ShuttingDown => {
-                Self::new(StatusCode::SERVICE_UNAVAILABLE, SERVER, "The edge is shutting down. Retry later.")
+                Self::new(ErrorKind::Unavailable, SERVER, "The edge is shutting down. Retry later.")
                     .code(EdgeFailure::EdgeShutdown.code())
                     .retry_after(retry_after_secs)
             }
@@ -268,7 +324,7 @@ impl ApiError {
     /// 501 `not_supported`: no connected node serving `model` can do `operation`.
     pub fn not_supported(model: &str, operation: Operation) -> Self {
         Self::new(
-            StatusCode::NOT_IMPLEMENTED,
+            ErrorKind::NotSupported,
             INVALID_REQUEST,
             format!(
                 "No node serving `{model}` supports the {} operation (none declared it).",
@@ -286,7 +342,7 @@ impl ApiError {
             LimitRefusal::Budget { .. } => "token_budget_exceeded",
         };
         Self::new(
-            StatusCode::TOO_MANY_REQUESTS,
+            ErrorKind::RateLimited,
             RATE_LIMIT,
             format!("Refused by your API key's limits: {refusal}. Retry later."),
         )
@@ -306,13 +362,13 @@ impl ApiError {
         match class {
             FailureClass::Request => Self::bad_run_request(code, message, status, retry_after_secs),
             FailureClass::Node => Self::new(
-                StatusCode::BAD_GATEWAY,
+                ErrorKind::Upstream,
                 SERVER,
                 format!("The node failed the request: {message}"),
             )
             .code(code),
             FailureClass::Refused => Self::new(
-                StatusCode::SERVICE_UNAVAILABLE,
+                ErrorKind::Unavailable,
                 SERVER,
                 format!("No node could take the request: {message}. Retry later."),
             )
@@ -322,21 +378,19 @@ impl ApiError {
         }
     }
 
-    /// A run its node judged a bad request: the node's 4xx (or 501) status, code and message.
+    /// A run its node judged a bad request: the kind of the node's 4xx (or 501) status, its
+    /// code and message.
     fn bad_run_request(code: &str, message: &str, status: Option<u16>, retry_after: u64) -> Self {
-        let status = status
-            .and_then(|status| StatusCode::from_u16(status).ok())
-            .filter(|status| status.is_client_error() || *status == StatusCode::NOT_IMPLEMENTED)
-            .unwrap_or(StatusCode::BAD_REQUEST);
-        let kind = match status.as_u16() {
-            401 => "authentication_error",
-            403 => "permission_error",
-            429 => RATE_LIMIT,
+        let kind = ErrorKind::of_node_status(status);
+        let openai_type = match kind {
+            ErrorKind::Authentication => "authentication_error",
+            ErrorKind::Permission => "permission_error",
+            ErrorKind::RateLimited => RATE_LIMIT,
             _ => INVALID_REQUEST,
         };
         let message = if message.is_empty() { code } else { message };
-        let error = Self::new(status, kind, message).code(code);
-        if status == StatusCode::TOO_MANY_REQUESTS {
+        let error = Self::new(kind, openai_type, message).code(code);
+        if kind == ErrorKind::RateLimited {
             error.retry_after(retry_after)
         } else {
             error
@@ -354,17 +408,17 @@ impl ApiError {
         ];
         if unavailable.into_iter().any(edge) {
             Self::new(
-                StatusCode::SERVICE_UNAVAILABLE,
+                ErrorKind::Unavailable,
                 SERVER,
                 format!("{message}. Retry later."),
             )
             .code(code)
             .retry_after(retry_after_secs)
         } else if edge(EdgeFailure::DeadlineExceeded) {
-            Self::new(StatusCode::GATEWAY_TIMEOUT, SERVER, message).code(code)
+            Self::new(ErrorKind::Timeout, SERVER, message).code(code)
         } else {
             Self::new(
-                StatusCode::BAD_GATEWAY,
+                ErrorKind::Upstream,
                 SERVER,
                 format!("The node failed the request: {message}"),
             )
@@ -375,7 +429,7 @@ impl ApiError {
     /// 503: the edge is serving `[http] max_concurrent_requests` API requests already.
     pub fn overloaded(retry_after_secs: u64) -> Self {
         Self::new(
-            StatusCode::SERVICE_UNAVAILABLE,
+            ErrorKind::Unavailable,
             SERVER,
             "The edge is serving as many requests as it allows at once. Retry later.",
         )
@@ -386,7 +440,7 @@ impl ApiError {
     /// A run cancelled by someone other than the client (an operator, the edge).
     pub fn run_cancelled(reason: &str) -> Self {
         Self::new(
-            StatusCode::BAD_GATEWAY,
+            ErrorKind::Upstream,
             SERVER,
             format!("The run was cancelled: {reason}"),
         )
@@ -417,16 +471,16 @@ mod tests {
     }
 
     #[test]
-    fn failures_map_to_statuses() {
+    fn failures_map_to_kinds() {
         let unclassified = FailureClass::Unspecified;
-        let status = |code| ApiError::run_failed(code, "m", unclassified, None, 1).status();
-        assert_eq!(status("queue_timeout"), StatusCode::SERVICE_UNAVAILABLE);
-        assert_eq!(status("edge_shutdown"), StatusCode::SERVICE_UNAVAILABLE);
-        assert_eq!(status("no_node_available"), StatusCode::SERVICE_UNAVAILABLE);
-        assert_eq!(status("queue_full"), StatusCode::SERVICE_UNAVAILABLE);
-        assert_eq!(status("deadline_exceeded"), StatusCode::GATEWAY_TIMEOUT);
-        assert_eq!(status("node_disconnected"), StatusCode::BAD_GATEWAY);
-        assert_eq!(status("cuda_oom"), StatusCode::BAD_GATEWAY);
+        let kind = |code| ApiError::run_failed(code, "m", unclassified, None, 1).kind();
+        assert_eq!(kind("queue_timeout"), ErrorKind::Unavailable);
+        assert_eq!(kind("edge_shutdown"), ErrorKind::Unavailable);
+        assert_eq!(kind("no_node_available"), ErrorKind::Unavailable);
+        assert_eq!(kind("queue_full"), ErrorKind::Unavailable);
+        assert_eq!(kind("deadline_exceeded"), ErrorKind::Timeout);
+        assert_eq!(kind("node_disconnected"), ErrorKind::Upstream);
+        assert_eq!(kind("cuda_oom"), ErrorKind::Upstream);
         assert_eq!(
             ApiError::run_failed("queue_timeout", "m", unclassified, None, 7).retry_after_secs,
             Some(7)
@@ -434,28 +488,31 @@ mod tests {
     }
 
     #[test]
-    fn failure_classes_choose_the_status() {
+    fn failure_classes_choose_the_kind() {
         let failed = |class, status| ApiError::run_failed("c", "upstream says", class, status, 2);
         let request = failed(FailureClass::Request, Some(413));
-        assert_eq!(request.status(), StatusCode::PAYLOAD_TOO_LARGE);
-        assert_eq!(request.kind, INVALID_REQUEST);
+        assert_eq!(request.kind(), ErrorKind::TooLarge);
+        assert_eq!(request.openai_type, INVALID_REQUEST);
         assert_eq!(request.message(), "upstream says");
         assert_eq!(request.error_code(), Some("c"));
         for status in [None, Some(500), Some(200), Some(99)] {
-            assert_eq!(failed(FailureClass::Request, status).status().as_u16(), 400);
+            assert_eq!(
+                failed(FailureClass::Request, status).kind(),
+                ErrorKind::InvalidRequest
+            );
         }
         let limited = failed(FailureClass::Request, Some(429));
         assert_eq!(
-            (limited.kind, limited.retry_after_secs),
+            (limited.openai_type, limited.retry_after_secs),
             (RATE_LIMIT, Some(2))
         );
         let node = failed(FailureClass::Node, Some(500));
         assert_eq!(
-            (node.status(), node.kind),
-            (StatusCode::BAD_GATEWAY, SERVER)
+            (node.kind(), node.openai_type),
+            (ErrorKind::Upstream, SERVER)
         );
         let refused = failed(FailureClass::Refused, None);
-        assert_eq!(refused.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(refused.kind(), ErrorKind::Unavailable);
         assert_eq!(refused.retry_after_secs(), Some(2));
     }
 }

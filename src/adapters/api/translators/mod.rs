@@ -1,19 +1,34 @@
-//! What the pure translators of the APIs served as chat runs (Anthropic Messages,
-//! Responses) share: the request translation's face ([`ChatTranslation`]), the typed events
-//! they produce ([`ApiEvent`]) and the streaming state machine ([`StreamTranslator`]). No
-//! HTTP here: the translators take JSON and run output and return JSON, the edge's domain
-//! types and [`ApiError`] (the protocol error, plain data); `translate.rs` puts them on the
-//! wire.
+//! The APIs' translators, pure: each API's request → the chat body a run gets, and a run's
+//! output → that API's answer and stream frames (OpenAI chunks, Anthropic Messages events,
+//! Responses events), with the error the APIs answer with ([`ApiError`], plain data: a kind,
+//! never an HTTP status). Nothing here imports axum, tokio or a handler, and nothing reads a
+//! clock or does I/O (the layout test holds it to that): the handlers beside this module put
+//! what it returns on the wire.
+//!
+//! This file holds what the translators of the APIs served as chat runs share: the request
+//! translation's face ([`ChatTranslation`]), the typed events they produce ([`ApiEvent`])
+//! and the streaming state machine ([`StreamTranslator`]).
+
+pub(in crate::adapters::api) mod anthropic;
+#[cfg(test)]
+pub(in crate::adapters::api) mod client_fixtures;
+mod client_stream;
+mod error;
+pub(in crate::adapters::api) mod frame;
+pub(in crate::adapters::api) mod openai;
+pub(in crate::adapters::api) mod output;
+pub(in crate::adapters::api) mod responses;
+
+pub(in crate::adapters::api) use client_stream::ClientStream;
+pub use error::{ApiError, ErrorKind};
 
 use serde_json::Value;
 
-use super::error::ApiError;
-use super::output::Finished;
-use super::resume::ClientStream;
 use crate::domain::StructuredOutput;
+use output::Finished;
 
 /// What a request of another API becomes: a chat-completions body for one model.
-pub(super) trait ChatTranslation {
+pub(in crate::adapters::api) trait ChatTranslation {
     /// The model as the client named it.
     fn model(&self) -> &str;
     /// The chat-completions body (without `model` and `stream`) the run gets as input.
@@ -33,7 +48,7 @@ pub(super) trait ChatTranslation {
 
 /// One event of an API's stream: its SSE event name and its JSON data.
 #[derive(Debug, Clone, PartialEq)]
-pub(super) struct ApiEvent {
+pub(in crate::adapters::api) struct ApiEvent {
     /// The SSE `event:` name (`message_start`, `response.output_text.delta`, ...).
     pub name: &'static str,
     /// The SSE `data:`.
@@ -49,7 +64,9 @@ impl ApiEvent {
 
 /// A per-API streaming state machine: run output in, the API's events out. Pure: no I/O,
 /// no clock.
-pub(super) trait StreamTranslator: Send + Unpin + 'static {
+pub(in crate::adapters::api) trait StreamTranslator:
+    Send + Unpin + 'static
+{
     /// The events that open the stream.
     fn open(&mut self) -> Vec<ApiEvent>;
     /// The events of one piece of output: its text and its structured parts.
@@ -64,7 +81,7 @@ pub(super) trait StreamTranslator: Send + Unpin + 'static {
 
 /// A tool call's arguments as a JSON value: the parsed text, `{}` when empty, or the text
 /// itself as a string when it is not JSON (the model's mistake, passed on rather than lost).
-pub(super) fn arguments_value(arguments: &str) -> Value {
+pub(in crate::adapters::api) fn arguments_value(arguments: &str) -> Value {
     if arguments.trim().is_empty() {
         return Value::Object(serde_json::Map::new());
     }
@@ -73,12 +90,11 @@ pub(super) fn arguments_value(arguments: &str) -> Value {
 
 /// Generators of run-output sequences for the translators' property tests.
 #[cfg(test)]
-pub(super) mod strategies {
+pub(in crate::adapters::api) mod strategies {
     use proptest::prelude::*;
 
-    use super::super::error::ApiError;
-    use super::super::output::Finished;
-    use super::{ApiEvent, StreamTranslator};
+    use super::output::Finished;
+    use super::{ApiError, ApiEvent, StreamTranslator};
     use crate::domain::{StructuredOutput, ToolCallDelta, Usage};
 
     /// One piece of run output, for generating event sequences.

@@ -2,17 +2,16 @@
 //! reason becomes, the usage object, and the error body with the error type a status
 //! becomes. The stream translator (`stream.rs`) and the handler (`mod.rs`) both use them.
 
-use axum::http::StatusCode;
 use serde_json::{Value, json};
 
-use super::super::error::ApiError;
-use super::super::output::{Collected, Finished};
-use super::super::protocol::arguments_value;
+use crate::adapters::api::translators::arguments_value;
+use crate::adapters::api::translators::output::{Collected, Finished};
+use crate::adapters::api::translators::{ApiError, ErrorKind};
 use crate::domain::Usage;
 
 /// The whole answer: a `message` with thinking (when asked for), text and `tool_use`
 /// blocks, the stop reason and usage.
-pub(super) fn message(
+pub(in crate::adapters::api) fn message(
     id: &str,
     model: &str,
     thinking: bool,
@@ -55,7 +54,10 @@ pub(super) fn message(
 /// A chat `finish_reason` as Anthropic's `stop_reason`: `tool_use` whenever the answer
 /// called tools; `length` → `max_tokens`; `content_filter` → `refusal`; a node's own
 /// `stop_sequence` passes; anything else → `end_turn`.
-pub(super) fn stop_reason(finish_reason: &str, called_tools: bool) -> &'static str {
+pub(in crate::adapters::api) fn stop_reason(
+    finish_reason: &str,
+    called_tools: bool,
+) -> &'static str {
     match finish_reason {
         _ if called_tools => "tool_use",
         "tool_calls" | "function_call" => "tool_use",
@@ -69,7 +71,7 @@ pub(super) fn stop_reason(finish_reason: &str, called_tools: bool) -> &'static s
 /// Anthropic's usage object. Anthropic counts the prompt as `input_tokens` (not read from
 /// the cache) plus `cache_read_input_tokens`, so the engine's cached tokens are taken out of
 /// its prompt count: the two add up to the prompt the engine saw.
-pub(super) fn usage_json(usage: Usage) -> Value {
+pub(in crate::adapters::api) fn usage_json(usage: Usage) -> Value {
     let mut body = json!({
         "input_tokens": usage.input_tokens.saturating_sub(usage.cached_input_tokens),
         "output_tokens": usage.output_tokens,
@@ -80,25 +82,30 @@ pub(super) fn usage_json(usage: Usage) -> Value {
     body
 }
 
-/// Anthropic's error type for a status.
-fn error_type(status: StatusCode) -> &'static str {
-    match status.as_u16() {
-        400 | 422 => "invalid_request_error",
-        401 => "authentication_error",
-        403 => "permission_error",
-        404 => "not_found_error",
-        413 => "request_too_large",
-        429 => "rate_limit_error",
-        503 | 529 => "overloaded_error",
-        504 => "timeout_error",
-        _ => "api_error",
+/// Anthropic's error type for a kind of error.
+fn error_type(kind: ErrorKind) -> &'static str {
+    match kind {
+        ErrorKind::InvalidRequest | ErrorKind::Unprocessable => "invalid_request_error",
+        ErrorKind::Authentication => "authentication_error",
+        ErrorKind::Permission => "permission_error",
+        ErrorKind::NotFound => "not_found_error",
+        ErrorKind::TooLarge => "request_too_large",
+        ErrorKind::RateLimited => "rate_limit_error",
+        ErrorKind::Unavailable => "overloaded_error",
+        ErrorKind::Timeout => "timeout_error",
+        ErrorKind::MethodNotAllowed
+        | ErrorKind::Conflict
+        | ErrorKind::UpgradeRequired
+        | ErrorKind::Internal
+        | ErrorKind::NotSupported
+        | ErrorKind::Upstream => "api_error",
     }
 }
 
 /// Anthropic's error body, `{"type":"error","error":{"type":…,"message":…}}`.
-pub(super) fn error_body(error: &ApiError) -> Value {
+pub(in crate::adapters::api) fn error_body(error: &ApiError) -> Value {
     json!({
         "type": "error",
-        "error": { "type": error_type(error.status()), "message": error.message() },
+        "error": { "type": error_type(error.kind()), "message": error.message() },
     })
 }

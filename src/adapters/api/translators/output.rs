@@ -10,7 +10,7 @@ use crate::domain::{Embedding, StructuredOutput, TokenLogprob, ToolCallDelta, Us
 
 /// How a run ended well.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct Finished {
+pub(in crate::adapters::api) struct Finished {
     /// Why generation stopped (`stop`, `length`, `tool_calls`, ...); `stop` when the node
     /// gave none.
     pub finish_reason: String,
@@ -20,7 +20,7 @@ pub(super) struct Finished {
 
 /// Everything a run output, concatenated.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub(super) struct Collected {
+pub(in crate::adapters::api) struct Collected {
     /// The text.
     pub text: String,
     /// The reasoning.
@@ -37,7 +37,7 @@ pub(super) struct Collected {
 
 /// A tool call put together from its pieces.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(super) struct ToolCall {
+pub(in crate::adapters::api) struct ToolCall {
     /// The call's index among the answer's calls.
     pub index: u32,
     /// Its id (the first non-empty one the node sent).
@@ -92,7 +92,7 @@ impl Collected {
 }
 
 /// OpenAI's usage object, with the cache and reasoning details when they are not zero.
-pub(super) fn usage_json(usage: Usage) -> Value {
+pub(in crate::adapters::api) fn usage_json(usage: Usage) -> Value {
     let mut body = json!({
         "prompt_tokens": usage.input_tokens,
         "completion_tokens": usage.output_tokens,
@@ -108,7 +108,7 @@ pub(super) fn usage_json(usage: Usage) -> Value {
 }
 
 /// The whole answer's `message.tool_calls`.
-pub(super) fn tool_calls_json(calls: &[ToolCall]) -> Value {
+pub(in crate::adapters::api) fn tool_calls_json(calls: &[ToolCall]) -> Value {
     calls
         .iter()
         .map(|call| {
@@ -123,7 +123,7 @@ pub(super) fn tool_calls_json(calls: &[ToolCall]) -> Value {
 
 /// A streamed chunk's `delta.tool_calls`: each piece as the node sent it; `id`, `type` and
 /// `name` only on pieces that carry them (a call's first).
-pub(super) fn tool_call_deltas_json(pieces: &[ToolCallDelta]) -> Value {
+pub(in crate::adapters::api) fn tool_call_deltas_json(pieces: &[ToolCallDelta]) -> Value {
     pieces
         .iter()
         .map(|piece| {
@@ -155,7 +155,7 @@ fn token_bytes(token: &str, bytes: &[u8]) -> Value {
 }
 
 /// A chat choice's `logprobs`: `{"content": [...], "refusal": null}`, or null for none.
-pub(super) fn chat_logprobs_json(tokens: &[TokenLogprob]) -> Value {
+pub(in crate::adapters::api) fn chat_logprobs_json(tokens: &[TokenLogprob]) -> Value {
     if tokens.is_empty() {
         return Value::Null;
     }
@@ -187,7 +187,10 @@ pub(super) fn chat_logprobs_json(tokens: &[TokenLogprob]) -> Value {
 /// A completion choice's legacy `logprobs` (`tokens`, `token_logprobs`, `top_logprobs`,
 /// `text_offset`), or null for none. `offset` is the position (in characters) of the first
 /// token in the completion's text; returns it moved past the last one.
-pub(super) fn legacy_logprobs_json(tokens: &[TokenLogprob], offset: &mut usize) -> Value {
+pub(in crate::adapters::api) fn legacy_logprobs_json(
+    tokens: &[TokenLogprob],
+    offset: &mut usize,
+) -> Value {
     if tokens.is_empty() {
         return Value::Null;
     }

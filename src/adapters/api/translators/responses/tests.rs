@@ -5,13 +5,13 @@
 use proptest::prelude::*;
 use serde_json::{Value, json};
 
-use super::super::client_fixtures::client_request;
-use super::super::output::{Collected, Finished, ToolCall};
-use super::super::protocol::ApiEvent;
-use super::super::protocol::strategies::{Piece, end, piece, play};
 use super::items::{ItemState, ResponseBase, collected_items};
 use super::request::translate;
 use super::stream::ResponsesStream;
+use crate::adapters::api::translators::ApiEvent;
+use crate::adapters::api::translators::client_fixtures::client_request;
+use crate::adapters::api::translators::output::{Collected, Finished, ToolCall};
+use crate::adapters::api::translators::strategies::{Piece, end, piece, play};
 
 #[test]
 fn items_and_tools_become_the_chat_body() {

@@ -10,10 +10,10 @@
 
 use serde_json::{Value, json};
 
-use super::super::error::ApiError;
-use super::super::output::Finished;
-use super::super::protocol::{ApiEvent, StreamTranslator};
 use super::message::{error_body, stop_reason, usage_json};
+use crate::adapters::api::translators::ApiError;
+use crate::adapters::api::translators::output::Finished;
+use crate::adapters::api::translators::{ApiEvent, StreamTranslator};
 use crate::domain::{StructuredOutput, ToolCallDelta};
 
 /// The kind of the block that is open for deltas (besides tool blocks).

@@ -7,8 +7,8 @@
 
 use serde_json::Value;
 
-use super::super::error::ApiError;
-use super::super::output::Finished;
+use crate::adapters::api::translators::ApiError;
+use crate::adapters::api::translators::output::Finished;
 use crate::domain::{FailureClass, StructuredOutput, ToolCallDelta, Usage};
 
 /// What one event of the run means to the translator.
@@ -105,10 +105,10 @@ mod tests {
     use bytes::Bytes;
     use serde_json::Value;
 
-    use super::super::super::protocol::StreamTranslator;
-    use super::super::items::ResponseBase;
-    use super::super::stream::ResponsesStream;
     use super::*;
+    use crate::adapters::api::translators::StreamTranslator;
+    use crate::adapters::api::translators::responses::items::ResponseBase;
+    use crate::adapters::api::translators::responses::stream::ResponsesStream;
     use crate::adapters::event_format::tests::event;
     use crate::adapters::event_format::write_json_line;
     use crate::domain::{RunEvent, RunEventKind};

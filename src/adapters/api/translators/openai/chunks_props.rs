@@ -4,11 +4,11 @@
 use proptest::prelude::*;
 use serde_json::Value;
 
-use super::super::super::protocol::strategies::{self, end, output_of, piece};
-use super::super::super::request::Endpoint;
-use super::super::super::sse::{EventWriter, SseFrame};
-use super::super::reply::Reply;
 use super::{ChunkWriter, Piece};
+use crate::adapters::api::translators::frame::{EventWriter, SseFrame};
+use crate::adapters::api::translators::openai::Endpoint;
+use crate::adapters::api::translators::openai::Reply;
+use crate::adapters::api::translators::strategies::{self, end, output_of, piece};
 use crate::domain::RunId;
 
 /// Writes `pieces` and `end` as the SSE body would; returns each event's data.
@@ -60,7 +60,7 @@ proptest! {
         include_usage in any::<bool>(),
     ) {
         let endpoint = if chat { Endpoint::Chat } else { Endpoint::Completion };
-        let reply = Reply::new(endpoint, &RunId::new("run-p"), "echo/m".to_owned(), include_usage);
+        let reply = Reply::new(endpoint, &RunId::new("run-p"), "echo/m".to_owned(), 0, include_usage);
         let mut events = stream(&reply, &pieces, &end);
         let last = events.pop().expect("a last event");
         let chunks: Vec<Value> = events

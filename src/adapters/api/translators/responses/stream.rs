@@ -12,12 +12,12 @@
 
 use serde_json::{Value, json};
 
-use super::super::error::ApiError;
-use super::super::output::Finished;
-use super::super::protocol::{ApiEvent, StreamTranslator};
 use super::items::{
     Item, ItemState, Outcome, ResponseBase, call_id, response_json, terminal_event, text_part,
 };
+use crate::adapters::api::translators::ApiError;
+use crate::adapters::api::translators::output::Finished;
+use crate::adapters::api::translators::{ApiEvent, StreamTranslator};
 use crate::domain::{StructuredOutput, ToolCallDelta};
 
 /// The streaming state of one Responses answer.
@@ -36,7 +36,7 @@ pub(in crate::adapters::api) struct ResponsesStream {
 
 impl ResponsesStream {
     /// The stream of the response `base` describes.
-    pub(super) fn new(base: ResponseBase) -> Self {
+    pub(in crate::adapters::api) fn new(base: ResponseBase) -> Self {
         Self {
             base,
             sequence: 0,
@@ -48,7 +48,7 @@ impl ResponsesStream {
     }
 
     /// The response as it stands before its end: in progress, with its output so far.
-    pub(super) fn snapshot(&self) -> Value {
+    pub(in crate::adapters::api) fn snapshot(&self) -> Value {
         response_json(&self.base, &Outcome::InProgress, self.output_json(false))
     }
 

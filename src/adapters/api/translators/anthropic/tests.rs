@@ -5,12 +5,12 @@
 use proptest::prelude::*;
 use serde_json::{Value, json};
 
-use super::super::client_fixtures::client_request;
-use super::super::protocol::ApiEvent;
-use super::super::protocol::strategies::{Piece, end, piece, play};
 use super::request::translate;
 use super::session_in_user_id;
 use super::stream::MessagesStream;
+use crate::adapters::api::translators::ApiEvent;
+use crate::adapters::api::translators::client_fixtures::client_request;
+use crate::adapters::api::translators::strategies::{Piece, end, piece, play};
 
 #[test]
 fn a_conversation_with_tools_becomes_the_chat_body() {

@@ -6,13 +6,13 @@ use std::collections::BTreeMap;
 
 use serde_json::{Value, json};
 
-use super::super::error::ApiError;
-use super::super::output::{Collected, Finished};
+use crate::adapters::api::translators::ApiError;
+use crate::adapters::api::translators::output::{Collected, Finished};
 use crate::domain::Usage;
 
 /// What the `response` object says of itself besides its output.
 #[derive(Debug, Clone, PartialEq)]
-pub(super) struct ResponseBase {
+pub(in crate::adapters::api) struct ResponseBase {
     /// `resp_<run id>`.
     pub id: String,
     /// The model as the client named it.
@@ -42,7 +42,7 @@ impl ResponseBase {
 
 /// Where an output item stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum ItemState {
+pub(in crate::adapters::api) enum ItemState {
     /// Still growing: shown without its content (the deltas carry it).
     InProgress,
     /// Done.
@@ -64,7 +64,7 @@ impl ItemState {
 
 /// One output item as it grows.
 #[derive(Debug, Clone, PartialEq)]
-pub(super) enum Item {
+pub(in crate::adapters::api) enum Item {
     /// The assistant's text.
     Message { id: String, text: String },
     /// The model's reasoning.
@@ -132,13 +132,16 @@ impl Item {
 }
 
 /// An `output_text` content part.
-pub(super) fn text_part(text: &str) -> Value {
+pub(in crate::adapters::api) fn text_part(text: &str) -> Value {
     json!({ "type": "output_text", "text": text, "annotations": [], "logprobs": [] })
 }
 
 /// The output items of a whole run: reasoning, the message (unless the answer is only
 /// tool calls), then the function calls.
-pub(super) fn collected_items(base: &ResponseBase, collected: &Collected) -> Vec<Item> {
+pub(in crate::adapters::api) fn collected_items(
+    base: &ResponseBase,
+    collected: &Collected,
+) -> Vec<Item> {
     let mut items = Vec::new();
     if !collected.reasoning.is_empty() {
         items.push(Item::Reasoning {
@@ -161,7 +164,7 @@ pub(super) fn collected_items(base: &ResponseBase, collected: &Collected) -> Vec
 }
 
 /// A call's `call_id`: the node's id, or one made from the response and the call's index.
-pub(super) fn call_id(base: &ResponseBase, id: &str, index: u32) -> String {
+pub(in crate::adapters::api) fn call_id(base: &ResponseBase, id: &str, index: u32) -> String {
     if id.is_empty() {
         format!("call_{}_{index}", base.id)
     } else {
@@ -170,7 +173,7 @@ pub(super) fn call_id(base: &ResponseBase, id: &str, index: u32) -> String {
 }
 
 /// How the run ended, as the response's `status`, `incomplete_details` and `error`.
-pub(super) enum Outcome<'a> {
+pub(in crate::adapters::api) enum Outcome<'a> {
     /// Still running (`response.created`, `response.in_progress`).
     InProgress,
     /// Completed: `completed`, or `incomplete` for `length` and `content_filter`.
@@ -180,7 +183,7 @@ pub(super) enum Outcome<'a> {
 }
 
 /// The `response` object.
-pub(super) fn response_json(
+pub(in crate::adapters::api) fn response_json(
     base: &ResponseBase,
     outcome: &Outcome<'_>,
     output: Vec<Value>,
@@ -238,7 +241,7 @@ pub(super) fn response_json(
 }
 
 /// The Responses usage object.
-pub(super) fn usage_json(usage: Usage) -> Value {
+pub(in crate::adapters::api) fn usage_json(usage: Usage) -> Value {
     json!({
         "input_tokens": usage.input_tokens,
         "input_tokens_details": { "cached_tokens": usage.cached_input_tokens },
@@ -249,7 +252,7 @@ pub(super) fn usage_json(usage: Usage) -> Value {
 }
 
 /// The terminal event's name for an outcome.
-pub(super) fn terminal_event(outcome: &Outcome<'_>) -> &'static str {
+pub(in crate::adapters::api) fn terminal_event(outcome: &Outcome<'_>) -> &'static str {
     match outcome {
         Outcome::InProgress => "response.in_progress",
         Outcome::Finished(finished)

@@ -14,8 +14,8 @@ use std::collections::BTreeMap;
 
 use serde_json::{Map, Value, json};
 
-use super::super::error::ApiError;
-use super::super::protocol::ChatTranslation;
+use crate::adapters::api::translators::ApiError;
+use crate::adapters::api::translators::ChatTranslation;
 
 /// A checked Responses request, translated.
 #[derive(Debug, Clone, PartialEq)]
@@ -62,7 +62,7 @@ fn unsupported(param: &'static str, message: impl Into<String>) -> ApiError {
 /// # Errors
 /// A 400 naming the field when the body is not a valid request, or asks for what a
 /// stateless edge does not do (stored responses, server-side tools).
-pub(super) fn translate(body: &Value) -> Result<ResponsesRequest, ApiError> {
+pub(in crate::adapters::api) fn translate(body: &Value) -> Result<ResponsesRequest, ApiError> {
     let Some(object) = body.as_object() else {
         return Err(ApiError::malformed_json("the body must be a JSON object"));
     };

@@ -6,9 +6,9 @@
 
 use serde_json::{Map, Value, json};
 
-use super::super::error::ApiError;
-use super::super::protocol::ChatTranslation;
-use super::super::resume::ClientStream;
+use crate::adapters::api::translators::ApiError;
+use crate::adapters::api::translators::ChatTranslation;
+use crate::adapters::api::translators::ClientStream;
 
 /// A checked Messages request, translated.
 #[derive(Debug, Clone, PartialEq)]
@@ -49,7 +49,7 @@ impl ChatTranslation for MessagesRequest {
 /// # Errors
 /// A 400 naming the field when the body is not a valid Messages request, or asks for
 /// something the edge does not support (server tools, documents).
-pub(super) fn translate(body: &Value) -> Result<MessagesRequest, ApiError> {
+pub(in crate::adapters::api) fn translate(body: &Value) -> Result<MessagesRequest, ApiError> {
     let Some(object) = body.as_object() else {
         return Err(ApiError::malformed_json("the body must be a JSON object"));
     };

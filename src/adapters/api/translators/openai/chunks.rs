@@ -11,14 +11,14 @@ use bytes::{BufMut, BytesMut};
 use serde::Serialize;
 use serde_json::{Map, Value};
 
-use super::super::error::ApiError;
-use super::super::output::Finished;
-use super::super::output::{
+use super::Endpoint;
+use super::Reply;
+use crate::adapters::api::translators::ApiError;
+use crate::adapters::api::translators::frame::{EventWriter, SseFrame, push_event, write_json};
+use crate::adapters::api::translators::output::Finished;
+use crate::adapters::api::translators::output::{
     chat_logprobs_json, legacy_logprobs_json, tool_call_deltas_json, usage_json,
 };
-use super::super::request::Endpoint;
-use super::super::sse::{EventWriter, SseFrame, push_event, write_json};
-use super::reply::Reply;
 use crate::domain::{StructuredOutput, Usage};
 
 /// The data of the stream's last event after success.
@@ -281,6 +281,7 @@ mod tests {
                         endpoint,
                         &RunId::new("run-\"1\""),
                         model.to_owned(),
+                        1_700_000_000,
                         include_usage,
                     );
                     let mut chunks = ChunkWriter::new(&reply);
@@ -337,7 +338,7 @@ mod tests {
             ..StructuredOutput::default()
         };
         let chunk = |endpoint| {
-            let reply = Reply::new(endpoint, &RunId::new("r"), "m".to_owned(), false);
+            let reply = Reply::new(endpoint, &RunId::new("r"), "m".to_owned(), 0, false);
             let mut frame = BytesMut::new();
             ChunkWriter::new(&reply).render(Piece::Structured("hi", &structured), &mut frame);
             serde_json::from_slice::<Value>(&frame).unwrap()

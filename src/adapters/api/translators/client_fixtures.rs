@@ -4,7 +4,7 @@
 use serde_json::Value;
 
 /// The body of the captured request in `tests/fixtures/clients/<file>`.
-pub(super) fn client_request(file: &str) -> Value {
+pub(in crate::adapters::api) fn client_request(file: &str) -> Value {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures/clients")
         .join(file);
