@@ -62,6 +62,7 @@ mod api_sdks;
 mod api_structured;
 mod api_tokenize;
 mod cli;
+mod client_stop;
 mod console;
 mod console_web;
 mod continuation;

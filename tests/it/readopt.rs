@@ -14,7 +14,7 @@ use crate::common;
 use crate::node;
 use crate::node_support;
 use crate::resume::open_stream_at;
-use crate::stream_resume::{Event, complete, events_in, read_until, resume, text_of};
+use crate::stream_resume::{Event, RESUMABLE, complete, events_in, read_until, resume, text_of};
 
 use std::path::Path;
 use std::sync::Arc;
@@ -388,6 +388,7 @@ async fn soak_client(
     let url = format!("http://{}/v1/chat/completions", *http.borrow_and_update());
     let response = client
         .post(url)
+        .header(RESUMABLE, "true")
         .json(&body)
         .send()
         .await

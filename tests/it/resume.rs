@@ -171,6 +171,7 @@ pub(crate) async fn open_stream_at(
 ) -> (reqwest::Response, String) {
     let response = crate::common::http_client()
         .post(format!("http://{http}{path}"))
+        .header(crate::stream_resume::RESUMABLE, "true")
         .json(body)
         .send()
         .await

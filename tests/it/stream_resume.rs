@@ -2,7 +2,9 @@
 //! `GET /v1/runs/{run_id}/stream`, over real HTTP against a mock node that streams slowly:
 //! read part-way, the connection dropped, resumed — the whole text is the uninterrupted
 //! stream's, no event twice; and a stream dropped with nobody resuming it ends cancelled
-//! once `runs.client_resume_grace_ms` has passed.
+//! once `runs.client_resume_grace_ms` has passed. A stream is resumable only when asked
+//! for (`x-edge-resumable: true`, or the key's `resumable = true`); any other stream whose
+//! client goes away is cancelled on its node at once, grace or not.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -17,6 +19,9 @@ use crate::common::{TWO_NODES, TestApp, eventually, spawn_app};
 use crate::mock_node::{Behaviour, MockNode, MockOptions};
 
 const PATIENCE: Duration = Duration::from_secs(10);
+
+/// The header a client asks for a resumable stream with.
+pub const RESUMABLE: &str = "x-edge-resumable";
 
 /// One SSE event: its id, name and data.
 #[derive(Debug, Clone, PartialEq)]
@@ -128,7 +133,8 @@ async fn read_part(
     read_part_as(app, None, &(path, body.clone()), at_least).await
 }
 
-/// [`read_part`] with API key `key`.
+/// [`read_part`] with API key `key` (whose table makes its streams resumable); without a
+/// key the request asks for a resumable stream itself.
 async fn read_part_as(
     app: &TestApp,
     key: Option<&str>,
@@ -138,9 +144,10 @@ async fn read_part_as(
     let mut request = client()
         .post(format!("http://{}{path}", app.http_addr))
         .json(body);
-    if let Some(key) = key {
-        request = request.bearer_auth(key);
-    }
+    request = match key {
+        Some(key) => request.bearer_auth(key),
+        None => request.header(RESUMABLE, "true"),
+    };
     let response = request.send().await.expect("a response");
     assert_eq!(response.status(), StatusCode::OK);
     let run_id = response.headers()["x-edge-run-id"]
@@ -268,7 +275,7 @@ async fn only_a_resumable_run_of_the_caller_s_own_key_is_found() {
 
 #[crate::common::test]
 async fn only_the_key_that_started_a_run_resumes_its_stream() {
-    let keys = "[[api.keys]]\nkey = \"sk-a\"\nname = \"team-a\"\n\
+    let keys = "[[api.keys]]\nkey = \"sk-a\"\nname = \"team-a\"\nresumable = true\n\
                 [[api.keys]]\nkey = \"sk-b\"\nname = \"team-b\"\n";
     let (app, node) = edge_with(60_000, keys).await;
     let (run_id, first) = read_part_as(&app, Some("sk-a"), &chat_body(&words(40)), 3).await;

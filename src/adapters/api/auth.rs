@@ -34,6 +34,8 @@ pub(super) struct Caller {
     pub limits: Option<LimitPolicy>,
     /// Its token budget, if it has one.
     pub budget: Option<TokenBudget>,
+    /// Whether its streams are resumable without asking (`x-edge-resumable`).
+    pub resumable: bool,
 }
 
 impl Caller {
@@ -55,6 +57,7 @@ impl Default for Caller {
             allow_priority_header: true,
             limits: None,
             budget: None,
+            resumable: false,
         }
     }
 }
@@ -67,6 +70,7 @@ impl Caller {
             allow_priority_header: key.allows_priority_header(),
             limits: key.limits(),
             budget: key.budget(),
+            resumable: key.resumable(),
         }
     }
 }

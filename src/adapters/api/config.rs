@@ -108,6 +108,7 @@ struct KeyGrant {
     allow_priority_header: bool,
     limits: Option<LimitPolicy>,
     budget: Option<TokenBudget>,
+    resumable: bool,
 }
 
 impl ApiKey {
@@ -152,6 +153,11 @@ impl ApiKey {
     pub fn budget(&self) -> Option<TokenBudget> {
         self.grant.budget
     }
+
+    /// Whether its clients' streams are resumable without asking for it.
+    pub fn resumable(&self) -> bool {
+        self.grant.resumable
+    }
 }
 
 impl fmt::Debug for ApiKey {
@@ -189,6 +195,8 @@ struct KeyTable {
     budget_tokens_per_month: u64,
     #[serde(default)]
     budget_reserve_tokens: Option<u64>,
+    #[serde(default)]
+    resumable: bool,
 }
 
 /// What a run reserves of its key's budget when its request sets no `max_tokens`.
@@ -239,6 +247,7 @@ impl KeyTable {
                 allow_priority_header: self.allow_priority_header,
                 limits: own_limits.then_some(limits),
                 budget: has_budget.then_some(budget),
+                resumable: self.resumable,
             },
         })
     }
@@ -286,6 +295,18 @@ mod tests {
         assert!(!format!("{config:?}").contains("very-secret"));
         assert!(ApiKey::new("sk-very-secret").matches(&Token::new("sk-very-secret").digest()));
         assert!(!ApiKey::new("sk-very-secret").matches(&Token::new("sk-other").digest()));
+    }
+
+    #[test]
+    fn a_key_table_may_make_its_streams_resumable() {
+        let keys: Vec<ApiKey> = serde_json::from_value(serde_json::json!([
+            "sk-plain",
+            { "key": "sk-table" },
+            { "key": "sk-resumable", "resumable": true },
+        ]))
+        .unwrap();
+        let resumable: Vec<bool> = keys.iter().map(ApiKey::resumable).collect();
+        assert_eq!(resumable, [false, false, true]);
     }
 
     #[test]

@@ -24,6 +24,11 @@ use crate::domain::{NodeSelector, Operation, RunRouting, RunSpec};
 /// The header a client sets to ask for a deadline, in milliseconds.
 pub const DEADLINE_HEADER: &str = "x-edge-deadline-ms";
 
+/// The header a client sets (`true`) to have its streamed answer resumable: its run goes on
+/// for `runs.client_resume_grace_ms` when the connection drops, for `GET
+/// /v1/runs/{run_id}/stream`; `false` turns off a key's `resumable = true`.
+pub const RESUMABLE_HEADER: &str = "x-edge-resumable";
+
 /// What a request's body is read as by the node.
 pub const CONTENT_TYPE: &str = "application/json";
 
@@ -36,6 +41,8 @@ pub(super) struct ApiRequest {
     pub stream: bool,
     /// Whether a streamed answer ends with a usage chunk.
     pub include_usage: bool,
+    /// Whether a streamed answer may be resumed ([`resumable`]).
+    pub resumable: bool,
     /// The run.
     pub spec: RunSpec,
 }
@@ -68,6 +75,7 @@ pub(super) fn prepare(
         ));
     }
     let deadline = deadline(api, headers)?;
+    let resumable = resumable(caller, headers)?;
     let routing = fields_routing(api, endpoint, caller, headers, &fields)?;
     let input = encode_object(&fields);
     let spec = run_spec(api, &model, input, endpoint.operation(), deadline, routing)?;
@@ -75,6 +83,7 @@ pub(super) fn prepare(
         model,
         stream,
         include_usage,
+        resumable,
         spec,
     })
 }
@@ -286,6 +295,25 @@ pub(super) fn deadline(api: &Api, headers: &HeaderMap) -> Result<Option<Duration
     ))
 }
 
+/// Whether the caller asked for a resumable stream: `x-edge-resumable`, else its key's
+/// `resumable`. Without either, a stream whose client goes away is cancelled at once, as
+/// every engine does.
+///
+/// # Errors
+/// 400 `invalid_header` for a value other than `true`/`false` (`1`/`0`).
+pub(super) fn resumable(caller: &Caller, headers: &HeaderMap) -> Result<bool, ApiError> {
+    let Some(value) = headers.get(RESUMABLE_HEADER) else {
+        return Ok(caller.resumable);
+    };
+    match value.to_str().map(|text| text.trim().to_ascii_lowercase()) {
+        Ok(text) if text == "true" || text == "1" => Ok(true),
+        Ok(text) if text == "false" || text == "0" => Ok(false),
+        _ => Err(ApiError::invalid_header(format!(
+            "`{RESUMABLE_HEADER}` must be `true` or `false`."
+        ))),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use axum::http::HeaderValue;
@@ -379,6 +407,30 @@ mod tests {
             status(Endpoint::Completion, r#"{"model":"gpt-4o","prompt":"a"}"#),
             StatusCode::NOT_FOUND
         );
+    }
+
+    #[test]
+    fn a_stream_is_resumable_when_the_request_or_the_key_asks() {
+        let asking = |value: Option<&'static str>, key_default: bool| {
+            let mut headers = HeaderMap::new();
+            if let Some(value) = value {
+                headers.insert(RESUMABLE_HEADER, HeaderValue::from_static(value));
+            }
+            let caller = Caller {
+                resumable: key_default,
+                ..Caller::default()
+            };
+            resumable(&caller, &headers)
+        };
+        assert_eq!(asking(None, false), Ok(false));
+        assert_eq!(asking(None, true), Ok(true));
+        assert_eq!(asking(Some("true"), false), Ok(true));
+        assert_eq!(asking(Some(" TRUE "), false), Ok(true));
+        assert_eq!(asking(Some("1"), false), Ok(true));
+        assert_eq!(asking(Some("false"), true), Ok(false));
+        assert_eq!(asking(Some("0"), true), Ok(false));
+        let refused = asking(Some("maybe"), true).unwrap_err();
+        assert_eq!(refused.error_code(), Some("invalid_header"));
     }
 
     #[test]

@@ -14,7 +14,7 @@ use serde_json::Value;
 
 use super::ApiError;
 use super::auth::Caller;
-use super::request::{deadline, read_body, run_spec};
+use super::request::{self, deadline, read_body, run_spec};
 use super::response::ErrorShape;
 use super::routing::{ClientKeys, max_output, prefix_of_value, run_routing};
 use super::run::{self, ActiveRun, Step};
@@ -64,7 +64,13 @@ pub(super) async fn serve_chat_run<T: ChatTranslation, S: StreamTranslator>(
         Ok(prepared) => prepared,
         Err(error) => return error_response(&error),
     };
-    spec.routing.client_stream = translated.client_stream().map(|stream| stream.to_json());
+    match request::resumable(caller, headers) {
+        Ok(true) => {
+            spec.routing.client_stream = translated.client_stream().map(|stream| stream.to_json());
+        }
+        Ok(false) => {}
+        Err(error) => return error_response(&error),
+    }
     let mut run = match run::start(state, spec, translated.model()) {
         Ok(run) => run,
         Err(error) => return error_response(&error),

@@ -34,15 +34,16 @@ pub(in crate::adapters::api) async fn respond(
         model,
         stream,
         include_usage,
+        resumable,
         mut spec,
     } = match request::prepare(&state.api, endpoint, &caller, &headers, body) {
         Ok(request) => request,
         Err(error) => return error.into_response(),
     };
     let created = unix_now();
-    if stream {
-        let resumable = ClientStream::openai(endpoint, &model, created, include_usage);
-        spec.routing.client_stream = Some(resumable.to_json());
+    if stream && resumable {
+        let client_stream = ClientStream::openai(endpoint, &model, created, include_usage);
+        spec.routing.client_stream = Some(client_stream.to_json());
     }
     let mut run = match run::start(&state, spec, &model) {
         Ok(run) => run,
