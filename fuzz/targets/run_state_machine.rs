@@ -604,6 +604,7 @@ fn definition(
 
 fn event(run_id: &str, seq: u8, kind: u8) -> ReportedEvent {
     let classed = |class| RunEventKind::Failed {
+        context_window: None,
         code: "classed".to_owned(),
         message: "the node failed".to_owned(),
         class,

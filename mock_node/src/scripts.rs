@@ -37,6 +37,7 @@ pub fn script(behaviour: Behaviour, run: &RunAssignment, text: &str) -> Option<V
         Behaviour::Length => finish(&words, "length"),
         Behaviour::Filtered => finish(&words, "content_filter"),
         Behaviour::BadRequest => vec![RunEventKind::Failed {
+            context_window: None,
             code: "context_length_exceeded".into(),
             message: format!(
                 "This model's maximum context length is 4 tokens. However, you requested {} tokens.",
@@ -47,6 +48,7 @@ pub fn script(behaviour: Behaviour, run: &RunAssignment, text: &str) -> Option<V
             usage: None,
         }],
         Behaviour::NodeError => vec![RunEventKind::Failed {
+            context_window: None,
             code: "engine_unavailable".into(),
             message: "the engine at 127.0.0.1:1 refused the connection".into(),
             class: FailureClass::Node,
@@ -54,6 +56,7 @@ pub fn script(behaviour: Behaviour, run: &RunAssignment, text: &str) -> Option<V
             usage: None,
         }],
         Behaviour::Refused => vec![RunEventKind::Failed {
+            context_window: None,
             code: "busy".into(),
             message: "every engine slot is taken".into(),
             class: FailureClass::Refused,
@@ -234,6 +237,7 @@ pub fn tokenize(body: &Value) -> Vec<RunEventKind> {
         (_, Value::Array(messages)) => mock_template(messages),
         _ => {
             return vec![RunEventKind::Failed {
+                context_window: None,
                 code: "invalid_input".into(),
                 message: "neither `content` nor `messages`".into(),
                 class: FailureClass::Request,

@@ -69,6 +69,7 @@ fn adapter_for(
         }
         Lookup::Broken(problem) => {
             let failed = RunEventKind::Failed {
+                context_window: None,
                 code: "adapter_misconfigured".into(),
                 message: format!("adapter {} cannot run: {problem}", run.adapter),
                 class: FailureClass::Node,
@@ -93,6 +94,7 @@ fn adapter_for(
 fn refuse(table: &RunTable, run: &RunAssignment, code: &str, message: String) {
     tracing::info!(run_id = %run.run_id, adapter = %run.adapter, target = %run.target, code, "run refused");
     let failed = RunEventKind::Failed {
+        context_window: None,
         code: code.into(),
         message,
         class: FailureClass::Refused,

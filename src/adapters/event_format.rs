@@ -53,7 +53,7 @@ pub fn feed_json(event: &FeedEvent) -> Cow<'_, str> {
 /// what structured output it carries;
 /// `finish_reason=.. input_tokens=.. output_tokens=..` (and `cached_input_tokens=..`,
 /// `reasoning_tokens=..` when not zero) for completed runs;
-/// `code=.. class=.. status=.. message=..` (class and status when the node gave them) for
+/// `code=.. class=.. status=.. context_window=.. message=..` (class, status and window when the node gave them) for
 /// failed ones; `reason=..` for cancelled ones; for `started`,
 /// `attempt=.. route=..` (the rule, attempt, eligible nodes and queue wait of its
 /// placement) when the edge placed it, else nothing (the line then ends after the kind).
@@ -106,27 +106,7 @@ fn push_text_payload(event: &RunEvent, out: &mut Vec<u8>) {
             push_escaped(finish_reason, out);
             push_text_usage(usage.as_ref(), out);
         }
-        RunEventKind::Failed {
-            code,
-            message,
-            class,
-            status,
-            usage,
-        } => {
-            out.extend_from_slice(b" code=");
-            push_escaped(code, out);
-            if *class != FailureClass::Unspecified {
-                out.extend_from_slice(b" class=");
-                out.extend_from_slice(class.as_str().as_bytes());
-            }
-            if let Some(status) = status {
-                out.extend_from_slice(b" status=");
-                push_u64(u64::from(*status), out);
-            }
-            push_text_usage(usage.as_ref(), out);
-            out.extend_from_slice(b" message=");
-            push_escaped(message, out);
-        }
+        RunEventKind::Failed { .. } => push_text_failure(&event.kind, out),
         RunEventKind::Cancelled { reason, usage } => {
             push_text_usage(usage.as_ref(), out);
             out.extend_from_slice(b" reason=");
@@ -245,6 +225,39 @@ pub fn write_json_line(event: &RunEvent, out: &mut Vec<u8>) {
     out.extend_from_slice(b"}\n");
 }
 
+/// Appends a failure's text-line fields: its code, class, status, context window, usage and
+/// message.
+fn push_text_failure(kind: &RunEventKind, out: &mut Vec<u8>) {
+    let RunEventKind::Failed {
+        context_window,
+        code,
+        message,
+        class,
+        status,
+        usage,
+    } = kind
+    else {
+        return;
+    };
+    out.extend_from_slice(b" code=");
+    push_escaped(code, out);
+    if *class != FailureClass::Unspecified {
+        out.extend_from_slice(b" class=");
+        out.extend_from_slice(class.as_str().as_bytes());
+    }
+    if let Some(status) = status {
+        out.extend_from_slice(b" status=");
+        push_u64(u64::from(*status), out);
+    }
+    if let Some(window) = context_window {
+        out.extend_from_slice(b" context_window=");
+        push_u64(u64::from(*window), out);
+    }
+    push_text_usage(usage.as_ref(), out);
+    out.extend_from_slice(b" message=");
+    push_escaped(message, out);
+}
+
 /// Appends the JSON line's payload fields: what [`write_json_line`] lists per kind.
 #[inline]
 fn push_json_payload(event: &RunEvent, out: &mut Vec<u8>) {
@@ -275,6 +288,7 @@ fn push_json_payload(event: &RunEvent, out: &mut Vec<u8>) {
             push_json_usage(usage.as_ref(), out);
         }
         RunEventKind::Failed {
+            context_window,
             code,
             message,
             class,
@@ -293,6 +307,10 @@ fn push_json_payload(event: &RunEvent, out: &mut Vec<u8>) {
             if let Some(status) = status {
                 out.extend_from_slice(b",\"status\":");
                 push_u64(u64::from(*status), out);
+            }
+            if let Some(window) = context_window {
+                out.extend_from_slice(b",\"context_window\":");
+                push_u64(u64::from(*window), out);
             }
             push_json_usage(usage.as_ref(), out);
         }
@@ -433,6 +451,7 @@ pub(crate) mod tests {
         );
         assert_eq!(json(&cancelled)["output_tokens"], 2);
         let failed = event(RunEventKind::Failed {
+            context_window: None,
             code: "engine_error".into(),
             message: "broke".into(),
             class: FailureClass::Node,
@@ -583,6 +602,12 @@ pub(crate) mod tests {
                 values: vec![0.5, -1.0],
             }],
             tokens: vec![1, 2, 3],
+            usage: Some(Usage {
+                input_tokens: 12,
+                output_tokens: 1,
+                cached_input_tokens: 3,
+                reasoning_tokens: 0,
+            }),
         };
         let output = event(RunEventKind::Output {
             text: String::new(),
@@ -591,10 +616,22 @@ pub(crate) mod tests {
         });
         assert_eq!(
             text(&output),
-            "r1 node-a echo/m1 output  reasoning=think\\nfirst tool_call=0:call_1:lookup:{\"q\":1} logprobs=1 embeddings=1x2 tokens=3\n"
+            "r1 node-a echo/m1 output  reasoning=think\\nfirst tool_call=0:call_1:lookup:{\"q\":1} logprobs=1 embeddings=1x2 tokens=3 input_tokens=12 output_tokens=1 cached_input_tokens=3\n"
         );
         let line = json(&output);
         assert_eq!(line["reasoning"], "think\nfirst");
+        assert_eq!(
+            (
+                &line["input_tokens"],
+                &line["output_tokens"],
+                &line["cached_input_tokens"]
+            ),
+            (
+                &serde_json::json!(12),
+                &serde_json::json!(1),
+                &serde_json::json!(3)
+            )
+        );
         assert_eq!(
             line["tool_calls"],
             serde_json::json!([{"index": 0, "id": "call_1", "name": "lookup", "arguments": "{\"q\":1}"}])
@@ -629,20 +666,28 @@ pub(crate) mod tests {
         );
 
         let failed = event(RunEventKind::Failed {
-            code: "upstream_error".into(),
+            context_window: Some(2048),
+            code: "context_length_exceeded".into(),
             message: "bad prompt".into(),
             class: FailureClass::Request,
             status: Some(400),
-            usage: None,
+            usage: Some(Usage::new(4339, 0)),
         });
         assert_eq!(
             text(&failed),
-            "r1 node-a echo/m1 failed code=upstream_error class=request status=400 message=bad prompt\n"
+            "r1 node-a echo/m1 failed code=context_length_exceeded class=request status=400 context_window=2048 input_tokens=4339 output_tokens=0 message=bad prompt\n"
         );
         let line = json(&failed);
         assert_eq!(
             (line["class"].as_str(), line["status"].as_u64()),
             (Some("request"), Some(400))
+        );
+        assert_eq!(
+            (
+                line["context_window"].as_u64(),
+                line["input_tokens"].as_u64()
+            ),
+            (Some(2048), Some(4339))
         );
     }
 

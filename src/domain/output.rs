@@ -1,8 +1,11 @@
 //! Structured run output beyond plain text: reasoning, tool-call pieces, token log
-//! probabilities, embedding vectors and token ids, as a node reports them.
+//! probabilities, embedding vectors, token ids and the token counts so far, as a node
+//! reports them.
 //!
 //! The edge relays these untouched; the API boundary renders them in each API's own shapes.
 //! Nothing here knows a wire or HTTP type.
+
+use super::run::Usage;
 
 /// What a piece of output carries besides its text, when it carries anything.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -17,6 +20,9 @@ pub struct StructuredOutput {
     pub embeddings: Vec<Embedding>,
     /// Token ids (a tokenize run's answer).
     pub tokens: Vec<u32>,
+    /// The run's token counts so far, when the engine reported them mid-stream: the
+    /// prompt's as soon as it was evaluated (what a Messages stream's `message_start` says).
+    pub usage: Option<Usage>,
 }
 
 impl StructuredOutput {
@@ -27,6 +33,7 @@ impl StructuredOutput {
             && self.logprobs.is_empty()
             && self.embeddings.is_empty()
             && self.tokens.is_empty()
+            && self.usage.is_none()
     }
 }
 

@@ -284,8 +284,12 @@ pub enum RunEventKind {
         class: FailureClass,
         /// The HTTP status the node's upstream answered, when it did.
         status: Option<u16>,
-        /// What the run produced before it failed, when anything is known.
+        /// What the run produced before it failed, when anything is known (for a prompt
+        /// over the context window, `input_tokens` is the prompt's size).
         usage: Option<Usage>,
+        /// For a prompt longer than the model's context window (`context_length_exceeded`):
+        /// the window, in tokens, when the engine said.
+        context_window: Option<u32>,
     },
     /// Terminal: the run was cancelled.
     Cancelled {
@@ -309,6 +313,7 @@ impl RunEventKind {
     /// A failure with no class or status (as a v1 node reports one).
     pub fn failed(code: impl Into<String>, message: impl Into<String>) -> Self {
         Self::Failed {
+            context_window: None,
             code: code.into(),
             message: message.into(),
             class: FailureClass::Unspecified,
@@ -464,6 +469,7 @@ impl EdgeFailure {
             ),
         };
         RunEventKind::Failed {
+            context_window: None,
             code: self.code().into(),
             message: message.into(),
             class,

@@ -312,6 +312,12 @@ mod tests {
                 values: vec![0.5, -1.0],
             }],
             tokens: vec![1, 15_043],
+            usage: Some(Usage {
+                input_tokens: 12,
+                output_tokens: 1,
+                cached_input_tokens: 3,
+                reasoning_tokens: 0,
+            }),
         };
         let node_frames = vec![
             NodeFrame::Register(RegisterAttempt {
@@ -367,6 +373,7 @@ mod tests {
                 run_id: "r2".into(),
                 seq: 1,
                 kind: RunEventKind::Failed {
+                    context_window: None,
                     code: "context_length_exceeded".into(),
                     message: "too long".into(),
                     class: FailureClass::Request,

@@ -30,7 +30,9 @@ pub(super) fn event_kind_from_wire(kind: run_event::Kind) -> RunEventKind {
             class,
             status,
             usage,
+            context_window,
         }) => RunEventKind::Failed {
+            context_window: (context_window > 0).then_some(context_window),
             code,
             message,
             class: class_from_wire(class),
@@ -62,6 +64,7 @@ pub(super) fn event_kind_to_wire(kind: RunEventKind) -> run_event::Kind {
             usage: usage.map(usage_to_wire),
         }),
         RunEventKind::Failed {
+            context_window,
             code,
             message,
             class,
@@ -73,6 +76,7 @@ pub(super) fn event_kind_to_wire(kind: RunEventKind) -> run_event::Kind {
             class: class_to_wire(class).into(),
             status: status.map_or(0, u32::from),
             usage: usage.map(usage_to_wire),
+            context_window: context_window.unwrap_or(0),
         }),
         RunEventKind::Cancelled { reason, usage } => {
             run_event::Kind::Cancelled(proto::RunCancelled {
@@ -92,6 +96,7 @@ fn output_from_wire(output: proto::RunOutput) -> RunEventKind {
         logprobs,
         embeddings,
         tokens,
+        usage,
     } = output;
     let structured = StructuredOutput {
         reasoning,
@@ -117,6 +122,7 @@ fn output_from_wire(output: proto::RunOutput) -> RunEventKind {
             .map(|proto::Embedding { index, values }| Embedding { index, values })
             .collect(),
         tokens,
+        usage: usage.map(usage_from_wire),
     };
     RunEventKind::Output {
         text,
@@ -136,6 +142,7 @@ fn output_to_wire(
         logprobs,
         embeddings,
         tokens,
+        usage,
     } = structured.map(|boxed| *boxed).unwrap_or_default();
     proto::RunOutput {
         text,
@@ -163,6 +170,7 @@ fn output_to_wire(
             .map(|Embedding { index, values }| proto::Embedding { index, values })
             .collect(),
         tokens,
+        usage: usage.map(usage_to_wire),
     }
 }
 

@@ -259,3 +259,94 @@ async fn a_stream_cancelled_midway_counts_what_the_engine_produced() {
     assert!(usage.cached_input_tokens <= usage.input_tokens, "{usage:?}");
     stack.stop().await;
 }
+
+#[crate::common::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_messages_stream_says_its_prompt_tokens_at_message_start() {
+    let llama = LlamaOptions::default().parallel(1);
+    let stack = Stack::start_with_settings(llama, r#"timings_per_token = "true""#).await;
+    let body = json!({
+        "model": MODEL, "max_tokens": 8, "stream": true,
+        "messages": [{"role": "user", "content": long_prefix("tokens")}],
+    });
+    let url = format!("http://{}/v1/messages", stack.app.http_addr);
+    let response = stack
+        .http
+        .post(url)
+        .bearer_auth(API_KEY)
+        .json(&body)
+        .send()
+        .await
+        .expect("an answer");
+    assert_eq!(response.status(), 200);
+    let text = response.text().await.expect("the stream");
+    let data = |name: &str| -> Value {
+        let event = text
+            .split("\n\n")
+            .find(|event| event.starts_with(&format!("event: {name}\n")))
+            .unwrap_or_else(|| panic!("no {name} in {text}"));
+        let line = event
+            .lines()
+            .find_map(|l| l.strip_prefix("data: "))
+            .expect("data");
+        serde_json::from_str(line).expect("JSON")
+    };
+    let start = data("message_start");
+    let delta = data("message_delta");
+    let prompt =
+        |usage: &Value| number(usage, "/input_tokens") + number(usage, "/cache_read_input_tokens");
+    let at_start = prompt(&start["message"]["usage"]);
+    assert!(at_start > 200, "the prompt's tokens at once: {start}");
+    assert_eq!(at_start, prompt(&delta["usage"]), "{start} vs {delta}");
+    stack.stop().await;
+}
+
+#[crate::common::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prompt_over_the_engines_window_is_refused_in_each_apis_words() {
+    // A 256-token window, and a prompt of about 500.
+    let stack = Stack::start(LlamaOptions::default().parallel(1).context(256)).await;
+    let user = long_prefix("overflow").repeat(2);
+    let send = |path: &str, body: Value| {
+        let url = format!("http://{}{path}", stack.app.http_addr);
+        let request = stack.http.post(url).bearer_auth(API_KEY).json(&body);
+        async move {
+            let response = request.send().await.expect("an answer");
+            let status = response.status();
+            (status, response.json::<Value>().await.expect("JSON"))
+        }
+    };
+    let messages = json!([{"role": "user", "content": user}]);
+    let (status, body) = send(
+        "/v1/messages",
+        json!({"model": MODEL, "max_tokens": 8, "messages": messages}),
+    )
+    .await;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["error"]["type"], "invalid_request_error", "{body}");
+    let said = body["error"]["message"].as_str().expect("a message");
+    let sizes: Vec<u64> = said
+        .strip_prefix("prompt is too long: ")
+        .and_then(|rest| rest.strip_suffix(" maximum"))
+        .map(|rest| {
+            rest.split(" tokens > ")
+                .filter_map(|n| n.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    assert!(
+        matches!(sizes[..], [prompt, 256] if prompt > 256),
+        "Anthropic's words with both sizes: {said}"
+    );
+    let (status, body) = send(
+        "/v1/chat/completions",
+        json!({"model": MODEL, "max_tokens": 8, "messages": messages}),
+    )
+    .await;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["error"]["code"], "context_length_exceeded", "{body}");
+    let said = body["error"]["message"].as_str().expect("a message");
+    assert!(
+        said.starts_with("This model's maximum context length is 256 tokens."),
+        "{said}"
+    );
+    stack.stop().await;
+}

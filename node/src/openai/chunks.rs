@@ -102,6 +102,8 @@ pub struct AnswerStream {
     finish_reason: Option<String>,
     usage: Option<Usage>,
     counted: Option<Usage>,
+    /// Whether an output event carried the engine's counts yet (the first after they came).
+    counts_sent: bool,
     done: bool,
 }
 
@@ -154,11 +156,36 @@ impl AnswerStream {
         if let Some(reason) = choice.finish_reason.filter(|r| !r.is_empty()) {
             self.finish_reason = Some(reason);
         }
-        Ok(output_from(
+        let output = output_from(
             choice.delta.unwrap_or_default(),
             choice.text,
             choice.logprobs,
-        ))
+        );
+        Ok(output.map(|output| self.with_first_counts(output)))
+    }
+
+    /// `output`, carrying the engine's counts when they are the first it reported (the
+    /// prompt's, as soon as it was evaluated), so the edge can tell the caller at once.
+    fn with_first_counts(&mut self, output: RunEventKind) -> RunEventKind {
+        let (Some(counted), false) = (self.counted, self.counts_sent) else {
+            return output;
+        };
+        let RunEventKind::Output {
+            text,
+            data,
+            structured,
+        } = output
+        else {
+            return output;
+        };
+        self.counts_sent = true;
+        let mut structured = structured.map(|boxed| *boxed).unwrap_or_default();
+        structured.usage = Some(counted);
+        RunEventKind::Output {
+            text,
+            data,
+            structured: Some(Box::new(structured)),
+        }
     }
 
     /// The engine's running counts as of the last chunk that carried them (llama-server's
@@ -204,6 +231,7 @@ fn output_from(
         logprobs: logprobs.map(|l| logprobs_from(&l)).unwrap_or_default(),
         embeddings: Vec::new(),
         tokens: Vec::new(),
+        usage: None,
     };
     let text = delta.content.or(text).unwrap_or_default();
     if text.is_empty() && structured.is_empty() {

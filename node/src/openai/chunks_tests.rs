@@ -231,8 +231,23 @@ fn llama_server_timings_are_the_running_counts() {
         })
         .to_string()
     };
-    stream.apply(&chunk(1)).expect("ok");
-    stream.apply(&chunk(2)).expect("ok");
+    let first = stream.apply(&chunk(1)).expect("ok").expect("an output");
+    let second = stream.apply(&chunk(2)).expect("ok").expect("an output");
+    // The first output tells the edge the prompt's counts at once; later ones do not repeat them.
+    let prompt = Usage {
+        input_tokens: 12,
+        cached_input_tokens: 3,
+        output_tokens: 1,
+        reasoning_tokens: 0,
+    };
+    assert_eq!(structured(&first).usage, Some(prompt));
+    assert!(matches!(
+        second,
+        RunEventKind::Output {
+            structured: None,
+            ..
+        }
+    ));
     assert_eq!(
         stream.counted(),
         Some(Usage {

@@ -8,7 +8,7 @@
 //! broken or malformed stream, a key the engine refuses) is the node's: `NODE`, with a stable
 //! code. Messages never carry the API key; they may carry the engine's own words.
 
-use edge::domain::{FailureClass, RunEventKind};
+use edge::domain::{FailureClass, RunEventKind, Usage};
 use serde_json::Value;
 
 /// The longest engine message passed on, in bytes.
@@ -73,7 +73,7 @@ pub fn classify(fault: &UpstreamFault) -> RunEventKind {
             let (code, message) = error_fields(&parsed);
             let message =
                 message.unwrap_or_else(|| String::from_utf8_lossy(body).trim().to_owned());
-            by_status(*status, code, message)
+            by_status(*status, code, message, &parsed)
         }
         UpstreamFault::Broken(detail) => node(
             "engine_error",
@@ -89,7 +89,7 @@ pub fn classify(fault: &UpstreamFault) -> RunEventKind {
             let (code, message) = error_fields(error);
             let message = message.unwrap_or_else(|| error.to_string());
             match status_in(error) {
-                Some(status) => by_status(status, code, message),
+                Some(status) => by_status(status, code, message, error),
                 None => node(
                     "engine_error",
                     None,
@@ -100,9 +100,21 @@ pub fn classify(fault: &UpstreamFault) -> RunEventKind {
     }
 }
 
-/// The table for an engine's HTTP status.
-fn by_status(status: u16, code: Option<String>, message: String) -> RunEventKind {
+/// The table for an engine's HTTP status, given its error `body`.
+fn by_status(status: u16, code: Option<String>, message: String, body: &Value) -> RunEventKind {
     let engine_said = |what: &str| format!("{what} (HTTP {status}): {}", clip(message.clone()));
+    if (400..=499).contains(&status)
+        && let Some(overflow) = context_overflow(body, &message)
+    {
+        return RunEventKind::Failed {
+            code: CONTEXT_LENGTH_EXCEEDED.to_owned(),
+            message: clip(message),
+            class: FailureClass::Request,
+            status: Some(status),
+            usage: overflow.prompt.map(|prompt| Usage::new(prompt, 0)),
+            context_window: Some(overflow.window),
+        };
+    }
     match status {
         401 | 403 => node(
             "engine_auth",
@@ -145,6 +157,46 @@ fn by_status(status: u16, code: Option<String>, message: String) -> RunEventKind
     }
 }
 
+/// The code of a prompt longer than the model's context window (OpenAI's own).
+const CONTEXT_LENGTH_EXCEEDED: &str = "context_length_exceeded";
+
+/// A prompt over the model's context window, as the engine told it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Overflow {
+    /// The prompt's tokens, when the engine said.
+    prompt: Option<u32>,
+    /// The window's tokens.
+    window: u32,
+}
+
+/// The overflow an engine's 4xx `body` (with its `message`) reports, if it is one:
+/// llama-server's `exceed_context_size_error` with `n_prompt_tokens` and `n_ctx`, or the
+/// message OpenAI and vLLM write (`maximum context length is N tokens. However, you requested
+/// M tokens` / `your messages resulted in M tokens`).
+fn context_overflow(body: &Value, message: &str) -> Option<Overflow> {
+    let holder = body.get("error").filter(|e| e.is_object()).unwrap_or(body);
+    let count = |value: &Value| value.as_u64().and_then(|n| u32::try_from(n).ok());
+    if holder["type"] == "exceed_context_size_error" {
+        return Some(Overflow {
+            prompt: count(&holder["n_prompt_tokens"]),
+            window: count(&holder["n_ctx"])?,
+        });
+    }
+    let window = number_after(message, "maximum context length is ")?;
+    let prompt =
+        number_after(message, "you requested ").or_else(|| number_after(message, "resulted in "));
+    Some(Overflow { prompt, window })
+}
+
+/// The number that follows `prefix` in `text`.
+fn number_after(text: &str, prefix: &str) -> Option<u32> {
+    let rest = &text[text.find(prefix)? + prefix.len()..];
+    let digits = rest
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(rest.len());
+    rest[..digits].parse().ok()
+}
+
 /// The code and message of an OpenAI-style error body, in the shapes engines use:
 /// `{"error":{"code","type","message"}}` (OpenAI, llama.cpp, Ollama), top-level
 /// `{"code","type","message"}` (vLLM), `{"error":"…","error_type":"…"}` (TGI).
@@ -179,6 +231,7 @@ fn node(code: &str, status: Option<u16>, message: String) -> RunEventKind {
 
 fn failed(class: FailureClass, code: &str, status: Option<u16>, message: String) -> RunEventKind {
     RunEventKind::Failed {
+        context_window: None,
         code: code.to_owned(),
         message,
         class,
@@ -262,6 +315,49 @@ mod tests {
         for (code, body, class, name) in table {
             check(&status(code, body), (class, name, Some(code)));
         }
+    }
+
+    #[test]
+    fn a_prompt_over_the_window_says_both_sizes() {
+        let overflow = |kind: &RunEventKind| match kind {
+            RunEventKind::Failed {
+                code,
+                class,
+                usage,
+                context_window,
+                ..
+            } => (
+                code.clone(),
+                *class,
+                usage.map(|u| u.input_tokens),
+                *context_window,
+            ),
+            other => panic!("expected failed, got {other:?}"),
+        };
+        let expected = |prompt: Option<u32>, window| {
+            let code = "context_length_exceeded".to_owned();
+            (code, FailureClass::Request, prompt, Some(window))
+        };
+        // llama.cpp's llama-server, as it answers (and streams) the error.
+        let llama = json!({"error": {"code": 400, "type": "exceed_context_size_error",
+            "message": "request (4339 tokens) exceeds the available context size (2048 tokens), try increasing it",
+            "n_prompt_tokens": 4339, "n_ctx": 2048}});
+        assert_eq!(
+            overflow(&status(400, llama.clone())),
+            expected(Some(4339), 2048)
+        );
+        let streamed = classify(&UpstreamFault::InStream(llama));
+        assert_eq!(overflow(&streamed), expected(Some(4339), 2048));
+        // vLLM and OpenAI write it in the message.
+        let vllm = json!({"object": "error", "type": "BadRequestError", "code": 400,
+            "message": "This model's maximum context length is 2048 tokens. However, you requested 4339 tokens (4331 in the messages, 8 in the completion)."});
+        assert_eq!(overflow(&status(400, vllm)), expected(Some(4339), 2048));
+        let openai = json!({"error": {"code": "context_length_exceeded", "type": "invalid_request_error",
+            "message": "This model's maximum context length is 8192 tokens. However, your messages resulted in 9000 tokens."}});
+        assert_eq!(overflow(&status(400, openai)), expected(Some(9000), 8192));
+        // Any other 400 is not one.
+        let other = json!({"error": {"code": 400, "message": "bad tool schema"}});
+        assert_eq!(overflow(&status(400, other)).3, None);
     }
 
     #[test]

@@ -370,6 +370,7 @@ async fn embeddings_events(body: Vec<u8>) -> Result<Vec<RunEventKind>, UpstreamF
 
 fn invalid_input(invalid: InvalidInput) -> RunEventKind {
     RunEventKind::Failed {
+        context_window: None,
         code: "invalid_input".into(),
         message: invalid.0,
         class: FailureClass::Request,

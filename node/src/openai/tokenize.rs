@@ -152,6 +152,7 @@ pub fn is_missing(fault: &UpstreamFault) -> bool {
 /// The failure of a run whose engine has no `path`.
 pub fn not_supported(adapter: &str, path: &str) -> RunEventKind {
     RunEventKind::Failed {
+        context_window: None,
         code: "not_supported".into(),
         message: format!(
             "the engine of adapter {adapter} has no {path} endpoint (llama.cpp's llama-server and vLLM have one)"

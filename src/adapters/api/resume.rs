@@ -31,7 +31,7 @@ use crate::adapters::api::translators::frame::{EventId, EventWriter, SseFrame};
 use crate::adapters::api::translators::openai::chunks::ChunkWriter;
 use crate::adapters::api::translators::openai::{Endpoint, Reply};
 use crate::adapters::event_format::feed_json;
-use crate::domain::RunId;
+use crate::domain::{RunId, Usage};
 use crate::ports::{FeedStream, ManageError};
 
 /// The header a resuming client names the last event it has in (SSE's own).
@@ -206,7 +206,7 @@ impl<W: EventWriter> Resumed<W> {
             match replayed(&item.kind, &feed_json(&item.event), self.retry_after_secs) {
                 Replayed::Skip => continue,
                 Replayed::Output(text, structured) => {
-                    self.open();
+                    self.open(structured.as_ref().and_then(|s| s.usage));
                     self.writer
                         .output(&text, structured.as_ref(), &mut self.frame);
                 }
@@ -219,15 +219,17 @@ impl<W: EventWriter> Resumed<W> {
         (!self.frame.is_empty()).then(|| self.frame.split())
     }
 
-    fn open(&mut self) {
+    /// Writes the opening events, once, with the run's counts when they came by then (as
+    /// the first stream's were written).
+    fn open(&mut self, counts: Option<Usage>) {
         if !self.opened {
             self.opened = true;
-            self.writer.open(&mut self.frame);
+            self.writer.open(counts, &mut self.frame);
         }
     }
 
     fn end(&mut self, end: Result<super::translators::output::Finished, ApiError>) {
-        self.open();
+        self.open(None);
         self.writer.close(end, &mut self.frame);
         self.done = true;
         if let Some(reader) = &mut self.reader {

@@ -263,16 +263,15 @@ impl ActiveRun {
                 message,
                 class,
                 status,
-                ..
+                usage,
+                context_window,
             } => {
                 debug!(%run_id, code, message, class = class.as_str(), "API run failed");
-                Err(ApiError::run_failed(
-                    code,
-                    message,
-                    *class,
-                    *status,
-                    self.retry_after_secs,
-                ))
+                let prompt = usage.map(|usage| usage.input_tokens);
+                Err(
+                    ApiError::run_failed(code, message, *class, *status, self.retry_after_secs)
+                        .with_context_window(prompt, *context_window),
+                )
             }
             RunEventKind::Cancelled { reason, .. } => Err(ApiError::run_cancelled(reason)),
             RunEventKind::Started | RunEventKind::Output { .. } => {

@@ -23,6 +23,7 @@ use tokio::time::{Instant, Sleep};
 
 use super::run::{ActiveRun, Step};
 use super::translators::frame::{EventWriter, SseFrame};
+use crate::domain::Usage;
 use crate::hops;
 
 /// How long a stream may stay silent before a comment line keeps idle-timeout proxies from
@@ -57,7 +58,7 @@ pub(super) fn respond<W: EventWriter>(
     match first {
         Some(first) => body.absorb(first),
         // The stream begins at once, before the run's first event.
-        None => body.open(),
+        None => body.open(None),
     }
     event_stream(Body::new(body))
 }
@@ -149,10 +150,11 @@ impl<W: EventWriter> SseBody<W> {
         Poll::Ready(Some(Ok(Frame::data(self.writer.keep_alive()))))
     }
 
-    fn open(&mut self) {
+    /// Writes the opening events, once, with the run's counts when they came by then.
+    fn open(&mut self, counts: Option<Usage>) {
         if !self.opened {
             self.opened = true;
-            self.writer.open(&mut self.frame);
+            self.writer.open(counts, &mut self.frame);
         }
     }
 
@@ -162,7 +164,11 @@ impl<W: EventWriter> SseBody<W> {
         if self.ids {
             self.frame.group(self.run.position());
         }
-        self.open();
+        let counts = match &step {
+            Step::Output(output) => output.structured().and_then(|s| s.usage),
+            Step::End(_) => None,
+        };
+        self.open(counts);
         match step {
             Step::Output(output) => {
                 let (text, structured) = (output.text(), output.structured());

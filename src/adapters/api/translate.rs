@@ -25,7 +25,7 @@ use crate::adapters::api::ApiState;
 use crate::adapters::api::translators::frame::{
     EventWriter, KEEP_ALIVE_COMMENT, SseFrame, push_named_event,
 };
-use crate::domain::{Operation, RunId, RunSpec, StructuredOutput};
+use crate::domain::{Operation, RunId, RunSpec, StructuredOutput, Usage};
 
 /// One API served as a chat run: how its requests translate, where its client keys are,
 /// its error shape, and its answers — streamed through a translator, or whole.
@@ -160,8 +160,8 @@ pub(super) fn chat_run<T: ChatTranslation>(
 pub(super) struct NamedEvents<T>(pub T);
 
 impl<T: StreamTranslator> EventWriter for NamedEvents<T> {
-    fn open(&mut self, frame: &mut SseFrame) {
-        write_all(frame, self.0.open());
+    fn open(&mut self, counts: Option<Usage>, frame: &mut SseFrame) {
+        write_all(frame, self.0.open(counts));
     }
 
     fn output(&mut self, text: &str, structured: Option<&StructuredOutput>, frame: &mut SseFrame) {

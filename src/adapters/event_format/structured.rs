@@ -1,5 +1,5 @@
 //! The structured parts of an output event (reasoning, tool-call pieces, log probabilities,
-//! embeddings, token ids) in the text and JSON lines. Rare next to plain text, so written through
+//! embeddings, token ids, the token counts so far) in the text and JSON lines. Rare next to plain text, so written through
 //! `serde_json` values rather than by hand.
 
 use std::io::Write as _;
@@ -10,7 +10,9 @@ use super::push_escaped;
 use crate::domain::{StructuredOutput, TokenLogprob};
 
 /// Appends ` reasoning=..`, ` tool_call=INDEX:ID:NAME:ARGUMENTS` per piece, ` logprobs=N`
-/// ` embeddings=NxDIM` and ` tokens=N` for what `structured` carries (text escaped onto one line).
+/// ` embeddings=NxDIM`, ` tokens=N` and the counts so far (` input_tokens=..
+/// output_tokens=..`, as a terminal event's) for what `structured` carries (text escaped onto
+/// one line).
 pub(super) fn push_text(structured: &StructuredOutput, out: &mut Vec<u8>) {
     if !structured.reasoning.is_empty() {
         out.extend_from_slice(b" reasoning=");
@@ -35,11 +37,12 @@ pub(super) fn push_text(structured: &StructuredOutput, out: &mut Vec<u8>) {
     if !structured.tokens.is_empty() {
         let _ = write!(out, " tokens={}", structured.tokens.len());
     }
+    super::push_text_usage(structured.usage.as_ref(), out);
 }
 
-/// Appends `,"reasoning":..`, `,"tool_calls":[..]`, `,"logprobs":[..]` and
-/// `,"embeddings":[..]` and `,"tokens":[..]` for what `structured` carries; empty parts are
-/// left out.
+/// Appends `,"reasoning":..`, `,"tool_calls":[..]`, `,"logprobs":[..]`,
+/// `,"embeddings":[..]`, `,"tokens":[..]` and the counts so far (`,"input_tokens":..`, as a
+/// terminal event's) for what `structured` carries; empty parts are left out.
 pub(super) fn push_json(structured: &StructuredOutput, out: &mut Vec<u8>) {
     if !structured.reasoning.is_empty() {
         push_field(
@@ -73,6 +76,7 @@ pub(super) fn push_json(structured: &StructuredOutput, out: &mut Vec<u8>) {
     if !structured.tokens.is_empty() {
         push_field("tokens", &Value::from(structured.tokens.clone()), out);
     }
+    super::push_json_usage(structured.usage.as_ref(), out);
 }
 
 fn logprob(token: &TokenLogprob) -> Value {

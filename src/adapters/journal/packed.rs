@@ -447,6 +447,7 @@ mod tests {
                 },
             ),
             1 => Just(RunEventKind::Failed {
+                context_window: None,
                 code: "node_failed".into(),
                 message: "it \"broke\"".into(),
                 class: FailureClass::Node,

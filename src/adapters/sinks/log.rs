@@ -89,6 +89,7 @@ fn record_end(event: &RunEvent) {
             "run event"
         ),
         RunEventKind::Failed {
+            context_window,
             code,
             message,
             class,
@@ -100,6 +101,7 @@ fn record_end(event: &RunEvent) {
             error_message = message.as_str(),
             class = class.as_str(),
             status = *status,
+            context_window = *context_window,
             input_tokens = usage.map(|usage| usage.input_tokens),
             output_tokens = usage.map(|usage| usage.output_tokens),
             "run event"

@@ -23,6 +23,7 @@ const DRAIN_DEADLINE_MESSAGE: &str = "the node's drain deadline passed";
 /// The end a drain deadline gives the attempt on the drained node (see above).
 fn drain_deadline_end() -> RunEventKind {
     RunEventKind::Failed {
+        context_window: None,
         code: DRAIN_DEADLINE.to_owned(),
         message: DRAIN_DEADLINE_MESSAGE.to_owned(),
         class: FailureClass::Node,

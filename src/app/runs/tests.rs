@@ -135,6 +135,7 @@ fn completed() -> RunEventKind {
 /// A node's `failed` of `class`.
 fn classed(class: FailureClass) -> RunEventKind {
     RunEventKind::Failed {
+        context_window: None,
         code: format!("{}_failure", class.as_str()),
         message: "the engine said no".into(),
         class,

@@ -189,7 +189,8 @@ impl Replay {
 
     /// The stream's opening events.
     fn open(&mut self) -> Vec<ApiEvent> {
-        let events = self.stream.open();
+        // The Responses stream opens with no counts (its `response.created` has none).
+        let events = self.stream.open(None);
         self.keep(events)
     }
 

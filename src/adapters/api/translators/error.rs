@@ -16,6 +16,8 @@ use crate::ports::{StartError, waiting_for};
 const INVALID_REQUEST: &str = "invalid_request_error";
 const RATE_LIMIT: &str = "rate_limit_error";
 const SERVER: &str = "server_error";
+/// The code of a prompt longer than the model's context window (OpenAI's).
+pub const CONTEXT_LENGTH_EXCEEDED: &str = "context_length_exceeded";
 /// The code of an operation the pool (or the node's engine) does not support.
 pub const NOT_SUPPORTED: &str = "not_supported";
 
@@ -84,6 +86,16 @@ pub struct ApiError {
     param: Option<&'static str>,
     code: Option<String>,
     retry_after_secs: Option<u64>,
+    overflow: Option<Overflow>,
+}
+
+/// A prompt longer than the model's context window, in tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Overflow {
+    /// The prompt's size, when the engine said.
+    pub prompt: Option<u32>,
+    /// The window's.
+    pub window: u32,
 }
 
 #[derive(Serialize)]
@@ -109,6 +121,7 @@ impl ApiError {
             param: None,
             code: None,
             retry_after_secs: None,
+            overflow: None,
         }
     }
 
@@ -140,6 +153,11 @@ impl ApiError {
     /// The human-readable message.
     pub fn message(&self) -> &str {
         &self.message
+    }
+
+    /// The prompt and window sizes of a prompt over the model's context window.
+    pub fn overflow(&self) -> Option<Overflow> {
+        self.overflow
     }
 
     /// The `Retry-After` the answer carries, in seconds, if any.
@@ -290,6 +308,34 @@ impl ApiError {
             format!("The request body is larger than the limit of {limit} bytes."),
         )
         .code("request_too_large")
+    }
+
+    /// 400 `context_length_exceeded` in OpenAI's words: the prompt is longer than the model's
+    /// context window (each API says it its own way: [`Self::overflow`] keeps the sizes).
+    pub fn context_length_exceeded(prompt: Option<u32>, window: u32) -> Self {
+        let resulted = prompt.map_or_else(String::new, |prompt| {
+            format!(" However, your messages resulted in {prompt} tokens.")
+        });
+        let message = format!(
+            "This model's maximum context length is {window} tokens.{resulted} Please reduce the length of the messages."
+        );
+        let mut error = Self::new(ErrorKind::InvalidRequest, INVALID_REQUEST, message)
+            .param("messages")
+            .code(CONTEXT_LENGTH_EXCEEDED);
+        error.overflow = Some(Overflow { prompt, window });
+        error
+    }
+
+    /// This failure as a prompt over the context window when its node measured one
+    /// (`context_length_exceeded` with the window's size; the prompt's from its usage).
+    #[must_use]
+    pub fn with_context_window(self, prompt: Option<u32>, window: Option<u32>) -> Self {
+        match window {
+            Some(window) if self.code.as_deref() == Some(CONTEXT_LENGTH_EXCEEDED) => {
+                Self::context_length_exceeded(prompt.filter(|tokens| *tokens > 0), window)
+            }
+            _ => self,
+        }
     }
 
     /// 500: something that should not happen.
@@ -468,6 +514,38 @@ mod tests {
         let json: serde_json::Value =
             serde_json::from_str(&ApiError::internal("x").to_json()).unwrap();
         assert!(json["error"]["param"].is_null());
+    }
+
+    #[test]
+    fn a_prompt_over_the_window_is_openai_s_context_length_exceeded() {
+        let failed = ApiError::run_failed(
+            CONTEXT_LENGTH_EXCEEDED,
+            "request (4339 tokens) exceeds the available context size (2048 tokens)",
+            FailureClass::Request,
+            Some(400),
+            1,
+        );
+        let error = failed.clone().with_context_window(Some(4339), Some(2048));
+        assert_eq!(error.kind(), ErrorKind::InvalidRequest);
+        assert_eq!(error.error_code(), Some(CONTEXT_LENGTH_EXCEEDED));
+        assert_eq!(
+            error.message(),
+            "This model's maximum context length is 2048 tokens. However, your messages resulted in 4339 tokens. Please reduce the length of the messages."
+        );
+        let json: serde_json::Value = serde_json::from_str(&error.to_json()).unwrap();
+        assert_eq!(json["error"]["param"], "messages");
+        assert_eq!(
+            error.overflow(),
+            Some(Overflow {
+                prompt: Some(4339),
+                window: 2048
+            })
+        );
+        // Without the window (a node that did not measure it), the node's own words stay.
+        assert_eq!(failed.clone().with_context_window(Some(4339), None), failed);
+        // Another failure with a window is left alone.
+        let other = ApiError::run_failed("bad_tool", "m", FailureClass::Request, Some(400), 1);
+        assert_eq!(other.clone().with_context_window(Some(1), Some(2)), other);
     }
 
     #[test]

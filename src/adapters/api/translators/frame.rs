@@ -13,7 +13,7 @@ use serde::Serialize;
 
 use super::ApiError;
 use super::output::Finished;
-use crate::domain::StructuredOutput;
+use crate::domain::{StructuredOutput, Usage};
 
 /// The keep-alive comment.
 pub(in crate::adapters::api) const KEEP_ALIVE_COMMENT: &[u8] = b":\n\n";
@@ -23,8 +23,9 @@ pub(in crate::adapters::api) const KEEP_ALIVE_COMMENT: &[u8] = b":\n\n";
 pub(in crate::adapters::api) trait EventWriter:
     Send + Unpin + 'static
 {
-    /// The events that open the stream (written before the first output).
-    fn open(&mut self, frame: &mut SseFrame);
+    /// The events that open the stream (written before the first output), with the run's
+    /// token counts when they are known by then (the prompt's, with the first output).
+    fn open(&mut self, counts: Option<Usage>, frame: &mut SseFrame);
     /// The events of one piece of output: its text and its structured parts.
     fn output(&mut self, text: &str, structured: Option<&StructuredOutput>, frame: &mut SseFrame);
     /// The events that end the stream: after success, or the API's error event.

@@ -20,11 +20,11 @@ pub(in crate::adapters::api) mod output;
 pub(in crate::adapters::api) mod responses;
 
 pub(in crate::adapters::api) use client_stream::ClientStream;
-pub use error::{ApiError, ErrorKind};
+pub use error::{ApiError, ErrorKind, Overflow};
 
 use serde_json::Value;
 
-use crate::domain::StructuredOutput;
+use crate::domain::{StructuredOutput, Usage};
 use output::Finished;
 
 /// What a request of another API becomes: a chat-completions body for one model.
@@ -67,8 +67,9 @@ impl ApiEvent {
 pub(in crate::adapters::api) trait StreamTranslator:
     Send + Unpin + 'static
 {
-    /// The events that open the stream.
-    fn open(&mut self) -> Vec<ApiEvent>;
+    /// The events that open the stream, with the run's token counts when they are known by
+    /// then (the prompt's, reported with the first output).
+    fn open(&mut self, counts: Option<Usage>) -> Vec<ApiEvent>;
     /// The events of one piece of output: its text and its structured parts.
     fn output(&mut self, text: &str, structured: Option<&StructuredOutput>) -> Vec<ApiEvent>;
     /// The events that end the stream, after success or failure. Nothing may follow them.
@@ -145,7 +146,7 @@ pub(in crate::adapters::api) mod strategies {
         pieces: &[Piece],
         end: &Result<Finished, ApiError>,
     ) -> Vec<ApiEvent> {
-        let mut events = translator.open();
+        let mut events = translator.open(None);
         for piece in pieces {
             let (text, structured) = output_of(piece);
             events.extend(translator.output(text, structured.as_ref()));

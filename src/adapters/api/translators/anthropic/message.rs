@@ -6,7 +6,7 @@ use serde_json::{Value, json};
 
 use crate::adapters::api::translators::arguments_value;
 use crate::adapters::api::translators::output::{Collected, Finished};
-use crate::adapters::api::translators::{ApiError, ErrorKind};
+use crate::adapters::api::translators::{ApiError, ErrorKind, Overflow};
 use crate::domain::Usage;
 
 /// The whole answer: a `message` with thinking (when asked for), text and `tool_use`
@@ -102,10 +102,19 @@ fn error_type(kind: ErrorKind) -> &'static str {
     }
 }
 
-/// Anthropic's error body, `{"type":"error","error":{"type":…,"message":…}}`.
+/// Anthropic's error body, `{"type":"error","error":{"type":…,"message":…}}`. A prompt over
+/// the context window is said in Anthropic's words, `prompt is too long: N tokens > M
+/// maximum`, which Claude Code reads to size its compaction.
 pub(in crate::adapters::api) fn error_body(error: &ApiError) -> Value {
+    let message = match error.overflow() {
+        Some(Overflow {
+            prompt: Some(prompt),
+            window,
+        }) => format!("prompt is too long: {prompt} tokens > {window} maximum"),
+        _ => error.message().to_owned(),
+    };
     json!({
         "type": "error",
-        "error": { "type": error_type(error.kind()), "message": error.message() },
+        "error": { "type": error_type(error.kind()), "message": message },
     })
 }

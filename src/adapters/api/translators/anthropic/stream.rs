@@ -14,7 +14,7 @@ use super::message::{error_body, stop_reason, usage_json};
 use crate::adapters::api::translators::ApiError;
 use crate::adapters::api::translators::output::Finished;
 use crate::adapters::api::translators::{ApiEvent, StreamTranslator};
-use crate::domain::{StructuredOutput, ToolCallDelta};
+use crate::domain::{StructuredOutput, ToolCallDelta, Usage};
 
 /// The kind of the block that is open for deltas (besides tool blocks).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -131,7 +131,13 @@ fn block_stop(index: u32) -> ApiEvent {
 }
 
 impl StreamTranslator for MessagesStream {
-    fn open(&mut self) -> Vec<ApiEvent> {
+    fn open(&mut self, counts: Option<Usage>) -> Vec<ApiEvent> {
+        // The prompt's counts when the engine reported them with the first output (so
+        // Claude Code shows the turn's tokens at once); zeros otherwise, as before.
+        let usage = counts.map_or_else(
+            || json!({ "input_tokens": 0, "output_tokens": 0 }),
+            usage_json,
+        );
         let message = json!({
             "id": self.id,
             "type": "message",
@@ -140,7 +146,7 @@ impl StreamTranslator for MessagesStream {
             "content": [],
             "stop_reason": null,
             "stop_sequence": null,
-            "usage": { "input_tokens": 0, "output_tokens": 0 },
+            "usage": usage,
         });
         vec![
             ApiEvent::new(

@@ -8,9 +8,12 @@ use serde_json::{Value, json};
 use super::request::translate;
 use super::session_in_user_id;
 use super::stream::MessagesStream;
-use crate::adapters::api::translators::ApiEvent;
+use crate::adapters::api::translators::StreamTranslator as _;
 use crate::adapters::api::translators::client_fixtures::client_request;
+use crate::adapters::api::translators::output::Finished;
 use crate::adapters::api::translators::strategies::{Piece, end, piece, play};
+use crate::adapters::api::translators::{ApiError, ApiEvent};
+use crate::domain::Usage;
 
 #[test]
 fn a_conversation_with_tools_becomes_the_chat_body() {
@@ -327,4 +330,47 @@ fn cached_prompt_tokens_are_read_from_the_cache_not_input() {
     );
     let uncached = super::message::usage_json(crate::domain::Usage::new(14, 1));
     assert_eq!(uncached, json!({"input_tokens": 14, "output_tokens": 1}));
+}
+
+#[test]
+fn message_start_carries_the_prompt_counts_the_first_output_brought() {
+    let counts = Usage {
+        input_tokens: 12,
+        output_tokens: 1,
+        cached_input_tokens: 3,
+        reasoning_tokens: 0,
+    };
+    let mut stream = MessagesStream::new("msg_1".into(), "m".into(), false);
+    let start = &stream.open(Some(counts))[0];
+    assert_eq!(start.name, "message_start");
+    let usage = &start.data["message"]["usage"];
+    assert_eq!(usage["input_tokens"], 9, "{usage}");
+    assert_eq!(usage["cache_read_input_tokens"], 3, "{usage}");
+    // The final usage says the same of the prompt.
+    let end = stream.close(Ok(&Finished {
+        finish_reason: "stop".into(),
+        usage: Some(Usage {
+            output_tokens: 5,
+            ..counts
+        }),
+    }));
+    let delta = end
+        .iter()
+        .find(|e| e.name == "message_delta")
+        .expect("a delta");
+    assert_eq!(delta.data["usage"]["input_tokens"], 9);
+    // Without counts, zeros as before.
+    let start = &MessagesStream::new("msg_2".into(), "m".into(), false).open(None)[0];
+    assert_eq!(start.data["message"]["usage"]["input_tokens"], 0);
+}
+
+#[test]
+fn a_prompt_over_the_window_is_said_as_claude_code_reads_it() {
+    let error = ApiError::context_length_exceeded(Some(4339), 2048);
+    let body = super::message::error_body(&error);
+    assert_eq!(body["error"]["type"], "invalid_request_error");
+    assert_eq!(
+        body["error"]["message"],
+        "prompt is too long: 4339 tokens > 2048 maximum"
+    );
 }

@@ -74,7 +74,7 @@ struct Envelope<'a> {
 }
 
 impl EventWriter for ChunkWriter {
-    fn open(&mut self, frame: &mut SseFrame) {
+    fn open(&mut self, _counts: Option<Usage>, frame: &mut SseFrame) {
         if self.endpoint == Endpoint::Chat {
             self.push(Piece::Start, frame);
         }

@@ -19,7 +19,7 @@ fn stream(
 ) -> Vec<String> {
     let mut writer = ChunkWriter::new(reply);
     let mut frame = SseFrame::default();
-    writer.open(&mut frame);
+    writer.open(None, &mut frame);
     for generated in pieces {
         let (text, structured) = output_of(generated);
         match structured.as_ref().filter(|s| !s.is_empty()) {

@@ -1,7 +1,8 @@
 //! A run's events as the management feed gives them (the event sinks' JSON lines, stored
 //! or live) read back as what the Responses translator takes: pieces of output and the
-//! run's end. Only what the translator uses is read (text, reasoning, tool calls, the
-//! terminal event's fields), so a replay feeds it exactly what the first stream fed it.
+//! run's end. Only what the translators use is read (text, reasoning, tool calls, the
+//! counts so far, the terminal event's fields), so a replay feeds them exactly what the
+//! first stream fed them.
 //!
 //! Pure: a line in, a value out.
 
@@ -47,7 +48,12 @@ pub(in crate::adapters::api) fn replayed(
             let status = event["status"].as_u64().and_then(|s| u16::try_from(s).ok());
             let (code, message) = (text("code"), text("message"));
             let class = FailureClass::parse(&text("class"));
-            let error = ApiError::run_failed(&code, &message, class, status, retry_after_secs);
+            let window = event["context_window"]
+                .as_u64()
+                .and_then(|n| u32::try_from(n).ok());
+            let prompt = usage(&event).map(|usage| usage.input_tokens);
+            let error = ApiError::run_failed(&code, &message, class, status, retry_after_secs)
+                .with_context_window(prompt, window);
             Replayed::End(Err(error))
         }
         "cancelled" => Replayed::End(Err(ApiError::run_cancelled(&text("reason")))),
@@ -61,15 +67,16 @@ fn output(text: String, event: &Value) -> Replayed {
         .as_array()
         .map(|calls| calls.iter().map(tool_call).collect())
         .unwrap_or_default();
-    let structured = (!reasoning.is_empty() || !tool_calls.is_empty()).then(|| StructuredOutput {
+    let structured = StructuredOutput {
         reasoning,
         tool_calls,
+        usage: usage(event),
         ..StructuredOutput::default()
-    });
-    if text.is_empty() && structured.is_none() {
+    };
+    if text.is_empty() && structured.reasoning.is_empty() && structured.tool_calls.is_empty() {
         return Replayed::Skip;
     }
-    Replayed::Output(text, structured)
+    Replayed::Output(text, (!structured.is_empty()).then_some(structured))
 }
 
 fn tool_call(call: &Value) -> ToolCallDelta {
@@ -147,7 +154,7 @@ mod tests {
     /// The events the translator makes of `kinds` when fed directly, as a live stream is.
     fn live(kinds: &[RunEventKind]) -> Vec<(String, Value)> {
         let mut stream = ResponsesStream::new(base());
-        let mut events = stream.open();
+        let mut events = stream.open(None);
         for kind in kinds {
             match kind {
                 RunEventKind::Output {
@@ -186,7 +193,7 @@ mod tests {
 
     fn replayed_from_lines(kinds: &[RunEventKind]) -> Vec<(String, Value)> {
         let mut stream = ResponsesStream::new(base());
-        let mut events = stream.open();
+        let mut events = stream.open(None);
         for kind in kinds {
             match replayed(kind.name(), &line_of(kind), 1) {
                 Replayed::Output(text, structured) => {
@@ -259,6 +266,7 @@ mod tests {
             FailureClass::Refused,
         ] {
             let failed = RunEventKind::Failed {
+                context_window: None,
                 code: "engine_error".into(),
                 message: "boom".into(),
                 class,

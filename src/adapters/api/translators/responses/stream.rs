@@ -18,7 +18,7 @@ use super::items::{
 use crate::adapters::api::translators::ApiError;
 use crate::adapters::api::translators::output::Finished;
 use crate::adapters::api::translators::{ApiEvent, StreamTranslator};
-use crate::domain::{StructuredOutput, ToolCallDelta};
+use crate::domain::{StructuredOutput, ToolCallDelta, Usage};
 
 /// The streaming state of one Responses answer.
 #[derive(Debug)]
@@ -215,7 +215,7 @@ impl ResponsesStream {
 }
 
 impl StreamTranslator for ResponsesStream {
-    fn open(&mut self) -> Vec<ApiEvent> {
+    fn open(&mut self, _counts: Option<Usage>) -> Vec<ApiEvent> {
         let response = response_json(&self.base, &Outcome::InProgress, Vec::new());
         let created = self.event("response.created", json!({ "response": response.clone() }));
         let in_progress = self.event("response.in_progress", json!({ "response": response }));
