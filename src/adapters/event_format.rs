@@ -141,6 +141,14 @@ fn push_json_usage(usage: Option<&Usage>, out: &mut Vec<u8>) {
     push_usage(usage, JSON_USAGE, out);
 }
 
+/// Appends `label` and `value` when there is a value.
+fn push_some(label: &[u8], value: Option<u64>, out: &mut Vec<u8>) {
+    if let Some(value) = value {
+        out.extend_from_slice(label);
+        push_u64(value, out);
+    }
+}
+
 /// Appends a terminal event's usage, if known, under `labels`: input and output tokens
 /// always, cached input and reasoning tokens only when there are any.
 fn push_usage(usage: Option<&Usage>, labels: [&[u8]; 4], out: &mut Vec<u8>) {
@@ -245,14 +253,8 @@ fn push_text_failure(kind: &RunEventKind, out: &mut Vec<u8>) {
         out.extend_from_slice(b" class=");
         out.extend_from_slice(class.as_str().as_bytes());
     }
-    if let Some(status) = status {
-        out.extend_from_slice(b" status=");
-        push_u64(u64::from(*status), out);
-    }
-    if let Some(window) = context_window {
-        out.extend_from_slice(b" context_window=");
-        push_u64(u64::from(*window), out);
-    }
+    push_some(b" status=", status.map(u64::from), out);
+    push_some(b" context_window=", context_window.map(u64::from), out);
     push_text_usage(usage.as_ref(), out);
     out.extend_from_slice(b" message=");
     push_escaped(message, out);
@@ -304,14 +306,8 @@ fn push_json_payload(event: &RunEvent, out: &mut Vec<u8>) {
                 out.extend_from_slice(class.as_str().as_bytes());
                 out.push(b'"');
             }
-            if let Some(status) = status {
-                out.extend_from_slice(b",\"status\":");
-                push_u64(u64::from(*status), out);
-            }
-            if let Some(window) = context_window {
-                out.extend_from_slice(b",\"context_window\":");
-                push_u64(u64::from(*window), out);
-            }
+            push_some(b",\"status\":", status.map(u64::from), out);
+            push_some(b",\"context_window\":", context_window.map(u64::from), out);
             push_json_usage(usage.as_ref(), out);
         }
         RunEventKind::Cancelled { reason, usage } => {

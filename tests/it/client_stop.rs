@@ -4,8 +4,6 @@
 //! `resumable = true`; `stream_resume.rs` covers those). Every edge here has a resume
 //! grace of ten minutes, so only a cancel that does not wait for it can pass.
 
-use std::time::Duration;
-
 use edge::ports::NodeCommand;
 use futures::StreamExt as _;
 use reqwest::StatusCode;
@@ -13,9 +11,9 @@ use serde_json::{Value, json};
 
 use crate::common::python::run_client_script;
 use crate::common::runs::words;
-use crate::common::{NodeTable, TestApp, bounded, eventually, eventually_ok, http_get, spawn_app};
-use crate::mock_node::{Behaviour, MockNode, MockOptions};
-use crate::stream_resume::RESUMABLE;
+use crate::common::{NodeTable, TestApp, bounded, eventually, eventually_ok, http_get};
+use crate::mock_node::MockNode;
+use crate::stream_resume::{RESUMABLE, slow_echo_edge};
 
 /// Far longer than any test may take: a run cancelled only after it never is.
 const GRACE_MS: u64 = 600_000;
@@ -31,17 +29,7 @@ async fn edge() -> (TestApp, MockNode) {
     let config = format!(
         "{node}\n[api]\nkeys = [\"{API_KEY}\"]\n[runs]\nclient_resume_grace_ms = {GRACE_MS}\n"
     );
-    let app = spawn_app(&config).await;
-    let options = MockOptions {
-        behaviour: Behaviour::Echo,
-        delay: Duration::from_millis(5),
-        ..MockOptions::new("token-a")
-    };
-    let node = MockNode::start(app.node_addr, options)
-        .await
-        .expect("the mock node registers");
-    app.wait_for_nodes(1).await;
-    (app, node)
+    slow_echo_edge(&config).await
 }
 
 fn chat(text: &str) -> (&'static str, Value) {

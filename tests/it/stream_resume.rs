@@ -64,8 +64,16 @@ pub fn events_in(text: &str) -> Vec<Event> {
 /// An edge (`runs.client_resume_grace_ms` = `grace_ms`, and `extra` config) with a mock
 /// node that streams slowly.
 async fn edge_with(grace_ms: u64, extra: &str) -> (TestApp, MockNode) {
-    let config = format!("{TWO_NODES}\n{extra}\n[runs]\nclient_resume_grace_ms = {grace_ms}\n");
-    let app = spawn_app(&config).await;
+    slow_echo_edge(&format!(
+        "{TWO_NODES}\n{extra}\n[runs]\nclient_resume_grace_ms = {grace_ms}\n"
+    ))
+    .await
+}
+
+/// An edge of `config` with its node `token-a` connected: a mock node that echoes slowly (5
+/// ms a word).
+pub async fn slow_echo_edge(config: &str) -> (TestApp, MockNode) {
+    let app = spawn_app(config).await;
     let options = MockOptions {
         behaviour: Behaviour::Echo,
         delay: Duration::from_millis(5),
