@@ -272,11 +272,14 @@ impl NodeRecord {
     }
 }
 
-/// The adapter-target pairs a node says it can serve now. A node that never reports is
-/// taken to serve everything its config lists.
+/// The adapter-target pairs a node says it can serve now, and what it knows of them (each
+/// one's context window). A node that never reports is taken to serve everything its
+/// config lists.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Availability {
     available: Vec<(AdapterName, Target)>,
+    /// The context windows, in tokens, of the available pairs whose engine said.
+    windows: BTreeMap<(AdapterName, Target), u32>,
 }
 
 impl Availability {
@@ -285,7 +288,33 @@ impl Availability {
         let mut available: Vec<_> = available.into_iter().collect();
         available.sort();
         available.dedup();
-        Self { available }
+        Self {
+            available,
+            windows: BTreeMap::new(),
+        }
+    }
+
+    /// This availability with `adapter + target`'s context window: `tokens`. Ignored for a
+    /// pair that is not available, or a window of 0 (unknown).
+    #[must_use]
+    pub fn with_context_window(
+        mut self,
+        adapter: &AdapterName,
+        target: &Target,
+        tokens: u32,
+    ) -> Self {
+        if tokens > 0 && self.serves(adapter, target) {
+            self.windows
+                .insert((adapter.clone(), target.clone()), tokens);
+        }
+        self
+    }
+
+    /// The context window `adapter + target` is served with, in tokens, when the node said.
+    pub fn context_window(&self, adapter: &AdapterName, target: &Target) -> Option<u32> {
+        self.windows
+            .get(&(adapter.clone(), target.clone()))
+            .copied()
     }
 
     /// Whether `adapter + target` is available.

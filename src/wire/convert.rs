@@ -437,29 +437,62 @@ fn answer_from_wire(answer: proto::ResumeAnswer) -> ResumeAnswer {
     ResumeAnswer { run_id, outcome }
 }
 
-/// Pairs whose adapter or target is not a valid name are left out: no run can ask for them.
+/// Pairs whose adapter or target is not a valid name are left out: no run can ask for them;
+/// so is the state of a target the adapter does not list.
 fn availability_from_wire(availability: proto::TargetAvailability) -> Availability {
     let proto::TargetAvailability { adapters } = availability;
-    Availability::new(adapters.into_iter().flat_map(
-        |proto::AdapterTargets { adapter, targets }| {
-            let adapter = AdapterName::parse(&adapter).ok();
-            targets
-                .into_iter()
-                .filter_map(move |target| Some((adapter.clone()?, Target::parse(&target).ok()?)))
+    let mut windows = Vec::new();
+    let pairs: Vec<(AdapterName, Target)> = adapters
+        .into_iter()
+        .filter_map(
+            |proto::AdapterTargets {
+                 adapter,
+                 targets,
+                 states,
+             }| {
+                let adapter = AdapterName::parse(&adapter).ok()?;
+                for proto::TargetState {
+                    target,
+                    context_window,
+                } in states
+                {
+                    if let Ok(target) = Target::parse(&target) {
+                        windows.push((adapter.clone(), target, context_window));
+                    }
+                }
+                Some(targets.into_iter().filter_map(move |target| {
+                    Some((adapter.clone(), Target::parse(&target).ok()?))
+                }))
+            },
+        )
+        .flatten()
+        .collect();
+    windows.into_iter().fold(
+        Availability::new(pairs),
+        |availability, (adapter, target, tokens)| {
+            availability.with_context_window(&adapter, &target, tokens)
         },
-    ))
+    )
 }
 
 fn availability_to_wire(availability: Availability) -> proto::TargetAvailability {
     let mut adapters: Vec<proto::AdapterTargets> = Vec::new();
     for (adapter, target) in availability.pairs() {
+        let state = availability
+            .context_window(adapter, target)
+            .map(|context_window| proto::TargetState {
+                target: target.to_string(),
+                context_window,
+            });
         match adapters.last_mut() {
             Some(last) if last.adapter == adapter.as_str() => {
                 last.targets.push(target.to_string());
+                last.states.extend(state);
             }
             _ => adapters.push(proto::AdapterTargets {
                 adapter: adapter.to_string(),
                 targets: vec![target.to_string()],
+                states: state.into_iter().collect(),
             }),
         }
     }
@@ -506,17 +539,35 @@ mod tests {
                 proto::AdapterTargets {
                     adapter: "openai".into(),
                     targets: vec!["qwen".into(), "bad target!".into()],
+                    states: vec![
+                        proto::TargetState {
+                            target: "qwen".into(),
+                            context_window: 32_768,
+                        },
+                        // Not listed: not available, so no window either.
+                        proto::TargetState {
+                            target: "llama".into(),
+                            context_window: 8_192,
+                        },
+                    ],
                 },
                 proto::AdapterTargets {
                     adapter: "".into(),
                     targets: vec!["x".into()],
+                    states: Vec::new(),
                 },
             ],
         };
         let availability = availability_from_wire(wire);
         assert_eq!(availability.pairs().len(), 1);
+        let (openai, qwen) = &availability.pairs()[0];
+        assert_eq!(availability.context_window(openai, qwen), Some(32_768));
+        let llama = Target::parse("llama").unwrap();
+        assert_eq!(availability.context_window(openai, &llama), None);
         let back = availability_to_wire(availability);
         assert_eq!(back.adapters.len(), 1);
         assert_eq!(back.adapters[0].targets, vec!["qwen".to_owned()]);
+        assert_eq!(back.adapters[0].states.len(), 1);
+        assert_eq!(back.adapters[0].states[0].context_window, 32_768);
     }
 }

@@ -11,7 +11,7 @@ use crate::mock_node;
 use std::time::Duration;
 
 use common::runs::words;
-use common::{TWO_NODES, TestApp, eventually, spawn_app};
+use common::{TWO_NODES, TestApp, eventually, eventually_ok, spawn_app};
 use edge::ports::{NodeCommand, RunAssignment};
 use futures::StreamExt;
 use mock_node::{Behaviour, MockNode, MockOptions};
@@ -318,6 +318,61 @@ async fn models_lists_what_the_connected_nodes_serve_right_now() {
     app.wait_for_nodes(1).await;
     assert_eq!(model_ids(&app).await, ["echo/default"]);
     kill_and_stop(app, [node_a]).await;
+}
+
+#[crate::common::test]
+async fn models_carry_the_smallest_context_window_their_nodes_reported() {
+    use crate::admin_support::HandNode;
+    use crate::common::NodeTable;
+    // Hand-driven nodes send no heartbeats of their own: a long interval keeps them.
+    let a = NodeTable::new("node-a", "gpu-a", "token-a")
+        .runtime(2, 60_000)
+        .echo(&["default"]);
+    let b = NodeTable::new("node-b", "gpu-b", "token-b")
+        .runtime(2, 60_000)
+        .echo(&["default", "fast"]);
+    let app = spawn_app(&format!(
+        "{a}\n{b}\n[api.models]\n\"local\" = \"echo/default\"\n"
+    ))
+    .await;
+    let mut a = HandNode::register(&app, "token-a").await;
+    let mut b = HandNode::register(&app, "token-b").await;
+    app.wait_for_nodes(2).await;
+    // Before any report (a v1 node never sends one): no window.
+    let one = |path: &'static str| {
+        let app = &app;
+        async move { get(app, path).await.json::<Value>().await.expect("json") }
+    };
+    assert!(
+        one("/v1/models/echo/default")
+            .await
+            .get("context_window")
+            .is_none()
+    );
+    a.report_windows(&[("echo", "default", 32_768)]).await;
+    b.report_windows(&[("echo", "default", 8_192), ("echo", "fast", 0)])
+        .await;
+    let windows = |model: Value| {
+        let field = |name: &str| model[name].as_u64();
+        (
+            field("context_window"),
+            field("max_input_tokens"),
+            field("max_tokens"),
+        )
+    };
+    let smallest = (Some(8_192), Some(8_192), Some(8_192));
+    eventually_ok("both reports are in", || async {
+        let seen = windows(one("/v1/models/local").await);
+        (seen == smallest).then_some(()).ok_or(format!("{seen:?}"))
+    })
+    .await;
+    assert_eq!(windows(one("/v1/models/echo/default").await), smallest);
+    // A target whose node knows no window has none.
+    assert_eq!(
+        windows(one("/v1/models/echo/fast").await),
+        (None, None, None)
+    );
+    app.stop().await;
 }
 
 // ---------------------------------------------------------------------------------------

@@ -128,7 +128,8 @@ impl ModelMap {
 
     /// The models `nodes` can serve now: every `ADAPTER/TARGET` some node's config lists,
     /// its last availability report too (if it sent one), and that is not drained; and
-    /// every alias leading to one of those; sorted by id.
+    /// every alias leading to one of those; sorted by id. A model's context window is the
+    /// smallest its serving nodes reported, so a request that fits it fits any of them.
     pub fn served(&self, nodes: &[ConnectedNode]) -> Vec<ListedModel> {
         let mut served: BTreeMap<String, ListedModel> = BTreeMap::new();
         for node in nodes {
@@ -142,10 +143,19 @@ impl ModelMap {
                         adapter: adapter.name().clone(),
                         target: target.clone(),
                     };
-                    add(&mut served, route.id(), created, &route);
+                    let window = node
+                        .availability
+                        .as_ref()
+                        .and_then(|a| a.context_window(adapter.name(), target));
+                    let found = Served {
+                        created,
+                        window,
+                        route: &route,
+                    };
+                    add(&mut served, route.id(), &found);
                     for (alias, aliased) in &self.aliases {
                         if aliased == &route {
-                            add(&mut served, alias.clone(), created, &route);
+                            add(&mut served, alias.clone(), &found);
                         }
                     }
                 }
@@ -171,14 +181,34 @@ fn without_value(error: &ModelIdError) -> String {
     }
 }
 
-fn add(served: &mut BTreeMap<String, ListedModel>, id: String, created: u64, route: &ModelRoute) {
+/// One node's serving of a model, as the model list gathers it.
+struct Served<'a> {
+    /// When the node connected (Unix seconds).
+    created: u64,
+    /// The context window the node reported for it.
+    window: Option<u32>,
+    route: &'a ModelRoute,
+}
+
+fn add(served: &mut BTreeMap<String, ListedModel>, id: String, found: &Served<'_>) {
     let entry = served.entry(id.clone()).or_insert_with(|| ListedModel {
         id,
         object: "model",
-        created,
-        owned_by: route.adapter.to_string(),
+        created: found.created,
+        owned_by: found.route.adapter.to_string(),
+        context_window: None,
+        max_input_tokens: None,
+        max_tokens: None,
     });
-    entry.created = entry.created.min(created);
+    entry.created = entry.created.min(found.created);
+    if let Some(window) = found.window {
+        let smallest = entry
+            .context_window
+            .map_or(window, |known| known.min(window));
+        entry.context_window = Some(smallest);
+        entry.max_input_tokens = Some(smallest);
+        entry.max_tokens = Some(smallest);
+    }
 }
 
 fn unix_seconds(at: SystemTime) -> u64 {
@@ -196,6 +226,16 @@ pub struct ListedModel {
     pub created: u64,
     /// The adapter that runs it.
     pub owned_by: String,
+    /// Its context window in tokens: the smallest its serving nodes reported (absent when
+    /// none did). Agents size their compaction by it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub context_window: Option<u32>,
+    /// The longest prompt it takes, in tokens (its window; Anthropic's models API names it so).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_input_tokens: Option<u32>,
+    /// The most tokens an answer may have, prompt included (its window).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<u32>,
 }
 
 /// OpenAI's list shape.

@@ -133,11 +133,28 @@ impl HandNode {
     /// Sends a heartbeat reporting that it serves only `available` (`adapter/target` pairs)
     /// now.
     pub async fn report_available(&mut self, available: &[(&str, &str)]) {
-        let pairs = available.iter().map(|(adapter, target)| {
+        let with_windows: Vec<_> = available.iter().map(|&(a, t)| (a, t, 0)).collect();
+        self.report_windows(&with_windows).await;
+    }
+
+    /// Sends a heartbeat reporting that it serves only `available` now, each
+    /// `(adapter, target, context window)` (a window of 0: unknown).
+    pub async fn report_windows(&mut self, available: &[(&str, &str, u32)]) {
+        let parse = |adapter: &str, target: &str| {
             let adapter = AdapterName::parse(adapter).expect("adapter");
             (adapter, Target::parse(target).expect("target"))
-        });
-        let frame = heartbeat(0, 0, Some(Availability::new(pairs)));
+        };
+        let pairs = available
+            .iter()
+            .map(|&(adapter, target, _)| parse(adapter, target));
+        let availability = available.iter().fold(
+            Availability::new(pairs),
+            |availability, &(adapter, target, window)| {
+                let (adapter, target) = parse(adapter, target);
+                availability.with_context_window(&adapter, &target, window)
+            },
+        );
+        let frame = heartbeat(0, 0, Some(availability));
         self.client.send(frame).await.expect("send a heartbeat");
     }
 
