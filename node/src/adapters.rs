@@ -5,7 +5,7 @@
 //! prober runs as an owned task until the next rebuild or the node's exit. While the node
 //! drains, the board publishes nothing available, so the edge stops routing to it.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -40,6 +40,8 @@ enum Slot {
     Ready {
         adapter: Arc<OpenAiAdapter>,
         available: Option<Vec<String>>,
+        /// The context windows of the available targets whose engine (or settings) said.
+        windows: BTreeMap<String, u32>,
     },
     Broken(String),
 }
@@ -100,6 +102,7 @@ impl AdapterSet {
                     Slot::Ready {
                         adapter: built,
                         available: None,
+                        windows: BTreeMap::new(),
                     }
                 }
                 Err(problem) => {
@@ -117,7 +120,9 @@ impl AdapterSet {
         match self.inner().slots.get(adapter) {
             None => Lookup::Unknown,
             Some(Slot::Broken(problem)) => Lookup::Broken(problem.clone()),
-            Some(Slot::Ready { adapter, available }) => Lookup::Ready {
+            Some(Slot::Ready {
+                adapter, available, ..
+            }) => Lookup::Ready {
                 adapter: Arc::clone(adapter),
                 available: available
                     .as_ref()
@@ -126,11 +131,21 @@ impl AdapterSet {
         }
     }
 
-    /// A prober's latest finding for `adapter`.
-    pub fn report(&self, adapter: &str, targets: Vec<String>) {
+    /// A prober's latest finding for `adapter`: the targets it can serve now, and their
+    /// context windows where known.
+    pub fn report(
+        &self,
+        adapter: &str,
+        targets: Vec<String>,
+        target_windows: BTreeMap<String, u32>,
+    ) {
         let mut inner = self.inner();
-        if let Some(Slot::Ready { available, .. }) = inner.slots.get_mut(adapter) {
+        if let Some(Slot::Ready {
+            available, windows, ..
+        }) = inner.slots.get_mut(adapter)
+        {
             *available = Some(targets);
+            *windows = target_windows;
         }
         self.publish(&inner);
         drop(inner);
@@ -180,20 +195,39 @@ impl AdapterSet {
     }
 
     fn publish(&self, inner: &Inner) {
-        let pairs = inner.slots.iter().flat_map(|(name, slot)| {
-            let targets = match slot {
-                Slot::Ready {
-                    available: Some(targets),
-                    ..
-                } if !inner.draining => targets.as_slice(),
-                _ => &[],
+        let mut pairs = Vec::new();
+        let mut windows = Vec::new();
+        for (name, slot) in &inner.slots {
+            let Slot::Ready {
+                available: Some(targets),
+                windows: known,
+                ..
+            } = slot
+            else {
+                continue;
             };
-            let name = AdapterName::parse(name).ok();
-            targets
-                .iter()
-                .filter_map(move |t| Some((name.clone()?, Target::parse(t).ok()?)))
-        });
-        let availability = Availability::new(pairs);
+            let Ok(adapter) = AdapterName::parse(name) else {
+                continue;
+            };
+            if inner.draining {
+                continue;
+            }
+            for name in targets {
+                let Ok(target) = Target::parse(name) else {
+                    continue;
+                };
+                if let Some(window) = known.get(name) {
+                    windows.push((adapter.clone(), target.clone(), *window));
+                }
+                pairs.push((adapter.clone(), target));
+            }
+        }
+        let availability = windows.into_iter().fold(
+            Availability::new(pairs),
+            |availability, (adapter, target, window)| {
+                availability.with_context_window(&adapter, &target, window)
+            },
+        );
         self.published.send_if_modified(|current| {
             let changed = *current != availability;
             *current = availability;

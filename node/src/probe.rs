@@ -8,6 +8,7 @@
 //! availability board, which tells the edge when the set changes, and warns, naming the
 //! setting that fixes it, when an answering engine lists nothing a configured target maps to.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
@@ -96,6 +97,42 @@ fn same_model(listed: &str, wanted: &str) -> bool {
     listed == wanted || untagged(listed) == untagged(wanted)
 }
 
+/// The context windows of the `available` targets: each one's setting, else the window the
+/// engine's model list gives its upstream model (vLLM), else `served` (llama-server's own,
+/// asked only when some target needs it); targets with none are left out.
+pub fn target_windows(
+    available: &[String],
+    settings: &OpenAiSettings,
+    listed: &BTreeMap<String, u32>,
+    served: Option<u32>,
+) -> BTreeMap<String, u32> {
+    available
+        .iter()
+        .filter_map(|target| {
+            let window = settings
+                .window_of(target)
+                .or_else(|| listed.get(settings.upstream_model(target)).copied())
+                .or(served)?;
+            Some((target.clone(), window))
+        })
+        .collect()
+}
+
+/// The context windows of `adapter`'s `available` targets, asking the engine's `/props` only
+/// when neither a setting nor the model list gives one.
+async fn windows_of(
+    adapter: &OpenAiAdapter,
+    available: &[String],
+    listed: &BTreeMap<String, u32>,
+) -> BTreeMap<String, u32> {
+    let settings = adapter.settings();
+    let known = target_windows(available, settings, listed, None);
+    if known.len() == available.len() {
+        return known;
+    }
+    target_windows(available, settings, listed, adapter.served_window().await)
+}
+
 /// Probes `adapter`'s engine until `stop`, reporting each result to `board`.
 pub async fn probe_loop(adapter: Arc<OpenAiAdapter>, board: AdapterSet, stop: CancellationToken) {
     let mut was_up: Option<bool> = None;
@@ -106,7 +143,7 @@ pub async fn probe_loop(adapter: Arc<OpenAiAdapter>, board: AdapterSet, stop: Ca
         let available = available_targets(
             adapter.targets(),
             adapter.settings(),
-            listed.as_deref().ok(),
+            listed.as_ref().ok().map(|list| list.ids.as_slice()),
         );
         match (&listed, was_up) {
             (Ok(models), Some(false) | None) => {
@@ -126,11 +163,15 @@ pub async fn probe_loop(adapter: Arc<OpenAiAdapter>, board: AdapterSet, stop: Ca
             }
             _ => {}
         }
-        if let Ok(models) = &listed {
-            warn_unmatched(&adapter, models, &available, &mut warned);
-        }
+        let windows = match &listed {
+            Ok(models) => {
+                warn_unmatched(&adapter, &models.ids, &available, &mut warned);
+                windows_of(&adapter, &available, &models.windows).await
+            }
+            Err(_) => BTreeMap::new(),
+        };
         was_up = Some(up);
-        board.report(adapter.name(), available);
+        board.report(adapter.name(), available, windows);
         let settings = adapter.settings();
         let wait = if up {
             settings.probe_interval
@@ -209,5 +250,38 @@ mod tests {
             targets
         );
         assert_eq!(available_targets(&targets, &settings, Some(&[])), targets);
+    }
+
+    #[test]
+    fn a_targets_window_is_its_setting_else_the_model_lists_else_the_engines_own() {
+        let mapped = settings(&[
+            ("model.qwen", "Qwen/Qwen2.5"),
+            ("context_window.pinned", "4096"),
+        ]);
+        let available = names(&["qwen", "pinned", "tiny"]);
+        let listed = BTreeMap::from([("Qwen/Qwen2.5".to_owned(), 32_768)]);
+        assert_eq!(
+            target_windows(&available, &mapped, &listed, Some(2_048)),
+            BTreeMap::from([
+                ("pinned".to_owned(), 4_096),
+                ("qwen".to_owned(), 32_768),
+                ("tiny".to_owned(), 2_048),
+            ])
+        );
+        // Without the engine's own, a target with neither has none.
+        let known = target_windows(&available, &mapped, &listed, None);
+        assert_eq!(known.len(), 2);
+        // `context_window` is every other target's.
+        let every = settings(&[("context_window", "8192")]);
+        let windows = target_windows(&names(&["a"]), &every, &BTreeMap::new(), Some(1));
+        assert_eq!(windows, BTreeMap::from([("a".to_owned(), 8_192)]));
+    }
+
+    #[test]
+    fn a_window_setting_must_be_a_number() {
+        let mut map = BTreeMap::from([("base_url".to_owned(), "http://h:1/v1".to_owned())]);
+        map.insert("context_window.qwen".into(), "big".into());
+        let problem = OpenAiSettings::parse(&map).unwrap_err();
+        assert!(problem.contains("`context_window.qwen`"), "{problem}");
     }
 }

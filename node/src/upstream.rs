@@ -13,6 +13,7 @@
 //! ([`Upstream::preconnect`]): llama.cpp's `llama-server` closes the connection after every
 //! streamed answer, so without it every streamed request would first wait for a fresh one.
 
+use std::collections::BTreeMap;
 use std::error::Error as _;
 use std::path::Path;
 use std::sync::Arc;
@@ -255,25 +256,79 @@ impl Upstream {
         }
     }
 
-    /// The model ids `GET {base_url}/models` lists.
+    /// The models `GET {base_url}/models` lists, with the context windows it gives.
     ///
     /// # Errors
     /// The fault when the engine cannot be reached, answers an error status, or lists
     /// nothing readable.
-    pub async fn models(&self) -> Result<Vec<String>, UpstreamFault> {
+    pub async fn models(&self) -> Result<ModelList, UpstreamFault> {
+        let body = self.probe_get(format!("{}/models", self.base_url)).await?;
+        Ok(ModelList {
+            ids: model_ids(&body)?,
+            windows: model_windows(&body),
+        })
+    }
+
+    /// The context window llama.cpp's `llama-server` serves its model with: `GET /props`
+    /// below the engine's root, `default_generation_settings.n_ctx` (a slot's window);
+    /// `None` from an engine without it.
+    pub async fn served_window(&self) -> Option<u32> {
+        let root = self.base_url.strip_suffix("/v1").unwrap_or(&self.base_url);
+        let body = self.probe_get(format!("{root}/props")).await.ok()?;
+        let props: Value = serde_json::from_slice(&body).ok()?;
+        let n_ctx = props.pointer("/default_generation_settings/n_ctx")?;
+        n_ctx
+            .as_u64()
+            .and_then(|n| u32::try_from(n).ok())
+            .filter(|n| *n > 0)
+    }
+
+    /// `GET url` with the engine's API key within `probe_timeout_ms`: the body of a success.
+    async fn probe_get(&self, url: String) -> Result<Vec<u8>, UpstreamFault> {
         let probe = async {
-            let mut response = self.models_request().send().await.map_err(fault_of)?;
+            let mut request = self.client.get(url);
+            if let Some(key) = &self.api_key {
+                request = request.bearer_auth(key);
+            }
+            let mut response = request.send().await.map_err(fault_of)?;
             let status = response.status().as_u16();
             let body = self.read_to_end(&mut response, MAX_MODEL_LIST).await?;
             if !(200..300).contains(&status) {
                 return Err(UpstreamFault::Status { status, body });
             }
-            model_ids(&body)
+            Ok(body)
         };
         tokio::time::timeout(self.probe_timeout, probe)
             .await
             .map_err(|_| UpstreamFault::Timeout("probe_timeout_ms"))?
     }
+}
+
+/// What an engine's model list says: its ids, and the context window of those it gives one
+/// for (vLLM's `max_model_len`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ModelList {
+    /// Each id once, in the order first listed.
+    pub ids: Vec<String>,
+    /// The windows the list gives, by id.
+    pub windows: BTreeMap<String, u32>,
+}
+
+/// The context windows an OpenAI model list gives (`max_model_len`, as vLLM lists it), by id.
+pub fn model_windows(body: &[u8]) -> BTreeMap<String, u32> {
+    let parsed: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+    parsed["data"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|model| {
+            let id = model["id"].as_str()?;
+            let window = model["max_model_len"]
+                .as_u64()
+                .and_then(|n| u32::try_from(n).ok())?;
+            (window > 0).then(|| (id.to_owned(), window))
+        })
+        .collect()
 }
 
 /// The ids of an OpenAI model list (`{"data":[{"id":…}]}`); llama.cpp adds a `models` list
@@ -482,5 +537,18 @@ mod tests {
         assert_eq!(model_ids(llama).expect("list"), ["model.gguf"]);
         assert!(model_ids(b"<html>").is_err());
         assert!(model_ids(br#"{"error":"x"}"#).is_err());
+    }
+
+    #[test]
+    fn a_model_list_gives_the_windows_vllm_lists() {
+        let vllm = br#"{"object":"list","data":[
+            {"id":"Qwen/Qwen2.5","max_model_len":32768},
+            {"id":"plain"},
+            {"id":"zero","max_model_len":0}]}"#;
+        assert_eq!(
+            model_windows(vllm),
+            BTreeMap::from([("Qwen/Qwen2.5".to_owned(), 32_768)])
+        );
+        assert!(model_windows(b"not json").is_empty());
     }
 }

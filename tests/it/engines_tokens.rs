@@ -19,6 +19,7 @@
 //! llama-server's slot choice: both engines see the same sequence and report the same counts.
 
 use crate::common;
+use crate::common::eventually_ok;
 
 use crate::node_support::prompt as plain_run;
 use bytes::Bytes;
@@ -348,5 +349,43 @@ async fn a_prompt_over_the_engines_window_is_refused_in_each_apis_words() {
         said.starts_with("This model's maximum context length is 256 tokens."),
         "{said}"
     );
+    stack.stop().await;
+}
+
+#[crate::common::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_engines_context_window_reaches_the_model_list() {
+    let stack = Stack::start(LlamaOptions::default().parallel(1).context(2048)).await;
+    let url = format!("http://{}/v1/models/{MODEL}", stack.app.http_addr);
+    let model = eventually_ok("the node reported its engine's window", || async {
+        let model: Value = stack
+            .http
+            .get(&url)
+            .bearer_auth(API_KEY)
+            .send()
+            .await
+            .map_err(|error| error.to_string())?
+            .json()
+            .await
+            .map_err(|error| error.to_string())?;
+        match model["context_window"].as_u64() {
+            Some(_) => Ok(model),
+            None => Err(format!("no window yet: {model}")),
+        }
+    })
+    .await;
+    // llama-server's own: a slot's window, as its /props says.
+    let props: Value = stack
+        .http
+        .get(format!("{}/props", stack.llama.base_url()))
+        .send()
+        .await
+        .expect("props")
+        .json()
+        .await
+        .expect("JSON");
+    let n_ctx = number(&props, "/default_generation_settings/n_ctx");
+    assert_eq!(n_ctx, 2048, "{props}");
+    assert_eq!(model["context_window"], n_ctx, "{model}");
+    assert_eq!(model["max_input_tokens"], n_ctx, "{model}");
     stack.stop().await;
 }

@@ -26,7 +26,7 @@ use edge::hops;
 
 use super::runs::{Emitter, Gone};
 use super::sse::SseDecoder;
-use super::upstream::{MAX_WHOLE_BODY, Timeouts, Upstream};
+use super::upstream::{MAX_WHOLE_BODY, ModelList, Timeouts, Upstream};
 use chunks::AnswerStream;
 use errors::{UpstreamFault, classify};
 use request::{InvalidInput, UpstreamCall};
@@ -101,8 +101,14 @@ impl OpenAiAdapter {
     ///
     /// # Errors
     /// The fault when the engine cannot be asked.
-    pub async fn list_models(&self) -> Result<Vec<String>, UpstreamFault> {
+    pub async fn list_models(&self) -> Result<ModelList, UpstreamFault> {
         self.upstream.models().await
+    }
+
+    /// The context window llama-server serves its model with (`/props`), for the prober;
+    /// `None` from another engine.
+    pub async fn served_window(&self) -> Option<u32> {
+        self.upstream.served_window().await
     }
 
     /// Runs `run` against the engine, emitting `started` and its output into `out`, and

@@ -33,6 +33,11 @@ pub struct OpenAiSettings {
     pub api_key_env: Option<String>,
     /// Upstream model names by target; a target not listed is its own upstream name.
     pub models: BTreeMap<String, String>,
+    /// Context windows set by hand, by target (`context_window.<target>`), and for every
+    /// other target (`context_window`); they win over what the engine says.
+    pub windows: BTreeMap<String, u32>,
+    /// `context_window`: the window of a target with none of its own.
+    pub window: Option<u32>,
     /// The longest one upstream request may take, streaming included.
     pub request_timeout: Duration,
     /// The longest the engine may take to accept a TCP connection.
@@ -73,6 +78,8 @@ impl fmt::Debug for OpenAiSettings {
             .field("tls_ca", &self.tls_ca)
             .field("api_key_env", &self.api_key_env)
             .field("models", &self.models)
+            .field("windows", &self.windows)
+            .field("window", &self.window)
             .field("request_timeout", &self.request_timeout)
             .field("availability", &self.availability)
             .finish_non_exhaustive()
@@ -98,10 +105,14 @@ pub const KEYS: &[&str] = &[
     "continue_final_message",
     "timings_per_token",
     "preconnect",
+    "context_window",
 ];
 
 /// The prefix of the per-target upstream model keys: `"model.<target>" = "<upstream name>"`.
 pub const MODEL_PREFIX: &str = "model.";
+
+/// The prefix of the per-target context window keys: `"context_window.<target>" = "<tokens>"`.
+pub const WINDOW_PREFIX: &str = "context_window.";
 
 impl OpenAiSettings {
     /// Reads `settings`. Returns the settings and the keys it did not know (to be logged).
@@ -137,7 +148,11 @@ impl OpenAiSettings {
             .collect();
         let unknown = settings
             .keys()
-            .filter(|key| !KEYS.contains(&key.as_str()) && !key.starts_with(MODEL_PREFIX))
+            .filter(|key| {
+                !KEYS.contains(&key.as_str())
+                    && !key.starts_with(MODEL_PREFIX)
+                    && !key.starts_with(WINDOW_PREFIX)
+            })
             .cloned()
             .collect();
         let parsed = Self {
@@ -148,6 +163,8 @@ impl OpenAiSettings {
                 .filter(|v| !v.is_empty())
                 .cloned(),
             models,
+            windows: target_windows(settings)?,
+            window: window(settings, "context_window")?,
             request_timeout: millis(settings, "request_timeout_ms", 600_000)?,
             connect_timeout: millis(settings, "connect_timeout_ms", 5_000)?,
             idle_timeout: millis(settings, "idle_timeout_ms", 300_000)?,
@@ -165,6 +182,11 @@ impl OpenAiSettings {
         Ok((parsed, unknown))
     }
 
+    /// The context window set by hand for `target`, if any.
+    pub fn window_of(&self, target: &str) -> Option<u32> {
+        self.windows.get(target).copied().or(self.window)
+    }
+
     /// The upstream model name of `target`.
     pub fn upstream_model<'a>(&'a self, target: &'a str) -> &'a str {
         self.models.get(target).map_or(target, String::as_str)
@@ -178,6 +200,24 @@ fn number(settings: &BTreeMap<String, String>, key: &str, default: u32) -> Resul
             .parse()
             .map_err(|_| format!("`{key}` must be a whole number, got {value:?}"))
     })
+}
+
+/// The `context_window.<target>` settings, by target.
+fn target_windows(settings: &BTreeMap<String, String>) -> Result<BTreeMap<String, u32>, String> {
+    let mut windows = BTreeMap::new();
+    for key in settings.keys() {
+        if let Some(target) = key.strip_prefix(WINDOW_PREFIX)
+            && let Some(tokens) = window(settings, key)?
+        {
+            windows.insert(target.to_owned(), tokens);
+        }
+    }
+    Ok(windows)
+}
+
+/// A context window setting: `None` when absent or 0.
+fn window(settings: &BTreeMap<String, String>, key: &str) -> Result<Option<u32>, String> {
+    Ok(Some(number(settings, key, 0)?).filter(|tokens| *tokens > 0))
 }
 
 fn millis(
