@@ -105,3 +105,59 @@ async fn operator_commands_list_drain_resume_show_and_cancel() {
     assert!(!ok && err.contains("404"), "{err}");
     app.stop().await;
 }
+
+#[crate::common::test]
+async fn agent_setup_prints_the_settings_with_the_window_the_nodes_reported() {
+    use crate::admin_support::API_KEY;
+    let app = spawn_app(&nodes_config("")).await;
+    let mut node = HandNode::register(&app, "token-a").await;
+    app.wait_for_nodes(1).await;
+    let setup = |args: &'static [&'static str]| {
+        let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_edge"));
+        command
+            .arg("agent-setup")
+            .args(args)
+            .env("EDGE_API_URL", format!("http://{}", app.http_addr))
+            .env("EDGE_API_KEY", API_KEY)
+            .env_remove("EDGE_API_CACERT");
+        async move {
+            let output = tokio::time::timeout(crate::common::PATIENCE, command.output())
+                .await
+                .expect("the command ends in time")
+                .expect("run the edge binary");
+            let text = |bytes: &[u8]| String::from_utf8_lossy(bytes).into_owned();
+            (
+                output.status.success(),
+                text(&output.stdout),
+                text(&output.stderr),
+            )
+        }
+    };
+    // No window reported yet: told how to give one.
+    let (ok, _, err) = setup(&["echo/default"]).await;
+    assert!(!ok && err.contains("--context-window"), "{err}");
+    let (ok, _, err) = setup(&["echo/nothing"]).await;
+    assert!(!ok && err.contains("no connected node serves"), "{err}");
+    node.report_windows(&[("echo", "default", 16_384)]).await;
+    let printed = crate::common::eventually_ok("the window is reported", || async {
+        match setup(&["echo/default"]).await {
+            (true, out, _) => Ok(out),
+            (false, _, err) => Err(err),
+        }
+    })
+    .await;
+    let base = format!("http://{}", app.http_addr);
+    for line in [
+        format!("export ANTHROPIC_BASE_URL={base}"),
+        "export CLAUDE_CODE_MAX_CONTEXT_TOKENS=16384".to_owned(),
+        "export ANTHROPIC_MODEL=echo/default".to_owned(),
+        "model_context_window = 16384".to_owned(),
+        format!("base_url = \"{base}/v1\""),
+    ] {
+        assert!(printed.lines().any(|l| l == line), "{line} in:\n{printed}");
+    }
+    assert!(!printed.contains(API_KEY), "the key is never printed");
+    let (ok, only_codex, _) = setup(&["echo/default", "--for", "codex"]).await;
+    assert!(ok && !only_codex.contains("ANTHROPIC"), "{only_codex}");
+    app.stop().await;
+}

@@ -1,4 +1,5 @@
-//! A small HTTP/1.1 client for the management API: one connection per request (an
+//! A small HTTP/1.1 client for the management API (and, for `edge agent-setup`, the client
+//! APIs): one connection per request (an
 //! operator command makes a handful), plain or TLS, with the admin key as a Bearer token.
 //! Built on hyper's client connection, which the server side already brings in.
 
@@ -20,8 +21,42 @@ use tokio::net::TcpStream;
 use crate::adapters::admin::views::ErrorBody;
 use crate::client::tls_client_config;
 
-/// Where the management API is and how to open it.
+/// Which of the edge's HTTP listeners a client talks to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Listener {
+    /// The management API (`[admin] listen`).
+    Admin,
+    /// The client APIs (`[http] listen`).
+    Api,
+}
+
+impl Listener {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Admin => "admin",
+            Self::Api => "API",
+        }
+    }
+
+    /// What the edge serves there, for messages.
+    fn described(self) -> &'static str {
+        match self {
+            Self::Admin => "management API",
+            Self::Api => "API",
+        }
+    }
+
+    fn cacert_env(self) -> &'static str {
+        match self {
+            Self::Admin => "EDGE_ADMIN_CACERT",
+            Self::Api => "EDGE_API_CACERT",
+        }
+    }
+}
+
+/// Where the management API (or the client APIs) is and how to open it.
 pub struct AdminClient {
+    listener: Listener,
     host: String,
     port: u16,
     /// A path the API sits under behind a proxy, without the trailing `/`.
@@ -31,23 +66,38 @@ pub struct AdminClient {
 }
 
 impl AdminClient {
-    /// A client for the API at `url` (`http://host:port` or `https://...`), presenting
-    /// `key`; `cacert` is the CA that signed an HTTPS listener's certificate.
+    /// A client for the management API at `url` (`http://host:port` or `https://...`),
+    /// presenting `key`; `cacert` is the CA that signed an HTTPS listener's certificate.
     ///
     /// # Errors
     /// The URL is not one, HTTPS without `cacert`, or the CA file cannot be read.
     pub fn new(url: &str, key: Option<String>, cacert: Option<&Path>) -> anyhow::Result<Self> {
+        Self::to(Listener::Admin, url, key, cacert)
+    }
+
+    /// A client for `listener` at `url`, as [`AdminClient::new`] makes one for the
+    /// management API.
+    ///
+    /// # Errors
+    /// As [`AdminClient::new`].
+    pub fn to(
+        listener: Listener,
+        url: &str,
+        key: Option<String>,
+        cacert: Option<&Path>,
+    ) -> anyhow::Result<Self> {
+        let what = listener.name();
         let uri: Uri = url
             .parse()
-            .with_context(|| format!("the admin URL {url:?} is not a URL"))?;
+            .with_context(|| format!("the {what} URL {url:?} is not a URL"))?;
         let https = match uri.scheme_str() {
             Some("http") => false,
             Some("https") => true,
-            _ => bail!("the admin URL {url:?} must start with http:// or https://"),
+            _ => bail!("the {what} URL {url:?} must start with http:// or https://"),
         };
         let host = uri
             .host()
-            .ok_or_else(|| anyhow!("the admin URL {url:?} has no host"))?
+            .ok_or_else(|| anyhow!("the {what} URL {url:?} has no host"))?
             .trim_matches(|c| c == '[' || c == ']')
             .to_owned();
         let port = uri.port_u16().unwrap_or(if https { 443 } else { 80 });
@@ -55,10 +105,12 @@ impl AdminClient {
             (false, _) => None,
             (true, Some(ca)) => Some(tls_client_config(ca, None)?),
             (true, None) => bail!(
-                "an https admin URL needs --cacert (or EDGE_ADMIN_CACERT): the CA that signed the admin listener's certificate"
+                "an https {what} URL needs --cacert (or {}): the CA that signed the {what} listener's certificate",
+                listener.cacert_env()
             ),
         };
         Ok(Self {
+            listener,
             host,
             port,
             prefix: uri.path().trim_end_matches('/').to_owned(),
@@ -142,20 +194,27 @@ impl AdminClient {
             .await
             .with_context(|| {
                 format!(
-                    "cannot reach the edge's management API at {}:{}",
-                    self.host, self.port
+                    "cannot reach the edge's {} at {}:{}",
+                    self.listener.described(),
+                    self.host,
+                    self.port
                 )
             })?;
         let response = match &self.tls {
-            None => exchange(tcp, request).await?,
+            None => exchange(tcp, request, self.listener).await?,
             Some(config) => {
                 let name = ServerName::try_from(self.host.clone())
                     .with_context(|| format!("{:?} is not a TLS server name", self.host))?;
                 let stream = tokio_rustls::TlsConnector::from(Arc::clone(config))
                     .connect(name, tcp)
                     .await
-                    .context("the TLS handshake with the management API failed")?;
-                exchange(stream, request).await?
+                    .with_context(|| {
+                        format!(
+                            "the TLS handshake with the {} failed",
+                            self.listener.described()
+                        )
+                    })?;
+                exchange(stream, request, self.listener).await?
             }
         };
         if response.status().is_success() {
@@ -181,19 +240,24 @@ impl AdminClient {
     }
 }
 
-/// One request over a fresh HTTP/1.1 connection on `io`.
-async fn exchange<IO>(io: IO, request: Request<Full<Bytes>>) -> anyhow::Result<Response<Incoming>>
+/// One request over a fresh HTTP/1.1 connection on `io` to `listener`.
+async fn exchange<IO>(
+    io: IO,
+    request: Request<Full<Bytes>>,
+    listener: Listener,
+) -> anyhow::Result<Response<Incoming>>
 where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
+    let what = listener.described();
     let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(io))
         .await
-        .context("cannot speak HTTP to the management API")?;
+        .with_context(|| format!("cannot speak HTTP to the {what}"))?;
     tokio::spawn(async move {
         let _ = connection.await;
     });
     sender
         .send_request(request)
         .await
-        .context("the management API did not answer")
+        .with_context(|| format!("the {what} did not answer"))
 }

@@ -2,8 +2,10 @@
 //! operators know them from `kubectl` and `nomad`: `edge nodes`, `edge runs [--follow]`,
 //! `edge run show ID`, `edge run events ID`, `edge drain NODE`, `edge resume NODE`,
 //! `edge cancel RUN`, `edge usage`. The address and key come from flags or `EDGE_ADMIN_URL`,
-//! `EDGE_ADMIN_KEY` (and `EDGE_ADMIN_CACERT` for HTTPS).
+//! `EDGE_ADMIN_KEY` (and `EDGE_ADMIN_CACERT` for HTTPS). Beside them `edge agent-setup`
+//! reads the client API's model list (`EDGE_API_URL`, `EDGE_API_KEY`).
 
+mod agents;
 mod http;
 mod render;
 mod usage;
@@ -83,6 +85,9 @@ pub enum AdminCommand {
     },
     /// What runs consumed, by key, model, node and affinity source, with the prompt-cache hit rate.
     Usage(usage::UsageArgs),
+    /// Print the settings that point Claude Code or Codex at a model, with its context window
+    /// (through the client API's model list).
+    AgentSetup(agents::AgentSetupArgs),
     /// Cancel an open run.
     Cancel {
         /// The run's id.
@@ -179,6 +184,7 @@ pub async fn run(command: AdminCommand) -> anyhow::Result<()> {
         }
         AdminCommand::Runs(args) => runs(args).await?,
         AdminCommand::Usage(args) => usage::usage(args).await?,
+        AdminCommand::AgentSetup(args) => agents::agent_setup(args).await?,
         AdminCommand::Run { command } => run_command(command).await?,
         AdminCommand::Drain {
             node,
