@@ -222,22 +222,28 @@ impl AdminClient {
         }
         let status = response.status();
         let bytes = response.into_body().collect().await.map(|b| b.to_bytes());
-        let message = bytes
-            .ok()
-            .and_then(|b| serde_json::from_slice::<ErrorBody>(&b).ok())
-            .map_or_else(
-                || status.to_string(),
-                |e| {
-                    format!(
-                        "{} ({}): {}",
-                        status.as_u16(),
-                        e.error.code,
-                        e.error.message
-                    )
-                },
-            );
-        bail!("the edge refused: {message}")
+        bail!(
+            "the edge refused: {}",
+            refusal(status, bytes.ok().as_deref())
+        )
     }
+}
+
+/// What an error answer with `status` and `body` says: its code and message when the body
+/// is an error object, else the status.
+fn refusal(status: hyper::StatusCode, body: Option<&[u8]>) -> String {
+    body.and_then(|b| serde_json::from_slice::<ErrorBody>(b).ok())
+        .map_or_else(
+            || status.to_string(),
+            |e| {
+                format!(
+                    "{} ({}): {}",
+                    status.as_u16(),
+                    e.error.code,
+                    e.error.message
+                )
+            },
+        )
 }
 
 /// One request over a fresh HTTP/1.1 connection on `io` to `listener`.
