@@ -60,6 +60,7 @@ fn base(request: ResponsesRequest, run_id: &RunId) -> ResponseBase {
         instructions: request.instructions,
         namespaces: request.namespaces,
         background: request.background,
+        compaction: request.compaction,
     }
 }
 

@@ -128,8 +128,8 @@ async fn find(
 }
 
 /// A background response's base, from its run's record: the model as `ADAPTER/TARGET`,
-/// created when the run was accepted. The request's `instructions` and tool namespaces
-/// are not kept.
+/// created when the run was accepted. The request's `instructions`, tool namespaces and
+/// whether it was a compaction are not kept.
 fn base_of(record: &RunRecord) -> ResponseBase {
     let accepted = &record.accepted;
     let route = ModelRoute {
@@ -143,6 +143,7 @@ fn base_of(record: &RunRecord) -> ResponseBase {
         instructions: Value::Null,
         namespaces: std::collections::BTreeMap::new(),
         background: true,
+        compaction: false,
     }
 }
 

@@ -1,11 +1,13 @@
 //! The Responses API's objects, shared by the whole answer and the stream: output items
-//! (`message`, `reasoning`, `function_call`), the `response` object, usage and status.
+//! (`message`, `reasoning`, `function_call`, a compaction's `compaction`), the `response`
+//! object, usage and status.
 //! Pure JSON building.
 
 use std::collections::BTreeMap;
 
 use serde_json::{Value, json};
 
+use super::compaction::seal;
 use crate::adapters::api::translators::ApiError;
 use crate::adapters::api::translators::output::{Collected, Finished};
 use crate::domain::Usage;
@@ -25,6 +27,8 @@ pub(in crate::adapters::api) struct ResponseBase {
     pub namespaces: BTreeMap<String, String>,
     /// `background: true`: the response can be retrieved, resumed and cancelled by its id.
     pub background: bool,
+    /// The request asked for a compaction: the answer is one `compaction` item.
+    pub compaction: bool,
 }
 
 impl ResponseBase {
@@ -77,13 +81,21 @@ pub(in crate::adapters::api) enum Item {
         namespace: Option<String>,
         arguments: String,
     },
+    /// A compaction's summary, sealed (`compaction.rs`).
+    Compaction {
+        id: String,
+        encrypted_content: String,
+    },
 }
 
 impl Item {
     /// The item's id.
     pub fn id(&self) -> &str {
         match self {
-            Self::Message { id, .. } | Self::Reasoning { id, .. } | Self::Call { id, .. } => id,
+            Self::Message { id, .. }
+            | Self::Reasoning { id, .. }
+            | Self::Call { id, .. }
+            | Self::Compaction { id, .. } => id,
         }
     }
 
@@ -127,7 +139,19 @@ impl Item {
                 }
                 call
             }
+            Self::Compaction {
+                id,
+                encrypted_content,
+            } => json!({ "id": id, "type": "compaction", "encrypted_content": encrypted_content }),
         }
+    }
+}
+
+/// The one item a compaction answers with: `summary`, sealed.
+pub(in crate::adapters::api) fn compaction_item(base: &ResponseBase, summary: &str) -> Item {
+    Item::Compaction {
+        id: format!("cmp_{}", base.id),
+        encrypted_content: seal(summary),
     }
 }
 
@@ -137,11 +161,14 @@ pub(in crate::adapters::api) fn text_part(text: &str) -> Value {
 }
 
 /// The output items of a whole run: reasoning, the message (unless the answer is only
-/// tool calls), then the function calls.
+/// tool calls), then the function calls; a compaction's one `compaction` item.
 pub(in crate::adapters::api) fn collected_items(
     base: &ResponseBase,
     collected: &Collected,
 ) -> Vec<Item> {
+    if base.compaction {
+        return vec![compaction_item(base, &collected.text)];
+    }
     let mut items = Vec::new();
     if !collected.reasoning.is_empty() {
         items.push(Item::Reasoning {

@@ -128,6 +128,7 @@ mod tests {
             instructions: Value::Null,
             namespaces: Default::default(),
             background: true,
+            compaction: false,
         }
     }
 

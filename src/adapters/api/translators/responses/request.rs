@@ -6,7 +6,9 @@
 //! `text.format` becomes `response_format`. `background: true` (with or without
 //! `store: true`) makes a run that outlives the caller's connection, found again by its
 //! response id; otherwise stateless: `store: true`, `previous_response_id` and
-//! `conversation` are refused by name.
+//! `conversation` are refused by name. A `compaction_trigger` as the last item asks for the
+//! conversation's summary, and a `compaction` item stands for an earlier one
+//! (`compaction.rs`).
 //!
 //! Pure: JSON in, JSON out, errors as [`ApiError`]s in OpenAI's shape.
 
@@ -14,6 +16,7 @@ use std::collections::BTreeMap;
 
 use serde_json::{Map, Value, json};
 
+use super::compaction;
 use crate::adapters::api::translators::ApiError;
 use crate::adapters::api::translators::ChatTranslation;
 
@@ -33,6 +36,9 @@ pub(in crate::adapters::api) struct ResponsesRequest {
     /// The namespace of each function that came inside a `namespace` tool, by the function's
     /// name: its calls go back with it.
     pub namespaces: BTreeMap<String, String>,
+    /// The input ended with a `compaction_trigger`: the run summarises the conversation and
+    /// the answer is one `compaction` item.
+    pub compaction: bool,
 }
 
 impl ChatTranslation for ResponsesRequest {
@@ -94,11 +100,22 @@ pub(in crate::adapters::api) fn translate(body: &Value) -> Result<ResponsesReque
             ));
         }
     }
+    let mut compacting = false;
     match object.get("input") {
         Some(Value::String(text)) => messages.push(json!({ "role": "user", "content": text })),
         Some(Value::Array(items)) if !items.is_empty() => {
-            for item in items {
+            let (last, earlier) = items.split_last().unwrap_or((&Value::Null, &[]));
+            compacting = last.get("type").and_then(Value::as_str) == Some(compaction::TRIGGER);
+            let conversation = if compacting {
+                earlier
+            } else {
+                items.as_slice()
+            };
+            for item in conversation {
                 translate_item(item, &mut messages)?;
+            }
+            if compacting {
+                messages.push(compaction::summary_request());
             }
         }
         None | Some(Value::Null) => return Err(ApiError::missing("input")),
@@ -112,6 +129,17 @@ pub(in crate::adapters::api) fn translate(body: &Value) -> Result<ResponsesReque
     let mut chat = Map::new();
     chat.insert("messages".into(), Value::Array(messages));
     options(object, &mut chat)?;
+    if compacting {
+        // The summary is text: no tool calls, no structured output.
+        for field in [
+            "tools",
+            "tool_choice",
+            "parallel_tool_calls",
+            "response_format",
+        ] {
+            chat.remove(field);
+        }
+    }
     Ok(ResponsesRequest {
         model,
         stream,
@@ -119,6 +147,7 @@ pub(in crate::adapters::api) fn translate(body: &Value) -> Result<ResponsesReque
         instructions,
         chat: Value::Object(chat),
         namespaces: object.get("tools").map(namespaces).unwrap_or_default(),
+        compaction: compacting,
     })
 }
 
@@ -227,6 +256,14 @@ fn translate_item(item: &Value, out: &mut Vec<Value>) -> Result<(), ApiError> {
             Ok(())
         }
         Some("reasoning") => Ok(()),
+        Some(kind) if compaction::is_compaction(kind) => {
+            out.push(compaction::expand(item)?);
+            Ok(())
+        }
+        Some(compaction::TRIGGER) => Err(ApiError::invalid(
+            "input",
+            "A `compaction_trigger` item must be the last input item.",
+        )),
         Some(other) => Err(unsupported(
             "input",
             format!("Input items of type `{other}` are not supported by this server."),

@@ -8,12 +8,14 @@
 //!
 //! A pure state machine. A message or reasoning item closes when another item starts; a
 //! function call stays open until the end, so pieces of parallel calls may come in any
-//! order and none is lost.
+//! order and none is lost. A compaction's stream shows no text as it comes: its summary
+//! is gathered and sent at the end as the one `compaction` item (added and done).
 
 use serde_json::{Value, json};
 
 use super::items::{
-    Item, ItemState, Outcome, ResponseBase, call_id, response_json, terminal_event, text_part,
+    Item, ItemState, Outcome, ResponseBase, call_id, compaction_item, response_json,
+    terminal_event, text_part,
 };
 use crate::adapters::api::translators::ApiError;
 use crate::adapters::api::translators::output::Finished;
@@ -31,6 +33,8 @@ pub(in crate::adapters::api) struct ResponsesStream {
     open: Option<usize>,
     /// Function calls: (the node's call index, the item's index).
     calls: Vec<(u32, usize)>,
+    /// A compaction's summary so far.
+    summary: String,
     ended: bool,
 }
 
@@ -43,6 +47,7 @@ impl ResponsesStream {
             items: Vec::new(),
             open: None,
             calls: Vec::new(),
+            summary: String::new(),
             ended: false,
         }
     }
@@ -104,7 +109,7 @@ impl ResponsesStream {
                 let done = json!({ "item_id": id, "output_index": index, "content_index": 0, "text": text });
                 events.push(self.event("response.reasoning_text.done", done));
             }
-            Item::Call { .. } => {}
+            Item::Call { .. } | Item::Compaction { .. } => {}
         }
         self.finish_item(index, events);
     }
@@ -227,6 +232,10 @@ impl StreamTranslator for ResponsesStream {
         if self.ended {
             return events;
         }
+        if self.base.compaction {
+            self.summary.push_str(text);
+            return events;
+        }
         if let Some(structured) = structured.filter(|s| !s.reasoning.is_empty()) {
             self.append(true, &structured.reasoning, &mut events);
         }
@@ -248,6 +257,11 @@ impl StreamTranslator for ResponsesStream {
             Ok(finished) => {
                 self.close_open(&mut events);
                 self.close_calls(&mut events);
+                if self.base.compaction {
+                    let item = compaction_item(&self.base, &self.summary);
+                    let index = self.add_item(item, &mut events);
+                    self.finish_item(index, &mut events);
+                }
                 Outcome::Finished(finished)
             }
             Err(error) => Outcome::Failed(error),

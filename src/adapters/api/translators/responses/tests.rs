@@ -140,6 +140,7 @@ fn namespaced_calls_go_back_with_their_namespace() {
         instructions: Value::Null,
         namespaces: request.namespaces,
         background: false,
+        compaction: false,
     };
     let pieces = [
         Piece::Tool {
@@ -278,7 +279,7 @@ proptest! {
         pieces in proptest::collection::vec(piece(), 0..24),
         end in end(),
     ) {
-        let base = ResponseBase { id: "resp_r".into(), model: "m".into(), created_at: 1, instructions: Value::Null, namespaces: Default::default(), background: false };
+        let base = ResponseBase { id: "resp_r".into(), model: "m".into(), created_at: 1, instructions: Value::Null, namespaces: Default::default(), background: false, compaction: false };
         let events = play(&mut ResponsesStream::new(base), &pieces, &end);
         let response = check_responses_stream(&events)?;
         let expected_status = match &end {
@@ -297,5 +298,96 @@ proptest! {
             .filter_map(|i| i["arguments"].as_str()).collect::<Vec<_>>().concat();
         let sent_arguments: usize = pieces.iter().map(|p| match p { Piece::Tool { arguments, .. } => arguments.len(), _ => 0 }).sum();
         prop_assert_eq!(arguments.len(), sent_arguments);
+    }
+}
+
+/// Codex's compaction request: the conversation, then the trigger.
+fn compaction_request(history: Value) -> Value {
+    let mut input = history.as_array().cloned().unwrap_or_default();
+    input.push(json!({"type": "compaction_trigger"}));
+    json!({
+        "model": "llama/qwen", "stream": true, "store": false, "input": input,
+        "tools": [{"type": "function", "name": "shell", "parameters": {"type": "object"}}],
+        "tool_choice": "auto", "parallel_tool_calls": true,
+    })
+}
+
+#[test]
+fn a_compaction_trigger_asks_the_node_for_a_summary_without_tools() {
+    let history = json!([
+        {"type": "message", "role": "user", "content": "fix the parser"},
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "done"}]},
+    ]);
+    let request = translate(&compaction_request(history)).unwrap();
+    assert!(request.compaction);
+    let messages = request.chat["messages"].as_array().unwrap();
+    assert_eq!(messages.len(), 3);
+    assert_eq!(messages[2]["role"], "user");
+    assert_eq!(messages[2]["content"], super::compaction::SUMMARY_PROMPT);
+    for field in ["tools", "tool_choice", "parallel_tool_calls"] {
+        assert!(request.chat.get(field).is_none(), "{field}");
+    }
+    // A trigger anywhere but last is refused; a plain request is no compaction.
+    let misplaced = json!({"model": "m", "input": [
+        {"type": "compaction_trigger"}, {"role": "user", "content": "hi"}]});
+    assert_eq!(
+        translate(&misplaced).unwrap_err().error_code(),
+        Some("invalid_value")
+    );
+    let plain = json!({"model": "m", "input": "hi"});
+    assert!(!translate(&plain).unwrap().compaction);
+}
+
+#[test]
+fn a_compaction_item_sent_back_becomes_its_summary() {
+    let sealed = super::compaction::seal("we fixed the parser in src/parse.rs");
+    let body = json!({"model": "m", "input": [
+        {"type": "compaction", "encrypted_content": sealed},
+        {"role": "user", "content": "now add tests"},
+    ]});
+    let request = translate(&body).unwrap();
+    let messages = request.chat["messages"].as_array().unwrap();
+    assert_eq!(
+        messages[0]["content"],
+        format!(
+            "{}we fixed the parser in src/parse.rs",
+            super::compaction::SUMMARY_INTRO
+        )
+    );
+    assert_eq!(messages[1]["content"], "now add tests");
+    let forged = json!({"model": "m", "input": [
+        {"type": "compaction_summary", "encrypted_content": "gAAAA-from-openai"}]});
+    assert_eq!(
+        translate(&forged).unwrap_err().error_code(),
+        Some("invalid_value")
+    );
+}
+
+proptest! {
+    /// A compaction's stream, whatever the run sends: after success exactly one
+    /// `response.output_item.done`, a `compaction` item whose content opens to all the text;
+    /// no text deltas; the completed response's output is that item.
+    #[test]
+    fn a_compaction_stream_answers_exactly_one_compaction_item(
+        pieces in proptest::collection::vec(piece(), 0..24),
+        end in end(),
+    ) {
+        let base = ResponseBase { id: "resp_c".into(), model: "m".into(), created_at: 1, instructions: Value::Null, namespaces: Default::default(), background: false, compaction: true };
+        let events = play(&mut ResponsesStream::new(base), &pieces, &end);
+        let response = check_responses_stream(&events)?;
+        let done: Vec<&ApiEvent> = events.iter().filter(|e| e.name == "response.output_item.done").collect();
+        prop_assert!(events.iter().all(|e| e.name != "response.output_text.delta"));
+        if end.is_err() {
+            prop_assert!(done.is_empty());
+            return Ok(());
+        }
+        prop_assert_eq!(done.len(), 1);
+        let item = &done[0].data["item"];
+        prop_assert_eq!(item["type"].as_str(), Some("compaction"));
+        let text: String = pieces.iter().filter_map(|p| match p { Piece::Text(t) => Some(t.as_str()), _ => None }).collect();
+        let sealed = item["encrypted_content"].as_str().unwrap_or_default();
+        prop_assert_eq!(super::compaction::open(sealed), Ok(text));
+        prop_assert_eq!(&response["output"][0], item);
+        prop_assert_eq!(response["output"].as_array().map(Vec::len), Some(1));
     }
 }
