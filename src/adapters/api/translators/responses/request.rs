@@ -100,32 +100,7 @@ pub(in crate::adapters::api) fn translate(body: &Value) -> Result<ResponsesReque
             ));
         }
     }
-    let mut compacting = false;
-    match object.get("input") {
-        Some(Value::String(text)) => messages.push(json!({ "role": "user", "content": text })),
-        Some(Value::Array(items)) if !items.is_empty() => {
-            let (last, earlier) = items.split_last().unwrap_or((&Value::Null, &[]));
-            compacting = last.get("type").and_then(Value::as_str) == Some(compaction::TRIGGER);
-            let conversation = if compacting {
-                earlier
-            } else {
-                items.as_slice()
-            };
-            for item in conversation {
-                translate_item(item, &mut messages)?;
-            }
-            if compacting {
-                messages.push(compaction::summary_request());
-            }
-        }
-        None | Some(Value::Null) => return Err(ApiError::missing("input")),
-        Some(_) => {
-            return Err(ApiError::invalid(
-                "input",
-                "`input` must be a string or a non-empty array of items.",
-            ));
-        }
-    }
+    let compacting = input_messages(object.get("input"), &mut messages)?;
     let mut chat = Map::new();
     chat.insert("messages".into(), Value::Array(messages));
     options(object, &mut chat)?;
@@ -149,6 +124,38 @@ pub(in crate::adapters::api) fn translate(body: &Value) -> Result<ResponsesReque
         namespaces: object.get("tools").map(namespaces).unwrap_or_default(),
         compaction: compacting,
     })
+}
+
+/// `input` (text or items) as chat messages; whether its last item is a
+/// `compaction_trigger` (the messages then end with the request for a summary).
+fn input_messages(input: Option<&Value>, messages: &mut Vec<Value>) -> Result<bool, ApiError> {
+    match input {
+        Some(Value::String(text)) => {
+            messages.push(json!({ "role": "user", "content": text }));
+            Ok(false)
+        }
+        Some(Value::Array(items)) if !items.is_empty() => {
+            let (last, earlier) = items.split_last().unwrap_or((&Value::Null, &[]));
+            let compacting = last.get("type").and_then(Value::as_str) == Some(compaction::TRIGGER);
+            let conversation = if compacting {
+                earlier
+            } else {
+                items.as_slice()
+            };
+            for item in conversation {
+                translate_item(item, messages)?;
+            }
+            if compacting {
+                messages.push(compaction::summary_request());
+            }
+            Ok(compacting)
+        }
+        None | Some(Value::Null) => Err(ApiError::missing("input")),
+        Some(_) => Err(ApiError::invalid(
+            "input",
+            "`input` must be a string or a non-empty array of items.",
+        )),
+    }
 }
 
 /// Refuses what needs state the edge does not keep.
