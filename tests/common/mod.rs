@@ -175,19 +175,24 @@ pub fn json_lines(path: &Path) -> Vec<serde_json::Value> {
 
 /// Every `.rs` file under `dir`, recursively: for the tests that check rules on the source.
 pub fn rust_files(dir: &Path) -> Vec<PathBuf> {
-    fn walk(dir: &Path, files: &mut Vec<PathBuf>) {
+    files_with(dir, "rs")
+}
+
+/// Every file under `dir`, at any depth, whose extension is `extension`.
+pub fn files_with(dir: &Path, extension: &str) -> Vec<PathBuf> {
+    fn walk(dir: &Path, extension: &str, files: &mut Vec<PathBuf>) {
         let entries = std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
         for entry in entries {
             let path = entry.expect("a directory entry").path();
             if path.is_dir() {
-                walk(&path, files);
-            } else if path.extension().is_some_and(|ext| ext == "rs") {
+                walk(&path, extension, files);
+            } else if path.extension().is_some_and(|ext| ext == extension) {
                 files.push(path);
             }
         }
     }
     let mut files = Vec::new();
-    walk(dir, &mut files);
+    walk(dir, extension, &mut files);
     files
 }
 

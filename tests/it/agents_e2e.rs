@@ -83,7 +83,7 @@ impl Stack {
     /// `program` (in the pinned clients' directory) with `args`, in its own HOME and
     /// working directory, the edge's address and key in `env`; it must exit 0 and print
     /// the tiny model's answer.
-    async fn turn(&self, program: &str, args: &[&str], env: &[(&str, String)]) {
+    async fn turn(&self, program: &str, args: &[&str], env: &[(&str, String)]) -> String {
         let work = self.home.path().join("work");
         std::fs::create_dir_all(&work).expect("a working directory");
         let mut command = Command::new(agent_clients().join(program));
@@ -103,6 +103,7 @@ impl Stack {
             .unwrap_or_else(|_| panic!("`{program} {args:?}` finished in time"))
             .unwrap_or_else(|e| panic!("`{program}` ran: {e}"));
         assert_answered(program, args, &output);
+        String::from_utf8_lossy(&output.stderr).into_owned()
     }
 
     /// Claude Code, pointed at the edge as its docs say for a gateway.
@@ -133,6 +134,26 @@ impl Stack {
             ("EDGE_API_KEY", API_KEY.to_owned()),
         ];
         self.turn("codex", args, &env).await;
+    }
+
+    /// The Codex CLI on its built-in OpenAI provider pointed at the edge (`openai_base_url`,
+    /// as most gateway users set it): WebSockets first, and remote compaction, here at
+    /// `compact_at` tokens of a 64k window. Returns its stderr.
+    async fn codex_builtin(&self, args: &[&str], compact_at: u32) -> String {
+        let codex_home = self.home.path().join(".codex-builtin");
+        std::fs::create_dir_all(&codex_home).expect("CODEX_HOME");
+        let config = format!(
+            "model = \"{MODEL}\"\nopenai_base_url = \"http://{}/v1\"\n\
+             model_context_window = {CONTEXT}\nmodel_auto_compact_token_limit = {compact_at}\n",
+            self.app.http_addr
+        );
+        std::fs::write(codex_home.join("config.toml"), config).expect("codex config");
+        let env = [
+            ("CODEX_HOME", codex_home.display().to_string()),
+            // `codex exec` takes an API key for its built-in provider from here.
+            ("CODEX_API_KEY", API_KEY.to_owned()),
+        ];
+        self.turn("codex", args, &env).await
     }
 
     /// Every run the edge has recorded (newest first): its node and route reason.
@@ -219,5 +240,39 @@ async fn claude_code_and_the_codex_cli_finish_turns_and_keep_their_node() {
     }
     assert_one_node(&stack.runs().await, before, "prompt_cache_key");
 
+    stack.stop().await;
+}
+
+#[crate::common::test(flavor = "multi_thread", worker_threads = 2)]
+async fn codex_on_its_built_in_provider_compacts_through_the_edge_without_a_websocket_stall() {
+    let stack = Stack::start().await;
+    // Codex's own prompt is thousands of tokens: turn 2 compacts before it runs.
+    let compact_at = 400;
+    let first = stack
+        .codex_builtin(&["exec", "--skip-git-repo-check", "Say hello"], compact_at)
+        .await;
+    let second = stack
+        .codex_builtin(
+            &["exec", "--skip-git-repo-check", "resume", "--last", "Again"],
+            compact_at,
+        )
+        .await;
+    for stderr in [&first, &second] {
+        // A WebSocket upgrade answered 426 sends Codex to HTTP at once: no retries.
+        assert!(
+            !stderr.contains("Reconnecting") && !stderr.contains("Falling back from WebSockets"),
+            "{stderr}"
+        );
+    }
+    // Codex kept the edge's compaction item in its session (and turn 2 sent it back).
+    let sessions = stack.home.path().join(".codex-builtin").join("sessions");
+    let kept = common::files_with(&sessions, "jsonl").iter().any(|file| {
+        std::fs::read_to_string(file).is_ok_and(|text| text.contains("edge-compaction-v1."))
+    });
+    assert!(
+        kept,
+        "no compaction item in Codex's session files under {}",
+        sessions.display()
+    );
     stack.stop().await;
 }
