@@ -103,11 +103,13 @@ impl Stack {
             .unwrap_or_else(|_| panic!("`{program} {args:?}` finished in time"))
             .unwrap_or_else(|e| panic!("`{program}` ran: {e}"));
         assert_answered(program, args, &output);
+        // What it printed besides the answer: its notices and warnings.
         String::from_utf8_lossy(&output.stderr).into_owned()
+            + &String::from_utf8_lossy(&output.stdout)
     }
 
     /// Claude Code, pointed at the edge as its docs say for a gateway.
-    async fn claude(&self, args: &[&str]) {
+    async fn claude(&self, args: &[&str]) -> String {
         let env = [
             (
                 "ANTHROPIC_BASE_URL",
@@ -115,7 +117,61 @@ impl Stack {
             ),
             ("ANTHROPIC_API_KEY", API_KEY.to_owned()),
         ];
-        self.turn("claude", args, &env).await;
+        self.turn("claude", args, &env).await
+    }
+
+    /// Claude Code with the environment `edge agent-setup` prints for `MODEL`.
+    async fn claude_as_set_up(&self, args: &[&str]) -> String {
+        let setup = Command::new(env!("CARGO_BIN_EXE_edge"))
+            .args(["agent-setup", MODEL, "--for", "claude"])
+            .env("EDGE_API_URL", format!("http://{}", self.app.http_addr))
+            .env("EDGE_API_KEY", API_KEY)
+            .output();
+        let setup = tokio::time::timeout(common::PATIENCE, setup)
+            .await
+            .expect("agent-setup ends in time")
+            .expect("agent-setup runs");
+        let printed = String::from_utf8_lossy(&setup.stdout).into_owned();
+        assert!(
+            setup.status.success(),
+            "{printed}{}",
+            String::from_utf8_lossy(&setup.stderr)
+        );
+        let mut env: Vec<(&str, String)> = printed
+            .lines()
+            .filter_map(|line| line.strip_prefix("export ")?.split_once('='))
+            .map(|(name, value)| (name, value.to_owned()))
+            .collect();
+        // The one value that names the shell's own variable: the key.
+        for (name, value) in &mut env {
+            if *name == "ANTHROPIC_API_KEY" {
+                *value = API_KEY.to_owned();
+            }
+        }
+        assert!(
+            env.iter()
+                .any(|(name, _)| *name == "CLAUDE_CODE_MAX_CONTEXT_TOKENS"),
+            "{printed}"
+        );
+        self.turn("claude", args, &env).await
+    }
+
+    /// The newest run's share of its prompt that the engine read from its cache.
+    async fn newest_cache_share(&self) -> f64 {
+        let url = format!("http://{}/admin/v1/runs?limit=1", self.app.admin_addr);
+        let listed: Value = common::http()
+            .build()
+            .expect("http client")
+            .get(url)
+            .send()
+            .await
+            .expect("the runs listing answers")
+            .json()
+            .await
+            .expect("the runs listing is JSON");
+        let usage = &listed["runs"][0]["usage"];
+        let count = |field: &str| usage[field].as_f64().unwrap_or(0.0);
+        count("cached_input_tokens") / count("input_tokens").max(1.0)
     }
 
     /// The Codex CLI with a `responses` provider whose base URL is the edge's `/v1`.
@@ -225,6 +281,11 @@ async fn claude_code_and_the_codex_cli_finish_turns_and_keep_their_node() {
         stack
             .claude(&["-p", "Again", "--continue", "--model", MODEL])
             .await;
+        let share = stack.newest_cache_share().await;
+        assert!(
+            share >= 0.8,
+            "a later turn read {share:.2} of its prompt from the cache"
+        );
     }
     let claude_runs = stack.runs().await;
     assert_one_node(&claude_runs, 0, "session");
@@ -237,6 +298,11 @@ async fn claude_code_and_the_codex_cli_finish_turns_and_keep_their_node() {
         stack
             .codex(&["exec", "--skip-git-repo-check", "resume", "--last", "Again"])
             .await;
+        let share = stack.newest_cache_share().await;
+        assert!(
+            share >= 0.8,
+            "a later turn read {share:.2} of its prompt from the cache"
+        );
     }
     assert_one_node(&stack.runs().await, before, "prompt_cache_key");
 
@@ -274,5 +340,21 @@ async fn codex_on_its_built_in_provider_compacts_through_the_edge_without_a_webs
         "no compaction item in Codex's session files under {}",
         sessions.display()
     );
+    stack.stop().await;
+}
+
+#[crate::common::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claude_code_set_up_by_the_edge_knows_the_models_window() {
+    let stack = Stack::start().await;
+    const NOTICE: &str = "doesn't recognize the model";
+    // As a new user starts it: Claude Code guesses a window of its own, and says so.
+    let bare = stack.claude(&["-p", "Say hello", "--model", MODEL]).await;
+    assert!(
+        bare.contains(NOTICE),
+        "the notice is printed where this test looks: {bare}"
+    );
+    // With what `edge agent-setup` prints, it takes the window the nodes reported.
+    let set_up = stack.claude_as_set_up(&["-p", "Say hello"]).await;
+    assert!(!set_up.contains(NOTICE), "{set_up}");
     stack.stop().await;
 }
