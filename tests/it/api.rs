@@ -375,6 +375,55 @@ async fn models_carry_the_smallest_context_window_their_nodes_reported() {
     app.stop().await;
 }
 
+#[crate::common::test]
+async fn a_prompt_clearly_over_the_models_window_is_refused_before_any_node_sees_it() {
+    use crate::admin_support::HandNode;
+    use crate::common::NodeTable;
+    let a = NodeTable::new("node-a", "gpu-a", "token-a")
+        .runtime(2, 60_000)
+        .echo(&["default"]);
+    let app = spawn_app(&a.to_string()).await;
+    let mut node = HandNode::register(&app, "token-a").await;
+    app.wait_for_nodes(1).await;
+    node.report_windows(&[("echo", "default", 1_024)]).await;
+    eventually_ok("the window is reported", || async {
+        let model: Value = get(&app, "/v1/models/echo/default")
+            .await
+            .json()
+            .await
+            .map_err(|e| e.to_string())?;
+        model["context_window"].as_u64().ok_or(format!("{model}"))
+    })
+    .await;
+    // 100 kB: at least 3,200 tokens in any vocabulary, over a 1,024-token window.
+    let long = "word ".repeat(20_000);
+    let chat = json!({"model": "echo/default", "messages": [{"role": "user", "content": long}]});
+    let response = post_chat(&app, &chat).await;
+    assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+    let body: Value = response.json().await.expect("json");
+    assert_eq!(body["error"]["code"], "context_length_exceeded", "{body}");
+    let messages = json!({"model": "echo/default", "max_tokens": 8,
+        "messages": [{"role": "user", "content": long}]});
+    let response = send(post_request(&app, "/v1/messages").json(&messages)).await;
+    assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+    let body: Value = response.json().await.expect("json");
+    let said = body["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        said.starts_with("prompt is too long: ") && said.ends_with(" tokens > 1024 maximum"),
+        "{said}"
+    );
+    // A prompt that may fit goes to the node, which judges it.
+    let short = json!({"model": "echo/default", "messages": [{"role": "user", "content": "hi"}]});
+    let answered = tokio::spawn({
+        let request = post_request(&app, "/v1/chat/completions").json(&short);
+        async move { send(request).await.status() }
+    });
+    let run = node.next_run().await;
+    node.complete(&run.run_id, "hello").await;
+    assert_eq!(answered.await.expect("the answer"), StatusCode::OK);
+    app.stop().await;
+}
+
 // ---------------------------------------------------------------------------------------
 // POST /v1/chat/completions
 // ---------------------------------------------------------------------------------------

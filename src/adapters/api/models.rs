@@ -165,6 +165,20 @@ impl ModelMap {
     }
 }
 
+/// The smallest context window the nodes among `nodes` serving `adapter + target` now
+/// reported; `None` when none did.
+pub fn smallest_window(
+    nodes: &[ConnectedNode],
+    adapter: &AdapterName,
+    target: &Target,
+) -> Option<u32> {
+    nodes
+        .iter()
+        .filter(|node| node.serves_now(adapter, target))
+        .filter_map(|node| node.availability.as_ref()?.context_window(adapter, target))
+        .min()
+}
+
 /// What is wrong with a model id, without quoting any of it.
 fn without_value(error: &ModelIdError) -> String {
     match error {

@@ -16,10 +16,11 @@ use tokio::sync::mpsc;
 use tracing::debug;
 
 use super::ApiError;
+use super::models::smallest_window;
 use super::translators::output::{Collected, Finished};
 use crate::adapters::api::ApiState;
 use crate::domain::routing::RouteReason;
-use crate::domain::{NodeId, RunEvent, RunEventKind, RunId, RunSpec, StructuredOutput};
+use crate::domain::{NodeId, Operation, RunEvent, RunEventKind, RunId, RunSpec, StructuredOutput};
 use crate::hops;
 use crate::ports::{RunHandle, Runs};
 
@@ -36,13 +37,50 @@ pub const NODE_HEADER: &str = "x-edge-node";
 /// (`least_busy; attempt=2; eligible=3; queued_ms=40`).
 pub const ROUTE_HEADER: &str = "x-edge-route";
 
+/// The most bytes one token takes in the vocabularies the edge expects (the longest tokens
+/// are runs of one character; real text averages about 4): a prompt of `bytes` has at
+/// least `bytes / 32` tokens.
+const MAX_BYTES_PER_TOKEN: usize = 32;
+
+/// Bytes per token in typical text, for the prompt size a refusal names.
+const TYPICAL_BYTES_PER_TOKEN: usize = 4;
+
+/// Inputs shorter than this are never checked against a window (2,048 tokens at most
+/// would be clearly over): the common request costs nothing.
+const CHECKED_FROM_BYTES: usize = 64 * 1024;
+
+/// 400 `context_length_exceeded` for a chat or completion input clearly longer than the
+/// smallest context window the model's nodes reported: even at [`MAX_BYTES_PER_TOKEN`] it
+/// has more tokens than the window holds. Anything else is for the engine to judge.
+fn clearly_over_window(state: &ApiState, spec: &RunSpec) -> Option<ApiError> {
+    let bytes = spec.input.len();
+    if bytes < CHECKED_FROM_BYTES
+        || !matches!(spec.operation, Operation::Chat | Operation::Completion)
+    {
+        return None;
+    }
+    let (adapter, target) = (&spec.selector.adapter, &spec.selector.target);
+    let window = smallest_window(&state.registry.snapshot(), adapter, target)?;
+    let at_least = bytes / MAX_BYTES_PER_TOKEN;
+    if at_least <= window as usize {
+        return None;
+    }
+    let estimate = u32::try_from(bytes / TYPICAL_BYTES_PER_TOKEN).unwrap_or(u32::MAX);
+    Some(ApiError::context_length_exceeded(Some(estimate), window))
+}
+
 /// Starts the run of `spec` for a client that named `model`. A run whose spec carries a
 /// client stream is resumable: its stream's events carry ids, and its client going away
 /// mid-stream leaves it to `runs.client_resume_grace_ms` rather than cancelling it.
 ///
 /// # Errors
-/// The API's answer when the run service does not accept the run (404, 429, 503).
+/// The API's answer when the run service does not accept the run (404, 429, 503), or a
+/// 400 for an input clearly over the model's window ([`clearly_over_window`]).
 pub(super) fn start(state: &ApiState, spec: RunSpec, model: &str) -> Result<ActiveRun, ApiError> {
+    if let Some(refused) = clearly_over_window(state, &spec) {
+        debug!(%model, bytes = spec.input.len(), "API run refused: clearly over the context window");
+        return Err(refused);
+    }
     let retry_after = state.api.config().retry_after_secs;
     let resumable = spec.routing.client_stream.is_some();
     let (adapter, target) = (spec.selector.adapter.clone(), spec.selector.target.clone());
