@@ -65,8 +65,13 @@ struct Stack {
 
 impl Stack {
     async fn start() -> Self {
+        Self::start_with_context(CONTEXT).await
+    }
+
+    /// The stack with an engine of `context` tokens.
+    async fn start_with_context(context: u32) -> Self {
         let llama =
-            LlamaServer::start_with(LlamaOptions::default().parallel(1).context(CONTEXT)).await;
+            LlamaServer::start_with(LlamaOptions::default().parallel(1).context(context)).await;
         let app = spawn_app(&edge_config(&llama.v1_url())).await;
         let nodes = NODES
             .map(|id| spawn_node(app.node_addr, &format!("token-{id}"), |_| {}))
@@ -212,8 +217,8 @@ impl Stack {
         self.turn("codex", args, &env).await
     }
 
-    /// Every run the edge has recorded (newest first): its node and route reason.
-    async fn runs(&self) -> Vec<(String, String)> {
+    /// Every run the edge has recorded (newest first), as the management API lists them.
+    async fn runs_json(&self) -> Vec<Value> {
         let url = format!("http://{}/admin/v1/runs", self.app.admin_addr);
         let listed: Value = common::http()
             .build()
@@ -225,9 +230,13 @@ impl Stack {
             .json()
             .await
             .expect("the runs listing is JSON");
-        listed["runs"]
-            .as_array()
-            .expect("runs")
+        listed["runs"].as_array().expect("runs").clone()
+    }
+
+    /// Every run the edge has recorded (newest first): its node and route reason.
+    async fn runs(&self) -> Vec<(String, String)> {
+        self.runs_json()
+            .await
             .iter()
             .map(|run| {
                 let text = |field: &str| run[field].as_str().unwrap_or_default().to_owned();
@@ -356,5 +365,38 @@ async fn claude_code_set_up_by_the_edge_knows_the_models_window() {
     // With what `edge agent-setup` prints, it takes the window the nodes reported.
     let set_up = stack.claude_as_set_up(&["-p", "Say hello"]).await;
     assert!(!set_up.contains(NOTICE), "{set_up}");
+    stack.stop().await;
+}
+
+#[crate::common::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claude_code_compacts_when_the_engine_says_the_prompt_is_too_long() {
+    // Claude Code's own prompt is about 4,300 tokens of the tiny model's: an 8k window holds
+    // one long turn, not two.
+    let stack = Stack::start_with_context(8_192).await;
+    let long = |topic: &str| {
+        format!("Remember this about {topic}: the quick brown fox jumps over the lazy dog. ")
+            .repeat(200)
+    };
+    stack
+        .claude(&["-p", &long("foxes"), "--model", MODEL])
+        .await;
+    let second = stack
+        .claude(&["-p", &long("dogs"), "--continue", "--model", MODEL])
+        .await;
+    // The engine refused the whole conversation; Claude Code read the sizes, compacted it,
+    // and answered the turn (`turn` asserts the answer).
+    let runs = stack.runs_json().await;
+    let summary: Vec<(&Value, &Value)> = runs
+        .iter()
+        .map(|run| (&run["outcome"], &run["code"]))
+        .collect();
+    let refused = runs
+        .iter()
+        .position(|run| run["outcome"] == "failed" && run["code"] == "context_length_exceeded");
+    // Newest first: the refusal, then (above it) the compaction and the answer.
+    assert!(
+        matches!(refused, Some(at) if at >= 2) && runs[0]["outcome"] == "completed",
+        "{summary:?}\n{second}"
+    );
     stack.stop().await;
 }
