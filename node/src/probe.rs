@@ -127,7 +127,7 @@ async fn windows_of(
 ) -> BTreeMap<String, u32> {
     let settings = adapter.settings();
     let known = target_windows(available, settings, listed, None);
-    if known.len() == available.len() {
+    if known.len() == available.len() && !adapter.wants_engine_kind() {
         return known;
     }
     target_windows(available, settings, listed, adapter.served_window().await)

@@ -263,8 +263,9 @@ async fn a_stream_cancelled_midway_counts_what_the_engine_produced() {
 
 #[crate::common::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_messages_stream_says_its_prompt_tokens_at_message_start() {
-    let llama = LlamaOptions::default().parallel(1);
-    let stack = Stack::start_with_settings(llama, r#"timings_per_token = "true""#).await;
+    // Default settings: the node finds llama-server by its `/props` and asks for its counts.
+    let stack = Stack::start(LlamaOptions::default().parallel(1)).await;
+    models_listed_with_a_window(&stack).await;
     let body = json!({
         "model": MODEL, "max_tokens": 8, "stream": true,
         "messages": [{"role": "user", "content": long_prefix("tokens")}],
@@ -352,11 +353,11 @@ async fn a_prompt_over_the_engines_window_is_refused_in_each_apis_words() {
     stack.stop().await;
 }
 
-#[crate::common::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_engines_context_window_reaches_the_model_list() {
-    let stack = Stack::start(LlamaOptions::default().parallel(1).context(2048)).await;
+/// The model as `/v1/models` lists it once its node has reported its window (its first
+/// probe of the engine is done).
+async fn models_listed_with_a_window(stack: &Stack) -> Value {
     let url = format!("http://{}/v1/models/{MODEL}", stack.app.http_addr);
-    let model = eventually_ok("the node reported its engine's window", || async {
+    eventually_ok("the node reported its engine's window", || async {
         let model: Value = stack
             .http
             .get(&url)
@@ -372,7 +373,13 @@ async fn the_engines_context_window_reaches_the_model_list() {
             None => Err(format!("no window yet: {model}")),
         }
     })
-    .await;
+    .await
+}
+
+#[crate::common::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_engines_context_window_reaches_the_model_list() {
+    let stack = Stack::start(LlamaOptions::default().parallel(1).context(2048)).await;
+    let model = models_listed_with_a_window(&stack).await;
     // llama-server's own: a slot's window, as its /props says.
     let props: Value = stack
         .http

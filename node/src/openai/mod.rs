@@ -17,6 +17,7 @@ pub mod request;
 pub mod settings;
 pub mod tokenize;
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use edge::client::ReceivedAdapter;
@@ -43,6 +44,9 @@ pub struct OpenAiAdapter {
     targets: Vec<String>,
     settings: OpenAiSettings,
     upstream: Upstream,
+    /// The engine answered llama-server's `/props`: with `timings_per_token` left to the
+    /// node, its streams are asked for running counts.
+    llama_server: AtomicBool,
 }
 
 impl OpenAiAdapter {
@@ -79,6 +83,7 @@ impl OpenAiAdapter {
             targets: config.targets.clone(),
             settings,
             upstream,
+            llama_server: AtomicBool::new(false),
         })
     }
 
@@ -106,9 +111,17 @@ impl OpenAiAdapter {
     }
 
     /// The context window llama-server serves its model with (`/props`), for the prober;
-    /// `None` from another engine.
+    /// `None` from another engine. An answer marks the engine as llama-server.
     pub async fn served_window(&self) -> Option<u32> {
-        self.upstream.served_window().await
+        let window = self.upstream.served_window().await;
+        self.llama_server.store(window.is_some(), Ordering::Relaxed);
+        window
+    }
+
+    /// Whether the prober should ask `/props` even when no window is wanted from it: the
+    /// engine's kind decides `timings_per_token` (`"auto"`) and is not known yet.
+    pub fn wants_engine_kind(&self) -> bool {
+        self.settings.timings_per_token.is_none() && !self.llama_server.load(Ordering::Relaxed)
     }
 
     /// Runs `run` against the engine, emitting `started` and its output into `out`, and
@@ -136,10 +149,14 @@ impl OpenAiAdapter {
             out.emit(output).await?;
             return Ok(end);
         }
-        let call = match request::build(run, model, &self.settings) {
+        let mut call = match request::build(run, model, &self.settings) {
             Ok(call) => call,
             Err(invalid) => return Ok(invalid_input(invalid)),
         };
+        // `timings_per_token` left to the node: asked of llama-server (set, `build` did).
+        if self.settings.timings_per_token.is_none() && self.llama_server.load(Ordering::Relaxed) {
+            call.ask_running_counts();
+        }
         match tokio::time::timeout(whole, self.answer(run, &call, out)).await {
             Ok(result) => result,
             Err(_) => Ok(classify(&UpstreamFault::Timeout("request_timeout_ms"))),

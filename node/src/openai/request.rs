@@ -52,6 +52,18 @@ pub struct UpstreamCall {
     pub body: Value,
 }
 
+impl UpstreamCall {
+    /// Asks llama.cpp's `llama-server` for its running counts on every chunk
+    /// (`timings_per_token`), when the answer streams.
+    pub fn ask_running_counts(&mut self) {
+        if self.endpoint.streams()
+            && let Value::Object(body) = &mut self.body
+        {
+            body.insert("timings_per_token".into(), Value::Bool(true));
+        }
+    }
+}
+
 /// Why a run's input cannot become a request (the caller's fault: a `REQUEST` failure).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
@@ -99,7 +111,7 @@ pub fn build(
     body.insert("model".into(), Value::String(model.to_owned()));
     if endpoint.streams() {
         body.insert("stream".into(), Value::Bool(true));
-        if settings.timings_per_token {
+        if settings.timings_per_token == Some(true) {
             body.insert("timings_per_token".into(), Value::Bool(true));
         }
         if settings.stream_usage {
@@ -280,7 +292,7 @@ mod tests {
             })
         );
         let mut llama = settings(true);
-        llama.timings_per_token = true;
+        llama.timings_per_token = Some(true);
         let run = run(Operation::Chat, "application/json", r#"{"messages":[]}"#);
         let call = build(&run, "up", &llama).expect("builds");
         assert_eq!(call.body["timings_per_token"], true);

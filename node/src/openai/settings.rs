@@ -63,8 +63,10 @@ pub struct OpenAiSettings {
     /// (all llama.cpp's `llama-server` needs).
     pub continue_final_message: bool,
     /// Ask llama-server for its running counts on every chunk (`timings_per_token: true`),
-    /// so a run cancelled or failed mid-stream reports its prompt and cached tokens too.
-    pub timings_per_token: bool,
+    /// so the prompt's tokens are known at once and a run cancelled or failed mid-stream
+    /// reports them too. `None` (the default, `"auto"`): asked when the engine is
+    /// llama-server, as its `/props` shows.
+    pub timings_per_token: Option<bool>,
     /// After a streamed answer, open the next request's connection ahead of it (the engine
     /// closed the answer's; see `Upstream::preconnect`).
     pub preconnect: bool,
@@ -176,7 +178,7 @@ impl OpenAiSettings {
             retry_backoff: millis(settings, "retry_backoff_ms", 250)?,
             stream_usage: flag(settings, "stream_usage", true)?,
             continue_final_message: flag(settings, "continue_final_message", false)?,
-            timings_per_token: flag(settings, "timings_per_token", false)?,
+            timings_per_token: auto_flag(settings, "timings_per_token")?,
             preconnect: flag(settings, "preconnect", true)?,
         };
         Ok((parsed, unknown))
@@ -240,6 +242,16 @@ fn flag(settings: &BTreeMap<String, String>, key: &str, default: bool) -> Result
         Some(other) => Err(format!(
             "`{key}` must be \"true\" or \"false\", got {other:?}"
         )),
+    }
+}
+
+/// A flag that may be left to the node: `"auto"` or absent is `None`.
+fn auto_flag(settings: &BTreeMap<String, String>, key: &str) -> Result<Option<bool>, String> {
+    match settings.get(key).map(|value| value.trim()) {
+        None | Some("auto") => Ok(None),
+        Some(_) => flag(settings, key, false)
+            .map(Some)
+            .map_err(|_| format!("`{key}` must be \"true\", \"false\" or \"auto\"")),
     }
 }
 
