@@ -132,6 +132,26 @@ pub(super) enum Source<'a> {
     Run,
 }
 
+/// One event offered to a run: where it came from, the node's sequence number (`None`: the
+/// edge's own event, numbered next), whose it is, and what it says.
+pub(super) struct Offered<'s> {
+    pub source: Source<'s>,
+    pub seq: Option<u64>,
+    pub origin: EventOrigin,
+    pub kind: RunEventKind,
+}
+
+/// What offering one event to a run did, and whether the run's delivery lock is given back.
+enum Relayed<'a> {
+    /// It was relayed and the attempt goes on: the lock, for the next event.
+    Open(MutexGuard<'a, Delivery>),
+    /// It was dropped (after the run's end, or a duplicate): the lock, for the next event.
+    Dropped(MutexGuard<'a, Delivery>),
+    /// It ended the attempt (the run's end, a failover or a continuation): the lock is
+    /// released.
+    Ended,
+}
+
 impl RunService {
     /// Ends `run` with a terminal event the edge makes (a timeout, a cancel, a lost node),
     /// unless it has ended already.
@@ -157,13 +177,23 @@ impl RunService {
         if self.is_stale(run, source, 1) {
             return false;
         }
-        let (taken, held) = self
-            .relay_held(run, delivery, source, seq, origin, kind)
-            .await;
-        if let Some(mut delivery) = held {
-            self.hand_to_journal(run, &mut delivery.journal);
+        let offered = Offered {
+            source,
+            seq,
+            origin,
+            kind,
+        };
+        match self.relay_held(run, delivery, offered).await {
+            Relayed::Open(mut delivery) => {
+                self.hand_to_journal(run, &mut delivery.journal);
+                true
+            }
+            Relayed::Dropped(mut delivery) => {
+                self.hand_to_journal(run, &mut delivery.journal);
+                false
+            }
+            Relayed::Ended => true,
         }
-        taken
     }
 
     /// Relays `events`, consecutive in one node's stream and all of `run`, from `source`:
@@ -181,13 +211,15 @@ impl RunService {
             return;
         }
         while let Some(ReportedEvent { seq, kind, .. }) = events.next() {
-            let origin = EventOrigin::Node;
-            match self
-                .relay_held(run, delivery, source, Some(seq), origin, kind)
-                .await
-            {
-                (_, Some(held)) => delivery = held,
-                (_, None) => {
+            let offered = Offered {
+                source,
+                seq: Some(seq),
+                origin: EventOrigin::Node,
+                kind,
+            };
+            match self.relay_held(run, delivery, offered).await {
+                Relayed::Open(held) | Relayed::Dropped(held) => delivery = held,
+                Relayed::Ended => {
                     let dropped = &self.inner.stats.dropped_after_terminal;
                     dropped.fetch_add(events.len() as u64, Ordering::Relaxed);
                     return;
@@ -204,17 +236,20 @@ impl RunService {
         &self,
         run: &'a Arc<Run>,
         mut delivery: MutexGuard<'a, Delivery>,
-        source: Source<'_>,
-        seq: Option<u64>,
-        origin: EventOrigin,
-        mut kind: RunEventKind,
-    ) -> (bool, Option<MutexGuard<'a, Delivery>>) {
+        offered: Offered<'_>,
+    ) -> Relayed<'a> {
+        let Offered {
+            source,
+            seq,
+            origin,
+            mut kind,
+        } = offered;
         let blame = !matches!(source, Source::Departed(..));
         if let Some(next) = self.attempt_ended(run, &mut delivery, &mut kind, blame) {
             self.hand_to_journal(run, &mut delivery.journal);
             drop(delivery);
             self.continue_run(run, next);
-            return (true, None);
+            return Relayed::Ended;
         }
         let seq = match seq {
             Some(seq) => seq.saturating_add(delivery.seq_base),
@@ -224,12 +259,12 @@ impl RunService {
             EventVerdict::DropAfterTerminal => {
                 let dropped = &self.inner.stats.dropped_after_terminal;
                 dropped.fetch_add(1, Ordering::Relaxed);
-                return (false, Some(delivery));
+                return Relayed::Dropped(delivery);
             }
             EventVerdict::DropDuplicate => {
                 let dropped = &self.inner.stats.dropped_duplicate;
                 dropped.fetch_add(1, Ordering::Relaxed);
-                return (false, Some(delivery));
+                return Relayed::Dropped(delivery);
             }
             EventVerdict::Relay => false,
             EventVerdict::RelayTerminal => true,
@@ -239,20 +274,7 @@ impl RunService {
         let first_output =
             !delivery.saw_output && matches!(event.kind, RunEventKind::Output { .. });
         delivery.saw_output |= first_output;
-        let Delivery {
-            followers, journal, ..
-        } = &mut *delivery;
-        self.tap(run, followers, journal, &event, first_output);
-        self.inner.metrics.relayed(run, &event, first_output);
-        self.inner.sink.publish(Arc::clone(&event));
-        if let Some(caller) = &delivery.caller
-            && send_to_caller(caller, Arc::clone(&event)).await.is_err()
-        {
-            if !caller.is_closed() {
-                warn!(run_id = %run.id, "the caller stopped reading this run's events; no longer sending them");
-            }
-            delivery.caller = None;
-        }
+        self.fan_out(run, &mut delivery, &event, first_output).await;
         if terminal {
             log_end(run, &event);
             delivery.caller = None;
@@ -260,9 +282,35 @@ impl RunService {
             // `tap` handed the run's last batch, its end included, to the journal.
             drop(delivery);
             self.retire(run, budget_tokens(&event.kind));
-            return (true, None);
+            return Relayed::Ended;
         }
-        (true, Some(delivery))
+        Relayed::Open(delivery)
+    }
+
+    /// Hands `event` to everyone who reads `run`'s events: its followers and the journal
+    /// (`tap`), the metrics, the event sink, and its caller (who is let go once it stops
+    /// reading).
+    async fn fan_out(
+        &self,
+        run: &Arc<Run>,
+        delivery: &mut Delivery,
+        event: &Arc<RunEvent>,
+        first_output: bool,
+    ) {
+        let Delivery {
+            followers, journal, ..
+        } = delivery;
+        self.tap(run, followers, journal, event, first_output);
+        self.inner.metrics.relayed(run, event, first_output);
+        self.inner.sink.publish(Arc::clone(event));
+        if let Some(caller) = &delivery.caller
+            && send_to_caller(caller, Arc::clone(event)).await.is_err()
+        {
+            if !caller.is_closed() {
+                warn!(run_id = %run.id, "the caller stopped reading this run's events; no longer sending them");
+            }
+            delivery.caller = None;
+        }
     }
 }
 
