@@ -47,18 +47,18 @@ pub mod ports;
 pub mod wire;
 
 #[cfg(feature = "server")]
-pub use app::cli;
+pub use app::compose::cli;
 #[cfg(feature = "server")]
-pub use app::settings;
+pub use app::compose::settings;
 #[cfg(feature = "server")]
-pub use app::{App, AppParts, Settings};
+pub use app::compose::{App, AppParts, Settings};
 
 /// Span export and the edge's own logs, as `edge serve` sets them up (`[tracing]`, `[log]`),
 /// for programs that run an edge in process (the load generator, tests).
 #[cfg(feature = "server")]
 pub mod telemetry {
-    pub use crate::app::logging::{init, init_with_tracing};
-    pub use crate::app::telemetry::{Exporter, OtlpProtocol, TracingConfig, export_layer};
+    pub use crate::app::compose::logging::{init, init_with_tracing};
+    pub use crate::app::compose::telemetry::{Exporter, OtlpProtocol, TracingConfig, export_layer};
 }
 
 /// The edge's parts one by one, for the programs that build less than a whole [`App`]:

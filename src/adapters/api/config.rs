@@ -1,6 +1,6 @@
 //! `[api]`: the settings of the OpenAI-compatible API.
 //!
-//! Deserialized by the edge's settings (`app/settings.rs`) together with the other sections; checked there at
+//! Deserialized by the edge's settings (`app/compose/settings.rs`) together with the other sections; checked there at
 //! load through [`ApiConfig::problems`], so a running edge never holds an alias it cannot
 //! route. API keys are hashed as they are read and never shown, not even through `Debug`.
 //! A key is a plain string, or a table that also names it (its tenant for fair queueing

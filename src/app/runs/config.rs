@@ -3,7 +3,7 @@
 //! breakers — and how much one API key may start), and [`policy`], which checks them
 //! together and builds the domain's [`RoutingPolicy`] through its validating constructors.
 //!
-//! Deserialized by `crate::app::settings` with the other sections; the reference is
+//! Deserialized by `crate::app::compose::settings` with the other sections; the reference is
 //! `docs/configuration.md`.
 
 use std::num::NonZeroU32;

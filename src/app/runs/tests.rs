@@ -23,7 +23,7 @@ use tokio::time::sleep;
 
 use super::{BreakerConfig, LimitsConfig, Routing, RoutingConfig, RunService, policy};
 use crate::adapters::lock_registry::LockRegistry;
-use crate::app::settings::RunsConfig;
+use crate::app::compose::settings::RunsConfig;
 use crate::domain::routing::{Catalog, NodeStatus, Unroutable, WaitCause};
 use crate::domain::{
     AdapterConfig, AdapterName, Alias, EventOrigin, FailureClass, NodeId, NodeRecord, NodeSelector,

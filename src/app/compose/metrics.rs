@@ -20,7 +20,7 @@ use crate::adapters::tcp::TransportStats;
 use crate::domain::{RegisterRejection, TakeoverReason, TakeoverRefusal};
 use crate::ports::{CloseReason, NodeStore, Registry};
 
-use super::runs::RunService;
+use crate::app::runs::RunService;
 
 /// What [`Metrics::observe`] reads on every scrape.
 pub struct MetricSources {

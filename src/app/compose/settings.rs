@@ -26,10 +26,10 @@ pub use crate::adapters::http::HttpConfig;
 pub use crate::adapters::journal::JournalConfig;
 pub use crate::adapters::sinks::config::{EventsConfig, SinkKind};
 pub use crate::adapters::tcp::config::ServerConfig;
-pub use crate::app::identity::EdgeConfig;
-pub use crate::app::logging::{LogConfig, LogFormat};
+pub use crate::app::compose::identity::EdgeConfig;
+pub use crate::app::compose::logging::{LogConfig, LogFormat};
+pub use crate::app::compose::telemetry::TracingConfig;
 pub use crate::app::runs::{BreakerConfig, LimitsConfig, RoutingConfig, RunsConfig};
-pub use crate::app::telemetry::TracingConfig;
 use crate::domain::EdgeId;
 
 /// The config file read when no path is given, relative to the working directory.

@@ -9,14 +9,14 @@ use anyhow::Context;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use super::drains::Drains;
-use super::management::Management;
 use super::metrics::Metrics;
 use super::{RunService, Settings};
 use crate::adapters::admin::{AdminServer, AdminState, routes};
 use crate::adapters::http::HttpServer;
 use crate::adapters::journal::open_journal;
 use crate::adapters::web_console;
+use crate::app::drains::Drains;
+use crate::app::management::Management;
 use crate::ports::{NodeStore, Registry, RunJournal};
 
 /// The journal `[journal]` asks for, the runs a previous edge left open kept for the run
@@ -46,7 +46,7 @@ pub(super) fn management(
         Arc::clone(journal),
         drains.clone(),
     );
-    super::management::metrics::observe(metrics.meter(), drains, Arc::clone(journal));
+    crate::app::management::metrics::observe(metrics.meter(), drains, Arc::clone(journal));
     management
 }
 
