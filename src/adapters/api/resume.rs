@@ -5,7 +5,7 @@
 //! SSE event gets the same [`EventId`] from its run event's position. Works across a
 //! client's network drop and across an edge restart alike.
 //!
-//! What the journal lacks to render the stream ([`ClientStream`]: which API, the model as
+//! What the journal lacks to render the stream ([`ResumableStream`]: which API, the model as
 //! the client named it, ...) is kept in the run's record from its start. The resumed
 //! reader keeps the run from being cancelled for want of one (`Runs::reader_back`).
 
@@ -26,7 +26,7 @@ use super::responses::{Replayed, replayed};
 use super::run::{CancelOnDrop, RUN_ID_HEADER};
 use super::sse::{KEEP_ALIVE_INTERVAL, event_stream};
 use crate::adapters::api::ApiState;
-use crate::adapters::api::translators::ClientStream;
+use crate::adapters::api::translators::ResumableStream;
 use crate::adapters::api::translators::frame::{EventId, EventWriter, SseFrame};
 use crate::adapters::api::translators::openai::chunks::ChunkWriter;
 use crate::adapters::api::translators::openai::{Endpoint, Reply};
@@ -67,17 +67,17 @@ pub(super) async fn resume(
         let frame = SseFrame::resumed(after);
         let resumed = (state.clone(), run_id.clone(), feed, frame, reader);
         Ok(match stream {
-            ClientStream::Chat {
+            ResumableStream::Chat {
                 model,
                 created,
                 include_usage,
             } => openai(resumed, Endpoint::Chat, model, created, include_usage),
-            ClientStream::Completion {
+            ResumableStream::Completion {
                 model,
                 created,
                 include_usage,
             } => openai(resumed, Endpoint::Completion, model, created, include_usage),
-            ClientStream::Messages { model, thinking } => {
+            ResumableStream::Messages { model, thinking } => {
                 let writer = anthropic::stream_writer(&run_id, model, thinking);
                 respond(Resumed::new(resumed, writer))
             }
@@ -99,7 +99,11 @@ pub(super) async fn resume(
 ///
 /// # Errors
 /// 404 for an unknown run, another key's run, or a run whose stream cannot be resumed.
-async fn find(state: &ApiState, caller: &Caller, run_id: &RunId) -> Result<ClientStream, ApiError> {
+async fn find(
+    state: &ApiState,
+    caller: &Caller,
+    run_id: &RunId,
+) -> Result<ResumableStream, ApiError> {
     let not_found = || ApiError::stream_not_found(run_id.as_str());
     let record = match state.manage.run(run_id).await {
         Ok(Some(record)) if caller.owns(&record.accepted) => record,

@@ -3,7 +3,7 @@
 //!
 //! The relay only enqueues (`queue.rs`); a writer thread writes each batch of entries as
 //! one row of the log (`writer.rs`, `log.rs`, laid out as `frames.rs` says), holding open
-//! runs' events back to write them together when asked (`hold.rs`), and applies retention
+//! runs' events back to write them together when asked (`held_events.rs`), and applies retention
 //! (`retention.rs`); the management API reads on read-only connections (`reader.rs`).
 //! Nothing here is on the relay's path but a push.
 
@@ -12,7 +12,7 @@ mod bloom;
 mod budget;
 pub mod config;
 mod frames;
-mod hold;
+mod held_events;
 mod log;
 mod migrate;
 mod packed;

@@ -12,7 +12,7 @@ use tracing::{info, warn};
 use super::batch::Queued;
 use super::budget::{Budget, Files};
 use super::config::JournalConfig;
-use super::hold::Held;
+use super::held_events::Held;
 use super::queue::EntryQueue;
 use super::reader::Reader;
 use super::retention::Retention;

@@ -20,7 +20,7 @@ use tracing::warn;
 
 use super::batch::Queued;
 use super::budget::{Budget, Files};
-use super::hold::Held;
+use super::held_events::Held;
 use super::log::{BatchRow, OpenRuns, ROW_MAX_BYTES, fold_open, open_from};
 use super::queue::{EntryQueue, Taken};
 use super::retention::{Retention, expire_usage, retention_chunk};
@@ -63,7 +63,7 @@ pub(super) struct Writer {
     /// The number of the next batch row.
     pub(super) next_seq: i64,
     pub(super) last_error_log: Option<Instant>,
-    /// Open runs' events kept back to be written together (see `hold.rs`).
+    /// Open runs' events kept back to be written together (see `held_events.rs`).
     pub(super) held: Held,
     /// Entries taken from the queue so far (a flush waits for those admitted before it).
     pub(super) taken: u64,

@@ -14,13 +14,13 @@
 //!   attempt on another node, the disconnect hook;
 //! - `continuation.rs` — a run whose node is lost after output, carried on by another
 //!   node from the output already relayed;
-//! - `drained.rs` — a node drain's deadline: its runs moved to other nodes like lost
+//! - `drain_deadline.rs` — a node drain's deadline: its runs moved to other nodes like lost
 //!   attempts, cancelled where they cannot move;
 //! - `resume.rs` — runs held across a blip in their node's connection: detached when it
 //!   drops, re-attached when the node comes back and claims them;
 //! - `adopt.rs` — the runs a previous edge left open in the journal, taken back at start
 //!   and held like detached runs for their nodes to claim;
-//! - `readers.rs` — the readers of a run's client stream: a streamed run whose caller went
+//! - `stream_readers.rs` — the readers of a run's client stream: a streamed run whose caller went
 //!   away is cancelled only when no caller has resumed its stream within a grace;
 //! - `budgets.rs` — the API keys' token budgets loaded from the usage rollups at start
 //!   (reserved and settled in `placement.rs`);
@@ -45,16 +45,16 @@ mod config;
 mod continuation;
 mod deadlines;
 mod delivery;
-mod drained;
+mod drain_deadline;
 mod failover;
-mod live;
+mod management_view;
 mod metrics;
 mod placement;
-mod readers;
 mod resume;
 mod resume_metrics;
 mod routing_metrics;
 mod service;
+mod stream_readers;
 mod table;
 #[cfg(test)]
 mod tests;

@@ -263,7 +263,7 @@ impl RunService {
             node = tracing::field::Empty,
             attempt = tracing::field::Empty,
         );
-        let accepted = super::live::accepted(&id, &spec);
+        let accepted = super::management_view::accepted(&id, &spec);
         let delivery = Delivery::new(caller);
         Run::new(id, spec, accepted, delivery, span, Instant::now())
     }

@@ -141,7 +141,7 @@ pub(super) struct Run {
     pub(super) first_output_ms: AtomicU64,
     /// Its route's bound instruments, found at its first dispatch.
     pub(super) route_metrics: OnceLock<Arc<RouteMetrics>>,
-    /// Who reads its client stream (`readers.rs`).
+    /// Who reads its client stream (`stream_readers.rs`).
     pub(super) readers: Mutex<Readers>,
 }
 

@@ -14,7 +14,7 @@ use crate::adapters::api::auth::Caller;
 use crate::adapters::api::request::{self, ApiRequest};
 use crate::adapters::api::run::{self, Step};
 use crate::adapters::api::sse;
-use crate::adapters::api::translators::ClientStream;
+use crate::adapters::api::translators::ResumableStream;
 use crate::adapters::api::translators::openai::chunks::ChunkWriter;
 use crate::adapters::api::translators::openai::{Endpoint, Reply};
 
@@ -42,7 +42,7 @@ pub(in crate::adapters::api) async fn respond(
     };
     let created = unix_now();
     if stream && resumable {
-        let client_stream = ClientStream::openai(endpoint, &model, created, include_usage);
+        let client_stream = ResumableStream::openai(endpoint, &model, created, include_usage);
         spec.routing.client_stream = Some(client_stream.to_json());
     }
     let mut run = match run::start(&state, spec, &model) {

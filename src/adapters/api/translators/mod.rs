@@ -12,15 +12,15 @@
 pub(in crate::adapters::api) mod anthropic;
 #[cfg(test)]
 pub(in crate::adapters::api) mod client_fixtures;
-mod client_stream;
 mod error;
 pub(in crate::adapters::api) mod frame;
 pub(in crate::adapters::api) mod openai;
 pub(in crate::adapters::api) mod output;
 pub(in crate::adapters::api) mod responses;
+mod resumable_stream;
 
-pub(in crate::adapters::api) use client_stream::ClientStream;
 pub use error::{ApiError, ErrorKind, Overflow};
+pub(in crate::adapters::api) use resumable_stream::ResumableStream;
 
 use serde_json::Value;
 
@@ -41,7 +41,7 @@ pub(in crate::adapters::api) trait ChatTranslation {
     }
     /// How its stream is rendered again for a caller that resumes it (`GET
     /// /v1/runs/{run_id}/stream`); `None` where the API resumes its own way, or not at all.
-    fn client_stream(&self) -> Option<ClientStream> {
+    fn client_stream(&self) -> Option<ResumableStream> {
         None
     }
 }

@@ -8,7 +8,7 @@ use serde_json::{Map, Value, json};
 
 use crate::adapters::api::translators::ApiError;
 use crate::adapters::api::translators::ChatTranslation;
-use crate::adapters::api::translators::ClientStream;
+use crate::adapters::api::translators::ResumableStream;
 
 /// A checked Messages request, translated.
 #[derive(Debug, Clone, PartialEq)]
@@ -36,8 +36,8 @@ impl ChatTranslation for MessagesRequest {
         self.stream
     }
 
-    fn client_stream(&self) -> Option<ClientStream> {
-        self.stream.then(|| ClientStream::Messages {
+    fn client_stream(&self) -> Option<ResumableStream> {
+        self.stream.then(|| ResumableStream::Messages {
             model: self.model.clone(),
             thinking: self.thinking,
         })

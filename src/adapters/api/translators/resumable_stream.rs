@@ -1,4 +1,4 @@
-//! What a resumable run's stream is rendered from besides its events ([`ClientStream`]:
+//! What a resumable run's stream is rendered from besides its events ([`ResumableStream`]:
 //! which API, the model as the client named it, ...), kept in the run's record from its
 //! start so the stream can be rendered again after a drop or an edge restart.
 
@@ -11,7 +11,7 @@ use super::openai::Endpoint;
 /// What a resumable run's stream is rendered from besides its events, kept in its record.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "api", rename_all = "snake_case")]
-pub(in crate::adapters::api) enum ClientStream {
+pub(in crate::adapters::api) enum ResumableStream {
     /// `chat.completion.chunk`s.
     Chat {
         /// The model as the client named it.
@@ -39,7 +39,7 @@ pub(in crate::adapters::api) enum ClientStream {
     },
 }
 
-impl ClientStream {
+impl ResumableStream {
     /// The OpenAI stream of `endpoint` answering with `model`.
     pub fn openai(endpoint: Endpoint, model: &str, created: u64, include_usage: bool) -> Self {
         let model = model.to_owned();
