@@ -163,18 +163,8 @@ impl Stack {
 
     /// The newest run's share of its prompt that the engine read from its cache.
     async fn newest_cache_share(&self) -> f64 {
-        let url = format!("http://{}/admin/v1/runs?limit=1", self.app.admin_addr);
-        let listed: Value = common::http()
-            .build()
-            .expect("http client")
-            .get(url)
-            .send()
-            .await
-            .expect("the runs listing answers")
-            .json()
-            .await
-            .expect("the runs listing is JSON");
-        let usage = &listed["runs"][0]["usage"];
+        let runs = self.runs_json().await;
+        let usage = &runs.first().expect("a run")["usage"];
         let count = |field: &str| usage[field].as_f64().unwrap_or(0.0);
         count("cached_input_tokens") / count("input_tokens").max(1.0)
     }
