@@ -270,17 +270,24 @@ impl Upstream {
     }
 
     /// The context window llama.cpp's `llama-server` serves its model with: `GET /props`
-    /// below the engine's root, `default_generation_settings.n_ctx` (a slot's window);
-    /// `None` from an engine without it.
-    pub async fn served_window(&self) -> Option<u32> {
+    /// below the engine's root, `default_generation_settings.n_ctx` (a slot's window).
+    /// `Ok(None)` from an engine that answered without it (another engine: no `/props`).
+    ///
+    /// # Errors
+    /// The fault when the engine could not be asked (down, timed out): nothing is known.
+    pub async fn served_window(&self) -> Result<Option<u32>, UpstreamFault> {
         let root = self.base_url.strip_suffix("/v1").unwrap_or(&self.base_url);
-        let body = self.probe_get(format!("{root}/props")).await.ok()?;
-        let props: Value = serde_json::from_slice(&body).ok()?;
-        let n_ctx = props.pointer("/default_generation_settings/n_ctx")?;
-        n_ctx
-            .as_u64()
+        let body = match self.probe_get(format!("{root}/props")).await {
+            Ok(body) => body,
+            Err(UpstreamFault::Status { .. }) => return Ok(None),
+            Err(fault) => return Err(fault),
+        };
+        let props: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+        Ok(props
+            .pointer("/default_generation_settings/n_ctx")
+            .and_then(Value::as_u64)
             .and_then(|n| u32::try_from(n).ok())
-            .filter(|n| *n > 0)
+            .filter(|n| *n > 0))
     }
 
     /// `GET url` with the engine's API key within `probe_timeout_ms`: the body of a success.

@@ -17,7 +17,7 @@ pub mod request;
 pub mod settings;
 pub mod tokenize;
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Instant;
 
 use edge::client::ReceivedAdapter;
@@ -37,6 +37,13 @@ use tokenize::Ask;
 /// The name of this adapter kind in the `kind` setting (and its default).
 pub const KIND: &str = "openai";
 
+/// The engine has not answered `/props` yet.
+const ENGINE_UNKNOWN: u8 = 0;
+/// It answered as llama.cpp's `llama-server`.
+const ENGINE_LLAMA_SERVER: u8 = 1;
+/// It answered without llama-server's props: another engine.
+const ENGINE_OTHER: u8 = 2;
+
 /// One configured `openai` adapter.
 #[derive(Debug)]
 pub struct OpenAiAdapter {
@@ -44,9 +51,10 @@ pub struct OpenAiAdapter {
     targets: Vec<String>,
     settings: OpenAiSettings,
     upstream: Upstream,
-    /// The engine answered llama-server's `/props`: with `timings_per_token` left to the
-    /// node, its streams are asked for running counts.
-    llama_server: AtomicBool,
+    /// What the engine's `/props` said it is (`ENGINE_*`): llama-server's streams are asked
+    /// for running counts when `timings_per_token` is left to the node, and another engine is
+    /// not asked `/props` again.
+    engine: AtomicU8,
 }
 
 impl OpenAiAdapter {
@@ -83,7 +91,7 @@ impl OpenAiAdapter {
             targets: config.targets.clone(),
             settings,
             upstream,
-            llama_server: AtomicBool::new(false),
+            engine: AtomicU8::new(ENGINE_UNKNOWN),
         })
     }
 
@@ -111,17 +119,27 @@ impl OpenAiAdapter {
     }
 
     /// The context window llama-server serves its model with (`/props`), for the prober;
-    /// `None` from another engine. An answer marks the engine as llama-server.
+    /// `None` from another engine, which is not asked again, or while the engine cannot be
+    /// reached. Its answer tells which engine it is.
     pub async fn served_window(&self) -> Option<u32> {
-        let window = self.upstream.served_window().await;
-        self.llama_server.store(window.is_some(), Ordering::Relaxed);
-        window
+        if self.engine.load(Ordering::Relaxed) == ENGINE_OTHER {
+            return None;
+        }
+        let answer = self.upstream.served_window().await.ok()?;
+        let engine = if answer.is_some() {
+            ENGINE_LLAMA_SERVER
+        } else {
+            ENGINE_OTHER
+        };
+        self.engine.store(engine, Ordering::Relaxed);
+        answer
     }
 
     /// Whether the prober should ask `/props` even when no window is wanted from it: the
     /// engine's kind decides `timings_per_token` (`"auto"`) and is not known yet.
     pub fn wants_engine_kind(&self) -> bool {
-        self.settings.timings_per_token.is_none() && !self.llama_server.load(Ordering::Relaxed)
+        self.settings.timings_per_token.is_none()
+            && self.engine.load(Ordering::Relaxed) == ENGINE_UNKNOWN
     }
 
     /// Runs `run` against the engine, emitting `started` and its output into `out`, and
@@ -154,7 +172,9 @@ impl OpenAiAdapter {
             Err(invalid) => return Ok(invalid_input(invalid)),
         };
         // `timings_per_token` left to the node: asked of llama-server (set, `build` did).
-        if self.settings.timings_per_token.is_none() && self.llama_server.load(Ordering::Relaxed) {
+        if self.settings.timings_per_token.is_none()
+            && self.engine.load(Ordering::Relaxed) == ENGINE_LLAMA_SERVER
+        {
             call.ask_running_counts();
         }
         match tokio::time::timeout(whole, self.answer(run, &call, out)).await {
