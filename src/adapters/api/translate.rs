@@ -66,7 +66,8 @@ pub(super) async fn serve_chat_run<T: ChatTranslation, S: StreamTranslator>(
     };
     match request::resumable(caller, headers) {
         Ok(true) => {
-            spec.routing.client_stream = translated.client_stream().map(|stream| stream.to_json());
+            spec.routing.client_stream =
+                translated.resumable_stream().map(|stream| stream.to_json());
         }
         Ok(false) => {}
         Err(error) => return error_response(&error),

@@ -42,8 +42,8 @@ pub(in crate::adapters::api) async fn respond(
     };
     let created = unix_now();
     if stream && resumable {
-        let client_stream = ResumableStream::openai(endpoint, &model, created, include_usage);
-        spec.routing.client_stream = Some(client_stream.to_json());
+        let resumable_stream = ResumableStream::openai(endpoint, &model, created, include_usage);
+        spec.routing.client_stream = Some(resumable_stream.to_json());
     }
     let mut run = match run::start(&state, spec, &model) {
         Ok(run) => run,

@@ -41,7 +41,7 @@ pub(in crate::adapters::api) trait ChatTranslation {
     }
     /// How its stream is rendered again for a caller that resumes it (`GET
     /// /v1/runs/{run_id}/stream`); `None` where the API resumes its own way, or not at all.
-    fn client_stream(&self) -> Option<ResumableStream> {
+    fn resumable_stream(&self) -> Option<ResumableStream> {
         None
     }
 }

@@ -36,7 +36,7 @@ impl ChatTranslation for MessagesRequest {
         self.stream
     }
 
-    fn client_stream(&self) -> Option<ResumableStream> {
+    fn resumable_stream(&self) -> Option<ResumableStream> {
         self.stream.then(|| ResumableStream::Messages {
             model: self.model.clone(),
             thinking: self.thinking,
