@@ -313,3 +313,71 @@ async fn only_the_key_that_started_a_run_resumes_its_stream() {
     node.kill();
     app.stop().await;
 }
+
+#[crate::common::test]
+async fn a_resumed_messages_stream_opens_with_the_prompt_counts_of_the_first() {
+    use crate::admin_support::HandNode;
+    use crate::common::NodeTable;
+    use edge::domain::{RunEventKind, StructuredOutput, Usage};
+    let node = NodeTable::new("node-a", "gpu-a", "token-a")
+        .runtime(2, 60_000)
+        .echo(&["default"]);
+    let app = spawn_app(&format!("{node}\n[runs]\nclient_resume_grace_ms = 60000\n")).await;
+    let mut node = HandNode::register(&app, "token-a").await;
+    app.wait_for_nodes(1).await;
+    let (path, body) = messages_body("hello");
+    let request = client()
+        .post(format!("http://{}{path}", app.http_addr))
+        .header(RESUMABLE, "true")
+        .json(&body);
+    let first = tokio::spawn(async move {
+        let response = request.send().await.expect("a response");
+        let run_id = response.headers()["x-edge-run-id"]
+            .to_str()
+            .unwrap()
+            .to_owned();
+        (
+            run_id,
+            events_in(&response.text().await.expect("the whole stream")),
+        )
+    });
+    let run = node.next_run().await;
+    // The engine's counts come with the first output (protocol v1.3).
+    let prompt = Usage {
+        input_tokens: 12,
+        output_tokens: 1,
+        cached_input_tokens: 3,
+        reasoning_tokens: 0,
+    };
+    let counted = RunEventKind::Output {
+        text: "hello ".into(),
+        data: bytes::Bytes::new(),
+        structured: Some(Box::new(StructuredOutput {
+            usage: Some(prompt),
+            ..StructuredOutput::default()
+        })),
+    };
+    node.send(&run.run_id, RunEventKind::Started).await;
+    node.send(&run.run_id, counted).await;
+    node.send(&run.run_id, RunEventKind::text("world")).await;
+    let ended = RunEventKind::Completed {
+        finish_reason: "stop".into(),
+        usage: Some(Usage {
+            output_tokens: 2,
+            ..prompt
+        }),
+    };
+    node.send(&run.run_id, ended).await;
+    let (run_id, first) = crate::common::bounded("the first stream", first)
+        .await
+        .expect("the first stream's task");
+    let start: Value = serde_json::from_str(&first[0].data).expect("message_start");
+    assert_eq!(start["message"]["usage"]["input_tokens"], 9, "{start}");
+    assert_eq!(
+        start["message"]["usage"]["cache_read_input_tokens"], 3,
+        "{start}"
+    );
+    // Replayed from the journal, it opens the same way, event for event.
+    assert_eq!(resume(app.http_addr, &run_id, None).await, first);
+    app.stop().await;
+}
