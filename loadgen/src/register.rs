@@ -87,6 +87,17 @@ pub fn edge_bin(explicit: Option<&PathBuf>) -> anyhow::Result<PathBuf> {
     }
 }
 
+/// The handshake latencies of a registration storm: the opening burst (each worker's first
+/// handshake: every worker dials at the same instant, as nodes do when an edge comes back)
+/// and the rest (a new handshake as each one ends).
+#[derive(Default)]
+pub struct Handshakes {
+    /// Each worker's first handshake.
+    pub opening: Histogram,
+    /// Every later one.
+    pub steady: Histogram,
+}
+
 /// Registers nodes `0..total` with the edge at `addr`, `concurrency` handshakes in flight
 /// on `load`; returns the handshake latencies and the registered clients.
 pub fn register_all(
@@ -94,13 +105,13 @@ pub fn register_all(
     addr: std::net::SocketAddr,
     total: usize,
     concurrency: usize,
-) -> anyhow::Result<(Histogram, Vec<NodeClient>)> {
+) -> anyhow::Result<(Handshakes, Vec<NodeClient>)> {
     let next = Arc::new(AtomicUsize::new(0));
     let workers: Vec<_> = (0..concurrency.clamp(1, total.max(1)))
         .map(|_| {
             let next = Arc::clone(&next);
             load.spawn(async move {
-                let mut latency = Histogram::default();
+                let mut latency = Handshakes::default();
                 let mut clients: Vec<NodeClient> = Vec::new();
                 loop {
                     let i = next.fetch_add(1, Ordering::Relaxed);
@@ -109,18 +120,24 @@ pub fn register_all(
                     }
                     let begun = Instant::now();
                     let client = lean::register(addr, &harness::token(i)).await?;
-                    latency.record_duration(begun.elapsed());
+                    let histogram = if clients.is_empty() {
+                        &mut latency.opening
+                    } else {
+                        &mut latency.steady
+                    };
+                    histogram.record_duration(begun.elapsed());
                     clients.push(client);
                 }
                 anyhow::Ok((latency, clients))
             })
         })
         .collect();
-    let mut latency = Histogram::default();
+    let mut latency = Handshakes::default();
     let mut clients = Vec::with_capacity(total);
     for worker in workers {
-        let (histogram, mut held) = load.block_on(worker)??;
-        latency.merge(&histogram);
+        let (histograms, mut held) = load.block_on(worker)??;
+        latency.opening.merge(&histograms.opening);
+        latency.steady.merge(&histograms.steady);
         clients.append(&mut held);
     }
     Ok((latency, clients))
@@ -199,7 +216,10 @@ pub fn run(args: &RegisterArgs, common: &Common) -> anyhow::Result<Vec<Record>> 
     let load_cpu_0 = harness::threads_cpu_ms("load");
     let counters = netstat::Counters::read();
     let started = Instant::now();
-    let (latency, clients) = register_all(&load, addr, total, args.concurrency)?;
+    let (handshakes, clients) = register_all(&load, addr, total, args.concurrency)?;
+    let mut latency = Histogram::default();
+    latency.merge(&handshakes.opening);
+    latency.merge(&handshakes.steady);
     let elapsed = started.elapsed();
     let grown = netstat::Counters::read().grown_since(&counters);
     let edge_cpu = target.cpu_ms() - edge_cpu_0;
@@ -231,6 +251,9 @@ pub fn run(args: &RegisterArgs, common: &Common) -> anyhow::Result<Vec<Record>> 
     )
     .with("handshake_p50_us", latency.quantile_us(0.5))
     .with("handshake_p99_us", latency.quantile_us(0.99))
+    .with("opening_p50_us", handshakes.opening.quantile_us(0.5))
+    .with("opening_p99_us", handshakes.opening.quantile_us(0.99))
+    .with("steady_p99_us", handshakes.steady.quantile_us(0.99))
     .with(
         "edge_cpu_us_per_registration",
         edge_cpu as f64 * 1_000.0 / total.max(1) as f64,
