@@ -420,7 +420,8 @@ async fn a_prompt_clearly_over_the_models_window_is_refused_before_any_node_sees
     });
     let run = node.next_run().await;
     node.complete(&run.run_id, "hello").await;
-    assert_eq!(answered.await.expect("the answer"), StatusCode::OK);
+    let answered = crate::common::bounded("the answer", answered).await;
+    assert_eq!(answered.expect("the answer's task"), StatusCode::OK);
     app.stop().await;
 }
 

@@ -12,7 +12,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::response::{IntoResponse, Response};
-use serde::Serialize;
+use serde::ser::SerializeMap as _;
+use serde::{Serialize, Serializer};
 
 use super::ApiError;
 use crate::adapters::api::ApiState;
@@ -210,18 +211,30 @@ fn add(served: &mut BTreeMap<String, ListedModel>, id: String, found: &Served<'_
         object: "model",
         created: found.created,
         owned_by: found.route.adapter.to_string(),
-        context_window: None,
-        max_input_tokens: None,
-        max_tokens: None,
+        window: None,
     });
     entry.created = entry.created.min(found.created);
     if let Some(window) = found.window {
         let smallest = entry
-            .context_window
-            .map_or(window, |known| known.min(window));
-        entry.context_window = Some(smallest);
-        entry.max_input_tokens = Some(smallest);
-        entry.max_tokens = Some(smallest);
+            .window
+            .map_or(window, |Window(known)| known.min(window));
+        entry.window = Some(Window(smallest));
+    }
+}
+
+/// A model's context window in tokens, written as the three fields clients read it under:
+/// `context_window`; `max_input_tokens`, the longest prompt (Anthropic's models API names it
+/// so); `max_tokens`, the most an answer may hold, prompt included.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Window(pub u32);
+
+impl Serialize for Window {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut map = serializer.serialize_map(Some(3))?;
+        for key in ["context_window", "max_input_tokens", "max_tokens"] {
+            map.serialize_entry(key, &self.0)?;
+        }
+        map.end()
     }
 }
 
@@ -240,16 +253,10 @@ pub struct ListedModel {
     pub created: u64,
     /// The adapter that runs it.
     pub owned_by: String,
-    /// Its context window in tokens: the smallest its serving nodes reported (absent when
-    /// none did). Agents size their compaction by it.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub context_window: Option<u32>,
-    /// The longest prompt it takes, in tokens (its window; Anthropic's models API names it so).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub max_input_tokens: Option<u32>,
-    /// The most tokens an answer may have, prompt included (its window).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub max_tokens: Option<u32>,
+    /// Its context window: the smallest its serving nodes reported (no fields when none
+    /// did). Agents size their compaction by it.
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub window: Option<Window>,
 }
 
 /// OpenAI's list shape.
@@ -281,6 +288,24 @@ pub(super) async fn retrieve(State(state): State<ApiState>, Path(model): Path<St
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_window_is_written_under_each_name_clients_read_and_none_is_left_out() {
+        let mut model = ListedModel {
+            id: "llama/qwen".into(),
+            object: "model",
+            created: 1,
+            owned_by: "llama".into(),
+            window: None,
+        };
+        let json = serde_json::to_value(&model).unwrap();
+        assert_eq!(json.as_object().map(|o| o.len()), Some(4), "{json}");
+        model.window = Some(Window(32_768));
+        let json = serde_json::to_value(&model).unwrap();
+        for key in ["context_window", "max_input_tokens", "max_tokens"] {
+            assert_eq!(json[key], 32_768, "{json}");
+        }
+    }
 
     #[test]
     fn config_problems_do_not_repeat_the_value() {

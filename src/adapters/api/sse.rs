@@ -164,11 +164,14 @@ impl<W: EventWriter> SseBody<W> {
         if self.ids {
             self.frame.group(self.run.position());
         }
-        let counts = match &step {
-            Step::Output(output) => output.structured().and_then(|s| s.usage),
-            Step::End(_) => None,
-        };
-        self.open(counts);
+        if !self.opened {
+            // The counts the engine reported with the first output open the stream.
+            let counts = match &step {
+                Step::Output(output) => output.structured().and_then(|s| s.usage),
+                Step::End(_) => None,
+            };
+            self.open(counts);
+        }
         match step {
             Step::Output(output) => {
                 let (text, structured) = (output.text(), output.structured());
