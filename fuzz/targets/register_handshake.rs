@@ -130,6 +130,7 @@ fn with_prelude(mode: u8, rest: &[u8]) -> Vec<u8> {
         resume: Vec::new(),
         can_continue: false,
         operations: edge::domain::DeclaredOperations::default(),
+        can_manage_models: false,
     });
     let mut bytes = encoded(register);
     bytes.extend_from_slice(rest);

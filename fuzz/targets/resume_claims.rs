@@ -159,6 +159,7 @@ fn register(token: &str, instance_id: &str, resume: Vec<ResumeClaim>) -> Vec<u8>
         resume,
         can_continue: false,
         operations: edge::domain::DeclaredOperations::default(),
+        can_manage_models: false,
     }))
 }
 

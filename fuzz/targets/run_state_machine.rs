@@ -418,6 +418,7 @@ impl World {
             reserved_runs: 0,
             can_continue: true,
             operations: edge::domain::DeclaredOperations::default(),
+            can_manage_models: false,
         };
         if self.registry.insert(registered).is_err() {
             // Its previous connection has not finished closing yet.

@@ -270,6 +270,7 @@ async fn serve(
                 }
             }
             NodeCommand::Shutdown { reason } => break Ended::Shutdown(reason),
+            NodeCommand::Model(_) => {}
         }
     };
     kill.cancel();

@@ -134,6 +134,9 @@ async fn read_loop(
             ReceivedEdgeFrame::Command(NodeCommand::Shutdown { reason }) => {
                 return SessionEnd::EdgeShutdown(reason);
             }
+            ReceivedEdgeFrame::Command(NodeCommand::Model(command)) => {
+                tracing::debug!(command_id = command.command_id, "a model command, not handled yet");
+            }
             ReceivedEdgeFrame::Registered(_)
             | ReceivedEdgeFrame::Unknown
             | ReceivedEdgeFrame::HeartbeatAck { .. } => {}

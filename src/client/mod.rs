@@ -85,7 +85,16 @@ impl Registration {
             resume: Vec::new(),
             can_continue: false,
             operations: DeclaredOperations::default(),
+            can_manage_models: false,
         }
+    }
+
+    /// The same registration, saying whether the node loads and unloads the targets of the
+    /// adapters it reports managed, on the edge's model commands.
+    #[must_use]
+    pub fn managing_models(mut self, can_manage_models: bool) -> Self {
+        self.can_manage_models = can_manage_models;
+        self
     }
 
     /// The same registration, declaring `operations` (those that need a declaration, such

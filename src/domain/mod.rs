@@ -9,6 +9,7 @@ pub mod adoption;
 pub mod continuation;
 pub mod definitions;
 pub mod drain;
+pub mod models;
 pub mod names;
 pub mod node;
 pub mod output;

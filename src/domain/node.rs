@@ -9,6 +9,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use super::models::ManagedAdapter;
 use super::names::{AdapterName, Alias, NodeId, Target};
 use super::token::TokenDigest;
 
@@ -273,13 +274,16 @@ impl NodeRecord {
 }
 
 /// The adapter-target pairs a node says it can serve now, and what it knows of them (each
-/// one's context window). A node that never reports is taken to serve everything its
-/// config lists.
+/// one's context window; the load state of every target of the adapters it loads and
+/// unloads on command). A node that never reports is taken to serve everything its config
+/// lists.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Availability {
     available: Vec<(AdapterName, Target)>,
     /// The context windows, in tokens, of the available pairs whose engine said.
     windows: BTreeMap<(AdapterName, Target), u32>,
+    /// The adapters the node loads and unloads on command, with their targets' states.
+    managed: BTreeMap<AdapterName, ManagedAdapter>,
 }
 
 impl Availability {
@@ -291,7 +295,26 @@ impl Availability {
         Self {
             available,
             windows: BTreeMap::new(),
+            managed: BTreeMap::new(),
         }
+    }
+
+    /// This availability with `adapter` managed: the node loads and unloads its targets on
+    /// command; `managed` says what it can hold and every target's state.
+    #[must_use]
+    pub fn with_managed(mut self, adapter: AdapterName, managed: ManagedAdapter) -> Self {
+        self.managed.insert(adapter, managed);
+        self
+    }
+
+    /// `adapter`'s targets and capacity, when the node manages it.
+    pub fn managed(&self, adapter: &AdapterName) -> Option<&ManagedAdapter> {
+        self.managed.get(adapter)
+    }
+
+    /// Every managed adapter, ordered by name.
+    pub fn managed_adapters(&self) -> impl Iterator<Item = (&AdapterName, &ManagedAdapter)> {
+        self.managed.iter()
     }
 
     /// This availability with `adapter + target`'s context window: `tokens`. Ignored for a

@@ -44,6 +44,9 @@ pub struct RegisterAttempt {
     pub can_continue: bool,
     /// The operations needing a declaration that the node serves.
     pub operations: DeclaredOperations,
+    /// The node obeys model commands for the adapters it reports managed
+    /// (`can_manage_models`); false from an older node.
+    pub can_manage_models: bool,
 }
 
 /// Why a registration is refused; each maps to one protocol `RegisterError`.
@@ -270,6 +273,7 @@ mod tests {
             resume: vec![],
             can_continue: false,
             operations: DeclaredOperations::default(),
+            can_manage_models: false,
         }
     }
 

@@ -39,6 +39,6 @@ pub use registry::{
 };
 pub use runs::{Placed, RunHandle, Runs, StartError, waiting_for};
 pub use transport::{
-    CloseReason, LinkError, NodeCommand, NodeEventHandler, NodeLink, NodeTransport, ReportedEvent,
-    RunAssignment, TransportError,
+    CloseReason, LinkError, ModelCommand, ModelOutcome, NodeCommand, NodeEventHandler, NodeLink,
+    NodeTransport, ReportedEvent, RunAssignment, TransportError,
 };

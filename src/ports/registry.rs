@@ -38,6 +38,8 @@ pub struct NewConnection {
     pub can_continue: bool,
     /// The operations needing a declaration that the node declared it serves.
     pub operations: DeclaredOperations,
+    /// The node obeys model commands (`RegisterRequest.can_manage_models`).
+    pub can_manage_models: bool,
 }
 
 /// When a connection last sent a frame: written by the connection's task as frames arrive,
@@ -98,6 +100,8 @@ pub struct ConnectedNode {
     pub availability: Option<Arc<Availability>>,
     /// An operator drained it: it keeps its runs but takes no new ones.
     pub drained: bool,
+    /// It obeys model commands for the adapters its availability reports managed.
+    pub can_manage_models: bool,
 }
 
 impl ConnectedNode {

@@ -6,6 +6,7 @@ use std::fmt;
 use async_trait::async_trait;
 use bytes::Bytes;
 
+use crate::domain::models::{LoadState, ModelAction, ModelName};
 use crate::domain::{
     AdapterName, Continuation, NodeId, Operation, ResumeAnswer, ResumeClaim, RunEventKind, RunId,
     Target,
@@ -54,6 +55,34 @@ pub enum NodeCommand {
         /// Why.
         reason: String,
     },
+    /// Load or unload a target (only to a node that registered `can_manage_models`).
+    Model(ModelCommand),
+}
+
+/// Load or unload one target of a managed adapter (`ModelCommand`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelCommand {
+    /// Echoed in the node's [`ModelOutcome`].
+    pub command_id: String,
+    /// The adapter and target.
+    pub model: ModelName,
+    /// Load or unload.
+    pub action: ModelAction,
+    /// Why, for the node's log.
+    pub reason: String,
+}
+
+/// How a [`ModelCommand`] ended, as its node answered (`ModelOutcome`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelOutcome {
+    /// The command's id.
+    pub command_id: String,
+    /// Whether it did what it was told.
+    pub ok: bool,
+    /// When not ok: the engine's reason.
+    pub message: String,
+    /// The target's state afterwards, when the node said.
+    pub state: Option<LoadState>,
 }
 
 /// Why a connection closed.
@@ -200,6 +229,11 @@ pub trait NodeEventHandler: Send + Sync {
     /// A connected node's availability changed (or an operator drained or undrained it):
     /// runs waiting for it may fit now.
     fn node_changed(&self, node: &NodeId);
+
+    /// A node answered a [`ModelCommand`]. Ignored by default.
+    fn model_outcome(&self, node: &NodeId, outcome: ModelOutcome) {
+        let _ = (node, outcome);
+    }
 
     /// A node reported `events` of one run, consecutive in its stream (at least one); the
     /// handler takes them all, leaving `events` empty for the connection to reuse. The

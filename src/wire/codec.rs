@@ -257,6 +257,7 @@ mod tests {
                 resume: Vec::new(),
                 can_continue: false,
                 operations: crate::domain::DeclaredOperations::default(),
+                can_manage_models: false,
             }),
             heartbeat(3),
             NodeFrame::RunEvent(ReportedEvent {
@@ -337,6 +338,7 @@ mod tests {
                     Operation::Tokenize,
                     Operation::Detokenize,
                 ]),
+                can_manage_models: true,
             }),
             NodeFrame::Heartbeat {
                 active_runs: 1,

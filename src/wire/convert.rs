@@ -10,9 +10,13 @@ use crate::domain::{
     AdapterName, Availability, DeclaredOperations, NodeRecord, RegisterAttempt, RegisterRejection,
     ResumeAnswer, ResumeClaim, ResumeRefusal, RunId, Target, Token,
 };
-use crate::ports::{NodeCommand, ReportedEvent};
+use crate::ports::{ModelOutcome, NodeCommand, ReportedEvent};
 
 use super::config_payload::build_config_payload;
+use super::models::{
+    adapter_from_wire, model_command_from_wire, model_command_to_wire,
+    outcome_of_model_from_wire, outcome_of_model_to_wire, states_to_wire,
+};
 use super::events::{
     event_kind_from_wire, event_kind_to_wire, operation_from_wire, operation_to_wire,
     run_from_wire, run_to_wire,
@@ -35,6 +39,8 @@ pub enum NodeFrame {
     },
     /// `RunEvent`.
     RunEvent(ReportedEvent),
+    /// `ModelOutcome`.
+    ModelOutcome(ModelOutcome),
     /// A message with no body, or a run event of a kind this edge does not know (a newer
     /// node's addition). It counts as liveness and is otherwise ignored.
     Unknown,
@@ -140,6 +146,7 @@ impl From<proto::NodeMessage> for NodeFrame {
                     resume,
                     can_continue,
                     operations,
+                    can_manage_models,
                 } = request;
                 NodeFrame::Register(RegisterAttempt {
                     token: Token::new(token),
@@ -154,6 +161,7 @@ impl From<proto::NodeMessage> for NodeFrame {
                     operations: DeclaredOperations::new(
                         operations.into_iter().map(operation_from_wire),
                     ),
+                    can_manage_models,
                 })
             }
             Some(node_message::Body::Heartbeat(proto::Heartbeat {
@@ -170,6 +178,9 @@ impl From<proto::NodeMessage> for NodeFrame {
                     Some(kind) => NodeFrame::RunEvent(ReportedEvent { run_id, seq, kind }),
                     None => NodeFrame::Unknown,
                 }
+            }
+            Some(node_message::Body::ModelOutcome(outcome)) => {
+                NodeFrame::ModelOutcome(outcome_of_model_from_wire(outcome))
             }
             None => NodeFrame::Unknown,
         }
@@ -189,6 +200,7 @@ impl From<NodeFrame> for proto::NodeMessage {
                 resume,
                 can_continue,
                 operations,
+                can_manage_models,
             }) => Some(node_message::Body::Register(proto::RegisterRequest {
                 token: token.expose_secret().to_owned(),
                 node_id,
@@ -203,6 +215,7 @@ impl From<NodeFrame> for proto::NodeMessage {
                     .into_iter()
                     .map(|operation| operation_to_wire(operation).into())
                     .collect(),
+                can_manage_models,
             })),
             NodeFrame::Heartbeat {
                 active_runs,
@@ -220,6 +233,9 @@ impl From<NodeFrame> for proto::NodeMessage {
                     kind: Some(event_kind_to_wire(kind)),
                 }))
             }
+            NodeFrame::ModelOutcome(outcome) => Some(node_message::Body::ModelOutcome(
+                outcome_of_model_to_wire(outcome),
+            )),
             NodeFrame::Unknown => None,
         };
         proto::NodeMessage { body }
@@ -297,6 +313,7 @@ fn command_to_wire(command: NodeCommand) -> edge_message::Body {
         NodeCommand::Shutdown { reason } => {
             edge_message::Body::Shutdown(proto::Shutdown { reason })
         }
+        NodeCommand::Model(command) => edge_message::Body::Model(model_command_to_wire(command)),
     }
 }
 
@@ -323,6 +340,10 @@ impl From<proto::EdgeMessage> for ReceivedEdgeFrame {
             Some(edge_message::Body::HeartbeatAck(proto::HeartbeatAck { ping })) => {
                 ReceivedEdgeFrame::HeartbeatAck { ping }
             }
+            Some(edge_message::Body::Model(command)) => model_command_from_wire(command)
+                .map_or(ReceivedEdgeFrame::Unknown, |command| {
+                    ReceivedEdgeFrame::Command(NodeCommand::Model(command))
+                }),
             None => ReceivedEdgeFrame::Unknown,
         }
     }
@@ -438,63 +459,63 @@ fn answer_from_wire(answer: proto::ResumeAnswer) -> ResumeAnswer {
 }
 
 /// Pairs whose adapter or target is not a valid name are left out: no run can ask for them;
-/// so is the state of a target the adapter does not list.
+/// so is the window of a target the adapter does not list. A managed adapter's states of
+/// unlisted targets carry their load state.
 fn availability_from_wire(availability: proto::TargetAvailability) -> Availability {
     let proto::TargetAvailability { adapters } = availability;
     let mut windows = Vec::new();
-    let pairs: Vec<(AdapterName, Target)> = adapters
-        .into_iter()
-        .filter_map(
-            |proto::AdapterTargets {
-                 adapter,
-                 targets,
-                 states,
-             }| {
-                let adapter = AdapterName::parse(&adapter).ok()?;
-                for proto::TargetState {
-                    target,
-                    context_window,
-                } in states
-                {
-                    if let Ok(target) = Target::parse(&target) {
-                        windows.push((adapter.clone(), target, context_window));
-                    }
-                }
-                Some(targets.into_iter().filter_map(move |target| {
-                    Some((adapter.clone(), Target::parse(&target).ok()?))
-                }))
-            },
-        )
-        .flatten()
-        .collect();
-    windows.into_iter().fold(
+    let mut managed = Vec::new();
+    let mut pairs: Vec<(AdapterName, Target)> = Vec::new();
+    for entry in adapters {
+        let Ok(adapter) = AdapterName::parse(&entry.adapter) else {
+            continue;
+        };
+        let report = adapter_from_wire(entry);
+        for (target, window) in report.windows {
+            windows.push((adapter.clone(), target, window));
+        }
+        if let Some(lifecycle) = report.managed {
+            managed.push((adapter.clone(), lifecycle));
+        }
+        pairs.extend(report.targets.into_iter().map(|t| (adapter.clone(), t)));
+    }
+    let availability = windows.into_iter().fold(
         Availability::new(pairs),
         |availability, (adapter, target, tokens)| {
             availability.with_context_window(&adapter, &target, tokens)
         },
-    )
+    );
+    managed
+        .into_iter()
+        .fold(availability, |availability, (adapter, lifecycle)| {
+            availability.with_managed(adapter, lifecycle)
+        })
 }
 
 fn availability_to_wire(availability: Availability) -> proto::TargetAvailability {
     let mut adapters: Vec<proto::AdapterTargets> = Vec::new();
     for (adapter, target) in availability.pairs() {
-        let state = availability
-            .context_window(adapter, target)
-            .map(|context_window| proto::TargetState {
-                target: target.to_string(),
-                context_window,
-            });
         match adapters.last_mut() {
             Some(last) if last.adapter == adapter.as_str() => {
                 last.targets.push(target.to_string());
-                last.states.extend(state);
             }
             _ => adapters.push(proto::AdapterTargets {
                 adapter: adapter.to_string(),
                 targets: vec![target.to_string()],
-                states: state.into_iter().collect(),
+                ..proto::AdapterTargets::default()
             }),
         }
+    }
+    for (adapter, _) in availability.managed_adapters() {
+        if !adapters.iter().any(|a| a.adapter == adapter.as_str()) {
+            adapters.push(proto::AdapterTargets {
+                adapter: adapter.to_string(),
+                ..proto::AdapterTargets::default()
+            });
+        }
+    }
+    for entry in &mut adapters {
+        states_to_wire(entry, &availability);
     }
     proto::TargetAvailability { adapters }
 }
@@ -543,18 +564,21 @@ mod tests {
                         proto::TargetState {
                             target: "qwen".into(),
                             context_window: 32_768,
+                            ..proto::TargetState::default()
                         },
                         // Not listed: not available, so no window either.
                         proto::TargetState {
                             target: "llama".into(),
                             context_window: 8_192,
+                            ..proto::TargetState::default()
                         },
                     ],
+                    ..proto::AdapterTargets::default()
                 },
                 proto::AdapterTargets {
                     adapter: "".into(),
                     targets: vec!["x".into()],
-                    states: Vec::new(),
+                    ..proto::AdapterTargets::default()
                 },
             ],
         };

@@ -11,6 +11,7 @@ mod codec;
 mod config_payload;
 mod convert;
 mod events;
+mod models;
 pub mod keepalive;
 pub mod tls;
 

@@ -62,6 +62,7 @@ impl Entry {
             reserved_runs: _,
             can_continue: _,
             operations: _,
+            can_manage_models,
         } = &self.connection;
         ConnectedNode {
             record: Arc::clone(record),
@@ -75,6 +76,7 @@ impl Entry {
             active_runs: self.active_runs.load(Ordering::Relaxed),
             availability: self.availability.load_full(),
             drained: self.drained.load(Ordering::Relaxed),
+            can_manage_models: *can_manage_models,
         }
     }
 
@@ -398,6 +400,7 @@ mod tests {
             reserved_runs: 0,
             can_continue: false,
             operations: crate::domain::DeclaredOperations::default(),
+            can_manage_models: false,
         }
     }
 

@@ -278,6 +278,9 @@ impl<'a, S: NodeIo> Connection<'a, S> {
                         return (handled, Some(reason));
                     }
                 }
+                NodeFrame::ModelOutcome(outcome) => {
+                    self.shared.deps.handler.model_outcome(record.id(), outcome);
+                }
                 NodeFrame::Unknown => {}
             }
             let look_at_stop = handled % STOP_CHECK_EVERY == 0;

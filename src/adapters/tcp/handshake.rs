@@ -168,6 +168,7 @@ impl<S: NodeIo> Connection<'_, S> {
             reserved_runs: record.runtime().max_concurrent_runs(),
             can_continue: attempt.can_continue,
             operations: attempt.operations,
+            can_manage_models: attempt.can_manage_models,
         };
         let entered = match takeover {
             None => shared.deps.registry.insert(registered).map(|()| None),

@@ -444,6 +444,7 @@ impl Harness {
             reserved_runs: 0,
             can_continue: true,
             operations: crate::domain::DeclaredOperations::default(),
+            can_manage_models: false,
         };
         match self.connections.get(id) {
             Some(old) => drop(self.registry.replace(registered, *old).unwrap()),

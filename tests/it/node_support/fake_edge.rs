@@ -11,7 +11,7 @@ use edge::domain::{
     AdapterConfig, AdapterName, Alias, Availability, NodeId, NodeRecord, RegisterAttempt,
     RegisterRejection, ResumeAnswer, RuntimeConfig, Target, Token,
 };
-use edge::ports::{NodeCommand, ReportedEvent, RunAssignment};
+use edge::ports::{ModelOutcome, NodeCommand, ReportedEvent, RunAssignment};
 use edge::wire::{EdgeCodec, EdgeFrame, NodeFrame};
 use futures::{SinkExt, StreamExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -115,6 +115,8 @@ pub enum Heard {
     Event(ReportedEvent),
     /// A registration.
     Register(RegisterAttempt),
+    /// The answer to a model command.
+    ModelOutcome(ModelOutcome),
     /// The node closed the connection.
     Closed,
 }
@@ -143,6 +145,7 @@ impl EdgeConn {
                     availability: availability.as_ref().map(pairs),
                 })
             }
+            Some(Ok(NodeFrame::ModelOutcome(outcome))) => Heard::ModelOutcome(outcome),
             Some(Ok(NodeFrame::Unknown)) => Box::pin(self.next()).await,
         }
     }

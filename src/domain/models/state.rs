@@ -1,0 +1,148 @@
+//! What a managed engine holds and what the operator wants: a model's name
+//! (`adapter/target`), its load state on one engine, an adapter's capacity, and the
+//! `[[models]]` policy.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::Duration;
+
+use crate::domain::{AdapterName, NameError, NodeId, Target};
+
+/// A model as the pool knows it: an adapter and one of its targets, written `adapter/target`.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ModelName {
+    /// The adapter that serves it.
+    pub adapter: AdapterName,
+    /// The adapter's target.
+    pub target: Target,
+}
+
+impl ModelName {
+    /// The model `adapter + target`.
+    pub fn new(adapter: AdapterName, target: Target) -> Self {
+        Self { adapter, target }
+    }
+
+    /// Reads `adapter/target` (the adapter is everything before the first `/`; a target may
+    /// hold more).
+    ///
+    /// # Errors
+    /// When there is no `/`, or either side is not a valid name.
+    pub fn parse(value: &str) -> Result<Self, NameError> {
+        let (adapter, target) = value.split_once('/').ok_or(NameError::BadCharacter {
+            kind: "model",
+            value: value.to_owned(),
+            found: ' ',
+            allowed: "`adapter/target`",
+        })?;
+        Ok(Self::new(AdapterName::parse(adapter)?, Target::parse(target)?))
+    }
+}
+
+impl fmt::Display for ModelName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.adapter, self.target)
+    }
+}
+
+/// A target's state in a managed engine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum LoadState {
+    /// Loaded: it serves now.
+    Loaded,
+    /// Being loaded.
+    Loading,
+    /// On the engine's disk, not loaded: it can be loaded.
+    Unloaded,
+    /// Loaded, its engine asleep; it wakes on a request.
+    Sleeping,
+    /// Its last load failed; it can be loaded again.
+    Failed,
+}
+
+impl LoadState {
+    /// Whether it takes one of the engine's places (loaded, loading or asleep).
+    pub fn holds_a_place(self) -> bool {
+        matches!(self, Self::Loaded | Self::Loading | Self::Sleeping)
+    }
+
+    /// The state's name in the management API and the metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Loaded => "loaded",
+            Self::Loading => "loading",
+            Self::Unloaded => "unloaded",
+            Self::Sleeping => "sleeping",
+            Self::Failed => "failed",
+        }
+    }
+}
+
+/// One target's load state as its node reported it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TargetLoad {
+    /// Its state.
+    pub state: LoadState,
+    /// While loading, how far in percent when the engine says (0 otherwise).
+    pub progress_percent: u8,
+    /// With [`LoadState::Failed`], the engine's reason.
+    pub failure: String,
+}
+
+impl TargetLoad {
+    /// A target in `state`, with no progress or failure to tell.
+    pub fn new(state: LoadState) -> Self {
+        Self {
+            state,
+            progress_percent: 0,
+            failure: String::new(),
+        }
+    }
+}
+
+/// An adapter whose node loads and unloads its targets on the edge's command: how many it
+/// holds at once, and every target it may serve with its state.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ManagedAdapter {
+    /// How many targets it can hold loaded at once; 0 when no limit is known.
+    pub capacity: u32,
+    /// Every target it may serve, loaded or not.
+    pub targets: BTreeMap<Target, TargetLoad>,
+}
+
+/// What the edge asks a node to do with one target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ModelAction {
+    /// Load it.
+    Load,
+    /// Unload it.
+    Unload,
+}
+
+impl ModelAction {
+    /// The action's name in logs, the feed and the metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Load => "load",
+            Self::Unload => "unload",
+        }
+    }
+}
+
+/// The operator's desired state of one model (a `[[models]]` entry).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ModelPolicy {
+    /// Kept loaded on at least this many nodes.
+    pub min_loaded: u32,
+    /// Nodes where it is kept loaded and never unloaded.
+    pub pin: Vec<NodeId>,
+    /// Unloaded where unused this long, beyond `min_loaded` and the pins.
+    pub idle_unload: Option<Duration>,
+}
+
+impl ModelPolicy {
+    /// Whether it is pinned on `node`.
+    pub fn pinned_on(&self, node: &NodeId) -> bool {
+        self.pin.contains(node)
+    }
+}

@@ -1,0 +1,293 @@
+//! The model lifecycle on the wire: a managed adapter's target states in an availability
+//! report, `ModelCommand` and `ModelOutcome`.
+
+use crate::domain::models::{LoadState, ManagedAdapter, ModelAction, ModelName, TargetLoad};
+use crate::domain::{AdapterName, Availability, Target};
+use crate::ports::{ModelCommand, ModelOutcome};
+
+use super::proto;
+
+/// One `AdapterTargets` entry as the edge reads it.
+pub(super) struct AdapterReport {
+    /// The targets it serves now.
+    pub targets: Vec<Target>,
+    /// The context windows its states gave, by target.
+    pub windows: Vec<(Target, u32)>,
+    /// When the adapter is managed: its capacity and every target's state.
+    pub managed: Option<ManagedAdapter>,
+}
+
+/// Reads one entry; invalid target names are left out. A managed adapter's listed target
+/// whose state says nothing of its load is loaded.
+pub(super) fn adapter_from_wire(entry: proto::AdapterTargets) -> AdapterReport {
+    let proto::AdapterTargets {
+        adapter: _,
+        targets,
+        states,
+        managed,
+        capacity,
+    } = entry;
+    let targets: Vec<Target> = targets
+        .iter()
+        .filter_map(|t| Target::parse(t).ok())
+        .collect();
+    let mut windows = Vec::new();
+    let mut lifecycle = ManagedAdapter {
+        capacity,
+        targets: targets
+            .iter()
+            .map(|t| (t.clone(), TargetLoad::new(LoadState::Loaded)))
+            .collect(),
+    };
+    for proto::TargetState {
+        target,
+        context_window,
+        load,
+        load_progress,
+        failure,
+    } in states
+    {
+        let Ok(target) = Target::parse(&target) else {
+            continue;
+        };
+        if let Some(state) = load_from_wire(load) {
+            let progress_percent = (load_progress.clamp(0.0, 1.0) * 100.0).round() as u8;
+            let load = TargetLoad {
+                state,
+                progress_percent,
+                failure,
+            };
+            lifecycle.targets.insert(target.clone(), load);
+        }
+        if context_window > 0 {
+            windows.push((target, context_window));
+        }
+    }
+    AdapterReport {
+        targets,
+        windows,
+        managed: managed.then_some(lifecycle),
+    }
+}
+
+/// Fills `entry`'s states (windows of its listed targets; a managed adapter's flag,
+/// capacity and every target's load state) from `availability`.
+pub(super) fn states_to_wire(entry: &mut proto::AdapterTargets, availability: &Availability) {
+    let Ok(adapter) = AdapterName::parse(&entry.adapter) else {
+        return;
+    };
+    for name in &entry.targets {
+        let window = Target::parse(name)
+            .ok()
+            .and_then(|t| availability.context_window(&adapter, &t));
+        if let Some(context_window) = window {
+            entry.states.push(proto::TargetState {
+                target: name.clone(),
+                context_window,
+                ..proto::TargetState::default()
+            });
+        }
+    }
+    let Some(managed) = availability.managed(&adapter) else {
+        return;
+    };
+    entry.managed = true;
+    entry.capacity = managed.capacity;
+    for (target, load) in &managed.targets {
+        let index = match entry.states.iter().position(|s| s.target == target.as_str()) {
+            Some(index) => index,
+            None => {
+                entry.states.push(proto::TargetState {
+                    target: target.to_string(),
+                    ..proto::TargetState::default()
+                });
+                entry.states.len() - 1
+            }
+        };
+        let state = &mut entry.states[index];
+        state.load = load_to_wire(load.state).into();
+        state.load_progress = f32::from(load.progress_percent) / 100.0;
+        state.failure.clone_from(&load.failure);
+    }
+}
+
+fn load_from_wire(load: i32) -> Option<LoadState> {
+    match proto::ModelLoad::try_from(load).ok()? {
+        proto::ModelLoad::Unspecified => None,
+        proto::ModelLoad::Loaded => Some(LoadState::Loaded),
+        proto::ModelLoad::Loading => Some(LoadState::Loading),
+        proto::ModelLoad::Unloaded => Some(LoadState::Unloaded),
+        proto::ModelLoad::Sleeping => Some(LoadState::Sleeping),
+        proto::ModelLoad::Failed => Some(LoadState::Failed),
+    }
+}
+
+fn load_to_wire(state: LoadState) -> proto::ModelLoad {
+    match state {
+        LoadState::Loaded => proto::ModelLoad::Loaded,
+        LoadState::Loading => proto::ModelLoad::Loading,
+        LoadState::Unloaded => proto::ModelLoad::Unloaded,
+        LoadState::Sleeping => proto::ModelLoad::Sleeping,
+        LoadState::Failed => proto::ModelLoad::Failed,
+    }
+}
+
+pub(super) fn model_command_to_wire(command: ModelCommand) -> proto::ModelCommand {
+    let ModelCommand {
+        command_id,
+        model,
+        action,
+        reason,
+    } = command;
+    let action = match action {
+        ModelAction::Load => proto::ModelAction::Load,
+        ModelAction::Unload => proto::ModelAction::Unload,
+    };
+    proto::ModelCommand {
+        command_id,
+        adapter: model.adapter.to_string(),
+        target: model.target.to_string(),
+        action: action.into(),
+        reason,
+    }
+}
+
+/// `None` for a command naming no valid model or no known action.
+pub(super) fn model_command_from_wire(command: proto::ModelCommand) -> Option<ModelCommand> {
+    let proto::ModelCommand {
+        command_id,
+        adapter,
+        target,
+        action,
+        reason,
+    } = command;
+    let action = match proto::ModelAction::try_from(action).ok()? {
+        proto::ModelAction::Unspecified => return None,
+        proto::ModelAction::Load => ModelAction::Load,
+        proto::ModelAction::Unload => ModelAction::Unload,
+    };
+    let model = ModelName::new(
+        AdapterName::parse(&adapter).ok()?,
+        Target::parse(&target).ok()?,
+    );
+    Some(ModelCommand {
+        command_id,
+        model,
+        action,
+        reason,
+    })
+}
+
+pub(super) fn outcome_of_model_to_wire(outcome: ModelOutcome) -> proto::ModelOutcome {
+    let ModelOutcome {
+        command_id,
+        ok,
+        message,
+        state,
+    } = outcome;
+    proto::ModelOutcome {
+        command_id,
+        ok,
+        message,
+        state: state.map_or(proto::ModelLoad::Unspecified, load_to_wire).into(),
+    }
+}
+
+pub(super) fn outcome_of_model_from_wire(outcome: proto::ModelOutcome) -> ModelOutcome {
+    let proto::ModelOutcome {
+        command_id,
+        ok,
+        message,
+        state,
+    } = outcome;
+    ModelOutcome {
+        command_id,
+        ok,
+        message,
+        state: load_from_wire(state),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::domain::models::TargetLoad;
+
+    fn target(name: &str) -> Target {
+        Target::parse(name).unwrap()
+    }
+
+    #[test]
+    fn a_managed_adapter_round_trips_with_every_target_state() {
+        let llama = AdapterName::parse("llama").unwrap();
+        let managed = ManagedAdapter {
+            capacity: 2,
+            targets: BTreeMap::from([
+                (target("alpha"), TargetLoad::new(LoadState::Loaded)),
+                (
+                    target("beta"),
+                    TargetLoad {
+                        state: LoadState::Loading,
+                        progress_percent: 40,
+                        failure: String::new(),
+                    },
+                ),
+                (
+                    target("gamma"),
+                    TargetLoad {
+                        state: LoadState::Failed,
+                        progress_percent: 0,
+                        failure: "out of memory".into(),
+                    },
+                ),
+            ]),
+        };
+        let availability = Availability::new([(llama.clone(), target("alpha"))])
+            .with_context_window(&llama, &target("alpha"), 4_096)
+            .with_managed(llama.clone(), managed.clone());
+        let mut entry = proto::AdapterTargets {
+            adapter: "llama".into(),
+            targets: vec!["alpha".into()],
+            ..proto::AdapterTargets::default()
+        };
+        states_to_wire(&mut entry, &availability);
+        assert!(entry.managed);
+        assert_eq!(entry.states.len(), 3);
+        let report = adapter_from_wire(entry);
+        assert_eq!(report.targets, vec![target("alpha")]);
+        assert_eq!(report.windows, vec![(target("alpha"), 4_096)]);
+        assert_eq!(report.managed, Some(managed));
+    }
+
+    #[test]
+    fn an_unmanaged_entry_reports_no_lifecycle_and_a_v1_4_command_round_trips() {
+        let entry = proto::AdapterTargets {
+            adapter: "llama".into(),
+            targets: vec!["alpha".into()],
+            ..proto::AdapterTargets::default()
+        };
+        assert_eq!(adapter_from_wire(entry).managed, None);
+        let command = ModelCommand {
+            command_id: "c1".into(),
+            model: ModelName::parse("llama/alpha").unwrap(),
+            action: ModelAction::Unload,
+            reason: "idle".into(),
+        };
+        let wire = model_command_to_wire(command.clone());
+        assert_eq!(model_command_from_wire(wire.clone()), Some(command));
+        let unknown = proto::ModelCommand { action: 0, ..wire };
+        assert_eq!(model_command_from_wire(unknown), None);
+        let outcome = ModelOutcome {
+            command_id: "c1".into(),
+            ok: false,
+            message: "model is not loaded".into(),
+            state: Some(LoadState::Failed),
+        };
+        assert_eq!(
+            outcome_of_model_from_wire(outcome_of_model_to_wire(outcome.clone())),
+            outcome
+        );
+    }
+}
