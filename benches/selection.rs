@@ -206,6 +206,7 @@ fn placement(c: &mut Criterion) {
             reserved_runs: 0,
             can_continue: false,
             operations: edge::domain::DeclaredOperations::default(),
+            can_manage_models: false,
         };
         registry.insert(connection).unwrap();
         registry.adjust_active_runs(node.record.id(), i as u64, node.active_runs as i32);

@@ -135,7 +135,10 @@ async fn read_loop(
                 return SessionEnd::EdgeShutdown(reason);
             }
             ReceivedEdgeFrame::Command(NodeCommand::Model(command)) => {
-                tracing::debug!(command_id = command.command_id, "a model command, not handled yet");
+                tracing::debug!(
+                    command_id = command.command_id,
+                    "a model command, not handled yet"
+                );
             }
             ReceivedEdgeFrame::Registered(_)
             | ReceivedEdgeFrame::Unknown

@@ -1,4 +1,5 @@
-//! The application layer: the services — the run service (`runs`), the management service
+//! The application layer: the services — the run service (`runs`), the model lifecycle
+//! (`models`), the management service
 //! (`management`) and the operator's drains (`drains`), which build on the domain and the
 //! ports only — and the composition root (`compose`), which builds the adapters and wires
 //! them to the services.
@@ -6,4 +7,6 @@
 pub mod compose;
 pub(crate) mod drains;
 pub(crate) mod management;
+pub mod models;
+pub mod node_events;
 pub mod runs;

@@ -11,6 +11,7 @@ pub mod clock;
 pub mod event_sink;
 pub mod journal;
 pub mod management;
+pub mod models;
 pub mod node_store;
 mod noop_journal;
 pub mod readiness;
@@ -30,6 +31,10 @@ pub use journal::{
 };
 pub use management::{
     ConnectedNodeView, FeedEvent, FeedItem, FeedStream, Manage, ManageError, NodeStatus,
+};
+pub use models::{
+    ManageModels, ModelCommandError, ModelDemand, ModelEvent, ModelOnNode, ModelView, NoModels,
+    WaitingRuns,
 };
 pub use node_store::NodeStore;
 pub use noop_journal::NoopJournal;

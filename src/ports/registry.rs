@@ -105,6 +105,20 @@ pub struct ConnectedNode {
 }
 
 impl ConnectedNode {
+    /// Whether the node could load `adapter + target` on command: it obeys model commands,
+    /// its config serves the pair, it is not drained, and the adapter's last report lists
+    /// the target among those its engine may hold.
+    pub fn can_load(&self, adapter: &AdapterName, target: &Target) -> bool {
+        self.can_manage_models
+            && !self.drained
+            && self.record.serves(adapter, target)
+            && self
+                .availability
+                .as_ref()
+                .and_then(|a| a.managed(adapter))
+                .is_some_and(|m| m.targets.contains_key(target))
+    }
+
     /// Whether the node takes new runs of `adapter + target` now, load aside: its config
     /// serves them, its last availability report lists them, and it is not drained.
     pub fn serves_now(&self, adapter: &AdapterName, target: &Target) -> bool {

@@ -13,13 +13,13 @@ use crate::domain::{
 use crate::ports::{ModelOutcome, NodeCommand, ReportedEvent};
 
 use super::config_payload::build_config_payload;
-use super::models::{
-    adapter_from_wire, model_command_from_wire, model_command_to_wire,
-    outcome_of_model_from_wire, outcome_of_model_to_wire, states_to_wire,
-};
 use super::events::{
     event_kind_from_wire, event_kind_to_wire, operation_from_wire, operation_to_wire,
     run_from_wire, run_to_wire,
+};
+use super::models::{
+    adapter_from_wire, model_command_from_wire, model_command_to_wire, outcome_of_model_from_wire,
+    outcome_of_model_to_wire, states_to_wire,
 };
 use super::proto::{self, edge_message, node_message};
 

@@ -11,8 +11,8 @@ mod codec;
 mod config_payload;
 mod convert;
 mod events;
-mod models;
 pub mod keepalive;
+mod models;
 pub mod tls;
 
 pub use codec::{EdgeCodec, FrameError, NodeCodec};

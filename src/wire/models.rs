@@ -94,7 +94,11 @@ pub(super) fn states_to_wire(entry: &mut proto::AdapterTargets, availability: &A
     entry.managed = true;
     entry.capacity = managed.capacity;
     for (target, load) in &managed.targets {
-        let index = match entry.states.iter().position(|s| s.target == target.as_str()) {
+        let index = match entry
+            .states
+            .iter()
+            .position(|s| s.target == target.as_str())
+        {
             Some(index) => index,
             None => {
                 entry.states.push(proto::TargetState {
@@ -189,7 +193,9 @@ pub(super) fn outcome_of_model_to_wire(outcome: ModelOutcome) -> proto::ModelOut
         command_id,
         ok,
         message,
-        state: state.map_or(proto::ModelLoad::Unspecified, load_to_wire).into(),
+        state: state
+            .map_or(proto::ModelLoad::Unspecified, load_to_wire)
+            .into(),
     }
 }
 

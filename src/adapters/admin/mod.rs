@@ -36,7 +36,7 @@ pub use error::AdminError;
 pub use server::AdminServer;
 
 use crate::domain::TokenDigest;
-use crate::ports::Manage;
+use crate::ports::{Manage, ManageModels};
 
 /// The largest request body the management API reads.
 const MAX_BODY_BYTES: usize = 64 * 1024;
@@ -45,6 +45,7 @@ const MAX_BODY_BYTES: usize = 64 * 1024;
 #[derive(Clone)]
 pub struct AdminState {
     management: Arc<dyn Manage>,
+    models: Option<Arc<dyn ManageModels>>,
     keys: Arc<[TokenDigest]>,
     openapi: Arc<OnceLock<String>>,
 }
@@ -54,9 +55,18 @@ impl AdminState {
     pub fn new(management: Arc<dyn Manage>, config: &AdminConfig) -> Self {
         Self {
             management,
+            models: None,
             keys: config.digests().into(),
             openapi: Arc::new(OnceLock::new()),
         }
+    }
+
+    /// The same state, answering the model routes from `models` (without it, they list
+    /// nothing and refuse loads).
+    #[must_use]
+    pub fn with_models(mut self, models: Arc<dyn ManageModels>) -> Self {
+        self.models = Some(models);
+        self
     }
 }
 

@@ -127,8 +127,9 @@ impl ModelMap {
         }
     }
 
-    /// The models `nodes` can serve now: every `ADAPTER/TARGET` some node's config lists,
-    /// its last availability report too (if it sent one), and that is not drained; and
+    /// The models `nodes` can serve: every `ADAPTER/TARGET` some node's config lists, its
+    /// last availability report too (if it sent one) or its engine can load on command,
+    /// and that is not drained; and
     /// every alias leading to one of those; sorted by id. A model's context window is the
     /// smallest its serving nodes reported, so a request that fits it fits any of them.
     pub fn served(&self, nodes: &[ConnectedNode]) -> Vec<ListedModel> {
@@ -137,7 +138,8 @@ impl ModelMap {
             let created = unix_seconds(node.connected_since);
             for adapter in node.record.adapters() {
                 for target in adapter.targets() {
-                    if !node.serves_now(adapter.name(), target) {
+                    let (name, serving) = (adapter.name(), node.serves_now(adapter.name(), target));
+                    if !serving && !node.can_load(name, target) {
                         continue;
                     }
                     let route = ModelRoute {

@@ -17,6 +17,7 @@ use crate::adapters::journal::open_journal;
 use crate::adapters::web_console;
 use crate::app::drains::Drains;
 use crate::app::management::Management;
+use crate::app::models::ModelService;
 use crate::ports::{NodeStore, Registry, RunJournal};
 
 /// The journal `[journal]` asks for, the runs a previous edge left open kept for the run
@@ -57,10 +58,11 @@ pub(super) fn management(
 /// The admin listener cannot be bound, or its TLS files cannot be loaded.
 pub(super) async fn bind(
     settings: &Settings,
-    management: &Management,
+    (management, models): (&Management, &ModelService),
     http: HttpServer,
 ) -> anyhow::Result<(HttpServer, Option<AdminServer>)> {
-    let state = AdminState::new(Arc::new(management.clone()), &settings.admin);
+    let state = AdminState::new(Arc::new(management.clone()), &settings.admin)
+        .with_models(Arc::new(models.clone()));
     // The console is a page that calls the management API: it is served where the API is.
     let router = routes(state).merge(web_console::routes());
     if settings.admin.on_http_listener {

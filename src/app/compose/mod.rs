@@ -37,6 +37,8 @@ use crate::adapters::tcp::{ServerDeps, TcpServer, TcpTransport, TransportControl
 use crate::adapters::tls::{TlsAcceptor, TlsConfig};
 use crate::app::drains::Drains;
 use crate::app::management::Management;
+use crate::app::models::{self, ModelService};
+use crate::app::node_events::NodeEvents;
 use crate::app::runs::{self, RunService};
 use crate::domain::routing::Catalog;
 use crate::ports::{EventSink, NodeStore, Registry, RunJournal};
@@ -72,6 +74,8 @@ pub struct AppParts {
     pub stop: CancellationToken,
     /// Node status, drains, run records and events: what the management API serves.
     pub management: Management,
+    /// Which model is loaded where; loads and unloads.
+    pub models: ModelService,
     /// The run journal (one that keeps nothing when `[journal] enabled = false`).
     pub journal: Arc<dyn RunJournal>,
 }
@@ -110,12 +114,15 @@ impl App {
         let transport = Arc::new(TcpTransport::new(Arc::clone(&registry)));
         let metrics = Metrics::new().context("cannot start the metrics exporter")?;
         let journal = admin::journal(&settings)?;
+        let models = model_service(&settings, store.as_ref(), &registry, &transport, &metrics)?;
         let outbound = (Arc::clone(&registry), transport, Arc::clone(&sink));
         let runs = run_service(&settings, store.as_ref(), outbound, &journal, &metrics).await?;
+        runs.attach_models(Arc::new(models.clone()));
+        models.attach_runs(runs.waiting_runs());
         let deps = ServerDeps {
             store: Arc::clone(&store),
             registry: Arc::clone(&registry),
-            handler: Arc::new(runs.clone()),
+            handler: Arc::new(NodeEvents::new(runs.clone(), models.clone())),
         };
         let server = bind_node_server(&settings, deps).await?;
         metrics.observe(MetricSources {
@@ -134,7 +141,7 @@ impl App {
             readiness,
         };
         let http = bind_http_server(&settings, ops, &api_state(parts, &settings)?).await?;
-        let (http, admin) = admin::bind(&settings, &management, http).await?;
+        let (http, admin) = admin::bind(&settings, (&management, &models), http).await?;
         let parts = AppParts {
             store,
             registry,
@@ -142,6 +149,7 @@ impl App {
             transport: server.control(),
             stop: CancellationToken::new(),
             management,
+            models,
             journal,
         };
         Ok(App {
@@ -214,12 +222,17 @@ impl App {
         let http_stop = CancellationToken::new();
         let http_serving = tokio::spawn(http.run(http_stop.clone()));
         let admin_serving = admin::AdminServing::start(admin);
+        let lifecycle = tokio::spawn({
+            let (models, stop) = (parts.models.clone(), parts.stop.clone());
+            async move { models.run(stop).await }
+        });
         parts.stop.cancelled().await;
         info!("stopping: refusing new nodes and runs, draining open runs");
         let grace = settings.server.shutdown_grace();
         parts.transport.start_draining();
         parts.runs.drain(grace).await;
         parts.management.stop(grace).await;
+        lifecycle.await.context("the model lifecycle panicked")?;
         // Every run has ended: its record and events go to disk before the edge exits.
         parts.journal.close().await;
         parts.transport.shut_down("edge shutting down", grace).await;
@@ -238,8 +251,30 @@ impl App {
     }
 }
 
-/// The run service's routing: every node definition, and the `[runs]`, `[routing]` and
-/// `[limits]` settings as the domain's policy.
+/// The model lifecycle, its `[[models]]` entries checked against the node definitions.
+fn model_service(
+    settings: &Settings,
+    store: &dyn NodeStore,
+    registry: &Arc<dyn Registry>,
+    transport: &Arc<TcpTransport>,
+    metrics: &Metrics,
+) -> anyhow::Result<ModelService> {
+    let policies = models::policies(&settings.models, &store.records()).map_err(|problems| {
+        anyhow::anyhow!(
+            "invalid `[[models]]` in config file {}: {}",
+            settings.source.path().display(),
+            problems.join("; ")
+        )
+    })?;
+    Ok(ModelService::new(
+        Arc::clone(registry),
+        Arc::clone(transport) as Arc<dyn crate::ports::NodeTransport>,
+        policies,
+        settings.lifecycle.clone(),
+        metrics.meter(),
+    ))
+}
+
 /// The run service, its keys' budget state loaded from the journal.
 async fn run_service(
     settings: &Settings,

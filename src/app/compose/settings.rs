@@ -29,6 +29,7 @@ pub use crate::adapters::tcp::config::ServerConfig;
 pub use crate::app::compose::identity::EdgeConfig;
 pub use crate::app::compose::logging::{LogConfig, LogFormat};
 pub use crate::app::compose::telemetry::TracingConfig;
+pub use crate::app::models::{LifecycleConfig, ModelEntry};
 pub use crate::app::runs::{BreakerConfig, LimitsConfig, RoutingConfig, RunsConfig};
 use crate::domain::EdgeId;
 
@@ -76,6 +77,11 @@ pub struct Settings {
     pub journal: JournalConfig,
     /// `[tracing]`: span export over OTLP (off by default).
     pub tracing: TracingConfig,
+    /// `[[models]]`: the desired state of models, as written (checked against the node
+    /// definitions when the edge is built).
+    pub models: Vec<ModelEntry>,
+    /// `[lifecycle]`: how the edge drives the nodes' engines.
+    pub lifecycle: LifecycleConfig,
     /// The file the settings came from and the merged config, from which the node store
     /// reads `[[nodes]]`.
     pub source: ConfigSource,
@@ -135,6 +141,8 @@ struct Sections {
     admin: AdminConfig,
     journal: JournalConfig,
     tracing: TracingConfig,
+    models: Vec<ModelEntry>,
+    lifecycle: LifecycleConfig,
     nodes: IgnoredAny,
 }
 
@@ -182,18 +190,12 @@ impl Settings {
                 });
             }
         };
-        let mut problems = sections.problems();
-        let edge_id = match sections.edge.resolve() {
-            Ok(id) if problems.is_empty() => id,
-            resolved => {
-                problems.extend(resolved.err());
-                return Err(SettingsError::Invalid {
-                    detail: problems.join("; "),
-                    path,
-                });
-            }
-        };
-
+        let edge_id = sections
+            .edge_id()
+            .map_err(|detail| SettingsError::Invalid {
+                detail,
+                path: path.clone(),
+            })?;
         let data_dir = sections.edge.data_dir();
         // Checked with the other problems above.
         let thread_slice = sections.edge.thread_slice().unwrap_or_default();
@@ -210,6 +212,8 @@ impl Settings {
             admin,
             journal,
             tracing,
+            models,
+            lifecycle,
             nodes: _,
         } = sections;
         Ok(Self {
@@ -227,6 +231,8 @@ impl Settings {
             log,
             admin,
             journal,
+            models,
+            lifecycle,
             source: ConfigSource::new(path, text.is_some(), config),
         })
     }
@@ -276,6 +282,18 @@ fn build_config(
 }
 
 impl Sections {
+    /// The edge's id, when nothing is wrong; else every problem, joined.
+    fn edge_id(&self) -> Result<EdgeId, String> {
+        let mut problems = self.problems();
+        match self.edge.resolve() {
+            Ok(id) if problems.is_empty() => Ok(id),
+            resolved => {
+                problems.extend(resolved.err());
+                Err(problems.join("; "))
+            }
+        }
+    }
+
     /// Values that deserialize but cannot work: zero capacities (a zero-sized queue or
     /// connection limit would stall everything) and a `log.level` that is not a filter.
     fn problems(&self) -> Vec<String> {
@@ -327,6 +345,7 @@ impl Sections {
         problems.extend(self.journal.problems());
         problems.extend(self.events.nats.problems());
         problems.extend(self.tracing.problems());
+        problems.extend(self.lifecycle.problems());
         problems
     }
 }

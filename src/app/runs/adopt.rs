@@ -152,6 +152,9 @@ impl RunService {
         let Some(node) = lock(&run.route).tried.nodes().last().cloned() else {
             return;
         };
+        let selector = &run.spec.selector;
+        self.models()
+            .placed(&node, &selector.adapter, &selector.target);
         lock(&run.route).placement = Placement::Detached {
             node: node.clone(),
             connection: PREVIOUS_EDGE,

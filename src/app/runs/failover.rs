@@ -77,6 +77,9 @@ impl RunService {
         self.inner
             .registry
             .adjust_active_runs(&node, connection, -1);
+        let selector = &run.spec.selector;
+        self.models()
+            .left(&node, &selector.adapter, &selector.target);
         table.remember_ended(run.id.clone(), node.clone(), connection);
         route.last_failure = Some(kind.clone());
         let attempt = route.tried.attempts();

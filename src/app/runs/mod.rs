@@ -41,6 +41,7 @@
 
 mod adopt;
 mod budgets;
+mod cold_starts;
 mod config;
 mod continuation;
 mod deadlines;

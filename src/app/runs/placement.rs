@@ -199,6 +199,9 @@ impl RunService {
             self.breaker_changed(&id, transition);
         }
         inner.registry.adjust_active_runs(&id, connection, 1);
+        let selector = &run.spec.selector;
+        self.models()
+            .placed(&id, &selector.adapter, &selector.target);
         status.active_runs += 1;
         route.tried.push(id.clone());
         route.admission = Some((status.hash, admission));
@@ -245,6 +248,7 @@ impl RunService {
             since: now,
             cause,
             stay: route.stays,
+            cold_start: self.cold_start(run, cause),
         });
         debug!(parent: &run.span, run_id = %run.id, cause = cause.expiry_code(), "run queued");
         Ok(displaced.map(|waiter| waiter.item))
@@ -275,13 +279,15 @@ impl RunService {
                 first && *a == selector.adapter && *t == selector.target && *g == gate
             });
             if let Some((_, _, _, cause)) = known {
-                set_cause(run, &mut route, *cause);
+                let cold_start = route.waiting.and_then(|w| w.cold_start);
+                set_cause(run, &mut route, *cause, cold_start);
                 return None;
             }
             match self.route(table, &mut nodes, run, &mut route, now) {
                 Routed::Placed(node) => Some(node),
                 Routed::Waits(cause) => {
-                    set_cause(run, &mut route, cause);
+                    let cold_start = self.cold_start(run, cause);
+                    set_cause(run, &mut route, cause, cold_start);
                     if first {
                         let (a, t) = (selector.adapter.clone(), selector.target.clone());
                         blocked.push((a, t, gate, cause));
@@ -300,6 +306,15 @@ impl RunService {
         table.queue = queue;
         let placed = placed.into_iter().map(|(w, node)| (w.item, node)).collect();
         Pumped { placed, exhausted }
+    }
+
+    /// When `run` waits because no node serves its model now, asks the model lifecycle to
+    /// load it; returns how long the run may wait for that load, when some node can.
+    fn cold_start(&self, run: &Run, cause: WaitCause) -> Option<Duration> {
+        let selector = &run.spec.selector;
+        (cause == WaitCause::NoNodeAvailable && selector.pin.is_none())
+            .then(|| self.models().wanted(&selector.adapter, &selector.target))
+            .flatten()
     }
 
     /// Sends the runs a pump placed and ends the failed-over runs it found no node for.
@@ -329,15 +344,20 @@ impl RunService {
                 route.waiting = None;
                 route.placement.clone()
             };
+            let selector = &run.spec.selector;
             match placement {
                 Placement::Dispatched { node, connection } => {
                     self.inner
                         .registry
                         .adjust_active_runs(&node, connection, -1);
+                    self.models()
+                        .left(&node, &selector.adapter, &selector.target);
                     table.remember_ended(run.id.clone(), node, connection);
                 }
                 // Its slot went with the connection it was detached from.
-                Placement::Detached { since, .. } => {
+                Placement::Detached { since, node, .. } => {
+                    self.models()
+                        .left(&node, &selector.adapter, &selector.target);
                     let resume = &self.inner.metrics.resume;
                     resume.ended_detached(since.elapsed());
                 }
@@ -409,11 +429,12 @@ fn none_declares(run: &Run, nodes: &[NodeStatus]) -> bool {
         && nodes.iter().all(|node| !node.operations.serves(operation))
 }
 
-fn set_cause(run: &Run, route: &mut Route, cause: WaitCause) {
+fn set_cause(run: &Run, route: &mut Route, cause: WaitCause, cold_start: Option<Duration>) {
     if let Some(waiting) = route.waiting.as_mut()
-        && waiting.cause != cause
+        && (waiting.cause, waiting.cold_start) != (cause, cold_start)
     {
         waiting.cause = cause;
+        waiting.cold_start = cold_start;
         run.wait_changed.notify_one();
     }
 }

@@ -4,7 +4,7 @@
 //! (`failover.rs`), the relay of events (`delivery.rs`) and the timers (`timers.rs`).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -28,9 +28,9 @@ use crate::domain::{
     EdgeFailure, NodeId, ResumeAnswer, ResumeClaim, RunEvent, RunEventKind, RunId, RunSpec,
 };
 use crate::ports::{
-    CloseReason, ConnectionId, EXPORT_TARGET, EventSink, JournalEntry, NodeEventHandler,
-    NodeTransport, NoopJournal, Placed, Registry, ReportedEvent, RunHandle, RunJournal, Runs,
-    StartError,
+    CloseReason, ConnectionId, EXPORT_TARGET, EventSink, JournalEntry, ModelDemand, NoModels,
+    NodeEventHandler, NodeTransport, NoopJournal, Placed, Registry, ReportedEvent, RunHandle,
+    RunJournal, Runs, StartError, WaitingRuns,
 };
 
 /// How long a node's ping waits for the journal to hold the events read before it.
@@ -100,6 +100,8 @@ pub(super) struct Inner {
     pub(super) metrics: RunMetrics,
     /// Nodes' connection spans, while span export is on.
     pub(super) node_spans: NodeSpans,
+    /// The model lifecycle, once attached: told which models runs want and where they run.
+    models: OnceLock<Arc<dyn ModelDemand>>,
 }
 
 impl RunService {
@@ -153,8 +155,28 @@ impl RunService {
                 stats: RunStats::default(),
                 metrics: RunMetrics::new(meter),
                 node_spans: NodeSpans::default(),
+                models: OnceLock::new(),
             }),
         }
+    }
+
+    /// Tells `models` from now on which models runs want and where they run (once; a
+    /// second call is ignored).
+    pub fn attach_models(&self, models: Arc<dyn ModelDemand>) {
+        let _ = self.inner.models.set(models);
+    }
+
+    /// The model lifecycle, or one that hears nothing.
+    pub(super) fn models(&self) -> &dyn ModelDemand {
+        match self.inner.models.get() {
+            Some(models) => models.as_ref(),
+            None => &NoModels,
+        }
+    }
+
+    /// The service as the model lifecycle reaches it (without keeping it alive).
+    pub fn waiting_runs(&self) -> Arc<dyn WaitingRuns> {
+        Arc::new(super::cold_starts::ColdStarts::of(self))
     }
 
     /// The service's counters.

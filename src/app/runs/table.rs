@@ -69,6 +69,9 @@ pub(super) struct Waiting {
     /// Which of the run's stays in the queue this is, so a timer armed for an earlier one
     /// leaves this one alone.
     pub(super) stay: u32,
+    /// Set while its model is being loaded for it: how long it may wait for that, instead
+    /// of the wait for `cause`.
+    pub(super) cold_start: Option<std::time::Duration>,
 }
 
 /// How a run is routed: changed only while the table is locked (the table's lock is always

@@ -13,7 +13,7 @@ use tracing::Instrument;
 use super::deadlines::{Added, Deadlines};
 use super::placement::wait_expired;
 use super::service::{Inner, RunService};
-use super::table::{Run, lock};
+use super::table::{Run, Waiting, lock};
 use crate::domain::routing::WaitCause;
 use crate::domain::{EdgeFailure, NodeId, RunEventKind};
 use crate::ports::ConnectionId;
@@ -84,15 +84,16 @@ impl RunService {
     /// stay is over.
     fn wait_expires(&self, run: &Run, stay: u32) -> Option<Instant> {
         let waiting = lock(&run.route).waiting.filter(|w| w.stay == stay)?;
-        Some(waiting.since + self.wait_limit(waiting.cause))
+        Some(waiting.since + self.wait_limit(&waiting))
     }
 
-    /// How long a run may wait for `cause`.
-    fn wait_limit(&self, cause: WaitCause) -> Duration {
+    /// How long a run may wait for its model's load, or else for its cause.
+    fn wait_limit(&self, waiting: &Waiting) -> Duration {
         let limits = self.inner.routing.policy.wait;
-        match cause {
-            WaitCause::AllBusy => limits.busy,
-            WaitCause::NoNodeAvailable => limits.no_node,
+        match (waiting.cause, waiting.cold_start) {
+            (WaitCause::NoNodeAvailable, Some(cold_start)) => cold_start.max(limits.no_node),
+            (WaitCause::AllBusy, _) => limits.busy,
+            (WaitCause::NoNodeAvailable, None) => limits.no_node,
         }
     }
 
@@ -102,7 +103,7 @@ impl RunService {
         let mut table = lock(&self.inner.table);
         let route = lock(&run.route);
         let waiting = route.waiting.filter(|w| w.stay == stay)?;
-        if Instant::now() < waiting.since + self.wait_limit(waiting.cause) {
+        if Instant::now() < waiting.since + self.wait_limit(&waiting) {
             return None;
         }
         table

@@ -31,7 +31,10 @@ pub struct Engine {
 
 impl Engine {
     fn held(&self) -> usize {
-        self.slots.values().filter(|s| s.state.holds_a_place()).count()
+        self.slots
+            .values()
+            .filter(|s| s.state.holds_a_place())
+            .count()
     }
 
     fn has_room(&self) -> bool {
@@ -39,7 +42,9 @@ impl Engine {
     }
 
     fn holds(&self, target: &Target) -> bool {
-        self.slots.get(target).is_some_and(|s| s.state.holds_a_place())
+        self.slots
+            .get(target)
+            .is_some_and(|s| s.state.holds_a_place())
     }
 
     /// Whether `model` could be loaded here, ignoring room.
@@ -168,7 +173,10 @@ pub fn holders(engines: &[Engine], model: &ModelName) -> u32 {
     u32::try_from(count).unwrap_or(u32::MAX)
 }
 
-fn policy_of<'p>(policies: &'p BTreeMap<ModelName, ModelPolicy>, model: &ModelName) -> Option<&'p ModelPolicy> {
+fn policy_of<'p>(
+    policies: &'p BTreeMap<ModelName, ModelPolicy>,
+    model: &ModelName,
+) -> Option<&'p ModelPolicy> {
     policies.get(model)
 }
 
@@ -235,12 +243,19 @@ pub fn place_load(
         .min_by_key(|&&i| (engines[i].held(), &engines[i].node));
     if let Some(&engine) = roomy {
         let node = engines[engine].node.clone();
-        return Ok(Placement { engine, node, evict: None });
+        return Ok(Placement {
+            engine,
+            node,
+            evict: None,
+        });
     }
     candidates
         .iter()
         .filter_map(|&i| victim(engines, i, policies).map(|(target, since)| (i, target, since)))
-        .min_by(|a, b| a.2.cmp(&b.2).then_with(|| engines[a.0].node.cmp(&engines[b.0].node)))
+        .min_by(|a, b| {
+            a.2.cmp(&b.2)
+                .then_with(|| engines[a.0].node.cmp(&engines[b.0].node))
+        })
         .map(|(engine, target, _)| Placement {
             engine,
             node: engines[engine].node.clone(),
@@ -252,7 +267,11 @@ pub fn place_load(
 /// Applies a load on the working copy: the target loading, the evicted one unloaded.
 fn apply_load(engines: &mut [Engine], placement: &Placement, target: &Target, now: Instant) {
     let engine = &mut engines[placement.engine];
-    if let Some(evicted) = placement.evict.as_ref().and_then(|t| engine.slots.get_mut(t)) {
+    if let Some(evicted) = placement
+        .evict
+        .as_ref()
+        .and_then(|t| engine.slots.get_mut(t))
+    {
         evicted.state = LoadState::Unloaded;
     }
     if let Some(slot) = engine.slots.get_mut(target) {
@@ -363,4 +382,3 @@ fn idle_unloads(
     }
     steps
 }
-

@@ -35,7 +35,10 @@ impl ModelName {
             found: ' ',
             allowed: "`adapter/target`",
         })?;
-        Ok(Self::new(AdapterName::parse(adapter)?, Target::parse(target)?))
+        Ok(Self::new(
+            AdapterName::parse(adapter)?,
+            Target::parse(target)?,
+        ))
     }
 }
 

@@ -28,7 +28,14 @@ fn engine(id: &str, capacity: u32, slots: &[(&str, LoadState, u32, u64)], base: 
             .iter()
             .map(|&(target, state, in_flight, idle_ms)| {
                 let idle_since = base + Duration::from_millis(idle_ms);
-                (Target::parse(target).unwrap(), Slot { state, in_flight, idle_since })
+                (
+                    Target::parse(target).unwrap(),
+                    Slot {
+                        state,
+                        in_flight,
+                        idle_since,
+                    },
+                )
             })
             .collect(),
     }
@@ -64,17 +71,52 @@ fn a_full_pool_makes_room_with_the_least_recently_used_idle_model() {
 fn in_use_pinned_and_min_loaded_models_never_make_room() {
     let t = Instant::now();
     let engines = [
-        engine("a", 1, &[("busy", Loaded, 1, 0), ("cold", Unloaded, 0, 0)], t),
-        engine("b", 1, &[("pinned", Loaded, 0, 0), ("cold", Unloaded, 0, 0)], t),
-        engine("c", 1, &[("kept", Loaded, 0, 0), ("cold", Unloaded, 0, 0)], t),
+        engine(
+            "a",
+            1,
+            &[("busy", Loaded, 1, 0), ("cold", Unloaded, 0, 0)],
+            t,
+        ),
+        engine(
+            "b",
+            1,
+            &[("pinned", Loaded, 0, 0), ("cold", Unloaded, 0, 0)],
+            t,
+        ),
+        engine(
+            "c",
+            1,
+            &[("kept", Loaded, 0, 0), ("cold", Unloaded, 0, 0)],
+            t,
+        ),
     ];
     let policies = BTreeMap::from([
-        (model("pinned"), ModelPolicy { pin: vec![node("b")], ..ModelPolicy::default() }),
-        (model("kept"), ModelPolicy { min_loaded: 1, ..ModelPolicy::default() }),
+        (
+            model("pinned"),
+            ModelPolicy {
+                pin: vec![node("b")],
+                ..ModelPolicy::default()
+            },
+        ),
+        (
+            model("kept"),
+            ModelPolicy {
+                min_loaded: 1,
+                ..ModelPolicy::default()
+            },
+        ),
     ]);
-    assert_eq!(place_load(&engines, &model("cold"), &policies, &[]), Err(NoPlace::Full));
     assert_eq!(
-        place_load(&engines, &model("cold"), &policies, &[node("a"), node("b"), node("c")]),
+        place_load(&engines, &model("cold"), &policies, &[]),
+        Err(NoPlace::Full)
+    );
+    assert_eq!(
+        place_load(
+            &engines,
+            &model("cold"),
+            &policies,
+            &[node("a"), node("b"), node("c")]
+        ),
         Err(NoPlace::Nowhere)
     );
 }
@@ -83,15 +125,39 @@ fn in_use_pinned_and_min_loaded_models_never_make_room() {
 fn reconcile_loads_pins_and_min_loaded_and_unloads_the_idle() {
     let t = Instant::now();
     let engines = [
-        engine("a", 2, &[("p", Unloaded, 0, 0), ("m", Unloaded, 0, 0), ("i", Loaded, 0, 0)], t),
+        engine(
+            "a",
+            2,
+            &[
+                ("p", Unloaded, 0, 0),
+                ("m", Unloaded, 0, 0),
+                ("i", Loaded, 0, 0),
+            ],
+            t,
+        ),
         engine("b", 2, &[("m", Unloaded, 0, 0), ("i", Loaded, 0, 0)], t),
     ];
     let policies = BTreeMap::from([
-        (model("p"), ModelPolicy { pin: vec![node("a")], ..ModelPolicy::default() }),
-        (model("m"), ModelPolicy { min_loaded: 2, ..ModelPolicy::default() }),
+        (
+            model("p"),
+            ModelPolicy {
+                pin: vec![node("a")],
+                ..ModelPolicy::default()
+            },
+        ),
+        (
+            model("m"),
+            ModelPolicy {
+                min_loaded: 2,
+                ..ModelPolicy::default()
+            },
+        ),
         (
             model("i"),
-            ModelPolicy { idle_unload: Some(Duration::from_secs(60)), ..ModelPolicy::default() },
+            ModelPolicy {
+                idle_unload: Some(Duration::from_secs(60)),
+                ..ModelPolicy::default()
+            },
         ),
     ]);
     let later = t + Duration::from_secs(61);
@@ -99,22 +165,41 @@ fn reconcile_loads_pins_and_min_loaded_and_unloads_the_idle() {
     let loads: Vec<_> = steps
         .iter()
         .filter_map(|s| match s {
-            Step::Load { node, model, reason, .. } => Some((node.as_str(), model.target.as_str(), *reason)),
+            Step::Load {
+                node,
+                model,
+                reason,
+                ..
+            } => Some((node.as_str(), model.target.as_str(), *reason)),
             Step::Unload { .. } => None,
         })
         .collect();
     assert!(loads.contains(&("a", "p", LoadReason::Pinned)), "{steps:?}");
-    assert!(loads.contains(&("b", "m", LoadReason::MinLoaded)), "{steps:?}");
+    assert!(
+        loads.contains(&("b", "m", LoadReason::MinLoaded)),
+        "{steps:?}"
+    );
     // Node a is full with p and i once i is idle: m makes room by unloading i.
     assert!(steps.iter().any(|s| matches!(s, Step::Load { node: n, evict: Some(e), .. } if n.as_str() == "a" && e.as_str() == "i")), "{steps:?}");
     let early = reconcile(&engines, &policies, t + Duration::from_secs(59));
-    assert!(!early.iter().any(|s| matches!(s, Step::Unload { reason: UnloadReason::Idle, .. })));
+    assert!(!early.iter().any(|s| matches!(
+        s,
+        Step::Unload {
+            reason: UnloadReason::Idle,
+            ..
+        }
+    )));
 }
 
 #[test]
 fn the_older_cold_request_gets_the_one_free_place() {
     let t = Instant::now();
-    let engines = [engine("a", 1, &[("x", Unloaded, 0, 0), ("y", Unloaded, 0, 0)], t)];
+    let engines = [engine(
+        "a",
+        1,
+        &[("x", Unloaded, 0, 0), ("y", Unloaded, 0, 0)],
+        t,
+    )];
     let demands = vec![(model("y"), vec![]), (model("x"), vec![])];
     let (steps, unplaced) = plan_cold(&engines, &demands, &BTreeMap::new(), t);
     assert!(matches!(&steps[..], [Step::Load { model, .. }] if model.target.as_str() == "y"));
@@ -146,7 +231,11 @@ fn arb_state() -> impl Strategy<Value = LoadState> {
 /// Engines whose held targets fit their capacity (as a real engine's do).
 fn arb_pool() -> impl Strategy<Value = Vec<Engine>> {
     let slot = (arb_state(), 0u32..3, 0u64..1_000);
-    let engine = (1u32..4, prop::collection::vec(prop::option::of(slot), 4), any::<bool>());
+    let engine = (
+        1u32..4,
+        prop::collection::vec(prop::option::of(slot), 4),
+        any::<bool>(),
+    );
     prop::collection::vec(engine, 1..5).prop_map(|engines| {
         let base = Instant::now();
         engines
@@ -166,7 +255,14 @@ fn arb_pool() -> impl Strategy<Value = Vec<Engine>> {
                             }
                         }
                         let idle_since = base + Duration::from_millis(idle);
-                        Some((Target::parse(target).unwrap(), Slot { state, in_flight, idle_since }))
+                        Some((
+                            Target::parse(target).unwrap(),
+                            Slot {
+                                state,
+                                in_flight,
+                                idle_since,
+                            },
+                        ))
                     })
                     .collect();
                 Engine {
@@ -182,7 +278,11 @@ fn arb_pool() -> impl Strategy<Value = Vec<Engine>> {
 }
 
 fn arb_policies(nodes: usize) -> impl Strategy<Value = BTreeMap<ModelName, ModelPolicy>> {
-    let policy = (0u32..3, prop::collection::vec(0..nodes, 0..2), prop::option::of(0u64..2_000));
+    let policy = (
+        0u32..3,
+        prop::collection::vec(0..nodes, 0..2),
+        prop::option::of(0u64..2_000),
+    );
     prop::collection::vec(prop::option::of(policy), 4).prop_map(|policies| {
         TARGETS
             .iter()
@@ -191,7 +291,14 @@ fn arb_policies(nodes: usize) -> impl Strategy<Value = BTreeMap<ModelName, Model
                 let (min_loaded, pin, idle) = policy?;
                 let pin = pin.into_iter().map(|i| node(&format!("n{i}"))).collect();
                 let idle_unload = idle.map(Duration::from_millis);
-                Some((model(target), ModelPolicy { min_loaded, pin, idle_unload }))
+                Some((
+                    model(target),
+                    ModelPolicy {
+                        min_loaded,
+                        pin,
+                        idle_unload,
+                    },
+                ))
             })
             .collect()
     })
@@ -205,12 +312,25 @@ fn apply_checked(
 ) -> Result<(), TestCaseError> {
     for step in steps {
         let (node, adapter, target, evict) = match step {
-            Step::Load { node, model, evict, .. } => (node, &model.adapter, &model.target, evict.clone()),
-            Step::Unload { node, model, .. } => (node, &model.adapter, &model.target, Some(model.target.clone())),
+            Step::Load {
+                node, model, evict, ..
+            } => (node, &model.adapter, &model.target, evict.clone()),
+            Step::Unload { node, model, .. } => (
+                node,
+                &model.adapter,
+                &model.target,
+                Some(model.target.clone()),
+            ),
         };
-        let index = engines.iter().position(|e| &e.node == node && &e.adapter == adapter).unwrap();
+        let index = engines
+            .iter()
+            .position(|e| &e.node == node && &e.adapter == adapter)
+            .unwrap();
         if let Some(victim) = &evict {
-            prop_assert!(super::plan::may_make_room(engines, index, victim, policies), "{step:?} unloads what it may not");
+            prop_assert!(
+                super::plan::may_make_room(engines, index, victim, policies),
+                "{step:?} unloads what it may not"
+            );
             engines[index].slots.get_mut(victim).unwrap().state = LoadState::Unloaded;
         }
         if matches!(step, Step::Load { .. }) {
@@ -219,8 +339,16 @@ fn apply_checked(
             let slot = engine.slots.get_mut(target).unwrap();
             prop_assert!(!slot.state.holds_a_place());
             slot.state = LoadState::Loading;
-            let held = engine.slots.values().filter(|s| s.state.holds_a_place()).count();
-            prop_assert!(held <= engine.capacity as usize, "{step:?} overfills {}", engine.node);
+            let held = engine
+                .slots
+                .values()
+                .filter(|s| s.state.holds_a_place())
+                .count();
+            prop_assert!(
+                held <= engine.capacity as usize,
+                "{step:?} overfills {}",
+                engine.node
+            );
         }
     }
     Ok(())

@@ -1,0 +1,230 @@
+//! Carrying out a plan's steps: each load (after the unload that makes room for it) and
+//! each unload is sent to its node as a model command and awaited up to
+//! `lifecycle.command_timeout_ms`; what happened goes to the book, the log, the feed and
+//! the metrics, and the lifecycle reconciles again.
+
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+use tracing::{info, warn};
+
+use super::{ModelService, lock};
+use crate::domain::NodeId;
+use crate::domain::models::{LoadReason, LoadState, ModelAction, ModelName, Step, UnloadReason};
+use crate::ports::clock::now_ms;
+use crate::ports::{ModelCommand, ModelEvent, NodeCommand};
+
+impl ModelService {
+    /// Marks `step`'s node and models busy and carries it out on a task of its own.
+    pub(super) fn start(&self, step: Step) {
+        {
+            let mut book = lock(&self.inner.book);
+            match &step {
+                Step::Load {
+                    node, model, evict, ..
+                } => {
+                    book.busy
+                        .insert((node.clone(), model.clone()), ModelAction::Load);
+                    if let Some(victim) = evict {
+                        let victim = ModelName::new(model.adapter.clone(), victim.clone());
+                        book.busy
+                            .insert((node.clone(), victim), ModelAction::Unload);
+                    }
+                }
+                Step::Unload { node, model, .. } => {
+                    book.busy
+                        .insert((node.clone(), model.clone()), ModelAction::Unload);
+                }
+            }
+        }
+        let service = self.clone();
+        self.inner.tasks.spawn(async move {
+            match step {
+                Step::Load {
+                    node,
+                    model,
+                    evict,
+                    reason,
+                } => {
+                    let evict = evict.map(|t| ModelName::new(model.adapter.clone(), t));
+                    let _ = service.load(&node, &model, evict.as_ref(), reason).await;
+                }
+                Step::Unload {
+                    node,
+                    model,
+                    reason,
+                } => {
+                    let _ = service.unload(&node, &model, reason.as_str()).await;
+                }
+            }
+            service.inner.wake.notify_one();
+        });
+    }
+
+    /// Loads `model` on `node`, unloading `evict` there first; the book already marks
+    /// both busy. A failure is the cold request's, which then tries another node.
+    pub(super) async fn load(
+        &self,
+        node: &NodeId,
+        model: &ModelName,
+        evict: Option<&ModelName>,
+        reason: LoadReason,
+    ) -> Result<(), String> {
+        if let Some(victim) = evict {
+            let made_room = self
+                .unload(node, victim, UnloadReason::MakeRoom.as_str())
+                .await;
+            if let Err(error) = made_room {
+                let message = format!("could not unload {victim} to make room: {error}");
+                self.load_ended(node, model, reason, Err(&message), None);
+                return Err(message);
+            }
+        }
+        let started = Instant::now();
+        let done = self
+            .command(node, model, ModelAction::Load, reason.as_str())
+            .await;
+        let ended = done.as_ref().copied().map_err(String::as_str);
+        self.load_ended(node, model, reason, ended, Some(started));
+        done
+    }
+
+    /// Records how a load ended: the book (the cold request served, or the node tried),
+    /// the metrics.
+    fn load_ended(
+        &self,
+        node: &NodeId,
+        model: &ModelName,
+        reason: LoadReason,
+        done: Result<(), &str>,
+        started: Option<Instant>,
+    ) {
+        let mut book = lock(&self.inner.book);
+        book.busy.remove(&(node.clone(), model.clone()));
+        let metrics = &self.inner.metrics;
+        match done {
+            Ok(()) => {
+                book.see(node, model, LoadState::Loaded, Some(reason.as_str()));
+                if let Some(cold) = book.cold.remove(model) {
+                    metrics.cold_start(model, cold.since.elapsed());
+                }
+                if let Some(started) = started {
+                    metrics.load_time(model, node, started.elapsed());
+                }
+            }
+            Err(message) => {
+                book.see(node, model, LoadState::Failed, Some(reason.as_str()));
+                if let Some(cold) = book.cold.get_mut(model) {
+                    cold.tried.push(node.clone());
+                    cold.last_failure = Some(message.to_owned());
+                }
+            }
+        }
+        metrics.command(
+            ModelAction::Load,
+            model,
+            node,
+            reason.as_str(),
+            done.is_ok(),
+        );
+    }
+
+    /// Unloads `model` from `node` for `reason`; the book already marks it busy.
+    pub(super) async fn unload(
+        &self,
+        node: &NodeId,
+        model: &ModelName,
+        reason: &str,
+    ) -> Result<(), String> {
+        let done = self.command(node, model, ModelAction::Unload, reason).await;
+        let mut book = lock(&self.inner.book);
+        book.busy.remove(&(node.clone(), model.clone()));
+        if done.is_ok() {
+            book.see(node, model, LoadState::Unloaded, Some(reason));
+        }
+        drop(book);
+        let metrics = &self.inner.metrics;
+        metrics.command(ModelAction::Unload, model, node, reason, done.is_ok());
+        done
+    }
+
+    /// Sends one command and waits for its outcome; `Err` with the engine's reason, or
+    /// why no outcome came.
+    async fn command(
+        &self,
+        node: &NodeId,
+        model: &ModelName,
+        action: ModelAction,
+        reason: &str,
+    ) -> Result<(), String> {
+        let (sender, outcome) = oneshot::channel();
+        let command_id = {
+            let mut book = lock(&self.inner.book);
+            let id = book.command_id();
+            book.pending.insert(id.clone(), (node.clone(), sender));
+            id
+        };
+        let command = ModelCommand {
+            command_id: command_id.clone(),
+            model: model.clone(),
+            action,
+            reason: reason.to_owned(),
+        };
+        let event = ModelEvent {
+            at_ms: now_ms(),
+            model: model.clone(),
+            node: node.clone(),
+            action,
+            reason: reason.to_owned(),
+            outcome: "started",
+            message: String::new(),
+            took_ms: None,
+        };
+        self.tell(event.clone());
+        let started = Instant::now();
+        let timeout = self.inner.config.command_timeout();
+        let answered = match self.inner.transport.send(node, NodeCommand::Model(command)) {
+            Err(error) => Err(format!("the node could not be told: {error}")),
+            Ok(()) => match tokio::time::timeout(timeout, outcome).await {
+                Ok(Ok(outcome)) if outcome.ok => Ok(()),
+                Ok(Ok(outcome)) => Err(outcome.message),
+                Ok(Err(_)) => Err("the node left before answering".to_owned()),
+                Err(_) => Err(format!("no answer within {} ms", timeout.as_millis())),
+            },
+        };
+        lock(&self.inner.book).pending.remove(&command_id);
+        let took_ms = Some(u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX));
+        let (outcome, message) = match &answered {
+            Ok(()) => ("done", String::new()),
+            Err(error) => ("failed", error.clone()),
+        };
+        self.tell(ModelEvent {
+            at_ms: now_ms(),
+            outcome,
+            message,
+            took_ms,
+            ..event
+        });
+        answered
+    }
+
+    /// Says what a command did: the log, the feed and its history.
+    fn tell(&self, event: ModelEvent) {
+        let ModelEvent {
+            model,
+            node,
+            reason,
+            outcome,
+            message,
+            took_ms,
+            ..
+        } = &event;
+        let verb = event.action.as_str();
+        if *outcome == "failed" {
+            warn!(%model, %node, reason, error = message, "model {verb} failed");
+        } else {
+            info!(%model, %node, reason, outcome, took_ms, "model {verb}");
+        }
+        lock(&self.inner.book).remember(event.clone());
+        let _ = self.inner.feed.send(event);
+    }
+}

@@ -1,0 +1,243 @@
+//! The model lifecycle: which model is loaded on which node's engine. It hears from the
+//! run service which models runs want and where they run (`ModelDemand`), from the nodes
+//! what their engines hold (their availability reports) and how commands ended; it loads
+//! cold models on demand, keeps the `[[models]]` desired state (pins, `min_loaded`,
+//! `idle_unload_ms`), and answers operators. The decisions are the domain's
+//! (`crate::domain::models::plan`); this service gathers their inputs, sends the commands
+//! through the node transport and keeps what happened.
+
+mod book;
+mod commands;
+pub mod config;
+mod engines;
+mod metrics;
+mod operator;
+#[cfg(test)]
+mod tests;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::time::Duration;
+
+use opentelemetry::metrics::Meter;
+use tokio::sync::{Notify, broadcast};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::debug;
+
+use self::book::{Book, Cold};
+use self::metrics::ModelMetrics;
+use crate::domain::models::{ModelName, ModelPolicy, NoPlace, plan_cold, reconcile};
+use crate::domain::{AdapterName, NodeId, Target};
+use crate::ports::{ModelDemand, ModelEvent, ModelOutcome, NodeTransport, Registry, WaitingRuns};
+
+pub use config::{LifecycleConfig, ModelEntry, policies};
+
+/// The model lifecycle. Cheap to clone.
+#[derive(Clone)]
+pub struct ModelService {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    registry: Arc<dyn Registry>,
+    transport: Arc<dyn NodeTransport>,
+    policies: BTreeMap<ModelName, ModelPolicy>,
+    config: LifecycleConfig,
+    book: Mutex<Book>,
+    /// Something changed: reconcile now.
+    wake: Notify,
+    /// A run left a node: an unload waiting for a model's runs looks again.
+    run_left: Notify,
+    /// Set once any node reported a managed engine: until then the run service's calls
+    /// return at once.
+    managed_seen: AtomicBool,
+    runs: OnceLock<Arc<dyn WaitingRuns>>,
+    feed: broadcast::Sender<ModelEvent>,
+    metrics: ModelMetrics,
+    tasks: TaskTracker,
+}
+
+fn lock(book: &Mutex<Book>) -> MutexGuard<'_, Book> {
+    book.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl ModelService {
+    /// A lifecycle keeping `policies`, reading what nodes hold from `registry` and
+    /// sending commands through `transport`.
+    pub fn new(
+        registry: Arc<dyn Registry>,
+        transport: Arc<dyn NodeTransport>,
+        policies: BTreeMap<ModelName, ModelPolicy>,
+        config: LifecycleConfig,
+        meter: &Meter,
+    ) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                registry,
+                transport,
+                policies,
+                config,
+                book: Mutex::new(Book::default()),
+                wake: Notify::new(),
+                run_left: Notify::new(),
+                managed_seen: AtomicBool::new(false),
+                runs: OnceLock::new(),
+                feed: broadcast::channel(256).0,
+                metrics: ModelMetrics::new(meter),
+                tasks: TaskTracker::new(),
+            }),
+        }
+    }
+
+    /// Tells the run service, from now on, when every load of a model wanted by waiting
+    /// runs failed (once; a second call is ignored).
+    pub fn attach_runs(&self, runs: Arc<dyn WaitingRuns>) {
+        let _ = self.inner.runs.set(runs);
+    }
+
+    /// Reconciles whenever something changed and every `reconcile_interval_ms`, until
+    /// `stop`; then waits for the commands in progress to end.
+    pub async fn run(&self, stop: CancellationToken) {
+        let interval = self.inner.config.reconcile_interval();
+        loop {
+            tokio::select! {
+                () = stop.cancelled() => break,
+                () = self.inner.wake.notified() => {}
+                () = tokio::time::sleep(interval) => {}
+            }
+            self.reconcile_now();
+        }
+        self.inner.tasks.close();
+        self.inner.tasks.wait().await;
+    }
+
+    /// A node registered, changed what it reports, or was drained: records what its
+    /// managed engines hold, and reconciles when it has any.
+    pub fn node_changed(&self, node: &NodeId) {
+        let connected = self.inner.registry.get(node.as_str());
+        let managed = {
+            let mut book = lock(&self.inner.book);
+            book.forget_node(node);
+            connected.is_some_and(|n| engines::observe(&mut book, &n))
+        };
+        if managed {
+            self.inner.managed_seen.store(true, Ordering::Relaxed);
+            self.inner.wake.notify_one();
+        }
+    }
+
+    /// A node's connection ended: what it held is forgotten (unless a new connection of
+    /// it took over already).
+    pub fn node_left(&self, node: &NodeId) {
+        if self.inner.registry.is_connected(node) {
+            return self.node_changed(node);
+        }
+        let mut book = lock(&self.inner.book);
+        book.forget_node(node);
+        // Its commands' waits end now: it will not answer them.
+        book.pending.retain(|_, (n, _)| n != node);
+    }
+
+    /// A node answered a model command.
+    pub fn outcome(&self, outcome: ModelOutcome) {
+        let waiting = lock(&self.inner.book).pending.remove(&outcome.command_id);
+        match waiting {
+            Some((_, sender)) => {
+                let _ = sender.send(outcome);
+            }
+            None => debug!(
+                command_id = outcome.command_id,
+                "an outcome for no pending model command"
+            ),
+        }
+    }
+
+    /// Plans against the pool as it is now and starts each step.
+    fn reconcile_now(&self) {
+        let now = Instant::now();
+        let (steps, unplaced) = {
+            let book = lock(&self.inner.book);
+            if book.managed_nodes.is_empty() && book.cold.is_empty() {
+                return;
+            }
+            let nodes = engines::managed(&self.inner.registry, &book);
+            let engines = engines::of(&nodes, &book);
+            let mut demands: Vec<(&ModelName, &Cold)> = book.cold.iter().collect();
+            demands.sort_by_key(|(_, cold)| cold.since);
+            let demands: Vec<_> = demands
+                .into_iter()
+                .map(|(model, cold)| (model.clone(), cold.tried.clone()))
+                .collect();
+            let policies = &self.inner.policies;
+            let (mut steps, unplaced) = plan_cold(&engines, &demands, policies, now.into_std());
+            steps.extend(reconcile(&engines, policies, now.into_std()));
+            (steps, unplaced)
+        };
+        for (model, why) in unplaced {
+            self.unplaced(&model, why);
+        }
+        for step in steps {
+            self.start(step);
+        }
+    }
+
+    /// A cold model no node can load now: when its loads failed everywhere it could go,
+    /// its waiting runs end with the last engine's reason; when no node can load it (any
+    /// more) or every one is full, the runs wait on (room may free, a node may come).
+    fn unplaced(&self, model: &ModelName, why: NoPlace) {
+        let failure = {
+            let mut book = lock(&self.inner.book);
+            let given_up = why == NoPlace::Nowhere
+                && book.cold.get(model).is_some_and(|c| !c.tried.is_empty());
+            if !given_up {
+                return;
+            }
+            book.cold.remove(model).and_then(|cold| cold.last_failure)
+        };
+        let reason = failure.unwrap_or_else(|| "every load failed".to_owned());
+        if let Some(runs) = self.inner.runs.get() {
+            runs.load_failed(model, &reason);
+        }
+    }
+}
+
+impl ModelDemand for ModelService {
+    fn wanted(&self, adapter: &AdapterName, target: &Target) -> Option<Duration> {
+        if !self.inner.managed_seen.load(Ordering::Relaxed) {
+            return None;
+        }
+        let model = ModelName::new(adapter.clone(), target.clone());
+        let mut book = lock(&self.inner.book);
+        if !book.loadable.contains_key(&model) {
+            return None;
+        }
+        if let std::collections::btree_map::Entry::Vacant(entry) = book.cold.entry(model) {
+            entry.insert(Cold {
+                since: Instant::now(),
+                tried: Vec::new(),
+                last_failure: None,
+            });
+            self.inner.wake.notify_one();
+        }
+        Some(self.inner.config.cold_start_timeout())
+    }
+
+    fn placed(&self, node: &NodeId, adapter: &AdapterName, target: &Target) {
+        if self.inner.managed_seen.load(Ordering::Relaxed) {
+            let model = ModelName::new(adapter.clone(), target.clone());
+            lock(&self.inner.book).placed(node, model, Instant::now());
+        }
+    }
+
+    fn left(&self, node: &NodeId, adapter: &AdapterName, target: &Target) {
+        if self.inner.managed_seen.load(Ordering::Relaxed) {
+            let model = ModelName::new(adapter.clone(), target.clone());
+            lock(&self.inner.book).left(node, &model, Instant::now());
+            self.inner.run_left.notify_waiters();
+        }
+    }
+}
