@@ -17,6 +17,7 @@
 //! text (the byte's value) and the bytes of the tokens back.
 
 pub mod churn;
+pub mod engine;
 mod scripts;
 
 use std::collections::HashMap;
@@ -30,6 +31,7 @@ use edge::client::{
 };
 use edge::client::{NodeCommand, RunAssignment};
 use edge::domain::{Operation, RunEventKind, Usage};
+pub use engine::{EngineState, MockEngine};
 use futures::{SinkExt, StreamExt};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -108,6 +110,9 @@ pub struct MockOptions {
     /// Declare the tokenize and detokenize operations at registration (a node written
     /// before them does not).
     pub tokenize: bool,
+    /// A managed engine behind the `echo` adapter: the node then loads and unloads its
+    /// targets on the edge's command, and serves only the loaded ones.
+    pub engine: Option<MockEngine>,
 }
 
 impl MockOptions {
@@ -120,6 +125,7 @@ impl MockOptions {
             behaviour: Behaviour::Echo,
             heartbeat: None,
             tokenize: false,
+            engine: None,
         }
     }
 }
@@ -131,6 +137,7 @@ pub struct MockNode {
     commands: Arc<Mutex<Vec<NodeCommand>>>,
     kill: CancellationToken,
     task: JoinHandle<Ended>,
+    engine: Option<EngineState>,
 }
 
 /// Why a mock node stopped.
@@ -183,6 +190,7 @@ impl MockNode {
         if options.tokenize {
             registration = registration.operations([Operation::Tokenize, Operation::Detokenize]);
         }
+        registration = registration.managing_models(options.engine.is_some());
         let outcome = client.register(registration).await?;
         if !outcome.accepted {
             return Err(MockError::Rejected(outcome));
@@ -196,19 +204,26 @@ impl MockNode {
         });
         let commands = Arc::new(Mutex::new(Vec::new()));
         let kill = CancellationToken::new();
-        let task = tokio::spawn(serve(
-            client,
-            options,
+        let engine = options.engine.clone().map(EngineState::new);
+        let link = Link {
             heartbeat,
-            Arc::clone(&commands),
-            kill.clone(),
-        ));
+            commands: Arc::clone(&commands),
+            kill: kill.clone(),
+            engine: engine.clone(),
+        };
+        let task = tokio::spawn(serve(client, options, link));
         Ok(MockNode {
             outcome,
             commands,
             kill,
             task,
+            engine,
         })
+    }
+
+    /// The managed engine's state, when the node has one.
+    pub fn engine(&self) -> Option<&EngineState> {
+        self.engine.as_ref()
     }
 
     /// Every command the edge sent so far.
@@ -227,16 +242,27 @@ impl MockNode {
     }
 }
 
-async fn serve(
-    client: NodeClient,
-    options: MockOptions,
+/// What the serving task shares with the [`MockNode`] handle.
+struct Link {
     heartbeat: Duration,
     commands: Arc<Mutex<Vec<NodeCommand>>>,
     kill: CancellationToken,
-) -> Ended {
+    engine: Option<EngineState>,
+}
+
+async fn serve(client: NodeClient, options: MockOptions, link: Link) -> Ended {
+    let Link {
+        heartbeat,
+        commands,
+        kill,
+        engine,
+    } = link;
     let (sender, mut receiver) = client.split();
     let (frames, outgoing) = mpsc::channel::<NodeFrame>(1024);
     let writer = tokio::spawn(write_frames(sender, outgoing, heartbeat, kill.clone()));
+    if let Some(engine) = &engine {
+        let _ = frames.send(engine.report()).await;
+    }
     let mut runs: HashMap<String, CancellationToken> = HashMap::new();
     let ended = loop {
         let frame = tokio::select! {
@@ -252,6 +278,15 @@ async fn serve(
             seen.push(command.clone());
         }
         match command {
+            NodeCommand::Run(run)
+                if engine
+                    .as_ref()
+                    .is_some_and(|e| !e.is_loaded(run.target.as_str())) =>
+            {
+                let id = run.run_id.to_string();
+                let refused = RunEventKind::failed("model_not_loaded", "model is not loaded");
+                let _ = frames.send(run_event(&id, 1, refused)).await;
+            }
             NodeCommand::Run(run) => {
                 let cancel = CancellationToken::new();
                 runs.retain(|_, token| !token.is_cancelled());
@@ -270,7 +305,12 @@ async fn serve(
                 }
             }
             NodeCommand::Shutdown { reason } => break Ended::Shutdown(reason),
-            NodeCommand::Model(_) => {}
+            NodeCommand::Model(command) => {
+                if let Some(engine) = engine.clone() {
+                    let frames = frames.clone();
+                    tokio::spawn(async move { engine.obey(command, frames).await });
+                }
+            }
         }
     };
     kill.cancel();

@@ -85,6 +85,7 @@ async fn main() -> ExitCode {
         behaviour: Behaviour::parse(&args.behaviour).unwrap_or(Behaviour::Echo),
         heartbeat: None,
         tokenize: true,
+        engine: None,
     };
     let node = match MockNode::start_on(client, options).await {
         Ok(node) => node,

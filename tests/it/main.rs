@@ -78,6 +78,7 @@ mod layout;
 mod link_faults;
 mod link_protocol;
 mod metrics;
+mod models;
 mod nats;
 mod node_engine;
 mod node_link;

@@ -27,7 +27,8 @@ struct Entry {
     /// Milliseconds since the Unix epoch.
     last_seen_ms: AtomicI64,
     active_runs: AtomicU32,
-    /// The node's last availability report; empty until it sends one.
+    /// The node's last availability report; empty until it sends one (nothing available,
+    /// for a node that manages models).
     availability: ArcSwapOption<Availability>,
     /// A copy of whether the node id is in [`Maps::drained`], for lock-free reads.
     drained: AtomicBool,
@@ -39,12 +40,19 @@ impl Entry {
     fn new(connection: NewConnection, now: SystemTime, drained: bool) -> Self {
         let hash = NodeHash::of(connection.record.id());
         let reserved = connection.reserved_runs;
+        // A node that loads models on command reports what its engines hold; until it
+        // does, nothing is taken to be loaded (an older node serves its whole config).
+        let availability = ArcSwapOption::from(
+            connection
+                .can_manage_models
+                .then(|| Arc::new(Availability::default())),
+        );
         Self {
             connection,
             connected_since: now,
             last_seen_ms: AtomicI64::new(to_millis(now)),
             active_runs: AtomicU32::new(reserved),
-            availability: ArcSwapOption::empty(),
+            availability,
             drained: AtomicBool::new(drained),
             hash,
         }

@@ -1,0 +1,259 @@
+//! The model lifecycle end to end over real TCP (issue 48): a real edge on port 0, mock
+//! nodes whose managed engines load and unload on the edge's model commands, refuse a load
+//! into a full engine (so the edge must make room first) and fail runs for targets that are
+//! not loaded. Each check reads the engines' own state.
+
+use crate::common;
+use crate::mock_node;
+
+use common::runs::{echo_to, mocked, next_event, rest, start};
+use common::{TestApp, eventually, spawn_app};
+use edge::domain::RunEventKind;
+use edge::domain::models::LoadState;
+use edge::ports::ManageModels as _;
+use mock_node::engine::LOAD_FAILURE;
+use mock_node::{MockEngine, MockNode, MockOptions};
+
+/// Two nodes whose `echo` adapter may serve alpha, beta and gamma, reconciled every 20 ms
+/// (and `lifecycle`, more `[lifecycle]` keys), then `extra` (more sections: `[[models]]`,
+/// `[runs]`).
+fn config_with(lifecycle: &str, extra: &str) -> String {
+    let node = |id: &str| {
+        format!(
+            r#"
+[[nodes]]
+id = "{id}"
+alias = "{id}-alias"
+token = "token-{id}"
+[nodes.runtime]
+max_concurrent_runs = 4
+heartbeat_interval_ms = 1000
+[[nodes.adapters]]
+name = "echo"
+targets = ["alpha", "beta", "gamma"]
+[nodes.adapters.settings]
+lifecycle = "mock"
+"#
+        )
+    };
+    format!(
+        "[lifecycle]\nreconcile_interval_ms = 20\n{lifecycle}\n{extra}\n{}{}",
+        node("node-a"),
+        node("node-b")
+    )
+}
+
+/// [`config_with`] and no more `[lifecycle]` keys.
+fn config(extra: &str) -> String {
+    config_with("", extra)
+}
+
+/// A mock node `id` whose engine holds `capacity` of alpha, beta and gamma.
+async fn managed(app: &TestApp, id: &str, engine: MockEngine) -> MockNode {
+    let options = MockOptions {
+        engine: Some(engine),
+        ..MockOptions::new(&format!("token-{id}"))
+    };
+    MockNode::start(app.node_addr, options)
+        .await
+        .expect("mock node registers")
+}
+
+fn engine(capacity: u32) -> MockEngine {
+    MockEngine::new(capacity, &["alpha", "beta", "gamma"])
+}
+
+/// The text a run answered, or its failure.
+async fn answer(app: &TestApp, target: &str) -> Result<String, (String, String)> {
+    let mut handle = start(app, echo_to(target, "hello there"));
+    let events = rest(&mut handle).await;
+    let last = events.last().expect("a terminal event");
+    match &last.kind {
+        RunEventKind::Completed { .. } => Ok(events
+            .iter()
+            .filter_map(|e| match &e.kind {
+                RunEventKind::Output { text, .. } => Some(text.clone()),
+                _ => None,
+            })
+            .collect()),
+        RunEventKind::Failed { code, message, .. } => Err((code.clone(), message.clone())),
+        other => panic!("unexpected end {other:?}"),
+    }
+}
+
+fn loads(node: &MockNode) -> Vec<String> {
+    node.engine().expect("a managed engine").log()
+}
+
+#[crate::common::test]
+async fn a_model_loaded_nowhere_is_loaded_on_exactly_one_node_and_answered() {
+    let app = spawn_app(&config("")).await;
+    let a = managed(&app, "node-a", engine(2)).await;
+    let b = managed(&app, "node-b", engine(2)).await;
+    app.wait_for_nodes(2).await;
+    let models = &app.parts.models;
+    eventually("alpha is listed on both nodes, loaded nowhere", || {
+        models.models().iter().any(|m| {
+            m.model.to_string() == "echo/alpha"
+                && m.nodes.len() == 2
+                && m.nodes.iter().all(|n| n.state == LoadState::Unloaded)
+        })
+    })
+    .await;
+
+    assert_eq!(answer(&app, "alpha").await, Ok("hello there".to_owned()));
+    let holders = [&a, &b]
+        .iter()
+        .filter(|n| n.engine().unwrap().is_loaded("alpha"))
+        .count();
+    assert_eq!(holders, 1, "exactly one engine loaded alpha");
+    assert_eq!(
+        loads(&a).len() + loads(&b).len(),
+        1,
+        "one load in all: {:?} {:?}",
+        loads(&a),
+        loads(&b)
+    );
+    // Loaded now: the next request goes straight to it.
+    assert_eq!(answer(&app, "alpha").await, Ok("hello there".to_owned()));
+    assert_eq!(loads(&a).len() + loads(&b).len(), 1);
+    let (events, _) = app.parts.models.model_events();
+    assert!(
+        events
+            .iter()
+            .any(|e| e.reason == "demand" && e.outcome == "done"),
+        "{events:?}"
+    );
+    app.assert_settled().await;
+    app.stop().await;
+}
+
+#[crate::common::test]
+async fn a_load_failing_on_one_node_is_tried_on_the_other_and_failing_everywhere_fails_the_request()
+{
+    let app = spawn_app(&config("")).await;
+    let failing = |targets: &[&str]| MockEngine {
+        failing: targets.iter().map(|t| (*t).to_owned()).collect(),
+        ..engine(2)
+    };
+    let a = managed(&app, "node-a", failing(&["alpha", "beta"])).await;
+    let b = managed(&app, "node-b", failing(&["beta"])).await;
+    app.wait_for_nodes(2).await;
+
+    assert_eq!(answer(&app, "alpha").await, Ok("hello there".to_owned()));
+    assert!(b.engine().unwrap().is_loaded("alpha"));
+
+    let (code, message) = answer(&app, "beta")
+        .await
+        .expect_err("no engine can load beta");
+    assert_eq!(code, "model_load_failed");
+    assert!(message.contains(LOAD_FAILURE), "{message}");
+    assert!(
+        loads(&a).contains(&"load beta".to_owned()) && loads(&b).contains(&"load beta".to_owned())
+    );
+    app.assert_settled().await;
+    app.stop().await;
+}
+
+#[crate::common::test]
+async fn min_loaded_and_pins_are_kept_with_no_request_and_idle_models_unloaded() {
+    let models = r#"
+[[models]]
+model = "echo/alpha"
+min_loaded = 2
+[[models]]
+model = "echo/beta"
+pin = ["node-a"]
+[[models]]
+model = "echo/gamma"
+idle_unload_ms = 100
+"#;
+    let app = spawn_app(&config(models)).await;
+    let a = managed(&app, "node-a", engine(3)).await;
+    let b = managed(&app, "node-b", engine(3)).await;
+    let (ea, eb) = (a.engine().unwrap(), b.engine().unwrap());
+    eventually("alpha on both engines and beta on node-a", || {
+        ea.is_loaded("alpha") && eb.is_loaded("alpha") && ea.is_loaded("beta")
+    })
+    .await;
+    assert!(!eb.is_loaded("beta"));
+
+    assert_eq!(answer(&app, "gamma").await, Ok("hello there".to_owned()));
+    eventually("gamma unloaded once idle", || {
+        !ea.is_loaded("gamma") && !eb.is_loaded("gamma")
+    })
+    .await;
+    let (events, _) = app.parts.models.model_events();
+    for reason in ["min_loaded", "pin", "demand", "idle"] {
+        assert!(
+            events
+                .iter()
+                .any(|e| e.reason == reason && e.outcome == "done"),
+            "{reason}: {events:?}"
+        );
+    }
+    // The desired state holds: alpha and beta were never unloaded.
+    assert!(
+        !loads(&a)
+            .iter()
+            .chain(loads(&b).iter())
+            .any(|l| l == "unload alpha" || l == "unload beta")
+    );
+    app.stop().await;
+}
+
+#[crate::common::test]
+async fn a_model_with_a_run_in_flight_never_makes_room_and_the_cold_request_is_served_after() {
+    let app = spawn_app(&config("")).await;
+    let a = managed(&app, "node-a", engine(1)).await;
+    app.wait_for_nodes(1).await;
+    let mut streaming = start(&app, mocked(echo_to("alpha", "a long answer"), "stall"));
+    assert_eq!(next_event(&mut streaming).await.kind.name(), "started");
+
+    let mut cold = start(&app, echo_to("beta", "hello there"));
+    let engine = a.engine().unwrap();
+    // The only place is alpha's, in use: beta waits and alpha stays.
+    eventually("beta is wanted", || app.parts.runs.queued_runs() == 1).await;
+    tokio::task::yield_now().await;
+    assert!(engine.is_loaded("alpha"));
+    assert!(!loads(&a).contains(&"unload alpha".to_owned()));
+
+    assert!(
+        app.parts
+            .runs
+            .cancel(&streaming.run_id, "done with it")
+            .await
+    );
+    let _ = rest(&mut streaming).await;
+    let events = rest(&mut cold).await;
+    assert_eq!(
+        events.last().unwrap().kind.name(),
+        "completed",
+        "{events:?}"
+    );
+    assert_eq!(loads(&a), ["load alpha", "unload alpha", "load beta"]);
+    app.assert_settled().await;
+    app.stop().await;
+}
+
+#[crate::common::test]
+async fn a_pinned_model_survives_pressure() {
+    let extra = r#"
+[[models]]
+model = "echo/alpha"
+pin = ["node-a"]
+[runs]
+no_node_timeout_ms = 200
+"#;
+    let app = spawn_app(&config_with("cold_start_timeout_ms = 300", extra)).await;
+    let a = managed(&app, "node-a", engine(1)).await;
+    let engine = a.engine().unwrap();
+    eventually("alpha pinned on node-a", || engine.is_loaded("alpha")).await;
+
+    let (code, _) = answer(&app, "beta").await.expect_err("no room for beta");
+    assert_eq!(code, "no_node_available");
+    assert!(engine.is_loaded("alpha"));
+    assert_eq!(loads(&a), ["load alpha"]);
+    app.assert_settled().await;
+    app.stop().await;
+}
