@@ -8,9 +8,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use edge::client::NodeFrame;
+use edge::client::{NodeCommand, NodeFrame, run_event};
 use edge::domain::models::{LoadState, ManagedAdapter, ModelAction, TargetLoad};
-use edge::domain::{AdapterName, Availability, Target};
+use edge::domain::{AdapterName, Availability, RunEventKind, Target};
 use edge::ports::{ModelCommand, ModelOutcome};
 use tokio::sync::mpsc;
 
@@ -126,6 +126,31 @@ impl EngineState {
         }
         let capacity = held.engine.capacity;
         Availability::new(pairs).with_managed(adapter, ManagedAdapter { capacity, targets })
+    }
+
+    /// Takes what the engine answers itself: a model command (carried out on a task of its
+    /// own) and a run for a target that is not loaded (failed, as llama-server's router
+    /// refuses it). Returns any other command.
+    pub(crate) async fn intercept(
+        &self,
+        command: NodeCommand,
+        frames: &mpsc::Sender<NodeFrame>,
+    ) -> Option<NodeCommand> {
+        match command {
+            NodeCommand::Model(command) => {
+                let (engine, frames) = (self.clone(), frames.clone());
+                tokio::spawn(async move { engine.obey(command, frames).await });
+                None
+            }
+            NodeCommand::Run(run) if !self.is_loaded(run.target.as_str()) => {
+                let refused = RunEventKind::failed("model_not_loaded", "model is not loaded");
+                let _ = frames
+                    .send(run_event(run.run_id.as_str(), 1, refused))
+                    .await;
+                None
+            }
+            other => Some(other),
+        }
     }
 
     /// Carries out `command`, reporting each state change, then answers it.

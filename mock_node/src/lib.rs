@@ -277,16 +277,14 @@ async fn serve(client: NodeClient, options: MockOptions, link: Link) -> Ended {
         if let Ok(mut seen) = commands.lock() {
             seen.push(command.clone());
         }
+        let command = match &engine {
+            Some(engine) => match engine.intercept(command, &frames).await {
+                Some(command) => command,
+                None => continue,
+            },
+            None => command,
+        };
         match command {
-            NodeCommand::Run(run)
-                if engine
-                    .as_ref()
-                    .is_some_and(|e| !e.is_loaded(run.target.as_str())) =>
-            {
-                let id = run.run_id.to_string();
-                let refused = RunEventKind::failed("model_not_loaded", "model is not loaded");
-                let _ = frames.send(run_event(&id, 1, refused)).await;
-            }
             NodeCommand::Run(run) => {
                 let cancel = CancellationToken::new();
                 runs.retain(|_, token| !token.is_cancelled());
@@ -305,12 +303,7 @@ async fn serve(client: NodeClient, options: MockOptions, link: Link) -> Ended {
                 }
             }
             NodeCommand::Shutdown { reason } => break Ended::Shutdown(reason),
-            NodeCommand::Model(command) => {
-                if let Some(engine) = engine.clone() {
-                    let frames = frames.clone();
-                    tokio::spawn(async move { engine.obey(command, frames).await });
-                }
-            }
+            NodeCommand::Model(_) => {}
         }
     };
     kill.cancel();

@@ -12,4 +12,6 @@ pub use plan::{
     Engine, LoadReason, NoPlace, Placement, Slot, Step, UnloadReason, place_load, plan_cold,
     reconcile,
 };
-pub use state::{LoadState, ManagedAdapter, ModelAction, ModelName, ModelPolicy, TargetLoad};
+pub use state::{
+    LoadState, ManagedAdapter, ModelAction, ModelName, ModelNameError, ModelPolicy, TargetLoad,
+};

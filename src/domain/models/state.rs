@@ -42,6 +42,17 @@ impl ModelName {
     }
 }
 
+/// Why a string is not `adapter/target`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ModelNameError {
+    /// There is no `/` between an adapter and a target.
+    #[error("it has no `/` between the adapter and the target")]
+    NoSlash,
+    /// The adapter or the target is not a valid name.
+    #[error(transparent)]
+    Name(#[from] NameError),
+}
+
 impl fmt::Display for ModelName {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}/{}", self.adapter, self.target)

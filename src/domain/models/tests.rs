@@ -121,6 +121,14 @@ fn in_use_pinned_and_min_loaded_models_never_make_room() {
     );
 }
 
+fn policy(min_loaded: u32, pin: &[&str], idle_secs: Option<u64>) -> ModelPolicy {
+    ModelPolicy {
+        min_loaded,
+        pin: pin.iter().map(|id| node(id)).collect(),
+        idle_unload: idle_secs.map(Duration::from_secs),
+    }
+}
+
 #[test]
 fn reconcile_loads_pins_and_min_loaded_and_unloads_the_idle() {
     let t = Instant::now();
@@ -138,27 +146,9 @@ fn reconcile_loads_pins_and_min_loaded_and_unloads_the_idle() {
         engine("b", 2, &[("m", Unloaded, 0, 0), ("i", Loaded, 0, 0)], t),
     ];
     let policies = BTreeMap::from([
-        (
-            model("p"),
-            ModelPolicy {
-                pin: vec![node("a")],
-                ..ModelPolicy::default()
-            },
-        ),
-        (
-            model("m"),
-            ModelPolicy {
-                min_loaded: 2,
-                ..ModelPolicy::default()
-            },
-        ),
-        (
-            model("i"),
-            ModelPolicy {
-                idle_unload: Some(Duration::from_secs(60)),
-                ..ModelPolicy::default()
-            },
-        ),
+        (model("p"), policy(0, &["a"], None)),
+        (model("m"), policy(2, &[], None)),
+        (model("i"), policy(0, &[], Some(60))),
     ]);
     let later = t + Duration::from_secs(61);
     let steps = reconcile(&engines, &policies, later);
