@@ -257,3 +257,55 @@ no_node_timeout_ms = 200
     app.assert_settled().await;
     app.stop().await;
 }
+
+#[crate::common::test]
+async fn the_api_lists_a_model_loaded_nowhere_answers_it_cold_and_the_metrics_count_the_load() {
+    let app = spawn_app(&config("")).await;
+    let a = managed(&app, "node-a", engine(2)).await;
+    app.wait_for_nodes(1).await;
+    let client = common::http_client();
+    let url = |path: &str| format!("http://{}{path}", app.http_addr);
+    let listed: serde_json::Value = common::eventually_ok("echo/beta is listed", || async {
+        let body: serde_json::Value = client.get(url("/v1/models")).send().await?.json().await?;
+        let ids = body["data"].to_string();
+        if ids.contains("echo/beta") {
+            Ok(body)
+        } else {
+            Err(anyhow::anyhow!("not yet: {ids}"))
+        }
+    })
+    .await;
+    assert!(!a.engine().unwrap().is_loaded("beta"), "{listed}");
+
+    let chat = serde_json::json!({
+        "model": "echo/beta",
+        "messages": [{"role": "user", "content": "cold start"}],
+    });
+    let answer: serde_json::Value = client
+        .post(url("/v1/chat/completions"))
+        .json(&chat)
+        .send()
+        .await
+        .expect("an answer")
+        .json()
+        .await
+        .expect("JSON");
+    assert_eq!(answer["choices"][0]["message"]["content"], "cold start", "{answer}");
+    assert!(a.engine().unwrap().is_loaded("beta"));
+
+    let labels = [
+        ("action", "load"),
+        ("model", "echo/beta"),
+        ("node", "node-a"),
+        ("reason", "demand"),
+        ("outcome", "done"),
+    ];
+    let expected = [crate::metrics::want("edge_model_commands_total", &labels, 1.0)];
+    let scrape = crate::metrics::scrape_until(&client, &app, &expected).await;
+    let load = [("model", "echo/beta"), ("node", "node-a")];
+    assert_eq!(scrape.get("edge_model_load_seconds_count", &load), Some(1.0));
+    let cold = [("model", "echo/beta")];
+    assert_eq!(scrape.get("edge_model_cold_start_wait_seconds_count", &cold), Some(1.0));
+    app.assert_settled().await;
+    app.stop().await;
+}

@@ -202,6 +202,7 @@ async fn stop_on_signal(stop: tokio_util::sync::CancellationToken) {
 fn check_config(path: Option<PathBuf>) -> anyhow::Result<()> {
     let settings = Settings::load(path.as_deref())?;
     let store = FileNodeStore::load_from_config(&settings.source)?;
+    super::model_policies(&settings, &store)?;
     print!("{}", summary(&settings, &store));
     Ok(())
 }

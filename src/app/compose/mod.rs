@@ -40,6 +40,7 @@ use crate::app::management::Management;
 use crate::app::models::{self, ModelService};
 use crate::app::node_events::NodeEvents;
 use crate::app::runs::{self, RunService};
+use crate::domain::models::{ModelName, ModelPolicy};
 use crate::domain::routing::Catalog;
 use crate::ports::{EventSink, NodeStore, Registry, RunJournal};
 use metrics::{MetricSources, Metrics};
@@ -259,13 +260,7 @@ fn model_service(
     transport: &Arc<TcpTransport>,
     metrics: &Metrics,
 ) -> anyhow::Result<ModelService> {
-    let policies = models::policies(&settings.models, &store.records()).map_err(|problems| {
-        anyhow::anyhow!(
-            "invalid `[[models]]` in config file {}: {}",
-            settings.source.path().display(),
-            problems.join("; ")
-        )
-    })?;
+    let policies = model_policies(settings, store)?;
     Ok(ModelService::new(
         Arc::clone(registry),
         Arc::clone(transport) as Arc<dyn crate::ports::NodeTransport>,
@@ -273,6 +268,23 @@ fn model_service(
         settings.lifecycle.clone(),
         metrics.meter(),
     ))
+}
+
+/// The `[[models]]` entries, checked against the node definitions.
+///
+/// # Errors
+/// Every problem, naming the config file and each offending entry.
+pub(crate) fn model_policies(
+    settings: &Settings,
+    store: &dyn NodeStore,
+) -> anyhow::Result<std::collections::BTreeMap<ModelName, ModelPolicy>> {
+    models::policies(&settings.models, &store.records()).map_err(|problems| {
+        anyhow::anyhow!(
+            "invalid `[[models]]` in config file {}: {}",
+            settings.source.path().display(),
+            problems.join("; ")
+        )
+    })
 }
 
 /// The run service, its keys' budget state loaded from the journal.

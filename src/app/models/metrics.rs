@@ -31,13 +31,13 @@ impl ModelMetrics {
                 )
                 .build(),
             load_seconds: meter
-                .f64_histogram("edge_model_load_seconds")
+                .f64_histogram("edge_model_load")
                 .with_unit("s")
                 .with_description("How long a model's load took on its node, by model and node")
                 .with_boundaries(BUCKETS.to_vec())
                 .build(),
             cold_start_seconds: meter
-                .f64_histogram("edge_model_cold_start_wait_seconds")
+                .f64_histogram("edge_model_cold_start_wait")
                 .with_unit("s")
                 .with_description(
                     "How long requests for a model loaded nowhere waited for its load, by model",
