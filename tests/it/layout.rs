@@ -1,7 +1,7 @@
 //! The hexagon's arrows, checked on the source (docs/architecture.md): adapters reach the
 //! application only through the inbound ports, the domain and the ports name neither
 //! adapters nor the application, the HTTP server names nothing of the APIs it serves, and
-//! the services (`app/runs`, `app/management`,
+//! the services (`app/runs`, `app/management`, `app/models`, `app/node_events.rs`,
 //! `app/drains.rs`) build on the domain and the ports, never on an adapter. A path that
 //! breaks a rule fails here, naming the file and line, before review has to find it.
 //!
@@ -324,7 +324,13 @@ fn the_domain_and_the_ports_name_no_adapter_and_no_application() {
 #[crate::common::test]
 fn the_services_build_on_the_domain_and_the_ports_not_on_adapters() {
     // Their tests (`tests.rs`, `tests/`, `mod tests`) may wire real adapters in.
-    for service in ["app/runs", "app/management", "app/drains"] {
+    for service in [
+        "app/runs",
+        "app/management",
+        "app/drains",
+        "app/models",
+        "app/node_events",
+    ] {
         // The paths are read at all: each service names the domain or the ports.
         assert!(
             !naming(service, &["crate::domain", "crate::ports"], true).is_empty(),
