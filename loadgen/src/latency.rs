@@ -604,7 +604,7 @@ async fn caller_loop(
 
 /// Whether a streamed chat body holds some content yet: a `"content":"` with a character
 /// after it (the role-only first chunk has none, or `null`).
-fn has_content(body: &[u8]) -> bool {
+pub(crate) fn has_content(body: &[u8]) -> bool {
     const KEY: &[u8] = b"\"content\":\"";
     body.windows(KEY.len() + 1)
         .any(|w| w.starts_with(KEY) && w[KEY.len()] != b'"')

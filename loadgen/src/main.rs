@@ -40,6 +40,7 @@ mod admin;
 mod affinity;
 mod api;
 mod churn;
+mod cold_start;
 mod engine;
 mod external;
 mod harness;
@@ -157,6 +158,8 @@ enum Scenario {
     /// A real llama-server asked directly and through the edge and a reference node (and
     /// SMG): time to first token and to the end, and the edge path's time per hop.
     Latency(latency::LatencyArgs),
+    /// A request for a model loaded nowhere against one already loaded (issue 48).
+    ColdStart(cold_start::ColdStartArgs),
 }
 
 impl Scenario {
@@ -174,6 +177,7 @@ impl Scenario {
             Self::Churn(_) => "churn",
             Self::Affinity(_) => "affinity",
             Self::Latency(_) => "latency",
+            Self::ColdStart(_) => "cold-start",
         }
     }
 
@@ -191,6 +195,7 @@ impl Scenario {
             Self::Churn(args) => churn::run(args, common),
             Self::Affinity(args) => affinity::run(args, common),
             Self::Latency(args) => latency::run(args, common),
+            Self::ColdStart(args) => cold_start::run(args, common),
         }
     }
 }

@@ -290,7 +290,10 @@ async fn the_api_lists_a_model_loaded_nowhere_answers_it_cold_and_the_metrics_co
         .json()
         .await
         .expect("JSON");
-    assert_eq!(answer["choices"][0]["message"]["content"], "cold start", "{answer}");
+    assert_eq!(
+        answer["choices"][0]["message"]["content"], "cold start",
+        "{answer}"
+    );
     assert!(a.engine().unwrap().is_loaded("beta"));
 
     let labels = [
@@ -300,12 +303,22 @@ async fn the_api_lists_a_model_loaded_nowhere_answers_it_cold_and_the_metrics_co
         ("reason", "demand"),
         ("outcome", "done"),
     ];
-    let expected = [crate::metrics::want("edge_model_commands_total", &labels, 1.0)];
+    let expected = [crate::metrics::want(
+        "edge_model_commands_total",
+        &labels,
+        1.0,
+    )];
     let scrape = crate::metrics::scrape_until(&client, &app, &expected).await;
     let load = [("model", "echo/beta"), ("node", "node-a")];
-    assert_eq!(scrape.get("edge_model_load_seconds_count", &load), Some(1.0));
+    assert_eq!(
+        scrape.get("edge_model_load_seconds_count", &load),
+        Some(1.0)
+    );
     let cold = [("model", "echo/beta")];
-    assert_eq!(scrape.get("edge_model_cold_start_wait_seconds_count", &cold), Some(1.0));
+    assert_eq!(
+        scrape.get("edge_model_cold_start_wait_seconds_count", &cold),
+        Some(1.0)
+    );
     app.assert_settled().await;
     app.stop().await;
 }

@@ -164,11 +164,12 @@ pub enum NoPlace {
     Full,
 }
 
-/// How many engines hold `model` (loaded, loading or asleep).
+/// How many engines that take runs hold `model` (loaded, loading or asleep): a drained
+/// node's copy does not count towards `min_loaded`.
 pub fn holders(engines: &[Engine], model: &ModelName) -> u32 {
     let count = engines
         .iter()
-        .filter(|e| e.adapter == model.adapter && e.holds(&model.target))
+        .filter(|e| e.accepts_loads && e.adapter == model.adapter && e.holds(&model.target))
         .count();
     u32::try_from(count).unwrap_or(u32::MAX)
 }
