@@ -160,7 +160,11 @@ impl ModelService {
     fn reconcile_now(&self) {
         let now = Instant::now();
         let (steps, unplaced) = {
-            let book = lock(&self.inner.book);
+            let mut book = lock(&self.inner.book);
+            // A cold request nobody can still be waiting for is forgotten; a new one brings
+            // its model back.
+            let patience = self.inner.config.cold_start_timeout();
+            book.cold.retain(|_, cold| now.duration_since(cold.since) < patience);
             if book.managed_nodes.is_empty() && book.cold.is_empty() {
                 return;
             }
