@@ -80,6 +80,7 @@ mod link_protocol;
 mod metrics;
 mod nats;
 mod node_engine;
+mod node_lifecycle;
 mod node_link;
 mod node_reconnect;
 mod openai_python;
