@@ -1,5 +1,6 @@
 //! The adapters the edge configured, and the availability board: which `adapter + target`
-//! pairs this node can serve now, published to the connection so it tells the edge.
+//! pairs this node can serve now (and, for a managed adapter, every target's load state),
+//! published to the connection so it tells the edge.
 //!
 //! Rebuilt only when a registration brings a different adapter config; each adapter's
 //! prober runs as an owned task until the next rebuild or the node's exit. While the node
@@ -10,6 +11,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use edge::client::ReceivedAdapter;
+use edge::domain::models::ManagedAdapter;
 use edge::domain::{AdapterName, Availability, Target};
 use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
@@ -35,13 +37,23 @@ pub enum Lookup {
     },
 }
 
+/// What a prober found an adapter's engine can serve now.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Finding {
+    /// The targets it serves now.
+    pub targets: Vec<String>,
+    /// The context windows of those targets, where its engine (or its settings) said.
+    pub windows: BTreeMap<String, u32>,
+    /// For a managed adapter whose engine answered: its capacity and every target's state.
+    pub managed: Option<ManagedAdapter>,
+}
+
 #[derive(Debug)]
 enum Slot {
     Ready {
         adapter: Arc<OpenAiAdapter>,
-        available: Option<Vec<String>>,
-        /// The context windows of the available targets whose engine (or settings) said.
-        windows: BTreeMap<String, u32>,
+        /// The latest finding; `None` before the first probe.
+        found: Option<Finding>,
     },
     Broken(String),
 }
@@ -101,8 +113,7 @@ impl AdapterSet {
                     ));
                     Slot::Ready {
                         adapter: built,
-                        available: None,
-                        windows: BTreeMap::new(),
+                        found: None,
                     }
                 }
                 Err(problem) => {
@@ -120,32 +131,20 @@ impl AdapterSet {
         match self.inner().slots.get(adapter) {
             None => Lookup::Unknown,
             Some(Slot::Broken(problem)) => Lookup::Broken(problem.clone()),
-            Some(Slot::Ready {
-                adapter, available, ..
-            }) => Lookup::Ready {
+            Some(Slot::Ready { adapter, found }) => Lookup::Ready {
                 adapter: Arc::clone(adapter),
-                available: available
+                available: found
                     .as_ref()
-                    .map(|list| list.iter().any(|t| t == target)),
+                    .map(|found| found.targets.iter().any(|t| t == target)),
             },
         }
     }
 
-    /// A prober's latest finding for `adapter`: the targets it can serve now, and their
-    /// context windows where known.
-    pub fn report(
-        &self,
-        adapter: &str,
-        targets: Vec<String>,
-        target_windows: BTreeMap<String, u32>,
-    ) {
+    /// A prober's latest finding for `adapter`.
+    pub fn report(&self, adapter: &str, finding: Finding) {
         let mut inner = self.inner();
-        if let Some(Slot::Ready {
-            available, windows, ..
-        }) = inner.slots.get_mut(adapter)
-        {
-            *available = Some(targets);
-            *windows = target_windows;
+        if let Some(Slot::Ready { found, .. }) = inner.slots.get_mut(adapter) {
+            *found = Some(finding);
         }
         self.publish(&inner);
         drop(inner);
@@ -159,15 +158,11 @@ impl AdapterSet {
                 let probed = self.probed.notified();
                 tokio::pin!(probed);
                 probed.as_mut().enable();
-                let waiting = self.inner().slots.values().any(|s| {
-                    matches!(
-                        s,
-                        Slot::Ready {
-                            available: None,
-                            ..
-                        }
-                    )
-                });
+                let waiting = self
+                    .inner()
+                    .slots
+                    .values()
+                    .any(|s| matches!(s, Slot::Ready { found: None, .. }));
                 if !waiting {
                     return;
                 }
@@ -197,11 +192,10 @@ impl AdapterSet {
     fn publish(&self, inner: &Inner) {
         let mut pairs = Vec::new();
         let mut windows = Vec::new();
+        let mut managed = Vec::new();
         for (name, slot) in &inner.slots {
             let Slot::Ready {
-                available: Some(targets),
-                windows: known,
-                ..
+                found: Some(found), ..
             } = slot
             else {
                 continue;
@@ -212,14 +206,17 @@ impl AdapterSet {
             if inner.draining {
                 continue;
             }
-            for name in targets {
+            for name in &found.targets {
                 let Ok(target) = Target::parse(name) else {
                     continue;
                 };
-                if let Some(window) = known.get(name) {
+                if let Some(window) = found.windows.get(name) {
                     windows.push((adapter.clone(), target.clone(), *window));
                 }
                 pairs.push((adapter.clone(), target));
+            }
+            if let Some(lifecycle) = &found.managed {
+                managed.push((adapter, lifecycle.clone()));
             }
         }
         let availability = windows.into_iter().fold(
@@ -228,6 +225,11 @@ impl AdapterSet {
                 availability.with_context_window(&adapter, &target, window)
             },
         );
+        let availability = managed
+            .into_iter()
+            .fold(availability, |availability, (adapter, lifecycle)| {
+                availability.with_managed(adapter, lifecycle)
+            });
         self.published.send_if_modified(|current| {
             let changed = *current != availability;
             *current = availability;

@@ -19,10 +19,13 @@
 //! - [`adapters`]: the configured adapters and the availability board; [`probe`]: the
 //!   engine prober; [`openai`]: the adapter; [`upstream`]: its HTTP client; [`sse`]: the
 //!   event-stream decoder.
+//! - [`engine_models`]: the model lifecycle of managed adapters: their engines' catalogues
+//!   and the edge's load and unload commands.
 
 pub mod adapters;
 pub mod buffer;
 pub mod dispatch;
+pub mod engine_models;
 pub mod lifecycle;
 pub mod openai;
 pub mod options;

@@ -227,9 +227,11 @@ async fn register(
         .await
         .map_err(|error| Failure::Retry(error.to_string()))?;
     // Every engine the openai adapter drives can go on from a prefix (request.rs).
+    // Model commands are obeyed for the adapters whose availability says `managed`.
     let mut registration = Registration::with_token(&core.options.token)
         .instance(core.instance_id.clone())
-        .continuing(true);
+        .continuing(true)
+        .managing_models(true);
     registration.node_id = core.options.node_id.clone();
     registration.adapters = vec![super::openai::KIND.to_owned()];
     registration.resume = claims.to_vec();

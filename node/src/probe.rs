@@ -7,13 +7,16 @@
 //! (every `probe_down_interval_ms` while the engine is down), reports each result to the
 //! availability board, which tells the edge when the set changes, and warns, naming the
 //! setting that fixes it, when an answering engine lists nothing a configured target maps to.
+//! A managed adapter's engine is observed by [`engine_models`] instead, which reads its
+//! catalogue (every model's load state), not only what it lists.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
-use super::adapters::AdapterSet;
+use super::adapters::{AdapterSet, Finding};
+use super::engine_models;
 use super::openai::OpenAiAdapter;
 use super::openai::settings::{AvailabilityMode, OpenAiSettings};
 
@@ -89,7 +92,7 @@ fn warn_unmatched(
 
 /// Whether the engine's `listed` name is the `wanted` model: equal, or equal but for
 /// Ollama's default `:latest` tag.
-fn same_model(listed: &str, wanted: &str) -> bool {
+pub fn same_model(listed: &str, wanted: &str) -> bool {
     let untagged = |name: &'_ str| {
         name.strip_suffix(":latest")
             .map_or(name.to_owned(), str::to_owned)
@@ -133,8 +136,12 @@ async fn windows_of(
     target_windows(available, settings, listed, adapter.served_window().await)
 }
 
-/// Probes `adapter`'s engine until `stop`, reporting each result to `board`.
+/// Probes `adapter`'s engine until `stop`, reporting each result to `board` (a managed
+/// engine's catalogue, by [`engine_models::probe_loop`]).
 pub async fn probe_loop(adapter: Arc<OpenAiAdapter>, board: AdapterSet, stop: CancellationToken) {
+    if let Some(engine) = adapter.managed() {
+        return engine_models::probe_loop(&adapter, engine, &board, &stop).await;
+    }
     let mut was_up: Option<bool> = None;
     let mut warned = Vec::new();
     loop {
@@ -171,7 +178,12 @@ pub async fn probe_loop(adapter: Arc<OpenAiAdapter>, board: AdapterSet, stop: Ca
             Err(_) => BTreeMap::new(),
         };
         was_up = Some(up);
-        board.report(adapter.name(), available, windows);
+        let finding = Finding {
+            targets: available,
+            windows,
+            managed: None,
+        };
+        board.report(adapter.name(), finding);
         let settings = adapter.settings();
         let wait = if up {
             settings.probe_interval

@@ -1,12 +1,16 @@
 //! One registered connection to the edge: a reader that takes commands (runs, cancels,
-//! shutdown, heartbeat acks) and a writer that sends run events, heartbeats and availability
-//! reports, running side by side until either ends the session.
+//! model commands, shutdown, heartbeat acks) and a writer that sends run events, heartbeats,
+//! availability reports and model outcomes, running side by side until either ends the
+//! session.
 //!
 //! The writer heartbeats every `heartbeat_interval_ms` with the number of running runs and a
 //! fresh `ping`; the reader hands the acks to a [`LinkMonitor`], and the writer ends the
 //! session when the monitor judges the link dead. Acks also tell the run table which events
 //! the edge surely has, so it can stop keeping them. Neither loop owns a run: runs live in
-//! the table and outlive sessions.
+//! the table and outlive sessions. Model commands run as tasks of their own
+//! ([`engine_models::commands`]) and hand their outcomes to this session's writer, which
+//! sends any availability change first, so the edge hears a target served before it hears
+//! the load that served it is done.
 
 use std::collections::VecDeque;
 use std::sync::{Mutex, MutexGuard};
@@ -16,11 +20,14 @@ use edge::client::{
     ClientError, LinkMonitor, NodeReceiver, NodeSender, ReceivedConfig, ReceivedEdgeFrame,
     heartbeat,
 };
-use edge::client::{NodeCommand, NodeFrame};
+use edge::client::{ModelOutcome, NodeCommand, NodeFrame};
+use edge::domain::Availability;
 use edge::hops;
 use futures::{SinkExt, StreamExt};
+use tokio::sync::{mpsc, watch};
 
 use super::dispatch::start_run;
+use super::engine_models;
 use super::lifecycle::Core;
 use super::runs::Stop;
 
@@ -29,6 +36,10 @@ const BATCH: usize = 256;
 
 /// How long the first availability report waits for the first probes.
 const FIRST_PROBE_WAIT: Duration = Duration::from_secs(5);
+
+/// Model outcomes waiting for the writer. A command task whose outcome finds it full waits
+/// (the read loop never does: it only starts commands).
+const OUTCOMES: usize = 64;
 
 /// Why a session ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -93,17 +104,21 @@ pub async fn serve(
         monitor: LinkMonitor::new(interval, core.options.dead_after_intervals, now()),
         marks: VecDeque::new(),
     });
+    let (outcomes, answered) = mpsc::channel(OUTCOMES);
     tokio::select! {
-        end = read_loop(receiver, core, &link, max_running) => end,
-        end = write_loop(sender, core, &link, interval) => end,
+        end = read_loop(receiver, core, &link, max_running, &outcomes) => end,
+        end = write_loop(sender, core, &link, interval, answered) => end,
     }
 }
 
+/// Reads the edge's frames until the connection ends; model commands' outcomes go to
+/// `outcomes`, for this session's writer.
 async fn read_loop(
     mut receiver: NodeReceiver,
     core: &Core,
     link: &Mutex<LinkBook>,
     max_running: usize,
+    outcomes: &mpsc::Sender<ModelOutcome>,
 ) -> SessionEnd {
     loop {
         let frame = match receiver.next().await {
@@ -135,10 +150,7 @@ async fn read_loop(
                 return SessionEnd::EdgeShutdown(reason);
             }
             ReceivedEdgeFrame::Command(NodeCommand::Model(command)) => {
-                tracing::debug!(
-                    command_id = command.command_id,
-                    "a model command, not handled yet"
-                );
+                engine_models::commands::start(command, core, outcomes);
             }
             ReceivedEdgeFrame::Registered(_)
             | ReceivedEdgeFrame::Unknown
@@ -152,6 +164,7 @@ async fn write_loop(
     core: &Core,
     link: &Mutex<LinkBook>,
     interval: Duration,
+    mut answered: mpsc::Receiver<ModelOutcome>,
 ) -> SessionEnd {
     let mut writer = Writer {
         sender: &mut sender,
@@ -192,6 +205,7 @@ async fn write_loop(
                 let current = availability.borrow_and_update().clone();
                 writer.heartbeat(Some(current)).await
             }
+            Some(outcome) = answered.recv() => writer.model_outcome(outcome, &mut availability).await,
             () = core.exit.cancelled() => {
                 let _ = writer.write_unsent().await;
                 return SessionEnd::Exit;
@@ -212,10 +226,7 @@ struct Writer<'a> {
 
 impl Writer<'_> {
     /// A heartbeat with the running runs and a fresh ping (and the availability, if given).
-    async fn heartbeat(
-        &mut self,
-        availability: Option<edge::domain::Availability>,
-    ) -> Result<(), ClientError> {
+    async fn heartbeat(&mut self, availability: Option<Availability>) -> Result<(), ClientError> {
         let ping = book(self.link).ping(self.batch);
         let active = u32::try_from(self.core.table.running()).unwrap_or(u32::MAX);
         if let Some(availability) = &availability {
@@ -224,11 +235,38 @@ impl Writer<'_> {
                 .iter()
                 .map(|(a, t)| format!("{a}/{t}"))
                 .collect();
-            tracing::info!(available = ?pairs, "reporting availability");
+            let loads: Vec<String> = availability
+                .managed_adapters()
+                .flat_map(|(adapter, managed)| {
+                    managed.targets.iter().map(move |(target, load)| {
+                        format!("{adapter}/{target}={}", load.state.as_str())
+                    })
+                })
+                .collect();
+            if loads.is_empty() {
+                tracing::info!(available = ?pairs, "reporting availability");
+            } else {
+                tracing::info!(available = ?pairs, ?loads, "reporting availability");
+            }
         }
         self.sender
             .send(heartbeat(active, ping, availability))
             .await?;
+        Ok(())
+    }
+
+    /// Sends a model command's outcome, after the availability when it has changed since
+    /// it was last sent (the command published its result there first).
+    async fn model_outcome(
+        &mut self,
+        outcome: ModelOutcome,
+        availability: &mut watch::Receiver<Availability>,
+    ) -> Result<(), ClientError> {
+        if availability.has_changed().unwrap_or(false) {
+            let current = availability.borrow_and_update().clone();
+            self.heartbeat(Some(current)).await?;
+        }
+        self.sender.send(NodeFrame::ModelOutcome(outcome)).await?;
         Ok(())
     }
 

@@ -133,8 +133,12 @@ impl Upstream {
         path: &str,
         body: &Value,
     ) -> Result<reqwest::Response, UpstreamFault> {
-        let root = self.base_url.strip_suffix("/v1").unwrap_or(&self.base_url);
-        self.post_to(format!("{root}{path}"), body).await
+        self.post_to(format!("{}{path}", self.root()), body).await
+    }
+
+    /// The engine's root: the base URL without its `/v1`.
+    fn root(&self) -> &str {
+        self.base_url.strip_suffix("/v1").unwrap_or(&self.base_url)
     }
 
     async fn post_to(&self, url: String, body: &Value) -> Result<reqwest::Response, UpstreamFault> {
@@ -276,18 +280,22 @@ impl Upstream {
     /// # Errors
     /// The fault when the engine could not be asked (down, timed out): nothing is known.
     pub async fn served_window(&self) -> Result<Option<u32>, UpstreamFault> {
-        let root = self.base_url.strip_suffix("/v1").unwrap_or(&self.base_url);
-        let body = match self.probe_get(format!("{root}/props")).await {
+        let body = match self.get_root("/props").await {
             Ok(body) => body,
             Err(UpstreamFault::Status { .. }) => return Ok(None),
             Err(fault) => return Err(fault),
         };
-        let props: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-        Ok(props
-            .pointer("/default_generation_settings/n_ctx")
-            .and_then(Value::as_u64)
-            .and_then(|n| u32::try_from(n).ok())
-            .filter(|n| *n > 0))
+        Ok(props_window(&body))
+    }
+
+    /// The body of `GET {root}{path}` (below the engine's root, as [`Upstream::post_root`]),
+    /// within `probe_timeout_ms`: llama-server's `/props` and its router's `/models`.
+    ///
+    /// # Errors
+    /// [`UpstreamFault::Status`] with the body for a status that is not a success; the
+    /// fault of the connection, or the timeout, otherwise.
+    pub async fn get_root(&self, path: &str) -> Result<Vec<u8>, UpstreamFault> {
+        self.probe_get(format!("{}{path}", self.root())).await
     }
 
     /// `GET url` with the engine's API key within `probe_timeout_ms`: the body of a success.
@@ -309,6 +317,17 @@ impl Upstream {
             .await
             .map_err(|_| UpstreamFault::Timeout("probe_timeout_ms"))?
     }
+}
+
+/// The context window in a llama-server `/props` answer: `default_generation_settings.n_ctx`
+/// (a slot's window), when it is there and not 0.
+pub fn props_window(props: &[u8]) -> Option<u32> {
+    let props: Value = serde_json::from_slice(props).unwrap_or(Value::Null);
+    props
+        .pointer("/default_generation_settings/n_ctx")
+        .and_then(Value::as_u64)
+        .and_then(|n| u32::try_from(n).ok())
+        .filter(|n| *n > 0)
 }
 
 /// What an engine's model list says: its ids, and the context window of those it gives one

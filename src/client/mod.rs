@@ -37,8 +37,9 @@ use crate::wire::NodeCodec;
 /// The name a TLS client checks the edge's certificate against (a DNS name or an IP address).
 pub use rustls::pki_types::ServerName;
 
-/// What the edge asks of a node (`Run`, `Cancel`, `Shutdown`, ...), and a run's assignment.
-pub use crate::ports::{NodeCommand, RunAssignment};
+/// What the edge asks of a node (`Run`, `Cancel`, `Shutdown`, `Model`, ...), a run's
+/// assignment, and a model command with the node's answer to it.
+pub use crate::ports::{ModelCommand, ModelOutcome, NodeCommand, RunAssignment};
 
 pub use crate::wire::{
     FrameError, NodeFrame, ReceivedAdapter, ReceivedConfig, ReceivedEdgeFrame, RegisterOutcome,

@@ -313,7 +313,19 @@ pub struct LlamaOptions {
     parallel: u32,
     threads: u32,
     embeddings: bool,
+    router: Option<RouterOptions>,
     extra: Vec<String>,
+}
+
+/// Router mode ([`LlamaOptions::router`]): the models directory's files and the flags.
+#[derive(Clone, Debug)]
+struct RouterOptions {
+    /// A copy of the tiny model is `<name>.gguf` for each.
+    models: Vec<String>,
+    /// `<name>.gguf` holds garbage for each: its load fails.
+    broken: Vec<String>,
+    /// `--models-max`.
+    max: u32,
 }
 
 impl Default for LlamaOptions {
@@ -326,6 +338,7 @@ impl Default for LlamaOptions {
             parallel: 4,
             threads: 1,
             embeddings: false,
+            router: None,
             extra: Vec::new(),
         }
     }
@@ -362,18 +375,82 @@ impl LlamaOptions {
         self
     }
 
+    /// Router mode: no `--model`, but a models directory (`--models-dir`, in the server's
+    /// temporary directory) holding a copy of the tiny model as `<name>.gguf` for each of
+    /// `models` (the router's model ids are the names), at most `max` loaded at once
+    /// (`--models-max`), and none loaded until asked (`--no-models-autoload`): it starts
+    /// with every model unloaded, and `POST /models/load` loads one. The other options go
+    /// to each model's process.
+    pub fn router(mut self, models: &[&str], max: u32) -> Self {
+        self.router = Some(RouterOptions {
+            models: models.iter().map(|name| (*name).to_owned()).collect(),
+            broken: Vec::new(),
+            max,
+        });
+        self
+    }
+
+    /// In router mode, one more model file, `<name>.gguf`, that is no model (its header is
+    /// garbage): the router lists it, and its load fails.
+    pub fn broken_model(mut self, name: &str) -> Self {
+        let router = self
+            .router
+            .as_mut()
+            .expect("broken_model needs router mode (LlamaOptions::router first)");
+        router.broken.push(name.to_owned());
+        self
+    }
+
     /// One more command-line argument, passed as is after the others.
     pub fn arg(mut self, arg: &str) -> Self {
         self.extra.push(arg.to_owned());
         self
     }
 
+    /// Writes the router's models directory into `dir` (in router mode) and returns it.
+    fn models_dir(&self, dir: &Path) -> Option<PathBuf> {
+        let router = self.router.as_ref()?;
+        let models = dir.join("models");
+        fs::create_dir_all(&models)
+            .unwrap_or_else(|e| panic!("cannot create {}: {e}", models.display()));
+        let tiny = tiny_model();
+        for name in &router.models {
+            let file = models.join(format!("{name}.gguf"));
+            fs::copy(&tiny, &file)
+                .unwrap_or_else(|e| panic!("cannot write {}: {e}", file.display()));
+        }
+        for name in &router.broken {
+            let file = models.join(format!("{name}.gguf"));
+            let garbage: Vec<u8> = b"GGUF"
+                .iter()
+                .copied()
+                .chain((0..4096).map(|i| (i * 7 % 251) as u8))
+                .collect();
+            fs::write(&file, garbage)
+                .unwrap_or_else(|e| panic!("cannot write {}: {e}", file.display()));
+        }
+        Some(models)
+    }
+
     fn args(&self, model: &Path, port: u16) -> Vec<OsString> {
-        let mut args: Vec<OsString> = vec!["--model".into(), model.into()];
+        let mut args: Vec<OsString> = match &self.router {
+            // `model` is the models directory.
+            Some(router) => vec![
+                "--models-dir".into(),
+                model.into(),
+                "--models-max".into(),
+                router.max.to_string().into(),
+                "--no-models-autoload".into(),
+            ],
+            None => vec![
+                "--model".into(),
+                model.into(),
+                "--alias".into(),
+                (&self.alias).into(),
+            ],
+        };
         let threads = self.threads.to_string();
         for arg in [
-            "--alias",
-            &self.alias,
             "--host",
             "127.0.0.1",
             "--port",
@@ -419,8 +496,11 @@ impl LlamaServer {
     /// the end of its log, when it does not come up.
     pub async fn start_with(options: LlamaOptions) -> Self {
         let binary = llama_server_binary();
-        let model = options.model.clone().unwrap_or_else(tiny_model);
         let dir = tempfile::tempdir().expect("tempdir for the llama-server log");
+        let model = match options.models_dir(dir.path()) {
+            Some(models) => models,
+            None => options.model.clone().unwrap_or_else(tiny_model),
+        };
         let log = dir.path().join("llama-server.log");
         let http = crate::common::http()
             .timeout(Duration::from_secs(5))
@@ -481,6 +561,38 @@ impl LlamaServer {
     /// The model id it serves (its `--alias`).
     pub fn model(&self) -> &str {
         &self.model
+    }
+
+    /// In router mode: the state of model `id` in its own `GET /models` (`status.value`:
+    /// `unloaded`, `loading`, `loaded`, ...), `None` when it does not list it.
+    pub async fn router_status(&self, id: &str) -> Option<String> {
+        let models: serde_json::Value = self
+            .http
+            .get(format!("{}/models", self.base_url()))
+            .send()
+            .await
+            .expect("llama-server answers GET /models")
+            .json()
+            .await
+            .expect("a JSON model list");
+        models["data"]
+            .as_array()?
+            .iter()
+            .find(|model| model["id"] == id)?["status"]["value"]
+            .as_str()
+            .map(str::to_owned)
+    }
+
+    /// Its JSON answer to `GET {base_url}{path}` (`/props?model=alpha`, ...).
+    pub async fn get(&self, path: &str) -> serde_json::Value {
+        self.http
+            .get(format!("{}{path}", self.base_url()))
+            .send()
+            .await
+            .expect("llama-server answers")
+            .json()
+            .await
+            .expect("a JSON answer")
     }
 
     /// Its JSON answer to `body` posted to `{v1_url}/{path}` (`chat/completions`, ...): what

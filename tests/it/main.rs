@@ -81,6 +81,7 @@ mod metrics;
 mod models;
 mod nats;
 mod node_engine;
+mod node_lifecycle;
 mod node_link;
 mod node_reconnect;
 mod openai_python;

@@ -25,13 +25,14 @@ use edge::client::RunAssignment;
 use edge::domain::{FailureClass, Operation, RunEventKind};
 use edge::hops;
 
+use super::engine_models::ManagedEngine;
 use super::runs::{Emitter, Gone};
 use super::sse::SseDecoder;
 use super::upstream::{MAX_WHOLE_BODY, ModelList, Timeouts, Upstream};
 use chunks::AnswerStream;
 use errors::{UpstreamFault, classify};
 use request::{InvalidInput, UpstreamCall};
-use settings::OpenAiSettings;
+use settings::{Lifecycle, OpenAiSettings};
 use tokenize::Ask;
 
 /// The name of this adapter kind in the `kind` setting (and its default).
@@ -55,6 +56,8 @@ pub struct OpenAiAdapter {
     /// for running counts when `timings_per_token` is left to the node, and another engine is
     /// not asked `/props` again.
     engine: AtomicU8,
+    /// The engine that loads and unloads its targets, when `lifecycle` is set.
+    managed: Option<ManagedEngine>,
 }
 
 impl OpenAiAdapter {
@@ -86,12 +89,21 @@ impl OpenAiAdapter {
             api_key,
             timeouts,
         )?;
+        // A router's `/props` does not say it is llama-server.
+        let engine = match settings.lifecycle {
+            Some(Lifecycle::LlamaRouter) => ENGINE_LLAMA_SERVER,
+            None => ENGINE_UNKNOWN,
+        };
+        let managed = settings
+            .lifecycle
+            .map(|lifecycle| ManagedEngine::new(lifecycle, upstream.clone()));
         Ok(Self {
             name: config.name.clone(),
             targets: config.targets.clone(),
             settings,
             upstream,
-            engine: AtomicU8::new(ENGINE_UNKNOWN),
+            engine: AtomicU8::new(engine),
+            managed,
         })
     }
 
@@ -108,6 +120,12 @@ impl OpenAiAdapter {
     /// Its settings.
     pub fn settings(&self) -> &OpenAiSettings {
         &self.settings
+    }
+
+    /// The engine that loads and unloads its targets on the edge's commands, when its
+    /// settings name a `lifecycle`.
+    pub fn managed(&self) -> Option<&ManagedEngine> {
+        self.managed.as_ref()
     }
 
     /// The engine's model list, for the prober.

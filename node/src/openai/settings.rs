@@ -20,6 +20,15 @@ pub enum AvailabilityMode {
     Reachable,
 }
 
+/// How the node loads and unloads an adapter's targets on the edge's model commands
+/// (`lifecycle`); an adapter without one serves whatever its engine has loaded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lifecycle {
+    /// llama.cpp's `llama-server` in router mode (`--models-dir`): `POST /models/load` and
+    /// `/models/unload`, the states in `GET /models`, the capacity in `GET /props`.
+    LlamaRouter,
+}
+
 /// The validated settings of one `openai` adapter.
 #[derive(Clone, PartialEq, Eq)]
 pub struct OpenAiSettings {
@@ -70,6 +79,11 @@ pub struct OpenAiSettings {
     /// After a streamed answer, open the next request's connection ahead of it (the engine
     /// closed the answer's; see `Upstream::preconnect`).
     pub preconnect: bool,
+    /// How its targets are loaded and unloaded on command; `None`: they are not (the
+    /// engine serves what it has loaded, and the edge is told nothing of loads).
+    pub lifecycle: Option<Lifecycle>,
+    /// The longest a load (or an unload) commanded by the edge may take.
+    pub load_timeout: Duration,
 }
 
 /// API keys are never in the settings; the debug form still names every key's value.
@@ -84,6 +98,7 @@ impl fmt::Debug for OpenAiSettings {
             .field("window", &self.window)
             .field("request_timeout", &self.request_timeout)
             .field("availability", &self.availability)
+            .field("lifecycle", &self.lifecycle)
             .finish_non_exhaustive()
     }
 }
@@ -108,6 +123,8 @@ pub const KEYS: &[&str] = &[
     "timings_per_token",
     "preconnect",
     "context_window",
+    "lifecycle",
+    "load_timeout_ms",
 ];
 
 /// The prefix of the per-target upstream model keys: `"model.<target>" = "<upstream name>"`.
@@ -122,25 +139,7 @@ impl OpenAiSettings {
     /// # Errors
     /// A message naming the key when a value is missing or invalid.
     pub fn parse(settings: &BTreeMap<String, String>) -> Result<(Self, Vec<String>), String> {
-        let base_url = settings
-            .get("base_url")
-            .map(|url| url.trim().trim_end_matches('/').to_owned())
-            .filter(|url| url.starts_with("http://") || url.starts_with("https://"))
-            .ok_or(
-                "`base_url` must be set to the engine's http://HOST:PORT/v1 \
-                 (or https://HOST:PORT/v1) URL",
-            )?;
-        let tls_ca = settings
-            .get("tls_ca")
-            .map(|path| path.trim())
-            .filter(|path| !path.is_empty())
-            .map(PathBuf::from);
-        if tls_ca.is_some() && !base_url.starts_with("https://") {
-            return Err(format!(
-                "`tls_ca` is set but `base_url` ({base_url}) is not https://: \
-                 drop `tls_ca` or use the engine's https:// URL"
-            ));
-        }
+        let (base_url, tls_ca) = endpoint(settings)?;
         let models = settings
             .iter()
             .filter_map(|(key, value)| {
@@ -180,6 +179,8 @@ impl OpenAiSettings {
             continue_final_message: flag(settings, "continue_final_message", false)?,
             timings_per_token: auto_flag(settings, "timings_per_token")?,
             preconnect: flag(settings, "preconnect", true)?,
+            lifecycle: lifecycle(settings)?,
+            load_timeout: millis(settings, "load_timeout_ms", 300_000)?,
         };
         Ok((parsed, unknown))
     }
@@ -193,6 +194,30 @@ impl OpenAiSettings {
     pub fn upstream_model<'a>(&'a self, target: &'a str) -> &'a str {
         self.models.get(target).map_or(target, String::as_str)
     }
+}
+
+/// `base_url`, and `tls_ca` (only for an `https://` one).
+fn endpoint(settings: &BTreeMap<String, String>) -> Result<(String, Option<PathBuf>), String> {
+    let base_url = settings
+        .get("base_url")
+        .map(|url| url.trim().trim_end_matches('/').to_owned())
+        .filter(|url| url.starts_with("http://") || url.starts_with("https://"))
+        .ok_or(
+            "`base_url` must be set to the engine's http://HOST:PORT/v1 \
+             (or https://HOST:PORT/v1) URL",
+        )?;
+    let tls_ca = settings
+        .get("tls_ca")
+        .map(|path| path.trim())
+        .filter(|path| !path.is_empty())
+        .map(PathBuf::from);
+    if tls_ca.is_some() && !base_url.starts_with("https://") {
+        return Err(format!(
+            "`tls_ca` is set but `base_url` ({base_url}) is not https://: \
+             drop `tls_ca` or use the engine's https:// URL"
+        ));
+    }
+    Ok((base_url, tls_ca))
 }
 
 fn number(settings: &BTreeMap<String, String>, key: &str, default: u32) -> Result<u32, String> {
@@ -265,6 +290,16 @@ fn availability(settings: &BTreeMap<String, String>) -> Result<AvailabilityMode,
     }
 }
 
+fn lifecycle(settings: &BTreeMap<String, String>) -> Result<Option<Lifecycle>, String> {
+    match settings.get("lifecycle").map(|value| value.trim()) {
+        None => Ok(None),
+        Some("llama-router") => Ok(Some(Lifecycle::LlamaRouter)),
+        Some(other) => Err(format!(
+            "`lifecycle` must be \"llama-router\" (or left out), got {other:?}"
+        )),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -294,7 +329,31 @@ mod tests {
         assert_eq!(settings.probe_interval, Duration::from_secs(5));
         assert!(settings.stream_usage);
         assert!(settings.preconnect);
+        assert_eq!(settings.lifecycle, None);
+        assert_eq!(settings.load_timeout, Duration::from_secs(300));
         assert_eq!(unknown, ["colour"]);
+    }
+
+    #[test]
+    fn a_llama_router_lifecycle_and_its_load_timeout() {
+        let (settings, unknown) = OpenAiSettings::parse(&map(&[
+            ("base_url", "http://127.0.0.1:8080/v1"),
+            ("lifecycle", " llama-router "),
+            ("load_timeout_ms", "1500"),
+        ]))
+        .expect("valid");
+        assert_eq!(settings.lifecycle, Some(Lifecycle::LlamaRouter));
+        assert_eq!(settings.load_timeout, Duration::from_millis(1_500));
+        assert!(unknown.is_empty());
+        let error = OpenAiSettings::parse(&map(&[
+            ("base_url", "http://127.0.0.1:8080/v1"),
+            ("lifecycle", "vllm-sleep"),
+        ]))
+        .expect_err("an unknown lifecycle");
+        assert!(
+            error.contains("`lifecycle`") && error.contains("\"vllm-sleep\""),
+            "{error}"
+        );
     }
 
     #[test]
@@ -343,6 +402,14 @@ mod tests {
             (
                 map(&[("base_url", "http://h/v1"), ("stream_usage", "yes")]),
                 "stream_usage",
+            ),
+            (
+                map(&[("base_url", "http://h/v1"), ("lifecycle", "ollama")]),
+                "lifecycle",
+            ),
+            (
+                map(&[("base_url", "http://h/v1"), ("load_timeout_ms", "0")]),
+                "load_timeout_ms",
             ),
         ];
         for (settings, key) in cases {

@@ -164,7 +164,8 @@ impl ModelService {
             // A cold request nobody can still be waiting for is forgotten; a new one brings
             // its model back.
             let patience = self.inner.config.cold_start_timeout();
-            book.cold.retain(|_, cold| now.duration_since(cold.since) < patience);
+            book.cold
+                .retain(|_, cold| now.duration_since(cold.since) < patience);
             if book.managed_nodes.is_empty() && book.cold.is_empty() {
                 return;
             }

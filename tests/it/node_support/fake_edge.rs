@@ -11,7 +11,7 @@ use edge::domain::{
     AdapterConfig, AdapterName, Alias, Availability, NodeId, NodeRecord, RegisterAttempt,
     RegisterRejection, ResumeAnswer, RuntimeConfig, Target, Token,
 };
-use edge::ports::{ModelOutcome, NodeCommand, ReportedEvent, RunAssignment};
+use edge::ports::{ModelCommand, ModelOutcome, NodeCommand, ReportedEvent, RunAssignment};
 use edge::wire::{EdgeCodec, EdgeFrame, NodeFrame};
 use futures::{SinkExt, StreamExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -27,8 +27,17 @@ pub fn record(
     max_runs: u32,
     heartbeat_ms: u32,
 ) -> Arc<NodeRecord> {
-    let adapter = AdapterConfig::new(
-        AdapterName::parse(adapter).expect("adapter"),
+    record_of(
+        vec![adapter_config(adapter, targets, settings)],
+        max_runs,
+        heartbeat_ms,
+    )
+}
+
+/// One adapter of a node's definition: `name` serving `targets`, with `settings`.
+pub fn adapter_config(name: &str, targets: &[&str], settings: &[(&str, String)]) -> AdapterConfig {
+    AdapterConfig::new(
+        AdapterName::parse(name).expect("adapter"),
         targets
             .iter()
             .map(|t| Target::parse(t).expect("target"))
@@ -38,14 +47,22 @@ pub fn record(
             .map(|(k, v)| ((*k).to_owned(), v.clone()))
             .collect::<BTreeMap<_, _>>(),
     )
-    .expect("adapter config");
+    .expect("adapter config")
+}
+
+/// A node's definition as the fake edge hands it out: `adapters` (see [`adapter_config`]).
+pub fn record_of(
+    adapters: Vec<AdapterConfig>,
+    max_runs: u32,
+    heartbeat_ms: u32,
+) -> Arc<NodeRecord> {
     let runtime =
         RuntimeConfig::new(max_runs, heartbeat_ms, BTreeMap::new()).expect("runtime config");
     Arc::new(NodeRecord::new(
         NodeId::parse("node-1").expect("id"),
         Alias::parse("box-1").expect("alias"),
         Token::new("token-1").digest(),
-        vec![adapter],
+        adapters,
         runtime,
     ))
 }
@@ -89,6 +106,8 @@ pub struct Beat {
     pub ping: u64,
     /// `availability`, as `adapter/target` strings.
     pub availability: Option<Vec<String>>,
+    /// `availability` as the edge reads it: context windows and managed adapters too.
+    pub report: Option<Availability>,
 }
 
 fn pairs(availability: &Availability) -> Vec<String> {
@@ -143,6 +162,7 @@ impl EdgeConn {
                     active_runs,
                     ping,
                     availability: availability.as_ref().map(pairs),
+                    report: availability,
                 })
             }
             Some(Ok(NodeFrame::ModelOutcome(outcome))) => Heard::ModelOutcome(outcome),
@@ -195,6 +215,26 @@ impl EdgeConn {
                 _ => {}
             }
         }
+    }
+
+    /// The next whole availability report (skipping events and plain heartbeats).
+    pub async fn report(&mut self) -> Availability {
+        loop {
+            match self.next().await {
+                Heard::Beat(Beat {
+                    report: Some(report),
+                    ..
+                }) => return report,
+                Heard::Closed => panic!("the node closed the connection"),
+                _ => {}
+            }
+        }
+    }
+
+    /// Sends a model command.
+    pub async fn model_command(&mut self, command: ModelCommand) {
+        self.send(EdgeFrame::Command(NodeCommand::Model(command)))
+            .await;
     }
 
     /// The next run event (skipping heartbeats).
