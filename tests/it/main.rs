@@ -79,6 +79,7 @@ mod link_faults;
 mod link_protocol;
 mod metrics;
 mod models;
+mod models_engine;
 mod nats;
 mod node_engine;
 mod node_lifecycle;
