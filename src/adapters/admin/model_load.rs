@@ -17,7 +17,7 @@ pub(super) fn register(router: OpenApiRouter<AdminState>) -> OpenApiRouter<Admin
 }
 
 /// Loads a model on a node (making room there with its least recently used idle model if
-/// the node is full); nothing to do when it is loaded there already.
+/// the node is full); nothing to do when it is loaded, loading or asleep there already.
 #[utoipa::path(
     post,
     path = "/admin/v1/models/load",

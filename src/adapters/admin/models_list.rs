@@ -20,7 +20,7 @@ pub(super) fn register(router: OpenApiRouter<AdminState>) -> OpenApiRouter<Admin
     path = "/admin/v1/models",
     tag = "models",
     responses(
-        (status = 200, description = "Every model some connected node serves or can load, or a `[[models]]` entry names", body = ModelList),
+        (status = 200, description = "Every model some connected node serves or can load (or is configured with and a `[[models]]` entry names)", body = ModelList),
         (status = 401, description = "No valid admin key", body = ErrorBody),
     ),
     security(("admin_key" = []))

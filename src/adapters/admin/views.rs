@@ -487,8 +487,8 @@ impl StatsPointView {
 /// `GET /admin/v1/models`.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct ModelList {
-    /// Every model some connected node serves or can load, or that a `[[models]]` entry
-    /// names, by name.
+    /// Every model some connected node serves or can load, by name (one with a
+    /// `[[models]]` entry while a connected node is configured with it, even on no node).
     pub models: Vec<ModelStateView>,
 }
 

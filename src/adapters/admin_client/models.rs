@@ -51,7 +51,7 @@ enum ModelsCommand {
         #[arg(long)]
         node: String,
         /// Wait up to this long for its runs there to end (seconds, or `90s`, `10m`).
-        #[arg(long)]
+        #[arg(long, value_name = "SECONDS")]
         drain_deadline: Option<String>,
         /// Where the management API is.
         #[command(flatten)]
