@@ -14,7 +14,7 @@ use reqwest::{Method, StatusCode};
 use serde_json::Value;
 
 /// The management API's routes, as the edge serves them.
-const ROUTES: [(&str, &str); 11] = [
+const ROUTES: [(&str, &str); 15] = [
     ("get", "/admin/v1/nodes"),
     ("get", "/admin/v1/nodes/{node}"),
     ("post", "/admin/v1/nodes/{node}/drain"),
@@ -25,11 +25,15 @@ const ROUTES: [(&str, &str); 11] = [
     ("get", "/admin/v1/runs/{run}/events"),
     ("get", "/admin/v1/usage"),
     ("get", "/admin/v1/stats"),
+    ("get", "/admin/v1/models"),
+    ("post", "/admin/v1/models/load"),
+    ("post", "/admin/v1/models/unload"),
+    ("get", "/admin/v1/models/events"),
     ("get", "/admin/v1/openapi.json"),
 ];
 
-/// The management API paths the console's scripts call (`api(`/...`)` and the event
-/// feed), with each `${...}` as a `{}` placeholder and the query left off.
+/// The management API paths the console's scripts call (`api(`/...`)`, `apiLines('/...')`
+/// and the run event feed), with each `${...}` as a `{}` placeholder and the query left off.
 fn console_calls() -> BTreeSet<String> {
     let dir = concat!(
         env!("CARGO_MANIFEST_DIR"),
@@ -42,11 +46,11 @@ fn console_calls() -> BTreeSet<String> {
             continue;
         }
         let script = std::fs::read_to_string(&path).expect("a script");
-        for (at, _) in script
-            .match_indices("api(`/")
-            .chain(script.match_indices("api('/"))
+        for (at, call) in ["api(`/", "api('/", "apiLines('/"]
+            .iter()
+            .flat_map(|call| script.match_indices(call))
         {
-            let rest = &script[at + 5..];
+            let rest = &script[at + call.len() - 1..];
             let end = rest.find(['`', '\'', '?']).expect("a closed path");
             calls.insert(placeholders(&rest[..end]));
         }
@@ -177,6 +181,17 @@ async fn the_openapi_document_validates_and_matches_the_routes_served() {
         } else {
             path
         };
+        if path.starts_with("/admin/v1/models/") && method == Method::POST {
+            // A handler answers: node-a's engine is not one the edge loads models on.
+            let request = serde_json::json!({"model": "echo/default", "node": "node-a"});
+            let (status, body) = admin(&app, method.clone(), &path, Some(request)).await;
+            assert_eq!(status, StatusCode::CONFLICT, "{method} {path}: {body}");
+            assert_eq!(
+                body["error"]["code"], "not_managed",
+                "{method} {path}: {body}"
+            );
+            continue;
+        }
         let (status, body) = admin(&app, method.clone(), &path, None).await;
         assert!(status.is_success(), "{method} {path}: {status} {body}");
         if method == Method::DELETE {

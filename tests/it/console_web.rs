@@ -527,3 +527,42 @@ async fn the_usage_page_shows_the_tokens_runs_used_by_key_and_model() {
     browser.quit().await;
     app.stop().await;
 }
+
+#[crate::common::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_models_page_lists_each_model_by_node_and_state() {
+    let app = spawn_app(&nodes_config("")).await;
+    let mut node = HandNode::register(&app, "token-a").await;
+    app.wait_for_nodes(1).await;
+    node.report_available(&[("echo", "default")]).await;
+    admin_support::admin_until(&app, "/admin/v1/models", "echo/default is listed", |list| {
+        list["models"][0]["nodes"][0]["node"] == "node-a"
+    })
+    .await;
+
+    let mut browser = Browser::start(&app).await;
+    browser.open("/console/").await;
+    browser.sign_in(ADMIN_KEY).await;
+    browser.click("#nav a[data-page=\"models\"]").await;
+    browser.wait_text("h1", "Models").await;
+    // What /admin/v1/models says: echo/default, loaded on node-a, whose engine the edge does
+    // not manage (so no load or unload is offered).
+    let row = "#models tr[data-model=\"echo/default\"][data-node=\"node-a\"]";
+    browser
+        .wait_text(&format!("{row} [data-f=\"state\"]"), "loaded")
+        .await;
+    browser
+        .wait_text(&format!("{row} [data-f=\"managed\"]"), "no")
+        .await;
+    browser
+        .wait_text(&format!("{row} [data-f=\"in_flight\"]"), "0")
+        .await;
+    assert_eq!(browser.count("#models tbody tr").await, 1);
+    assert_eq!(browser.count(&format!("{row} button")).await, 0);
+    browser
+        .wait_text("#model-events", "No load or unload since the edge started")
+        .await;
+    browser.screenshot("models").await;
+
+    browser.quit().await;
+    app.stop().await;
+}

@@ -51,6 +51,7 @@ mod admin_api;
 mod admin_cli;
 mod admin_crash;
 mod admin_journal;
+mod admin_models;
 mod admin_openapi;
 mod agents_e2e;
 mod api;

@@ -5,7 +5,7 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
 use super::views::{ErrorBody, ErrorDetail};
-use crate::ports::{JournalError, ManageError};
+use crate::ports::{JournalError, ManageError, ModelCommandError};
 
 /// An error answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -29,6 +29,21 @@ impl AdminError {
     /// `404 not_found`.
     pub fn not_found(message: impl Into<String>) -> Self {
         Self::new(StatusCode::NOT_FOUND, "not_found", message)
+    }
+
+    /// `503 models_unavailable`: this edge answers the model routes without a model
+    /// lifecycle.
+    pub fn models_unavailable() -> Self {
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "models_unavailable",
+            "this edge has no model lifecycle to load or unload models",
+        )
+    }
+
+    /// `500 internal`: something that should not happen did.
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message)
     }
 
     fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
@@ -69,6 +84,22 @@ impl From<ManageError> for AdminError {
     }
 }
 
+impl From<ModelCommandError> for AdminError {
+    fn from(error: ModelCommandError) -> Self {
+        let message = error.to_string();
+        match error {
+            ModelCommandError::UnknownNode(_) => Self::not_found(message),
+            ModelCommandError::NotManaged { .. } => {
+                Self::new(StatusCode::CONFLICT, "not_managed", message)
+            }
+            ModelCommandError::Conflict(_) => Self::new(StatusCode::CONFLICT, "conflict", message),
+            ModelCommandError::Failed(_) => {
+                Self::new(StatusCode::BAD_GATEWAY, "model_command_failed", message)
+            }
+        }
+    }
+}
+
 impl IntoResponse for AdminError {
     fn into_response(self) -> Response {
         let body = ErrorBody {
@@ -104,5 +135,41 @@ mod tests {
         )));
         assert_eq!(damaged.status(), StatusCode::INTERNAL_SERVER_ERROR);
         assert_eq!(damaged.code, "journal_damaged");
+    }
+
+    #[test]
+    fn model_command_errors_map_to_their_statuses_and_codes() {
+        let cases = [
+            (
+                ModelCommandError::UnknownNode("gpu-z".into()),
+                StatusCode::NOT_FOUND,
+                "not_found",
+            ),
+            (
+                ModelCommandError::NotManaged {
+                    node: "node-a".into(),
+                    model: "echo/default".into(),
+                    why: "no".into(),
+                },
+                StatusCode::CONFLICT,
+                "not_managed",
+            ),
+            (
+                ModelCommandError::Conflict("pinned".into()),
+                StatusCode::CONFLICT,
+                "conflict",
+            ),
+            (
+                ModelCommandError::Failed("out of memory".into()),
+                StatusCode::BAD_GATEWAY,
+                "model_command_failed",
+            ),
+        ];
+        for (error, status, code) in cases {
+            let message = error.to_string();
+            let answer = AdminError::from(error);
+            assert_eq!((answer.status(), answer.code), (status, code));
+            assert_eq!(answer.message, message);
+        }
     }
 }

@@ -3,12 +3,19 @@
 //! One route per file, each with a `register` function that adds it to an
 //! [`OpenApiRouter`], so the route and its OpenAPI description come from the same code.
 //! Handlers are thin: they parse, call the management port (`crate::ports::Manage`, which
-//! the management service implements) and render a view (`views.rs`). Every route but the OpenAPI document needs an admin key
+//! the management service implements, or `crate::ports::ManageModels`, the model
+//! lifecycle's) and render a view (`views.rs`). Every route but the OpenAPI document needs an admin key
 //! (`auth.rs`). The API controls nodes only through the edge's services, never directly.
 
 mod auth;
 pub mod config;
 mod error;
+mod feed;
+mod model_command;
+mod model_events;
+mod model_load;
+mod model_unload;
+mod models_list;
 mod node_drain;
 mod node_get;
 mod node_resume;
@@ -72,7 +79,7 @@ impl AdminState {
 
 /// Every route, documented, behind the key check (all but the document itself).
 fn documented(state: &AdminState) -> OpenApiRouter<AdminState> {
-    let routes: [fn(OpenApiRouter<AdminState>) -> OpenApiRouter<AdminState>; 10] = [
+    let routes: [fn(OpenApiRouter<AdminState>) -> OpenApiRouter<AdminState>; 14] = [
         nodes_list::register,
         node_get::register,
         node_drain::register,
@@ -83,6 +90,10 @@ fn documented(state: &AdminState) -> OpenApiRouter<AdminState> {
         run_events::register,
         usage_get::register,
         stats::register,
+        models_list::register,
+        model_load::register,
+        model_unload::register,
+        model_events::register,
     ];
     let protected = routes
         .into_iter()

@@ -17,7 +17,7 @@ use super::AdminState;
 #[openapi(
     info(
         title = "edge management API",
-        description = "Nodes, drains, runs and their events, usage, for operators and the control plane. \
+        description = "Nodes, drains, runs and their events, usage, models and their loads, for operators and the control plane. \
                        Every route but this document needs an admin key: `Authorization: Bearer <key>`.",
         version = "1"
     ),
@@ -26,6 +26,7 @@ use super::AdminState;
         (name = "runs", description = "Open and finished runs, their records, events and cancels"),
         (name = "usage", description = "What runs consumed, by key, model, node and affinity source, and the prompt-cache hit rate"),
         (name = "stats", description = "The last hour of runs in buckets, kept in memory"),
+        (name = "models", description = "Models on the nodes' engines: where each is loaded, loads and unloads on request, and the feed of them"),
         (name = "meta", description = "This document"),
     ),
     modifiers(&AdminKeyScheme)

@@ -1,14 +1,11 @@
 //! `GET /admin/v1/runs/{run}/events`: a run's events replayed from the journal, then live
 //! while the run is open, as Server-Sent Events or JSON lines.
 
-use std::convert::Infallible;
-use std::time::Duration;
-
-use axum::body::{Body, Bytes};
+use axum::body::Bytes;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, HeaderValue, header};
-use axum::response::{IntoResponse, Response};
+use axum::http::HeaderMap;
+use axum::response::Response;
 use futures::StreamExt;
 use serde::Deserialize;
 use utoipa::IntoParams;
@@ -17,13 +14,11 @@ use utoipa_axum::routes;
 
 use super::AdminState;
 use super::error::AdminError;
+use super::feed::{respond, wants_sse};
 use super::views::ErrorBody;
 use crate::adapters::event_format::feed_json;
 use crate::domain::RunId;
-use crate::ports::{FeedItem, FeedStream};
-
-/// How long an SSE stream may stay silent before a keep-alive comment.
-const KEEP_ALIVE: Duration = Duration::from_secs(15);
+use crate::ports::FeedItem;
 
 pub(super) fn register(router: OpenApiRouter<AdminState>) -> OpenApiRouter<AdminState> {
     router.routes(routes!(run_events))
@@ -67,15 +62,7 @@ async fn run_events(
     params: Result<Query<EventParams>, QueryRejection>,
 ) -> Result<Response, AdminError> {
     let Query(params) = params.map_err(|e| AdminError::bad_request(e.body_text()))?;
-    let sse = match params.format.as_deref() {
-        Some("sse") => true,
-        Some("jsonl") => false,
-        Some(_) => return Err(AdminError::bad_request("`format` must be sse or jsonl")),
-        None => headers
-            .get(header::ACCEPT)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|v| v.contains("text/event-stream")),
-    };
+    let sse = wants_sse(params.format.as_deref(), &headers)?;
     let last_event_id = headers
         .get("last-event-id")
         .and_then(|v| v.to_str().ok())
@@ -89,40 +76,14 @@ async fn run_events(
         .management
         .events(&RunId::new(run.as_str()), from, follow)
         .await?;
-    Ok(respond(feed, sse))
-}
-
-fn respond(feed: FeedStream, sse: bool) -> Response {
-    let content_type = if sse {
-        "text/event-stream"
-    } else {
-        "application/jsonl"
-    };
-    let body = if sse {
-        Body::from_stream(sse_stream(feed))
-    } else {
-        Body::from_stream(feed.map(|item| {
-            Ok::<_, Infallible>(Bytes::from(feed_json(&item.event).into_owned() + "\n"))
-        }))
-    };
-    let mut response = body.into_response();
-    let headers = response.headers_mut();
-    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
-    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    response
-}
-
-/// Each event as `id`, `event` and `data` lines; a comment after each silent
-/// [`KEEP_ALIVE`], so proxies and clients know the stream is alive.
-fn sse_stream(feed: FeedStream) -> impl futures::Stream<Item = Result<Bytes, Infallible>> + Send {
-    futures::stream::unfold(Some(feed), |feed| async move {
-        let mut feed = feed?;
-        match tokio::time::timeout(KEEP_ALIVE, feed.next()).await {
-            Ok(Some(item)) => Some((Ok(Bytes::from(sse_frame(&item))), Some(feed))),
-            Ok(None) => None,
-            Err(_) => Some((Ok(Bytes::from_static(b": keep-alive\n\n")), Some(feed))),
-        }
-    })
+    let frames = feed.map(move |item| {
+        Bytes::from(if sse {
+            sse_frame(&item)
+        } else {
+            feed_json(&item.event).into_owned() + "\n"
+        })
+    });
+    Ok(respond(frames, sse))
 }
 
 fn sse_frame(item: &FeedItem) -> String {

@@ -4,9 +4,10 @@
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
+use crate::domain::models::ModelPolicy;
 use crate::domain::stats::{BUCKET_MS, BUCKETS};
 use crate::domain::{Attempt, RunRecord, StatsPoint, StatsWindow, Usage, UsageCounts, UsageRow};
-use crate::ports::NodeStatus;
+use crate::ports::{ModelEvent, ModelOnNode, ModelView, NodeStatus};
 
 /// `GET /admin/v1/nodes`.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
@@ -480,5 +481,256 @@ impl StatsPointView {
             ttft_p99_ms: point.ttft_p99_ms,
             queue_peak: point.queue_peak,
         }
+    }
+}
+
+/// `GET /admin/v1/models`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ModelList {
+    /// Every model some connected node serves or can load, by name (one with a
+    /// `[[models]]` entry while a connected node is configured with it, even on no node).
+    pub models: Vec<ModelStateView>,
+}
+
+/// A model: its desired state and where it is, node by node.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ModelStateView {
+    /// The model, `adapter/target`.
+    pub model: String,
+    /// Its `[[models]]` entry; absent (`null`) without one.
+    pub policy: Option<ModelPolicyView>,
+    /// Each connected node that serves it or can load it, by id.
+    pub nodes: Vec<ModelOnNodeView>,
+}
+
+/// A `[[models]]` entry.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ModelPolicyView {
+    /// Kept loaded on at least this many nodes.
+    pub min_loaded: u32,
+    /// Nodes where it is kept loaded and never unloaded, by id.
+    pub pin: Vec<String>,
+    /// Unloaded where unused this long (beyond `min_loaded` and the pins); absent: never.
+    pub idle_unload_ms: Option<u64>,
+}
+
+/// One model on one node.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ModelOnNodeView {
+    /// The node's id.
+    pub node: String,
+    /// `loaded`, `loading`, `unloaded`, `sleeping` or `failed` (a node whose engine the edge
+    /// does not manage: `loaded` while it serves the model).
+    pub state: String,
+    /// Whether the node's engine loads and unloads it on the edge's command.
+    pub managed: bool,
+    /// While loading, how far in percent, when the engine says (0 otherwise).
+    pub progress_percent: u8,
+    /// With `failed`, the engine's reason (empty otherwise).
+    pub failure: String,
+    /// Since when it is in this state (as the edge saw it), ms since the Unix epoch.
+    pub since_ms: u64,
+    /// Runs of it in flight on the node.
+    pub in_flight: u32,
+    /// When a run of it last ended on the node, ms since the Unix epoch; absent: none since
+    /// the edge started.
+    pub last_used_ms: Option<u64>,
+    /// Why it was last loaded or unloaded there: `demand`, `min_loaded`, `pin`, `idle`,
+    /// `make_room` or `operator` (empty: the edge did neither).
+    pub reason: String,
+    /// A command in progress there, `load` or `unload`; absent: none.
+    pub command: Option<String>,
+}
+
+/// `POST /admin/v1/models/load`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ModelLoadRequest {
+    /// The model, `adapter/target`.
+    pub model: String,
+    /// The node's id or alias.
+    pub node: String,
+}
+
+/// `POST /admin/v1/models/unload`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ModelUnloadRequest {
+    /// The model, `adapter/target`.
+    pub model: String,
+    /// The node's id or alias.
+    pub node: String,
+    /// With runs of the model in flight on the node, wait up to this many seconds for them
+    /// to end before unloading; absent: refuse (`409 conflict`) while any is in flight.
+    #[serde(default)]
+    pub drain_deadline_seconds: Option<u64>,
+}
+
+/// A load or unload: one line of `GET /admin/v1/models/events`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ModelEventView {
+    /// When, ms since the Unix epoch.
+    pub at_ms: u64,
+    /// The model, `adapter/target`.
+    pub model: String,
+    /// The node's id.
+    pub node: String,
+    /// `load` or `unload`.
+    pub action: String,
+    /// Why: `demand`, `min_loaded`, `pin`, `idle`, `make_room` or `operator`.
+    pub reason: String,
+    /// `started`, `done` or `failed`.
+    pub outcome: String,
+    /// With `failed`, the engine's reason (empty otherwise).
+    pub message: String,
+    /// With `done` or `failed`, how long the command took, in ms; absent with `started`.
+    pub took_ms: Option<u64>,
+}
+
+impl ModelStateView {
+    /// The view of `model`.
+    pub fn of(model: &ModelView) -> Self {
+        Self {
+            model: model.model.to_string(),
+            policy: model.policy.as_ref().map(ModelPolicyView::of),
+            nodes: model.nodes.iter().map(ModelOnNodeView::of).collect(),
+        }
+    }
+}
+
+impl ModelPolicyView {
+    fn of(policy: &ModelPolicy) -> Self {
+        Self {
+            min_loaded: policy.min_loaded,
+            pin: policy.pin.iter().map(ToString::to_string).collect(),
+            idle_unload_ms: policy
+                .idle_unload
+                .map(|idle| u64::try_from(idle.as_millis()).unwrap_or(u64::MAX)),
+        }
+    }
+}
+
+impl ModelOnNodeView {
+    fn of(on: &ModelOnNode) -> Self {
+        Self {
+            node: on.node.to_string(),
+            state: on.state.as_str().to_owned(),
+            managed: on.managed,
+            progress_percent: on.progress_percent,
+            failure: on.failure.clone(),
+            since_ms: on.since_ms,
+            in_flight: on.in_flight,
+            last_used_ms: on.last_used_ms,
+            reason: on.reason.clone(),
+            command: on.command.map(|action| action.as_str().to_owned()),
+        }
+    }
+}
+
+impl ModelEventView {
+    /// The view of `event`.
+    pub fn of(event: &ModelEvent) -> Self {
+        Self {
+            at_ms: event.at_ms,
+            model: event.model.to_string(),
+            node: event.node.to_string(),
+            action: event.action.as_str().to_owned(),
+            reason: event.reason.clone(),
+            outcome: event.outcome.to_owned(),
+            message: event.message.clone(),
+            took_ms: event.took_ms,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use serde_json::json;
+
+    use super::*;
+    use crate::domain::NodeId;
+    use crate::domain::models::{LoadState, ModelAction, ModelName};
+
+    fn node(id: &str) -> NodeId {
+        NodeId::parse(id).expect("a node id")
+    }
+
+    #[test]
+    fn a_model_view_is_the_contract_s_json() {
+        let model = ModelView {
+            model: ModelName::parse("llama/alpha").expect("a model"),
+            policy: Some(ModelPolicy {
+                min_loaded: 2,
+                pin: vec![node("node-a")],
+                idle_unload: Some(Duration::from_secs(600)),
+            }),
+            nodes: vec![ModelOnNode {
+                node: node("node-a"),
+                state: LoadState::Loading,
+                managed: true,
+                progress_percent: 40,
+                failure: String::new(),
+                since_ms: 1_000,
+                in_flight: 0,
+                last_used_ms: None,
+                reason: "demand".into(),
+                command: Some(ModelAction::Load),
+            }],
+        };
+        let json = serde_json::to_value(ModelStateView::of(&model)).expect("JSON");
+        assert_eq!(
+            json,
+            json!({
+                "model": "llama/alpha",
+                "policy": {"min_loaded": 2, "pin": ["node-a"], "idle_unload_ms": 600_000},
+                "nodes": [{
+                    "node": "node-a", "state": "loading", "managed": true,
+                    "progress_percent": 40, "failure": "", "since_ms": 1_000, "in_flight": 0,
+                    "last_used_ms": null, "reason": "demand", "command": "load",
+                }],
+            })
+        );
+        let bare = ModelView {
+            policy: None,
+            nodes: Vec::new(),
+            ..model
+        };
+        let json = serde_json::to_value(ModelStateView::of(&bare)).expect("JSON");
+        assert_eq!(json["policy"], serde_json::Value::Null);
+    }
+
+    #[test]
+    fn a_model_event_names_its_action_and_outcome() {
+        let event = ModelEvent {
+            at_ms: 5,
+            model: ModelName::parse("llama/alpha").expect("a model"),
+            node: node("node-b"),
+            action: ModelAction::Unload,
+            reason: "idle".into(),
+            outcome: "failed",
+            message: "busy".into(),
+            took_ms: Some(12),
+        };
+        let json = serde_json::to_value(ModelEventView::of(&event)).expect("JSON");
+        assert_eq!(
+            json,
+            json!({
+                "at_ms": 5, "model": "llama/alpha", "node": "node-b", "action": "unload",
+                "reason": "idle", "outcome": "failed", "message": "busy", "took_ms": 12,
+            })
+        );
+    }
+
+    #[test]
+    fn an_unload_request_reads_its_optional_deadline_and_refuses_strangers() {
+        let request: ModelUnloadRequest =
+            serde_json::from_value(json!({"model": "a/b", "node": "n"})).expect("a request");
+        assert_eq!(request.drain_deadline_seconds, None);
+        let unknown = serde_json::from_value::<ModelLoadRequest>(
+            json!({"model": "a/b", "node": "n", "drain": 1}),
+        );
+        assert!(unknown.is_err());
     }
 }

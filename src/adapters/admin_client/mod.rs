@@ -1,12 +1,13 @@
 //! The `edge` operator commands that talk to a running edge's management API, as
 //! operators know them from `kubectl` and `nomad`: `edge nodes`, `edge runs [--follow]`,
 //! `edge run show ID`, `edge run events ID`, `edge drain NODE`, `edge resume NODE`,
-//! `edge cancel RUN`, `edge usage`. The address and key come from flags or `EDGE_ADMIN_URL`,
+//! `edge cancel RUN`, `edge usage`, `edge models [load|unload|events]`. The address and key come from flags or `EDGE_ADMIN_URL`,
 //! `EDGE_ADMIN_KEY` (and `EDGE_ADMIN_CACERT` for HTTPS). Beside them `edge agent-setup`
 //! reads the client API's model list (`EDGE_API_URL`, `EDGE_API_KEY`).
 
 mod agents;
 mod http;
+mod models;
 mod render;
 mod usage;
 
@@ -85,6 +86,9 @@ pub enum AdminCommand {
     },
     /// What runs consumed, by key, model, node and affinity source, with the prompt-cache hit rate.
     Usage(usage::UsageArgs),
+    /// Models on the nodes' engines: where each is loaded; load, unload, and the feed of
+    /// loads and unloads.
+    Models(models::ModelsArgs),
     /// Print the settings that point Claude Code or Codex at a model, with its context window
     /// (through the client API's model list).
     AgentSetup(agents::AgentSetupArgs),
@@ -184,6 +188,7 @@ pub async fn run(command: AdminCommand) -> anyhow::Result<()> {
         }
         AdminCommand::Runs(args) => runs(args).await?,
         AdminCommand::Usage(args) => usage::usage(args).await?,
+        AdminCommand::Models(args) => models::models(args).await?,
         AdminCommand::AgentSetup(args) => agents::agent_setup(args).await?,
         AdminCommand::Run { command } => run_command(command).await?,
         AdminCommand::Drain {

@@ -1,5 +1,5 @@
 //! The operator console, `/console/`: a page in the browser that is a client of the
-//! management API (`/admin/v1`) only — fleet, runs, a run's events, charts, usage.
+//! management API (`/admin/v1`) only — fleet, runs, a run's events, charts, usage, models.
 //!
 //! Its HTML, CSS and JavaScript modules are embedded in the binary (`include_bytes!`) and
 //! served as they are: nothing is built with Node.js, nothing is loaded from another origin
@@ -18,7 +18,7 @@ use axum::routing::get;
 pub const PATH: &str = "/console/";
 
 /// Every asset: its name under `/console/`, its media type, its bytes.
-const ASSETS: [(&str, &str, &[u8]); 11] = [
+const ASSETS: [(&str, &str, &[u8]); 12] = [
     ("index.html", HTML, include_bytes!("assets/index.html")),
     (
         "console.css",
@@ -33,6 +33,7 @@ const ASSETS: [(&str, &str, &[u8]); 11] = [
     ("run.js", JS, include_bytes!("assets/run.js")),
     ("charts.js", JS, include_bytes!("assets/charts.js")),
     ("usage.js", JS, include_bytes!("assets/usage.js")),
+    ("models.js", JS, include_bytes!("assets/models.js")),
     (
         "favicon.svg",
         "image/svg+xml",

@@ -206,3 +206,31 @@ pub async fn admin_until(
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
+
+/// Runs `edge ARGS` (an operator command) against `app`'s management API, with `key` in
+/// `EDGE_ADMIN_KEY`; its exit success, stdout and stderr.
+pub async fn edge_command(
+    app: &TestApp,
+    key: Option<&str>,
+    args: &[&str],
+) -> (bool, String, String) {
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_edge"));
+    command
+        .args(args)
+        .env("EDGE_ADMIN_URL", format!("http://{}", app.admin_addr))
+        .env_remove("EDGE_ADMIN_KEY")
+        .env_remove("EDGE_ADMIN_CACERT")
+        .kill_on_drop(true);
+    if let Some(key) = key {
+        command.env("EDGE_ADMIN_KEY", key);
+    }
+    let output = tokio::time::timeout(PATIENCE, command.output())
+        .await
+        .expect("the command ends in time")
+        .expect("run the edge binary");
+    (
+        output.status.success(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}

@@ -58,6 +58,14 @@ export async function api(path, { method = 'GET', body } = {}) {
   return text ? JSON.parse(text) : null;
 }
 
+/** `GET path` answered as JSON lines (a feed read without following): its events. */
+export async function apiLines(path) {
+  const response = await send(path, { headers: headers({ Accept: 'application/jsonl' }) });
+  if (!response.ok) throw await failure(response);
+  const text = await response.text();
+  return text.split('\n').filter((line) => line.trim()).map((line) => JSON.parse(line));
+}
+
 /** Calls `onEvent(index, event)` for each of run `id`'s events from `after` on (replayed,
  *  then followed while the run is open); resolves when the feed ends or `signal` aborts. */
 export async function followEvents(id, after, onEvent, signal) {

@@ -1,5 +1,6 @@
 // The console's shell: sign-in, navigation between pages (the URL's fragment names the
-// page: #/fleet, #/runs?filters, #/runs/<id>, #/charts, #/usage?choices) and the status line.
+// page: #/fleet, #/runs?filters, #/runs/<id>, #/charts, #/usage?choices, #/models) and the
+// status line.
 
 import { api, ApiError, adminKey, setAdminKey } from './api.js';
 import { clock } from './format.js';
@@ -8,6 +9,7 @@ import * as runs from './runs.js';
 import * as run from './run.js';
 import * as charts from './charts.js';
 import * as usage from './usage.js';
+import * as models from './models.js';
 
 const $ = (selector) => document.querySelector(selector);
 let unmount = null;
@@ -36,6 +38,7 @@ function route() {
   if (parts[0] === 'runs') return { page: runs, name: 'runs', params };
   if (parts[0] === 'charts') return { page: charts, name: 'charts', params };
   if (parts[0] === 'usage') return { page: usage, name: 'usage', params };
+  if (parts[0] === 'models') return { page: models, name: 'models', params };
   return { page: fleet, name: 'fleet', params };
 }
 

@@ -1,0 +1,389 @@
+//! `edge models`: where each model is loaded (`GET /admin/v1/models`) as a table, a load or
+//! an unload on one node (`POST /admin/v1/models/load`, `/unload`), and the feed of loads
+//! and unloads (`GET /admin/v1/models/events`).
+
+use anyhow::Context;
+use clap::{Args, Subcommand};
+use hyper::Method;
+
+use super::render::{age, span, table};
+use super::{Connection, client, emit};
+use crate::adapters::admin::views::{
+    ModelEventView, ModelList, ModelLoadRequest, ModelStateView, ModelUnloadRequest,
+};
+use crate::adapters::journal::HumanDuration;
+use crate::ports::clock::now_ms;
+
+/// `edge models`.
+#[derive(Debug, Args)]
+pub struct ModelsArgs {
+    /// Load, unload, or the feed of loads and unloads; without one, list the models.
+    #[command(subcommand)]
+    command: Option<ModelsCommand>,
+    /// Print the API's JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// Where the management API is.
+    #[command(flatten)]
+    connection: Connection,
+}
+
+/// `edge models ...`.
+#[derive(Debug, Subcommand)]
+enum ModelsCommand {
+    /// Load a model on a node whose engine the edge manages; returns once it is loaded.
+    Load {
+        /// The model, `adapter/target`.
+        model: String,
+        /// The node's id or alias.
+        #[arg(long)]
+        node: String,
+        /// Where the management API is.
+        #[command(flatten)]
+        connection: Connection,
+    },
+    /// Unload a model from a node (refused while runs of it are in flight there, unless
+    /// --drain-deadline lets them end first).
+    Unload {
+        /// The model, `adapter/target`.
+        model: String,
+        /// The node's id or alias.
+        #[arg(long)]
+        node: String,
+        /// Wait up to this long for its runs there to end (seconds, or `90s`, `10m`).
+        #[arg(long, value_name = "SECONDS")]
+        drain_deadline: Option<String>,
+        /// Where the management API is.
+        #[command(flatten)]
+        connection: Connection,
+    },
+    /// The last loads and unloads, oldest first.
+    Events {
+        /// Keep printing loads and unloads as they happen (Ctrl-C stops).
+        #[arg(long, short = 'f')]
+        follow: bool,
+        /// Print the API's JSON lines instead of a table.
+        #[arg(long)]
+        json: bool,
+        /// Where the management API is.
+        #[command(flatten)]
+        connection: Connection,
+    },
+}
+
+/// Runs `edge models`.
+///
+/// # Errors
+/// The API cannot be reached or refused; the message says why.
+pub(super) async fn models(args: ModelsArgs) -> anyhow::Result<()> {
+    match args.command {
+        None => list(&args.connection, args.json).await,
+        Some(ModelsCommand::Load {
+            model,
+            node,
+            connection,
+        }) => {
+            let body = serde_json::to_vec(&ModelLoadRequest {
+                model,
+                node: node.clone(),
+            })?;
+            command(&connection, "load", body, &node).await
+        }
+        Some(ModelsCommand::Unload {
+            model,
+            node,
+            drain_deadline,
+            connection,
+        }) => {
+            let drain_deadline_seconds = drain_deadline
+                .map(|d| {
+                    HumanDuration::parse(&d).map(|d| d.0.as_secs()).with_context(|| {
+                        format!("--drain-deadline {d:?} is not a number of seconds or a duration such as 10m")
+                    })
+                })
+                .transpose()?;
+            let request = ModelUnloadRequest {
+                model,
+                node: node.clone(),
+                drain_deadline_seconds,
+            };
+            command(&connection, "unload", serde_json::to_vec(&request)?, &node).await
+        }
+        Some(ModelsCommand::Events {
+            follow,
+            json,
+            connection,
+        }) => events(&connection, follow, json).await,
+    }
+}
+
+async fn list(connection: &Connection, json: bool) -> anyhow::Result<()> {
+    let list: ModelList = client(connection)?.get("/admin/v1/models").await?;
+    if json {
+        emit(&serde_json::to_string_pretty(&list)?)
+    } else {
+        emit(render(&list.models, now_ms()).trim_end())
+    }
+}
+
+/// `POST /admin/v1/models/{action}` with `body`; prints where the model is on `node` now.
+async fn command(
+    connection: &Connection,
+    action: &str,
+    body: Vec<u8>,
+    node: &str,
+) -> anyhow::Result<()> {
+    let path = format!("/admin/v1/models/{action}");
+    let view: ModelStateView = client(connection)?
+        .call(Method::POST, &path, Some(body))
+        .await?;
+    emit(&outcome(&view, node))
+}
+
+/// One line: the model's state on `node` (as the operator named it: an id or an alias),
+/// or on every node when none has that id.
+fn outcome(view: &ModelStateView, node: &str) -> String {
+    if let Some(on) = view.nodes.iter().find(|on| on.node == node) {
+        return format!("{} is {} on {}", view.model, on.state, on.node);
+    }
+    let states: Vec<String> = view
+        .nodes
+        .iter()
+        .map(|on| format!("{} on {}", on.state, on.node))
+        .collect();
+    if states.is_empty() {
+        format!("{}: done on {node}; no node lists it now", view.model)
+    } else {
+        format!("{}: {}", view.model, states.join(", "))
+    }
+}
+
+/// Prints the feed: its history as a table, or, followed, a row per event as it comes.
+async fn events(connection: &Connection, follow: bool, json: bool) -> anyhow::Result<()> {
+    let path = format!("/admin/v1/models/events?format=jsonl&follow={follow}");
+    let mut rows: Vec<Vec<String>> = Vec::new();
+    let mut failed = None;
+    let mut take = |line: &str| {
+        if failed.is_some() || line.trim().is_empty() {
+            return;
+        }
+        failed = event_line(line, json, follow, &mut rows).err();
+    };
+    if follow && !json {
+        emit(&EVENT_HEADER.join("  "))?;
+    }
+    client(connection)?.lines(&path, &mut take).await?;
+    if let Some(error) = failed {
+        return Err(error);
+    }
+    if json || follow {
+        return Ok(());
+    }
+    emit(table(&EVENT_HEADER, &rows).trim_end())
+}
+
+/// One line of the feed: printed as it is (`json`), as a row (`follow`), or kept in `rows`.
+fn event_line(
+    line: &str,
+    json: bool,
+    follow: bool,
+    rows: &mut Vec<Vec<String>>,
+) -> anyhow::Result<()> {
+    if json {
+        return emit(line);
+    }
+    let event: ModelEventView =
+        serde_json::from_str(line).context("the edge's feed is not the expected JSON")?;
+    let row = event_row(&event, now_ms());
+    if follow {
+        emit(&row.join("  "))
+    } else {
+        rows.push(row);
+        Ok(())
+    }
+}
+
+/// The header of the feed's table.
+const EVENT_HEADER: [&str; 8] = [
+    "AGE", "ACTION", "MODEL", "NODE", "REASON", "OUTCOME", "TOOK", "MESSAGE",
+];
+
+/// One load or unload, as a row.
+fn event_row(event: &ModelEventView, now_ms: u64) -> Vec<String> {
+    vec![
+        age(now_ms, event.at_ms),
+        event.action.clone(),
+        event.model.clone(),
+        event.node.clone(),
+        event.reason.clone(),
+        event.outcome.clone(),
+        event.took_ms.map_or_else(|| "-".to_owned(), span),
+        event.message.clone(),
+    ]
+}
+
+/// The header of the `edge models` table.
+const HEADER: [&str; 8] = [
+    "MODEL",
+    "NODE",
+    "STATE",
+    "MANAGED",
+    "IN_FLIGHT",
+    "LAST_USE",
+    "REASON",
+    "COMMAND",
+];
+
+/// The `edge models` table: a row per model and node (a model on no node: one row of
+/// dashes, for its `[[models]]` entry).
+fn render(models: &[ModelStateView], now_ms: u64) -> String {
+    let dash = || "-".to_owned();
+    let mut rows: Vec<Vec<String>> = Vec::new();
+    for model in models {
+        if model.nodes.is_empty() {
+            let mut row = vec![model.model.clone()];
+            row.extend(std::iter::repeat_with(dash).take(HEADER.len() - 1));
+            rows.push(row);
+        }
+        for on in &model.nodes {
+            let state = match on.state.as_str() {
+                "loading" if on.progress_percent > 0 => {
+                    format!("loading {}%", on.progress_percent)
+                }
+                "failed" if !on.failure.is_empty() => format!("failed: {}", on.failure),
+                other => other.to_owned(),
+            };
+            rows.push(vec![
+                model.model.clone(),
+                on.node.clone(),
+                state,
+                if on.managed { "yes" } else { "no" }.to_owned(),
+                on.in_flight.to_string(),
+                on.last_used_ms.map_or_else(dash, |t| age(now_ms, t)),
+                if on.reason.is_empty() {
+                    dash()
+                } else {
+                    on.reason.clone()
+                },
+                on.command.clone().unwrap_or_else(dash),
+            ]);
+        }
+    }
+    table(&HEADER, &rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::adapters::admin::views::{ModelOnNodeView, ModelPolicyView};
+
+    fn on(node: &str, state: &str) -> ModelOnNodeView {
+        ModelOnNodeView {
+            node: node.into(),
+            state: state.into(),
+            managed: true,
+            progress_percent: 0,
+            failure: String::new(),
+            since_ms: 0,
+            in_flight: 0,
+            last_used_ms: None,
+            reason: String::new(),
+            command: None,
+        }
+    }
+
+    #[test]
+    fn the_table_has_a_row_per_model_and_node() {
+        let loading = ModelOnNodeView {
+            progress_percent: 40,
+            command: Some("load".into()),
+            reason: "demand".into(),
+            ..on("node-b", "loading")
+        };
+        let used = ModelOnNodeView {
+            in_flight: 2,
+            last_used_ms: Some(40_000),
+            reason: "operator".into(),
+            ..on("node-a", "loaded")
+        };
+        let models = [
+            ModelStateView {
+                model: "llama/alpha".into(),
+                policy: None,
+                nodes: vec![used, loading],
+            },
+            ModelStateView {
+                model: "llama/beta".into(),
+                policy: Some(ModelPolicyView {
+                    min_loaded: 1,
+                    pin: Vec::new(),
+                    idle_unload_ms: None,
+                }),
+                nodes: Vec::new(),
+            },
+        ];
+        let text = render(&models, 100_000);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(
+            lines,
+            [
+                "MODEL        NODE    STATE        MANAGED  IN_FLIGHT  LAST_USE  REASON    COMMAND",
+                "llama/alpha  node-a  loaded       yes      2          1m        operator  -",
+                "llama/alpha  node-b  loading 40%  yes      0          -         demand    load",
+                "llama/beta   -       -            -        -          -         -         -",
+            ]
+        );
+    }
+
+    #[test]
+    fn an_event_row_says_what_why_and_how_long() {
+        let event = ModelEventView {
+            at_ms: 1_000,
+            model: "llama/alpha".into(),
+            node: "node-a".into(),
+            action: "unload".into(),
+            reason: "idle".into(),
+            outcome: "failed".into(),
+            message: "busy".into(),
+            took_ms: Some(2_500),
+        };
+        assert_eq!(
+            event_row(&event, 6_000),
+            [
+                "5s",
+                "unload",
+                "llama/alpha",
+                "node-a",
+                "idle",
+                "failed",
+                "2s",
+                "busy"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_command_s_outcome_names_the_node_s_state() {
+        let view = ModelStateView {
+            model: "llama/alpha".into(),
+            policy: None,
+            nodes: vec![on("node-a", "loaded"), on("node-b", "unloaded")],
+        };
+        assert_eq!(
+            outcome(&view, "node-b"),
+            "llama/alpha is unloaded on node-b"
+        );
+        assert_eq!(
+            outcome(&view, "gpu-a"),
+            "llama/alpha: loaded on node-a, unloaded on node-b"
+        );
+        let gone = ModelStateView {
+            nodes: Vec::new(),
+            ..view
+        };
+        assert_eq!(
+            outcome(&gone, "gpu-a"),
+            "llama/alpha: done on gpu-a; no node lists it now"
+        );
+    }
+}
