@@ -322,3 +322,96 @@ async fn the_api_lists_a_model_loaded_nowhere_answers_it_cold_and_the_metrics_co
     app.assert_settled().await;
     app.stop().await;
 }
+
+#[crate::common::test]
+async fn operators_load_and_unload_through_the_management_api_and_the_cli_and_read_why() {
+    use crate::admin_support::{ADMIN_KEY, admin, edge_command};
+    use reqwest::{Method, StatusCode};
+    use serde_json::json;
+
+    let app = spawn_app(&config(&format!("[admin]\nkeys = [\"{ADMIN_KEY}\"]\n"))).await;
+    let a = managed(&app, "node-a", engine(2)).await;
+    app.wait_for_nodes(1).await;
+    let engine = a.engine().unwrap();
+    let models = &app.parts.models;
+    eventually("node-a's catalogue is in", || models.models().len() == 3).await;
+
+    let load = json!({"model": "echo/alpha", "node": "node-a"});
+    let (status, view) = admin(&app, Method::POST, "/admin/v1/models/load", Some(load)).await;
+    assert_eq!(status, StatusCode::OK, "{view}");
+    assert!(engine.is_loaded("alpha"));
+
+    // A run in flight: the unload is refused, then waits for it with a drain deadline.
+    let mut held = start(&app, mocked(echo_to("alpha", "held"), "stall"));
+    assert_eq!(next_event(&mut held).await.kind.name(), "started");
+    let unload = json!({"model": "echo/alpha", "node": "node-a"});
+    let (status, body) = admin(
+        &app,
+        Method::POST,
+        "/admin/v1/models/unload",
+        Some(unload.clone()),
+    )
+    .await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (StatusCode::CONFLICT, Some("conflict")),
+        "{body}"
+    );
+    assert!(engine.is_loaded("alpha"));
+    let draining = json!({"model": "echo/alpha", "node": "node-a", "drain_deadline_seconds": 10});
+    let unloading = tokio::spawn({
+        let app_admin = app.admin_addr;
+        async move {
+            crate::admin_support::client()
+                .post(format!("http://{app_admin}/admin/v1/models/unload"))
+                .bearer_auth(ADMIN_KEY)
+                .json(&draining)
+                .send()
+                .await
+                .map(|r| r.status())
+        }
+    });
+    assert!(app.parts.runs.cancel(&held.run_id, "done").await);
+    let _ = rest(&mut held).await;
+    let status = common::bounded("the drained unload", unloading)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(status, StatusCode::OK);
+    assert!(!engine.is_loaded("alpha"));
+
+    // The CLI lists by node and state, and loads.
+    let (ok, _, stderr) = edge_command(
+        &app,
+        Some(ADMIN_KEY),
+        &["models", "load", "echo/beta", "--node", "node-a"],
+    )
+    .await;
+    assert!(ok, "{stderr}");
+    let (ok, table, stderr) = edge_command(&app, Some(ADMIN_KEY), &["models"]).await;
+    assert!(ok, "{stderr}");
+    let beta = table
+        .lines()
+        .find(|l| l.contains("echo/beta"))
+        .unwrap_or_default();
+    assert!(
+        beta.contains("node-a") && beta.contains("loaded") && beta.contains("operator"),
+        "{table}"
+    );
+
+    // The feed says what was done and why.
+    let (status, feed) = admin(&app, Method::GET, "/admin/v1/models/events", None).await;
+    assert_eq!(status, StatusCode::OK);
+    let feed = feed.as_str().expect("JSON lines");
+    for line in [
+        "\"action\":\"load\"",
+        "\"action\":\"unload\"",
+        "\"reason\":\"operator\"",
+        "\"outcome\":\"done\"",
+    ] {
+        assert!(feed.contains(line), "{line} in {feed}");
+    }
+    assert_eq!(engine.log(), ["load alpha", "unload alpha", "load beta"]);
+    app.assert_settled().await;
+    app.stop().await;
+}

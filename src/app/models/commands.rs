@@ -225,6 +225,8 @@ impl ModelService {
             info!(%model, %node, reason, outcome, took_ms, "model {verb}");
         }
         lock(&self.inner.book).remember(event.clone());
-        let _ = self.inner.feed.send(event);
+        if let Some(feed) = super::feed(&self.inner.feed).as_ref() {
+            let _ = feed.send(event);
+        }
     }
 }

@@ -55,13 +55,23 @@ struct Inner {
     /// return at once.
     managed_seen: AtomicBool,
     runs: OnceLock<Arc<dyn WaitingRuns>>,
-    feed: broadcast::Sender<ModelEvent>,
+    /// The loads and unloads as they happen; taken when the lifecycle stops, which ends
+    /// every follower's feed.
+    feed: Feed,
     metrics: ModelMetrics,
     tasks: TaskTracker,
 }
 
 fn lock(book: &Mutex<Book>) -> MutexGuard<'_, Book> {
     book.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Where loads and unloads are told as they happen, until the lifecycle stops.
+type Feed = Mutex<Option<broadcast::Sender<ModelEvent>>>;
+
+fn feed(feed: &Feed) -> MutexGuard<'_, Option<broadcast::Sender<ModelEvent>>> {
+    feed.lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
@@ -86,7 +96,7 @@ impl ModelService {
                 run_left: Notify::new(),
                 managed_seen: AtomicBool::new(false),
                 runs: OnceLock::new(),
-                feed: broadcast::channel(256).0,
+                feed: Mutex::new(Some(broadcast::channel(256).0)),
                 metrics: ModelMetrics::new(meter),
                 tasks: TaskTracker::new(),
             }),
@@ -113,6 +123,7 @@ impl ModelService {
         }
         self.inner.tasks.close();
         self.inner.tasks.wait().await;
+        feed(&self.inner.feed).take();
     }
 
     /// A node registered, changed what it reports, or was drained: records what its

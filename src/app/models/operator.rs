@@ -56,6 +56,18 @@ fn on_node(book: &Book, node: &ConnectedNode, model: &ModelName) -> Option<Model
     })
 }
 
+/// An operator's command as its task ended.
+fn finished(
+    ended: Result<Result<(), String>, tokio::task::JoinError>,
+) -> Result<(), ModelCommandError> {
+    match ended {
+        Ok(done) => done.map_err(ModelCommandError::Failed),
+        Err(error) => Err(ModelCommandError::Failed(format!(
+            "the command's task ended: {error}"
+        ))),
+    }
+}
+
 impl ModelService {
     /// The connected node named `name`, which must manage `model`'s adapter and list it.
     fn managing(&self, model: &ModelName, name: &str) -> Result<ConnectedNode, ModelCommandError> {
@@ -133,7 +145,11 @@ impl ManageModels for ModelService {
 
     fn model_events(&self) -> (Vec<ModelEvent>, broadcast::Receiver<ModelEvent>) {
         let book = lock(&self.inner.book);
-        let receiver = self.inner.feed.subscribe();
+        // After the stop: a receiver whose feed has ended already.
+        let receiver = match super::feed(&self.inner.feed).as_ref() {
+            Some(feed) => feed.subscribe(),
+            None => broadcast::channel(1).1,
+        };
         (book.history.iter().cloned().collect(), receiver)
     }
 
@@ -166,11 +182,15 @@ impl ManageModels for ModelService {
             }
             evict
         };
-        let loaded = self
-            .load(&id, model, placement.as_ref(), LoadReason::Operator)
-            .await;
-        self.inner.wake.notify_one();
-        loaded.map_err(ModelCommandError::Failed)
+        // On the service's own task: a caller that goes away does not cut the command short.
+        let (service, model) = (self.clone(), model.clone());
+        let task = self.inner.tasks.spawn(async move {
+            let loaded = service.load(&id, &model, placement.as_ref(), LoadReason::Operator);
+            let loaded = loaded.await;
+            service.inner.wake.notify_one();
+            loaded
+        });
+        finished(task.await)
     }
 
     async fn unload(
@@ -199,10 +219,14 @@ impl ManageModels for ModelService {
         lock(&self.inner.book)
             .busy
             .insert((id.clone(), model.clone()), ModelAction::Unload);
-        let unloaded = self
-            .unload(&id, model, UnloadReason::Operator.as_str())
-            .await;
-        self.inner.wake.notify_one();
-        unloaded.map_err(ModelCommandError::Failed)
+        let (service, model) = (self.clone(), model.clone());
+        let task = self.inner.tasks.spawn(async move {
+            let unloaded = service
+                .unload(&id, &model, UnloadReason::Operator.as_str())
+                .await;
+            service.inner.wake.notify_one();
+            unloaded
+        });
+        finished(task.await)
     }
 }
