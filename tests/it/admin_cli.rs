@@ -2,34 +2,12 @@
 //! `resume`, `runs`, `run show`, `run events` and `cancel`, with the address and key from
 //! the environment, and a refusal without the key.
 
-use crate::admin_support::{ADMIN_KEY, HandNode, echo_run, nodes_config};
+use crate::admin_support::{ADMIN_KEY, HandNode, echo_run, edge_command as edge, nodes_config};
 use crate::common::runs::{rest, start};
-use crate::common::{TestApp, spawn_app};
+use crate::common::spawn_app;
 
 use edge::domain::RunEventKind;
 use edge::ports::NodeCommand;
-
-/// Runs `edge ARGS` against `app` with `key`; its exit success, stdout and stderr.
-async fn edge(app: &TestApp, key: Option<&str>, args: &[&str]) -> (bool, String, String) {
-    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_edge"));
-    command
-        .args(args)
-        .env("EDGE_ADMIN_URL", format!("http://{}", app.admin_addr))
-        .env_remove("EDGE_ADMIN_KEY")
-        .env_remove("EDGE_ADMIN_CACERT");
-    if let Some(key) = key {
-        command.env("EDGE_ADMIN_KEY", key);
-    }
-    let output = tokio::time::timeout(crate::common::PATIENCE, command.output())
-        .await
-        .expect("the command ends in time")
-        .expect("run the edge binary");
-    (
-        output.status.success(),
-        String::from_utf8_lossy(&output.stdout).into_owned(),
-        String::from_utf8_lossy(&output.stderr).into_owned(),
-    )
-}
 
 #[crate::common::test]
 async fn operator_commands_list_drain_resume_show_and_cancel() {
