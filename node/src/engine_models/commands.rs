@@ -25,7 +25,7 @@ use crate::openai::OpenAiAdapter;
 use crate::openai::errors::UpstreamFault;
 
 /// How often a command in progress asks the engine for the target's state.
-const FOLLOW_INTERVAL: Duration = Duration::from_millis(50);
+const FOLLOW_INTERVAL: Duration = Duration::from_millis(10);
 
 /// Starts carrying out `command` as a task of `core`; its outcome goes to `outcomes`.
 pub fn start(command: ModelCommand, core: &Core, outcomes: &mpsc::Sender<ModelOutcome>) {
