@@ -4,6 +4,7 @@
 //! process) with `lifecycle = "llama-router"`, and a real edge. Every check reads each
 //! engine's own `GET /models`.
 
+use crate::admin_support::{ADMIN_KEY, admin};
 use crate::common;
 use crate::node_support;
 
@@ -17,6 +18,7 @@ use edge::domain::models::ModelName;
 use edge::domain::{AdapterName, NodeSelector, Operation, RunEventKind, RunSpec, Target};
 use edge::ports::ManageModels as _;
 use node_support::{RunningNode, spawn_node};
+use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
 const MODELS: [&str; 3] = ["alpha", "beta", "gamma"];
@@ -39,7 +41,9 @@ async fn pool(models: &str) -> Pool {
             .context(8_192);
         engines.push(LlamaServer::start_with(options).await);
     }
-    let mut config = format!("[lifecycle]\nreconcile_interval_ms = 100\n{models}\n");
+    let mut config = format!(
+        "[admin]\nkeys = [\"{ADMIN_KEY}\"]\n[lifecycle]\nreconcile_interval_ms = 100\n{models}\n"
+    );
     for (id, engine) in ["node-a", "node-b"].iter().zip(&engines) {
         config.push_str(&format!(
             r#"
@@ -170,16 +174,23 @@ idle_unload_ms = 1000
     // Unused for its idle_unload_ms, gamma leaves node-b's engine; the rest stays.
     pool.until_loaded([&["alpha", "beta"], &["alpha"]]).await;
 
-    let models = &pool.app.parts.models;
-    common::eventually("every reason's command is done on the feed", || {
-        let (events, _) = models.model_events();
-        ["min_loaded", "pin", "demand", "idle"]
-            .iter()
-            .all(|reason| {
-                events
-                    .iter()
-                    .any(|e| e.reason == *reason && e.outcome == "done")
+    // The management API's feed says why each model was loaded and unloaded.
+    eventually_ok("every reason's command is done on the feed", || async {
+        let (_, feed) = admin(&pool.app, Method::GET, "/admin/v1/models/events", None).await;
+        let feed = feed.as_str().unwrap_or_default().to_owned();
+        let done = |reason: &str| {
+            feed.lines().any(|l| {
+                l.contains(&format!("\"reason\":\"{reason}\""))
+                    && l.contains("\"outcome\":\"done\"")
             })
+        };
+        match ["min_loaded", "pin", "demand", "idle"]
+            .iter()
+            .find(|r| !done(r))
+        {
+            None => Ok(()),
+            Some(missing) => Err(format!("no {missing} done in:\n{feed}")),
+        }
     })
     .await;
     pool.app.stop().await;
@@ -255,25 +266,46 @@ async fn models_with_streams_in_flight_never_make_room_and_operators_load_and_un
         assert_eq!(events.last().unwrap().kind.name(), "completed");
     }
 
-    // An operator unloads beta from node-b.
-    models
-        .unload(&model("beta"), "node-b", None)
-        .await
-        .expect("unloaded");
+    // An operator unloads beta from node-b through the management API, which lists each
+    // model by node and state.
+    let unload = json!({"model": "llama/beta", "node": "node-b"});
+    let (status, body) = admin(
+        &pool.app,
+        Method::POST,
+        "/admin/v1/models/unload",
+        Some(unload),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
     pool.until_loaded([&["alpha", "beta"], &["gamma"]]).await;
-    let views = models.models();
-    let gamma = views
-        .iter()
-        .find(|v| v.model == model("gamma"))
-        .expect("gamma listed");
-    let on_b = gamma
-        .nodes
-        .iter()
-        .find(|n| n.node.as_str() == "node-b")
-        .unwrap();
+    let (_, list) = admin(&pool.app, Method::GET, "/admin/v1/models", None).await;
+    let state = |model: &str, node: &str| {
+        let views = list["models"].as_array()?;
+        let view = views.iter().find(|m| m["model"] == model)?;
+        let on = view["nodes"]
+            .as_array()?
+            .iter()
+            .find(|n| n["node"] == node)?;
+        Some(format!(
+            "{} {}",
+            on["state"].as_str()?,
+            on["reason"].as_str()?
+        ))
+    };
     assert_eq!(
-        (on_b.state.as_str(), on_b.reason.as_str()),
-        ("loaded", "demand")
+        state("llama/gamma", "node-b").as_deref(),
+        Some("loaded demand"),
+        "{list}"
+    );
+    assert_eq!(
+        state("llama/beta", "node-b").as_deref(),
+        Some("unloaded operator"),
+        "{list}"
+    );
+    assert_eq!(
+        state("llama/alpha", "node-b").as_deref(),
+        Some("unloaded make_room"),
+        "{list}"
     );
     pool.app.assert_settled().await;
     pool.app.stop().await;
