@@ -15,7 +15,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use arc_swap::{ArcSwap, ArcSwapOption};
 
 use crate::domain::routing::{NodeHash, NodeStatus};
-use crate::domain::{AdapterName, Alias, Availability, NodeId, Target};
+use crate::domain::{AdapterName, Alias, Availability, NodeId, NodeRecord, Target};
 use crate::ports::{
     AlreadyConnected, ConnectedNode, ConnectionId, NewConnection, NodeLink, Registry,
 };
@@ -36,16 +36,39 @@ struct Entry {
     hash: NodeHash,
 }
 
+/// What a node that manages models serves before its first availability report: the
+/// targets of its adapters without a `lifecycle` setting.
+fn before_first_report(record: &NodeRecord) -> Availability {
+    Availability::new(
+        record
+            .adapters()
+            .iter()
+            .filter(|adapter| !adapter.settings().contains_key(LIFECYCLE_SETTING))
+            .flat_map(|adapter| {
+                let name = adapter.name();
+                adapter
+                    .targets()
+                    .iter()
+                    .map(move |t| (name.clone(), t.clone()))
+            }),
+    )
+}
+
+/// The adapter setting that gives an adapter a lifecycle on its node (docs/models.md).
+const LIFECYCLE_SETTING: &str = "lifecycle";
+
 impl Entry {
     fn new(connection: NewConnection, now: SystemTime, drained: bool) -> Self {
         let hash = NodeHash::of(connection.record.id());
         let reserved = connection.reserved_runs;
         // A node that loads models on command reports what its engines hold; until it
-        // does, nothing is taken to be loaded (an older node serves its whole config).
+        // does, an adapter whose settings name a lifecycle serves nothing (its engine may
+        // hold none of its targets) and every other serves its whole config, as an older
+        // node's does.
         let availability = ArcSwapOption::from(
             connection
                 .can_manage_models
-                .then(|| Arc::new(Availability::default())),
+                .then(|| Arc::new(before_first_report(&connection.record))),
         );
         Self {
             connection,
@@ -414,6 +437,35 @@ mod tests {
 
     fn id(s: &str) -> NodeId {
         NodeId::parse(s).unwrap()
+    }
+
+    #[test]
+    fn a_node_that_manages_models_serves_only_its_plain_adapters_until_it_reports() {
+        let registry = LockRegistry::new();
+        let mut connection = serving("a", "a-alias", 1, &["x"]);
+        let lifecycle = BTreeMap::from([("lifecycle".to_owned(), "llama-router".to_owned())]);
+        let llama = AdapterConfig::new(
+            AdapterName::parse("llama").unwrap(),
+            vec![Target::parse("alpha").unwrap()],
+            lifecycle,
+        )
+        .unwrap();
+        let record = &connection.record;
+        let adapters = [record.adapters().to_vec(), vec![llama]].concat();
+        connection.record = Arc::new(NodeRecord::new(
+            record.id().clone(),
+            record.alias().clone(),
+            Token::new("a").digest(),
+            adapters,
+            RuntimeConfig::new(2, 1000, BTreeMap::new()).unwrap(),
+        ));
+        connection.can_manage_models = true;
+        registry.insert(connection).unwrap();
+        let node = registry.get("a").unwrap();
+        let echo = AdapterName::parse("echo").unwrap();
+        assert!(node.serves_now(&echo, &Target::parse("x").unwrap()));
+        let llama = AdapterName::parse("llama").unwrap();
+        assert!(!node.serves_now(&llama, &Target::parse("alpha").unwrap()));
     }
 
     #[test]
