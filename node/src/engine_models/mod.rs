@@ -124,9 +124,15 @@ pub fn target_states(
     settings: &OpenAiSettings,
     catalogue: &Catalogue,
 ) -> TargetStates {
+    // The engine's limit, or the setting's when lower (0: the engine gave none).
+    let capacity = match (catalogue.capacity, settings.capacity) {
+        (engine, None) => engine,
+        (0, Some(setting)) => setting,
+        (engine, Some(setting)) => engine.min(setting),
+    };
     let mut states = TargetStates {
         managed: ManagedAdapter {
-            capacity: catalogue.capacity,
+            capacity,
             targets: BTreeMap::new(),
         },
         served: Vec::new(),
@@ -337,6 +343,29 @@ mod tests {
     fn state_of(states: &TargetStates, target: &str) -> Option<LoadState> {
         let target = Target::parse(target).expect("target");
         states.managed.targets.get(&target).map(|load| load.state)
+    }
+
+    #[test]
+    fn the_capacity_is_the_engines_or_the_settings_when_lower() {
+        let engine = catalogue(&[("alpha", LoadState::Loaded)]);
+        let targets = names(&["alpha"]);
+        let of = |pairs: &[(&str, &str)]| {
+            target_states(&targets, &settings(pairs), &engine)
+                .managed
+                .capacity
+        };
+        assert_eq!(of(&[]), 2);
+        assert_eq!(of(&[("capacity", "1")]), 1);
+        assert_eq!(of(&[("capacity", "5")]), 2);
+        let unlimited = Catalogue {
+            capacity: 0,
+            ..engine.clone()
+        };
+        let set = settings(&[("capacity", "3")]);
+        assert_eq!(
+            target_states(&targets, &set, &unlimited).managed.capacity,
+            3
+        );
     }
 
     #[test]

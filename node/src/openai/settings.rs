@@ -84,6 +84,9 @@ pub struct OpenAiSettings {
     pub lifecycle: Option<Lifecycle>,
     /// The longest a load (or an unload) commanded by the edge may take.
     pub load_timeout: Duration,
+    /// How many targets the edge may keep loaded at once, when lower than the engine's own
+    /// limit (room kept for something else on the machine); `None`: the engine's.
+    pub capacity: Option<u32>,
 }
 
 /// API keys are never in the settings; the debug form still names every key's value.
@@ -125,6 +128,7 @@ pub const KEYS: &[&str] = &[
     "context_window",
     "lifecycle",
     "load_timeout_ms",
+    "capacity",
 ];
 
 /// The prefix of the per-target upstream model keys: `"model.<target>" = "<upstream name>"`.
@@ -181,6 +185,7 @@ impl OpenAiSettings {
             preconnect: flag(settings, "preconnect", true)?,
             lifecycle: lifecycle(settings)?,
             load_timeout: millis(settings, "load_timeout_ms", 300_000)?,
+            capacity: capacity(settings)?,
         };
         Ok((parsed, unknown))
     }
@@ -245,6 +250,17 @@ fn target_windows(settings: &BTreeMap<String, String>) -> Result<BTreeMap<String
 /// A context window setting: `None` when absent or 0.
 fn window(settings: &BTreeMap<String, String>, key: &str) -> Result<Option<u32>, String> {
     Ok(Some(number(settings, key, 0)?).filter(|tokens| *tokens > 0))
+}
+
+/// `capacity`: at least 1 when set.
+fn capacity(settings: &BTreeMap<String, String>) -> Result<Option<u32>, String> {
+    if !settings.contains_key("capacity") {
+        return Ok(None);
+    }
+    match number(settings, "capacity", 0)? {
+        0 => Err("`capacity` must be at least 1".to_owned()),
+        places => Ok(Some(places)),
+    }
 }
 
 fn millis(
@@ -340,10 +356,12 @@ mod tests {
             ("base_url", "http://127.0.0.1:8080/v1"),
             ("lifecycle", " llama-router "),
             ("load_timeout_ms", "1500"),
+            ("capacity", "1"),
         ]))
         .expect("valid");
         assert_eq!(settings.lifecycle, Some(Lifecycle::LlamaRouter));
         assert_eq!(settings.load_timeout, Duration::from_millis(1_500));
+        assert_eq!(settings.capacity, Some(1));
         assert!(unknown.is_empty());
         let error = OpenAiSettings::parse(&map(&[
             ("base_url", "http://127.0.0.1:8080/v1"),
