@@ -347,6 +347,25 @@ impl Availability {
             .is_ok()
     }
 
+    /// This availability with `adapter + target` served now (`true`) or not (`false`); its
+    /// window and its managed state are kept.
+    #[must_use]
+    pub fn with_served(mut self, adapter: &AdapterName, target: &Target, served: bool) -> Self {
+        let at = self
+            .available
+            .binary_search_by(|(a, t)| (a, t).cmp(&(adapter, target)));
+        match (at, served) {
+            (Err(index), true) => self
+                .available
+                .insert(index, (adapter.clone(), target.clone())),
+            (Ok(index), false) => {
+                self.available.remove(index);
+            }
+            _ => {}
+        }
+        self
+    }
+
     /// Every available pair, ordered by adapter then target.
     pub fn pairs(&self) -> &[(AdapterName, Target)] {
         &self.available

@@ -27,6 +27,10 @@ pub trait WaitingRuns: Send + Sync {
     /// Every load of `model` failed: ends the runs waiting for it with `reason` (the
     /// engine's words), unless a node serves it by now.
     fn load_failed(&self, model: &ModelName, reason: &str);
+
+    /// Returns once every placement begun before the call has finished (and told the
+    /// lifecycle where it put its run).
+    fn placements_settled(&self);
 }
 
 /// Hears nothing: the run service without a model lifecycle.

@@ -211,6 +211,17 @@ pub trait Registry: Send + Sync {
         availability: Availability,
     ) -> bool;
 
+    /// Takes `adapter + target` out of what the node serves now (`withheld`), or puts it
+    /// back, until the node's next availability report: no new run of it is placed there
+    /// while its engine unloads it. Returns whether anything changed.
+    fn set_withheld(
+        &self,
+        id: &NodeId,
+        adapter: &AdapterName,
+        target: &Target,
+        withheld: bool,
+    ) -> bool;
+
     /// Drains the node (it keeps its runs but takes no new ones) or undrains it. The flag
     /// belongs to the node id, not to a connection: a drained node that reconnects stays
     /// drained. Returns whether the flag changed.

@@ -371,12 +371,41 @@ async fn operators_load_and_unload_through_the_management_api_and_the_cli_and_re
                 .map(|r| r.status())
         }
     });
+    // While it drains, no new run of alpha is placed on node-a: a late one waits, and is
+    // served once alpha is loaded again.
+    let registry = &app.parts.registry;
+    let (echo, alpha) = (
+        edge::domain::AdapterName::parse("echo").unwrap(),
+        edge::domain::Target::parse("alpha").unwrap(),
+    );
+    eventually("alpha withheld on node-a", || {
+        registry
+            .get("node-a")
+            .is_some_and(|n| !n.serves_now(&echo, &alpha))
+    })
+    .await;
+    let mut late = start(&app, echo_to("alpha", "late"));
     assert!(app.parts.runs.cancel(&held.run_id, "done").await);
     let _ = rest(&mut held).await;
     let status = common::bounded("the drained unload", unloading)
         .await
         .unwrap()
         .unwrap();
+    assert_eq!(status, StatusCode::OK);
+    let events = rest(&mut late).await;
+    assert_eq!(
+        events.last().unwrap().kind.name(),
+        "completed",
+        "{events:?}"
+    );
+    assert_eq!(
+        engine.log(),
+        ["load alpha", "unload alpha", "load alpha"],
+        "{:#?}",
+        app.parts.models.model_events().0
+    );
+    let unload = json!({"model": "echo/alpha", "node": "node-a"});
+    let (status, _) = admin(&app, Method::POST, "/admin/v1/models/unload", Some(unload)).await;
     assert_eq!(status, StatusCode::OK);
     assert!(!engine.is_loaded("alpha"));
 
@@ -411,7 +440,16 @@ async fn operators_load_and_unload_through_the_management_api_and_the_cli_and_re
     ] {
         assert!(feed.contains(line), "{line} in {feed}");
     }
-    assert_eq!(engine.log(), ["load alpha", "unload alpha", "load beta"]);
+    assert_eq!(
+        engine.log(),
+        [
+            "load alpha",
+            "unload alpha",
+            "load alpha",
+            "unload alpha",
+            "load beta"
+        ]
+    );
     app.assert_settled().await;
     app.stop().await;
 }

@@ -367,6 +367,27 @@ impl Registry for LockRegistry {
         changed
     }
 
+    fn set_withheld(
+        &self,
+        id: &NodeId,
+        adapter: &AdapterName,
+        target: &Target,
+        withheld: bool,
+    ) -> bool {
+        let Some(entry) = self.read().by_id.get(id).cloned() else {
+            return false;
+        };
+        // Against the connection's own report arriving meanwhile: a compare-and-swap loop.
+        let before = entry.availability.rcu(|current| {
+            current.as_ref().map(|served| {
+                let changed = (**served).clone().with_served(adapter, target, !withheld);
+                Arc::new(changed)
+            })
+        });
+        let after = entry.availability.load();
+        before.as_deref() != after.as_deref()
+    }
+
     fn set_drained(&self, id: &NodeId, drained: bool) -> bool {
         let mut maps = self.write();
         let changed = if drained {
@@ -437,6 +458,38 @@ mod tests {
 
     fn id(s: &str) -> NodeId {
         NodeId::parse(s).unwrap()
+    }
+
+    #[test]
+    fn a_withheld_target_serves_nothing_until_it_is_put_back_or_the_node_reports() {
+        let registry = LockRegistry::new();
+        registry
+            .insert(serving("a", "a-alias", 1, &["x", "y"]))
+            .unwrap();
+        let (echo, x, y) = (
+            AdapterName::parse("echo").unwrap(),
+            Target::parse("x").unwrap(),
+            Target::parse("y").unwrap(),
+        );
+        let both = Availability::new([(echo.clone(), x.clone()), (echo.clone(), y.clone())]);
+        registry.set_availability(&id("a"), 1, both.clone());
+        assert!(registry.set_withheld(&id("a"), &echo, &x, true));
+        assert!(
+            !registry.set_withheld(&id("a"), &echo, &x, true),
+            "already withheld"
+        );
+        let node = registry.get("a").unwrap();
+        assert!(!node.serves_now(&echo, &x) && node.serves_now(&echo, &y));
+        assert!(registry.set_withheld(&id("a"), &echo, &x, false));
+        assert!(registry.get("a").unwrap().serves_now(&echo, &x));
+        registry.set_withheld(&id("a"), &echo, &x, true);
+        // The node's next report is the truth again.
+        assert!(registry.set_availability(&id("a"), 1, both));
+        assert!(registry.get("a").unwrap().serves_now(&echo, &x));
+        assert!(
+            !registry.set_withheld(&id("b"), &echo, &x, true),
+            "no such node"
+        );
     }
 
     #[test]

@@ -135,7 +135,15 @@ impl ModelService {
         model: &ModelName,
         reason: &str,
     ) -> Result<(), String> {
-        let done = self.command(node, model, ModelAction::Unload, reason).await;
+        let done = match self.quiet(node, model) {
+            Ok(()) => self.command(node, model, ModelAction::Unload, reason).await,
+            Err(in_flight) => Err(format!("{in_flight} run(s) of it started there meanwhile")),
+        };
+        if done.is_err() {
+            // Still loaded there: it serves again.
+            let registry = &self.inner.registry;
+            registry.set_withheld(node, &model.adapter, &model.target, false);
+        }
         let mut book = lock(&self.inner.book);
         book.busy.remove(&(node.clone(), model.clone()));
         if done.is_ok() {
@@ -145,6 +153,25 @@ impl ModelService {
         let metrics = &self.inner.metrics;
         metrics.command(ModelAction::Unload, model, node, reason, done.is_ok());
         done
+    }
+
+    /// Keeps new runs of `model` off `node` (until the node's next report) and makes sure
+    /// none is in flight there, so its unload may go ahead; `Err` with the runs that
+    /// started there between the decision and now (it then serves again).
+    pub(super) fn quiet(&self, node: &NodeId, model: &ModelName) -> Result<(), u32> {
+        let registry = &self.inner.registry;
+        registry.set_withheld(node, &model.adapter, &model.target, true);
+        if let Some(runs) = self.inner.runs.get() {
+            runs.placements_settled();
+        }
+        let in_flight = lock(&self.inner.book)
+            .use_of(node, model)
+            .map_or(0, |u| u.in_flight);
+        if in_flight == 0 {
+            return Ok(());
+        }
+        registry.set_withheld(node, &model.adapter, &model.target, false);
+        Err(in_flight)
     }
 
     /// Sends one command and waits for its outcome; `Err` with the engine's reason, or

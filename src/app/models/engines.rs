@@ -80,9 +80,10 @@ pub(super) fn of(nodes: &[ConnectedNode], book: &Book) -> Vec<Engine> {
 /// One target's slot: its reported state under the command in progress, its runs in
 /// flight, and since when it has been idle (its last use, or when it was seen loaded).
 fn slot(book: &Book, node: &crate::domain::NodeId, model: &ModelName, reported: LoadState) -> Slot {
+    // A command in progress holds the target's place until it ends, and the target may be
+    // neither loaded again nor chosen to make room meanwhile: as a load in progress.
     let state = match book.busy.get(&(node.clone(), model.clone())) {
-        Some(ModelAction::Load) => LoadState::Loading,
-        Some(ModelAction::Unload) => LoadState::Unloaded,
+        Some(ModelAction::Load | ModelAction::Unload) => LoadState::Loading,
         None => reported,
     };
     let seen = book

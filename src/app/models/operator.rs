@@ -210,7 +210,19 @@ impl ManageModels for ModelService {
             let message = format!("{model} is pinned on {id} (`[[models]] pin`)");
             return Err(ModelCommandError::Conflict(message));
         }
+        // While it drains, no new run of it is placed there.
+        let registry = &self.inner.registry;
+        let draining = drain.is_some();
+        if draining {
+            registry.set_withheld(&id, &model.adapter, &model.target, true);
+            if let Some(runs) = self.inner.runs.get() {
+                runs.placements_settled();
+            }
+        }
         if let Err(in_flight) = self.runs_ended(&id, model, drain).await {
+            if draining {
+                registry.set_withheld(&id, &model.adapter, &model.target, false);
+            }
             let message = format!(
                 "{in_flight} run(s) of {model} in flight on {id}; unload with a drain deadline to wait for them"
             );

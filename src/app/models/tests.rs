@@ -156,6 +156,8 @@ impl WaitingRuns for GivenUp {
             .unwrap()
             .push((model.to_string(), reason.to_owned()));
     }
+
+    fn placements_settled(&self) {}
 }
 
 /// Waits until the service has sent `count` commands and answers the last with `ok`.

@@ -60,6 +60,13 @@ impl WaitingRuns for ColdStarts {
             service.end_soon(run, load_failed(reason));
         }
     }
+
+    fn placements_settled(&self) {
+        // Placements happen under the table's lock: taking it waits them out.
+        if let Some(inner) = self.0.upgrade() {
+            drop(lock(&inner.table));
+        }
+    }
 }
 
 /// Whether `run` waits in the queue for `model` to be loaded.
