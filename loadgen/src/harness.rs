@@ -77,6 +77,27 @@ pub fn runtime(name: &str, threads: usize) -> anyhow::Result<Runtime> {
     runtime_with_slice(name, threads, None)
 }
 
+/// Ready sockets the I/O driver of [`crowd_runtime`] hands to its scheduler per turn.
+const CROWD_EVENTS_PER_TICK: usize = 32;
+
+/// [`runtime`] for a crowd of simulated nodes on few threads, where each node's latency
+/// must be the edge's and the kernel's, not a queue inside this program: each turn of its
+/// I/O driver wakes at most [`CROWD_EVENTS_PER_TICK`] tasks, the rest stay ready in the
+/// kernel's list, in order. With tokio's default (1,024 a turn) one turn woke several
+/// hundred nodes at once; past the 256 tasks a worker's local queue holds, tokio moves
+/// tasks to its global queue, which a busy worker visits once every few dozen polls, so a
+/// node the edge had answered could wait 100–190 ms for this program to read the answer
+/// (docs/benchmarks.md, the storm's tail).
+pub fn crowd_runtime(name: &str, threads: usize) -> anyhow::Result<Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads.max(1))
+        .thread_name(name)
+        .max_io_events_per_tick(CROWD_EVENTS_PER_TICK)
+        .enable_all()
+        .build()
+        .with_context(|| format!("cannot start the {name} runtime"))
+}
+
 /// [`runtime`] whose threads ask for `slice` as they start, as the threads of `edge serve`
 /// and `edge-node` do (`None`: the kernel's default); threads they start inherit it.
 pub fn runtime_with_slice(

@@ -210,7 +210,7 @@ pub fn run(args: &RegisterArgs, common: &Common) -> anyhow::Result<Vec<Record>> 
     std::thread::sleep(Duration::from_millis(args.settle_ms));
     let rss_before = target.rss_kib()?;
 
-    let load = harness::runtime("load", common.load_threads)?;
+    let load = harness::crowd_runtime("load", common.load_threads)?;
     let total = args.nodes;
     let edge_cpu_0 = target.cpu_ms();
     let load_cpu_0 = harness::threads_cpu_ms("load");

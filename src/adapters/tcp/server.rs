@@ -2,12 +2,12 @@
 
 use std::io;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{Instrument, debug, info, info_span, warn};
@@ -22,6 +22,15 @@ use crate::wire::keepalive::Keepalive;
 
 /// How long the accept loop pauses when the process is out of file descriptors.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+
+/// At most this many accepted connections wait for their task's first turn; the accept loop
+/// takes no more until some have run, and later connections wait in the kernel's accept
+/// queue, which hands them over in the order they came. Well under the 256 tasks a tokio
+/// worker's local run queue holds: past that, tokio moves tasks to its global queue, which a
+/// busy worker looks at once every few dozen polls — in a reconnect storm the accept loop
+/// (up to 128 accepts a turn) overflowed it, and the connections moved there waited for the
+/// whole burst to be served before their first poll (docs/benchmarks.md, the storm's tail).
+const MAX_UNSTARTED: usize = 64;
 
 /// What the transport works with.
 #[derive(Clone)]
@@ -122,6 +131,34 @@ impl TransportControl {
         }
     }
 
+    /// Serves an accepted connection on a task of its own, holding `permit` (its place under
+    /// `max_connections`) while it lives; the task's first step drops `waiting`.
+    ///
+    /// Nothing else is awaited or set up in the accept loop: the socket options, the TLS and
+    /// registration handshakes all run on the connection's own task.
+    fn spawn_connection(
+        &self,
+        stream: TcpStream,
+        peer: SocketAddr,
+        tls: Option<TlsAcceptor>,
+        permit: OwnedSemaphorePermit,
+        waiting: NotStarted,
+    ) {
+        let control = self.clone();
+        self.connections.spawn(async move {
+            drop(waiting);
+            tune(&stream, control.shared.config.keepalive().as_ref());
+            match tls {
+                None => control.serve_stream(stream, peer).await,
+                // Boxed: the TLS state machine is several KiB, and inline it would make
+                // every plain connection's task as large (this task lives as long as its
+                // node stays connected).
+                Some(tls) => Box::pin(control.serve_tls(&tls, stream, peer)).await,
+            }
+            drop(permit);
+        });
+    }
+
     /// Whether the transport is draining.
     pub fn is_draining(&self) -> bool {
         self.shared.readiness.is_draining()
@@ -216,7 +253,7 @@ impl TcpServer {
     }
 
     /// Accepts connections until [`TransportControl::shut_down`], each served by its own
-    /// task.
+    /// task, never more than [`MAX_UNSTARTED`] ahead of the tasks that have started.
     pub async fn run(self) {
         let TcpServer {
             listener,
@@ -224,8 +261,9 @@ impl TcpServer {
             tls,
         } = self;
         let limit = Arc::new(Semaphore::new(control.shared.config.max_connections.max(1)));
-        let keepalive = control.shared.config.keepalive();
+        let unstarted = Unstarted::default();
         loop {
+            unstarted.wait_for_turns().await;
             let accepted = tokio::select! {
                 () = control.stop_accepting.cancelled() => break,
                 accepted = listener.accept() => accepted,
@@ -242,22 +280,8 @@ impl TcpServer {
                         drop(stream);
                         continue;
                     };
-                    // Nothing else is awaited or set up here: the socket options, the TLS
-                    // and registration handshakes all run on the connection's own task, so
-                    // the loop drains the kernel's accept queue as fast as it fills.
-                    let control = control.clone();
-                    let tls = tls.clone();
-                    control.connections.clone().spawn(async move {
-                        tune(&stream, keepalive.as_ref());
-                        match tls {
-                            None => control.serve_stream(stream, peer).await,
-                            // Boxed: the TLS state machine is several KiB, and inline it
-                            // would make every plain connection's task as large (this task
-                            // lives as long as its node stays connected).
-                            Some(tls) => Box::pin(control.serve_tls(&tls, stream, peer)).await,
-                        }
-                        drop(permit);
-                    });
+                    let waiting = unstarted.accepted();
+                    control.spawn_connection(stream, peer, tls.clone(), permit, waiting);
                 }
                 Err(error) if is_out_of_descriptors(&error) => {
                     warn!(%error, "out of file descriptors; pausing accept");
@@ -267,6 +291,39 @@ impl TcpServer {
             }
         }
         info!("node transport stopped accepting");
+    }
+}
+
+/// Counts the accepted connections whose task has not run yet, for the accept loop's bound
+/// (see [`MAX_UNSTARTED`]).
+#[derive(Default)]
+struct Unstarted(Arc<AtomicUsize>);
+
+/// An accepted connection whose task has not run yet; dropped by the task's first step.
+struct NotStarted(Arc<AtomicUsize>);
+
+impl Unstarted {
+    /// Counts a connection just accepted until its [`NotStarted`] is dropped.
+    fn accepted(&self) -> NotStarted {
+        self.0.fetch_add(1, Ordering::Relaxed);
+        NotStarted(Arc::clone(&self.0))
+    }
+
+    /// Returns once fewer than [`MAX_UNSTARTED`] accepted connections wait for their first
+    /// turn, yielding meanwhile: a task that yields is polled again only after its worker
+    /// next turns to the I/O driver (when its queue is empty, or every few dozen polls), so
+    /// the accept loop falls in behind the tasks already queued. Those are runnable, so this
+    /// always ends.
+    async fn wait_for_turns(&self) {
+        while self.0.load(Ordering::Relaxed) >= MAX_UNSTARTED {
+            tokio::task::yield_now().await;
+        }
+    }
+}
+
+impl Drop for NotStarted {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
