@@ -162,7 +162,7 @@ fn storm_once(
     };
     let edge = start(None)?;
     let addrs = (edge.node_addr, edge.http_addr, edge.admin_addr);
-    let load = harness::runtime("load", common.load_threads)?;
+    let load = harness::crowd_runtime("load", common.load_threads)?;
     let (_, clients) = register_all(&load, addrs.0, total, 64)?;
     let storm = Arc::new(Storm::default());
     let plan = Arc::new(Plan {
