@@ -204,12 +204,7 @@ mod tests {
     use super::*;
 
     fn settings(pairs: &[(&str, &str)]) -> OpenAiSettings {
-        let mut map: BTreeMap<String, String> = pairs
-            .iter()
-            .map(|(k, v)| ((*k).into(), (*v).into()))
-            .collect();
-        map.insert("base_url".into(), "http://127.0.0.1:1/v1".into());
-        OpenAiSettings::parse(&map).expect("valid").0
+        crate::openai::settings::for_tests(pairs)
     }
 
     fn names(list: &[&str]) -> Vec<String> {

@@ -306,13 +306,8 @@ mod tests {
     use super::*;
 
     fn settings(pairs: &[(&str, &str)]) -> OpenAiSettings {
-        let mut map: BTreeMap<String, String> = pairs
-            .iter()
-            .map(|(k, v)| ((*k).into(), (*v).into()))
-            .collect();
-        map.insert("base_url".into(), "http://127.0.0.1:1/v1".into());
-        map.insert("lifecycle".into(), "llama-router".into());
-        OpenAiSettings::parse(&map).expect("valid").0
+        let managed = [pairs, &[("lifecycle", "llama-router")]].concat();
+        crate::openai::settings::for_tests(&managed)
     }
 
     fn catalogue(models: &[(&str, LoadState)]) -> Catalogue {

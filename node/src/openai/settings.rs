@@ -316,6 +316,17 @@ fn lifecycle(settings: &BTreeMap<String, String>) -> Result<Option<Lifecycle>, S
     }
 }
 
+/// Settings for the node's own tests: `pairs` for an engine at an unreachable address.
+#[cfg(test)]
+pub(crate) fn for_tests(pairs: &[(&str, &str)]) -> OpenAiSettings {
+    let mut map: BTreeMap<String, String> = pairs
+        .iter()
+        .map(|(k, v)| ((*k).into(), (*v).into()))
+        .collect();
+    map.insert("base_url".into(), "http://127.0.0.1:1/v1".into());
+    OpenAiSettings::parse(&map).expect("valid").0
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -162,7 +162,8 @@ impl WaitingRuns for GivenUp {
 
 /// Waits until the service has sent `count` commands and answers the last with `ok`.
 async fn answer(service: &ModelService, sent: &Sent, count: usize, ok: bool) -> NodeCommand {
-    loop {
+    // The service sends within a few turns of being asked; a bound, not a timing.
+    for _ in 0..1_000 {
         let command = sent.lock().unwrap().get(count - 1).map(|(_, c)| c.clone());
         if let Some(NodeCommand::Model(model)) = &command {
             let outcome = ModelOutcome {
@@ -181,6 +182,7 @@ async fn answer(service: &ModelService, sent: &Sent, count: usize, ok: bool) -> 
         service.reconcile_now();
         tokio::task::yield_now().await;
     }
+    panic!("no command {count} was sent: {:?}", sent.lock().unwrap());
 }
 
 /// Command `index`'s node, action and model.
