@@ -17,6 +17,7 @@ mod noop_journal;
 pub mod readiness;
 pub mod registry;
 pub mod runs;
+pub mod site;
 pub mod transport;
 
 /// The tracing target of spans that exist only to be exported (the API request, the
@@ -43,6 +44,7 @@ pub use registry::{
     AlreadyConnected, ConnectedNode, ConnectionId, LastFrame, NewConnection, Registry,
 };
 pub use runs::{Placed, RunHandle, Runs, StartError, waiting_for};
+pub use site::{ActiveMember, Role, SiteRole};
 pub use transport::{
     CloseReason, LinkError, ModelCommand, ModelOutcome, NodeCommand, NodeEventHandler, NodeLink,
     NodeTransport, ReportedEvent, RunAssignment, TransportError,
