@@ -6,9 +6,14 @@
 //! breaks a rule fails here, naming the file and line, before review has to find it.
 //!
 //! Paths are resolved, not matched as text: `super::`, `self::` and a child module's own
-//! name are read against the module the line is in (inline modules included), and a `use`
-//! group (`crate::{adapters::x, domain}`) is expanded, so a relative import is held to the
-//! same rules as a `crate::` one. Comments and string literals are left out.
+//! name are read against the module the line is in (inline modules included), a `use`
+//! group (`crate::{adapters::x, domain}`) is expanded, and a path through a re-export
+//! (`pub use`) is followed to what it names, so a relative or re-exported import is held to
+//! the same rules as a `crate::` one. Comments and string literals are left out.
+//!
+//! The run service's files are also checked for an import circle: each part's files may
+//! reach their own part's root (the state it declares), and no file may reach, through the
+//! others, back to itself.
 
 use std::path::{Path, PathBuf};
 
@@ -274,25 +279,32 @@ fn named_paths(file: &Path) -> Vec<(usize, String, bool)> {
 }
 
 /// `file:line: path` for each path under `src/<dir>` that names one of `modules` (or an
-/// item inside one), test code aside when `skip_tests`.
+/// item inside one) itself or through a re-export, test code aside when `skip_tests`.
 fn naming(dir: &str, modules: &[&str], skip_tests: bool) -> Vec<String> {
+    let reexports = reexports();
     let mut found = Vec::new();
     for file in sources(dir) {
         let relative = file
             .strip_prefix(env!("CARGO_MANIFEST_DIR"))
             .unwrap_or(&file)
             .to_path_buf();
-        let test_file = relative.components().any(|c| c.as_os_str() == "tests")
-            || relative.file_name().is_some_and(|name| name == "tests.rs");
-        if skip_tests && test_file {
+        if skip_tests && is_test_file(&file) {
             continue;
         }
         for (line, path, in_test) in named_paths(&file) {
-            let breaks = modules
-                .iter()
-                .any(|m| path == *m || path.starts_with(&format!("{m}::")));
-            if breaks && !(skip_tests && in_test) {
-                found.push(format!("{}:{line}: {path}", relative.display()));
+            let through = through_reexports(&path, &reexports);
+            let breaking = through.iter().find(|path| {
+                modules
+                    .iter()
+                    .any(|m| *path == m || path.starts_with(&format!("{m}::")))
+            });
+            if let Some(breaking) = breaking.filter(|_| !(skip_tests && in_test)) {
+                let via = if *breaking == path {
+                    String::new()
+                } else {
+                    format!(" (re-exported as {path})")
+                };
+                found.push(format!("{}:{line}: {breaking}{via}", relative.display()));
             }
         }
     }
@@ -459,4 +471,262 @@ fn relative_paths_are_resolved_against_the_module_they_are_in() {
         expand_use("super::{self, Follow}"),
         ["super", "super::Follow"]
     );
+    let reexports = reexports();
+    assert!(
+        through_reexports("crate::app::runs::RunService::start", &reexports)
+            .contains(&"crate::app::runs::service::RunService::start".to_owned()),
+        "a re-export is followed to the item it names"
+    );
+    assert!(
+        through_reexports("crate::components::SqliteJournal", &reexports)
+            .contains(&"crate::adapters::journal::SqliteJournal".to_owned()),
+        "a re-export inside an inline module is followed too"
+    );
+}
+
+/// Every re-export in the crate (`pub use …`, any visibility): the path it makes
+/// (`crate::app::runs::RunService`) and the path it names
+/// (`crate::app::runs::service::RunService`). A rename (`as`) is read as the name it
+/// renames.
+fn reexports() -> Vec<(String, String)> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut found = Vec::new();
+    for file in crate::common::rust_files(&src) {
+        let text = std::fs::read_to_string(&file).expect("a source file");
+        let lines = code_lines(&text);
+        let here = module_of(&file);
+        let children: Vec<String> = lines
+            .iter()
+            .filter_map(|line| {
+                let words: Vec<&str> = line.split_whitespace().collect();
+                let at = words.iter().position(|w| *w == "mod")?;
+                Some(words.get(at + 1)?.trim_end_matches([';', '{']).to_owned())
+            })
+            .collect();
+        let mut statement = String::new();
+        // Inline modules open, with the brace depth inside each.
+        let (mut open, mut depth): (Vec<(String, i32)>, i32) = (Vec::new(), 0);
+        for line in &lines {
+            let trimmed = line.trim();
+            let mut module = here.clone();
+            module.extend(open.iter().map(|(name, _)| name.clone()));
+            let words: Vec<&str> = trimmed.split_whitespace().collect();
+            if let Some(at) = words.iter().position(|w| *w == "mod")
+                && let Some(name) = words.get(at + 1).filter(|name| !name.ends_with(';'))
+            {
+                open.push((name.trim_end_matches('{').to_owned(), depth + 1));
+            }
+            for c in trimmed.chars() {
+                match c {
+                    '{' => depth += 1,
+                    '}' => {
+                        depth -= 1;
+                        if open.last().is_some_and(|(_, inside)| depth < *inside) {
+                            open.pop();
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            if statement.is_empty() && !(trimmed.starts_with("pub") && trimmed.contains(" use ")) {
+                continue;
+            }
+            statement.push_str(trimmed);
+            let Some(end) = statement.find(';') else {
+                continue;
+            };
+            let tree = &statement[statement.find(" use ").map_or(0, |at| at + 5)..end];
+            for path in expand_use(tree) {
+                let Some(target) = resolve(&path, &module, &children) else {
+                    continue;
+                };
+                let name = target.rsplit("::").next().unwrap_or_default().to_owned();
+                found.push((format!("{}::{name}", module.join("::")), target));
+            }
+            statement.clear();
+        }
+    }
+    found
+}
+
+/// `path` and every path it stands for through re-exports, followed to their ends.
+fn through_reexports(path: &str, reexports: &[(String, String)]) -> Vec<String> {
+    let mut paths = vec![path.to_owned()];
+    let mut at = 0;
+    while let Some(current) = paths.get(at).cloned() {
+        at += 1;
+        for (made, named) in reexports {
+            let rest = current.strip_prefix(made.as_str());
+            if let Some(rest) = rest.filter(|rest| rest.is_empty() || rest.starts_with("::")) {
+                let expanded = format!("{named}{rest}");
+                if !paths.contains(&expanded) && paths.len() < 16 {
+                    paths.push(expanded);
+                }
+            }
+        }
+    }
+    paths
+}
+
+/// The source file that defines module path `path` or the item it names: the longest
+/// prefix of its segments that is a file (`x.rs` or `x/mod.rs`) under `src/`.
+fn file_of(path: &str) -> Option<PathBuf> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let segments: Vec<&str> = path.split("::").skip(1).collect();
+    (1..=segments.len()).rev().find_map(|len| {
+        let module = segments[..len].join("/");
+        [
+            src.join(format!("{module}.rs")),
+            src.join(&module).join("mod.rs"),
+        ]
+        .into_iter()
+        .find(|file| file.is_file())
+    })
+}
+
+/// Whether `file` is test code: a `tests.rs`, a file under a `tests/` folder, or a module
+/// its parent declares under `#[cfg(test)]`.
+fn is_test_file(file: &Path) -> bool {
+    if file.file_name().is_some_and(|name| name == "tests.rs")
+        || file.components().any(|c| c.as_os_str() == "tests")
+    {
+        return true;
+    }
+    let Some(stem) = file.file_stem().and_then(|s| s.to_str()) else {
+        return false;
+    };
+    let parent = match stem {
+        "mod" => file.parent().and_then(Path::parent),
+        _ => file.parent(),
+    };
+    let name = match stem {
+        "mod" => file
+            .parent()
+            .and_then(Path::file_name)
+            .and_then(|n| n.to_str())
+            .unwrap_or_default(),
+        name => name,
+    };
+    let Some(parent) = parent else {
+        return false;
+    };
+    let declaring = [parent.join("mod.rs"), parent.with_extension("rs")];
+    declaring.iter().filter(|f| f.is_file()).any(|declarer| {
+        let text = std::fs::read_to_string(declarer).expect("a source file");
+        let lines = code_lines(&text);
+        lines.iter().enumerate().any(|(n, line)| {
+            let words: Vec<&str> = line.split_whitespace().collect();
+            let declares = words
+                .iter()
+                .position(|w| *w == "mod")
+                .is_some_and(|at| words.get(at + 1) == Some(&format!("{name};").as_str()));
+            declares && n > 0 && lines[n - 1].contains("cfg(test)")
+        })
+    })
+}
+
+/// The imports among the files under `src/<dir>`, test code aside, as `file → files it
+/// names` (where what it names is defined, through any re-export) and the files of the
+/// modules it declares (a module holds its children). A file naming the root of a module
+/// it is inside (`super::Placer` from `placer/admission.rs`) is a part reaching its own
+/// root, which holds it anyway: that edge is left out, so a circle is one that leaves the
+/// part and comes back.
+fn imports_among(dir: &str) -> std::collections::BTreeMap<PathBuf, Vec<PathBuf>> {
+    let reexports = reexports();
+    let mut graph = std::collections::BTreeMap::new();
+    for file in sources(dir).into_iter().filter(|f| !is_test_file(f)) {
+        let mut names: Vec<PathBuf> = named_paths(&file)
+            .into_iter()
+            .filter(|(_, _, in_test)| !in_test)
+            .filter_map(|(_, path, _)| file_of(through_reexports(&path, &reexports).last()?))
+            .filter(|named| *named != file)
+            .filter(|named| {
+                let root = named.parent().filter(|_| named.ends_with("mod.rs"));
+                !root.is_some_and(|root| file.starts_with(root))
+            })
+            .filter(|named| !is_test_file(named))
+            .collect();
+        names.extend(children_of(&file).into_iter().filter(|f| !is_test_file(f)));
+        names.sort();
+        names.dedup();
+        graph.insert(file, names);
+    }
+    graph
+}
+
+/// The files of the modules `file` declares (`mod x;`).
+fn children_of(file: &Path) -> Vec<PathBuf> {
+    let text = std::fs::read_to_string(file).expect("a source file");
+    let dir = match file.file_stem().and_then(|s| s.to_str()) {
+        Some("mod" | "lib" | "main") => file.parent().map(Path::to_path_buf),
+        Some(stem) => file.parent().map(|parent| parent.join(stem)),
+        None => None,
+    };
+    let Some(dir) = dir else {
+        return Vec::new();
+    };
+    code_lines(&text)
+        .iter()
+        .filter_map(|line| {
+            let words: Vec<&str> = line.split_whitespace().collect();
+            let at = words.iter().position(|w| *w == "mod")?;
+            let name = words.get(at + 1)?.strip_suffix(';')?;
+            [
+                dir.join(format!("{name}.rs")),
+                dir.join(name).join("mod.rs"),
+            ]
+            .into_iter()
+            .find(|child| child.is_file())
+        })
+        .collect()
+}
+
+/// A circle of imports in `graph`, as its files in order, if there is one.
+fn a_circle(graph: &std::collections::BTreeMap<PathBuf, Vec<PathBuf>>) -> Option<Vec<PathBuf>> {
+    /// Depth-first, with the files on the current path in `path`.
+    fn visit(
+        file: &PathBuf,
+        graph: &std::collections::BTreeMap<PathBuf, Vec<PathBuf>>,
+        path: &mut Vec<PathBuf>,
+        done: &mut std::collections::BTreeSet<PathBuf>,
+    ) -> Option<Vec<PathBuf>> {
+        if let Some(at) = path.iter().position(|f| f == file) {
+            let mut circle = path[at..].to_vec();
+            circle.push(file.clone());
+            return Some(circle);
+        }
+        if !done.insert(file.clone()) {
+            return None;
+        }
+        path.push(file.clone());
+        for next in graph.get(file).into_iter().flatten() {
+            if let Some(circle) = visit(next, graph, path, done) {
+                return Some(circle);
+            }
+        }
+        path.pop();
+        None
+    }
+    let mut done = std::collections::BTreeSet::new();
+    graph
+        .keys()
+        .find_map(|file| visit(file, graph, &mut Vec::new(), &mut done))
+}
+
+#[crate::common::test]
+fn the_run_services_files_import_each_other_without_a_circle() {
+    let graph = imports_among("app/runs");
+    let edges: usize = graph.values().map(Vec::len).sum();
+    assert!(edges > 20, "the imports were read: {edges} edges");
+    let base = Path::new(env!("CARGO_MANIFEST_DIR"));
+    if let Some(circle) = a_circle(&graph) {
+        let files: Vec<String> = circle
+            .iter()
+            .map(|f| f.strip_prefix(base).unwrap_or(f).display().to_string())
+            .collect();
+        panic!(
+            "an import circle among the run service's files:\n{}",
+            files.join("\n → ")
+        );
+    }
 }

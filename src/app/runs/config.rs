@@ -1,7 +1,8 @@
 //! The run service's sections: `[runs]` (how runs wait, fail over, are cancelled and are
 //! bounded in time), `[routing]` and `[limits]` (how runs are routed — affinity, circuit
 //! breakers — and how much one API key may start), and [`policy`], which checks them
-//! together and builds the domain's [`RoutingPolicy`] through its validating constructors.
+//! together and builds the domain's [`RoutingPolicy`] through its validating constructors;
+//! [`Routing`] is that policy with every node definition, as the placer routes by it.
 //!
 //! Deserialized by `crate::app::compose::settings` with the other sections; the reference is
 //! `docs/configuration.md`.
@@ -13,8 +14,17 @@ use serde::Deserialize;
 
 use crate::domain::MaxContinuations;
 use crate::domain::routing::{
-    BreakerPolicy, LimitPolicy, LoadFactor, MaxAttempts, RoutingPolicy, WaitLimits,
+    BreakerPolicy, Catalog, LimitPolicy, LoadFactor, MaxAttempts, RoutingPolicy, WaitLimits,
 };
+
+/// How the run service routes: every configured node and the routing settings.
+#[derive(Debug, Clone, Default)]
+pub struct Routing {
+    /// Every node definition, connected or not.
+    pub catalog: Catalog,
+    /// Failover, waits, affinity, breakers and limits.
+    pub policy: RoutingPolicy,
+}
 
 /// `[runs]`: how runs wait, fail over, are cancelled and are bounded in time.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]

@@ -1,107 +1,54 @@
-//! [`RunService`]: the public face of the run service — accepting, cancelling and draining
-//! runs — and the [`NodeEventHandler`] the node transport calls. The work is done in the
-//! modules beside it: placement and the queue (`placement.rs`), failover and breakers
-//! (`failover.rs`), the relay of events (`delivery.rs`) and the timers (`timers.rs`).
+//! [`RunService`]: the run service's public face — accepting, cancelling and draining runs,
+//! and what operators and the metrics read of it — a thin façade over its parts: the
+//! placer, the relay, recovery and the timers, each owning its state. It builds them,
+//! numbers new runs and says which part answers what. The ports it implements for the
+//! adapters and the other services are in `handlers.rs`.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use async_trait::async_trait;
 use opentelemetry::metrics::Meter;
-use tokio::sync::{Notify, mpsc};
+use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
-use tracing::{debug, info_span, warn};
+use tracing::info_span;
 
-use super::config::RunsConfig;
-use super::deadlines::Deadlines;
-use super::delivery::{CALLER_BUFFER, Delivery, Source};
+use super::cold_starts::ColdStarts;
+use super::config::{Routing, RunsConfig};
 use super::metrics::RunMetrics;
-use super::table::{Miss, Run, Table, lock};
-use super::trace::NodeSpans;
-use crate::domain::routing::{
-    BreakerBook, BreakerState, Catalog, KeyLimits, RoutingPolicy, WaitCause,
-};
-use crate::domain::{
-    EdgeFailure, NodeId, ResumeAnswer, ResumeClaim, RunEvent, RunEventKind, RunId, RunSpec,
-};
+use super::observer::RunObserver;
+use super::placer::{Placer, PlacerParts};
+use super::recovery::{Recovery, RecoveryParts};
+use super::relay::Delivery;
+use super::relay::{CALLER_BUFFER, Relay, RunStats};
+use super::run::{Run, accepted};
+use super::timers::Timers;
+use crate::domain::routing::BreakerState;
+use crate::domain::{NodeId, RunEvent, RunId, RunSpec, StatsWindow};
 use crate::ports::{
-    CloseReason, ConnectionId, EXPORT_TARGET, EventSink, JournalEntry, ModelDemand, NoModels,
-    NodeEventHandler, NodeTransport, NoopJournal, Placed, Registry, ReportedEvent, RunHandle,
-    RunJournal, Runs, StartError, WaitingRuns,
+    EXPORT_TARGET, EventSink, JournalEntry, JournalError, ModelDemand, NodeTransport, NoopJournal,
+    Registry, RunHandle, RunJournal, StartError, WaitingRuns,
 };
-
-/// How long a node's ping waits for the journal to hold the events read before it.
-const JOURNAL_ACK_WAIT: Duration = Duration::from_millis(250);
-
-/// What placement did with a new run, before it is sent.
-pub(super) enum Dispatch {
-    /// Send it to this node.
-    Sent(NodeId),
-    /// It waits; `displaced` left the full queue for it and must be ended.
-    Waiting {
-        cause: WaitCause,
-        displaced: Option<Arc<Run>>,
-    },
-}
-
-/// How the run service routes: every configured node and the routing settings.
-#[derive(Debug, Clone, Default)]
-pub struct Routing {
-    /// Every node definition, connected or not.
-    pub catalog: Catalog,
-    /// Failover, waits, affinity, breakers and limits.
-    pub policy: RoutingPolicy,
-}
-
-/// Counters of the run service, read by the metrics exporter and tests.
-#[derive(Debug, Default)]
-pub struct RunStats {
-    /// Events for runs the edge does not know (never existed, ended long ago, or held by
-    /// another node or connection).
-    pub dropped_unknown_run: AtomicU64,
-    /// Events for a run after its terminal event, from the connection that held it.
-    pub dropped_after_terminal: AtomicU64,
-    /// Events of a resumed run that the edge had already relayed (a node that sent again
-    /// what it was told the edge has).
-    pub dropped_duplicate: AtomicU64,
-}
 
 /// Accepts runs and relays their events. Cheap to clone.
 #[derive(Clone)]
 pub struct RunService {
-    pub(super) inner: Arc<Inner>,
+    inner: Arc<Inner>,
 }
 
-/// What every part of the run service shares.
-pub(super) struct Inner {
-    pub(super) registry: Arc<dyn Registry>,
-    pub(super) transport: Arc<dyn NodeTransport>,
-    pub(super) sink: Arc<dyn EventSink>,
-    /// Where run records and events are kept (nothing, when disabled).
-    pub(super) journal: Arc<dyn RunJournal>,
-    pub(super) config: RunsConfig,
-    pub(super) routing: Routing,
-    /// The open runs and the queue; see [`Table`] for what must happen under it.
-    pub(super) table: Mutex<Table>,
+/// The parts, and what the façade itself keeps.
+struct Inner {
+    placer: Arc<Placer>,
+    relay: Arc<Relay>,
+    recovery: Arc<Recovery>,
+    timers: Arc<Timers>,
+    metrics: Arc<RunMetrics>,
+    /// Where accepted runs are recorded (nothing, when disabled).
+    journal: Arc<dyn RunJournal>,
+    config: RunsConfig,
     next_id: AtomicU64,
     id_prefix: u32,
-    draining: AtomicBool,
-    /// Cancelled when the drain begins: stops the timers that wait for breakers to cool.
-    pub(super) stopping: CancellationToken,
-    /// Signalled whenever a run ends, for the drain wait.
-    pub(super) run_ended: Notify,
-    pub(super) timers: TaskTracker,
-    /// The open runs' deadlines, and what wakes the task that keeps them.
-    pub(super) deadlines: Arc<Deadlines>,
-    pub(super) stats: RunStats,
-    pub(super) metrics: RunMetrics,
-    /// Nodes' connection spans, while span export is on.
-    pub(super) node_spans: NodeSpans,
-    /// The model lifecycle, once attached: told which models runs want and where they run.
-    models: OnceLock<Arc<dyn ModelDemand>>,
 }
 
 impl RunService {
@@ -131,93 +78,104 @@ impl RunService {
         routing: Routing,
         meter: &Meter,
     ) -> Self {
-        let table = Table::new(
-            config.queue_capacity,
-            BreakerBook::new(routing.policy.breaker),
-            KeyLimits::new(routing.policy.limits),
-        );
+        let metrics = Arc::new(RunMetrics::new(meter));
+        let observer: Arc<dyn RunObserver> = metrics.clone();
+        let stopping = CancellationToken::new();
+        let timers = Arc::new(Timers::new(stopping.clone()));
+        let placer = Arc::new(Placer::new(PlacerParts {
+            registry,
+            transport,
+            journal: Arc::clone(&journal),
+            routing,
+            observer: Arc::clone(&observer),
+            queue_capacity: config.queue_capacity,
+            stopping,
+        }));
+        let relay = Arc::new(Relay::new(
+            Arc::clone(&placer),
+            Arc::clone(&timers),
+            sink,
+            Arc::clone(&journal),
+            Arc::clone(&observer),
+            config.cancel_grace(),
+        ));
+        let recovery = Arc::new(Recovery::new(RecoveryParts {
+            placer: Arc::clone(&placer),
+            relay: Arc::clone(&relay),
+            timers: Arc::clone(&timers),
+            journal: Arc::clone(&journal),
+            observer,
+            resume_grace: config.resume_grace(),
+            client_resume_grace: config.client_resume_grace(),
+        }));
+        let inner = Inner {
+            placer,
+            relay,
+            recovery,
+            timers,
+            metrics,
+            journal,
+            config,
+            next_id: AtomicU64::new(1),
+            id_prefix: rand::random(),
+        };
         Self {
-            inner: Arc::new(Inner {
-                registry,
-                transport,
-                sink,
-                journal,
-                config,
-                routing,
-                table: Mutex::new(table),
-                next_id: AtomicU64::new(1),
-                id_prefix: rand::random(),
-                draining: AtomicBool::new(false),
-                stopping: CancellationToken::new(),
-                run_ended: Notify::new(),
-                timers: TaskTracker::new(),
-                deadlines: Arc::default(),
-                stats: RunStats::default(),
-                metrics: RunMetrics::new(meter),
-                node_spans: NodeSpans::default(),
-                models: OnceLock::new(),
-            }),
+            inner: Arc::new(inner),
         }
     }
 
     /// Tells `models` from now on which models runs want and where they run (once; a
     /// second call is ignored).
     pub fn attach_models(&self, models: Arc<dyn ModelDemand>) {
-        let _ = self.inner.models.set(models);
-    }
-
-    /// The model lifecycle, or one that hears nothing.
-    pub(super) fn models(&self) -> &dyn ModelDemand {
-        match self.inner.models.get() {
-            Some(models) => models.as_ref(),
-            None => &NoModels,
-        }
+        self.inner.placer.attach_models(models);
     }
 
     /// The service as the model lifecycle reaches it (without keeping it alive).
     pub fn waiting_runs(&self) -> Arc<dyn WaitingRuns> {
-        Arc::new(super::cold_starts::ColdStarts::of(self))
+        Arc::new(ColdStarts::of(&self.inner.placer, &self.inner.relay))
     }
 
     /// The service's counters.
     pub fn stats(&self) -> &RunStats {
-        &self.inner.stats
+        self.inner.relay.stats()
+    }
+
+    /// The last hour's series, as of now.
+    pub(super) fn window(&self) -> StatsWindow {
+        self.inner.metrics.window()
     }
 
     /// How many runs are open (dispatched or queued).
     pub fn open_runs(&self) -> usize {
-        lock(&self.inner.table).runs.len()
+        self.inner.placer.open_runs()
     }
 
     /// How many runs wait in the queue.
     pub fn queued_runs(&self) -> usize {
-        lock(&self.inner.table).queue.len()
+        self.inner.placer.queued_runs()
     }
 
     /// How many circuit breakers are not closed (open or half-open).
     pub fn open_breakers(&self) -> usize {
-        lock(&self.inner.table).breakers.not_closed()
+        self.inner.placer.open_breakers()
     }
 
     /// The circuit breaker of `node`.
     pub fn breaker_state(&self, node: &NodeId) -> BreakerState {
-        let hash = crate::domain::routing::NodeHash::of(node);
-        lock(&self.inner.table).breakers.state(hash, node)
+        self.inner.placer.breaker_state(node)
     }
 
     /// Queued runs by why they wait: `[every serving node busy, no node available]`.
     pub fn waiting_by_cause(&self) -> [usize; 2] {
-        lock(&self.inner.table).waiting_by_cause()
+        self.inner.placer.waiting_by_cause()
     }
 
     /// Drains node `id` (it keeps its runs but gets no new ones; the flag outlives its
     /// connection) or undrains it, which offers it the queued runs at once. Returns whether
     /// the flag changed.
     pub fn set_drained(&self, id: &NodeId, drained: bool) -> bool {
-        let changed = self.inner.registry.set_drained(id, drained);
-        if changed && !drained {
-            self.pump_and_send();
-        }
+        let (changed, fallout) = self.inner.placer.set_drained(id, drained);
+        self.inner.relay.settle(fallout);
         changed
     }
 
@@ -231,43 +189,26 @@ impl RunService {
     /// including waiting too long in the queue, as its terminal event.
     pub fn start(&self, mut spec: RunSpec) -> Result<RunHandle, StartError> {
         let inner = &self.inner;
-        if self.is_draining() {
+        if inner.placer.is_draining() {
             return Err(StartError::ShuttingDown);
         }
-        if spec.deadline.is_none() && inner.config.default_deadline_ms > 0 {
-            spec.deadline = Some(Duration::from_millis(inner.config.default_deadline_ms));
+        if spec.deadline.is_none() {
+            spec.deadline = inner.config.default_deadline();
         }
         let (caller, events) = mpsc::channel(CALLER_BUFFER);
         let run = Arc::new(self.new_run(spec, caller));
         if inner.journal.enabled() {
-            let entry = JournalEntry::Accepted(Box::new(run.accepted.clone()));
+            let entry = JournalEntry::Accepted(Box::new(run.accepted().clone()));
             inner.journal.record(entry);
         }
-        let dispatch = self.admit(&mut lock(&inner.table), &run)?;
-        self.watch(&run);
-        let placed = match dispatch {
-            Dispatch::Sent(node) => {
-                self.send_run(&run, &node);
-                Placed::Sent(node)
-            }
-            Dispatch::Waiting { cause, displaced } => {
-                self.arm_wait(&run);
-                if let Some(displaced) = displaced {
-                    self.end_soon(displaced, EdgeFailure::QueueFull.into_event_kind());
-                }
-                Placed::Waiting(cause)
-            }
-        };
+        let (placed, fallout) = inner.placer.admit(&run)?;
+        inner.relay.watch(&run);
+        inner.relay.settle(fallout);
         Ok(RunHandle {
-            run_id: run.id.clone(),
+            run_id: run.id().clone(),
             events,
             placed,
         })
-    }
-
-    /// Whether the drain has begun.
-    pub(super) fn is_draining(&self) -> bool {
-        self.inner.draining.load(Ordering::Acquire)
     }
 
     /// A fresh run with the next id, not yet in the table.
@@ -285,7 +226,7 @@ impl RunService {
             node = tracing::field::Empty,
             attempt = tracing::field::Empty,
         );
-        let accepted = super::management_view::accepted(&id, &spec);
+        let accepted = accepted(&id, &spec);
         let delivery = Delivery::new(caller);
         Run::new(id, spec, accepted, delivery, span, Instant::now())
     }
@@ -294,167 +235,68 @@ impl RunService {
     /// `CancelRun` and ends with the node's own terminal event, or the edge's `cancelled`
     /// after `runs.cancel_grace_ms`. Returns whether the run was open.
     pub async fn cancel(&self, run_id: &RunId, reason: &str) -> bool {
-        let Some(run) = lock(&self.inner.table).runs.get(run_id).cloned() else {
-            return false;
-        };
-        let cancelled = RunEventKind::cancelled(reason);
-        let queued = {
-            let mut table = lock(&self.inner.table);
-            lock(&run.route).cancelling = Some(reason.to_owned());
-            table.unqueue(run_id)
-        };
-        if queued {
-            self.end_run(&run, cancelled).await;
-            return true;
-        }
-        self.send_cancel(&run, reason);
-        self.arm_cancel_grace(run, cancelled);
-        true
+        self.inner.relay.cancel(run_id, reason).await
+    }
+
+    /// Moves open run `id` off `node`, whose drain deadline passed: to another node (placed
+    /// again, queued, or continued), then cancelled on `node` with `reason`. A run that
+    /// cannot move is cancelled on `node` as a caller's cancel is, `reason` then ending with
+    /// why it did not move. Returns whether the run was open on `node`.
+    pub async fn move_off_drained(&self, node: &NodeId, id: &RunId, reason: &str) -> bool {
+        self.inner.recovery.move_off_drained(node, id, reason).await
+    }
+
+    /// Takes back the runs a previous edge left open in the journal; call once at start,
+    /// before nodes may connect. Returns how many are held for their nodes.
+    pub async fn adopt_left_open(&self) -> usize {
+        self.inner.recovery.adopt_left_open().await
+    }
+
+    /// Loads every key's tokens used this UTC day and month from the journal (nothing when
+    /// it is disabled: budgets then start from zero). Call once, before runs are accepted.
+    ///
+    /// # Errors
+    /// [`JournalError`] when the rollups cannot be read.
+    pub async fn load_budgets(&self) -> Result<(), JournalError> {
+        self.inner.placer.load_budgets().await
     }
 
     /// Stops accepting runs, waits up to `grace` for open runs to end, then ends the rest
     /// with `failed`/`edge_shutdown` and flushes the sink.
     pub async fn drain(&self, grace: Duration) {
         let inner = &self.inner;
-        inner.draining.store(true, Ordering::Release);
-        inner.stopping.cancel();
-        let deadline = Instant::now() + grace;
-        loop {
-            let ended = inner.run_ended.notified();
-            if self.open_runs() == 0 {
-                break;
-            }
-            if tokio::time::timeout_at(deadline, ended).await.is_err() {
-                break;
-            }
-        }
-        let remaining: Vec<Arc<Run>> = {
-            let mut table = lock(&inner.table);
-            table.queue.drain();
-            table.runs.values().cloned().collect()
-        };
-        if !remaining.is_empty() {
-            warn!(
-                runs = remaining.len(),
-                "ending runs still open after the drain grace period"
-            );
-        }
-        let endings = remaining.iter().map(|run| {
-            let kind = EdgeFailure::EdgeShutdown.into_event_kind();
-            self.end_then_cancel(run, kind, "edge shutting down")
-        });
-        futures::future::join_all(endings).await;
-        inner.deadlines.stop();
-        inner.timers.close();
-        inner.timers.wait().await;
-        inner.sink.flush().await;
-    }
-}
-
-/// The inbound runs port, as the HTTP APIs call it.
-#[async_trait]
-impl Runs for RunService {
-    fn start(&self, spec: RunSpec) -> Result<RunHandle, StartError> {
-        RunService::start(self, spec)
+        inner.timers.stopping().cancel();
+        inner.placer.all_ended(Instant::now() + grace).await;
+        inner.relay.end_left_open().await;
+        inner.timers.stop().await;
+        inner.relay.sink().flush().await;
     }
 
-    async fn cancel(&self, run_id: &RunId, reason: &str) -> bool {
-        RunService::cancel(self, run_id, reason).await
+    /// The parts, for the handlers beside this file.
+    pub(super) fn placer(&self) -> &Arc<Placer> {
+        &self.inner.placer
     }
 
-    async fn reader_gone(&self, run_id: &RunId, reason: &str) {
-        RunService::reader_gone(self, run_id, reason).await;
+    pub(super) fn relay(&self) -> &Arc<Relay> {
+        &self.inner.relay
     }
 
-    fn reader_back(&self, run_id: &RunId) -> bool {
-        RunService::reader_back(self, run_id)
-    }
-}
-
-#[async_trait]
-impl NodeEventHandler for RunService {
-    async fn events_kept(&self) -> bool {
-        // Only a journal that a restarted edge takes runs back from makes this worth a
-        // wait: the node may forget what it acknowledged. The wait is bounded, so a journal
-        // that stalls (a checkpoint waiting for readers, a slow disk, a starved machine)
-        // cannot hold up the node's connection: past it this ping goes unanswered and the
-        // node keeps its copies until a later ping's answer, so no event is ever in neither.
-        if self.inner.config.resume_grace().is_some() && self.inner.journal.enabled() {
-            let flushed = self.inner.journal.flush();
-            return tokio::time::timeout(JOURNAL_ACK_WAIT, flushed)
-                .await
-                .is_ok();
-        }
-        true
+    pub(super) fn recovery(&self) -> &Arc<Recovery> {
+        &self.inner.recovery
     }
 
-    fn node_connected(&self, node: &NodeId) {
-        let connection = || self.inner.registry.get(node.as_str()).map(|n| n.connection);
-        self.inner.node_spans.connected(node, connection);
-        self.pump_and_send();
+    /// Whether a node's ping is answered only once the journal holds the events read
+    /// before it: only a journal a restarted edge takes runs back from makes that worth a
+    /// wait.
+    pub(super) fn journal_backs_resume(&self) -> Option<&dyn RunJournal> {
+        let inner = &self.inner;
+        (inner.config.resume_grace().is_some() && inner.journal.enabled())
+            .then_some(inner.journal.as_ref())
     }
 
-    fn node_changed(&self, _node: &NodeId) {
-        self.pump_and_send();
-    }
-
-    async fn run_events(
-        &self,
-        node: &NodeId,
-        connection: ConnectionId,
-        events: &mut Vec<ReportedEvent>,
-    ) {
-        let Some(first) = events.first() else {
-            return;
-        };
-        let held = lock(&self.inner.table).held_by(&first.run_id, node, connection);
-        let stats = &self.inner.stats;
-        let count = events.len() as u64;
-        match held {
-            Ok(run) => {
-                let source = Source::Attempt(node, connection);
-                self.relay_node_events(&run, source, events.drain(..)).await;
-            }
-            Err(Miss::Ended) => {
-                stats
-                    .dropped_after_terminal
-                    .fetch_add(count, Ordering::Relaxed);
-                debug!(run_id = first.run_id, %node, count, "dropped events for a run that has ended");
-            }
-            Err(Miss::Unknown) => {
-                stats
-                    .dropped_unknown_run
-                    .fetch_add(count, Ordering::Relaxed);
-                debug!(run_id = first.run_id, %node, count, "dropped events for a run this node does not hold");
-            }
-        }
-        events.clear();
-    }
-
-    async fn resume_runs(
-        &self,
-        node: &NodeId,
-        connection: ConnectionId,
-        claims: &[ResumeClaim],
-    ) -> Vec<ResumeAnswer> {
-        self.resume_claims(node, connection, claims).await
-    }
-
-    async fn node_disconnected(
-        &self,
-        node: &NodeId,
-        connection: ConnectionId,
-        reason: CloseReason,
-        resumable: bool,
-    ) {
-        self.inner.node_spans.disconnected(node, connection);
-        let held = lock(&self.inner.table).runs_on(node, connection);
-        if !held.is_empty() {
-            debug!(%node, %reason, runs = held.len(), resumable, "ending or detaching the runs of a disconnected node");
-        }
-        for (index, run) in held.iter().enumerate() {
-            self.lose_attempt(run, node, connection, index == 0, resumable)
-                .await;
-        }
+    /// The timers, for the tests.
+    #[cfg(test)]
+    pub(super) fn timers(&self) -> &Timers {
+        &self.inner.timers
     }
 }

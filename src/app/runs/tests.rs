@@ -37,7 +37,7 @@ use crate::ports::{
     CloseReason, ConnectionId, LastFrame, LinkError, NewConnection, NodeCommand, NodeEventHandler,
     NodeLink, Registry, ReportedEvent, RunAssignment, TransportError,
 };
-use crate::ports::{RunHandle, StartError};
+use crate::ports::{RunHandle, Runs, StartError};
 
 const ADAPTER: &str = "echo";
 const TARGET: &str = "t";
@@ -854,23 +854,23 @@ async fn one_task_keeps_every_deadline_and_a_sooner_one_still_ends_its_run_on_ti
     let mut h = Harness::expecting(Expect::terminals(3).runs_sent(3).cancels_sent(1));
     let a = h.connect("a", 3).await;
     let mut long = h.start(with_deadline(Duration::from_secs(60)));
-    let tasks = h.service.inner.timers.len();
+    let tasks = h.service.timers().len();
     let mut finished = h.start(with_deadline(Duration::from_secs(30)));
     // Sooner than the one the task sleeps until: it is woken for it.
     let mut short = h.start(with_deadline(Duration::from_secs(1)));
-    assert_eq!(h.service.inner.timers.len(), tasks, "a task per run");
-    assert_eq!(h.service.inner.deadlines.len(), 3);
+    assert_eq!(h.service.timers().len(), tasks, "a task per run");
+    assert_eq!(h.service.timers().deadlines().len(), 3);
 
     h.complete("a", a, &mut finished).await;
-    assert_eq!(h.service.inner.deadlines.len(), 2);
+    assert_eq!(h.service.timers().deadlines().len(), 2);
     sleep(Duration::from_millis(990)).await;
     assert!(h.cancels(&short.run_id).is_empty());
     sleep(Duration::from_millis(20)).await;
     h.assert_edge_failed(&mut short, "deadline_exceeded");
-    assert_eq!(h.service.inner.deadlines.len(), 1);
+    assert_eq!(h.service.timers().deadlines().len(), 1);
 
     h.complete("a", a, &mut long).await;
-    assert_eq!(h.service.inner.deadlines.len(), 0);
+    assert_eq!(h.service.timers().deadlines().len(), 0);
     h.finish().await;
 }
 
@@ -879,7 +879,7 @@ async fn a_deadline_too_far_away_to_name_never_passes() {
     let mut h = Harness::expecting(Expect::terminals(1).runs_sent(1));
     let a = h.connect("a", 1).await;
     let mut handle = h.start(with_deadline(Duration::MAX));
-    assert_eq!(h.service.inner.deadlines.len(), 0);
+    assert_eq!(h.service.timers().deadlines().len(), 0);
     sleep(Duration::from_secs(3_600)).await;
     assert_eq!(h.service.open_runs(), 1);
     h.complete("a", a, &mut handle).await;
@@ -947,14 +947,14 @@ async fn a_run_whose_reader_went_is_cancelled_only_when_none_came_back_within_th
     let run = handle.run_id.clone();
 
     // The caller goes (grace 1 s); a resumed reader comes within it.
-    h.service.reader_gone(&run, "client disconnected").await;
+    Runs::reader_gone(&h.service, &run, "client disconnected").await;
     sleep(Duration::from_millis(900)).await;
-    assert!(h.service.reader_back(&run));
+    assert!(Runs::reader_back(&h.service, &run));
     sleep(Duration::from_millis(500)).await;
     assert!(h.cancels(&run).is_empty(), "a reader came back in time");
 
     // That reader goes too: the grace starts again from then.
-    h.service.reader_gone(&run, "client disconnected").await;
+    Runs::reader_gone(&h.service, &run, "client disconnected").await;
     sleep(Duration::from_millis(990)).await;
     assert!(h.cancels(&run).is_empty());
     sleep(Duration::from_millis(20)).await;
@@ -964,7 +964,7 @@ async fn a_run_whose_reader_went_is_cancelled_only_when_none_came_back_within_th
         .await;
     h.assert_ended_once(&mut handle);
     assert!(
-        !h.service.reader_back(&run),
+        !Runs::reader_back(&h.service, &run),
         "an ended run has no reader to take"
     );
     h.finish().await;

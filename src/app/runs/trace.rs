@@ -13,7 +13,8 @@ use std::sync::Mutex;
 
 use tracing::{Level, Span, info_span};
 
-use super::table::{Placement, Run, lock};
+use super::placer::route::Placement;
+use super::run::{Run, lock};
 use crate::domain::NodeId;
 use crate::ports::ConnectionId;
 use crate::ports::EXPORT_TARGET;
@@ -57,7 +58,7 @@ impl NodeSpans {
     pub(super) fn dispatched(&self, run: &Run) {
         let span = info_span!(
             target: EXPORT_TARGET,
-            parent: &run.span,
+            parent: run.span(),
             "dispatch",
             node = tracing::field::Empty,
             connection = tracing::field::Empty,
@@ -65,8 +66,9 @@ impl NodeSpans {
         if span.is_disabled() {
             return;
         }
-        let Placement::Dispatched { node, connection } = run.placement() else {
-            return;
+        let (node, connection) = match run.route().placement() {
+            Placement::Dispatched { node, connection } => (node.clone(), *connection),
+            _ => return,
         };
         span.record("node", tracing::field::display(&node));
         span.record("connection", connection);

@@ -1,16 +1,17 @@
 //! A node drain's deadline: each run still on the node is moved to another node like a lost
-//! attempt — placed again when nothing of it reached the caller yet (failover, `failover.rs`),
-//! continued from what was relayed otherwise (`continuation.rs`) — and only then cancelled
+//! attempt — placed again when nothing of it reached the caller yet (failover), continued from
+//! what was relayed otherwise (continuation) — and only then cancelled
 //! on the drained node, whose late events for it are dropped. A run that cannot move is
 //! cancelled on its node as before, the reason saying why it did not move.
 //!
 //! It decides nothing itself: the failover and continuation rules are the ones every lost
 //! attempt goes through.
 
-use super::service::RunService;
-use super::table::{Placement, lock};
+use std::sync::Arc;
+
+use super::Recovery;
+use crate::app::runs::placer::route::Placement;
 use crate::domain::{FailureClass, NodeId, RunEventKind, RunId};
-use crate::ports::NodeCommand;
 
 /// The code of the attempt a drain deadline ends, as the run's record shows it when the run
 /// moved on (it is never relayed).
@@ -32,26 +33,32 @@ fn drain_deadline_end() -> RunEventKind {
     }
 }
 
-impl RunService {
+impl Recovery {
     /// Moves open run `id` off `node`, whose drain deadline passed: to another node (placed
     /// again, queued, or continued), then cancelled on `node` with `reason`. A run that
     /// cannot move is cancelled on `node` as a caller's cancel is, `reason` then ending with
     /// why it did not move. Returns whether the run was open on `node`.
-    pub async fn move_off_drained(&self, node: &NodeId, id: &RunId, reason: &str) -> bool {
-        let Some(run) = lock(&self.inner.table).runs.get(id).cloned() else {
+    pub(in crate::app::runs) async fn move_off_drained(
+        self: &Arc<Self>,
+        node: &NodeId,
+        id: &RunId,
+        reason: &str,
+    ) -> bool {
+        let Some(run) = self.placer.find(id) else {
             return false;
         };
-        let placement = run.placement();
+        let placement = run.route().placement().clone();
         if placement.attempt().is_none_or(|(held, _)| held != node) {
             // Queued, or moved to another node since the drain listed it: not this node's.
             return false;
         }
         let Placement::Dispatched { connection, .. } = placement else {
             // Detached from `node` (it may still claim it back): nothing to move it from.
-            return self.cancel(id, reason).await;
+            return self.relay.cancel(id, reason).await;
         };
         let mut end = drain_deadline_end();
         if !self
+            .relay
             .move_off_attempt(&run, node, connection, &mut end)
             .await
         {
@@ -62,14 +69,10 @@ impl RunService {
                     .unwrap_or_default(),
                 _ => "",
             };
-            return self.cancel(id, &format!("{reason}{why}")).await;
+            return self.relay.cancel(id, &format!("{reason}{why}")).await;
         }
-        let command = NodeCommand::Cancel {
-            run_id: run.id.clone(),
-            reason: reason.to_owned(),
-        };
         // A node that cannot be reached has lost the attempt anyway.
-        let _ = self.inner.transport.send(node, command);
+        self.placer.send_cancel_to(node, id, reason);
         true
     }
 }

@@ -13,7 +13,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::table::{Run, lock};
+use crate::app::runs::run::{Run, lock};
 
 /// A run's place in the set: its deadline, then its address (unique while it is open, and
 /// the set holds it open).
@@ -21,7 +21,7 @@ type Key = (Instant, usize);
 
 /// The set of deadlines and what wakes its task.
 #[derive(Default)]
-pub(super) struct Deadlines {
+pub(in crate::app::runs) struct Deadlines {
     state: Mutex<State>,
     /// Wakes the task for a deadline sooner than the one it sleeps until.
     sooner: Notify,
@@ -41,7 +41,7 @@ struct State {
 
 /// What [`Deadlines::add`] asks of its caller.
 #[derive(Debug, PartialEq, Eq)]
-pub(super) enum Added {
+pub(in crate::app::runs) enum Added {
     /// Nothing: the task will see the deadline in time.
     Kept,
     /// Spawn the task: this is the first deadline.
@@ -50,7 +50,7 @@ pub(super) enum Added {
 
 impl Deadlines {
     /// Adds `run`'s deadline, if it has one. Wakes the task only when it sleeps until later.
-    pub(super) fn add(&self, run: &Arc<Run>) -> Added {
+    pub(in crate::app::runs) fn add(&self, run: &Arc<Run>) -> Added {
         let Some(key) = key_of(run) else {
             return Added::Kept;
         };
@@ -70,7 +70,7 @@ impl Deadlines {
 
     /// Takes `run`'s deadline out (it ended). The task is not woken: if it sleeps until this
     /// deadline, it wakes then, finds nothing due and sleeps again.
-    pub(super) fn remove(&self, run: &Arc<Run>) {
+    pub(in crate::app::runs) fn remove(&self, run: &Arc<Run>) {
         if let Some(key) = key_of(run) {
             lock(&self.state).due.remove(&key);
         }
@@ -78,7 +78,7 @@ impl Deadlines {
 
     /// Takes out the runs whose deadline has passed at `now` into `expired`, and says when
     /// the next one is due (what the task then sleeps until).
-    pub(super) fn take_expired(
+    pub(in crate::app::runs) fn take_expired(
         &self,
         now: Instant,
         expired: &mut Vec<Arc<Run>>,
@@ -95,7 +95,7 @@ impl Deadlines {
 
     /// Waits until `next` (or, without one, indefinitely) or until a sooner deadline comes
     /// in; `false` once the task must end.
-    pub(super) async fn sleep(&self, next: Option<Instant>) -> bool {
+    pub(in crate::app::runs) async fn sleep(&self, next: Option<Instant>) -> bool {
         let until = async {
             match next {
                 Some(when) => tokio::time::sleep_until(when).await,
@@ -110,13 +110,13 @@ impl Deadlines {
     }
 
     /// Ends the task.
-    pub(super) fn stop(&self) {
+    pub(in crate::app::runs) fn stop(&self) {
         self.stopped.cancel();
     }
 
     /// How many deadlines are kept.
     #[cfg(test)]
-    pub(super) fn len(&self) -> usize {
+    pub(in crate::app::runs) fn len(&self) -> usize {
         lock(&self.state).due.len()
     }
 }
@@ -124,6 +124,6 @@ impl Deadlines {
 /// `run`'s place in the set; `None` without a deadline, or with one too far away to
 /// name as an instant (it never passes).
 fn key_of(run: &Arc<Run>) -> Option<Key> {
-    let when = run.accepted_at.checked_add(run.spec.deadline?)?;
+    let when = run.accepted_at().checked_add(run.spec().deadline?)?;
     Some((when, Arc::as_ptr(run) as usize))
 }

@@ -10,8 +10,8 @@ use std::time::Duration;
 use opentelemetry::KeyValue;
 use opentelemetry::metrics::{Histogram, Meter};
 
-use super::metrics::LATENCY_BUCKETS;
-use super::resume::Loss;
+use super::LATENCY_BUCKETS;
+use crate::app::runs::observer::Loss;
 
 /// An unlabelled counter: name, description, and its count.
 type PlainCounter = (&'static str, &'static str, fn(&ResumeCounts) -> &AtomicU64);

@@ -1,5 +1,9 @@
-//! The run service's OpenTelemetry instruments: runs and their events, routing
-//! (placements by rule, failovers, breaker transitions, refusals by limit) and resume.
+//! The run service's OpenTelemetry instruments, its one [`RunObserver`]: runs and their
+//! events (here), routing — placements by rule, failovers, breaker transitions, refusals by
+//! limit (`routing.rs`) — and runs held across a node's reconnect (`resume.rs`).
+
+mod resume;
+mod routing;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -9,9 +13,10 @@ use std::time::Duration;
 use opentelemetry::KeyValue;
 use opentelemetry::metrics::{BoundCounter, BoundHistogram, Counter, Histogram, Meter};
 
-use super::resume_metrics::ResumeMetrics;
-use super::routing_metrics::{Refusal, RoutingCounts};
-use super::table::{Run, lock};
+use self::resume::ResumeMetrics;
+use self::routing::RoutingCounts;
+use super::observer::{Loss, Refusal, RunObserver};
+use super::run::{Run, lock};
 use crate::domain::routing::{
     AffinityKey, AttemptEnd, KeySource, Priority, RouteReason, TenantKey, Transition,
 };
@@ -61,7 +66,7 @@ pub(super) struct RunMetrics {
     /// Tokens of ended runs: input, cached input, output.
     tokens: [Counter<u64>; 3],
     /// Runs detached, re-attached and lost around their node's reconnects.
-    pub(super) resume: ResumeMetrics,
+    resume: ResumeMetrics,
     /// The last hour in buckets, for `/admin/v1/stats`: written once per run start and
     /// end and per queued run (a short lock; never on an output event).
     stats: Mutex<FleetStats>,
@@ -70,7 +75,7 @@ pub(super) struct RunMetrics {
 /// The instruments of one route (adapter and target), bound to its labels the first time
 /// each is used: a measurement through a bound instrument skips the SDK's lookup of the
 /// attribute set (decision 27). A run finds them once, at its first dispatch.
-pub(super) struct RouteMetrics {
+struct RouteMetrics {
     labels: [KeyValue; 2],
     started: OnceLock<BoundCounter<u64>>,
     /// By priority, in the order of [`priority_index`].
@@ -156,14 +161,14 @@ impl RunMetrics {
     /// The instruments of `run`'s route, found (or made) on its first dispatch: a
     /// dispatched run's route is a configured one, so the routes kept are bounded by the
     /// config.
-    fn route_of<'a>(&self, run: &'a Run) -> &'a RouteMetrics {
-        run.route_metrics.get_or_init(|| {
-            let selector = &run.spec.selector;
+    fn route_of<'a>(&self, run: &'a Run) -> Option<&'a RouteMetrics> {
+        run.observed(|| {
+            let selector = &run.spec().selector;
             let key = (selector.adapter.clone(), selector.target.clone());
             let mut routes = lock(&self.routes);
             let bound = routes.entry(key).or_insert_with(|| {
                 Arc::new(RouteMetrics {
-                    labels: route(&run.spec),
+                    labels: route(run.spec()),
                     started: OnceLock::new(),
                     queue_wait: [OnceLock::new(), OnceLock::new()],
                     first_output: OnceLock::new(),
@@ -174,74 +179,6 @@ impl RunMetrics {
             });
             Arc::clone(bound)
         })
-    }
-
-    /// An attempt of `run` was placed on `node` for `reason`; the first attempt's
-    /// placement after waiting `waited` since acceptance also counts the run as started.
-    pub(super) fn dispatched(
-        &self,
-        run: &Run,
-        node: &NodeId,
-        reason: &RouteReason,
-        waited: Duration,
-    ) {
-        let failover = reason.is_failover();
-        self.routing.placed(reason);
-        if failover {
-            return;
-        }
-        lock(&self.stats).started(now_ms(), node);
-        let bound = self.route_of(run);
-        let labels = &bound.labels;
-        let started = bound.started.get_or_init(|| self.started.bind(labels));
-        started.add(1);
-        let priority = run.spec.routing.priority;
-        let queue_wait = bound.queue_wait[priority_index(priority)].get_or_init(|| {
-            let priority = KeyValue::new("priority", priority.as_str());
-            self.queue_wait
-                .bind(&[labels[0].clone(), labels[1].clone(), priority])
-        });
-        queue_wait.record(waited.as_secs_f64());
-    }
-
-    /// An event of `run` was relayed; `first_output` says whether it is the run's first
-    /// output.
-    pub(super) fn relayed(&self, run: &Run, event: &RunEvent, first_output: bool) {
-        self.relayed[kind_index(&event.kind)].fetch_add(1, Ordering::Relaxed);
-        if !first_output && !event.kind.is_terminal() {
-            // Most events: nothing else to record, and no clock to read.
-            return;
-        }
-        let since_accepted = run.accepted_at.elapsed().as_secs_f64();
-        if event.kind.is_terminal() {
-            self.count_end(run, event);
-        }
-        let Some(bound) = run.route_metrics.get() else {
-            // Never dispatched (it ended waiting): measured through the attribute set.
-            self.measure_unbound(&run.spec, event, since_accepted);
-            return;
-        };
-        let labels = &bound.labels;
-        if first_output {
-            let histogram = bound
-                .first_output
-                .get_or_init(|| self.first_output.bind(labels));
-            histogram.record(since_accepted);
-        }
-        if event.kind.is_terminal() {
-            self.count_tokens(run, bound, event);
-            let duration = bound.duration.get_or_init(|| self.duration.bind(labels));
-            duration.record(since_accepted);
-            if matches!(event.kind, RunEventKind::Completed { .. }) {
-                let completed = bound
-                    .completed
-                    .get_or_init(|| self.finished.bind(&finished_labels(labels.clone(), event)));
-                completed.add(1);
-            } else {
-                self.finished
-                    .add(1, &finished_labels(labels.clone(), event));
-            }
-        }
     }
 
     /// [`Self::relayed`]'s measurements of a run that was never dispatched.
@@ -259,12 +196,12 @@ impl RunMetrics {
         let Some(usage) = event.kind.usage() else {
             return;
         };
-        let routing = &run.spec.routing;
+        let routing = &run.spec().routing;
         let affinity = KeySource::label(routing.affinity.map(AffinityKey::source));
         let group = (routing.tenant.clone(), event.node.clone(), affinity);
         let counters = Arc::clone(lock(&bound.tokens).entry(group).or_insert_with_key(
             |(tenant, node, affinity)| {
-                let selector = &run.spec.selector;
+                let selector = &run.spec().selector;
                 let labels = [
                     KeyValue::new("key", tenant.as_str().to_owned()),
                     KeyValue::new("model", format!("{}/{}", selector.adapter, selector.target)),
@@ -292,45 +229,122 @@ impl RunMetrics {
             _ => Ending::Cancelled,
         };
         let output_tokens = event.kind.usage().map_or(0, |u| u64::from(u.output_tokens));
-        let first_output = run.first_output_ms.load(Ordering::Acquire);
+        let queued_ms = run.accepted().queued_ms;
         let end = RunEnd {
             ending,
-            ttft_ms: (first_output > 0)
-                .then(|| first_output.saturating_sub(run.accepted.queued_ms)),
+            ttft_ms: run
+                .first_output_ms()
+                .map(|first| first.saturating_sub(queued_ms)),
             output_tokens,
         };
-        let node = lock(&run.attempts).last().map(|a| a.node.clone());
+        let node = run.last_node();
         lock(&self.stats).ended(now_ms(), node.as_ref(), end);
-    }
-
-    /// `depth` runs wait in the queue now.
-    pub(super) fn queued(&self, depth: usize) {
-        lock(&self.stats).queued(now_ms(), depth);
     }
 
     /// The last hour's series, as of now.
     pub(super) fn window(&self) -> StatsWindow {
         lock(&self.stats).window(now_ms())
     }
+}
 
+impl RunObserver for RunMetrics {
+    /// An attempt of `run` was placed on `node` for `reason`; the first attempt's
+    /// placement after waiting `waited` since acceptance also counts the run as started.
+    fn dispatched(&self, run: &Run, node: &NodeId, reason: &RouteReason, waited: Duration) {
+        let failover = reason.is_failover();
+        self.routing.placed(reason);
+        if failover {
+            return;
+        }
+        lock(&self.stats).started(now_ms(), node);
+        let Some(bound) = self.route_of(run) else {
+            return;
+        };
+        let labels = &bound.labels;
+        let started = bound.started.get_or_init(|| self.started.bind(labels));
+        started.add(1);
+        let priority = run.spec().routing.priority;
+        let queue_wait = bound.queue_wait[priority_index(priority)].get_or_init(|| {
+            let priority = KeyValue::new("priority", priority.as_str());
+            self.queue_wait
+                .bind(&[labels[0].clone(), labels[1].clone(), priority])
+        });
+        queue_wait.record(waited.as_secs_f64());
+    }
+    /// An event of `run` was relayed; `first_output` says whether it is the run's first
+    /// output.
+    fn relayed(&self, run: &Run, event: &RunEvent, first_output: bool) {
+        self.relayed[kind_index(&event.kind)].fetch_add(1, Ordering::Relaxed);
+        if !first_output && !event.kind.is_terminal() {
+            // Most events: nothing else to record, and no clock to read.
+            return;
+        }
+        let since_accepted = run.accepted_at().elapsed().as_secs_f64();
+        if event.kind.is_terminal() {
+            self.count_end(run, event);
+        }
+        let Some(bound) = run.observed_yet::<RouteMetrics>() else {
+            // Never dispatched (it ended waiting): measured through the attribute set.
+            self.measure_unbound(run.spec(), event, since_accepted);
+            return;
+        };
+        let labels = &bound.labels;
+        if first_output {
+            let histogram = bound
+                .first_output
+                .get_or_init(|| self.first_output.bind(labels));
+            histogram.record(since_accepted);
+        }
+        if event.kind.is_terminal() {
+            self.count_tokens(run, bound, event);
+            let duration = bound.duration.get_or_init(|| self.duration.bind(labels));
+            duration.record(since_accepted);
+            if matches!(event.kind, RunEventKind::Completed { .. }) {
+                let completed = bound
+                    .completed
+                    .get_or_init(|| self.finished.bind(&finished_labels(labels.clone(), event)));
+                completed.add(1);
+            } else {
+                self.finished
+                    .add(1, &finished_labels(labels.clone(), event));
+            }
+        }
+    }
+    /// `depth` runs wait in the queue now.
+    fn queued(&self, depth: usize) {
+        lock(&self.stats).queued(now_ms(), depth);
+    }
     /// An attempt that ended with `end` is placed again.
-    pub(super) fn failed_over(&self, end: AttemptEnd) {
+    fn failed_over(&self, end: AttemptEnd) {
         self.routing.failed_over(end);
     }
-
     /// A run whose node was lost after output was continued (`Ok`) or not.
-    pub(super) fn continued(&self, outcome: Result<(), crate::domain::ContinuationRefusal>) {
+    fn continued(&self, outcome: Result<(), crate::domain::ContinuationRefusal>) {
         self.routing.continued(outcome);
     }
-
     /// A circuit breaker changed state.
-    pub(super) fn breaker(&self, transition: Transition) {
+    fn breaker(&self, transition: Transition) {
         self.routing.breaker(transition);
     }
-
     /// A run was refused by `limit`.
-    pub(super) fn refused(&self, limit: Refusal) {
+    fn refused(&self, limit: Refusal) {
         self.routing.refused(limit);
+    }
+
+    fn detached(&self) {
+        self.resume.detached();
+    }
+
+    fn reattached(&self, detached_for: Option<Duration>) {
+        self.resume.reattached(detached_for);
+    }
+
+    fn resume_lost(&self, loss: Loss) {
+        self.resume.lost(loss);
+    }
+
+    fn ended_detached(&self, detached_for: Duration) {
+        self.resume.ended_detached(detached_for);
     }
 }
 

@@ -4,20 +4,20 @@
 
 use std::collections::HashMap;
 
-use super::service::RunService;
-use super::table::lock;
+use super::Placer;
+use crate::app::runs::run::lock;
 use crate::domain::routing::{BudgetWindow, TenantKey};
 use crate::domain::{Bucket, GroupBy, UsageQuery};
 use crate::ports::JournalError;
 use crate::ports::clock::now_ms;
 
-impl RunService {
+impl Placer {
     /// Loads every key's tokens used this UTC day and month from the journal (nothing when
     /// it is disabled: budgets then start from zero). Call once, before runs are accepted.
     ///
     /// # Errors
     /// [`JournalError`] when the rollups cannot be read.
-    pub async fn load_budgets(&self) -> Result<(), JournalError> {
+    pub(in crate::app::runs) async fn load_budgets(&self) -> Result<(), JournalError> {
         let now = now_ms();
         let (month_start, _) = BudgetWindow::Month.bounds(now);
         let today = Bucket::Day.start_of(now);
@@ -31,7 +31,7 @@ impl RunService {
             bucket: Bucket::Day,
             per_bucket: true,
         };
-        let rows = self.inner.journal.usage(&query).await?;
+        let rows = self.journal.usage(&query).await?;
         let mut used: HashMap<String, (u64, u64)> = HashMap::new();
         for row in rows {
             let Some(key) = row.group.key else { continue };
@@ -42,7 +42,7 @@ impl RunService {
                 *day += tokens;
             }
         }
-        let mut table = lock(&self.inner.table);
+        let mut table = lock(&self.table);
         for (key, (day, month)) in used {
             if let Ok(tenant) = TenantKey::parse(&key) {
                 table.budgets.load(&tenant, day, month, now);

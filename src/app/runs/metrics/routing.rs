@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use opentelemetry::KeyValue;
 use opentelemetry::metrics::Meter;
 
+use crate::app::runs::observer::Refusal;
 use crate::domain::routing::{AttemptEnd, RouteReason, Transition};
 use crate::domain::{ContinuationRefusal, FailureClass};
 
@@ -45,32 +46,6 @@ const REFUSALS: [&str; 4] = [
     Refusal::QueueFull.as_str(),
     Refusal::Budget.as_str(),
 ];
-
-/// Why a run was refused before acceptance (`edge_run_refusals_total{limit}`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Refusal {
-    /// Its API key has its most runs open.
-    Concurrency,
-    /// Its API key started its most runs for now.
-    Rate,
-    /// It would wait and the queue is full.
-    QueueFull,
-    /// Its API key's token budget is used up.
-    Budget,
-}
-
-impl Refusal {
-    const ALL: [Refusal; 4] = [Self::Concurrency, Self::Rate, Self::QueueFull, Self::Budget];
-
-    const fn as_str(self) -> &'static str {
-        match self {
-            Self::Concurrency => "concurrency",
-            Self::Rate => "rate",
-            Self::QueueFull => "queue_full",
-            Self::Budget => "budget",
-        }
-    }
-}
 
 /// One labelled counter: name, description, label, its values, and its counts.
 type LabelledCounts = (
