@@ -465,6 +465,9 @@ pub(super) fn frame_error_reason(error: &FrameError) -> CloseReason {
     match error {
         FrameError::Io(_) => CloseReason::Io,
         FrameError::Oversized { .. } => CloseReason::OversizedFrame,
-        FrameError::BadLength | FrameError::Decode(_) => CloseReason::ProtocolViolation,
+        // `Stale` is a fenced node codec's; the edge's never says it.
+        FrameError::BadLength | FrameError::Decode(_) | FrameError::Stale { .. } => {
+            CloseReason::ProtocolViolation
+        }
     }
 }
