@@ -97,6 +97,7 @@ mod responses_background;
 mod resume;
 mod routing;
 mod runs;
+mod site_node;
 mod site_transport;
 mod soak;
 mod stream_resume;
