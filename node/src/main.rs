@@ -253,6 +253,20 @@ mod tests {
     }
 
     #[test]
+    fn edge_takes_one_address_or_a_sites_members() {
+        let options_of = |edge: &str| {
+            let args = Args::try_parse_from(["edge-node", "--token", "t", "--edge", edge])
+                .expect("parsed");
+            options(args)
+        };
+        let one = options_of("127.0.0.1:7100").expect("valid");
+        assert_eq!(one.edges(), ["127.0.0.1:7100"]);
+        let site = options_of("10.0.0.1:7100,10.0.0.2:7100").expect("valid");
+        assert_eq!(site.edges(), ["10.0.0.1:7100", "10.0.0.2:7100"]);
+        assert!(options_of(" , ").is_err());
+    }
+
+    #[test]
     fn the_thread_count_defaults_to_one_and_refuses_zero() {
         let parse =
             |extra: &[&str]| Args::try_parse_from([&["edge-node", "--token", "t"], extra].concat());

@@ -10,7 +10,7 @@ use common::{TWO_NODES, TestApp, bounded, spawn_app};
 use edge::client::{
     ClientError, EpochFence, NodeClient, ReceivedEdgeFrame, RegisterOutcome, Registration,
 };
-use edge::domain::RegisterRejection;
+use edge::domain::{RegisterRejection, RunEventKind, RunId};
 use edge::ports::{ActiveMember, CloseReason, NodeCommand, Role};
 
 fn standby(active: Option<&str>) -> Role {
@@ -36,6 +36,27 @@ async fn register(app: &TestApp, fence: &EpochFence) -> (NodeClient, RegisterOut
         (client, outcome)
     })
     .await
+}
+
+/// Reads the next frame, which must be the run `run_id`, and completes it.
+async fn complete(client: &mut NodeClient, run_id: &RunId) {
+    let run = bounded("the run to reach the node", client.next())
+        .await
+        .expect("a frame");
+    assert!(
+        matches!(&run, ReceivedEdgeFrame::Command(NodeCommand::Run(r)) if &r.run_id == run_id),
+        "{run:?}"
+    );
+    let completed = RunEventKind::Completed {
+        finish_reason: "stop".into(),
+        usage: None,
+    };
+    client
+        .event(run_id.as_str(), 1, completed)
+        .await
+        .expect("the event is written");
+    // A sign of life, so a slow machine does not evict the node meanwhile.
+    client.heartbeat(0).await.expect("the heartbeat is written");
 }
 
 /// Every frame the edge sends until it closes the connection.
@@ -95,14 +116,16 @@ async fn commands_carry_the_epoch_and_an_edge_that_stops_acting_sends_its_nodes_
     assert!(outcome.accepted);
     app.wait_for_nodes(1).await;
     let handle = app.parts.runs.start(echo_run("first")).expect("accepted");
-    let run = bounded("the run to reach the node", client.next())
-        .await
-        .expect("a frame");
-    assert!(
-        matches!(&run, ReceivedEdgeFrame::Command(NodeCommand::Run(r)) if r.run_id == handle.run_id),
-        "{run:?}"
-    );
+    complete(&mut client, &handle.run_id).await;
     assert_eq!(fence.highest(), 5);
+
+    // A new lease, a higher epoch: the next command carries it.
+    app.parts.site.set(Role::Active { epoch: 6 });
+    let handle = app.parts.runs.start(echo_run("again")).expect("accepted");
+    complete(&mut client, &handle.run_id).await;
+    assert_eq!(fence.highest(), 6);
+    // The node is idle again: a run started now is placed on it.
+    app.assert_settled().await;
 
     // The edge stops acting; a run started right after is never written to the node.
     app.parts.site.set(standby(Some("10.0.0.1:7100")));

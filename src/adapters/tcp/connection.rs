@@ -481,8 +481,10 @@ impl<'a, S: NodeIo> Connection<'a, S> {
         }
     }
 
-    /// Writes one frame within the write timeout.
+    /// Writes one frame within the write timeout, under the epoch the edge acts under now
+    /// (or last acted under, once it stopped).
     pub(super) async fn send(&mut self, frame: EdgeFrame) -> Result<(), CloseReason> {
+        self.still_acts();
         match timeout(self.shared.config.write_timeout(), self.framed.send(frame)).await {
             Ok(Ok(())) => {
                 self.shared.stats.frames_out.fetch_add(1, Ordering::Relaxed);
