@@ -162,6 +162,12 @@ impl<'a, S: NodeIo> Connection<'a, S> {
     /// under the epoch it acted under), so the node goes to the active member. The
     /// connection closes next either way.
     async fn send_away(&mut self) {
+        if !self.framed.write_buffer().is_empty() {
+            // Commands fed before the edge stopped acting are still unwritten: they stay so,
+            // and the connection closes without a word (the node reconnects as after a cut).
+            info!("this edge no longer acts for its site: closing the node's connection");
+            return;
+        }
         info!("this edge no longer acts for its site: sending the node away");
         let shutdown = NodeCommand::Shutdown {
             reason: "standby".to_owned(),
@@ -462,6 +468,11 @@ impl<'a, S: NodeIo> Connection<'a, S> {
                     Err(_) => break Sent::Commands,
                 }
             };
+            if role.has_changed().unwrap_or(false) && !role.borrow().acts() {
+                // Fed while the edge acted, not flushed yet: left unsent, and the connection
+                // closes as `standby` without them.
+                return Ok((0, Sent::RoleChanged));
+            }
             for run_id in &traced {
                 tracing::trace!(target: hops::TARGET, hop = hops::RUN_SENT, %run_id);
             }
