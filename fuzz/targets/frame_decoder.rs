@@ -164,7 +164,8 @@ fn failed(error: &FrameError) -> End {
     let kind = match error {
         FrameError::Oversized { .. } => ErrorKind::Oversized,
         FrameError::BadLength => ErrorKind::BadLength,
-        FrameError::Decode(_) => ErrorKind::Decode,
+        // `Stale` comes only from a fenced node codec; the ones here are not fenced.
+        FrameError::Decode(_) | FrameError::Stale { .. } => ErrorKind::Decode,
         FrameError::Io(_) => ErrorKind::Io,
     };
     End::Failed {

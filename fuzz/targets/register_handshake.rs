@@ -246,6 +246,7 @@ impl Harness {
             store: Arc::new(store),
             registry: shared_registry,
             handler: Arc::clone(&handler) as Arc<dyn NodeEventHandler>,
+            site: edge::ports::SiteRole::default(),
         };
         let server = runtime
             .block_on(TcpServer::bind(config, deps))

@@ -13,7 +13,8 @@
 //! the node in process. Modules:
 //!
 //! - [`lifecycle`]: dial, register, reconnect, drain; [`session`]: one connection's reader
-//!   and writer; [`options`]: the node's own settings.
+//!   and writer; [`site`]: which member of the edge's site to dial next; [`options`]: the
+//!   node's own settings.
 //! - [`dispatch`]: admit or refuse a run and drive it; [`runs`]: the run table, event
 //!   buffers, flow control and resume claims.
 //! - [`adapters`]: the configured adapters and the availability board; [`probe`]: the
@@ -32,6 +33,7 @@ pub mod options;
 pub mod probe;
 pub mod runs;
 pub mod session;
+pub mod site;
 pub mod sse;
 pub mod upstream;
 

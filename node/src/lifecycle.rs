@@ -1,28 +1,39 @@
 //! The node's life: dial the edge, register (with the process's instance id and resume
 //! claims), serve the session, and after any disconnect dial again with exponential backoff
-//! and full jitter, until told to stop; then drain.
+//! and full jitter, until told to stop; then drain. Given the addresses of a site's members,
+//! it finds the one that acts ([`super::site`]): a standby's refusal naming the active member
+//! is followed, a failure moves on to the next address. Every connection is fenced by the
+//! process's one [`EpochFence`]: a command from an edge under an older epoch than the node
+//! has seen is not run, and closes that connection.
 //!
 //! Draining (SIGTERM/SIGINT, or the caller's stop token): refuse new runs and report nothing
 //! available, let running runs finish for up to the grace, cancel the rest (upstream too),
 //! give the edge their terminal events, and return. Registration refusals that retrying
 //! cannot fix (a wrong token or node id, an unsupported protocol) end the node with an error;
-//! `ALREADY_CONNECTED` and `SHUTTING_DOWN` are retried with the same backoff.
+//! `ALREADY_CONNECTED` and `SHUTTING_DOWN` are retried with the same backoff. An edge's
+//! `Shutdown` ends the node's open runs (the edge ended them first), except a standby's
+//! (`reason = "standby"`): those runs are claimed on the active member.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use edge::client::{
-    Backoff, ClientError, Keepalive, LinkEnd, NodeClient, RegisterOutcome, Registration,
-    dial as dial_tcp, new_instance_id,
+    Backoff, ClientError, EpochFence, Keepalive, LinkEnd, NodeClient, RegisterOutcome,
+    Registration, ServerName, dial as dial_tcp, new_instance_id,
 };
 use edge::domain::{Operation, RegisterRejection, ResumeClaim};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::adapters::AdapterSet;
-use super::options::NodeOptions;
+use super::options::{NodeOptions, host_of};
 use super::runs::{RunTable, Stop};
 use super::session::{self, SessionEnd};
+use super::site::{Dial, EdgeAddresses};
+
+/// The `Shutdown` reason of an edge that stopped acting for its site: its nodes' runs go on
+/// and are claimed on the active member.
+pub const STANDBY: &str = "standby";
 
 /// The longest a dial, a TLS handshake or a registration answer may take.
 const DIAL_TIMEOUT: Duration = Duration::from_secs(10);
@@ -57,6 +68,9 @@ pub struct Core {
     pub draining: CancellationToken,
     /// This process's instance id, presented on every registration.
     pub instance_id: String,
+    /// The highest epoch this process has seen from the edges of its site, shared by every
+    /// connection.
+    pub fence: EpochFence,
 }
 
 /// Runs the node until `stop` is cancelled and it has drained.
@@ -72,6 +86,7 @@ pub async fn run(options: NodeOptions, stop: CancellationToken) -> Result<(), No
         exit: CancellationToken::new(),
         draining: CancellationToken::new(),
         instance_id: new_instance_id(),
+        fence: EpochFence::new(),
     });
     let drainer = tokio::spawn(drain(Arc::clone(&core), stop));
     let result = connect_loop(&core).await;
@@ -139,20 +154,25 @@ async fn wait_until(table: &RunTable, limit: Duration, done: impl Fn(&RunTable) 
 async fn connect_loop(core: &Core) -> Result<(), NodeError> {
     let options = &core.options;
     let mut backoff = Backoff::new(options.reconnect_min, options.reconnect_max);
+    let mut site = EdgeAddresses::new(options.edges());
     while !core.exit.is_cancelled() {
-        match attempt(core).await {
+        match attempt(core, site.current()).await {
             Ok(SessionEnd::Exit) => break,
             Ok(end) => {
+                site.registered();
                 backoff.reset();
-                log_link_end(core, &end);
-                if let SessionEnd::EdgeShutdown(_) = end {
-                    // The edge ended every open run before saying so.
-                    core.table.stop_all(&Stop::Forget);
-                }
+                session_ended(core, &end);
             }
             Err(Failure::Fatal(error)) => return Err(error),
+            Err(Failure::Redirect(active)) => {
+                tracing::info!(edge = %site.current(), %active, "the edge stands by: dialling the active member");
+                if site.redirected(&active) == Dial::Now {
+                    continue;
+                }
+            }
             Err(Failure::Retry(reason)) => {
-                tracing::warn!(%reason, "could not register with the edge")
+                tracing::warn!(edge = %site.current(), %reason, "could not register with the edge");
+                site.failed();
             }
         }
         if core.exit.is_cancelled() {
@@ -161,6 +181,7 @@ async fn connect_loop(core: &Core) -> Result<(), NodeError> {
         let delay = backoff.next_delay(rand::random::<f64>());
         tracing::info!(
             delay_ms = delay.as_millis() as u64,
+            edge = %site.current(),
             "reconnecting after a delay"
         );
         tokio::select! {
@@ -169,6 +190,18 @@ async fn connect_loop(core: &Core) -> Result<(), NodeError> {
         }
     }
     Ok(())
+}
+
+/// Counts and logs how a registered session ended; an edge's `Shutdown` ends the open runs
+/// (the edge ended them before saying so), except a standby's, whose runs the active
+/// member takes back through the resume claims.
+fn session_ended(core: &Core, end: &SessionEnd) {
+    log_link_end(core, end);
+    if let SessionEnd::EdgeShutdown(reason) = end
+        && reason != STANDBY
+    {
+        core.table.stop_all(&Stop::Forget);
+    }
 }
 
 /// Counts how the session's link ended and logs it with the counts so far.
@@ -191,16 +224,20 @@ fn log_link_end(core: &Core, end: &SessionEnd) {
 }
 
 enum Failure {
+    /// Dial again, the next address of the site.
     Retry(String),
+    /// A standby refused, naming the node address of the member that acts.
+    Redirect(String),
+    /// Give up.
     Fatal(NodeError),
 }
 
 /// One connection: dial and register (given up at once if the node exits meanwhile), then
 /// serve until it ends.
-async fn attempt(core: &Core) -> Result<SessionEnd, Failure> {
+async fn attempt(core: &Core, address: &str) -> Result<SessionEnd, Failure> {
     let claims = core.table.claims();
     let registered = tokio::select! {
-        registered = register(core, &claims) => registered?,
+        registered = register(core, address, &claims) => registered?,
         () = core.exit.cancelled() => return Ok(SessionEnd::Exit),
     };
     let (client, outcome) = registered;
@@ -209,8 +246,8 @@ async fn attempt(core: &Core) -> Result<SessionEnd, Failure> {
     core.table.link_up(outcome.acknowledges_pings);
     let resumed = core.table.apply_answers(&claims, &outcome.resumed);
     tracing::info!(
-        node_id = %outcome.node_id, alias = %outcome.alias, instance_id = %core.instance_id,
-        claimed = claims.len(), resumed = resumed.accepted, dropped = resumed.refused, "registered with the edge"
+        edge = address, node_id = %outcome.node_id, alias = %outcome.alias, instance_id = %core.instance_id,
+        epoch = core.fence.highest(), claimed = claims.len(), resumed = resumed.accepted, dropped = resumed.refused, "registered with the edge"
     );
     let (sender, receiver) = client.split();
     let end = session::serve(sender, receiver, core, &config).await;
@@ -221,11 +258,13 @@ async fn attempt(core: &Core) -> Result<SessionEnd, Failure> {
 /// Dials and registers with this process's instance id and `claims`.
 async fn register(
     core: &Core,
+    address: &str,
     claims: &[ResumeClaim],
 ) -> Result<(NodeClient, RegisterOutcome), Failure> {
-    let mut client = dial(&core.options)
+    let mut client = dial(&core.options, address)
         .await
-        .map_err(|error| Failure::Retry(error.to_string()))?;
+        .map_err(|error| Failure::Retry(error.to_string()))?
+        .fenced(core.fence.clone());
     // Every engine the openai adapter drives can go on from a prefix (request.rs).
     // Model commands are obeyed for the adapters whose availability says `managed`.
     let mut registration = Registration::with_token(&core.options.token)
@@ -244,26 +283,33 @@ async fn register(
     if outcome.accepted {
         return Ok((client, outcome));
     }
-    Err(match outcome.rejection {
-        Some(RegisterRejection::AlreadyConnected | RegisterRejection::ShuttingDown) | None => {
+    Err(match (outcome.rejection, outcome.active_edge) {
+        (Some(RegisterRejection::ShuttingDown), Some(active)) => Failure::Redirect(active),
+        (Some(RegisterRejection::AlreadyConnected | RegisterRejection::ShuttingDown) | None, _) => {
             Failure::Retry(format!("refused: {}", outcome.message))
         }
-        Some(rejection) => Failure::Fatal(NodeError::Rejected {
+        (Some(rejection), _) => Failure::Fatal(NodeError::Rejected {
             rejection,
             message: outcome.message,
         }),
     })
 }
 
-/// Dials the edge, with TCP keepalive and TLS as configured.
-async fn dial(options: &NodeOptions) -> Result<NodeClient, ClientError> {
+/// Dials the edge at `address`, with TCP keepalive and TLS as configured.
+async fn dial(options: &NodeOptions, address: &str) -> Result<NodeClient, ClientError> {
     let keepalive = options.tcp_keepalive.map(Keepalive::after_idle);
     let connect = async {
-        let stream = dial_tcp(options.edge.as_str(), keepalive.as_ref()).await?;
+        let stream = dial_tcp(address, keepalive.as_ref()).await?;
         match &options.tls {
             None => NodeClient::over_tcp(stream),
             Some(tls) => {
-                NodeClient::over_tls(stream, tls.server_name.clone(), Arc::clone(&tls.config)).await
+                let server_name = match &tls.server_name {
+                    Some(name) => name.clone(),
+                    None => ServerName::try_from(host_of(address)).map_err(|error| {
+                        std::io::Error::new(std::io::ErrorKind::InvalidInput, error)
+                    })?,
+                };
+                NodeClient::over_tls(stream, server_name, Arc::clone(&tls.config)).await
             }
         }
     };

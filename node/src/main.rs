@@ -10,14 +10,16 @@ use std::time::Duration;
 
 use clap::Parser;
 use edge::client::{ServerName, tls_client_config};
+use edge_node::options::host_of;
 use edge_node::{BufferLimits, NodeOptions, TlsOptions};
 use tokio_util::sync::CancellationToken;
 
 #[derive(Debug, Parser)]
 #[command(about = "The reference node: puts OpenAI-compatible engines behind an edge")]
 struct Args {
-    /// The edge's node address (HOST:PORT).
-    #[arg(long, default_value = "127.0.0.1:7100")]
+    /// The edge's node address (HOST:PORT), or the node addresses of a site's members,
+    /// comma-separated (A,B[,C]): the node finds the one that acts.
+    #[arg(long, env = "EDGE_NODE_EDGE", default_value = "127.0.0.1:7100")]
     edge: String,
     /// The node's pre-shared token (better: the EDGE_NODE_TOKEN environment variable).
     #[arg(long, env = "EDGE_NODE_TOKEN", hide_env_values = true)]
@@ -34,7 +36,8 @@ struct Args {
     /// The client certificate's private key (PEM); needs --tls-cert.
     #[arg(long, value_name = "PATH", requires_all = ["tls_cert", "tls_ca"])]
     tls_key: Option<PathBuf>,
-    /// The name the edge's certificate must be valid for (default: the host of --edge).
+    /// The name every edge's certificate must be valid for (default: the host of the
+    /// address dialled).
     #[arg(long, value_name = "NAME", requires = "tls_ca")]
     tls_server_name: Option<String>,
     /// The first reconnect delay's ceiling, in ms (delays are drawn from 0 to the ceiling).
@@ -84,12 +87,13 @@ fn options(args: Args) -> Result<NodeOptions, String> {
         Some(ca) => {
             let identity = args.tls_cert.as_deref().zip(args.tls_key.as_deref());
             let config = tls_client_config(ca, identity).map_err(|error| error.to_string())?;
-            let host = args
-                .tls_server_name
-                .clone()
-                .unwrap_or_else(|| host_of(&args.edge));
-            let server_name = ServerName::try_from(host.clone())
-                .map_err(|error| format!("invalid TLS server name {host:?}: {error}"))?;
+            let server_name = match args.tls_server_name.clone() {
+                None => None,
+                Some(host) => Some(
+                    ServerName::try_from(host.clone())
+                        .map_err(|error| format!("invalid TLS server name {host:?}: {error}"))?,
+                ),
+            };
             Some(TlsOptions {
                 config,
                 server_name,
@@ -97,6 +101,18 @@ fn options(args: Args) -> Result<NodeOptions, String> {
         }
     };
     let mut options = NodeOptions::new(args.edge, args.token);
+    if options.edges().is_empty() {
+        return Err("--edge names no address".to_owned());
+    }
+    if tls.as_ref().is_some_and(|tls| tls.server_name.is_none()) {
+        // Each member is checked against its own host: every one must be a valid name.
+        for address in options.edges() {
+            let host = host_of(&address);
+            ServerName::try_from(host.clone()).map_err(|error| {
+                format!("invalid TLS server name {host:?} (from --edge {address}): {error}")
+            })?;
+        }
+    }
     options.node_id = args.node_id;
     options.tls = tls;
     options.reconnect_min = Duration::from_millis(args.reconnect_min_ms.max(1));
@@ -112,14 +128,6 @@ fn options(args: Args) -> Result<NodeOptions, String> {
         ..BufferLimits::default()
     };
     Ok(options)
-}
-
-/// The host part of `HOST:PORT` (`[::1]:7100` gives `::1`).
-fn host_of(address: &str) -> String {
-    let host = address.rsplit_once(':').map_or(address, |(host, _)| host);
-    host.trim_start_matches('[')
-        .trim_end_matches(']')
-        .to_owned()
 }
 
 /// `--thread-slice-us`: 0, or a slice Linux grants (100 µs to 100 ms).
@@ -242,6 +250,20 @@ mod tests {
         };
         assert_eq!(flavor(1), RuntimeFlavor::CurrentThread);
         assert_eq!(flavor(3), RuntimeFlavor::MultiThread);
+    }
+
+    #[test]
+    fn edge_takes_one_address_or_a_sites_members() {
+        let options_of = |edge: &str| {
+            let args = Args::try_parse_from(["edge-node", "--token", "t", "--edge", edge])
+                .expect("parsed");
+            options(args)
+        };
+        let one = options_of("127.0.0.1:7100").expect("valid");
+        assert_eq!(one.edges(), ["127.0.0.1:7100"]);
+        let site = options_of("10.0.0.1:7100,10.0.0.2:7100").expect("valid");
+        assert_eq!(site.edges(), ["10.0.0.1:7100", "10.0.0.2:7100"]);
+        assert!(options_of(" , ").is_err());
     }
 
     #[test]

@@ -8,19 +8,29 @@ use edge::client::{LinkStats, ServerName};
 
 use super::runs::BufferLimits;
 
+/// The host part of `HOST:PORT` (`[::1]:7100` gives `::1`).
+pub fn host_of(address: &str) -> String {
+    let host = address.rsplit_once(':').map_or(address, |(host, _)| host);
+    host.trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_owned()
+}
+
 /// TLS towards the edge.
 #[derive(Debug, Clone)]
 pub struct TlsOptions {
     /// Trusted CAs and, for mutual TLS, the node's certificate.
     pub config: Arc<rustls::ClientConfig>,
-    /// The name the edge's certificate must be valid for.
-    pub server_name: ServerName<'static>,
+    /// The name the edge's certificate must be valid for; `None`: the host of the address
+    /// dialled (each member of a site is checked against its own name).
+    pub server_name: Option<ServerName<'static>>,
 }
 
 /// The node's own options (the CLI flags).
 #[derive(Debug, Clone)]
 pub struct NodeOptions {
-    /// The edge's node address, `HOST:PORT`; resolved again on every connect.
+    /// The edge's node address, `HOST:PORT`, or the node addresses of a site's members,
+    /// comma-separated (`A,B[,C]`); resolved again on every connect.
     pub edge: String,
     /// The pre-shared token.
     pub token: String,
@@ -48,6 +58,16 @@ pub struct NodeOptions {
 }
 
 impl NodeOptions {
+    /// The addresses in [`NodeOptions::edge`], in order, without blanks.
+    pub fn edges(&self) -> Vec<String> {
+        self.edge
+            .split(',')
+            .map(str::trim)
+            .filter(|address| !address.is_empty())
+            .map(str::to_owned)
+            .collect()
+    }
+
     /// Options for `edge` and `token` with every default.
     pub fn new(edge: impl Into<String>, token: impl Into<String>) -> Self {
         Self {
@@ -64,5 +84,26 @@ impl NodeOptions {
             buffers: BufferLimits::default(),
             link_stats: Arc::default(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_address_or_a_comma_separated_list() {
+        let one = NodeOptions::new("127.0.0.1:7100", "t");
+        assert_eq!(one.edges(), ["127.0.0.1:7100"]);
+        let site = NodeOptions::new(" a:1, b:2,,c:3 ", "t");
+        assert_eq!(site.edges(), ["a:1", "b:2", "c:3"]);
+        assert!(NodeOptions::new("", "t").edges().is_empty());
+    }
+
+    #[test]
+    fn the_host_of_an_address() {
+        assert_eq!(host_of("edge.example:7100"), "edge.example");
+        assert_eq!(host_of("[::1]:7100"), "::1");
+        assert_eq!(host_of("10.0.0.1:7100"), "10.0.0.1");
     }
 }

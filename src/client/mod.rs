@@ -42,7 +42,8 @@ pub use rustls::pki_types::ServerName;
 pub use crate::ports::{ModelCommand, ModelOutcome, NodeCommand, RunAssignment};
 
 pub use crate::wire::{
-    FrameError, NodeFrame, ReceivedAdapter, ReceivedConfig, ReceivedEdgeFrame, RegisterOutcome,
+    EpochFence, FrameError, NodeFrame, ReceivedAdapter, ReceivedConfig, ReceivedEdgeFrame,
+    RegisterOutcome,
 };
 
 /// The frame limit the client applies to what the edge sends.
@@ -216,10 +217,25 @@ impl NodeClient {
         Ok(Self::over(ClientStream::Tls(Box::new(stream))))
     }
 
+    /// A client over `stream`, fenced by a fence of its own (see [`NodeClient::fenced`]).
     fn over(stream: ClientStream) -> Self {
+        let mut codec = NodeCodec::new(MAX_FRAME_BYTES);
+        codec.set_fence(EpochFence::new());
         Self {
-            framed: Framed::new(stream, NodeCodec::new(MAX_FRAME_BYTES)),
+            framed: Framed::new(stream, codec),
         }
+    }
+
+    /// The same client, checking what the edge sends against `fence` — the node's one
+    /// fence, shared by every connection it opens, across reconnects (docs/protocol.md,
+    /// "Fencing"). A message under an epoch below the highest the fence has seen (a member
+    /// of the site that lost its lease since) is not handed to the node: reading it is
+    /// [`FrameError::Stale`], and the node closes the connection. Without a shared fence a
+    /// client is fenced by one of its own, which remembers only this connection.
+    #[must_use]
+    pub fn fenced(mut self, fence: EpochFence) -> Self {
+        self.framed.codec_mut().set_fence(fence);
+        self
     }
 
     /// Sends a RegisterRequest and returns the edge's answer.

@@ -113,11 +113,14 @@ pub enum CloseReason {
     /// The same node registered again on a newer connection and took over (its own half-open
     /// connection, or one silent for more than a heartbeat interval).
     Superseded,
+    /// This edge stopped acting for its site (a cluster member turned standby): the node was
+    /// told `Shutdown { reason: "standby" }` and goes to the active member.
+    Standby,
 }
 
 impl CloseReason {
     /// Every reason, for metrics that pre-declare their label values.
-    pub const ALL: [CloseReason; 11] = [
+    pub const ALL: [CloseReason; 12] = [
         Self::Eof,
         Self::ProtocolViolation,
         Self::OversizedFrame,
@@ -129,6 +132,7 @@ impl CloseReason {
         Self::Io,
         Self::TlsHandshake,
         Self::Superseded,
+        Self::Standby,
     ];
 
     /// A stable snake_case name for logs and metric labels.
@@ -145,6 +149,7 @@ impl CloseReason {
             Self::Io => "io_error",
             Self::TlsHandshake => "tls_handshake",
             Self::Superseded => "superseded",
+            Self::Standby => "standby",
         }
     }
 }

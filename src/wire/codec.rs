@@ -12,7 +12,8 @@ use bytes::{Buf, BytesMut};
 use prost::Message;
 use tokio_util::codec::{Decoder, Encoder};
 
-use super::convert::{EdgeFrame, NodeFrame, ReceivedEdgeFrame};
+use super::convert::{EdgeFrame, NodeFrame, ReceivedEdgeFrame, received_from_wire};
+use super::fence::EpochFence;
 use super::proto::{EdgeMessage, NodeMessage};
 
 /// The longest valid varint.
@@ -38,6 +39,18 @@ pub enum FrameError {
     /// The frame's bytes do not decode as the expected message.
     #[error("frame does not decode: {0}")]
     Decode(#[from] prost::DecodeError),
+    /// A fenced node's codec read a message under an epoch below the highest the node has
+    /// seen: it comes from an edge that no longer acts for the site, and is not obeyed.
+    #[error(
+        "a message under epoch {epoch}, below the highest epoch seen ({highest}): refused, \
+         the edge no longer acts for its site"
+    )]
+    Stale {
+        /// The message's epoch.
+        epoch: u64,
+        /// The highest epoch the node has seen.
+        highest: u64,
+    },
 }
 
 /// Reads a varint length prefix from the front of `buf` without consuming it.
@@ -98,6 +111,10 @@ pub struct FrameCodec<R, W> {
     max_frame: usize,
     bytes_read: u64,
     bytes_written: u64,
+    /// The edge's end: the epoch every message it writes carries (0 unless set).
+    epoch: u64,
+    /// A node's end: the fence what it reads is checked against (none: nothing is refused).
+    fence: Option<EpochFence>,
     direction: PhantomData<fn(W) -> R>,
 }
 
@@ -108,6 +125,8 @@ impl<R, W> FrameCodec<R, W> {
             max_frame,
             bytes_read: 0,
             bytes_written: 0,
+            epoch: 0,
+            fence: None,
             direction: PhantomData,
         }
     }
@@ -146,6 +165,24 @@ pub type EdgeCodec = FrameCodec<NodeFrame, EdgeFrame>;
 /// A node's end: reads what the edge sends, writes what nodes send.
 pub type NodeCodec = FrameCodec<ReceivedEdgeFrame, NodeFrame>;
 
+impl EdgeCodec {
+    /// Stamps every message written from now on with `epoch` (`EdgeMessage.epoch`).
+    pub fn set_epoch(&mut self, epoch: u64) {
+        self.epoch = epoch;
+    }
+}
+
+impl NodeCodec {
+    /// Checks every message read from now on against `fence` (shared by all of a node's
+    /// connections): a message under a lower epoch than the fence has seen is
+    /// [`FrameError::Stale`], except a registration's refusal, which carries no authority
+    /// (a standby's answer naming the active member). Every other message raises the fence
+    /// to its epoch.
+    pub fn set_fence(&mut self, fence: EpochFence) {
+        self.fence = Some(fence);
+    }
+}
+
 impl Decoder for EdgeCodec {
     type Item = NodeFrame;
     type Error = FrameError;
@@ -162,7 +199,9 @@ impl Encoder<EdgeFrame> for EdgeCodec {
     type Error = FrameError;
 
     fn encode(&mut self, frame: EdgeFrame, dst: &mut BytesMut) -> Result<(), FrameError> {
-        self.encode_frame(&EdgeMessage::from(frame), dst);
+        let mut message = EdgeMessage::from(frame);
+        message.epoch = self.epoch;
+        self.encode_frame(&message, dst);
         Ok(())
     }
 }
@@ -172,12 +211,25 @@ impl Decoder for NodeCodec {
     type Error = FrameError;
 
     fn decode(&mut self, src: &mut BytesMut) -> Result<Option<ReceivedEdgeFrame>, FrameError> {
-        match self.next_frame(src)? {
-            Some(frame) => Ok(Some(ReceivedEdgeFrame::from(EdgeMessage::decode(
-                frame.freeze(),
-            )?))),
-            None => Ok(None),
+        let Some(frame) = self.next_frame(src)? else {
+            return Ok(None);
+        };
+        let (epoch, frame) = received_from_wire(EdgeMessage::decode(frame.freeze())?);
+        let refusal = matches!(&frame, ReceivedEdgeFrame::Registered(outcome) if !outcome.accepted);
+        if let Some(fence) = &self.fence
+            && !refusal
+            && let Err(highest) = fence.observe(epoch)
+        {
+            let refused = described(&frame);
+            tracing::warn!(
+                epoch,
+                highest,
+                refused,
+                "refusing a message from an edge under an older epoch"
+            );
+            return Err(FrameError::Stale { epoch, highest });
         }
+        Ok(Some(frame))
     }
 }
 
@@ -187,6 +239,24 @@ impl Encoder<NodeFrame> for NodeCodec {
     fn encode(&mut self, frame: NodeFrame, dst: &mut BytesMut) -> Result<(), FrameError> {
         self.encode_frame(&NodeMessage::from(frame), dst);
         Ok(())
+    }
+}
+
+/// What a refused message was, for the node's log (never its input: prompts stay out).
+fn described(frame: &ReceivedEdgeFrame) -> String {
+    use crate::ports::NodeCommand;
+    match frame {
+        ReceivedEdgeFrame::Command(NodeCommand::Run(run)) => format!("run {}", run.run_id),
+        ReceivedEdgeFrame::Command(NodeCommand::Cancel { run_id, .. }) => {
+            format!("cancel of run {run_id}")
+        }
+        ReceivedEdgeFrame::Command(NodeCommand::Shutdown { .. }) => "shutdown".into(),
+        ReceivedEdgeFrame::Command(NodeCommand::Model(command)) => {
+            format!("model command {}", command.command_id)
+        }
+        ReceivedEdgeFrame::Registered(_) => "registration answer".into(),
+        ReceivedEdgeFrame::HeartbeatAck { .. } => "heartbeat ack".into(),
+        ReceivedEdgeFrame::Unknown => "message".into(),
     }
 }
 
@@ -422,6 +492,73 @@ mod tests {
             node.decode(&mut out).unwrap(),
             Some(ReceivedEdgeFrame::Command(NodeCommand::Run(run)))
         );
+    }
+
+    /// The edge stamps its epoch on every message; a fenced node refuses a command under a
+    /// lower epoch than it has seen, but reads a standby's refusal naming the active member.
+    #[test]
+    fn epochs_are_stamped_and_fenced() {
+        use crate::domain::RunId;
+        use crate::ports::NodeCommand;
+        use crate::wire::{EdgeFrame, EpochFence, ReceivedEdgeFrame};
+
+        let cancel = |run: &str| {
+            EdgeFrame::Command(NodeCommand::Cancel {
+                run_id: RunId::new(run),
+                reason: "test".into(),
+            })
+        };
+        let mut out = BytesMut::new();
+        let mut edge = EdgeCodec::new(1024);
+        edge.set_epoch(2);
+        edge.encode(cancel("under-2"), &mut out).unwrap();
+        edge.set_epoch(0);
+        edge.encode(
+            EdgeFrame::StandingBy {
+                active_edge: Some("10.0.0.2:7100".into()),
+                message: "stands by".into(),
+            },
+            &mut out,
+        )
+        .unwrap();
+        edge.set_epoch(1);
+        edge.encode(cancel("under-1"), &mut out).unwrap();
+        edge.set_epoch(3);
+        edge.encode(cancel("under-3"), &mut out).unwrap();
+
+        let fence = EpochFence::new();
+        let mut node = NodeCodec::new(1024);
+        node.set_fence(fence.clone());
+        assert!(matches!(
+            node.decode(&mut out).unwrap(),
+            Some(ReceivedEdgeFrame::Command(NodeCommand::Cancel { run_id, .. })) if run_id.as_str() == "under-2"
+        ));
+        match node.decode(&mut out).unwrap() {
+            Some(ReceivedEdgeFrame::Registered(outcome)) => {
+                assert!(!outcome.accepted);
+                assert_eq!(
+                    outcome.rejection,
+                    Some(crate::domain::RegisterRejection::ShuttingDown)
+                );
+                assert_eq!(outcome.active_edge.as_deref(), Some("10.0.0.2:7100"));
+            }
+            other => panic!("expected the standby's refusal, got {other:?}"),
+        }
+        assert!(matches!(
+            node.decode(&mut out),
+            Err(FrameError::Stale {
+                epoch: 1,
+                highest: 2
+            })
+        ));
+        // Another connection of the same node shares the fence.
+        let mut again = NodeCodec::new(1024);
+        again.set_fence(fence.clone());
+        assert!(matches!(
+            again.decode(&mut out).unwrap(),
+            Some(ReceivedEdgeFrame::Command(NodeCommand::Cancel { .. }))
+        ));
+        assert_eq!(fence.highest(), 3);
     }
 
     proptest! {

@@ -61,6 +61,15 @@ pub enum EdgeFrame {
     },
     /// `RegisterResponse` refusing the node.
     Rejected(RegisterRejection),
+    /// `RegisterResponse` refusing the node because this edge is a standby member of its
+    /// site (v1.5): `SHUTTING_DOWN`, which every node retries, with the node address of the
+    /// member that acts when this one knows it.
+    StandingBy {
+        /// The active member's node address (`HOST:PORT`), when known.
+        active_edge: Option<String>,
+        /// Why, for humans.
+        message: String,
+    },
     /// `RunRequest`, `CancelRun` or `Shutdown`.
     Command(NodeCommand),
     /// `HeartbeatAck`, answering a heartbeat's `ping`.
@@ -105,6 +114,9 @@ pub struct RegisterOutcome {
     pub resumed: Vec<ResumeAnswer>,
     /// Whether the edge said it answers every ping (v1.2; false from older edges).
     pub acknowledges_pings: bool,
+    /// When a standby member refused the node: the node address of the member that acts,
+    /// when it named one (v1.5; `None` from older edges).
+    pub active_edge: Option<String>,
 }
 
 /// A node's central config as the node reads it.
@@ -281,6 +293,7 @@ impl From<EdgeFrame> for proto::EdgeMessage {
                 config: Some(build_config_payload(&record)),
                 resumed: resumed.into_iter().map(answer_to_wire).collect(),
                 acknowledges_pings,
+                active_edge: String::new(),
             }),
             EdgeFrame::Rejected(rejection) => {
                 edge_message::Body::Register(proto::RegisterResponse {
@@ -292,14 +305,33 @@ impl From<EdgeFrame> for proto::EdgeMessage {
                     config: None,
                     resumed: Vec::new(),
                     acknowledges_pings: false,
+                    active_edge: String::new(),
                 })
             }
+            EdgeFrame::StandingBy {
+                active_edge,
+                message,
+            } => edge_message::Body::Register(proto::RegisterResponse {
+                accepted: false,
+                error: proto::RegisterError::ShuttingDown.into(),
+                message,
+                node_id: String::new(),
+                alias: String::new(),
+                config: None,
+                resumed: Vec::new(),
+                acknowledges_pings: false,
+                active_edge: active_edge.unwrap_or_default(),
+            }),
             EdgeFrame::Command(command) => command_to_wire(command),
             EdgeFrame::HeartbeatAck { ping } => {
                 edge_message::Body::HeartbeatAck(proto::HeartbeatAck { ping })
             }
         };
-        proto::EdgeMessage { body: Some(body) }
+        // The epoch is the codec's to stamp (`EdgeCodec::set_epoch`).
+        proto::EdgeMessage {
+            body: Some(body),
+            epoch: 0,
+        }
     }
 }
 
@@ -319,33 +351,42 @@ fn command_to_wire(command: NodeCommand) -> edge_message::Body {
 
 impl From<proto::EdgeMessage> for ReceivedEdgeFrame {
     fn from(message: proto::EdgeMessage) -> Self {
-        let proto::EdgeMessage { body } = message;
-        match body {
-            Some(edge_message::Body::Register(response)) => {
-                ReceivedEdgeFrame::Registered(outcome_from_wire(response))
-            }
-            Some(edge_message::Body::Run(request)) => run_from_wire(request)
-                .map_or(ReceivedEdgeFrame::Unknown, |run| {
-                    ReceivedEdgeFrame::Command(NodeCommand::Run(run))
-                }),
-            Some(edge_message::Body::Cancel(proto::CancelRun { run_id, reason })) => {
-                ReceivedEdgeFrame::Command(NodeCommand::Cancel {
-                    run_id: RunId::new(run_id),
-                    reason,
-                })
-            }
-            Some(edge_message::Body::Shutdown(proto::Shutdown { reason })) => {
-                ReceivedEdgeFrame::Command(NodeCommand::Shutdown { reason })
-            }
-            Some(edge_message::Body::HeartbeatAck(proto::HeartbeatAck { ping })) => {
-                ReceivedEdgeFrame::HeartbeatAck { ping }
-            }
-            Some(edge_message::Body::Model(command)) => model_command_from_wire(command)
-                .map_or(ReceivedEdgeFrame::Unknown, |command| {
-                    ReceivedEdgeFrame::Command(NodeCommand::Model(command))
-                }),
-            None => ReceivedEdgeFrame::Unknown,
+        received_from_wire(message).1
+    }
+}
+
+/// A message from the edge as a node reads it, with the epoch it was sent under.
+pub(super) fn received_from_wire(message: proto::EdgeMessage) -> (u64, ReceivedEdgeFrame) {
+    let proto::EdgeMessage { body, epoch } = message;
+    (epoch, received_body(body))
+}
+
+fn received_body(body: Option<edge_message::Body>) -> ReceivedEdgeFrame {
+    match body {
+        Some(edge_message::Body::Register(response)) => {
+            ReceivedEdgeFrame::Registered(outcome_from_wire(response))
         }
+        Some(edge_message::Body::Run(request)) => run_from_wire(request)
+            .map_or(ReceivedEdgeFrame::Unknown, |run| {
+                ReceivedEdgeFrame::Command(NodeCommand::Run(run))
+            }),
+        Some(edge_message::Body::Cancel(proto::CancelRun { run_id, reason })) => {
+            ReceivedEdgeFrame::Command(NodeCommand::Cancel {
+                run_id: RunId::new(run_id),
+                reason,
+            })
+        }
+        Some(edge_message::Body::Shutdown(proto::Shutdown { reason })) => {
+            ReceivedEdgeFrame::Command(NodeCommand::Shutdown { reason })
+        }
+        Some(edge_message::Body::HeartbeatAck(proto::HeartbeatAck { ping })) => {
+            ReceivedEdgeFrame::HeartbeatAck { ping }
+        }
+        Some(edge_message::Body::Model(command)) => model_command_from_wire(command)
+            .map_or(ReceivedEdgeFrame::Unknown, |command| {
+                ReceivedEdgeFrame::Command(NodeCommand::Model(command))
+            }),
+        None => ReceivedEdgeFrame::Unknown,
     }
 }
 
@@ -359,10 +400,12 @@ fn outcome_from_wire(response: proto::RegisterResponse) -> RegisterOutcome {
         config,
         resumed,
         acknowledges_pings,
+        active_edge,
     } = response;
     RegisterOutcome {
         accepted,
         acknowledges_pings,
+        active_edge: (!active_edge.is_empty()).then_some(active_edge),
         rejection: rejection_from_wire(error),
         message,
         node_id,

@@ -371,7 +371,17 @@ pub async fn spawn_app(config: &str) -> TestApp {
 /// Builds an edge with `settings` (whose files live in `dir`, kept as long as the edge) and
 /// serves it on a task of its own.
 pub async fn serve(settings: Settings, dir: tempfile::TempDir) -> TestApp {
+    serve_as(settings, dir, edge::ports::Role::Single).await
+}
+
+/// [`serve`], the edge acting as `role` in its site from the first connection it accepts.
+pub async fn serve_as(
+    settings: Settings,
+    dir: tempfile::TempDir,
+    role: edge::ports::Role,
+) -> TestApp {
     let app = App::build(settings).await.expect("build the edge");
+    app.parts().site.set(role);
     let node_addr = app.node_addr().expect("node addr");
     let http_addr = app.http_addr().expect("http addr");
     let admin_addr = app.admin_addr().expect("admin addr");

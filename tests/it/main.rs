@@ -97,6 +97,8 @@ mod responses_background;
 mod resume;
 mod routing;
 mod runs;
+mod site_node;
+mod site_transport;
 mod soak;
 mod stream_resume;
 mod tls;

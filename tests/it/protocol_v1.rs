@@ -413,3 +413,55 @@ async fn a_v1_node_registers_runs_and_is_cancelled() {
         .await
         .expect("stopped");
 }
+
+/// A member of a site (v1.5) to a v1 node: a standby's refusal is the `SHUTTING_DOWN` it
+/// already retries (the active member's address is a field it skips), and once the member
+/// acts it registers and takes runs whose epoch it skips too.
+#[crate::common::test]
+async fn a_v1_node_is_refused_by_a_standby_and_gets_in_once_it_acts() {
+    use edge::ports::{ActiveMember, Role};
+
+    let app = spawn_app(CONFIG).await;
+    app.parts.site.set(Role::Standby {
+        active: Some(ActiveMember {
+            edge_id: "edge-b".into(),
+            node_address: "10.0.0.2:7100".into(),
+            api_address: "10.0.0.2:8080".into(),
+        }),
+        reason: "edge-b holds the lease".into(),
+    });
+    let register = || {
+        NodeBody::Register(v1::RegisterRequest {
+            token: "token-a".into(),
+            node_id: String::new(),
+            node_version: "v1-baseline".into(),
+            protocol_version: 1,
+            adapters: vec!["echo".into()],
+        })
+    };
+    let mut node = V1Node::connect(app.node_addr).await;
+    node.send(register()).await;
+    let (answer, _) = node.next().await;
+    let Some(EdgeBody::Register(refused)) = answer.body else {
+        panic!("expected a register response, got {answer:?}");
+    };
+    assert!(!refused.accepted);
+    assert_eq!(refused.error, 5, "SHUTTING_DOWN: {refused:?}");
+
+    app.parts.site.set(Role::Active { epoch: 4 });
+    let mut node = V1Node::connect(app.node_addr).await;
+    node.send(register()).await;
+    let (answer, _) = node.next().await;
+    let Some(EdgeBody::Register(accepted)) = answer.body else {
+        panic!("expected a register response, got {answer:?}");
+    };
+    assert!(accepted.accepted, "{accepted:?}");
+    app.wait_for_nodes(1).await;
+    let spec = crate::common::runs::echo_to("default", "hello");
+    let _handle = app.parts.runs.start(spec).expect("accepted");
+    let (message, _) = node.next().await;
+    let Some(EdgeBody::Run(run)) = message.body else {
+        panic!("expected a run, got {message:?}");
+    };
+    assert_eq!(run.input, b"hello");
+}

@@ -221,6 +221,7 @@ async fn an_accepted_registration_returns_the_configured_node_and_config() {
             .collect()
     };
     let expected = RegisterOutcome {
+        active_edge: None,
         accepted: true,
         rejection: None,
         message: outcome.message.clone(),

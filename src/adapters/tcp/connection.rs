@@ -7,7 +7,9 @@
 //! It must not decide anything itself: registration is the domain's policy, runs are the
 //! run service's (reached through `NodeEventHandler`), and frames are the wire module's.
 
+use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime};
@@ -15,7 +17,7 @@ use std::time::{Duration, SystemTime};
 use bytes::BytesMut;
 use futures::{SinkExt, StreamExt};
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio::time::{Instant, sleep_until, timeout};
 use tokio_util::codec::{Decoder, Framed};
 use tokio_util::sync::CancellationToken;
@@ -25,7 +27,7 @@ use super::link::LinkSignals;
 use super::server::Shared;
 use crate::domain::{Availability, NodeRecord};
 use crate::hops;
-use crate::ports::{CloseReason, ConnectionId, LastFrame, NodeCommand, ReportedEvent};
+use crate::ports::{CloseReason, ConnectionId, LastFrame, NodeCommand, ReportedEvent, Role};
 use crate::wire::{EdgeCodec, EdgeFrame, FrameError, NodeFrame};
 
 /// A byte stream a node connection runs over: TCP, TLS over TCP, or an in-memory pipe.
@@ -69,6 +71,11 @@ pub(super) struct Connection<'a, S> {
     relayed_since_ack: AtomicBool,
     /// When commands were last written to the node (see [`BUSY_LINK`]).
     commands_written: Option<Instant>,
+    /// This edge's role in its site, looked at before every command written: a command is
+    /// never written once the edge stops acting, and carries the epoch it acts under.
+    role: watch::Receiver<Role>,
+    /// Whether `role` acted when last looked at.
+    acting: bool,
 }
 
 /// A registered node's side of the connection, made by the handshake.
@@ -91,12 +98,22 @@ enum Sent {
     Commands,
     /// The last was the graceful stop's `Shutdown`: the connection ends.
     Shutdown,
+    /// The edge's role changed before every queued command was written: the connection
+    /// ends as `standby` if the edge stopped acting, and goes on under the new epoch
+    /// otherwise.
+    RoleChanged,
 }
 
 impl<'a, S: NodeIo> Connection<'a, S> {
     /// A connection over `stream`, reading frames no larger than a registration's limit.
     pub(super) fn new(shared: &'a Shared, stream: S, peer: SocketAddr, id: ConnectionId) -> Self {
-        let codec = EdgeCodec::new(shared.config.max_register_frame_bytes);
+        let mut codec = EdgeCodec::new(shared.config.max_register_frame_bytes);
+        let mut role = shared.deps.site.watch();
+        let (acting, epoch) = {
+            let now = role.borrow_and_update();
+            (now.acts(), now.epoch())
+        };
+        codec.set_epoch(epoch);
         Self {
             shared,
             framed: Framed::new(stream, codec),
@@ -104,7 +121,26 @@ impl<'a, S: NodeIo> Connection<'a, S> {
             id,
             relayed_since_ack: AtomicBool::new(false),
             commands_written: None,
+            role,
+            acting,
         }
+    }
+
+    /// Whether this edge still acts for its site, stamping what it writes from now on with
+    /// the epoch it acts under when that changed. Costs an atomic load while nothing changed.
+    pub(super) fn still_acts(&mut self) -> bool {
+        if self.role.has_changed().unwrap_or(false) {
+            let (acting, epoch) = {
+                let now = self.role.borrow_and_update();
+                (now.acts(), now.epoch())
+            };
+            self.acting = acting;
+            // A member that stops acting says its last words under the epoch it acted under.
+            if acting {
+                self.framed.codec_mut().set_epoch(epoch);
+            }
+        }
+        self.acting
     }
 
     /// Serves the connection until it closes: the handshake, then the frame loop, then
@@ -115,8 +151,28 @@ impl<'a, S: NodeIo> Connection<'a, S> {
             Err(reason) => return reason,
         };
         let reason = self.run(&mut session).await;
+        if reason == CloseReason::Standby {
+            self.send_away().await;
+        }
         self.count_bytes();
         self.leave(&session, reason).await
+    }
+
+    /// Tells the node this edge stopped acting for its site (`Shutdown { reason: "standby" }`,
+    /// under the epoch it acted under), so the node goes to the active member. The
+    /// connection closes next either way.
+    async fn send_away(&mut self) {
+        if !self.framed.write_buffer().is_empty() {
+            // Commands fed before the edge stopped acting are still unwritten: they stay so,
+            // and the connection closes without a word (the node reconnects as after a cut).
+            info!("this edge no longer acts for its site: closing the node's connection");
+            return;
+        }
+        info!("this edge no longer acts for its site: sending the node away");
+        let shutdown = NodeCommand::Shutdown {
+            reason: "standby".to_owned(),
+        };
+        let _ = self.send(EdgeFrame::Command(shutdown)).await;
     }
 
     /// The node leaves: out of the registry, counted, and the run service told (it ends
@@ -146,7 +202,11 @@ impl<'a, S: NodeIo> Connection<'a, S> {
         let silence_limit = session.record.runtime().heartbeat_interval() * MISSED_HEARTBEATS;
         let mut last_frame = Instant::now();
         let mut touched_at = last_frame;
-        let stop = stopped(&self.shared.close_all, &session.signals);
+        let stop = stopped(
+            &self.shared.close_all,
+            &session.signals,
+            self.shared.deps.site.watch(),
+        );
         let silence = sleep_until(last_frame + silence_limit);
         tokio::pin!(stop, silence);
         loop {
@@ -155,18 +215,8 @@ impl<'a, S: NodeIo> Connection<'a, S> {
                 reason = &mut stop => return reason,
                 command = session.commands.recv() => {
                     let Some(command) = command else { return CloseReason::Shutdown };
-                    // A write to a node that does not read can take up to the write
-                    // timeout; a stop signal (the final close of a graceful stop, a
-                    // takeover) must not wait for it.
-                    let sent = tokio::select! {
-                        biased;
-                        reason = &mut stop => return reason,
-                        sent = self.write_commands(command, &mut session.commands) => sent,
-                    };
-                    match sent {
-                        Ok(Sent::Shutdown) => return CloseReason::Shutdown,
-                        Ok(Sent::Commands) => {}
-                        Err(reason) => return reason,
+                    if let Some(reason) = self.command(command, &mut session.commands, stop.as_mut()).await {
+                        return reason;
                     }
                 }
                 frame = self.framed.next() => {
@@ -201,6 +251,32 @@ impl<'a, S: NodeIo> Connection<'a, S> {
                     silence.as_mut().reset(deadline);
                 }
             }
+        }
+    }
+
+    /// Writes `first` and the commands queued behind it, unless this edge no longer acts for
+    /// its site; returns why the connection must close, if it must. A write to a node that
+    /// does not read can take up to the write timeout: `stop` (the final close of a graceful
+    /// stop, a takeover, the edge standing by) does not wait for it.
+    async fn command(
+        &mut self,
+        first: NodeCommand,
+        commands: &mut mpsc::Receiver<NodeCommand>,
+        stop: Pin<&mut impl Future<Output = CloseReason>>,
+    ) -> Option<CloseReason> {
+        if !self.still_acts() {
+            return Some(CloseReason::Standby);
+        }
+        let sent = tokio::select! {
+            biased;
+            reason = stop => return Some(reason),
+            sent = self.write_commands(first, commands) => sent,
+        };
+        match sent {
+            Ok(Sent::Shutdown) => Some(CloseReason::Shutdown),
+            Ok(Sent::RoleChanged) if !self.still_acts() => Some(CloseReason::Standby),
+            Ok(Sent::Commands | Sent::RoleChanged) => None,
+            Err(reason) => Some(reason),
         }
     }
 
@@ -358,6 +434,7 @@ impl<'a, S: NodeIo> Connection<'a, S> {
             .commands_written
             .is_some_and(|at| at.elapsed() < BUSY_LINK);
         let framed = &mut self.framed;
+        let role = &mut self.role;
         let mut traced = Vec::new();
         let write = async {
             let mut command = first;
@@ -380,11 +457,22 @@ impl<'a, S: NodeIo> Connection<'a, S> {
                 if written == MAX_COMMANDS_PER_WRITE {
                     break Sent::Commands;
                 }
+                // The caller looked at the role before the first command: a change since
+                // ends the write here, before the next is taken, so a command is never
+                // written once the edge stops acting, nor under an epoch it left.
+                if role.has_changed().unwrap_or(false) {
+                    break Sent::RoleChanged;
+                }
                 match commands.try_recv() {
                     Ok(next) => command = next,
                     Err(_) => break Sent::Commands,
                 }
             };
+            if role.has_changed().unwrap_or(false) && !role.borrow().acts() {
+                // Fed while the edge acted, not flushed yet: left unsent, and the connection
+                // closes as `standby` without them.
+                return Ok((0, Sent::RoleChanged));
+            }
             for run_id in &traced {
                 tracing::trace!(target: hops::TARGET, hop = hops::RUN_SENT, %run_id);
             }
@@ -404,8 +492,10 @@ impl<'a, S: NodeIo> Connection<'a, S> {
         }
     }
 
-    /// Writes one frame within the write timeout.
+    /// Writes one frame within the write timeout, under the epoch the edge acts under now
+    /// (or last acted under, once it stopped).
     pub(super) async fn send(&mut self, frame: EdgeFrame) -> Result<(), CloseReason> {
+        self.still_acts();
         match timeout(self.shared.config.write_timeout(), self.framed.send(frame)).await {
             Ok(Ok(())) => {
                 self.shared.stats.frames_out.fetch_add(1, Ordering::Relaxed);
@@ -450,13 +540,26 @@ impl<'a, S: NodeIo> Connection<'a, S> {
 }
 
 /// Resolves when the connection must close for a reason outside it: the edge's final close,
-/// a node that stopped reading, or a newer connection of the node taking over.
-async fn stopped(close_all: &CancellationToken, signals: &LinkSignals) -> CloseReason {
+/// a node that stopped reading, a newer connection of the node taking over, or this edge no
+/// longer acting for its site.
+async fn stopped(
+    close_all: &CancellationToken,
+    signals: &LinkSignals,
+    role: watch::Receiver<Role>,
+) -> CloseReason {
     tokio::select! {
         biased;
         () = close_all.cancelled() => CloseReason::Shutdown,
         () = signals.slow_consumer.cancelled() => CloseReason::SlowConsumer,
         () = signals.superseded.cancelled() => CloseReason::Superseded,
+        () = stops_acting(role) => CloseReason::Standby,
+    }
+}
+
+/// Resolves once `role` no longer acts; never, if its sender is gone.
+async fn stops_acting(mut role: watch::Receiver<Role>) {
+    if role.wait_for(|role| !role.acts()).await.is_err() {
+        std::future::pending::<()>().await;
     }
 }
 
@@ -465,6 +568,9 @@ pub(super) fn frame_error_reason(error: &FrameError) -> CloseReason {
     match error {
         FrameError::Io(_) => CloseReason::Io,
         FrameError::Oversized { .. } => CloseReason::OversizedFrame,
-        FrameError::BadLength | FrameError::Decode(_) => CloseReason::ProtocolViolation,
+        // `Stale` is a fenced node codec's; the edge's never says it.
+        FrameError::BadLength | FrameError::Decode(_) | FrameError::Stale { .. } => {
+            CloseReason::ProtocolViolation
+        }
     }
 }

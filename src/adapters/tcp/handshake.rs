@@ -17,7 +17,7 @@ use crate::domain::{
     LiveConnection, NodeRecord, RegisterAttempt, RegisterRejection, RegistrationDecision,
     ResumeAnswer, TakeoverReason, TakeoverRefusal, decide_registration,
 };
-use crate::ports::{CloseReason, ConnectionId, LastFrame, NewConnection};
+use crate::ports::{CloseReason, ConnectionId, LastFrame, NewConnection, Role};
 use crate::wire::{EdgeFrame, NodeFrame};
 
 /// A registration the policy admitted: the node, and the live connection it takes over.
@@ -86,6 +86,10 @@ impl<S: NodeIo> Connection<'_, S> {
     /// Applies the registration policy to what the store and the registry say; on refusal
     /// answers (a wrong token later and later for the same address) and returns `None`.
     async fn register(&mut self, attempt: &RegisterAttempt) -> Option<Admission> {
+        if !self.still_acts() {
+            self.refuse_standing_by(&attempt.node_id).await;
+            return None;
+        }
         let shared = self.shared;
         let found = shared.deps.store.find_by_token(&attempt.token);
         let live = found
@@ -131,6 +135,45 @@ impl<S: NodeIo> Connection<'_, S> {
             }
         }
         self.reject(rejection, claimed_node_id).await;
+    }
+
+    /// Answers `SHUTTING_DOWN` because this edge does not act for its site (a standby
+    /// member), naming the active member's node address when it knows one: a v1 node
+    /// retries with its backoff, a v1.5 node dials the address named.
+    async fn refuse_standing_by(&mut self, claimed_node_id: &str) {
+        let (active_edge, message) = match self.shared.deps.site.current() {
+            Role::Standby { active, reason } => match active {
+                Some(active) => (
+                    Some(active.node_address.clone()),
+                    format!(
+                        "this edge stands by ({reason}); the active member of its site, {}, takes nodes at {}",
+                        active.edge_id, active.node_address
+                    ),
+                ),
+                None => (
+                    None,
+                    format!("this edge stands by ({reason}); no member of its site acts now"),
+                ),
+            },
+            // It acts again: the node retries and gets in.
+            Role::Single | Role::Active { .. } => (None, "this edge stood by; retry".to_owned()),
+        };
+        let rejection = RegisterRejection::ShuttingDown;
+        self.shared.stats.record_rejection(rejection);
+        info!(
+            reason = rejection.as_str(),
+            claimed_node_id,
+            active_edge = active_edge.as_deref().unwrap_or(""),
+            "registration rejected: this edge stands by"
+        );
+        // The connection closes next either way; a failed write changes nothing.
+        let _ = self
+            .send(EdgeFrame::StandingBy {
+                active_edge,
+                message,
+            })
+            .await;
+        self.count_bytes();
     }
 
     /// Answers `ALREADY_CONNECTED` because the node's live connection stays, saying why.

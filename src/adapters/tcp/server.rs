@@ -17,7 +17,9 @@ use super::connection::{Connection, NodeIo};
 use super::stats::TransportStats;
 use crate::adapters::tls::TlsAcceptor;
 use crate::domain::RegistrationThrottle;
-use crate::ports::{CloseReason, NodeCommand, NodeEventHandler, NodeStore, Readiness, Registry};
+use crate::ports::{
+    CloseReason, NodeCommand, NodeEventHandler, NodeStore, Readiness, Registry, SiteRole,
+};
 use crate::wire::keepalive::Keepalive;
 
 /// How long the accept loop pauses when the process is out of file descriptors.
@@ -41,6 +43,11 @@ pub struct ServerDeps {
     pub registry: Arc<dyn Registry>,
     /// Who hears run events and node arrivals and departures.
     pub handler: Arc<dyn NodeEventHandler>,
+    /// Whether this edge acts for its site, and under which epoch: every message to a node
+    /// carries the epoch; while it does not act, registrations are refused (naming the
+    /// active member) and, when it stops acting, every node is sent away. `SiteRole::default()`
+    /// (a single edge) always acts, under epoch 0.
+    pub site: SiteRole,
 }
 
 /// State shared by the accept loop and every connection task.

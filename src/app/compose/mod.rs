@@ -42,7 +42,7 @@ use crate::app::node_events::NodeEvents;
 use crate::app::runs::{self, RunService};
 use crate::domain::models::{ModelName, ModelPolicy};
 use crate::domain::routing::Catalog;
-use crate::ports::{EventSink, NodeStore, Registry, RunJournal};
+use crate::ports::{EventSink, NodeStore, Registry, RunJournal, SiteRole};
 use metrics::{MetricSources, Metrics};
 
 pub use settings::Settings;
@@ -79,6 +79,13 @@ pub struct AppParts {
     pub models: ModelService,
     /// The run journal (one that keeps nothing when `[journal] enabled = false`).
     pub journal: Arc<dyn RunJournal>,
+    /// Whether this edge acts for its site, and under which epoch: [`Role::Single`]
+    /// (always acts, epoch 0) unless a cluster lease sets it (issue 49). The one role of
+    /// the edge, made in [`App::build`]: the node transport stamps, refuses and sends nodes
+    /// away by it.
+    ///
+    /// [`Role::Single`]: crate::ports::Role::Single
+    pub site: SiteRole,
 }
 
 impl AppParts {
@@ -120,11 +127,8 @@ impl App {
         let runs = run_service(&settings, store.as_ref(), outbound, &journal, &metrics).await?;
         runs.attach_models(Arc::new(models.clone()));
         models.attach_runs(runs.waiting_runs());
-        let deps = ServerDeps {
-            store: Arc::clone(&store),
-            registry: Arc::clone(&registry),
-            handler: Arc::new(NodeEvents::new(runs.clone(), models.clone())),
-        };
+        let site = SiteRole::default();
+        let deps = node_server_deps(&store, &registry, (&runs, &models), &site);
         let server = bind_node_server(&settings, deps).await?;
         metrics.observe(MetricSources {
             store: Arc::clone(&store),
@@ -152,6 +156,7 @@ impl App {
             management,
             models,
             journal,
+            site,
         };
         Ok(App {
             settings,
@@ -285,6 +290,22 @@ pub(crate) fn model_policies(
             problems.join("; ")
         )
     })
+}
+
+/// What the node transport works with: the definitions, the registry, the services that
+/// hear what nodes say, and this edge's role in its site.
+fn node_server_deps(
+    store: &Arc<dyn NodeStore>,
+    registry: &Arc<dyn Registry>,
+    (runs, models): (&RunService, &ModelService),
+    site: &SiteRole,
+) -> ServerDeps {
+    ServerDeps {
+        store: Arc::clone(store),
+        registry: Arc::clone(registry),
+        handler: Arc::new(NodeEvents::new(runs.clone(), models.clone())),
+        site: site.clone(),
+    }
 }
 
 /// The run service, its keys' budget state loaded from the journal.

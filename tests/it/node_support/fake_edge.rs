@@ -188,6 +188,12 @@ impl EdgeConn {
         .await;
     }
 
+    /// Stamps every message sent from now on with `epoch` (v1.5), as an edge acting under
+    /// it does.
+    pub fn set_epoch(&mut self, epoch: u64) {
+        self.framed.codec_mut().set_epoch(epoch);
+    }
+
     /// Refuses the registration.
     pub async fn reject(&mut self, rejection: RegisterRejection) {
         self.send(EdgeFrame::Rejected(rejection)).await;
