@@ -37,8 +37,8 @@ impl Drains {
         self.inner.count.store(drains.len(), Ordering::Release);
     }
 
-    /// Resumes `node`; returns the drain it had.
-    pub fn resume(&self, node: &NodeId) -> Option<Drain> {
+    /// Ends `node`'s drain; returns the drain it had.
+    pub fn undrain(&self, node: &NodeId) -> Option<Drain> {
         let mut drains = self.inner.drains.write().unwrap_or_else(|p| p.into_inner());
         let removed = drains.remove(node);
         self.inner.count.store(drains.len(), Ordering::Release);
@@ -81,8 +81,8 @@ mod tests {
         drains.drain(a.clone(), drain);
         assert_eq!(drains.get(&a), Some(drain));
         assert_eq!(drains.len(), 1);
-        assert_eq!(drains.resume(&a), Some(drain));
+        assert_eq!(drains.undrain(&a), Some(drain));
         assert!(drains.is_empty());
-        assert_eq!(drains.resume(&a), None);
+        assert_eq!(drains.undrain(&a), None);
     }
 }

@@ -38,11 +38,12 @@ pub trait Manage: Send + Sync {
     /// [`ManageError::UnknownNode`] when no configured node has that id or alias.
     fn drain(&self, name: &str, deadline: Option<Duration>) -> Result<NodeStatus, ManageError>;
 
-    /// Ends node `name`'s drain: it takes runs again.
+    /// Ends node `name`'s drain: it takes runs again (`POST /admin/v1/nodes/{id}/resume`
+    /// and `edge resume` on the wire and the command line, their contract words).
     ///
     /// # Errors
     /// [`ManageError::UnknownNode`] when no configured node has that id or alias.
-    fn resume(&self, name: &str) -> Result<NodeStatus, ManageError>;
+    fn undrain(&self, name: &str) -> Result<NodeStatus, ManageError>;
 
     /// One page of runs matching `query`, newest first, open and finished.
     ///

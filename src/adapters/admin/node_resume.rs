@@ -30,6 +30,6 @@ async fn resume_node(
     State(state): State<AdminState>,
     Path(node): Path<String>,
 ) -> Result<Json<NodeView>, AdminError> {
-    let status = state.management.resume(&node)?;
+    let status = state.management.undrain(&node)?;
     Ok(Json(NodeView::of(&status)))
 }

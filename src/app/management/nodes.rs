@@ -103,12 +103,12 @@ impl Management {
     ///
     /// # Errors
     /// [`ManageError::UnknownNode`] when no configured node has that id or alias.
-    pub fn resume(&self, name: &str) -> Result<NodeStatus, ManageError> {
+    pub fn undrain(&self, name: &str) -> Result<NodeStatus, ManageError> {
         let status = self
             .node(name)
             .ok_or_else(|| ManageError::UnknownNode(name.to_owned()))?;
-        if self.inner.drains.resume(status.record.id()).is_some() {
-            info!(node = %status.record.id(), "node resumed");
+        if self.inner.drains.undrain(status.record.id()).is_some() {
+            info!(node = %status.record.id(), "node undrained: it takes runs again");
             // Queued runs may fit on it now.
             self.inner.live.set_drained(status.record.id(), false);
         }

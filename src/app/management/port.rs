@@ -25,8 +25,8 @@ impl Manage for Management {
         Management::drain(self, name, deadline)
     }
 
-    fn resume(&self, name: &str) -> Result<NodeStatus, ManageError> {
-        Management::resume(self, name)
+    fn undrain(&self, name: &str) -> Result<NodeStatus, ManageError> {
+        Management::undrain(self, name)
     }
 
     async fn runs(&self, query: &RunQuery) -> Result<RunPage, ManageError> {
