@@ -31,8 +31,32 @@ const DELTAS: usize = 20;
 /// Deltas let out before the edge is killed.
 const BEFORE_THE_KILL: usize = 7;
 
-fn delta(n: usize) -> String {
+pub fn delta(n: usize) -> String {
     format!("d{n} ")
+}
+
+/// Checks a completed run's record and its stored events: the `deltas` deltas of
+/// [`delta`] once each and in order, rising seqs, every stored event counted, one
+/// `completed`.
+pub fn assert_every_delta_once(record: &Value, stored: &[Value], deltas: usize) {
+    let texts: Vec<&str> = stored
+        .iter()
+        .filter(|e| e["kind"] == "output")
+        .filter_map(|e| e["text"].as_str())
+        .collect();
+    let expected: Vec<String> = (0..deltas).map(delta).collect();
+    assert_eq!(texts, expected, "every delta once, in order");
+    let seqs: Vec<u64> = stored.iter().filter_map(|e| e["seq"].as_u64()).collect();
+    assert!(seqs.windows(2).all(|w| w[0] < w[1]), "{seqs:?}");
+    assert_eq!(
+        record["events"].as_u64(),
+        Some(stored.len() as u64),
+        "{record}"
+    );
+    assert_eq!(
+        stored.iter().filter(|e| e["kind"] == "completed").count(),
+        1
+    );
 }
 
 /// An engine streaming [`DELTAS`] deltas, one per permit of the returned gate.
@@ -180,24 +204,7 @@ async fn a_run_outlives_a_kill_9_of_its_edge_and_completes_once() {
     let edge = edge_at(&killed.config, &killed.listen).await;
     let record = outcome(&edge, run_id, "completed").await;
     let stored = events(&edge, run_id).await;
-    let texts: Vec<&str> = stored
-        .iter()
-        .filter(|e| e["kind"] == "output")
-        .filter_map(|e| e["text"].as_str())
-        .collect();
-    let expected: Vec<String> = (0..DELTAS).map(delta).collect();
-    assert_eq!(texts, expected, "every delta once, in order");
-    let seqs: Vec<u64> = stored.iter().filter_map(|e| e["seq"].as_u64()).collect();
-    assert!(seqs.windows(2).all(|w| w[0] < w[1]), "{seqs:?}");
-    assert_eq!(
-        record["events"].as_u64(),
-        Some(stored.len() as u64),
-        "{record}"
-    );
-    assert_eq!(
-        stored.iter().filter(|e| e["kind"] == "completed").count(),
-        1
-    );
+    assert_every_delta_once(&record, &stored, DELTAS);
     // Taken back, not run again.
     assert_eq!(engine.seen().len(), 1);
     killed.node.stop().await.expect("clean stop");

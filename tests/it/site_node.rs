@@ -9,6 +9,7 @@ use crate::common;
 #[allow(dead_code, unused_imports)]
 use crate::node;
 use crate::node_support;
+use crate::readopt::{assert_every_delta_once, delta};
 use crate::resume::open_stream_at;
 
 use std::net::SocketAddr;
@@ -113,10 +114,6 @@ async fn a_node_runs_the_newer_epochs_command_and_refuses_an_older_ones() {
 /// Deltas in the answer, and how many are let out before the roles flip.
 const DELTAS: usize = 16;
 const BEFORE_THE_FLIP: usize = 5;
-
-fn delta(n: usize) -> String {
-    format!("d{n} ")
-}
 
 /// A free loopback address for a member's node listener, kept across its restart.
 fn free_address() -> SocketAddr {
@@ -255,24 +252,7 @@ async fn a_node_finds_the_active_member_and_follows_a_flip_with_its_open_run() {
     })
     .await;
     let stored = stored_events(&b, &run_id).await;
-    let texts: Vec<&str> = stored
-        .iter()
-        .filter(|e| e["kind"] == "output")
-        .filter_map(|e| e["text"].as_str())
-        .collect();
-    let expected: Vec<String> = (0..DELTAS).map(delta).collect();
-    assert_eq!(texts, expected, "every delta once, in order");
-    let seqs: Vec<u64> = stored.iter().filter_map(|e| e["seq"].as_u64()).collect();
-    assert!(seqs.windows(2).all(|w| w[0] < w[1]), "{seqs:?}");
-    assert_eq!(
-        record["events"].as_u64(),
-        Some(stored.len() as u64),
-        "{record}"
-    );
-    assert_eq!(
-        stored.iter().filter(|e| e["kind"] == "completed").count(),
-        1
-    );
+    assert_every_delta_once(&record, &stored, DELTAS);
     assert_eq!(chats(&engine), 1, "taken back, not run again");
     let a_stats = a.parts.transport.stats();
     eventually(

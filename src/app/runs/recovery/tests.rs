@@ -3,10 +3,17 @@
 //! repeat, or ended when the grace passes; a run nobody reads is cancelled after the
 //! reader's grace — with no `RunService`.
 
+use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::sync::mpsc;
+
+use super::Recovery;
 use crate::app::runs::parts_rig::{Rig, node, spec};
-use crate::domain::{ResumeClaim, ResumeRefusal, RunEventKind};
+use crate::app::runs::placer::Placer;
+use crate::app::runs::relay::Relay;
+use crate::app::runs::run::Run;
+use crate::domain::{ResumeClaim, ResumeRefusal, RunEvent, RunEventKind};
 use crate::ports::{CloseReason, ReportedEvent};
 
 fn reported(seq: u64, kind: RunEventKind) -> ReportedEvent {
@@ -25,14 +32,25 @@ fn claim(next_seq: u64) -> ResumeClaim {
     }
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_run_held_across_a_reconnect_goes_on_from_where_it_was() {
-    let mut rig = Rig::new();
+/// The parts over a rig with node `a` connected on connection 1.
+fn parts() -> (Rig, Arc<Placer>, Arc<Relay>, Arc<Recovery>) {
+    let rig = Rig::new();
     rig.connect("a", 1, 1);
     let (placer, timers) = (rig.placer(), rig.timers());
     let relay = rig.relay(&placer, &timers);
     let recovery = rig.recovery(&placer, &relay, &timers);
-    let (run, _caller) = rig.run(spec());
+    (rig, placer, relay, recovery)
+}
+
+/// A run on node `a` that relayed `started` and one output, whose node's connection then
+/// dropped (the node may resume); its caller's stream.
+async fn streamed_then_dropped(
+    rig: &mut Rig,
+    placer: &Placer,
+    relay: &Arc<Relay>,
+    recovery: &Arc<Recovery>,
+) -> (Arc<Run>, mpsc::Receiver<Arc<RunEvent>>) {
+    let (run, caller) = rig.run(spec());
     relay.settle(placer.admit(&run).unwrap().1);
     let mut events = vec![
         reported(1, RunEventKind::Started),
@@ -43,6 +61,13 @@ async fn a_run_held_across_a_reconnect_goes_on_from_where_it_was() {
     recovery
         .node_departed(&node("a"), 1, true, &CloseReason::Eof)
         .await;
+    (run, caller)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_run_held_across_a_reconnect_goes_on_from_where_it_was() {
+    let (mut rig, placer, relay, recovery) = parts();
+    let (run, _caller) = streamed_then_dropped(&mut rig, &placer, &relay, &recovery).await;
     assert!(run.route().detached().is_some(), "held for its node");
     rig.connect("a", 1, 2);
     let answers = recovery.resume_claims(&node("a"), 2, &[claim(3)]).await;
@@ -75,22 +100,8 @@ async fn a_run_held_across_a_reconnect_goes_on_from_where_it_was() {
 
 #[tokio::test(start_paused = true)]
 async fn a_held_run_its_node_never_claims_ends_after_the_grace() {
-    let mut rig = Rig::new();
-    rig.connect("a", 1, 1);
-    let (placer, timers) = (rig.placer(), rig.timers());
-    let relay = rig.relay(&placer, &timers);
-    let recovery = rig.recovery(&placer, &relay, &timers);
-    let (run, mut caller) = rig.run(spec());
-    relay.settle(placer.admit(&run).unwrap().1);
-    let mut events = vec![
-        reported(1, RunEventKind::Started),
-        reported(2, RunEventKind::text("one")),
-    ];
-    relay.node_events(&node("a"), 1, &mut events).await;
-    rig.disconnect("a", 1);
-    recovery
-        .node_departed(&node("a"), 1, true, &CloseReason::Eof)
-        .await;
+    let (mut rig, placer, relay, recovery) = parts();
+    let (_run, mut caller) = streamed_then_dropped(&mut rig, &placer, &relay, &recovery).await;
     let started = tokio::time::Instant::now();
     let mut last = None;
     while let Some(event) = caller.recv().await {
@@ -111,11 +122,7 @@ async fn a_held_run_its_node_never_claims_ends_after_the_grace() {
 
 #[tokio::test(start_paused = true)]
 async fn a_stream_nobody_reads_again_is_cancelled_after_the_readers_grace() {
-    let mut rig = Rig::new();
-    rig.connect("a", 1, 1);
-    let (placer, timers) = (rig.placer(), rig.timers());
-    let relay = rig.relay(&placer, &timers);
-    let recovery = rig.recovery(&placer, &relay, &timers);
+    let (mut rig, placer, relay, recovery) = parts();
     let (run, _caller) = rig.run(spec());
     relay.settle(placer.admit(&run).unwrap().1);
     recovery.reader_gone(run.id(), "client left").await;
