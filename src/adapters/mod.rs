@@ -10,6 +10,7 @@ pub(crate) mod http;
 pub mod journal;
 pub(crate) mod listen;
 pub mod lock_registry;
+pub mod nats;
 pub mod sinks;
 pub(crate) mod stdin_console;
 pub mod tcp;
