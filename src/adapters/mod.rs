@@ -4,6 +4,7 @@
 pub(crate) mod admin;
 pub(crate) mod admin_client;
 pub(crate) mod api;
+pub mod cluster;
 pub mod event_format;
 pub mod file_store;
 pub(crate) mod http;

@@ -9,6 +9,7 @@
 
 mod admin;
 pub mod cli;
+mod cluster;
 pub(crate) mod identity;
 pub mod logging;
 pub(crate) mod metrics;
@@ -27,6 +28,7 @@ use tracing::info;
 use crate::adapters::admin::AdminServer;
 use crate::adapters::api::Api;
 use crate::adapters::api::{self as client_api, ApiState};
+use crate::adapters::cluster::ClusterLease;
 use crate::adapters::file_store::FileNodeStore;
 use crate::adapters::http::{HttpServer, OpsState};
 use crate::adapters::listen;
@@ -42,7 +44,7 @@ use crate::app::node_events::NodeEvents;
 use crate::app::runs::{self, RunService};
 use crate::domain::models::{ModelName, ModelPolicy};
 use crate::domain::routing::Catalog;
-use crate::ports::{EventSink, NodeStore, Registry, RunJournal};
+use crate::ports::{EventSink, NodeStore, Registry, RunJournal, SiteRole};
 use metrics::{MetricSources, Metrics};
 
 pub use settings::Settings;
@@ -58,6 +60,8 @@ pub struct App {
     parts: AppParts,
     /// The management API's own listener (none with `admin.on_http_listener`).
     admin: Option<AdminServer>,
+    /// The site's lease, with `[cluster]`.
+    lease: Option<ClusterLease>,
 }
 
 /// The running edge's parts, for the console, the HTTP API and tests. Cheap to clone.
@@ -79,6 +83,8 @@ pub struct AppParts {
     pub models: ModelService,
     /// The run journal (one that keeps nothing when `[journal] enabled = false`).
     pub journal: Arc<dyn RunJournal>,
+    /// What this edge is to its site: alone, active or standby (`[cluster]`).
+    pub site: SiteRole,
 }
 
 impl AppParts {
@@ -109,6 +115,8 @@ impl App {
         let store: Arc<dyn NodeStore> =
             Arc::new(FileNodeStore::load_from_config(&settings.source)?);
         let registry: Arc<dyn Registry> = Arc::new(LockRegistry::new());
+        // The edge's one site role (`cluster.rs`): every part that acts on it gets this handle.
+        let site = cluster::site_role(&settings);
         let sinks = build_sinks(&settings.events, &settings.edge_id)
             .context("cannot start the event sinks")?;
         let sink: Arc<dyn EventSink> = Arc::new(SinkSet::from_built(&sinks));
@@ -120,12 +128,8 @@ impl App {
         let runs = run_service(&settings, store.as_ref(), outbound, &journal, &metrics).await?;
         runs.attach_models(Arc::new(models.clone()));
         models.attach_runs(runs.waiting_runs());
-        let deps = ServerDeps {
-            store: Arc::clone(&store),
-            registry: Arc::clone(&registry),
-            handler: Arc::new(NodeEvents::new(runs.clone(), models.clone())),
-        };
-        let server = bind_node_server(&settings, deps).await?;
+        let server =
+            bind_node_server(&settings, node_deps(&store, &registry, &runs, &models)).await?;
         metrics.observe(MetricSources {
             store: Arc::clone(&store),
             registry: Arc::clone(&registry),
@@ -133,16 +137,18 @@ impl App {
             runs: runs.clone(),
             sinks,
         });
-        let readiness = server.control().readiness();
         let management =
             admin::management(&store, &registry, &runs, &journal, Drains::new(), &metrics);
-        let parts = (&runs, &registry, &management);
         let ops = OpsState {
             metrics: metrics.registry(),
-            readiness,
+            readiness: server.control().readiness(),
+            site: site.clone(),
         };
-        let http = bind_http_server(&settings, ops, &api_state(parts, &settings)?).await?;
-        let (http, admin) = admin::bind(&settings, (&management, &models), http).await?;
+        let services = (&runs, &registry, &management, &models);
+        let (http, admin) = bind_http_side(&settings, services, ops).await?;
+        let listeners = (server.local_addr()?, http.local_addr()?);
+        let lease = cluster::lease(&settings, store.as_ref(), &site, listeners, metrics.meter());
+        let lease = lease.await?;
         let parts = AppParts {
             store,
             registry,
@@ -152,6 +158,7 @@ impl App {
             management,
             models,
             journal,
+            site,
         };
         Ok(App {
             settings,
@@ -161,6 +168,7 @@ impl App {
             sink,
             parts,
             admin,
+            lease,
         })
     }
 
@@ -208,6 +216,7 @@ impl App {
             sink,
             parts,
             admin,
+            lease,
         } = self;
         info!(
             listen = %server.local_addr()?,
@@ -223,6 +232,7 @@ impl App {
         let http_stop = CancellationToken::new();
         let http_serving = tokio::spawn(http.run(http_stop.clone()));
         let admin_serving = admin::AdminServing::start(admin);
+        let lease = lease.map(ClusterLease::start);
         let lifecycle = tokio::spawn({
             let (models, stop) = (parts.models.clone(), parts.stop.clone());
             async move { models.run(stop).await }
@@ -236,6 +246,11 @@ impl App {
         lifecycle.await.context("the model lifecycle panicked")?;
         // Every run has ended: its record and events go to disk before the edge exits.
         parts.journal.close().await;
+        // Open runs have ended here: a standby may take over at once, before the nodes are
+        // told to go (they find it when they reconnect).
+        if let Some(lease) = lease {
+            lease.stop().await;
+        }
         parts.transport.shut_down("edge shutting down", grace).await;
         accept_loop.await.context("the accept loop panicked")?;
         // HTTP stays up while draining, so /readyz reports it; open streams have ended now.
@@ -326,6 +341,21 @@ fn routing(settings: &Settings, store: &dyn NodeStore) -> anyhow::Result<runs::R
     })
 }
 
+/// What the node transport works with: the definitions, the registry, and the handler of
+/// what nodes say (the run service and the model lifecycle).
+fn node_deps(
+    store: &Arc<dyn NodeStore>,
+    registry: &Arc<dyn Registry>,
+    runs: &RunService,
+    models: &ModelService,
+) -> ServerDeps {
+    ServerDeps {
+        store: Arc::clone(store),
+        registry: Arc::clone(registry),
+        handler: Arc::new(NodeEvents::new(runs.clone(), models.clone())),
+    }
+}
+
 /// Binds the node transport's listener, with TLS when `[server.tls]` is set.
 async fn bind_node_server(settings: &Settings, deps: ServerDeps) -> anyhow::Result<TcpServer> {
     let tls = load_tls(settings.server.tls.as_ref(), "server.tls", &[])
@@ -346,16 +376,36 @@ fn journal_shown(settings: &Settings) -> String {
     }
 }
 
+/// The HTTP listener (operations endpoints, client APIs) and the management API, on its
+/// own listener or beside them; the API and the management API act on `ops.site`.
+async fn bind_http_side(
+    settings: &Settings,
+    (runs, registry, management, models): (
+        &RunService,
+        &Arc<dyn Registry>,
+        &Management,
+        &ModelService,
+    ),
+    ops: OpsState,
+) -> anyhow::Result<(HttpServer, Option<AdminServer>)> {
+    let site = ops.site.clone();
+    let api = api_state((runs, registry, management), settings, &site)?;
+    let http = bind_http_server(settings, ops, &api).await?;
+    admin::bind(settings, (management, models, &site), http).await
+}
+
 /// What the client APIs' handlers work with.
 fn api_state(
     (runs, registry, management): (&RunService, &Arc<dyn Registry>, &Management),
     settings: &Settings,
+    site: &SiteRole,
 ) -> anyhow::Result<ApiState> {
     Ok(ApiState {
         runs: Arc::new(runs.clone()),
         registry: Arc::clone(registry),
         api: Api::new(settings.api.clone())?.with_prefix_affinity(settings.routing.prefix_affinity),
         manage: Arc::new(management.clone()),
+        site: site.clone(),
     })
 }
 
