@@ -27,6 +27,9 @@ use crate::domain::site::{
 use crate::ports::clock::now_ms;
 use crate::ports::{ActiveMember, Role, SiteRole};
 
+/// How a standby's reason starts when its node definitions are not the holder's.
+const MISMATCH: &str = "node definitions differ";
+
 /// Who this member is, as its lease says it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Member {
@@ -265,8 +268,8 @@ impl Ticks {
             }
             StandbyStep::Mismatch(lease) => {
                 let reason = format!(
-                    "node definitions differ from those of edge {}, which holds the site's \
-                     lease (digest {} here, {} there): this member never takes over from it",
+                    "{MISMATCH} from those of edge {}, which holds the site's lease (digest {} \
+                     here, {} there): this member never takes over from it",
                     lease.edge_id, me.digest, lease.node_definitions_digest
                 );
                 self.stand_by(Some(&lease), reason);
@@ -377,7 +380,13 @@ impl Ticks {
         if let State::Standby(watching) = &mut self.state
             && watching.reason != reason
         {
-            tracing::info!(site = %self.lease.config.site, %reason, "standing by");
+            let site = &self.lease.config.site;
+            // A digest mismatch needs an operator: it never resolves by waiting.
+            if reason.starts_with(MISMATCH) {
+                tracing::warn!(%site, %reason, "standing by");
+            } else {
+                tracing::info!(%site, %reason, "standing by");
+            }
             watching.reason.clone_from(&reason);
         }
         self.lease.role.set(standby(holder, reason));
