@@ -131,11 +131,16 @@ impl ClusterLease {
         self.stats.clone()
     }
 
-    /// Runs the lease on a task of its own until [`LeaseTask::stop`].
+    /// Runs the lease on a task of its own until [`LeaseTask::stop`] (or until the
+    /// [`LeaseTask`] is dropped, which stops it too: the lease is released in the
+    /// background, and never renewed by a task nobody owns).
     pub fn start(self) -> LeaseTask {
         let stop = CancellationToken::new();
         let task = tokio::spawn(self.run(stop.clone()));
-        LeaseTask { stop, task }
+        LeaseTask {
+            stop,
+            task: Some(task),
+        }
     }
 
     async fn run(self, stop: CancellationToken) {
@@ -155,19 +160,27 @@ impl ClusterLease {
     }
 }
 
-/// The running lease task.
+/// The running lease task; dropping it stops the task.
 pub struct LeaseTask {
     stop: CancellationToken,
-    task: JoinHandle<()>,
+    task: Option<JoinHandle<()>>,
 }
 
 impl LeaseTask {
     /// Stops the task, releasing the lease if this member holds it, and waits for it.
-    pub async fn stop(self) {
+    pub async fn stop(mut self) {
         self.stop.cancel();
-        if let Err(error) = self.task.await {
+        if let Some(task) = self.task.take()
+            && let Err(error) = task.await
+        {
             tracing::error!(%error, "the cluster lease task failed");
         }
+    }
+}
+
+impl Drop for LeaseTask {
+    fn drop(&mut self) {
+        self.stop.cancel();
     }
 }
 
