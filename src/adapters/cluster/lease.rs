@@ -269,6 +269,12 @@ impl Ticks {
         match decide_standby(&seen, &me.digest, now_ms(), unchanged_ms, self.timing()) {
             StandbyStep::Create => self.acquire(None).await,
             StandbyStep::TakeOver { revision } => self.acquire(Some(revision)).await,
+            StandbyStep::Follow(lease) if lease.edge_id == me.edge_id => {
+                let reason = "the site's lease is one this member wrote before it stood by (or \
+                              before a restart); taking it again once it lapses"
+                    .to_owned();
+                self.stand_by(None, reason);
+            }
             StandbyStep::Follow(lease) => {
                 let reason = format!("edge {} holds the site's lease", lease.edge_id);
                 self.stand_by(Some(&lease), reason);
