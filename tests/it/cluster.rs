@@ -261,3 +261,48 @@ async fn an_active_member_that_cannot_reach_nats_stands_by_and_takes_the_lease_b
     assert!(a.parts.site.epoch() > epoch);
     a.stop().await;
 }
+
+#[crate::common::test]
+async fn an_active_member_whose_renewal_meets_another_write_stands_by_behind_the_writer() {
+    let nats = NatsServer::start_jetstream().await;
+    let a = spawn_app(&member(&nats, "edge-a", "m1")).await;
+    ready(a.http_addr).await;
+
+    // Another writer takes the key between two renewals (as a member that took over a
+    // lease it thought lapsed would): the next renewal finds another revision.
+    let client = async_nats::connect(nats.url()).await.expect("connect");
+    let kv = jetstream::new(client)
+        .get_key_value("edge-s1")
+        .await
+        .expect("the site's bucket");
+    let far = u64::MAX / 2;
+    let lease = serde_json::json!({
+        "edge_id": "edge-z", "node_address": "10.9.9.9:7100", "api_address": "10.9.9.9:8080",
+        "expires_at_ms": far, "node_definitions_digest": "sha256:whatever",
+    });
+    kv.put("lease", lease.to_string().into())
+        .await
+        .expect("write the lease");
+
+    standing_by_behind(&a, "edge-z").await;
+    let (status, body) = readyz(a.http_addr).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(
+        body.contains("active member: edge edge-z (api 10.9.9.9:8080"),
+        "{body}"
+    );
+    let metrics = http_client()
+        .get(format!("http://{}/metrics", a.http_addr))
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("scrape");
+    let failures = metrics
+        .lines()
+        .find_map(|line| line.strip_prefix("edge_cluster_lease_renewal_failures_total "))
+        .and_then(|value| value.trim().parse::<f64>().ok());
+    assert!(failures.is_some_and(|n| n >= 1.0), "{metrics}");
+    a.stop().await;
+}
