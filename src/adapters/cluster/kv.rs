@@ -1,7 +1,7 @@
 //! The site's bucket in JetStream KV: opened (created when absent, history 1), the key
 //! `lease` read as a [`Seen`], written only if absent (`create`) or only at the revision
-//! read (`update`, compare-and-set), and released (a delete marker at the revision last
-//! written). The lease's JSON lives here and nowhere else; a value that does not parse is
+//! read (`update`, compare-and-set), watched, and released (a delete marker at the
+//! revision last written). The lease's JSON lives here and nowhere else; a value that does not parse is
 //! [`Seen::Unreadable`], never a panic.
 
 use async_nats::jetstream::{self, kv};
@@ -124,6 +124,18 @@ impl SiteBucket {
                 kv::UpdateErrorKind::WrongLastRevision => WriteError::Conflict,
                 _ => WriteError::Failed(format!("cannot write the lease: {error}")),
             })
+    }
+
+    /// A stream of every later write to the lease (a renewal, a release, a takeover), so a
+    /// standby looks at once instead of at its next poll.
+    ///
+    /// # Errors
+    /// NATS's answer, as text.
+    pub(super) async fn watch(&self) -> Result<kv::Watch, String> {
+        self.store
+            .watch(LEASE_KEY)
+            .await
+            .map_err(|error| format!("cannot watch the lease: {error}"))
     }
 
     /// Deletes the lease if the key is still at `revision` (this member's last write), so a

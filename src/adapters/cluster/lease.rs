@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_nats::jetstream;
+use futures::StreamExt as _;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -147,6 +148,7 @@ impl ClusterLease {
         let mut member = Ticks {
             lease: self,
             bucket: None,
+            watch: None,
             state: State::Standby(Watching::default()),
         };
         loop {
@@ -154,6 +156,7 @@ impl ClusterLease {
             tokio::select! {
                 () = stop.cancelled() => break,
                 () = tokio::time::sleep_until(next) => {}
+                () = member.lease_written() => {}
             }
         }
         member.release().await;
@@ -216,6 +219,8 @@ impl Watching {
 struct Ticks {
     lease: ClusterLease,
     bucket: Option<SiteBucket>,
+    /// While standing by: every write to the lease, so a release is taken at once.
+    watch: Option<async_nats::jetstream::kv::Watch>,
     state: State,
 }
 
@@ -248,11 +253,26 @@ impl Ticks {
         }
     }
 
+    /// Returns when the lease is written while this member stands by (never while active,
+    /// or without a watch: then the poll alone looks).
+    async fn lease_written(&mut self) {
+        let Some(watch) = &mut self.watch else {
+            return std::future::pending().await;
+        };
+        if !matches!(watch.next().await, Some(Ok(_))) {
+            // Ended or failed: the next look makes another.
+            self.watch = None;
+        }
+    }
+
     async fn standby_tick(&mut self, poll: Instant) -> Instant {
         let timeout = self.lease.config.request_timeout();
         let Some(bucket) = &self.bucket else {
             return poll;
         };
+        if self.watch.is_none() {
+            self.watch = bounded(timeout, bucket.watch()).await.ok();
+        }
         let seen = match bounded(timeout, bucket.read()).await {
             Ok(seen) => seen,
             Err(error) => {
@@ -319,6 +339,7 @@ impl Ticks {
                     "this member holds the site's lease: active"
                 );
                 self.state = State::Active(Held::acquired(acquired, expires_at_ms));
+                self.watch = None;
                 self.lease.role.set(Role::Active { epoch: acquired });
             }
             // Someone else was faster: the next look shows who.
