@@ -19,6 +19,7 @@ pub mod routing;
 pub mod run;
 pub mod run_record;
 pub mod selection;
+pub mod site;
 pub mod stats;
 pub mod throttle;
 pub mod token;

@@ -89,6 +89,32 @@ fn check_config_names_an_unknown_key() {
 }
 
 #[crate::common::test]
+fn check_config_checks_a_cluster_section_and_names_its_keys() {
+    let good = "[cluster]\nsite = \"west-1\"\nnats = \"nats://10.0.0.1:4222\"\n";
+    let output = edge_on_config("check-config", "member.toml", good, &[]);
+    let stdout = text(&output.stdout);
+    assert!(output.status.success(), "stderr: {}", text(&output.stderr));
+    assert!(
+        stdout.contains("cluster: site west-1 (KV bucket edge-west-1) on nats://10.0.0.1:4222"),
+        "{stdout}"
+    );
+    let bad = "[server]\nlisten = \"0.0.0.0:7100\"\n[cluster]\nsite = \"west 1\"\n\
+               nats = \"nats://10.0.0.1:4222\"\nrenew_ms = 3000\ntoken = \"tok-SECRET\"\n";
+    let output = edge_on_config("check-config", "member.toml", bad, &[]);
+    let stderr = text(&output.stderr);
+    assert!(!output.status.success());
+    for fragment in [
+        "member.toml",
+        "`cluster.site` \"west 1\"",
+        "`cluster.renew_ms` (3000)",
+        "`cluster.advertise_nodes`: not set, and the listener 0.0.0.0:7100",
+    ] {
+        assert!(stderr.contains(fragment), "{fragment}: {stderr}");
+    }
+    assert!(!stderr.contains("SECRET"), "a token leaked: {stderr}");
+}
+
+#[crate::common::test]
 fn serve_refuses_to_start_on_a_broken_config() {
     let output = edge_on_config(
         "serve",

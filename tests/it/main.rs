@@ -64,6 +64,7 @@ mod api_structured;
 mod api_tokenize;
 mod cli;
 mod client_stop;
+mod cluster;
 mod console;
 mod console_web;
 mod continuation;

@@ -41,6 +41,21 @@ impl AdminError {
         )
     }
 
+    /// `503 standby`: this edge is a standby member of its site and changes nothing; the
+    /// active member's management API is the one to call (`active`: its edge id and API
+    /// address, when known).
+    pub fn standby(active: Option<(&str, &str)>) -> Self {
+        let message = match active {
+            Some((edge, api)) => format!(
+                "this edge is a standby member of its site; the active member is edge {edge} \
+                 (api {api}): make changes there"
+            ),
+            None => "this edge is a standby member of its site and no active member is known yet"
+                .to_owned(),
+        };
+        Self::new(StatusCode::SERVICE_UNAVAILABLE, "standby", message)
+    }
+
     /// `500 internal`: something that should not happen did.
     pub fn internal(message: impl Into<String>) -> Self {
         Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message)
@@ -108,7 +123,13 @@ impl IntoResponse for AdminError {
                 message: self.message,
             },
         };
+        let retry = self.code == "standby";
         let mut response = (self.status, Json(body)).into_response();
+        if retry {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
+        }
         if self.status == StatusCode::UNAUTHORIZED {
             response.headers_mut().insert(
                 header::WWW_AUTHENTICATE,

@@ -26,6 +26,7 @@ mod run_events;
 mod run_get;
 mod runs_list;
 mod server;
+mod standby;
 mod stats;
 mod usage_get;
 pub mod views;
@@ -43,7 +44,7 @@ pub use error::AdminError;
 pub use server::AdminServer;
 
 use crate::domain::TokenDigest;
-use crate::ports::{Manage, ManageModels};
+use crate::ports::{Manage, ManageModels, SiteRole};
 
 /// The largest request body the management API reads.
 const MAX_BODY_BYTES: usize = 64 * 1024;
@@ -55,6 +56,7 @@ pub struct AdminState {
     models: Option<Arc<dyn ManageModels>>,
     keys: Arc<[TokenDigest]>,
     openapi: Arc<OnceLock<String>>,
+    site: SiteRole,
 }
 
 impl AdminState {
@@ -65,7 +67,15 @@ impl AdminState {
             models: None,
             keys: config.digests().into(),
             openapi: Arc::new(OnceLock::new()),
+            site: SiteRole::default(),
         }
+    }
+
+    /// The same state, refusing changes while `site` says this edge stands by.
+    #[must_use]
+    pub fn with_site(mut self, site: SiteRole) -> Self {
+        self.site = site;
+        self
     }
 
     /// The same state, answering the model routes from `models` (without it, they list
@@ -77,7 +87,8 @@ impl AdminState {
     }
 }
 
-/// Every route, documented, behind the key check (all but the document itself).
+/// Every route, documented, behind the key check (all but the document itself), then the
+/// standby's refusal of changes (`standby.rs`).
 fn documented(state: &AdminState) -> OpenApiRouter<AdminState> {
     let routes: [fn(OpenApiRouter<AdminState>) -> OpenApiRouter<AdminState>; 14] = [
         nodes_list::register,
@@ -101,6 +112,10 @@ fn documented(state: &AdminState) -> OpenApiRouter<AdminState> {
             OpenApiRouter::with_openapi(openapi::AdminDoc::openapi()),
             |router, register| register(router),
         )
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            standby::refuse_changes_on_standby,
+        ))
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             auth::require_key,

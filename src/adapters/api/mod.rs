@@ -23,6 +23,7 @@ mod resume;
 mod routing;
 mod run;
 mod sse;
+mod standby;
 mod translate;
 mod translators;
 
@@ -41,7 +42,7 @@ pub(crate) use response::ErrorShape;
 pub use translators::ApiError;
 
 use crate::adapters::http::LimitedRoutes;
-use crate::ports::{Manage, Registry, Runs};
+use crate::ports::{Manage, Registry, Runs, SiteRole};
 
 /// What the API's handlers work with. Cheap to clone.
 #[derive(Clone)]
@@ -55,6 +56,8 @@ pub struct ApiState {
     /// Run records and event feeds (the management port), for what the API finds again
     /// by id: background Responses, resumed streams.
     pub manage: Arc<dyn Manage>,
+    /// Whether this edge acts for its site: a standby refuses every API request.
+    pub site: SiteRole,
 }
 
 /// The API's settings and model map. Cheap to clone.
@@ -129,7 +132,7 @@ impl Api {
 /// clients read, set outermost so every layer that answers early answers in it
 /// ([`ErrorShape::of`]), and with its refusal when the server's request limit is reached
 /// (`503` with `Retry-After`, in that shape). Behind the API-key check (when keys are
-/// configured) and the body limit.
+/// configured), the standby refusal (`standby.rs`) and the body limit.
 pub(crate) fn route_groups(state: &ApiState) -> Vec<LimitedRoutes> {
     let openai = Router::new()
         .route("/v1/models", get(models::list))
@@ -178,8 +181,13 @@ pub(crate) fn unknown_routes() -> Router {
     Router::new().fallback(unknown_route)
 }
 
-/// `routes` behind the API-key check (when keys are configured) and the body limit.
+/// `routes` behind the API-key check (when keys are configured), then the standby
+/// refusal, and the body limit.
 fn guarded(routes: Router<ApiState>, state: &ApiState) -> Router<ApiState> {
+    let routes = routes.route_layer(middleware::from_fn_with_state(
+        state.clone(),
+        standby::refuse_on_standby,
+    ));
     let routes = if state.api.config().keys.is_empty() {
         routes
     } else {

@@ -1,11 +1,13 @@
 //! `GET /healthz`, `GET /readyz` and `GET /metrics`: the operations endpoints, and the
-//! one place the metrics registry is rendered in the Prometheus text format.
+//! one place the metrics registry is rendered in the Prometheus text format. They answer
+//! on a standby member of a site too: `/readyz` says it stands by.
 
 use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
 use super::server::OpsState;
+use crate::ports::Role;
 
 /// The process is alive and serving HTTP.
 pub(super) async fn healthz() -> &'static str {
@@ -13,12 +15,30 @@ pub(super) async fn healthz() -> &'static str {
 }
 
 /// Ready for work: the node transport is listening, the config is loaded (both hold once
-/// the server runs), and the edge is not draining.
+/// the server runs), the edge is not draining, and it acts for its site (alone, or as its
+/// active member). The body says which: `ready`, `ready: active …, epoch N`, `draining`,
+/// or `standby: <why>` with the active member when known (a digest mismatch is a why).
 pub(super) async fn readyz(State(state): State<OpsState>) -> Response {
     if state.readiness.is_draining() {
-        (StatusCode::SERVICE_UNAVAILABLE, "draining\n").into_response()
-    } else {
-        (StatusCode::OK, "ready\n").into_response()
+        return (StatusCode::SERVICE_UNAVAILABLE, "draining\n").into_response();
+    }
+    match state.site.current() {
+        Role::Single => (StatusCode::OK, "ready\n").into_response(),
+        Role::Active { epoch } => (
+            StatusCode::OK,
+            format!("ready: the active member of its site, epoch {epoch}\n"),
+        )
+            .into_response(),
+        Role::Standby { active, reason } => {
+            let mut body = format!("standby: {reason}\n");
+            if let Some(active) = active {
+                body.push_str(&format!(
+                    "active member: edge {} (api {}, nodes {})\n",
+                    active.edge_id, active.api_address, active.node_address
+                ));
+            }
+            (StatusCode::SERVICE_UNAVAILABLE, body).into_response()
+        }
     }
 }
 

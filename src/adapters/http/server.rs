@@ -18,7 +18,7 @@ use super::limits::{self, RequestSlots};
 use super::serve::serve;
 use super::tls::TlsListener;
 use crate::adapters::tls::TlsAcceptor;
-use crate::ports::Readiness;
+use crate::ports::{Readiness, SiteRole};
 
 /// What the operations endpoints work with. Cheap to clone.
 #[derive(Clone)]
@@ -27,6 +27,8 @@ pub struct OpsState {
     pub metrics: prometheus::Registry,
     /// For `/readyz`: whether the edge is draining.
     pub readiness: Readiness,
+    /// For `/readyz`: whether this edge acts for its site (always, without `[cluster]`).
+    pub site: SiteRole,
 }
 
 /// A group of routes served behind the listener's concurrent-request limit (the client

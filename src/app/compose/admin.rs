@@ -18,7 +18,7 @@ use crate::adapters::web_console;
 use crate::app::drains::Drains;
 use crate::app::management::Management;
 use crate::app::models::ModelService;
-use crate::ports::{NodeStore, Registry, RunJournal};
+use crate::ports::{NodeStore, Registry, RunJournal, SiteRole};
 
 /// The journal `[journal]` asks for, the runs a previous edge left open kept for the run
 /// service to take back (`RunService::adopt_left_open`).
@@ -58,11 +58,12 @@ pub(super) fn management(
 /// The admin listener cannot be bound, or its TLS files cannot be loaded.
 pub(super) async fn bind(
     settings: &Settings,
-    (management, models): (&Management, &ModelService),
+    (management, models, site): (&Management, &ModelService, &SiteRole),
     http: HttpServer,
 ) -> anyhow::Result<(HttpServer, Option<AdminServer>)> {
     let state = AdminState::new(Arc::new(management.clone()), &settings.admin)
-        .with_models(Arc::new(models.clone()));
+        .with_models(Arc::new(models.clone()))
+        .with_site(site.clone());
     // The console is a page that calls the management API: it is served where the API is.
     let router = routes(state).merge(web_console::routes());
     if settings.admin.on_http_listener {

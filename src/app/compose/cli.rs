@@ -231,6 +231,18 @@ fn summary(settings: &Settings, store: &FileNodeStore) -> String {
         true => writeln!(out, "run journal: {}", settings.journal_file().display()),
         false => writeln!(out, "run journal: off"),
     };
+    let _ = match &settings.cluster {
+        Some(cluster) => writeln!(
+            out,
+            "cluster: site {} (KV bucket {}) on {}; lease {} ms, renewed every {} ms",
+            cluster.site,
+            cluster.bucket(),
+            cluster.nats,
+            cluster.lease_ms,
+            cluster.renew_ms
+        ),
+        None => writeln!(out, "cluster: none (this edge is the whole site)"),
+    };
     let records = store.records();
     let _ = writeln!(out, "nodes: {}", records.len());
     for record in records {

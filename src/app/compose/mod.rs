@@ -9,6 +9,7 @@
 
 mod admin;
 pub mod cli;
+mod cluster;
 pub(crate) mod identity;
 pub mod logging;
 pub(crate) mod metrics;
@@ -27,6 +28,7 @@ use tracing::info;
 use crate::adapters::admin::AdminServer;
 use crate::adapters::api::Api;
 use crate::adapters::api::{self as client_api, ApiState};
+use crate::adapters::cluster::ClusterLease;
 use crate::adapters::file_store::FileNodeStore;
 use crate::adapters::http::{HttpServer, OpsState};
 use crate::adapters::listen;
@@ -58,6 +60,8 @@ pub struct App {
     parts: AppParts,
     /// The management API's own listener (none with `admin.on_http_listener`).
     admin: Option<AdminServer>,
+    /// The site's lease, with `[cluster]`.
+    lease: Option<ClusterLease>,
 }
 
 /// The running edge's parts, for the console, the HTTP API and tests. Cheap to clone.
@@ -79,10 +83,10 @@ pub struct AppParts {
     pub models: ModelService,
     /// The run journal (one that keeps nothing when `[journal] enabled = false`).
     pub journal: Arc<dyn RunJournal>,
-    /// Whether this edge acts for its site, and under which epoch: [`Role::Single`]
-    /// (always acts, epoch 0) unless a cluster lease sets it (issue 49). The one role of
-    /// the edge, made in [`App::build`]: the node transport stamps, refuses and sends nodes
-    /// away by it.
+    /// What this edge is to its site: alone ([`Role::Single`]: always acts, epoch 0),
+    /// or the active member or a standby of a `[cluster]` site, as its lease says. The one
+    /// role of the edge, made in [`App::build`]: the node transport stamps, refuses and
+    /// sends nodes away by it; `/readyz`, the APIs and the admin API answer by it.
     ///
     /// [`Role::Single`]: crate::ports::Role::Single
     pub site: SiteRole,
@@ -116,6 +120,8 @@ impl App {
         let store: Arc<dyn NodeStore> =
             Arc::new(FileNodeStore::load_from_config(&settings.source)?);
         let registry: Arc<dyn Registry> = Arc::new(LockRegistry::new());
+        // The edge's one site role (`cluster.rs`): every part that acts on it gets this handle.
+        let site = cluster::site_role(&settings);
         let sinks = build_sinks(&settings.events, &settings.edge_id)
             .context("cannot start the event sinks")?;
         let sink: Arc<dyn EventSink> = Arc::new(SinkSet::from_built(&sinks));
@@ -127,7 +133,6 @@ impl App {
         let runs = run_service(&settings, store.as_ref(), outbound, &journal, &metrics).await?;
         runs.attach_models(Arc::new(models.clone()));
         models.attach_runs(runs.waiting_runs());
-        let site = SiteRole::default();
         let deps = node_server_deps(&store, &registry, (&runs, &models), &site);
         let server = bind_node_server(&settings, deps).await?;
         metrics.observe(MetricSources {
@@ -137,16 +142,18 @@ impl App {
             runs: runs.clone(),
             sinks,
         });
-        let readiness = server.control().readiness();
         let management =
             admin::management(&store, &registry, &runs, &journal, Drains::new(), &metrics);
-        let parts = (&runs, &registry, &management);
         let ops = OpsState {
             metrics: metrics.registry(),
-            readiness,
+            readiness: server.control().readiness(),
+            site: site.clone(),
         };
-        let http = bind_http_server(&settings, ops, &api_state(parts, &settings)?).await?;
-        let (http, admin) = admin::bind(&settings, (&management, &models), http).await?;
+        let services = (&runs, &registry, &management, &models);
+        let (http, admin) = bind_http_side(&settings, services, ops).await?;
+        let listeners = (server.local_addr()?, http.local_addr()?);
+        let lease = cluster::lease(&settings, store.as_ref(), &site, listeners, metrics.meter());
+        let lease = lease.await?;
         let parts = AppParts {
             store,
             registry,
@@ -166,6 +173,7 @@ impl App {
             sink,
             parts,
             admin,
+            lease,
         })
     }
 
@@ -213,6 +221,7 @@ impl App {
             sink,
             parts,
             admin,
+            lease,
         } = self;
         info!(
             listen = %server.local_addr()?,
@@ -228,6 +237,7 @@ impl App {
         let http_stop = CancellationToken::new();
         let http_serving = tokio::spawn(http.run(http_stop.clone()));
         let admin_serving = admin::AdminServing::start(admin);
+        let lease = lease.map(ClusterLease::start);
         let lifecycle = tokio::spawn({
             let (models, stop) = (parts.models.clone(), parts.stop.clone());
             async move { models.run(stop).await }
@@ -241,6 +251,11 @@ impl App {
         lifecycle.await.context("the model lifecycle panicked")?;
         // Every run has ended: its record and events go to disk before the edge exits.
         parts.journal.close().await;
+        // Open runs have ended here: a standby may take over at once, before the nodes are
+        // told to go (they find it when they reconnect).
+        if let Some(lease) = lease {
+            lease.stop().await;
+        }
         parts.transport.shut_down("edge shutting down", grace).await;
         accept_loop.await.context("the accept loop panicked")?;
         // HTTP stays up while draining, so /readyz reports it; open streams have ended now.
@@ -367,16 +382,36 @@ fn journal_shown(settings: &Settings) -> String {
     }
 }
 
+/// The HTTP listener (operations endpoints, client APIs) and the management API, on its
+/// own listener or beside them; the API and the management API act on `ops.site`.
+async fn bind_http_side(
+    settings: &Settings,
+    (runs, registry, management, models): (
+        &RunService,
+        &Arc<dyn Registry>,
+        &Management,
+        &ModelService,
+    ),
+    ops: OpsState,
+) -> anyhow::Result<(HttpServer, Option<AdminServer>)> {
+    let site = ops.site.clone();
+    let api = api_state((runs, registry, management), settings, &site)?;
+    let http = bind_http_server(settings, ops, &api).await?;
+    admin::bind(settings, (management, models, &site), http).await
+}
+
 /// What the client APIs' handlers work with.
 fn api_state(
     (runs, registry, management): (&RunService, &Arc<dyn Registry>, &Management),
     settings: &Settings,
+    site: &SiteRole,
 ) -> anyhow::Result<ApiState> {
     Ok(ApiState {
         runs: Arc::new(runs.clone()),
         registry: Arc::clone(registry),
         api: Api::new(settings.api.clone())?.with_prefix_affinity(settings.routing.prefix_affinity),
         manage: Arc::new(management.clone()),
+        site: site.clone(),
     })
 }
 

@@ -21,6 +21,7 @@ use tracing_subscriber::EnvFilter;
 // programs that build or change settings (tests, the load generator).
 pub use crate::adapters::admin::AdminConfig;
 pub use crate::adapters::api::{ApiConfig, ApiKey};
+pub use crate::adapters::cluster::ClusterConfig;
 pub use crate::adapters::file_store::ConfigSource;
 pub use crate::adapters::http::HttpConfig;
 pub use crate::adapters::journal::JournalConfig;
@@ -82,6 +83,8 @@ pub struct Settings {
     pub models: Vec<ModelEntry>,
     /// `[lifecycle]`: how the edge drives the nodes' engines.
     pub lifecycle: LifecycleConfig,
+    /// `[cluster]`: the site this edge is a member of; `None`: the edge is the whole site.
+    pub cluster: Option<ClusterConfig>,
     /// The file the settings came from and the merged config, from which the node store
     /// reads `[[nodes]]`.
     pub source: ConfigSource,
@@ -143,6 +146,7 @@ struct Sections {
     tracing: TracingConfig,
     models: Vec<ModelEntry>,
     lifecycle: LifecycleConfig,
+    cluster: Option<ClusterConfig>,
     nodes: IgnoredAny,
 }
 
@@ -181,15 +185,13 @@ impl Settings {
         let text = read_config_file(&path, required)?;
         let config = build_config(text.as_deref(), env, &path)?;
 
-        let sections = match config.clone().try_deserialize::<Sections>() {
-            Ok(sections) => sections,
-            Err(error) => {
-                return Err(SettingsError::Invalid {
-                    detail: error.to_string(),
-                    path,
-                });
-            }
-        };
+        let sections = config
+            .clone()
+            .try_deserialize::<Sections>()
+            .map_err(|error| SettingsError::Invalid {
+                detail: error.to_string(),
+                path: path.clone(),
+            })?;
         let edge_id = sections
             .edge_id()
             .map_err(|detail| SettingsError::Invalid {
@@ -214,6 +216,7 @@ impl Settings {
             tracing,
             models,
             lifecycle,
+            cluster,
             nodes: _,
         } = sections;
         Ok(Self {
@@ -233,6 +236,7 @@ impl Settings {
             journal,
             models,
             lifecycle,
+            cluster,
             source: ConfigSource::new(path, text.is_some(), config),
         })
     }
@@ -346,6 +350,9 @@ impl Sections {
         problems.extend(self.events.nats.problems());
         problems.extend(self.tracing.problems());
         problems.extend(self.lifecycle.problems());
+        if let Some(cluster) = &self.cluster {
+            problems.extend(cluster.problems((self.server.listen, self.http.listen)));
+        }
         problems
     }
 }
@@ -715,6 +722,47 @@ mod tests {
             ],
         );
         let (_file, settings) = load("[events.nats]\npassword = \"pw-SECRET\"\n", &[]);
+        assert!(!settings.unwrap_err().to_string().contains("SECRET"));
+    }
+
+    #[test]
+    fn a_cluster_section_loads_with_defaults_and_without_it_there_is_none() {
+        let (_file, settings) = load(
+            "[cluster]\nsite = \"west\"\nnats = \"nats://10.0.0.1:4222\"\ntoken = \"tok-SECRET\"\n",
+            &[
+                ("EDGE__CLUSTER__LEASE_MS", "600"),
+                ("EDGE__CLUSTER__RENEW_MS", "200"),
+            ],
+        );
+        let settings = settings.unwrap();
+        let cluster = settings.cluster.as_ref().unwrap();
+        assert_eq!(
+            (cluster.site.as_str(), cluster.bucket()),
+            ("west", "edge-west".into())
+        );
+        assert_eq!((cluster.lease_ms, cluster.renew_ms), (600, 200));
+        assert!(!format!("{settings:?}").contains("SECRET"));
+        let (_file, settings) = load("", &[]);
+        assert!(settings.unwrap().cluster.is_none());
+    }
+
+    #[test]
+    fn a_malformed_cluster_section_names_file_and_key() {
+        assert_refused(
+            "[cluster]\nsite = \"a.b\"\nnats = \"\"\nrenew_ms = 5000\n\
+             advertise_api = \"nowhere\"\ntoken = \"tok-SECRET\"\n",
+            &[
+                "`cluster.site`",
+                "`cluster.nats`",
+                "`cluster.renew_ms`",
+                "`cluster.advertise_api`",
+            ],
+        );
+        assert_refused(
+            "[cluster]\nsite = \"a\"\nnats = \"nats://a\"\nleas_ms = 1\n",
+            &["leas_ms"],
+        );
+        let (_file, settings) = load("[cluster]\ntoken = \"tok-SECRET\"\n", &[]);
         assert!(!settings.unwrap_err().to_string().contains("SECRET"));
     }
 

@@ -483,6 +483,24 @@ impl ApiError {
         .retry_after(retry_after_secs)
     }
 
+    /// 503: this edge is a standby member of its site; the active member answers at
+    /// `active_api` (`HOST:PORT`, of edge `active_edge`) when known. The caller retries there
+    /// or through the site's balancer.
+    pub fn standby(active: Option<(&str, &str)>, retry_after_secs: u64) -> Self {
+        let message = match active {
+            Some((edge, api)) => format!(
+                "This edge is a standby member of its site. The active member is edge `{edge}`, \
+                 answering at {api}. Retry there, or through the site's load balancer."
+            ),
+            None => "This edge is a standby member of its site and no active member is known \
+                     yet. Retry later, or through the site's load balancer."
+                .to_owned(),
+        };
+        Self::new(ErrorKind::Unavailable, SERVER, message)
+            .code("standby")
+            .retry_after(retry_after_secs)
+    }
+
     /// A run cancelled by someone other than the client (an operator, the edge).
     pub fn run_cancelled(reason: &str) -> Self {
         Self::new(

@@ -3,29 +3,12 @@
 //! [`Secret`], whose `Debug` never shows them; [`NatsSinkConfig::problems`] names every
 //! bad key without repeating a secret.
 
-use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::Deserialize;
 
-/// A credential from the config: never printed.
-#[derive(Clone, PartialEq, Eq, Deserialize)]
-#[serde(transparent)]
-pub struct Secret(String);
-
-impl Secret {
-    /// The secret itself, for the connection only.
-    pub(crate) fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Debug for Secret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("<redacted>")
-    }
-}
+pub use crate::adapters::nats::{NatsConnection, NatsTlsConfig, Secret};
 
 /// `[events.nats]`.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -85,21 +68,6 @@ impl Default for NatsSinkConfig {
     }
 }
 
-/// `[events.nats.tls]`: TLS to the servers (rustls, `ring`).
-#[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct NatsTlsConfig {
-    /// PEM file of the CA(s) the servers' certificates chain to; the system's roots too.
-    pub ca_path: Option<PathBuf>,
-    /// A client certificate (PEM), for servers that verify clients; with `key_path`.
-    pub cert_path: Option<PathBuf>,
-    /// The client certificate's key (PEM).
-    pub key_path: Option<PathBuf>,
-    /// Refuse servers that do not offer TLS (default: TLS is used when the URL says
-    /// `tls://` or the server asks for it).
-    pub required: bool,
-}
-
 /// `[events.nats.jetstream]`: the stream events are published into.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -141,27 +109,12 @@ impl NatsSinkConfig {
     /// What is wrong with these settings, each naming its `events.nats.*` key; empty when
     /// they can work. Secrets are never repeated.
     pub fn problems(&self) -> Vec<String> {
-        let mut problems = Vec::new();
-        if self.url.split(',').any(|url| url.trim().is_empty()) {
-            problems.push("`events.nats.url` must name at least one server".to_owned());
-        } else if let Some(bad) = self
-            .url
-            .split(',')
-            .map(str::trim)
-            .find(|url| url.parse::<async_nats::ServerAddr>().is_err())
-        {
-            problems.push(format!(
-                "`events.nats.url`: {bad:?} is not a NATS server address"
-            ));
-        }
+        let mut problems = self.connection().problems();
         if let Err(problem) = super::subject::check_prefix(&self.subject_prefix) {
             problems.push(format!("`events.nats.subject_prefix`: {problem}"));
         }
-        self.auth_problems(&mut problems);
         for (key, value) in [
             ("ack_timeout_ms", self.ack_timeout_ms),
-            ("connect_timeout_ms", self.connect_timeout_ms),
-            ("reconnect_max_delay_ms", self.reconnect_max_delay_ms),
             ("max_in_flight", self.max_in_flight as u64),
             ("backlog_capacity", self.backlog_capacity as u64),
         ] {
@@ -169,40 +122,26 @@ impl NatsSinkConfig {
                 problems.push(format!("`events.nats.{key}` must be at least 1"));
             }
         }
-        if let Some(tls) = &self.tls
-            && tls.cert_path.is_some() != tls.key_path.is_some()
-        {
-            problems.push(
-                "`events.nats.tls.cert_path` and `events.nats.tls.key_path` go together".to_owned(),
-            );
-        }
         if let Some(js) = &self.jetstream {
             js.problems(&mut problems);
         }
         problems
     }
 
-    fn auth_problems(&self, problems: &mut Vec<String>) {
-        let methods = [
-            self.user.is_some() || self.password.is_some(),
-            self.token.is_some(),
-            self.nkey_seed.is_some(),
-            self.creds_file.is_some(),
-        ];
-        if methods.iter().filter(|&&set| set).count() > 1 {
-            problems.push(
-                "`events.nats`: use one of `user`+`password`, `token`, `nkey_seed` and \
-                 `creds_file`, not several"
-                    .to_owned(),
-            );
-        }
-        if self.user.is_some() != self.password.is_some() {
-            problems.push("`events.nats.user` and `events.nats.password` go together".to_owned());
-        }
-        if let Some(seed) = &self.nkey_seed
-            && nkeys::KeyPair::from_seed(seed.expose()).is_err()
-        {
-            problems.push("`events.nats.nkey_seed` is not an nkey seed (not shown)".to_owned());
+    /// Where the sink connects and how it authenticates, as the shared NATS client reads it.
+    pub fn connection(&self) -> NatsConnection<'_> {
+        NatsConnection {
+            section: "events.nats",
+            url_key: "url",
+            url: &self.url,
+            user: self.user.as_ref(),
+            password: self.password.as_ref(),
+            token: self.token.as_ref(),
+            nkey_seed: self.nkey_seed.as_ref(),
+            creds_file: self.creds_file.as_ref(),
+            tls: self.tls.as_ref(),
+            connect_timeout_ms: self.connect_timeout_ms,
+            reconnect_max_delay_ms: self.reconnect_max_delay_ms,
         }
     }
 }
@@ -246,9 +185,9 @@ mod tests {
         let config = NatsSinkConfig {
             url: "nats://a:4222,".into(),
             subject_prefix: "edge.*".into(),
-            token: Some(Secret("tok-SECRET".into())),
-            password: Some(Secret("pw-SECRET".into())),
-            nkey_seed: Some(Secret("not-a-SECRET-seed".into())),
+            token: Some(Secret::new("tok-SECRET")),
+            password: Some(Secret::new("pw-SECRET")),
+            nkey_seed: Some(Secret::new("not-a-SECRET-seed")),
             ack_timeout_ms: 0,
             jetstream: Some(JetStreamConfig {
                 stream: "a.b".into(),

@@ -1,0 +1,257 @@
+//! `[cluster]`: the site this edge is a member of (`site`, naming its KV bucket), the NATS
+//! servers that hold the site's lease (`nats`, with the NATS sink's keys for credentials
+//! and TLS), the lease's timing and the addresses this member advertises to callers and
+//! nodes while it is active. [`ClusterConfig::problems`] names every bad key; secrets are
+//! never repeated.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::adapters::nats::{NatsConnection, NatsTlsConfig, Secret};
+use crate::domain::site::LeaseTiming;
+
+/// The longest site name: bucket names stay short in `nats` listings.
+const MAX_SITE_LEN: usize = 64;
+
+/// `[cluster]`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ClusterConfig {
+    /// The site's name, the same on every member: the lease lives in the KV bucket
+    /// `edge-<site>`. ASCII letters, digits, `-` and `_`.
+    pub site: String,
+    /// The NATS servers, comma-separated (as `[events.nats] url` takes them).
+    pub nats: String,
+    /// `user` and `password` authenticate together.
+    pub user: Option<String>,
+    /// With `user`.
+    pub password: Option<Secret>,
+    /// A server token.
+    pub token: Option<Secret>,
+    /// An nkey seed (`SU...`).
+    pub nkey_seed: Option<Secret>,
+    /// A `.creds` file (user JWT and nkey seed).
+    pub creds_file: Option<PathBuf>,
+    /// `[cluster.tls]`: TLS to the servers.
+    pub tls: Option<NatsTlsConfig>,
+    /// How long one connection attempt to NATS may take.
+    pub connect_timeout_ms: u64,
+    /// The longest wait between two reconnection attempts.
+    pub reconnect_max_delay_ms: u64,
+    /// How long a written lease lasts: how long a site may go without an active member
+    /// after its active member dies without releasing the lease.
+    pub lease_ms: u64,
+    /// How often the active member renews the lease (and a standby reads it); at most half
+    /// of `lease_ms`.
+    pub renew_ms: u64,
+    /// Replicas of the site's bucket in a clustered JetStream (3 for a NATS cluster of 3).
+    pub replicas: usize,
+    /// The `HOST:PORT` nodes dial to reach this member (default: the node listener's
+    /// address, unless it is a wildcard).
+    pub advertise_nodes: Option<String>,
+    /// The `HOST:PORT` callers reach this member's HTTP API at (default: the HTTP
+    /// listener's address, unless it is a wildcard).
+    pub advertise_api: Option<String>,
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        Self {
+            site: String::new(),
+            nats: String::new(),
+            user: None,
+            password: None,
+            token: None,
+            nkey_seed: None,
+            creds_file: None,
+            tls: None,
+            connect_timeout_ms: 2_000,
+            reconnect_max_delay_ms: 1_000,
+            lease_ms: 3_000,
+            renew_ms: 1_000,
+            replicas: 1,
+            advertise_nodes: None,
+            advertise_api: None,
+        }
+    }
+}
+
+impl ClusterConfig {
+    /// The KV bucket holding the site's lease.
+    pub fn bucket(&self) -> String {
+        format!("edge-{}", self.site)
+    }
+
+    /// The lease's timing.
+    pub fn timing(&self) -> LeaseTiming {
+        LeaseTiming {
+            lease_ms: self.lease_ms,
+            renew_ms: self.renew_ms,
+        }
+    }
+
+    /// How long one request to NATS (a read, a write) may take before it counts as
+    /// unanswered: the renewal interval.
+    pub fn request_timeout(&self) -> Duration {
+        Duration::from_millis(self.renew_ms.max(1))
+    }
+
+    /// Where the lease's client connects and how it authenticates.
+    pub fn connection(&self) -> NatsConnection<'_> {
+        NatsConnection {
+            section: "cluster",
+            url_key: "nats",
+            url: &self.nats,
+            user: self.user.as_ref(),
+            password: self.password.as_ref(),
+            token: self.token.as_ref(),
+            nkey_seed: self.nkey_seed.as_ref(),
+            creds_file: self.creds_file.as_ref(),
+            tls: self.tls.as_ref(),
+            connect_timeout_ms: self.connect_timeout_ms,
+            reconnect_max_delay_ms: self.reconnect_max_delay_ms,
+        }
+    }
+
+    /// What is wrong with these settings, each naming its `cluster.*` key; empty when they
+    /// can work. `listeners` are the node and HTTP listeners' addresses, which stand in for
+    /// an advertised address not given (and must not then be wildcards).
+    pub fn problems(&self, listeners: (SocketAddr, SocketAddr)) -> Vec<String> {
+        let mut problems = Vec::new();
+        let valid_site = !self.site.is_empty()
+            && self.site.len() <= MAX_SITE_LEN
+            && self
+                .site
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_'));
+        if !valid_site {
+            problems.push(format!(
+                "`cluster.site` {:?}: a site is 1 to {MAX_SITE_LEN} ASCII letters, digits, '-' \
+                 and '_', the same on every member",
+                self.site
+            ));
+        }
+        if self.nats.trim().is_empty() {
+            problems.push("`cluster.nats` must name the NATS servers of the site".to_owned());
+        } else {
+            problems.extend(self.connection().problems());
+        }
+        problems.extend(self.timing().problems("cluster"));
+        if self.replicas == 0 {
+            problems.push("`cluster.replicas` must be at least 1".to_owned());
+        }
+        let (nodes, api) = listeners;
+        for (key, given, listener) in [
+            ("advertise_nodes", &self.advertise_nodes, nodes),
+            ("advertise_api", &self.advertise_api, api),
+        ] {
+            if let Err(problem) = advertised(given.as_deref(), listener) {
+                problems.push(format!("`cluster.{key}`: {problem}"));
+            }
+        }
+        problems
+    }
+}
+
+/// The address to advertise: `given` (checked to be `HOST:PORT`), else `listener` unless
+/// it is a wildcard or has no port yet.
+///
+/// # Errors
+/// Why neither can be advertised, for a message that names the key.
+pub fn advertised(given: Option<&str>, listener: SocketAddr) -> Result<String, String> {
+    match given {
+        Some(address) => {
+            let valid = address.rsplit_once(':').is_some_and(|(host, port)| {
+                !host.is_empty()
+                    && !host.chars().any(char::is_whitespace)
+                    && port.parse::<u16>().is_ok_and(|port| port > 0)
+            });
+            if valid {
+                Ok(address.to_owned())
+            } else {
+                Err(format!("{address:?} is not HOST:PORT"))
+            }
+        }
+        None if listener.ip().is_unspecified() => Err(format!(
+            "not set, and the listener {listener} is a wildcard nobody can dial; set the \
+             address this member is reached at"
+        )),
+        None => Ok(listener.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn local() -> (SocketAddr, SocketAddr) {
+        (
+            SocketAddr::from(([127, 0, 0, 1], 7100)),
+            SocketAddr::from(([127, 0, 0, 1], 8080)),
+        )
+    }
+
+    fn cluster(site: &str, nats: &str) -> ClusterConfig {
+        ClusterConfig {
+            site: site.into(),
+            nats: nats.into(),
+            ..ClusterConfig::default()
+        }
+    }
+
+    #[test]
+    fn a_site_and_its_servers_are_enough() {
+        let config = cluster("west-1", "nats://a:4222,nats://b:4222");
+        assert!(config.problems(local()).is_empty());
+        assert_eq!(config.bucket(), "edge-west-1");
+        assert_eq!(advertised(None, local().0).unwrap(), "127.0.0.1:7100");
+    }
+
+    #[test]
+    fn every_problem_names_its_key_and_no_secret() {
+        let config = ClusterConfig {
+            token: Some(Secret::new("tok-SECRET")),
+            nkey_seed: Some(Secret::new("SECRET-seed")),
+            renew_ms: 2_000,
+            replicas: 0,
+            advertise_api: Some("no-port".into()),
+            ..cluster("a.b", "nats://a:4222,")
+        };
+        let wildcard = (SocketAddr::from(([0, 0, 0, 0], 7100)), local().1);
+        let problems = config.problems(wildcard).join("\n");
+        for key in [
+            "`cluster.site` \"a.b\"",
+            "`cluster.nats` must name at least one server",
+            "`cluster`: use one of",
+            "`cluster.nkey_seed`",
+            "`cluster.renew_ms` (2000)",
+            "`cluster.replicas`",
+            "`cluster.advertise_nodes`: not set, and the listener 0.0.0.0:7100",
+            "`cluster.advertise_api`: \"no-port\" is not HOST:PORT",
+        ] {
+            assert!(problems.contains(key), "{key} in {problems}");
+        }
+        assert!(!problems.contains("SECRET"), "{problems}");
+        assert!(!format!("{config:?}").contains("SECRET"));
+    }
+
+    #[test]
+    fn an_empty_section_names_what_is_missing() {
+        let problems = ClusterConfig::default().problems(local()).join("\n");
+        assert!(problems.contains("`cluster.site` \"\""), "{problems}");
+        assert!(problems.contains("`cluster.nats` must name"), "{problems}");
+    }
+
+    #[test]
+    fn advertised_addresses_take_names_and_v6() {
+        for good in ["edge-a.example:7100", "[::1]:7100", "10.0.0.1:1"] {
+            assert_eq!(advertised(Some(good), local().0).as_deref(), Ok(good));
+        }
+        for bad in ["", ":7100", "host:0", "host:99999", "a b:1"] {
+            assert!(advertised(Some(bad), local().0).is_err(), "{bad}");
+        }
+    }
+}

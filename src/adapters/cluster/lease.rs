@@ -1,0 +1,500 @@
+//! The lease task: connects to the site's NATS, opens its bucket and, on every tick,
+//! reads or renews the lease and acts on the domain's decision (`crate::domain::site`) —
+//! setting the [`SiteRole`] the rest of the edge reads. A holder whose renewal meets
+//! another write, or that cannot reach NATS before the margin before its expiry, turns
+//! standby at once; on a clean stop it releases the lease so a standby takes it at once.
+//!
+//! Every NATS request is bounded (by the renewal interval, and never past the moment a
+//! holder must have stepped down), so an unreachable server never holds the loop. It
+//! decides nothing itself: the rules are the domain's.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use async_nats::jetstream;
+use futures::StreamExt as _;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::config::ClusterConfig;
+use super::kv::{SiteBucket, WriteError};
+use crate::adapters::nats::connect;
+use crate::domain::site::{
+    ActiveStep, Held, Lease, LeaseTiming, RenewFailure, StandbyStep, StepDown, after_renew_failure,
+    decide_active, decide_standby,
+};
+use crate::ports::clock::now_ms;
+use crate::ports::{ActiveMember, Role, SiteRole};
+
+/// How a standby's reason starts when its node definitions are not the holder's.
+const MISMATCH: &str = "node definitions differ";
+
+/// Who this member is, as its lease says it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Member {
+    /// Its `[edge] id`.
+    pub edge_id: String,
+    /// Where its nodes dial.
+    pub node_address: String,
+    /// Where its HTTP API answers.
+    pub api_address: String,
+    /// Its node definitions' digest.
+    pub digest: String,
+}
+
+/// The lease's counters, for the metrics export. Cheap to clone.
+#[derive(Debug, Clone, Default)]
+pub struct LeaseStats {
+    counters: Arc<Counters>,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    acquisitions: AtomicU64,
+    renewals: AtomicU64,
+    renewal_failures: AtomicU64,
+}
+
+impl LeaseStats {
+    /// Times this member acquired the lease (created it or took it over).
+    pub fn acquisitions(&self) -> u64 {
+        self.counters.acquisitions.load(Ordering::Relaxed)
+    }
+
+    /// Renewals NATS confirmed.
+    pub fn renewals(&self) -> u64 {
+        self.counters.renewals.load(Ordering::Relaxed)
+    }
+
+    /// Renewals that failed (a conflict, or NATS unreachable or too slow).
+    pub fn renewal_failures(&self) -> u64 {
+        self.counters.renewal_failures.load(Ordering::Relaxed)
+    }
+
+    fn count(counter: &AtomicU64) {
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// A member's lease, built and connecting, not yet running.
+pub struct ClusterLease {
+    config: ClusterConfig,
+    js: jetstream::Context,
+    me: Member,
+    role: SiteRole,
+    stats: LeaseStats,
+}
+
+/// Why the lease could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    /// The NATS client could not start (a file it names cannot be read).
+    #[error("cannot start the cluster's NATS client: {0}")]
+    Client(String),
+}
+
+impl ClusterLease {
+    /// The lease of member `me` of the site `config` names, setting `role` (standby until
+    /// it holds the lease). The client connects in the background, so an unreachable NATS
+    /// only keeps this member standing by.
+    ///
+    /// # Errors
+    /// [`ClusterError::Client`] when a credential or TLS file cannot be read.
+    pub async fn connect(
+        config: &ClusterConfig,
+        me: Member,
+        role: SiteRole,
+    ) -> Result<Self, ClusterError> {
+        let connection = config.connection();
+        let options = connect::options(&connection, format!("edge {} (site)", me.edge_id))
+            .map_err(|error| ClusterError::Client(error.to_string()))?;
+        // With `retry_on_initial_connect` this only spawns the connection task.
+        let client = options
+            .connect(connection.servers())
+            .await
+            .map_err(|error| ClusterError::Client(error.to_string()))?;
+        let mut js = jetstream::new(client);
+        js.set_timeout(config.request_timeout());
+        role.set(standby(None, "looking for the site's lease".to_owned()));
+        Ok(Self {
+            config: config.clone(),
+            js,
+            me,
+            role,
+            stats: LeaseStats::default(),
+        })
+    }
+
+    /// The lease's counters.
+    pub fn stats(&self) -> LeaseStats {
+        self.stats.clone()
+    }
+
+    /// Runs the lease on a task of its own until [`LeaseTask::stop`] (or until the
+    /// [`LeaseTask`] is dropped, which stops it too: the lease is released in the
+    /// background, and never renewed by a task nobody owns).
+    pub fn start(self) -> LeaseTask {
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(self.run(stop.clone()));
+        LeaseTask {
+            stop,
+            task: Some(task),
+        }
+    }
+
+    async fn run(self, stop: CancellationToken) {
+        let mut member = Ticks {
+            lease: self,
+            bucket: None,
+            watch: None,
+            state: State::Standby(Watching::default()),
+        };
+        loop {
+            let next = member.tick().await;
+            tokio::select! {
+                () = stop.cancelled() => break,
+                () = tokio::time::sleep_until(next) => {}
+                () = member.lease_written() => {}
+            }
+        }
+        member.release().await;
+    }
+}
+
+/// The running lease task; dropping it stops the task.
+pub struct LeaseTask {
+    stop: CancellationToken,
+    task: Option<JoinHandle<()>>,
+}
+
+impl LeaseTask {
+    /// Stops the task, releasing the lease if this member holds it, and waits for it.
+    pub async fn stop(mut self) {
+        self.stop.cancel();
+        if let Some(task) = self.task.take()
+            && let Err(error) = task.await
+        {
+            tracing::error!(%error, "the cluster lease task failed");
+        }
+    }
+}
+
+impl Drop for LeaseTask {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+/// Where this member stands.
+enum State {
+    Standby(Watching),
+    Active(Held),
+}
+
+/// What a standby remembers of the lease it watches: its revision, and since when it has
+/// not changed (on the monotonic clock).
+#[derive(Default)]
+struct Watching {
+    seen: Option<(Option<u64>, Instant)>,
+    /// The reason last set, so a change is logged once.
+    reason: String,
+}
+
+impl Watching {
+    /// How long `revision` has been seen unchanged, noting it.
+    fn unchanged_for(&mut self, revision: Option<u64>) -> Duration {
+        match self.seen {
+            Some((seen, since)) if seen == revision => since.elapsed(),
+            _ => {
+                self.seen = Some((revision, Instant::now()));
+                Duration::ZERO
+            }
+        }
+    }
+}
+
+/// The loop's state.
+struct Ticks {
+    lease: ClusterLease,
+    bucket: Option<SiteBucket>,
+    /// While standing by: every write to the lease, so a release is taken at once.
+    watch: Option<async_nats::jetstream::kv::Watch>,
+    state: State,
+}
+
+impl Ticks {
+    fn timing(&self) -> LeaseTiming {
+        self.lease.config.timing()
+    }
+
+    /// One step; when to take the next.
+    async fn tick(&mut self) -> Instant {
+        let poll = Instant::now() + Duration::from_millis(self.timing().renew_ms);
+        if self.bucket.is_none() {
+            let config = &self.lease.config;
+            match bounded(
+                config.request_timeout(),
+                SiteBucket::open(&self.lease.js, &config.bucket(), config.replicas),
+            )
+            .await
+            {
+                Ok(bucket) => self.bucket = Some(bucket),
+                Err(error) => {
+                    self.stand_by(None, format!("cannot reach the site's NATS: {error}"));
+                    return poll;
+                }
+            }
+        }
+        match self.state {
+            State::Standby(_) => self.standby_tick(poll).await,
+            State::Active(held) => self.active_tick(held).await,
+        }
+    }
+
+    /// Returns when the lease is written while this member stands by (never while active,
+    /// or without a watch: then the poll alone looks).
+    async fn lease_written(&mut self) {
+        let Some(watch) = &mut self.watch else {
+            return std::future::pending().await;
+        };
+        if !matches!(watch.next().await, Some(Ok(_))) {
+            // Ended or failed: the next look makes another.
+            self.watch = None;
+        }
+    }
+
+    async fn standby_tick(&mut self, poll: Instant) -> Instant {
+        let timeout = self.lease.config.request_timeout();
+        let Some(bucket) = &self.bucket else {
+            return poll;
+        };
+        if self.watch.is_none() {
+            self.watch = bounded(timeout, bucket.watch()).await.ok();
+        }
+        let seen = match bounded(timeout, bucket.read()).await {
+            Ok(seen) => seen,
+            Err(error) => {
+                self.stand_by(None, format!("cannot reach the site's NATS: {error}"));
+                return poll;
+            }
+        };
+        let State::Standby(watching) = &mut self.state else {
+            return poll;
+        };
+        let unchanged = watching.unchanged_for(seen.revision());
+        let unchanged_ms = u64::try_from(unchanged.as_millis()).unwrap_or(u64::MAX);
+        let me = &self.lease.me;
+        match decide_standby(&seen, &me.digest, now_ms(), unchanged_ms, self.timing()) {
+            StandbyStep::Create => self.acquire(None).await,
+            StandbyStep::TakeOver { revision } => self.acquire(Some(revision)).await,
+            StandbyStep::Follow(lease) if lease.edge_id == me.edge_id => {
+                let reason = "the site's lease is one this member wrote before it stood by (or \
+                              before a restart); taking it again once it lapses"
+                    .to_owned();
+                self.stand_by(None, reason);
+            }
+            StandbyStep::Follow(lease) => {
+                let reason = format!("edge {} holds the site's lease", lease.edge_id);
+                self.stand_by(Some(&lease), reason);
+            }
+            StandbyStep::AwaitLapse(lease) => {
+                let reason = "the site's lease has expired; taking it over once it has stayed \
+                              unchanged for a whole lease"
+                    .to_owned();
+                self.stand_by(lease.as_ref(), reason);
+            }
+            StandbyStep::Mismatch(lease) => {
+                let reason = format!(
+                    "{MISMATCH} from those of edge {}, which holds the site's lease (digest {} \
+                     here, {} there): this member never takes over from it",
+                    lease.edge_id, me.digest, lease.node_definitions_digest
+                );
+                self.stand_by(Some(&lease), reason);
+            }
+        }
+        poll
+    }
+
+    /// Writes the lease (create, or compare-and-set at `revision`); active on success.
+    async fn acquire(&mut self, revision: Option<u64>) {
+        let Some(bucket) = &self.bucket else {
+            return;
+        };
+        let expires_at_ms = now_ms().saturating_add(self.timing().lease_ms);
+        let lease = self.lease_value(expires_at_ms);
+        let write = async {
+            match revision {
+                None => bucket.create(&lease).await,
+                Some(revision) => bucket.update(&lease, revision).await,
+            }
+        };
+        match bounded_write(self.lease.config.request_timeout(), write).await {
+            Ok(acquired) => {
+                LeaseStats::count(&self.lease.stats.counters.acquisitions);
+                tracing::info!(
+                    site = %self.lease.config.site,
+                    epoch = acquired,
+                    "this member holds the site's lease: active"
+                );
+                self.state = State::Active(Held::acquired(acquired, expires_at_ms));
+                self.watch = None;
+                self.lease.role.set(Role::Active { epoch: acquired });
+            }
+            // Someone else was faster: the next look shows who.
+            Err(WriteError::Conflict) => {}
+            Err(WriteError::Failed(error)) => {
+                self.stand_by(None, format!("cannot reach the site's NATS: {error}"));
+            }
+        }
+    }
+
+    async fn active_tick(&mut self, held: Held) -> Instant {
+        let timing = self.timing();
+        let mut step = decide_active(&held, now_ms(), timing);
+        if step == ActiveStep::Renew {
+            step = self.renew(held).await;
+        }
+        match step {
+            ActiveStep::Wait { until_ms } => at_wall(until_ms),
+            ActiveStep::StepDown(why) => {
+                self.step_down(why);
+                Instant::now()
+            }
+            // `renew` never answers Renew.
+            ActiveStep::Renew => Instant::now(),
+        }
+    }
+
+    /// Renews `held`; what to do next.
+    async fn renew(&mut self, held: Held) -> ActiveStep {
+        let timing = self.timing();
+        let Some(bucket) = &self.bucket else {
+            return ActiveStep::StepDown(StepDown::Unreachable);
+        };
+        let now = now_ms();
+        let until_step_down = held.step_down_at_ms(timing).saturating_sub(now);
+        let timeout = self
+            .lease
+            .config
+            .request_timeout()
+            .min(Duration::from_millis(until_step_down));
+        let expires_at_ms = now.saturating_add(timing.lease_ms);
+        let lease = self.lease_value(expires_at_ms);
+        let stats = &self.lease.stats.counters;
+        let failure = match bounded_write(timeout, bucket.update(&lease, held.revision)).await {
+            Ok(revision) => {
+                LeaseStats::count(&stats.renewals);
+                let renewed = held.renewed(revision, expires_at_ms);
+                self.state = State::Active(renewed);
+                return decide_active(&renewed, now_ms(), timing);
+            }
+            Err(WriteError::Conflict) => RenewFailure::Conflict,
+            Err(WriteError::Failed(error)) => {
+                tracing::warn!(%error, "could not renew the site's lease; trying again");
+                RenewFailure::Unreachable
+            }
+        };
+        LeaseStats::count(&stats.renewal_failures);
+        after_renew_failure(failure, &held, now_ms(), timing)
+    }
+
+    fn step_down(&mut self, why: StepDown) {
+        let reason = match why {
+            StepDown::Lost => "lost the site's lease: another member wrote it",
+            StepDown::Unreachable => {
+                "could not renew the site's lease before it would lapse (NATS unreachable)"
+            }
+        };
+        tracing::warn!(site = %self.lease.config.site, "{reason}: standing by");
+        self.state = State::Standby(Watching::default());
+        self.stand_by(None, reason.to_owned());
+    }
+
+    /// Stands by (from any state), pointing callers to `holder` when known.
+    fn stand_by(&mut self, holder: Option<&Lease>, reason: String) {
+        if let State::Active(_) = self.state {
+            self.state = State::Standby(Watching::default());
+        }
+        if let State::Standby(watching) = &mut self.state
+            && watching.reason != reason
+        {
+            let site = &self.lease.config.site;
+            // A digest mismatch needs an operator: it never resolves by waiting.
+            if reason.starts_with(MISMATCH) {
+                tracing::warn!(%site, %reason, "standing by");
+            } else {
+                tracing::info!(%site, %reason, "standing by");
+            }
+            watching.reason.clone_from(&reason);
+        }
+        self.lease.role.set(standby(holder, reason));
+    }
+
+    /// On a clean stop: deletes the lease this member holds, so a standby takes it now.
+    async fn release(&mut self) {
+        let (State::Active(held), Some(bucket)) = (&self.state, &self.bucket) else {
+            return;
+        };
+        let timeout = self.lease.config.request_timeout();
+        match bounded(timeout, bucket.release(held.revision)).await {
+            Ok(()) => tracing::info!(site = %self.lease.config.site, "released the site's lease"),
+            Err(error) => tracing::warn!(%error, "the site's lease lapses on its own"),
+        }
+        self.stand_by(None, "stopped".to_owned());
+    }
+
+    fn lease_value(&self, expires_at_ms: u64) -> Lease {
+        let me = &self.lease.me;
+        Lease {
+            edge_id: me.edge_id.clone(),
+            node_address: me.node_address.clone(),
+            api_address: me.api_address.clone(),
+            expires_at_ms,
+            node_definitions_digest: me.digest.clone(),
+        }
+    }
+}
+
+/// A standby role pointing to `holder`, when known.
+fn standby(holder: Option<&Lease>, reason: String) -> Role {
+    Role::Standby {
+        active: holder.map(|lease| ActiveMember {
+            edge_id: lease.edge_id.clone(),
+            node_address: lease.node_address.clone(),
+            api_address: lease.api_address.clone(),
+        }),
+        reason,
+    }
+}
+
+/// The monotonic instant of wall-clock `at_ms` (now, if it has passed).
+fn at_wall(at_ms: u64) -> Instant {
+    Instant::now() + Duration::from_millis(at_ms.saturating_sub(now_ms()))
+}
+
+/// `request`, or an error once `timeout` has passed.
+async fn bounded<T>(
+    timeout: Duration,
+    request: impl Future<Output = Result<T, String>>,
+) -> Result<T, String> {
+    tokio::time::timeout(timeout, request)
+        .await
+        .unwrap_or_else(|_| Err(format!("no answer within {} ms", timeout.as_millis())))
+}
+
+/// A write, or [`WriteError::Failed`] once `timeout` has passed.
+async fn bounded_write(
+    timeout: Duration,
+    write: impl Future<Output = Result<u64, WriteError>>,
+) -> Result<u64, WriteError> {
+    tokio::time::timeout(timeout, write)
+        .await
+        .unwrap_or_else(|_| {
+            Err(WriteError::Failed(format!(
+                "no answer within {} ms",
+                timeout.as_millis()
+            )))
+        })
+}

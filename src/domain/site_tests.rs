@@ -1,0 +1,224 @@
+//! The lease's decisions, case by case: when a standby creates, takes over, follows or
+//! refuses a lease, when a holder renews or steps down, and the digest's canonical form.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use proptest::prelude::*;
+
+use super::*;
+use crate::domain::{AdapterConfig, AdapterName, Alias, NodeId, RuntimeConfig, Target, Token};
+
+const TIMING: LeaseTiming = LeaseTiming {
+    lease_ms: 3_000,
+    renew_ms: 1_000,
+};
+const DIGEST: &str = "sha256:ours";
+
+fn lease(expires_at_ms: u64, digest: &str) -> Lease {
+    Lease {
+        edge_id: "edge-a".into(),
+        node_address: "10.0.0.1:7000".into(),
+        api_address: "10.0.0.1:8080".into(),
+        expires_at_ms,
+        node_definitions_digest: digest.into(),
+    }
+}
+
+fn held(revision: u64, expires_at_ms: u64, digest: &str) -> Seen {
+    Seen::Held {
+        revision,
+        lease: lease(expires_at_ms, digest),
+    }
+}
+
+#[test]
+fn an_absent_lease_is_created() {
+    assert_eq!(
+        decide_standby(&Seen::Absent, DIGEST, 10_000, 0, TIMING),
+        StandbyStep::Create
+    );
+}
+
+#[test]
+fn a_live_lease_is_followed() {
+    let seen = held(7, 10_001, DIGEST);
+    assert_eq!(
+        decide_standby(&seen, DIGEST, 10_000, 60_000, TIMING),
+        StandbyStep::Follow(lease(10_001, DIGEST))
+    );
+}
+
+#[test]
+fn a_lapsed_lease_is_taken_over_at_its_revision_once_seen_unchanged_for_a_lease() {
+    let seen = held(7, 10_000, DIGEST);
+    assert_eq!(
+        decide_standby(&seen, DIGEST, 10_000, 2_999, TIMING),
+        StandbyStep::AwaitLapse(Some(lease(10_000, DIGEST))),
+        "a clock ahead of the holder's does not take over early"
+    );
+    assert_eq!(
+        decide_standby(&seen, DIGEST, 10_000, 3_000, TIMING),
+        StandbyStep::TakeOver { revision: 7 }
+    );
+}
+
+#[test]
+fn a_lease_of_other_node_definitions_is_never_taken_over() {
+    let seen = held(7, 10_000, "sha256:theirs");
+    for (now, unchanged) in [(0, 0), (20_000, 0), (u64::MAX, u64::MAX)] {
+        assert_eq!(
+            decide_standby(&seen, DIGEST, now, unchanged, TIMING),
+            StandbyStep::Mismatch(lease(10_000, "sha256:theirs"))
+        );
+    }
+}
+
+#[test]
+fn an_unreadable_value_is_taken_over_only_once_unchanged_for_a_lease() {
+    let seen = Seen::Unreadable { revision: 3 };
+    assert_eq!(
+        decide_standby(&seen, DIGEST, 0, 2_999, TIMING),
+        StandbyStep::AwaitLapse(None)
+    );
+    assert_eq!(
+        decide_standby(&seen, DIGEST, 0, 3_000, TIMING),
+        StandbyStep::TakeOver { revision: 3 }
+    );
+}
+
+#[test]
+fn a_holder_waits_renews_and_steps_down_by_the_clock() {
+    let lease = Held::acquired(5, 13_000);
+    assert_eq!(
+        decide_active(&lease, 10_000, TIMING),
+        ActiveStep::Wait { until_ms: 11_000 }
+    );
+    assert_eq!(decide_active(&lease, 11_000, TIMING), ActiveStep::Renew);
+    assert_eq!(decide_active(&lease, 12_249, TIMING), ActiveStep::Renew);
+    assert_eq!(
+        decide_active(&lease, 12_250, TIMING),
+        ActiveStep::StepDown(StepDown::Unreachable),
+        "a quarter of the lease before the expiry it wrote"
+    );
+}
+
+#[test]
+fn renewals_keep_the_epoch() {
+    let lease = Held::acquired(5, 13_000)
+        .renewed(9, 14_000)
+        .renewed(12, 15_000);
+    assert_eq!(lease.epoch, 5);
+    assert_eq!(lease.revision, 12);
+    assert_eq!(lease.renew_at_ms(TIMING), 13_000);
+}
+
+#[test]
+fn a_conflicting_renewal_steps_down_at_once() {
+    let lease = Held::acquired(5, 13_000);
+    assert_eq!(
+        after_renew_failure(RenewFailure::Conflict, &lease, 11_000, TIMING),
+        ActiveStep::StepDown(StepDown::Lost)
+    );
+}
+
+#[test]
+fn an_unreachable_nats_is_retried_until_the_margin_then_stepped_down_from() {
+    let lease = Held::acquired(5, 13_000);
+    assert_eq!(
+        after_renew_failure(RenewFailure::Unreachable, &lease, 11_000, TIMING),
+        ActiveStep::Wait { until_ms: 11_250 }
+    );
+    assert_eq!(
+        after_renew_failure(RenewFailure::Unreachable, &lease, 12_100, TIMING),
+        ActiveStep::Wait { until_ms: 12_250 },
+        "the retry never waits past the step-down"
+    );
+    assert_eq!(
+        after_renew_failure(RenewFailure::Unreachable, &lease, 12_250, TIMING),
+        ActiveStep::StepDown(StepDown::Unreachable)
+    );
+}
+
+#[test]
+fn timing_problems_name_their_keys() {
+    assert!(TIMING.problems("cluster").is_empty());
+    let bad = LeaseTiming {
+        lease_ms: 1_000,
+        renew_ms: 600,
+    };
+    let problems = bad.problems("cluster").join("\n");
+    assert!(problems.contains("`cluster.renew_ms` (600)"), "{problems}");
+    let zero = LeaseTiming {
+        lease_ms: 0,
+        renew_ms: 0,
+    };
+    assert_eq!(zero.problems("cluster").len(), 2);
+}
+
+proptest! {
+    /// Whatever the clock, a holder never acts past the margin before the expiry it wrote,
+    /// and a renewal is attempted before it must step down.
+    #[test]
+    fn a_holder_never_acts_past_its_margin(
+        expires in 0u64..1_000_000,
+        now in 0u64..1_000_000,
+        lease_ms in 4u64..100_000,
+        renew_div in 2u64..10,
+    ) {
+        let timing = LeaseTiming { lease_ms, renew_ms: (lease_ms / renew_div).max(1) };
+        let lease = Held::acquired(1, expires);
+        let step = decide_active(&lease, now, timing);
+        if now + timing.margin_ms() >= expires {
+            prop_assert_eq!(step, ActiveStep::StepDown(StepDown::Unreachable));
+        } else {
+            prop_assert_ne!(step, ActiveStep::StepDown(StepDown::Unreachable));
+        }
+        prop_assert!(lease.renew_at_ms(timing) < lease.step_down_at_ms(timing) || expires < lease_ms);
+        let retry = after_renew_failure(RenewFailure::Unreachable, &lease, now, timing);
+        if let ActiveStep::Wait { until_ms } = retry {
+            prop_assert!(until_ms <= lease.step_down_at_ms(timing));
+            prop_assert!(until_ms > now);
+        }
+    }
+}
+
+fn record(id: &str, target: &str, slots: u32) -> Arc<NodeRecord> {
+    let adapter = AdapterConfig::new(
+        AdapterName::parse("echo").unwrap(),
+        vec![Target::parse(target).unwrap()],
+        BTreeMap::from([("k".to_owned(), "v".to_owned())]),
+    )
+    .unwrap();
+    Arc::new(NodeRecord::new(
+        NodeId::parse(id).unwrap(),
+        Alias::parse(&format!("alias-{id}")).unwrap(),
+        Token::new(id).digest(),
+        vec![adapter],
+        RuntimeConfig::new(slots, 1000, BTreeMap::new()).unwrap(),
+    ))
+}
+
+#[test]
+fn the_digest_ignores_order_and_sees_every_change() {
+    let a = record("node-a", "m1", 2);
+    let b = record("node-b", "m2", 2);
+    let digest = definitions_digest(&[Arc::clone(&a), Arc::clone(&b)]);
+    assert!(
+        digest.starts_with("sha256:") && digest.len() == 7 + 64,
+        "{digest}"
+    );
+    assert_eq!(
+        digest,
+        definitions_digest(&[Arc::clone(&b), Arc::clone(&a)])
+    );
+    for changed in [
+        vec![Arc::clone(&a)],
+        vec![Arc::clone(&a), record("node-b", "m3", 2)],
+        vec![Arc::clone(&a), record("node-b", "m2", 3)],
+        vec![Arc::clone(&a), record("node-c", "m2", 2)],
+    ] {
+        assert_ne!(digest, definitions_digest(&changed));
+    }
+    assert_ne!(definitions_digest(&[]), digest);
+}
