@@ -9,7 +9,6 @@ use crate::mock_node;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 use common::runs::{echo_to, failure_code, mocked, next_event, only_terminal, rest, start, words};
@@ -579,9 +578,7 @@ async fn a_node_that_ignores_a_cancel_gets_the_edges_cancelled_after_the_grace()
     // The node keeps streaming into the void: those events are dropped, not relayed.
     eventually("late events are dropped", || {
         let stats = app.parts.runs.stats();
-        let dropped =
-            stats.dropped_after_terminal.load(Relaxed) + stats.dropped_unknown_run.load(Relaxed);
-        dropped > 0
+        stats.dropped_after_terminal() + stats.dropped_unknown_run() > 0
     })
     .await;
     settle_and_stop(app).await;

@@ -292,11 +292,11 @@ impl Metrics {
             .with_description("Run events dropped, by reason")
             .with_callback(move |o| {
                 let stats = runs.stats();
-                let unknown = stats.dropped_unknown_run.load(Ordering::Relaxed);
-                let after = stats.dropped_after_terminal.load(Ordering::Relaxed);
+                let unknown = stats.dropped_unknown_run();
+                let after = stats.dropped_after_terminal();
                 o.observe(unknown, &[KeyValue::new("reason", "unknown_run")]);
                 o.observe(after, &[KeyValue::new("reason", "after_terminal")]);
-                let duplicate = stats.dropped_duplicate.load(Ordering::Relaxed);
+                let duplicate = stats.dropped_duplicate();
                 o.observe(duplicate, &[KeyValue::new("reason", "duplicate")]);
             })
             .build();

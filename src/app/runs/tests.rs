@@ -12,7 +12,6 @@ mod routing;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::SocketAddr;
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -619,17 +618,11 @@ impl Harness {
     }
 
     fn dropped_after_terminal(&self) -> u64 {
-        self.service
-            .stats()
-            .dropped_after_terminal
-            .load(Ordering::Relaxed)
+        self.service.stats().dropped_after_terminal()
     }
 
     fn dropped_unknown_run(&self) -> u64 {
-        self.service
-            .stats()
-            .dropped_unknown_run
-            .load(Ordering::Relaxed)
+        self.service.stats().dropped_unknown_run()
     }
 
     /// Checks the guarantee for one run: the sink received exactly one terminal event for

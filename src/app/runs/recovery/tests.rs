@@ -94,8 +94,7 @@ async fn a_run_held_across_a_reconnect_goes_on_from_where_it_was() {
             (4, "completed")
         ]
     );
-    let repeated = &relay.stats().dropped_duplicate;
-    assert_eq!(repeated.load(std::sync::atomic::Ordering::Relaxed), 1);
+    assert_eq!(relay.stats().dropped_duplicate(), 1);
 }
 
 #[tokio::test(start_paused = true)]

@@ -49,14 +49,28 @@ const CALLER_STALL_TIMEOUT: Duration = Duration::from_secs(5);
 /// Counters of the relay, read by the metrics exporter and tests.
 #[derive(Debug, Default)]
 pub struct RunStats {
+    dropped_unknown_run: AtomicU64,
+    dropped_after_terminal: AtomicU64,
+    dropped_duplicate: AtomicU64,
+}
+
+impl RunStats {
     /// Events for runs the edge does not know (never existed, ended long ago, or held by
     /// another node or connection).
-    pub dropped_unknown_run: AtomicU64,
+    pub fn dropped_unknown_run(&self) -> u64 {
+        self.dropped_unknown_run.load(Ordering::Relaxed)
+    }
+
     /// Events for a run after its terminal event, from the connection that held it.
-    pub dropped_after_terminal: AtomicU64,
+    pub fn dropped_after_terminal(&self) -> u64 {
+        self.dropped_after_terminal.load(Ordering::Relaxed)
+    }
+
     /// Events of a resumed run that the edge had already relayed (a node that sent again
     /// what it was told the edge has).
-    pub dropped_duplicate: AtomicU64,
+    pub fn dropped_duplicate(&self) -> u64 {
+        self.dropped_duplicate.load(Ordering::Relaxed)
+    }
 }
 
 /// Which attempt an event belongs to: the one on a node's connection, or whichever is

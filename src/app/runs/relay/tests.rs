@@ -3,7 +3,6 @@
 //! failure moves the run on unseen, and the edge's own endings (a queue wait, a cancel's
 //! grace) — with no `RunService`.
 
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use super::Source;
@@ -47,8 +46,7 @@ async fn a_nodes_events_reach_the_sink_and_the_caller_in_order_once() {
         rig.published.of(run.id()),
         [(1, "started"), (2, "output"), (3, "completed")]
     );
-    let dropped = &relay.stats().dropped_after_terminal;
-    assert_eq!(dropped.load(Ordering::Relaxed), 1);
+    assert_eq!(relay.stats().dropped_after_terminal(), 1);
     let mut kinds = Vec::new();
     while let Some(event) = caller.recv().await {
         kinds.push(event.kind.name());
@@ -70,8 +68,7 @@ async fn events_from_a_connection_that_does_not_hold_the_run_are_dropped() {
     let mut unknown = vec![reported("run-9", 1, RunEventKind::Started)];
     relay.node_events(&node("a"), 1, &mut unknown).await;
     assert!(rig.published.of(run.id()).is_empty());
-    let dropped = &relay.stats().dropped_unknown_run;
-    assert_eq!(dropped.load(Ordering::Relaxed), 2);
+    assert_eq!(relay.stats().dropped_unknown_run(), 2);
 }
 
 #[tokio::test(start_paused = true)]

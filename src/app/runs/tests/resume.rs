@@ -44,10 +44,7 @@ impl Harness {
     }
 
     fn dropped_duplicate(&self) -> u64 {
-        self.service
-            .stats()
-            .dropped_duplicate
-            .load(Ordering::Relaxed)
+        self.service.stats().dropped_duplicate()
     }
 }
 
