@@ -369,12 +369,14 @@ pub async fn spawn_app(config: &str) -> TestApp {
 }
 
 /// Builds an edge with `settings` (whose files live in `dir`, kept as long as the edge) and
-/// serves it on a task of its own.
+/// serves it on a task of its own, in the role its config gives it (alone, or as its
+/// `[cluster]` lease decides).
 pub async fn serve(settings: Settings, dir: tempfile::TempDir) -> TestApp {
-    serve_as(settings, dir, edge::ports::Role::Single).await
+    serve_built(App::build(settings).await.expect("build the edge"), dir)
 }
 
-/// [`serve`], the edge acting as `role` in its site from the first connection it accepts.
+/// [`serve`], the edge acting as `role` in its site from the first connection it accepts
+/// (a site without a lease: the test plays the lease).
 pub async fn serve_as(
     settings: Settings,
     dir: tempfile::TempDir,
@@ -382,6 +384,11 @@ pub async fn serve_as(
 ) -> TestApp {
     let app = App::build(settings).await.expect("build the edge");
     app.parts().site.set(role);
+    serve_built(app, dir)
+}
+
+/// Serves the built `app` on a task of its own.
+fn serve_built(app: App, dir: tempfile::TempDir) -> TestApp {
     let node_addr = app.node_addr().expect("node addr");
     let http_addr = app.http_addr().expect("http addr");
     let admin_addr = app.admin_addr().expect("admin addr");
