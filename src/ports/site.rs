@@ -6,6 +6,10 @@
 //! A concrete handle rather than a trait, like [`super::Readiness`]: one value with one
 //! meaning, watched rather than polled by those that must react to a change at once.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Instant;
+
 use tokio::sync::watch;
 
 /// The member of a site that holds its lease, as a standby tells callers where to go.
@@ -58,10 +62,27 @@ impl Role {
     }
 }
 
+/// Why an active member whose lease lapsed before it could notice stands by.
+const LAPSED: &str = "this member's lease lapsed before it could renew it (was it paused?)";
+
+/// The instant the lease bounds are counted from (the first one this process asked for).
+fn base() -> Instant {
+    static BASE: OnceLock<Instant> = OnceLock::new();
+    *BASE.get_or_init(Instant::now)
+}
+
 /// A cheap-to-clone, watchable [`Role`]: [`Role::Single`] unless a cluster lease sets it.
+///
+/// An active member also carries the instant its lease bounds its acting by
+/// ([`SiteRole::act_until`]): past it the member does not act even before its lease task
+/// notices — a member paused (SIGSTOP, a stalled VM) past its lease wakes up refusing
+/// work, not admitting it for one more tick. The bound is read with every check but
+/// changes nobody's watch (renewals would otherwise wake every connection).
 #[derive(Debug, Clone)]
 pub struct SiteRole {
-    sender: std::sync::Arc<watch::Sender<Role>>,
+    sender: Arc<watch::Sender<Role>>,
+    /// Nanoseconds after [`base`] until which an active member acts; 0: no bound.
+    acts_until: Arc<AtomicU64>,
 }
 
 impl Default for SiteRole {
@@ -74,18 +95,46 @@ impl SiteRole {
     /// A handle starting as `role`.
     pub fn new(role: Role) -> Self {
         Self {
-            sender: std::sync::Arc::new(watch::Sender::new(role)),
+            sender: Arc::new(watch::Sender::new(role)),
+            acts_until: Arc::default(),
         }
     }
 
-    /// The role now.
+    /// The role as it was last set.
     pub fn current(&self) -> Role {
         self.sender.borrow().clone()
     }
 
+    /// The role as it stands now: an active member past the bound of its lease counts as
+    /// a standby until its lease task says so.
+    pub fn effective(&self) -> Role {
+        let role = self.current();
+        match role {
+            Role::Active { .. } if !self.within_lease() => Role::Standby {
+                active: None,
+                reason: LAPSED.to_owned(),
+            },
+            role => role,
+        }
+    }
+
     /// Whether this member takes work now.
     pub fn acts(&self) -> bool {
-        self.sender.borrow().acts()
+        self.sender.borrow().acts() && self.within_lease()
+    }
+
+    /// Bounds an active member's acting by `until` (its lease's expiry, less a margin);
+    /// each renewal moves it on.
+    pub fn act_until(&self, until: Instant) {
+        let nanos = until.saturating_duration_since(base()).as_nanos();
+        let nanos = u64::try_from(nanos).unwrap_or(u64::MAX).max(1);
+        self.acts_until.store(nanos, Ordering::Release);
+    }
+
+    /// Whether now is within the bound of this member's lease (always, without one).
+    pub fn within_lease(&self) -> bool {
+        let until = self.acts_until.load(Ordering::Acquire);
+        until == 0 || base().elapsed().as_nanos() < u128::from(until)
     }
 
     /// The epoch commands to nodes carry now.
@@ -93,8 +142,12 @@ impl SiteRole {
         self.sender.borrow().epoch()
     }
 
-    /// Sets the role, waking every watcher when it changed.
+    /// Sets the role, waking every watcher when it changed; a role other than active
+    /// drops the lease's bound.
     pub fn set(&self, role: Role) {
+        if !matches!(role, Role::Active { .. }) {
+            self.acts_until.store(0, Ordering::Release);
+        }
         self.sender.send_if_modified(|current| {
             let changed = *current != role;
             *current = role;
@@ -133,5 +186,24 @@ mod tests {
         watcher.changed().await.ok();
         assert!(!watcher.borrow().acts());
         assert_eq!(role.epoch(), 0);
+    }
+
+    #[test]
+    fn an_active_member_past_its_leases_bound_acts_no_more() {
+        let role = SiteRole::new(Role::Active { epoch: 3 });
+        role.act_until(Instant::now() + std::time::Duration::from_secs(60));
+        assert!(role.acts());
+        assert_eq!(role.effective(), Role::Active { epoch: 3 });
+        role.act_until(Instant::now() - std::time::Duration::from_millis(1));
+        assert!(
+            !role.acts(),
+            "the bound passed: a paused member wakes up standing by"
+        );
+        assert!(matches!(
+            role.effective(),
+            Role::Standby { active: None, .. }
+        ));
+        role.set(Role::Single);
+        assert!(role.acts(), "a single edge has no lease to bound it");
     }
 }

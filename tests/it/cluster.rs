@@ -192,6 +192,63 @@ async fn a_killed_active_member_is_taken_over_once_its_lease_lapses() {
     b.stop().await;
 }
 
+/// Sends `signal` (`-STOP`, `-CONT`) to process `pid`.
+fn signal(pid: u32, signal: &str) {
+    let status = std::process::Command::new("kill")
+        .args([signal, &pid.to_string()])
+        .status()
+        .expect("run kill");
+    assert!(status.success(), "kill {signal} {pid}");
+}
+
+#[crate::common::test]
+async fn a_paused_active_member_wakes_up_standing_by_and_admits_nothing() {
+    let nats = NatsServer::start_jetstream().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = crate::common::write_config(dir.path(), &member(&nats, "edge-a", "m1"));
+    let a = start_edge(&config).await;
+    ready(a.http).await;
+    let b = spawn_app(&member(&nats, "edge-b", "m1")).await;
+    standing_by_behind(&b, "edge-a").await;
+
+    // Paused past its lease, the active member is taken over; woken, its first answers
+    // already refuse — before its lease task has run — and it never takes the lease back.
+    let pid = a.child.id().expect("the active member's pid");
+    signal(pid, "-STOP");
+    ready(b.http_addr).await;
+    signal(pid, "-CONT");
+    let (status, body) = readyz(a.http).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    let chat = http_client()
+        .post(format!("http://{}/v1/chat/completions", a.http))
+        .json(&serde_json::json!({"model": "echo/m1", "messages": [{"role": "user", "content": "hi"}]}))
+        .send()
+        .await
+        .expect("an answer");
+    assert_eq!(chat.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let http = a.http;
+    eventually_ok(
+        "the woken member names the new active member",
+        || async move {
+            match readyz(http).await {
+                (StatusCode::SERVICE_UNAVAILABLE, body) if body.contains("edge-b") => Ok(()),
+                (status, body) => Err(format!("{status}: {body}")),
+            }
+        },
+    )
+    .await;
+    assert_eq!(
+        stored_lease(&nats)
+            .await
+            .map(|(holder, _)| holder)
+            .as_deref(),
+        Some("edge-b"),
+        "the lease stays with the member that took it over"
+    );
+    assert_eq!(readyz(b.http_addr).await.0, StatusCode::OK);
+    b.stop().await;
+}
+
 #[crate::common::test]
 async fn a_member_with_other_node_definitions_never_takes_over_and_says_so() {
     let nats = NatsServer::start_jetstream().await;

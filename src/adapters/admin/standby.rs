@@ -24,7 +24,7 @@ pub(super) async fn refuse_changes_on_standby(
     if reads {
         return next.run(request).await;
     }
-    let Role::Standby { active, .. } = state.site.current() else {
+    let Role::Standby { active, .. } = state.site.effective() else {
         return next.run(request).await;
     };
     let active = active

@@ -18,7 +18,7 @@ pub(super) async fn refuse_on_standby(
     request: Request,
     next: Next,
 ) -> Response {
-    let Role::Standby { active, .. } = state.site.current() else {
+    let Role::Standby { active, .. } = state.site.effective() else {
         return next.run(request).await;
     };
     let active = active

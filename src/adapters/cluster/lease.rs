@@ -338,8 +338,10 @@ impl Ticks {
                     epoch = acquired,
                     "this member holds the site's lease: active"
                 );
-                self.state = State::Active(Held::acquired(acquired, expires_at_ms));
+                let held = Held::acquired(acquired, expires_at_ms);
+                self.state = State::Active(held);
                 self.watch = None;
+                self.bound_acting(&held);
                 self.lease.role.set(Role::Active { epoch: acquired });
             }
             // Someone else was faster: the next look shows who.
@@ -388,6 +390,7 @@ impl Ticks {
                 LeaseStats::count(&stats.renewals);
                 let renewed = held.renewed(revision, expires_at_ms);
                 self.state = State::Active(renewed);
+                self.bound_acting(&renewed);
                 return decide_active(&renewed, now_ms(), timing);
             }
             Err(WriteError::Conflict) => RenewFailure::Conflict,
@@ -398,6 +401,13 @@ impl Ticks {
         };
         LeaseStats::count(&stats.renewal_failures);
         after_renew_failure(failure, &held, now_ms(), timing)
+    }
+
+    /// Bounds this member's acting by when `held` says it must step down, so a member
+    /// paused past it wakes up refusing work before this task runs again.
+    fn bound_acting(&self, held: &Held) {
+        let step_down_at = at_wall(held.step_down_at_ms(self.timing()));
+        self.lease.role.act_until(step_down_at.into_std());
     }
 
     fn step_down(&mut self, why: StepDown) {

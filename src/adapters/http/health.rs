@@ -22,7 +22,7 @@ pub(super) async fn readyz(State(state): State<OpsState>) -> Response {
     if state.readiness.is_draining() {
         return (StatusCode::SERVICE_UNAVAILABLE, "draining\n").into_response();
     }
-    match state.site.current() {
+    match state.site.effective() {
         Role::Single => (StatusCode::OK, "ready\n").into_response(),
         Role::Active { epoch } => (
             StatusCode::OK,

@@ -140,7 +140,9 @@ impl<'a, S: NodeIo> Connection<'a, S> {
                 self.framed.codec_mut().set_epoch(epoch);
             }
         }
-        self.acting
+        // Past its lease's bound (a pause longer than the lease) the edge acts no more,
+        // whatever its lease task has not yet said.
+        self.acting && self.shared.deps.site.within_lease()
     }
 
     /// Serves the connection until it closes: the handshake, then the frame loop, then

@@ -141,7 +141,7 @@ impl<S: NodeIo> Connection<'_, S> {
     /// member), naming the active member's node address when it knows one: a v1 node
     /// retries with its backoff, a v1.5 node dials the address named.
     async fn refuse_standing_by(&mut self, claimed_node_id: &str) {
-        let (active_edge, message) = match self.shared.deps.site.current() {
+        let (active_edge, message) = match self.shared.deps.site.effective() {
             Role::Standby { active, reason } => match active {
                 Some(active) => (
                     Some(active.node_address.clone()),
