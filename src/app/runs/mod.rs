@@ -18,7 +18,8 @@
 //!   (resume), an edge's restart (adoption from the journal), a client re-reading its
 //!   stream, a drained node's deadline;
 //! - `timers/` — the background tasks and the open runs' deadlines;
-//! - `run.rs` — one open run as the parts share it (each reaching only its own state);
+//! - `run.rs` — one open run as the parts share it (each reaching only its own state):
+//!   its `route.rs` (changed by the placer only), its `delivery.rs` (by the relay only),
 //!   `progress.rs` — what a run relayed, for a continuation and its usage;
 //! - `observer.rs` — the one trait the parts report through; `metrics/` — the
 //!   OpenTelemetry instruments behind it; `trace.rs` — the `dispatch` span;
@@ -32,6 +33,7 @@
 
 mod cold_starts;
 mod config;
+mod delivery;
 mod handlers;
 mod metrics;
 mod observer;
@@ -41,6 +43,7 @@ mod placer;
 mod progress;
 mod recovery;
 mod relay;
+mod route;
 mod run;
 mod service;
 #[cfg(test)]

@@ -15,10 +15,10 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::config::Routing;
+use super::delivery::Delivery;
 use super::observer::Unobserved;
 use super::placer::{Effect, Fallout, Placer, PlacerParts};
 use super::recovery::{Recovery, RecoveryParts};
-use super::relay::Delivery;
 use super::relay::Relay;
 use super::run::{Run, accepted};
 use super::timers::Timers;

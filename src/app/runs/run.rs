@@ -1,6 +1,6 @@
 //! [`Run`]: one open run as every part of the run service shares it — what was asked (its
-//! id, spec and acceptance), its route (the placer's, `placer/route.rs`), its delivery (the
-//! relay's, `relay/delivery.rs`), who reads its stream, and what it relayed. Its fields are
+//! id, spec and acceptance), its route (the placer's, `route.rs`), its delivery (the
+//! relay's, `delivery.rs`), who reads its stream, and what it relayed. Its fields are
 //! private: each part reaches the state it owns through the methods here, and no part can
 //! reach another's.
 
@@ -11,8 +11,8 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::placer::route::Route;
-use super::relay::Delivery;
+use super::delivery::Delivery;
+use super::route::Route;
 use crate::domain::routing::{AffinityKey, TenantKey};
 use crate::domain::{AcceptedRun, Attempt, RunId, RunOutcome, RunRecord, RunSpec};
 use crate::ports::clock::now_ms;

@@ -16,11 +16,11 @@ use tracing::info_span;
 
 use super::cold_starts::ColdStarts;
 use super::config::{Routing, RunsConfig};
+use super::delivery::Delivery;
 use super::metrics::RunMetrics;
 use super::observer::RunObserver;
 use super::placer::{Placer, PlacerParts};
 use super::recovery::{Recovery, RecoveryParts};
-use super::relay::Delivery;
 use super::relay::{CALLER_BUFFER, Relay, RunStats};
 use super::run::{Run, accepted};
 use super::timers::Timers;

@@ -13,7 +13,7 @@ use std::sync::Mutex;
 
 use tracing::{Level, Span, info_span};
 
-use super::placer::route::Placement;
+use super::route::Placement;
 use super::run::{Run, lock};
 use crate::domain::NodeId;
 use crate::ports::ConnectionId;

@@ -9,9 +9,9 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tracing::debug;
 
-use super::route::{Placement, Route};
 use super::{Effect, Fallout, Placer, Table, fallout_of, waits};
 use crate::app::runs::observer::Refusal;
+use crate::app::runs::route::{Placement, Route};
 use crate::app::runs::run::{Run, lock};
 use crate::domain::routing::{
     Decision, LimitRefusal, NodeStatus, RouteContext, RouteReason, RouteRequest, Unroutable,

@@ -16,8 +16,8 @@ use tracing::info;
 
 use super::Placer;
 use super::Table;
-use super::route::Route;
 use crate::app::runs::progress::Progress;
+use crate::app::runs::route::Route;
 use crate::app::runs::run::Run;
 use crate::domain::routing::{AttemptEnd, Decision, RouteReason, RouteRule};
 use crate::domain::{

@@ -17,9 +17,9 @@ use tokio::time::Instant;
 use tracing::{info, warn};
 
 use super::Table;
-use super::route::Route;
 use super::{Effect, Fallout, Placer, fallout_of};
 use crate::app::runs::progress::Progress;
+use crate::app::runs::route::Route;
 use crate::app::runs::run::{Run, lock};
 use crate::domain::routing::{AttemptEnd, Decision, Failover, Outcome, Transition, after_attempt};
 use crate::domain::{NodeId, RunEventKind};

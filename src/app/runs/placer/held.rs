@@ -8,7 +8,7 @@ use std::sync::Arc;
 use tokio::time::Instant;
 
 use super::Placer;
-use super::route::Route;
+use crate::app::runs::route::Route;
 use crate::app::runs::run::{Run, lock};
 use crate::domain::{NodeId, ResumeRefusal};
 use crate::ports::ConnectionId;

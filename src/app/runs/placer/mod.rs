@@ -18,7 +18,6 @@ mod budgets;
 mod continuation;
 mod failover;
 pub(super) mod held;
-pub(super) mod route;
 mod table;
 #[cfg(test)]
 mod tests;

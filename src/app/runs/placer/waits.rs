@@ -10,7 +10,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::Placer;
-use super::route::{Route, Waiting};
+use crate::app::runs::route::{Route, Waiting};
 use crate::app::runs::run::{Run, lock};
 use crate::domain::models::ModelName;
 use crate::domain::routing::WaitCause;

@@ -17,7 +17,7 @@ use tokio::time::Instant;
 use tracing::{info, info_span, warn};
 
 use super::Recovery;
-use crate::app::runs::relay::Delivery;
+use crate::app::runs::delivery::Delivery;
 use crate::app::runs::run::{Run, millis};
 use crate::domain::adoption::{Adoption, Held, LeftOpen, StepKind, StoredStep, adopt};
 use crate::domain::routing::TenantKey;

@@ -10,7 +10,7 @@
 use std::sync::Arc;
 
 use super::Recovery;
-use crate::app::runs::placer::route::Placement;
+use crate::app::runs::route::Placement;
 use crate::domain::{FailureClass, NodeId, RunEventKind, RunId};
 
 /// The code of the attempt a drain deadline ends, as the run's record shows it when the run

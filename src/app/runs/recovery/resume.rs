@@ -26,9 +26,9 @@ use tracing::{debug, info};
 
 use super::Recovery;
 use super::adopt::PREVIOUS_EDGE;
+use crate::app::runs::delivery::Delivery;
 use crate::app::runs::observer::Loss;
 use crate::app::runs::placer::held::{NotReattached, Reattached, held_on_other};
-use crate::app::runs::relay::Delivery;
 use crate::app::runs::relay::Source;
 use crate::app::runs::run::{Run, millis};
 use crate::domain::{

@@ -5,7 +5,8 @@
 
 use std::sync::Arc;
 
-use super::{Delivery, Relay};
+use super::Relay;
+use crate::app::runs::delivery::Delivery;
 use crate::app::runs::run::Run;
 use crate::domain::RunEvent;
 use crate::ports::clock::now_ms;

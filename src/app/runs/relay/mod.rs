@@ -15,9 +15,6 @@
 //! beyond the event itself, the sink only enqueues, and the caller's buffer costs no timer
 //! while it has room.
 
-mod delivery;
-
-pub(super) use self::delivery::Delivery;
 mod endings;
 mod journal_tap;
 #[cfg(test)]
@@ -30,6 +27,7 @@ use std::time::Duration;
 use tokio::sync::{MutexGuard, mpsc};
 use tracing::{debug, warn};
 
+use super::delivery::Delivery;
 use super::observer::RunObserver;
 use super::placer::{Effect, Fallout, Miss, Placer};
 use super::run::Run;
