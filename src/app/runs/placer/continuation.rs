@@ -75,20 +75,19 @@ impl Placer {
         self.routing.policy.max_continuations.get() > 0
     }
 
-    /// After `run`'s attempt ended with `end` once output reached the caller: the node of a
+    /// After `run`'s attempt ended with `kind` once output reached the caller: the node of a
     /// continuation placed now, or `None` to end the run with `kind`, which then names why
     /// it was not continued (when continuations are on and the node was lost for good).
-    #[allow(clippy::too_many_arguments)]
     pub(super) fn continue_after(
         &self,
         table: &mut Table,
         run: &Arc<Run>,
         route: &mut Route,
-        end: AttemptEnd,
         progress: &Progress,
         kind: &mut RunEventKind,
         now: Instant,
     ) -> Option<NodeId> {
+        let end = AttemptEnd::of(kind)?;
         let spent = run.time_left(now).is_some_and(|left| left.is_zero());
         let applies = self.keeps_progress() && lost_for_good(end);
         if !applies || route.is_cancelling() || self.is_draining() || spent {

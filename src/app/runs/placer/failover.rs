@@ -66,7 +66,7 @@ impl Placer {
         };
         self.record_outcome(table, &mut route, &node, outcome, now);
         let sent = if let Some(progress) = progress {
-            let next = self.continue_after(table, run, &mut route, end, progress, kind, now)?;
+            let next = self.continue_after(table, run, &mut route, progress, kind, now)?;
             table.fallout.push(Effect::Send(Arc::clone(run), next));
             true
         } else {
