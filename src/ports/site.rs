@@ -6,7 +6,20 @@
 //! A concrete handle rather than a trait, like [`super::Readiness`]: one value with one
 //! meaning, watched rather than polled by those that must react to a change at once.
 
+use async_trait::async_trait;
 use tokio::sync::watch;
+
+/// What a member does after it acquired its site's lease and before it acts (its role set
+/// to [`Role::Active`]): catch up on the site's journal and take the open runs over.
+#[async_trait]
+pub trait TakeOver: Send + Sync {
+    /// Makes this member ready to act under `epoch`.
+    ///
+    /// # Errors
+    /// Why it cannot act (the site's journal cannot be read to its end): the member then
+    /// does not turn active, and lets the lease lapse.
+    async fn prepare(&self, epoch: u64) -> Result<(), String>;
+}
 
 /// The member of a site that holds its lease, as a standby tells callers where to go.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -26,7 +26,7 @@ use crate::domain::site::{
     decide_active, decide_standby,
 };
 use crate::ports::clock::now_ms;
-use crate::ports::{ActiveMember, Role, SiteRole};
+use crate::ports::{ActiveMember, Role, SiteRole, TakeOver};
 
 /// How a standby's reason starts when its node definitions are not the holder's.
 const MISMATCH: &str = "node definitions differ";
@@ -85,6 +85,8 @@ pub struct ClusterLease {
     me: Member,
     role: SiteRole,
     stats: LeaseStats,
+    /// Run between acquiring the lease and acting (`[cluster]` with a journal).
+    take_over: Option<Arc<dyn TakeOver>>,
 }
 
 /// Why the lease could not be set up.
@@ -124,7 +126,20 @@ impl ClusterLease {
             me,
             role,
             stats: LeaseStats::default(),
+            take_over: None,
         })
+    }
+
+    /// The JetStream context of the site's NATS client, for the site's journal stream.
+    pub fn jetstream(&self) -> jetstream::Context {
+        self.js.clone()
+    }
+
+    /// Runs `take_over` after each acquisition of the lease, before acting.
+    #[must_use]
+    pub fn with_take_over(mut self, take_over: Arc<dyn TakeOver>) -> Self {
+        self.take_over = Some(take_over);
+        self
     }
 
     /// The lease's counters.
@@ -338,6 +353,13 @@ impl Ticks {
                     epoch = acquired,
                     "this member holds the site's lease: active"
                 );
+                if let Some(take_over) = &self.lease.take_over
+                    && let Err(problem) = take_over.prepare(acquired).await
+                {
+                    tracing::warn!(%problem, "cannot take over: letting the lease lapse");
+                    self.stand_by(None, format!("cannot take over: {problem}"));
+                    return;
+                }
                 self.state = State::Active(Held::acquired(acquired, expires_at_ms));
                 self.watch = None;
                 self.lease.role.set(Role::Active { epoch: acquired });

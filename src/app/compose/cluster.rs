@@ -2,17 +2,174 @@
 //! it — `/readyz`, the client APIs, the management API, the node transport — gets a clone
 //! of the handle made here), the lease task that sets it, and its metrics. Without
 //! `[cluster]` the role stays [`Role::Single`], no NATS client starts and nothing here runs.
+//!
+//! With `[cluster]` and the journal on, the journal is replicated (decision 49): this
+//! member's journal file is a cache of the site's stream ([`SiteJournal`]), folded in while
+//! it stands by; taking the lease runs [`SiteTakeOver`] (catch up on the stream, publish
+//! under the new epoch, re-adopt the open runs) before the role turns active, and a member
+//! that stops acting stops publishing and lets its open runs go without ending them.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context;
 use opentelemetry::KeyValue;
 use opentelemetry::metrics::Meter;
 
 use super::Settings;
-use crate::adapters::cluster::{ClusterLease, LeaseStats, Member, advertised};
+use crate::adapters::cluster::{
+    ClusterLease, JournalStream, JournalStreamTasks, LeaseStats, Member, advertised,
+};
+use crate::adapters::journal::{ReplicaFeed, SqliteJournal};
+use crate::app::runs::RunService;
 use crate::domain::site::definitions_digest;
-use crate::ports::{NodeStore, Role, SiteRole};
+use crate::ports::{NodeStore, Role, RunJournal, SiteRole, TakeOver};
+
+/// The journal of a member of a site: its local file (a cache of the site's stream) and
+/// the feed of the batches it writes while it publishes.
+pub(super) struct SiteJournal {
+    journal: Arc<SqliteJournal>,
+    feed: ReplicaFeed,
+}
+
+/// The run journal: replicated with `[cluster]` (and the journal on), else as without.
+///
+/// # Errors
+/// The journal's file cannot be used.
+pub(super) fn journal(
+    settings: &Settings,
+) -> anyhow::Result<(Arc<dyn RunJournal>, Option<SiteJournal>)> {
+    if settings.cluster.is_none() || !settings.journal.enabled {
+        return Ok((super::admin::journal(settings)?, None));
+    }
+    let (journal, feed) =
+        SqliteJournal::open_replicated(&settings.journal, &settings.journal_file())
+            .context("cannot open the run journal")?;
+    let journal = Arc::new(journal);
+    let shared: Arc<dyn RunJournal> = journal.clone();
+    Ok((shared, Some(SiteJournal { journal, feed })))
+}
+
+/// The site's journal stream as this member runs it, once the lease is built.
+pub(super) struct Replication {
+    stream: JournalStream,
+    feed: ReplicaFeed,
+    runs: RunService,
+    site: SiteRole,
+}
+
+impl Replication {
+    /// Starts the stream's tasks (before the lease, so a takeover can catch up) and the
+    /// task that lets the open runs go when this member stops acting.
+    pub(super) fn start(self) -> ReplicationTasks {
+        let tasks = self.stream.start(self.feed);
+        let stand_down = tokio::spawn(stand_down(self.site, self.stream, self.runs));
+        ReplicationTasks { tasks, stand_down }
+    }
+}
+
+/// The running replication.
+pub(super) struct ReplicationTasks {
+    tasks: JournalStreamTasks,
+    stand_down: tokio::task::JoinHandle<()>,
+}
+
+impl ReplicationTasks {
+    /// After the journal closed: waits up to `grace` for its last batches to reach the
+    /// stream, and stops.
+    pub(super) async fn stop(self, grace: Duration) {
+        self.stand_down.abort();
+        self.tasks.stop(grace).await;
+    }
+}
+
+/// Whenever the role stops acting: no more publishing, and the run service lets its open
+/// runs go (the member that acts now completes them).
+async fn stand_down(site: SiteRole, stream: JournalStream, runs: RunService) {
+    let mut role = site.watch();
+    let mut acted = role.borrow_and_update().acts();
+    while role.changed().await.is_ok() {
+        let acts = role.borrow_and_update().acts();
+        if acted && !acts {
+            stream.publish_as(None);
+            let let_go = runs.let_go_open_runs().await;
+            tracing::warn!(
+                runs = let_go,
+                "no longer the site's active member: open runs let go"
+            );
+        }
+        acted = acts;
+    }
+}
+
+/// What a member does between acquiring the lease and acting.
+struct SiteTakeOver {
+    stream: JournalStream,
+    journal: Arc<SqliteJournal>,
+    runs: RunService,
+}
+
+#[async_trait::async_trait]
+impl TakeOver for SiteTakeOver {
+    async fn prepare(&self, epoch: u64) -> Result<(), String> {
+        let last = self.stream.catch_up().await?;
+        self.stream.publish_as(Some(epoch));
+        let open = self
+            .journal
+            .reload_left_open()
+            .await
+            .map_err(|error| error.to_string())?;
+        self.runs
+            .load_budgets()
+            .await
+            .map_err(|error| format!("cannot load the budgets: {error}"))?;
+        let held = self.runs.adopt_left_open().await;
+        tracing::info!(
+            epoch,
+            stream_seq = last,
+            open,
+            held,
+            "caught up on the site's journal: taking the open runs over"
+        );
+        Ok(())
+    }
+}
+
+/// The replication of `journal` over `lease`'s NATS, when both are there: the lease runs
+/// the takeover before acting.
+pub(super) fn replicate(
+    settings: &Settings,
+    lease: Option<ClusterLease>,
+    journal: Option<SiteJournal>,
+    runs: &RunService,
+    site: &SiteRole,
+) -> (Option<ClusterLease>, Option<Replication>) {
+    let (lease, SiteJournal { journal, feed }, config) = match (lease, journal, &settings.cluster) {
+        (Some(lease), Some(journal), Some(config)) => (lease, journal, config),
+        (lease, _, _) => return (lease, None),
+    };
+    let stream = JournalStream::new(
+        lease.jetstream(),
+        &config.site,
+        config.replicas,
+        settings.edge_id.to_string(),
+        Arc::clone(&journal),
+    );
+    let take_over = SiteTakeOver {
+        stream: stream.clone(),
+        journal,
+        runs: runs.clone(),
+    };
+    let lease = lease.with_take_over(Arc::new(take_over));
+    let replication = Replication {
+        stream,
+        feed,
+        runs: runs.clone(),
+        site: site.clone(),
+    };
+    (Some(lease), Some(replication))
+}
 
 /// This edge's role: alone without `[cluster]`; with it, a standby until its lease says
 /// otherwise.

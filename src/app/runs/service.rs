@@ -252,6 +252,14 @@ impl RunService {
         self.inner.recovery.adopt_left_open().await
     }
 
+    /// Lets every open run go without ending it, when this member stops acting for its
+    /// site (`[cluster]`): no terminal event is relayed, journaled or sent, no node is told
+    /// anything; callers' streams just close, and the member that acts now completes the
+    /// runs (their nodes resume there). Returns how many were let go.
+    pub async fn let_go_open_runs(&self) -> usize {
+        self.inner.relay.let_go_open().await
+    }
+
     /// Loads every key's tokens used this UTC day and month from the journal (nothing when
     /// it is disabled: budgets then start from zero). Call once, before runs are accepted.
     ///
