@@ -371,7 +371,12 @@ pub async fn spawn_app(config: &str) -> TestApp {
 /// Builds an edge with `settings` (whose files live in `dir`, kept as long as the edge) and
 /// serves it on a task of its own.
 pub async fn serve(settings: Settings, dir: tempfile::TempDir) -> TestApp {
-    serve_as(settings, dir, edge::ports::Role::Single).await
+    // A member of a site (`[cluster]`) is given its role by its lease, nothing else.
+    let role = settings
+        .cluster
+        .is_none()
+        .then_some(edge::ports::Role::Single);
+    serve_in(settings, dir, role).await
 }
 
 /// [`serve`], the edge acting as `role` in its site from the first connection it accepts.
@@ -380,8 +385,19 @@ pub async fn serve_as(
     dir: tempfile::TempDir,
     role: edge::ports::Role,
 ) -> TestApp {
+    serve_in(settings, dir, Some(role)).await
+}
+
+/// [`serve`], the edge acting as `role` when given.
+async fn serve_in(
+    settings: Settings,
+    dir: tempfile::TempDir,
+    role: Option<edge::ports::Role>,
+) -> TestApp {
     let app = App::build(settings).await.expect("build the edge");
-    app.parts().site.set(role);
+    if let Some(role) = role {
+        app.parts().site.set(role);
+    }
     let node_addr = app.node_addr().expect("node addr");
     let http_addr = app.http_addr().expect("http addr");
     let admin_addr = app.admin_addr().expect("admin addr");

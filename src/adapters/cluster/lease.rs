@@ -165,6 +165,7 @@ impl ClusterLease {
             bucket: None,
             watch: None,
             state: State::Standby(Watching::default()),
+            stood_down: false,
         };
         loop {
             let next = member.tick().await;
@@ -237,6 +238,8 @@ struct Ticks {
     /// While standing by: every write to the lease, so a release is taken at once.
     watch: Option<async_nats::jetstream::kv::Watch>,
     state: State,
+    /// This member stopped acting in the current step.
+    stood_down: bool,
 }
 
 impl Ticks {
@@ -244,8 +247,20 @@ impl Ticks {
         self.lease.config.timing()
     }
 
-    /// One step; when to take the next.
+    /// One step, then what stopping to act asks (when this step stopped it); when to take
+    /// the next. Standing down completes before the next step may take the lease again.
     async fn tick(&mut self) -> Instant {
+        let next = self.step().await;
+        if std::mem::take(&mut self.stood_down)
+            && let Some(take_over) = &self.lease.take_over
+        {
+            take_over.stand_down().await;
+        }
+        next
+    }
+
+    /// One step; when to take the next.
+    async fn step(&mut self) -> Instant {
         let poll = Instant::now() + Duration::from_millis(self.timing().renew_ms);
         if self.bucket.is_none() {
             let config = &self.lease.config;
@@ -353,6 +368,10 @@ impl Ticks {
                     epoch = acquired,
                     "this member holds the site's lease: active"
                 );
+                if self.lease.take_over.is_some() {
+                    let why = "taking over: catching up on the site's journal".to_owned();
+                    self.lease.role.set(standby(None, why));
+                }
                 if let Some(take_over) = &self.lease.take_over
                     && let Err(problem) = take_over.prepare(acquired).await
                 {
@@ -431,6 +450,7 @@ impl Ticks {
         };
         tracing::warn!(site = %self.lease.config.site, "{reason}: standing by");
         self.state = State::Standby(Watching::default());
+        self.stood_down = true;
         self.stand_by(None, reason.to_owned());
     }
 
@@ -438,6 +458,7 @@ impl Ticks {
     fn stand_by(&mut self, holder: Option<&Lease>, reason: String) {
         if let State::Active(_) = self.state {
             self.state = State::Standby(Watching::default());
+            self.stood_down = true;
         }
         if let State::Standby(watching) = &mut self.state
             && watching.reason != reason

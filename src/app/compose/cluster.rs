@@ -6,12 +6,11 @@
 //! With `[cluster]` and the journal on, the journal is replicated (decision 49): this
 //! member's journal file is a cache of the site's stream ([`SiteJournal`]), folded in while
 //! it stands by; taking the lease runs [`SiteTakeOver`] (catch up on the stream, publish
-//! under the new epoch, re-adopt the open runs) before the role turns active, and a member
-//! that stops acting stops publishing and lets its open runs go without ending them.
+//! under the new epoch, re-adopt the open runs) before the role turns active, and, when the
+//! lease makes it stop acting, stop publishing and let its open runs go without ending them.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
 
 use anyhow::Context;
 use opentelemetry::KeyValue;
@@ -55,55 +54,16 @@ pub(super) fn journal(
 pub(super) struct Replication {
     stream: JournalStream,
     feed: ReplicaFeed,
-    runs: RunService,
-    site: SiteRole,
 }
 
 impl Replication {
-    /// Starts the stream's tasks (before the lease, so a takeover can catch up) and the
-    /// task that lets the open runs go when this member stops acting.
-    pub(super) fn start(self) -> ReplicationTasks {
-        let tasks = self.stream.start(self.feed);
-        let stand_down = tokio::spawn(stand_down(self.site, self.stream, self.runs));
-        ReplicationTasks { tasks, stand_down }
+    /// Starts the stream's tasks (before the lease, so a takeover can catch up).
+    pub(super) fn start(self) -> JournalStreamTasks {
+        self.stream.start(self.feed)
     }
 }
 
-/// The running replication.
-pub(super) struct ReplicationTasks {
-    tasks: JournalStreamTasks,
-    stand_down: tokio::task::JoinHandle<()>,
-}
-
-impl ReplicationTasks {
-    /// After the journal closed: waits up to `grace` for its last batches to reach the
-    /// stream, and stops.
-    pub(super) async fn stop(self, grace: Duration) {
-        self.stand_down.abort();
-        self.tasks.stop(grace).await;
-    }
-}
-
-/// Whenever the role stops acting: no more publishing, and the run service lets its open
-/// runs go (the member that acts now completes them).
-async fn stand_down(site: SiteRole, stream: JournalStream, runs: RunService) {
-    let mut role = site.watch();
-    let mut acted = role.borrow_and_update().acts();
-    while role.changed().await.is_ok() {
-        let acts = role.borrow_and_update().acts();
-        if acted && !acts {
-            stream.publish_as(None);
-            let let_go = runs.let_go_open_runs().await;
-            tracing::warn!(
-                runs = let_go,
-                "no longer the site's active member: open runs let go"
-            );
-        }
-        acted = acts;
-    }
-}
-
-/// What a member does between acquiring the lease and acting.
+/// What a member does between acquiring the lease and acting, and when it stops acting.
 struct SiteTakeOver {
     stream: JournalStream,
     journal: Arc<SqliteJournal>,
@@ -134,6 +94,15 @@ impl TakeOver for SiteTakeOver {
         );
         Ok(())
     }
+
+    async fn stand_down(&self) {
+        self.stream.publish_as(None);
+        let let_go = self.runs.let_go_open_runs().await;
+        tracing::warn!(
+            runs = let_go,
+            "no longer the site's active member: open runs let go, none ended"
+        );
+    }
 }
 
 /// The replication of `journal` over `lease`'s NATS, when both are there: the lease runs
@@ -143,7 +112,6 @@ pub(super) fn replicate(
     lease: Option<ClusterLease>,
     journal: Option<SiteJournal>,
     runs: &RunService,
-    site: &SiteRole,
 ) -> (Option<ClusterLease>, Option<Replication>) {
     let (lease, SiteJournal { journal, feed }, config) = match (lease, journal, &settings.cluster) {
         (Some(lease), Some(journal), Some(config)) => (lease, journal, config),
@@ -162,12 +130,7 @@ pub(super) fn replicate(
         runs: runs.clone(),
     };
     let lease = lease.with_take_over(Arc::new(take_over));
-    let replication = Replication {
-        stream,
-        feed,
-        runs: runs.clone(),
-        site: site.clone(),
-    };
+    let replication = Replication { stream, feed };
     (Some(lease), Some(replication))
 }
 

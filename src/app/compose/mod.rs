@@ -152,7 +152,7 @@ impl App {
         let listeners = (server.local_addr()?, http.local_addr()?);
         let lease = cluster::lease(&settings, store.as_ref(), &site, listeners, metrics.meter());
         let lease = lease.await?;
-        let (lease, replication) = cluster::replicate(&settings, lease, site_journal, &runs, &site);
+        let (lease, replication) = cluster::replicate(&settings, lease, site_journal, &runs);
         let parts = AppParts {
             store,
             registry,
