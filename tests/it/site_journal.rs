@@ -1,0 +1,165 @@
+//! The journal of record is replicated (issue 49): two members of one site on a real
+//! `nats-server` with JetStream, the reference node in front of a scripted engine knowing
+//! both. A streamed run starts on the active member (a real `edge serve`); the standby
+//! folds its batches from the site's stream as they come; mid-answer the active member is
+//! killed with SIGKILL and its data directory deleted. The standby catches up, takes the
+//! open run over as a restarted edge does, the node moves to it and resumes, and the run
+//! completes there once: every delta once and in order, one request to the engine, its
+//! usage counted.
+
+use crate::admin_crash::{Edge, get, start_edge_with, text};
+use crate::common;
+#[allow(dead_code, unused_imports)]
+use crate::node;
+use crate::node_support;
+use crate::readopt::{assert_every_delta_once, delta};
+use crate::resume::open_stream_at;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use common::engines::NatsServer;
+use common::{TestApp, edge_serve_on, eventually, eventually_ok, spawn_app, write_config};
+use edge::ports::Role;
+use node_support::upstream::{Reply, ScriptedEngine, chat_chunks};
+use node_support::{QWEN, edge_config, spawn_node};
+use serde_json::{Value, json};
+use tokio::sync::Semaphore;
+
+/// Deltas in the answer, and how many are let out before the kill.
+const DELTAS: usize = 16;
+const BEFORE_THE_KILL: usize = 6;
+
+/// Member `id`'s config on `nats`: the engine's node, a long resume grace, a short lease.
+fn member(nats: &NatsServer, engine: &ScriptedEngine, id: &str) -> String {
+    format!(
+        "[edge]\nid = {id:?}\n[events]\nsinks = [\"null\"]\n[runs]\nresume_grace_ms = 30000\n\
+         [cluster]\nsite = \"s1\"\nnats = {:?}\nlease_ms = 300\nrenew_ms = 100\n{}",
+        nats.url(),
+        edge_config(&engine.base_url(), &["qwen"], 500)
+    )
+}
+
+/// The run's stored events at the management API `admin`, as JSON lines.
+async fn stored_events(admin: SocketAddr, run_id: &str) -> Vec<Value> {
+    let path = format!("/admin/v1/runs/{run_id}/events?format=jsonl&follow=false");
+    text(admin, &path)
+        .await
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+async fn outputs(admin: SocketAddr, run_id: &str) -> usize {
+    stored_events(admin, run_id)
+        .await
+        .iter()
+        .filter(|e| e["kind"] == "output")
+        .count()
+}
+
+/// The active member, a real process, with its data directory.
+async fn active_member(config: &str) -> (Edge, tempfile::TempDir) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = write_config(dir.path(), config);
+    let listen = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|s| s.local_addr())
+        .expect("a free port")
+        .to_string();
+    let edge = start_edge_with(edge_serve_on(&path, &listen)).await;
+    (edge, dir)
+}
+
+async fn acts(app: &TestApp) {
+    let site = app.parts.site.clone();
+    eventually("the standby takes over", || {
+        matches!(site.current(), Role::Active { .. })
+    })
+    .await;
+}
+
+#[crate::common::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_takes_a_killed_members_open_run_over_from_the_stream_and_completes_it_once() {
+    let nats = NatsServer::start_jetstream().await;
+    let engine = ScriptedEngine::start(&[QWEN]).await;
+    let gate = Arc::new(Semaphore::new(0));
+    engine.script(
+        QWEN,
+        Reply::Sse {
+            chunks: chat_chunks((0..DELTAS).map(delta)),
+            gate: Some(Arc::clone(&gate)),
+            hang: false,
+        },
+    );
+    let (mut a, a_dir) = active_member(&member(&nats, &engine, "edge-a")).await;
+    let b = spawn_app(&member(&nats, &engine, "edge-b")).await;
+    let b_site = b.parts.site.clone();
+    eventually("edge-b stands by behind edge-a", || {
+        matches!(b_site.current(), Role::Standby { active: Some(m), .. } if m.edge_id == "edge-a")
+    })
+    .await;
+
+    // The node knows both members; it registers on the active one.
+    let node = spawn_node(a.node, "token-1", |options| {
+        options.edge = format!("{},{}", a.node, b.node_addr);
+    });
+    gate.add_permits(BEFORE_THE_KILL);
+    let body = json!({
+        "model": "llama/qwen",
+        "stream": true,
+        "messages": [{"role": "user", "content": "tell me a long story"}],
+    });
+    let (response, run_id) = open_stream_at(a.http, "/v1/chat/completions", &body).await;
+    tokio::spawn(async move {
+        let mut response = response;
+        while let Ok(Some(_)) = response.chunk().await {}
+    });
+
+    // The standby folds the stream as it goes: its own journal holds the first deltas.
+    eventually_ok("the standby's journal holds the first deltas", || async {
+        let n = outputs(b.admin_addr, &run_id).await;
+        if n >= BEFORE_THE_KILL { Ok(()) } else { Err(n) }
+    })
+    .await;
+
+    // The active member's machine is gone: SIGKILL, and its data directory deleted.
+    a.child.start_kill().expect("kill -9");
+    common::bounded("the killed member to exit", a.child.wait())
+        .await
+        .expect("the member is gone");
+    drop(a_dir);
+    gate.add_permits(DELTAS - BEFORE_THE_KILL + 2);
+
+    // The standby takes over, the node moves to it, and the run completes there once.
+    acts(&b).await;
+    b.wait_for_nodes(1).await;
+    let path = format!("/admin/v1/runs/{run_id}");
+    let record = eventually_ok("the run completes on the survivor", || async {
+        let record = get(b.admin_addr, &path).await;
+        if record["outcome"] == "completed" {
+            Ok(record)
+        } else {
+            Err(record.to_string())
+        }
+    })
+    .await;
+    let stored = stored_events(b.admin_addr, &run_id).await;
+    assert_every_delta_once(&record, &stored, DELTAS);
+    let chats = engine
+        .seen()
+        .iter()
+        .filter(|seen| seen.path.ends_with("/chat/completions"))
+        .count();
+    assert_eq!(chats, 1, "taken over, not run again");
+
+    // Its usage is counted once, on the survivor.
+    let usage = get(b.admin_addr, "/admin/v1/usage?group_by=model").await;
+    assert_eq!(usage["totals"]["runs"], 1, "{usage}");
+    if let Some(output) = record["usage"]["output_tokens"].as_u64() {
+        assert_eq!(usage["totals"]["output_tokens"], output, "{usage}");
+    }
+    common::bounded("the node to stop", node.stop())
+        .await
+        .expect("clean stop");
+    b.stop().await;
+}
