@@ -5,7 +5,8 @@
 //! killed with SIGKILL and its data directory deleted. The standby catches up, takes the
 //! open run over as a restarted edge does, the node moves to it and resumes, and the run
 //! completes there once: every delta once and in order, one request to the engine, its
-//! usage counted.
+//! usage counted; the client resumes its stream on the survivor with `Last-Event-ID` and
+//! gets the rest once.
 
 use crate::admin_crash::{Edge, get, start_edge_with, text};
 use crate::common;
@@ -14,6 +15,7 @@ use crate::node;
 use crate::node_support;
 use crate::readopt::{assert_every_delta_once, delta};
 use crate::resume::open_stream_at;
+use crate::stream_resume::{Event, read_until, resume, text_of};
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -110,10 +112,8 @@ async fn a_standby_takes_a_killed_members_open_run_over_from_the_stream_and_comp
         "messages": [{"role": "user", "content": "tell me a long story"}],
     });
     let (response, run_id) = open_stream_at(a.http, "/v1/chat/completions", &body).await;
-    tokio::spawn(async move {
-        let mut response = response;
-        while let Ok(Some(_)) = response.chunk().await {}
-    });
+    let before: String = (0..BEFORE_THE_KILL).map(delta).collect();
+    let first = read_until(response, move |events| text_of(events) == before).await;
 
     // The standby folds the stream as it goes: its own journal holds the first deltas.
     eventually_ok("the standby's journal holds the first deltas", || async {
@@ -151,6 +151,15 @@ async fn a_standby_takes_a_killed_members_open_run_over_from_the_stream_and_comp
         .filter(|seen| seen.path.ends_with("/chat/completions"))
         .count();
     assert_eq!(chats, 1, "taken over, not run again");
+
+    // The client resumes its stream on the survivor after the last event it read: the rest
+    // once, and the two parts are the run's whole stream.
+    let last = first.last().map(|e| e.id.as_str());
+    let rest = resume(b.http_addr, &run_id, last).await;
+    let joined: Vec<Event> = first.into_iter().chain(rest).collect();
+    let expected: String = (0..DELTAS).map(delta).collect();
+    assert_eq!(text_of(&joined), expected, "every delta once, in order");
+    assert_eq!(joined, resume(b.http_addr, &run_id, None).await);
 
     // Its usage is counted once, on the survivor.
     let usage = get(b.admin_addr, "/admin/v1/usage?group_by=model").await;
