@@ -368,15 +368,7 @@ impl Ticks {
                     epoch = acquired,
                     "this member holds the site's lease: active"
                 );
-                if self.lease.take_over.is_some() {
-                    let why = "taking over: catching up on the site's journal".to_owned();
-                    self.lease.role.set(standby(None, why));
-                }
-                if let Some(take_over) = &self.lease.take_over
-                    && let Err(problem) = take_over.prepare(acquired).await
-                {
-                    tracing::warn!(%problem, "cannot take over: letting the lease lapse");
-                    self.stand_by(None, format!("cannot take over: {problem}"));
+                if !self.prepared(acquired).await {
                     return;
                 }
                 self.state = State::Active(Held::acquired(acquired, expires_at_ms));
@@ -389,6 +381,28 @@ impl Ticks {
                 self.stand_by(None, format!("cannot reach the site's NATS: {error}"));
             }
         }
+    }
+
+    /// Runs the takeover before acting, under a standby role, within three quarters of the
+    /// lease (a holder that has not renewed by then stands by anyway). `false` when it failed
+    /// or took too long: this member then stands by, lets go of what the takeover took
+    /// (`stand_down`, at the end of this step) and lets the lease lapse.
+    async fn prepared(&mut self, acquired: u64) -> bool {
+        let Some(take_over) = self.lease.take_over.clone() else {
+            return true;
+        };
+        let why = "taking over: catching up on the site's journal".to_owned();
+        self.lease.role.set(standby(None, why));
+        let within = Duration::from_millis(self.timing().lease_ms.saturating_mul(3) / 4);
+        let problem = match tokio::time::timeout(within, take_over.prepare(acquired)).await {
+            Ok(Ok(())) => return true,
+            Ok(Err(problem)) => problem,
+            Err(_) => format!("catching up took longer than {} ms", within.as_millis()),
+        };
+        tracing::warn!(%problem, "cannot take over: letting the lease lapse");
+        self.stand_by(None, format!("cannot take over: {problem}"));
+        self.stood_down = true;
+        false
     }
 
     async fn active_tick(&mut self, held: Held) -> Instant {
