@@ -15,6 +15,7 @@
 //! over waits on before it acts.
 
 use std::collections::HashSet;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -56,6 +57,9 @@ struct Inner {
     own_epochs: Mutex<HashSet<u64>>,
     /// The stream sequence of the last message the folder handled (applied or skipped).
     folded: watch::Sender<u64>,
+    /// The highest epoch among the batches folded: one written under a lower epoch comes
+    /// from a member that lost the lease since, and is skipped.
+    newest_epoch: AtomicU64,
 }
 
 /// The running tasks of a [`JournalStream`].
@@ -86,6 +90,7 @@ impl JournalStream {
                 epoch: watch::Sender::new(0),
                 own_epochs: Mutex::new(HashSet::new()),
                 folded: watch::Sender::new(0),
+                newest_epoch: AtomicU64::new(0),
             }),
         }
     }
@@ -214,6 +219,12 @@ impl Inner {
             };
             match sent {
                 Ok(()) => return true,
+                // Stood down meanwhile: the member that acts now writes the stream; this
+                // batch of an older epoch stays local (folders would skip it anyway).
+                Err(error) if !self.journal.publishing() => {
+                    warn!(%error, batch = id, "a journal batch not published before this member stood down: kept local only");
+                    return false;
+                }
                 Err(error) if !warned => {
                     warned = true;
                     warn!(%error, batch = id, "cannot publish a journal batch; trying again");
@@ -274,8 +285,9 @@ impl Inner {
         Ok(())
     }
 
-    /// Applies the batch at `seq` unless this life of the member wrote it, or this member
-    /// publishes now (a batch of a fenced member that lost the lease).
+    /// Applies the batch at `seq` unless it was written under an older epoch than one already
+    /// seen, by this life of the member, or while this member publishes (a batch of a
+    /// member that lost the lease).
     fn apply(&self, message: &jetstream::Message, seq: u64) {
         let header = |name: &str| {
             message
@@ -285,6 +297,18 @@ impl Inner {
                 .map(|v| v.as_str().to_owned())
         };
         let epoch = header(EPOCH_HEADER).and_then(|e| e.parse::<u64>().ok());
+        let newest = self
+            .newest_epoch
+            .fetch_max(epoch.unwrap_or(0), Ordering::AcqRel);
+        if epoch.is_none_or(|epoch| epoch < newest) {
+            warn!(
+                seq,
+                ?epoch,
+                newest,
+                "a journal batch of an older epoch (a member fenced since) is skipped"
+            );
+            return;
+        }
         let mine = header(EDGE_HEADER).as_deref() == Some(self.edge_id.as_str())
             && epoch.is_some_and(|epoch| {
                 self.own_epochs
