@@ -6,7 +6,8 @@
 //! open run over as a restarted edge does, the node moves to it and resumes, and the run
 //! completes there once: every delta once and in order, one request to the engine, its
 //! usage counted; the client resumes its stream on the survivor with `Last-Event-ID` and
-//! gets the rest once.
+//! gets the rest once; a member started afterwards with an empty data directory folds the
+//! same record from the stream.
 
 use crate::admin_crash::{Edge, get, start_edge_with, text};
 use crate::common;
@@ -167,6 +168,21 @@ async fn a_standby_takes_a_killed_members_open_run_over_from_the_stream_and_comp
     if let Some(output) = record["usage"]["output_tokens"].as_u64() {
         assert_eq!(usage["totals"]["output_tokens"], output, "{usage}");
     }
+    // A member started later with an empty data directory folds the whole stream — the dead
+    // member's batches and the survivor's — into the same record.
+    let c = spawn_app(&member(&nats, &engine, "edge-c")).await;
+    let late = eventually_ok("the late member has folded the run's end", || async {
+        let record = get(c.admin_addr, &path).await;
+        if record["outcome"] == "completed" {
+            Ok(record)
+        } else {
+            Err(record.to_string())
+        }
+    })
+    .await;
+    assert_eq!(late, record);
+    assert_eq!(stored_events(c.admin_addr, &run_id).await, stored);
+    c.stop().await;
     common::bounded("the node to stop", node.stop())
         .await
         .expect("clean stop");
