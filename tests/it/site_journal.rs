@@ -7,10 +7,12 @@
 //! completes there once: every delta once and in order, one request to the engine, its
 //! usage counted; the client resumes its stream on the survivor with `Last-Event-ID` and
 //! gets the rest once; a member started afterwards with an empty data directory folds the
-//! same record from the stream.
+//! same record from the stream. A member whose lease another writes lets its open run go
+//! and ends nothing.
 
 use crate::admin_crash::{Edge, get, start_edge_with, text};
 use crate::common;
+use crate::mock_node::{MockNode, MockOptions};
 #[allow(dead_code, unused_imports)]
 use crate::node;
 use crate::node_support;
@@ -22,7 +24,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use common::engines::NatsServer;
-use common::{TestApp, edge_serve_on, eventually, eventually_ok, spawn_app, write_config};
+use common::{
+    NodeTable, TestApp, edge_serve_on, eventually, eventually_ok, spawn_app, write_config,
+};
 use edge::ports::Role;
 use node_support::upstream::{Reply, ScriptedEngine, chat_chunks};
 use node_support::{QWEN, edge_config, spawn_node};
@@ -187,4 +191,68 @@ async fn a_standby_takes_a_killed_members_open_run_over_from_the_stream_and_comp
         .await
         .expect("clean stop");
     b.stop().await;
+}
+
+#[crate::common::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_that_loses_its_lease_lets_its_open_run_go_and_ends_nothing() {
+    let nats = NatsServer::start_jetstream().await;
+    let node = NodeTable::new("node-a", "gpu-a", "token-a").echo(&["stall"]);
+    let config = format!(
+        "[edge]\nid = \"edge-a\"\n[events]\nsinks = [\"null\"]\n[cluster]\nsite = \"s1\"\n\
+         nats = {:?}\nlease_ms = 300\nrenew_ms = 100\n{node}",
+        nats.url()
+    );
+    let a = spawn_app(&config).await;
+    acts(&a).await;
+    let _node = MockNode::start(a.node_addr, MockOptions::new("token-a"))
+        .await
+        .expect("the mock node");
+    a.wait_for_nodes(1).await;
+    let body = json!({
+        "model": "echo/stall",
+        "stream": true,
+        "messages": [{"role": "user", "content": "one two three"}],
+    });
+    let (response, run_id) = open_stream_at(a.http_addr, "/v1/chat/completions", &body).await;
+    eventually_ok("the run has relayed output", || async {
+        let n = outputs(a.admin_addr, &run_id).await;
+        if n >= 1 { Ok(()) } else { Err(n) }
+    })
+    .await;
+
+    // Another member writes the lease (it took over one it thought lapsed): this one's next
+    // renewal fails, it stands by and lets its open run go.
+    let client = async_nats::connect(nats.url()).await.expect("connect");
+    let kv = async_nats::jetstream::new(client)
+        .get_key_value("edge-s1")
+        .await
+        .expect("the site's bucket");
+    let lease = json!({
+        "edge_id": "edge-z", "node_address": "10.9.9.9:7100", "api_address": "10.9.9.9:8080",
+        "expires_at_ms": u64::MAX / 2, "node_definitions_digest": "sha256:whatever",
+    });
+    kv.put("lease", lease.to_string().into())
+        .await
+        .expect("write the lease");
+    let runs = a.parts.runs.clone();
+    eventually("the open run is let go", || runs.open_runs() == 0).await;
+
+    // The caller's stream just closes; no ending is relayed or journaled here (the member
+    // that acts now completes the run).
+    let text = common::bounded("the caller's stream to close", response.text())
+        .await
+        .expect("the stream's body");
+    assert!(!text.contains("[DONE]"), "{text}");
+    a.parts.journal.flush().await;
+    let record = get(a.admin_addr, &format!("/admin/v1/runs/{run_id}")).await;
+    assert_eq!(record["outcome"], "open", "{record}");
+    let stored = stored_events(a.admin_addr, &run_id).await;
+    let ends = ["completed", "failed", "cancelled"];
+    assert!(
+        stored
+            .iter()
+            .all(|e| !ends.contains(&e["kind"].as_str().unwrap_or_default())),
+        "{stored:?}"
+    );
+    a.stop().await;
 }

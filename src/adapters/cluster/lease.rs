@@ -166,6 +166,7 @@ impl ClusterLease {
             watch: None,
             state: State::Standby(Watching::default()),
             stood_down: false,
+            pending_role: None,
         };
         loop {
             let next = member.tick().await;
@@ -240,6 +241,9 @@ struct Ticks {
     state: State,
     /// This member stopped acting in the current step.
     stood_down: bool,
+    /// The standby role to show once the takeover's `stand_down` has let the open runs go
+    /// (before it, the node transport would send the nodes away and their runs would end).
+    pending_role: Option<Role>,
 }
 
 impl Ticks {
@@ -255,6 +259,9 @@ impl Ticks {
             && let Some(take_over) = &self.lease.take_over
         {
             take_over.stand_down().await;
+        }
+        if let Some(role) = self.pending_role.take() {
+            self.lease.role.set(role);
         }
         next
     }
@@ -486,7 +493,12 @@ impl Ticks {
             }
             watching.reason.clone_from(&reason);
         }
-        self.lease.role.set(standby(holder, reason));
+        let role = standby(holder, reason);
+        if self.stood_down && self.lease.take_over.is_some() {
+            self.pending_role = Some(role);
+        } else {
+            self.lease.role.set(role);
+        }
     }
 
     /// On a clean stop: deletes the lease this member holds, so a standby takes it now.

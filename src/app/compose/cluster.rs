@@ -85,6 +85,7 @@ impl TakeOver for SiteTakeOver {
             .await
             .map_err(|error| format!("cannot load the budgets: {error}"))?;
         let held = self.runs.adopt_left_open().await;
+        self.runs.act();
         tracing::info!(
             epoch,
             stream_seq = last,

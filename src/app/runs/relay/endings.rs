@@ -152,6 +152,7 @@ impl Relay {
     /// ending — nothing relayed, journaled or sent to a node; callers' streams close (they
     /// resume on the member that acts now, which completes the runs). Returns how many.
     pub(in crate::app::runs) async fn let_go_open(self: &Arc<Self>) -> usize {
+        self.placer.set_standing_by(true);
         let open = self.placer.left_open();
         for run in &open {
             run.delivery().await.let_go();

@@ -156,6 +156,7 @@ async fn runs_let_go_when_the_member_stops_acting_end_with_nothing() {
     relay.node_events(&node("a"), 1, &mut events).await;
 
     assert_eq!(relay.let_go_open().await, 2);
+    assert!(placer.is_standing_by(), "no new run while it does not act");
     // No terminal event anywhere, no cancel to the node, nothing open; the callers' streams
     // close after what they had.
     assert_eq!(rig.published.of(run.id()), [(1, "started"), (2, "output")]);
