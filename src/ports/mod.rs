@@ -44,7 +44,7 @@ pub use registry::{
     AlreadyConnected, ConnectedNode, ConnectionId, LastFrame, NewConnection, Registry,
 };
 pub use runs::{Placed, RunHandle, Runs, StartError, waiting_for};
-pub use site::{ActiveMember, Role, SiteRole};
+pub use site::{ActiveMember, Role, SiteRole, TakeOver};
 pub use transport::{
     CloseReason, LinkError, ModelCommand, ModelOutcome, NodeCommand, NodeEventHandler, NodeLink,
     NodeTransport, ReportedEvent, RunAssignment, TransportError,

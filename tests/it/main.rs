@@ -98,6 +98,7 @@ mod responses_background;
 mod resume;
 mod routing;
 mod runs;
+mod site_journal;
 mod site_node;
 mod site_transport;
 mod soak;

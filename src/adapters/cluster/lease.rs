@@ -26,7 +26,7 @@ use crate::domain::site::{
     decide_active, decide_standby,
 };
 use crate::ports::clock::now_ms;
-use crate::ports::{ActiveMember, Role, SiteRole};
+use crate::ports::{ActiveMember, Role, SiteRole, TakeOver};
 
 /// How a standby's reason starts when its node definitions are not the holder's.
 const MISMATCH: &str = "node definitions differ";
@@ -85,6 +85,8 @@ pub struct ClusterLease {
     me: Member,
     role: SiteRole,
     stats: LeaseStats,
+    /// Run between acquiring the lease and acting (`[cluster]` with a journal).
+    take_over: Option<Arc<dyn TakeOver>>,
 }
 
 /// Why the lease could not be set up.
@@ -124,7 +126,20 @@ impl ClusterLease {
             me,
             role,
             stats: LeaseStats::default(),
+            take_over: None,
         })
+    }
+
+    /// The JetStream context of the site's NATS client, for the site's journal stream.
+    pub fn jetstream(&self) -> jetstream::Context {
+        self.js.clone()
+    }
+
+    /// Runs `take_over` after each acquisition of the lease, before acting.
+    #[must_use]
+    pub fn with_take_over(mut self, take_over: Arc<dyn TakeOver>) -> Self {
+        self.take_over = Some(take_over);
+        self
     }
 
     /// The lease's counters.
@@ -150,6 +165,8 @@ impl ClusterLease {
             bucket: None,
             watch: None,
             state: State::Standby(Watching::default()),
+            stood_down: false,
+            pending_role: None,
         };
         loop {
             let next = member.tick().await;
@@ -222,6 +239,11 @@ struct Ticks {
     /// While standing by: every write to the lease, so a release is taken at once.
     watch: Option<async_nats::jetstream::kv::Watch>,
     state: State,
+    /// This member stopped acting in the current step.
+    stood_down: bool,
+    /// The standby role to show once the takeover's `stand_down` has let the open runs go
+    /// (before it, the node transport would send the nodes away and their runs would end).
+    pending_role: Option<Role>,
 }
 
 impl Ticks {
@@ -229,8 +251,23 @@ impl Ticks {
         self.lease.config.timing()
     }
 
-    /// One step; when to take the next.
+    /// One step, then what stopping to act asks (when this step stopped it); when to take
+    /// the next. Standing down completes before the next step may take the lease again.
     async fn tick(&mut self) -> Instant {
+        let next = self.step().await;
+        if std::mem::take(&mut self.stood_down)
+            && let Some(take_over) = &self.lease.take_over
+        {
+            take_over.stand_down().await;
+        }
+        if let Some(role) = self.pending_role.take() {
+            self.lease.role.set(role);
+        }
+        next
+    }
+
+    /// One step; when to take the next.
+    async fn step(&mut self) -> Instant {
         let poll = Instant::now() + Duration::from_millis(self.timing().renew_ms);
         if self.bucket.is_none() {
             let config = &self.lease.config;
@@ -338,6 +375,9 @@ impl Ticks {
                     epoch = acquired,
                     "this member holds the site's lease: active"
                 );
+                if !self.prepared(acquired).await {
+                    return;
+                }
                 let held = Held::acquired(acquired, expires_at_ms);
                 self.state = State::Active(held);
                 self.watch = None;
@@ -350,6 +390,28 @@ impl Ticks {
                 self.stand_by(None, format!("cannot reach the site's NATS: {error}"));
             }
         }
+    }
+
+    /// Runs the takeover before acting, under a standby role, within three quarters of the
+    /// lease (a holder that has not renewed by then stands by anyway). `false` when it failed
+    /// or took too long: this member then stands by, lets go of what the takeover took
+    /// (`stand_down`, at the end of this step) and lets the lease lapse.
+    async fn prepared(&mut self, acquired: u64) -> bool {
+        let Some(take_over) = self.lease.take_over.clone() else {
+            return true;
+        };
+        let why = "taking over: catching up on the site's journal".to_owned();
+        self.lease.role.set(standby(None, why));
+        let within = Duration::from_millis(self.timing().lease_ms.saturating_mul(3) / 4);
+        let problem = match tokio::time::timeout(within, take_over.prepare(acquired)).await {
+            Ok(Ok(())) => return true,
+            Ok(Err(problem)) => problem,
+            Err(_) => format!("catching up took longer than {} ms", within.as_millis()),
+        };
+        tracing::warn!(%problem, "cannot take over: letting the lease lapse");
+        self.stand_by(None, format!("cannot take over: {problem}"));
+        self.stood_down = true;
+        false
     }
 
     async fn active_tick(&mut self, held: Held) -> Instant {
@@ -419,6 +481,7 @@ impl Ticks {
         };
         tracing::warn!(site = %self.lease.config.site, "{reason}: standing by");
         self.state = State::Standby(Watching::default());
+        self.stood_down = true;
         self.stand_by(None, reason.to_owned());
     }
 
@@ -426,6 +489,7 @@ impl Ticks {
     fn stand_by(&mut self, holder: Option<&Lease>, reason: String) {
         if let State::Active(_) = self.state {
             self.state = State::Standby(Watching::default());
+            self.stood_down = true;
         }
         if let State::Standby(watching) = &mut self.state
             && watching.reason != reason
@@ -439,7 +503,12 @@ impl Ticks {
             }
             watching.reason.clone_from(&reason);
         }
-        self.lease.role.set(standby(holder, reason));
+        let role = standby(holder, reason);
+        if self.stood_down && self.lease.take_over.is_some() {
+            self.pending_role = Some(role);
+        } else {
+            self.lease.role.set(role);
+        }
     }
 
     /// On a clean stop: deletes the lease this member holds, so a standby takes it now.

@@ -4,11 +4,15 @@
 //! (`crate::domain::site`) and sets the [`SiteRole`](crate::ports::SiteRole) the HTTP APIs,
 //! `/readyz` and the node transport read; `config.rs` is `[cluster]`.
 //!
-//! Nothing here replicates the journal or takes over open runs: this is the lease only.
+//! `journal_stream.rs` replicates the journal's batches to the site's stream and folds
+//! them into a standby's journal; taking the open runs over is the run service's
+//! re-adoption, which the composition calls between the two (`TakeOver`).
 
 pub mod config;
+mod journal_stream;
 mod kv;
 mod lease;
 
 pub use config::{ClusterConfig, advertised};
+pub use journal_stream::{JournalStream, JournalStreamTasks};
 pub use lease::{ClusterLease, LeaseStats, Member};

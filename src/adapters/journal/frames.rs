@@ -96,7 +96,7 @@ pub(super) fn push_record(stored: &Stored, out: &mut Vec<u8>) {
 }
 
 /// What was known of a run when it was accepted: the record's first fields.
-fn push_accepted(run: &AcceptedRun, out: &mut Vec<u8>) {
+pub(super) fn push_accepted(run: &AcceptedRun, out: &mut Vec<u8>) {
     push_str(run.run_id.as_str(), out);
     push_str(run.adapter.as_str(), out);
     push_str(run.target.as_str(), out);
@@ -177,7 +177,7 @@ fn read_record(reader: &mut Reader<'_>) -> Result<Stored, Damaged> {
     })
 }
 
-fn read_accepted(reader: &mut Reader<'_>) -> Result<AcceptedRun, Damaged> {
+pub(super) fn read_accepted(reader: &mut Reader<'_>) -> Result<AcceptedRun, Damaged> {
     let run_id = RunId::new(reader.text()?);
     let adapter = AdapterName::parse(reader.text()?).map_err(|_| reader.damaged())?;
     let target = Target::parse(reader.text()?).map_err(|_| reader.damaged())?;
@@ -196,14 +196,14 @@ fn read_accepted(reader: &mut Reader<'_>) -> Result<AcceptedRun, Damaged> {
     })
 }
 
-fn push_attempt(attempt: &Attempt, out: &mut Vec<u8>) {
+pub(super) fn push_attempt(attempt: &Attempt, out: &mut Vec<u8>) {
     push_varint(attempt.number.into(), out);
     push_str(attempt.node.as_str(), out);
     push_str(&attempt.route_reason, out);
     push_varint(attempt.started_ms, out);
 }
 
-fn read_attempt(reader: &mut Reader<'_>) -> Result<Attempt, Damaged> {
+pub(super) fn read_attempt(reader: &mut Reader<'_>) -> Result<Attempt, Damaged> {
     let number = u32::try_from(reader.varint()?).map_err(|_| reader.damaged())?;
     let node = NodeId::parse(reader.text()?).map_err(|_| reader.damaged())?;
     Ok(Attempt {
@@ -226,11 +226,11 @@ pub(super) fn operation(name: &str) -> Operation {
     }
 }
 
-fn push_str(text: &str, out: &mut Vec<u8>) {
+pub(super) fn push_str(text: &str, out: &mut Vec<u8>) {
     push_bytes(text.as_bytes(), out);
 }
 
-fn push_opt_str(text: Option<&str>, out: &mut Vec<u8>) {
+pub(super) fn push_opt_str(text: Option<&str>, out: &mut Vec<u8>) {
     match text {
         Some(text) => {
             out.push(1);
@@ -240,7 +240,7 @@ fn push_opt_str(text: Option<&str>, out: &mut Vec<u8>) {
     }
 }
 
-fn push_opt_u64(value: Option<u64>, out: &mut Vec<u8>) {
+pub(super) fn push_opt_u64(value: Option<u64>, out: &mut Vec<u8>) {
     match value {
         Some(value) => {
             out.push(1);
@@ -250,7 +250,7 @@ fn push_opt_u64(value: Option<u64>, out: &mut Vec<u8>) {
     }
 }
 
-fn read_opt_string(reader: &mut Reader<'_>) -> Result<Option<String>, Damaged> {
+pub(super) fn read_opt_string(reader: &mut Reader<'_>) -> Result<Option<String>, Damaged> {
     match reader.byte() {
         Some(0) => Ok(None),
         Some(1) => Ok(Some(reader.text()?.to_owned())),
@@ -258,7 +258,7 @@ fn read_opt_string(reader: &mut Reader<'_>) -> Result<Option<String>, Damaged> {
     }
 }
 
-fn read_opt_u64(reader: &mut Reader<'_>) -> Result<Option<u64>, Damaged> {
+pub(super) fn read_opt_u64(reader: &mut Reader<'_>) -> Result<Option<u64>, Damaged> {
     match reader.byte() {
         Some(0) => Ok(None),
         Some(1) => Ok(Some(reader.varint()?)),

@@ -5,7 +5,9 @@
 //! one row of the log (`writer.rs`, `log.rs`, laid out as `frames.rs` says), holding open
 //! runs' events back to write them together when asked (`held_events.rs`), and applies retention
 //! (`retention.rs`); the management API reads on read-only connections (`reader.rs`).
-//! Nothing here is on the relay's path but a push.
+//! With `[cluster]` the writer also hands each batch it wrote, in the form `replica.rs`
+//! gives it, to a publisher (`ReplicaFeed`), and a member folds the batches others wrote
+//! through the same queue. Nothing here is on the relay's path but a push.
 
 mod batch;
 mod bloom;
@@ -18,6 +20,7 @@ mod migrate;
 mod packed;
 mod queue;
 mod reader;
+mod replica;
 mod retention;
 mod schema;
 mod sqlite;
@@ -31,7 +34,8 @@ use std::sync::Arc;
 
 pub use config::{HumanDuration, JournalConfig};
 pub use schema::OpenError;
-pub use sqlite::SqliteJournal;
+pub use sqlite::{ReplicaFeed, SqliteJournal};
+pub use writer::ReplicaBatch;
 
 use crate::ports::{NoopJournal, RunJournal};
 

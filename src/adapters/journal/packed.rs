@@ -111,6 +111,16 @@ impl Packer {
         }
     }
 
+    /// A packer holding `bytes` packed elsewhere (a replicated batch's), not to be pushed
+    /// to: what it knows of the events before is gone.
+    pub(super) fn packed(bytes: Vec<u8>) -> Self {
+        Self {
+            bytes,
+            node: None,
+            next_seq: None,
+        }
+    }
+
     /// The bytes so far.
     pub(super) fn bytes(&self) -> &[u8] {
         &self.bytes

@@ -92,6 +92,21 @@ impl EntryQueue {
         }
     }
 
+    /// Admits `entries` whole, however full the queue (a replicated batch, applied as it
+    /// was written); never waits.
+    pub(super) fn push_all(&self, entries: Vec<Queued>) {
+        let mut state = self.lock();
+        if state.closed {
+            return;
+        }
+        state.admitted += entries.len() as u64;
+        state.entries.extend(entries);
+        if state.parked {
+            state.parked = false;
+            self.wake.notify_one();
+        }
+    }
+
     /// Up to `max` entries, appended to `into` (a buffer the writer keeps, so a batch
     /// costs no fresh memory), waiting up to `idle` for the first (or for a flush).
     ///

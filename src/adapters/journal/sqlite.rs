@@ -2,23 +2,26 @@
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 use async_trait::async_trait;
+use tokio::sync::mpsc;
 use tracing::{info, warn};
 
 use super::batch::Queued;
 use super::budget::{Budget, Files};
 use super::config::JournalConfig;
 use super::held_events::Held;
+use super::log::fold_open;
 use super::queue::EntryQueue;
 use super::reader::Reader;
+use super::replica::{self, ReplicaError};
 use super::retention::Retention;
 use super::schema::{OpenError, open_writer};
 use super::usage::read_usage;
-use super::writer::{Shared, Writer};
+use super::writer::{ReplicaBatch, Replication, Shared, Writer};
 use crate::domain::{RunId, RunQuery, RunRecord, UsageQuery, UsageRow};
 use crate::ports::{JournalEntry, JournalError, JournalStats, RunJournal, StoredEvent};
 
@@ -34,7 +37,32 @@ pub struct SqliteJournal {
     max_events_per_run: u64,
     over_cap: std::sync::atomic::AtomicU64,
     writer: Mutex<Option<JoinHandle<()>>>,
+    /// With `[cluster]`: whether written batches go to the stream (see `replica.rs`).
+    publishing: Option<Arc<AtomicBool>>,
 }
+
+/// The publisher's end of a replicated journal: the batches the writer wrote while
+/// publishing, in order. Each is done (a flush waits for it) only once
+/// [`ReplicaFeed::acknowledged`] says the stream holds it.
+pub struct ReplicaFeed {
+    batches: mpsc::Receiver<ReplicaBatch>,
+    queue: Arc<EntryQueue>,
+}
+
+impl ReplicaFeed {
+    /// The next written batch; `None` once the journal closed and every batch was taken.
+    pub async fn next(&mut self) -> Option<ReplicaBatch> {
+        self.batches.recv().await
+    }
+
+    /// The stream acknowledged `batch`: flushes waiting for its entries may return.
+    pub fn acknowledged(&self, batch: &ReplicaBatch) {
+        self.queue.mark_done(batch.entries);
+    }
+}
+
+/// Written batches waiting for the publisher at most; past that the writer waits.
+const REPLICA_BACKLOG: usize = 64;
 
 impl SqliteJournal {
     /// Opens (or creates) the journal in `file`, marks the runs a previous edge left open
@@ -44,7 +72,7 @@ impl SqliteJournal {
     /// [`OpenError`] naming the file: its directory cannot be created, another edge holds
     /// it, or SQLite cannot use it.
     pub fn open(config: &JournalConfig, file: &Path) -> Result<Self, OpenError> {
-        Self::open_with(config, file, false)
+        Self::open_with(config, file, false, None)
     }
 
     /// [`SqliteJournal::open`] that leaves the runs a previous edge left open as they are,
@@ -54,22 +82,51 @@ impl SqliteJournal {
     /// # Errors
     /// As [`SqliteJournal::open`].
     pub fn open_adopting(config: &JournalConfig, file: &Path) -> Result<Self, OpenError> {
-        Self::open_with(config, file, true)
+        Self::open_with(config, file, true, None)
     }
 
-    fn open_with(config: &JournalConfig, file: &Path, adopting: bool) -> Result<Self, OpenError> {
+    /// The journal of a member of a site (`[cluster]`): `file` is a cache of the site's
+    /// stream, so whatever it held is removed (under its lock) and the stream folded in
+    /// again; the writer hands what it writes to the returned feed while
+    /// [`SqliteJournal::set_publishing`] says so, and the runs left open stay open for a
+    /// takeover ([`SqliteJournal::reload_left_open`]).
+    ///
+    /// # Errors
+    /// As [`SqliteJournal::open`], and the old files that cannot be removed.
+    pub fn open_replicated(
+        config: &JournalConfig,
+        file: &Path,
+    ) -> Result<(Self, ReplicaFeed), OpenError> {
+        let (out, batches) = mpsc::channel(REPLICA_BACKLOG);
+        let replication = Replication {
+            publishing: Arc::new(AtomicBool::new(false)),
+            out,
+        };
+        let journal = Self::open_with(config, file, true, Some(replication))?;
+        let feed = ReplicaFeed {
+            batches,
+            queue: Arc::clone(&journal.queue),
+        };
+        Ok((journal, feed))
+    }
+
+    fn open_with(
+        config: &JournalConfig,
+        file: &Path,
+        adopting: bool,
+        replication: Option<Replication>,
+    ) -> Result<Self, OpenError> {
         let path = file.to_owned();
         let lock = lock_file(&path)?;
+        if replication.is_some() {
+            remove_cache(&path)?;
+        }
+        let publishing = replication.as_ref().map(|r| Arc::clone(&r.publishing));
         let budget = Budget::of(config.retention_max_bytes);
         let opened = open_writer(&path, &budget, adopting)?;
         let (marked, next_seq) = (opened.marked, opened.next_seq);
         let reader = Reader::new(path.clone());
-        let mut left_open: Vec<RunRecord> = opened
-            .open
-            .values()
-            .map(|run| run.stored.record.clone())
-            .collect();
-        left_open.sort_by_key(|record| record.accepted.queued_ms);
+        let left_open = oldest_first(opened.open.values().map(|run| run.stored.record.clone()));
         if marked > 0 {
             warn!(runs = marked, path = %path.display(), "runs left open by an edge that stopped without ending them are marked unknown/edge_crashed");
         }
@@ -95,6 +152,7 @@ impl SqliteJournal {
             taken: 0,
             batch: Vec::new(),
             due: Vec::new(),
+            replication,
             _lock: lock,
         };
         let handle = std::thread::Builder::new()
@@ -113,7 +171,51 @@ impl SqliteJournal {
             max_events_per_run: config.max_events_per_run,
             over_cap: std::sync::atomic::AtomicU64::new(0),
             writer: Mutex::new(Some(handle)),
+            publishing,
         })
+    }
+
+    /// Whether the batches written from now on go to the stream (while this member is the
+    /// site's active one). Nothing for a journal not opened replicated.
+    pub fn set_publishing(&self, on: bool) {
+        if let Some(publishing) = &self.publishing {
+            publishing.store(on, Ordering::Release);
+        }
+    }
+
+    /// Whether written batches go to the stream now.
+    pub fn publishing(&self) -> bool {
+        self.publishing
+            .as_ref()
+            .is_some_and(|p| p.load(Ordering::Acquire))
+    }
+
+    /// Applies a batch another member wrote, through the same writing path as the relay's
+    /// entries, whole or not at all. Returns how many entries it held.
+    ///
+    /// # Errors
+    /// [`ReplicaError`] when the batch does not decode; nothing of it is applied.
+    pub fn apply_replica(&self, bytes: &[u8]) -> Result<usize, ReplicaError> {
+        let entries = replica::decode(bytes)?;
+        let count = entries.len();
+        self.queue.push_all(entries);
+        Ok(count)
+    }
+
+    /// Reads the runs the file now holds as open (after a flush, what the stream folded in
+    /// says), for [`RunJournal::take_left_open`] to hand over: a member taking over adopts
+    /// them as an edge restarting does.
+    ///
+    /// # Errors
+    /// [`JournalError::Storage`] when the file cannot be read.
+    pub async fn reload_left_open(&self) -> Result<usize, JournalError> {
+        let open = self
+            .read(|reader| reader.with(|conn| fold_open(conn).map(|(open, _)| open)))
+            .await?;
+        let left = oldest_first(open.into_values().map(|run| run.stored.record));
+        let count = left.len();
+        *self.left_open.lock().unwrap_or_else(|p| p.into_inner()) = left;
+        Ok(count)
     }
 
     async fn read<T: Send + 'static>(
@@ -127,6 +229,32 @@ impl SqliteJournal {
                 JournalError::Unavailable(format!("the read was abandoned: {error}"))
             })?
     }
+}
+
+/// `records` in the order they were accepted.
+fn oldest_first(records: impl Iterator<Item = RunRecord>) -> Vec<RunRecord> {
+    let mut records: Vec<RunRecord> = records.collect();
+    records.sort_by_key(|record| record.accepted.queued_ms);
+    records
+}
+
+/// Removes a replicated journal's old files (a cache of the stream, folded in again).
+fn remove_cache(path: &Path) -> Result<(), OpenError> {
+    for suffix in ["", "-wal", "-shm"] {
+        let mut file = path.as_os_str().to_owned();
+        file.push(suffix);
+        match std::fs::remove_file(&file) {
+            Ok(()) => {}
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+            Err(reason) => {
+                return Err(OpenError::Io {
+                    path: PathBuf::from(file).display().to_string(),
+                    reason,
+                });
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Creates the journal's directory and takes its lock file.

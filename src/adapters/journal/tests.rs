@@ -1050,3 +1050,77 @@ async fn held_events_are_written_when_their_hold_is_over() {
     assert_eq!(written(), 1);
     journal.close().await;
 }
+
+/// Flushes `journal` while acknowledging every batch `feed` hands over, as the stream's
+/// publisher does; checks that the flush never returns before the batches it waits for are
+/// acknowledged. Returns the batches' bytes, in order.
+async fn flush_acknowledging(journal: &Arc<SqliteJournal>, feed: &mut ReplicaFeed) -> Vec<Vec<u8>> {
+    let mut flush = tokio::spawn({
+        let journal = Arc::clone(journal);
+        async move { journal.flush().await }
+    });
+    let mut published = Vec::new();
+    loop {
+        tokio::select! {
+            done = &mut flush => {
+                done.unwrap();
+                return published;
+            }
+            batch = feed.next() => {
+                let batch = batch.expect("the journal is open");
+                tokio::task::yield_now().await;
+                assert!(!flush.is_finished(), "a flush returned before the stream acknowledged");
+                feed.acknowledged(&batch);
+                published.push(batch.bytes);
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_members_replicated_batches_rebuild_another_members_journal_once_acknowledged() {
+    let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (a, mut feed) = SqliteJournal::open_replicated(&config(&dir_a), &file(&dir_a)).unwrap();
+    let (b, _unused) = SqliteJournal::open_replicated(&config(&dir_b), &file(&dir_b)).unwrap();
+    let a = Arc::new(a);
+    a.set_publishing(true);
+    a.record(accepted("r1", 1));
+    a.record(placed("r1", "node-a"));
+    a.record(event("r1", 0, RunEventKind::Started));
+    a.record(event("r1", 1, RunEventKind::text("hi")));
+    let batches = flush_acknowledging(&a, &mut feed).await;
+    assert!(!batches.is_empty());
+
+    // Folded into the other member's journal, the run is open there, as a takeover finds it.
+    assert!(
+        b.apply_replica(&[super::replica::VERSION, 9]).is_err(),
+        "damaged: refused whole"
+    );
+    for bytes in &batches {
+        b.apply_replica(bytes).expect("a batch applies");
+    }
+    b.flush().await;
+    assert_eq!(b.reload_left_open().await.unwrap(), 1);
+    let left = b.take_left_open();
+    assert_eq!(left[0].accepted.run_id, RunId::new("r1"));
+    assert_eq!(left[0].attempts.len(), 1);
+    assert_eq!(b.events(&RunId::new("r1"), 0, 10).await.unwrap().len(), 2);
+
+    // Its ending follows, with its usage.
+    a.record(event("r1", 2, completed()));
+    for bytes in flush_acknowledging(&a, &mut feed).await {
+        b.apply_replica(&bytes).expect("a batch applies");
+    }
+    b.flush().await;
+    let record = b.run(&RunId::new("r1")).await.unwrap().unwrap();
+    assert_eq!(record.outcome, RunOutcome::Completed);
+    assert_eq!((record.events, record.events_stored), (3, 3));
+    assert_eq!(b.reload_left_open().await.unwrap(), 0);
+    // Standing by, the journal hands nothing over: its flush returns with nothing
+    // acknowledged (a batch handed over would hold it until acknowledged).
+    a.set_publishing(false);
+    a.record(accepted("r2", 2));
+    a.flush().await;
+    a.close().await;
+    b.close().await;
+}

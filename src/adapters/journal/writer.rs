@@ -10,7 +10,7 @@
 //! making room.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::ports::clock::now_ms;
@@ -23,8 +23,25 @@ use super::budget::{Budget, Files};
 use super::held_events::Held;
 use super::log::{BatchRow, OpenRuns, ROW_MAX_BYTES, fold_open, open_from};
 use super::queue::{EntryQueue, Taken};
+use super::replica;
 use super::retention::{Retention, expire_usage, retention_chunk};
 use super::schema::{file_bytes, used_bytes, vacuum_free_pages};
+
+/// Where the writer sends the batches it wrote, while this member publishes them.
+pub(super) struct Replication {
+    /// Set while this member is the site's active one (`SqliteJournal::set_publishing`).
+    pub(super) publishing: Arc<AtomicBool>,
+    /// To the publisher task (`super::ReplicaFeed`).
+    pub(super) out: tokio::sync::mpsc::Sender<ReplicaBatch>,
+}
+
+/// One written batch in its replicated form, and how many queued entries it holds.
+#[derive(Debug)]
+pub struct ReplicaBatch {
+    /// The batch as `replica.rs` encodes it.
+    pub bytes: Vec<u8>,
+    pub(super) entries: usize,
+}
 
 /// Counters shared by the writer and the journal's handle.
 #[derive(Debug, Default)]
@@ -71,6 +88,8 @@ pub(super) struct Writer {
     /// from one batch to the next, so a batch costs no fresh memory (and no page faults).
     pub(super) batch: Vec<Queued>,
     pub(super) due: Vec<Queued>,
+    /// With `[cluster]`: where written batches go to be replicated (see `replica.rs`).
+    pub(super) replication: Option<Replication>,
     /// The file's lock, held until the writer has stopped (dropped last): an edge that
     /// opens the file after this one closed it never writes beside this writer's last
     /// transaction or checkpoint.
@@ -146,11 +165,37 @@ impl Writer {
         }
         let count = due.len();
         if count > 0 {
+            let replicas = self
+                .replication
+                .as_ref()
+                .filter(|r| r.publishing.load(Ordering::Acquire))
+                .map(|_| replica_pieces(&due));
             self.write_pieces(&mut due);
-            self.queue.mark_done(count);
+            match replicas {
+                Some(pieces) => {
+                    for (bytes, entries) in pieces {
+                        self.hand_over(bytes, entries);
+                    }
+                }
+                None => self.queue.mark_done(count),
+            }
         }
         due.clear();
         self.due = due;
+    }
+
+    /// Hands a written batch of `entries` to the publisher, which marks them done once the
+    /// stream acknowledged it (so a flush waits for that). When the publisher's channel is
+    /// full the writer waits: the queue then fills and leaves out events as it does when the
+    /// disk is slow. A publisher gone (shutting down) marks nothing: the entries are done.
+    fn hand_over(&mut self, bytes: Vec<u8>, entries: usize) {
+        let sent = self
+            .replication
+            .as_ref()
+            .is_some_and(|r| r.out.blocking_send(ReplicaBatch { bytes, entries }).is_ok());
+        if !sent {
+            self.queue.mark_done(entries);
+        }
     }
 
     /// Writes `due` in transactions of about a quarter of the WAL's share at most, so one
@@ -374,6 +419,23 @@ impl Writer {
             warn!(%error, what, "the run journal failed; the entries of this transaction are lost");
         }
     }
+}
+
+/// The largest replicated batch, about: NATS refuses a message over its `max_payload`
+/// (1 MiB by default); a bigger written batch goes as several.
+const REPLICA_MAX_BYTES: usize = 512 << 10;
+
+/// `due` in the replicated form, in pieces of about [`REPLICA_MAX_BYTES`] at most, each
+/// with how many entries it holds.
+fn replica_pieces(due: &[Queued]) -> Vec<(Vec<u8>, usize)> {
+    let mut pieces = Vec::new();
+    let mut rest = due;
+    while !rest.is_empty() {
+        let (piece, after) = rest.split_at(fitting(rest, REPLICA_MAX_BYTES));
+        pieces.push((replica::encode(piece), piece.len()));
+        rest = after;
+    }
+    pieces
 }
 
 /// How many of `entries`, from the first, fit in `max_bytes` as `Queued::estimated_bytes`

@@ -2,17 +2,138 @@
 //! it — `/readyz`, the client APIs, the management API, the node transport — gets a clone
 //! of the handle made here), the lease task that sets it, and its metrics. Without
 //! `[cluster]` the role stays [`Role::Single`], no NATS client starts and nothing here runs.
+//!
+//! With `[cluster]` and the journal on, the journal is replicated (decision 49): this
+//! member's journal file is a cache of the site's stream ([`SiteJournal`]), folded in while
+//! it stands by; taking the lease runs [`SiteTakeOver`] (catch up on the stream, publish
+//! under the new epoch, re-adopt the open runs) before the role turns active, and, when the
+//! lease makes it stop acting, stop publishing and let its open runs go without ending them.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 
 use anyhow::Context;
 use opentelemetry::KeyValue;
 use opentelemetry::metrics::Meter;
 
 use super::Settings;
-use crate::adapters::cluster::{ClusterLease, LeaseStats, Member, advertised};
+use crate::adapters::cluster::{
+    ClusterLease, JournalStream, JournalStreamTasks, LeaseStats, Member, advertised,
+};
+use crate::adapters::journal::{ReplicaFeed, SqliteJournal};
+use crate::app::runs::RunService;
 use crate::domain::site::definitions_digest;
-use crate::ports::{NodeStore, Role, SiteRole};
+use crate::ports::{NodeStore, Role, RunJournal, SiteRole, TakeOver};
+
+/// The journal of a member of a site: its local file (a cache of the site's stream) and
+/// the feed of the batches it writes while it publishes.
+pub(super) struct SiteJournal {
+    journal: Arc<SqliteJournal>,
+    feed: ReplicaFeed,
+}
+
+/// The run journal: replicated with `[cluster]` (and the journal on), else as without.
+///
+/// # Errors
+/// The journal's file cannot be used.
+pub(super) fn journal(
+    settings: &Settings,
+) -> anyhow::Result<(Arc<dyn RunJournal>, Option<SiteJournal>)> {
+    if settings.cluster.is_none() || !settings.journal.enabled {
+        return Ok((super::admin::journal(settings)?, None));
+    }
+    let (journal, feed) =
+        SqliteJournal::open_replicated(&settings.journal, &settings.journal_file())
+            .context("cannot open the run journal")?;
+    let journal = Arc::new(journal);
+    let shared: Arc<dyn RunJournal> = journal.clone();
+    Ok((shared, Some(SiteJournal { journal, feed })))
+}
+
+/// The site's journal stream as this member runs it, once the lease is built.
+pub(super) struct Replication {
+    stream: JournalStream,
+    feed: ReplicaFeed,
+}
+
+impl Replication {
+    /// Starts the stream's tasks (before the lease, so a takeover can catch up).
+    pub(super) fn start(self) -> JournalStreamTasks {
+        self.stream.start(self.feed)
+    }
+}
+
+/// What a member does between acquiring the lease and acting, and when it stops acting.
+struct SiteTakeOver {
+    stream: JournalStream,
+    journal: Arc<SqliteJournal>,
+    runs: RunService,
+}
+
+#[async_trait::async_trait]
+impl TakeOver for SiteTakeOver {
+    async fn prepare(&self, epoch: u64) -> Result<(), String> {
+        let last = self.stream.catch_up().await?;
+        self.stream.publish_as(Some(epoch));
+        let open = self
+            .journal
+            .reload_left_open()
+            .await
+            .map_err(|error| error.to_string())?;
+        self.runs
+            .load_budgets()
+            .await
+            .map_err(|error| format!("cannot load the budgets: {error}"))?;
+        let held = self.runs.adopt_left_open().await;
+        self.runs.act();
+        tracing::info!(
+            epoch,
+            stream_seq = last,
+            open,
+            held,
+            "caught up on the site's journal: taking the open runs over"
+        );
+        Ok(())
+    }
+
+    async fn stand_down(&self) {
+        self.stream.publish_as(None);
+        let let_go = self.runs.let_go_open_runs().await;
+        tracing::warn!(
+            runs = let_go,
+            "no longer the site's active member: open runs let go, none ended"
+        );
+    }
+}
+
+/// The replication of `journal` over `lease`'s NATS, when both are there: the lease runs
+/// the takeover before acting.
+pub(super) fn replicate(
+    settings: &Settings,
+    lease: Option<ClusterLease>,
+    journal: Option<SiteJournal>,
+    runs: &RunService,
+) -> (Option<ClusterLease>, Option<Replication>) {
+    let (lease, SiteJournal { journal, feed }, config) = match (lease, journal, &settings.cluster) {
+        (Some(lease), Some(journal), Some(config)) => (lease, journal, config),
+        (lease, _, _) => return (lease, None),
+    };
+    let stream = JournalStream::new(
+        lease.jetstream(),
+        &config.site,
+        config.replicas,
+        settings.edge_id.to_string(),
+        Arc::clone(&journal),
+    );
+    let take_over = SiteTakeOver {
+        stream: stream.clone(),
+        journal,
+        runs: runs.clone(),
+    };
+    let lease = lease.with_take_over(Arc::new(take_over));
+    let replication = Replication { stream, feed };
+    (Some(lease), Some(replication))
+}
 
 /// This edge's role: alone without `[cluster]`; with it, a standby until its lease says
 /// otherwise.

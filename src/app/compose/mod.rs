@@ -62,6 +62,8 @@ pub struct App {
     admin: Option<AdminServer>,
     /// The site's lease, with `[cluster]`.
     lease: Option<ClusterLease>,
+    /// The site's journal stream, with `[cluster]` and the journal on.
+    replication: Option<cluster::Replication>,
 }
 
 /// The running edge's parts, for the console, the HTTP API and tests. Cheap to clone.
@@ -127,7 +129,7 @@ impl App {
         let sink: Arc<dyn EventSink> = Arc::new(SinkSet::from_built(&sinks));
         let transport = Arc::new(TcpTransport::new(Arc::clone(&registry)));
         let metrics = Metrics::new().context("cannot start the metrics exporter")?;
-        let journal = admin::journal(&settings)?;
+        let (journal, site_journal) = cluster::journal(&settings)?;
         let models = model_service(&settings, store.as_ref(), &registry, &transport, &metrics)?;
         let outbound = (Arc::clone(&registry), transport, Arc::clone(&sink));
         let runs = run_service(&settings, store.as_ref(), outbound, &journal, &metrics).await?;
@@ -144,16 +146,13 @@ impl App {
         });
         let management =
             admin::management(&store, &registry, &runs, &journal, Drains::new(), &metrics);
-        let ops = OpsState {
-            metrics: metrics.registry(),
-            readiness: server.control().readiness(),
-            site: site.clone(),
-        };
+        let ops = ops_state(&metrics, &server, &site);
         let services = (&runs, &registry, &management, &models);
         let (http, admin) = bind_http_side(&settings, services, ops).await?;
         let listeners = (server.local_addr()?, http.local_addr()?);
         let lease = cluster::lease(&settings, store.as_ref(), &site, listeners, metrics.meter());
         let lease = lease.await?;
+        let (lease, replication) = cluster::replicate(&settings, lease, site_journal, &runs);
         let parts = AppParts {
             store,
             registry,
@@ -174,6 +173,7 @@ impl App {
             parts,
             admin,
             lease,
+            replication,
         })
     }
 
@@ -222,6 +222,7 @@ impl App {
             parts,
             admin,
             lease,
+            replication,
         } = self;
         info!(
             listen = %server.local_addr()?,
@@ -237,6 +238,8 @@ impl App {
         let http_stop = CancellationToken::new();
         let http_serving = tokio::spawn(http.run(http_stop.clone()));
         let admin_serving = admin::AdminServing::start(admin);
+        // The stream's folder runs before the lease, so a takeover can catch up on it.
+        let replication = replication.map(cluster::Replication::start);
         let lease = lease.map(ClusterLease::start);
         let lifecycle = tokio::spawn({
             let (models, stop) = (parts.models.clone(), parts.stop.clone());
@@ -251,6 +254,10 @@ impl App {
         lifecycle.await.context("the model lifecycle panicked")?;
         // Every run has ended: its record and events go to disk before the edge exits.
         parts.journal.close().await;
+        // The journal's last batches reach the stream before the lease is let go.
+        if let Some(replication) = replication {
+            replication.stop(grace).await;
+        }
         // Open runs have ended here: a standby may take over at once, before the nodes are
         // told to go (they find it when they reconnect).
         if let Some(lease) = lease {
@@ -319,6 +326,15 @@ fn node_server_deps(
         store: Arc::clone(store),
         registry: Arc::clone(registry),
         handler: Arc::new(NodeEvents::new(runs.clone(), models.clone())),
+        site: site.clone(),
+    }
+}
+
+/// What `/readyz`, `/metrics` and the health routes read.
+fn ops_state(metrics: &Metrics, server: &TcpServer, site: &SiteRole) -> OpsState {
+    OpsState {
+        metrics: metrics.registry(),
+        readiness: server.control().readiness(),
         site: site.clone(),
     }
 }

@@ -170,6 +170,13 @@ impl Delivery {
         self.caller = None;
     }
 
+    /// The run is let go without an ending (this member stopped acting for its site):
+    /// its caller and followers are let go, and what waits for the journal is dropped.
+    pub(in crate::app::runs) fn let_go(&mut self) {
+        self.finish();
+        self.journal.clear();
+    }
+
     /// The run had its terminal event: its caller and followers are let go.
     pub(in crate::app::runs) fn finish(&mut self) {
         self.caller = None;

@@ -189,7 +189,7 @@ impl RunService {
     /// including waiting too long in the queue, as its terminal event.
     pub fn start(&self, mut spec: RunSpec) -> Result<RunHandle, StartError> {
         let inner = &self.inner;
-        if inner.placer.is_draining() {
+        if inner.placer.is_draining() || inner.placer.is_standing_by() {
             return Err(StartError::ShuttingDown);
         }
         if spec.deadline.is_none() {
@@ -250,6 +250,20 @@ impl RunService {
     /// before nodes may connect. Returns how many are held for their nodes.
     pub async fn adopt_left_open(&self) -> usize {
         self.inner.recovery.adopt_left_open().await
+    }
+
+    /// Lets every open run go without ending it, when this member stops acting for its
+    /// site (`[cluster]`): new runs are refused from now on, no terminal event is relayed,
+    /// journaled or sent, no node is told anything; callers' streams just close, and the
+    /// member that acts now completes the runs (their nodes resume there). Returns how many
+    /// were let go. [`RunService::act`] admits runs again.
+    pub async fn let_go_open_runs(&self) -> usize {
+        self.inner.relay.let_go_open().await
+    }
+
+    /// Admits runs again: this member of a site acts (after [`RunService::let_go_open_runs`]).
+    pub fn act(&self) {
+        self.inner.placer.set_standing_by(false);
     }
 
     /// Loads every key's tokens used this UTC day and month from the journal (nothing when

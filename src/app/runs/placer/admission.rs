@@ -12,10 +12,10 @@ use tracing::debug;
 use super::{Effect, Fallout, Placer, Table, fallout_of, waits};
 use crate::app::runs::observer::Refusal;
 use crate::app::runs::route::{Placement, Route};
-use crate::app::runs::run::{Run, lock};
+use crate::app::runs::run::{ADOPTED_TENANT, Run, lock};
 use crate::domain::routing::{
-    Decision, LimitRefusal, NodeStatus, RouteContext, RouteReason, RouteRequest, Unroutable,
-    WaitCause, Waiter, decide,
+    Decision, LimitRefusal, NodeStatus, RouteContext, RouteReason, RouteRequest, TenantKey,
+    Unroutable, WaitCause, Waiter, decide,
 };
 use crate::domain::{AdapterName, Attempt, EdgeFailure, NodeId, Operation, RunId, RunSpec, Target};
 use crate::ports::clock::now_ms;
@@ -30,6 +30,18 @@ fn release_limits(table: &mut Table, run: &Run, tokens: u64) {
         table
             .budgets
             .settle(&routing.tenant, claim.reserve, tokens, now_ms());
+    } else if routing.tenant.as_str() == ADOPTED_TENANT {
+        settle_adopted(table, run, tokens);
+    }
+}
+
+/// A taken-back run counted against no key while open (its claim was not journaled); the
+/// `tokens` it used count against its key's budget all the same, as they do in the rollups
+/// a later start loads.
+fn settle_adopted(table: &mut Table, run: &Run, tokens: u64) {
+    let key = run.accepted().api_key_name.as_deref();
+    if let Some(key) = key.and_then(|name| TenantKey::parse(name).ok()) {
+        table.budgets.settle(&key, 0, tokens, now_ms());
     }
 }
 

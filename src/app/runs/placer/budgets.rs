@@ -50,4 +50,10 @@ impl Placer {
         }
         Ok(())
     }
+
+    /// What `key` used this day and month, and its open reservations (for the tests).
+    #[cfg(test)]
+    pub(in crate::app::runs) fn budget_state(&self, key: &TenantKey) -> (u64, u64, u64) {
+        lock(&self.table).budgets.state(key, now_ms())
+    }
 }

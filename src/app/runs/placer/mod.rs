@@ -119,6 +119,8 @@ pub(super) struct Placer {
     run_ended: Notify,
     /// Nodes' connection spans, while span export is on.
     node_spans: NodeSpans,
+    /// Set while this member of a site lets its runs go (it stopped acting): no new run.
+    standing_by: std::sync::atomic::AtomicBool,
 }
 
 /// What a [`Placer`] is built from.
@@ -160,6 +162,7 @@ impl Placer {
             stopping,
             run_ended: Notify::new(),
             node_spans: NodeSpans::default(),
+            standing_by: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -179,6 +182,17 @@ impl Placer {
     /// Whether the drain has begun.
     pub(super) fn is_draining(&self) -> bool {
         self.stopping.is_cancelled()
+    }
+
+    /// Whether new runs are refused because this member of a site stopped acting.
+    pub(super) fn is_standing_by(&self) -> bool {
+        self.standing_by.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Refuses new runs while this member does not act (`true`), or admits them again.
+    pub(super) fn set_standing_by(&self, standing_by: bool) {
+        let ordering = std::sync::atomic::Ordering::Release;
+        self.standing_by.store(standing_by, ordering);
     }
 
     /// The open run `id`.

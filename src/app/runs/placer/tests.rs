@@ -140,3 +140,45 @@ async fn a_cancel_takes_a_queued_run_out_and_a_drain_empties_the_queue() {
     assert_eq!(placer.queued_runs(), 0);
     assert!(Arc::strong_count(&queued) >= 1);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_taken_back_runs_tokens_count_against_its_key_when_it_ends() {
+    use crate::app::runs::delivery::Delivery;
+    use crate::app::runs::run::{ADOPTED_TENANT, Run, accepted};
+    use crate::domain::RunId;
+    use crate::domain::routing::TenantKey;
+
+    let rig = Rig::new();
+    let placer = rig.placer();
+    let mut spec = spec();
+    spec.routing.tenant = TenantKey::parse(ADOPTED_TENANT).unwrap();
+    let id = RunId::new("run-taken-back");
+    let mut record = accepted(&id, &spec);
+    record.api_key_name = Some("team-a".into());
+    let (caller, _events) = tokio::sync::mpsc::channel(1);
+    let delivery = Delivery::new(caller);
+    let now = tokio::time::Instant::now();
+    let run = Arc::new(Run::new(
+        id,
+        spec,
+        record,
+        delivery,
+        tracing::Span::none(),
+        now,
+    ));
+    placer.take_back(&run, None);
+    let team_a = TenantKey::parse("team-a").unwrap();
+    assert_eq!(
+        placer.budget_state(&team_a),
+        (0, 0, 0),
+        "nothing reserved while open"
+    );
+    let _ = placer.retire(&run, 12);
+    assert_eq!(
+        placer.budget_state(&team_a),
+        (12, 12, 0),
+        "its tokens, once it ended"
+    );
+    let adopted = TenantKey::parse(ADOPTED_TENANT).unwrap();
+    assert_eq!(placer.budget_state(&adopted), (0, 0, 0));
+}

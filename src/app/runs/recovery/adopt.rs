@@ -9,7 +9,8 @@
 //! time, ends `failed`/`edge_crashed` (its record's outcome `unknown`, never completed);
 //! one whose deadline passed meanwhile ends `deadline_exceeded`. A taken-back run has no
 //! input (the journal keeps none), so it is pinned to its node and never failed over or
-//! continued; it counts against no key's limits.
+//! continued; it counts against no key's limits while open, and its tokens count against its
+//! key's budget when it ends.
 
 use std::sync::Arc;
 
@@ -18,7 +19,7 @@ use tracing::{info, info_span, warn};
 
 use super::Recovery;
 use crate::app::runs::delivery::Delivery;
-use crate::app::runs::run::{Run, millis};
+use crate::app::runs::run::{ADOPTED_TENANT, Run, millis};
 use crate::domain::adoption::{Adoption, Held, LeftOpen, StepKind, StoredStep, adopt};
 use crate::domain::routing::TenantKey;
 use crate::domain::{EdgeFailure, NodeId, NodeSelector, RunRecord, RunRouting, RunSpec};
@@ -28,9 +29,6 @@ use crate::ports::{ConnectionId, EXPORT_TARGET, StoredEvent};
 /// The connection a taken-back run is held detached from: one of the previous edge's,
 /// never the id of a connection of this one (they count from 1).
 pub(super) const PREVIOUS_EDGE: ConnectionId = 0;
-
-/// The tenant of taken-back runs: one no key's limits count.
-const ADOPTED_TENANT: &str = "edge:adopted";
 
 /// Stored events read per run at most (more than any run keeps: the journal caps them).
 const MAX_STORED: usize = 1 << 20;

@@ -148,6 +148,22 @@ impl Relay {
         });
     }
 
+    /// This member stopped acting for its site: every open run is let go without an
+    /// ending — nothing relayed, journaled or sent to a node; callers' streams close (they
+    /// resume on the member that acts now, which completes the runs). Returns how many.
+    pub(in crate::app::runs) async fn let_go_open(self: &Arc<Self>) -> usize {
+        self.placer.set_standing_by(true);
+        let open = self.placer.left_open();
+        for run in &open {
+            run.delivery().await.let_go();
+            run.ended().cancel();
+            self.timers.deadlines().remove(run);
+            // Nothing is settled: the budgets are loaded again by the next takeover.
+            let _ = self.placer.retire(run, 0);
+        }
+        open.len()
+    }
+
     /// The drain's end: every run still open ends `failed`/`edge_shutdown` and its node is
     /// asked to cancel it.
     pub(in crate::app::runs) async fn end_left_open(self: &Arc<Self>) {

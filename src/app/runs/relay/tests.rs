@@ -135,3 +135,43 @@ async fn a_cancel_the_node_does_not_answer_ends_the_run_after_its_grace() {
     assert_eq!(started.elapsed(), Duration::from_millis(500));
     assert_eq!(placer.open_runs(), 0);
 }
+
+#[tokio::test(start_paused = true)]
+async fn runs_let_go_when_the_member_stops_acting_end_with_nothing() {
+    let mut rig = Rig::new();
+    rig.connect("a", 1, 1);
+    let (placer, timers) = (rig.placer(), rig.timers());
+    let relay = rig.relay(&placer, &timers);
+    let (run, mut caller) = rig.run(spec());
+    relay.settle(placer.admit(&run).unwrap().1);
+    let (queued, mut queued_caller) = rig.run(spec());
+    relay.settle(placer.admit(&queued).unwrap().1);
+    let mut events = vec![
+        reported("run-1", 1, RunEventKind::Started),
+        reported("run-1", 2, RunEventKind::text("hi")),
+    ];
+    relay.node_events(&node("a"), 1, &mut events).await;
+
+    assert_eq!(relay.let_go_open().await, 2);
+    assert!(placer.is_standing_by(), "no new run while it does not act");
+    // No terminal event anywhere, no cancel to the node, nothing open; the callers' streams
+    // close after what they had.
+    assert_eq!(rig.published.of(run.id()), [(1, "started"), (2, "output")]);
+    assert!(rig.published.of(queued.id()).is_empty());
+    assert!(rig.sent.cancels().is_empty());
+    assert_eq!(placer.open_runs(), 0);
+    let mut kinds = Vec::new();
+    while let Some(event) = caller.recv().await {
+        kinds.push(event.kind.name());
+    }
+    assert_eq!(kinds, ["started", "output"]);
+    assert!(queued_caller.recv().await.is_none());
+    // What the node still says of the run is not relayed: the run is gone here.
+    let mut late = vec![reported("run-1", 3, completed())];
+    relay.node_events(&node("a"), 1, &mut late).await;
+    assert_eq!(rig.published.of(run.id()).len(), 2);
+    // Its deadline, its waits and its grace are gone with it: nothing ends it later.
+    tokio::time::sleep(Duration::from_secs(3_600)).await;
+    assert_eq!(rig.published.of(run.id()).len(), 2);
+    assert!(rig.published.of(queued.id()).is_empty());
+}

@@ -1,0 +1,258 @@
+//! The journal of record is replicated (issue 49): two members of one site on a real
+//! `nats-server` with JetStream, the reference node in front of a scripted engine knowing
+//! both. A streamed run starts on the active member (a real `edge serve`); the standby
+//! folds its batches from the site's stream as they come; mid-answer the active member is
+//! killed with SIGKILL and its data directory deleted. The standby catches up, takes the
+//! open run over as a restarted edge does, the node moves to it and resumes, and the run
+//! completes there once: every delta once and in order, one request to the engine, its
+//! usage counted; the client resumes its stream on the survivor with `Last-Event-ID` and
+//! gets the rest once; a member started afterwards with an empty data directory folds the
+//! same record from the stream. A member whose lease another writes lets its open run go
+//! and ends nothing.
+
+use crate::admin_crash::{Edge, get, start_edge_with, text};
+use crate::common;
+use crate::mock_node::{MockNode, MockOptions};
+#[allow(dead_code, unused_imports)]
+use crate::node;
+use crate::node_support;
+use crate::readopt::{assert_every_delta_once, delta};
+use crate::resume::open_stream_at;
+use crate::stream_resume::{Event, read_until, resume, text_of};
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use common::engines::NatsServer;
+use common::{
+    NodeTable, TestApp, edge_serve_on, eventually, eventually_ok, spawn_app, write_config,
+};
+use edge::ports::Role;
+use node_support::upstream::{Reply, ScriptedEngine, chat_chunks};
+use node_support::{QWEN, edge_config, spawn_node};
+use serde_json::{Value, json};
+use tokio::sync::Semaphore;
+
+/// Deltas in the answer, and how many are let out before the kill.
+const DELTAS: usize = 16;
+const BEFORE_THE_KILL: usize = 6;
+
+/// Member `id`'s config on `nats`: the engine's node, a long resume grace, a short lease.
+fn member(nats: &NatsServer, engine: &ScriptedEngine, id: &str) -> String {
+    format!(
+        "[edge]\nid = {id:?}\n[events]\nsinks = [\"null\"]\n[runs]\nresume_grace_ms = 30000\n\
+         [cluster]\nsite = \"s1\"\nnats = {:?}\nlease_ms = 300\nrenew_ms = 100\n{}",
+        nats.url(),
+        edge_config(&engine.base_url(), &["qwen"], 500)
+    )
+}
+
+/// The run's stored events at the management API `admin`, as JSON lines.
+async fn stored_events(admin: SocketAddr, run_id: &str) -> Vec<Value> {
+    let path = format!("/admin/v1/runs/{run_id}/events?format=jsonl&follow=false");
+    text(admin, &path)
+        .await
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+async fn outputs(admin: SocketAddr, run_id: &str) -> usize {
+    stored_events(admin, run_id)
+        .await
+        .iter()
+        .filter(|e| e["kind"] == "output")
+        .count()
+}
+
+/// The active member, a real process, with its data directory.
+async fn active_member(config: &str) -> (Edge, tempfile::TempDir) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = write_config(dir.path(), config);
+    let listen = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|s| s.local_addr())
+        .expect("a free port")
+        .to_string();
+    let edge = start_edge_with(edge_serve_on(&path, &listen)).await;
+    (edge, dir)
+}
+
+async fn acts(app: &TestApp) {
+    let site = app.parts.site.clone();
+    eventually("the standby takes over", || {
+        matches!(site.current(), Role::Active { .. })
+    })
+    .await;
+}
+
+#[crate::common::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_takes_a_killed_members_open_run_over_from_the_stream_and_completes_it_once() {
+    let nats = NatsServer::start_jetstream().await;
+    let engine = ScriptedEngine::start(&[QWEN]).await;
+    let gate = Arc::new(Semaphore::new(0));
+    engine.script(
+        QWEN,
+        Reply::Sse {
+            chunks: chat_chunks((0..DELTAS).map(delta)),
+            gate: Some(Arc::clone(&gate)),
+            hang: false,
+        },
+    );
+    let (mut a, a_dir) = active_member(&member(&nats, &engine, "edge-a")).await;
+    let b = spawn_app(&member(&nats, &engine, "edge-b")).await;
+    let b_site = b.parts.site.clone();
+    eventually("edge-b stands by behind edge-a", || {
+        matches!(b_site.current(), Role::Standby { active: Some(m), .. } if m.edge_id == "edge-a")
+    })
+    .await;
+
+    // The node knows both members; it registers on the active one.
+    let node = spawn_node(a.node, "token-1", |options| {
+        options.edge = format!("{},{}", a.node, b.node_addr);
+    });
+    gate.add_permits(BEFORE_THE_KILL);
+    let body = json!({
+        "model": "llama/qwen",
+        "stream": true,
+        "messages": [{"role": "user", "content": "tell me a long story"}],
+    });
+    let (response, run_id) = open_stream_at(a.http, "/v1/chat/completions", &body).await;
+    let before: String = (0..BEFORE_THE_KILL).map(delta).collect();
+    let first = read_until(response, move |events| text_of(events) == before).await;
+
+    // The standby folds the stream as it goes: its own journal holds the first deltas.
+    eventually_ok("the standby's journal holds the first deltas", || async {
+        let n = outputs(b.admin_addr, &run_id).await;
+        if n >= BEFORE_THE_KILL { Ok(()) } else { Err(n) }
+    })
+    .await;
+
+    // The active member's machine is gone: SIGKILL, and its data directory deleted.
+    a.child.start_kill().expect("kill -9");
+    common::bounded("the killed member to exit", a.child.wait())
+        .await
+        .expect("the member is gone");
+    drop(a_dir);
+    gate.add_permits(DELTAS - BEFORE_THE_KILL + 2);
+
+    // The standby takes over, the node moves to it, and the run completes there once.
+    acts(&b).await;
+    b.wait_for_nodes(1).await;
+    let path = format!("/admin/v1/runs/{run_id}");
+    let record = eventually_ok("the run completes on the survivor", || async {
+        let record = get(b.admin_addr, &path).await;
+        if record["outcome"] == "completed" {
+            Ok(record)
+        } else {
+            Err(record.to_string())
+        }
+    })
+    .await;
+    let stored = stored_events(b.admin_addr, &run_id).await;
+    assert_every_delta_once(&record, &stored, DELTAS);
+    let chats = engine
+        .seen()
+        .iter()
+        .filter(|seen| seen.path.ends_with("/chat/completions"))
+        .count();
+    assert_eq!(chats, 1, "taken over, not run again");
+
+    // The client resumes its stream on the survivor after the last event it read: the rest
+    // once, and the two parts are the run's whole stream.
+    let last = first.last().map(|e| e.id.as_str());
+    let rest = resume(b.http_addr, &run_id, last).await;
+    let joined: Vec<Event> = first.into_iter().chain(rest).collect();
+    let expected: String = (0..DELTAS).map(delta).collect();
+    assert_eq!(text_of(&joined), expected, "every delta once, in order");
+    assert_eq!(joined, resume(b.http_addr, &run_id, None).await);
+
+    // Its usage is counted once, on the survivor.
+    let usage = get(b.admin_addr, "/admin/v1/usage?group_by=model").await;
+    assert_eq!(usage["totals"]["runs"], 1, "{usage}");
+    if let Some(output) = record["usage"]["output_tokens"].as_u64() {
+        assert_eq!(usage["totals"]["output_tokens"], output, "{usage}");
+    }
+    // A member started later with an empty data directory folds the whole stream — the dead
+    // member's batches and the survivor's — into the same record.
+    let c = spawn_app(&member(&nats, &engine, "edge-c")).await;
+    let late = eventually_ok("the late member has folded the run's end", || async {
+        let record = get(c.admin_addr, &path).await;
+        if record["outcome"] == "completed" {
+            Ok(record)
+        } else {
+            Err(record.to_string())
+        }
+    })
+    .await;
+    assert_eq!(late, record);
+    assert_eq!(stored_events(c.admin_addr, &run_id).await, stored);
+    c.stop().await;
+    common::bounded("the node to stop", node.stop())
+        .await
+        .expect("clean stop");
+    b.stop().await;
+}
+
+#[crate::common::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_that_loses_its_lease_lets_its_open_run_go_and_ends_nothing() {
+    let nats = NatsServer::start_jetstream().await;
+    let node = NodeTable::new("node-a", "gpu-a", "token-a").echo(&["stall"]);
+    let config = format!(
+        "[edge]\nid = \"edge-a\"\n[events]\nsinks = [\"null\"]\n[cluster]\nsite = \"s1\"\n\
+         nats = {:?}\nlease_ms = 300\nrenew_ms = 100\n{node}",
+        nats.url()
+    );
+    let a = spawn_app(&config).await;
+    acts(&a).await;
+    let _node = MockNode::start(a.node_addr, MockOptions::new("token-a"))
+        .await
+        .expect("the mock node");
+    a.wait_for_nodes(1).await;
+    let body = json!({
+        "model": "echo/stall",
+        "stream": true,
+        "messages": [{"role": "user", "content": "one two three"}],
+    });
+    let (response, run_id) = open_stream_at(a.http_addr, "/v1/chat/completions", &body).await;
+    eventually_ok("the run has relayed output", || async {
+        let n = outputs(a.admin_addr, &run_id).await;
+        if n >= 1 { Ok(()) } else { Err(n) }
+    })
+    .await;
+
+    // Another member writes the lease (it took over one it thought lapsed): this one's next
+    // renewal fails, it stands by and lets its open run go.
+    let client = async_nats::connect(nats.url()).await.expect("connect");
+    let kv = async_nats::jetstream::new(client)
+        .get_key_value("edge-s1")
+        .await
+        .expect("the site's bucket");
+    let lease = json!({
+        "edge_id": "edge-z", "node_address": "10.9.9.9:7100", "api_address": "10.9.9.9:8080",
+        "expires_at_ms": u64::MAX / 2, "node_definitions_digest": "sha256:whatever",
+    });
+    kv.put("lease", lease.to_string().into())
+        .await
+        .expect("write the lease");
+    let runs = a.parts.runs.clone();
+    eventually("the open run is let go", || runs.open_runs() == 0).await;
+
+    // The caller's stream just closes; no ending is relayed or journaled here (the member
+    // that acts now completes the run).
+    let text = common::bounded("the caller's stream to close", response.text())
+        .await
+        .expect("the stream's body");
+    assert!(!text.contains("[DONE]"), "{text}");
+    a.parts.journal.flush().await;
+    let record = get(a.admin_addr, &format!("/admin/v1/runs/{run_id}")).await;
+    assert_eq!(record["outcome"], "open", "{record}");
+    let stored = stored_events(a.admin_addr, &run_id).await;
+    let ends = ["completed", "failed", "cancelled"];
+    assert!(
+        stored
+            .iter()
+            .all(|e| !ends.contains(&e["kind"].as_str().unwrap_or_default())),
+        "{stored:?}"
+    );
+    a.stop().await;
+}
