@@ -38,6 +38,11 @@ impl Placer {
         kind: &mut RunEventKind,
         blame: bool,
     ) -> (bool, Fallout) {
+        // Most terminal events end the run (a completion, a client's cancel): nothing to
+        // record or place, and no lock to take.
+        if AttemptEnd::of(kind).is_none() {
+            return (false, Fallout::default());
+        }
         let mut table = lock(&self.table);
         let moved = self.move_on(&mut table, run, progress, kind, blame);
         (moved.is_some(), fallout_of(&mut table))
