@@ -11,7 +11,7 @@ use edge::ports::Role;
 use reqwest::StatusCode;
 use serde_json::Value;
 
-use crate::admin_crash::start_edge;
+use crate::admin_crash::{Edge, start_edge};
 use crate::common::engines::NatsServer;
 use crate::common::{NodeTable, TestApp, eventually, eventually_ok, http_client, spawn_app};
 
@@ -163,15 +163,22 @@ async fn one_member_is_ready_the_other_refuses_naming_it_and_a_clean_stop_hands_
     b.stop().await;
 }
 
+/// A site of two: `edge-a`, a real `edge serve` process, active; `edge-b`, in process,
+/// standing by behind it. The config's directory lives as long as the returned value.
+async fn active_process_and_standby(nats: &NatsServer) -> (tempfile::TempDir, Edge, TestApp) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = crate::common::write_config(dir.path(), &member(nats, "edge-a", "m1"));
+    let a = start_edge(&config).await;
+    ready(a.http).await;
+    let b = spawn_app(&member(nats, "edge-b", "m1")).await;
+    standing_by_behind(&b, "edge-a").await;
+    (dir, a, b)
+}
+
 #[crate::common::test]
 async fn a_killed_active_member_is_taken_over_once_its_lease_lapses() {
     let nats = NatsServer::start_jetstream().await;
-    let dir = tempfile::tempdir().expect("tempdir");
-    let config = crate::common::write_config(dir.path(), &member(&nats, "edge-a", "m1"));
-    let mut a = start_edge(&config).await;
-    ready(a.http).await;
-    let b = spawn_app(&member(&nats, "edge-b", "m1")).await;
-    standing_by_behind(&b, "edge-a").await;
+    let (_dir, mut a, b) = active_process_and_standby(&nats).await;
 
     a.child.kill().await.expect("SIGKILL the active member");
     let (holder, revision) = stored_lease(&nats).await.expect("a lease left behind");
@@ -204,12 +211,7 @@ fn signal(pid: u32, signal: &str) {
 #[crate::common::test]
 async fn a_paused_active_member_wakes_up_standing_by_and_admits_nothing() {
     let nats = NatsServer::start_jetstream().await;
-    let dir = tempfile::tempdir().expect("tempdir");
-    let config = crate::common::write_config(dir.path(), &member(&nats, "edge-a", "m1"));
-    let a = start_edge(&config).await;
-    ready(a.http).await;
-    let b = spawn_app(&member(&nats, "edge-b", "m1")).await;
-    standing_by_behind(&b, "edge-a").await;
+    let (_dir, a, b) = active_process_and_standby(&nats).await;
 
     // Paused past its lease, the active member is taken over; woken, its first answers
     // already refuse — before its lease task has run — and it never takes the lease back.

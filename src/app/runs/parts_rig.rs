@@ -262,6 +262,26 @@ impl Rig {
         Arc::new(Timers::new(self.stopping.clone()))
     }
 
+    /// A placer, its timers and a relay over them.
+    pub(super) fn relay_parts(&self) -> (Arc<Placer>, Arc<Timers>, Arc<Relay>) {
+        let (placer, timers) = (self.placer(), self.timers());
+        let relay = self.relay(&placer, &timers);
+        (placer, timers, relay)
+    }
+
+    /// A new run of `spec` admitted by `placer`, what placement left to do carried out by
+    /// `relay`; its caller's stream.
+    pub(super) fn start(
+        &mut self,
+        placer: &Placer,
+        relay: &Arc<Relay>,
+        spec: RunSpec,
+    ) -> (Arc<Run>, mpsc::Receiver<Arc<RunEvent>>) {
+        let (run, caller) = self.run(spec);
+        relay.settle(placer.admit(&run).unwrap().1);
+        (run, caller)
+    }
+
     /// A new run of `spec`, not yet admitted, and its caller's stream.
     pub(super) fn run(&mut self, spec: RunSpec) -> (Arc<Run>, mpsc::Receiver<Arc<RunEvent>>) {
         self.next_run += 1;

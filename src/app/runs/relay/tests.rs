@@ -29,11 +29,8 @@ fn completed() -> RunEventKind {
 async fn a_nodes_events_reach_the_sink_and_the_caller_in_order_once() {
     let mut rig = Rig::new();
     rig.connect("a", 1, 1);
-    let (placer, timers) = (rig.placer(), rig.timers());
-    let relay = rig.relay(&placer, &timers);
-    let (run, mut caller) = rig.run(spec());
-    let (_, fallout) = placer.admit(&run).unwrap();
-    relay.settle(fallout);
+    let (placer, _timers, relay) = rig.relay_parts();
+    let (run, mut caller) = rig.start(&placer, &relay, spec());
     assert_eq!(rig.sent.runs(), [("a".into(), "run-1".into())]);
     let mut events = vec![
         reported("run-1", 1, RunEventKind::Started),
@@ -59,10 +56,8 @@ async fn a_nodes_events_reach_the_sink_and_the_caller_in_order_once() {
 async fn events_from_a_connection_that_does_not_hold_the_run_are_dropped() {
     let mut rig = Rig::new();
     rig.connect("a", 1, 1);
-    let (placer, timers) = (rig.placer(), rig.timers());
-    let relay = rig.relay(&placer, &timers);
-    let (run, _) = rig.run(spec());
-    relay.settle(placer.admit(&run).unwrap().1);
+    let (placer, _timers, relay) = rig.relay_parts();
+    let (run, _) = rig.start(&placer, &relay, spec());
     let mut events = vec![reported("run-1", 1, RunEventKind::Started)];
     relay.node_events(&node("a"), 7, &mut events).await;
     let mut unknown = vec![reported("run-9", 1, RunEventKind::Started)];
@@ -76,10 +71,8 @@ async fn a_failed_attempt_is_not_relayed_when_the_run_moves_on() {
     let mut rig = Rig::new();
     rig.connect("a", 1, 1);
     rig.connect("b", 1, 2);
-    let (placer, timers) = (rig.placer(), rig.timers());
-    let relay = rig.relay(&placer, &timers);
-    let (run, _) = rig.run(spec());
-    relay.settle(placer.admit(&run).unwrap().1);
+    let (placer, _timers, relay) = rig.relay_parts();
+    let (run, _) = rig.start(&placer, &relay, spec());
     let (first, connection) = {
         let route = run.route();
         let (node, connection) = route.placement().attempt().unwrap();
@@ -107,10 +100,8 @@ async fn a_failed_attempt_is_not_relayed_when_the_run_moves_on() {
 #[tokio::test(start_paused = true)]
 async fn a_queued_run_ends_when_its_wait_expires() {
     let mut rig = Rig::new();
-    let (placer, timers) = (rig.placer(), rig.timers());
-    let relay = rig.relay(&placer, &timers);
-    let (run, mut caller) = rig.run(spec());
-    relay.settle(placer.admit(&run).unwrap().1);
+    let (placer, _timers, relay) = rig.relay_parts();
+    let (_run, mut caller) = rig.start(&placer, &relay, spec());
     let end = caller.recv().await.unwrap();
     match &end.kind {
         RunEventKind::Failed { code, .. } => assert_eq!(code, "no_node_available"),
@@ -123,10 +114,8 @@ async fn a_queued_run_ends_when_its_wait_expires() {
 async fn a_cancel_the_node_does_not_answer_ends_the_run_after_its_grace() {
     let mut rig = Rig::new();
     rig.connect("a", 1, 1);
-    let (placer, timers) = (rig.placer(), rig.timers());
-    let relay = rig.relay(&placer, &timers);
-    let (run, mut caller) = rig.run(spec());
-    relay.settle(placer.admit(&run).unwrap().1);
+    let (placer, _timers, relay) = rig.relay_parts();
+    let (run, mut caller) = rig.start(&placer, &relay, spec());
     let started = tokio::time::Instant::now();
     assert!(relay.cancel(run.id(), "caller left").await);
     assert_eq!(rig.sent.cancels(), [("a".into(), "run-1".into())]);
@@ -140,12 +129,9 @@ async fn a_cancel_the_node_does_not_answer_ends_the_run_after_its_grace() {
 async fn runs_let_go_when_the_member_stops_acting_end_with_nothing() {
     let mut rig = Rig::new();
     rig.connect("a", 1, 1);
-    let (placer, timers) = (rig.placer(), rig.timers());
-    let relay = rig.relay(&placer, &timers);
-    let (run, mut caller) = rig.run(spec());
-    relay.settle(placer.admit(&run).unwrap().1);
-    let (queued, mut queued_caller) = rig.run(spec());
-    relay.settle(placer.admit(&queued).unwrap().1);
+    let (placer, _timers, relay) = rig.relay_parts();
+    let (run, mut caller) = rig.start(&placer, &relay, spec());
+    let (queued, mut queued_caller) = rig.start(&placer, &relay, spec());
     let mut events = vec![
         reported("run-1", 1, RunEventKind::Started),
         reported("run-1", 2, RunEventKind::text("hi")),
