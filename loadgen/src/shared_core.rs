@@ -146,7 +146,11 @@ impl Drop for Server {
 /// The client side: starts the server child, drives the bare server and then the edge at
 /// each mode and concurrency, and reports one record per case.
 pub fn run(args: &ApiArgs, common: &Common) -> anyhow::Result<Vec<Record>> {
-    let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+    // Counted once, before the first repetition pins this process to one CPU (which the
+    // count would see afterwards).
+    static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    let cores = *CORES
+        .get_or_init(|| std::thread::available_parallelism().map_or(1, std::num::NonZero::get));
     let pinned = cores >= 2;
     if pinned {
         // The load runtime's threads, started below, inherit it.
