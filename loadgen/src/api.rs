@@ -4,6 +4,9 @@
 //! the very bytes the edge answered, with no edge, run or node in between. Both are driven
 //! by the same minimal keep-alive client; the report gives requests per second, time to the
 //! first response byte and to the last, and the edge's share of the baseline's throughput.
+//!
+//! `--rig shared-core` is issue 50's topology instead: the edge, its nodes and a bare hyper
+//! baseline in a child process on core 1, the client on core 0 (`crate::shared_core`).
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -22,15 +25,17 @@ use clap::Args;
 use edge::settings::SinkKind;
 use tokio::net::TcpListener;
 use tokio::runtime::Runtime;
+use tokio::task::JoinHandle;
 
 use crate::Common;
+use crate::bare::Canned;
 use crate::harness::{self, InProcessEdge, Nodes};
 use crate::http::{Connection, post_json};
 use crate::lean::{self, Plan};
 use crate::mock_node::{MockNode, MockOptions};
 use crate::stats::{Histogram, Record};
 
-const PATH: &str = "/v1/chat/completions";
+pub const PATH: &str = "/v1/chat/completions";
 
 #[derive(Debug, Clone, Args)]
 pub struct ApiArgs {
@@ -61,6 +66,15 @@ pub struct ApiArgs {
     /// Unmeasured time before each.
     #[arg(long, default_value_t = 500)]
     pub warmup_ms: u64,
+    /// Where the servers run: `in-process` (the edge, the nodes and the axum baseline on
+    /// runtimes of their own in this process) or `shared-core` (issue 50: the client on
+    /// core 0; the edge, its nodes and a bare hyper baseline in a child on core 1; TTFB to
+    /// the first non-empty body frame).
+    #[arg(long, default_value = "in-process", value_parser = ["in-process", "shared-core"])]
+    pub rig: String,
+    /// Internal: the CPU the shared-core rig's server child pins itself to.
+    #[arg(long, hide = true)]
+    pub server_cpu: Option<usize>,
 }
 
 /// What the edge's journal files take on disk now, in MiB.
@@ -69,7 +83,7 @@ fn journal_mib(edge: &InProcessEdge) -> f64 {
 }
 
 /// `args` as the arguments of a child run.
-fn child_args(args: &ApiArgs) -> Vec<String> {
+pub fn child_args(args: &ApiArgs) -> Vec<String> {
     let list = |items: &[String]| items.join(",");
     let concurrency: Vec<String> = args.concurrency.iter().map(usize::to_string).collect();
     vec![
@@ -81,7 +95,11 @@ fn child_args(args: &ApiArgs) -> Vec<String> {
         format!("--sink={}", args.sink),
         format!("--duration-ms={}", args.duration_ms),
         format!("--warmup-ms={}", args.warmup_ms),
+        format!("--rig={}", args.rig),
     ]
+    .into_iter()
+    .chain(args.server_cpu.map(|cpu| format!("--server-cpu={cpu}")))
+    .collect()
 }
 
 /// The words of the prompt; the echo mock answers one chunk per word.
@@ -104,14 +122,6 @@ pub fn body(chunks: usize, stream: bool) -> String {
         harness::ADAPTER,
         harness::TARGET
     )
-}
-
-/// What the baseline answers: the edge's own answers, captured.
-#[derive(Clone)]
-struct Canned {
-    full: Bytes,
-    /// The SSE events of the streamed answer, each sent as its own chunk.
-    events: Vec<Bytes>,
 }
 
 async fn baseline(
@@ -180,7 +190,7 @@ fn sse_events(body: &[u8]) -> Vec<Bytes> {
 }
 
 /// Asks the edge once in each mode, checks the answers, and keeps them for the baseline.
-async fn capture(addr: SocketAddr, chunks: usize) -> anyhow::Result<Canned> {
+pub async fn capture(addr: SocketAddr, chunks: usize) -> anyhow::Result<Canned> {
     let mut connection = Connection::connect(addr).await?;
     let full = connection
         .exchange(&post_json(addr, PATH, &body(chunks, false)), true)
@@ -226,24 +236,45 @@ async fn capture(addr: SocketAddr, chunks: usize) -> anyhow::Result<Canned> {
 }
 
 /// The figures of one server at one concurrency.
-struct Load {
-    requests_per_s: f64,
-    /// CPU of the server's runtime (the edge's threads) per request, in µs.
-    cpu_us_per_request: f64,
-    first_byte: Histogram,
-    total: Histogram,
-    errors: u64,
+pub struct Load {
+    pub requests_per_s: f64,
+    /// CPU of the threads `cpu_ms` counts (the edge's, in process) per request, in µs.
+    pub cpu_us_per_request: f64,
+    /// The other threads [`Driven::cpu_ms`] counts, per request, in µs.
+    pub other_cpu_us_per_request: f64,
+    /// To the first response byte, or to the first body frame the watch accepted.
+    pub first_byte: Histogram,
+    pub total: Histogram,
+    pub errors: u64,
 }
 
+/// What [`drive`] measures besides the client's own times.
+pub struct Driven<'a> {
+    /// CPU used so far by the server's threads and by other threads worth reporting beside
+    /// them (the rig's nodes), in ms.
+    pub cpu_ms: &'a dyn Fn() -> (u64, u64),
+    /// When given, the time to first byte is taken when the body first satisfies it (see
+    /// [`Connection::exchange_watching`]; a response it never accepts keeps its first byte).
+    pub watch: Option<fn(&[u8]) -> bool>,
+}
+
+/// The in-process edge's threads, nothing beside them, and times to the first byte.
+const IN_PROCESS: Driven<'static> = Driven {
+    cpu_ms: &|| (harness::edge_cpu_ms(), 0),
+    watch: None,
+};
+
 /// Drives `addr` with `concurrency` connections for warmup + duration.
-fn drive(
+pub fn drive(
     load: &Runtime,
     addr: SocketAddr,
     request: Arc<Vec<u8>>,
     concurrency: usize,
     warmup: Duration,
     duration: Duration,
+    driven: &Driven<'_>,
 ) -> anyhow::Result<Load> {
+    let watch = driven.watch;
     let measuring = Arc::new(AtomicBool::new(false));
     let stop = Arc::new(AtomicBool::new(false));
     let done = Arc::new(AtomicU64::new(0));
@@ -262,7 +293,7 @@ fn drive(
                 let mut total = Histogram::default();
                 let mut connection = Connection::connect(addr).await?;
                 while !stop.load(Ordering::Relaxed) {
-                    let exchange = connection.exchange(&request, false).await?;
+                    let exchange = connection.exchange_watching(&request, false, watch).await?;
                     if !measuring.load(Ordering::Relaxed) {
                         continue;
                     }
@@ -270,7 +301,7 @@ fn drive(
                         errors.fetch_add(1, Ordering::Relaxed);
                         continue;
                     }
-                    first_byte.record_duration(exchange.first_byte);
+                    first_byte.record_duration(exchange.watched.unwrap_or(exchange.first_byte));
                     total.record_duration(exchange.total);
                     done.fetch_add(1, Ordering::Relaxed);
                 }
@@ -281,11 +312,12 @@ fn drive(
     std::thread::sleep(warmup);
     measuring.store(true, Ordering::Relaxed);
     let done_0 = done.load(Ordering::Relaxed);
-    let cpu_0 = harness::edge_cpu_ms();
+    let cpu_0 = (driven.cpu_ms)();
     let started = Instant::now();
     std::thread::sleep(duration);
     let finished = done.load(Ordering::Relaxed) - done_0;
-    let cpu = harness::edge_cpu_ms() - cpu_0;
+    let cpu = (driven.cpu_ms)();
+    let (cpu, other_cpu) = (cpu.0.saturating_sub(cpu_0.0), cpu.1.saturating_sub(cpu_0.1));
     let elapsed = started.elapsed().as_secs_f64();
     measuring.store(false, Ordering::Relaxed);
     stop.store(true, Ordering::Relaxed);
@@ -299,53 +331,79 @@ fn drive(
     Ok(Load {
         requests_per_s: finished as f64 / elapsed,
         cpu_us_per_request: cpu as f64 * 1_000.0 / finished.max(1) as f64,
+        other_cpu_us_per_request: other_cpu as f64 * 1_000.0 / finished.max(1) as f64,
         first_byte,
         total,
         errors: errors.load(Ordering::Relaxed),
     })
 }
 
-pub fn run(args: &ApiArgs, common: &Common) -> anyhow::Result<Vec<Record>> {
-    if args.sink == "stdout" && !common.child {
-        return crate::run_in_child(common, "api", &child_args(args));
+/// The simulated nodes of `args`, registered with the edge at `addr` from the current
+/// runtime: lean nodes' tasks, or mock nodes.
+pub async fn start_nodes(
+    args: &ApiArgs,
+    addr: SocketAddr,
+    count: usize,
+) -> anyhow::Result<(Vec<JoinHandle<anyhow::Result<u64>>>, Vec<MockNode>)> {
+    if args.node == "mock" {
+        let mut mocks = Vec::with_capacity(count);
+        for i in 0..count {
+            mocks.push(MockNode::start(addr, MockOptions::new(&harness::token(i))).await?);
+        }
+        return Ok((Vec::new(), mocks));
     }
-    harness::init_logging(common);
-    let sink = match args.sink.as_str() {
-        "file" => SinkKind::File,
-        "stdout" => SinkKind::Stdout,
-        "log" => SinkKind::Log,
-        _ => SinkKind::Null,
-    };
+    let plan = Arc::new(Plan {
+        outputs: args.chunks,
+        text_bytes: 0,
+        stamped: false,
+        texts: words(args.chunks),
+        ping: false,
+    });
+    Ok((lean::start_nodes(addr, count, &plan).await?, Vec::new()))
+}
+
+/// The edge's config for `args`: the shipped defaults, `args.nodes` node definitions
+/// that take the most concurrent runs asked for, and no default deadline.
+pub fn edge_config(args: &ApiArgs) -> String {
     let most = args.concurrency.iter().copied().max().unwrap_or(1).max(1);
     let nodes = Nodes {
         count: args.nodes.max(1),
         max_concurrent_runs: u32::try_from(most).unwrap_or(u32::MAX),
         heartbeat_interval_ms: 600_000,
     };
-    let extra = "[api]\ndefault_deadline_ms = 0\n";
-    let edge = InProcessEdge::start(&harness::config(nodes, extra), &[sink], common.edge_threads)?;
+    harness::config(nodes, "[api]\ndefault_deadline_ms = 0\n")
+}
+
+/// The edge's event sink `args` names.
+pub fn sink_kind(args: &ApiArgs) -> SinkKind {
+    match args.sink.as_str() {
+        "file" => SinkKind::File,
+        "stdout" => SinkKind::Stdout,
+        "log" => SinkKind::Log,
+        _ => SinkKind::Null,
+    }
+}
+
+/// Whether `mode` (`stream` or `full`) streams.
+pub fn streams(mode: &str) -> anyhow::Result<bool> {
+    match mode {
+        "stream" => Ok(true),
+        "full" => Ok(false),
+        other => bail!("unknown mode {other:?} (stream, full)"),
+    }
+}
+
+pub fn run(args: &ApiArgs, common: &Common) -> anyhow::Result<Vec<Record>> {
+    if args.rig == "shared-core" {
+        return crate::shared_core::run(args, common);
+    }
+    if args.sink == "stdout" && !common.child {
+        return crate::run_in_child(common, "api", &child_args(args));
+    }
+    harness::init_logging(common);
+    let edge = InProcessEdge::start(&edge_config(args), &[sink_kind(args)], common.edge_threads)?;
     let load = harness::runtime("load", common.load_threads)?;
-    let addr = edge.node_addr;
-    let (servers, mocks) = load.block_on(async {
-        if args.node == "mock" {
-            let mut mocks = Vec::with_capacity(nodes.count);
-            for i in 0..nodes.count {
-                mocks.push(MockNode::start(addr, MockOptions::new(&harness::token(i))).await?);
-            }
-            return anyhow::Ok((Vec::new(), mocks));
-        }
-        let plan = Arc::new(Plan {
-            outputs: args.chunks,
-            text_bytes: 0,
-            stamped: false,
-            texts: words(args.chunks),
-            ping: false,
-        });
-        anyhow::Ok((
-            lean::start_nodes(addr, nodes.count, &plan).await?,
-            Vec::new(),
-        ))
-    })?;
+    let (servers, mocks) = load.block_on(start_nodes(args, edge.node_addr, args.nodes.max(1)))?;
 
     let http = edge.http_addr;
     let canned = load
@@ -360,11 +418,7 @@ pub fn run(args: &ApiArgs, common: &Common) -> anyhow::Result<Vec<Record>> {
     let duration = Duration::from_millis(args.duration_ms);
     let mut records = Vec::new();
     for mode in &args.modes {
-        let stream = match mode.as_str() {
-            "stream" => true,
-            "full" => false,
-            other => bail!("unknown mode {other:?} (stream, full)"),
-        };
+        let stream = streams(mode)?;
         for &concurrency in &args.concurrency {
             let concurrency = concurrency.max(1);
             let baseline = drive(
@@ -374,6 +428,7 @@ pub fn run(args: &ApiArgs, common: &Common) -> anyhow::Result<Vec<Record>> {
                 concurrency,
                 warmup,
                 duration,
+                &IN_PROCESS,
             )?;
             let through = drive(
                 &load,
@@ -382,6 +437,7 @@ pub fn run(args: &ApiArgs, common: &Common) -> anyhow::Result<Vec<Record>> {
                 concurrency,
                 warmup,
                 duration,
+                &IN_PROCESS,
             )?;
             records.push(
                 Record::new(format!("mode={mode} c={concurrency}"))

@@ -412,7 +412,18 @@ pub fn edge_cpu_ms() -> u64 {
 /// CPU time used so far by this process's threads whose name starts with `prefix`
 /// (`edge` for the edge's runtime, workers and blocking pool alike), in ms.
 pub fn threads_cpu_ms(prefix: &str) -> u64 {
-    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+    tasks_cpu_ms(Path::new("/proc/self/task"), prefix)
+}
+
+/// [`threads_cpu_ms`] of process `pid` (another loadgen: the shared-core rig's servers).
+pub fn process_threads_cpu_ms(pid: u32, prefix: &str) -> u64 {
+    tasks_cpu_ms(Path::new(&format!("/proc/{pid}/task")), prefix)
+}
+
+/// CPU time of the threads in `tasks` (a `/proc/.../task` directory) whose name starts
+/// with `prefix`, in ms.
+fn tasks_cpu_ms(tasks: &Path, prefix: &str) -> u64 {
+    let Ok(tasks) = std::fs::read_dir(tasks) else {
         return 0;
     };
     tasks

@@ -9,7 +9,9 @@
 //!   events/s into each sink kind and node→caller latency.
 //! - `runs`: runs through the run service with instant nodes; runs/s and the latency the
 //!   edge adds over the raw loopback round trip measured in the same run.
-//! - `api`: OpenAI chat completions through the HTTP API next to a direct HTTP baseline.
+//! - `api`: OpenAI chat completions through the HTTP API next to a direct HTTP baseline;
+//!   `--rig shared-core`: issue 50's topology, the edge, its nodes and a bare hyper
+//!   baseline on one core, the client on the other.
 //! - `storm`: N connected nodes, the edge killed and restarted, every node reconnecting at
 //!   once (immediately, or with the reference node's jittered backoff); time until all are
 //!   back, handshake p50/p99, the kernel's listen-queue counters, runs served afterwards.
@@ -39,6 +41,7 @@
 mod admin;
 mod affinity;
 mod api;
+mod bare;
 mod churn;
 mod cold_start;
 mod engine;
@@ -54,6 +57,7 @@ mod readopt;
 mod register;
 mod relay;
 mod runs;
+mod shared_core;
 mod slow;
 mod stats;
 mod storm;
@@ -160,6 +164,10 @@ enum Scenario {
     Latency(latency::LatencyArgs),
     /// A request for a model loaded nowhere against one already loaded (issue 48).
     ColdStart(cold_start::ColdStartArgs),
+    /// Internal: the server side of `api --rig shared-core` (the edge, its nodes and the
+    /// bare baseline), serving until its standard input closes.
+    #[command(hide = true)]
+    RigServer(api::ApiArgs),
 }
 
 impl Scenario {
@@ -178,6 +186,7 @@ impl Scenario {
             Self::Affinity(_) => "affinity",
             Self::Latency(_) => "latency",
             Self::ColdStart(_) => "cold-start",
+            Self::RigServer(_) => "rig-server",
         }
     }
 
@@ -196,6 +205,7 @@ impl Scenario {
             Self::Affinity(args) => affinity::run(args, common),
             Self::Latency(args) => latency::run(args, common),
             Self::ColdStart(args) => cold_start::run(args, common),
+            Self::RigServer(args) => shared_core::serve(args, common),
         }
     }
 }

@@ -12,6 +12,10 @@
 //!
 //! Older kernels accept the call and ignore the slice. Other systems have no such call:
 //! [`request_slice`] says so and changes nothing.
+//!
+//! [`pin_to_cpu`] is the other scheduling call a program of the workspace needs: the load
+//! generator's shared-core rig keeps its client on one core and the edge on the other
+//! (`sched_setaffinity`). The edge and the node never pin their threads (decision 38).
 
 use std::io;
 use std::time::Duration;
@@ -92,6 +96,24 @@ pub fn request_slice_logged(slice: Duration) {
     }
 }
 
+/// Restricts the calling thread to CPU `cpu` (its index as the kernel counts them, from
+/// 0). Threads it starts afterwards inherit the restriction. Returns `false`, changing
+/// nothing, on a system without per-thread affinity.
+///
+/// # Errors
+/// What the kernel answered when it refused (a CPU this process may not use, or none such).
+pub fn pin_to_cpu(cpu: usize) -> io::Result<bool> {
+    #[cfg(target_os = "linux")]
+    {
+        linux::pin_to_cpu(cpu).map(|()| true)
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = cpu;
+        Ok(false)
+    }
+}
+
 #[cfg(target_os = "linux")]
 #[allow(unsafe_code)]
 mod linux {
@@ -143,6 +165,28 @@ mod linux {
             return Err(io::Error::last_os_error());
         }
         Ok(Outcome::Requested)
+    }
+
+    pub(super) fn pin_to_cpu(cpu: usize) -> io::Result<()> {
+        // `CPU_SET` indexes past the set's end without a check.
+        let bits = 8 * std::mem::size_of::<libc::cpu_set_t>();
+        if cpu >= bits {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("CPU {cpu} is past the {bits} a CPU set holds"),
+            ));
+        }
+        // SAFETY: `cpu_set_t` is a plain bit array; all zeros is the empty set.
+        let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+        // SAFETY: `cpu` is within the set, checked above.
+        unsafe { libc::CPU_SET(cpu, &mut set) };
+        let set_size = std::mem::size_of::<libc::cpu_set_t>();
+        // SAFETY: `set` is a live, initialised `cpu_set_t` of the size passed; the kernel
+        // only reads it.
+        if unsafe { libc::sched_setaffinity(0, set_size, &raw const set) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
     }
 }
 
@@ -227,6 +271,40 @@ mod tests {
         on_a_thread_of_its_own(|| {
             request_slice(MIN_SLICE).expect("request");
             on_a_thread_of_its_own(|| assert_slice(100_000));
+        });
+    }
+
+    /// The CPUs the calling thread may run on, as `/proc/thread-self/status` lists them.
+    fn cpus_allowed() -> String {
+        let status = std::fs::read_to_string("/proc/thread-self/status").expect("status");
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix("Cpus_allowed_list:"))
+            .expect("Cpus_allowed_list")
+            .trim()
+            .to_owned()
+    }
+
+    #[test]
+    fn a_pinned_thread_runs_on_its_cpu_and_its_threads_inherit_it() {
+        on_a_thread_of_its_own(|| {
+            let first = cpus_allowed()
+                .split([',', '-'])
+                .next()
+                .and_then(|cpu| cpu.parse::<usize>().ok())
+                .expect("a CPU this thread may use");
+            assert!(pin_to_cpu(first).expect("pin"));
+            assert_eq!(cpus_allowed(), first.to_string());
+            on_a_thread_of_its_own(move || assert_eq!(cpus_allowed(), first.to_string()));
+        });
+    }
+
+    #[test]
+    fn a_cpu_past_the_set_is_refused() {
+        on_a_thread_of_its_own(|| {
+            let before = cpus_allowed();
+            assert!(pin_to_cpu(1 << 20).is_err());
+            assert_eq!(cpus_allowed(), before);
         });
     }
 

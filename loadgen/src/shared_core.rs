@@ -1,0 +1,266 @@
+//! `api --rig shared-core`: issue 50's topology, where the simulated nodes share the edge's
+//! core. On two CPUs this process is the client (the same closed-loop keep-alive client as
+//! `api`, one connection per worker) pinned to core 0; a child of it (the hidden
+//! `rig-server` scenario) pinned to core 1 runs the edge on the shipped defaults (journal
+//! on, the stdout sink into `/dev/null`) on its own runtime, the nodes on a one-worker
+//! runtime of theirs, and a bare hyper server ([`crate::bare`]) answering the edge's own
+//! captured answer on a third. Every figure is taken by the client; CPU per request is
+//! read from the child's threads by name (`edge*`, `nodes`, `bare`). TTFB is from the
+//! request's write to the first non-empty body frame (a streamed response's headers do not
+//! count: the edge may send them before the node answers).
+//!
+//! With fewer than two CPUs it says so and runs unpinned. It measures; it asserts nothing
+//! about the figures.
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::mpsc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use tokio_util::sync::CancellationToken;
+
+use crate::Common;
+use crate::api::{self, ApiArgs, Driven, PATH, drive};
+use crate::bare;
+use crate::harness::{self, InProcessEdge};
+use crate::http::post_json;
+use crate::stats::Record;
+
+/// The client's core.
+const CLIENT_CPU: usize = 0;
+/// The core of the edge, its nodes and the bare server.
+const SERVER_CPU: usize = 1;
+/// The line the server child writes to its standard error once it serves.
+const READY: &str = "@rig-ready ";
+/// How long the server child may take to start, and to stop.
+const START_LIMIT: Duration = Duration::from_secs(120);
+const STOP_LIMIT: Duration = Duration::from_secs(30);
+
+/// TTFB's end: the body has its first bytes.
+fn first_frame(body: &[u8]) -> bool {
+    !body.is_empty()
+}
+
+/// The server child and what it serves.
+struct Server {
+    child: Child,
+    edge: SocketAddr,
+    bare: SocketAddr,
+    /// Passes the child's other standard error lines on to ours.
+    forwarder: Option<JoinHandle<()>>,
+}
+
+impl Server {
+    /// Starts `loadgen rig-server` with `args`, pinned to `cpu` when given, and waits until
+    /// it serves.
+    fn start(args: &ApiArgs, common: &Common, cpu: Option<usize>) -> anyhow::Result<Self> {
+        let exe = std::env::current_exe().context("cannot find this program")?;
+        let mut server_args = args.clone();
+        server_args.server_cpu = cpu;
+        let mut child = Command::new(exe)
+            .args(common.to_args())
+            .arg("rig-server")
+            .args(api::child_args(&server_args))
+            // Closed by `stop`: the child's signal to end.
+            .stdin(Stdio::piped())
+            // The edge's stdout sink writes here, as `edge serve`'s would.
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .context("cannot start the rig's server child")?;
+        let stderr = child.stderr.take().context("the child has no stderr")?;
+        let (ready, addrs) = mpsc::channel();
+        let forwarder = std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { return };
+                match line.strip_prefix(READY) {
+                    Some(rest) => {
+                        let _ = ready.send(rest.to_owned());
+                    }
+                    None => eprintln!("{line}"),
+                }
+            }
+        });
+        let mut server = Self {
+            child,
+            edge: SocketAddr::from(([127, 0, 0, 1], 0)),
+            bare: SocketAddr::from(([127, 0, 0, 1], 0)),
+            forwarder: Some(forwarder),
+        };
+        let line = addrs
+            .recv_timeout(START_LIMIT)
+            .context("the rig's server child did not start")?;
+        for field in line.split_whitespace() {
+            match field.split_once('=') {
+                Some(("edge", addr)) => server.edge = addr.parse()?,
+                Some(("bare", addr)) => server.bare = addr.parse()?,
+                _ => bail!("a bad ready line from the rig's server child: {line:?}"),
+            }
+        }
+        Ok(server)
+    }
+
+    /// CPU time used so far by the child's threads whose name starts with `prefix`, in ms.
+    fn cpu_ms(&self, prefix: &str) -> u64 {
+        harness::process_threads_cpu_ms(self.child.id(), prefix)
+    }
+
+    /// Closes the child's standard input, waits for it to end (killing it after
+    /// [`STOP_LIMIT`]), and reports how it ended.
+    fn stop(mut self) -> anyhow::Result<()> {
+        drop(self.child.stdin.take());
+        let started = Instant::now();
+        let status = loop {
+            if let Some(status) = self.child.try_wait()? {
+                break status;
+            }
+            if started.elapsed() > STOP_LIMIT {
+                // Only the child this struct started.
+                let _ = self.child.kill();
+                bail!("the rig's server child did not stop within {STOP_LIMIT:?}");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        if let Some(forwarder) = self.forwarder.take() {
+            let _ = forwarder.join();
+        }
+        if !status.success() {
+            bail!("the rig's server child ended with {status}");
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        // Only the child this struct started; after `stop`, it has ended already.
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The client side: starts the server child, drives the bare server and then the edge at
+/// each mode and concurrency, and reports one record per case.
+pub fn run(args: &ApiArgs, common: &Common) -> anyhow::Result<Vec<Record>> {
+    // Counted once, before the first repetition pins this process to one CPU (which the
+    // count would see afterwards).
+    static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    let cores = *CORES
+        .get_or_init(|| std::thread::available_parallelism().map_or(1, std::num::NonZero::get));
+    let pinned = cores >= 2;
+    if pinned {
+        // The load runtime's threads, started below, inherit it.
+        edge_thread_slice::pin_to_cpu(CLIENT_CPU)
+            .with_context(|| format!("cannot pin the client to CPU {CLIENT_CPU}"))?;
+    } else {
+        eprintln!("loadgen api: {cores} CPU here: the shared-core rig runs unpinned");
+    }
+    let server = Server::start(args, common, pinned.then_some(SERVER_CPU))?;
+    let load = harness::runtime("load", common.load_threads)?;
+    let warmup = Duration::from_millis(args.warmup_ms);
+    let duration = Duration::from_millis(args.duration_ms);
+    let bare_cpu = || (server.cpu_ms("bare"), 0);
+    let edge_cpu = || (server.cpu_ms("edge"), server.cpu_ms("nodes"));
+    let on_bare = Driven {
+        cpu_ms: &bare_cpu,
+        watch: Some(first_frame),
+    };
+    let on_edge = Driven {
+        cpu_ms: &edge_cpu,
+        watch: Some(first_frame),
+    };
+    let mut records = Vec::new();
+    for mode in &args.modes {
+        let stream = api::streams(mode)?;
+        for &concurrency in &args.concurrency {
+            let concurrency = concurrency.max(1);
+            let request = |addr| Arc::new(post_json(addr, PATH, &api::body(args.chunks, stream)));
+            let bare = drive(
+                &load,
+                server.bare,
+                request(server.bare),
+                concurrency,
+                warmup,
+                duration,
+                &on_bare,
+            )?;
+            let edge = drive(
+                &load,
+                server.edge,
+                request(server.edge),
+                concurrency,
+                warmup,
+                duration,
+                &on_edge,
+            )?;
+            records.push(
+                Record::new(format!("rig=shared-core mode={mode} c={concurrency}"))
+                    .with("edge_rps", edge.requests_per_s)
+                    .with("bare_rps", bare.requests_per_s)
+                    .with("ratio", edge.requests_per_s / bare.requests_per_s.max(1e-9))
+                    .with("edge_ttfb_p50_us", edge.first_byte.quantile_us(0.5))
+                    .with("edge_ttfb_p99_us", edge.first_byte.quantile_us(0.99))
+                    .with("bare_ttfb_p50_us", bare.first_byte.quantile_us(0.5))
+                    .with("bare_ttfb_p99_us", bare.first_byte.quantile_us(0.99))
+                    .with(
+                        "ttfb_p99_overhead_us",
+                        edge.first_byte.quantile_us(0.99) - bare.first_byte.quantile_us(0.99),
+                    )
+                    .with("edge_total_p99_us", edge.total.quantile_us(0.99))
+                    .with("bare_total_p99_us", bare.total.quantile_us(0.99))
+                    .with("edge_cpu_us_per_request", edge.cpu_us_per_request)
+                    .with("nodes_cpu_us_per_request", edge.other_cpu_us_per_request)
+                    .with("bare_cpu_us_per_request", bare.cpu_us_per_request)
+                    .with("pinned", f64::from(u8::from(pinned)))
+                    .with("errors", (edge.errors + bare.errors) as f64),
+            );
+        }
+    }
+    load.shutdown_timeout(Duration::from_secs(2));
+    server.stop()?;
+    Ok(records)
+}
+
+/// The server child (`rig-server`): pins itself, starts the edge, its nodes and the bare
+/// server, says where they listen, and serves until its standard input closes.
+pub fn serve(args: &ApiArgs, common: &Common) -> anyhow::Result<Vec<Record>> {
+    if let Some(cpu) = args.server_cpu {
+        // Before any thread starts: every thread of this process inherits it.
+        edge_thread_slice::pin_to_cpu(cpu)
+            .with_context(|| format!("cannot pin the rig's servers to CPU {cpu}"))?;
+    }
+    harness::init_logging(common);
+    let edge = InProcessEdge::start(
+        &api::edge_config(args),
+        &[api::sink_kind(args)],
+        common.edge_threads,
+    )?;
+    let nodes = harness::runtime("nodes", 1)?;
+    let (servers, mocks) =
+        nodes.block_on(api::start_nodes(args, edge.node_addr, args.nodes.max(1)))?;
+    let canned = nodes
+        .block_on(api::capture(edge.http_addr, args.chunks))
+        .context("the edge's API did not answer as expected")?;
+    let bare_runtime = harness::runtime("bare", 1)?;
+    let stop = CancellationToken::new();
+    let bare = bare_runtime.block_on(bare::start(canned, stop.clone()))?;
+    eprintln!("{READY}edge={} bare={bare}", edge.http_addr);
+    // The parent closes it when it is done (or by ending).
+    let _ = std::io::copy(&mut std::io::stdin().lock(), &mut std::io::sink());
+    stop.cancel();
+    bare_runtime.shutdown_timeout(Duration::from_secs(1));
+    edge.stop();
+    for server in servers {
+        let _ = nodes.block_on(server);
+    }
+    for mock in mocks {
+        mock.kill();
+        let _ = nodes.block_on(mock.ended());
+    }
+    nodes.shutdown_timeout(Duration::from_secs(2));
+    Ok(Vec::new())
+}
