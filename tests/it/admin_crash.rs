@@ -86,6 +86,21 @@ fn admin_address(line: &str) -> Option<SocketAddr> {
     admin.as_str()?.parse().ok()
 }
 
+/// The record of run `run_id` on the management API at `admin`, once it shows `completed`
+/// (`what` names the wait).
+pub(crate) async fn completed_record(admin: SocketAddr, run_id: &str, what: &str) -> Value {
+    let path = format!("/admin/v1/runs/{run_id}");
+    crate::common::eventually_ok(what, || async {
+        let record = get(admin, &path).await;
+        if record["outcome"] == "completed" {
+            Ok(record)
+        } else {
+            Err(record.to_string())
+        }
+    })
+    .await
+}
+
 pub(crate) async fn get(admin: SocketAddr, path: &str) -> Value {
     admin_support::client()
         .get(format!("http://{admin}{path}"))

@@ -38,6 +38,18 @@ async fn readyz(http: SocketAddr) -> (StatusCode, String) {
     (status, response.text().await.expect("a body"))
 }
 
+/// `GET /metrics` at `http`: the Prometheus text.
+async fn metrics_text(http: SocketAddr) -> String {
+    http_client()
+        .get(format!("http://{http}/metrics"))
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("scrape")
+}
+
 /// Waits until `/readyz` at `http` is 200; its body.
 async fn ready(http: SocketAddr) -> String {
     eventually_ok(&format!("{http} is ready"), || async {
@@ -122,14 +134,7 @@ async fn one_member_is_ready_the_other_refuses_naming_it_and_a_clean_stop_hands_
     // Health and metrics keep answering; management reads answer, changes are refused.
     let health = http.get(format!("http://{}/healthz", b.http_addr)).send();
     assert_eq!(health.await.expect("healthz").status(), StatusCode::OK);
-    let metrics = http
-        .get(format!("http://{}/metrics", b.http_addr))
-        .send()
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("scrape");
+    let metrics = metrics_text(b.http_addr).await;
     assert!(
         metrics.contains("edge_cluster_role{role=\"standby\"} 1"),
         "{metrics}"
@@ -350,14 +355,7 @@ async fn an_active_member_whose_renewal_meets_another_write_stands_by_behind_the
         body.contains("active member: edge edge-z (api 10.9.9.9:8080"),
         "{body}"
     );
-    let metrics = http_client()
-        .get(format!("http://{}/metrics", a.http_addr))
-        .send()
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("scrape");
+    let metrics = metrics_text(a.http_addr).await;
     let failures = metrics
         .lines()
         .find_map(|line| line.strip_prefix("edge_cluster_lease_renewal_failures_total "))

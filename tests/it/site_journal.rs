@@ -10,7 +10,7 @@
 //! same record from the stream. A member whose lease another writes lets its open run go
 //! and ends nothing.
 
-use crate::admin_crash::{Edge, get, start_edge_with, text};
+use crate::admin_crash::{Edge, completed_record, get, start_edge_with, text};
 use crate::common;
 use crate::mock_node::{MockNode, MockOptions};
 #[allow(dead_code, unused_imports)]
@@ -138,16 +138,7 @@ async fn a_standby_takes_a_killed_members_open_run_over_from_the_stream_and_comp
     // The standby takes over, the node moves to it, and the run completes there once.
     acts(&b).await;
     b.wait_for_nodes(1).await;
-    let path = format!("/admin/v1/runs/{run_id}");
-    let record = eventually_ok("the run completes on the survivor", || async {
-        let record = get(b.admin_addr, &path).await;
-        if record["outcome"] == "completed" {
-            Ok(record)
-        } else {
-            Err(record.to_string())
-        }
-    })
-    .await;
+    let record = completed_record(b.admin_addr, &run_id, "the run completes on the survivor").await;
     let stored = stored_events(b.admin_addr, &run_id).await;
     assert_every_delta_once(&record, &stored, DELTAS);
     let chats = engine
@@ -175,14 +166,11 @@ async fn a_standby_takes_a_killed_members_open_run_over_from_the_stream_and_comp
     // A member started later with an empty data directory folds the whole stream — the dead
     // member's batches and the survivor's — into the same record.
     let c = spawn_app(&member(&nats, &engine, "edge-c")).await;
-    let late = eventually_ok("the late member has folded the run's end", || async {
-        let record = get(c.admin_addr, &path).await;
-        if record["outcome"] == "completed" {
-            Ok(record)
-        } else {
-            Err(record.to_string())
-        }
-    })
+    let late = completed_record(
+        c.admin_addr,
+        &run_id,
+        "the late member has folded the run's end",
+    )
     .await;
     assert_eq!(late, record);
     assert_eq!(stored_events(c.admin_addr, &run_id).await, stored);

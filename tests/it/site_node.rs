@@ -4,7 +4,7 @@
 //! it registers on the one that acts, and when the roles flip it follows the active member
 //! and its open run resumes there with every event once.
 
-use crate::admin_crash::{get, text};
+use crate::admin_crash::{completed_record, text};
 use crate::common;
 #[allow(dead_code, unused_imports)]
 use crate::node;
@@ -241,15 +241,11 @@ async fn a_node_finds_the_active_member_and_follows_a_flip_with_its_open_run() {
     // The node follows: A refuses it naming B, it registers on B and its run resumes there.
     b.wait_for_nodes(1).await;
     assert_eq!(a.parts.registry.len(), 0);
-    let path = format!("/admin/v1/runs/{run_id}");
-    let record = eventually_ok("the run completes on the new active member", || async {
-        let record = get(b.admin_addr, &path).await;
-        if record["outcome"] == "completed" {
-            Ok(record)
-        } else {
-            Err(record.to_string())
-        }
-    })
+    let record = completed_record(
+        b.admin_addr,
+        &run_id,
+        "the run completes on the new active member",
+    )
     .await;
     let stored = stored_events(&b, &run_id).await;
     assert_every_delta_once(&record, &stored, DELTAS);

@@ -189,7 +189,7 @@ pub(super) async fn lease(
 }
 
 /// A counter read from the lease's stats: name, description, how to read it.
-type LeaseCounter = (&'static str, &'static str, fn(&LeaseStats) -> u64);
+type LeaseCounter = super::nats_metrics::StatsCounter<LeaseStats>;
 
 /// `edge_cluster_role`, `edge_cluster_epoch` and the lease's counters.
 fn observe(meter: &Meter, site: SiteRole, stats: LeaseStats) {
@@ -226,12 +226,5 @@ fn observe(meter: &Meter, site: SiteRole, stats: LeaseStats) {
             LeaseStats::renewal_failures,
         ),
     ];
-    for (name, description, read) in counters {
-        let stats = stats.clone();
-        meter
-            .u64_observable_counter(name)
-            .with_description(description)
-            .with_callback(move |o| o.observe(read(&stats), &[]))
-            .build();
-    }
+    super::nats_metrics::observe_counters(meter, &stats, counters);
 }

@@ -8,8 +8,28 @@ use opentelemetry::metrics::Meter;
 
 use crate::adapters::sinks::nats::NatsStats;
 
+/// A counter read from some stats: name, description, how to read it.
+pub(super) type StatsCounter<S> = (&'static str, &'static str, fn(&S) -> u64);
+
 /// A counter read from the stats: name, description, how to read it.
-type NatsCounter = (&'static str, &'static str, fn(&NatsStats) -> u64);
+type NatsCounter = StatsCounter<NatsStats>;
+
+/// Registers one unlabelled observable counter per entry of `counters`, each read from
+/// `stats` on every scrape.
+pub(super) fn observe_counters<S: Clone + Send + Sync + 'static>(
+    meter: &Meter,
+    stats: &S,
+    counters: impl IntoIterator<Item = StatsCounter<S>>,
+) {
+    for (name, description, read) in counters {
+        let stats = stats.clone();
+        meter
+            .u64_observable_counter(name)
+            .with_description(description)
+            .with_callback(move |o| o.observe(read(&stats), &[]))
+            .build();
+    }
+}
 
 /// Registers the NATS sink's instruments for `stats`.
 pub(super) fn observe_nats(meter: &Meter, stats: NatsStats) {
@@ -35,14 +55,7 @@ pub(super) fn observe_nats(meter: &Meter, stats: NatsStats) {
             NatsStats::disconnects,
         ),
     ];
-    for (name, description, read) in counters {
-        let stats = stats.clone();
-        meter
-            .u64_observable_counter(name)
-            .with_description(description)
-            .with_callback(move |o| o.observe(read(&stats), &[]))
-            .build();
-    }
+    observe_counters(meter, &stats, counters);
     let dropped = stats.clone();
     meter
         .u64_observable_counter("edge_sink_nats_dropped")
