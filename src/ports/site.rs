@@ -101,6 +101,9 @@ pub struct SiteRole {
     sender: Arc<watch::Sender<Role>>,
     /// Nanoseconds after [`base`] until which an active member acts; 0: no bound.
     acts_until: Arc<AtomicU64>,
+    /// Whether this edge is a member of a site (made with a role other than
+    /// [`Role::Single`]): only a member can ever stand by.
+    member: bool,
 }
 
 impl Default for SiteRole {
@@ -110,12 +113,19 @@ impl Default for SiteRole {
 }
 
 impl SiteRole {
-    /// A handle starting as `role`.
+    /// A handle starting as `role`: a member of a site unless `role` is [`Role::Single`].
     pub fn new(role: Role) -> Self {
         Self {
+            member: role != Role::Single,
             sender: Arc::new(watch::Sender::new(role)),
             acts_until: Arc::default(),
         }
+    }
+
+    /// Whether this edge is a member of a site, and so may stand by: a single edge (no
+    /// `[cluster]`) always acts, and what checks for a standby can leave itself out.
+    pub fn is_member(&self) -> bool {
+        self.member
     }
 
     /// The role as it was last set.
@@ -188,6 +198,8 @@ mod tests {
         let role = SiteRole::default();
         assert!(role.acts());
         assert_eq!(role.epoch(), 0);
+        assert!(!role.is_member());
+        assert!(SiteRole::new(Role::Active { epoch: 1 }).is_member());
     }
 
     #[tokio::test]

@@ -51,7 +51,7 @@ async fn metrics_text(http: SocketAddr) -> String {
 }
 
 /// Waits until `/readyz` at `http` is 200; its body.
-async fn ready(http: SocketAddr) -> String {
+pub(crate) async fn ready(http: SocketAddr) -> String {
     eventually_ok(&format!("{http} is ready"), || async {
         match readyz(http).await {
             (StatusCode::OK, body) => Ok(body),

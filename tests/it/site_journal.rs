@@ -11,6 +11,7 @@
 //! and ends nothing.
 
 use crate::admin_crash::{Edge, completed_record, get, start_edge_with, text};
+use crate::cluster::ready;
 use crate::common;
 use crate::mock_node::{MockNode, MockOptions};
 #[allow(dead_code, unused_imports)]
@@ -65,7 +66,8 @@ async fn outputs(admin: SocketAddr, run_id: &str) -> usize {
         .count()
 }
 
-/// The active member, a real process, with its data directory.
+/// The active member, a real process, with its data directory, once it acts (ready): a
+/// member started after it then stands by behind it, never racing it for the lease.
 async fn active_member(config: &str) -> (Edge, tempfile::TempDir) {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = write_config(dir.path(), config);
@@ -74,6 +76,7 @@ async fn active_member(config: &str) -> (Edge, tempfile::TempDir) {
         .expect("a free port")
         .to_string();
     let edge = start_edge_with(edge_serve_on(&path, &listen)).await;
+    ready(edge.http).await;
     (edge, dir)
 }
 

@@ -87,8 +87,8 @@ impl AdminState {
     }
 }
 
-/// Every route, documented, behind the key check (all but the document itself), then the
-/// standby's refusal of changes (`standby.rs`).
+/// Every route, documented, behind the key check (all but the document itself), then, for
+/// a member of a site, the standby's refusal of changes (`standby.rs`).
 fn documented(state: &AdminState) -> OpenApiRouter<AdminState> {
     let routes: [fn(OpenApiRouter<AdminState>) -> OpenApiRouter<AdminState>; 14] = [
         nodes_list::register,
@@ -106,20 +106,22 @@ fn documented(state: &AdminState) -> OpenApiRouter<AdminState> {
         model_unload::register,
         model_events::register,
     ];
-    let protected = routes
-        .into_iter()
-        .fold(
-            OpenApiRouter::with_openapi(openapi::AdminDoc::openapi()),
-            |router, register| register(router),
-        )
-        .route_layer(middleware::from_fn_with_state(
+    let routes = routes.into_iter().fold(
+        OpenApiRouter::with_openapi(openapi::AdminDoc::openapi()),
+        |router, register| register(router),
+    );
+    let routes = if state.site.is_member() {
+        routes.route_layer(middleware::from_fn_with_state(
             state.clone(),
             standby::refuse_changes_on_standby,
         ))
-        .route_layer(middleware::from_fn_with_state(
-            state.clone(),
-            auth::require_key,
-        ));
+    } else {
+        routes
+    };
+    let protected = routes.route_layer(middleware::from_fn_with_state(
+        state.clone(),
+        auth::require_key,
+    ));
     openapi::register(protected)
 }
 

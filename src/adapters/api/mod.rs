@@ -182,12 +182,17 @@ pub(crate) fn unknown_routes() -> Router {
 }
 
 /// `routes` behind the API-key check (when keys are configured), then the standby
-/// refusal, and the body limit.
+/// refusal (for a member of a site: a single edge never stands by, and its requests pay
+/// no layer for it), and the body limit.
 fn guarded(routes: Router<ApiState>, state: &ApiState) -> Router<ApiState> {
-    let routes = routes.route_layer(middleware::from_fn_with_state(
-        state.clone(),
-        standby::refuse_on_standby,
-    ));
+    let routes = if state.site.is_member() {
+        routes.route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            standby::refuse_on_standby,
+        ))
+    } else {
+        routes
+    };
     let routes = if state.api.config().keys.is_empty() {
         routes
     } else {
