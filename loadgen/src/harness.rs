@@ -420,6 +420,61 @@ pub fn process_threads_cpu_ms(pid: u32, prefix: &str) -> u64 {
     tasks_cpu_ms(Path::new(&format!("/proc/{pid}/task")), prefix)
 }
 
+/// What the scheduler counted for a group of threads so far: time on a CPU, time runnable
+/// but waiting for one (the run queue), and how often they were switched out.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SchedTimes {
+    pub cpu_ns: u64,
+    pub run_queue_ns: u64,
+    pub switches: u64,
+}
+
+impl SchedTimes {
+    /// What was counted between `earlier` and this.
+    pub fn since(self, earlier: SchedTimes) -> SchedTimes {
+        SchedTimes {
+            cpu_ns: self.cpu_ns.saturating_sub(earlier.cpu_ns),
+            run_queue_ns: self.run_queue_ns.saturating_sub(earlier.run_queue_ns),
+            switches: self.switches.saturating_sub(earlier.switches),
+        }
+    }
+}
+
+/// The scheduler's counts (`schedstat`, and `status`'s context switches) of process
+/// `pid`'s threads, summed per group: each thread counts in the first of `prefixes` its
+/// name starts with, or nowhere.
+pub fn process_threads_sched(pid: u32, prefixes: &[&str]) -> Vec<SchedTimes> {
+    let mut groups = vec![SchedTimes::default(); prefixes.len()];
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return groups;
+    };
+    for task in tasks.flatten() {
+        let read = |file: &str| std::fs::read_to_string(task.path().join(file)).ok();
+        let (Some(name), Some(schedstat), Some(status)) =
+            (read("comm"), read("schedstat"), read("status"))
+        else {
+            continue;
+        };
+        let Some(group) = prefixes.iter().position(|p| name.trim_end().starts_with(p)) else {
+            continue;
+        };
+        let mut counts = schedstat
+            .split_whitespace()
+            .map(|n| n.parse::<u64>().unwrap_or(0));
+        let (cpu_ns, run_queue_ns) = (counts.next().unwrap_or(0), counts.next().unwrap_or(0));
+        let switches: u64 = status
+            .lines()
+            .filter(|line| line.contains("ctxt_switches:"))
+            .filter_map(|line| line.split_whitespace().last()?.parse::<u64>().ok())
+            .sum();
+        let sum = &mut groups[group];
+        sum.cpu_ns += cpu_ns;
+        sum.run_queue_ns += run_queue_ns;
+        sum.switches += switches;
+    }
+    groups
+}
+
 /// CPU time of the threads in `tasks` (a `/proc/.../task` directory) whose name starts
 /// with `prefix`, in ms.
 fn tasks_cpu_ms(tasks: &Path, prefix: &str) -> u64 {

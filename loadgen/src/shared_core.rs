@@ -5,13 +5,16 @@
 //! on, the stdout sink into `/dev/null`) on its own runtime, the nodes on a one-worker
 //! runtime of theirs, and a bare hyper server ([`crate::bare`]) answering the edge's own
 //! captured answer on a third. Every figure is taken by the client; CPU per request is
-//! read from the child's threads by name (`edge*`, `nodes`, `bare`). TTFB is from the
+//! read from the child's threads by name (`edge*`, `nodes`, `bare`), and so is the
+//! per-thread account of the edge's window: each group's CPU time, time runnable but
+//! waiting for the core (`schedstat`'s run-queue wait) and switches, per request. TTFB is from the
 //! request's write to the first non-empty body frame (a streamed response's headers do not
 //! count: the edge may send them before the node answers).
 //!
 //! With fewer than two CPUs it says so and runs unpinned. It measures; it asserts nothing
 //! about the figures.
 
+use std::cell::RefCell;
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
@@ -26,7 +29,7 @@ use tokio_util::sync::CancellationToken;
 use crate::Common;
 use crate::api::{self, ApiArgs, Driven, PATH, drive};
 use crate::bare;
-use crate::harness::{self, InProcessEdge};
+use crate::harness::{self, InProcessEdge, SchedTimes};
 use crate::http::post_json;
 use crate::stats::Record;
 
@@ -39,6 +42,44 @@ const READY: &str = "@rig-ready ";
 /// How long the server child may take to start, and to stop.
 const START_LIMIT: Duration = Duration::from_secs(120);
 const STOP_LIMIT: Duration = Duration::from_secs(30);
+
+/// The per-thread account of the edge's window: the child's thread groups, most specific
+/// first (a thread counts in the first its name starts with), and the record's keys for
+/// each one's CPU time, run-queue wait (runnable, not running) and switches per request.
+const THREAD_GROUPS: [(&str, [&str; 3]); 4] = [
+    (
+        "edge-journal",
+        [
+            "journal_cpu_us_per_request",
+            "journal_run_queue_us_per_request",
+            "journal_switches_per_request",
+        ],
+    ),
+    (
+        "edge-sink",
+        [
+            "sink_cpu_us_per_request",
+            "sink_run_queue_us_per_request",
+            "sink_switches_per_request",
+        ],
+    ),
+    (
+        "nodes",
+        [
+            "nodes_cpu_us_per_request",
+            "nodes_run_queue_us_per_request",
+            "nodes_switches_per_request",
+        ],
+    ),
+    (
+        "edge",
+        [
+            "edge_runtime_cpu_us_per_request",
+            "edge_runtime_run_queue_us_per_request",
+            "edge_runtime_switches_per_request",
+        ],
+    ),
+];
 
 /// TTFB's end: the body has its first bytes.
 fn first_frame(body: &[u8]) -> bool {
@@ -104,6 +145,12 @@ impl Server {
         Ok(server)
     }
 
+    /// The scheduler's counts of the child's [`THREAD_GROUPS`] so far.
+    fn sched(&self) -> Vec<SchedTimes> {
+        let prefixes = THREAD_GROUPS.map(|(prefix, _)| prefix);
+        harness::process_threads_sched(self.child.id(), &prefixes)
+    }
+
     /// CPU time used so far by the child's threads whose name starts with `prefix`, in ms.
     fn cpu_ms(&self, prefix: &str) -> u64 {
         harness::process_threads_cpu_ms(self.child.id(), prefix)
@@ -164,7 +211,12 @@ pub fn run(args: &ApiArgs, common: &Common) -> anyhow::Result<Vec<Record>> {
     let warmup = Duration::from_millis(args.warmup_ms);
     let duration = Duration::from_millis(args.duration_ms);
     let bare_cpu = || (server.cpu_ms("bare"), 0);
-    let edge_cpu = || (server.cpu_ms("edge"), server.cpu_ms("nodes"));
+    // The thread groups' counts are taken with the CPU's, at the window's two edges.
+    let window = RefCell::new(Vec::new());
+    let edge_cpu = || {
+        window.borrow_mut().push(server.sched());
+        (server.cpu_ms("edge"), server.cpu_ms("nodes"))
+    };
     let on_bare = Driven {
         cpu_ms: &bare_cpu,
         watch: Some(first_frame),
@@ -188,6 +240,7 @@ pub fn run(args: &ApiArgs, common: &Common) -> anyhow::Result<Vec<Record>> {
                 duration,
                 &on_bare,
             )?;
+            window.borrow_mut().clear();
             let edge = drive(
                 &load,
                 server.edge,
@@ -197,6 +250,8 @@ pub fn run(args: &ApiArgs, common: &Common) -> anyhow::Result<Vec<Record>> {
                 duration,
                 &on_edge,
             )?;
+            let requests = edge.requests_per_s * duration.as_secs_f64();
+            let account = thread_account(&window.take(), requests);
             records.push(
                 Record::new(format!("rig=shared-core mode={mode} c={concurrency}"))
                     .with("edge_rps", edge.requests_per_s)
@@ -216,7 +271,8 @@ pub fn run(args: &ApiArgs, common: &Common) -> anyhow::Result<Vec<Record>> {
                     .with("nodes_cpu_us_per_request", edge.other_cpu_us_per_request)
                     .with("bare_cpu_us_per_request", bare.cpu_us_per_request)
                     .with("pinned", f64::from(u8::from(pinned)))
-                    .with("errors", (edge.errors + bare.errors) as f64),
+                    .with("errors", (edge.errors + bare.errors) as f64)
+                    .with_all(account),
             );
         }
     }
@@ -263,4 +319,24 @@ pub fn serve(args: &ApiArgs, common: &Common) -> anyhow::Result<Vec<Record>> {
     }
     nodes.shutdown_timeout(Duration::from_secs(2));
     Ok(Vec::new())
+}
+
+/// Each thread group's CPU time, run-queue wait and switches per request over the window
+/// whose two samples `window` holds (nothing when it holds fewer).
+fn thread_account(window: &[Vec<SchedTimes>], requests: f64) -> Vec<(&'static str, f64)> {
+    let [start, end] = window else {
+        return Vec::new();
+    };
+    let per_request = |n: u64| n as f64 / requests.max(1.0);
+    THREAD_GROUPS
+        .iter()
+        .zip(end.iter().zip(start).map(|(end, start)| end.since(*start)))
+        .flat_map(|((_, [cpu, run_queue, switches]), spent)| {
+            [
+                (*cpu, per_request(spent.cpu_ns) / 1_000.0),
+                (*run_queue, per_request(spent.run_queue_ns) / 1_000.0),
+                (*switches, per_request(spent.switches)),
+            ]
+        })
+        .collect()
 }

@@ -115,6 +115,12 @@ impl Record {
         self
     }
 
+    /// Every one of `values`, in order.
+    pub fn with_all(mut self, values: impl IntoIterator<Item = (&'static str, f64)>) -> Self {
+        self.values.extend(values);
+        self
+    }
+
     pub fn get(&self, name: &str) -> Option<f64> {
         self.values
             .iter()

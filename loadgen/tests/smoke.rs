@@ -297,7 +297,7 @@ fn latency_breaks_the_edge_path_into_hops() {
 }
 
 /// The figures every record of the rig carries.
-const FIGURES: [&str; 12] = [
+const FIGURES: [&str; 15] = [
     "edge_rps",
     "bare_rps",
     "ratio",
@@ -310,6 +310,10 @@ const FIGURES: [&str; 12] = [
     "nodes_cpu_us_per_request",
     "bare_cpu_us_per_request",
     "errors",
+    // The per-thread account: the edge's runtime's, and its run-queue wait.
+    "edge_runtime_cpu_us_per_request",
+    "edge_runtime_run_queue_us_per_request",
+    "nodes_run_queue_us_per_request",
 ];
 
 /// The shared-core rig (`api --rig shared-core`, issue 50) run for a moment: it must start
