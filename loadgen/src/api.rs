@@ -29,6 +29,7 @@ use tokio::task::JoinHandle;
 
 use crate::Common;
 use crate::bare::Canned;
+use crate::external::NatsChild;
 use crate::harness::{self, InProcessEdge, Nodes};
 use crate::http::{Connection, post_json};
 use crate::lean::{self, Plan};
@@ -75,6 +76,15 @@ pub struct ApiArgs {
     /// Internal: the CPU the shared-core rig's server child pins itself to.
     #[arg(long, hide = true)]
     pub server_cpu: Option<usize>,
+    /// A labelled variant (issue 49): the edge is the one member of a site (`[cluster]`, a
+    /// site of its own per run) whose lease and replicated journal live on a `nats-server`
+    /// with JetStream this program starts (or at `--nats-url`); the load starts once the
+    /// edge holds the lease.
+    #[arg(long)]
+    pub cluster: bool,
+    /// The NATS server of `--cluster`, instead of one this program starts.
+    #[arg(long, requires = "cluster")]
+    pub nats_url: Option<String>,
 }
 
 /// What the edge's journal files take on disk now, in MiB.
@@ -99,6 +109,12 @@ pub fn child_args(args: &ApiArgs) -> Vec<String> {
     ]
     .into_iter()
     .chain(args.server_cpu.map(|cpu| format!("--server-cpu={cpu}")))
+    .chain(args.cluster.then(|| "--cluster".to_owned()))
+    .chain(
+        args.nats_url
+            .as_ref()
+            .map(|url| format!("--nats-url={url}")),
+    )
     .collect()
 }
 
@@ -363,15 +379,27 @@ pub async fn start_nodes(
 }
 
 /// The edge's config for `args`: the shipped defaults, `args.nodes` node definitions
-/// that take the most concurrent runs asked for, and no default deadline.
-pub fn edge_config(args: &ApiArgs) -> String {
+/// that take the most concurrent runs asked for, no default deadline, and, with `nats`
+/// (`--cluster`), the `[cluster]` of a site of its own there.
+pub fn edge_config(args: &ApiArgs, nats: Option<&str>) -> String {
     let most = args.concurrency.iter().copied().max().unwrap_or(1).max(1);
     let nodes = Nodes {
         count: args.nodes.max(1),
         max_concurrent_runs: u32::try_from(most).unwrap_or(u32::MAX),
         heartbeat_interval_ms: 600_000,
     };
-    harness::config(nodes, "[api]\ndefault_deadline_ms = 0\n")
+    let mut extra = String::from("[api]\ndefault_deadline_ms = 0\n");
+    if let Some(url) = nats {
+        // A site of its own: no lease or journal stream left by an earlier run.
+        let started = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |since| since.as_millis());
+        let site = format!("loadgen-{}-{started}", std::process::id());
+        extra.push_str(&format!(
+            "[edge]\nid = \"loadgen-edge\"\n[cluster]\nsite = {site:?}\nnats = {url:?}\n"
+        ));
+    }
+    harness::config(nodes, &extra)
 }
 
 /// The edge's event sink `args` names.
@@ -395,13 +423,28 @@ pub fn streams(mode: &str) -> anyhow::Result<bool> {
 
 pub fn run(args: &ApiArgs, common: &Common) -> anyhow::Result<Vec<Record>> {
     if args.rig == "shared-core" {
+        if args.cluster {
+            bail!("--cluster runs on the in-process rig only");
+        }
         return crate::shared_core::run(args, common);
     }
     if args.sink == "stdout" && !common.child {
         return crate::run_in_child(common, "api", &child_args(args));
     }
     harness::init_logging(common);
-    let edge = InProcessEdge::start(&edge_config(args), &[sink_kind(args)], common.edge_threads)?;
+    let nats = match (args.cluster, &args.nats_url) {
+        (true, None) => Some(NatsChild::start(true)?),
+        _ => None,
+    };
+    let nats_url = args
+        .nats_url
+        .as_deref()
+        .or(nats.as_ref().map(|child| child.url.as_str()));
+    let config = edge_config(args, nats_url);
+    let edge = InProcessEdge::start(&config, &[sink_kind(args)], common.edge_threads)?;
+    if args.cluster {
+        edge.wait_acting(Duration::from_secs(30))?;
+    }
     let load = harness::runtime("load", common.load_threads)?;
     let (servers, mocks) = load.block_on(start_nodes(args, edge.node_addr, args.nodes.max(1)))?;
 
@@ -416,6 +459,7 @@ pub fn run(args: &ApiArgs, common: &Common) -> anyhow::Result<Vec<Record>> {
 
     let warmup = Duration::from_millis(args.warmup_ms);
     let duration = Duration::from_millis(args.duration_ms);
+    let site = if args.cluster { "cluster " } else { "" };
     let mut records = Vec::new();
     for mode in &args.modes {
         let stream = streams(mode)?;
@@ -440,7 +484,7 @@ pub fn run(args: &ApiArgs, common: &Common) -> anyhow::Result<Vec<Record>> {
                 &IN_PROCESS,
             )?;
             records.push(
-                Record::new(format!("mode={mode} c={concurrency}"))
+                Record::new(format!("{site}mode={mode} c={concurrency}"))
                     .with("edge_rps", through.requests_per_s)
                     .with("direct_rps", baseline.requests_per_s)
                     .with(

@@ -205,6 +205,19 @@ impl InProcessEdge {
     }
 
     /// Stops the edge gracefully (bounded) and drops its runtime.
+    /// Waits until the edge acts for its site (a member of one holds the lease), for
+    /// `limit` at most.
+    pub fn wait_acting(&self, limit: Duration) -> anyhow::Result<()> {
+        let started = Instant::now();
+        while !self.parts.site.acts() {
+            if started.elapsed() > limit {
+                bail!("the edge did not take its site's lease within {limit:?}");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(())
+    }
+
     pub fn stop(mut self) {
         self.parts.stop.cancel();
         if let Some(serving) = self.serving.take() {

@@ -291,7 +291,7 @@ pub fn serve(args: &ApiArgs, common: &Common) -> anyhow::Result<Vec<Record>> {
     }
     harness::init_logging(common);
     let edge = InProcessEdge::start(
-        &api::edge_config(args),
+        &api::edge_config(args, None),
         &[api::sink_kind(args)],
         common.edge_threads,
     )?;

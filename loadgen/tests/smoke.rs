@@ -135,6 +135,23 @@ fn relay_publishes_into_jetstream_on_a_server_it_starts() {
     assert!(stdout.contains("nats_published_per_s="), "{stdout}");
 }
 
+/// The edge as the one member of a site (`--cluster`, issue 49): its lease and replicated
+/// journal on a JetStream `nats-server` the load generator starts.
+#[test]
+fn api_runs_as_a_member_of_a_site_on_a_server_it_starts() {
+    let output = run(&[
+        "api",
+        "--cluster",
+        "--modes=stream",
+        "--concurrency=2",
+        "--nodes=1",
+        "--duration-ms=200",
+        "--warmup-ms=50",
+    ]);
+    let stdout = assert_reported(&output, "api", "cluster mode=stream c=2");
+    assert!(stdout.contains("errors=0"), "{stdout}");
+}
+
 #[test]
 fn api_runs_with_span_export_on() {
     let output = run(&[
