@@ -319,13 +319,15 @@ impl EdgeProcess {
         Ok(edge)
     }
 
+    /// Waits until the edge is ready, or, a member of a site (`[cluster]`), stands by: up
+    /// and answering, the lease held by another member or not yet by any.
     fn wait_ready(&mut self, limit: Duration) -> anyhow::Result<()> {
         let started = Instant::now();
         while started.elapsed() < limit {
             if let Some(status) = self.child.try_wait()? {
                 bail!("the edge exited at startup with {status}");
             }
-            if http_get(self.http_addr, "/readyz").is_ok_and(|r| r.starts_with("HTTP/1.1 200")) {
+            if http_get(self.http_addr, "/readyz").is_ok_and(|r| is_ready(&r) || stands_by(&r)) {
                 return Ok(());
             }
             std::thread::sleep(Duration::from_millis(20));
@@ -347,6 +349,25 @@ impl EdgeProcess {
     pub fn get(&self, path: &str) -> anyhow::Result<String> {
         http_get(self.http_addr, path)
     }
+
+    /// Whether `/readyz` answers 200 now (a member of a site: whether it is the active one).
+    pub fn is_ready(&self) -> bool {
+        self.get("/readyz")
+            .is_ok_and(|response| is_ready(&response))
+    }
+}
+
+/// Whether `response` (to `GET /readyz`) says ready.
+fn is_ready(response: &str) -> bool {
+    response.starts_with("HTTP/1.1 200")
+}
+
+/// Whether `response` (to `GET /readyz`) is a member of a site standing by.
+fn stands_by(response: &str) -> bool {
+    response.starts_with("HTTP/1.1 503")
+        && response
+            .split_once("\r\n\r\n")
+            .is_some_and(|(_, body)| body.starts_with("standby"))
 }
 
 impl Drop for EdgeProcess {

@@ -10,6 +10,12 @@
 //! (`edge_runs_reattached_total`), then — the engine let go — until every run has ended; and
 //! from each run's record: runs completed, runs lost (ended otherwise), events stored per run
 //! against the events the run sent (missing and repeated events).
+//!
+//! With `--cluster`, a takeover instead (issue 49): two members of one site on a JetStream
+//! `nats-server` this program starts (the lease's default timings), the nodes knowing both;
+//! the active member is killed and nothing restarts. "Restart to ready" is then the kill to
+//! the standby answering `/readyz` 200 (its lease taken once the killed one's lapsed, the
+//! site's journal caught up, the open runs adopted), and the re-attachments are counted on it.
 
 use std::convert::Infallible;
 use std::io::{Read as _, Write as _};
@@ -30,6 +36,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::Common;
 use crate::engine::edge_config;
+use crate::external::NatsChild;
 use crate::harness::{self, EdgeProcess, token};
 use crate::http::post_json;
 use crate::register::edge_bin;
@@ -61,6 +68,11 @@ pub struct ReadoptArgs {
     /// The `edge` binary [default: `edge` beside this program's directory].
     #[arg(long)]
     pub edge_bin: Option<std::path::PathBuf>,
+    /// A takeover instead of a restart (issue 49): two members of a site (`[cluster]`, the
+    /// lease's default timings) on a JetStream `nats-server` this program starts, the nodes
+    /// knowing both; the active member is killed and the standby takes the runs over.
+    #[arg(long)]
+    pub cluster: bool,
 }
 
 /// The engine's chunk carrying `text` (or the finish, without).
@@ -197,22 +209,44 @@ pub fn run(args: &ReadoptArgs, common: &Common) -> anyhow::Result<Vec<Record>> {
     );
     let journal = tempfile::tempdir().context("cannot make the journal's directory")?;
     let journal = journal.path().join("journal.sqlite3");
-    let start = |at| {
+    let nats = args.cluster.then(|| NatsChild::start(true)).transpose()?;
+    let start = |at, member: Option<&str>| {
+        let config = match (member, &nats) {
+            (Some(id), Some(nats)) => format!(
+                "[edge]\nid = {id:?}\n[cluster]\nsite = \"readopt\"\nnats = {:?}\n{config}",
+                nats.url
+            ),
+            _ => config.clone(),
+        };
+        // Each member keeps a journal of its own (a cache of the site's stream).
+        let own = member.map(|id| journal.with_file_name(format!("{id}.sqlite3")));
         EdgeProcess::start_at(
             &binary,
             &config,
             common.edge_threads,
             &common.edge_log_level,
             at,
-            Some(&journal),
+            Some(own.as_deref().unwrap_or(&journal)),
             None,
         )
     };
-    let edge = start(None)?;
+    let (edge, standby) = if args.cluster {
+        let active = start(None, Some("edge-a"))?;
+        until(limit, "the first member holds the lease", || {
+            Ok(active.is_ready())
+        })?;
+        (active, Some(start(None, Some("edge-b"))?))
+    } else {
+        (start(None, None)?, None)
+    };
     let addrs = Some((edge.node_addr, edge.http_addr, edge.admin_addr));
     let stop = CancellationToken::new();
+    let dialled = match &standby {
+        Some(standby) => format!("{},{}", edge.node_addr, standby.node_addr),
+        None => edge.node_addr.to_string(),
+    };
     for i in 0..args.nodes.max(1) {
-        let mut options = edge_node::NodeOptions::new(edge.node_addr.to_string(), token(i));
+        let mut options = edge_node::NodeOptions::new(dialled.clone(), token(i));
         options.reconnect_min = Duration::from_millis(args.reconnect_min_ms);
         options.reconnect_max = Duration::from_millis(args.reconnect_max_ms);
         load.spawn(edge_node::run(options, stop.clone()));
@@ -234,7 +268,14 @@ pub fn run(args: &ReadoptArgs, common: &Common) -> anyhow::Result<Vec<Record>> {
     let killed = Instant::now();
     drop(edge); // SIGKILL, and reaped
     let spawned = Instant::now();
-    let edge = start(addrs)?;
+    let edge = match standby {
+        // The standby takes over once the killed member's lease lapses.
+        Some(standby) => {
+            until(limit, "the standby takes over", || Ok(standby.is_ready()))?;
+            standby
+        }
+        None => start(addrs, None)?,
+    };
     let ready = spawned.elapsed();
     let reattached = until(limit, "every run re-attached", || {
         let metrics = edge.get("/metrics")?;
@@ -254,7 +295,8 @@ pub fn run(args: &ReadoptArgs, common: &Common) -> anyhow::Result<Vec<Record>> {
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
     Ok(vec![
         Record::new(format!(
-            "runs={} nodes={} deltas={} before={} reconnect_ms={}-{}",
+            "{}runs={} nodes={} deltas={} before={} reconnect_ms={}-{}",
+            if args.cluster { "takeover " } else { "" },
             args.runs,
             args.nodes,
             args.deltas,

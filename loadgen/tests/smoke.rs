@@ -152,6 +152,32 @@ fn api_runs_as_a_member_of_a_site_on_a_server_it_starts() {
     assert!(stdout.contains("errors=0"), "{stdout}");
 }
 
+/// An edge killed with streamed runs open (`readopt`, issue 32), and a site's active
+/// member killed under them (`--cluster`, issue 49): every run completes, nothing lost.
+#[test]
+fn readopt_takes_every_open_run_back_after_a_restart_and_after_a_takeover() {
+    for cluster in [None, Some("--cluster")] {
+        let args = [
+            "readopt",
+            "--runs=4",
+            "--nodes=2",
+            "--deltas=4",
+            "--before=1",
+            "--limit-ms=60000",
+            &edge_bin(),
+        ];
+        let output = run(&[&args[..], cluster.as_slice()].concat());
+        let case = if cluster.is_some() {
+            "takeover runs=4"
+        } else {
+            "runs=4"
+        };
+        let stdout = assert_reported(&output, "readopt", case);
+        assert!(stdout.contains("runs_completed=4 "), "{stdout}");
+        assert!(stdout.contains("runs_lost=0 "), "{stdout}");
+    }
+}
+
 #[test]
 fn api_runs_with_span_export_on() {
     let output = run(&[

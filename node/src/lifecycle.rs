@@ -166,6 +166,11 @@ async fn connect_loop(core: &Core) -> Result<(), NodeError> {
             Err(Failure::Fatal(error)) => return Err(error),
             Err(Failure::Redirect(active)) => {
                 tracing::info!(edge = %site.current(), %active, "the edge stands by: dialling the active member");
+                // A member answered: the site is up, and a takeover may be under way (the
+                // member it names may be the one that just died). The delays start over,
+                // so the node reaches the member that takes over within one first delay
+                // of it acting, not after a backoff grown while the old lease lapsed.
+                backoff.reset();
                 if site.redirected(&active) == Dial::Now {
                     continue;
                 }
