@@ -14,6 +14,7 @@ use serde_json::Value;
 use crate::admin_crash::{Edge, start_edge};
 use crate::common::engines::NatsServer;
 use crate::common::{NodeTable, TestApp, eventually, eventually_ok, http_client, spawn_app};
+use crate::site_support::signal;
 
 const ADMIN_KEY: &str = "adm-cluster-key";
 
@@ -21,9 +22,8 @@ const ADMIN_KEY: &str = "adm-cluster-key";
 fn member(nats: &NatsServer, id: &str, target: &str) -> String {
     let node = NodeTable::new("node-a", "gpu-a", "token-a").echo(&[target]);
     format!(
-        "[edge]\nid = {id:?}\n[events]\nsinks = [\"null\"]\n[admin]\nkeys = [{ADMIN_KEY:?}]\n\
-         [cluster]\nsite = \"s1\"\nnats = {:?}\nlease_ms = 300\nrenew_ms = 100\n{node}",
-        nats.url()
+        "[edge]\nid = {id:?}\n[events]\nsinks = [\"null\"]\n[admin]\nkeys = [{ADMIN_KEY:?}]\n{}{node}",
+        crate::site_support::cluster_section(nats)
     )
 }
 
@@ -202,15 +202,6 @@ async fn a_killed_active_member_is_taken_over_once_its_lease_lapses() {
         "taken over by compare-and-set"
     );
     b.stop().await;
-}
-
-/// Sends `signal` (`-STOP`, `-CONT`) to process `pid`.
-fn signal(pid: u32, signal: &str) {
-    let status = std::process::Command::new("kill")
-        .args([signal, &pid.to_string()])
-        .status()
-        .expect("run kill");
-    assert!(status.success(), "kill {signal} {pid}");
 }
 
 #[crate::common::test]

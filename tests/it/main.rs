@@ -46,6 +46,7 @@ mod run_state_machine;
 mod admin_support;
 mod api_support;
 mod node_support;
+mod site_support;
 
 mod admin_api;
 mod admin_cli;
@@ -98,8 +99,10 @@ mod responses_background;
 mod resume;
 mod routing;
 mod runs;
+mod site_e2e;
 mod site_journal;
 mod site_node;
+mod site_soak;
 mod site_transport;
 mod soak;
 mod stream_resume;

@@ -26,7 +26,7 @@ use serde_json::{Value, json};
 use tokio::sync::Semaphore;
 
 /// Deltas in the answer.
-const DELTAS: usize = 20;
+pub(crate) const DELTAS: usize = 20;
 
 /// Deltas let out before the edge is killed.
 const BEFORE_THE_KILL: usize = 7;
@@ -61,16 +61,21 @@ pub fn assert_every_delta_once(record: &Value, stored: &[Value], deltas: usize) 
 
 /// An engine streaming [`DELTAS`] deltas, one per permit of the returned gate.
 async fn gated_engine() -> (ScriptedEngine, Arc<Semaphore>) {
-    let engine = ScriptedEngine::start(&[QWEN]).await;
     let gate = Arc::new(Semaphore::new(0));
+    (engine_behind(&gate).await, gate)
+}
+
+/// An engine streaming [`DELTAS`] deltas, one per permit of `gate` (shared by engines).
+pub(crate) async fn engine_behind(gate: &Arc<Semaphore>) -> ScriptedEngine {
+    let engine = ScriptedEngine::start(&[QWEN]).await;
     let chunks = chat_chunks((0..DELTAS).map(delta));
     let reply = Reply::Sse {
         chunks,
-        gate: Some(Arc::clone(&gate)),
+        gate: Some(Arc::clone(gate)),
         hang: false,
     };
     engine.script(QWEN, reply);
-    (engine, gate)
+    engine
 }
 
 /// A free loopback address for the edge's node listener, kept across its restarts.
@@ -329,7 +334,7 @@ async fn a_messages_stream_resumes_across_a_kill_9_of_its_edge() {
 }
 
 /// Runs in the soak.
-const SOAK_RUNS: usize = 200;
+pub(crate) const SOAK_RUNS: usize = 200;
 
 /// How often a soak client's resume may be refused by an edge that is up (asked again
 /// 50 ms later each time) before the test fails with the refusal.
@@ -337,14 +342,14 @@ const MAX_REFUSALS: usize = 200;
 
 /// The longest a soak client may take to read its run's whole answer, resumes included;
 /// within the test's deadline.
-const SOAK_PATIENCE: std::time::Duration = std::time::Duration::from_secs(120);
+pub(crate) const SOAK_PATIENCE: std::time::Duration = std::time::Duration::from_secs(120);
 
 /// Engine chunks per run: the deltas, the finish chunk and `[DONE]`.
-const CHUNKS: usize = DELTAS + 2;
+pub(crate) const CHUNKS: usize = DELTAS + 2;
 
 /// The open runs' records, from the run service (no journal read).
-async fn open_runs(edge: &Edge) -> Vec<Value> {
-    let list = get(edge.admin, "/admin/v1/runs?state=open&limit=1000").await;
+pub(crate) async fn open_runs(admin: std::net::SocketAddr) -> Vec<Value> {
+    let list = get(admin, "/admin/v1/runs?state=open&limit=1000").await;
     list["runs"].as_array().cloned().unwrap_or_default()
 }
 
@@ -352,9 +357,9 @@ async fn open_runs(edge: &Edge) -> Vec<Value> {
 /// ended run took all [`CHUNKS`]; an open one its outputs, plus its finish when every delta
 /// is out (the finish becomes `completed` only with the `[DONE]` after it). Every open run
 /// has its `started` relayed, so each can be taken back.
-async fn progressed(edge: &Edge, released: usize) {
+pub(crate) async fn progressed(admin: std::net::SocketAddr, released: usize) {
     eventually_ok("the runs relay what the engine sent", || async {
-        let open = open_runs(edge).await;
+        let open = open_runs(admin).await;
         let taken: u64 = open
             .iter()
             .filter_map(|r| r["events"].as_u64())
@@ -377,20 +382,21 @@ async fn progressed(edge: &Edge, released: usize) {
     .await;
 }
 
-/// One soak client: starts a streamed chat completion (counted in `begun` once answered)
+/// One soak client: starts a streamed chat completion of `prompt` (counted in `begun` once answered)
 /// and reads it to its `[DONE]`,
 /// resuming after its last event id through `GET /v1/runs/{run_id}/stream` whenever the
 /// connection ends before (at the edge `http` says now, waiting for the next one when the
 /// edge is down). Returns the run's id, every event it read and how often it resumed.
-async fn soak_client(
+pub(crate) async fn soak_client(
     client: reqwest::Client,
     mut http: tokio::sync::watch::Receiver<std::net::SocketAddr>,
     begun: Arc<std::sync::atomic::AtomicUsize>,
+    prompt: String,
 ) -> (String, Vec<Event>, usize) {
     let body = json!({
         "model": "llama/qwen",
         "stream": true,
-        "messages": [{"role": "user", "content": "tell me a long story"}],
+        "messages": [{"role": "user", "content": prompt}],
     });
     let url = format!("http://{}/v1/chat/completions", *http.borrow_and_update());
     let response = client
@@ -487,7 +493,12 @@ async fn soak_runs_outlive_three_kills_of_their_edge() {
     let clients: Vec<_> = (0..SOAK_RUNS)
         .map(|_| {
             let begun = Arc::clone(&begun);
-            tokio::spawn(soak_client(client.clone(), http.clone(), begun))
+            tokio::spawn(soak_client(
+                client.clone(),
+                http.clone(),
+                begun,
+                "tell me a long story".into(),
+            ))
         })
         .collect();
     // Every run open with its `started` relayed (the node has the engine's headers), and
@@ -496,7 +507,7 @@ async fn soak_runs_outlive_three_kills_of_their_edge() {
     // stream that got its first chunk before the last one came queues for its second ahead
     // of it).
     eventually_ok("every run is open and streaming", || async {
-        let open = open_runs(&edge).await;
+        let open = open_runs(edge.admin).await;
         let started = open
             .iter()
             .filter(|r| r["events"].as_u64() > Some(0))
@@ -512,7 +523,7 @@ async fn soak_runs_outlive_three_kills_of_their_edge() {
         }
     })
     .await;
-    let ids: Vec<String> = open_runs(&edge)
+    let ids: Vec<String> = open_runs(edge.admin)
         .await
         .iter()
         .filter_map(|r| r["id"].as_str().map(str::to_owned))
@@ -536,9 +547,9 @@ async fn soak_runs_outlive_three_kills_of_their_edge() {
         let more = 6 * SOAK_RUNS;
         gate.add_permits(more);
         released += more;
-        progressed(&edge, released).await;
+        progressed(edge.admin, released).await;
         // Every released chunk is relayed: the runs open now are open at the kill.
-        for run in open_runs(&edge).await {
+        for run in open_runs(edge.admin).await {
             let id = run["id"].as_str().unwrap_or_default().to_owned();
             *cut.entry(id).or_default() += 1;
         }

@@ -34,7 +34,7 @@ use crate::engines_e2e::llama_node;
 
 /// Text deltas the SDK reads before the edge is killed (the tiny model's answer has seven).
 const BEFORE: usize = 3;
-const API_KEY: &str = "sk-readopt-engine";
+pub(crate) const API_KEY: &str = "sk-readopt-engine";
 const MODEL: &str = "llama/tiny";
 /// What the SDK asks (the tiny model answers anything with its one sentence).
 const PROMPT: &str = "Say hello";
@@ -43,18 +43,119 @@ const MAX_TOKENS: u32 = 16;
 
 /// What the SDK read of the response before the edge died.
 #[derive(Default)]
-struct Read {
-    response_id: String,
-    last_seen: u64,
-    text: String,
+pub(crate) struct Read {
+    pub(crate) response_id: String,
+    pub(crate) last_seen: u64,
+    pub(crate) text: String,
 }
 
 impl Read {
-    fn run_id(&self) -> &str {
+    pub(crate) fn run_id(&self) -> &str {
         self.response_id
             .strip_prefix("resp_bg_")
             .expect("a background response's id names its run")
     }
+}
+
+/// The SDK script `responses_across_restart.py` reading a background stream of [`PROMPT`]
+/// (`site_e2e` reads one across a takeover too).
+pub(crate) struct SdkStream {
+    sdk: Child,
+    stdin: ChildStdin,
+    lines: Lines<BufReader<ChildStdout>>,
+}
+
+impl SdkStream {
+    /// Starts the script against the API at `base_url` (`http://…/v1`).
+    pub(crate) async fn start(base_url: &str) -> Self {
+        let max_tokens = MAX_TOKENS.to_string();
+        let mut sdk = client_script(
+            "responses_across_restart.py",
+            &[base_url, API_KEY, MODEL, PROMPT, &max_tokens],
+        )
+        .await
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("the SDK script starts");
+        let stdin = sdk.stdin.take().expect("piped stdin");
+        let lines = BufReader::new(sdk.stdout.take().expect("piped stdout")).lines();
+        Self { sdk, stdin, lines }
+    }
+
+    /// Reads the SDK's events until `deltas` text deltas have come.
+    pub(crate) async fn read_deltas(&mut self, deltas: usize) -> Read {
+        let (mut read, mut seen) = (Read::default(), 0);
+        while seen < deltas {
+            let event = next_line(&mut self.lines).await;
+            if let Some(id) = event["id"].as_str() {
+                id.clone_into(&mut read.response_id);
+            }
+            read.last_seen = event["seq"].as_u64().expect("an event, numbered");
+            if let Some(delta) = event["delta"].as_str() {
+                read.text.push_str(delta);
+                seen += 1;
+            }
+        }
+        read
+    }
+
+    /// Waits until the SDK says its stream broke (the edge it read from died).
+    pub(crate) async fn dropped(&mut self) {
+        let dropped = next_line(&mut self.lines).await;
+        assert_eq!(
+            dropped["dropped"], true,
+            "the stream breaks, no more: {dropped}"
+        );
+    }
+
+    /// Has the SDK resume from the API at `base_url`; returns the events it printed (the
+    /// retrieved response last) once it has ended well.
+    pub(crate) async fn resume(&mut self, base_url: &str) -> Vec<Value> {
+        self.stdin
+            .write_all(format!("{base_url}\n").as_bytes())
+            .await
+            .expect("the SDK reads on");
+        let mut resumed = Vec::new();
+        loop {
+            let line = next_line(&mut self.lines).await;
+            let end = line.get("status").is_some();
+            resumed.push(line);
+            if end {
+                break;
+            }
+        }
+        let status = tokio::time::timeout(PATIENCE, self.sdk.wait())
+            .await
+            .expect("the SDK ends in time")
+            .expect("the SDK's status");
+        assert!(status.success(), "the SDK script failed: {status}");
+        resumed
+    }
+}
+
+/// Checks what the SDK read after it resumed (`resumed`, the retrieved response last)
+/// against what it read before (`read`): every later event once and in order, ending
+/// `response.completed`, and the whole text the engine's own greedy answer.
+pub(crate) async fn assert_the_greedy_answer(llama: &LlamaServer, read: &Read, resumed: &[Value]) {
+    let (events, retrieved) = resumed.split_at(resumed.len() - 1);
+    let numbers: Vec<u64> = events.iter().filter_map(|e| e["seq"].as_u64()).collect();
+    let expected_numbers: Vec<u64> = (read.last_seen + 1..).take(events.len()).collect();
+    assert_eq!(
+        numbers, expected_numbers,
+        "every later event once, in order"
+    );
+    assert_eq!(
+        events.last().map(|e| e["type"].clone()),
+        Some(json!("response.completed"))
+    );
+    let rest: String = events.iter().filter_map(|e| e["delta"].as_str()).collect();
+    assert!(!rest.is_empty(), "the answer went on after the kill");
+    let text = format!("{}{rest}", read.text);
+    let greedy = greedy_answer(llama).await;
+    assert_eq!(text, greedy, "the whole text is the engine's own answer");
+    assert_eq!(retrieved[0]["status"], "completed");
+    assert_eq!(retrieved[0]["output_text"], greedy);
 }
 
 /// The edge (killed mid-answer), its node, engine and gate, and the SDK waiting to resume.
@@ -64,16 +165,14 @@ struct Killed {
     config: std::path::PathBuf,
     listen: String,
     node: Option<NodeProcess>,
-    sdk: Child,
-    stdin: ChildStdin,
-    lines: Lines<BufReader<ChildStdout>>,
+    sdk: SdkStream,
     read: Read,
     _dir: tempfile::TempDir,
 }
 
 /// The edge's config: `node-1` in front of `v1_url` (the `llama` adapter's `tiny` target),
 /// an API key, resume grace `grace_ms`.
-fn edge_config(v1_url: &str, grace_ms: u64) -> String {
+pub(crate) fn edge_config(v1_url: &str, grace_ms: u64) -> String {
     format!(
         "[api]\nkeys = [\"{API_KEY}\"]\n[runs]\nresume_grace_ms = {grace_ms}\n\
          [events]\nsinks = [\"null\"]\n{}",
@@ -81,28 +180,11 @@ fn edge_config(v1_url: &str, grace_ms: u64) -> String {
     )
 }
 
-/// Reads the SDK's events until `deltas` text deltas have come.
-async fn read_deltas(lines: &mut Lines<BufReader<ChildStdout>>, deltas: usize) -> Read {
-    let (mut read, mut seen) = (Read::default(), 0);
-    while seen < deltas {
-        let event = next_line(lines).await;
-        if let Some(id) = event["id"].as_str() {
-            id.clone_into(&mut read.response_id);
-        }
-        read.last_seen = event["seq"].as_u64().expect("an event, numbered");
-        if let Some(delta) = event["delta"].as_str() {
-            read.text.push_str(delta);
-            seen += 1;
-        }
-    }
-    read
-}
-
 /// The kinds of the run's events as the edge's journal holds them (reading them flushes
 /// the journal).
-async fn stored_kinds(edge: &Edge, run_id: &str) -> Vec<String> {
+pub(crate) async fn stored_kinds(admin: std::net::SocketAddr, run_id: &str) -> Vec<String> {
     let path = format!("/admin/v1/runs/{run_id}/events?format=jsonl&follow=false");
-    text(edge.admin, &path)
+    text(admin, &path)
         .await
         .lines()
         .filter_map(|l| serde_json::from_str::<Value>(l).ok())
@@ -129,22 +211,10 @@ async fn killed_mid_answer(grace_ms: u64) -> Killed {
     let mut edge = start_edge_with(edge_serve_on(&config, &listen)).await;
     let node = NodeProcess::spawn(edge.node, "token-1");
 
-    let base_url = format!("http://{}/v1", edge.http);
-    let max_tokens = MAX_TOKENS.to_string();
-    let mut sdk = client_script(
-        "responses_across_restart.py",
-        &[&base_url, API_KEY, MODEL, PROMPT, &max_tokens],
-    )
-    .await
-    .stdin(Stdio::piped())
-    .stdout(Stdio::piped())
-    .spawn()
-    .expect("the SDK script starts");
-    let stdin = sdk.stdin.take().expect("piped stdin");
-    let mut lines = BufReader::new(sdk.stdout.take().expect("piped stdout")).lines();
+    let mut sdk = SdkStream::start(&format!("http://{}/v1", edge.http)).await;
     gate.allow(BEFORE);
-    let read = read_deltas(&mut lines, BEFORE).await;
-    let stored = stored_kinds(&edge, read.run_id()).await;
+    let read = sdk.read_deltas(BEFORE).await;
+    let stored = stored_kinds(edge.admin, read.run_id()).await;
     let outputs = stored.iter().filter(|k| *k == "output").count();
     assert_eq!(stored.first().map(String::as_str), Some("started"));
     assert!(outputs >= BEFORE, "{stored:?}");
@@ -153,11 +223,7 @@ async fn killed_mid_answer(grace_ms: u64) -> Killed {
     crate::common::bounded("the edge process to exit after kill -9", edge.child.wait())
         .await
         .expect("the edge is gone");
-    let dropped = next_line(&mut lines).await;
-    assert_eq!(
-        dropped["dropped"], true,
-        "the stream breaks, no more: {dropped}"
-    );
+    sdk.dropped().await;
     Killed {
         llama,
         gate,
@@ -165,8 +231,6 @@ async fn killed_mid_answer(grace_ms: u64) -> Killed {
         listen,
         node: Some(node),
         sdk,
-        stdin,
-        lines,
         read,
         _dir: dir,
     }
@@ -181,31 +245,12 @@ impl Killed {
     /// Has the SDK resume from the restarted `edge`; returns the events it printed (the
     /// retrieved response last) once it has ended well.
     async fn resume(&mut self, edge: &Edge) -> Vec<Value> {
-        let base_url = format!("http://{}/v1\n", edge.http);
-        self.stdin
-            .write_all(base_url.as_bytes())
-            .await
-            .expect("the SDK reads on");
-        let mut resumed = Vec::new();
-        loop {
-            let line = next_line(&mut self.lines).await;
-            let end = line.get("status").is_some();
-            resumed.push(line);
-            if end {
-                break;
-            }
-        }
-        let status = tokio::time::timeout(PATIENCE, self.sdk.wait())
-            .await
-            .expect("the SDK ends in time")
-            .expect("the SDK's status");
-        assert!(status.success(), "the SDK script failed: {status}");
-        resumed
+        self.sdk.resume(&format!("http://{}/v1", edge.http)).await
     }
 }
 
 /// The tiny model's greedy answer to [`PROMPT`], asked of `llama` directly.
-async fn greedy_answer(llama: &LlamaServer) -> String {
+pub(crate) async fn greedy_answer(llama: &LlamaServer) -> String {
     let body = json!({
         "model": llama.model(), "temperature": 0, "max_tokens": MAX_TOKENS,
         "messages": [{"role": "user", "content": PROMPT}],
@@ -239,25 +284,7 @@ async fn a_background_response_on_a_real_engine_outlives_a_kill_9_of_its_edge() 
     let edge = killed.restart().await;
     let resumed = killed.resume(&edge).await;
 
-    let (events, retrieved) = resumed.split_at(resumed.len() - 1);
-    let last_seen = killed.read.last_seen;
-    let numbers: Vec<u64> = events.iter().filter_map(|e| e["seq"].as_u64()).collect();
-    let expected_numbers: Vec<u64> = (last_seen + 1..).take(events.len()).collect();
-    assert_eq!(
-        numbers, expected_numbers,
-        "every later event once, in order"
-    );
-    assert_eq!(
-        events.last().map(|e| e["type"].clone()),
-        Some(json!("response.completed"))
-    );
-    let rest: String = events.iter().filter_map(|e| e["delta"].as_str()).collect();
-    assert!(!rest.is_empty(), "the answer went on after the restart");
-    let text = format!("{}{rest}", killed.read.text);
-    let greedy = greedy_answer(&killed.llama).await;
-    assert_eq!(text, greedy, "the whole text is the engine's own answer");
-    assert_eq!(retrieved[0]["status"], "completed");
-    assert_eq!(retrieved[0]["output_text"], greedy);
+    assert_the_greedy_answer(&killed.llama, &killed.read, &resumed).await;
 
     let record = ended(&edge, killed.read.run_id()).await;
     assert_eq!(record["outcome"], "completed", "{record:#}");

@@ -41,9 +41,8 @@ const BEFORE_THE_KILL: usize = 6;
 /// Member `id`'s config on `nats`: the engine's node, a long resume grace, a short lease.
 fn member(nats: &NatsServer, engine: &ScriptedEngine, id: &str) -> String {
     format!(
-        "[edge]\nid = {id:?}\n[events]\nsinks = [\"null\"]\n[runs]\nresume_grace_ms = 30000\n\
-         [cluster]\nsite = \"s1\"\nnats = {:?}\nlease_ms = 300\nrenew_ms = 100\n{}",
-        nats.url(),
+        "[edge]\nid = {id:?}\n[events]\nsinks = [\"null\"]\n[runs]\nresume_grace_ms = 30000\n{}{}",
+        crate::site_support::cluster_section(nats),
         edge_config(&engine.base_url(), &["qwen"], 500)
     )
 }

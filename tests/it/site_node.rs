@@ -11,6 +11,7 @@ use crate::node;
 use crate::node_support;
 use crate::readopt::{assert_every_delta_once, delta};
 use crate::resume::open_stream_at;
+use crate::site_support::free_address;
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -114,12 +115,6 @@ async fn a_node_runs_the_newer_epochs_command_and_refuses_an_older_ones() {
 /// Deltas in the answer, and how many are let out before the roles flip.
 const DELTAS: usize = 16;
 const BEFORE_THE_FLIP: usize = 5;
-
-/// A free loopback address for a member's node listener, kept across its restart.
-fn free_address() -> SocketAddr {
-    let socket = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
-    socket.local_addr().expect("its address")
-}
 
 /// A member of the site on `node_addr`, acting as `role`, keeping its journal in `dir`.
 async fn member(

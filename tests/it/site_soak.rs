@@ -1,0 +1,257 @@
+//! Soak of a site (issue 49): 200 streamed runs over four reference nodes, each in front of
+//! a scripted engine of its own, behind a load balancer in front of two members (real
+//! `edge serve` processes) on a real `nats-server` with JetStream. Three times, mid-answer,
+//! the active member is killed with SIGKILL — alternately one member and the other — the
+//! standby takes the open runs over from the site's stream, the nodes move to it, and the
+//! killed member is started again and stands by. Every client resumes its own stream
+//! through the balancer after each kill. None is lost (every client reads its whole answer
+//! once, to `[DONE]`, and the survivor lists every run completed with every delta once and
+//! one ending), none is duplicated (the engines were asked each run's prompt once, all
+//! together), and none is shown completed that did not complete.
+//!
+//! The engines share one gate: the test lets chunks out only once every run is open, and
+//! before each kill waits until the active member has relayed all it let out, so every kill
+//! is mid-answer for every run. Every wait is bounded; nothing asserts how long anything
+//! took.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use serde_json::Value;
+use tokio::sync::Semaphore;
+
+use crate::admin_crash::{completed_record, text};
+use crate::common::engines::NatsServer;
+use crate::common::{self, eventually_ok};
+use crate::node_support::upstream::ScriptedEngine;
+use crate::node_support::{RunningNode, edge_config, spawn_node};
+use crate::readopt::{
+    CHUNKS, DELTAS, SOAK_PATIENCE, SOAK_RUNS, delta, engine_behind, open_runs, progressed,
+    soak_client,
+};
+use crate::site_support::{Balancer, Member, cluster_section_with, ready, standing_by};
+use crate::stream_resume::{Event, text_of};
+
+/// The soak's lease: a takeover must be done within three quarters of it, and taking 200
+/// open runs over takes longer than the 300 ms the other site tests use (with those, the
+/// standby gives up every takeover and never acts: see the ignored test below).
+const SOAK_LEASE_MS: u64 = 3_000;
+
+/// Reference nodes, `node-0` .. `node-3`, each with an engine of its own.
+const NODES: usize = 4;
+
+/// The prompt of run `n`: the engines' requests name their run by it.
+fn prompt_of(n: usize) -> String {
+    format!("run {n}: tell me a long story")
+}
+
+/// The `[[nodes]]` table of node `n` (token `token-n`), in front of `engine`, with room for
+/// every run of the soak.
+fn node_table(n: usize, engine: &ScriptedEngine) -> String {
+    edge_config(&engine.base_url(), &["qwen"], 500)
+        .replace("node-1", &format!("node-{n}"))
+        .replace("box-1", &format!("box-{n}"))
+        .replace("token-1", &format!("token-{n}"))
+        .replace("max_concurrent_runs = 8", "max_concurrent_runs = 256")
+}
+
+/// How often the engines were asked each prompt, all together.
+fn asked(engines: &[ScriptedEngine]) -> HashMap<String, usize> {
+    let mut asked = HashMap::new();
+    for seen in engines.iter().flat_map(ScriptedEngine::seen) {
+        let prompt = seen.body["messages"][0]["content"]
+            .as_str()
+            .unwrap_or_default();
+        *asked.entry(prompt.to_owned()).or_default() += 1;
+    }
+    asked
+}
+
+#[crate::common::test(flavor = "multi_thread", worker_threads = 2)]
+async fn soak_runs_outlive_three_kills_of_the_active_member_each_once() {
+    soak(SOAK_LEASE_MS).await;
+}
+
+/// The same soak with the 300 ms lease of the other site tests: the standby's takeover of
+/// 200 open runs (catch-up and re-adoption) takes longer than the 225 ms a takeover may
+/// take, so it gives up, lets the lease lapse, tries again, and never acts ("standby:
+/// taking over: catching up on the site's journal" for as long as anyone waits).
+#[crate::common::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a takeover of 200 open runs does not fit in 3/4 of a 300 ms lease: it is retried forever"]
+async fn soak_under_a_short_lease() {
+    soak(300).await;
+}
+
+/// The soak, its members on a lease of `lease_ms`.
+async fn soak(lease_ms: u64) {
+    let nats = NatsServer::start_jetstream().await;
+    let gate = Arc::new(Semaphore::new(0));
+    let mut engines = Vec::new();
+    for _ in 0..NODES {
+        engines.push(engine_behind(&gate).await);
+    }
+    let nodes: String = engines
+        .iter()
+        .enumerate()
+        .map(|(n, e)| node_table(n, e))
+        .collect();
+    let config = format!(
+        "[runs]\nresume_grace_ms = 30000\n[events]\nsinks = [\"null\"]\n{}{nodes}",
+        cluster_section_with(&nats, lease_ms)
+    );
+    let a = Member::start("edge-a", &config).await;
+    ready(a.http()).await;
+    let b = Member::start("edge-b", &config).await;
+    standing_by(b.http()).await;
+    let mut members = [a, b];
+    let balancer = Balancer::start(members.iter().map(Member::http).collect()).await;
+    let edges = format!("{},{}", members[0].node_addr(), members[1].node_addr());
+    let running: Vec<RunningNode> = (0..NODES)
+        .map(|n| {
+            let edges = edges.clone();
+            spawn_node(
+                members[0].node_addr(),
+                &format!("token-{n}"),
+                move |options| {
+                    options.edge = edges;
+                },
+            )
+        })
+        .collect();
+
+    // Every run open, its `started` relayed and its engine streaming before any chunk.
+    // The clients reach the site through the balancer only: its address never changes.
+    let (address, http) = tokio::sync::watch::channel(balancer.addr);
+    let client = common::http_client();
+    let begun = Arc::new(AtomicUsize::new(0));
+    let clients: Vec<_> = (0..SOAK_RUNS)
+        .map(|n| {
+            let begun = Arc::clone(&begun);
+            tokio::spawn(soak_client(
+                client.clone(),
+                http.clone(),
+                begun,
+                prompt_of(n),
+            ))
+        })
+        .collect();
+    let mut active = 0;
+    let admin = members[active].admin();
+    eventually_ok("every run is open and streaming", || async {
+        let open = open_runs(admin).await;
+        let started = open
+            .iter()
+            .filter(|r| r["events"].as_u64() > Some(0))
+            .count();
+        let streaming: usize = engines.iter().map(|e| e.seen().len()).sum();
+        if (open.len(), started, streaming) == (SOAK_RUNS, SOAK_RUNS, SOAK_RUNS) {
+            Ok(())
+        } else {
+            Err(format!(
+                "{} open, {started} started, {streaming} asked",
+                open.len()
+            ))
+        }
+    })
+    .await;
+    gate.add_permits(SOAK_RUNS);
+    let mut released = SOAK_RUNS;
+    eventually_ok("every client has its run's id", || async {
+        match begun.load(Ordering::Acquire) {
+            SOAK_RUNS => Ok(()),
+            begun => Err(begun),
+        }
+    })
+    .await;
+
+    // Three kills of the active member, alternating; the killed one comes back standing by.
+    let mut cut = HashMap::<String, usize>::new();
+    for _ in 0..3 {
+        let more = 6 * SOAK_RUNS;
+        gate.add_permits(more);
+        released += more;
+        progressed(members[active].admin(), released).await;
+        for run in open_runs(members[active].admin()).await {
+            let id = run["id"].as_str().unwrap_or_default().to_owned();
+            *cut.entry(id).or_default() += 1;
+        }
+        members[active].kill(false).await;
+        let survivor = 1 - active;
+        ready(members[survivor].http()).await;
+        members[active].restart().await;
+        balancer.set(active, members[active].http());
+        standing_by(members[active].http()).await;
+        active = survivor;
+    }
+    gate.add_permits(CHUNKS * SOAK_RUNS - released);
+
+    // None lost: every client reads its whole answer once, resuming after each cut.
+    let survivor = members[active].admin();
+    let expected_text: String = (0..DELTAS).map(delta).collect();
+    let mut ids = Vec::new();
+    for (n, client) in clients.into_iter().enumerate() {
+        let (id, streamed, resumed) = common::bounded_for(
+            SOAK_PATIENCE,
+            format_args!("soak client {n} to read its answer"),
+            client,
+        )
+        .await
+        .expect("the client finished");
+        let kills = cut.get(&id).copied().unwrap_or_default();
+        assert!(
+            resumed >= kills,
+            "run {id}: cut {kills} times, resumed {resumed}"
+        );
+        let orders: Vec<(u64, u32)> = streamed.iter().map(Event::order).collect();
+        assert!(
+            orders.is_sorted_by(|a, b| a < b),
+            "run {id}: no event twice: {orders:?}"
+        );
+        assert_eq!(
+            text_of(&streamed),
+            expected_text,
+            "run {id}: the whole answer, once"
+        );
+        assert_eq!(
+            streamed.last().map(|e| e.data.as_str()),
+            Some("[DONE]"),
+            "run {id}"
+        );
+        ids.push(id);
+    }
+    // Shown completed only when it completed: the survivor's record of each run.
+    let expected: Vec<String> = (0..DELTAS).map(delta).collect();
+    for id in &ids {
+        completed_record(survivor, id, "the survivor lists the run completed").await;
+        let path = format!("/admin/v1/runs/{id}/events?format=jsonl&follow=false");
+        let stored: Vec<Value> = text(survivor, &path)
+            .await
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect();
+        let texts: Vec<&str> = stored
+            .iter()
+            .filter(|e| e["kind"] == "output")
+            .filter_map(|e| e["text"].as_str())
+            .collect();
+        assert_eq!(texts, expected, "run {id}: every delta once, in order");
+        let endings = stored
+            .iter()
+            .filter(|e| e["kind"] != "output" && e["kind"] != "started");
+        assert_eq!(endings.count(), 1, "run {id}: one ending");
+    }
+    // None duplicated: each run's prompt reached the engines once, all together.
+    let asked = asked(&engines);
+    assert_eq!(asked.len(), SOAK_RUNS, "every run reached an engine");
+    assert!(
+        asked.values().all(|&n| n == 1),
+        "taken over, never run again: {asked:?}"
+    );
+    drop(address);
+    for node in running {
+        common::bounded("a node to stop", node.stop())
+            .await
+            .expect("clean stop");
+    }
+}
