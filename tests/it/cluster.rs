@@ -14,7 +14,7 @@ use serde_json::Value;
 use crate::admin_crash::{Edge, start_edge};
 use crate::common::engines::NatsServer;
 use crate::common::{NodeTable, TestApp, eventually, eventually_ok, http_client, spawn_app};
-use crate::site_support::signal;
+use crate::site_support::{self, ready, signal};
 
 const ADMIN_KEY: &str = "adm-cluster-key";
 
@@ -27,15 +27,9 @@ fn member(nats: &NatsServer, id: &str, target: &str) -> String {
     )
 }
 
-/// `GET /readyz`: its status and body.
+/// `GET /readyz`, which must answer: its status and body.
 async fn readyz(http: SocketAddr) -> (StatusCode, String) {
-    let response = http_client()
-        .get(format!("http://{http}/readyz"))
-        .send()
-        .await
-        .expect("/readyz answers");
-    let status = response.status();
-    (status, response.text().await.expect("a body"))
+    site_support::readyz(http).await.expect("/readyz answers")
 }
 
 /// `GET /metrics` at `http`: the Prometheus text.
@@ -48,17 +42,6 @@ async fn metrics_text(http: SocketAddr) -> String {
         .text()
         .await
         .expect("scrape")
-}
-
-/// Waits until `/readyz` at `http` is 200; its body.
-pub(crate) async fn ready(http: SocketAddr) -> String {
-    eventually_ok(&format!("{http} is ready"), || async {
-        match readyz(http).await {
-            (StatusCode::OK, body) => Ok(body),
-            (status, body) => Err(format!("{status}: {body}")),
-        }
-    })
-    .await
 }
 
 /// Waits until `app` stands by behind edge `active`; the reason it gives.

@@ -11,7 +11,6 @@
 //! and ends nothing.
 
 use crate::admin_crash::{Edge, completed_record, get, start_edge_with, text};
-use crate::cluster::ready;
 use crate::common;
 use crate::mock_node::{MockNode, MockOptions};
 #[allow(dead_code, unused_imports)]
@@ -19,6 +18,7 @@ use crate::node;
 use crate::node_support;
 use crate::readopt::{assert_every_delta_once, delta};
 use crate::resume::open_stream_at;
+use crate::site_support::ready;
 use crate::stream_resume::{Event, read_until, resume, text_of};
 
 use std::net::SocketAddr;

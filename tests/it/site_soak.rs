@@ -33,9 +33,7 @@ use crate::readopt::{
 use crate::site_support::{Balancer, Member, cluster_section_with, ready, standing_by};
 use crate::stream_resume::{Event, text_of};
 
-/// The soak's lease: a takeover must be done within three quarters of it, and taking 200
-/// open runs over takes longer than the 300 ms the other site tests use (with those, the
-/// standby gives up every takeover and never acts: see the ignored test below).
+/// The soak's lease: the shipped default's.
 const SOAK_LEASE_MS: u64 = 3_000;
 
 /// Reference nodes, `node-0` .. `node-3`, each with an engine of its own.
@@ -73,12 +71,14 @@ async fn soak_runs_outlive_three_kills_of_the_active_member_each_once() {
     soak(SOAK_LEASE_MS).await;
 }
 
-/// The same soak with the 300 ms lease of the other site tests: the standby's takeover of
-/// 200 open runs (catch-up and re-adoption) takes longer than the 225 ms a takeover may
-/// take, so it gives up, lets the lease lapse, tries again, and never acts ("standby:
-/// taking over: catching up on the site's journal" for as long as anyone waits).
+/// The same soak on the 300 ms lease of the other site tests, where taking 200 open runs
+/// over outlasts the lease. Before the member taking over kept its lease renewed, it gave up
+/// every takeover and never acted. Now it acts, but the clients' bookkeeping is not yet made
+/// for takeovers this quick beside retries this slow: in two of three runs a client counted
+/// two cuts and one resume (its one resume came after both), or met 200 refusals (10 s with
+/// no member ready). Left to look into.
 #[crate::common::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "a takeover of 200 open runs does not fit in 3/4 of a 300 ms lease: it is retried forever"]
+#[ignore = "on a 300 ms lease the clients' count of cuts and resumes does not hold yet"]
 async fn soak_under_a_short_lease() {
     soak(300).await;
 }

@@ -62,15 +62,15 @@ pub(crate) async fn readyz(http: SocketAddr) -> Option<(StatusCode, String)> {
     Some((status, response.text().await.unwrap_or_default()))
 }
 
-/// Waits until `/readyz` at `http` is 200.
-pub(crate) async fn ready(http: SocketAddr) {
+/// Waits until `/readyz` at `http` is 200; its body.
+pub(crate) async fn ready(http: SocketAddr) -> String {
     eventually_ok(&format!("{http} is ready"), || async {
         match readyz(http).await {
-            Some((StatusCode::OK, _)) => Ok(()),
+            Some((StatusCode::OK, body)) => Ok(body),
             other => Err(format!("{other:?}")),
         }
     })
-    .await;
+    .await
 }
 
 /// Waits until `/readyz` at `http` answers, and not 200 (the member stands by); its body.

@@ -47,6 +47,10 @@ pub struct ClusterConfig {
     /// How often the active member renews the lease (and a standby reads it); at most half
     /// of `lease_ms`.
     pub renew_ms: u64,
+    /// How long a member that acquired the lease may take to catch up on the site's
+    /// journal and adopt the open runs before it acts; it keeps the lease renewed meanwhile,
+    /// and past this it lets the lease go (another member may do better).
+    pub takeover_timeout_ms: u64,
     /// Replicas of the site's bucket in a clustered JetStream (3 for a NATS cluster of 3).
     pub replicas: usize,
     /// The `HOST:PORT` nodes dial to reach this member (default: the node listener's
@@ -72,6 +76,7 @@ impl Default for ClusterConfig {
             reconnect_max_delay_ms: 1_000,
             lease_ms: 3_000,
             renew_ms: 1_000,
+            takeover_timeout_ms: 60_000,
             replicas: 1,
             advertise_nodes: None,
             advertise_api: None,
@@ -91,6 +96,11 @@ impl ClusterConfig {
             lease_ms: self.lease_ms,
             renew_ms: self.renew_ms,
         }
+    }
+
+    /// How long a takeover may take before the member lets the lease go.
+    pub fn takeover_timeout(&self) -> Duration {
+        Duration::from_millis(self.takeover_timeout_ms)
     }
 
     /// How long one request to NATS (a read, a write) may take before it counts as
@@ -140,6 +150,13 @@ impl ClusterConfig {
             problems.extend(self.connection().problems());
         }
         problems.extend(self.timing().problems("cluster"));
+        if self.takeover_timeout_ms < self.lease_ms {
+            problems.push(format!(
+                "`cluster.takeover_timeout_ms` ({}) must be at least `cluster.lease_ms` ({}): a \
+                 takeover catches up on the whole journal stream and adopts every open run",
+                self.takeover_timeout_ms, self.lease_ms
+            ));
+        }
         if self.replicas == 0 {
             problems.push("`cluster.replicas` must be at least 1".to_owned());
         }
@@ -216,6 +233,7 @@ mod tests {
             token: Some(Secret::new("tok-SECRET")),
             nkey_seed: Some(Secret::new("SECRET-seed")),
             renew_ms: 2_000,
+            takeover_timeout_ms: 1_000,
             replicas: 0,
             advertise_api: Some("no-port".into()),
             ..cluster("a.b", "nats://a:4222,")
@@ -228,6 +246,7 @@ mod tests {
             "`cluster`: use one of",
             "`cluster.nkey_seed`",
             "`cluster.renew_ms` (2000)",
+            "`cluster.takeover_timeout_ms` (1000) must be at least `cluster.lease_ms` (3000)",
             "`cluster.replicas`",
             "`cluster.advertise_nodes`: not set, and the listener 0.0.0.0:7100",
             "`cluster.advertise_api`: \"no-port\" is not HOST:PORT",

@@ -375,10 +375,10 @@ impl Ticks {
                     epoch = acquired,
                     "this member holds the site's lease: active"
                 );
-                if !self.prepared(acquired).await {
+                let Some(held) = self.prepared(Held::acquired(acquired, expires_at_ms)).await
+                else {
                     return;
-                }
-                let held = Held::acquired(acquired, expires_at_ms);
+                };
                 self.state = State::Active(held);
                 self.watch = None;
                 self.bound_acting(&held);
@@ -392,26 +392,49 @@ impl Ticks {
         }
     }
 
-    /// Runs the takeover before acting, under a standby role, within three quarters of the
-    /// lease (a holder that has not renewed by then stands by anyway). `false` when it failed
-    /// or took too long: this member then stands by, lets go of what the takeover took
-    /// (`stand_down`, at the end of this step) and lets the lease lapse.
-    async fn prepared(&mut self, acquired: u64) -> bool {
+    /// Runs the takeover of the lease `held` before acting, under a standby role, renewing
+    /// the lease as an active member would meanwhile (a journal to fold or runs to adopt may
+    /// take longer than a lease), for `takeover_timeout_ms` at most. The lease as renewed
+    /// when it is done; `None` when it failed, took too long or lost the lease: this member
+    /// then stands by, lets go of what the takeover took (`stand_down`, at the end of this
+    /// step) and lets the lease lapse.
+    async fn prepared(&mut self, mut held: Held) -> Option<Held> {
         let Some(take_over) = self.lease.take_over.clone() else {
-            return true;
+            return Some(held);
         };
         let why = "taking over: catching up on the site's journal".to_owned();
         self.lease.role.set(standby(None, why));
-        let within = Duration::from_millis(self.timing().lease_ms.saturating_mul(3) / 4);
-        let problem = match tokio::time::timeout(within, take_over.prepare(acquired)).await {
-            Ok(Ok(())) => return true,
-            Ok(Err(problem)) => problem,
-            Err(_) => format!("catching up took longer than {} ms", within.as_millis()),
+        let limit = self.lease.config.takeover_timeout();
+        let prepare = tokio::time::timeout(limit, take_over.prepare(held.epoch));
+        tokio::pin!(prepare);
+        let problem = loop {
+            let renew_at = match decide_active(&held, now_ms(), self.timing()) {
+                ActiveStep::Wait { until_ms } => at_wall(until_ms),
+                ActiveStep::Renew => Instant::now(),
+                ActiveStep::StepDown(_) => {
+                    break "the lease lapsed before it could be renewed".into();
+                }
+            };
+            tokio::select! {
+                prepared = &mut prepare => match prepared {
+                    Ok(Ok(())) => return Some(held),
+                    Ok(Err(problem)) => break problem,
+                    Err(_) => break format!("it took longer than {} ms", limit.as_millis()),
+                },
+                () = tokio::time::sleep_until(renew_at) => {
+                    if let ActiveStep::StepDown(_) = self.renew(held).await {
+                        break "the lease was lost while taking over".into();
+                    }
+                    if let State::Active(renewed) = self.state {
+                        held = renewed;
+                    }
+                }
+            }
         };
         tracing::warn!(%problem, "cannot take over: letting the lease lapse");
         self.stand_by(None, format!("cannot take over: {problem}"));
         self.stood_down = true;
-        false
+        None
     }
 
     async fn active_tick(&mut self, held: Held) -> Instant {
