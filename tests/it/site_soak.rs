@@ -73,12 +73,12 @@ async fn soak_runs_outlive_three_kills_of_the_active_member_each_once() {
 
 /// The same soak on the 300 ms lease of the other site tests, where taking 200 open runs
 /// over outlasts the lease. Before the member taking over kept its lease renewed, it gave up
-/// every takeover and never acted. Now it acts, but the clients' bookkeeping is not yet made
-/// for takeovers this quick beside retries this slow: in two of three runs a client counted
-/// two cuts and one resume (its one resume came after both), or met 200 refusals (10 s with
-/// no member ready). Left to look into.
+/// every takeover and never acted; now it acts (run alone, it passed). Beside another soak
+/// on two cores, a renewal is not always answered within its 100 ms, the active member stands
+/// down, and a client's first request meets a 503 the soak's clients do not retry (two runs
+/// in three), or a client meets 10 s with no member ready (once) — not yet looked into.
 #[crate::common::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "on a 300 ms lease the clients' count of cuts and resumes does not hold yet"]
+#[ignore = "a 300 ms lease flips under the load of two soaks: not yet looked into"]
 async fn soak_under_a_short_lease() {
     soak(300).await;
 }
@@ -198,10 +198,12 @@ async fn soak(lease_ms: u64) {
         )
         .await
         .expect("the client finished");
+        // A client still waiting for the new active member when the next kill comes resumes
+        // once for both cuts: one resume at least, and the whole answer below, once.
         let kills = cut.get(&id).copied().unwrap_or_default();
         assert!(
-            resumed >= kills,
-            "run {id}: cut {kills} times, resumed {resumed}"
+            kills == 0 || resumed > 0,
+            "run {id}: cut {kills} times, never resumed"
         );
         let orders: Vec<(u64, u32)> = streamed.iter().map(Event::order).collect();
         assert!(
