@@ -67,8 +67,16 @@ async fn gated_engine() -> (ScriptedEngine, Arc<Semaphore>) {
 
 /// An engine streaming [`DELTAS`] deltas, one per permit of `gate` (shared by engines).
 pub(crate) async fn engine_behind(gate: &Arc<Semaphore>) -> ScriptedEngine {
+    engine_with_deltas_behind(DELTAS, gate).await
+}
+
+/// An engine streaming `deltas` deltas, one per permit of `gate`.
+pub(crate) async fn engine_with_deltas_behind(
+    deltas: usize,
+    gate: &Arc<Semaphore>,
+) -> ScriptedEngine {
     let engine = ScriptedEngine::start(&[QWEN]).await;
-    let chunks = chat_chunks((0..DELTAS).map(delta));
+    let chunks = chat_chunks((0..deltas).map(delta));
     let reply = Reply::Sse {
         chunks,
         gate: Some(Arc::clone(gate)),
@@ -333,6 +341,26 @@ async fn a_messages_stream_resumes_across_a_kill_9_of_its_edge() {
     after.node.stop().await.expect("clean stop");
 }
 
+/// What a soak client read of run `id`: no event twice, the whole answer (`expected_text`)
+/// once, to `[DONE]`.
+pub(crate) fn assert_whole_answer_once(id: &str, streamed: &[Event], expected_text: &str) {
+    let orders: Vec<(u64, u32)> = streamed.iter().map(Event::order).collect();
+    assert!(
+        orders.is_sorted_by(|a, b| a < b),
+        "run {id}: no event twice: {orders:?}"
+    );
+    assert_eq!(
+        text_of(streamed),
+        expected_text,
+        "run {id}: the whole answer, once"
+    );
+    assert_eq!(
+        streamed.last().map(|e| e.data.as_str()),
+        Some("[DONE]"),
+        "run {id}"
+    );
+}
+
 /// Runs in the soak.
 pub(crate) const SOAK_RUNS: usize = 200;
 
@@ -578,21 +606,7 @@ async fn soak_runs_outlive_three_kills_of_their_edge() {
             "run {id}: cut {kills} times, resumed {resumed}"
         );
         resumes += resumed;
-        let orders: Vec<(u64, u32)> = streamed.iter().map(Event::order).collect();
-        assert!(
-            orders.is_sorted_by(|a, b| a < b),
-            "run {id}: no event twice: {orders:?}"
-        );
-        assert_eq!(
-            text_of(&streamed),
-            expected_text,
-            "run {id}: the whole answer, once"
-        );
-        assert_eq!(
-            streamed.last().map(|e| e.data.as_str()),
-            Some("[DONE]"),
-            "run {id}"
-        );
+        assert_whole_answer_once(&id, &streamed, &expected_text);
         // Shown completed: the run did complete.
         outcome(&edge, &id, "completed").await;
     }

@@ -27,9 +27,9 @@ use crate::admin_crash::{completed_record, get};
 use crate::common::engines::{LlamaServer, NatsServer};
 use crate::common::{self, eventually_ok, http_client};
 use crate::continuation_engine::Gate;
-use crate::node_support::upstream::{Reply, ScriptedEngine, chat_chunks};
-use crate::node_support::{QWEN, spawn_node};
-use crate::readopt::{assert_every_delta_once, delta};
+use crate::node_support::spawn_node;
+use crate::node_support::upstream::ScriptedEngine;
+use crate::readopt::{assert_every_delta_once, engine_with_deltas_behind};
 use crate::readopt_engine::{SdkStream, assert_the_greedy_answer, edge_config, stored_kinds};
 use crate::site_support::{
     Balancer, Member, cluster_section, node_connected, ready, readyz, runs_in, signal, standing_by,
@@ -137,16 +137,8 @@ fn asked(engine: &ScriptedEngine) -> HashMap<String, usize> {
 #[crate::common::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_active_member_under_load_wakes_standing_by_and_runs_nothing_twice() {
     let nats = NatsServer::start_jetstream().await;
-    let engine = ScriptedEngine::start(&[QWEN]).await;
     let gate = Arc::new(Semaphore::new(0));
-    engine.script(
-        QWEN,
-        Reply::Sse {
-            chunks: chat_chunks((0..DELTAS).map(delta)),
-            gate: Some(Arc::clone(&gate)),
-            hang: false,
-        },
-    );
+    let engine = engine_with_deltas_behind(DELTAS, &gate).await;
     let node_table = crate::node_support::edge_config(&engine.base_url(), &["qwen"], 500).replace(
         "max_concurrent_runs = 8",
         &format!("max_concurrent_runs = {SLOTS}"),

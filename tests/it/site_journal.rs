@@ -16,7 +16,7 @@ use crate::mock_node::{MockNode, MockOptions};
 #[allow(dead_code, unused_imports)]
 use crate::node;
 use crate::node_support;
-use crate::readopt::{assert_every_delta_once, delta};
+use crate::readopt::{assert_every_delta_once, delta, engine_with_deltas_behind};
 use crate::resume::open_stream_at;
 use crate::site_support::ready;
 use crate::stream_resume::{Event, read_until, resume, text_of};
@@ -29,8 +29,8 @@ use common::{
     NodeTable, TestApp, edge_serve_on, eventually, eventually_ok, spawn_app, write_config,
 };
 use edge::ports::Role;
-use node_support::upstream::{Reply, ScriptedEngine, chat_chunks};
-use node_support::{QWEN, edge_config, spawn_node};
+use node_support::upstream::ScriptedEngine;
+use node_support::{edge_config, spawn_node};
 use serde_json::{Value, json};
 use tokio::sync::Semaphore;
 
@@ -90,16 +90,8 @@ async fn acts(app: &TestApp) {
 #[crate::common::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_standby_takes_a_killed_members_open_run_over_from_the_stream_and_completes_it_once() {
     let nats = NatsServer::start_jetstream().await;
-    let engine = ScriptedEngine::start(&[QWEN]).await;
     let gate = Arc::new(Semaphore::new(0));
-    engine.script(
-        QWEN,
-        Reply::Sse {
-            chunks: chat_chunks((0..DELTAS).map(delta)),
-            gate: Some(Arc::clone(&gate)),
-            hang: false,
-        },
-    );
+    let engine = engine_with_deltas_behind(DELTAS, &gate).await;
     let (mut a, a_dir) = active_member(&member(&nats, &engine, "edge-a")).await;
     let b = spawn_app(&member(&nats, &engine, "edge-b")).await;
     let b_site = b.parts.site.clone();

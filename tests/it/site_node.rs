@@ -9,7 +9,7 @@ use crate::common;
 #[allow(dead_code, unused_imports)]
 use crate::node;
 use crate::node_support;
-use crate::readopt::{assert_every_delta_once, delta};
+use crate::readopt::{assert_every_delta_once, engine_with_deltas_behind};
 use crate::resume::open_stream_at;
 use crate::site_support::free_address;
 
@@ -23,7 +23,7 @@ use edge::domain::{AdapterName, Operation, RegisterRejection, RunId, Target};
 use edge::ports::{ActiveMember, Role, RunAssignment};
 use edge::settings::SinkKind;
 use node_support::fake_edge::{FakeEdge, Heard, record};
-use node_support::upstream::{Reply, ScriptedEngine, chat_chunks};
+use node_support::upstream::ScriptedEngine;
 use node_support::{QWEN, adapter_settings, answer, edge_config, spawn_node};
 use serde_json::{Value, json};
 use tokio::sync::Semaphore;
@@ -162,16 +162,8 @@ async fn stored_events(edge: &common::TestApp, run_id: &str) -> Vec<Value> {
 
 #[crate::common::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_finds_the_active_member_and_follows_a_flip_with_its_open_run() {
-    let engine = ScriptedEngine::start(&[QWEN]).await;
     let gate = Arc::new(Semaphore::new(0));
-    engine.script(
-        QWEN,
-        Reply::Sse {
-            chunks: chat_chunks((0..DELTAS).map(delta)),
-            gate: Some(Arc::clone(&gate)),
-            hang: false,
-        },
-    );
+    let engine = engine_with_deltas_behind(DELTAS, &gate).await;
     let config = format!(
         "{}\n[runs]\nresume_grace_ms = 30000\n",
         edge_config(&engine.base_url(), &["qwen"], 500)

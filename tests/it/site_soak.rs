@@ -27,11 +27,10 @@ use crate::common::{self, eventually_ok};
 use crate::node_support::upstream::ScriptedEngine;
 use crate::node_support::{RunningNode, edge_config, spawn_node};
 use crate::readopt::{
-    CHUNKS, DELTAS, SOAK_PATIENCE, SOAK_RUNS, delta, engine_behind, open_runs, progressed,
-    soak_client,
+    CHUNKS, DELTAS, SOAK_PATIENCE, SOAK_RUNS, assert_whole_answer_once, delta, engine_behind,
+    open_runs, progressed, soak_client,
 };
 use crate::site_support::{Balancer, Member, cluster_section_with, ready, standing_by};
-use crate::stream_resume::{Event, text_of};
 
 /// The soak's lease: the shipped default's.
 const SOAK_LEASE_MS: u64 = 3_000;
@@ -205,21 +204,7 @@ async fn soak(lease_ms: u64) {
             kills == 0 || resumed > 0,
             "run {id}: cut {kills} times, never resumed"
         );
-        let orders: Vec<(u64, u32)> = streamed.iter().map(Event::order).collect();
-        assert!(
-            orders.is_sorted_by(|a, b| a < b),
-            "run {id}: no event twice: {orders:?}"
-        );
-        assert_eq!(
-            text_of(&streamed),
-            expected_text,
-            "run {id}: the whole answer, once"
-        );
-        assert_eq!(
-            streamed.last().map(|e| e.data.as_str()),
-            Some("[DONE]"),
-            "run {id}"
-        );
+        assert_whole_answer_once(&id, &streamed, &expected_text);
         ids.push(id);
     }
     // Shown completed only when it completed: the survivor's record of each run.
