@@ -61,6 +61,11 @@ pub(super) fn encode(entries: &[Queued]) -> Vec<u8> {
     out
 }
 
+/// A batch of no entries: what a member appends to claim the stream (decision 50).
+pub fn empty_batch() -> Vec<u8> {
+    encode(&[])
+}
+
 fn push_events(events: &PackedEvents, out: &mut Vec<u8>) {
     push_str(events.run_id.as_str(), out);
     push_opt_u64(events.first_output_ms, out);
