@@ -418,3 +418,148 @@ async fn a_fenced_members_batch_is_refused_by_the_stream_and_folded_by_no_member
     );
     c.stop().await;
 }
+
+/// Member `id` of site `s1` on `nats` whose keys are limited: `metered` may spend 100
+/// tokens a day, `single` may have one run open; `load` is free. Its node serves
+/// `echo/default` and `echo/stall` (its words, then it waits for a cancel).
+fn limited_member(nats: &NatsServer, id: &str) -> String {
+    let node = NodeTable::new("node-a", "gpu-a", "token-a").echo(&["default", "stall"]);
+    format!(
+        "[edge]\nid = {id:?}\n[events]\nsinks = [\"null\"]\n[runs]\nresume_grace_ms = 30000\n\
+         [[api.keys]]\nkey = \"sk-metered\"\nname = \"metered\"\nbudget_tokens_per_day = 100\n\
+         [[api.keys]]\nkey = \"sk-single\"\nname = \"single\"\nmax_concurrent_runs = 1\n\
+         [[api.keys]]\nkey = \"sk-load\"\nname = \"load\"\n\
+         [cluster]\nsite = \"s1\"\nnats = {:?}\nlease_ms = 300\nrenew_ms = 100\n{node}",
+        nats.url()
+    )
+}
+
+/// A completion of `model` as `key` at `http` reserving `max_tokens`: its status and the
+/// error code, if any.
+async fn complete_as(http: SocketAddr, key: &str, model: &str, max_tokens: u64) -> (u16, Value) {
+    let body = json!({"model": model, "prompt": "a b c d", "max_tokens": max_tokens});
+    let response = common::http_client()
+        .post(format!("http://{http}/v1/completions"))
+        .bearer_auth(key)
+        .json(&body)
+        .send()
+        .await
+        .expect("an answer");
+    let status = response.status().as_u16();
+    let body: Value = response.json().await.unwrap_or_default();
+    (status, body["error"]["code"].clone())
+}
+
+/// The ids of the runs open at the management API `admin`.
+async fn open_ids(admin: SocketAddr) -> Vec<String> {
+    let list = get(admin, "/admin/v1/runs?state=open").await;
+    let runs = list["runs"].as_array().cloned().unwrap_or_default();
+    runs.iter()
+        .filter_map(|run| run["id"].as_str().map(str::to_owned))
+        .collect()
+}
+
+/// Whether the journal at the management API `admin` holds run `id` as open.
+async fn held_open(admin: SocketAddr, id: &str) -> bool {
+    get(admin, &format!("/admin/v1/runs/{id}")).await["outcome"] == "open"
+}
+
+#[crate::common::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_taken_over_run_keeps_its_keys_budget_reservation_and_concurrency_place() {
+    let nats = NatsServer::start_jetstream().await;
+    let (mut a, a_dir) = active_member(&limited_member(&nats, "edge-a")).await;
+    let b = spawn_app(&limited_member(&nats, "edge-b")).await;
+    let b_site = b.parts.site.clone();
+    eventually("edge-b stands by behind edge-a", || {
+        matches!(b_site.current(), Role::Standby { active: Some(m), .. } if m.edge_id == "edge-a")
+    })
+    .await;
+    let node = MockNode::start(a.node, MockOptions::new("token-a"))
+        .await
+        .expect("the mock node");
+    eventually_ok("edge-a serves", || async {
+        match complete_as(a.http, "sk-load", "echo/default", 4).await {
+            (200, _) => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+
+    // Open at the kill: a run of `metered` reserving its whole budget, one of `single`.
+    for (key, max_tokens) in [("sk-metered", 100), ("sk-single", 4)] {
+        let body = json!({"model": "echo/stall", "prompt": "a b c d", "max_tokens": max_tokens});
+        let request = common::http_client()
+            .post(format!("http://{}/v1/completions", a.http))
+            .bearer_auth(key)
+            .json(&body);
+        // Its caller goes with edge-a.
+        tokio::spawn(async move { request.send().await.map(|r| r.status()) });
+    }
+    let ids = eventually_ok("both runs are open on edge-a", || async {
+        match open_ids(a.admin).await {
+            ids if ids.len() == 2 => Ok(ids),
+            ids => Err(format!("{ids:?}")),
+        }
+    })
+    .await;
+    for id in &ids {
+        eventually_ok("edge-b's journal holds the run open", || async {
+            if held_open(b.admin_addr, id).await {
+                Ok(())
+            } else {
+                Err(id)
+            }
+        })
+        .await;
+    }
+    let refused = (429, json!("token_budget_exceeded"));
+    assert_eq!(
+        complete_as(a.http, "sk-metered", "echo/default", 4).await,
+        refused
+    );
+    let busy = (429, json!("concurrency_limit_exceeded"));
+    assert_eq!(
+        complete_as(a.http, "sk-single", "echo/default", 4).await,
+        busy
+    );
+
+    // edge-a's machine is gone; edge-b takes the open runs over, and with them what they
+    // hold of their keys: the same requests are refused there.
+    a.child.start_kill().expect("kill -9");
+    common::bounded("the killed member to exit", a.child.wait())
+        .await
+        .expect("the member is gone");
+    drop(a_dir);
+    node.kill();
+    acts(&b).await;
+    assert_eq!(open_ids(b.admin_addr).await.len(), 2, "taken over");
+    assert_eq!(
+        complete_as(b.http_addr, "sk-metered", "echo/default", 4).await,
+        refused
+    );
+    assert_eq!(
+        complete_as(b.http_addr, "sk-single", "echo/default", 4).await,
+        busy
+    );
+
+    // The node comes back as a new process: it claims neither run, so both end (never
+    // completed), and what they held is released — once.
+    let _node = MockNode::start(b.node_addr, MockOptions::new("token-a"))
+        .await
+        .expect("the mock node on edge-b");
+    b.wait_for_nodes(1).await;
+    eventually("the taken-over runs end", || b.parts.runs.open_runs() == 0).await;
+    assert_eq!(
+        complete_as(b.http_addr, "sk-metered", "echo/default", 4)
+            .await
+            .0,
+        200
+    );
+    assert_eq!(
+        complete_as(b.http_addr, "sk-single", "echo/default", 4)
+            .await
+            .0,
+        200
+    );
+    b.stop().await;
+}
