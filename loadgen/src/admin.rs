@@ -76,6 +76,7 @@ pub(crate) fn entries(
         deadline_ms: None,
         client_stream: None,
         affinity: None,
+        budget_reserve: None,
     };
     let attempt = Attempt {
         number: 1,

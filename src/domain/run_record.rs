@@ -119,6 +119,10 @@ pub struct AcceptedRun {
     pub client_stream: Option<String>,
     /// Where its affinity key came from (`None`: it had none), for the usage rollups.
     pub affinity: Option<KeySource>,
+    /// The tokens admission reserved of its key's budget (`None`: the key has none), so
+    /// whoever takes the open run back (an edge restarted on its journal, a member taking
+    /// its site over) reserves them again until the run ends.
+    pub budget_reserve: Option<u64>,
 }
 
 /// Everything recorded about a run.

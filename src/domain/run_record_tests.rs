@@ -17,6 +17,7 @@ fn record(id: &str, queued_ms: u64, outcome: RunOutcome) -> RunRecord {
         deadline_ms: None,
         client_stream: None,
         affinity: None,
+        budget_reserve: None,
     });
     record.outcome = outcome;
     record

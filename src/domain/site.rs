@@ -198,6 +198,9 @@ pub enum StepDown {
     Lost,
     /// NATS did not confirm a renewal before the margin before the expiry.
     Unreachable,
+    /// The site's journal refused this member's batch: another member claimed it, having
+    /// acquired the lease since.
+    Fenced,
 }
 
 /// What the holder of a lease does next.

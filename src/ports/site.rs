@@ -28,6 +28,11 @@ pub trait TakeOver: Send + Sync {
     /// This member stopped acting (its role is a standby's already): let go of what it
     /// held as the active member, ending nothing. The lease takes no step before it returns.
     async fn stand_down(&self);
+
+    /// Returns once what this member acts on refused its writes under `epoch` (the site's
+    /// journal ends with another member's claim): another member acquired the lease since,
+    /// and this one must stop acting at once. Pending while its writes are taken.
+    async fn fenced(&self, epoch: u64);
 }
 
 /// The member of a site that holds its lease, as a standby tells callers where to go.

@@ -8,7 +8,9 @@
 //! usage counted; the client resumes its stream on the survivor with `Last-Event-ID` and
 //! gets the rest once; a member started afterwards with an empty data directory folds the
 //! same record from the stream. A member whose lease another writes lets its open run go
-//! and ends nothing.
+//! and ends nothing. The stream has one writer (decision 50): once another member claimed
+//! it, a fenced member's batch is refused by the stream, the member stands down, and no
+//! member folds the batch; a retried append is answered as a duplicate, not refused.
 
 use crate::admin_crash::{Edge, completed_record, get, start_edge_with, text};
 use crate::common;
@@ -237,4 +239,321 @@ async fn a_member_that_loses_its_lease_lets_its_open_run_go_and_ends_nothing() {
         "{stored:?}"
     );
     a.stop().await;
+}
+
+/// The site's journal stream, as a client of `nats` sees it.
+async fn journal_stream(nats: &NatsServer) -> async_nats::jetstream::stream::Stream {
+    let client = async_nats::connect(nats.url()).await.expect("connect");
+    async_nats::jetstream::new(client)
+        .get_stream("edge-s1-journal")
+        .await
+        .expect("the site's journal stream")
+}
+
+/// Appends `payload` as `id` under `epoch` (by `edge-z`), expecting the stream to end at
+/// `last`; the stream's answer.
+async fn append(
+    nats: &NatsServer,
+    id: &str,
+    epoch: u64,
+    last: u64,
+) -> Result<async_nats::jetstream::publish::PublishAck, async_nats::jetstream::context::PublishError>
+{
+    let client = async_nats::connect(nats.url()).await.expect("connect");
+    let js = async_nats::jetstream::new(client);
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert("Edge-Id", "edge-z");
+    headers.insert("Edge-Epoch", epoch.to_string().as_str());
+    // An empty batch: the replicated form's version byte and no entry.
+    let message = async_nats::jetstream::message::PublishMessage::build()
+        .payload(vec![1u8].into())
+        .headers(headers)
+        .message_id(id)
+        .expected_last_sequence(last);
+    js.send_publish("edge.s1.journal", message)
+        .await
+        .expect("sent")
+        .await
+}
+
+/// The stream's last sequence now.
+async fn last_sequence(nats: &NatsServer) -> u64 {
+    let mut stream = journal_stream(nats).await;
+    stream
+        .info()
+        .await
+        .expect("the stream's info")
+        .state
+        .last_sequence
+}
+
+/// One member of site `s1` on `nats` with a mock node's definitions (`echo/echo`,
+/// `echo/stall`).
+fn echo_member(nats: &NatsServer, id: &str) -> String {
+    let node = NodeTable::new("node-a", "gpu-a", "token-a").echo(&["echo", "stall"]);
+    format!(
+        "[edge]\nid = {id:?}\n[events]\nsinks = [\"null\"]\n[cluster]\nsite = \"s1\"\n\
+         nats = {:?}\nlease_ms = 300\nrenew_ms = 100\n{node}",
+        nats.url()
+    )
+}
+
+#[crate::common::test]
+async fn the_stream_answers_a_retried_append_with_its_sequence_and_refuses_a_stale_one() {
+    // What the publisher relies on (decision 50), on the real server: a retry after a lost
+    // answer carries the same id and the same expected sequence, and is answered as the
+    // duplicate it is, not refused; an append expecting a sequence the stream has moved
+    // past is refused.
+    let nats = NatsServer::start_jetstream().await;
+    let a = spawn_app(&echo_member(&nats, "edge-a")).await;
+    acts(&a).await;
+    let epoch = a.parts.site.epoch() + 1;
+    a.stop().await;
+    let last = last_sequence(&nats).await;
+    let first = append(&nats, "edge-z-1", epoch, last)
+        .await
+        .expect("appended");
+    assert_eq!(first.sequence, last + 1);
+    let again = append(&nats, "edge-z-1", epoch, last)
+        .await
+        .expect("a duplicate");
+    assert!(again.duplicate);
+    assert_eq!(again.sequence, first.sequence);
+    let stale = append(&nats, "edge-z-2", epoch, last).await;
+    let error = stale.expect_err("refused");
+    assert_eq!(
+        error.kind(),
+        async_nats::jetstream::context::PublishErrorKind::WrongLastSequence
+    );
+    assert_eq!(last_sequence(&nats).await, first.sequence);
+}
+
+#[crate::common::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fenced_members_batch_is_refused_by_the_stream_and_folded_by_no_member() {
+    let nats = NatsServer::start_jetstream().await;
+    let a = spawn_app(&echo_member(&nats, "edge-a")).await;
+    acts(&a).await;
+    let epoch = a.parts.site.epoch();
+    let c = spawn_app(&echo_member(&nats, "edge-c")).await;
+    let c_site = c.parts.site.clone();
+    eventually("edge-c stands by behind edge-a", || {
+        matches!(c_site.current(), Role::Standby { active: Some(m), .. } if m.edge_id == "edge-a")
+    })
+    .await;
+    let _node = MockNode::start(a.node_addr, MockOptions::new("token-a"))
+        .await
+        .expect("the mock node");
+    a.wait_for_nodes(1).await;
+
+    // A run before the fence: in the stream, so every member has it.
+    let echo = json!({"model": "echo/echo", "stream": true,
+        "messages": [{"role": "user", "content": "one two three"}]});
+    let (response, before) = open_stream_at(a.http_addr, "/v1/chat/completions", &echo).await;
+    response.text().await.expect("the whole answer");
+    completed_record(c.admin_addr, &before, "the standby folds the run").await;
+
+    // Another member claims the stream under a newer epoch (as a member that acquired the
+    // lease does), at the sequence the stream ends at.
+    let claimed = eventually_ok("the claim is appended", || async {
+        let last = last_sequence(&nats).await;
+        append(&nats, "edge-z-claim", epoch + 1, last)
+            .await
+            .map(|ack| ack.sequence)
+    })
+    .await;
+
+    // edge-a still acts (its lease is its own) and admits a run: the stream refuses the
+    // batch, so edge-a stops acting under that epoch (whether the caller hears of the run
+    // first is a race), and the run stays in its file only.
+    let stall = json!({"model": "echo/stall", "stream": true,
+        "messages": [{"role": "user", "content": "four five six"}]});
+    let caller = common::http_client()
+        .post(format!("http://{}/v1/chat/completions", a.http_addr))
+        .json(&stall)
+        .send()
+        .await
+        .expect("edge-a answers");
+    let after = caller.headers()["x-edge-run-id"]
+        .to_str()
+        .expect("a run id")
+        .to_owned();
+    let a_site = a.parts.site.clone();
+    eventually("edge-a stops acting under its epoch", || {
+        a_site.epoch() != epoch
+    })
+    .await;
+    let local = get(a.admin_addr, &format!("/admin/v1/runs/{after}")).await;
+    assert_eq!(local["outcome"], "open", "written locally: {local}");
+    a.stop().await;
+
+    // Nothing of edge-a's epoch is in the stream after the claim.
+    let stream = journal_stream(&nats).await;
+    for seq in claimed + 1..=last_sequence(&nats).await {
+        let message = stream.get_raw_message(seq).await.expect("a message");
+        let epoch_of = message
+            .headers
+            .get("Edge-Epoch")
+            .map(|v| v.as_str().to_owned());
+        assert_ne!(
+            epoch_of,
+            Some(epoch.to_string()),
+            "seq {seq} was written by the fenced member"
+        );
+    }
+    // edge-c takes over once edge-a's lease lapses: it has folded the whole stream, the
+    // run before the fence and not the refused one.
+    acts(&c).await;
+    let record = get(c.admin_addr, &format!("/admin/v1/runs/{before}")).await;
+    assert_eq!(record["outcome"], "completed", "{record}");
+    let refused = get(c.admin_addr, &format!("/admin/v1/runs/{after}")).await;
+    assert!(
+        refused.get("outcome").is_none(),
+        "folded by edge-c: {refused}"
+    );
+    c.stop().await;
+}
+
+/// Member `id` of site `s1` on `nats` whose keys are limited: `metered` may spend 100
+/// tokens a day, `single` may have one run open; `load` is free. Its node serves
+/// `echo/default` and `echo/stall` (its words, then it waits for a cancel).
+fn limited_member(nats: &NatsServer, id: &str) -> String {
+    let node = NodeTable::new("node-a", "gpu-a", "token-a").echo(&["default", "stall"]);
+    format!(
+        "[edge]\nid = {id:?}\n[events]\nsinks = [\"null\"]\n[runs]\nresume_grace_ms = 30000\n\
+         [[api.keys]]\nkey = \"sk-metered\"\nname = \"metered\"\nbudget_tokens_per_day = 100\n\
+         [[api.keys]]\nkey = \"sk-single\"\nname = \"single\"\nmax_concurrent_runs = 1\n\
+         [[api.keys]]\nkey = \"sk-load\"\nname = \"load\"\n\
+         [cluster]\nsite = \"s1\"\nnats = {:?}\nlease_ms = 300\nrenew_ms = 100\n{node}",
+        nats.url()
+    )
+}
+
+/// A completion of `model` as `key` at `http` reserving `max_tokens`: its status and the
+/// error code, if any.
+async fn complete_as(http: SocketAddr, key: &str, model: &str, max_tokens: u64) -> (u16, Value) {
+    let body = json!({"model": model, "prompt": "a b c d", "max_tokens": max_tokens});
+    let response = common::http_client()
+        .post(format!("http://{http}/v1/completions"))
+        .bearer_auth(key)
+        .json(&body)
+        .send()
+        .await
+        .expect("an answer");
+    let status = response.status().as_u16();
+    let body: Value = response.json().await.unwrap_or_default();
+    (status, body["error"]["code"].clone())
+}
+
+/// The ids of the runs open at the management API `admin`.
+async fn open_ids(admin: SocketAddr) -> Vec<String> {
+    let list = get(admin, "/admin/v1/runs?state=open").await;
+    let runs = list["runs"].as_array().cloned().unwrap_or_default();
+    runs.iter()
+        .filter_map(|run| run["id"].as_str().map(str::to_owned))
+        .collect()
+}
+
+/// Whether the journal at the management API `admin` holds run `id` as open.
+async fn held_open(admin: SocketAddr, id: &str) -> bool {
+    get(admin, &format!("/admin/v1/runs/{id}")).await["outcome"] == "open"
+}
+
+#[crate::common::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_taken_over_run_keeps_its_keys_budget_reservation_and_concurrency_place() {
+    let nats = NatsServer::start_jetstream().await;
+    let (mut a, a_dir) = active_member(&limited_member(&nats, "edge-a")).await;
+    let b = spawn_app(&limited_member(&nats, "edge-b")).await;
+    let b_site = b.parts.site.clone();
+    eventually("edge-b stands by behind edge-a", || {
+        matches!(b_site.current(), Role::Standby { active: Some(m), .. } if m.edge_id == "edge-a")
+    })
+    .await;
+    let node = MockNode::start(a.node, MockOptions::new("token-a"))
+        .await
+        .expect("the mock node");
+    eventually_ok("edge-a serves", || async {
+        match complete_as(a.http, "sk-load", "echo/default", 4).await {
+            (200, _) => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+
+    // Open at the kill: a run of `metered` reserving its whole budget, one of `single`.
+    for (key, max_tokens) in [("sk-metered", 100), ("sk-single", 4)] {
+        let body = json!({"model": "echo/stall", "prompt": "a b c d", "max_tokens": max_tokens});
+        let request = common::http_client()
+            .post(format!("http://{}/v1/completions", a.http))
+            .bearer_auth(key)
+            .json(&body);
+        // Its caller goes with edge-a.
+        tokio::spawn(async move { request.send().await.map(|r| r.status()) });
+    }
+    let ids = eventually_ok("both runs are open on edge-a", || async {
+        match open_ids(a.admin).await {
+            ids if ids.len() == 2 => Ok(ids),
+            ids => Err(format!("{ids:?}")),
+        }
+    })
+    .await;
+    for id in &ids {
+        eventually_ok("edge-b's journal holds the run open", || async {
+            if held_open(b.admin_addr, id).await {
+                Ok(())
+            } else {
+                Err(id)
+            }
+        })
+        .await;
+    }
+    let refused = (429, json!("token_budget_exceeded"));
+    assert_eq!(
+        complete_as(a.http, "sk-metered", "echo/default", 4).await,
+        refused
+    );
+    let busy = (429, json!("concurrency_limit_exceeded"));
+    assert_eq!(
+        complete_as(a.http, "sk-single", "echo/default", 4).await,
+        busy
+    );
+
+    // edge-a's machine is gone; edge-b takes the open runs over, and with them what they
+    // hold of their keys: the same requests are refused there.
+    a.child.start_kill().expect("kill -9");
+    common::bounded("the killed member to exit", a.child.wait())
+        .await
+        .expect("the member is gone");
+    drop(a_dir);
+    node.kill();
+    acts(&b).await;
+    assert_eq!(open_ids(b.admin_addr).await.len(), 2, "taken over");
+    assert_eq!(
+        complete_as(b.http_addr, "sk-metered", "echo/default", 4).await,
+        refused
+    );
+    assert_eq!(
+        complete_as(b.http_addr, "sk-single", "echo/default", 4).await,
+        busy
+    );
+
+    // The node comes back as a new process: it claims neither run, so both end (never
+    // completed), and what they held is released — once.
+    let _node = MockNode::start(b.node_addr, MockOptions::new("token-a"))
+        .await
+        .expect("the mock node on edge-b");
+    b.wait_for_nodes(1).await;
+    eventually("the taken-over runs end", || b.parts.runs.open_runs() == 0).await;
+    assert_eq!(
+        complete_as(b.http_addr, "sk-metered", "echo/default", 4)
+            .await
+            .0,
+        200
+    );
+    assert_eq!(
+        complete_as(b.http_addr, "sk-single", "echo/default", 4)
+            .await
+            .0,
+        200
+    );
+    b.stop().await;
 }

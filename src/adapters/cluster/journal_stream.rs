@@ -2,16 +2,24 @@
 //! batch the active member's journal wrote, one message per batch (decision 49).
 //!
 //! Two owned tasks per member: the **publisher** takes the batches the journal's writer
-//! hands over while this member publishes, sends each with a `Nats-Msg-Id` of
-//! `<edge id>-<epoch>-<n>` (a retry after a lost answer is de-duplicated by the stream), and
-//! tells the journal once the stream acknowledged it — only then does a flush that waits
-//! for it return, so a node forgets no event the stream does not hold. The **folder** reads
-//! the stream from its start with an ordered consumer and applies every batch another
-//! member (or an earlier life of this one) wrote to the local journal, which is a cache of
-//! the stream; its own batches of this life it skips (they are written already). A batch
-//! that does not decode is skipped with a warning, never applied in part.
+//! hands over while this member writes the stream, sends each with a `Nats-Msg-Id` of
+//! `<edge id>-<epoch>-<n>` (a retry after a lost answer is de-duplicated by the stream) and
+//! the sequence it expects the stream to end at (`Nats-Expected-Last-Sequence`), and tells
+//! the journal once the stream acknowledged it — only then does a flush that waits for it
+//! return, so a node forgets no event the stream does not hold. The **folder** reads the
+//! stream from its start with an ordered consumer and applies every batch another member
+//! (or an earlier life of this one) wrote to the local journal, which is a cache of the
+//! stream; its own batches of this life it skips (they are written already). A batch that
+//! does not decode is skipped with a warning, never applied in part.
 //!
-//! It decides nothing about who acts: [`JournalStream::catch_up`] is what a member taking
+//! Single writer (decision 50): a member taking over appends a *claim* (an empty batch
+//! under its epoch) at the sequence it caught up to, and from then on appends each batch
+//! at the sequence after its last. A member fenced since — another claimed after it — has
+//! its next batch refused by the stream; it appends nothing more under that epoch and says
+//! so ([`JournalStream::fenced`]), so its lease stands it down. Every member therefore
+//! folds the same batches in the same order.
+//!
+//! It decides nothing about who acts: [`JournalStream::write_as`] is what a member taking
 //! over waits on before it acts.
 
 use std::collections::HashSet;
@@ -20,6 +28,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_nats::HeaderMap;
+use async_nats::jetstream::context::{PublishError, PublishErrorKind};
+use async_nats::jetstream::publish::PublishAck;
 use async_nats::jetstream::{self, message::PublishMessage};
 use futures::StreamExt as _;
 use tokio::sync::watch;
@@ -27,7 +37,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::adapters::journal::{ReplicaBatch, ReplicaFeed, SqliteJournal};
+use crate::adapters::journal::{ReplicaBatch, ReplicaFeed, SqliteJournal, empty_batch};
 use crate::ports::RunJournal;
 
 /// The header naming the member that wrote a batch.
@@ -51,15 +61,27 @@ struct Inner {
     replicas: usize,
     edge_id: String,
     journal: Arc<SqliteJournal>,
-    /// The epoch batches are published under (set by [`JournalStream::publish_as`]).
-    epoch: watch::Sender<u64>,
+    /// Where this member appends, once it claimed the stream ([`JournalStream::write_as`]).
+    writer: Mutex<Option<Writer>>,
+    /// The epoch under which the stream last refused this member's batch (0: never).
+    fenced: watch::Sender<u64>,
     /// The epochs this life of the member published under: its own batches to skip.
     own_epochs: Mutex<HashSet<u64>>,
     /// The stream sequence of the last message the folder handled (applied or skipped).
     folded: watch::Sender<u64>,
     /// The highest epoch among the batches folded: one written under a lower epoch comes
-    /// from a member that lost the lease since, and is skipped.
+    /// from a member that ignores the claims (an edge of another version), and is skipped.
     newest_epoch: AtomicU64,
+}
+
+/// Where this member appends to the stream: under `epoch`, after `last_seq`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Writer {
+    epoch: u64,
+    /// The stream's last sequence as this member knows it: its claim's, then each ack's.
+    last_seq: u64,
+    /// The stream refused a batch at `last_seq`: another member claimed it since.
+    fenced: bool,
 }
 
 /// The running tasks of a [`JournalStream`].
@@ -87,7 +109,8 @@ impl JournalStream {
                 replicas,
                 edge_id,
                 journal,
-                epoch: watch::Sender::new(0),
+                writer: Mutex::new(None),
+                fenced: watch::Sender::new(0),
                 own_epochs: Mutex::new(HashSet::new()),
                 folded: watch::Sender::new(0),
                 newest_epoch: AtomicU64::new(0),
@@ -109,12 +132,74 @@ impl JournalStream {
         }
     }
 
-    /// Waits until the local journal holds every batch the stream held when called, and
-    /// has written it.
+    /// Makes this member the stream's only writer under `epoch`: waits until the local
+    /// journal holds every batch in the stream, then appends a claim (an empty batch under
+    /// `epoch`) expecting the stream to end where it caught up — another batch that came in
+    /// meanwhile is folded and the claim tried again. From then on the journal's batches go
+    /// to the stream, each expected right after the last, so a member that wrote before the
+    /// claim can append nothing after it. Returns the claim's sequence.
     ///
     /// # Errors
-    /// NATS's answer, as text, when the stream cannot be read.
-    pub async fn catch_up(&self) -> Result<u64, String> {
+    /// NATS's answer, as text, when the stream cannot be read or written; or the stream
+    /// holds a batch of a newer epoch (a member that acquired the lease after this one
+    /// writes it).
+    pub async fn write_as(&self, epoch: u64) -> Result<u64, String> {
+        let inner = &self.inner;
+        inner
+            .own_epochs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(epoch);
+        let id = format!("{}-{epoch}-claim", inner.edge_id);
+        let claim = empty_batch();
+        loop {
+            let last = self.catch_up().await?;
+            let newest = inner.newest_epoch.load(Ordering::Acquire);
+            if newest > epoch {
+                return Err(format!(
+                    "the site's journal holds batches of epoch {newest}, newer than this \
+                     member's {epoch}"
+                ));
+            }
+            let claimed = loop {
+                match Appended::of(inner.append(&claim, &id, epoch, last).await) {
+                    Appended::At(seq) => break Some(seq),
+                    Appended::Refused => break None,
+                    // The same claim again: a duplicate is answered with its sequence.
+                    Appended::Failed(_) => tokio::time::sleep(RETRY).await,
+                }
+            };
+            if let Some(seq) = claimed {
+                let writer = Writer {
+                    epoch,
+                    last_seq: seq,
+                    fenced: false,
+                };
+                *inner.writer.lock().unwrap_or_else(|p| p.into_inner()) = Some(writer);
+                inner.journal.set_publishing(true);
+                return Ok(seq);
+            }
+        }
+    }
+
+    /// From now on the journal's batches stay local (this member stopped acting); those
+    /// already handed over are still published under the epoch they were written in.
+    pub fn stop_writing(&self) {
+        self.inner.journal.set_publishing(false);
+    }
+
+    /// Returns once the stream refused a batch this member wrote under `epoch`: another
+    /// member claimed the stream since, so this one has lost the site's lease.
+    pub async fn fenced(&self, epoch: u64) {
+        let mut fenced = self.inner.fenced.subscribe();
+        if fenced.wait_for(|at| *at == epoch).await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+
+    /// Waits until the local journal holds every batch the stream held when called, and
+    /// has written it; the stream's last sequence then.
+    async fn catch_up(&self) -> Result<u64, String> {
         let inner = &self.inner;
         let mut stream = inner.stream().await?;
         let last = stream
@@ -130,21 +215,6 @@ impl JournalStream {
             .map_err(|_| "the journal stream's folder stopped".to_owned())?;
         inner.journal.flush().await;
         Ok(last)
-    }
-
-    /// From now on the journal's batches go to the stream under `epoch` (the folder skips
-    /// them), or, with `None`, stay local.
-    pub fn publish_as(&self, epoch: Option<u64>) {
-        let inner = &self.inner;
-        if let Some(epoch) = epoch {
-            inner
-                .own_epochs
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .insert(epoch);
-            inner.epoch.send_replace(epoch);
-        }
-        inner.journal.set_publishing(epoch.is_some());
     }
 }
 
@@ -162,6 +232,60 @@ impl JournalStreamTasks {
             let _ = self.publisher.await;
         }
         self.stop.cancel();
+    }
+}
+
+/// What the stream answered to an append.
+#[derive(Debug, PartialEq, Eq)]
+enum Appended {
+    /// Stored at this sequence (or stored before, for a retried id: the stream's duplicate
+    /// window answers with the first one's sequence).
+    At(u64),
+    /// The stream does not end where the writer expected: another member appended since.
+    Refused,
+    /// No answer, or another error: the same append may be tried again.
+    Failed(String),
+}
+
+impl Appended {
+    fn of(answer: Result<PublishAck, PublishError>) -> Self {
+        match answer {
+            Ok(ack) => Appended::At(ack.sequence),
+            Err(error) if error.kind() == PublishErrorKind::WrongLastSequence => Appended::Refused,
+            Err(error) => Appended::Failed(error.to_string()),
+        }
+    }
+}
+
+/// What the folder does with a batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Verdict {
+    /// Written by another member, or an earlier life of this one: applied.
+    Apply,
+    /// Written by this life of this member: in its file already.
+    Own,
+    /// Written under an epoch older than one already folded (or under none).
+    Stale,
+}
+
+/// The verdict on a batch `edge` wrote under `epoch`, for member `me` that published under
+/// `own_epochs` in this life and folded batches up to epoch `newest` before this one.
+fn verdict(
+    edge: Option<&str>,
+    epoch: Option<u64>,
+    me: &str,
+    own_epochs: &HashSet<u64>,
+    newest: u64,
+) -> Verdict {
+    match epoch {
+        Some(epoch) if epoch >= newest => {
+            if edge == Some(me) && own_epochs.contains(&epoch) {
+                Verdict::Own
+            } else {
+                Verdict::Apply
+            }
+        }
+        _ => Verdict::Stale,
     }
 }
 
@@ -183,59 +307,109 @@ impl Inner {
             .map_err(|error| format!("cannot open the journal stream {}: {error}", self.stream))
     }
 
+    /// Appends `bytes` as message `id` under `epoch`, expecting the stream to end at
+    /// `last_seq`.
+    async fn append(
+        &self,
+        bytes: &[u8],
+        id: &str,
+        epoch: u64,
+        last_seq: u64,
+    ) -> Result<PublishAck, PublishError> {
+        let mut headers = HeaderMap::new();
+        headers.insert(EDGE_HEADER, self.edge_id.as_str());
+        headers.insert(EPOCH_HEADER, epoch.to_string().as_str());
+        let message = PublishMessage::build()
+            .payload(bytes.to_vec().into())
+            .headers(headers)
+            .message_id(id)
+            .expected_last_sequence(last_seq);
+        self.js
+            .send_publish(self.subject.clone(), message)
+            .await?
+            .await
+    }
+
+    fn writer(&self) -> Option<Writer> {
+        *self.writer.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Sets what the writer `was` became, unless another claim replaced it meanwhile.
+    fn update_writer(&self, was: Writer, now: Writer) {
+        let mut writer = self.writer.lock().unwrap_or_else(|p| p.into_inner());
+        if writer.is_some_and(|w| w.epoch == was.epoch) {
+            *writer = Some(now);
+        }
+    }
+
     async fn publish(self: Arc<Self>, mut feed: ReplicaFeed, stop: CancellationToken) {
         let mut n: u64 = 0;
         while let Some(batch) = feed.next().await {
             n += 1;
-            let epoch = *self.epoch.borrow();
-            let id = format!("{}-{epoch}-{n}", self.edge_id);
-            // Stopped without NATS, the batch stays local: its flush is released all the same.
-            self.publish_one(&batch, &id, epoch, &stop).await;
+            // Stopped without NATS, or fenced, the batch stays local: its flush is released
+            // all the same.
+            self.publish_one(&batch, n, &stop).await;
             feed.acknowledged(&batch);
         }
     }
 
-    /// Publishes `batch` as `id` until the stream acknowledges it; `false` when stopped
-    /// first.
-    async fn publish_one(
-        &self,
-        batch: &ReplicaBatch,
-        id: &str,
-        epoch: u64,
-        stop: &CancellationToken,
-    ) -> bool {
-        let mut headers = HeaderMap::new();
-        headers.insert(EDGE_HEADER, self.edge_id.as_str());
-        headers.insert(EPOCH_HEADER, epoch.to_string().as_str());
+    /// Appends `batch` (the `n`th) after the last sequence this member knows, trying again
+    /// until the stream stores or refuses it, or this member stopped writing.
+    async fn publish_one(&self, batch: &ReplicaBatch, n: u64, stop: &CancellationToken) {
+        let Some(writer) = self.writer().filter(|w| !w.fenced) else {
+            return;
+        };
+        let id = format!("{}-{}-{n}", self.edge_id, writer.epoch);
         let mut warned = false;
         loop {
-            let message = PublishMessage::build()
-                .payload(batch.bytes.clone().into())
-                .headers(headers.clone())
-                .message_id(id);
-            let sent = match self.js.send_publish(self.subject.clone(), message).await {
-                Ok(ack) => ack.await.map(|_| ()).map_err(|e| e.to_string()),
-                Err(error) => Err(error.to_string()),
+            let answer = self
+                .append(&batch.bytes, &id, writer.epoch, writer.last_seq)
+                .await;
+            let error = match Appended::of(answer) {
+                Appended::At(seq) => {
+                    let now = Writer {
+                        last_seq: seq,
+                        ..writer
+                    };
+                    return self.update_writer(writer, now);
+                }
+                Appended::Refused => return self.fence(writer, &id),
+                Appended::Failed(error) => error,
             };
-            match sent {
-                Ok(()) => return true,
-                // Stood down meanwhile: the member that acts now writes the stream; this
-                // batch of an older epoch stays local (folders would skip it anyway).
-                Err(error) if !self.journal.publishing() => {
-                    warn!(%error, batch = id, "a journal batch not published before this member stood down: kept local only");
-                    return false;
-                }
-                Err(error) if !warned => {
-                    warned = true;
-                    warn!(%error, batch = id, "cannot publish a journal batch; trying again");
-                }
-                Err(_) => {}
+            if !self.journal.publishing() {
+                // Stood down meanwhile: the member that acts now writes the stream.
+                warn!(%error, batch = id, "a journal batch not published before this member stood down: kept local only");
+                return;
+            }
+            if !warned {
+                warned = true;
+                warn!(%error, batch = id, "cannot publish a journal batch; trying again");
             }
             tokio::select! {
-                () = stop.cancelled() => return false,
+                () = stop.cancelled() => return,
                 () = tokio::time::sleep(RETRY) => {}
             }
         }
+    }
+
+    /// The stream refused a batch `writer` appended: another member claimed the stream
+    /// after this one (it acquired the site's lease since). Nothing more is appended under
+    /// this epoch; the lease hears of it and stands this member down.
+    fn fence(&self, writer: Writer, id: &str) {
+        warn!(
+            epoch = writer.epoch,
+            last_seq = writer.last_seq,
+            batch = id,
+            "the site's journal refused a batch: another member writes it now; this member \
+             stops writing it (what it wrote since stays local) and stands by"
+        );
+        let now = Writer {
+            fenced: true,
+            ..writer
+        };
+        self.update_writer(writer, now);
+        self.journal.set_publishing(false);
+        self.fenced.send_replace(writer.epoch);
     }
 
     async fn fold(self: Arc<Self>, stop: CancellationToken) {
@@ -285,9 +459,8 @@ impl Inner {
         Ok(())
     }
 
-    /// Applies the batch at `seq` unless it was written under an older epoch than one already
-    /// seen, by this life of the member, or while this member publishes (a batch of a
-    /// member that lost the lease).
+    /// Applies the batch at `seq` unless this life of the member wrote it or it is stale
+    /// (see [`verdict`]).
     fn apply(&self, message: &jetstream::Message, seq: u64) {
         let header = |name: &str| {
             message
@@ -296,38 +469,63 @@ impl Inner {
                 .and_then(|h| h.get(name))
                 .map(|v| v.as_str().to_owned())
         };
+        let edge = header(EDGE_HEADER);
         let epoch = header(EPOCH_HEADER).and_then(|e| e.parse::<u64>().ok());
         let newest = self
             .newest_epoch
             .fetch_max(epoch.unwrap_or(0), Ordering::AcqRel);
-        if epoch.is_none_or(|epoch| epoch < newest) {
-            warn!(
+        let own = self.own_epochs.lock().unwrap_or_else(|p| p.into_inner());
+        match verdict(edge.as_deref(), epoch, &self.edge_id, &own, newest) {
+            Verdict::Own => {}
+            Verdict::Stale => warn!(
                 seq,
                 ?epoch,
                 newest,
                 "a journal batch of an older epoch (a member fenced since) is skipped"
-            );
-            return;
+            ),
+            Verdict::Apply => {
+                drop(own);
+                if let Err(error) = self.journal.apply_replica(&message.payload) {
+                    warn!(seq, %error, "a journal batch from the stream is skipped");
+                }
+            }
         }
-        let mine = header(EDGE_HEADER).as_deref() == Some(self.edge_id.as_str())
-            && epoch.is_some_and(|epoch| {
-                self.own_epochs
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .contains(&epoch)
-            });
-        if mine {
-            return;
-        }
-        if self.journal.publishing() {
-            warn!(
-                seq,
-                "a journal batch written by another member while this one acts: skipped"
-            );
-            return;
-        }
-        if let Err(error) = self.journal.apply_replica(&message.payload) {
-            warn!(seq, %error, "a journal batch from the stream is skipped");
-        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_member_folds_every_batch_in_order_but_its_own_of_this_life_and_stale_ones() {
+        let own: HashSet<u64> = [9].into();
+        let fold =
+            |edge: &str, epoch: Option<u64>, newest| verdict(Some(edge), epoch, "b", &own, newest);
+        assert_eq!(fold("a", Some(5), 5), Verdict::Apply, "another member's");
+        assert_eq!(fold("a", Some(9), 5), Verdict::Apply, "a newer claim");
+        assert_eq!(fold("b", Some(5), 5), Verdict::Apply, "an earlier life's");
+        assert_eq!(fold("b", Some(9), 9), Verdict::Own);
+        assert_eq!(fold("a", Some(4), 5), Verdict::Stale);
+        assert_eq!(fold("a", None, 0), Verdict::Stale);
+        assert_eq!(verdict(None, Some(9), "b", &own, 9), Verdict::Apply);
+    }
+
+    #[test]
+    fn only_a_wrong_last_sequence_fences_a_writer() {
+        let ack = PublishAck {
+            sequence: 12,
+            duplicate: true,
+            ..PublishAck::default()
+        };
+        assert_eq!(
+            Appended::of(Ok(ack)),
+            Appended::At(12),
+            "a retried append's duplicate"
+        );
+        let refused = PublishError::new(PublishErrorKind::WrongLastSequence);
+        assert_eq!(Appended::of(Err(refused)), Appended::Refused);
+        let timed_out = PublishError::new(PublishErrorKind::TimedOut);
+        assert!(matches!(Appended::of(Err(timed_out)), Appended::Failed(_)));
     }
 }

@@ -1,8 +1,8 @@
 //! The lease task: connects to the site's NATS, opens its bucket and, on every tick,
 //! reads or renews the lease and acts on the domain's decision (`crate::domain::site`) —
 //! setting the [`SiteRole`] the rest of the edge reads. A holder whose renewal meets
-//! another write, or that cannot reach NATS before the margin before its expiry, turns
-//! standby at once; on a clean stop it releases the lease so a standby takes it at once.
+//! another write, that cannot reach NATS before the margin before its expiry, or whose
+//! batch the site's journal refused ([`TakeOver::fenced`]), turns standby at once; on a clean stop it releases the lease so a standby takes it at once.
 //!
 //! Every NATS request is bounded (by the renewal interval, and never past the moment a
 //! holder must have stepped down), so an unreachable server never holds the loop. It
@@ -167,14 +167,17 @@ impl ClusterLease {
             state: State::Standby(Watching::default()),
             stood_down: false,
             pending_role: None,
+            fenced: false,
         };
         loop {
             let next = member.tick().await;
-            tokio::select! {
+            let fenced = member.fenced();
+            member.fenced = tokio::select! {
                 () = stop.cancelled() => break,
-                () = tokio::time::sleep_until(next) => {}
-                () = member.lease_written() => {}
-            }
+                () = tokio::time::sleep_until(next) => false,
+                () = member.lease_written() => false,
+                () = fenced => true,
+            };
         }
         member.release().await;
     }
@@ -244,6 +247,8 @@ struct Ticks {
     /// The standby role to show once the takeover's `stand_down` has let the open runs go
     /// (before it, the node transport would send the nodes away and their runs would end).
     pending_role: Option<Role>,
+    /// The site's journal refused this member's batch: it stops acting at the next step.
+    fenced: bool,
 }
 
 impl Ticks {
@@ -286,7 +291,26 @@ impl Ticks {
         }
         match self.state {
             State::Standby(_) => self.standby_tick(poll).await,
+            State::Active(_) if std::mem::take(&mut self.fenced) => {
+                self.step_down(StepDown::Fenced);
+                Instant::now()
+            }
             State::Active(held) => self.active_tick(held).await,
+        }
+    }
+
+    /// Returns when the site's journal refused this member's batch while it acts (never
+    /// while standing by, or without a takeover).
+    fn fenced(&self) -> impl Future<Output = ()> + use<> {
+        let watched = match (&self.state, &self.lease.take_over) {
+            (State::Active(held), Some(take_over)) => Some((held.epoch, Arc::clone(take_over))),
+            _ => None,
+        };
+        async move {
+            match watched {
+                Some((epoch, take_over)) => take_over.fenced(epoch).await,
+                None => std::future::pending().await,
+            }
         }
     }
 
@@ -500,6 +524,9 @@ impl Ticks {
             StepDown::Lost => "lost the site's lease: another member wrote it",
             StepDown::Unreachable => {
                 "could not renew the site's lease before it would lapse (NATS unreachable)"
+            }
+            StepDown::Fenced => {
+                "the site's journal refused this member's batch: another member writes it now"
             }
         };
         tracing::warn!(site = %self.lease.config.site, "{reason}: standing by");

@@ -5,7 +5,9 @@
 //! field, a byte `0` (absent) or `1` and the value:
 //!
 //! - a record: run id, adapter, target, operation, pin?, API key name?, queued ms,
-//!   deadline ms?, client stream?, affinity source?, the attempts (a count, then each one's
+//!   deadline ms?, client stream?, affinity source? (its presence byte `2` or `3` instead of
+//!   `0` or `1` says a budget reserve? follows: schema 8; a record of schema 7 has none),
+//!   the attempts (a count, then each one's
 //!   number, node, route reason and start ms), first output ms?, finished ms?, outcome,
 //!   code?, message?, finish reason?, usage (as `packed.rs`), events, events stored, and the
 //!   batch its events start in;
@@ -19,6 +21,9 @@ use crate::domain::routing::KeySource;
 use crate::domain::{
     AcceptedRun, AdapterName, Attempt, NodeId, Operation, RunId, RunOutcome, RunRecord, Target,
 };
+
+/// Added to the affinity source's presence byte when the budget reserve follows it.
+const WITH_RESERVE: u8 = 2;
 
 const RECORD: u8 = 1;
 const PLACED: u8 = 2;
@@ -106,7 +111,14 @@ pub(super) fn push_accepted(run: &AcceptedRun, out: &mut Vec<u8>) {
     push_varint(run.queued_ms, out);
     push_opt_u64(run.deadline_ms, out);
     push_opt_str(run.client_stream.as_deref(), out);
-    push_opt_str(run.affinity.map(KeySource::as_str), out);
+    match run.affinity {
+        Some(source) => {
+            out.push(WITH_RESERVE + 1);
+            push_str(source.as_str(), out);
+        }
+        None => out.push(WITH_RESERVE),
+    }
+    push_opt_u64(run.budget_reserve, out);
 }
 
 /// The records of a batch's `ended`.
@@ -182,17 +194,38 @@ pub(super) fn read_accepted(reader: &mut Reader<'_>) -> Result<AcceptedRun, Dama
     let adapter = AdapterName::parse(reader.text()?).map_err(|_| reader.damaged())?;
     let target = Target::parse(reader.text()?).map_err(|_| reader.damaged())?;
     let operation = operation(reader.text()?);
+    let pin = read_opt_string(reader)?;
+    let api_key_name = read_opt_string(reader)?;
+    let queued_ms = reader.varint()?;
+    let deadline_ms = read_opt_u64(reader)?;
+    let client_stream = read_opt_string(reader)?;
+    // The affinity source's presence byte: 0 or 1 as any optional field (schema 7), or that
+    // plus `WITH_RESERVE` when the budget reserve follows (schema 8).
+    let presence = reader.byte().ok_or_else(|| reader.damaged())?;
+    if presence > WITH_RESERVE + 1 {
+        return Err(reader.damaged());
+    }
+    let affinity = match presence % WITH_RESERVE {
+        1 => KeySource::parse(reader.text()?),
+        _ => None,
+    };
+    let budget_reserve = if presence >= WITH_RESERVE {
+        read_opt_u64(reader)?
+    } else {
+        None
+    };
     Ok(AcceptedRun {
         run_id,
         adapter,
         target,
         operation,
-        pin: read_opt_string(reader)?,
-        api_key_name: read_opt_string(reader)?,
-        queued_ms: reader.varint()?,
-        deadline_ms: read_opt_u64(reader)?,
-        client_stream: read_opt_string(reader)?,
-        affinity: read_opt_string(reader)?.and_then(|name| KeySource::parse(&name)),
+        pin,
+        api_key_name,
+        queued_ms,
+        deadline_ms,
+        client_stream,
+        affinity,
+        budget_reserve,
     })
 }
 
@@ -297,9 +330,19 @@ mod tests {
             proptest::option::of(any::<u64>()),
             any_opt_text(),
             proptest::option::of(proptest::sample::select(KeySource::ALL.to_vec())),
+            proptest::option::of(any::<u64>()),
         )
             .prop_map(
-                |(id, pin, key, queued_ms, deadline_ms, client_stream, affinity)| AcceptedRun {
+                |(
+                    id,
+                    pin,
+                    key,
+                    queued_ms,
+                    deadline_ms,
+                    client_stream,
+                    affinity,
+                    budget_reserve,
+                )| AcceptedRun {
                     run_id: RunId::new(id),
                     adapter: AdapterName::parse("llama").expect("a valid adapter"),
                     target: Target::parse("tiny-1b").expect("a valid target"),
@@ -310,6 +353,7 @@ mod tests {
                     deadline_ms,
                     client_stream,
                     affinity,
+                    budget_reserve,
                 },
             )
     }
@@ -368,6 +412,28 @@ mod tests {
     }
 
     proptest! {
+        #[test]
+        fn an_accepted_run_of_schema_7_reads_as_reserving_nothing(
+            accepted in any_accepted(),
+        ) {
+            // Schema 7's layout: the affinity source a plain optional field, nothing after.
+            let mut old = Vec::new();
+            push_str(accepted.run_id.as_str(), &mut old);
+            push_str(accepted.adapter.as_str(), &mut old);
+            push_str(accepted.target.as_str(), &mut old);
+            push_str(accepted.operation.as_str(), &mut old);
+            push_opt_str(accepted.pin.as_deref(), &mut old);
+            push_opt_str(accepted.api_key_name.as_deref(), &mut old);
+            push_varint(accepted.queued_ms, &mut old);
+            push_opt_u64(accepted.deadline_ms, &mut old);
+            push_opt_str(accepted.client_stream.as_deref(), &mut old);
+            push_opt_str(accepted.affinity.map(KeySource::as_str), &mut old);
+            let mut reader = Reader::new(&old);
+            let read = read_accepted(&mut reader).expect("reads");
+            prop_assert!(reader.at_end());
+            prop_assert_eq!(read, AcceptedRun { budget_reserve: None, ..accepted });
+        }
+
         #[test]
         fn records_read_back_as_written(stored in proptest::collection::vec(any_stored(), 0..4)) {
             let mut bytes = Vec::new();

@@ -226,6 +226,8 @@ fn read_run(row: &Row<'_>) -> rusqlite::Result<(i64, RunRecord)> {
         affinity: row
             .get::<_, Option<String>>(25)?
             .and_then(|name| KeySource::parse(&name)),
+        // Not kept before schema 8.
+        budget_reserve: None,
     };
     let tokens = |i: usize| -> rusqlite::Result<Option<u32>> { row.get(i) };
     let usage = match (tokens(14)?, tokens(15)?) {

@@ -33,6 +33,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 pub use config::{HumanDuration, JournalConfig};
+pub use replica::empty_batch;
 pub use schema::OpenError;
 pub use sqlite::{ReplicaFeed, SqliteJournal};
 pub use writer::ReplicaBatch;

@@ -96,7 +96,9 @@ impl EntryQueue {
     /// was written); never waits.
     pub(super) fn push_all(&self, entries: Vec<Queued>) {
         let mut state = self.lock();
-        if state.closed {
+        // Nothing to wake the writer for (a claim is an empty batch): waking it would clear
+        // `parked` while it goes on waiting, and the next push would not wake it.
+        if state.closed || entries.is_empty() {
             return;
         }
         state.admitted += entries.len() as u64;

@@ -18,8 +18,12 @@ use super::frames::{
 use super::packed::{Damaged, Packer, Reader, push_bytes, push_usage, push_varint};
 use crate::domain::{AdapterName, NodeId, RunEnding, RunId, RunOutcome, Target};
 
-/// The version of the layout this edge writes and reads.
-pub const VERSION: u8 = 1;
+/// The version of the layout this edge writes: 2 adds an accepted run's budget reserve
+/// (`frames.rs`), which an edge reading version 1 only would take for damage.
+pub const VERSION: u8 = 2;
+
+/// The oldest version this edge reads (its accepted runs reserve nothing).
+const OLDEST: u8 = 1;
 
 const ACCEPTED: u8 = 1;
 const PLACED: u8 = 2;
@@ -29,7 +33,9 @@ const EVENTS: u8 = 3;
 #[derive(Debug, thiserror::Error)]
 pub enum ReplicaError {
     /// Written by an edge whose layout this one does not know.
-    #[error("a replicated journal batch of version {0} (this edge reads version {VERSION})")]
+    #[error(
+        "a replicated journal batch of version {0} (this edge reads versions {OLDEST} to {VERSION})"
+    )]
     Version(u8),
     /// The bytes do not decode.
     #[error("a replicated journal batch is damaged: {0}")]
@@ -59,6 +65,11 @@ pub(super) fn encode(entries: &[Queued]) -> Vec<u8> {
         }
     }
     out
+}
+
+/// A batch of no entries: what a member appends to claim the stream (decision 50).
+pub fn empty_batch() -> Vec<u8> {
+    encode(&[])
 }
 
 fn push_events(events: &PackedEvents, out: &mut Vec<u8>) {
@@ -97,7 +108,7 @@ pub(super) fn decode(bytes: &[u8]) -> Result<Vec<Queued>, ReplicaError> {
     let Some((&version, rest)) = bytes.split_first() else {
         return Err(ReplicaError::Damaged("an empty message".to_owned()));
     };
-    if version != VERSION {
+    if !(OLDEST..=VERSION).contains(&version) {
         return Err(ReplicaError::Version(version));
     }
     let mut reader = Reader::new(rest);
@@ -209,6 +220,7 @@ mod tests {
             deadline_ms: Some(5_000),
             client_stream: None,
             affinity: None,
+            budget_reserve: Some(256),
         };
         let placed = JournalEntry::Placed {
             run_id: RunId::new("r1"),

@@ -28,8 +28,9 @@ use crate::ports::clock::now_ms;
 /// run's `client_stream`, what its API needs to render its stream again for a caller that
 /// resumes it; schema 6 a run's `affinity` source and the usage rollups' `affinity`
 /// dimension (rows rolled up before it have an empty one: not known); schema 7 the log of
-/// batches in place of a row per run.
-const SCHEMA_VERSION: i64 = 7;
+/// batches in place of a row per run; schema 8 a run's budget reserve in its record
+/// (`frames.rs`; schema 7's records read as reserving nothing, so nothing is rewritten).
+const SCHEMA_VERSION: i64 = 8;
 
 /// How long a connection waits for another's lock (a checkpoint, a backup) before failing.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);

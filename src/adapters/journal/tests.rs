@@ -42,6 +42,7 @@ fn accepted(id: &str, queued_ms: u64) -> JournalEntry {
         deadline_ms: None,
         client_stream: Some(r#"{"api":"chat"}"#.into()),
         affinity: Some(KeySource::Session),
+        budget_reserve: None,
     }))
 }
 
@@ -636,7 +637,7 @@ async fn a_journal_of_schema_5_keeps_its_usage_and_rolls_up_by_affinity_on() {
     let version: i64 = conn
         .pragma_query_value(None, "user_version", |row| row.get(0))
         .unwrap();
-    assert_eq!(version, 7);
+    assert_eq!(version, 8);
     let old_tables: i64 = conn
         .query_row(
             "SELECT count(*) FROM sqlite_master WHERE name IN ('runs', 'attempts', 'events')",

@@ -5,9 +5,10 @@
 //!
 //! With `[cluster]` and the journal on, the journal is replicated (decision 49): this
 //! member's journal file is a cache of the site's stream ([`SiteJournal`]), folded in while
-//! it stands by; taking the lease runs [`SiteTakeOver`] (catch up on the stream, publish
+//! it stands by; taking the lease runs [`SiteTakeOver`] (catch up on the stream, claim it
 //! under the new epoch, re-adopt the open runs) before the role turns active, and, when the
-//! lease makes it stop acting, stop publishing and let its open runs go without ending them.
+//! lease makes it stop acting (or the stream refused its batch), stop publishing and let its
+//! open runs go without ending them.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -73,8 +74,7 @@ struct SiteTakeOver {
 #[async_trait::async_trait]
 impl TakeOver for SiteTakeOver {
     async fn prepare(&self, epoch: u64) -> Result<(), String> {
-        let last = self.stream.catch_up().await?;
-        self.stream.publish_as(Some(epoch));
+        let claimed = self.stream.write_as(epoch).await?;
         let open = self
             .journal
             .reload_left_open()
@@ -88,7 +88,7 @@ impl TakeOver for SiteTakeOver {
         self.runs.act();
         tracing::info!(
             epoch,
-            stream_seq = last,
+            stream_seq = claimed,
             open,
             held,
             "caught up on the site's journal: taking the open runs over"
@@ -97,12 +97,16 @@ impl TakeOver for SiteTakeOver {
     }
 
     async fn stand_down(&self) {
-        self.stream.publish_as(None);
+        self.stream.stop_writing();
         let let_go = self.runs.let_go_open_runs().await;
         tracing::warn!(
             runs = let_go,
             "no longer the site's active member: open runs let go, none ended"
         );
+    }
+
+    async fn fenced(&self, epoch: u64) {
+        self.stream.fenced(epoch).await;
     }
 }
 

@@ -21,6 +21,7 @@ fn record(id: &str, queued_ms: u64) -> RunRecord {
         deadline_ms: None,
         client_stream: None,
         affinity: None,
+        budget_reserve: None,
     })
 }
 

@@ -244,11 +244,6 @@ impl Run {
     }
 }
 
-/// The tenant of taken-back runs (`recovery/adopt.rs`): one no key's limits count, since
-/// what the run claimed of its key was not journaled; its tokens are settled against its
-/// key (its `api_key_name`) when it ends (`placer/admission.rs`).
-pub(super) const ADOPTED_TENANT: &str = "edge:adopted";
-
 /// What is known of a run when it is accepted.
 pub(super) fn accepted(id: &RunId, spec: &RunSpec) -> AcceptedRun {
     let queued_ms = now_ms();
@@ -264,6 +259,7 @@ pub(super) fn accepted(id: &RunId, spec: &RunSpec) -> AcceptedRun {
         deadline_ms: spec.deadline.map(|d| queued_ms.saturating_add(millis(d))),
         client_stream: spec.routing.client_stream.as_deref().map(str::to_owned),
         affinity: spec.routing.affinity.map(AffinityKey::source),
+        budget_reserve: spec.routing.budget.map(|claim| claim.reserve),
     }
 }
 

@@ -155,6 +155,14 @@ impl Budgets {
         }
     }
 
+    /// Reserves `reserve` again for a run of `tenant` taken back (admitted before an edge
+    /// restart or a site's takeover, with that reservation, and still open), whatever the
+    /// budget: it is not admitted again. It must be [`settle`](Self::settle)d once.
+    pub fn reserve_taken_back(&mut self, tenant: &TenantKey, reserve: u64) {
+        let key = self.keys.entry(tenant.clone()).or_default();
+        key.reserved = key.reserved.saturating_add(reserve);
+    }
+
     /// A run of `tenant` that reserved `reserve` ended at `now_ms` having used `tokens`
     /// (input plus output): the reservation goes, the tokens count in the windows holding
     /// `now_ms`.
@@ -195,6 +203,25 @@ mod tests {
             },
             reserve,
         }
+    }
+
+    #[test]
+    fn a_taken_back_runs_reservation_counts_until_it_is_settled() {
+        let key = TenantKey::parse("team").unwrap();
+        let mut budgets = Budgets::default();
+        budgets.reserve_taken_back(&key, 100);
+        assert!(
+            budgets
+                .try_reserve(&key, claim(Some(100), None, 1), NOON)
+                .is_err()
+        );
+        budgets.settle(&key, 100, 30, NOON);
+        assert_eq!(budgets.state(&key, NOON), (30, 30, 0));
+        assert!(
+            budgets
+                .try_reserve(&key, claim(Some(100), None, 1), NOON)
+                .is_ok()
+        );
     }
 
     #[test]

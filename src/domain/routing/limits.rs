@@ -151,6 +151,14 @@ impl KeyLimits {
         Ok(())
     }
 
+    /// Counts a run of `tenant`'s taken back (admitted before an edge restart or a site's
+    /// takeover, and still running) among its open runs, whatever the limit: it is not
+    /// admitted again, but the runs admitted after it wait for it as for any other. It must
+    /// be [`finish`](Self::finish)ed when it ends.
+    pub fn count_taken_back(&mut self, tenant: &TenantKey) {
+        self.tenants.entry(tenant.clone()).or_default().open += 1;
+    }
+
     /// Counts a run of `tenant`'s as ended.
     pub fn finish(&mut self, tenant: &TenantKey) {
         if let Some(usage) = self.tenants.get_mut(tenant) {
@@ -178,6 +186,16 @@ mod tests {
             per_minute: NonZeroU32::new(per_minute),
             burst: NonZeroU32::new(burst),
         })
+    }
+
+    #[test]
+    fn a_taken_back_run_holds_its_place_until_it_finishes() {
+        let mut l = limits(1, 0, 0);
+        let now = Instant::now();
+        l.count_taken_back(&key("a"));
+        assert!(l.try_start(&key("a"), now).is_err(), "one open already");
+        l.finish(&key("a"));
+        assert!(l.try_start(&key("a"), now).is_ok());
     }
 
     #[test]

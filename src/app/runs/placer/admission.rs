@@ -12,36 +12,23 @@ use tracing::debug;
 use super::{Effect, Fallout, Placer, Table, fallout_of, waits};
 use crate::app::runs::observer::Refusal;
 use crate::app::runs::route::{Placement, Route};
-use crate::app::runs::run::{ADOPTED_TENANT, Run, lock};
+use crate::app::runs::run::{Run, lock};
 use crate::domain::routing::{
-    Decision, LimitRefusal, NodeStatus, RouteContext, RouteReason, RouteRequest, TenantKey,
-    Unroutable, WaitCause, Waiter, decide,
+    Decision, LimitRefusal, NodeStatus, RouteContext, RouteReason, RouteRequest, Unroutable,
+    WaitCause, Waiter, decide,
 };
 use crate::domain::{AdapterName, Attempt, EdgeFailure, NodeId, Operation, RunId, RunSpec, Target};
 use crate::ports::clock::now_ms;
 use crate::ports::{ConnectionId, JournalEntry, NodeCommand, Placed, RunAssignment, StartError};
 
-/// Ends `run`'s count against its key's limits and settles its budget claim with the
-/// `tokens` it used (none for a run refused after its claim).
+/// Ends `run`'s count against its key's limits and settles what it reserved of its key's
+/// budget (as its record says: a taken-back run reserved it again) with the `tokens` it
+/// used (none for a run refused after its claim).
 fn release_limits(table: &mut Table, run: &Run, tokens: u64) {
-    let routing = &run.spec().routing;
-    table.limits.finish(&routing.tenant);
-    if let Some(claim) = routing.budget {
-        table
-            .budgets
-            .settle(&routing.tenant, claim.reserve, tokens, now_ms());
-    } else if routing.tenant.as_str() == ADOPTED_TENANT {
-        settle_adopted(table, run, tokens);
-    }
-}
-
-/// A taken-back run counted against no key while open (its claim was not journaled); the
-/// `tokens` it used count against its key's budget all the same, as they do in the rollups
-/// a later start loads.
-fn settle_adopted(table: &mut Table, run: &Run, tokens: u64) {
-    let key = run.accepted().api_key_name.as_deref();
-    if let Some(key) = key.and_then(|name| TenantKey::parse(name).ok()) {
-        table.budgets.settle(&key, 0, tokens, now_ms());
+    let tenant = &run.spec().routing.tenant;
+    table.limits.finish(tenant);
+    if let Some(reserve) = run.accepted().budget_reserve {
+        table.budgets.settle(tenant, reserve, tokens, now_ms());
     }
 }
 
@@ -370,8 +357,10 @@ impl Placer {
     /// to queued runs.
     pub(in crate::app::runs) fn retire(&self, run: &Arc<Run>, tokens: u64) -> Fallout {
         let mut table = lock(&self.table);
-        table.runs.remove(run.id());
-        release_limits(&mut table, run, tokens);
+        // Once per run: a run retired already (let go, then ended late) releases nothing.
+        if table.runs.remove(run.id()).is_some() {
+            release_limits(&mut table, run, tokens);
+        }
         let placement = { run.route().leave() };
         let selector = &run.spec().selector;
         match placement {

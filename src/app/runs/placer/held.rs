@@ -105,12 +105,18 @@ impl Placer {
     }
 
     /// Enters a run taken back from the journal in the table, its route pinned to `node`
-    /// (tried already) and never continued: it has no input to send again.
+    /// (tried already) and never continued: it has no input to send again. It counts among
+    /// its key's open runs and reserves again what admission reserved of its key's budget
+    /// (its record says how much), both released when it ends.
     pub(in crate::app::runs) fn take_back(&self, run: &Arc<Run>, node: Option<&NodeId>) {
         run.route().taken_back(node);
-        lock(&self.table)
-            .runs
-            .insert(run.id().clone(), Arc::clone(run));
+        let tenant = &run.spec().routing.tenant;
+        let mut table = lock(&self.table);
+        table.limits.count_taken_back(tenant);
+        if let Some(reserve) = run.accepted().budget_reserve {
+            table.budgets.reserve_taken_back(tenant, reserve);
+        }
+        table.runs.insert(run.id().clone(), Arc::clone(run));
     }
 
     /// Holds a taken-back run detached from `node`'s connection to the previous edge

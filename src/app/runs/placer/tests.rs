@@ -141,44 +141,83 @@ async fn a_cancel_takes_a_queued_run_out_and_a_drain_empties_the_queue() {
     assert!(Arc::strong_count(&queued) >= 1);
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_taken_back_runs_tokens_count_against_its_key_when_it_ends() {
-    use crate::app::runs::delivery::Delivery;
-    use crate::app::runs::run::{ADOPTED_TENANT, Run, accepted};
-    use crate::domain::RunId;
-    use crate::domain::routing::TenantKey;
+/// A run of key `team-a` as admission routes it: a budget of 100 tokens a day, reserving
+/// all of it, and one run at a time.
+fn keyed_spec() -> crate::domain::RunSpec {
+    use std::num::NonZeroU32;
 
-    let rig = Rig::new();
+    use crate::domain::routing::{BudgetClaim, LimitPolicy, TenantKey, TokenBudget};
+
+    let mut keyed = spec();
+    keyed.routing.tenant = TenantKey::parse("team-a").unwrap();
+    keyed.routing.limits = Some(LimitPolicy {
+        max_concurrent: NonZeroU32::new(1),
+        ..LimitPolicy::default()
+    });
+    keyed.routing.budget = Some(BudgetClaim {
+        budget: TokenBudget {
+            per_day: Some(100),
+            per_month: None,
+            default_reserve: 0,
+        },
+        reserve: 100,
+    });
+    keyed
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_taken_back_run_holds_its_keys_reservation_and_place_until_it_ends_once() {
+    use crate::app::runs::delivery::Delivery;
+    use crate::app::runs::run::{Run, accepted};
+    use crate::domain::RunId;
+    use crate::domain::routing::{LimitRefusal, TenantKey};
+
+    let mut rig = Rig::new();
+    rig.connect("a", 1, 8);
     let placer = rig.placer();
-    let mut spec = spec();
-    spec.routing.tenant = TenantKey::parse(ADOPTED_TENANT).unwrap();
+    let team_a = TenantKey::parse("team-a").unwrap();
+    let keyed = keyed_spec();
+    // A run admitted before a restart (its record says it reserved 100), taken back.
     let id = RunId::new("run-taken-back");
-    let mut record = accepted(&id, &spec);
-    record.api_key_name = Some("team-a".into());
+    let record = accepted(&id, &keyed);
+    assert_eq!(record.budget_reserve, Some(100));
     let (caller, _events) = tokio::sync::mpsc::channel(1);
-    let delivery = Delivery::new(caller);
     let now = tokio::time::Instant::now();
-    let run = Arc::new(Run::new(
+    let delivery = Delivery::new(caller);
+    let taken_back = Arc::new(Run::new(
         id,
-        spec,
+        keyed.clone(),
         record,
         delivery,
         tracing::Span::none(),
         now,
     ));
-    placer.take_back(&run, None);
-    let team_a = TenantKey::parse("team-a").unwrap();
-    assert_eq!(
-        placer.budget_state(&team_a),
-        (0, 0, 0),
-        "nothing reserved while open"
+    placer.take_back(&taken_back, None);
+    assert_eq!(placer.budget_state(&team_a), (0, 0, 100), "reserved again");
+
+    // The key's next run finds it: one open already, 100 reserved.
+    let (next, _) = rig.run(keyed.clone());
+    let refused = placer.admit(&next).map(|_| ()).unwrap_err();
+    assert!(
+        matches!(
+            refused,
+            StartError::Limited(LimitRefusal::Concurrency { .. })
+        ),
+        "{refused:?}"
     );
-    let _ = placer.retire(&run, 12);
-    assert_eq!(
-        placer.budget_state(&team_a),
-        (12, 12, 0),
-        "its tokens, once it ended"
+    let mut budget_only = keyed.clone();
+    budget_only.routing.limits = None;
+    let (next, _) = rig.run(budget_only.clone());
+    let refused = placer.admit(&next).map(|_| ()).unwrap_err();
+    assert!(
+        matches!(refused, StartError::Limited(LimitRefusal::Budget { .. })),
+        "{refused:?}"
     );
-    let adopted = TenantKey::parse(ADOPTED_TENANT).unwrap();
-    assert_eq!(placer.budget_state(&adopted), (0, 0, 0));
+
+    // It ends having used 12 tokens: settled once, its place freed.
+    let _ = placer.retire(&taken_back, 12);
+    let _ = placer.retire(&taken_back, 12);
+    assert_eq!(placer.budget_state(&team_a), (12, 12, 0), "settled once");
+    let (next, _) = rig.run(keyed);
+    assert!(placer.admit(&next).is_ok(), "admitted once it ended");
 }

@@ -9,8 +9,10 @@
 //! time, ends `failed`/`edge_crashed` (its record's outcome `unknown`, never completed);
 //! one whose deadline passed meanwhile ends `deadline_exceeded`. A taken-back run has no
 //! input (the journal keeps none), so it is pinned to its node and never failed over or
-//! continued; it counts against no key's limits while open, and its tokens count against its
-//! key's budget when it ends.
+//! continued. It counts among its key's open runs and reserves again what admission reserved
+//! of its key's budget (its record's `budget_reserve`) while open, so a takeover admits no
+//! more than the key's limits allow; its tokens are settled against the key when it ends.
+//! Its place in the key's rate (starts per minute) is not counted again: it started before.
 
 use std::sync::Arc;
 
@@ -19,7 +21,7 @@ use tracing::{info, info_span, warn};
 
 use super::Recovery;
 use crate::app::runs::delivery::Delivery;
-use crate::app::runs::run::{ADOPTED_TENANT, Run, millis};
+use crate::app::runs::run::{Run, millis};
 use crate::domain::adoption::{Adoption, Held, LeftOpen, StepKind, StoredStep, adopt};
 use crate::domain::routing::TenantKey;
 use crate::domain::{EdgeFailure, NodeId, NodeSelector, RunRecord, RunRouting, RunSpec};
@@ -108,8 +110,15 @@ impl Recovery {
 fn adopted_run(record: RunRecord, held: &Held) -> Run {
     let accepted = record.accepted;
     let node = record.attempts.last().map(|a| a.node.clone());
+    // Its key, as admission counted it (an unnamed caller's runs count as anonymous).
+    let tenant = accepted
+        .api_key_name
+        .as_deref()
+        .map_or_else(TenantKey::anonymous, |name| {
+            TenantKey::parse(name).unwrap_or_else(|_| TenantKey::anonymous())
+        });
     let routing = RunRouting {
-        tenant: TenantKey::parse(ADOPTED_TENANT).unwrap_or_else(|_| TenantKey::anonymous()),
+        tenant,
         ..RunRouting::default()
     };
     let spec = RunSpec {
