@@ -10,10 +10,13 @@
 //! same record from the stream. A member whose lease another writes lets its open run go
 //! and ends nothing. The stream has one writer (decision 50): once another member claimed
 //! it, a fenced member's batch is refused by the stream, the member stands down, and no
-//! member folds the batch; a retried append is answered as a duplicate, not refused.
+//! member folds the batch; a retried append is answered as a duplicate, not refused. A
+//! taken-over run keeps its key's budget reservation and concurrency place; the members
+//! count what they publish and fold (`edge_cluster_journal_*`, read by the Prometheus parser).
 
 use crate::admin_crash::{Edge, completed_record, get, start_edge_with, text};
 use crate::common;
+use crate::metrics::{scrape_until, want};
 use crate::mock_node::{MockNode, MockOptions};
 #[allow(dead_code, unused_imports)]
 use crate::node;
@@ -382,8 +385,18 @@ async fn a_fenced_members_batch_is_refused_by_the_stream_and_folded_by_no_member
         a_site.epoch() != epoch
     })
     .await;
+    // Open, or — when the refusal came before the run was placed, so the stand-down did not
+    // let it go — failed as its node was sent away: either way in edge-a's file only.
     let local = get(a.admin_addr, &format!("/admin/v1/runs/{after}")).await;
-    assert_eq!(local["outcome"], "open", "written locally: {local}");
+    assert_eq!(local["id"], after.as_str(), "written locally: {local}");
+    assert_ne!(local["outcome"], "completed", "{local}");
+    let client = common::http_client();
+    scrape_until(
+        &client,
+        &a,
+        &[want("edge_cluster_journal_refused_total", &[], 1.0)],
+    )
+    .await;
     a.stop().await;
 
     // Nothing of edge-a's epoch is in the stream after the claim.
@@ -556,4 +569,79 @@ async fn a_taken_over_run_keeps_its_keys_budget_reservation_and_concurrency_plac
         200
     );
     b.stop().await;
+}
+
+#[crate::common::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_count_what_they_publish_and_fold_in_prometheus_text() {
+    let nats = NatsServer::start_jetstream().await;
+    let a = spawn_app(&echo_member(&nats, "edge-a")).await;
+    acts(&a).await;
+    let c = spawn_app(&echo_member(&nats, "edge-c")).await;
+    let c_site = c.parts.site.clone();
+    eventually("edge-c stands by behind edge-a", || {
+        matches!(c_site.current(), Role::Standby { active: Some(m), .. } if m.edge_id == "edge-a")
+    })
+    .await;
+    let _node = MockNode::start(a.node_addr, MockOptions::new("token-a"))
+        .await
+        .expect("the mock node");
+    a.wait_for_nodes(1).await;
+    let echo = json!({"model": "echo/echo", "stream": true,
+        "messages": [{"role": "user", "content": "one two three"}]});
+    let (response, run_id) = open_stream_at(a.http_addr, "/v1/chat/completions", &echo).await;
+    response.text().await.expect("the whole answer");
+    completed_record(c.admin_addr, &run_id, "the standby folds the run").await;
+
+    // Every message in the stream is edge-a's: its claim, then its batches.
+    let last = last_sequence(&nats).await;
+    let all = last as f64;
+    let client = common::http_client();
+    let active = scrape_until(
+        &client,
+        &a,
+        &[
+            want("edge_cluster_journal_published_total", &[], all),
+            want("edge_cluster_journal_refused_total", &[], 0.0),
+            want("edge_cluster_journal_kept_local_total", &[], 0.0),
+            want("edge_cluster_journal_folded_total", &[], 0.0),
+            want(
+                "edge_cluster_journal_skipped_total",
+                &[("reason", "own")],
+                all,
+            ),
+            want("edge_cluster_journal_folded_sequence", &[], all),
+            // The claim is not timed: only the batches.
+            want("edge_cluster_journal_ack_seconds_count", &[], all - 1.0),
+        ],
+    )
+    .await;
+    assert_eq!(
+        active.get(
+            "edge_cluster_journal_skipped_total",
+            &[("reason", "stale_epoch")]
+        ),
+        Some(0.0)
+    );
+    scrape_until(
+        &client,
+        &c,
+        &[
+            want("edge_cluster_journal_published_total", &[], 0.0),
+            want("edge_cluster_journal_folded_total", &[], all),
+            want(
+                "edge_cluster_journal_skipped_total",
+                &[("reason", "own")],
+                0.0,
+            ),
+            want(
+                "edge_cluster_journal_skipped_total",
+                &[("reason", "undecodable")],
+                0.0,
+            ),
+            want("edge_cluster_journal_folded_sequence", &[], all),
+        ],
+    )
+    .await;
+    c.stop().await;
+    a.stop().await;
 }

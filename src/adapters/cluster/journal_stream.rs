@@ -24,8 +24,8 @@
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 use async_nats::HeaderMap;
 use async_nats::jetstream::context::{PublishError, PublishErrorKind};
@@ -47,6 +47,81 @@ const EPOCH_HEADER: &str = "Edge-Epoch";
 
 /// How long the tasks wait before trying NATS again after a failure.
 const RETRY: Duration = Duration::from_millis(250);
+
+/// What the stream's tasks did, for the metrics export. Cheap to clone.
+#[derive(Debug, Clone, Default)]
+pub struct StreamStats {
+    counters: Arc<Counters>,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    published: AtomicU64,
+    publish_failures: AtomicU64,
+    refused: AtomicU64,
+    kept_local: AtomicU64,
+    folded: AtomicU64,
+    skipped_own: AtomicU64,
+    skipped_stale: AtomicU64,
+    undecodable: AtomicU64,
+    folded_seq: AtomicU64,
+}
+
+impl StreamStats {
+    /// Batches (claims included) the stream acknowledged.
+    pub fn published(&self) -> u64 {
+        self.counters.published.load(Ordering::Relaxed)
+    }
+
+    /// Appends that failed (no answer, or an error other than a refusal) and were tried
+    /// again.
+    pub fn publish_failures(&self) -> u64 {
+        self.counters.publish_failures.load(Ordering::Relaxed)
+    }
+
+    /// Batches the stream refused: another member claimed it (this one was fenced).
+    pub fn refused(&self) -> u64 {
+        self.counters.refused.load(Ordering::Relaxed)
+    }
+
+    /// Batches kept in this member's file only: refused, or not published before it stood
+    /// down.
+    pub fn kept_local(&self) -> u64 {
+        self.counters.kept_local.load(Ordering::Relaxed)
+    }
+
+    /// Batches of other members (or earlier lives) applied to the local journal.
+    pub fn folded(&self) -> u64 {
+        self.counters.folded.load(Ordering::Relaxed)
+    }
+
+    /// Batches skipped as this life's own.
+    pub fn skipped_own(&self) -> u64 {
+        self.counters.skipped_own.load(Ordering::Relaxed)
+    }
+
+    /// Batches skipped as written under an epoch older than one folded.
+    pub fn skipped_stale(&self) -> u64 {
+        self.counters.skipped_stale.load(Ordering::Relaxed)
+    }
+
+    /// Batches skipped because they do not decode.
+    pub fn undecodable(&self) -> u64 {
+        self.counters.undecodable.load(Ordering::Relaxed)
+    }
+
+    /// The stream sequence of the last message the folder handled.
+    pub fn folded_sequence(&self) -> u64 {
+        self.counters.folded_seq.load(Ordering::Relaxed)
+    }
+
+    fn count(counter: &AtomicU64) {
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Told how long each batch took from its first append to the stream's acknowledgement.
+pub type AckLatency = Box<dyn Fn(Duration) + Send + Sync>;
 
 /// A member's end of the site's journal stream.
 #[derive(Clone)]
@@ -72,6 +147,9 @@ struct Inner {
     /// The highest epoch among the batches folded: one written under a lower epoch comes
     /// from a member that ignores the claims (an edge of another version), and is skipped.
     newest_epoch: AtomicU64,
+    stats: StreamStats,
+    /// Set once by [`JournalStream::on_ack`].
+    ack_latency: OnceLock<AckLatency>,
 }
 
 /// Where this member appends to the stream: under `epoch`, after `last_seq`.
@@ -114,8 +192,21 @@ impl JournalStream {
                 own_epochs: Mutex::new(HashSet::new()),
                 folded: watch::Sender::new(0),
                 newest_epoch: AtomicU64::new(0),
+                stats: StreamStats::default(),
+                ack_latency: OnceLock::new(),
             }),
         }
+    }
+
+    /// What the stream's tasks did so far.
+    pub fn stats(&self) -> StreamStats {
+        self.inner.stats.clone()
+    }
+
+    /// Tells `latency` how long each published batch took from its first append to the
+    /// stream's acknowledgement (once; a second call changes nothing).
+    pub fn on_ack(&self, latency: AckLatency) {
+        let _ = self.inner.ack_latency.set(latency);
     }
 
     /// Starts the publisher (fed by `feed`) and the folder; they end on
@@ -166,10 +257,14 @@ impl JournalStream {
                     Appended::At(seq) => break Some(seq),
                     Appended::Refused => break None,
                     // The same claim again: a duplicate is answered with its sequence.
-                    Appended::Failed(_) => tokio::time::sleep(RETRY).await,
+                    Appended::Failed(_) => {
+                        StreamStats::count(&inner.stats.counters.publish_failures);
+                        tokio::time::sleep(RETRY).await;
+                    }
                 }
             };
             if let Some(seq) = claimed {
+                StreamStats::count(&inner.stats.counters.published);
                 let writer = Writer {
                     epoch,
                     last_seq: seq,
@@ -356,10 +451,13 @@ impl Inner {
     /// Appends `batch` (the `n`th) after the last sequence this member knows, trying again
     /// until the stream stores or refuses it, or this member stopped writing.
     async fn publish_one(&self, batch: &ReplicaBatch, n: u64, stop: &CancellationToken) {
+        let counters = &self.stats.counters;
         let Some(writer) = self.writer().filter(|w| !w.fenced) else {
+            StreamStats::count(&counters.kept_local);
             return;
         };
         let id = format!("{}-{}-{n}", self.edge_id, writer.epoch);
+        let started = Instant::now();
         let mut warned = false;
         loop {
             let answer = self
@@ -367,18 +465,28 @@ impl Inner {
                 .await;
             let error = match Appended::of(answer) {
                 Appended::At(seq) => {
+                    StreamStats::count(&counters.published);
+                    if let Some(latency) = self.ack_latency.get() {
+                        latency(started.elapsed());
+                    }
                     let now = Writer {
                         last_seq: seq,
                         ..writer
                     };
                     return self.update_writer(writer, now);
                 }
-                Appended::Refused => return self.fence(writer, &id),
+                Appended::Refused => {
+                    StreamStats::count(&counters.refused);
+                    StreamStats::count(&counters.kept_local);
+                    return self.fence(writer, &id);
+                }
                 Appended::Failed(error) => error,
             };
+            StreamStats::count(&counters.publish_failures);
             if !self.journal.publishing() {
                 // Stood down meanwhile: the member that acts now writes the stream.
                 warn!(%error, batch = id, "a journal batch not published before this member stood down: kept local only");
+                StreamStats::count(&counters.kept_local);
                 return;
             }
             if !warned {
@@ -455,6 +563,7 @@ impl Inner {
             }
             self.apply(&message, seq);
             self.folded.send_replace(seq);
+            self.stats.counters.folded_seq.store(seq, Ordering::Relaxed);
         }
         Ok(())
     }
@@ -475,18 +584,26 @@ impl Inner {
             .newest_epoch
             .fetch_max(epoch.unwrap_or(0), Ordering::AcqRel);
         let own = self.own_epochs.lock().unwrap_or_else(|p| p.into_inner());
+        let counters = &self.stats.counters;
         match verdict(edge.as_deref(), epoch, &self.edge_id, &own, newest) {
-            Verdict::Own => {}
-            Verdict::Stale => warn!(
-                seq,
-                ?epoch,
-                newest,
-                "a journal batch of an older epoch (a member fenced since) is skipped"
-            ),
+            Verdict::Own => StreamStats::count(&counters.skipped_own),
+            Verdict::Stale => {
+                StreamStats::count(&counters.skipped_stale);
+                warn!(
+                    seq,
+                    ?epoch,
+                    newest,
+                    "a journal batch of an older epoch (a member fenced since) is skipped"
+                );
+            }
             Verdict::Apply => {
                 drop(own);
-                if let Err(error) = self.journal.apply_replica(&message.payload) {
-                    warn!(seq, %error, "a journal batch from the stream is skipped");
+                match self.journal.apply_replica(&message.payload) {
+                    Ok(_) => StreamStats::count(&counters.folded),
+                    Err(error) => {
+                        StreamStats::count(&counters.undecodable);
+                        warn!(seq, %error, "a journal batch from the stream is skipped");
+                    }
                 }
             }
         }

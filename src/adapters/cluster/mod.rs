@@ -14,5 +14,5 @@ mod kv;
 mod lease;
 
 pub use config::{ClusterConfig, advertised};
-pub use journal_stream::{JournalStream, JournalStreamTasks};
+pub use journal_stream::{JournalStream, JournalStreamTasks, StreamStats};
 pub use lease::{ClusterLease, LeaseStats, Member};

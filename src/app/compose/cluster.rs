@@ -19,7 +19,7 @@ use opentelemetry::metrics::Meter;
 
 use super::Settings;
 use crate::adapters::cluster::{
-    ClusterLease, JournalStream, JournalStreamTasks, LeaseStats, Member, advertised,
+    ClusterLease, JournalStream, JournalStreamTasks, LeaseStats, Member, StreamStats, advertised,
 };
 use crate::adapters::journal::{ReplicaFeed, SqliteJournal};
 use crate::app::runs::RunService;
@@ -111,12 +111,13 @@ impl TakeOver for SiteTakeOver {
 }
 
 /// The replication of `journal` over `lease`'s NATS, when both are there: the lease runs
-/// the takeover before acting.
+/// the takeover before acting; the stream's metrics are registered on `meter`.
 pub(super) fn replicate(
     settings: &Settings,
     lease: Option<ClusterLease>,
     journal: Option<SiteJournal>,
     runs: &RunService,
+    meter: &Meter,
 ) -> (Option<ClusterLease>, Option<Replication>) {
     let (lease, SiteJournal { journal, feed }, config) = match (lease, journal, &settings.cluster) {
         (Some(lease), Some(journal), Some(config)) => (lease, journal, config),
@@ -129,6 +130,7 @@ pub(super) fn replicate(
         settings.edge_id.to_string(),
         Arc::clone(&journal),
     );
+    observe_stream(meter, &stream);
     let take_over = SiteTakeOver {
         stream: stream.clone(),
         journal,
@@ -231,4 +233,85 @@ fn observe(meter: &Meter, site: SiteRole, stats: LeaseStats) {
         ),
     ];
     super::nats_metrics::observe_counters(meter, &stats, counters);
+}
+
+/// A counter read from the journal stream's stats.
+type StreamCounter = super::nats_metrics::StatsCounter<StreamStats>;
+
+/// Upper bounds (seconds) of the publish-to-acknowledgement histogram's bins: a local
+/// JetStream answers in about a millisecond, a cluster of three in a few.
+const ACK_BUCKETS: [f64; 12] = [
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0,
+];
+
+/// The journal stream's plain counters.
+const STREAM_COUNTERS: [StreamCounter; 5] = [
+    (
+        "edge_cluster_journal_published",
+        "Journal batches (and claims) the site's stream acknowledged",
+        StreamStats::published,
+    ),
+    (
+        "edge_cluster_journal_publish_failures",
+        "Appends to the site's stream that got no answer or an error and were tried again",
+        StreamStats::publish_failures,
+    ),
+    (
+        "edge_cluster_journal_refused",
+        "Journal batches the site's stream refused because another member claimed it \
+         (this member was fenced)",
+        StreamStats::refused,
+    ),
+    (
+        "edge_cluster_journal_kept_local",
+        "Journal batches kept in this member's file only (refused, or not published before \
+         it stood down)",
+        StreamStats::kept_local,
+    ),
+    (
+        "edge_cluster_journal_folded",
+        "Journal batches of other members (or earlier lives) folded from the site's stream",
+        StreamStats::folded,
+    ),
+];
+
+/// The journal stream's instruments (`edge_cluster_journal_*`).
+fn observe_stream(meter: &Meter, stream: &JournalStream) {
+    let stats = stream.stats();
+    super::nats_metrics::observe_counters(meter, &stats, STREAM_COUNTERS);
+    let skipped = stats.clone();
+    meter
+        .u64_observable_counter("edge_cluster_journal_skipped")
+        .with_description(
+            "Journal batches from the site's stream not folded, by why: this life's own, of an \
+             older epoch, or undecodable",
+        )
+        .with_callback(move |o| {
+            o.observe(skipped.skipped_own(), &[KeyValue::new("reason", "own")]);
+            o.observe(
+                skipped.skipped_stale(),
+                &[KeyValue::new("reason", "stale_epoch")],
+            );
+            o.observe(
+                skipped.undecodable(),
+                &[KeyValue::new("reason", "undecodable")],
+            );
+        })
+        .build();
+    meter
+        .u64_observable_gauge("edge_cluster_journal_folded_sequence")
+        .with_description("The site's stream sequence this member has folded up to")
+        .with_callback(move |o| o.observe(stats.folded_sequence(), &[]))
+        .build();
+    let acks = meter
+        .f64_histogram("edge_cluster_journal_ack")
+        .with_description(
+            "Time from a journal batch's first append to the stream's acknowledgement",
+        )
+        .with_unit("s")
+        .with_boundaries(ACK_BUCKETS.to_vec())
+        .build();
+    stream.on_ack(Box::new(move |latency| {
+        acks.record(latency.as_secs_f64(), &[]);
+    }));
 }

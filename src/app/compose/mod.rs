@@ -152,7 +152,8 @@ impl App {
         let listeners = (server.local_addr()?, http.local_addr()?);
         let lease = cluster::lease(&settings, store.as_ref(), &site, listeners, metrics.meter());
         let lease = lease.await?;
-        let (lease, replication) = cluster::replicate(&settings, lease, site_journal, &runs);
+        let (lease, replication) =
+            cluster::replicate(&settings, lease, site_journal, &runs, metrics.meter());
         let parts = AppParts {
             store,
             registry,
