@@ -331,29 +331,38 @@ async fn the_stream_answers_a_retried_append_with_its_sequence_and_refuses_a_sta
     assert_eq!(last_sequence(&nats).await, first.sequence);
 }
 
-#[crate::common::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_fenced_members_batch_is_refused_by_the_stream_and_folded_by_no_member() {
-    let nats = NatsServer::start_jetstream().await;
-    let a = spawn_app(&echo_member(&nats, "edge-a")).await;
+/// `edge-a` acting on `nats` with a mock node, `edge-c` standing by behind it, and one
+/// streamed echo run completed on `edge-a` and folded by `edge-c`: both members, the node and
+/// the run's id.
+async fn active_standby_and_a_folded_run(
+    nats: &NatsServer,
+) -> (TestApp, TestApp, MockNode, String) {
+    let a = spawn_app(&echo_member(nats, "edge-a")).await;
     acts(&a).await;
-    let epoch = a.parts.site.epoch();
-    let c = spawn_app(&echo_member(&nats, "edge-c")).await;
+    let c = spawn_app(&echo_member(nats, "edge-c")).await;
     let c_site = c.parts.site.clone();
     eventually("edge-c stands by behind edge-a", || {
         matches!(c_site.current(), Role::Standby { active: Some(m), .. } if m.edge_id == "edge-a")
     })
     .await;
-    let _node = MockNode::start(a.node_addr, MockOptions::new("token-a"))
+    let node = MockNode::start(a.node_addr, MockOptions::new("token-a"))
         .await
         .expect("the mock node");
     a.wait_for_nodes(1).await;
-
-    // A run before the fence: in the stream, so every member has it.
     let echo = json!({"model": "echo/echo", "stream": true,
         "messages": [{"role": "user", "content": "one two three"}]});
-    let (response, before) = open_stream_at(a.http_addr, "/v1/chat/completions", &echo).await;
+    let (response, run_id) = open_stream_at(a.http_addr, "/v1/chat/completions", &echo).await;
     response.text().await.expect("the whole answer");
-    completed_record(c.admin_addr, &before, "the standby folds the run").await;
+    completed_record(c.admin_addr, &run_id, "the standby folds the run").await;
+    (a, c, node, run_id)
+}
+
+#[crate::common::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fenced_members_batch_is_refused_by_the_stream_and_folded_by_no_member() {
+    let nats = NatsServer::start_jetstream().await;
+    // A run before the fence: in the stream, so every member has it.
+    let (a, c, _node, before) = active_standby_and_a_folded_run(&nats).await;
+    let epoch = a.parts.site.epoch();
 
     // Another member claims the stream under a newer epoch (as a member that acquired the
     // lease does), at the sequence the stream ends at.
@@ -574,23 +583,7 @@ async fn a_taken_over_run_keeps_its_keys_budget_reservation_and_concurrency_plac
 #[crate::common::test(flavor = "multi_thread", worker_threads = 2)]
 async fn members_count_what_they_publish_and_fold_in_prometheus_text() {
     let nats = NatsServer::start_jetstream().await;
-    let a = spawn_app(&echo_member(&nats, "edge-a")).await;
-    acts(&a).await;
-    let c = spawn_app(&echo_member(&nats, "edge-c")).await;
-    let c_site = c.parts.site.clone();
-    eventually("edge-c stands by behind edge-a", || {
-        matches!(c_site.current(), Role::Standby { active: Some(m), .. } if m.edge_id == "edge-a")
-    })
-    .await;
-    let _node = MockNode::start(a.node_addr, MockOptions::new("token-a"))
-        .await
-        .expect("the mock node");
-    a.wait_for_nodes(1).await;
-    let echo = json!({"model": "echo/echo", "stream": true,
-        "messages": [{"role": "user", "content": "one two three"}]});
-    let (response, run_id) = open_stream_at(a.http_addr, "/v1/chat/completions", &echo).await;
-    response.text().await.expect("the whole answer");
-    completed_record(c.admin_addr, &run_id, "the standby folds the run").await;
+    let (a, c, _node, _run_id) = active_standby_and_a_folded_run(&nats).await;
 
     // Every message in the stream is edge-a's: its claim, then its batches.
     let last = last_sequence(&nats).await;
