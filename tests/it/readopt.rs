@@ -75,7 +75,17 @@ pub(crate) async fn engine_with_deltas_behind(
     deltas: usize,
     gate: &Arc<Semaphore>,
 ) -> ScriptedEngine {
-    let engine = ScriptedEngine::start(&[QWEN]).await;
+    engine_listing_behind(&[QWEN], deltas, gate).await
+}
+
+/// An engine listing `models` whose [`QWEN`] streams `deltas` deltas, one per permit of
+/// `gate` (the other models are the caller's to script).
+pub(crate) async fn engine_listing_behind(
+    models: &[&str],
+    deltas: usize,
+    gate: &Arc<Semaphore>,
+) -> ScriptedEngine {
+    let engine = ScriptedEngine::start(models).await;
     let chunks = chat_chunks((0..deltas).map(delta));
     let reply = Reply::Sse {
         chunks,

@@ -7,7 +7,10 @@
 //! through the balancer after each kill. None is lost (every client reads its whole answer
 //! once, to `[DONE]`, and the survivor lists every run completed with every delta once and
 //! one ending), none is duplicated (the engines were asked each run's prompt once, all
-//! together), and none is shown completed that did not complete.
+//! together), and none is shown completed that did not complete. A key with a daily token
+//! budget spends it on the first active member (three runs); after each takeover the member
+//! that took over admits none more (shown failing once with the takeover's budget load taken
+//! out: it admitted three again).
 //!
 //! The engines share one gate: the test lets chunks out only once every run is open, and
 //! before each kill waits until the active member has relayed all it let out, so every kill
@@ -24,11 +27,11 @@ use tokio::sync::Semaphore;
 use crate::admin_crash::{completed_record, text};
 use crate::common::engines::NatsServer;
 use crate::common::{self, eventually_ok};
-use crate::node_support::upstream::ScriptedEngine;
-use crate::node_support::{RunningNode, edge_config, spawn_node};
+use crate::node_support::upstream::{Reply, ScriptedEngine};
+use crate::node_support::{QWEN, RunningNode, edge_config, spawn_node};
 use crate::readopt::{
-    CHUNKS, DELTAS, SOAK_PATIENCE, SOAK_RUNS, assert_whole_answer_once, delta, engine_behind,
-    open_runs, progressed, soak_client,
+    CHUNKS, DELTAS, SOAK_PATIENCE, SOAK_RUNS, assert_whole_answer_once, delta,
+    engine_listing_behind, open_runs, progressed, soak_client,
 };
 use crate::site_support::{Balancer, Member, cluster_section_with, ready, standing_by};
 
@@ -38,6 +41,65 @@ const SOAK_LEASE_MS: u64 = 3_000;
 /// Reference nodes, `node-0` .. `node-3`, each with an engine of its own.
 const NODES: usize = 4;
 
+/// The metered key's daily budget, in tokens, and what one of its runs reports using
+/// (4 in, 30 out): admission needs the tokens used plus those reserved below the budget, so
+/// three runs fit, whichever member admits them.
+const METERED_BUDGET: u64 = 100;
+const METERED_RUNS: usize = 3;
+/// The model the metered key's runs ask for (on every engine, never gated), and their prompt.
+const METERED_MODEL: &str = "tiny";
+const METERED_PROMPT: &str = "a metered question";
+
+/// The API keys: `sk-load` for the soak's runs, `sk-metered` with a daily token budget.
+fn api_keys() -> String {
+    format!(
+        "[[api.keys]]\nkey = \"sk-load\"\nname = \"load\"\n[[api.keys]]\nkey = \"sk-metered\"\n\
+         name = \"metered\"\nbudget_tokens_per_day = {METERED_BUDGET}\n"
+    )
+}
+
+/// A client that calls the API as `key`.
+fn client_as(key: &str) -> reqwest::Client {
+    let mut headers = reqwest::header::HeaderMap::new();
+    let bearer = format!("Bearer {key}").parse().expect("a header value");
+    headers.insert(reqwest::header::AUTHORIZATION, bearer);
+    common::http()
+        .default_headers(headers)
+        .build()
+        .expect("a client")
+}
+
+/// Metered runs through `v1` (the balancer), one after another, until the budget refuses
+/// one: how many were admitted.
+async fn spend_the_budget(v1: &str) -> usize {
+    let client = client_as("sk-metered");
+    let body = serde_json::json!({"model": format!("llama/{METERED_MODEL}"), "max_tokens": 30,
+        "messages": [{"role": "user", "content": METERED_PROMPT}]});
+    let mut admitted = 0;
+    loop {
+        let response = client
+            .post(format!("{v1}/chat/completions"))
+            .json(&body)
+            .send()
+            .await
+            .expect("an answer");
+        let status = response.status().as_u16();
+        let answer: Value = response.json().await.unwrap_or_default();
+        match status {
+            200 => admitted += 1,
+            429 => {
+                assert_eq!(answer["error"]["code"], "token_budget_exceeded", "{answer}");
+                return admitted;
+            }
+            other => panic!("a metered run answered {other}: {answer}"),
+        }
+        assert!(
+            admitted <= METERED_RUNS,
+            "the budget admitted {admitted} runs"
+        );
+    }
+}
+
 /// The prompt of run `n`: the engines' requests name their run by it.
 fn prompt_of(n: usize) -> String {
     format!("run {n}: tell me a long story")
@@ -46,7 +108,7 @@ fn prompt_of(n: usize) -> String {
 /// The `[[nodes]]` table of node `n` (token `token-n`), in front of `engine`, with room for
 /// every run of the soak.
 fn node_table(n: usize, engine: &ScriptedEngine) -> String {
-    edge_config(&engine.base_url(), &["qwen"], 500)
+    edge_config(&engine.base_url(), &["qwen", METERED_MODEL], 500)
         .replace("node-1", &format!("node-{n}"))
         .replace("box-1", &format!("box-{n}"))
         .replace("token-1", &format!("token-{n}"))
@@ -62,6 +124,7 @@ fn asked(engines: &[ScriptedEngine]) -> HashMap<String, usize> {
             .unwrap_or_default();
         *asked.entry(prompt.to_owned()).or_default() += 1;
     }
+    asked.remove(METERED_PROMPT);
     asked
 }
 
@@ -87,8 +150,17 @@ async fn soak(lease_ms: u64) {
     let nats = NatsServer::start_jetstream().await;
     let gate = Arc::new(Semaphore::new(0));
     let mut engines = Vec::new();
+    let usage =
+        serde_json::json!({"choices": [], "usage": {"prompt_tokens": 4, "completion_tokens": 30}});
+    let metered = [
+        serde_json::json!({"choices": [{"index": 0, "delta": {"content": "metered"}}]}),
+        serde_json::json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}),
+        usage,
+    ];
     for _ in 0..NODES {
-        engines.push(engine_behind(&gate).await);
+        let engine = engine_listing_behind(&[QWEN, METERED_MODEL], DELTAS, &gate).await;
+        engine.script(METERED_MODEL, Reply::sse(&metered, true));
+        engines.push(engine);
     }
     let nodes: String = engines
         .iter()
@@ -96,7 +168,8 @@ async fn soak(lease_ms: u64) {
         .map(|(n, e)| node_table(n, e))
         .collect();
     let config = format!(
-        "[runs]\nresume_grace_ms = 30000\n[events]\nsinks = [\"null\"]\n{}{nodes}",
+        "[runs]\nresume_grace_ms = 30000\n[events]\nsinks = [\"null\"]\n{}{}{nodes}",
+        api_keys(),
         cluster_section_with(&nats, lease_ms)
     );
     let a = Member::start("edge-a", &config).await;
@@ -122,7 +195,7 @@ async fn soak(lease_ms: u64) {
     // Every run open, its `started` relayed and its engine streaming before any chunk.
     // The clients reach the site through the balancer only: its address never changes.
     let (address, http) = tokio::sync::watch::channel(balancer.addr);
-    let client = common::http_client();
+    let client = client_as("sk-load");
     let begun = Arc::new(AtomicUsize::new(0));
     let clients: Vec<_> = (0..SOAK_RUNS)
         .map(|n| {
@@ -163,6 +236,13 @@ async fn soak(lease_ms: u64) {
         }
     })
     .await;
+    // The metered key spends its budget on the first active member.
+    let v1 = balancer.v1_url();
+    assert_eq!(
+        spend_the_budget(&v1).await,
+        METERED_RUNS,
+        "the budget's runs"
+    );
 
     // Three kills of the active member, alternating; the killed one comes back standing by.
     let mut cut = HashMap::<String, usize>::new();
@@ -178,6 +258,12 @@ async fn soak(lease_ms: u64) {
         members[active].kill(false).await;
         let survivor = 1 - active;
         ready(members[survivor].http()).await;
+        // The member that took over knows what the key used: it admits no more.
+        assert_eq!(
+            spend_the_budget(&v1).await,
+            0,
+            "a budget spent before the kill"
+        );
         members[active].restart().await;
         balancer.set(active, members[active].http());
         standing_by(members[active].http()).await;
