@@ -431,14 +431,13 @@ impl Ticks {
         let limit = self.lease.config.takeover_timeout();
         let prepare = tokio::time::timeout(limit, take_over.prepare(held.epoch));
         tokio::pin!(prepare);
+        // When to renew next: as an active member would, and after a failed renewal when
+        // the domain says to try again (never at once, however fast NATS fails).
+        let mut renew_at = match decide_active(&held, now_ms(), self.timing()) {
+            ActiveStep::Wait { until_ms } => at_wall(until_ms),
+            ActiveStep::Renew | ActiveStep::StepDown(_) => Instant::now(),
+        };
         let problem = loop {
-            let renew_at = match decide_active(&held, now_ms(), self.timing()) {
-                ActiveStep::Wait { until_ms } => at_wall(until_ms),
-                ActiveStep::Renew => Instant::now(),
-                ActiveStep::StepDown(_) => {
-                    break "the lease lapsed before it could be renewed".into();
-                }
-            };
             tokio::select! {
                 prepared = &mut prepare => match prepared {
                     Ok(Ok(())) => return Some(held),
@@ -446,9 +445,13 @@ impl Ticks {
                     Err(_) => break format!("it took longer than {} ms", limit.as_millis()),
                 },
                 () = tokio::time::sleep_until(renew_at) => {
-                    if let ActiveStep::StepDown(_) = self.renew(held).await {
-                        break "the lease was lost while taking over".into();
-                    }
+                    renew_at = match self.renew(held).await {
+                        ActiveStep::StepDown(_) => {
+                            break "the lease was lost while taking over".into();
+                        }
+                        ActiveStep::Wait { until_ms } => at_wall(until_ms),
+                        ActiveStep::Renew => Instant::now(),
+                    };
                     if let State::Active(renewed) = self.state {
                         held = renewed;
                     }
