@@ -11,7 +11,7 @@ use edge::ports::Role;
 use reqwest::StatusCode;
 use serde_json::Value;
 
-use crate::admin_crash::{Edge, start_edge};
+use crate::admin_crash::{Edge, start_edge, text};
 use crate::common::engines::NatsServer;
 use crate::common::{NodeTable, TestApp, eventually, eventually_ok, http_client, spawn_app};
 use crate::site_support::{self, ready, signal};
@@ -30,18 +30,6 @@ fn member(nats: &NatsServer, id: &str, target: &str) -> String {
 /// `GET /readyz`, which must answer: its status and body.
 async fn readyz(http: SocketAddr) -> (StatusCode, String) {
     site_support::readyz(http).await.expect("/readyz answers")
-}
-
-/// `GET /metrics` at `http`: the Prometheus text.
-async fn metrics_text(http: SocketAddr) -> String {
-    http_client()
-        .get(format!("http://{http}/metrics"))
-        .send()
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("scrape")
 }
 
 /// Waits until `app` stands by behind edge `active`; the reason it gives.
@@ -117,7 +105,7 @@ async fn one_member_is_ready_the_other_refuses_naming_it_and_a_clean_stop_hands_
     // Health and metrics keep answering; management reads answer, changes are refused.
     let health = http.get(format!("http://{}/healthz", b.http_addr)).send();
     assert_eq!(health.await.expect("healthz").status(), StatusCode::OK);
-    let metrics = metrics_text(b.http_addr).await;
+    let metrics = text(b.http_addr, "/metrics").await;
     assert!(
         metrics.contains("edge_cluster_role{role=\"standby\"} 1"),
         "{metrics}"
@@ -329,7 +317,7 @@ async fn an_active_member_whose_renewal_meets_another_write_stands_by_behind_the
         body.contains("active member: edge edge-z (api 10.9.9.9:8080"),
         "{body}"
     );
-    let metrics = metrics_text(a.http_addr).await;
+    let metrics = text(a.http_addr, "/metrics").await;
     let failures = metrics
         .lines()
         .find_map(|line| line.strip_prefix("edge_cluster_lease_renewal_failures_total "))

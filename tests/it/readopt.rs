@@ -351,9 +351,28 @@ async fn a_messages_stream_resumes_across_a_kill_9_of_its_edge() {
     after.node.stop().await.expect("clean stop");
 }
 
+/// Soak client `n` (a task running [`soak_client`]) once it has read its run's answer
+/// (within [`SOAK_PATIENCE`]), checked whole and once ([`assert_whole_answer_once`]): the
+/// run's id and how often the client resumed.
+pub(crate) async fn answered_soak_client(
+    n: usize,
+    client: tokio::task::JoinHandle<(String, Vec<Event>, usize)>,
+    expected_text: &str,
+) -> (String, usize) {
+    let (id, streamed, resumed) = common::bounded_for(
+        SOAK_PATIENCE,
+        format_args!("soak client {n} to read its answer"),
+        client,
+    )
+    .await
+    .expect("the client finished");
+    assert_whole_answer_once(&id, &streamed, expected_text);
+    (id, resumed)
+}
+
 /// What a soak client read of run `id`: no event twice, the whole answer (`expected_text`)
 /// once, to `[DONE]`.
-pub(crate) fn assert_whole_answer_once(id: &str, streamed: &[Event], expected_text: &str) {
+fn assert_whole_answer_once(id: &str, streamed: &[Event], expected_text: &str) {
     let orders: Vec<(u64, u32)> = streamed.iter().map(Event::order).collect();
     assert!(
         orders.is_sorted_by(|a, b| a < b),
@@ -380,7 +399,7 @@ const MAX_REFUSALS: usize = 200;
 
 /// The longest a soak client may take to read its run's whole answer, resumes included;
 /// within the test's deadline.
-pub(crate) const SOAK_PATIENCE: std::time::Duration = std::time::Duration::from_secs(120);
+const SOAK_PATIENCE: std::time::Duration = std::time::Duration::from_secs(120);
 
 /// Engine chunks per run: the deltas, the finish chunk and `[DONE]`.
 pub(crate) const CHUNKS: usize = DELTAS + 2;
@@ -602,13 +621,7 @@ async fn soak_runs_outlive_three_kills_of_their_edge() {
     let expected_text: String = (0..DELTAS).map(delta).collect();
     let mut resumes = 0;
     for (n, client) in clients.into_iter().enumerate() {
-        let (id, streamed, resumed) = common::bounded_for(
-            SOAK_PATIENCE,
-            format_args!("soak client {n} to read its answer"),
-            client,
-        )
-        .await
-        .expect("the client finished");
+        let (id, resumed) = answered_soak_client(n, client, &expected_text).await;
         // A client resumes at least once after each kill that cut its stream.
         let kills = cut.get(&id).copied().unwrap_or_default();
         assert!(
@@ -616,7 +629,6 @@ async fn soak_runs_outlive_three_kills_of_their_edge() {
             "run {id}: cut {kills} times, resumed {resumed}"
         );
         resumes += resumed;
-        assert_whole_answer_once(&id, &streamed, &expected_text);
         // Shown completed: the run did complete.
         outcome(&edge, &id, "completed").await;
     }

@@ -30,8 +30,8 @@ use crate::common::{self, eventually_ok};
 use crate::node_support::upstream::{Reply, ScriptedEngine};
 use crate::node_support::{QWEN, RunningNode, edge_config, spawn_node};
 use crate::readopt::{
-    CHUNKS, DELTAS, SOAK_PATIENCE, SOAK_RUNS, assert_whole_answer_once, delta,
-    engine_listing_behind, open_runs, progressed, soak_client,
+    CHUNKS, DELTAS, SOAK_RUNS, answered_soak_client, delta, engine_listing_behind, open_runs,
+    progressed, soak_client,
 };
 use crate::site_support::{Balancer, Member, cluster_section_with, ready, standing_by};
 
@@ -276,21 +276,14 @@ async fn soak(lease_ms: u64) {
     let expected_text: String = (0..DELTAS).map(delta).collect();
     let mut ids = Vec::new();
     for (n, client) in clients.into_iter().enumerate() {
-        let (id, streamed, resumed) = common::bounded_for(
-            SOAK_PATIENCE,
-            format_args!("soak client {n} to read its answer"),
-            client,
-        )
-        .await
-        .expect("the client finished");
+        let (id, resumed) = answered_soak_client(n, client, &expected_text).await;
         // A client still waiting for the new active member when the next kill comes resumes
-        // once for both cuts: one resume at least, and the whole answer below, once.
+        // once for both cuts: one resume at least (and its whole answer, once).
         let kills = cut.get(&id).copied().unwrap_or_default();
         assert!(
             kills == 0 || resumed > 0,
             "run {id}: cut {kills} times, never resumed"
         );
-        assert_whole_answer_once(&id, &streamed, &expected_text);
         ids.push(id);
     }
     // Shown completed only when it completed: the survivor's record of each run.
