@@ -183,6 +183,15 @@ idle_unload_ms = 100
         !ea.is_loaded("gamma") && !eb.is_loaded("gamma")
     })
     .await;
+    // The engine may show it unloaded before the node's outcome reaches the edge's feed.
+    let models = app.parts.models.clone();
+    eventually("the idle unload's outcome is in the feed", || {
+        let (events, _) = models.model_events();
+        events
+            .iter()
+            .any(|e| e.reason == "idle" && e.outcome == "done")
+    })
+    .await;
     let (events, _) = app.parts.models.model_events();
     for reason in ["min_loaded", "pin", "demand", "idle"] {
         assert!(
