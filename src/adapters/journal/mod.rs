@@ -23,6 +23,7 @@ mod reader;
 mod replica;
 mod retention;
 mod schema;
+mod snapshot;
 mod sqlite;
 #[cfg(test)]
 mod tests;

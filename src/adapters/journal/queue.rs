@@ -16,6 +16,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use super::batch::Queued;
+use super::snapshot::Control;
 
 /// The queue between the relay and the writer thread.
 pub(super) struct EntryQueue {
@@ -37,6 +38,8 @@ struct State {
     urgent: bool,
     /// The `admitted` count the latest flush waits for.
     flush_target: u64,
+    /// Work for the writer between two batches (see `snapshot.rs`).
+    controls: Vec<Control>,
     closed: bool,
 }
 
@@ -59,6 +62,7 @@ impl EntryQueue {
                 parked: false,
                 urgent: false,
                 flush_target: 0,
+                controls: Vec::new(),
                 closed: false,
             }),
             wake: Condvar::new(),
@@ -124,13 +128,16 @@ impl EntryQueue {
         unwoken: Duration,
         into: &mut Vec<Queued>,
     ) -> Taken {
-        let waiting = |s: &mut State| s.entries.is_empty() && !s.closed && !s.urgent;
+        let waiting =
+            |s: &mut State| s.entries.is_empty() && s.controls.is_empty() && !s.closed && !s.urgent;
         let unwoken = unwoken.min(idle);
         let mut state = self.lock();
         if waiting(&mut state) && !unwoken.is_zero() {
             state = self
                 .wake
-                .wait_timeout_while(state, unwoken, |s| !s.closed && !s.urgent)
+                .wait_timeout_while(state, unwoken, |s| {
+                    !s.closed && !s.urgent && s.controls.is_empty()
+                })
                 .map_or_else(|p| p.into_inner().0, |(s, _)| s);
         }
         if waiting(&mut state) {
@@ -161,7 +168,9 @@ impl EntryQueue {
         let state = self.lock();
         let _state = self
             .wake
-            .wait_timeout_while(state, linger, |s| !s.urgent && !s.closed)
+            .wait_timeout_while(state, linger, |s| {
+                !s.urgent && !s.closed && s.controls.is_empty()
+            })
             .map_or_else(|p| p.into_inner().0, |(s, _)| s);
     }
 
@@ -178,6 +187,23 @@ impl EntryQueue {
         if state.flush_target <= taken {
             state.urgent = false;
         }
+    }
+
+    /// Asks the writer for `control` after the batch it writes now; handed back when the
+    /// queue is closed.
+    pub(super) fn push_control(&self, control: Control) -> Result<(), Control> {
+        let mut state = self.lock();
+        if state.closed {
+            return Err(control);
+        }
+        state.controls.push(control);
+        self.wake.notify_one();
+        Ok(())
+    }
+
+    /// The work asked of the writer since it last looked.
+    pub(super) fn take_controls(&self) -> Vec<Control> {
+        std::mem::take(&mut self.lock().controls)
     }
 
     /// Entries waiting.

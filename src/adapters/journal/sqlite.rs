@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 use async_trait::async_trait;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tracing::{info, warn};
 
 use super::batch::Queued;
@@ -19,7 +19,8 @@ use super::queue::EntryQueue;
 use super::reader::Reader;
 use super::replica::{self, ReplicaError};
 use super::retention::Retention;
-use super::schema::{OpenError, open_writer};
+use super::schema::{OpenError, open_reader, open_writer};
+use super::snapshot::{Control, copy_to, remove_with_sidecars};
 use super::usage::read_usage;
 use super::writer::{ReplicaBatch, Replication, Shared, Writer};
 use crate::domain::{RunId, RunQuery, RunRecord, UsageQuery, UsageRow};
@@ -39,6 +40,7 @@ pub struct SqliteJournal {
     writer: Mutex<Option<JoinHandle<()>>>,
     /// With `[cluster]`: whether written batches go to the stream (see `replica.rs`).
     publishing: Option<Arc<AtomicBool>>,
+    path: PathBuf,
 }
 
 /// The publisher's end of a replicated journal: the batches the writer wrote while
@@ -153,6 +155,7 @@ impl SqliteJournal {
             batch: Vec::new(),
             due: Vec::new(),
             replication,
+            handed: 0,
             _lock: lock,
         };
         let handle = std::thread::Builder::new()
@@ -172,6 +175,7 @@ impl SqliteJournal {
             over_cap: std::sync::atomic::AtomicU64::new(0),
             writer: Mutex::new(Some(handle)),
             publishing,
+            path,
         })
     }
 
@@ -218,6 +222,65 @@ impl SqliteJournal {
         Ok(count)
     }
 
+    /// Copies the file, as it is between two batches, to `to`; returns how many batches
+    /// the writer had handed to the stream then (every one of them is in the copy, none
+    /// after). The writer waits only for the copy's read transaction to begin.
+    ///
+    /// # Errors
+    /// Why the copy could not be made, as text.
+    pub async fn snapshot_to(&self, to: &Path) -> Result<u64, String> {
+        let path = self.path.clone();
+        let reader = blocking(move || open_reader(&path).map_err(|e| e.to_string())).await?;
+        let (reply, answer) = oneshot::channel();
+        self.control(Control::Snapshot { reader, reply })?;
+        let (reader, handed) = answer
+            .await
+            .map_err(|_| WRITER_STOPPED.to_owned())?
+            .map_err(|e| format!("cannot begin the copy: {e}"))?;
+        let to = to.to_owned();
+        blocking(move || {
+            copy_to(&reader, &to)
+                .map_err(|e| format!("cannot copy the journal to {}: {e}", to.display()))
+        })
+        .await?;
+        Ok(handed)
+    }
+
+    /// Replaces the file's content with the journal file at `from` (brought to this edge's
+    /// schema first), under the writer: what it held back is given up, readers see the old
+    /// content or the new, and the open runs are the new content's. Returns how many runs
+    /// it holds open.
+    ///
+    /// # Errors
+    /// Why `from` could not be opened or copied, as text; the file is then as it was.
+    pub async fn restore_from(&self, from: &Path) -> Result<usize, String> {
+        let from = from.to_owned();
+        let source = blocking(move || {
+            if !from.is_file() {
+                return Err(format!("no journal file at {}", from.display()));
+            }
+            open_writer(&from, &Budget::of(0), true)
+                .map(|opened| opened.conn)
+                .map_err(|e| e.to_string())
+        })
+        .await?;
+        let (reply, answer) = oneshot::channel();
+        self.control(Control::Restore {
+            from: source,
+            reply,
+        })?;
+        answer
+            .await
+            .map_err(|_| WRITER_STOPPED.to_owned())?
+            .map_err(|e| format!("cannot replace the journal's content: {e}"))
+    }
+
+    fn control(&self, control: Control) -> Result<(), String> {
+        self.queue
+            .push_control(control)
+            .map_err(|_| WRITER_STOPPED.to_owned())
+    }
+
     async fn read<T: Send + 'static>(
         &self,
         read: impl FnOnce(&Reader) -> Result<T, JournalError> + Send + 'static,
@@ -231,6 +294,17 @@ impl SqliteJournal {
     }
 }
 
+const WRITER_STOPPED: &str = "the journal's writer has stopped";
+
+/// Runs `work` on the blocking pool.
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T, String> + Send + 'static,
+) -> Result<T, String> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|error| format!("abandoned: {error}"))?
+}
+
 /// `records` in the order they were accepted.
 fn oldest_first(records: impl Iterator<Item = RunRecord>) -> Vec<RunRecord> {
     let mut records: Vec<RunRecord> = records.collect();
@@ -240,21 +314,10 @@ fn oldest_first(records: impl Iterator<Item = RunRecord>) -> Vec<RunRecord> {
 
 /// Removes a replicated journal's old files (a cache of the stream, folded in again).
 fn remove_cache(path: &Path) -> Result<(), OpenError> {
-    for suffix in ["", "-wal", "-shm"] {
-        let mut file = path.as_os_str().to_owned();
-        file.push(suffix);
-        match std::fs::remove_file(&file) {
-            Ok(()) => {}
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
-            Err(reason) => {
-                return Err(OpenError::Io {
-                    path: PathBuf::from(file).display().to_string(),
-                    reason,
-                });
-            }
-        }
-    }
-    Ok(())
+    remove_with_sidecars(path).map_err(|(file, reason)| OpenError::Io {
+        path: file.display().to_string(),
+        reason,
+    })
 }
 
 /// Creates the journal's directory and takes its lock file.

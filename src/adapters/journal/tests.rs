@@ -1125,3 +1125,65 @@ async fn a_members_replicated_batches_rebuild_another_members_journal_once_ackno
     a.close().await;
     b.close().await;
 }
+
+#[tokio::test]
+async fn a_copy_holds_the_batches_handed_over_and_replaces_a_running_members_content() {
+    let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (a, mut feed) = SqliteJournal::open_replicated(&config(&dir_a), &file(&dir_a)).unwrap();
+    let (b, _unused) = SqliteJournal::open_replicated(&config(&dir_b), &file(&dir_b)).unwrap();
+    let a = Arc::new(a);
+    a.set_publishing(true);
+    a.record(accepted("open", 1));
+    a.record(placed("open", "node-a"));
+    a.record(event("open", 0, RunEventKind::Started));
+    a.record(accepted("done", 2));
+    a.record(event("done", 0, completed()));
+    let batches = flush_acknowledging(&a, &mut feed).await;
+    let copy = dir_a.path().join("copy.sqlite3");
+    let handed = a.snapshot_to(&copy).await.expect("a copy");
+    assert_eq!(
+        handed,
+        batches.len() as u64,
+        "the copy holds every batch handed over"
+    );
+
+    // Written after the copy: not in it, and counted past it.
+    a.record(accepted("later", 3));
+    let after = flush_acknowledging(&a, &mut feed).await;
+    assert!(!after.is_empty());
+
+    // A member holding other content (a fenced member's own batches) is replaced while it
+    // runs: its readers see the copy's runs, its open runs are the copy's, and it writes on.
+    b.record(accepted("stale", 4));
+    b.flush().await;
+    assert_eq!(b.restore_from(&copy).await.expect("replaced"), 1);
+    assert!(b.run(&RunId::new("stale")).await.unwrap().is_none());
+    assert!(b.run(&RunId::new("later")).await.unwrap().is_none());
+    let done = b
+        .run(&RunId::new("done"))
+        .await
+        .unwrap()
+        .expect("in the copy");
+    assert_eq!(done.outcome, RunOutcome::Completed);
+    assert_eq!(b.reload_left_open().await.unwrap(), 1);
+    assert_eq!(b.take_left_open()[0].accepted.run_id, RunId::new("open"));
+    for bytes in &after {
+        b.apply_replica(bytes).expect("a batch applies");
+    }
+    b.record(event("open", 1, completed()));
+    b.flush().await;
+    assert!(b.run(&RunId::new("later")).await.unwrap().is_some());
+    let ended = b.run(&RunId::new("open")).await.unwrap().unwrap();
+    assert_eq!(ended.outcome, RunOutcome::Completed);
+    assert_eq!(b.reload_left_open().await.unwrap(), 1, "`later` is open");
+
+    // A file that is no journal replaces nothing.
+    let garbage = dir_b.path().join("garbage.sqlite3");
+    std::fs::write(&garbage, b"not a database").unwrap();
+    for from in [dir_b.path().join("missing.sqlite3"), garbage] {
+        assert!(b.restore_from(&from).await.is_err(), "{}", from.display());
+        assert!(b.run(&RunId::new("later")).await.unwrap().is_some());
+    }
+    a.close().await;
+    b.close().await;
+}

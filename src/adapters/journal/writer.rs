@@ -26,6 +26,7 @@ use super::queue::{EntryQueue, Taken};
 use super::replica;
 use super::retention::{Retention, expire_usage, retention_chunk};
 use super::schema::{file_bytes, used_bytes, vacuum_free_pages};
+use super::snapshot::{self, Control};
 
 /// Where the writer sends the batches it wrote, while this member publishes them.
 pub(super) struct Replication {
@@ -90,6 +91,8 @@ pub(super) struct Writer {
     pub(super) due: Vec<Queued>,
     /// With `[cluster]`: where written batches go to be replicated (see `replica.rs`).
     pub(super) replication: Option<Replication>,
+    /// Batches handed to the publisher so far (a copy says how many it holds).
+    pub(super) handed: u64,
     /// The file's lock, held until the writer has stopped (dropped last): an edge that
     /// opens the file after this one closed it never writes beside this writer's last
     /// transaction or checkpoint.
@@ -138,6 +141,7 @@ impl Writer {
                 self.linger
             };
             self.write_taken(closed);
+            self.run_controls();
             if closed {
                 break;
             }
@@ -193,9 +197,40 @@ impl Writer {
             .replication
             .as_ref()
             .is_some_and(|r| r.out.blocking_send(ReplicaBatch { bytes, entries }).is_ok());
-        if !sent {
+        if sent {
+            self.handed += 1;
+        } else {
             self.queue.mark_done(entries);
         }
+    }
+
+    /// Does the work asked between two batches (see `snapshot.rs`).
+    fn run_controls(&mut self) {
+        for control in self.queue.take_controls() {
+            match control {
+                Control::Snapshot { reader, reply } => {
+                    let begun = snapshot::begin_read(&reader).map(|()| (reader, self.handed));
+                    let _ = reply.send(begun);
+                }
+                Control::Restore { from, reply } => {
+                    let _ = reply.send(self.restore(&from));
+                }
+            }
+        }
+    }
+
+    /// Replaces the file's content with `from`'s: what it held back is given up (the
+    /// content it belonged to is gone), the open runs are read back from the new content,
+    /// and the WAL is checkpointed. Returns how many runs it holds open.
+    fn restore(&mut self, from: &Connection) -> rusqlite::Result<usize> {
+        let mut given_up = Vec::new();
+        self.held.release_all(&mut given_up);
+        self.queue.mark_done(given_up.len());
+        let copied = snapshot::copy(from, &mut self.conn);
+        self.reload_open();
+        copied?;
+        self.checkpoint();
+        Ok(self.open.len())
     }
 
     /// Writes `due` in transactions of about a quarter of the WAL's share at most, so one
