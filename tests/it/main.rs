@@ -102,6 +102,7 @@ mod runs;
 mod site_e2e;
 mod site_journal;
 mod site_node;
+mod site_retention;
 mod site_soak;
 mod site_transport;
 mod soak;

@@ -44,7 +44,7 @@ const DELTAS: usize = 16;
 const BEFORE_THE_KILL: usize = 6;
 
 /// Member `id`'s config on `nats`: the engine's node, a long resume grace, a short lease.
-fn member(nats: &NatsServer, engine: &ScriptedEngine, id: &str) -> String {
+pub(crate) fn member(nats: &NatsServer, engine: &ScriptedEngine, id: &str) -> String {
     format!(
         "[edge]\nid = {id:?}\n[events]\nsinks = [\"null\"]\n[runs]\nresume_grace_ms = 30000\n{}{}",
         crate::site_support::cluster_section(nats),
@@ -53,7 +53,7 @@ fn member(nats: &NatsServer, engine: &ScriptedEngine, id: &str) -> String {
 }
 
 /// The run's stored events at the management API `admin`, as JSON lines.
-async fn stored_events(admin: SocketAddr, run_id: &str) -> Vec<Value> {
+pub(crate) async fn stored_events(admin: SocketAddr, run_id: &str) -> Vec<Value> {
     let path = format!("/admin/v1/runs/{run_id}/events?format=jsonl&follow=false");
     text(admin, &path)
         .await
@@ -62,7 +62,7 @@ async fn stored_events(admin: SocketAddr, run_id: &str) -> Vec<Value> {
         .collect()
 }
 
-async fn outputs(admin: SocketAddr, run_id: &str) -> usize {
+pub(crate) async fn outputs(admin: SocketAddr, run_id: &str) -> usize {
     stored_events(admin, run_id)
         .await
         .iter()
@@ -72,7 +72,7 @@ async fn outputs(admin: SocketAddr, run_id: &str) -> usize {
 
 /// The active member, a real process, with its data directory, once it acts (ready): a
 /// member started after it then stands by behind it, never racing it for the lease.
-async fn active_member(config: &str) -> (Edge, tempfile::TempDir) {
+pub(crate) async fn active_member(config: &str) -> (Edge, tempfile::TempDir) {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = write_config(dir.path(), config);
     let listen = std::net::TcpListener::bind("127.0.0.1:0")
@@ -84,7 +84,18 @@ async fn active_member(config: &str) -> (Edge, tempfile::TempDir) {
     (edge, dir)
 }
 
-async fn acts(app: &TestApp) {
+/// A member, a real process, with its data directory, once it stands by (behind an active
+/// member already acting).
+pub(crate) async fn standby_member(config: &str) -> (Edge, tempfile::TempDir) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = write_config(dir.path(), config);
+    let listen = crate::site_support::free_address().to_string();
+    let edge = start_edge_with(edge_serve_on(&path, &listen)).await;
+    crate::site_support::standing_by(edge.http).await;
+    (edge, dir)
+}
+
+pub(crate) async fn acts(app: &TestApp) {
     let site = app.parts.site.clone();
     eventually("the standby takes over", || {
         matches!(site.current(), Role::Active { .. })
@@ -245,7 +256,7 @@ async fn a_member_that_loses_its_lease_lets_its_open_run_go_and_ends_nothing() {
 }
 
 /// The site's journal stream, as a client of `nats` sees it.
-async fn journal_stream(nats: &NatsServer) -> async_nats::jetstream::stream::Stream {
+pub(crate) async fn journal_stream(nats: &NatsServer) -> async_nats::jetstream::stream::Stream {
     let client = async_nats::connect(nats.url()).await.expect("connect");
     async_nats::jetstream::new(client)
         .get_stream("edge-s1-journal")
@@ -255,7 +266,7 @@ async fn journal_stream(nats: &NatsServer) -> async_nats::jetstream::stream::Str
 
 /// Appends `payload` as `id` under `epoch` (by `edge-z`), expecting the stream to end at
 /// `last`; the stream's answer.
-async fn append(
+pub(crate) async fn append(
     nats: &NatsServer,
     id: &str,
     epoch: u64,
@@ -280,7 +291,7 @@ async fn append(
 }
 
 /// The stream's last sequence now.
-async fn last_sequence(nats: &NatsServer) -> u64 {
+pub(crate) async fn last_sequence(nats: &NatsServer) -> u64 {
     let mut stream = journal_stream(nats).await;
     stream
         .info()
@@ -334,7 +345,7 @@ async fn the_stream_answers_a_retried_append_with_its_sequence_and_refuses_a_sta
 /// `edge-a` acting on `nats` with a mock node, `edge-c` standing by behind it, and one
 /// streamed echo run completed on `edge-a` and folded by `edge-c`: both members, the node and
 /// the run's id.
-async fn active_standby_and_a_folded_run(
+pub(crate) async fn active_standby_and_a_folded_run(
     nats: &NatsServer,
 ) -> (TestApp, TestApp, MockNode, String) {
     let a = spawn_app(&echo_member(nats, "edge-a")).await;

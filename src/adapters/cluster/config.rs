@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use super::journal_stream::SnapshotPolicy;
 use crate::adapters::nats::{NatsConnection, NatsTlsConfig, Secret};
 use crate::domain::site::LeaseTiming;
 
@@ -53,6 +54,13 @@ pub struct ClusterConfig {
     pub takeover_timeout_ms: u64,
     /// Replicas of the site's bucket in a clustered JetStream (3 for a NATS cluster of 3).
     pub replicas: usize,
+    /// Once the site's journal stream holds this many bytes, the active member snapshots
+    /// its journal into the site's object store and purges the stream below the snapshot
+    /// (0: never; the stream keeps every batch).
+    pub snapshot_after_bytes: u64,
+    /// How often the active member compares the stream's size with
+    /// `snapshot_after_bytes`.
+    pub snapshot_check_ms: u64,
     /// The `HOST:PORT` nodes dial to reach this member (default: the node listener's
     /// address, unless it is a wildcard).
     pub advertise_nodes: Option<String>,
@@ -78,6 +86,8 @@ impl Default for ClusterConfig {
             renew_ms: 1_000,
             takeover_timeout_ms: 60_000,
             replicas: 1,
+            snapshot_after_bytes: 64 << 20,
+            snapshot_check_ms: 30_000,
             advertise_nodes: None,
             advertise_api: None,
         }
@@ -101,6 +111,14 @@ impl ClusterConfig {
     /// How long a takeover may take before the member lets the lease go.
     pub fn takeover_timeout(&self) -> Duration {
         Duration::from_millis(self.takeover_timeout_ms)
+    }
+
+    /// When the active member snapshots the journal.
+    pub fn snapshot_policy(&self) -> SnapshotPolicy {
+        SnapshotPolicy {
+            after_bytes: self.snapshot_after_bytes,
+            check: Duration::from_millis(self.snapshot_check_ms),
+        }
     }
 
     /// How long one request to NATS (a read, a write) may take before it counts as
@@ -159,6 +177,13 @@ impl ClusterConfig {
         }
         if self.replicas == 0 {
             problems.push("`cluster.replicas` must be at least 1".to_owned());
+        }
+        if self.snapshot_after_bytes > 0 && self.snapshot_check_ms == 0 {
+            problems.push(
+                "`cluster.snapshot_check_ms` must be at least 1 while \
+                 `cluster.snapshot_after_bytes` is set"
+                    .to_owned(),
+            );
         }
         let (nodes, api) = listeners;
         for (key, given, listener) in [
@@ -235,6 +260,7 @@ mod tests {
             renew_ms: 2_000,
             takeover_timeout_ms: 1_000,
             replicas: 0,
+            snapshot_check_ms: 0,
             advertise_api: Some("no-port".into()),
             ..cluster("a.b", "nats://a:4222,")
         };
@@ -248,6 +274,7 @@ mod tests {
             "`cluster.renew_ms` (2000)",
             "`cluster.takeover_timeout_ms` (1000) must be at least `cluster.lease_ms` (3000)",
             "`cluster.replicas`",
+            "`cluster.snapshot_check_ms` must be at least 1",
             "`cluster.advertise_nodes`: not set, and the listener 0.0.0.0:7100",
             "`cluster.advertise_api`: \"no-port\" is not HOST:PORT",
         ] {

@@ -19,11 +19,21 @@
 //! so ([`JournalStream::fenced`]), so its lease stands it down. Every member therefore
 //! folds the same batches in the same order.
 //!
+//! Retention (decision 53): the active member's third task, the **snapshotter**, copies its
+//! journal once the stream holds `snapshot_after_bytes`, at a batch boundary it pairs with
+//! the stream sequence of the last batch in the copy, stores the copy in the site's object
+//! store (`snapshots.rs`) and purges the stream below it. A member whose folder finds the
+//! stream starting past what it folded (it started with an empty file, or stood by while
+//! the stream was purged) replaces its file with the newest copy and folds on from there;
+//! so does a member taking over whose file holds batches the stream lacks (it acted before
+//! in this life: what it wrote after it stood down, or a batch the stream refused).
+//!
 //! It decides nothing about who acts: [`JournalStream::write_as`] is what a member taking
 //! over waits on before it acts.
 
-use std::collections::HashSet;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::collections::{HashSet, VecDeque};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -37,6 +47,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use super::snapshots::{Covered, Snapshots};
 use crate::adapters::journal::{ReplicaBatch, ReplicaFeed, SqliteJournal, empty_batch};
 use crate::ports::RunJournal;
 
@@ -47,6 +58,23 @@ const EPOCH_HEADER: &str = "Edge-Epoch";
 
 /// How long the tasks wait before trying NATS again after a failure.
 const RETRY: Duration = Duration::from_millis(250);
+
+/// The published batches whose sequence is remembered, newest last: a copy is paired with
+/// the sequence of the last batch it holds, looked up as soon as that batch is published.
+const ACKED_KEPT: usize = 4_096;
+
+/// How long a copy waits for its last batch to be published before it is given up.
+const COPY_ACK_WAIT: Duration = Duration::from_secs(30);
+
+/// When the active member snapshots the journal (stream retention, decision 53).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SnapshotPolicy {
+    /// Snapshot once the stream holds this many bytes (0: never; the stream keeps every
+    /// batch).
+    pub after_bytes: u64,
+    /// How often the active member looks.
+    pub check: Duration,
+}
 
 /// What the stream's tasks did, for the metrics export. Cheap to clone.
 #[derive(Debug, Clone, Default)]
@@ -65,6 +93,10 @@ struct Counters {
     skipped_stale: AtomicU64,
     undecodable: AtomicU64,
     folded_seq: AtomicU64,
+    snapshots: AtomicU64,
+    snapshot_failures: AtomicU64,
+    rebuilds: AtomicU64,
+    snapshot_seq: AtomicU64,
 }
 
 impl StreamStats {
@@ -115,6 +147,27 @@ impl StreamStats {
         self.counters.folded_seq.load(Ordering::Relaxed)
     }
 
+    /// Snapshots of the journal this member stored.
+    pub fn snapshots(&self) -> u64 {
+        self.counters.snapshots.load(Ordering::Relaxed)
+    }
+
+    /// Snapshots begun and given up (the copy, the store or the purge failed).
+    pub fn snapshot_failures(&self) -> u64 {
+        self.counters.snapshot_failures.load(Ordering::Relaxed)
+    }
+
+    /// Times this member replaced its file with the newest snapshot (or emptied it, with
+    /// none) to fold the stream on from there.
+    pub fn rebuilds(&self) -> u64 {
+        self.counters.rebuilds.load(Ordering::Relaxed)
+    }
+
+    /// The stream sequence the last snapshot this member stored or rebuilt from covers.
+    pub fn snapshot_sequence(&self) -> u64 {
+        self.counters.snapshot_seq.load(Ordering::Relaxed)
+    }
+
     fn count(counter: &AtomicU64) {
         counter.fetch_add(1, Ordering::Relaxed);
     }
@@ -150,6 +203,20 @@ struct Inner {
     stats: StreamStats,
     /// Set once by [`JournalStream::on_ack`].
     ack_latency: OnceLock<AckLatency>,
+    snapshots: Snapshots,
+    policy: SnapshotPolicy,
+    /// Held while a batch is applied and the fold's position moves, and while the file is
+    /// replaced: the two never interleave.
+    applying: tokio::sync::Mutex<()>,
+    /// How many batches of the feed the publisher has handled (published or kept local).
+    handled: watch::Sender<u64>,
+    /// How many times the file was rebuilt: a read of the stream begun before starts over.
+    rebuilt: watch::Sender<u64>,
+    /// The stream sequences of the latest published batches, by their number in the feed.
+    acked: Mutex<VecDeque<(u64, u64)>>,
+    /// The file holds batches the stream lacks (this member stood down, or kept a batch
+    /// local): it takes no snapshot, and rebuilds its file before it takes over again.
+    unclean: AtomicBool,
 }
 
 /// Where this member appends to the stream: under `epoch`, after `last_seq`.
@@ -160,6 +227,9 @@ struct Writer {
     last_seq: u64,
     /// The stream refused a batch at `last_seq`: another member claimed it since.
     fenced: bool,
+    /// The claim's sequence, and how many batches the journal had handed over by then.
+    claim_seq: u64,
+    handed_at_claim: u64,
 }
 
 /// The running tasks of a [`JournalStream`].
@@ -167,20 +237,29 @@ pub struct JournalStreamTasks {
     stop: CancellationToken,
     publisher: JoinHandle<()>,
     folder: JoinHandle<()>,
+    snapshotter: JoinHandle<()>,
 }
 
 impl JournalStream {
     /// The stream of `site` (with `replicas`), for member `edge_id` whose journal is
-    /// `journal`.
+    /// `journal`, snapshotted as `policy` says.
     pub fn new(
         js: jetstream::Context,
         site: &str,
         replicas: usize,
         edge_id: String,
         journal: Arc<SqliteJournal>,
+        policy: SnapshotPolicy,
     ) -> Self {
         Self {
             inner: Arc::new(Inner {
+                snapshots: Snapshots::new(js.clone(), site, replicas),
+                policy,
+                applying: tokio::sync::Mutex::new(()),
+                handled: watch::Sender::new(0),
+                rebuilt: watch::Sender::new(0),
+                acked: Mutex::new(VecDeque::new()),
+                unclean: AtomicBool::new(false),
                 js,
                 stream: format!("edge-{site}-journal"),
                 subject: format!("edge.{site}.journal"),
@@ -216,10 +295,12 @@ impl JournalStream {
         let stop = CancellationToken::new();
         let publisher = tokio::spawn(Arc::clone(&self.inner).publish(feed, stop.clone()));
         let folder = tokio::spawn(Arc::clone(&self.inner).fold(stop.clone()));
+        let snapshotter = tokio::spawn(Arc::clone(&self.inner).snapshot_when_due(stop.clone()));
         JournalStreamTasks {
             stop,
             publisher,
             folder,
+            snapshotter,
         }
     }
 
@@ -236,6 +317,10 @@ impl JournalStream {
     /// writes it).
     pub async fn write_as(&self, epoch: u64) -> Result<u64, String> {
         let inner = &self.inner;
+        if inner.unclean.load(Ordering::Acquire) {
+            info!("this member acted before: its journal is rebuilt from the site's stream");
+            inner.rebuild().await?;
+        }
         inner
             .own_epochs
             .lock()
@@ -269,6 +354,8 @@ impl JournalStream {
                     epoch,
                     last_seq: seq,
                     fenced: false,
+                    claim_seq: seq,
+                    handed_at_claim: inner.journal.handed(),
                 };
                 *inner.writer.lock().unwrap_or_else(|p| p.into_inner()) = Some(writer);
                 inner.journal.set_publishing(true);
@@ -281,6 +368,7 @@ impl JournalStream {
     /// already handed over are still published under the epoch they were written in.
     pub fn stop_writing(&self) {
         self.inner.journal.set_publishing(false);
+        self.inner.unclean.store(true, Ordering::Release);
     }
 
     /// Returns once the stream refused a batch this member wrote under `epoch`: another
@@ -318,6 +406,7 @@ impl JournalStreamTasks {
     /// journal wrote, for `grace` at most.
     pub async fn stop(mut self, grace: Duration) {
         self.folder.abort();
+        self.snapshotter.abort();
         if tokio::time::timeout(grace, &mut self.publisher)
             .await
             .is_err()
@@ -443,18 +532,34 @@ impl Inner {
             n += 1;
             // Stopped without NATS, or fenced, the batch stays local: its flush is released
             // all the same.
-            self.publish_one(&batch, n, &stop).await;
+            match self.publish_one(&batch, n, &stop).await {
+                Some(seq) => {
+                    let mut acked = self.acked.lock().unwrap_or_else(|p| p.into_inner());
+                    if acked.len() == ACKED_KEPT {
+                        acked.pop_front();
+                    }
+                    acked.push_back((n, seq));
+                }
+                None => self.unclean.store(true, Ordering::Release),
+            }
+            self.handled.send_replace(n);
             feed.acknowledged(&batch);
         }
     }
 
     /// Appends `batch` (the `n`th) after the last sequence this member knows, trying again
-    /// until the stream stores or refuses it, or this member stopped writing.
-    async fn publish_one(&self, batch: &ReplicaBatch, n: u64, stop: &CancellationToken) {
+    /// until the stream stores or refuses it, or this member stopped writing. Returns the
+    /// sequence it was stored at; `None` when it stays local.
+    async fn publish_one(
+        &self,
+        batch: &ReplicaBatch,
+        n: u64,
+        stop: &CancellationToken,
+    ) -> Option<u64> {
         let counters = &self.stats.counters;
         let Some(writer) = self.writer().filter(|w| !w.fenced) else {
             StreamStats::count(&counters.kept_local);
-            return;
+            return None;
         };
         let id = format!("{}-{}-{n}", self.edge_id, writer.epoch);
         let started = Instant::now();
@@ -473,12 +578,14 @@ impl Inner {
                         last_seq: seq,
                         ..writer
                     };
-                    return self.update_writer(writer, now);
+                    self.update_writer(writer, now);
+                    return Some(seq);
                 }
                 Appended::Refused => {
                     StreamStats::count(&counters.refused);
                     StreamStats::count(&counters.kept_local);
-                    return self.fence(writer, &id);
+                    self.fence(writer, &id);
+                    return None;
                 }
                 Appended::Failed(error) => error,
             };
@@ -487,14 +594,14 @@ impl Inner {
                 // Stood down meanwhile: the member that acts now writes the stream.
                 warn!(%error, batch = id, "a journal batch not published before this member stood down: kept local only");
                 StreamStats::count(&counters.kept_local);
-                return;
+                return None;
             }
             if !warned {
                 warned = true;
                 warn!(%error, batch = id, "cannot publish a journal batch; trying again");
             }
             tokio::select! {
-                () = stop.cancelled() => return,
+                () = stop.cancelled() => return None,
                 () = tokio::time::sleep(RETRY) => {}
             }
         }
@@ -533,10 +640,13 @@ impl Inner {
         }
     }
 
-    /// Reads the stream from past what was folded, applying each batch in order.
+    /// Reads the stream from past what was folded, applying each batch in order. A stream
+    /// that starts past what was folded (purged below a snapshot) is folded on from the
+    /// newest snapshot; a batch missing in between ends the read (the next one starts
+    /// with that check).
     async fn fold_from_start(&self) -> Result<(), String> {
-        let stream = self.stream().await?;
-        let from = *self.folded.borrow() + 1;
+        let mut stream = self.stream().await?;
+        let from = self.fold_start(&mut stream).await?;
         let config = jetstream::consumer::pull::OrderedConfig {
             filter_subject: self.subject.clone(),
             deliver_policy: jetstream::consumer::DeliverPolicy::ByStartSequence {
@@ -553,19 +663,193 @@ impl Inner {
             .await
             .map_err(|error| format!("cannot read the journal stream: {error}"))?;
         info!(stream = %self.stream, from, "folding the site's journal stream");
-        while let Some(message) = messages.next().await {
+        let mut rebuilt = self.rebuilt.subscribe();
+        loop {
+            let message = tokio::select! {
+                message = messages.next() => message,
+                // Rebuilt meanwhile: read again from what the new file covers.
+                _ = rebuilt.changed() => return Ok(()),
+            };
+            let Some(message) = message else {
+                break;
+            };
             let message = message.map_err(|error| error.to_string())?;
             let Ok(seq) = message.info().map(|info| info.stream_sequence) else {
                 continue;
             };
-            if seq <= *self.folded.borrow() {
+            let _applying = self.applying.lock().await;
+            let folded = *self.folded.borrow();
+            if seq <= folded {
                 continue;
+            }
+            if seq > folded + 1 {
+                return Err(format!(
+                    "the journal stream skipped from {folded} to {seq} (purged meanwhile)"
+                ));
             }
             self.apply(&message, seq);
             self.folded.send_replace(seq);
             self.stats.counters.folded_seq.store(seq, Ordering::Relaxed);
         }
         Ok(())
+    }
+
+    /// Where to read the stream from: past what was folded, after a rebuild from the newest
+    /// snapshot when the stream starts past that.
+    async fn fold_start(&self, stream: &mut jetstream::stream::Stream) -> Result<u64, String> {
+        let first = stream
+            .info()
+            .await
+            .map_err(|error| format!("cannot read the journal stream: {error}"))?
+            .state
+            .first_sequence;
+        if first > *self.folded.borrow() + 1 {
+            let covered = self.rebuild().await?;
+            if first > covered.sequence + 1 {
+                return Err(format!(
+                    "the site's journal stream starts at {first}, past its newest snapshot ({}): \
+                     the batches in between are lost to this member until a newer snapshot is \
+                     stored",
+                    covered.sequence
+                ));
+            }
+        }
+        Ok(*self.folded.borrow() + 1)
+    }
+
+    /// Replaces the local journal with the newest snapshot (empties it when there is
+    /// none), to fold the stream on from what it covers; returns that. This life's batches
+    /// are folded again like any other's: the file no longer holds them.
+    async fn rebuild(&self) -> Result<Covered, String> {
+        let _applying = self.applying.lock().await;
+        let restore = sibling(self.journal.path(), "restore");
+        let fetched = self.snapshots.fetch(&restore).await;
+        let rebuilt = match &fetched {
+            Ok(Some(_)) => self.journal.restore_from(&restore).await,
+            Ok(None) => self.journal.clear().await,
+            Err(error) => Err(error.clone()),
+        };
+        let _ = tokio::fs::remove_file(&restore).await;
+        let open = rebuilt?;
+        let covered = fetched?.unwrap_or(Covered {
+            sequence: 0,
+            epoch: 0,
+        });
+        self.own_epochs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
+        self.newest_epoch.store(covered.epoch, Ordering::Release);
+        self.folded.send_replace(covered.sequence);
+        let counters = &self.stats.counters;
+        counters
+            .folded_seq
+            .store(covered.sequence, Ordering::Relaxed);
+        counters
+            .snapshot_seq
+            .store(covered.sequence, Ordering::Relaxed);
+        StreamStats::count(&counters.rebuilds);
+        self.unclean.store(false, Ordering::Release);
+        self.rebuilt.send_modify(|times| *times += 1);
+        info!(
+            stream_seq = covered.sequence,
+            open, "the journal was rebuilt from the site's newest snapshot"
+        );
+        Ok(covered)
+    }
+
+    /// Every `policy.check` while this member writes the stream: a snapshot once the
+    /// stream holds `policy.after_bytes`.
+    async fn snapshot_when_due(self: Arc<Self>, stop: CancellationToken) {
+        if self.policy.after_bytes == 0 {
+            return;
+        }
+        loop {
+            tokio::select! {
+                () = stop.cancelled() => return,
+                () = tokio::time::sleep(self.policy.check) => {}
+            }
+            if let Err(error) = self.snapshot_if_due().await {
+                StreamStats::count(&self.stats.counters.snapshot_failures);
+                warn!(%error, "no snapshot of the journal this time; the stream keeps its batches");
+            }
+        }
+    }
+
+    /// Copies the journal, stores the copy with the stream sequence it covers, and purges
+    /// the stream below what both the copy and this member's folder cover — when this
+    /// member writes the stream, its file holds nothing the stream lacks, and the stream
+    /// holds `policy.after_bytes`.
+    async fn snapshot_if_due(&self) -> Result<(), String> {
+        let writing = self.writer().filter(|w| !w.fenced);
+        let Some(writer) = writing.filter(|_| !self.unclean.load(Ordering::Acquire)) else {
+            return Ok(());
+        };
+        let mut stream = self.stream().await?;
+        let held = stream
+            .info()
+            .await
+            .map_err(|error| format!("cannot read the journal stream: {error}"))?
+            .state
+            .bytes;
+        if held < self.policy.after_bytes {
+            return Ok(());
+        }
+        let copy = sibling(self.journal.path(), "snapshot");
+        let stored = self.copy_and_store(&copy, writer).await;
+        let _ = tokio::fs::remove_file(&copy).await;
+        let covered = stored?;
+        let keep_from = covered.sequence.min(*self.folded.borrow()) + 1;
+        stream
+            .purge()
+            .sequence(keep_from)
+            .await
+            .map_err(|error| format!("cannot purge the journal stream: {error}"))?;
+        info!(
+            stream_seq = covered.sequence,
+            keep_from, "the journal was snapshotted and the stream purged below it"
+        );
+        Ok(())
+    }
+
+    /// Copies the journal to `copy`, and stores it as covering the stream up to the last
+    /// batch it holds (the claim, when it holds none of this epoch's).
+    async fn copy_and_store(&self, copy: &Path, writer: Writer) -> Result<Covered, String> {
+        let handed = self.journal.snapshot_to(copy).await?;
+        let sequence = if handed <= writer.handed_at_claim {
+            writer.claim_seq
+        } else {
+            self.sequence_of(handed).await?
+        };
+        if self.unclean.load(Ordering::Acquire) {
+            return Err("a batch stayed local meanwhile".to_owned());
+        }
+        let covered = Covered {
+            sequence,
+            epoch: writer.epoch,
+        };
+        if self.snapshots.put(copy, covered, &self.edge_id).await? {
+            StreamStats::count(&self.stats.counters.snapshots);
+            let counters = &self.stats.counters;
+            counters.snapshot_seq.store(sequence, Ordering::Relaxed);
+        }
+        Ok(covered)
+    }
+
+    /// The stream sequence batch `n` of the feed was stored at, once the publisher handled
+    /// it.
+    async fn sequence_of(&self, n: u64) -> Result<u64, String> {
+        let mut handled = self.handled.subscribe();
+        tokio::time::timeout(COPY_ACK_WAIT, handled.wait_for(|at| *at >= n))
+            .await
+            .map_err(|_| "the copy's last batch was not published in time".to_owned())?
+            .map_err(|_| "the publisher stopped".to_owned())?;
+        let acked = self.acked.lock().unwrap_or_else(|p| p.into_inner());
+        acked
+            .iter()
+            .find(|(batch, _)| *batch == n)
+            .map(|(_, seq)| *seq)
+            .ok_or_else(|| "the copy's last batch was not published".to_owned())
     }
 
     /// Applies the batch at `seq` unless this life of the member wrote it or it is stale
@@ -608,6 +892,14 @@ impl Inner {
             }
         }
     }
+}
+
+/// `<journal file>.<suffix>`, beside it.
+fn sibling(file: &Path, suffix: &str) -> PathBuf {
+    let mut name = file.as_os_str().to_owned();
+    name.push(".");
+    name.push(suffix);
+    PathBuf::from(name)
 }
 
 #[cfg(test)]

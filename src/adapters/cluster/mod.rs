@@ -5,13 +5,15 @@
 //! `/readyz` and the node transport read; `config.rs` is `[cluster]`.
 //!
 //! `journal_stream.rs` replicates the journal's batches to the site's stream and folds
-//! them into a standby's journal; taking the open runs over is the run service's
+//! them into a standby's journal, and keeps the stream short with snapshots in the site's
+//! object store (`snapshots.rs`); taking the open runs over is the run service's
 //! re-adoption, which the composition calls between the two (`TakeOver`).
 
 pub mod config;
 mod journal_stream;
 mod kv;
 mod lease;
+mod snapshots;
 
 pub use config::{ClusterConfig, advertised};
 pub use journal_stream::{JournalStream, JournalStreamTasks, StreamStats};

@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 use async_trait::async_trait;
+use rusqlite::Connection;
 use tokio::sync::{mpsc, oneshot};
 use tracing::{info, warn};
 
@@ -155,7 +156,6 @@ impl SqliteJournal {
             batch: Vec::new(),
             due: Vec::new(),
             replication,
-            handed: 0,
             _lock: lock,
         };
         let handle = std::thread::Builder::new()
@@ -222,6 +222,16 @@ impl SqliteJournal {
         Ok(count)
     }
 
+    /// The journal's file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Batches the writer has handed to the stream so far, in this life.
+    pub fn handed(&self) -> u64 {
+        self.shared.handed.load(Ordering::Acquire)
+    }
+
     /// Copies the file, as it is between two batches, to `to`; returns how many batches
     /// the writer had handed to the stream then (every one of them is in the copy, none
     /// after). The writer waits only for the copy's read transaction to begin.
@@ -249,21 +259,49 @@ impl SqliteJournal {
     /// Replaces the file's content with the journal file at `from` (brought to this edge's
     /// schema first), under the writer: what it held back is given up, readers see the old
     /// content or the new, and the open runs are the new content's. Returns how many runs
-    /// it holds open.
+    /// it holds open. Entries recorded before the call are written first (and replaced).
     ///
     /// # Errors
     /// Why `from` could not be opened or copied, as text; the file is then as it was.
     pub async fn restore_from(&self, from: &Path) -> Result<usize, String> {
         let from = from.to_owned();
-        let source = blocking(move || {
+        self.replace_with(move || {
             if !from.is_file() {
                 return Err(format!("no journal file at {}", from.display()));
             }
-            open_writer(&from, &Budget::of(0), true)
-                .map(|opened| opened.conn)
-                .map_err(|e| e.to_string())
+            open_source(&from)
         })
-        .await?;
+        .await
+    }
+
+    /// Empties the journal as [`SqliteJournal::restore_from`] replaces it: as if no run had
+    /// been recorded.
+    ///
+    /// # Errors
+    /// As [`SqliteJournal::restore_from`].
+    pub async fn clear(&self) -> Result<usize, String> {
+        let mut empty = self.path.as_os_str().to_owned();
+        empty.push(".empty");
+        let empty = PathBuf::from(empty);
+        let source = empty.clone();
+        let cleared = self
+            .replace_with(move || {
+                let fresh = remove_with_sidecars(&source)
+                    .map_err(|(file, e)| format!("cannot remove {}: {e}", file.display()));
+                fresh.and_then(|()| open_source(&source))
+            })
+            .await;
+        let _ = remove_with_sidecars(&empty);
+        cleared
+    }
+
+    /// Replaces the file's content with that of the connection `source` opens.
+    async fn replace_with(
+        &self,
+        source: impl FnOnce() -> Result<Connection, String> + Send + 'static,
+    ) -> Result<usize, String> {
+        self.flush().await;
+        let source = blocking(source).await?;
         let (reply, answer) = oneshot::channel();
         self.control(Control::Restore {
             from: source,
@@ -292,6 +330,14 @@ impl SqliteJournal {
                 JournalError::Unavailable(format!("the read was abandoned: {error}"))
             })?
     }
+}
+
+/// The journal file at `path` (created empty when absent) as a copy's source, brought to
+/// this edge's schema.
+fn open_source(path: &Path) -> Result<Connection, String> {
+    open_writer(path, &Budget::of(0), true)
+        .map(|opened| opened.conn)
+        .map_err(|e| e.to_string())
 }
 
 const WRITER_STOPPED: &str = "the journal's writer has stopped";

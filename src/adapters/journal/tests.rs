@@ -1184,6 +1184,12 @@ async fn a_copy_holds_the_batches_handed_over_and_replaces_a_running_members_con
         assert!(b.restore_from(&from).await.is_err(), "{}", from.display());
         assert!(b.run(&RunId::new("later")).await.unwrap().is_some());
     }
+    // Emptied, it holds nothing, and writes on.
+    assert_eq!(b.clear().await.expect("emptied"), 0);
+    assert!(b.run(&RunId::new("done")).await.unwrap().is_none());
+    b.record(accepted("fresh", 5));
+    b.flush().await;
+    assert!(b.run(&RunId::new("fresh")).await.unwrap().is_some());
     a.close().await;
     b.close().await;
 }

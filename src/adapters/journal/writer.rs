@@ -51,6 +51,8 @@ pub(super) struct Shared {
     pub(super) write_errors: AtomicU64,
     pub(super) runs_expired: AtomicU64,
     pub(super) dropped_over_budget: AtomicU64,
+    /// Batches handed to the publisher so far (a copy says how many it holds).
+    pub(super) handed: AtomicU64,
 }
 
 /// How often retention looks for runs to remove.
@@ -91,8 +93,6 @@ pub(super) struct Writer {
     pub(super) due: Vec<Queued>,
     /// With `[cluster]`: where written batches go to be replicated (see `replica.rs`).
     pub(super) replication: Option<Replication>,
-    /// Batches handed to the publisher so far (a copy says how many it holds).
-    pub(super) handed: u64,
     /// The file's lock, held until the writer has stopped (dropped last): an edge that
     /// opens the file after this one closed it never writes beside this writer's last
     /// transaction or checkpoint.
@@ -198,7 +198,7 @@ impl Writer {
             .as_ref()
             .is_some_and(|r| r.out.blocking_send(ReplicaBatch { bytes, entries }).is_ok());
         if sent {
-            self.handed += 1;
+            self.shared.handed.fetch_add(1, Ordering::Release);
         } else {
             self.queue.mark_done(entries);
         }
@@ -209,7 +209,8 @@ impl Writer {
         for control in self.queue.take_controls() {
             match control {
                 Control::Snapshot { reader, reply } => {
-                    let begun = snapshot::begin_read(&reader).map(|()| (reader, self.handed));
+                    let handed = self.shared.handed.load(Ordering::Acquire);
+                    let begun = snapshot::begin_read(&reader).map(|()| (reader, handed));
                     let _ = reply.send(begun);
                 }
                 Control::Restore { from, reply } => {

@@ -129,6 +129,7 @@ pub(super) fn replicate(
         config.replicas,
         settings.edge_id.to_string(),
         Arc::clone(&journal),
+        config.snapshot_policy(),
     );
     observe_stream(meter, &stream);
     let take_over = SiteTakeOver {
@@ -245,7 +246,7 @@ const ACK_BUCKETS: [f64; 12] = [
 ];
 
 /// The journal stream's plain counters.
-const STREAM_COUNTERS: [StreamCounter; 5] = [
+const STREAM_COUNTERS: [StreamCounter; 8] = [
     (
         "edge_cluster_journal_published",
         "Journal batches (and claims) the site's stream acknowledged",
@@ -273,6 +274,23 @@ const STREAM_COUNTERS: [StreamCounter; 5] = [
         "Journal batches of other members (or earlier lives) folded from the site's stream",
         StreamStats::folded,
     ),
+    (
+        "edge_cluster_journal_snapshots",
+        "Snapshots of the journal this member stored in the site's object store (the stream \
+         was then purged below them)",
+        StreamStats::snapshots,
+    ),
+    (
+        "edge_cluster_journal_snapshot_failures",
+        "Snapshots begun and given up (the copy, the store or the purge failed)",
+        StreamStats::snapshot_failures,
+    ),
+    (
+        "edge_cluster_journal_rebuilds",
+        "Times this member replaced its journal file with the site's newest snapshot (or \
+         emptied it, with none) and folded the stream on from there",
+        StreamStats::rebuilds,
+    ),
 ];
 
 /// The journal stream's instruments (`edge_cluster_journal_*`).
@@ -298,10 +316,19 @@ fn observe_stream(meter: &Meter, stream: &JournalStream) {
             );
         })
         .build();
+    let snapshot = stats.clone();
     meter
         .u64_observable_gauge("edge_cluster_journal_folded_sequence")
         .with_description("The site's stream sequence this member has folded up to")
         .with_callback(move |o| o.observe(stats.folded_sequence(), &[]))
+        .build();
+    meter
+        .u64_observable_gauge("edge_cluster_journal_snapshot_sequence")
+        .with_description(
+            "The site's stream sequence covered by the last snapshot this member stored or \
+             rebuilt its journal from",
+        )
+        .with_callback(move |o| o.observe(snapshot.snapshot_sequence(), &[]))
         .build();
     let acks = meter
         .f64_histogram("edge_cluster_journal_ack")

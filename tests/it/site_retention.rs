@@ -1,0 +1,295 @@
+//! Stream retention (issue 49, decision 53): the active member snapshots its journal into the
+//! site's object store and purges the stream below it; a member with an empty disk, a
+//! standby paused past the purge and a member that acted before all rebuild their journal
+//! from the newest snapshot and fold on — checked against a real nats-server from outside.
+
+use crate::admin_crash::{completed_record, get};
+use crate::common;
+use crate::common::{eventually, eventually_ok, spawn_app};
+use crate::node_support;
+use crate::readopt::{assert_every_delta_once, delta, engine_with_deltas_behind};
+use crate::resume::open_stream_at;
+use crate::site_journal::{
+    active_member, active_standby_and_a_folded_run, acts, append, journal_stream, last_sequence,
+    member, outputs, stored_events,
+};
+use crate::site_support::{free_address, signal};
+use crate::stream_resume::{read_until, text_of};
+
+use std::sync::Arc;
+
+use common::engines::NatsServer;
+use edge::ports::Role;
+use node_support::spawn_node;
+use serde_json::json;
+use tokio::sync::Semaphore;
+
+/// Deltas in the answer, and how many are let out before the snapshot.
+const DELTAS: usize = 12;
+const BEFORE: usize = 5;
+
+/// `config` snapshotting as soon as the stream holds anything, looking every 100 ms.
+fn snapshotting(config: &str) -> String {
+    config.replace(
+        "[cluster]\n",
+        "[cluster]\nsnapshot_after_bytes = 1\nsnapshot_check_ms = 100\n",
+    )
+}
+
+/// The stream sequence the site's newest snapshot covers (0: none yet).
+async fn snapshot_sequence(nats: &NatsServer) -> u64 {
+    let client = async_nats::connect(nats.url()).await.expect("connect");
+    let js = async_nats::jetstream::new(client);
+    let Ok(store) = js.get_object_store("edge-s1-snapshots").await else {
+        return 0;
+    };
+    store.info("journal").await.map_or(0, |info| {
+        info.metadata["stream-sequence"]
+            .parse()
+            .expect("a sequence")
+    })
+}
+
+/// The stream's first and last sequences now.
+async fn stream_bounds(nats: &NatsServer) -> (u64, u64) {
+    let mut stream = journal_stream(nats).await;
+    let state = stream
+        .info()
+        .await
+        .expect("the stream's info")
+        .state
+        .clone();
+    (state.first_sequence, state.last_sequence)
+}
+
+/// Waits until a snapshot covers the whole stream as it is now and the stream was purged
+/// below it; returns the snapshot's sequence.
+async fn snapshotted_and_purged(nats: &NatsServer) -> u64 {
+    let (_, last) = stream_bounds(nats).await;
+    eventually_ok(
+        "a snapshot covers the stream and the stream is purged",
+        || async {
+            let covered = snapshot_sequence(nats).await;
+            let (first, _) = stream_bounds(nats).await;
+            if covered >= last && first > covered {
+                Ok(covered)
+            } else {
+                Err(format!(
+                    "snapshot {covered}, stream from {first}, want {last}"
+                ))
+            }
+        },
+    )
+    .await
+}
+
+/// A streamed chat on `http` whose engine lets `permits` deltas out now: the run's id and
+/// the events read until `text` arrived.
+async fn chat_until(
+    http: std::net::SocketAddr,
+    gate: &Semaphore,
+    permits: usize,
+    text: String,
+) -> String {
+    gate.add_permits(permits);
+    let body = json!({
+        "model": "llama/qwen",
+        "stream": true,
+        "messages": [{"role": "user", "content": "tell me a long story"}],
+    });
+    let (response, run_id) = open_stream_at(http, "/v1/chat/completions", &body).await;
+    read_until(response, move |events| text_of(events) == text).await;
+    run_id
+}
+
+#[crate::common::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_with_an_empty_disk_rebuilds_from_the_snapshot_and_takes_the_open_run_over() {
+    let nats = NatsServer::start_jetstream().await;
+    let gate = Arc::new(Semaphore::new(0));
+    let engine = engine_with_deltas_behind(DELTAS, &gate).await;
+    let (mut a, a_dir) = active_member(&snapshotting(&member(&nats, &engine, "edge-a"))).await;
+    let b_node = free_address();
+    let node = spawn_node(a.node, "token-1", |options| {
+        options.edge = format!("{},{b_node}", a.node);
+    });
+
+    // One run completes, one stays open mid-answer; then a snapshot covers both and the
+    // stream is purged below it.
+    let whole: String = (0..DELTAS).map(delta).collect();
+    let done = chat_until(a.http, &gate, DELTAS + 2, whole.clone()).await;
+    completed_record(a.admin, &done, "the first run completes").await;
+    let before: String = (0..BEFORE).map(delta).collect();
+    let open = chat_until(a.http, &gate, BEFORE, before).await;
+    eventually_ok("the open run's deltas are journalled", || async {
+        let n = outputs(a.admin, &open).await;
+        if n >= BEFORE { Ok(()) } else { Err(n) }
+    })
+    .await;
+    let covered = snapshotted_and_purged(&nats).await;
+
+    // A member with an empty disk cannot fold those batches from the stream: it rebuilds
+    // from the snapshot, and holds both runs as the active member does.
+    let b = node_support::edge_on(&snapshotting(&member(&nats, &engine, "edge-b")), b_node).await;
+    let b_site = b.parts.site.clone();
+    eventually("edge-b stands by behind edge-a", || {
+        matches!(b_site.current(), Role::Standby { active: Some(m), .. } if m.edge_id == "edge-a")
+    })
+    .await;
+    let first = completed_record(b.admin_addr, &done, "edge-b holds the first run").await;
+    assert_eq!(first, get(a.admin, &format!("/admin/v1/runs/{done}")).await);
+    eventually_ok("edge-b holds the open run's deltas", || async {
+        let n = outputs(b.admin_addr, &open).await;
+        if n >= BEFORE { Ok(()) } else { Err(n) }
+    })
+    .await;
+    let client = common::http_client();
+    eventually_ok(
+        "edge-b rebuilt from a snapshot covering the runs",
+        || async {
+            let scrape = crate::metrics::scrape(&client, &b).await;
+            let rebuilt = scrape.get("edge_cluster_journal_rebuilds_total", &[]);
+            let from = scrape.get("edge_cluster_journal_snapshot_sequence", &[]);
+            if rebuilt >= Some(1.0) && from >= Some(covered as f64) {
+                Ok(())
+            } else {
+                Err(format!(
+                    "rebuilds {rebuilt:?}, from {from:?}, want {covered}"
+                ))
+            }
+        },
+    )
+    .await;
+
+    // The active member's machine is gone: edge-b takes the open run over from what the
+    // snapshot held, and it completes there once.
+    a.child.start_kill().expect("kill -9");
+    common::bounded("the killed member to exit", a.child.wait())
+        .await
+        .expect("the member is gone");
+    drop(a_dir);
+    gate.add_permits(DELTAS - BEFORE + 2);
+    acts(&b).await;
+    let record = completed_record(b.admin_addr, &open, "the open run completes on edge-b").await;
+    assert_every_delta_once(&record, &stored_events(b.admin_addr, &open).await, DELTAS);
+    let chats = engine
+        .seen()
+        .iter()
+        .filter(|seen| seen.path.ends_with("/chat/completions"))
+        .count();
+    assert_eq!(chats, 2, "each run asked of the engine once");
+    let usage = get(b.admin_addr, "/admin/v1/usage?group_by=model").await;
+    assert_eq!(usage["totals"]["runs"], 2, "{usage}");
+
+    // edge-b, active now, snapshots in turn; a member started after that rebuilds from
+    // edge-b's snapshot.
+    let covered_by_b = snapshotted_and_purged(&nats).await;
+    assert!(covered_by_b > covered);
+    let c = spawn_app(&member(&nats, &engine, "edge-c")).await;
+    let late = completed_record(c.admin_addr, &open, "edge-c rebuilds with both runs").await;
+    assert_eq!(late, record);
+    assert_eq!(
+        stored_events(c.admin_addr, &open).await,
+        stored_events(b.admin_addr, &open).await
+    );
+    c.stop().await;
+    common::bounded("the node to stop", node.stop())
+        .await
+        .expect("clean stop");
+    b.stop().await;
+}
+
+#[crate::common::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_paused_past_the_purge_rebuilds_and_folds_on() {
+    let nats = NatsServer::start_jetstream().await;
+    let gate = Arc::new(Semaphore::new(0));
+    let engine = engine_with_deltas_behind(DELTAS, &gate).await;
+    let a = spawn_app(&snapshotting(&member(&nats, &engine, "edge-a"))).await;
+    acts(&a).await;
+    let (b, _b_dir) = crate::site_journal::standby_member(&member(&nats, &engine, "edge-b")).await;
+    let _node = spawn_node(a.node_addr, "token-1", |_| {});
+    let whole: String = (0..DELTAS).map(delta).collect();
+    let first = chat_until(a.http_addr, &gate, DELTAS + 2, whole.clone()).await;
+    completed_record(b.admin, &first, "edge-b folds the first run").await;
+
+    // edge-b is paused while runs complete, a snapshot is stored and the stream purged
+    // past what it folded.
+    let pid = b.child.id().expect("edge-b runs");
+    signal(pid, "-STOP");
+    let second = chat_until(a.http_addr, &gate, DELTAS + 2, whole.clone()).await;
+    completed_record(a.admin_addr, &second, "the second run completes").await;
+    snapshotted_and_purged(&nats).await;
+    signal(pid, "-CONT");
+
+    // It rebuilds from the snapshot and folds on: both runs, and a third after it.
+    completed_record(b.admin, &second, "edge-b holds the second run").await;
+    let third = chat_until(a.http_addr, &gate, DELTAS + 2, whole).await;
+    completed_record(b.admin, &third, "edge-b folds the third run").await;
+    for run in [&first, &second, &third] {
+        assert_eq!(
+            get(b.admin, &format!("/admin/v1/runs/{run}")).await,
+            get(a.admin_addr, &format!("/admin/v1/runs/{run}")).await
+        );
+    }
+    let metrics = crate::admin_crash::text(b.http, "/metrics").await;
+    let rebuilds = metrics
+        .lines()
+        .find_map(|line| line.strip_prefix("edge_cluster_journal_rebuilds_total "))
+        .and_then(|value| value.trim().parse::<f64>().ok());
+    // Once at least: it may find the stream purged past it again while it catches up.
+    assert!(rebuilds >= Some(1.0), "{metrics}");
+    a.stop().await;
+}
+
+#[crate::common::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fenced_member_rebuilds_its_journal_before_it_takes_over_again() {
+    let nats = NatsServer::start_jetstream().await;
+    let (a, c, _node, before) = active_standby_and_a_folded_run(&nats).await;
+    let epoch = a.parts.site.epoch();
+    eventually_ok("another member claims the stream", || async {
+        let last = last_sequence(&nats).await;
+        append(&nats, "edge-z-claim", epoch + 1, last).await
+    })
+    .await;
+    // edge-a admits a run the stream refuses: it stands down, the run in its file only.
+    let stall = json!({"model": "echo/stall", "stream": true,
+        "messages": [{"role": "user", "content": "four five six"}]});
+    let caller = common::http_client()
+        .post(format!("http://{}/v1/chat/completions", a.http_addr))
+        .json(&stall)
+        .send()
+        .await
+        .expect("edge-a answers");
+    let refused = caller.headers()["x-edge-run-id"]
+        .to_str()
+        .expect("a run id")
+        .to_owned();
+    drop(caller);
+    let a_site = a.parts.site.clone();
+    eventually("edge-a stops acting under its epoch", || {
+        a_site.epoch() != epoch
+    })
+    .await;
+    let local = get(a.admin_addr, &format!("/admin/v1/runs/{refused}")).await;
+    assert_eq!(local["id"], refused.as_str(), "in edge-a's file: {local}");
+
+    // edge-c takes over, then leaves; edge-a takes over again — with the site's journal,
+    // not the batch the stream refused.
+    acts(&c).await;
+    c.stop().await;
+    acts(&a).await;
+    let gone = get(a.admin_addr, &format!("/admin/v1/runs/{refused}")).await;
+    assert!(gone.get("outcome").is_none(), "rebuilt without it: {gone}");
+    let kept = get(a.admin_addr, &format!("/admin/v1/runs/{before}")).await;
+    assert_eq!(kept["outcome"], "completed", "{kept}");
+    crate::metrics::scrape_until(
+        &common::http_client(),
+        &a,
+        &[crate::metrics::want(
+            "edge_cluster_journal_rebuilds_total",
+            &[],
+            1.0,
+        )],
+    )
+    .await;
+    a.stop().await;
+}
