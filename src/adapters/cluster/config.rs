@@ -86,7 +86,7 @@ impl Default for ClusterConfig {
             renew_ms: 1_000,
             takeover_timeout_ms: 60_000,
             replicas: 1,
-            snapshot_after_bytes: 64 << 20,
+            snapshot_after_bytes: 256 << 20,
             snapshot_check_ms: 30_000,
             advertise_nodes: None,
             advertise_api: None,
