@@ -229,6 +229,7 @@ impl Harness {
             Routing {
                 catalog: Catalog::new(store.records()),
                 policy,
+                key_limits: std::collections::HashMap::new(),
             },
             &opentelemetry::global::meter("fuzz"),
         );

@@ -274,6 +274,7 @@ impl World {
         let routing = Routing {
             catalog: Catalog::new(store.records()),
             policy: policy(&runs, &routing_config, &limits).expect("a valid policy"),
+            key_limits: std::collections::HashMap::new(),
         };
         let service = RunService::new(
             Arc::new(registry.clone()),

@@ -447,7 +447,8 @@ async fn a_fenced_members_batch_is_refused_by_the_stream_and_folded_by_no_member
 }
 
 /// Member `id` of site `s1` on `nats` whose keys are limited: `metered` may spend 100
-/// tokens a day, `single` may have one run open; `load` is free. Its node serves
+/// tokens a day, `single` may have one run open, `paced` may start one run a minute; `load`
+/// is free. Its node serves
 /// `echo/default` and `echo/stall` (its words, then it waits for a cancel).
 fn limited_member(nats: &NatsServer, id: &str) -> String {
     let node = NodeTable::new("node-a", "gpu-a", "token-a").echo(&["default", "stall"]);
@@ -455,6 +456,7 @@ fn limited_member(nats: &NatsServer, id: &str) -> String {
         "[edge]\nid = {id:?}\n[events]\nsinks = [\"null\"]\n[runs]\nresume_grace_ms = 30000\n\
          [[api.keys]]\nkey = \"sk-metered\"\nname = \"metered\"\nbudget_tokens_per_day = 100\n\
          [[api.keys]]\nkey = \"sk-single\"\nname = \"single\"\nmax_concurrent_runs = 1\n\
+         [[api.keys]]\nkey = \"sk-paced\"\nname = \"paced\"\nrequests_per_minute = 1\n\
          [[api.keys]]\nkey = \"sk-load\"\nname = \"load\"\n\
          [cluster]\nsite = \"s1\"\nnats = {:?}\nlease_ms = 300\nrenew_ms = 100\n{node}",
         nats.url()
@@ -492,7 +494,7 @@ async fn held_open(admin: SocketAddr, id: &str) -> bool {
 }
 
 #[crate::common::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_taken_over_run_keeps_its_keys_budget_reservation_and_concurrency_place() {
+async fn a_taken_over_run_keeps_its_keys_budget_reservation_concurrency_place_and_rate() {
     let nats = NatsServer::start_jetstream().await;
     let (mut a, a_dir) = active_member(&limited_member(&nats, "edge-a")).await;
     let b = spawn_app(&limited_member(&nats, "edge-b")).await;
@@ -512,8 +514,9 @@ async fn a_taken_over_run_keeps_its_keys_budget_reservation_and_concurrency_plac
     })
     .await;
 
-    // Open at the kill: a run of `metered` reserving its whole budget, one of `single`.
-    for (key, max_tokens) in [("sk-metered", 100), ("sk-single", 4)] {
+    // Open at the kill: a run of `metered` reserving its whole budget, one of `single`, one
+    // of `paced`.
+    for (key, max_tokens) in [("sk-metered", 100), ("sk-single", 4), ("sk-paced", 4)] {
         let body = json!({"model": "echo/stall", "prompt": "a b c d", "max_tokens": max_tokens});
         let request = common::http_client()
             .post(format!("http://{}/v1/completions", a.http))
@@ -522,9 +525,9 @@ async fn a_taken_over_run_keeps_its_keys_budget_reservation_and_concurrency_plac
         // Its caller goes with edge-a.
         tokio::spawn(async move { request.send().await.map(|r| r.status()) });
     }
-    let ids = eventually_ok("both runs are open on edge-a", || async {
+    let ids = eventually_ok("the three runs are open on edge-a", || async {
         match open_ids(a.admin).await {
-            ids if ids.len() == 2 => Ok(ids),
+            ids if ids.len() == 3 => Ok(ids),
             ids => Err(format!("{ids:?}")),
         }
     })
@@ -549,6 +552,11 @@ async fn a_taken_over_run_keeps_its_keys_budget_reservation_and_concurrency_plac
         complete_as(a.http, "sk-single", "echo/default", 4).await,
         busy
     );
+    let paced = (429, json!("rate_limit_exceeded"));
+    assert_eq!(
+        complete_as(a.http, "sk-paced", "echo/default", 4).await,
+        paced
+    );
 
     // edge-a's machine is gone; edge-b takes the open runs over, and with them what they
     // hold of their keys: the same requests are refused there.
@@ -559,7 +567,7 @@ async fn a_taken_over_run_keeps_its_keys_budget_reservation_and_concurrency_plac
     drop(a_dir);
     node.kill();
     acts(&b).await;
-    assert_eq!(open_ids(b.admin_addr).await.len(), 2, "taken over");
+    assert_eq!(open_ids(b.admin_addr).await.len(), 3, "taken over");
     assert_eq!(
         complete_as(b.http_addr, "sk-metered", "echo/default", 4).await,
         refused
@@ -567,6 +575,11 @@ async fn a_taken_over_run_keeps_its_keys_budget_reservation_and_concurrency_plac
     assert_eq!(
         complete_as(b.http_addr, "sk-single", "echo/default", 4).await,
         busy
+    );
+    assert_eq!(
+        complete_as(b.http_addr, "sk-paced", "echo/default", 4).await,
+        paced,
+        "the taken-over run's start counts in its key's rate"
     );
 
     // The node comes back as a new process: it claims neither run, so both end (never

@@ -7,6 +7,7 @@
 //! Deserialized by `crate::app::compose::settings` with the other sections; the reference is
 //! `docs/configuration.md`.
 
+use std::collections::HashMap;
 use std::num::NonZeroU32;
 use std::time::Duration;
 
@@ -14,7 +15,8 @@ use serde::Deserialize;
 
 use crate::domain::MaxContinuations;
 use crate::domain::routing::{
-    BreakerPolicy, Catalog, LimitPolicy, LoadFactor, MaxAttempts, RoutingPolicy, WaitLimits,
+    BreakerPolicy, Catalog, LimitPolicy, LoadFactor, MaxAttempts, RoutingPolicy, TenantKey,
+    WaitLimits,
 };
 
 /// How the run service routes: every configured node and the routing settings.
@@ -24,6 +26,9 @@ pub struct Routing {
     pub catalog: Catalog,
     /// Failover, waits, affinity, breakers and limits.
     pub policy: RoutingPolicy,
+    /// The API keys' own limits, by the key's name: a run taken back from the journal
+    /// (which keeps only its key's name) counts under them as it did when admitted.
+    pub key_limits: HashMap<TenantKey, LimitPolicy>,
 }
 
 /// `[runs]`: how runs wait, fail over, are cancelled and are bounded in time.

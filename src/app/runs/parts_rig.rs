@@ -215,6 +215,7 @@ impl Rig {
                 &LimitsConfig::default(),
             )
             .unwrap(),
+            key_limits: std::collections::HashMap::new(),
         };
         Arc::new(Placer::new(PlacerParts {
             registry: Arc::clone(&self.registry) as Arc<dyn Registry>,

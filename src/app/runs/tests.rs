@@ -117,6 +117,7 @@ fn routing(config: &RunsConfig, routing: &RoutingConfig) -> Routing {
     Routing {
         catalog: Catalog::new(CONFIGURED.map(|id| record(id, 1))),
         policy: policy(config, routing, &LimitsConfig::default()).unwrap(),
+        key_limits: std::collections::HashMap::new(),
     }
 }
 

@@ -153,10 +153,23 @@ impl KeyLimits {
 
     /// Counts a run of `tenant`'s taken back (admitted before an edge restart or a site's
     /// takeover, and still running) among its open runs, whatever the limit: it is not
-    /// admitted again, but the runs admitted after it wait for it as for any other. It must
-    /// be [`finish`](Self::finish)ed when it ends.
-    pub fn count_taken_back(&mut self, tenant: &TenantKey) {
-        self.tenants.entry(tenant.clone()).or_default().open += 1;
+    /// admitted again, but the runs admitted after it wait for it as for any other. Its
+    /// start at `started` (`None`: too long ago to tell) is counted in the rate `policy`
+    /// sets, as the edge that admitted it counted it: a run started within the last window
+    /// spaces the next ones out. It must be [`finish`](Self::finish)ed when it ends.
+    pub fn count_taken_back(
+        &mut self,
+        tenant: &TenantKey,
+        policy: LimitPolicy,
+        started: Option<Instant>,
+    ) {
+        let usage = self.tenants.entry(tenant.clone()).or_default();
+        usage.open += 1;
+        if let (Some(per_minute), Some(started)) = (policy.per_minute, started) {
+            let interval = Duration::from_secs(60) / per_minute.get();
+            let rested_at = usage.rested_at.map_or(started, |at| at.max(started));
+            usage.rested_at = Some(rested_at + interval);
+        }
     }
 
     /// Counts a run of `tenant`'s as ended.
@@ -192,10 +205,40 @@ mod tests {
     fn a_taken_back_run_holds_its_place_until_it_finishes() {
         let mut l = limits(1, 0, 0);
         let now = Instant::now();
-        l.count_taken_back(&key("a"));
+        l.count_taken_back(&key("a"), l.policy, Some(now));
         assert!(l.try_start(&key("a"), now).is_err(), "one open already");
         l.finish(&key("a"));
         assert!(l.try_start(&key("a"), now).is_ok());
+    }
+
+    #[test]
+    fn a_taken_back_runs_recent_start_counts_in_its_rate() {
+        let now = Instant::now();
+        let Some(earlier) = now.checked_sub(Duration::from_secs(10)) else {
+            return;
+        };
+        // Two a minute, one at a time: the run started 10 s ago spaces the next by 30 s.
+        let mut l = limits(0, 2, 1);
+        l.count_taken_back(&key("a"), l.policy, Some(earlier));
+        l.finish(&key("a"));
+        match l.try_start(&key("a"), now) {
+            Err(LimitRefusal::Rate { retry_after, .. }) => {
+                assert_eq!(retry_after, Duration::from_secs(20));
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(
+            l.try_start(&key("a"), now + Duration::from_secs(20))
+                .is_ok()
+        );
+        // Started long ago, or when nobody can tell: it spaces nothing.
+        let mut l = limits(0, 2, 1);
+        if let Some(long_ago) = now.checked_sub(Duration::from_secs(300)) {
+            l.count_taken_back(&key("b"), l.policy, Some(long_ago));
+        }
+        l.count_taken_back(&key("c"), l.policy, None);
+        assert!(l.try_start(&key("b"), now).is_ok());
+        assert!(l.try_start(&key("c"), now).is_ok());
     }
 
     #[test]

@@ -4,6 +4,7 @@
 //! nodes. Recovery (`recovery/`) decides when; these are its steps under the table's lock.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::time::Instant;
 
@@ -12,6 +13,7 @@ use crate::app::runs::route::Route;
 use crate::app::runs::run::{Run, lock};
 use crate::domain::{NodeId, ResumeRefusal};
 use crate::ports::ConnectionId;
+use crate::ports::clock::now_ms;
 
 /// A claim that re-attached its run.
 pub(in crate::app::runs) struct Reattached {
@@ -106,13 +108,21 @@ impl Placer {
 
     /// Enters a run taken back from the journal in the table, its route pinned to `node`
     /// (tried already) and never continued: it has no input to send again. It counts among
-    /// its key's open runs and reserves again what admission reserved of its key's budget
-    /// (its record says how much), both released when it ends.
+    /// its key's open runs, its start in its key's rate, and it reserves again what
+    /// admission reserved of its key's budget (its record says how much); its place and
+    /// reservation are released when it ends.
     pub(in crate::app::runs) fn take_back(&self, run: &Arc<Run>, node: Option<&NodeId>) {
         run.route().taken_back(node);
-        let tenant = &run.spec().routing.tenant;
+        let routing = &run.spec().routing;
+        let tenant = &routing.tenant;
+        let policy = routing
+            .limits
+            .or_else(|| self.routing.key_limits.get(tenant).copied())
+            .unwrap_or(self.routing.policy.limits);
+        let ago = Duration::from_millis(now_ms().saturating_sub(run.accepted().queued_ms));
+        let started = Instant::now().checked_sub(ago).map(Instant::into_std);
         let mut table = lock(&self.table);
-        table.limits.count_taken_back(tenant);
+        table.limits.count_taken_back(tenant, policy, started);
         if let Some(reserve) = run.accepted().budget_reserve {
             table.budgets.reserve_taken_back(tenant, reserve);
         }
