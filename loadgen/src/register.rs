@@ -2,7 +2,8 @@
 //! latency (TCP connect to the accepted RegisterResponse), and the edge's RSS before and
 //! after, hence the cost of one connected idle node; and the kernel's listen-queue
 //! counters over the burst (with many handshakes in flight, whether the edge's listen
-//! backlog overflowed).
+//! backlog overflowed). `--rig shared-core` is issue 50's topology: the edge's process on
+//! core 1, the nodes (this process) on core 0.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -40,7 +41,15 @@ pub struct RegisterArgs {
     /// `server.listen_backlog` of the edge [default: the edge's own default].
     #[arg(long)]
     pub listen_backlog: Option<u32>,
+    /// Where the edge runs: `unpinned` (anywhere) or `shared-core` (issue 50: the edge's
+    /// process on core 1, the nodes on core 0, as `api --rig shared-core` pins them).
+    #[arg(long, default_value = "unpinned", value_parser = ["unpinned", "shared-core"])]
+    pub rig: String,
 }
+
+/// The cores of `--rig shared-core`: the nodes', and the edge's.
+const NODES_CPU: usize = 0;
+const EDGE_CPU: usize = 1;
 
 /// The `edge` binary beside this executable (`target/<profile>/edge` for
 /// `target/<profile>/loadgen`).
@@ -181,6 +190,15 @@ pub fn run(args: &RegisterArgs, common: &Common) -> anyhow::Result<Vec<Record>> 
     let in_process = args.in_process || (args.edge_bin.is_none() && default_edge_bin().is_none());
     let needed = if in_process { 2 * needed } else { needed };
     ensure_open_files(args.nodes, needed)?;
+    let shared_core = args.rig == "shared-core";
+    if shared_core && in_process {
+        bail!("`--rig shared-core` runs the edge as its own process: leave out --in-process");
+    }
+    let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+    let pinned = shared_core && cores >= 2;
+    if shared_core && !pinned {
+        eprintln!("loadgen register: {cores} CPU here: the shared-core rig runs unpinned");
+    }
     let nodes = Nodes {
         count: args.nodes,
         max_concurrent_runs: 4,
@@ -196,12 +214,22 @@ pub fn run(args: &RegisterArgs, common: &Common) -> anyhow::Result<Vec<Record>> 
             common.edge_threads,
         )?)
     } else {
-        Target::Process(EdgeProcess::start(
+        // The child inherits the affinity of the thread that starts it.
+        if pinned {
+            edge_thread_slice::pin_to_cpu(EDGE_CPU)
+                .with_context(|| format!("cannot pin the edge to CPU {EDGE_CPU}"))?;
+        }
+        let edge = EdgeProcess::start(
             &edge_bin(args.edge_bin.as_ref())?,
             &config,
             common.edge_threads,
             &common.edge_log_level,
-        )?)
+        );
+        if pinned {
+            edge_thread_slice::pin_to_cpu(NODES_CPU)
+                .with_context(|| format!("cannot pin the nodes to CPU {NODES_CPU}"))?;
+        }
+        Target::Process(edge?)
     };
     let addr = match &target {
         Target::Process(edge) => edge.node_addr,
@@ -240,11 +268,13 @@ pub fn run(args: &RegisterArgs, common: &Common) -> anyhow::Result<Vec<Record>> 
     let backlog = args
         .listen_backlog
         .map_or(String::new(), |b| format!(" backlog={b}"));
+    let rig = if shared_core { " rig=shared-core" } else { "" };
     let record = Record::new(format!(
-        "nodes={total} edge={} in_flight={}{backlog}",
+        "nodes={total} edge={} in_flight={}{backlog}{rig}",
         if in_process { "in-process" } else { "process" },
         args.concurrency
     ))
+    .with("pinned", f64::from(u8::from(pinned)))
     .with(
         "registrations_per_s",
         total as f64 / elapsed.as_secs_f64().max(1e-9),

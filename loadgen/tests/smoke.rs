@@ -82,6 +82,21 @@ fn register_reports_rate_latency_and_rss() {
     let stdout = assert_reported(&output, "register", "nodes=20 edge=process");
     assert!(stdout.contains("registrations_per_s="), "{stdout}");
     assert!(stdout.contains("rss_per_node_bytes="), "{stdout}");
+    // Issue 50's topology: the edge on a core of its own, the nodes on the other.
+    let output = run(&[
+        "register",
+        "--nodes=20",
+        "--concurrency=4",
+        "--settle-ms=50",
+        "--rig=shared-core",
+        &edge_bin(),
+    ]);
+    let stdout = assert_reported(
+        &output,
+        "register",
+        "nodes=20 edge=process in_flight=4 rig=shared-core",
+    );
+    assert!(stdout.contains("handshake_p99_us="), "{stdout}");
 }
 
 #[test]
