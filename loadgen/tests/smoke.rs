@@ -165,6 +165,23 @@ fn api_runs_as_a_member_of_a_site_on_a_server_it_starts() {
     ]);
     let stdout = assert_reported(&output, "api", "cluster mode=stream c=2");
     assert!(stdout.contains("errors=0"), "{stdout}");
+    // The variant that snapshots the journal as a long-running site does.
+    let output = run(&[
+        "api",
+        "--cluster",
+        "--snapshot-after-mib=1",
+        "--modes=stream",
+        "--concurrency=2",
+        "--nodes=1",
+        "--duration-ms=200",
+        "--warmup-ms=50",
+    ]);
+    let stdout = assert_reported(
+        &output,
+        "api",
+        "cluster snapshot_after_mib=1 mode=stream c=2",
+    );
+    assert!(stdout.contains("snapshots="), "{stdout}");
 }
 
 /// An edge killed with streamed runs open (`readopt`, issue 32), and a site's active
