@@ -368,26 +368,21 @@ pub(crate) async fn active_standby_and_a_folded_run(
     (a, c, node, run_id)
 }
 
-#[crate::common::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_fenced_members_batch_is_refused_by_the_stream_and_folded_by_no_member() {
-    let nats = NatsServer::start_jetstream().await;
-    // A run before the fence: in the stream, so every member has it.
-    let (a, c, _node, before) = active_standby_and_a_folded_run(&nats).await;
+/// Fences `a` (acting on `nats`): another member claims the stream under a newer epoch (as
+/// a member that acquired the lease does), at the sequence the stream ends at; `a` still
+/// acts (its lease is its own) and admits a run, whose batch the stream refuses, so `a`
+/// stops acting under that epoch (whether the caller hears of the run first is a race) and
+/// the run stays in its file only. Returns the claim's sequence, the run's id and `a`'s
+/// record of it.
+pub(crate) async fn fenced_with_a_run(nats: &NatsServer, a: &TestApp) -> (u64, String, Value) {
     let epoch = a.parts.site.epoch();
-
-    // Another member claims the stream under a newer epoch (as a member that acquired the
-    // lease does), at the sequence the stream ends at.
     let claimed = eventually_ok("the claim is appended", || async {
-        let last = last_sequence(&nats).await;
-        append(&nats, "edge-z-claim", epoch + 1, last)
+        let last = last_sequence(nats).await;
+        append(nats, "edge-z-claim", epoch + 1, last)
             .await
             .map(|ack| ack.sequence)
     })
     .await;
-
-    // edge-a still acts (its lease is its own) and admits a run: the stream refuses the
-    // batch, so edge-a stops acting under that epoch (whether the caller hears of the run
-    // first is a race), and the run stays in its file only.
     let stall = json!({"model": "echo/stall", "stream": true,
         "messages": [{"role": "user", "content": "four five six"}]});
     let caller = common::http_client()
@@ -396,7 +391,7 @@ async fn a_fenced_members_batch_is_refused_by_the_stream_and_folded_by_no_member
         .send()
         .await
         .expect("edge-a answers");
-    let after = caller.headers()["x-edge-run-id"]
+    let run = caller.headers()["x-edge-run-id"]
         .to_str()
         .expect("a run id")
         .to_owned();
@@ -405,10 +400,21 @@ async fn a_fenced_members_batch_is_refused_by_the_stream_and_folded_by_no_member
         a_site.epoch() != epoch
     })
     .await;
+    let local = get(a.admin_addr, &format!("/admin/v1/runs/{run}")).await;
+    assert_eq!(local["id"], run.as_str(), "written locally: {local}");
+    (claimed, run, local)
+}
+
+#[crate::common::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fenced_members_batch_is_refused_by_the_stream_and_folded_by_no_member() {
+    let nats = NatsServer::start_jetstream().await;
+    // A run before the fence: in the stream, so every member has it.
+    let (a, c, _node, before) = active_standby_and_a_folded_run(&nats).await;
+    let epoch = a.parts.site.epoch();
+
+    let (claimed, after, local) = fenced_with_a_run(&nats, &a).await;
     // Open, or — when the refusal came before the run was placed, so the stand-down did not
     // let it go — failed as its node was sent away: either way in edge-a's file only.
-    let local = get(a.admin_addr, &format!("/admin/v1/runs/{after}")).await;
-    assert_eq!(local["id"], after.as_str(), "written locally: {local}");
     assert_ne!(local["outcome"], "completed", "{local}");
     let client = common::http_client();
     scrape_until(

@@ -20,9 +20,10 @@
 //! folds the same batches in the same order.
 //!
 //! Retention (decision 53): the active member's third task, the **snapshotter**, copies its
-//! journal once the stream holds `snapshot_after_bytes`, at a batch boundary it pairs with
-//! the stream sequence of the last batch in the copy, stores the copy in the site's object
-//! store (`snapshots.rs`) and purges the stream below it. A member whose folder finds the
+//! journal once `snapshot_after_bytes` were appended since its last purge, at a batch
+//! boundary it pairs with the stream sequence of the last batch in the copy, stores the copy
+//! in the site's object store (`snapshots.rs`) and purges the stream below the snapshot
+//! before it. A member whose folder finds the
 //! stream starting past what it folded (it started with an empty file, or stood by while
 //! the stream was purged) replaces its file with the newest copy and folds on from there;
 //! so does a member taking over whose file holds batches the stream lacks (it acted before
@@ -58,6 +59,9 @@ const EPOCH_HEADER: &str = "Edge-Epoch";
 
 /// How long the tasks wait before trying NATS again after a failure.
 const RETRY: Duration = Duration::from_millis(250);
+
+/// How long one pull of the folder's consumer waits for messages.
+const PULL_EXPIRES: Duration = Duration::from_secs(2);
 
 /// The published batches whose sequence is remembered, newest last: a copy is paired with
 /// the sequence of the last batch it holds, looked up as soon as that batch is published.
@@ -217,6 +221,9 @@ struct Inner {
     /// The file holds batches the stream lacks (this member stood down, or kept a batch
     /// local): it takes no snapshot, and rebuilds its file before it takes over again.
     unclean: AtomicBool,
+    /// The stream's bytes right after this member's last purge: the batches kept since the
+    /// snapshot before, which do not count toward the next one.
+    kept_bytes: AtomicU64,
 }
 
 /// Where this member appends to the stream: under `epoch`, after `last_seq`.
@@ -260,6 +267,7 @@ impl JournalStream {
                 rebuilt: watch::Sender::new(0),
                 acked: Mutex::new(VecDeque::new()),
                 unclean: AtomicBool::new(false),
+                kept_bytes: AtomicU64::new(0),
                 js,
                 stream: format!("edge-{site}-journal"),
                 subject: format!("edge.{site}.journal"),
@@ -518,6 +526,11 @@ impl Inner {
         *self.writer.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Whether this member writes the stream now (claimed it, not fenced since).
+    fn writes(&self) -> bool {
+        self.writer().is_some_and(|w| !w.fenced) && self.journal.publishing()
+    }
+
     /// Sets what the writer `was` became, unless another claim replaced it meanwhile.
     fn update_writer(&self, was: Writer, now: Writer) {
         let mut writer = self.writer.lock().unwrap_or_else(|p| p.into_inner());
@@ -652,6 +665,9 @@ impl Inner {
             deliver_policy: jetstream::consumer::DeliverPolicy::ByStartSequence {
                 start_sequence: from,
             },
+            // Short pulls, so a connection lost under a pull is noticed (two missed idle
+            // heartbeats, half of this each) in seconds rather than the client's default 30.
+            max_expires: PULL_EXPIRES,
             ..Default::default()
         };
         let consumer = stream
@@ -682,7 +698,7 @@ impl Inner {
             if seq <= folded {
                 continue;
             }
-            if seq > folded + 1 {
+            if seq > folded + 1 && !self.writes() {
                 return Err(format!(
                     "the journal stream skipped from {folded} to {seq} (purged meanwhile)"
                 ));
@@ -703,7 +719,18 @@ impl Inner {
             .map_err(|error| format!("cannot read the journal stream: {error}"))?
             .state
             .first_sequence;
-        if first > *self.folded.borrow() + 1 {
+        let folded = *self.folded.borrow();
+        if first > folded + 1 && self.writes() {
+            // Never rebuilt under its own writer: what it lacks was purged by itself, and is
+            // its own or folded before its claim.
+            warn!(
+                first,
+                folded,
+                "the site's journal stream starts past what this member read; it writes the stream, so it reads on"
+            );
+            return Ok(first);
+        }
+        if first > folded + 1 {
             let covered = self.rebuild().await?;
             if first > covered.sequence + 1 {
                 return Err(format!(
@@ -777,37 +804,48 @@ impl Inner {
     }
 
     /// Copies the journal, stores the copy with the stream sequence it covers, and purges
-    /// the stream below what both the copy and this member's folder cover — when this
-    /// member writes the stream, its file holds nothing the stream lacks, and the stream
-    /// holds `policy.after_bytes`.
+    /// the stream below the snapshot before it (and below what this member's folder read):
+    /// the stream keeps the batches since the previous snapshot, so a standby folding within
+    /// a snapshot of the stream's end never has to rebuild. Only when this member writes the
+    /// stream, its file holds nothing the stream lacks, and `policy.after_bytes` were
+    /// appended since its last purge.
     async fn snapshot_if_due(&self) -> Result<(), String> {
         let writing = self.writer().filter(|w| !w.fenced);
         let Some(writer) = writing.filter(|_| !self.unclean.load(Ordering::Acquire)) else {
             return Ok(());
         };
         let mut stream = self.stream().await?;
-        let held = stream
-            .info()
-            .await
-            .map_err(|error| format!("cannot read the journal stream: {error}"))?
-            .state
-            .bytes;
-        if held < self.policy.after_bytes {
+        let held = stream_bytes(&mut stream).await?;
+        let kept = self.kept_bytes.load(Ordering::Acquire);
+        if held.saturating_sub(kept) < self.policy.after_bytes {
             return Ok(());
         }
+        let before = self.snapshots.newest().await?;
         let copy = sibling(self.journal.path(), "snapshot");
         let stored = self.copy_and_store(&copy, writer).await;
         let _ = tokio::fs::remove_file(&copy).await;
         let covered = stored?;
-        let keep_from = covered.sequence.min(*self.folded.borrow()) + 1;
+        let Some(before) = before.filter(|b| b.sequence < covered.sequence) else {
+            // The first snapshot: nothing before it to purge below.
+            self.kept_bytes.store(held, Ordering::Release);
+            return Ok(());
+        };
+        let keep_from = before.sequence.min(*self.folded.borrow()) + 1;
+        // NATS purges the whole stream when asked to keep from sequence 1 (or 0).
+        if keep_from <= 1 {
+            return Ok(());
+        }
         stream
             .purge()
             .sequence(keep_from)
             .await
             .map_err(|error| format!("cannot purge the journal stream: {error}"))?;
+        self.kept_bytes
+            .store(stream_bytes(&mut stream).await?, Ordering::Release);
         info!(
             stream_seq = covered.sequence,
-            keep_from, "the journal was snapshotted and the stream purged below it"
+            keep_from,
+            "the journal was snapshotted and the stream purged below the snapshot before"
         );
         Ok(())
     }
@@ -892,6 +930,15 @@ impl Inner {
             }
         }
     }
+}
+
+/// The bytes `stream` holds now.
+async fn stream_bytes(stream: &mut jetstream::stream::Stream) -> Result<u64, String> {
+    stream
+        .info()
+        .await
+        .map(|info| info.state.bytes)
+        .map_err(|error| format!("cannot read the journal stream: {error}"))
 }
 
 /// `<journal file>.<suffix>`, beside it.
