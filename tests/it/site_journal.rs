@@ -95,6 +95,15 @@ pub(crate) async fn standby_member(config: &str) -> (Edge, tempfile::TempDir) {
     (edge, dir)
 }
 
+/// Member `edge`'s machine is gone: SIGKILLed, its data directory `dir` deleted.
+pub(crate) async fn machine_gone(edge: &mut Edge, dir: tempfile::TempDir) {
+    edge.child.start_kill().expect("kill -9");
+    common::bounded("the killed member to exit", edge.child.wait())
+        .await
+        .expect("the member is gone");
+    drop(dir);
+}
+
 pub(crate) async fn acts(app: &TestApp) {
     let site = app.parts.site.clone();
     eventually("the standby takes over", || {
@@ -138,11 +147,7 @@ async fn a_standby_takes_a_killed_members_open_run_over_from_the_stream_and_comp
     .await;
 
     // The active member's machine is gone: SIGKILL, and its data directory deleted.
-    a.child.start_kill().expect("kill -9");
-    common::bounded("the killed member to exit", a.child.wait())
-        .await
-        .expect("the member is gone");
-    drop(a_dir);
+    machine_gone(&mut a, a_dir).await;
     gate.add_permits(DELTAS - BEFORE_THE_KILL + 2);
 
     // The standby takes over, the node moves to it, and the run completes there once.
@@ -566,11 +571,7 @@ async fn a_taken_over_run_keeps_its_keys_budget_reservation_concurrency_place_an
 
     // edge-a's machine is gone; edge-b takes the open runs over, and with them what they
     // hold of their keys: the same requests are refused there.
-    a.child.start_kill().expect("kill -9");
-    common::bounded("the killed member to exit", a.child.wait())
-        .await
-        .expect("the member is gone");
-    drop(a_dir);
+    machine_gone(&mut a, a_dir).await;
     node.kill();
     acts(&b).await;
     assert_eq!(open_ids(b.admin_addr).await.len(), 3, "taken over");

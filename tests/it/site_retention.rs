@@ -12,7 +12,7 @@ use crate::readopt::{assert_every_delta_once, delta, engine_listing_behind};
 use crate::resume::open_stream_at;
 use crate::site_journal::{
     active_member, active_standby_and_a_folded_run, acts, fenced_with_a_run, journal_stream,
-    outputs, standby_member, stored_events,
+    machine_gone, outputs, standby_member, stored_events,
 };
 use crate::site_support::{free_address, signal};
 use crate::stream_resume::{read_until, text_of};
@@ -213,11 +213,7 @@ async fn a_member_with_an_empty_disk_rebuilds_from_the_snapshot_and_takes_the_op
 
     // The active member's machine is gone: edge-b takes the open run over from what the
     // snapshot held, and it completes there once.
-    a.child.start_kill().expect("kill -9");
-    common::bounded("the killed member to exit", a.child.wait())
-        .await
-        .expect("the member is gone");
-    drop(a_dir);
+    machine_gone(&mut a, a_dir).await;
     gate.add_permits(DELTAS - BEFORE + 2);
     acts(&b).await;
     let record = completed_record(b.admin_addr, &open, "the open run completes on edge-b").await;
