@@ -21,6 +21,7 @@ use crate::mock_node::{MockNode, MockOptions};
 #[allow(dead_code, unused_imports)]
 use crate::node;
 use crate::node_support;
+use crate::node_support::relay::Relay;
 use crate::readopt::{assert_every_delta_once, delta, engine_with_deltas_behind};
 use crate::resume::open_stream_at;
 use crate::site_support::ready;
@@ -609,6 +610,46 @@ async fn a_taken_over_run_keeps_its_keys_budget_reservation_concurrency_place_an
         200
     );
     b.stop().await;
+}
+
+#[crate::common::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_whose_link_to_nats_went_silent_reconnects_and_folds_on() {
+    let nats = NatsServer::start_jetstream().await;
+    let a = spawn_app(&echo_member(&nats, "edge-a")).await;
+    acts(&a).await;
+    // edge-b reaches NATS through a relay that can drop its packets without closing anything.
+    let relay = Relay::start(nats.addr()).await;
+    let b_config =
+        echo_member(&nats, "edge-b").replace(&nats.url(), &format!("nats://{}", relay.addr));
+    let b = spawn_app(&b_config).await;
+    let b_site = b.parts.site.clone();
+    eventually("edge-b stands by behind edge-a", || {
+        matches!(b_site.current(), Role::Standby { active: Some(m), .. } if m.edge_id == "edge-a")
+    })
+    .await;
+    let _node = MockNode::start(a.node_addr, MockOptions::new("token-a"))
+        .await
+        .expect("the mock node");
+    a.wait_for_nodes(1).await;
+    let echo = json!({"model": "echo/echo", "stream": true,
+        "messages": [{"role": "user", "content": "one two three"}]});
+    let (response, before) = open_stream_at(a.http_addr, "/v1/chat/completions", &echo).await;
+    response.text().await.expect("the whole answer");
+    completed_record(b.admin_addr, &before, "edge-b folds the first run").await;
+
+    // The link goes silent: edge-b's client finds it dead by its pings, connects again (the
+    // relay relays new connections) and edge-b folds what was written meanwhile.
+    relay.black_hole();
+    let (response, after) = open_stream_at(a.http_addr, "/v1/chat/completions", &echo).await;
+    response.text().await.expect("the whole answer");
+    completed_record(
+        b.admin_addr,
+        &after,
+        "edge-b folds the run after the silence",
+    )
+    .await;
+    b.stop().await;
+    a.stop().await;
 }
 
 #[crate::common::test(flavor = "multi_thread", worker_threads = 2)]

@@ -670,12 +670,25 @@ impl Inner {
             .map_err(|error| format!("cannot read the journal stream: {error}"))?;
         info!(stream = %self.stream, from, "folding the site's journal stream");
         let mut rebuilt = self.rebuilt.subscribe();
+        let mut idle =
+            tokio::time::interval_at(tokio::time::Instant::now() + PULL_EXPIRES, PULL_EXPIRES);
+        idle.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut delivered = false;
         loop {
             let message = tokio::select! {
                 message = messages.next() => message,
                 // Rebuilt meanwhile: read again from what the new file covers.
                 _ = rebuilt.changed() => return Ok(()),
+                _ = idle.tick() => {
+                    if !std::mem::take(&mut delivered) && self.behind(&mut stream).await {
+                        // Sent to a connection lost since: the consumer counts it delivered
+                        // and would not notice before the next message. Read again.
+                        return Ok(());
+                    }
+                    continue;
+                }
             };
+            delivered = true;
             let Some(message) = message else {
                 break;
             };
@@ -698,6 +711,15 @@ impl Inner {
             self.stats.counters.folded_seq.store(seq, Ordering::Relaxed);
         }
         Ok(())
+    }
+
+    /// Whether the stream holds a batch past what was folded.
+    async fn behind(&self, stream: &mut jetstream::stream::Stream) -> bool {
+        let folded = *self.folded.borrow();
+        stream
+            .info()
+            .await
+            .is_ok_and(|info| info.state.last_sequence > folded)
     }
 
     /// Where to read the stream from: past what was folded, after a rebuild from the newest

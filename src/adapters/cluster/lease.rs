@@ -111,7 +111,11 @@ impl ClusterLease {
     ) -> Result<Self, ClusterError> {
         let connection = config.connection();
         let options = connect::options(&connection, format!("edge {} (site)", me.edge_id))
-            .map_err(|error| ClusterError::Client(error.to_string()))?;
+            .map_err(|error| ClusterError::Client(error.to_string()))?
+            // A link gone silent (a NAT entry expired, a cable pulled) is found dead after
+            // two unanswered pings: within a few renewals, not the client's default minutes,
+            // so a member is back in its site as soon as the network is.
+            .ping_interval(config.request_timeout());
         // With `retry_on_initial_connect` this only spawns the connection task.
         let client = options
             .connect(connection.servers())
