@@ -390,6 +390,21 @@ fn assert_whole_answer_once(id: &str, streamed: &[Event], expected_text: &str) {
     );
 }
 
+/// What the journal stored of run `id`: its outputs are `expected`, every delta once and in
+/// order, and it has one ending.
+pub(crate) fn assert_stored_once(id: &str, stored: &[Value], expected: &[String]) {
+    let texts: Vec<&str> = stored
+        .iter()
+        .filter(|e| e["kind"] == "output")
+        .filter_map(|e| e["text"].as_str())
+        .collect();
+    assert_eq!(texts, expected, "run {id}: every delta once, in order");
+    let endings = stored
+        .iter()
+        .filter(|e| e["kind"] != "output" && e["kind"] != "started");
+    assert_eq!(endings.count(), 1, "run {id}: one ending");
+}
+
 /// Runs in the soak.
 pub(crate) const SOAK_RUNS: usize = 200;
 
@@ -661,17 +676,7 @@ async fn soak_runs_outlive_three_kills_of_their_edge() {
     let expected: Vec<String> = (0..DELTAS).map(delta).collect();
     for id in &ids {
         outcome(&edge, id, "completed").await;
-        let stored = events(&edge, id).await;
-        let texts: Vec<&str> = stored
-            .iter()
-            .filter(|e| e["kind"] == "output")
-            .filter_map(|e| e["text"].as_str())
-            .collect();
-        assert_eq!(texts, expected, "run {id}: every delta once, in order");
-        let terminals = stored
-            .iter()
-            .filter(|e| e["kind"] != "output" && e["kind"] != "started");
-        assert_eq!(terminals.count(), 1, "run {id}");
+        assert_stored_once(id, &events(&edge, id).await, &expected);
     }
     // Taken back each time, never run again.
     assert_eq!(engine.seen().len(), SOAK_RUNS);

@@ -30,8 +30,8 @@ use crate::common::{self, eventually_ok};
 use crate::node_support::upstream::{Reply, ScriptedEngine};
 use crate::node_support::{QWEN, RunningNode, edge_config, spawn_node};
 use crate::readopt::{
-    CHUNKS, DELTAS, SOAK_RUNS, answered_soak_client, delta, engine_listing_behind, open_runs,
-    progressed, send_as_sdks_do, soak_client,
+    CHUNKS, DELTAS, SOAK_RUNS, answered_soak_client, assert_stored_once, delta,
+    engine_listing_behind, open_runs, progressed, send_as_sdks_do, soak_client,
 };
 use crate::site_support::{Balancer, Member, cluster_section_with, ready, standing_by};
 
@@ -284,16 +284,7 @@ async fn soak() {
             .lines()
             .filter_map(|l| serde_json::from_str(l).ok())
             .collect();
-        let texts: Vec<&str> = stored
-            .iter()
-            .filter(|e| e["kind"] == "output")
-            .filter_map(|e| e["text"].as_str())
-            .collect();
-        assert_eq!(texts, expected, "run {id}: every delta once, in order");
-        let endings = stored
-            .iter()
-            .filter(|e| e["kind"] != "output" && e["kind"] != "started");
-        assert_eq!(endings.count(), 1, "run {id}: one ending");
+        assert_stored_once(id, &stored, &expected);
     }
     // None duplicated: each run's prompt reached the engines once, all together.
     let asked = asked(&engines);
