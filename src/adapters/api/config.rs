@@ -61,6 +61,16 @@ impl ApiConfig {
         Duration::from_millis(self.max_deadline_ms)
     }
 
+    /// The keys' own limits, by the name their runs count under (`ApiKey::tenant`): the
+    /// keys whose tables set any.
+    pub fn key_limits(&self) -> std::collections::HashMap<TenantKey, LimitPolicy> {
+        self.keys
+            .iter()
+            .enumerate()
+            .filter_map(|(index, key)| Some((key.tenant(index), key.limits()?)))
+            .collect()
+    }
+
     /// Values that deserialize but cannot work, each naming its key: an alias whose value is
     /// not `ADAPTER/TARGET`, a zero body limit or deadline cap, a default deadline above the
     /// cap.

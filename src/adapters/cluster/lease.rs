@@ -97,6 +97,9 @@ pub enum ClusterError {
     Client(String),
 }
 
+/// The shortest time between two pings of the site's NATS client.
+const MIN_PING_INTERVAL: Duration = Duration::from_secs(1);
+
 impl ClusterLease {
     /// The lease of member `me` of the site `config` names, setting `role` (standby until
     /// it holds the lease). The client connects in the background, so an unreachable NATS
@@ -113,9 +116,10 @@ impl ClusterLease {
         let options = connect::options(&connection, format!("edge {} (site)", me.edge_id))
             .map_err(|error| ClusterError::Client(error.to_string()))?
             // A link gone silent (a NAT entry expired, a cable pulled) is found dead after
-            // two unanswered pings: within a few renewals, not the client's default minutes,
-            // so a member is back in its site as soon as the network is.
-            .ping_interval(config.request_timeout());
+            // two unanswered pings: within seconds, not the client's default minutes, so a
+            // member is back in its site as soon as the network is. Not more often than a
+            // second: a busy member's brief stall must not read as a dead link.
+            .ping_interval(config.request_timeout().max(MIN_PING_INTERVAL));
         // With `retry_on_initial_connect` this only spawns the connection task.
         let client = options
             .connect(connection.servers())

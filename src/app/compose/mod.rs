@@ -373,17 +373,10 @@ async fn run_service(
 fn routing(settings: &Settings, store: &dyn NodeStore) -> anyhow::Result<runs::Routing> {
     let policy = runs::policy(&settings.runs, &settings.routing, &settings.limits)
         .map_err(|problems| anyhow::anyhow!("invalid routing settings: {}", problems.join("; ")))?;
-    let key_limits = settings
-        .api
-        .keys
-        .iter()
-        .enumerate()
-        .filter_map(|(index, key)| Some((key.tenant(index), key.limits()?)))
-        .collect();
     Ok(runs::Routing {
         catalog: Catalog::new(store.records()),
         policy,
-        key_limits,
+        key_limits: settings.api.key_limits(),
     })
 }
 

@@ -153,8 +153,8 @@ impl Inner {
             epoch: writer.epoch,
         };
         if self.snapshots.put(copy, covered, &self.edge_id).await? {
-            StreamStats::count(&self.stats.counters.snapshots);
             let counters = &self.stats.counters;
+            StreamStats::count(&counters.snapshots);
             counters.snapshot_seq.store(sequence, Ordering::Relaxed);
         }
         Ok(covered)

@@ -14,10 +14,12 @@ use crate::app::runs::observer::Refusal;
 use crate::app::runs::route::{Placement, Route};
 use crate::app::runs::run::{Run, lock};
 use crate::domain::routing::{
-    Decision, LimitRefusal, NodeStatus, RouteContext, RouteReason, RouteRequest, Unroutable,
-    WaitCause, Waiter, decide,
+    Decision, LimitPolicy, LimitRefusal, NodeStatus, RouteContext, RouteReason, RouteRequest,
+    Unroutable, WaitCause, Waiter, decide,
 };
-use crate::domain::{AdapterName, Attempt, EdgeFailure, NodeId, Operation, RunId, RunSpec, Target};
+use crate::domain::{
+    AdapterName, Attempt, EdgeFailure, NodeId, Operation, RunId, RunRouting, RunSpec, Target,
+};
 use crate::ports::clock::now_ms;
 use crate::ports::{ConnectionId, JournalEntry, NodeCommand, Placed, RunAssignment, StartError};
 
@@ -94,11 +96,21 @@ impl Placer {
         Ok((placed, fallout_of(&mut table)))
     }
 
+    /// The limits `routing`'s run counts under: its caller's own, else its key's as
+    /// configured (a run taken back from the journal keeps only its key's name), else the
+    /// edge's `[limits]`.
+    pub(super) fn limits_of(&self, routing: &RunRouting) -> LimitPolicy {
+        routing
+            .limits
+            .or_else(|| self.routing.key_limits.get(&routing.tenant).copied())
+            .unwrap_or(self.routing.policy.limits)
+    }
+
     /// Counts `run` against its key's limits and reserves its claim on the key's token
     /// budget, or refuses it (counting nothing).
     fn claim_limits(&self, table: &mut Table, run: &Run, now: Instant) -> Result<(), StartError> {
         let routing = &run.spec().routing;
-        let limits = routing.limits.unwrap_or(self.routing.policy.limits);
+        let limits = self.limits_of(routing);
         let tenant = &routing.tenant;
         let mut refused = table
             .limits

@@ -115,10 +115,7 @@ impl Placer {
         run.route().taken_back(node);
         let routing = &run.spec().routing;
         let tenant = &routing.tenant;
-        let policy = routing
-            .limits
-            .or_else(|| self.routing.key_limits.get(tenant).copied())
-            .unwrap_or(self.routing.policy.limits);
+        let policy = self.limits_of(routing);
         let ago = Duration::from_millis(now_ms().saturating_sub(run.accepted().queued_ms));
         let started = Instant::now().checked_sub(ago).map(Instant::into_std);
         let mut table = lock(&self.table);
