@@ -167,9 +167,11 @@ pub(crate) fn route_groups(state: &ApiState) -> Vec<LimitedRoutes> {
     .map(|(shape, routes)| {
         let retry_after_secs = state.api.config().retry_after_secs;
         LimitedRoutes {
-            routes: guarded(routes, state)
-                .with_state(state.clone())
-                .layer(Extension(shape)),
+            // One layer of both: axum boxes each route once per `layer` call.
+            routes: guarded(routes, state).with_state(state.clone()).layer((
+                Extension(shape),
+                DefaultBodyLimit::max(state.api.config().max_body_bytes),
+            )),
             refuse: Arc::new(move || shape.render(&ApiError::overloaded(retry_after_secs))),
         }
     })
@@ -183,7 +185,7 @@ pub(crate) fn unknown_routes() -> Router {
 
 /// `routes` behind the API-key check (when keys are configured), then the standby
 /// refusal (for a member of a site: a single edge never stands by, and its requests pay
-/// no layer for it), and the body limit.
+/// no layer for it).
 fn guarded(routes: Router<ApiState>, state: &ApiState) -> Router<ApiState> {
     let routes = if state.site.is_member() {
         routes.route_layer(middleware::from_fn_with_state(
@@ -193,15 +195,14 @@ fn guarded(routes: Router<ApiState>, state: &ApiState) -> Router<ApiState> {
     } else {
         routes
     };
-    let routes = if state.api.config().keys.is_empty() {
+    if state.api.config().keys.is_empty() {
         routes
     } else {
         routes.route_layer(middleware::from_fn_with_state(
             state.api.clone(),
             auth::require_key,
         ))
-    };
-    routes.layer(DefaultBodyLimit::max(state.api.config().max_body_bytes))
+    }
 }
 
 /// Any other path: 404 in OpenAI's shape.

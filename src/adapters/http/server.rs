@@ -67,22 +67,24 @@ impl HttpServer {
     ) -> io::Result<HttpServer> {
         let listener = crate::adapters::listen::bind(config.listen, config.listen_backlog)?;
         let slots = RequestSlots::new(config.max_concurrent_requests);
+        let timeout = RequestBodyTimeoutLayer::new(config.body_read_timeout());
         let mut router = Router::new()
             .route("/healthz", get(health::healthz))
             .route("/readyz", get(health::readyz))
             .route("/metrics", get(health::metrics))
-            .with_state(ops);
+            .with_state(ops)
+            .merge(fallback)
+            .layer(timeout.clone());
         for group in limited {
             let limit = slots.for_group(group.refuse);
-            router = router.merge(
-                group
-                    .routes
-                    .layer(middleware::from_fn_with_state(limit, limits::limit)),
+            // One layer of both: axum boxes each route once per `layer` call, and a
+            // streamed request pays for every box.
+            let layers = (
+                middleware::from_fn_with_state(limit, limits::limit),
+                timeout.clone(),
             );
+            router = router.merge(group.routes.layer(layers));
         }
-        let router = router
-            .merge(fallback)
-            .layer(RequestBodyTimeoutLayer::new(config.body_read_timeout()));
         Ok(HttpServer {
             listener,
             router,
