@@ -6,7 +6,9 @@
 //! first response byte and to the last, and the edge's share of the baseline's throughput.
 //!
 //! `--rig shared-core` is issue 50's topology instead: the edge, its nodes and a bare hyper
-//! baseline in a child process on core 1, the client on core 0 (`crate::shared_core`).
+//! baseline in a child process on core 1, the client on core 0 (`crate::shared_core`);
+//! with `--floor`, beside them the floor relay (`crate::floor`), the least a relay with a
+//! node-protocol hop can do.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -73,6 +75,13 @@ pub struct ApiArgs {
     /// the first non-empty body frame).
     #[arg(long, default_value = "in-process", value_parser = ["in-process", "shared-core"])]
     pub rig: String,
+    /// With `--rig shared-core`: drive a third server after the bare one and before the
+    /// edge, the floor relay (`crate::floor`: bare hyper, a `RunRequest` to a lean node of its
+    /// own over the node protocol, the node's events relayed as the edge's captured SSE
+    /// events, nothing else), and report it beside the two (`floor_*`, `floor_ratio` =
+    /// floor/bare, `edge_floor_ratio` = edge/floor).
+    #[arg(long)]
+    pub floor: bool,
     /// Internal: the CPU the shared-core rig's server child pins itself to.
     #[arg(long, hide = true)]
     pub server_cpu: Option<usize>,
@@ -121,6 +130,7 @@ pub fn child_args(args: &ApiArgs) -> Vec<String> {
         format!("--rig={}", args.rig),
     ]
     .into_iter()
+    .chain(args.floor.then(|| "--floor".to_owned()))
     .chain(args.server_cpu.map(|cpu| format!("--server-cpu={cpu}")))
     .chain(args.cluster.then(|| "--cluster".to_owned()))
     .chain(
@@ -395,14 +405,20 @@ pub async fn start_nodes(
     Ok((lean::start_nodes(addr, count, &plan).await?, Vec::new()))
 }
 
+/// The most runs a node may be sent at once for `args`: the most concurrent requests asked
+/// for.
+pub fn most_concurrent(args: &ApiArgs) -> u32 {
+    let most = args.concurrency.iter().copied().max().unwrap_or(1).max(1);
+    u32::try_from(most).unwrap_or(u32::MAX)
+}
+
 /// The edge's config for `args`: the shipped defaults, `args.nodes` node definitions
 /// that take the most concurrent runs asked for, no default deadline, and, with `nats`
 /// (`--cluster`), the `[cluster]` of a site of its own there.
 pub fn edge_config(args: &ApiArgs, nats: Option<&str>) -> String {
-    let most = args.concurrency.iter().copied().max().unwrap_or(1).max(1);
     let nodes = Nodes {
         count: args.nodes.max(1),
-        max_concurrent_runs: u32::try_from(most).unwrap_or(u32::MAX),
+        max_concurrent_runs: most_concurrent(args),
         heartbeat_interval_ms: 600_000,
     };
     let mut extra = String::from("[api]\ndefault_deadline_ms = 0\n");
@@ -450,6 +466,9 @@ pub fn run(args: &ApiArgs, common: &Common) -> anyhow::Result<Vec<Record>> {
             bail!("--cluster runs on the in-process rig only");
         }
         return crate::shared_core::run(args, common);
+    }
+    if args.floor {
+        bail!("--floor runs on the shared-core rig only (--rig shared-core)");
     }
     if args.sink == "stdout" && !common.child {
         return crate::run_in_child(common, "api", &child_args(args));

@@ -46,6 +46,7 @@ mod churn;
 mod cold_start;
 mod engine;
 mod external;
+mod floor;
 mod harness;
 mod hops;
 mod http;

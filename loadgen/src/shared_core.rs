@@ -4,8 +4,12 @@
 //! `rig-server` scenario) pinned to core 1 runs the edge on the shipped defaults (journal
 //! on, the stdout sink into `/dev/null`) on its own runtime, the nodes on a one-worker
 //! runtime of theirs, and a bare hyper server ([`crate::bare`]) answering the edge's own
-//! captured answer on a third. Every figure is taken by the client; CPU per request is
-//! read from the child's threads by name (`edge*`, `nodes`, `bare`), and so is the
+//! captured answer on a third. With `--floor`, the child runs the floor relay
+//! ([`crate::floor`]) too, on a one-worker runtime `floor`, with nodes of its own (as many
+//! as the edge's, the same kind) on another, `floor-nodes`, and the client drives it after
+//! the bare server and before the edge. Every figure is taken by the client; CPU per
+//! request is read from the child's threads by name (`edge*`, `nodes`, `bare`, `floor`,
+//! `floor-nodes`), and so is the
 //! per-thread account of the edge's window: each group's CPU time, time runnable but
 //! waiting for the core (`schedstat`'s run-queue wait) and switches, per request. TTFB is from the
 //! request's write to the first non-empty body frame (a streamed response's headers do not
@@ -27,10 +31,12 @@ use anyhow::{Context, bail};
 use tokio_util::sync::CancellationToken;
 
 use crate::Common;
-use crate::api::{self, ApiArgs, Driven, PATH, drive};
+use crate::api::{self, ApiArgs, Driven, Load, PATH, drive};
 use crate::bare;
+use crate::floor;
 use crate::harness::{self, InProcessEdge, SchedTimes};
 use crate::http::post_json;
+use crate::mock_node::MockNode;
 use crate::stats::Record;
 
 /// The client's core.
@@ -91,6 +97,8 @@ struct Server {
     child: Child,
     edge: SocketAddr,
     bare: SocketAddr,
+    /// The floor relay's HTTP address, with `--floor`.
+    floor: Option<SocketAddr>,
     /// Passes the child's other standard error lines on to ours.
     forwarder: Option<JoinHandle<()>>,
 }
@@ -130,6 +138,7 @@ impl Server {
             child,
             edge: SocketAddr::from(([127, 0, 0, 1], 0)),
             bare: SocketAddr::from(([127, 0, 0, 1], 0)),
+            floor: None,
             forwarder: Some(forwarder),
         };
         let line = addrs
@@ -139,6 +148,7 @@ impl Server {
             match field.split_once('=') {
                 Some(("edge", addr)) => server.edge = addr.parse()?,
                 Some(("bare", addr)) => server.bare = addr.parse()?,
+                Some(("floor", addr)) => server.floor = Some(addr.parse()?),
                 _ => bail!("a bad ready line from the rig's server child: {line:?}"),
             }
         }
@@ -190,8 +200,9 @@ impl Drop for Server {
     }
 }
 
-/// The client side: starts the server child, drives the bare server and then the edge at
-/// each mode and concurrency, and reports one record per case.
+/// The client side: starts the server child, drives the bare server, the floor relay (with
+/// `--floor`) and then the edge at each mode and concurrency, and reports one record per
+/// case.
 pub fn run(args: &ApiArgs, common: &Common) -> anyhow::Result<Vec<Record>> {
     // Counted once, before the first repetition pins this process to one CPU (which the
     // count would see afterwards).
@@ -211,6 +222,11 @@ pub fn run(args: &ApiArgs, common: &Common) -> anyhow::Result<Vec<Record>> {
     let warmup = Duration::from_millis(args.warmup_ms);
     let duration = Duration::from_millis(args.duration_ms);
     let bare_cpu = || (server.cpu_ms("bare"), 0);
+    // `floor` counts the floor's nodes (`floor-nodes`) too: they are taken back out.
+    let floor_cpu = || {
+        let nodes = server.cpu_ms("floor-nodes");
+        (server.cpu_ms("floor").saturating_sub(nodes), nodes)
+    };
     // The thread groups' counts are taken with the CPU's, at the window's two edges.
     let window = RefCell::new(Vec::new());
     let edge_cpu = || {
@@ -219,6 +235,10 @@ pub fn run(args: &ApiArgs, common: &Common) -> anyhow::Result<Vec<Record>> {
     };
     let on_bare = Driven {
         cpu_ms: &bare_cpu,
+        watch: Some(first_frame),
+    };
+    let on_floor = Driven {
+        cpu_ms: &floor_cpu,
         watch: Some(first_frame),
     };
     let on_edge = Driven {
@@ -240,6 +260,18 @@ pub fn run(args: &ApiArgs, common: &Common) -> anyhow::Result<Vec<Record>> {
                 duration,
                 &on_bare,
             )?;
+            let floor = match server.floor {
+                Some(addr) => Some(drive(
+                    &load,
+                    addr,
+                    request(addr),
+                    concurrency,
+                    warmup,
+                    duration,
+                    &on_floor,
+                )?),
+                None => None,
+            };
             window.borrow_mut().clear();
             let edge = drive(
                 &load,
@@ -252,6 +284,7 @@ pub fn run(args: &ApiArgs, common: &Common) -> anyhow::Result<Vec<Record>> {
             )?;
             let requests = edge.requests_per_s * duration.as_secs_f64();
             let account = thread_account(&window.take(), requests);
+            let errors = edge.errors + bare.errors + floor.as_ref().map_or(0, |f| f.errors);
             records.push(
                 Record::new(format!("rig=shared-core mode={mode} c={concurrency}"))
                     .with("edge_rps", edge.requests_per_s)
@@ -270,8 +303,11 @@ pub fn run(args: &ApiArgs, common: &Common) -> anyhow::Result<Vec<Record>> {
                     .with("edge_cpu_us_per_request", edge.cpu_us_per_request)
                     .with("nodes_cpu_us_per_request", edge.other_cpu_us_per_request)
                     .with("bare_cpu_us_per_request", bare.cpu_us_per_request)
+                    .with_all(
+                        floor.map_or_else(Vec::new, |floor| floor_figures(&floor, &edge, &bare)),
+                    )
                     .with("pinned", f64::from(u8::from(pinned)))
-                    .with("errors", (edge.errors + bare.errors) as f64)
+                    .with("errors", errors as f64)
                     .with_all(account),
             );
         }
@@ -281,8 +317,78 @@ pub fn run(args: &ApiArgs, common: &Common) -> anyhow::Result<Vec<Record>> {
     Ok(records)
 }
 
-/// The server child (`rig-server`): pins itself, starts the edge, its nodes and the bare
-/// server, says where they listen, and serves until its standard input closes.
+/// The floor relay's figures beside the bare server's and the edge's.
+fn floor_figures(floor: &Load, edge: &Load, bare: &Load) -> Vec<(&'static str, f64)> {
+    vec![
+        ("floor_rps", floor.requests_per_s),
+        (
+            "floor_ratio",
+            floor.requests_per_s / bare.requests_per_s.max(1e-9),
+        ),
+        (
+            "edge_floor_ratio",
+            edge.requests_per_s / floor.requests_per_s.max(1e-9),
+        ),
+        ("floor_ttfb_p50_us", floor.first_byte.quantile_us(0.5)),
+        ("floor_ttfb_p99_us", floor.first_byte.quantile_us(0.99)),
+        ("floor_total_p99_us", floor.total.quantile_us(0.99)),
+        ("floor_cpu_us_per_request", floor.cpu_us_per_request),
+        (
+            "floor_nodes_cpu_us_per_request",
+            floor.other_cpu_us_per_request,
+        ),
+    ]
+}
+
+/// The floor relay in the server child (`--floor`): the relay on its runtime, its nodes on
+/// theirs.
+struct FloorRig {
+    runtime: tokio::runtime::Runtime,
+    nodes: tokio::runtime::Runtime,
+    http: SocketAddr,
+    servers: Vec<tokio::task::JoinHandle<anyhow::Result<u64>>>,
+    mocks: Vec<MockNode>,
+}
+
+impl FloorRig {
+    /// Starts the floor answering `canned` and registers nodes of `args`'s kind with it, as
+    /// many as the edge has.
+    fn start(
+        args: &ApiArgs,
+        canned: bare::Canned,
+        stop: CancellationToken,
+    ) -> anyhow::Result<Self> {
+        let runtime = harness::runtime("floor", 1)?;
+        let addrs = runtime.block_on(floor::start(canned, api::most_concurrent(args), stop))?;
+        let nodes = harness::runtime("floor-nodes", 1)?;
+        let (servers, mocks) =
+            nodes.block_on(api::start_nodes(args, addrs.nodes, args.nodes.max(1)))?;
+        Ok(Self {
+            runtime,
+            nodes,
+            http: addrs.http,
+            servers,
+            mocks,
+        })
+    }
+
+    /// Ends the floor (its connections close with its runtime), then its nodes.
+    fn stop(self) {
+        self.runtime.shutdown_timeout(Duration::from_secs(1));
+        for server in self.servers {
+            let _ = self.nodes.block_on(server);
+        }
+        for mock in self.mocks {
+            mock.kill();
+            let _ = self.nodes.block_on(mock.ended());
+        }
+        self.nodes.shutdown_timeout(Duration::from_secs(2));
+    }
+}
+
+/// The server child (`rig-server`): pins itself, starts the edge, its nodes, the bare
+/// server and (with `--floor`) the floor relay and its nodes, says where they listen, and
+/// serves until its standard input closes.
 pub fn serve(args: &ApiArgs, common: &Common) -> anyhow::Result<Vec<Record>> {
     if let Some(cpu) = args.server_cpu {
         // Before any thread starts: every thread of this process inherits it.
@@ -303,12 +409,22 @@ pub fn serve(args: &ApiArgs, common: &Common) -> anyhow::Result<Vec<Record>> {
         .context("the edge's API did not answer as expected")?;
     let bare_runtime = harness::runtime("bare", 1)?;
     let stop = CancellationToken::new();
+    let floor = args
+        .floor
+        .then(|| FloorRig::start(args, canned.clone(), stop.clone()))
+        .transpose()?;
     let bare = bare_runtime.block_on(bare::start(canned, stop.clone()))?;
-    eprintln!("{READY}edge={} bare={bare}", edge.http_addr);
+    let floor_addr = floor
+        .as_ref()
+        .map_or_else(String::new, |floor| format!(" floor={}", floor.http));
+    eprintln!("{READY}edge={} bare={bare}{floor_addr}", edge.http_addr);
     // The parent closes it when it is done (or by ending).
     let _ = std::io::copy(&mut std::io::stdin().lock(), &mut std::io::sink());
     stop.cancel();
     bare_runtime.shutdown_timeout(Duration::from_secs(1));
+    if let Some(floor) = floor {
+        floor.stop();
+    }
     edge.stop();
     for server in servers {
         let _ = nodes.block_on(server);

@@ -391,12 +391,22 @@ const FIGURES: [&str; 15] = [
     "nodes_run_queue_us_per_request",
 ];
 
-/// The shared-core rig (`api --rig shared-core`, issue 50) run for a moment: it must start
-/// its server child, drive the bare baseline and the edge, stop the child and report one
-/// record per case with every figure and no errors.
-#[test]
-fn the_shared_core_rig_reports_the_edge_beside_the_bare_server() {
-    let output = run(&[
+/// The floor relay's figures, in the rig's records with `--floor` only.
+const FLOOR_FIGURES: [&str; 8] = [
+    "floor_rps",
+    "floor_ratio",
+    "edge_floor_ratio",
+    "floor_ttfb_p50_us",
+    "floor_ttfb_p99_us",
+    "floor_total_p99_us",
+    "floor_cpu_us_per_request",
+    "floor_nodes_cpu_us_per_request",
+];
+
+/// Runs the shared-core rig (`api --rig shared-core`, issue 50) for a moment with `extra`
+/// arguments, checks it ended cleanly, and returns the fields of its one record.
+fn rig_record(extra: &[&str]) -> String {
+    let mut args = vec![
         "api",
         "--rig=shared-core",
         "--modes=stream",
@@ -405,7 +415,9 @@ fn the_shared_core_rig_reports_the_edge_beside_the_bare_server() {
         "--chunks=16",
         "--duration-ms=200",
         "--warmup-ms=50",
-    ]);
+    ];
+    args.extend_from_slice(extra);
+    let output = run(&args);
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
@@ -414,27 +426,58 @@ fn the_shared_core_rig_reports_the_edge_beside_the_bare_server() {
         output.status
     );
     let prefix = "loadgen api: median of 1 rig=shared-core mode=stream c=2 ";
-    let record = stdout
+    stdout
         .lines()
         .find_map(|line| line.strip_prefix(prefix))
-        .unwrap_or_else(|| panic!("no `{prefix}` line:\n{stdout}\nstderr:\n{stderr}"));
-    let figure = |name: &str| -> f64 {
-        record
-            .split(' ')
-            .find_map(|field| field.strip_prefix(name)?.strip_prefix('='))
-            .and_then(|value| value.parse().ok())
-            .unwrap_or_else(|| panic!("no {name} in {record}"))
-    };
+        .unwrap_or_else(|| panic!("no `{prefix}` line:\n{stdout}\nstderr:\n{stderr}"))
+        .to_owned()
+}
+
+/// The figure `name` of a rig's `record`.
+fn figure(record: &str, name: &str) -> f64 {
+    record
+        .split(' ')
+        .find_map(|field| field.strip_prefix(name)?.strip_prefix('='))
+        .and_then(|value| value.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in {record}"))
+}
+
+/// The shared-core rig run for a moment: it must start its server child, drive the bare
+/// baseline and the edge, stop the child and report one record per case with every figure
+/// and no errors (and nothing of the floor relay, not asked for).
+#[test]
+fn the_shared_core_rig_reports_the_edge_beside_the_bare_server() {
+    let record = rig_record(&[]);
     for name in FIGURES {
-        figure(name);
+        figure(&record, name);
     }
-    assert_eq!(figure("errors"), 0.0, "{record}");
+    assert_eq!(figure(&record, "errors"), 0.0, "{record}");
     assert!(
-        figure("edge_rps") > 0.0,
+        figure(&record, "edge_rps") > 0.0,
         "the edge served nothing: {record}"
     );
     assert!(
-        figure("bare_rps") > 0.0,
+        figure(&record, "bare_rps") > 0.0,
         "the bare server served nothing: {record}"
+    );
+    assert!(!record.contains("floor"), "{record}");
+}
+
+/// The rig with `--floor`: the floor relay (a hop over the node protocol to lean nodes of
+/// its own) is driven too and served every request, and so did the edge, with no errors.
+#[test]
+fn the_shared_core_rig_with_floor_reports_the_floor_relay() {
+    let record = rig_record(&["--floor"]);
+    for name in FIGURES.iter().chain(&FLOOR_FIGURES) {
+        figure(&record, name);
+    }
+    assert_eq!(figure(&record, "errors"), 0.0, "{record}");
+    assert!(
+        figure(&record, "floor_rps") > 0.0,
+        "the floor relay served nothing: {record}"
+    );
+    assert!(
+        figure(&record, "edge_rps") > 0.0,
+        "the edge served nothing: {record}"
     );
 }
