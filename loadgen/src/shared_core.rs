@@ -301,7 +301,6 @@ pub fn run(args: &ApiArgs, common: &Common) -> anyhow::Result<Vec<Record>> {
                     .with("edge_total_p99_us", edge.total.quantile_us(0.99))
                     .with("bare_total_p99_us", bare.total.quantile_us(0.99))
                     .with("edge_cpu_us_per_request", edge.cpu_us_per_request)
-                    .with("nodes_cpu_us_per_request", edge.other_cpu_us_per_request)
                     .with("bare_cpu_us_per_request", bare.cpu_us_per_request)
                     .with_all(
                         floor.map_or_else(Vec::new, |floor| floor_figures(&floor, &edge, &bare)),
