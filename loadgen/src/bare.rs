@@ -65,24 +65,39 @@ async fn answer(
 pub async fn start(canned: Canned, stop: CancellationToken) -> anyhow::Result<SocketAddr> {
     let listener = TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], 0))).await?;
     let addr = listener.local_addr()?;
-    let canned = Arc::new(canned);
-    tokio::spawn(async move {
-        loop {
-            let accepted = tokio::select! {
-                () = stop.cancelled() => return,
-                accepted = listener.accept() => accepted,
-            };
-            let Ok((tcp, _)) = accepted else { continue };
-            // Small SSE frames must not wait for Nagle's algorithm.
-            let _ = tcp.set_nodelay(true);
-            let canned = Arc::clone(&canned);
-            tokio::spawn(async move {
-                let service = service_fn(move |request| answer(Arc::clone(&canned), request));
-                let _ = http1::Builder::new()
-                    .serve_connection(TokioIo::new(tcp), service)
-                    .await;
-            });
-        }
-    });
+    tokio::spawn(serve_http(listener, Arc::new(canned), answer, stop));
     Ok(addr)
+}
+
+/// Serves HTTP/1.1 on `listener` until `stop` (the bare server's, and the floor relay's):
+/// each connection with `answer` over `state`, its small SSE frames sent without waiting for
+/// Nagle's algorithm. Connections still open at `stop` end with the runtime.
+pub async fn serve_http<T, A, F, B>(
+    listener: TcpListener,
+    state: Arc<T>,
+    answer: A,
+    stop: CancellationToken,
+) where
+    T: Send + Sync + 'static,
+    A: Fn(Arc<T>, Request<Incoming>) -> F + Copy + Send + Sync + 'static,
+    F: Future<Output = anyhow::Result<Response<B>>> + Send + 'static,
+    B: hyper::body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    loop {
+        let accepted = tokio::select! {
+            () = stop.cancelled() => return,
+            accepted = listener.accept() => accepted,
+        };
+        let Ok((tcp, _)) = accepted else { continue };
+        let _ = tcp.set_nodelay(true);
+        let state = Arc::clone(&state);
+        tokio::spawn(async move {
+            let service = service_fn(move |request| answer(Arc::clone(&state), request));
+            let _ = http1::Builder::new()
+                .serve_connection(TokioIo::new(tcp), service)
+                .await;
+        });
+    }
 }

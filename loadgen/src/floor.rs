@@ -32,10 +32,7 @@ use futures::{Stream, StreamExt};
 use http_body_util::{BodyExt, Either, Empty, Full, StreamBody};
 use hyper::body::{Frame, Incoming};
 use hyper::header::{CACHE_CONTROL, CONTENT_TYPE, HeaderValue};
-use hyper::server::conn::http1;
-use hyper::service::service_fn;
 use hyper::{Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
 use tokio::io::AsyncWriteExt;
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::{TcpListener, TcpStream};
@@ -43,7 +40,7 @@ use tokio::sync::mpsc;
 use tokio_util::codec::{Encoder, FramedRead};
 use tokio_util::sync::CancellationToken;
 
-use crate::bare::Canned;
+use crate::bare::{self, Canned};
 use crate::harness;
 
 /// The most queued commands one write carries.
@@ -156,7 +153,7 @@ pub async fn start(
         max_concurrent_runs: max_concurrent_runs.max(1),
     });
     tokio::spawn(accept_nodes(nodes, Arc::clone(&floor), stop.clone()));
-    tokio::spawn(accept_http(http, floor, stop));
+    tokio::spawn(bare::serve_http(http, floor, answer, stop));
     Ok(addrs)
 }
 
@@ -235,25 +232,6 @@ async fn write_commands(
         if write.write_all(&out).await.is_err() {
             return;
         }
-    }
-}
-
-async fn accept_http(listener: TcpListener, floor: Arc<Floor>, stop: CancellationToken) {
-    loop {
-        let accepted = tokio::select! {
-            () = stop.cancelled() => return,
-            accepted = listener.accept() => accepted,
-        };
-        let Ok((tcp, _)) = accepted else { continue };
-        // Small SSE frames must not wait for Nagle's algorithm.
-        let _ = tcp.set_nodelay(true);
-        let floor = Arc::clone(&floor);
-        tokio::spawn(async move {
-            let service = service_fn(move |request| answer(Arc::clone(&floor), request));
-            let _ = http1::Builder::new()
-                .serve_connection(TokioIo::new(tcp), service)
-                .await;
-        });
     }
 }
 
