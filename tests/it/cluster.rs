@@ -33,7 +33,7 @@ async fn readyz(http: SocketAddr) -> (StatusCode, String) {
 }
 
 /// Waits until `app` stands by behind edge `active`; the reason it gives.
-async fn standing_by_behind(app: &TestApp, active: &str) -> String {
+pub(crate) async fn standing_by_behind(app: &TestApp, active: &str) -> String {
     let site = app.parts.site.clone();
     eventually(&format!("the member stands by behind {active}"), || {
         matches!(site.current(), Role::Standby { active: Some(member), .. } if member.edge_id == active)

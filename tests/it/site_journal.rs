@@ -15,6 +15,7 @@
 //! count what they publish and fold (`edge_cluster_journal_*`, read by the Prometheus parser).
 
 use crate::admin_crash::{Edge, completed_record, get, start_edge_with, text};
+use crate::cluster::standing_by_behind;
 use crate::common;
 use crate::metrics::{scrape_until, want};
 use crate::mock_node::{MockNode, MockOptions};
@@ -120,11 +121,7 @@ async fn a_standby_takes_a_killed_members_open_run_over_from_the_stream_and_comp
     let engine = engine_with_deltas_behind(DELTAS, &gate).await;
     let (mut a, a_dir) = active_member(&member(&nats, &engine, "edge-a")).await;
     let b = spawn_app(&member(&nats, &engine, "edge-b")).await;
-    let b_site = b.parts.site.clone();
-    eventually("edge-b stands by behind edge-a", || {
-        matches!(b_site.current(), Role::Standby { active: Some(m), .. } if m.edge_id == "edge-a")
-    })
-    .await;
+    standing_by_behind(&b, "edge-a").await;
 
     // The node knows both members; it registers on the active one.
     let node = spawn_node(a.node, "token-1", |options| {
@@ -357,21 +354,24 @@ pub(crate) async fn active_standby_and_a_folded_run(
     let a = spawn_app(&echo_member(nats, "edge-a")).await;
     acts(&a).await;
     let c = spawn_app(&echo_member(nats, "edge-c")).await;
-    let c_site = c.parts.site.clone();
-    eventually("edge-c stands by behind edge-a", || {
-        matches!(c_site.current(), Role::Standby { active: Some(m), .. } if m.edge_id == "edge-a")
-    })
-    .await;
+    standing_by_behind(&c, "edge-a").await;
     let node = MockNode::start(a.node_addr, MockOptions::new("token-a"))
         .await
         .expect("the mock node");
     a.wait_for_nodes(1).await;
+    let run_id = echo_run_folded(&a, &c, "the standby folds the run").await;
+    (a, c, node, run_id)
+}
+
+/// Runs one streamed echo chat to its end on `active` and waits until `standby` has folded
+/// it (`what` names the wait); the run's id.
+async fn echo_run_folded(active: &TestApp, standby: &TestApp, what: &str) -> String {
     let echo = json!({"model": "echo/echo", "stream": true,
         "messages": [{"role": "user", "content": "one two three"}]});
-    let (response, run_id) = open_stream_at(a.http_addr, "/v1/chat/completions", &echo).await;
+    let (response, run_id) = open_stream_at(active.http_addr, "/v1/chat/completions", &echo).await;
     response.text().await.expect("the whole answer");
-    completed_record(c.admin_addr, &run_id, "the standby folds the run").await;
-    (a, c, node, run_id)
+    completed_record(standby.admin_addr, &run_id, what).await;
+    run_id
 }
 
 /// Fences `a` (acting on `nats`): another member claims the stream under a newer epoch (as
@@ -510,11 +510,7 @@ async fn a_taken_over_run_keeps_its_keys_budget_reservation_concurrency_place_an
     let nats = NatsServer::start_jetstream().await;
     let (mut a, a_dir) = active_member(&limited_member(&nats, "edge-a")).await;
     let b = spawn_app(&limited_member(&nats, "edge-b")).await;
-    let b_site = b.parts.site.clone();
-    eventually("edge-b stands by behind edge-a", || {
-        matches!(b_site.current(), Role::Standby { active: Some(m), .. } if m.edge_id == "edge-a")
-    })
-    .await;
+    standing_by_behind(&b, "edge-a").await;
     let node = MockNode::start(a.node, MockOptions::new("token-a"))
         .await
         .expect("the mock node");
@@ -622,32 +618,17 @@ async fn a_standby_whose_link_to_nats_went_silent_reconnects_and_folds_on() {
     let b_config =
         echo_member(&nats, "edge-b").replace(&nats.url(), &format!("nats://{}", relay.addr));
     let b = spawn_app(&b_config).await;
-    let b_site = b.parts.site.clone();
-    eventually("edge-b stands by behind edge-a", || {
-        matches!(b_site.current(), Role::Standby { active: Some(m), .. } if m.edge_id == "edge-a")
-    })
-    .await;
+    standing_by_behind(&b, "edge-a").await;
     let _node = MockNode::start(a.node_addr, MockOptions::new("token-a"))
         .await
         .expect("the mock node");
     a.wait_for_nodes(1).await;
-    let echo = json!({"model": "echo/echo", "stream": true,
-        "messages": [{"role": "user", "content": "one two three"}]});
-    let (response, before) = open_stream_at(a.http_addr, "/v1/chat/completions", &echo).await;
-    response.text().await.expect("the whole answer");
-    completed_record(b.admin_addr, &before, "edge-b folds the first run").await;
+    echo_run_folded(&a, &b, "edge-b folds the first run").await;
 
     // The link goes silent: edge-b's client finds it dead by its pings, connects again (the
     // relay relays new connections) and edge-b folds what was written meanwhile.
     relay.black_hole();
-    let (response, after) = open_stream_at(a.http_addr, "/v1/chat/completions", &echo).await;
-    response.text().await.expect("the whole answer");
-    completed_record(
-        b.admin_addr,
-        &after,
-        "edge-b folds the run after the silence",
-    )
-    .await;
+    echo_run_folded(&a, &b, "edge-b folds the run after the silence").await;
     b.stop().await;
     a.stop().await;
 }

@@ -5,6 +5,7 @@
 //! nats-server from outside.
 
 use crate::admin_crash::{completed_record, get};
+use crate::cluster::standing_by_behind;
 use crate::common;
 use crate::common::{eventually, eventually_ok, spawn_app};
 use crate::node_support;
@@ -20,7 +21,6 @@ use crate::stream_resume::{read_until, text_of};
 use std::sync::Arc;
 
 use common::engines::NatsServer;
-use edge::ports::Role;
 use futures::StreamExt as _;
 use node_support::upstream::{Reply, ScriptedEngine};
 use node_support::{QWEN, edge_config, spawn_node};
@@ -183,11 +183,7 @@ async fn a_member_with_an_empty_disk_rebuilds_from_the_snapshot_and_takes_the_op
     // A member with an empty disk cannot fold those batches from the stream: it rebuilds
     // from the snapshot, and holds both runs as the active member does.
     let b = node_support::edge_on(&retention_member(&nats, &engine, "edge-b"), b_node).await;
-    let b_site = b.parts.site.clone();
-    eventually("edge-b stands by behind edge-a", || {
-        matches!(b_site.current(), Role::Standby { active: Some(m), .. } if m.edge_id == "edge-a")
-    })
-    .await;
+    standing_by_behind(&b, "edge-a").await;
     let first = completed_record(b.admin_addr, &done, "edge-b holds the first run").await;
     assert_eq!(first, get(a.admin, &format!("/admin/v1/runs/{done}")).await);
     eventually_ok("edge-b holds the open run's deltas", || async {
