@@ -18,7 +18,7 @@
 //! - [`dispatch`]: admit or refuse a run and drive it; [`runs`]: the run table, event
 //!   buffers, flow control and resume claims.
 //! - [`adapters`]: the configured adapters and the availability board; [`probe`]: the
-//!   engine prober; [`openai`]: the adapter; [`upstream`]: its HTTP client; [`sse`]: the
+//!   engine prober; [`engine_health`]: its up and down, logged; [`openai`]: the adapter; [`upstream`]: its HTTP client; [`sse`]: the
 //!   event-stream decoder.
 //! - [`engine_models`]: the model lifecycle of managed adapters: their engines' catalogues
 //!   and the edge's load and unload commands.
@@ -26,6 +26,7 @@
 pub mod adapters;
 pub mod buffer;
 pub mod dispatch;
+pub mod engine_health;
 pub mod engine_models;
 pub mod lifecycle;
 pub mod openai;

@@ -16,6 +16,7 @@ use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
 use super::adapters::{AdapterSet, Finding};
+use super::engine_health::EngineHealth;
 use super::engine_models;
 use super::openai::OpenAiAdapter;
 use super::openai::settings::{AvailabilityMode, OpenAiSettings};
@@ -142,7 +143,7 @@ pub async fn probe_loop(adapter: Arc<OpenAiAdapter>, board: AdapterSet, stop: Ca
     if let Some(engine) = adapter.managed() {
         return engine_models::probe_loop(&adapter, engine, &board, &stop).await;
     }
-    let mut was_up: Option<bool> = None;
+    let mut health = EngineHealth::new(adapter.name(), "engine");
     let mut warned = Vec::new();
     loop {
         let listed = adapter.list_models().await;
@@ -152,23 +153,18 @@ pub async fn probe_loop(adapter: Arc<OpenAiAdapter>, board: AdapterSet, stop: Ca
             adapter.settings(),
             listed.as_ref().ok().map(|list| list.ids.as_slice()),
         );
-        match (&listed, was_up) {
-            (Ok(models), Some(false) | None) => {
-                tracing::info!(
-                    adapter = adapter.name(),
-                    ?models,
-                    ?available,
-                    "engine is up"
-                );
+        match &listed {
+            Ok(models) => {
+                if health.up() {
+                    tracing::info!(
+                        adapter = adapter.name(),
+                        ?models,
+                        ?available,
+                        "engine is up"
+                    );
+                }
             }
-            (Err(fault), Some(true) | None) => {
-                tracing::warn!(
-                    adapter = adapter.name(),
-                    %fault,
-                    "engine is down: reporting none of its targets"
-                );
-            }
-            _ => {}
+            Err(fault) => health.down(fault),
         }
         let windows = match &listed {
             Ok(models) => {
@@ -177,7 +173,6 @@ pub async fn probe_loop(adapter: Arc<OpenAiAdapter>, board: AdapterSet, stop: Ca
             }
             Err(_) => BTreeMap::new(),
         };
-        was_up = Some(up);
         let finding = Finding {
             targets: available,
             windows,

@@ -12,6 +12,13 @@
 //! After a streamed answer the next request's connection is opened ahead of it
 //! ([`Upstream::preconnect`]): llama.cpp's `llama-server` closes the connection after every
 //! streamed answer, so without it every streamed request would first wait for a fresh one.
+//!
+//! Every request to the engine — runs, probes, `/props`, the lifecycle's calls, the
+//! connection opened ahead — is sent by one function ([`Upstream::send`]) under one rule: a
+//! kept-alive connection is dropped from the pool before the engine would close it
+//! ([`POOL_IDLE`]), and a request that fails on a reused connection before any byte of an
+//! answer came back goes again at once on a fresh one. Only a failure of that second send,
+//! a refused connection or a timeout is the engine's.
 
 use std::collections::BTreeMap;
 use std::error::Error as _;
@@ -31,13 +38,25 @@ const MAX_ERROR_BODY: usize = 64 * 1024;
 /// The most of a whole (non-streamed) answer accepted: embeddings of a large batch.
 pub const MAX_WHOLE_BODY: usize = 256 * 1024 * 1024;
 
+/// A probe (or a connection opened ahead) that took longer than `probe_timeout_ms`.
+const PROBE_LATE: UpstreamFault = UpstreamFault::Timeout("probe_timeout_ms");
+
 /// The most of a `GET /models` answer read: an engine listing hundreds of models.
 const MAX_MODEL_LIST: usize = MAX_ERROR_BODY * 16;
+
+/// How long an idle kept-alive connection stays in the pool: shorter than any engine keeps
+/// one (`llama-server`'s cpp-httplib and vLLM's uvicorn close theirs after 5 s), so a
+/// request rarely meets a connection the engine is closing (docs/node.md, "Connections to
+/// the engine").
+pub const POOL_IDLE: Duration = Duration::from_secs(3);
 
 /// An engine's HTTP endpoint.
 #[derive(Clone)]
 pub struct Upstream {
     client: reqwest::Client,
+    /// The same client keeping no connection: the second send of a request whose reused
+    /// connection the engine had closed goes on a connection of its own.
+    fresh: reqwest::Client,
     base_url: String,
     api_key: Option<String>,
     idle_timeout: Duration,
@@ -98,14 +117,22 @@ impl Upstream {
         api_key: Option<String>,
         timeouts: Timeouts,
     ) -> Result<Self, String> {
-        let client = client_builder(tls_ca)?
-            .connect_timeout(timeouts.connect)
-            .tcp_nodelay(true)
-            .pool_idle_timeout(Duration::from_secs(30))
-            .build()
-            .map_err(|error| format!("cannot build the HTTP client: {error}"))?;
+        let build = |pooled: bool| -> Result<reqwest::Client, String> {
+            let builder = client_builder(tls_ca)?
+                .connect_timeout(timeouts.connect)
+                .tcp_nodelay(true);
+            let builder = if pooled {
+                builder.pool_idle_timeout(POOL_IDLE)
+            } else {
+                builder.pool_max_idle_per_host(0)
+            };
+            builder
+                .build()
+                .map_err(|error| format!("cannot build the HTTP client: {error}"))
+        };
         Ok(Self {
-            client,
+            client: build(true)?,
+            fresh: build(false)?,
             base_url: base_url.to_owned(),
             api_key,
             idle_timeout: timeouts.idle,
@@ -144,27 +171,13 @@ impl Upstream {
     async fn post_to(&self, url: String, body: &Value) -> Result<reqwest::Response, UpstreamFault> {
         // This request takes the connection opened ahead, if one waits.
         self.spare.store(false, Ordering::Release);
-        let send = || {
-            let mut request = self.client.post(&url).json(body);
-            if let Some(key) = &self.api_key {
-                request = request.bearer_auth(key);
-            }
-            tokio::time::timeout(self.idle_timeout, request.send())
-        };
-        let answer = match send().await {
-            // A kept-alive connection the engine had closed meanwhile (llama-server closes
-            // the connection after every streamed answer, and its close can cross the
-            // next request): the engine never saw the request, so it goes again at once,
-            // on a fresh connection. Not counted against `max_retries`.
-            Ok(Err(error)) if closed_before_answer(&error) => {
-                tracing::debug!(error = %error, "the engine closed a kept-alive connection; sending again");
-                send().await
-            }
-            answer => answer,
-        };
-        let response = answer
-            .map_err(|_| UpstreamFault::Timeout("no answer before idle_timeout_ms"))?
-            .map_err(fault_of)?;
+        let response = self
+            .send(
+                |client| client.post(&url).json(body),
+                self.idle_timeout,
+                UpstreamFault::Timeout("no answer before idle_timeout_ms"),
+            )
+            .await?;
         let status = response.status();
         if status.is_success() {
             return Ok(response);
@@ -178,6 +191,41 @@ impl Upstream {
             status: status.as_u16(),
             body,
         })
+    }
+
+    /// Sends the request `request` builds (on `client`, with the engine's API key added),
+    /// waiting at most `within` for the answer's headers (`late` when they do not come).
+    ///
+    /// The one rule for every request to the engine: a request that fails on a kept-alive
+    /// connection the engine had closed meanwhile, before any byte of an answer came back
+    /// (llama-server closes the connection after every streamed answer and after 5 s idle,
+    /// and its close can cross the next request), never reached the engine, so it goes
+    /// again at once on a fresh connection — not counted against `max_retries`. A refused
+    /// connection, a timeout or a failure of that second send is the fault returned.
+    ///
+    /// # Errors
+    /// `late` after `within`; the connection's fault otherwise.
+    async fn send(
+        &self,
+        request: impl Fn(&reqwest::Client) -> reqwest::RequestBuilder,
+        within: Duration,
+        late: UpstreamFault,
+    ) -> Result<reqwest::Response, UpstreamFault> {
+        let send = |client: &reqwest::Client| {
+            let mut request = request(client);
+            if let Some(key) = &self.api_key {
+                request = request.bearer_auth(key);
+            }
+            tokio::time::timeout(within, request.send())
+        };
+        let answer = match send(&self.client).await {
+            Ok(Err(error)) if closed_before_answer(&error) => {
+                tracing::debug!(%error, "the engine closed a kept-alive connection; sending again on a fresh one");
+                send(&self.fresh).await
+            }
+            answer => answer,
+        };
+        answer.map_err(|_| late)?.map_err(fault_of)
     }
 
     /// The next piece of a response body; `None` at its end.
@@ -240,24 +288,18 @@ impl Upstream {
     /// What [`Upstream::preconnect`] does, awaited: the connection is in the pool when it
     /// returns `Ok`.
     async fn open_connection(&self) -> Result<(), UpstreamFault> {
+        let url = format!("{}/models", self.base_url);
         let open = async {
-            let mut response = self.models_request().send().await.map_err(fault_of)?;
+            let mut response = self
+                .send(|client| client.get(&url), self.probe_timeout, PROBE_LATE)
+                .await?;
             // Whatever the status: an answer read to its end leaves the connection pooled.
             self.read_to_end(&mut response, MAX_MODEL_LIST).await
         };
         tokio::time::timeout(self.probe_timeout, open)
             .await
-            .map_err(|_| UpstreamFault::Timeout("probe_timeout_ms"))?
+            .map_err(|_| PROBE_LATE)?
             .map(drop)
-    }
-
-    /// `GET {base_url}/models`, with the engine's API key.
-    fn models_request(&self) -> reqwest::RequestBuilder {
-        let request = self.client.get(format!("{}/models", self.base_url));
-        match &self.api_key {
-            Some(key) => request.bearer_auth(key),
-            None => request,
-        }
     }
 
     /// The models `GET {base_url}/models` lists, with the context windows it gives.
@@ -301,11 +343,9 @@ impl Upstream {
     /// `GET url` with the engine's API key within `probe_timeout_ms`: the body of a success.
     async fn probe_get(&self, url: String) -> Result<Vec<u8>, UpstreamFault> {
         let probe = async {
-            let mut request = self.client.get(url);
-            if let Some(key) = &self.api_key {
-                request = request.bearer_auth(key);
-            }
-            let mut response = request.send().await.map_err(fault_of)?;
+            let mut response = self
+                .send(|client| client.get(&url), self.probe_timeout, PROBE_LATE)
+                .await?;
             let status = response.status().as_u16();
             let body = self.read_to_end(&mut response, MAX_MODEL_LIST).await?;
             if !(200..300).contains(&status) {
@@ -315,7 +355,7 @@ impl Upstream {
         };
         tokio::time::timeout(self.probe_timeout, probe)
             .await
-            .map_err(|_| UpstreamFault::Timeout("probe_timeout_ms"))?
+            .map_err(|_| PROBE_LATE)?
     }
 }
 
@@ -453,7 +493,7 @@ mod tests {
                     continue;
                 }
                 let answer = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\
-                              Keep-Alive: timeout=5\r\nContent-Length: 2\r\n\r\n{}";
+                              Keep-Alive: timeout=5\r\nContent-Length: 11\r\n\r\n{\"data\":[]}";
                 let _ = reader.get_mut().write_all(answer.as_bytes());
                 let _ = read_request(&mut reader);
                 // Dropped: closed with the second request unanswered.
@@ -481,8 +521,38 @@ mod tests {
                 .await
                 .expect("answered, on a fresh connection when the kept one was closed");
             let body = upstream.read_to_end(&mut response, 64).await.expect("body");
-            assert_eq!(body, b"{}");
+            assert_eq!(body, br#"{"data":[]}"#);
         }
+    }
+
+    #[tokio::test]
+    async fn a_probe_on_a_connection_the_engine_closed_goes_again() {
+        let upstream = upstream_of(engine_closing_kept_connections());
+        for probe in 0..3 {
+            let list = upstream.models().await;
+            assert_eq!(
+                list.map(|list| list.ids),
+                Ok(Vec::new()),
+                "probe {probe}: answered, on a fresh connection when the kept one was closed"
+            );
+        }
+        upstream.open_connection().await.expect("opened ahead");
+        assert!(
+            upstream.get_root("/props").await.is_ok(),
+            "after the connection opened ahead"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_refused_connection_is_the_engine_down_at_once() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = listener.local_addr().expect("address");
+        drop(listener);
+        let fault = upstream_of(addr)
+            .models()
+            .await
+            .expect_err("nothing listens");
+        assert!(matches!(fault, UpstreamFault::Unreachable(_)), "{fault:?}");
     }
 
     /// An engine that closes the connection after answering a `POST`, as `llama-server`

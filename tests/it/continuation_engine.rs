@@ -35,7 +35,7 @@ use crate::admin_support::{ADMIN_KEY, run_until};
 use crate::common::engines::LlamaServer;
 use crate::common::python::client_script;
 use crate::common::{PATIENCE, TestApp};
-use crate::engines_e2e::llama_node;
+use crate::engines_e2e::{llama_node, llama_node_probed_as_shipped};
 use crate::node_support::edge_on;
 use crate::resume::{is_terminal, sunk};
 
@@ -48,6 +48,8 @@ const PROMPT: &str = "Say hello";
 /// The environment of a [`node_process`]: the edge's node address and the node's token.
 const NODE_EDGE_ENV: &str = "EDGE_IT_NODE_EDGE";
 const NODE_TOKEN_ENV: &str = "EDGE_IT_NODE_TOKEN";
+/// Set: a [`node_process`] logs at INFO to its stderr.
+const NODE_LOG_ENV: &str = "EDGE_IT_NODE_LOG";
 
 /// Not a test: the body of the node processes [`NodeProcess::spawn`] starts (this binary,
 /// run again with `--ignored --exact` and the environment naming the edge and token). Run
@@ -59,6 +61,13 @@ fn node_process() {
     else {
         return;
     };
+    if std::env::var_os(NODE_LOG_ENV).is_some() {
+        tracing_subscriber::fmt()
+            .with_env_filter("info")
+            .with_ansi(false)
+            .with_writer(std::io::stderr)
+            .init();
+    }
     let runtime = tokio::runtime::Runtime::new().expect("a runtime");
     runtime.block_on(async move {
         let mut options = crate::node::NodeOptions::new(edge, token);
@@ -75,8 +84,20 @@ pub(crate) struct NodeProcess(Child);
 
 impl NodeProcess {
     pub(crate) fn spawn(edge: SocketAddr, token: &str) -> Self {
+        Self::start(edge, token, Stdio::null(), false)
+    }
+
+    /// [`NodeProcess::spawn`], the node logging at INFO into the file at `log`.
+    pub(crate) fn spawn_logged(edge: SocketAddr, token: &str, log: &std::path::Path) -> Self {
+        let file = std::fs::File::create(log)
+            .unwrap_or_else(|e| panic!("cannot create {}: {e}", log.display()));
+        Self::start(edge, token, Stdio::from(file), true)
+    }
+
+    fn start(edge: SocketAddr, token: &str, stderr: Stdio, logged: bool) -> Self {
         let binary = std::env::current_exe().expect("the test binary");
-        let child = Command::new(binary)
+        let mut command = Command::new(binary);
+        command
             .args([
                 "continuation_engine::node_process",
                 "--exact",
@@ -87,11 +108,12 @@ impl NodeProcess {
             .env(NODE_TOKEN_ENV, token)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("the node process starts");
-        Self(child)
+            .stderr(stderr)
+            .kill_on_drop(true);
+        if logged {
+            command.env(NODE_LOG_ENV, "1");
+        }
+        Self(command.spawn().expect("the node process starts"))
     }
 
     /// `SIGKILL`, and waits for the process to be gone.
@@ -269,23 +291,45 @@ impl Mode {
     }
 }
 
+/// How the edge and its nodes are tuned for a scenario.
+#[derive(Clone, Copy)]
+enum Tuning {
+    /// Resume off (a killed node's runs are continued at once), probes every 200 ms.
+    Quick,
+    /// What an operator runs: the shipped resume grace (5 s) and the node's default probes
+    /// (every 5 s, which an idle `llama-server` outlasts with its 5 s keep-alive).
+    AsShipped,
+}
+
 /// The edge's config: `node-1` in front of `first`, `node-2` in front of `second` (both the
-/// `llama` adapter's `tiny` target), resume off (a killed node's runs are lost for good),
-/// the file sink at `events`, an admin key for the run's record.
-fn edge_config(first: &str, second: &str, events: &str) -> String {
+/// `llama` adapter's `tiny` target), tuned as `tuning` says, the file sink at `events`, an
+/// admin key for the run's record.
+fn edge_config(first: &str, second: &str, events: &str, tuning: Tuning) -> String {
+    let runs = match tuning {
+        Tuning::Quick => "[runs]\nresume_grace_ms = 0\n",
+        Tuning::AsShipped => "",
+    };
+    let node = |id: &str, token: &str, url: &str| match tuning {
+        Tuning::Quick => llama_node(id, token, url),
+        Tuning::AsShipped => llama_node_probed_as_shipped(id, token, url),
+    };
     format!(
-        "[api]\nkeys = [\"{API_KEY}\"]\n[admin]\nkeys = [\"{ADMIN_KEY}\"]\n\
-         [runs]\nresume_grace_ms = 0\n\
+        "[api]\nkeys = [\"{API_KEY}\"]\n[admin]\nkeys = [\"{ADMIN_KEY}\"]\n{runs}\
          [events]\nsinks = [\"file\"]\n[events.file]\npath = {events:?}\nflush_interval_ms = 20\n\
          {}{}",
-        llama_node("node-1", "token-1", first),
-        llama_node("node-2", "token-2", second),
+        node("node-1", "token-1", first),
+        node("node-2", "token-2", second),
     )
 }
 
 /// The next line the SDK script printed, as JSON (`readopt_engine` reads its script so too).
 pub(crate) async fn next_line(lines: &mut Lines<BufReader<ChildStdout>>) -> Value {
-    let line = tokio::time::timeout(PATIENCE, lines.next_line())
+    next_line_within(lines, PATIENCE).await
+}
+
+/// [`next_line`], waiting at most `patience`.
+async fn next_line_within(lines: &mut Lines<BufReader<ChildStdout>>, patience: Duration) -> Value {
+    let line = tokio::time::timeout(patience, lines.next_line())
         .await
         .expect("the SDK goes on in time")
         .expect("the SDK's stdout reads")
@@ -293,14 +337,33 @@ pub(crate) async fn next_line(lines: &mut Lines<BufReader<ChildStdout>>) -> Valu
     serde_json::from_str(&line).unwrap_or_else(|e| panic!("{line:?} is not JSON: {e}"))
 }
 
-/// The whole scenario for `mode`.
+/// The whole scenario for `mode`, on engines of its own.
 async fn killed_mid_answer(mode: Mode) {
     let (first, second) = tokio::join!(LlamaServer::start(), LlamaServer::start());
-    let gate = Gate::before(&first).await;
+    continued_after_a_kill(&first, &second, mode, Tuning::Quick, Duration::ZERO).await;
+}
+
+/// One streamed `mode` run on `node-1` (in front of `first`, through a gate), whose node is
+/// killed mid-answer `kill_after` once `node-2` (in front of `second`) serves: the run is
+/// finished on `node-2`, nothing repeated at the seam, its record naming both nodes. The
+/// edge and both nodes are new; the engines are the caller's.
+async fn continued_after_a_kill(
+    first: &LlamaServer,
+    second: &LlamaServer,
+    mode: Mode,
+    tuning: Tuning,
+    kill_after: Duration,
+) {
+    let gate = Gate::before(first).await;
     let events_dir = tempfile::tempdir().expect("tempdir");
     let events = events_dir.path().join("events.jsonl");
     let gated_url = format!("http://{}/v1", gate.addr);
-    let config = edge_config(&gated_url, &second.v1_url(), &events.display().to_string());
+    let config = edge_config(
+        &gated_url,
+        &second.v1_url(),
+        &events.display().to_string(),
+        tuning,
+    );
     let app: TestApp = edge_on(&config, SocketAddr::from(([127, 0, 0, 1], 0))).await;
     let node_1 = NodeProcess::spawn(app.node_addr, "token-1");
     app.wait_for_nodes(1).await;
@@ -333,12 +396,14 @@ async fn killed_mid_answer(mode: Mode) {
     }
     // The run is on node-1, held mid-answer by the gate: node-2 arrives, node-1 dies.
     let node_2 = NodeProcess::spawn(app.node_addr, "token-2");
-    app.wait_for_nodes(2).await;
+    serving(&app, "node-2").await;
+    // Not a timing assertion: where the kill falls in node-2's probe period.
+    tokio::time::sleep(kill_after).await;
     node_1.kill().await;
 
     let mut rest = String::new();
     let end = loop {
-        let line = next_line(&mut lines).await;
+        let line = next_line_within(&mut lines, CONTINUATION_PATIENCE).await;
         match line["delta"].as_str() {
             Some(delta) => rest.push_str(delta),
             None => break line,
@@ -349,7 +414,7 @@ async fn killed_mid_answer(mode: Mode) {
         .expect("the SDK ends in time")
         .expect("the SDK's status");
     assert!(status.success(), "the SDK script failed: {status}");
-    let added = mode.continued_by(&second, &prefix).await;
+    let added = mode.continued_by(second, &prefix).await;
     assert!(!added.is_empty(), "the second engine adds something");
     assert_eq!(
         rest, added,
@@ -380,6 +445,28 @@ async fn killed_mid_answer(mode: Mode) {
     app.stop().await;
 }
 
+/// The longest the SDK may wait for the continuation once the node is killed: the shipped
+/// resume grace (5 s) and the second engine's answer, well within.
+const CONTINUATION_PATIENCE: Duration = Duration::from_secs(30);
+
+/// Waits until node `id` is registered and its last availability report serves the
+/// model.
+pub(crate) async fn serving(app: &TestApp, id: &str) {
+    let (adapter, target) = (
+        edge::domain::AdapterName::parse("llama").expect("adapter name"),
+        edge::domain::Target::parse("tiny").expect("target"),
+    );
+    let registry = &app.parts.registry;
+    crate::common::eventually(&format!("{id} serves {MODEL}"), || {
+        registry.get(id).is_some_and(|node| {
+            node.availability
+                .as_ref()
+                .is_some_and(|a| a.serves(&adapter, &target))
+        })
+    })
+    .await;
+}
+
 #[crate::common::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_streamed_chat_whose_node_is_killed_mid_answer_is_finished_by_another_engine() {
     killed_mid_answer(Mode::Chat).await;
@@ -388,4 +475,19 @@ async fn a_streamed_chat_whose_node_is_killed_mid_answer_is_finished_by_another_
 #[crate::common::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_streamed_completion_whose_node_is_killed_mid_answer_is_finished_by_another_engine() {
     killed_mid_answer(Mode::Completion).await;
+}
+
+/// Issue 60 as an operator met it: two `llama-server`s idle past their 5 s keep-alive, the
+/// shipped resume grace and probes, and the serving node killed mid-answer at ten moments
+/// across the other node's 5 s probe period. Each run is finished by the other node: its
+/// probe never took a connection the idle engine had closed for the engine gone, so that
+/// node serves when the grace ends. (The quick tests above probe every 200 ms and continue
+/// at once: they never met the keep-alive boundary.)
+#[crate::common::test(flavor = "multi_thread", worker_threads = 2, deadline_secs = 420)]
+async fn ten_streams_killed_across_the_probe_period_of_idle_engines_are_all_finished() {
+    let (first, second) = tokio::join!(LlamaServer::start(), LlamaServer::start());
+    for run in 0..10u64 {
+        let kill_after = Duration::from_millis(500 * run);
+        continued_after_a_kill(&first, &second, Mode::Chat, Tuning::AsShipped, kill_after).await;
+    }
 }

@@ -54,6 +54,17 @@ fn edge_config(v1_url: &str, settings: &str) -> String {
 /// A `[[nodes]]` block: node `id` (its alias too) with `token`, whose `llama` adapter serves
 /// `tiny` from the engine at `v1_url`, probed every 200 ms, heartbeating every 500 ms.
 pub(crate) fn llama_node(id: &str, token: &str, v1_url: &str) -> String {
+    let quick_probes = "probe_interval_ms = \"200\"\nprobe_down_interval_ms = \"100\"\n";
+    format!(
+        "{}{quick_probes}",
+        llama_node_probed_as_shipped(id, token, v1_url)
+    )
+}
+
+/// [`llama_node`] probed as the node probes by default (every 5 s while the engine is up,
+/// which an idle `llama-server` outlasts with its 5 s keep-alive): the block ends in its
+/// adapter's settings.
+pub(crate) fn llama_node_probed_as_shipped(id: &str, token: &str, v1_url: &str) -> String {
     format!(
         r#"
 [[nodes]]
@@ -69,8 +80,6 @@ targets = ["tiny"]
 [nodes.adapters.settings]
 base_url = "{v1_url}"
 availability = "reachable"
-probe_interval_ms = "200"
-probe_down_interval_ms = "100"
 "#
     )
 }

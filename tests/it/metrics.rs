@@ -64,7 +64,7 @@ for family in text_string_to_metric_families(sys.stdin.read()):
 
 /// Every metric `docs/operations.md` lists, as `prometheus_client` names its family
 /// (counters without `_total`), with its type.
-const DOCUMENTED: [(&str, &str); 48] = [
+const DOCUMENTED: [(&str, &str); 49] = [
     ("edge_nodes_configured", "gauge"),
     ("edge_nodes_draining", "gauge"),
     ("edge_journal_entries_written", "counter"),
@@ -79,6 +79,7 @@ const DOCUMENTED: [(&str, &str); 48] = [
     ("edge_node_links_declared_dead", "counter"),
     ("edge_node_takeovers", "counter"),
     ("edge_node_takeover_refusals", "counter"),
+    ("edge_node_availability_changes", "counter"),
     ("edge_connections_open", "gauge"),
     ("edge_connections_closed", "counter"),
     ("edge_connections_refused", "counter"),
@@ -779,6 +780,12 @@ async fn metrics_after_a_scripted_scenario_count_what_happened() {
             ("other_instance_alive", 0.0),
             ("raced", 0.0),
         ],
+    ));
+    // The mock nodes report no availability: nothing changed, counted from registration.
+    expected.extend(each(
+        "edge_node_availability_changes_total",
+        "node",
+        &[("node-a", 0.0), ("node-b", 0.0)],
     ));
     expected.extend(each(
         "edge_node_disconnects_total",

@@ -20,6 +20,7 @@ use edge::domain::models::{LoadState, ManagedAdapter, ModelAction, TargetLoad};
 use tokio_util::sync::CancellationToken;
 
 use crate::adapters::{AdapterSet, Finding};
+use crate::engine_health::EngineHealth;
 use crate::openai::OpenAiAdapter;
 use crate::openai::errors::UpstreamFault;
 use crate::openai::settings::{Lifecycle, OpenAiSettings};
@@ -243,33 +244,28 @@ pub async fn probe_loop(
     board: &AdapterSet,
     stop: &CancellationToken,
 ) {
-    let mut was_up: Option<bool> = None;
+    let mut health = EngineHealth::new(adapter.name(), "managed engine");
     let mut warned = Vec::new();
     loop {
         let observed = refresh(adapter, engine, board).await;
-        match (&observed, was_up) {
-            (Ok(seen), Some(false) | None) => {
-                let models: Vec<&String> = seen.catalogue.models.keys().collect();
-                tracing::info!(
-                    adapter = adapter.name(),
-                    engine = engine.name(),
-                    capacity = seen.catalogue.capacity,
-                    ?models,
-                    "managed engine is up"
-                );
+        match &observed {
+            Ok(seen) => {
+                if health.up() {
+                    let models: Vec<&String> = seen.catalogue.models.keys().collect();
+                    tracing::info!(
+                        adapter = adapter.name(),
+                        engine = engine.name(),
+                        capacity = seen.catalogue.capacity,
+                        ?models,
+                        "managed engine is up"
+                    );
+                }
             }
-            (Err(fault), Some(true) | None) => {
-                tracing::warn!(
-                    adapter = adapter.name(), engine = engine.name(), %fault,
-                    "managed engine is down: reporting none of its targets"
-                );
-            }
-            _ => {}
+            Err(fault) => health.down(fault),
         }
         if let Ok(seen) = &observed {
             warn_unlisted(adapter, seen, &mut warned);
         }
-        was_up = Some(observed.is_ok());
         let settings = adapter.settings();
         let wait = if observed.is_ok() {
             settings.probe_interval

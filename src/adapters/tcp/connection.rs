@@ -25,7 +25,7 @@ use tracing::{debug, info, warn};
 
 use super::link::LinkSignals;
 use super::server::Shared;
-use crate::domain::{Availability, NodeRecord};
+use crate::domain::{AdapterName, Availability, NodeRecord, Target};
 use crate::hops;
 use crate::ports::{CloseReason, ConnectionId, LastFrame, NodeCommand, ReportedEvent, Role};
 use crate::wire::{EdgeCodec, EdgeFrame, FrameError, NodeFrame};
@@ -76,6 +76,9 @@ pub(super) struct Connection<'a, S> {
     role: watch::Receiver<Role>,
     /// Whether `role` acted when last looked at.
     acting: bool,
+    /// The targets the node's last availability report on this connection served: a report
+    /// serving others is counted as a change (`edge_node_availability_changes_total`).
+    served: Option<Vec<(AdapterName, Target)>>,
 }
 
 /// A registered node's side of the connection, made by the handshake.
@@ -123,6 +126,7 @@ impl<'a, S: NodeIo> Connection<'a, S> {
             commands_written: None,
             role,
             acting,
+            served: None,
         }
     }
 
@@ -406,8 +410,19 @@ impl<'a, S: NodeIo> Connection<'a, S> {
     }
 
     /// Stores what the node reports it can serve now and, if that changed, tells the run
-    /// service (queued runs may fit now).
-    fn availability(&self, record: &NodeRecord, availability: Availability) {
+    /// service (queued runs may fit now); counts a change of the targets served.
+    fn availability(&mut self, record: &NodeRecord, availability: Availability) {
+        let served = availability.pairs();
+        if self
+            .served
+            .as_deref()
+            .is_some_and(|before| before != served)
+        {
+            self.shared.stats.record_availability_change(record.id());
+        }
+        if self.served.as_deref() != Some(served) {
+            self.served = Some(served.to_vec());
+        }
         let deps = &self.shared.deps;
         if deps
             .registry

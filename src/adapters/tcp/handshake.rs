@@ -234,10 +234,7 @@ impl<S: NodeIo> Connection<'_, S> {
                 "took over the node's previous connection"
             );
         }
-        shared
-            .stats
-            .registrations_accepted
-            .fetch_add(1, Ordering::Relaxed);
+        shared.stats.record_registration(record.id());
         info!(node_version = %attempt.node_version, adapters = ?attempt.adapters, "node registered");
         Ok(Session {
             record,

@@ -1,9 +1,11 @@
 //! Counters of the node transport, kept as atomics so the transport knows nothing of the
 //! metrics exporter; the application exports them.
 
+use std::collections::BTreeMap;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::domain::{RegisterRejection, TakeoverReason, TakeoverRefusal};
+use crate::domain::{NodeId, RegisterRejection, TakeoverReason, TakeoverRefusal};
 use crate::ports::CloseReason;
 
 /// What the node transport has done since it started. Every field only grows, except
@@ -29,6 +31,10 @@ pub struct TransportStats {
     disconnects: [AtomicU64; CloseReason::ALL.len()],
     takeovers: [AtomicU64; TakeoverReason::ALL.len()],
     takeover_refusals: [AtomicU64; TakeoverRefusal::ALL.len()],
+    /// By node: reports whose served targets differ from the node's report before on the
+    /// same connection (an engine going down or up, a model loaded or unloaded). Bounded by
+    /// the configured nodes.
+    availability_changes: Mutex<BTreeMap<NodeId, u64>>,
 }
 
 fn index<T: PartialEq>(all: &[T], item: &T) -> usize {
@@ -85,6 +91,35 @@ impl TransportStats {
     /// Registrations refused `ALREADY_CONNECTED` for `refusal`.
     pub fn takeover_refusals(&self, refusal: TakeoverRefusal) -> u64 {
         self.takeover_refusals[index(&TakeoverRefusal::ALL, &refusal)].load(Ordering::Relaxed)
+    }
+
+    /// Counts an accepted registration of `node`, whose availability changes are counted
+    /// from 0 from now on.
+    pub fn record_registration(&self, node: &NodeId) {
+        self.registrations_accepted.fetch_add(1, Ordering::Relaxed);
+        self.count_availability_changes(node, 0);
+    }
+
+    /// Counts a report of `node`'s that changed what it serves.
+    pub fn record_availability_change(&self, node: &NodeId) {
+        self.count_availability_changes(node, 1);
+    }
+
+    fn count_availability_changes(&self, node: &NodeId, more: u64) {
+        let mut changes = self
+            .availability_changes
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        *changes.entry(node.clone()).or_default() += more;
+    }
+
+    /// Each node's reports that changed what it serves, for the nodes that have had one.
+    pub fn availability_changes(&self) -> Vec<(NodeId, u64)> {
+        let changes = self
+            .availability_changes
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        changes.iter().map(|(node, n)| (node.clone(), *n)).collect()
     }
 
     /// Links to registered nodes found dead, by the side that declared it: `edge` — closed

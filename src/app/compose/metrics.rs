@@ -202,7 +202,26 @@ impl Metrics {
                 }
             })
             .build();
+        self.observe_availability(stats);
         self.observe_takeovers(stats);
+    }
+
+    /// Each node's availability changes.
+    fn observe_availability(&self, stats: &Arc<TransportStats>) {
+        let availability = Arc::clone(stats);
+        self.meter
+            .u64_observable_counter("edge_node_availability_changes")
+            .with_description(
+                "Availability reports that changed the targets a node serves, by node (an \
+                 engine down or up again, a model loaded or unloaded): a node whose count keeps \
+                 rising flaps",
+            )
+            .with_callback(move |o| {
+                for (node, changes) in availability.availability_changes() {
+                    o.observe(changes, &[KeyValue::new("node", node.to_string())]);
+                }
+            })
+            .build();
     }
 
     /// Dead links by the side that declared them, takeovers and refused takeovers.
