@@ -6,6 +6,7 @@
 //! reads the client API's model list (`EDGE_API_URL`, `EDGE_API_KEY`).
 
 mod agents;
+mod health;
 mod http;
 mod models;
 mod render;
@@ -19,6 +20,7 @@ use anyhow::Context;
 use clap::{Args, Subcommand};
 use hyper::Method;
 
+pub use health::healthcheck;
 pub use http::AdminClient;
 
 use crate::adapters::admin::views::{

@@ -1,4 +1,4 @@
-//! The `edge` command line: `serve`, `check-config` and `token generate`.
+//! The `edge` command line: `serve`, `check-config`, `healthcheck` and `token generate`.
 
 use std::fmt::Write as _;
 use std::net::SocketAddr;
@@ -9,7 +9,7 @@ use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 
 use super::settings::{LogFormat, Settings};
-use super::{App, logging};
+use super::{App, example_tokens, logging, sd_notify};
 use crate::adapters::file_store::FileNodeStore;
 use crate::adapters::sinks::config::SinkKind;
 use crate::domain::Token;
@@ -33,6 +33,9 @@ enum Command {
         #[arg(long)]
         config: Option<PathBuf>,
     },
+    /// Ask this edge's own `GET /healthz` and exit 0 if it answers 200, else 1 (a
+    /// container's health check; never `/readyz`, which a standby answers 503 by design).
+    Healthcheck(HealthcheckArgs),
     /// Node token helpers.
     Token {
         #[command(subcommand)]
@@ -79,12 +82,30 @@ struct ServeArgs {
     log_format: Option<String>,
 }
 
+#[derive(Debug, Args)]
+struct HealthcheckArgs {
+    /// The URL to ask [default: `/healthz` on the config's `http.listen`, loopback for a
+    /// wildcard address].
+    #[arg(long)]
+    url: Option<String>,
+    /// The config file whose `http.listen` to ask [default: config/edge.toml].
+    #[arg(long, conflicts_with = "url")]
+    config: Option<PathBuf>,
+    /// The CA certificate (PEM) that signed an HTTPS listener's certificate.
+    #[arg(long, env = "EDGE_API_CACERT")]
+    cacert: Option<PathBuf>,
+    /// How long to wait for the answer, in ms.
+    #[arg(long, default_value_t = 5_000)]
+    timeout_ms: u64,
+}
+
 /// Runs the command line; the process exits with the returned code.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Serve(args) => serve(args),
         Command::CheckConfig { config } => check_config(config),
+        Command::Healthcheck(args) => healthcheck(args),
         Command::Token {
             command: TokenCommand::Generate,
         } => {
@@ -111,6 +132,42 @@ fn admin(command: crate::adapters::admin_client::AdminCommand) -> anyhow::Result
         .block_on(crate::adapters::admin_client::run(command))
 }
 
+/// `edge healthcheck`: `GET /healthz` on this edge, on a small runtime of its own.
+fn healthcheck(args: HealthcheckArgs) -> anyhow::Result<()> {
+    let url = match args.url {
+        Some(url) => url,
+        None => health_url(&Settings::load(args.config.as_deref())?),
+    };
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?
+        .block_on(crate::adapters::admin_client::healthcheck(
+            &url,
+            args.cacert.as_deref(),
+            std::time::Duration::from_millis(args.timeout_ms),
+        ))?;
+    println!("healthy: {url}");
+    Ok(())
+}
+
+/// `/healthz` on `http.listen`, asked on loopback when the edge listens on every address.
+fn health_url(settings: &Settings) -> String {
+    let mut address = settings.http.listen;
+    if address.ip().is_unspecified() {
+        address.set_ip(match address {
+            SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
+            SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
+        });
+    }
+    let scheme = if settings.http.tls.is_some() {
+        "https"
+    } else {
+        "http"
+    };
+    format!("{scheme}://{address}/healthz")
+}
+
 fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let mut settings = Settings::load(args.config.as_deref())?;
     if let Some(listen) = args.listen {
@@ -125,6 +182,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     if let Some(dir) = args.data_dir {
         settings.data_dir = dir;
     }
+    example_tokens::refuse_off_loopback(&settings.source, settings.server.listen)?;
     if let Some(level) = args.log_level {
         settings.log.level = level;
     }
@@ -154,6 +212,16 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let served = runtime.block_on(async move {
         let app = App::build(settings).await?;
         let parts = app.parts();
+        // Under systemd (`Type=notify`): started once the listeners are bound, stopping
+        // when a graceful stop begins, whatever began it.
+        sd_notify::notify(sd_notify::READY);
+        tokio::spawn({
+            let stop = parts.stop.clone();
+            async move {
+                stop.cancelled().await;
+                sd_notify::notify(sd_notify::STOPPING);
+            }
+        });
         tokio::spawn(stop_on_signal(parts.stop.clone()));
         if args.console {
             tokio::spawn(parts.console(tokio::io::stdin(), tokio::io::stdout()));
@@ -203,6 +271,7 @@ fn check_config(path: Option<PathBuf>) -> anyhow::Result<()> {
     let settings = Settings::load(path.as_deref())?;
     let store = FileNodeStore::load_from_config(&settings.source)?;
     super::model_policies(&settings, &store)?;
+    example_tokens::refuse_off_loopback(&settings.source, settings.server.listen)?;
     print!("{}", summary(&settings, &store));
     Ok(())
 }

@@ -10,10 +10,12 @@
 mod admin;
 pub mod cli;
 mod cluster;
+mod example_tokens;
 pub(crate) mod identity;
 pub mod logging;
 pub(crate) mod metrics;
 mod nats_metrics;
+mod sd_notify;
 pub mod settings;
 pub mod telemetry;
 
