@@ -15,17 +15,30 @@ use edge_node::{BufferLimits, NodeOptions, TlsOptions};
 use tokio_util::sync::CancellationToken;
 
 #[derive(Debug, Parser)]
-#[command(about = "The reference node: puts OpenAI-compatible engines behind an edge")]
+#[command(
+    version,
+    about = "The reference node: puts OpenAI-compatible engines behind an edge"
+)]
 struct Args {
     /// The edge's node address (HOST:PORT), or the node addresses of a site's members,
     /// comma-separated (A,B[,C]): the node finds the one that acts.
     #[arg(long, env = "EDGE_NODE_EDGE", default_value = "127.0.0.1:7100")]
     edge: String,
     /// The node's pre-shared token (better: the EDGE_NODE_TOKEN environment variable).
-    #[arg(long, env = "EDGE_NODE_TOKEN", hide_env_values = true)]
-    token: String,
+    #[arg(
+        long,
+        env = "EDGE_NODE_TOKEN",
+        hide_env_values = true,
+        required_unless_present = "token_file",
+        conflicts_with = "token_file"
+    )]
+    token: Option<String>,
+    /// A file holding the node's token (its first line), such as a Kubernetes Secret's key
+    /// mounted as a file; instead of --token.
+    #[arg(long, env = "EDGE_NODE_TOKEN_FILE", value_name = "PATH")]
+    token_file: Option<PathBuf>,
     /// The node id to claim (empty: let the token decide).
-    #[arg(long, default_value = "")]
+    #[arg(long, env = "EDGE_NODE_ID", default_value = "")]
     node_id: String,
     /// Speak TLS, trusting the CA certificates in this PEM file.
     #[arg(long, value_name = "PATH")]
@@ -100,7 +113,7 @@ fn options(args: Args) -> Result<NodeOptions, String> {
             })
         }
     };
-    let mut options = NodeOptions::new(args.edge, args.token);
+    let mut options = NodeOptions::new(args.edge, token(args.token, args.token_file.as_deref())?);
     if options.edges().is_empty() {
         return Err("--edge names no address".to_owned());
     }
@@ -130,6 +143,25 @@ fn options(args: Args) -> Result<NodeOptions, String> {
     Ok(options)
 }
 
+/// The token: `--token`, or the first line of `--token-file` (never echoed).
+fn token(token: Option<String>, file: Option<&std::path::Path>) -> Result<String, String> {
+    let (token, source) = match (token, file) {
+        (Some(token), _) => (token, "--token".to_owned()),
+        (None, Some(path)) => {
+            let text = std::fs::read_to_string(path).map_err(|error| {
+                format!("cannot read the token file {}: {error}", path.display())
+            })?;
+            let first = text.lines().next().unwrap_or_default().trim().to_owned();
+            (first, format!("the token file {}", path.display()))
+        }
+        (None, None) => return Err("give the node's token: --token or --token-file".to_owned()),
+    };
+    if token.is_empty() {
+        return Err(format!("{source} holds no token"));
+    }
+    Ok(token)
+}
+
 /// `--thread-slice-us`: 0, or a slice Linux grants (100 µs to 100 ms).
 fn thread_slice_us(value: &str) -> Result<u64, String> {
     let us: u64 = value.parse().map_err(|error| format!("{error}"))?;
@@ -139,8 +171,10 @@ fn thread_slice_us(value: &str) -> Result<u64, String> {
 fn init_logs(format: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // Colours only on a terminal: under systemd stderr is the journal.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
     if format == "json" {
         builder.json().init();
@@ -264,6 +298,30 @@ mod tests {
         let site = options_of("10.0.0.1:7100,10.0.0.2:7100").expect("valid");
         assert_eq!(site.edges(), ["10.0.0.1:7100", "10.0.0.2:7100"]);
         assert!(options_of(" , ").is_err());
+    }
+
+    #[test]
+    fn the_token_comes_from_the_flag_or_the_first_line_of_a_file() {
+        let dir = std::env::temp_dir().join(format!("edge-node-token-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("a temporary directory");
+        let file = dir.join("gpu-box-1");
+        std::fs::write(&file, "s3cret-token\n").expect("the token file");
+        let parsed = |argv: &[&str]| {
+            Args::try_parse_from([&["edge-node"], argv].concat()).map_err(|e| e.to_string())
+        };
+        let from_file = parsed(&["--token-file", file.to_str().expect("utf-8")]).expect("parsed");
+        assert_eq!(options(from_file).expect("valid").token, "s3cret-token");
+        let from_flag = parsed(&["--token", "t", "--node-id", "gpu-box-1"]).expect("parsed");
+        assert_eq!(from_flag.node_id, "gpu-box-1");
+        assert_eq!(options(from_flag).expect("valid").token, "t");
+        // One of the two, never both; an empty file is no token.
+        assert!(parsed(&["--token", "t", "--token-file", "x"]).is_err());
+        std::fs::write(&file, "\n").expect("the token file");
+        let empty = parsed(&["--token-file", file.to_str().expect("utf-8")]).expect("parsed");
+        assert!(options(empty).is_err_and(|e| e.contains("holds no token")));
+        let missing = parsed(&["--token-file", "/nonexistent/edge-node-token"]).expect("parsed");
+        assert!(options(missing).is_err_and(|e| e.contains("cannot read the token file")));
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
