@@ -63,7 +63,7 @@ ARCHIVE=$NAME.tar.gz
 # The same bytes for the same inputs: sorted names, no owners, the last commit's time.
 EPOCH=${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct 2>/dev/null || date +%s)}
 tar --sort=name --owner=0 --group=0 --numeric-owner --mtime="@$EPOCH" \
-    -C "$STAGE" -cf - "$NAME" | gzip -n -9 > "$OUT/$ARCHIVE.part"
+    -C "$STAGE" -cf - "$NAME" | gzip -n > "$OUT/$ARCHIVE.part"
 mv "$OUT/$ARCHIVE.part" "$OUT/$ARCHIVE"
 # SHA256SUMS lists every archive in OUT; this one's line is replaced.
 cd "$OUT"
