@@ -46,6 +46,7 @@ mod run_state_machine;
 mod admin_support;
 mod api_support;
 mod node_support;
+mod packaging_support;
 mod site_support;
 
 mod admin_api;
@@ -91,6 +92,7 @@ mod node_link;
 mod node_reconnect;
 mod openai_python;
 mod otlp;
+mod packaging;
 mod protocol_v1;
 mod readme;
 mod readopt;
