@@ -287,6 +287,12 @@ async fn the_debian_packages_install_serve_a_chat_as_their_units_and_an_upgrade_
              [nodes.adapters.settings]\nbase_url = \"{}\"\navailability = \"reachable\"\n",
             engine.v1_url()
         );
+    for port in [node_port, http_port, admin_port] {
+        assert!(
+            edited.contains(&format!("127.0.0.1:{port}\"")),
+            "port {port} set"
+        );
+    }
     std::fs::write(&config_path, &edited).expect("edit the config");
     let env_path = root.path("/etc/edge/node.env");
     let node_env = std::fs::read_to_string(&env_path)
@@ -299,7 +305,11 @@ async fn the_debian_packages_install_serve_a_chat_as_their_units_and_an_upgrade_
             "EDGE_NODE_TOKEN=example-token-CHANGE-ME",
             &format!("EDGE_NODE_TOKEN={token}"),
         );
-    assert!(node_env.contains(&token), "node.env has the token line");
+    assert!(
+        node_env.contains(&format!("EDGE_NODE_TOKEN={token}"))
+            && node_env.contains(&format!("EDGE_NODE_EDGE=127.0.0.1:{node_port}")),
+        "node.env has the edge's address and the token: {node_env}"
+    );
     std::fs::write(&env_path, node_env).expect("edit node.env");
 
     // Both services as their units start them; the edge says when it is ready.
