@@ -5,25 +5,36 @@
 //! keeps the connected ones in a registry, routes runs addressed as `adapter + target` to
 //! them, and relays the events they stream back to event sinks and to the caller.
 //!
-//! The crate is hexagonal (`docs/architecture.md` draws it):
+//! The crate is hexagonal (`docs/architecture.md` draws it); the arrows point inward, and
+//! `tests/it/layout.rs` checks them, with no import circle among the parts of any folder:
 //!
 //! - [`domain`] — the pure core: validated names and node records, the registration
-//!   policy, node selection, the run state machine. No I/O, no clock, no protobuf.
+//!   policy, routing (selection, breakers, the fair queue, limits, budgets), the run state
+//!   machine and records, model placement, the site's lease rules. No I/O, no clock, no
+//!   protobuf.
 //! - [`ports`] — the traits around it: outbound (`NodeStore`, `Registry`, `EventSink`,
-//!   `NodeTransport`, `NodeLink`, `RunJournal`) and inbound (`Runs` and `Manage`, what the
-//!   HTTP adapters call; `NodeEventHandler`, what the node transport calls), and the
+//!   `NodeTransport`, `NodeLink`, `RunJournal`, `SiteRole`) and inbound (`Runs` and `Manage`,
+//!   what the HTTP adapters call; `NodeEventHandler`, what the node transport calls), and the
 //!   `Readiness` flag.
-//! - `adapters` — their implementations by technology: `tcp` (the node transport and its
-//!   `Connection`), `lock_registry`, `file_store`, `sinks`, `journal`, `http` (operations
-//!   endpoints, metrics rendering, the OpenAI-compatible and Anthropic APIs, the management
-//!   API), `tls`, and `event_format`, the event line they share.
+//! - `adapters` — their implementations by technology: `tcp` (the node transport), `listen`
+//!   (listening sockets), `lock_registry`, `file_store`, `sinks` (stdout, file, log, NATS),
+//!   `event_format` (the event line they share), `journal` (SQLite), `nats` (what NATS
+//!   clients share), `cluster` (the site's lease and journal stream over JetStream), `tls`,
+//!   `http` (the server and operations endpoints), `api` (the OpenAI, Anthropic and
+//!   Responses APIs and their pure translators), `admin` (`/admin/v1`), `web_console`
+//!   (`/console/`), `stdin_console` (`serve --console`) and `admin_client` (the CLI's client
+//!   of the management API).
 //! - [`wire`] — the protocol's edge: the generated prost types (private), the frame codec,
 //!   the conversions to and from domain frames, and the one mapper from a node record to
 //!   the config a node receives (`wire/config_payload.rs`, the seed's `BuildConfigPayload`).
-//! - `app` — composition (`App::build`), the run and management services, settings, the
-//!   metrics pipeline and the command line.
+//! - `app` — the use-case services, on the domain and the ports only: `runs` (the run
+//!   service), `models` (the model lifecycle), `management`, `drains`, `node_events` (what
+//!   the node transport hears, handed on) and `site` (a member taking over its site); and
+//!   `compose`, the composition root (`App::build`, settings, metrics, logging, the command
+//!   line), the one layer that names adapters.
 //! - [`client`] — the node side of the protocol: the public library the reference node
 //!   (`edge-node`), the mock node, the load generator and the tests are built on.
+//! - [`hops`] — the real path's hop timings, opt-in trace events (decision 34).
 //!
 //! Without the default `server` feature the crate is only the node side of the protocol —
 //! [`client`], [`wire`], [`domain`], [`ports`], [`hops`] — what `edge-node` and the mock node
