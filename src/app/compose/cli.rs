@@ -109,6 +109,7 @@ fn admin(command: crate::adapters::admin_client::AdminCommand) -> anyhow::Result
         .build()
         .context("cannot start the async runtime")?
         .block_on(crate::adapters::admin_client::run(command))
+        .map_err(anyhow::Error::from)
 }
 
 fn serve(args: ServeArgs) -> anyhow::Result<()> {
