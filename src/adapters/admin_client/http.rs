@@ -55,8 +55,9 @@ pub enum AdminClientError {
     },
     /// An `https://` URL without the CA that signed the listener's certificate.
     #[error(
-        "an https {what} URL needs --cacert (or {env}): the CA that signed the {what} listener's certificate",
+        "an https {what} URL needs {flag} (or {env}): the CA that signed the {what} listener's certificate",
         what = .listener.name(),
+        flag = .listener.cacert_flag(),
         env = .listener.cacert_env()
     )]
     NoCaCert {
@@ -156,6 +157,14 @@ impl Listener {
         match self {
             Self::Admin => "management API",
             Self::Api => "API",
+        }
+    }
+
+    /// The command-line flag that names the CA for this listener.
+    fn cacert_flag(self) -> &'static str {
+        match self {
+            Self::Admin => "--cacert",
+            Self::Api => "--api-cacert",
         }
     }
 

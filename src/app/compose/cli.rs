@@ -1,6 +1,7 @@
 //! The `edge` command line: `serve`, `check-config` and `token generate`.
 
 use std::fmt::Write as _;
+use std::io::Write as _;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -96,7 +97,8 @@ pub fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
-            eprintln!("edge: {error:#}");
+            // A closed standard error must not panic the command: the exit code still says.
+            let _ = writeln!(std::io::stderr(), "edge: {error:#}");
             ExitCode::FAILURE
         }
     }
