@@ -15,7 +15,7 @@
 //! streamed answer, so without it every streamed request would first wait for a fresh one.
 //!
 //! Every request to the engine — runs, probes, `/props`, the lifecycle's calls, the
-//! connection opened ahead — is sent by one function ([`Upstream::send`]) under one rule: a
+//! connection opened ahead — is sent by one function (`Upstream::send`) under one rule: a
 //! kept-alive connection is dropped from the pool before the engine would close it
 //! ([`POOL_IDLE`]), and a request that fails on a reused connection before any byte of an
 //! answer came back goes again at once on a fresh one. Only a failure of that second send,
