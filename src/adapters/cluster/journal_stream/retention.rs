@@ -38,8 +38,12 @@ impl Inner {
         let restore = sibling(self.journal.path(), "restore");
         let fetched = self.snapshots.fetch(&restore).await;
         let rebuilt = match &fetched {
-            Ok(Some(_)) => self.journal.restore_from(&restore).await,
-            Ok(None) => self.journal.clear().await,
+            Ok(Some(_)) => self
+                .journal
+                .restore_from(&restore)
+                .await
+                .map_err(|e| e.to_string()),
+            Ok(None) => self.journal.clear().await.map_err(|e| e.to_string()),
             Err(error) => Err(error.clone()),
         };
         let _ = tokio::fs::remove_file(&restore).await;
@@ -139,7 +143,11 @@ impl Inner {
     /// Copies the journal to `copy`, and stores it as covering the stream up to the last
     /// batch it holds (the claim, when it holds none of this epoch's).
     async fn copy_and_store(&self, copy: &Path, writer: Writer) -> Result<Covered, String> {
-        let handed = self.journal.snapshot_to(copy).await?;
+        let handed = self
+            .journal
+            .snapshot_to(copy)
+            .await
+            .map_err(|error| error.to_string())?;
         let sequence = if handed <= writer.handed_at_claim {
             writer.claim_seq
         } else {
