@@ -1,6 +1,6 @@
-//! Usage rollups: what runs consumed, summed by API key × model × node × affinity source ×
-//! time bucket, and the questions operators ask of them (which groups, which range, which
-//! bucket size).
+//! Usage: the token counts a node reports for one run, and the rollups of what runs
+//! consumed, summed by API key × model × node × affinity source × time bucket, with the
+//! questions operators ask of them (which groups, which range, which bucket size).
 //!
 //! Pure data and rules: times are milliseconds since the Unix epoch, passed in by callers;
 //! buckets are UTC minutes, hours and days. [`Rollup`] sums the endings of one journal
@@ -9,7 +9,30 @@
 use std::borrow::Cow;
 use std::collections::HashMap;
 
-use super::run::Usage;
+/// Token counts a node reports with a completed run (and, since protocol v1.2, what a
+/// failed or cancelled run produced).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Usage {
+    /// Tokens in the prompt.
+    pub input_tokens: u32,
+    /// Tokens generated.
+    pub output_tokens: u32,
+    /// Prompt tokens the engine served from its cache (part of `input_tokens`).
+    pub cached_input_tokens: u32,
+    /// Generated tokens spent on reasoning (part of `output_tokens`).
+    pub reasoning_tokens: u32,
+}
+
+impl Usage {
+    /// Prompt and generated token counts, with no cache or reasoning detail.
+    pub fn new(input_tokens: u32, output_tokens: u32) -> Self {
+        Self {
+            input_tokens,
+            output_tokens,
+            ..Self::default()
+        }
+    }
+}
 
 /// Milliseconds in a minute, an hour, a day.
 const MINUTE_MS: u64 = 60_000;
