@@ -56,7 +56,8 @@ pub use run_record::{
 pub use selection::NodeSelector;
 pub use stats::{FleetStats, StatsPoint, StatsWindow};
 pub use throttle::RegistrationThrottle;
-pub use token::{Token, TokenDigest};
+pub use token::{DigestError, Token, TokenDigest};
 pub use usage::{
-    Bucket, GroupBy, Rollup, Usage, UsageCounts, UsageGroup, UsageQuery, UsageRow, utc_month,
+    Bucket, GroupBy, GroupByError, Rollup, Usage, UsageCounts, UsageGroup, UsageQuery, UsageRow,
+    utc_month,
 };

@@ -199,8 +199,8 @@ impl GroupBy {
     /// Reads `key,model,node,affinity` (any of them, comma-separated; empty for none).
     ///
     /// # Errors
-    /// The first name that is not one of them.
-    pub fn parse(text: &str) -> Result<Self, String> {
+    /// [`GroupByError::Unknown`] with the first name that is not one of them.
+    pub fn parse(text: &str) -> Result<Self, GroupByError> {
         let mut group = Self::default();
         for name in text.split(',').map(str::trim).filter(|n| !n.is_empty()) {
             match name {
@@ -208,11 +208,26 @@ impl GroupBy {
                 "model" => group.model = true,
                 "node" => group.node = true,
                 "affinity" => group.affinity = true,
-                other => return Err(other.to_owned()),
+                other => {
+                    return Err(GroupByError::Unknown {
+                        name: other.to_owned(),
+                    });
+                }
             }
         }
         Ok(group)
     }
+}
+
+/// A `group_by` list [`GroupBy::parse`] refuses.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum GroupByError {
+    /// A name that is none of the dimensions.
+    #[error("`group_by` takes key, model, node and affinity; {name:?} is none of them")]
+    Unknown {
+        /// The offending name.
+        name: String,
+    },
 }
 
 /// A question about usage.
@@ -370,7 +385,12 @@ mod tests {
             }
         );
         assert_eq!(GroupBy::parse("").unwrap(), GroupBy::default());
-        assert_eq!(GroupBy::parse("key,tenant").unwrap_err(), "tenant");
+        assert_eq!(
+            GroupBy::parse("key,tenant").unwrap_err(),
+            GroupByError::Unknown {
+                name: "tenant".into()
+            }
+        );
     }
 
     #[test]

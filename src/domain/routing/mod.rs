@@ -38,7 +38,7 @@ pub use budget::{BudgetClaim, Budgets, TokenBudget};
 pub use candidates::{Catalog, Filtered, NodeStatus};
 pub use decide::{Decision, RouteContext, RouteRequest, Unroutable, WaitCause, WaitLimits, decide};
 pub use failover::{AttemptEnd, Because, Failover, MaxAttempts, Tried, after_attempt};
-pub use fair_queue::{FairQueue, Priority, QueueFull, TenantKey, Waiter};
+pub use fair_queue::{FairQueue, Priority, PriorityError, QueueFull, TenantKey, Waiter};
 pub use hash::{AffinityKey, KeySource, NodeHash};
 pub use limits::{KeyLimits, LimitPolicy};
 pub use reason::{AffinityOutcome, RouteReason, RouteRule};
