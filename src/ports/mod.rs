@@ -40,12 +40,10 @@ pub use models::{
 pub use node_store::NodeStore;
 pub use noop_journal::NoopJournal;
 pub use readiness::Readiness;
-pub use registry::{
-    AlreadyConnected, ConnectedNode, ConnectionId, LastFrame, NewConnection, Registry,
-};
+pub use registry::{AlreadyConnected, ConnectedNode, LastFrame, NewConnection, Registry};
 pub use runs::{Placed, RunHandle, Runs, StartError, waiting_for};
 pub use site::{ActiveMember, Role, SiteRole, TakeOver};
 pub use transport::{
-    CloseReason, LinkError, ModelCommand, ModelOutcome, NodeCommand, NodeEventHandler, NodeLink,
-    NodeTransport, ReportedEvent, RunAssignment, TransportError,
+    CloseReason, ConnectionId, LinkError, ModelCommand, ModelOutcome, NodeCommand,
+    NodeEventHandler, NodeLink, NodeTransport, ReportedEvent, RunAssignment, TransportError,
 };
