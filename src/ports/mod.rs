@@ -18,6 +18,7 @@ pub mod readiness;
 pub mod registry;
 pub mod runs;
 pub mod site;
+pub mod takeover;
 pub mod transport;
 
 /// The tracing target of spans that exist only to be exported (the API request, the
@@ -44,7 +45,10 @@ pub use registry::{
     AlreadyConnected, ConnectedNode, ConnectionId, LastFrame, NewConnection, Registry,
 };
 pub use runs::{Placed, RunHandle, Runs, StartError, waiting_for};
-pub use site::{ActiveMember, Role, SiteRole, TakeOver};
+pub use site::{ActiveMember, Role, SiteRole};
+pub use takeover::{
+    ClaimError, JournalCache, RebuildError, SiteRuns, SiteStream, TakeOver, TakeOverError,
+};
 pub use transport::{
     CloseReason, LinkError, ModelCommand, ModelOutcome, NodeCommand, NodeEventHandler, NodeLink,
     NodeTransport, ReportedEvent, RunAssignment, TransportError,

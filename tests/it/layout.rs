@@ -367,6 +367,7 @@ fn the_services_build_on_the_domain_and_the_ports_not_on_adapters() {
         "app/drains",
         "app/models",
         "app/node_events",
+        "app/takeover",
     ] {
         // The paths are read at all: each service names the domain or the ports.
         assert!(
@@ -972,7 +973,9 @@ fn untyped_error(code: &str) -> Option<String> {
     }
     let words: Vec<&str> = code.split_whitespace().collect();
     let alias = words.iter().position(|w| *w == "type");
-    if alias.is_some_and(|at| words.get(at + 2) == Some(&"=") && words.get(at + 3) == Some(&"String;")) {
+    if alias
+        .is_some_and(|at| words.get(at + 2) == Some(&"=") && words.get(at + 3) == Some(&"String;"))
+    {
         return Some("a `type … = String`".to_owned());
     }
     None
@@ -1045,7 +1048,10 @@ fn errors_at_the_seams_are_typed() {
 #[crate::common::test]
 fn an_untyped_error_is_found_however_it_is_written() {
     for (code, why) in [
-        ("fn f() -> Result<u32, String> {", Some("an error of type `String`")),
+        (
+            "fn f() -> Result<u32, String> {",
+            Some("an error of type `String`"),
+        ),
         (
             "fn f() -> Result<Vec<(u8, u8)>, Box<dyn std::error::Error>> {",
             Some("an error of type `Box<dyn std::error::Error>`"),
