@@ -1,11 +1,12 @@
 //! The seams between the edge's core and the technology around it.
 //!
 //! Each trait speaks only domain types. Outbound ports (`NodeStore`, `Registry`,
-//! `EventSink`, `NodeTransport`, `RunJournal`) are implemented by adapters in
-//! `crate::adapters` and called by the application in `crate::app`; inbound ports (`Runs`,
-//! `Manage`, `NodeEventHandler`) are implemented by the application and called by the
-//! adapters that take requests and events in (the HTTP APIs, the management API, the node
-//! transport). Tests substitute mockall mocks or fakes.
+//! `EventSink`, `NodeTransport`, `RunJournal`, and a site member's `SiteStream` and
+//! `JournalCache`) are implemented by adapters in `crate::adapters` and called by the
+//! application in `crate::app`; inbound ports (`Runs`, `Manage`, `NodeEventHandler`,
+//! `TakeOver`) are implemented by the application and called by the adapters that take
+//! requests and events in (the HTTP APIs, the management API, the node transport, the
+//! cluster lease). Tests substitute mockall mocks or fakes.
 
 pub mod clock;
 pub mod event_sink;

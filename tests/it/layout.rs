@@ -973,9 +973,7 @@ fn untyped_error(code: &str) -> Option<String> {
     }
     let words: Vec<&str> = code.split_whitespace().collect();
     let alias = words.iter().position(|w| *w == "type");
-    if alias
-        .is_some_and(|at| words.get(at + 2) == Some(&"=") && words.get(at + 3) == Some(&"String;"))
-    {
+    if alias.is_some_and(|at| words.get(at + 2) == Some(&"=") && words.get(at + 3) == Some(&"String;")) {
         return Some("a `type … = String`".to_owned());
     }
     None
@@ -1048,10 +1046,7 @@ fn errors_at_the_seams_are_typed() {
 #[crate::common::test]
 fn an_untyped_error_is_found_however_it_is_written() {
     for (code, why) in [
-        (
-            "fn f() -> Result<u32, String> {",
-            Some("an error of type `String`"),
-        ),
+        ("fn f() -> Result<u32, String> {", Some("an error of type `String`")),
         (
             "fn f() -> Result<Vec<(u8, u8)>, Box<dyn std::error::Error>> {",
             Some("an error of type `Box<dyn std::error::Error>`"),

@@ -1,3 +1,7 @@
+//! The stream's rules case by case, and as properties over any sequence of batches: the
+//! folder applies them in stream order, once each, never one of an older epoch after a
+//! newer one; a member behind the purge rebuilds; a member's message ids never repeat.
+
 use std::collections::HashSet;
 
 use async_nats::HeaderMap;
