@@ -98,12 +98,12 @@ pub trait SiteStream: Send + Sync {
     fn holds_unpublished(&self) -> bool;
 
     /// Replaces this member's journal with the site's newest snapshot (empties it, with
-    /// none) and folds the stream on from there; the stream sequence the snapshot covers.
+    /// none) and folds the stream on from there.
     ///
     /// # Errors
     /// [`RebuildError::Snapshot`] when the snapshot cannot be fetched,
     /// [`RebuildError::Journal`] when the file cannot be replaced (it is then as it was).
-    async fn rebuild(&self) -> Result<u64, RebuildError>;
+    async fn rebuild(&self) -> Result<(), RebuildError>;
 
     /// Makes this member the stream's only writer under `epoch`: waits until its journal
     /// holds every batch in the stream, then appends a claim expecting the stream to end

@@ -380,8 +380,8 @@ impl SiteStream for JournalStream {
         self.inner.unclean.load(Ordering::Acquire)
     }
 
-    async fn rebuild(&self) -> Result<u64, RebuildError> {
-        self.inner.rebuild().await.map(|covered| covered.sequence)
+    async fn rebuild(&self) -> Result<(), RebuildError> {
+        self.inner.rebuild().await.map(|_covered| ())
     }
 
     /// Appends a claim (an empty batch under `epoch`) once caught up, expecting the stream
