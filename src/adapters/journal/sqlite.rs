@@ -25,7 +25,9 @@ use super::snapshot::{Control, SnapshotError, copy_to, remove_with_sidecars};
 use super::usage::read_usage;
 use super::writer::{ReplicaBatch, Replication, Shared, Writer};
 use crate::domain::{RunId, RunQuery, RunRecord, UsageQuery, UsageRow};
-use crate::ports::{JournalEntry, JournalError, JournalStats, RunJournal, StoredEvent};
+use crate::ports::{
+    JournalCache, JournalEntry, JournalError, JournalStats, RunJournal, StoredEvent,
+};
 
 /// The run journal in a SQLite file. Cheap to share behind an `Arc`.
 pub struct SqliteJournal {
@@ -462,6 +464,14 @@ impl RunJournal for SqliteJournal {
                 warn!("the run journal's writer thread ended abnormally");
             }
         }
+    }
+}
+
+/// The file as a member of a site's cache of the site's stream, for its takeover.
+#[async_trait]
+impl JournalCache for SqliteJournal {
+    async fn reload_left_open(&self) -> Result<usize, JournalError> {
+        SqliteJournal::reload_left_open(self).await
     }
 }
 
