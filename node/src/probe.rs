@@ -139,7 +139,6 @@ pub async fn probe_loop(adapter: Arc<OpenAiAdapter>, board: Board, stop: Cancell
     let mut warned = Vec::new();
     loop {
         let listed = adapter.list_models().await;
-        let up = listed.is_ok();
         let available = available_targets(
             adapter.targets(),
             adapter.settings(),
@@ -172,14 +171,9 @@ pub async fn probe_loop(adapter: Arc<OpenAiAdapter>, board: Board, stop: Cancell
         };
         board.report(adapter.name(), finding);
         let settings = adapter.settings();
-        let wait = if up {
-            settings.probe_interval
-        } else {
-            settings.probe_down_interval
-        };
-        tokio::select! {
-            () = tokio::time::sleep(wait) => {}
-            () = stop.cancelled() => return,
+        let (up_every, down_every) = (settings.probe_interval, settings.probe_down_interval);
+        if !health.until_next_probe(up_every, down_every, &stop).await {
+            return;
         }
     }
 }

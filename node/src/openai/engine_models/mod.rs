@@ -292,14 +292,9 @@ pub async fn probe_loop(
             warn_unlisted(adapter, seen, &mut warned);
         }
         let settings = adapter.settings();
-        let wait = if observed.is_ok() {
-            settings.probe_interval
-        } else {
-            settings.probe_down_interval
-        };
-        tokio::select! {
-            () = tokio::time::sleep(wait) => {}
-            () = stop.cancelled() => return,
+        let (up_every, down_every) = (settings.probe_interval, settings.probe_down_interval);
+        if !health.until_next_probe(up_every, down_every, stop).await {
+            return;
         }
     }
 }
