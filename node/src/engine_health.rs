@@ -5,7 +5,9 @@
 
 use std::time::{Duration, Instant};
 
-use crate::openai::errors::UpstreamFault;
+use tokio_util::sync::CancellationToken;
+
+use crate::fault::UpstreamFault;
 
 /// An engine's health between probes.
 #[derive(Debug)]
@@ -40,6 +42,25 @@ impl EngineHealth {
         }
         self.up_since = Some(Instant::now());
         true
+    }
+
+    /// Waits until the next probe is due — `up_every` while the engine is up, `down_every`
+    /// while it is down — or until `stop`. Returns whether to probe again.
+    pub async fn until_next_probe(
+        &self,
+        up_every: Duration,
+        down_every: Duration,
+        stop: &CancellationToken,
+    ) -> bool {
+        let wait = if self.up_since.is_some() {
+            up_every
+        } else {
+            down_every
+        };
+        tokio::select! {
+            () = tokio::time::sleep(wait) => true,
+            () = stop.cancelled() => false,
+        }
     }
 
     /// A probe found the engine down for `fault`: logged when that is news, with how long
@@ -84,6 +105,26 @@ mod tests {
         health.down(&UpstreamFault::Timeout("probe_timeout_ms"));
         assert!(health.up_since.is_none());
         assert!(health.up(), "up again");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_next_probe_waits_the_interval_of_the_engines_state_or_stops() {
+        let (up_every, down_every) = (Duration::from_secs(5), Duration::from_secs(1));
+        let mut health = EngineHealth::new("llama", "engine");
+        let stop = CancellationToken::new();
+        let start = tokio::time::Instant::now();
+        assert!(health.until_next_probe(up_every, down_every, &stop).await);
+        assert_eq!(
+            start.elapsed(),
+            down_every,
+            "never seen up: the down interval"
+        );
+        health.up();
+        let start = tokio::time::Instant::now();
+        assert!(health.until_next_probe(up_every, down_every, &stop).await);
+        assert_eq!(start.elapsed(), up_every, "up: the up interval");
+        stop.cancel();
+        assert!(!health.until_next_probe(up_every, down_every, &stop).await);
     }
 
     #[test]

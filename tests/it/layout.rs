@@ -17,27 +17,52 @@
 
 use std::path::{Path, PathBuf};
 
+/// The workspace's root, where the edge's `Cargo.toml` is.
+fn workspace() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The `src/` folder of the crate `file` is in: the nearest folder above it named `src`.
+fn src_of(file: &Path) -> &Path {
+    file.ancestors()
+        .find(|dir| dir.file_name().is_some_and(|name| name == "src"))
+        .expect("a file under a crate's src/")
+}
+
+/// The edge's own `src/`.
+fn edge_src() -> PathBuf {
+    workspace().join("src")
+}
+
 /// Every `.rs` file under `src/<dir>` (a folder, or a file without its `.rs`), recursively.
 fn sources(dir: &str) -> Vec<PathBuf> {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    sources_in(&edge_src(), dir)
+}
+
+/// Every `.rs` file under `<src>/<dir>` (a folder, or a file without its `.rs`; `""`: all of
+/// `src`), recursively.
+fn sources_in(src: &Path, dir: &str) -> Vec<PathBuf> {
     let file = src.join(format!("{dir}.rs"));
-    let files = if file.is_file() {
+    let files = if !dir.is_empty() && file.is_file() {
         vec![file]
     } else {
         crate::common::rust_files(&src.join(dir))
     };
-    assert!(!files.is_empty(), "no sources under src/{dir}");
+    assert!(
+        !files.is_empty(),
+        "no sources under {}/{dir}",
+        src.display()
+    );
     files
 }
 
 /// The module a file is: `src/app/runs/mod.rs` is `crate::app::runs`.
 fn module_of(file: &Path) -> Vec<String> {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let relative = file.strip_prefix(&src).expect("a file under src/");
+    let relative = file.strip_prefix(src_of(file)).expect("a file under src/");
     let mut module = vec!["crate".to_owned()];
     for part in relative.with_extension("").components() {
         let part = part.as_os_str().to_string_lossy().into_owned();
-        if part != "mod" && part != "lib" {
+        if part != "mod" && part != "lib" && part != "main" {
             module.push(part);
         }
     }
@@ -281,7 +306,7 @@ fn named_paths(file: &Path) -> Vec<(usize, String, bool)> {
 /// `file:line: path` for each path under `src/<dir>` that names one of `modules` (or an
 /// item inside one) itself or through a re-export, test code aside when `skip_tests`.
 fn naming(dir: &str, modules: &[&str], skip_tests: bool) -> Vec<String> {
-    let reexports = reexports();
+    let reexports = reexports(&edge_src());
     let mut found = Vec::new();
     for file in sources(dir) {
         let relative = file
@@ -342,6 +367,7 @@ fn the_services_build_on_the_domain_and_the_ports_not_on_adapters() {
         "app/drains",
         "app/models",
         "app/node_events",
+        "app/takeover",
     ] {
         // The paths are read at all: each service names the domain or the ports.
         assert!(
@@ -471,7 +497,7 @@ fn relative_paths_are_resolved_against_the_module_they_are_in() {
         expand_use("super::{self, Follow}"),
         ["super", "super::Follow"]
     );
-    let reexports = reexports();
+    let reexports = reexports(&edge_src());
     assert!(
         through_reexports("crate::app::runs::RunService::start", &reexports)
             .contains(&"crate::app::runs::service::RunService::start".to_owned()),
@@ -484,14 +510,13 @@ fn relative_paths_are_resolved_against_the_module_they_are_in() {
     );
 }
 
-/// Every re-export in the crate (`pub use …`, any visibility): the path it makes
+/// Every re-export in the crate whose sources are `src` (`pub use …`, any visibility): the path it makes
 /// (`crate::app::runs::RunService`) and the path it names
 /// (`crate::app::runs::service::RunService`). A rename (`as`) is read as the name it
 /// renames.
-fn reexports() -> Vec<(String, String)> {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+fn reexports(src: &Path) -> Vec<(String, String)> {
     let mut found = Vec::new();
-    for file in crate::common::rust_files(&src) {
+    for file in crate::common::rust_files(src) {
         let text = std::fs::read_to_string(&file).expect("a source file");
         let lines = code_lines(&text);
         let here = module_of(&file);
@@ -569,9 +594,8 @@ fn through_reexports(path: &str, reexports: &[(String, String)]) -> Vec<String> 
 }
 
 /// The source file that defines module path `path` or the item it names: the longest
-/// prefix of its segments that is a file (`x.rs` or `x/mod.rs`) under `src/`.
-fn file_of(path: &str) -> Option<PathBuf> {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+/// prefix of its segments that is a file (`x.rs` or `x/mod.rs`) under `src`.
+fn file_of(src: &Path, path: &str) -> Option<PathBuf> {
     let segments: Vec<&str> = path.split("::").skip(1).collect();
     (1..=segments.len()).rev().find_map(|len| {
         let module = segments[..len].join("/");
@@ -625,25 +649,25 @@ fn is_test_file(file: &Path) -> bool {
     })
 }
 
-/// The imports among the files under `src/<dir>`, test code aside, as `file → files it
+/// The imports among the files under `<src>/<dir>`, test code aside, as `file → files it
 /// names` (where what it names is defined, through any re-export) and the files of the
 /// modules it declares (a module holds its children). A file naming the root of a module
-/// it is inside (`super::Placer` from `placer/admission.rs`) is a part reaching its own
-/// root, which holds it anyway: that edge is left out, so a circle is one that leaves the
-/// part and comes back.
-fn imports_among(dir: &str) -> std::collections::BTreeMap<PathBuf, Vec<PathBuf>> {
-    let reexports = reexports();
+/// it is inside (`super::Placer` from `placer/admission.rs`, or `x.rs` from `x/y.rs`) is a
+/// part reaching its own root, which holds it anyway: that edge is left out, so a circle is
+/// one that leaves the part and comes back.
+fn imports_among(src: &Path, dir: &str) -> std::collections::BTreeMap<PathBuf, Vec<PathBuf>> {
+    let reexports = reexports(src);
     let mut graph = std::collections::BTreeMap::new();
-    for file in sources(dir).into_iter().filter(|f| !is_test_file(f)) {
+    for file in sources_in(src, dir)
+        .into_iter()
+        .filter(|f| !is_test_file(f))
+    {
         let mut names: Vec<PathBuf> = named_paths(&file)
             .into_iter()
             .filter(|(_, _, in_test)| !in_test)
-            .filter_map(|(_, path, _)| file_of(through_reexports(&path, &reexports).last()?))
+            .filter_map(|(_, path, _)| file_of(src, through_reexports(&path, &reexports).last()?))
             .filter(|named| *named != file)
-            .filter(|named| {
-                let root = named.parent().filter(|_| named.ends_with("mod.rs"));
-                !root.is_some_and(|root| file.starts_with(root))
-            })
+            .filter(|named| !file.starts_with(part_of(named)))
             .filter(|named| !is_test_file(named))
             .collect();
         names.extend(children_of(&file).into_iter().filter(|f| !is_test_file(f)));
@@ -652,6 +676,18 @@ fn imports_among(dir: &str) -> std::collections::BTreeMap<PathBuf, Vec<PathBuf>>
         graph.insert(file, names);
     }
     graph
+}
+
+/// The folder of the part whose root is `file`: its own folder for a `mod.rs`, `lib.rs` or
+/// `main.rs`, the folder of its children for any other (`x/` for `x.rs`).
+fn part_of(file: &Path) -> PathBuf {
+    let is_root = ["mod.rs", "lib.rs", "main.rs"]
+        .iter()
+        .any(|root| file.ends_with(root));
+    match file.parent() {
+        Some(parent) if is_root => parent.to_path_buf(),
+        _ => file.with_extension(""),
+    }
 }
 
 /// The files of the modules `file` declares (`mod x;`).
@@ -713,9 +749,170 @@ fn a_circle(graph: &std::collections::BTreeMap<PathBuf, Vec<PathBuf>>) -> Option
         .find_map(|file| visit(file, graph, &mut Vec::new(), &mut done))
 }
 
+/// Every circle of imports in `graph`: its strongly connected parts of more than one file
+/// (Tarjan's algorithm), each sorted, in the order of their first file.
+fn circles(graph: &std::collections::BTreeMap<PathBuf, Vec<PathBuf>>) -> Vec<Vec<PathBuf>> {
+    use std::collections::BTreeMap;
+    /// The walk's state: each file's visit number and lowest reachable number, the stack.
+    #[derive(Default)]
+    struct Walk<'a> {
+        number: BTreeMap<&'a PathBuf, usize>,
+        low: BTreeMap<&'a PathBuf, usize>,
+        stack: Vec<&'a PathBuf>,
+        found: Vec<Vec<PathBuf>>,
+    }
+    fn visit<'a>(
+        file: &'a PathBuf,
+        graph: &'a BTreeMap<PathBuf, Vec<PathBuf>>,
+        walk: &mut Walk<'a>,
+    ) {
+        let number = walk.number.len();
+        walk.number.insert(file, number);
+        walk.low.insert(file, number);
+        walk.stack.push(file);
+        for next in graph.get(file).into_iter().flatten() {
+            let Some(next) = graph.get_key_value(next).map(|(key, _)| key) else {
+                continue;
+            };
+            if !walk.number.contains_key(next) {
+                visit(next, graph, walk);
+                let low = walk.low[file].min(walk.low[next]);
+                walk.low.insert(file, low);
+            } else if walk.stack.contains(&next) {
+                let low = walk.low[file].min(walk.number[next]);
+                walk.low.insert(file, low);
+            }
+        }
+        if walk.low[file] == walk.number[file] {
+            let at = walk.stack.iter().rposition(|f| *f == file).unwrap_or(0);
+            let mut part: Vec<PathBuf> = walk.stack.drain(at..).cloned().collect();
+            if part.len() > 1 {
+                part.sort();
+                walk.found.push(part);
+            }
+        }
+    }
+    let mut walk = Walk::default();
+    for file in graph.keys() {
+        if !walk.number.contains_key(file) {
+            visit(file, graph, &mut walk);
+        }
+    }
+    walk.found.sort();
+    walk.found
+}
+
+/// The crates whose files may import each other only without a circle: the edge, the
+/// reference node and the mock node. The load generator (`loadgen/`) is exempt: a
+/// benchmark driver installed nowhere, whose rigs and their shared driver call each other
+/// by design (`api` runs the shared-core rig, which drives `api`'s load).
+const CRATES_WITHOUT_CIRCLES: [&str; 3] = ["src", "node/src", "mock_node/src"];
+
+/// The imports among the parts of `folder`, from the crate's file graph `files`: a part is
+/// a file directly in it, or one of its subfolders together with the file that declares it
+/// (`x.rs` and `x/`, named `x`); part A imports part B when a file of A imports a file of B.
+fn parts_of(
+    folder: &Path,
+    files: &std::collections::BTreeMap<PathBuf, Vec<PathBuf>>,
+) -> std::collections::BTreeMap<PathBuf, Vec<PathBuf>> {
+    let part = |file: &Path| -> Option<PathBuf> {
+        let first = file.strip_prefix(folder).ok()?.components().next()?;
+        Some(folder.join(Path::new(first.as_os_str()).with_extension("")))
+    };
+    let mut parts: std::collections::BTreeMap<PathBuf, Vec<PathBuf>> = Default::default();
+    for (from, to) in files {
+        let Some(from) = part(from) else { continue };
+        let imports = parts.entry(from.clone()).or_default();
+        imports.extend(to.iter().filter_map(|to| part(to)).filter(|to| *to != from));
+        imports.sort();
+        imports.dedup();
+    }
+    parts
+}
+
+/// The folders of a crate's `src`, itself included, that hold its files.
+fn folders(files: &std::collections::BTreeMap<PathBuf, Vec<PathBuf>>) -> Vec<PathBuf> {
+    let mut folders: Vec<PathBuf> = files
+        .keys()
+        .filter_map(|file| file.parent().map(Path::to_path_buf))
+        .collect();
+    folders.sort();
+    folders.dedup();
+    folders
+}
+
+/// `path` relative to the workspace, for messages.
+fn shown(path: &Path) -> String {
+    path.strip_prefix(workspace())
+        .unwrap_or(path)
+        .display()
+        .to_string()
+}
+
+#[crate::common::test]
+fn no_folder_of_the_edge_the_node_or_the_mock_node_has_an_import_circle() {
+    let mut found = Vec::new();
+    for src in CRATES_WITHOUT_CIRCLES {
+        let files = imports_among(&workspace().join(src), "");
+        let edges: usize = files.values().map(Vec::len).sum();
+        assert!(edges > 2, "{src}: the imports were read ({edges} edges)");
+        for folder in folders(&files) {
+            let parts = parts_of(&folder, &files);
+            for circle in circles(&parts) {
+                let ties: Vec<String> = circle
+                    .iter()
+                    .flat_map(|from| {
+                        let to = parts[from].iter().filter(|to| circle.contains(to));
+                        to.map(move |to| format!("    {} → {}", shown(from), shown(to)))
+                    })
+                    .collect();
+                let names: Vec<String> = circle.iter().map(|part| shown(part)).collect();
+                found.push(format!(
+                    "in {}/: {}\n{}",
+                    shown(&folder),
+                    names.join(", "),
+                    ties.join("\n")
+                ));
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "{} import circles (parts of a folder that import each other, through any others; \
+         a part is a file, or a subfolder with the file that declares it):\n{}",
+        found.len(),
+        found.join("\n")
+    );
+}
+
+#[crate::common::test]
+fn the_circle_finder_finds_every_circle_and_only_circles() {
+    let graph: std::collections::BTreeMap<PathBuf, Vec<PathBuf>> = [
+        ("a", vec!["b"]),
+        ("b", vec!["c"]),
+        ("c", vec!["a", "d"]),
+        ("d", vec![]),
+        ("e", vec!["f"]),
+        ("f", vec!["e"]),
+    ]
+    .into_iter()
+    .map(|(file, to)| {
+        (
+            PathBuf::from(file),
+            to.into_iter().map(PathBuf::from).collect(),
+        )
+    })
+    .collect();
+    let found: Vec<Vec<String>> = circles(&graph)
+        .into_iter()
+        .map(|c| c.iter().map(|f| f.display().to_string()).collect())
+        .collect();
+    assert_eq!(found, [vec!["a", "b", "c"], vec!["e", "f"]]);
+}
+
 #[crate::common::test]
 fn the_run_services_files_import_each_other_without_a_circle() {
-    let graph = imports_among("app/runs");
+    let graph = imports_among(&edge_src(), "app/runs");
     let edges: usize = graph.values().map(Vec::len).sum();
     assert!(edges > 20, "the imports were read: {edges} edges");
     let base = Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -728,5 +925,176 @@ fn the_run_services_files_import_each_other_without_a_circle() {
             "an import circle among the run service's files:\n{}",
             files.join("\n → ")
         );
+    }
+}
+
+/// The error type of each `Result<…, E>` in `code`, as written (`String`, `anyhow::Error`).
+fn result_errors(code: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for (at, _) in code.match_indices("Result<") {
+        let before = code[..at].chars().next_back();
+        if before.is_some_and(|c| c.is_alphanumeric() || c == '_') {
+            continue;
+        }
+        let inner = &code[at + "Result<".len()..];
+        let (mut depth, mut last_comma, mut end) = (0, None, None);
+        for (i, c) in inner.char_indices() {
+            match c {
+                '<' | '(' | '[' => depth += 1,
+                '>' if depth == 0 => {
+                    end = Some(i);
+                    break;
+                }
+                '>' | ')' | ']' => depth -= 1,
+                ',' if depth == 0 => last_comma = Some(i),
+                _ => {}
+            }
+        }
+        if let (Some(comma), Some(end)) = (last_comma, end) {
+            found.push(inner[comma + 1..end].trim().to_owned());
+        }
+    }
+    found
+}
+
+/// Why `code` (one signature or line) does not give a typed error, if it does not.
+fn untyped_error(code: &str) -> Option<String> {
+    let untyped = |error: &str| {
+        error == "String"
+            || error.starts_with("Box<dyn")
+            || error.starts_with("anyhow::")
+            || error == "&'static str"
+    };
+    if let Some(error) = result_errors(code).into_iter().find(|e| untyped(e)) {
+        return Some(format!("an error of type `{error}`"));
+    }
+    if code.contains("anyhow::") || code.trim_start().starts_with("use anyhow") {
+        return Some("anyhow".to_owned());
+    }
+    let words: Vec<&str> = code.split_whitespace().collect();
+    let alias = words.iter().position(|w| *w == "type");
+    if alias
+        .is_some_and(|at| words.get(at + 2) == Some(&"=") && words.get(at + 3) == Some(&"String;"))
+    {
+        return Some("a `type … = String`".to_owned());
+    }
+    None
+}
+
+/// Which of `lines` (code only) are test code: the item after each `#[cfg(test)]`, from
+/// that attribute to the brace that closes the item (or its `;`).
+fn test_lines(lines: &[String]) -> Vec<bool> {
+    let mut in_test = vec![false; lines.len()];
+    let mut n = 0;
+    while n < lines.len() {
+        if !lines[n].contains("cfg(test)") {
+            n += 1;
+            continue;
+        }
+        let (mut depth, mut opened, start) = (0_i32, false, n);
+        while n < lines.len() {
+            for c in lines[n].chars() {
+                match c {
+                    '{' => {
+                        depth += 1;
+                        opened = true;
+                    }
+                    '}' => depth -= 1,
+                    _ => {}
+                }
+            }
+            let ended = (opened && depth <= 0) || (!opened && lines[n].contains(';') && n > start);
+            n += 1;
+            if ended {
+                break;
+            }
+        }
+        in_test[start..n].fill(true);
+    }
+    in_test
+}
+
+/// `file:line: why` for each untyped error in the code of `files`, test code aside; with
+/// `public_only`, only in the signatures of `pub` and `pub(crate)` functions.
+fn untyped_errors(files: &[PathBuf], public_only: bool) -> Vec<String> {
+    let mut found = Vec::new();
+    for file in files.iter().filter(|f| !is_test_file(f)) {
+        let text = std::fs::read_to_string(file).expect("a source file");
+        let lines = code_lines(&text);
+        let in_test = test_lines(&lines);
+        let mut n = 0;
+        while n < lines.len() {
+            if in_test[n] {
+                n += 1;
+                continue;
+            }
+            let line = lines[n].trim_start();
+            let public_fn = (line.starts_with("pub fn")
+                || line.starts_with("pub async fn")
+                || line.starts_with("pub(crate) fn")
+                || line.starts_with("pub(crate) async fn"))
+                && !line.contains("pub(super)");
+            let (code, lines_taken) = if public_fn {
+                let end = (n..lines.len())
+                    .find(|&at| lines[at].contains('{') || lines[at].trim_end().ends_with(';'))
+                    .unwrap_or(n);
+                (lines[n..=end].join(" "), end - n + 1)
+            } else {
+                (lines[n].clone(), 1)
+            };
+            if (public_fn || !public_only)
+                && let Some(why) = untyped_error(&code)
+            {
+                found.push(format!("{}:{}: {why}", shown(file), n + 1));
+            }
+            n += lines_taken;
+        }
+    }
+    found
+}
+
+#[crate::common::test]
+fn errors_at_the_seams_are_typed() {
+    let src = edge_src();
+    let mut found = Vec::new();
+    for dir in ["ports", "app", "domain"] {
+        found.extend(untyped_errors(&sources_in(&src, dir), false));
+    }
+    // The composition root is wiring: it may gather its start-up failures with `anyhow`
+    // (style.md: "`anyhow` belongs in `main`, `app` wiring and tests"), never with a
+    // `String`. Decision 54.
+    found.retain(|line| !(line.starts_with("src/app/compose/") && line.ends_with(": anyhow")));
+    found.extend(untyped_errors(&sources_in(&src, "adapters"), true));
+    let node: Vec<PathBuf> = sources_in(&workspace().join("node/src"), "")
+        .into_iter()
+        .filter(|file| !file.ends_with("main.rs"))
+        .collect();
+    found.extend(untyped_errors(&node, false));
+    assert!(
+        found.is_empty(),
+        "{} errors that are not an enum deriving `Error` (in src/ports, src/app, src/domain, \
+         the public functions of src/adapters and the node's library):\n{}",
+        found.len(),
+        found.join("\n")
+    );
+}
+
+#[crate::common::test]
+fn an_untyped_error_is_found_however_it_is_written() {
+    for (code, why) in [
+        (
+            "fn f() -> Result<u32, String> {",
+            Some("an error of type `String`"),
+        ),
+        (
+            "fn f() -> Result<Vec<(u8, u8)>, Box<dyn std::error::Error>> {",
+            Some("an error of type `Box<dyn std::error::Error>`"),
+        ),
+        ("fn f() -> anyhow::Result<()> {", Some("anyhow")),
+        ("type Problem = String;", Some("a `type … = String`")),
+        ("fn f() -> Result<String, ConfigError> {", None),
+        ("fn f() -> io::Result<String> {", None),
+    ] {
+        assert_eq!(untyped_error(code).as_deref(), why, "{code}");
     }
 }

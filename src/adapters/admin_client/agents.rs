@@ -5,12 +5,11 @@
 
 use std::path::PathBuf;
 
-use anyhow::bail;
 use clap::Args;
 use serde::Deserialize;
 
-use super::emit;
 use super::http::{AdminClient, Listener};
+use super::{AdminCommandError, emit};
 
 /// Codex compacts at this share of the window (its own cap is 90 %).
 const CODEX_COMPACT_PERCENT: u64 = 90;
@@ -58,23 +57,18 @@ struct Model {
 /// Prints the settings for `args.model`.
 ///
 /// # Errors
-/// The API cannot be reached or refused, no connected node serves the model, or no window
-/// is known and none was given.
-pub async fn agent_setup(args: AgentSetupArgs) -> anyhow::Result<()> {
+/// [`AdminCommandError::Client`] when the API cannot be reached or refused,
+/// [`AdminCommandError::NotServed`] when no connected node serves the model,
+/// [`AdminCommandError::NoWindow`] when no window is known and none was given,
+/// [`AdminCommandError::Output`] when standard output is closed.
+pub async fn agent_setup(args: AgentSetupArgs) -> Result<(), AdminCommandError> {
     let client = AdminClient::to(Listener::Api, &args.url, args.key, args.cacert.as_deref())?;
     let models: Models = client.get("/v1/models").await?;
     let Some(model) = models.data.into_iter().find(|m| m.id == args.model) else {
-        bail!(
-            "no connected node serves {:?} now (GET /v1/models lists the models that can be used)",
-            args.model
-        );
+        return Err(AdminCommandError::NotServed { model: args.model });
     };
     let Some(window) = model.context_window.or(args.context_window) else {
-        bail!(
-            "no node serving {:?} reported its context window: give it with --context-window \
-             (or set the adapter's `context_window` setting, docs/node.md)",
-            model.id
-        );
+        return Err(AdminCommandError::NoWindow { model: model.id });
     };
     let base = args.url.trim_end_matches('/');
     let mut text = String::new();

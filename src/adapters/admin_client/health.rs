@@ -6,31 +6,58 @@
 use std::path::Path;
 use std::time::Duration;
 
-use anyhow::anyhow;
+use super::http::{AdminClient, AdminClientError, Listener};
 
-use super::http::{AdminClient, Listener};
+/// Why the edge is not healthy, or could not be asked.
+#[derive(Debug, thiserror::Error)]
+pub enum HealthcheckError {
+    /// The URL or the CA is unusable, the edge cannot be reached, or it answered another
+    /// status than `2xx` (the client's error says which).
+    #[error("{url}")]
+    Unhealthy {
+        /// What was asked.
+        url: String,
+        /// Why it failed.
+        #[source]
+        source: AdminClientError,
+    },
+    /// The edge did not answer within the patience.
+    #[error("{url} did not answer within {} ms", .patience.as_millis())]
+    TimedOut {
+        /// What was asked.
+        url: String,
+        /// How long it was given.
+        patience: Duration,
+    },
+}
 
-/// `GET url` (the `/healthz` of an edge's HTTP listener): `Ok` on a `2xx` within `patience`.
+/// `GET url` (the `/healthz` of an edge's HTTP listener; a bare `http://host:port` asks
+/// `/healthz`): `Ok` on a `2xx` within `patience`.
 ///
 /// # Errors
-/// The edge cannot be reached, did not answer within `patience`, or answered another status;
-/// the message says which.
+/// [`HealthcheckError::Unhealthy`] when the edge cannot be reached or answered another
+/// status, [`HealthcheckError::TimedOut`] when it did not answer within `patience`.
 pub async fn healthcheck(
     url: &str,
     cacert: Option<&Path>,
     patience: Duration,
-) -> anyhow::Result<()> {
-    // A bare `http://host:port` asks `/healthz`.
+) -> Result<(), HealthcheckError> {
     let url = if url.trim_end_matches('/').matches('/').count() <= 2 {
         format!("{}/healthz", url.trim_end_matches('/'))
     } else {
         url.to_owned()
     };
-    let url = url.as_str();
-    let client = AdminClient::to(Listener::Api, url, None, cacert)?;
+    let unhealthy = |source| HealthcheckError::Unhealthy {
+        url: url.clone(),
+        source,
+    };
+    let client = AdminClient::to(Listener::Api, &url, None, cacert).map_err(unhealthy)?;
     // The URL's path is the client's prefix: the request asks for it exactly.
-    tokio::time::timeout(patience, client.lines("", |_| {}))
-        .await
-        .map_err(|_| anyhow!("{url} did not answer within {} ms", patience.as_millis()))?
-        .map_err(|error| anyhow!("{url}: {error:#}"))
+    match tokio::time::timeout(patience, client.lines("", |_| {})).await {
+        Ok(answered) => answered.map_err(unhealthy),
+        Err(_) => Err(HealthcheckError::TimedOut {
+            url: url.clone(),
+            patience,
+        }),
+    }
 }

@@ -3,7 +3,9 @@
 //! `edge run show ID`, `edge run events ID`, `edge drain NODE`, `edge resume NODE`,
 //! `edge cancel RUN`, `edge usage`, `edge models [load|unload|events]`. The address and key come from flags or `EDGE_ADMIN_URL`,
 //! `EDGE_ADMIN_KEY` (and `EDGE_ADMIN_CACERT` for HTTPS). Beside them `edge agent-setup`
-//! reads the client API's model list (`EDGE_API_URL`, `EDGE_API_KEY`).
+//! reads the client API's model list (`EDGE_API_URL`, `EDGE_API_KEY`). A command fails with
+//! an [`AdminCommandError`] (the client's own failures are [`AdminClientError`]); what the
+//! process prints and how it exits is the composition root's (`app::compose::cli`).
 
 mod agents;
 mod health;
@@ -16,18 +18,64 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::Context;
 use clap::{Args, Subcommand};
 use hyper::Method;
+use serde::Serialize;
 
 pub use health::healthcheck;
-pub use http::AdminClient;
+pub use http::{AdminClient, AdminClientError};
 
 use crate::adapters::admin::views::{
     CancelView, DrainRequest, NodeList, NodeView, RunList, RunView,
 };
 use crate::adapters::journal::HumanDuration;
 use crate::ports::clock::now_ms;
+
+/// Why an operator command failed.
+#[derive(Debug, thiserror::Error)]
+pub enum AdminCommandError {
+    /// The API could not be reached, refused, or answered something else than it promises.
+    #[error(transparent)]
+    Client(#[from] AdminClientError),
+    /// `edge drain --deadline` is not a duration.
+    #[error("--deadline {value:?} is not a duration such as 10m")]
+    Deadline {
+        /// The flag's value.
+        value: String,
+    },
+    /// `edge models unload --drain-deadline` is neither seconds nor a duration.
+    #[error("--drain-deadline {value:?} is not a number of seconds or a duration such as 10m")]
+    DrainDeadline {
+        /// The flag's value.
+        value: String,
+    },
+    /// `edge agent-setup`: the API's model list does not have the model.
+    #[error(
+        "no connected node serves {model:?} now (GET /v1/models lists the models that can be used)"
+    )]
+    NotServed {
+        /// The model as asked for.
+        model: String,
+    },
+    /// `edge agent-setup`: no node reported the model's context window and none was given.
+    #[error(
+        "no node serving {model:?} reported its context window: give it with --context-window \
+         (or set the adapter's `context_window` setting, docs/node.md)"
+    )]
+    NoWindow {
+        /// The model.
+        model: String,
+    },
+    /// A line of a feed (`edge models events`) is not the event the API promises.
+    #[error("the edge's feed is not the expected JSON")]
+    Feed(#[source] serde_json::Error),
+    /// A request body or the `--json` output cannot be written as JSON.
+    #[error("cannot write JSON")]
+    Json(#[source] serde_json::Error),
+    /// Standard output is closed or full.
+    #[error("cannot write to standard output")]
+    Output(#[source] std::io::Error),
+}
 
 /// Where the management API is and how to open it.
 #[derive(Debug, Clone, Args)]
@@ -166,7 +214,7 @@ pub enum RunCommand {
     },
 }
 
-fn client(connection: &Connection) -> anyhow::Result<AdminClient> {
+fn client(connection: &Connection) -> Result<AdminClient, AdminClientError> {
     AdminClient::new(
         &connection.url,
         connection.key.clone(),
@@ -177,13 +225,18 @@ fn client(connection: &Connection) -> anyhow::Result<AdminClient> {
 /// Runs an operator command, printing to standard output.
 ///
 /// # Errors
-/// The API cannot be reached or refused; the message says why.
-pub async fn run(command: AdminCommand) -> anyhow::Result<()> {
+/// [`AdminCommandError::Client`] when the API cannot be reached or refused (the message
+/// says why); [`AdminCommandError::Deadline`] for a `--deadline` that is not a duration;
+/// from `edge models`, [`AdminCommandError::DrainDeadline`] and [`AdminCommandError::Feed`];
+/// from `edge agent-setup`, [`AdminCommandError::NotServed`] and
+/// [`AdminCommandError::NoWindow`]; [`AdminCommandError::Output`] when standard output is
+/// closed; [`AdminCommandError::Json`] should a view not serialize.
+pub async fn run(command: AdminCommand) -> Result<(), AdminCommandError> {
     match command {
         AdminCommand::Nodes { connection, json } => {
             let list: NodeList = client(&connection)?.get("/admin/v1/nodes").await?;
             if json {
-                emit(&serde_json::to_string_pretty(&list)?)?;
+                emit_json(&list)?;
             } else {
                 emit(render::nodes(&list.nodes, now_ms()).trim_end())?;
             }
@@ -199,13 +252,13 @@ pub async fn run(command: AdminCommand) -> anyhow::Result<()> {
             connection,
         } => {
             let deadline_seconds = deadline
-                .map(|d| {
-                    HumanDuration::parse(&d)
+                .map(|value| {
+                    HumanDuration::parse(&value)
                         .map(|d| d.0.as_secs())
-                        .with_context(|| format!("--deadline {d:?} is not a duration such as 10m"))
+                        .ok_or(AdminCommandError::Deadline { value })
                 })
                 .transpose()?;
-            let body = serde_json::to_vec(&DrainRequest { deadline_seconds })?;
+            let body = json_body(&DrainRequest { deadline_seconds })?;
             let path = format!("/admin/v1/nodes/{}/drain", segment(&node));
             let view: NodeView = client(&connection)?
                 .call(Method::POST, &path, Some(body))
@@ -228,7 +281,7 @@ pub async fn run(command: AdminCommand) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn run_command(command: RunCommand) -> anyhow::Result<()> {
+async fn run_command(command: RunCommand) -> Result<(), AdminCommandError> {
     match command {
         RunCommand::Show {
             id,
@@ -238,7 +291,7 @@ async fn run_command(command: RunCommand) -> anyhow::Result<()> {
             let path = format!("/admin/v1/runs/{}", segment(&id));
             let run: RunView = client(&connection)?.get(&path).await?;
             if json {
-                emit(&serde_json::to_string_pretty(&run)?)?;
+                emit_json(&run)?;
             } else {
                 emit(render::run_details(&run, now_ms()).trim_end())?;
             }
@@ -271,7 +324,7 @@ async fn run_command(command: RunCommand) -> anyhow::Result<()> {
 /// How often `edge runs --follow` asks for changes.
 const FOLLOW_INTERVAL: Duration = Duration::from_secs(1);
 
-async fn runs(args: RunsArgs) -> anyhow::Result<()> {
+async fn runs(args: RunsArgs) -> Result<(), AdminCommandError> {
     let client = client(&args.connection)?;
     let mut query = format!(
         "/admin/v1/runs?state={}&limit={}",
@@ -291,7 +344,7 @@ async fn runs(args: RunsArgs) -> anyhow::Result<()> {
     }
     let list: RunList = client.get(&query).await?;
     if args.json && !args.follow {
-        emit(&serde_json::to_string_pretty(&list)?)?;
+        emit_json(&list)?;
         return Ok(());
     }
     let rows: Vec<Vec<String>> = list
@@ -323,12 +376,22 @@ async fn runs(args: RunsArgs) -> anyhow::Result<()> {
 
 /// Writes `text` and a newline to standard output; a closed output is an error, never a
 /// panic.
-fn emit(text: &str) -> anyhow::Result<()> {
+fn emit(text: &str) -> Result<(), AdminCommandError> {
     use std::io::Write as _;
     let mut out = std::io::stdout().lock();
     writeln!(out, "{text}")
         .and_then(|()| out.flush())
-        .context("cannot write to standard output")
+        .map_err(AdminCommandError::Output)
+}
+
+/// Writes `value` as pretty JSON (the `--json` output).
+fn emit_json(value: &impl Serialize) -> Result<(), AdminCommandError> {
+    emit(&serde_json::to_string_pretty(value).map_err(AdminCommandError::Json)?)
+}
+
+/// `value` as a JSON request body.
+fn json_body(value: &impl Serialize) -> Result<Vec<u8>, AdminCommandError> {
+    serde_json::to_vec(value).map_err(AdminCommandError::Json)
 }
 
 /// `text` made safe as one URL path segment or query value (percent-encoded).

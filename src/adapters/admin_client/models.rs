@@ -2,12 +2,11 @@
 //! an unload on one node (`POST /admin/v1/models/load`, `/unload`), and the feed of loads
 //! and unloads (`GET /admin/v1/models/events`).
 
-use anyhow::Context;
 use clap::{Args, Subcommand};
 use hyper::Method;
 
 use super::render::{age, span, table};
-use super::{Connection, client, emit};
+use super::{AdminCommandError, Connection, client, emit, emit_json, json_body};
 use crate::adapters::admin::views::{
     ModelEventView, ModelList, ModelLoadRequest, ModelStateView, ModelUnloadRequest,
 };
@@ -74,8 +73,11 @@ enum ModelsCommand {
 /// Runs `edge models`.
 ///
 /// # Errors
-/// The API cannot be reached or refused; the message says why.
-pub(super) async fn models(args: ModelsArgs) -> anyhow::Result<()> {
+/// [`AdminCommandError::Client`] when the API cannot be reached or refused (the message
+/// says why), [`AdminCommandError::DrainDeadline`] for a `--drain-deadline` that is not
+/// one, [`AdminCommandError::Feed`] for a feed line that is not an event,
+/// [`AdminCommandError::Output`] when standard output is closed.
+pub(super) async fn models(args: ModelsArgs) -> Result<(), AdminCommandError> {
     match args.command {
         None => list(&args.connection, args.json).await,
         Some(ModelsCommand::Load {
@@ -83,7 +85,7 @@ pub(super) async fn models(args: ModelsArgs) -> anyhow::Result<()> {
             node,
             connection,
         }) => {
-            let body = serde_json::to_vec(&ModelLoadRequest {
+            let body = json_body(&ModelLoadRequest {
                 model,
                 node: node.clone(),
             })?;
@@ -96,10 +98,10 @@ pub(super) async fn models(args: ModelsArgs) -> anyhow::Result<()> {
             connection,
         }) => {
             let drain_deadline_seconds = drain_deadline
-                .map(|d| {
-                    HumanDuration::parse(&d).map(|d| d.0.as_secs()).with_context(|| {
-                        format!("--drain-deadline {d:?} is not a number of seconds or a duration such as 10m")
-                    })
+                .map(|value| {
+                    HumanDuration::parse(&value)
+                        .map(|d| d.0.as_secs())
+                        .ok_or(AdminCommandError::DrainDeadline { value })
                 })
                 .transpose()?;
             let request = ModelUnloadRequest {
@@ -107,7 +109,7 @@ pub(super) async fn models(args: ModelsArgs) -> anyhow::Result<()> {
                 node: node.clone(),
                 drain_deadline_seconds,
             };
-            command(&connection, "unload", serde_json::to_vec(&request)?, &node).await
+            command(&connection, "unload", json_body(&request)?, &node).await
         }
         Some(ModelsCommand::Events {
             follow,
@@ -117,10 +119,10 @@ pub(super) async fn models(args: ModelsArgs) -> anyhow::Result<()> {
     }
 }
 
-async fn list(connection: &Connection, json: bool) -> anyhow::Result<()> {
+async fn list(connection: &Connection, json: bool) -> Result<(), AdminCommandError> {
     let list: ModelList = client(connection)?.get("/admin/v1/models").await?;
     if json {
-        emit(&serde_json::to_string_pretty(&list)?)
+        emit_json(&list)
     } else {
         emit(render(&list.models, now_ms()).trim_end())
     }
@@ -132,7 +134,7 @@ async fn command(
     action: &str,
     body: Vec<u8>,
     node: &str,
-) -> anyhow::Result<()> {
+) -> Result<(), AdminCommandError> {
     let path = format!("/admin/v1/models/{action}");
     let view: ModelStateView = client(connection)?
         .call(Method::POST, &path, Some(body))
@@ -159,7 +161,11 @@ fn outcome(view: &ModelStateView, node: &str) -> String {
 }
 
 /// Prints the feed: its history as a table, or, followed, a row per event as it comes.
-async fn events(connection: &Connection, follow: bool, json: bool) -> anyhow::Result<()> {
+async fn events(
+    connection: &Connection,
+    follow: bool,
+    json: bool,
+) -> Result<(), AdminCommandError> {
     let path = format!("/admin/v1/models/events?format=jsonl&follow={follow}");
     let mut rows: Vec<Vec<String>> = Vec::new();
     let mut failed = None;
@@ -188,12 +194,11 @@ fn event_line(
     json: bool,
     follow: bool,
     rows: &mut Vec<Vec<String>>,
-) -> anyhow::Result<()> {
+) -> Result<(), AdminCommandError> {
     if json {
         return emit(line);
     }
-    let event: ModelEventView =
-        serde_json::from_str(line).context("the edge's feed is not the expected JSON")?;
+    let event: ModelEventView = serde_json::from_str(line).map_err(AdminCommandError::Feed)?;
     let row = event_row(&event, now_ms());
     if follow {
         emit(&row.join("  "))

@@ -4,7 +4,7 @@
 use clap::Args;
 
 use super::render::table;
-use super::{Connection, client, emit, segment};
+use super::{AdminCommandError, Connection, client, emit, emit_json, segment};
 use crate::adapters::admin::views::{UsageCountsView, UsageReport, UsageRowView};
 
 /// `edge usage`.
@@ -35,8 +35,9 @@ pub struct UsageArgs {
 /// Prints the usage `args` ask for.
 ///
 /// # Errors
-/// The API cannot be reached or refused; the message says why.
-pub(super) async fn usage(args: UsageArgs) -> anyhow::Result<()> {
+/// [`AdminCommandError::Client`] when the API cannot be reached or refused (the message
+/// says why), [`AdminCommandError::Output`] when standard output is closed.
+pub(super) async fn usage(args: UsageArgs) -> Result<(), AdminCommandError> {
     let mut query = String::from("/admin/v1/usage?");
     for (name, value) in [
         ("group_by", &args.group_by),
@@ -52,7 +53,7 @@ pub(super) async fn usage(args: UsageArgs) -> anyhow::Result<()> {
         .get(query.trim_end_matches(['&', '?']))
         .await?;
     if args.json {
-        emit(&serde_json::to_string_pretty(&report)?)
+        emit_json(&report)
     } else {
         emit(render(&report).trim_end())
     }

@@ -1,6 +1,7 @@
 //! The `edge` command line: `serve`, `check-config`, `healthcheck` and `token generate`.
 
 use std::fmt::Write as _;
+use std::io::Write as _;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -117,7 +118,8 @@ pub fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
-            eprintln!("edge: {error:#}");
+            // A closed standard error must not panic the command: the exit code still says.
+            let _ = writeln!(std::io::stderr(), "edge: {error:#}");
             ExitCode::FAILURE
         }
     }
@@ -130,6 +132,7 @@ fn admin(command: crate::adapters::admin_client::AdminCommand) -> anyhow::Result
         .build()
         .context("cannot start the async runtime")?
         .block_on(crate::adapters::admin_client::run(command))
+        .map_err(anyhow::Error::from)
 }
 
 /// `edge healthcheck`: `GET /healthz` on this edge, on a small runtime of its own.
