@@ -107,6 +107,13 @@ pub enum HttpClientError {
         #[source]
         source: Box<TlsError>,
     },
+    /// rustls refused the TLS settings of a plain-HTTP engine's client.
+    #[error("cannot set up the HTTP client's TLS: {source}")]
+    Tls {
+        /// Why.
+        #[source]
+        source: rustls::Error,
+    },
     /// `reqwest` refused the client's settings.
     #[error("cannot build the HTTP client: {source}")]
     Build {
@@ -139,9 +146,26 @@ pub fn client_builder(tls_ca: Option<&Path>) -> Result<reqwest::ClientBuilder, H
     Ok(reqwest::Client::builder().tls_backend_preconfigured(tls))
 }
 
+/// A `reqwest` client builder for an `http://` engine: TLS with no trusted root at all (it is
+/// never used), so a machine without CA certificates runs a node in front of a plain-HTTP
+/// engine (the system's trust store is read only for an `https://` one).
+///
+/// # Errors
+/// [`HttpClientError::Tls`] when rustls refuses even that configuration.
+fn plain_http_builder() -> Result<reqwest::ClientBuilder, HttpClientError> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let tls = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|source| HttpClientError::Tls { source })?
+        .with_root_certificates(rustls::RootCertStore::empty())
+        .with_no_client_auth();
+    Ok(reqwest::Client::builder().tls_backend_preconfigured(tls))
+}
+
 impl Upstream {
     /// A client for the engine at `base_url` (up to and including `/v1`); an `https://`
-    /// engine's certificate is checked against `tls_ca`, or the system's CAs without it.
+    /// engine's certificate is checked against `tls_ca`, or the system's CAs without it
+    /// (which are read only then).
     ///
     /// # Errors
     /// As [`client_builder`], and [`HttpClientError::Build`] when `reqwest` refuses the
@@ -152,10 +176,14 @@ impl Upstream {
         api_key: Option<String>,
         timeouts: Timeouts,
     ) -> Result<Self, HttpClientError> {
+        let plain_http = tls_ca.is_none() && !base_url.starts_with("https://");
         let build = |pooled: bool| -> Result<reqwest::Client, HttpClientError> {
-            let builder = client_builder(tls_ca)?
-                .connect_timeout(timeouts.connect)
-                .tcp_nodelay(true);
+            let builder = if plain_http {
+                plain_http_builder()?
+            } else {
+                client_builder(tls_ca)?
+            };
+            let builder = builder.connect_timeout(timeouts.connect).tcp_nodelay(true);
             let builder = if pooled {
                 builder.pool_idle_timeout(POOL_IDLE)
             } else {
