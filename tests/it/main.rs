@@ -70,6 +70,7 @@ mod console;
 mod console_web;
 mod continuation;
 mod continuation_engine;
+mod engine_fakes;
 mod engine_idle;
 mod engines_e2e;
 mod engines_smoke;
