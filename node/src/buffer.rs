@@ -2,7 +2,11 @@
 //! produced, how far they were written on the current connection, and which the edge may
 //! still lack; across runs, the bounds that make a run be given up while disconnected.
 //!
-//! Pure apart from each run's stop channel (a `watch` sender, used without awaiting).
+//! Pure apart from each run's stop channel (a `watch` sender, used without awaiting). The
+//! words of the run table — its limits ([`BufferLimits`]), why a run is not admitted
+//! ([`Refusal`]) or must stop ([`Stop`]), what is unsent ([`Unsent`]) and what resumed
+//! ([`Resumed`]) — are defined here, below the table ([`crate::runs`]), which uses them in
+//! its own API and re-exports them.
 //!
 //! The writer's path costs what it writes, not what is held: runs with events to write
 //! wait in a queue of their own, each run's unsent events are the tail of its held ones, and
@@ -13,11 +17,75 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use edge::client::run_event;
+use edge::client::{NodeFrame, run_event};
 use edge::domain::{ResumeAnswer, ResumeClaim, RunEventKind};
 use tokio::sync::watch;
 
-use super::runs::{BufferLimits, Refusal, Resumed, Stop, Unsent};
+/// What [`Buffers::take_unsent`] (and the run table's `take_unsent`) found.
+#[derive(Debug, Default)]
+pub struct Unsent {
+    /// The frames to write, each run's in order.
+    pub frames: Vec<NodeFrame>,
+    /// Whether any of them ends a run.
+    pub terminal: bool,
+}
+
+/// How the edge's resume answers went.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Resumed {
+    /// Runs re-attached.
+    pub accepted: usize,
+    /// Runs refused (or left unanswered) and forgotten.
+    pub refused: usize,
+}
+
+/// How much a run may buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BufferLimits {
+    /// Unsent events a run may get ahead of the writer while connected before it waits.
+    pub window: usize,
+    /// Sent events each run keeps while connected to an edge that does not acknowledge, to
+    /// send again after a cut (with one that does, everything not yet acknowledged is kept,
+    /// up to `run_events`).
+    pub keep_sent: usize,
+    /// Events one run may hold while disconnected before it is given up.
+    pub run_events: usize,
+    /// Bytes all runs together may hold (roughly) while disconnected.
+    pub total_bytes: usize,
+}
+
+impl Default for BufferLimits {
+    fn default() -> Self {
+        Self {
+            window: 64,
+            keep_sent: 32,
+            run_events: 4_096,
+            total_bytes: 64 * 1024 * 1024,
+        }
+    }
+}
+
+/// Why a run must stop.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Stop {
+    /// The edge cancelled it: answer `cancelled` with this reason.
+    Cancel(String),
+    /// The node is shutting down: answer `cancelled`.
+    Shutdown,
+    /// Drop it without a word: the edge refused its resume, or its buffer overflowed.
+    Forget,
+}
+
+/// Why a run was not admitted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// `max_concurrent_runs` runs are already running.
+    Busy,
+    /// The node is shutting down.
+    Draining,
+    /// A run with this id is already here.
+    Duplicate,
+}
 
 /// What became of an event offered with [`Buffers::push`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -14,9 +14,9 @@ use edge::client::RunAssignment;
 use edge::domain::{FailureClass, RunEventKind};
 use tokio_util::task::TaskTracker;
 
-use super::adapters::{AdapterSet, Lookup};
-use super::openai::OpenAiAdapter;
-use super::runs::{Emitter, Refusal, RunTable, Stop, StopSignal};
+use crate::adapters::{AdapterSet, Lookup};
+use crate::openai::OpenAiAdapter;
+use crate::runs::{Emitter, Refusal, RunTable, Stop, StopSignal};
 
 /// Starts `run`, or refuses it, given at most `max_running` runs at once.
 pub fn start_run(

@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::openai::errors::UpstreamFault;
+use crate::fault::UpstreamFault;
 
 /// An engine's health between probes.
 #[derive(Debug)]

@@ -12,28 +12,37 @@
 //! binary's CLI; the edge's integration tests take this library as a dev-dependency and run
 //! the node in process. Modules:
 //!
+//! Layered top-down; a module imports only from the layers below it (none imports back up,
+//! which `tests/it/layout.rs` checks):
+//!
 //! - [`lifecycle`]: dial, register, reconnect, drain; [`session`]: one connection's reader
-//!   and writer; [`site`]: which member of the edge's site to dial next; [`options`]: the
-//!   node's own settings.
-//! - [`dispatch`]: admit or refuse a run and drive it; [`runs`]: the run table, event
-//!   buffers, flow control and resume claims.
-//! - [`adapters`]: the configured adapters and the availability board; [`probe`]: the
-//!   engine prober; [`engine_health`]: its up and down, logged; [`openai`]: the adapter; [`upstream`]: its HTTP client; [`sse`]: the
-//!   event-stream decoder.
-//! - [`engine_models`]: the model lifecycle of managed adapters: their engines' catalogues
-//!   and the edge's load and unload commands.
+//!   and writer; [`shared`]: the [`shared::Core`] they share; [`site`]: which member of the
+//!   edge's site to dial next; [`options`]: the node's own settings.
+//! - [`dispatch`]: admit or refuse a run and drive it; [`model_commands`]: carry out the
+//!   edge's load and unload commands; [`runs`]: the run table, flow control and resume
+//!   claims, over [`buffer`]: its events and bounds.
+//! - [`adapters`]: the configured adapters, each with its prober; [`probe`]: the engine
+//!   prober.
+//! - [`openai`]: the adapter, with its managed engines' model lifecycle
+//!   ([`openai::engine_models`]: their catalogues and their load and unload verbs).
+//! - [`board`]: the availability board the probers report to; [`engine_health`]: an
+//!   engine's up and down, logged; [`upstream`]: the engine's HTTP client; [`fault`]: what
+//!   goes wrong talking to it; [`sse`]: the event-stream decoder.
 
 pub mod adapters;
+pub mod board;
 pub mod buffer;
 pub mod dispatch;
 pub mod engine_health;
-pub mod engine_models;
+pub mod fault;
 pub mod lifecycle;
+pub mod model_commands;
 pub mod openai;
 pub mod options;
 pub mod probe;
 pub mod runs;
 pub mod session;
+pub mod shared;
 pub mod site;
 pub mod sse;
 pub mod upstream;

@@ -25,11 +25,13 @@ use edge::domain::{Operation, RegisterRejection, ResumeClaim};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::adapters::AdapterSet;
-use super::options::{NodeOptions, host_of};
-use super::runs::{RunTable, Stop};
-use super::session::{self, SessionEnd};
-use super::site::{Dial, EdgeAddresses};
+use crate::adapters::AdapterSet;
+use crate::openai;
+use crate::options::{NodeOptions, host_of};
+use crate::runs::{RunTable, Stop};
+use crate::session::{self, SessionEnd};
+use crate::shared::Core;
+use crate::site::{Dial, EdgeAddresses};
 
 /// The `Shutdown` reason of an edge that stopped acting for its site: its nodes' runs go on
 /// and are claimed on the active member.
@@ -49,28 +51,6 @@ pub enum NodeError {
         /// The edge's explanation.
         message: String,
     },
-}
-
-/// Everything a session and the drain share.
-#[derive(Debug)]
-pub struct Core {
-    /// The node's options.
-    pub options: NodeOptions,
-    /// The runs.
-    pub table: RunTable,
-    /// The adapters and what they serve now.
-    pub adapters: AdapterSet,
-    /// Run tasks and probers.
-    pub tasks: TaskTracker,
-    /// Cancelled once the node has drained (or failed): the session ends, the node returns.
-    pub exit: CancellationToken,
-    /// Cancelled when draining starts.
-    pub draining: CancellationToken,
-    /// This process's instance id, presented on every registration.
-    pub instance_id: String,
-    /// The highest epoch this process has seen from the edges of its site, shared by every
-    /// connection.
-    pub fence: EpochFence,
 }
 
 /// Runs the node until `stop` is cancelled and it has drained.
@@ -117,7 +97,7 @@ async fn drain(core: Arc<Core>, stop: CancellationToken) {
     );
     core.draining.cancel();
     core.table.set_draining();
-    core.adapters.set_draining();
+    core.adapters.board().set_draining();
     if !wait_until(&core.table, core.options.shutdown_grace, |t| {
         t.running() == 0
     })
@@ -277,7 +257,7 @@ async fn register(
         .continuing(true)
         .managing_models(true);
     registration.node_id = core.options.node_id.clone();
-    registration.adapters = vec![super::openai::KIND.to_owned()];
+    registration.adapters = vec![openai::KIND.to_owned()];
     registration.resume = claims.to_vec();
     // Served from the engine's tokenizer, or answered `not_supported` where it has none.
     let registration = registration.operations([Operation::Tokenize, Operation::Detokenize]);

@@ -5,8 +5,9 @@
 //! The mapping is pure ([`available_targets`], and [`unmatched_fix`] for a target the
 //! engine's list does not name); the loop probes at start and every `probe_interval_ms`
 //! (every `probe_down_interval_ms` while the engine is down), reports each result to the
-//! availability board, which tells the edge when the set changes, and warns, naming the
-//! setting that fixes it, when an answering engine lists nothing a configured target maps to.
+//! availability board ([`crate::board`]), which tells the edge when the set changes, and
+//! warns, naming the setting that fixes it, when an answering engine lists nothing a
+//! configured target maps to.
 //! A managed adapter's engine is observed by [`engine_models`] instead, which reads its
 //! catalogue (every model's load state), not only what it lists.
 
@@ -15,11 +16,12 @@ use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
-use super::adapters::{AdapterSet, Finding};
-use super::engine_health::EngineHealth;
-use super::engine_models;
-use super::openai::OpenAiAdapter;
-use super::openai::settings::{AvailabilityMode, OpenAiSettings};
+use crate::board::{Board, Finding};
+use crate::engine_health::EngineHealth;
+use crate::openai::OpenAiAdapter;
+use crate::openai::engine_models;
+use crate::openai::settings::{AvailabilityMode, OpenAiSettings};
+use crate::upstream::same_model;
 
 /// The targets available given the engine's model list (`None`: the engine could not be
 /// asked, so none is).
@@ -91,16 +93,6 @@ fn warn_unmatched(
     *warned = unmatched;
 }
 
-/// Whether the engine's `listed` name is the `wanted` model: equal, or equal but for
-/// Ollama's default `:latest` tag.
-pub fn same_model(listed: &str, wanted: &str) -> bool {
-    let untagged = |name: &'_ str| {
-        name.strip_suffix(":latest")
-            .map_or(name.to_owned(), str::to_owned)
-    };
-    listed == wanted || untagged(listed) == untagged(wanted)
-}
-
 /// The context windows of the `available` targets: each one's setting, else the window the
 /// engine's model list gives its upstream model (vLLM), else `served` (llama-server's own,
 /// asked only when some target needs it); targets with none are left out.
@@ -139,7 +131,7 @@ async fn windows_of(
 
 /// Probes `adapter`'s engine until `stop`, reporting each result to `board` (a managed
 /// engine's catalogue, by [`engine_models::probe_loop`]).
-pub async fn probe_loop(adapter: Arc<OpenAiAdapter>, board: AdapterSet, stop: CancellationToken) {
+pub async fn probe_loop(adapter: Arc<OpenAiAdapter>, board: Board, stop: CancellationToken) {
     if let Some(engine) = adapter.managed() {
         return engine_models::probe_loop(&adapter, engine, &board, &stop).await;
     }
@@ -283,7 +275,7 @@ mod tests {
     fn a_window_setting_must_be_a_number() {
         let mut map = BTreeMap::from([("base_url".to_owned(), "http://h:1/v1".to_owned())]);
         map.insert("context_window.qwen".into(), "big".into());
-        let problem = OpenAiSettings::parse(&map).unwrap_err();
+        let problem = OpenAiSettings::parse(&map).unwrap_err().to_string();
         assert!(problem.contains("`context_window.qwen`"), "{problem}");
     }
 }

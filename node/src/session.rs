@@ -8,7 +8,7 @@
 //! session when the monitor judges the link dead. Acks also tell the run table which events
 //! the edge surely has, so it can stop keeping them. Neither loop owns a run: runs live in
 //! the table and outlive sessions. Model commands run as tasks of their own
-//! ([`engine_models::commands`]) and hand their outcomes to this session's writer, which
+//! ([`model_commands`]) and hand their outcomes to this session's writer, which
 //! sends any availability change first, so the edge hears a target served before it hears
 //! the load that served it is done.
 
@@ -26,10 +26,10 @@ use edge::hops;
 use futures::{SinkExt, StreamExt};
 use tokio::sync::{mpsc, watch};
 
-use super::dispatch::start_run;
-use super::engine_models;
-use super::lifecycle::Core;
-use super::runs::Stop;
+use crate::dispatch::start_run;
+use crate::model_commands;
+use crate::runs::Stop;
+use crate::shared::Core;
 
 /// The most run events written per batch before the writer looks at its other duties.
 const BATCH: usize = 256;
@@ -150,7 +150,7 @@ async fn read_loop(
                 return SessionEnd::EdgeShutdown(reason);
             }
             ReceivedEdgeFrame::Command(NodeCommand::Model(command)) => {
-                engine_models::commands::start(command, core, outcomes);
+                model_commands::start(command, core, outcomes);
             }
             ReceivedEdgeFrame::Registered(_)
             | ReceivedEdgeFrame::Unknown
@@ -172,11 +172,10 @@ async fn write_loop(
         link,
         batch: 0,
     };
-    let mut availability = core.adapters.subscribe();
+    let board = core.adapters.board();
+    let mut availability = board.subscribe();
     // Bounded by the heartbeat interval too: the edge counts silence from registration on.
-    core.adapters
-        .wait_probed(FIRST_PROBE_WAIT.min(interval))
-        .await;
+    board.wait_probed(FIRST_PROBE_WAIT.min(interval)).await;
     let first = availability.borrow_and_update().clone();
     if let Err(error) = writer.heartbeat(Some(first)).await {
         return SessionEnd::Failed(error.to_string());

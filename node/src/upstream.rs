@@ -4,17 +4,18 @@
 //! TLS is rustls with the `ring` provider passed in ([`client_builder`]), so nothing here
 //! depends on a process-wide crypto provider (decision 15).
 //!
-//! Failures come back as [`UpstreamFault`]s for the classification table; nothing here
-//! decides whose fault they are. The API key goes only into the `Authorization` header and
-//! never into an error or a log line. Dropping a [`reqwest::Response`] before its end closes
-//! its connection, which is how a cancelled run tells the engine to stop.
+//! Failures come back as [`UpstreamFault`]s ([`crate::fault`]) for the classification
+//! table; nothing here decides whose fault they are. The API key goes only into the
+//! `Authorization` header and never into an error or a log line. Dropping a
+//! [`reqwest::Response`] before its end closes its connection, which is how a cancelled run
+//! tells the engine to stop.
 //!
 //! After a streamed answer the next request's connection is opened ahead of it
 //! ([`Upstream::preconnect`]): llama.cpp's `llama-server` closes the connection after every
 //! streamed answer, so without it every streamed request would first wait for a fresh one.
 //!
 //! Every request to the engine — runs, probes, `/props`, the lifecycle's calls, the
-//! connection opened ahead — is sent by one function ([`Upstream::send`]) under one rule: a
+//! connection opened ahead — is sent by one function (`Upstream::send`) under one rule: a
 //! kept-alive connection is dropped from the pool before the engine would close it
 //! ([`POOL_IDLE`]), and a request that fails on a reused connection before any byte of an
 //! answer came back goes again at once on a fresh one. Only a failure of that second send,
@@ -28,9 +29,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
+use edge::client::TlsError;
 use serde_json::Value;
 
-use super::openai::errors::UpstreamFault;
+use crate::fault::UpstreamFault;
 
 /// The most of an error body kept for its message.
 const MAX_ERROR_BODY: usize = 64 * 1024;
@@ -87,20 +89,52 @@ pub struct Timeouts {
     pub probe: Duration,
 }
 
+/// Why an engine's HTTP client cannot be built.
+#[derive(Debug, thiserror::Error)]
+pub enum HttpClientError {
+    /// The adapter's `tls_ca` file cannot be read or holds no usable certificate (the TLS
+    /// error names the file).
+    #[error("`tls_ca`: {source}")]
+    TlsCa {
+        /// Why.
+        #[source]
+        source: Box<TlsError>,
+    },
+    /// The system's trust store cannot be loaded.
+    #[error("cannot load the system's CA certificates: {source}")]
+    SystemCas {
+        /// Why.
+        #[source]
+        source: Box<TlsError>,
+    },
+    /// `reqwest` refused the client's settings.
+    #[error("cannot build the HTTP client: {source}")]
+    Build {
+        /// Why.
+        #[source]
+        source: reqwest::Error,
+    },
+}
+
 /// A `reqwest` client builder whose HTTPS trusts the CA certificates in `tls_ca` (PEM), or
 /// the system's when `None`, over rustls with the `ring` provider. Every HTTP client of the
 /// node starts here; a client built any other way would need a process-wide provider.
 ///
 /// # Errors
-/// A message naming the file when `tls_ca` cannot be read or holds no usable certificate,
-/// or when the system's trust store cannot be loaded.
-pub fn client_builder(tls_ca: Option<&Path>) -> Result<reqwest::ClientBuilder, String> {
+/// [`HttpClientError::TlsCa`] when `tls_ca` cannot be read or holds no usable certificate;
+/// [`HttpClientError::SystemCas`] when the system's trust store cannot be loaded.
+pub fn client_builder(tls_ca: Option<&Path>) -> Result<reqwest::ClientBuilder, HttpClientError> {
     let tls = match tls_ca {
         Some(path) => edge::client::tls_client_config(path, None)
             .map(Arc::unwrap_or_clone)
-            .map_err(|error| format!("`tls_ca`: {error}"))?,
-        None => edge::client::platform_client_config()
-            .map_err(|error| format!("cannot load the system's CA certificates: {error}"))?,
+            .map_err(|error| HttpClientError::TlsCa {
+                source: Box::new(error),
+            })?,
+        None => {
+            edge::client::platform_client_config().map_err(|error| HttpClientError::SystemCas {
+                source: Box::new(error),
+            })?
+        }
     };
     Ok(reqwest::Client::builder().tls_backend_preconfigured(tls))
 }
@@ -110,14 +144,15 @@ impl Upstream {
     /// engine's certificate is checked against `tls_ca`, or the system's CAs without it.
     ///
     /// # Errors
-    /// The client builder's error, or why `tls_ca` cannot be used.
+    /// As [`client_builder`], and [`HttpClientError::Build`] when `reqwest` refuses the
+    /// client.
     pub fn new(
         base_url: &str,
         tls_ca: Option<&Path>,
         api_key: Option<String>,
         timeouts: Timeouts,
-    ) -> Result<Self, String> {
-        let build = |pooled: bool| -> Result<reqwest::Client, String> {
+    ) -> Result<Self, HttpClientError> {
+        let build = |pooled: bool| -> Result<reqwest::Client, HttpClientError> {
             let builder = client_builder(tls_ca)?
                 .connect_timeout(timeouts.connect)
                 .tcp_nodelay(true);
@@ -128,7 +163,7 @@ impl Upstream {
             };
             builder
                 .build()
-                .map_err(|error| format!("cannot build the HTTP client: {error}"))
+                .map_err(|source| HttpClientError::Build { source })
         };
         Ok(Self {
             client: build(true)?,
@@ -378,6 +413,16 @@ pub struct ModelList {
     pub ids: Vec<String>,
     /// The windows the list gives, by id.
     pub windows: BTreeMap<String, u32>,
+}
+
+/// Whether the engine's `listed` name is the `wanted` model: equal, or equal but for
+/// Ollama's default `:latest` tag. Both probers read an engine's model names with it.
+pub fn same_model(listed: &str, wanted: &str) -> bool {
+    let untagged = |name: &'_ str| {
+        name.strip_suffix(":latest")
+            .map_or(name.to_owned(), str::to_owned)
+    };
+    listed == wanted || untagged(listed) == untagged(wanted)
 }
 
 /// The context windows an OpenAI model list gives (`max_model_len`, as vLLM lists it), by id.

@@ -12,14 +12,24 @@ use std::io::Write as _;
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
+use serde::Deserialize;
 
 use crate::domain::routing::RouteReason;
 use crate::domain::{EventOrigin, FailureClass, RunEvent, RunEventKind, Usage};
 use crate::ports::FeedEvent;
 
-use super::sinks::config::LineFormat;
-
 mod structured;
+
+/// Which of the two line formats an event is written in (`[events.stdout] format`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LineFormat {
+    /// `run_id node adapter/target kind payload`: [`write_text_line`].
+    #[default]
+    Text,
+    /// One JSON object per line: [`write_json_line`].
+    Json,
+}
 
 /// Appends `event` as one line in `format` (ending with `\n`) to `out`.
 pub fn write_line(format: LineFormat, event: &RunEvent, out: &mut Vec<u8>) {

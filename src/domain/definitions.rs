@@ -302,7 +302,7 @@ fn token_digest(
                 problems.push(DefinitionProblem::InvalidField {
                     at: at.clone(),
                     key: "token_sha256".into(),
-                    reason: reason.into(),
+                    reason: reason.to_string(),
                 });
                 None
             }

@@ -9,9 +9,11 @@ pub mod adoption;
 pub mod continuation;
 pub mod definitions;
 pub mod drain;
+pub mod event;
 pub mod models;
 pub mod names;
 pub mod node;
+pub mod operation;
 pub mod output;
 pub mod registration;
 pub mod resume;
@@ -33,29 +35,29 @@ pub use definitions::{
     validate_definitions,
 };
 pub use drain::{Drain, NodeState};
+pub use event::{EDGE_CRASHED, EdgeFailure, FailureClass, RunEventKind, RunId};
 pub use names::{AdapterName, Alias, EdgeId, NameError, NodeId, Target};
 pub use node::{
     AdapterConfig, AdapterParts, Availability, NodeConfigError, NodeRecord, NodeRecordParts,
     RuntimeConfig, RuntimeParts,
 };
+pub use operation::{DeclaredOperations, Operation};
 pub use output::{Embedding, StructuredOutput, TokenLogprob, ToolCallDelta, TopLogprob};
 pub use registration::{
     LiveConnection, PROTOCOL_VERSION, RegisterAttempt, RegisterRejection, RegistrationDecision,
     TakeoverReason, TakeoverRefusal, decide_registration,
 };
 pub use resume::{ResumeAnswer, ResumeClaim, ResumeRefusal, decide_resume};
-pub use run::{
-    DeclaredOperations, EdgeFailure, EventOrigin, EventVerdict, FailureClass, Operation, RunEvent,
-    RunEventKind, RunId, RunRouting, RunSpec, RunState, Usage,
-};
+pub use run::{EventOrigin, EventVerdict, RunEvent, RunRouting, RunSpec, RunState};
 pub use run_record::{
-    AcceptedRun, Attempt, EDGE_CRASHED, RunCursor, RunEnding, RunOutcome, RunPage, RunQuery,
-    RunRecord, RunStateFilter, merge_page,
+    AcceptedRun, Attempt, RunCursor, RunEnding, RunOutcome, RunPage, RunQuery, RunRecord,
+    RunStateFilter, merge_page,
 };
 pub use selection::NodeSelector;
 pub use stats::{FleetStats, StatsPoint, StatsWindow};
 pub use throttle::RegistrationThrottle;
-pub use token::{Token, TokenDigest};
+pub use token::{DigestError, Token, TokenDigest};
 pub use usage::{
-    Bucket, GroupBy, Rollup, UsageCounts, UsageGroup, UsageQuery, UsageRow, utc_month,
+    Bucket, GroupBy, GroupByError, Rollup, Usage, UsageCounts, UsageGroup, UsageQuery, UsageRow,
+    utc_month,
 };

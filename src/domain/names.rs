@@ -49,7 +49,12 @@ fn is_target_char(c: char) -> bool {
     !c.is_whitespace() && !c.is_control()
 }
 
-fn validate(
+/// Checks `value` as a name of `kind`: 1 to `max` bytes, each character `is_allowed`
+/// (`allowed` says which, for the error).
+///
+/// # Errors
+/// [`NameError::Empty`], [`NameError::TooLong`] or [`NameError::BadCharacter`].
+pub(in crate::domain) fn validate(
     kind: &'static str,
     value: &str,
     max: usize,

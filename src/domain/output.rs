@@ -5,7 +5,7 @@
 //! The edge relays these untouched; the API boundary renders them in each API's own shapes.
 //! Nothing here knows a wire or HTTP type.
 
-use super::run::Usage;
+use super::usage::Usage;
 
 /// What a piece of output carries besides its text, when it carries anything.
 #[derive(Debug, Clone, PartialEq, Default)]

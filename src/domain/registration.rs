@@ -9,8 +9,8 @@
 use std::time::Instant;
 
 use super::node::NodeRecord;
+use super::operation::DeclaredOperations;
 use super::resume::ResumeClaim;
-use super::run::DeclaredOperations;
 use super::token::Token;
 
 /// The protocol version this edge speaks. A request's `0` is read as `1`.

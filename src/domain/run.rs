@@ -1,54 +1,21 @@
-//! Runs: what a caller asks for, the events a run produces, and the state machine that
-//! guarantees every accepted run exactly one terminal event.
+//! Runs: what a caller asks for (with what routing needs to know of it), each event with
+//! the context every sink and caller needs, and the state machine that guarantees every
+//! accepted run exactly one terminal event.
+//!
+//! It sits above routing, whose keys and reasons it carries; the vocabulary both speak (the
+//! run's id, its operation, the kinds of its events) is `event`'s and `operation`'s.
 
 use std::collections::BTreeMap;
-use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 
+use super::event::{RunEventKind, RunId};
 use super::names::{AdapterName, NodeId, Target};
-use super::output::StructuredOutput;
+use super::operation::Operation;
 use super::routing::{AffinityKey, BudgetClaim, LimitPolicy, Priority, RouteReason, TenantKey};
 use super::selection::NodeSelector;
-
-/// The edge-assigned, unique id of a run.
-#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct RunId(Arc<str>);
-
-impl RunId {
-    /// Wraps an id the edge generated (or one read back from a node or a caller).
-    pub fn new(id: impl Into<Arc<str>>) -> Self {
-        Self(id.into())
-    }
-
-    /// The id as a string slice.
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
-
-/// Lets maps keyed by run id be searched with the `&str` a node sent, without building a
-/// `RunId` (an allocation) per event. Consistent with `Hash` and `Eq`: both are those of
-/// the id's text.
-impl std::borrow::Borrow<str> for RunId {
-    fn borrow(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Display for RunId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.pad(&self.0)
-    }
-}
-
-impl fmt::Debug for RunId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:?}", &*self.0)
-    }
-}
 
 /// A run as a caller asks for it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -103,274 +70,6 @@ impl Default for RunRouting {
     }
 }
 
-/// What kind of work a run's input asks for, so a node keeps one input form per kind.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum Operation {
-    /// Not said: `text/plain` input is a prompt, `application/json` input a chat request.
-    #[default]
-    Unspecified,
-    /// An OpenAI chat-completions body without `model` and `stream`.
-    Chat,
-    /// An OpenAI completions body without `model` and `stream`.
-    Completion,
-    /// An OpenAI embeddings body without `model`.
-    Embeddings,
-    /// Text (`{"content", "add_special"}`) or a chat body to turn into the engine's token
-    /// ids. Only for a node that declared it.
-    Tokenize,
-    /// Token ids (`{"tokens"}`) to turn back into text. Only for a node that declared it.
-    Detokenize,
-}
-
-impl Operation {
-    /// A stable snake_case name for logs and metric labels.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Unspecified => "unspecified",
-            Self::Chat => "chat",
-            Self::Completion => "completion",
-            Self::Embeddings => "embeddings",
-            Self::Tokenize => "tokenize",
-            Self::Detokenize => "detokenize",
-        }
-    }
-
-    /// Whether only a node that declared this operation at registration may get it (a node
-    /// written before it existed would not know what to do with it).
-    pub fn needs_declaration(self) -> bool {
-        matches!(self, Self::Tokenize | Self::Detokenize)
-    }
-}
-
-/// The operations a node declared it serves among those that need a declaration
-/// ([`Operation::needs_declaration`]). Copy-cheap, for routing's per-placement node copies.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct DeclaredOperations {
-    tokenize: bool,
-    detokenize: bool,
-}
-
-impl DeclaredOperations {
-    /// The set of `operations` (those that need no declaration are left out).
-    pub fn new(operations: impl IntoIterator<Item = Operation>) -> Self {
-        let mut declared = Self::default();
-        for operation in operations {
-            match operation {
-                Operation::Tokenize => declared.tokenize = true,
-                Operation::Detokenize => declared.detokenize = true,
-                Operation::Unspecified
-                | Operation::Chat
-                | Operation::Completion
-                | Operation::Embeddings => {}
-            }
-        }
-        declared
-    }
-
-    /// Whether a node with this set may get runs of `operation`.
-    pub fn serves(self, operation: Operation) -> bool {
-        match operation {
-            Operation::Tokenize => self.tokenize,
-            Operation::Detokenize => self.detokenize,
-            Operation::Unspecified
-            | Operation::Chat
-            | Operation::Completion
-            | Operation::Embeddings => true,
-        }
-    }
-
-    /// The declared operations, in a stable order.
-    pub fn operations(self) -> Vec<Operation> {
-        [
-            (self.tokenize, Operation::Tokenize),
-            (self.detokenize, Operation::Detokenize),
-        ]
-        .into_iter()
-        .filter_map(|(on, operation)| on.then_some(operation))
-        .collect()
-    }
-}
-
-/// Token counts a node reports with a completed run (and, since protocol v1.2, what a
-/// failed or cancelled run produced).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Usage {
-    /// Tokens in the prompt.
-    pub input_tokens: u32,
-    /// Tokens generated.
-    pub output_tokens: u32,
-    /// Prompt tokens the engine served from its cache (part of `input_tokens`).
-    pub cached_input_tokens: u32,
-    /// Generated tokens spent on reasoning (part of `output_tokens`).
-    pub reasoning_tokens: u32,
-}
-
-impl Usage {
-    /// Prompt and generated token counts, with no cache or reasoning detail.
-    pub fn new(input_tokens: u32, output_tokens: u32) -> Self {
-        Self {
-            input_tokens,
-            output_tokens,
-            ..Self::default()
-        }
-    }
-}
-
-/// Whose fault a failed run is, which decides retries, circuit breakers and the status the
-/// API answers with.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum FailureClass {
-    /// Not said (a v1 node): final, judged by its code.
-    #[default]
-    Unspecified,
-    /// The request itself is bad: never retried, never held against the node.
-    Request,
-    /// The node or its engine failed: retried elsewhere before any output, counted by the
-    /// node's circuit breaker.
-    Node,
-    /// The node declined the run without trying it: retried elsewhere, not held against it.
-    Refused,
-}
-
-impl FailureClass {
-    /// A stable snake_case name for logs, sinks and metric labels.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Unspecified => "unspecified",
-            Self::Request => "request",
-            Self::Node => "node",
-            Self::Refused => "refused",
-        }
-    }
-
-    /// The class named `name` ([`Self::as_str`]); `Unspecified` for any other name.
-    pub fn parse(name: &str) -> Self {
-        [Self::Request, Self::Node, Self::Refused]
-            .into_iter()
-            .find(|class| class.as_str() == name)
-            .unwrap_or(Self::Unspecified)
-    }
-}
-
-/// What happened in a run.
-#[derive(Debug, Clone, PartialEq)]
-pub enum RunEventKind {
-    /// The node began the run.
-    Started,
-    /// A piece of output.
-    Output {
-        /// Text output.
-        text: String,
-        /// Binary output.
-        data: Bytes,
-        /// Reasoning, tool calls, log probabilities or embeddings, when the piece has any
-        /// (boxed: rare, and text events stay small).
-        structured: Option<Box<StructuredOutput>>,
-    },
-    /// Terminal: the run finished.
-    Completed {
-        /// Why generation stopped (`stop`, `length`, ...).
-        finish_reason: String,
-        /// Token counts, when the node reports them.
-        usage: Option<Usage>,
-    },
-    /// Terminal: the run failed.
-    Failed {
-        /// A stable snake_case code (`node_disconnected`, `deadline_exceeded`, ...).
-        code: String,
-        /// A human-readable explanation.
-        message: String,
-        /// Whose fault it is.
-        class: FailureClass,
-        /// The HTTP status the node's upstream answered, when it did.
-        status: Option<u16>,
-        /// What the run produced before it failed, when anything is known (for a prompt
-        /// over the context window, `input_tokens` is the prompt's size).
-        usage: Option<Usage>,
-        /// For a prompt longer than the model's context window (`context_length_exceeded`):
-        /// the window, in tokens, when the engine said.
-        context_window: Option<u32>,
-    },
-    /// Terminal: the run was cancelled.
-    Cancelled {
-        /// Why.
-        reason: String,
-        /// What the run produced before it was cancelled, when anything is known.
-        usage: Option<Usage>,
-    },
-}
-
-impl RunEventKind {
-    /// An output event with `text` only.
-    pub fn text(text: impl Into<String>) -> Self {
-        Self::Output {
-            text: text.into(),
-            data: Bytes::new(),
-            structured: None,
-        }
-    }
-
-    /// A failure with no class or status (as a v1 node reports one).
-    pub fn failed(code: impl Into<String>, message: impl Into<String>) -> Self {
-        Self::Failed {
-            context_window: None,
-            code: code.into(),
-            message: message.into(),
-            class: FailureClass::Unspecified,
-            status: None,
-            usage: None,
-        }
-    }
-
-    /// A cancellation with no usage known.
-    pub fn cancelled(reason: impl Into<String>) -> Self {
-        Self::Cancelled {
-            reason: reason.into(),
-            usage: None,
-        }
-    }
-
-    /// A terminal event's token counts: a completion's usage, or what a failed or
-    /// cancelled run produced; `None` for other events and when nothing is known.
-    pub fn usage(&self) -> Option<Usage> {
-        match self {
-            Self::Completed { usage, .. }
-            | Self::Failed { usage, .. }
-            | Self::Cancelled { usage, .. } => *usage,
-            Self::Started | Self::Output { .. } => None,
-        }
-    }
-
-    /// A terminal event's token counts, to be set or changed; `None` for other events.
-    pub fn usage_mut(&mut self) -> Option<&mut Option<Usage>> {
-        match self {
-            Self::Completed { usage, .. }
-            | Self::Failed { usage, .. }
-            | Self::Cancelled { usage, .. } => Some(usage),
-            Self::Started | Self::Output { .. } => None,
-        }
-    }
-
-    /// Whether this event ends the run.
-    pub fn is_terminal(&self) -> bool {
-        matches!(
-            self,
-            Self::Completed { .. } | Self::Failed { .. } | Self::Cancelled { .. }
-        )
-    }
-
-    /// A stable snake_case name (`started`, `output`, `completed`, `failed`, `cancelled`).
-    pub fn name(&self) -> &'static str {
-        match self {
-            Self::Started => "started",
-            Self::Output { .. } => "output",
-            Self::Completed { .. } => "completed",
-            Self::Failed { .. } => "failed",
-            Self::Cancelled { .. } => "cancelled",
-        }
-    }
-}
-
 /// Who produced an event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EventOrigin {
@@ -400,83 +99,6 @@ pub struct RunEvent {
     /// On a `started` event: why the run went to this node, and which attempt it is (boxed:
     /// one event per attempt carries it, and every other event stays small).
     pub route: Option<Box<RouteReason>>,
-}
-
-/// The terminal failures the edge makes on a node's behalf.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum EdgeFailure {
-    /// The node's connection ended while it held the run.
-    NodeDisconnected,
-    /// The run's deadline passed.
-    DeadlineExceeded,
-    /// The edge shut down before the run ended.
-    EdgeShutdown,
-    /// The run waited in the queue longer than allowed.
-    QueueTimeout,
-    /// No node serving the run's route was connected and eligible before its wait expired.
-    NoNodeAvailable,
-    /// The run waited in a full queue and gave its place to a run with a better claim.
-    QueueFull,
-    /// The edge that held the run stopped without ending it, and no node took it back
-    /// after the restart: how it ended is not known (its record's outcome is `unknown`).
-    EdgeCrashed,
-}
-
-impl EdgeFailure {
-    /// The `RunFailed.code` the edge sends.
-    pub fn code(self) -> &'static str {
-        match self {
-            Self::NodeDisconnected => "node_disconnected",
-            Self::DeadlineExceeded => "deadline_exceeded",
-            Self::EdgeShutdown => "edge_shutdown",
-            Self::QueueTimeout => "queue_timeout",
-            Self::NoNodeAvailable => "no_node_available",
-            Self::QueueFull => "queue_full",
-            Self::EdgeCrashed => super::run_record::EDGE_CRASHED,
-        }
-    }
-
-    /// The terminal event for this failure.
-    pub fn into_event_kind(self) -> RunEventKind {
-        let (message, class) = match self {
-            Self::NodeDisconnected => (
-                "the node disconnected before the run ended",
-                FailureClass::Node,
-            ),
-            Self::DeadlineExceeded => (
-                "the run did not finish before its deadline",
-                FailureClass::Unspecified,
-            ),
-            Self::EdgeShutdown => (
-                "the edge shut down before the run ended",
-                FailureClass::Unspecified,
-            ),
-            Self::QueueTimeout => (
-                "no node had capacity before the queue wait expired",
-                FailureClass::Unspecified,
-            ),
-            Self::NoNodeAvailable => (
-                "no node serving the model was connected and available before the wait expired",
-                FailureClass::Unspecified,
-            ),
-            Self::QueueFull => (
-                "the run queue is full and the run gave its place to another",
-                FailureClass::Unspecified,
-            ),
-            Self::EdgeCrashed => (
-                "the edge stopped before this run ended; how it ended is not known",
-                FailureClass::Unspecified,
-            ),
-        };
-        RunEventKind::Failed {
-            context_window: None,
-            code: self.code().into(),
-            message: message.into(),
-            class,
-            status: None,
-            usage: None,
-        }
-    }
 }
 
 /// What to do with an event offered to a run.
@@ -556,6 +178,7 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
+    use crate::domain::EdgeFailure;
 
     fn kind_strategy() -> impl Strategy<Value = RunEventKind> {
         prop_oneof![

@@ -7,9 +7,11 @@
 
 use std::fmt;
 
+use super::event::{EDGE_CRASHED, RunEventKind, RunId};
 use super::names::{AdapterName, NodeId, Target};
+use super::operation::Operation;
 use super::routing::KeySource;
-use super::run::{Operation, RunEventKind, RunId, Usage};
+use super::usage::Usage;
 
 /// How a run ended, or that it has not.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -76,10 +78,6 @@ impl fmt::Display for RunOutcome {
         f.pad(self.as_str())
     }
 }
-
-/// The code and message given to runs found open when the journal is reopened: the edge
-/// that held them stopped without ending them.
-pub const EDGE_CRASHED: &str = "edge_crashed";
 
 /// One placement of a run on a node. Without failover a run has at most one.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -222,3 +222,52 @@ fn the_digest_ignores_order_and_sees_every_change() {
     }
     assert_ne!(definitions_digest(&[]), digest);
 }
+
+/// A node `id` with one adapter whose settings are `settings`.
+fn record_with(id: &str, settings: &[(String, String)]) -> Arc<NodeRecord> {
+    let adapter = AdapterConfig::new(
+        AdapterName::parse("echo").unwrap(),
+        vec![Target::parse("m1").unwrap()],
+        settings.iter().cloned().collect(),
+    )
+    .unwrap();
+    Arc::new(NodeRecord::new(
+        NodeId::parse(id).unwrap(),
+        Alias::parse(&format!("alias-{id}")).unwrap(),
+        Token::new(id).digest(),
+        vec![adapter],
+        RuntimeConfig::new(1, 1000, BTreeMap::new()).unwrap(),
+    ))
+}
+
+proptest! {
+    #[test]
+    fn members_with_the_same_definitions_in_any_order_agree_on_the_digest(
+        ids in proptest::collection::btree_set("[a-z][a-z0-9-]{0,10}", 1..6),
+        turn in 0_usize..6,
+    ) {
+        let records: Vec<Arc<NodeRecord>> = ids.iter().map(|id| record(id, "m1", 1)).collect();
+        let mut other = records.clone();
+        other.reverse();
+        other.rotate_left(turn % records.len());
+        prop_assert_eq!(definitions_digest(&records), definitions_digest(&other));
+    }
+
+    #[test]
+    fn a_setting_split_differently_between_key_and_value_is_other_definitions(
+        text in "[a-z]{2,12}",
+        at in 1_usize..12,
+    ) {
+        // Length-prefixed fields: `ab = c` is not `a = bc`, nor one setting two.
+        let at = at.min(text.len() - 1);
+        let (key, value) = text.split_at(at);
+        let one = definitions_digest(&[record_with("node-a", &[(key.to_owned(), value.to_owned())])]);
+        let moved = definitions_digest(&[record_with("node-a", &[(text.clone(), String::new())])]);
+        let two = definitions_digest(&[record_with(
+            "node-a",
+            &[(key.to_owned(), String::new()), (value.to_owned(), String::new())],
+        )]);
+        prop_assert_ne!(&one, &moved);
+        prop_assert_ne!(&one, &two);
+    }
+}

@@ -49,6 +49,23 @@ impl fmt::Display for Token {
     }
 }
 
+/// Why a text is not a digest ([`TokenDigest::from_hex`]). It never quotes the text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum DigestError {
+    /// The text is not 64 bytes long.
+    #[error("must be 64 hexadecimal digits (a SHA-256 digest)")]
+    Length {
+        /// Its length, in bytes.
+        len: usize,
+    },
+    /// A character is not a hexadecimal digit.
+    #[error("must be 64 hexadecimal digits (a SHA-256 digest)")]
+    NotHex {
+        /// The character's position, in bytes.
+        at: usize,
+    },
+}
+
 /// The SHA-256 digest of a token: what node records store and compare.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct TokenDigest([u8; 32]);
@@ -57,16 +74,21 @@ impl TokenDigest {
     /// Parses a digest written as 64 hexadecimal digits (the `token_sha256` config key).
     ///
     /// # Errors
-    /// A description of what is wrong with the text (it is not echoed back).
-    pub fn from_hex(text: &str) -> Result<Self, &'static str> {
+    /// [`DigestError::Length`] or [`DigestError::NotHex`] (the text is not echoed back).
+    pub fn from_hex(text: &str) -> Result<Self, DigestError> {
         let text = text.trim();
         if text.len() != 64 {
-            return Err("must be 64 hexadecimal digits (a SHA-256 digest)");
+            return Err(DigestError::Length { len: text.len() });
+        }
+        // Every character an ASCII hex digit, so each pair below is one on char boundaries.
+        if let Some(at) = text.find(|c: char| !c.is_ascii_hexdigit()) {
+            return Err(DigestError::NotHex { at });
         }
         let mut bytes = [0u8; 32];
         for (i, byte) in bytes.iter_mut().enumerate() {
-            *byte = u8::from_str_radix(&text[2 * i..2 * i + 2], 16)
-                .map_err(|_| "must be 64 hexadecimal digits (a SHA-256 digest)")?;
+            let at = 2 * i;
+            *byte = u8::from_str_radix(&text[at..at + 2], 16)
+                .map_err(|_| DigestError::NotHex { at })?;
         }
         Ok(Self(bytes))
     }
@@ -112,7 +134,20 @@ mod tests {
                 .unwrap()
                 .matches(&digest)
         );
-        assert!(TokenDigest::from_hex("xyz").is_err());
-        assert!(TokenDigest::from_hex(&"g".repeat(64)).is_err());
+        assert_eq!(
+            TokenDigest::from_hex("xyz").unwrap_err(),
+            DigestError::Length { len: 3 }
+        );
+        assert_eq!(
+            TokenDigest::from_hex(&"g".repeat(64)).unwrap_err(),
+            DigestError::NotHex { at: 0 }
+        );
+        // A character of more than one byte is refused, not sliced through.
+        let wide = format!("{}é{}", "0".repeat(31), "0".repeat(31));
+        assert_eq!(wide.len(), 64);
+        assert_eq!(
+            TokenDigest::from_hex(&wide).unwrap_err(),
+            DigestError::NotHex { at: 31 }
+        );
     }
 }

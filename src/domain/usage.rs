@@ -1,6 +1,6 @@
-//! Usage rollups: what runs consumed, summed by API key × model × node × affinity source ×
-//! time bucket, and the questions operators ask of them (which groups, which range, which
-//! bucket size).
+//! Usage: the token counts a node reports for one run, and the rollups of what runs
+//! consumed, summed by API key × model × node × affinity source × time bucket, with the
+//! questions operators ask of them (which groups, which range, which bucket size).
 //!
 //! Pure data and rules: times are milliseconds since the Unix epoch, passed in by callers;
 //! buckets are UTC minutes, hours and days. [`Rollup`] sums the endings of one journal
@@ -9,7 +9,30 @@
 use std::borrow::Cow;
 use std::collections::HashMap;
 
-use super::run::Usage;
+/// Token counts a node reports with a completed run (and, since protocol v1.2, what a
+/// failed or cancelled run produced).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Usage {
+    /// Tokens in the prompt.
+    pub input_tokens: u32,
+    /// Tokens generated.
+    pub output_tokens: u32,
+    /// Prompt tokens the engine served from its cache (part of `input_tokens`).
+    pub cached_input_tokens: u32,
+    /// Generated tokens spent on reasoning (part of `output_tokens`).
+    pub reasoning_tokens: u32,
+}
+
+impl Usage {
+    /// Prompt and generated token counts, with no cache or reasoning detail.
+    pub fn new(input_tokens: u32, output_tokens: u32) -> Self {
+        Self {
+            input_tokens,
+            output_tokens,
+            ..Self::default()
+        }
+    }
+}
 
 /// Milliseconds in a minute, an hour, a day.
 const MINUTE_MS: u64 = 60_000;
@@ -176,8 +199,8 @@ impl GroupBy {
     /// Reads `key,model,node,affinity` (any of them, comma-separated; empty for none).
     ///
     /// # Errors
-    /// The first name that is not one of them.
-    pub fn parse(text: &str) -> Result<Self, String> {
+    /// [`GroupByError::Unknown`] with the first name that is not one of them.
+    pub fn parse(text: &str) -> Result<Self, GroupByError> {
         let mut group = Self::default();
         for name in text.split(',').map(str::trim).filter(|n| !n.is_empty()) {
             match name {
@@ -185,11 +208,26 @@ impl GroupBy {
                 "model" => group.model = true,
                 "node" => group.node = true,
                 "affinity" => group.affinity = true,
-                other => return Err(other.to_owned()),
+                other => {
+                    return Err(GroupByError::Unknown {
+                        name: other.to_owned(),
+                    });
+                }
             }
         }
         Ok(group)
     }
+}
+
+/// A `group_by` list [`GroupBy::parse`] refuses.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum GroupByError {
+    /// A name that is none of the dimensions.
+    #[error("`group_by` takes key, model, node and affinity; {name:?} is none of them")]
+    Unknown {
+        /// The offending name.
+        name: String,
+    },
 }
 
 /// A question about usage.
@@ -347,7 +385,12 @@ mod tests {
             }
         );
         assert_eq!(GroupBy::parse("").unwrap(), GroupBy::default());
-        assert_eq!(GroupBy::parse("key,tenant").unwrap_err(), "tenant");
+        assert_eq!(
+            GroupBy::parse("key,tenant").unwrap_err(),
+            GroupByError::Unknown {
+                name: "tenant".into()
+            }
+        );
     }
 
     #[test]

@@ -1,11 +1,12 @@
 //! The seams between the edge's core and the technology around it.
 //!
 //! Each trait speaks only domain types. Outbound ports (`NodeStore`, `Registry`,
-//! `EventSink`, `NodeTransport`, `RunJournal`) are implemented by adapters in
-//! `crate::adapters` and called by the application in `crate::app`; inbound ports (`Runs`,
-//! `Manage`, `NodeEventHandler`) are implemented by the application and called by the
-//! adapters that take requests and events in (the HTTP APIs, the management API, the node
-//! transport). Tests substitute mockall mocks or fakes.
+//! `EventSink`, `NodeTransport`, `RunJournal`, and a site member's `SiteStream` and
+//! `JournalCache`) are implemented by adapters in `crate::adapters` and called by the
+//! application in `crate::app`; inbound ports (`Runs`, `Manage`, `NodeEventHandler`,
+//! `TakeOver`) are implemented by the application and called by the adapters that take
+//! requests and events in (the HTTP APIs, the management API, the node transport, the
+//! cluster lease). Tests substitute mockall mocks or fakes.
 
 pub mod clock;
 pub mod event_sink;
@@ -18,6 +19,7 @@ pub mod readiness;
 pub mod registry;
 pub mod runs;
 pub mod site;
+pub mod takeover;
 pub mod transport;
 
 /// The tracing target of spans that exist only to be exported (the API request, the
@@ -40,12 +42,13 @@ pub use models::{
 pub use node_store::NodeStore;
 pub use noop_journal::NoopJournal;
 pub use readiness::Readiness;
-pub use registry::{
-    AlreadyConnected, ConnectedNode, ConnectionId, LastFrame, NewConnection, Registry,
-};
+pub use registry::{AlreadyConnected, ConnectedNode, LastFrame, NewConnection, Registry};
 pub use runs::{Placed, RunHandle, Runs, StartError, waiting_for};
-pub use site::{ActiveMember, Role, SiteRole, TakeOver};
+pub use site::{ActiveMember, Role, SiteRole};
+pub use takeover::{
+    ClaimError, JournalCache, RebuildError, SiteRuns, SiteStream, TakeOver, TakeOverError,
+};
 pub use transport::{
-    CloseReason, LinkError, ModelCommand, ModelOutcome, NodeCommand, NodeEventHandler, NodeLink,
-    NodeTransport, ReportedEvent, RunAssignment, TransportError,
+    CloseReason, ConnectionId, LinkError, ModelCommand, ModelOutcome, NodeCommand,
+    NodeEventHandler, NodeLink, NodeTransport, ReportedEvent, RunAssignment, TransportError,
 };

@@ -8,10 +8,7 @@ use std::time::{Duration, Instant, SystemTime};
 use crate::domain::routing::NodeStatus;
 use crate::domain::{AdapterName, Availability, DeclaredOperations, NodeId, NodeRecord, Target};
 
-use super::transport::NodeLink;
-
-/// Identifies one connection, so the cleanup of an old connection never removes a newer one.
-pub type ConnectionId = u64;
+use super::transport::{ConnectionId, NodeLink};
 
 /// What the transport hands the registry when a node's registration is accepted.
 #[derive(Clone)]

@@ -10,30 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
-use async_trait::async_trait;
 use tokio::sync::watch;
-
-/// What a member does after it acquired its site's lease and before it acts (its role set
-/// to [`Role::Active`]): catch up on the site's journal and take the open runs over; and
-/// what it does when it stops acting.
-#[async_trait]
-pub trait TakeOver: Send + Sync {
-    /// Makes this member ready to act under `epoch`.
-    ///
-    /// # Errors
-    /// Why it cannot act (the site's journal cannot be read to its end): the member then
-    /// does not turn active, and lets the lease lapse.
-    async fn prepare(&self, epoch: u64) -> Result<(), String>;
-
-    /// This member stopped acting (its role is a standby's already): let go of what it
-    /// held as the active member, ending nothing. The lease takes no step before it returns.
-    async fn stand_down(&self);
-
-    /// Returns once what this member acts on refused its writes under `epoch` (the site's
-    /// journal ends with another member's claim): another member acquired the lease since,
-    /// and this one must stop acting at once. Pending while its writes are taken.
-    async fn fenced(&self, epoch: u64);
-}
 
 /// The member of a site that holds its lease, as a standby tells callers where to go.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -12,7 +12,8 @@ use crate::domain::{
     Target,
 };
 
-use super::registry::ConnectionId;
+/// Identifies one connection, so the cleanup of an old connection never removes a newer one.
+pub type ConnectionId = u64;
 
 /// A run as it is sent to a node.
 #[derive(Debug, Clone, PartialEq, Eq)]

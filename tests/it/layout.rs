@@ -367,6 +367,7 @@ fn the_services_build_on_the_domain_and_the_ports_not_on_adapters() {
         "app/drains",
         "app/models",
         "app/node_events",
+        "app/takeover",
     ] {
         // The paths are read at all: each service names the domain or the ports.
         assert!(

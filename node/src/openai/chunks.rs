@@ -15,7 +15,7 @@ use edge::domain::{
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
-use super::errors::UpstreamFault;
+use crate::fault::UpstreamFault;
 
 /// The most embedding values put in one `output` event, so a frame stays well under the
 /// edge's 4 MiB limit (4 bytes a value).

@@ -11,49 +11,7 @@
 use edge::domain::{FailureClass, RunEventKind, Usage};
 use serde_json::Value;
 
-/// The longest engine message passed on, in bytes.
-const MAX_MESSAGE: usize = 1_000;
-
-/// What went wrong talking to the engine.
-#[derive(Debug, Clone, PartialEq)]
-pub enum UpstreamFault {
-    /// No connection: refused, unresolvable, TLS failed.
-    Unreachable(String),
-    /// A timeout passed: which one.
-    Timeout(&'static str),
-    /// The engine answered with a status that is not a success, and this body.
-    Status {
-        /// The HTTP status.
-        status: u16,
-        /// The body (bounded by the caller).
-        body: Vec<u8>,
-    },
-    /// The body broke off, or ended before the answer did.
-    Broken(String),
-    /// The body is not what the API promises.
-    Malformed(String),
-    /// An error object inside a successful stream.
-    InStream(Value),
-}
-
-impl std::fmt::Display for UpstreamFault {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::Unreachable(detail) => write!(f, "unreachable: {detail}"),
-            Self::Timeout(what) => write!(f, "timed out ({what})"),
-            Self::Status { status, body } => {
-                write!(
-                    f,
-                    "HTTP {status}: {}",
-                    clip(String::from_utf8_lossy(body).into_owned())
-                )
-            }
-            Self::Broken(detail) => write!(f, "broken off: {detail}"),
-            Self::Malformed(detail) => write!(f, "malformed: {detail}"),
-            Self::InStream(error) => write!(f, "error in the stream: {error}"),
-        }
-    }
-}
+use crate::fault::{UpstreamFault, clip};
 
 /// The terminal event for `fault`.
 pub fn classify(fault: &UpstreamFault) -> RunEventKind {
@@ -240,18 +198,6 @@ fn failed(class: FailureClass, code: &str, status: Option<u16>, message: String)
     }
 }
 
-fn clip(mut message: String) -> String {
-    if message.len() > MAX_MESSAGE {
-        let mut end = MAX_MESSAGE;
-        while !message.is_char_boundary(end) {
-            end -= 1;
-        }
-        message.truncate(end);
-        message.push('…');
-    }
-    message
-}
-
 #[cfg(test)]
 mod tests {
     use serde_json::json;
@@ -404,6 +350,6 @@ mod tests {
             "maximum context length is 4096"
         );
         let long = status(400, json!({"error": {"message": "é".repeat(2_000)}}));
-        assert!(parts(&long).3.len() <= MAX_MESSAGE + '…'.len_utf8());
+        assert!(parts(&long).3.len() <= crate::fault::MAX_MESSAGE + '…'.len_utf8());
     }
 }

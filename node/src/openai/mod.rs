@@ -6,12 +6,14 @@
 //! engine is and how to treat it (`settings.rs`). A run becomes one upstream request
 //! (`request.rs`), streamed back chunk by chunk as run events (`chunks.rs`), and any failure
 //! becomes one terminal event of the right class (`errors.rs`). Tokenize and detokenize runs
-//! ask the engine's own tokenizer (`tokenize.rs`). The adapter never decides
-//! whether a run may start (the run table and the availability board do) and never writes to
-//! the edge (it emits into the run's [`Emitter`]).
+//! ask the engine's own tokenizer (`tokenize.rs`). An adapter whose settings name a
+//! `lifecycle` holds its engine's model lifecycle too ([`engine_models`]). The adapter never
+//! decides whether a run may start (the run table and the availability board do) and never
+//! writes to the edge (it emits into the run's [`Emitter`]).
 
 pub mod chunks;
 pub mod echo;
+pub mod engine_models;
 pub mod errors;
 pub mod request;
 pub mod settings;
@@ -25,14 +27,15 @@ use edge::client::RunAssignment;
 use edge::domain::{FailureClass, Operation, RunEventKind};
 use edge::hops;
 
-use super::engine_models::ManagedEngine;
-use super::runs::{Emitter, Gone};
-use super::sse::SseDecoder;
-use super::upstream::{MAX_WHOLE_BODY, ModelList, Timeouts, Upstream};
+use crate::fault::UpstreamFault;
+use crate::runs::{Emitter, Gone};
+use crate::sse::SseDecoder;
+use crate::upstream::{HttpClientError, MAX_WHOLE_BODY, ModelList, Timeouts, Upstream};
 use chunks::AnswerStream;
-use errors::{UpstreamFault, classify};
+use engine_models::ManagedEngine;
+use errors::classify;
 use request::{InvalidInput, UpstreamCall};
-use settings::{Lifecycle, OpenAiSettings};
+use settings::{Lifecycle, OpenAiSettings, SettingsError};
 use tokenize::Ask;
 
 /// The name of this adapter kind in the `kind` setting (and its default).
@@ -44,6 +47,27 @@ const ENGINE_UNKNOWN: u8 = 0;
 const ENGINE_LLAMA_SERVER: u8 = 1;
 /// It answered without llama-server's props: another engine.
 const ENGINE_OTHER: u8 = 2;
+
+/// Why an `openai` adapter cannot be built from its config. Its messages name the setting,
+/// never a secret.
+#[derive(Debug, thiserror::Error)]
+pub enum AdapterError {
+    /// A setting is missing or invalid.
+    #[error(transparent)]
+    Settings(#[from] SettingsError),
+    /// `api_key_env` names an environment variable the node's environment does not set.
+    #[error("`api_key_env` names the environment variable {variable}, which is not set")]
+    ApiKeyUnset {
+        /// The variable.
+        variable: String,
+        /// Why it could not be read.
+        #[source]
+        source: std::env::VarError,
+    },
+    /// The engine's HTTP client cannot be built (`tls_ca`, the system's CAs).
+    #[error(transparent)]
+    Client(#[from] HttpClientError),
+}
 
 /// One configured `openai` adapter.
 #[derive(Debug)]
@@ -65,18 +89,24 @@ impl OpenAiAdapter {
     /// variable its `api_key_env` names.
     ///
     /// # Errors
-    /// A message (naming the setting, never a secret) when the settings are invalid or the
-    /// API key variable is unset.
-    pub fn new(config: &ReceivedAdapter) -> Result<Self, String> {
+    /// [`AdapterError::Settings`] when the settings are invalid,
+    /// [`AdapterError::ApiKeyUnset`] when the API key variable is unset, and
+    /// [`AdapterError::Client`] when the engine's HTTP client cannot be built.
+    pub fn new(config: &ReceivedAdapter) -> Result<Self, AdapterError> {
         let (settings, unknown) = OpenAiSettings::parse(&config.settings)?;
         if !unknown.is_empty() {
             tracing::warn!(adapter = %config.name, ?unknown, "ignoring unknown adapter settings");
         }
         let api_key = match &settings.api_key_env {
             None => None,
-            Some(variable) => Some(std::env::var(variable).map_err(|_| {
-                format!("`api_key_env` names the environment variable {variable}, which is not set")
-            })?),
+            Some(variable) => {
+                Some(
+                    std::env::var(variable).map_err(|source| AdapterError::ApiKeyUnset {
+                        variable: variable.clone(),
+                        source,
+                    })?,
+                )
+            }
         };
         let timeouts = Timeouts {
             connect: settings.connect_timeout,

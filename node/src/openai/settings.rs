@@ -1,14 +1,84 @@
 //! The `openai` adapter's settings, read from the `[[nodes.adapters]] settings` table the
 //! edge sends in its `RegisterResponse` (every value is a string there).
 //!
-//! Pure: a map in, validated settings or a message naming the key out. The API key itself
+//! Pure: a map in, validated settings or a [`SettingsError`] naming the key out. The API key itself
 //! is never in the edge's file: `api_key_env` names an environment variable on the node, and
 //! the caller reads it. Nothing here logs.
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::num::ParseIntError;
 use std::path::PathBuf;
 use std::time::Duration;
+
+/// Why an adapter's settings cannot be used: each names the key, and the value it got where
+/// the message shows one. The node reports it to the edge as `adapter_misconfigured`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SettingsError {
+    /// `base_url` is missing, or not an `http://` or `https://` URL.
+    #[error(
+        "`base_url` must be set to the engine's http://HOST:PORT/v1 \
+         (or https://HOST:PORT/v1) URL"
+    )]
+    BaseUrl {
+        /// What it was set to, if anything.
+        value: Option<String>,
+    },
+    /// `tls_ca` is set for an engine that is not reached over `https://`.
+    #[error(
+        "`tls_ca` is set but `base_url` ({base_url}) is not https://: \
+         drop `tls_ca` or use the engine's https:// URL"
+    )]
+    TlsCaWithoutHttps {
+        /// The engine's URL.
+        base_url: String,
+    },
+    /// A number setting that is not a whole number.
+    #[error("`{key}` must be a whole number, got {value:?}")]
+    NotANumber {
+        /// The key.
+        key: String,
+        /// Its value.
+        value: String,
+        /// Why it does not parse.
+        #[source]
+        source: ParseIntError,
+    },
+    /// A setting that must be at least 1 is 0.
+    #[error("`{key}` must be at least 1")]
+    Zero {
+        /// The key.
+        key: String,
+    },
+    /// A flag that is neither `"true"` nor `"false"`.
+    #[error("`{key}` must be \"true\" or \"false\", got {value:?}")]
+    NotAFlag {
+        /// The key.
+        key: String,
+        /// Its value (trimmed).
+        value: String,
+    },
+    /// A flag that may be left to the node, and is neither `"true"`, `"false"` nor `"auto"`.
+    #[error("`{key}` must be \"true\", \"false\" or \"auto\"")]
+    NotAnAutoFlag {
+        /// The key.
+        key: String,
+        /// Its value (trimmed).
+        value: String,
+    },
+    /// `availability` names no mode the node knows.
+    #[error("`availability` must be \"listed\" or \"reachable\", got {value:?}")]
+    UnknownAvailability {
+        /// Its value (trimmed).
+        value: String,
+    },
+    /// `lifecycle` names no lifecycle the node knows.
+    #[error("`lifecycle` must be \"llama-router\" (or left out), got {value:?}")]
+    UnknownLifecycle {
+        /// Its value (trimmed).
+        value: String,
+    },
+}
 
 /// How the prober decides which targets are available.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -141,8 +211,10 @@ impl OpenAiSettings {
     /// Reads `settings`. Returns the settings and the keys it did not know (to be logged).
     ///
     /// # Errors
-    /// A message naming the key when a value is missing or invalid.
-    pub fn parse(settings: &BTreeMap<String, String>) -> Result<(Self, Vec<String>), String> {
+    /// The [`SettingsError`] of the first value that is missing or invalid, naming its key.
+    pub fn parse(
+        settings: &BTreeMap<String, String>,
+    ) -> Result<(Self, Vec<String>), SettingsError> {
         let (base_url, tls_ca) = endpoint(settings)?;
         let models = settings
             .iter()
@@ -202,40 +274,48 @@ impl OpenAiSettings {
 }
 
 /// `base_url`, and `tls_ca` (only for an `https://` one).
-fn endpoint(settings: &BTreeMap<String, String>) -> Result<(String, Option<PathBuf>), String> {
-    let base_url = settings
-        .get("base_url")
+fn endpoint(
+    settings: &BTreeMap<String, String>,
+) -> Result<(String, Option<PathBuf>), SettingsError> {
+    let set = settings.get("base_url");
+    let base_url = set
         .map(|url| url.trim().trim_end_matches('/').to_owned())
         .filter(|url| url.starts_with("http://") || url.starts_with("https://"))
-        .ok_or(
-            "`base_url` must be set to the engine's http://HOST:PORT/v1 \
-             (or https://HOST:PORT/v1) URL",
-        )?;
+        .ok_or_else(|| SettingsError::BaseUrl {
+            value: set.cloned(),
+        })?;
     let tls_ca = settings
         .get("tls_ca")
         .map(|path| path.trim())
         .filter(|path| !path.is_empty())
         .map(PathBuf::from);
     if tls_ca.is_some() && !base_url.starts_with("https://") {
-        return Err(format!(
-            "`tls_ca` is set but `base_url` ({base_url}) is not https://: \
-             drop `tls_ca` or use the engine's https:// URL"
-        ));
+        return Err(SettingsError::TlsCaWithoutHttps { base_url });
     }
     Ok((base_url, tls_ca))
 }
 
-fn number(settings: &BTreeMap<String, String>, key: &str, default: u32) -> Result<u32, String> {
+fn number(
+    settings: &BTreeMap<String, String>,
+    key: &str,
+    default: u32,
+) -> Result<u32, SettingsError> {
     settings.get(key).map_or(Ok(default), |value| {
         value
             .trim()
             .parse()
-            .map_err(|_| format!("`{key}` must be a whole number, got {value:?}"))
+            .map_err(|source| SettingsError::NotANumber {
+                key: key.to_owned(),
+                value: value.clone(),
+                source,
+            })
     })
 }
 
 /// The `context_window.<target>` settings, by target.
-fn target_windows(settings: &BTreeMap<String, String>) -> Result<BTreeMap<String, u32>, String> {
+fn target_windows(
+    settings: &BTreeMap<String, String>,
+) -> Result<BTreeMap<String, u32>, SettingsError> {
     let mut windows = BTreeMap::new();
     for key in settings.keys() {
         if let Some(target) = key.strip_prefix(WINDOW_PREFIX)
@@ -248,17 +328,19 @@ fn target_windows(settings: &BTreeMap<String, String>) -> Result<BTreeMap<String
 }
 
 /// A context window setting: `None` when absent or 0.
-fn window(settings: &BTreeMap<String, String>, key: &str) -> Result<Option<u32>, String> {
+fn window(settings: &BTreeMap<String, String>, key: &str) -> Result<Option<u32>, SettingsError> {
     Ok(Some(number(settings, key, 0)?).filter(|tokens| *tokens > 0))
 }
 
 /// `capacity`: at least 1 when set.
-fn capacity(settings: &BTreeMap<String, String>) -> Result<Option<u32>, String> {
+fn capacity(settings: &BTreeMap<String, String>) -> Result<Option<u32>, SettingsError> {
     if !settings.contains_key("capacity") {
         return Ok(None);
     }
     match number(settings, "capacity", 0)? {
-        0 => Err("`capacity` must be at least 1".to_owned()),
+        0 => Err(SettingsError::Zero {
+            key: "capacity".to_owned(),
+        }),
         places => Ok(Some(places)),
     }
 }
@@ -267,52 +349,67 @@ fn millis(
     settings: &BTreeMap<String, String>,
     key: &str,
     default: u32,
-) -> Result<Duration, String> {
+) -> Result<Duration, SettingsError> {
     let ms = number(settings, key, default)?;
     if ms == 0 {
-        return Err(format!("`{key}` must be at least 1"));
+        return Err(SettingsError::Zero {
+            key: key.to_owned(),
+        });
     }
     Ok(Duration::from_millis(u64::from(ms)))
 }
 
-fn flag(settings: &BTreeMap<String, String>, key: &str, default: bool) -> Result<bool, String> {
+fn flag(
+    settings: &BTreeMap<String, String>,
+    key: &str,
+    default: bool,
+) -> Result<bool, SettingsError> {
     match settings.get(key).map(|value| value.trim()) {
         None => Ok(default),
         Some("true") => Ok(true),
         Some("false") => Ok(false),
-        Some(other) => Err(format!(
-            "`{key}` must be \"true\" or \"false\", got {other:?}"
-        )),
+        Some(other) => Err(SettingsError::NotAFlag {
+            key: key.to_owned(),
+            value: other.to_owned(),
+        }),
     }
 }
 
 /// A flag that may be left to the node: `"auto"` or absent is `None`.
-fn auto_flag(settings: &BTreeMap<String, String>, key: &str) -> Result<Option<bool>, String> {
+fn auto_flag(
+    settings: &BTreeMap<String, String>,
+    key: &str,
+) -> Result<Option<bool>, SettingsError> {
     match settings.get(key).map(|value| value.trim()) {
         None | Some("auto") => Ok(None),
-        Some(_) => flag(settings, key, false)
-            .map(Some)
-            .map_err(|_| format!("`{key}` must be \"true\", \"false\" or \"auto\"")),
+        Some(other) => {
+            flag(settings, key, false)
+                .map(Some)
+                .map_err(|_| SettingsError::NotAnAutoFlag {
+                    key: key.to_owned(),
+                    value: other.to_owned(),
+                })
+        }
     }
 }
 
-fn availability(settings: &BTreeMap<String, String>) -> Result<AvailabilityMode, String> {
+fn availability(settings: &BTreeMap<String, String>) -> Result<AvailabilityMode, SettingsError> {
     match settings.get("availability").map(|value| value.trim()) {
         None | Some("listed") => Ok(AvailabilityMode::Listed),
         Some("reachable") => Ok(AvailabilityMode::Reachable),
-        Some(other) => Err(format!(
-            "`availability` must be \"listed\" or \"reachable\", got {other:?}"
-        )),
+        Some(other) => Err(SettingsError::UnknownAvailability {
+            value: other.to_owned(),
+        }),
     }
 }
 
-fn lifecycle(settings: &BTreeMap<String, String>) -> Result<Option<Lifecycle>, String> {
+fn lifecycle(settings: &BTreeMap<String, String>) -> Result<Option<Lifecycle>, SettingsError> {
     match settings.get("lifecycle").map(|value| value.trim()) {
         None => Ok(None),
         Some("llama-router") => Ok(Some(Lifecycle::LlamaRouter)),
-        Some(other) => Err(format!(
-            "`lifecycle` must be \"llama-router\" (or left out), got {other:?}"
-        )),
+        Some(other) => Err(SettingsError::UnknownLifecycle {
+            value: other.to_owned(),
+        }),
     }
 }
 
@@ -379,6 +476,13 @@ mod tests {
             ("lifecycle", "vllm-sleep"),
         ]))
         .expect_err("an unknown lifecycle");
+        assert_eq!(
+            error,
+            SettingsError::UnknownLifecycle {
+                value: "vllm-sleep".into()
+            }
+        );
+        let error = error.to_string();
         assert!(
             error.contains("`lifecycle`") && error.contains("\"vllm-sleep\""),
             "{error}"
@@ -442,7 +546,7 @@ mod tests {
             ),
         ];
         for (settings, key) in cases {
-            let error = OpenAiSettings::parse(&settings).expect_err(key);
+            let error = OpenAiSettings::parse(&settings).expect_err(key).to_string();
             assert!(error.contains(key), "{error}");
         }
     }

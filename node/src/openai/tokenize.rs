@@ -12,8 +12,8 @@
 use edge::domain::{FailureClass, RunEventKind, StructuredOutput, Usage};
 use serde_json::{Map, Value, json};
 
-use super::errors::UpstreamFault;
 use super::request::InvalidInput;
+use crate::fault::UpstreamFault;
 
 /// What a tokenize or detokenize run asks for.
 #[derive(Debug, Clone, PartialEq)]

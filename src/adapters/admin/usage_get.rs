@@ -87,12 +87,8 @@ async fn get_usage(
 
 fn usage_query(state: &AdminState, params: &UsageParams) -> Result<UsageQuery, AdminError> {
     let now = state.management.now_ms();
-    let group_by =
-        GroupBy::parse(params.group_by.as_deref().unwrap_or_default()).map_err(|name| {
-            AdminError::bad_request(format!(
-                "`group_by` takes key, model, node and affinity; {name:?} is none of them"
-            ))
-        })?;
+    let group_by = GroupBy::parse(params.group_by.as_deref().unwrap_or_default())
+        .map_err(|error| AdminError::bad_request(error.to_string()))?;
     let bucket = params
         .bucket
         .as_deref()

@@ -224,18 +224,19 @@ impl KeyTable {
         };
         let name = self
             .name
-            .map(|name| TenantKey::parse(&name))
-            .transpose()
-            .map_err(|name| {
-                format!(
-                    "`name` {name:?} must be 1 to 128 characters, none of them control characters"
-                )
-            })?;
+            .map(|name| {
+                TenantKey::parse(&name).map_err(|_| {
+                    format!(
+                        "`name` {name:?} must be 1 to 128 characters, none of them control characters"
+                    )
+                })
+            })
+            .transpose()?;
         let priority = self
             .priority
             .map(|p| Priority::parse(&p))
             .transpose()
-            .map_err(|p| format!("`priority` {p:?} is not `interactive` or `batch`"))?
+            .map_err(|error| error.to_string())?
             .unwrap_or_default();
         let limits = LimitPolicy {
             max_concurrent: NonZeroU32::new(self.max_concurrent_runs),

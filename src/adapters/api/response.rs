@@ -1,13 +1,14 @@
 //! [`ApiError`] as an HTTP response: the status of its kind, OpenAI's JSON body and the
 //! headers that go with it (`Retry-After`, `WWW-Authenticate` on a 401), and [`ErrorShape`],
-//! which of the APIs' error bodies a route answers with. The other APIs' error shapes
-//! (Anthropic's) reuse [`ApiError::status`] and [`ApiError::add_headers`].
+//! which of the APIs' error bodies a route answers with, rendered here in either shape:
+//! Anthropic's takes its body from Anthropic's translator and reuses
+//! [`ApiError::status`] and [`ApiError::add_headers`]. It calls no route's module.
 
 use axum::Json;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
-use super::anthropic;
+use super::translators::anthropic::message::error_body as anthropic_error_body;
 use super::translators::{ApiError, ErrorKind};
 
 /// The error body a route answers with: each API's routes carry theirs (as a request
@@ -37,7 +38,12 @@ impl ErrorShape {
     pub(crate) fn render(self, error: &ApiError) -> Response {
         match self {
             Self::OpenAi => error.clone().into_response(),
-            Self::Anthropic => anthropic::error_response(error),
+            Self::Anthropic => {
+                let body = Json(anthropic_error_body(error));
+                let mut response = (error.status(), body).into_response();
+                error.add_headers(&mut response);
+                response
+            }
         }
     }
 }

@@ -198,12 +198,27 @@ impl ClusterConfig {
     }
 }
 
+/// Why an address cannot be advertised; the message is written to follow the key's name.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AdvertiseError {
+    /// The address given is not `HOST:PORT` (a host without whitespace, a port from 1).
+    #[error("{0:?} is not HOST:PORT")]
+    NotHostPort(String),
+    /// None given, and the listener standing in for it listens on every address.
+    #[error(
+        "not set, and the listener {0} is a wildcard nobody can dial; set the address this \
+         member is reached at"
+    )]
+    Wildcard(SocketAddr),
+}
+
 /// The address to advertise: `given` (checked to be `HOST:PORT`), else `listener` unless
 /// it is a wildcard or has no port yet.
 ///
 /// # Errors
-/// Why neither can be advertised, for a message that names the key.
-pub fn advertised(given: Option<&str>, listener: SocketAddr) -> Result<String, String> {
+/// [`AdvertiseError::NotHostPort`] for a `given` address that is not `HOST:PORT`,
+/// [`AdvertiseError::Wildcard`] for none given and a wildcard `listener`.
+pub fn advertised(given: Option<&str>, listener: SocketAddr) -> Result<String, AdvertiseError> {
     match given {
         Some(address) => {
             let valid = address.rsplit_once(':').is_some_and(|(host, port)| {
@@ -214,19 +229,18 @@ pub fn advertised(given: Option<&str>, listener: SocketAddr) -> Result<String, S
             if valid {
                 Ok(address.to_owned())
             } else {
-                Err(format!("{address:?} is not HOST:PORT"))
+                Err(AdvertiseError::NotHostPort(address.to_owned()))
             }
         }
-        None if listener.ip().is_unspecified() => Err(format!(
-            "not set, and the listener {listener} is a wildcard nobody can dial; set the \
-             address this member is reached at"
-        )),
+        None if listener.ip().is_unspecified() => Err(AdvertiseError::Wildcard(listener)),
         None => Ok(listener.to_string()),
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use proptest::prelude::*;
+
     use super::*;
 
     fn local() -> (SocketAddr, SocketAddr) {
@@ -297,7 +311,50 @@ mod tests {
             assert_eq!(advertised(Some(good), local().0).as_deref(), Ok(good));
         }
         for bad in ["", ":7100", "host:0", "host:99999", "a b:1"] {
-            assert!(advertised(Some(bad), local().0).is_err(), "{bad}");
+            assert_eq!(
+                advertised(Some(bad), local().0),
+                Err(AdvertiseError::NotHostPort(bad.to_owned())),
+                "{bad}"
+            );
+        }
+        let wildcard = SocketAddr::from(([0, 0, 0, 0], 7100));
+        assert_eq!(
+            advertised(None, wildcard),
+            Err(AdvertiseError::Wildcard(wildcard))
+        );
+    }
+
+    proptest! {
+        #[test]
+        fn an_address_given_as_host_and_port_is_advertised_as_given(
+            host in "[a-z0-9.-]{1,40}|\\[[0-9a-f:]{2,39}\\]",
+            port in 1_u16..,
+        ) {
+            let address = format!("{host}:{port}");
+            prop_assert_eq!(advertised(Some(&address), local().0), Ok(address));
+        }
+
+        #[test]
+        fn an_address_without_a_port_or_with_a_blank_is_refused_naming_it(
+            host in "[a-z0-9.-]{0,20}",
+            blank in "[a-z]{1,5} [a-z]{1,5}",
+        ) {
+            for address in [host.clone(), format!("{host}:0"), format!("{blank}:7100")] {
+                let error = advertised(Some(&address), local().0).unwrap_err();
+                prop_assert_eq!(error.to_string(), format!("{address:?} is not HOST:PORT"));
+            }
+        }
+
+        #[test]
+        fn a_site_is_a_short_name_of_letters_digits_dashes_and_underscores(
+            site in "[a-zA-Z0-9_-]{1,64}",
+            bad in "[a-z]{0,3}[./ :*>]{1,3}[a-z]{0,3}",
+        ) {
+            let key = "`cluster.site`";
+            let good = cluster(&site, "nats://a:4222").problems(local()).join("\n");
+            prop_assert!(!good.contains(key), "{}", good);
+            let refused = cluster(&bad, "nats://a:4222").problems(local()).join("\n");
+            prop_assert!(refused.contains(key), "{} in {}", bad, refused);
         }
     }
 }

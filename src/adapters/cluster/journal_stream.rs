@@ -29,18 +29,24 @@
 //! file holds batches the stream lacks (it acted before in this life: what it wrote after it
 //! stood down, or a batch the stream refused).
 //!
-//! It decides nothing about who acts: [`JournalStream::write_as`] is what a member taking
-//! over waits on before it acts.
+//! What the tasks decide apart from their I/O — a batch's id and headers, what an append's
+//! answer means, which batches are folded in which order, where a fold starts — is
+//! `rules.rs`, pure and tested on its own.
+//!
+//! It decides nothing about who acts: its [`SiteStream`] side is what a member taking over
+//! waits on before it acts (`crate::app::takeover`).
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use async_nats::HeaderMap;
-use async_nats::jetstream::context::{PublishError, PublishErrorKind};
+use async_nats::jetstream::consumer::{self, pull::OrderedError};
+use async_nats::jetstream::context::{CreateStreamError, PublishError, RequestError};
 use async_nats::jetstream::publish::PublishAck;
+use async_nats::jetstream::stream::ConsumerError;
 use async_nats::jetstream::{self, message::PublishMessage};
+use async_trait::async_trait;
 use futures::StreamExt as _;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -49,16 +55,13 @@ use tracing::{info, warn};
 
 use super::snapshots::Snapshots;
 use crate::adapters::journal::{ReplicaBatch, ReplicaFeed, SqliteJournal, empty_batch};
-use crate::ports::RunJournal;
+use crate::ports::{ClaimError, RebuildError, RunJournal, SiteStream};
 
 mod retention;
+mod rules;
 
 pub use retention::SnapshotPolicy;
-
-/// The header naming the member that wrote a batch.
-const EDGE_HEADER: &str = "Edge-Id";
-/// The header naming the epoch it wrote it under.
-const EPOCH_HEADER: &str = "Edge-Epoch";
+use rules::{Acked, Appended, Next, Origin, Start, Verdict, verdict};
 
 /// How long the tasks wait before trying NATS again after a failure.
 const RETRY: Duration = Duration::from_millis(250);
@@ -66,9 +69,57 @@ const RETRY: Duration = Duration::from_millis(250);
 /// How long one pull of the folder's consumer waits for messages.
 const PULL_EXPIRES: Duration = Duration::from_secs(2);
 
-/// The published batches whose sequence is remembered, newest last: a copy is paired with
-/// the sequence of the last batch it holds, looked up as soon as that batch is published.
-const ACKED_KEPT: usize = 4_096;
+/// Why the site's journal stream could not be read (or written).
+#[derive(Debug, thiserror::Error)]
+enum JournalStreamError {
+    /// The stream could be neither found nor created.
+    #[error("cannot open the journal stream {stream}: {source}")]
+    Open {
+        /// The stream.
+        stream: String,
+        /// NATS's answer.
+        #[source]
+        source: CreateStreamError,
+    },
+    /// Its state could not be read.
+    #[error("cannot read the journal stream: {0}")]
+    Info(#[source] RequestError),
+    /// A consumer could not be created on it.
+    #[error("cannot read the journal stream: {0}")]
+    Consumer(#[source] ConsumerError),
+    /// Its messages could not be asked for.
+    #[error("cannot read the journal stream: {0}")]
+    Messages(#[source] consumer::StreamError),
+    /// A message could not be pulled.
+    #[error(transparent)]
+    Pull(OrderedError),
+    /// A message came past the one after the last folded: the stream was purged under the
+    /// consumer.
+    #[error("the journal stream skipped from {folded} to {seq} (purged meanwhile)")]
+    Skipped {
+        /// The last sequence folded.
+        folded: u64,
+        /// The sequence that came.
+        seq: u64,
+    },
+    /// The stream starts past the newest snapshot: neither holds the batches between.
+    #[error(
+        "the site's journal stream starts at {first}, past its newest snapshot ({snapshot}): \
+         the batches in between are lost to this member until a newer snapshot is stored"
+    )]
+    PastSnapshot {
+        /// The stream's first sequence.
+        first: u64,
+        /// The sequence the newest snapshot covers.
+        snapshot: u64,
+    },
+    /// The folder stopped while a takeover waited for it.
+    #[error("the journal stream's folder stopped")]
+    FolderStopped,
+    /// The journal could not be rebuilt from the newest snapshot.
+    #[error(transparent)]
+    Rebuild(#[from] RebuildError),
+}
 
 /// What the stream's tasks did, for the metrics export. Cheap to clone.
 #[derive(Debug, Clone, Default)]
@@ -207,7 +258,7 @@ struct Inner {
     /// How many times the file was rebuilt: a read of the stream begun before starts over.
     rebuilt: watch::Sender<u64>,
     /// The stream sequences of the latest published batches, by their number in the feed.
-    acked: Mutex<VecDeque<(u64, u64)>>,
+    acked: Mutex<Acked>,
     /// The file holds batches the stream lacks (this member stood down, or kept a batch
     /// local): it takes no snapshot, and rebuilds its file before it takes over again.
     unclean: AtomicBool,
@@ -255,7 +306,7 @@ impl JournalStream {
                 applying: tokio::sync::Mutex::new(()),
                 handled: watch::Sender::new(0),
                 rebuilt: watch::Sender::new(0),
-                acked: Mutex::new(VecDeque::new()),
+                acked: Mutex::new(Acked::default()),
                 unclean: AtomicBool::new(false),
                 kept_bytes: AtomicU64::new(0),
                 js,
@@ -302,38 +353,58 @@ impl JournalStream {
         }
     }
 
-    /// Makes this member the stream's only writer under `epoch`: waits until the local
-    /// journal holds every batch in the stream, then appends a claim (an empty batch under
-    /// `epoch`) expecting the stream to end where it caught up — another batch that came in
-    /// meanwhile is folded and the claim tried again. From then on the journal's batches go
-    /// to the stream, each expected right after the last, so a member that wrote before the
-    /// claim can append nothing after it. Returns the claim's sequence.
-    ///
-    /// # Errors
-    /// NATS's answer, as text, when the stream cannot be read or written; or the stream
-    /// holds a batch of a newer epoch (a member that acquired the lease after this one
-    /// writes it).
-    pub async fn write_as(&self, epoch: u64) -> Result<u64, String> {
+    /// Waits until the local journal holds every batch the stream held when called, and
+    /// has written it; the stream's last sequence then.
+    async fn catch_up(&self) -> Result<u64, JournalStreamError> {
         let inner = &self.inner;
-        if inner.unclean.load(Ordering::Acquire) {
-            info!("this member acted before: its journal is rebuilt from the site's stream");
-            inner.rebuild().await?;
-        }
+        let mut stream = inner.stream().await?;
+        let last = stream
+            .info()
+            .await
+            .map_err(JournalStreamError::Info)?
+            .state
+            .last_sequence;
+        let mut folded = inner.folded.subscribe();
+        folded
+            .wait_for(|seq| *seq >= last)
+            .await
+            .map_err(|_| JournalStreamError::FolderStopped)?;
+        inner.journal.flush().await;
+        Ok(last)
+    }
+}
+
+#[async_trait]
+impl SiteStream for JournalStream {
+    fn holds_unpublished(&self) -> bool {
+        self.inner.unclean.load(Ordering::Acquire)
+    }
+
+    async fn rebuild(&self) -> Result<(), RebuildError> {
+        self.inner.rebuild().await.map(|_covered| ())
+    }
+
+    /// Appends a claim (an empty batch under `epoch`) once caught up, expecting the stream
+    /// to end there — another batch that came in meanwhile is folded and the claim tried
+    /// again. From then on each batch is expected right after the last, so a member that
+    /// wrote before the claim can append nothing after it.
+    async fn claim(&self, epoch: u64) -> Result<u64, ClaimError> {
+        let inner = &self.inner;
         inner
             .own_epochs
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert(epoch);
-        let id = format!("{}-{epoch}-claim", inner.edge_id);
+        let id = rules::claim_id(&inner.edge_id, epoch);
         let claim = empty_batch();
         loop {
-            let last = self.catch_up().await?;
+            let last = self
+                .catch_up()
+                .await
+                .map_err(|error| ClaimError::Stream(Box::new(error)))?;
             let newest = inner.newest_epoch.load(Ordering::Acquire);
             if newest > epoch {
-                return Err(format!(
-                    "the site's journal holds batches of epoch {newest}, newer than this \
-                     member's {epoch}"
-                ));
+                return Err(ClaimError::NewerEpoch { newest, epoch });
             }
             let claimed = loop {
                 match Appended::of(inner.append(&claim, &id, epoch, last).await) {
@@ -362,40 +433,18 @@ impl JournalStream {
         }
     }
 
-    /// From now on the journal's batches stay local (this member stopped acting); those
-    /// already handed over are still published under the epoch they were written in.
-    pub fn stop_writing(&self) {
+    /// Those batches already handed over are still published under the epoch they were
+    /// written in.
+    fn stop_writing(&self) {
         self.inner.journal.set_publishing(false);
         self.inner.unclean.store(true, Ordering::Release);
     }
 
-    /// Returns once the stream refused a batch this member wrote under `epoch`: another
-    /// member claimed the stream since, so this one has lost the site's lease.
-    pub async fn fenced(&self, epoch: u64) {
+    async fn fenced(&self, epoch: u64) {
         let mut fenced = self.inner.fenced.subscribe();
         if fenced.wait_for(|at| *at == epoch).await.is_err() {
             std::future::pending::<()>().await;
         }
-    }
-
-    /// Waits until the local journal holds every batch the stream held when called, and
-    /// has written it; the stream's last sequence then.
-    async fn catch_up(&self) -> Result<u64, String> {
-        let inner = &self.inner;
-        let mut stream = inner.stream().await?;
-        let last = stream
-            .info()
-            .await
-            .map_err(|error| format!("cannot read the journal stream: {error}"))?
-            .state
-            .last_sequence;
-        let mut folded = inner.folded.subscribe();
-        folded
-            .wait_for(|seq| *seq >= last)
-            .await
-            .map_err(|_| "the journal stream's folder stopped".to_owned())?;
-        inner.journal.flush().await;
-        Ok(last)
     }
 }
 
@@ -417,63 +466,9 @@ impl JournalStreamTasks {
     }
 }
 
-/// What the stream answered to an append.
-#[derive(Debug, PartialEq, Eq)]
-enum Appended {
-    /// Stored at this sequence (or stored before, for a retried id: the stream's duplicate
-    /// window answers with the first one's sequence).
-    At(u64),
-    /// The stream does not end where the writer expected: another member appended since.
-    Refused,
-    /// No answer, or another error: the same append may be tried again.
-    Failed(String),
-}
-
-impl Appended {
-    fn of(answer: Result<PublishAck, PublishError>) -> Self {
-        match answer {
-            Ok(ack) => Appended::At(ack.sequence),
-            Err(error) if error.kind() == PublishErrorKind::WrongLastSequence => Appended::Refused,
-            Err(error) => Appended::Failed(error.to_string()),
-        }
-    }
-}
-
-/// What the folder does with a batch.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Verdict {
-    /// Written by another member, or an earlier life of this one: applied.
-    Apply,
-    /// Written by this life of this member: in its file already.
-    Own,
-    /// Written under an epoch older than one already folded (or under none).
-    Stale,
-}
-
-/// The verdict on a batch `edge` wrote under `epoch`, for member `me` that published under
-/// `own_epochs` in this life and folded batches up to epoch `newest` before this one.
-fn verdict(
-    edge: Option<&str>,
-    epoch: Option<u64>,
-    me: &str,
-    own_epochs: &HashSet<u64>,
-    newest: u64,
-) -> Verdict {
-    match epoch {
-        Some(epoch) if epoch >= newest => {
-            if edge == Some(me) && own_epochs.contains(&epoch) {
-                Verdict::Own
-            } else {
-                Verdict::Apply
-            }
-        }
-        _ => Verdict::Stale,
-    }
-}
-
 impl Inner {
     /// The stream, created when absent (file storage, every batch kept).
-    async fn stream(&self) -> Result<jetstream::stream::Stream, String> {
+    async fn stream(&self) -> Result<jetstream::stream::Stream, JournalStreamError> {
         let config = jetstream::stream::Config {
             name: self.stream.clone(),
             description: Some("the edge site's journal of record".to_owned()),
@@ -486,7 +481,10 @@ impl Inner {
         self.js
             .get_or_create_stream(config)
             .await
-            .map_err(|error| format!("cannot open the journal stream {}: {error}", self.stream))
+            .map_err(|source| JournalStreamError::Open {
+                stream: self.stream.clone(),
+                source,
+            })
     }
 
     /// Appends `bytes` as message `id` under `epoch`, expecting the stream to end at
@@ -498,12 +496,9 @@ impl Inner {
         epoch: u64,
         last_seq: u64,
     ) -> Result<PublishAck, PublishError> {
-        let mut headers = HeaderMap::new();
-        headers.insert(EDGE_HEADER, self.edge_id.as_str());
-        headers.insert(EPOCH_HEADER, epoch.to_string().as_str());
         let message = PublishMessage::build()
             .payload(bytes.to_vec().into())
-            .headers(headers)
+            .headers(rules::signed(&self.edge_id, epoch))
             .message_id(id)
             .expected_last_sequence(last_seq);
         self.js
@@ -536,13 +531,11 @@ impl Inner {
             // Stopped without NATS, or fenced, the batch stays local: its flush is released
             // all the same.
             match self.publish_one(&batch, n, &stop).await {
-                Some(seq) => {
-                    let mut acked = self.acked.lock().unwrap_or_else(|p| p.into_inner());
-                    if acked.len() == ACKED_KEPT {
-                        acked.pop_front();
-                    }
-                    acked.push_back((n, seq));
-                }
+                Some(seq) => self
+                    .acked
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(n, seq),
                 None => self.unclean.store(true, Ordering::Release),
             }
             self.handled.send_replace(n);
@@ -564,7 +557,7 @@ impl Inner {
             StreamStats::count(&counters.kept_local);
             return None;
         };
-        let id = format!("{}-{}-{n}", self.edge_id, writer.epoch);
+        let id = rules::batch_id(&self.edge_id, writer.epoch, n);
         let started = Instant::now();
         let mut warned = false;
         loop {
@@ -647,7 +640,7 @@ impl Inner {
     /// that starts past what was folded (purged below a snapshot) is folded on from the
     /// newest snapshot; a batch missing in between ends the read (the next one starts
     /// with that check).
-    async fn fold_from_start(&self) -> Result<(), String> {
+    async fn fold_from_start(&self) -> Result<(), JournalStreamError> {
         let mut stream = self.stream().await?;
         let from = self.fold_start(&mut stream).await?;
         let config = jetstream::consumer::pull::OrderedConfig {
@@ -663,11 +656,11 @@ impl Inner {
         let consumer = stream
             .create_consumer(config)
             .await
-            .map_err(|error| format!("cannot read the journal stream: {error}"))?;
+            .map_err(JournalStreamError::Consumer)?;
         let mut messages = consumer
             .messages()
             .await
-            .map_err(|error| format!("cannot read the journal stream: {error}"))?;
+            .map_err(JournalStreamError::Messages)?;
         info!(stream = %self.stream, from, "folding the site's journal stream");
         let mut rebuilt = self.rebuilt.subscribe();
         let mut idle =
@@ -692,19 +685,16 @@ impl Inner {
             let Some(message) = message else {
                 break;
             };
-            let message = message.map_err(|error| error.to_string())?;
+            let message = message.map_err(JournalStreamError::Pull)?;
             let Ok(seq) = message.info().map(|info| info.stream_sequence) else {
                 continue;
             };
             let _applying = self.applying.lock().await;
             let folded = *self.folded.borrow();
-            if seq <= folded {
-                continue;
-            }
-            if seq > folded + 1 && !self.writes() {
-                return Err(format!(
-                    "the journal stream skipped from {folded} to {seq} (purged meanwhile)"
-                ));
+            match rules::next(seq, folded, self.writes()) {
+                Next::Handled => continue,
+                Next::Gap => return Err(JournalStreamError::Skipped { folded, seq }),
+                Next::Fold => {}
             }
             self.apply(&message, seq);
             self.folded.send_replace(seq);
@@ -724,33 +714,35 @@ impl Inner {
 
     /// Where to read the stream from: past what was folded, after a rebuild from the newest
     /// snapshot when the stream starts past that.
-    async fn fold_start(&self, stream: &mut jetstream::stream::Stream) -> Result<u64, String> {
+    async fn fold_start(
+        &self,
+        stream: &mut jetstream::stream::Stream,
+    ) -> Result<u64, JournalStreamError> {
         let first = stream
             .info()
             .await
-            .map_err(|error| format!("cannot read the journal stream: {error}"))?
+            .map_err(JournalStreamError::Info)?
             .state
             .first_sequence;
         let folded = *self.folded.borrow();
-        if first > folded + 1 && self.writes() {
-            // Never rebuilt under its own writer: what it lacks was purged by itself, and is
-            // its own or folded before its claim.
-            warn!(
-                first,
-                folded,
-                "the site's journal stream starts past what this member read; it writes the stream, so it reads on"
-            );
-            return Ok(first);
-        }
-        if first > folded + 1 {
-            let covered = self.rebuild().await?;
-            if first > covered.sequence + 1 {
-                return Err(format!(
-                    "the site's journal stream starts at {first}, past its newest snapshot ({}): \
-                     the batches in between are lost to this member until a newer snapshot is \
-                     stored",
-                    covered.sequence
-                ));
+        match rules::start(first, folded, self.writes()) {
+            Start::Next => {}
+            Start::First => {
+                warn!(
+                    first,
+                    folded,
+                    "the site's journal stream starts past what this member read; it writes the stream, so it reads on"
+                );
+                return Ok(first);
+            }
+            Start::Snapshot => {
+                let covered = self.rebuild().await?;
+                if !covered.reaches(first) {
+                    return Err(JournalStreamError::PastSnapshot {
+                        first,
+                        snapshot: covered.sequence,
+                    });
+                }
             }
         }
         Ok(*self.folded.borrow() + 1)
@@ -759,15 +751,7 @@ impl Inner {
     /// Applies the batch at `seq` unless this life of the member wrote it or it is stale
     /// (see [`verdict`]).
     fn apply(&self, message: &jetstream::Message, seq: u64) {
-        let header = |name: &str| {
-            message
-                .headers
-                .as_ref()
-                .and_then(|h| h.get(name))
-                .map(|v| v.as_str().to_owned())
-        };
-        let edge = header(EDGE_HEADER);
-        let epoch = header(EPOCH_HEADER).and_then(|e| e.parse::<u64>().ok());
+        let Origin { edge, epoch } = Origin::of(message.headers.as_ref());
         let newest = self
             .newest_epoch
             .fetch_max(epoch.unwrap_or(0), Ordering::AcqRel);
@@ -795,42 +779,5 @@ impl Inner {
                 }
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_member_folds_every_batch_in_order_but_its_own_of_this_life_and_stale_ones() {
-        let own: HashSet<u64> = [9].into();
-        let fold =
-            |edge: &str, epoch: Option<u64>, newest| verdict(Some(edge), epoch, "b", &own, newest);
-        assert_eq!(fold("a", Some(5), 5), Verdict::Apply, "another member's");
-        assert_eq!(fold("a", Some(9), 5), Verdict::Apply, "a newer claim");
-        assert_eq!(fold("b", Some(5), 5), Verdict::Apply, "an earlier life's");
-        assert_eq!(fold("b", Some(9), 9), Verdict::Own);
-        assert_eq!(fold("a", Some(4), 5), Verdict::Stale);
-        assert_eq!(fold("a", None, 0), Verdict::Stale);
-        assert_eq!(verdict(None, Some(9), "b", &own, 9), Verdict::Apply);
-    }
-
-    #[test]
-    fn only_a_wrong_last_sequence_fences_a_writer() {
-        let ack = PublishAck {
-            sequence: 12,
-            duplicate: true,
-            ..PublishAck::default()
-        };
-        assert_eq!(
-            Appended::of(Ok(ack)),
-            Appended::At(12),
-            "a retried append's duplicate"
-        );
-        let refused = PublishError::new(PublishErrorKind::WrongLastSequence);
-        assert_eq!(Appended::of(Err(refused)), Appended::Refused);
-        let timed_out = PublishError::new(PublishErrorKind::TimedOut);
-        assert!(matches!(Appended::of(Err(timed_out)), Appended::Failed(_)));
     }
 }

@@ -19,14 +19,14 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::config::ClusterConfig;
-use super::kv::{SiteBucket, WriteError};
-use crate::adapters::nats::connect;
+use super::kv::{NoAnswer, SiteBucket, WriteError};
+use crate::adapters::nats::connect::{self, OptionsError};
 use crate::domain::site::{
     ActiveStep, Held, Lease, LeaseTiming, RenewFailure, StandbyStep, StepDown, after_renew_failure,
     decide_active, decide_standby,
 };
 use crate::ports::clock::now_ms;
-use crate::ports::{ActiveMember, Role, SiteRole, TakeOver};
+use crate::ports::{ActiveMember, Role, SiteRole, TakeOver, TakeOverError};
 
 /// How a standby's reason starts when its node definitions are not the holder's.
 const MISMATCH: &str = "node definitions differ";
@@ -92,9 +92,26 @@ pub struct ClusterLease {
 /// Why the lease could not be set up.
 #[derive(Debug, thiserror::Error)]
 pub enum ClusterError {
-    /// The NATS client could not start (a file it names cannot be read).
+    /// The NATS client's options could not be built (a file they name cannot be read).
     #[error("cannot start the cluster's NATS client: {0}")]
-    Client(String),
+    Options(#[source] OptionsError),
+    /// The NATS client could not start.
+    #[error("cannot start the cluster's NATS client: {0}")]
+    Connect(#[source] async_nats::ConnectError),
+}
+
+/// Why a takeover ended without this member acting.
+#[derive(Debug, thiserror::Error)]
+enum NotTakenOver {
+    /// The takeover itself failed.
+    #[error(transparent)]
+    Failed(#[from] TakeOverError),
+    /// It did not finish within `cluster.takeover_timeout_ms`.
+    #[error("it took longer than {} ms", .0.as_millis())]
+    TooLong(Duration),
+    /// A renewal meanwhile found another member's write.
+    #[error("the lease was lost while taking over")]
+    LeaseLost,
 }
 
 /// The shortest time between two pings of the site's NATS client.
@@ -106,7 +123,8 @@ impl ClusterLease {
     /// only keeps this member standing by.
     ///
     /// # Errors
-    /// [`ClusterError::Client`] when a credential or TLS file cannot be read.
+    /// [`ClusterError::Options`] when a credential or TLS file cannot be read,
+    /// [`ClusterError::Connect`] when the client cannot start.
     pub async fn connect(
         config: &ClusterConfig,
         me: Member,
@@ -114,7 +132,7 @@ impl ClusterLease {
     ) -> Result<Self, ClusterError> {
         let connection = config.connection();
         let options = connect::options(&connection, format!("edge {} (site)", me.edge_id))
-            .map_err(|error| ClusterError::Client(error.to_string()))?
+            .map_err(ClusterError::Options)?
             // A link gone silent (a NAT entry expired, a cable pulled) is found dead after
             // two unanswered pings: within seconds, not the client's default minutes, so a
             // member is back in its site as soon as the network is. Not more often than a
@@ -124,7 +142,7 @@ impl ClusterLease {
         let client = options
             .connect(connection.servers())
             .await
-            .map_err(|error| ClusterError::Client(error.to_string()))?;
+            .map_err(ClusterError::Connect)?;
         let mut js = jetstream::new(client);
         js.set_timeout(config.request_timeout());
         role.set(standby(None, "looking for the site's lease".to_owned()));
@@ -355,33 +373,10 @@ impl Ticks {
         let unchanged = watching.unchanged_for(seen.revision());
         let unchanged_ms = u64::try_from(unchanged.as_millis()).unwrap_or(u64::MAX);
         let me = &self.lease.me;
-        match decide_standby(&seen, &me.digest, now_ms(), unchanged_ms, self.timing()) {
-            StandbyStep::Create => self.acquire(None).await,
-            StandbyStep::TakeOver { revision } => self.acquire(Some(revision)).await,
-            StandbyStep::Follow(lease) if lease.edge_id == me.edge_id => {
-                let reason = "the site's lease is one this member wrote before it stood by (or \
-                              before a restart); taking it again once it lapses"
-                    .to_owned();
-                self.stand_by(None, reason);
-            }
-            StandbyStep::Follow(lease) => {
-                let reason = format!("edge {} holds the site's lease", lease.edge_id);
-                self.stand_by(Some(&lease), reason);
-            }
-            StandbyStep::AwaitLapse(lease) => {
-                let reason = "the site's lease has expired; taking it over once it has stayed \
-                              unchanged for a whole lease"
-                    .to_owned();
-                self.stand_by(lease.as_ref(), reason);
-            }
-            StandbyStep::Mismatch(lease) => {
-                let reason = format!(
-                    "{MISMATCH} from those of edge {}, which holds the site's lease (digest {} \
-                     here, {} there): this member never takes over from it",
-                    lease.edge_id, me.digest, lease.node_definitions_digest
-                );
-                self.stand_by(Some(&lease), reason);
-            }
+        let step = decide_standby(&seen, &me.digest, now_ms(), unchanged_ms, self.timing());
+        match standing(step, me) {
+            Standing::Acquire(revision) => self.acquire(revision).await,
+            Standing::StandBy(holder, reason) => self.stand_by(holder.as_ref(), reason),
         }
         poll
     }
@@ -399,7 +394,7 @@ impl Ticks {
                 Some(revision) => bucket.update(&lease, revision).await,
             }
         };
-        match bounded_write(self.lease.config.request_timeout(), write).await {
+        match bounded(self.lease.config.request_timeout(), write).await {
             Ok(acquired) => {
                 LeaseStats::count(&self.lease.stats.counters.acquisitions);
                 tracing::info!(
@@ -418,7 +413,7 @@ impl Ticks {
             }
             // Someone else was faster: the next look shows who.
             Err(WriteError::Conflict) => {}
-            Err(WriteError::Failed(error)) => {
+            Err(error) => {
                 self.stand_by(None, format!("cannot reach the site's NATS: {error}"));
             }
         }
@@ -449,14 +444,12 @@ impl Ticks {
             tokio::select! {
                 prepared = &mut prepare => match prepared {
                     Ok(Ok(())) => return Some(held),
-                    Ok(Err(problem)) => break problem,
-                    Err(_) => break format!("it took longer than {} ms", limit.as_millis()),
+                    Ok(Err(problem)) => break NotTakenOver::Failed(problem),
+                    Err(_) => break NotTakenOver::TooLong(limit),
                 },
                 () = tokio::time::sleep_until(renew_at) => {
                     renew_at = match self.renew(held).await {
-                        ActiveStep::StepDown(_) => {
-                            break "the lease was lost while taking over".into();
-                        }
+                        ActiveStep::StepDown(_) => break NotTakenOver::LeaseLost,
                         ActiveStep::Wait { until_ms } => at_wall(until_ms),
                         ActiveStep::Renew => Instant::now(),
                     };
@@ -505,7 +498,7 @@ impl Ticks {
         let expires_at_ms = now.saturating_add(timing.lease_ms);
         let lease = self.lease_value(expires_at_ms);
         let stats = &self.lease.stats.counters;
-        let failure = match bounded_write(timeout, bucket.update(&lease, held.revision)).await {
+        let failure = match bounded(timeout, bucket.update(&lease, held.revision)).await {
             Ok(revision) => {
                 LeaseStats::count(&stats.renewals);
                 let renewed = held.renewed(revision, expires_at_ms);
@@ -514,7 +507,7 @@ impl Ticks {
                 return decide_active(&renewed, now_ms(), timing);
             }
             Err(WriteError::Conflict) => RenewFailure::Conflict,
-            Err(WriteError::Failed(error)) => {
+            Err(error) => {
                 tracing::warn!(%error, "could not renew the site's lease; trying again");
                 RenewFailure::Unreachable
             }
@@ -597,6 +590,46 @@ impl Ticks {
     }
 }
 
+/// What a standby does on the domain's step.
+#[derive(Debug, PartialEq, Eq)]
+enum Standing {
+    /// Writes the lease: creates it (`None`), or takes it over at the revision read.
+    Acquire(Option<u64>),
+    /// Stands by, pointing callers to the holder when it is another member, saying why.
+    StandBy(Option<Lease>, String),
+}
+
+/// What member `me`, standing by, does on `step`: a lease it wrote itself (before it
+/// stood by, or before a restart) points nobody to it.
+fn standing(step: StandbyStep, me: &Member) -> Standing {
+    match step {
+        StandbyStep::Create => Standing::Acquire(None),
+        StandbyStep::TakeOver { revision } => Standing::Acquire(Some(revision)),
+        StandbyStep::Follow(lease) if lease.edge_id == me.edge_id => {
+            let reason = "the site's lease is one this member wrote before it stood by (or \
+                          before a restart); taking it again once it lapses";
+            Standing::StandBy(None, reason.to_owned())
+        }
+        StandbyStep::Follow(lease) => {
+            let reason = format!("edge {} holds the site's lease", lease.edge_id);
+            Standing::StandBy(Some(lease), reason)
+        }
+        StandbyStep::AwaitLapse(lease) => {
+            let reason = "the site's lease has expired; taking it over once it has stayed \
+                          unchanged for a whole lease";
+            Standing::StandBy(lease, reason.to_owned())
+        }
+        StandbyStep::Mismatch(lease) => {
+            let reason = format!(
+                "{MISMATCH} from those of edge {}, which holds the site's lease (digest {} \
+                 here, {} there): this member never takes over from it",
+                lease.edge_id, me.digest, lease.node_definitions_digest
+            );
+            Standing::StandBy(Some(lease), reason)
+        }
+    }
+}
+
 /// A standby role pointing to `holder`, when known.
 fn standby(holder: Option<&Lease>, reason: String) -> Role {
     Role::Standby {
@@ -614,27 +647,138 @@ fn at_wall(at_ms: u64) -> Instant {
     Instant::now() + Duration::from_millis(at_ms.saturating_sub(now_ms()))
 }
 
-/// `request`, or an error once `timeout` has passed.
-async fn bounded<T>(
+/// `request`, or [`NoAnswer`] once `timeout` has passed.
+async fn bounded<T, E: From<NoAnswer>>(
     timeout: Duration,
-    request: impl Future<Output = Result<T, String>>,
-) -> Result<T, String> {
+    request: impl Future<Output = Result<T, E>>,
+) -> Result<T, E> {
     tokio::time::timeout(timeout, request)
         .await
-        .unwrap_or_else(|_| Err(format!("no answer within {} ms", timeout.as_millis())))
+        .unwrap_or_else(|_| Err(NoAnswer(timeout).into()))
 }
 
-/// A write, or [`WriteError::Failed`] once `timeout` has passed.
-async fn bounded_write(
-    timeout: Duration,
-    write: impl Future<Output = Result<u64, WriteError>>,
-) -> Result<u64, WriteError> {
-    tokio::time::timeout(timeout, write)
-        .await
-        .unwrap_or_else(|_| {
-            Err(WriteError::Failed(format!(
-                "no answer within {} ms",
-                timeout.as_millis()
-            )))
-        })
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::site::StandbyStep;
+    use crate::ports::JournalError;
+
+    fn me() -> Member {
+        Member {
+            edge_id: "edge-b".into(),
+            node_address: "10.0.0.2:7100".into(),
+            api_address: "10.0.0.2:8080".into(),
+            digest: "sha256:bb".into(),
+        }
+    }
+
+    fn lease(edge_id: &str, digest: &str) -> Lease {
+        Lease {
+            edge_id: edge_id.into(),
+            node_address: "10.0.0.1:7100".into(),
+            api_address: "10.0.0.1:8080".into(),
+            expires_at_ms: 1_000,
+            node_definitions_digest: digest.into(),
+        }
+    }
+
+    #[test]
+    fn a_standby_writes_an_absent_or_lapsed_lease_and_follows_a_live_one_by_name() {
+        assert_eq!(
+            standing(StandbyStep::Create, &me()),
+            Standing::Acquire(None)
+        );
+        assert_eq!(
+            standing(StandbyStep::TakeOver { revision: 41 }, &me()),
+            Standing::Acquire(Some(41))
+        );
+        let holder = lease("edge-a", "sha256:bb");
+        assert_eq!(
+            standing(StandbyStep::Follow(holder.clone()), &me()),
+            Standing::StandBy(
+                Some(holder.clone()),
+                "edge edge-a holds the site's lease".into()
+            )
+        );
+        let Standing::StandBy(pointed, reason) =
+            standing(StandbyStep::AwaitLapse(Some(holder.clone())), &me())
+        else {
+            panic!("a lapsing lease is waited for");
+        };
+        assert_eq!(pointed, Some(holder));
+        assert!(
+            reason.starts_with("the site's lease has expired"),
+            "{reason}"
+        );
+    }
+
+    #[test]
+    fn a_lease_this_member_wrote_points_nobody_to_it() {
+        let mine = lease("edge-b", "sha256:bb");
+        let Standing::StandBy(pointed, reason) = standing(StandbyStep::Follow(mine), &me()) else {
+            panic!("its own live lease is followed, not taken");
+        };
+        assert_eq!(pointed, None, "callers are not sent to this member");
+        assert!(reason.contains("one this member wrote"), "{reason}");
+    }
+
+    #[test]
+    fn other_node_definitions_are_named_with_both_digests() {
+        let other = lease("edge-a", "sha256:aa");
+        let Standing::StandBy(pointed, reason) =
+            standing(StandbyStep::Mismatch(other.clone()), &me())
+        else {
+            panic!("a mismatch stands by");
+        };
+        assert_eq!(pointed, Some(other));
+        assert_eq!(
+            reason,
+            "node definitions differ from those of edge edge-a, which holds the site's lease \
+             (digest sha256:bb here, sha256:aa there): this member never takes over from it"
+        );
+        assert!(reason.starts_with(MISMATCH), "logged as a warning");
+    }
+
+    #[test]
+    fn a_takeover_that_did_not_finish_says_why_in_the_standbys_reason() {
+        let failed = NotTakenOver::from(TakeOverError::Budgets(JournalError::Unavailable(
+            "locked".into(),
+        )));
+        assert_eq!(
+            failed.to_string(),
+            "cannot load the budgets: the run journal cannot be read: locked"
+        );
+        assert_eq!(
+            NotTakenOver::TooLong(Duration::from_secs(60)).to_string(),
+            "it took longer than 60000 ms"
+        );
+        assert_eq!(
+            NotTakenOver::LeaseLost.to_string(),
+            "the lease was lost while taking over"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_request_without_an_answer_in_time_is_no_answer() {
+        let limit = Duration::from_millis(250);
+        let answered: Result<u64, WriteError> = bounded(limit, async { Ok(7) }).await;
+        assert_eq!(answered.ok(), Some(7));
+        let silent = bounded(limit, std::future::pending::<Result<u64, WriteError>>()).await;
+        assert!(
+            matches!(silent, Err(WriteError::NoAnswer(NoAnswer(after))) if after == limit),
+            "{silent:?}"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_standby_counts_how_long_the_lease_stayed_unchanged_and_starts_over_on_a_write() {
+        let mut watching = Watching::default();
+        assert_eq!(watching.unchanged_for(Some(4)), Duration::ZERO);
+        tokio::time::advance(Duration::from_millis(700)).await;
+        assert_eq!(watching.unchanged_for(Some(4)), Duration::from_millis(700));
+        assert_eq!(watching.unchanged_for(Some(5)), Duration::ZERO, "renewed");
+        tokio::time::advance(Duration::from_millis(300)).await;
+        assert_eq!(watching.unchanged_for(Some(5)), Duration::from_millis(300));
+        assert_eq!(watching.unchanged_for(None), Duration::ZERO, "released");
+    }
 }

@@ -6,8 +6,9 @@
 //!
 //! `journal_stream.rs` replicates the journal's batches to the site's stream and folds
 //! them into a standby's journal, and keeps the stream short with snapshots in the site's
-//! object store (`snapshots.rs`); taking the open runs over is the run service's
-//! re-adoption, which the composition calls between the two (`TakeOver`).
+//! object store (`snapshots.rs`); it is the [`SiteStream`](crate::ports::SiteStream) a
+//! member's takeover (`crate::app::takeover`) claims before the run service re-adopts the
+//! open runs, and the lease runs that takeover ([`TakeOver`](crate::ports::TakeOver)).
 
 pub mod config;
 mod journal_stream;

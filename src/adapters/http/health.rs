@@ -6,8 +6,18 @@ use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
-use super::server::OpsState;
-use crate::ports::Role;
+use crate::ports::{Readiness, Role, SiteRole};
+
+/// What the operations endpoints work with. Cheap to clone.
+#[derive(Clone)]
+pub struct OpsState {
+    /// The registry `/metrics` renders.
+    pub metrics: prometheus::Registry,
+    /// For `/readyz`: whether the edge is draining.
+    pub readiness: Readiness,
+    /// For `/readyz`: whether this edge acts for its site (always, without `[cluster]`).
+    pub site: SiteRole,
+}
 
 /// The process is alive and serving HTTP.
 pub(super) async fn healthz() -> &'static str {

@@ -17,4 +17,5 @@ pub(crate) mod tls;
 mod trace;
 
 pub use config::HttpConfig;
-pub use server::{HttpServer, LimitedRoutes, OpsState};
+pub use health::OpsState;
+pub use server::{HttpServer, LimitedRoutes};

@@ -13,23 +13,11 @@ use tokio_util::sync::CancellationToken;
 use tower_http::timeout::RequestBodyTimeoutLayer;
 
 use super::config::HttpConfig;
-use super::health;
+use super::health::{self, OpsState};
 use super::limits::{self, RequestSlots};
 use super::serve::serve;
 use super::tls::TlsListener;
 use crate::adapters::tls::TlsAcceptor;
-use crate::ports::{Readiness, SiteRole};
-
-/// What the operations endpoints work with. Cheap to clone.
-#[derive(Clone)]
-pub struct OpsState {
-    /// The registry `/metrics` renders.
-    pub metrics: prometheus::Registry,
-    /// For `/readyz`: whether the edge is draining.
-    pub readiness: Readiness,
-    /// For `/readyz`: whether this edge acts for its site (always, without `[cluster]`).
-    pub site: SiteRole,
-}
 
 /// A group of routes served behind the listener's concurrent-request limit (the client
 /// APIs), with their own state and layers already applied, and how to refuse a request of

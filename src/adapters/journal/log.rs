@@ -27,7 +27,7 @@ use super::frames::{
     EventChunk, Frame, Stored, push_events, push_open, push_placed, push_record, read_frames,
     read_records,
 };
-use super::writer::to_sql;
+use super::sql::{damaged, to_sql};
 use crate::domain::routing::KeySource;
 use crate::domain::{
     Bucket, NodeId, Rollup, RunId, RunOutcome, RunQuery, RunRecord, UsageCounts, UsageGroup,
@@ -454,9 +454,4 @@ pub(super) fn fold_open(conn: &Connection) -> rusqlite::Result<(OpenRuns, i64)> 
         }
     }
     Ok((open, last + 1))
-}
-
-/// A row that does not decode, as the error a damaged column gives.
-pub(super) fn damaged(error: impl std::fmt::Display) -> rusqlite::Error {
-    rusqlite::Error::InvalidColumnType(0, error.to_string(), rusqlite::types::Type::Blob)
 }

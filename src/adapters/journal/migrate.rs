@@ -13,9 +13,9 @@ use rusqlite::{Connection, OptionalExtension, Row, Transaction, params_from_iter
 use tracing::info;
 
 use super::frames::{EventChunk, Stored, operation, push_events, push_open};
-use super::log::{BatchRow, ROW_MAX_BYTES, damaged};
+use super::log::{BatchRow, ROW_MAX_BYTES};
 use super::packed::pack_lines;
-use super::writer::from_sql;
+use super::sql::{damaged, from_sql, vacuum_free_pages};
 use crate::domain::routing::KeySource;
 use crate::domain::{
     AcceptedRun, AdapterName, Attempt, NodeId, RunId, RunOutcome, RunRecord, Target, Usage,
@@ -98,7 +98,7 @@ pub(super) fn migrate_rows(conn: &mut Connection) -> rusqlite::Result<()> {
     }
     info!(runs, "the run journal is rewritten into batches");
     conn.execute_batch("DROP TABLE events; DROP TABLE attempts; DROP TABLE runs;")?;
-    super::schema::vacuum_free_pages(conn)
+    vacuum_free_pages(conn)
 }
 
 /// Rewrites the oldest old runs, at most [`CHUNK`] and about [`ROW_MAX_BYTES`] of events,

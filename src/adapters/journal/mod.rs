@@ -4,7 +4,9 @@
 //! The relay only enqueues (`queue.rs`); a writer thread writes each batch of entries as
 //! one row of the log (`writer.rs`, `log.rs`, laid out as `frames.rs` says), holding open
 //! runs' events back to write them together when asked (`held_events.rs`), and applies retention
-//! (`retention.rs`); the management API reads on read-only connections (`reader.rs`).
+//! (`retention.rs`); the management API reads on read-only connections (`reader.rs`). The
+//! SQL helpers they share (integers, damaged rows, the file's size) are in `sql.rs`, below
+//! all of them.
 //! With `[cluster]` the writer also hands each batch it wrote, in the form `replica.rs`
 //! gives it, to a publisher (`ReplicaFeed`), and a member folds the batches others wrote
 //! through the same queue. Nothing here is on the relay's path but a push.
@@ -24,6 +26,7 @@ mod replica;
 mod retention;
 mod schema;
 mod snapshot;
+mod sql;
 mod sqlite;
 #[cfg(test)]
 mod tests;

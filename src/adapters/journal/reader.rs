@@ -10,10 +10,10 @@ use rusqlite::{Connection, params};
 
 use super::bloom::IdFilter;
 use super::frames::{Frame, Stored, read_frames, read_records};
-use super::log::{damaged, query_facets};
+use super::log::query_facets;
 use super::packed::{RunIdentity, unpack};
 use super::schema::open_reader;
-use super::writer::{from_sql, to_sql};
+use super::sql::{damaged, from_sql, to_sql};
 use crate::domain::{Attempt, RunId, RunQuery, RunRecord, RunStateFilter};
 use crate::ports::{JournalError, StoredEvent};
 

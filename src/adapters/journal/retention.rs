@@ -11,8 +11,7 @@ use std::time::Duration;
 use rusqlite::{Connection, params};
 
 use super::config::JournalConfig;
-use super::schema::{used_bytes, vacuum_free_pages};
-use super::writer::to_sql;
+use super::sql::{to_sql, used_bytes, vacuum_free_pages};
 
 /// Batch rows removed per transaction, at most.
 const CHUNK: i64 = 64;

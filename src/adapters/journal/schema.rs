@@ -264,36 +264,3 @@ pub(super) fn open_reader(path: &Path) -> rusqlite::Result<Connection> {
     conn.busy_timeout(BUSY_TIMEOUT)?;
     Ok(conn)
 }
-
-/// Hands every free page back to the file system. SQLite frees one page per step of
-/// `PRAGMA incremental_vacuum`, so it is stepped to the end (a single execute frees one).
-pub(super) fn vacuum_free_pages(conn: &Connection) -> rusqlite::Result<()> {
-    let mut statement = conn.prepare_cached("PRAGMA incremental_vacuum")?;
-    let mut rows = statement.query([])?;
-    while rows.next()?.is_some() {}
-    Ok(())
-}
-
-/// The bytes the data takes: pages in use, free pages not counted.
-pub(super) fn used_bytes(conn: &Connection) -> rusqlite::Result<u64> {
-    page_bytes(conn, true)
-}
-
-/// The bytes the database's pages take, free ones included (what the file will hold once
-/// the WAL is checkpointed).
-pub(super) fn file_bytes(conn: &Connection) -> rusqlite::Result<u64> {
-    page_bytes(conn, false)
-}
-
-fn page_bytes(conn: &Connection, in_use_only: bool) -> rusqlite::Result<u64> {
-    let value = |name: &str| -> rusqlite::Result<i64> {
-        conn.pragma_query_value(None, name, |row| row.get(0))
-    };
-    let free = if in_use_only {
-        value("freelist_count")?
-    } else {
-        0
-    };
-    let pages = value("page_count")? - free;
-    Ok(u64::try_from(pages * value("page_size")?).unwrap_or(0))
-}

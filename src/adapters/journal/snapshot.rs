@@ -15,6 +15,69 @@ use rusqlite::Connection;
 use rusqlite::backup::{Backup, StepResult};
 use tokio::sync::oneshot;
 
+use super::schema::OpenError;
+
+/// Why a copy of the journal could not be made
+/// ([`SqliteJournal::snapshot_to`](super::SqliteJournal::snapshot_to)) or its content not
+/// replaced ([`SqliteJournal::restore_from`](super::SqliteJournal::restore_from),
+/// [`SqliteJournal::clear`](super::SqliteJournal::clear)). The journal is then as it was.
+#[derive(Debug, thiserror::Error)]
+pub enum SnapshotError {
+    /// The journal's writer thread has stopped (the journal was closed).
+    #[error("the journal's writer has stopped")]
+    WriterStopped,
+    /// The blocking task doing the work was abandoned (the runtime is shutting down).
+    #[error("abandoned: {0}")]
+    Abandoned(#[source] tokio::task::JoinError),
+    /// No read-only connection to the journal for the copy.
+    #[error(transparent)]
+    OpenReader(rusqlite::Error),
+    /// The copy's read transaction could not begin.
+    #[error("cannot begin the copy: {0}")]
+    Begin(#[source] rusqlite::Error),
+    /// A file already at the copy's path could not be removed.
+    #[error("cannot copy the journal to {}: cannot remove {}: {source}", .to.display(), .file.display())]
+    RemoveTarget {
+        /// Where the copy was to go.
+        to: PathBuf,
+        /// The file that could not be removed (the copy's path, or its WAL or shm file).
+        file: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// SQLite could not copy the journal.
+    #[error("cannot copy the journal to {}: {source}", .to.display())]
+    Copy {
+        /// Where the copy was to go.
+        to: PathBuf,
+        /// Why.
+        #[source]
+        source: rusqlite::Error,
+    },
+    /// There is no journal file where the new content was to come from.
+    #[error("no journal file at {}", .from.display())]
+    NoSource {
+        /// The path given.
+        from: PathBuf,
+    },
+    /// The new content's file could not be opened (or brought to this edge's schema).
+    #[error(transparent)]
+    OpenSource(OpenError),
+    /// The empty file a clear starts from could not be made: an old one stays in the way.
+    #[error("cannot remove {}: {source}", .file.display())]
+    RemoveOld {
+        /// The file that could not be removed.
+        file: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The writer could not copy the new content into the journal.
+    #[error("cannot replace the journal's content: {0}")]
+    Replace(#[source] rusqlite::Error),
+}
+
 /// Work the writer thread does between two batches, asked through the queue.
 pub(super) enum Control {
     /// Start a read transaction on `reader`, and hand it back with the number of batches
@@ -43,13 +106,20 @@ pub(super) fn begin_read(reader: &Connection) -> rusqlite::Result<()> {
 /// then ends the transaction.
 ///
 /// # Errors
-/// What failed, as text.
-pub(super) fn copy_to(reader: &Connection, to: &Path) -> Result<(), String> {
-    remove_with_sidecars(to)
-        .map_err(|(file, error)| format!("cannot remove {}: {error}", file.display()))?;
+/// [`SnapshotError::RemoveTarget`] when a file at `to` cannot be removed,
+/// [`SnapshotError::Copy`] when SQLite cannot copy.
+pub(super) fn copy_to(reader: &Connection, to: &Path) -> Result<(), SnapshotError> {
+    remove_with_sidecars(to).map_err(|(file, source)| SnapshotError::RemoveTarget {
+        to: to.to_owned(),
+        file,
+        source,
+    })?;
     let copied = Connection::open(to).and_then(|mut target| copy(reader, &mut target));
     let ended = reader.execute_batch("COMMIT");
-    copied.and(ended).map_err(|error| error.to_string())
+    copied.and(ended).map_err(|source| SnapshotError::Copy {
+        to: to.to_owned(),
+        source,
+    })
 }
 
 /// Copies every page of `from` into `to` in one step (one transaction on `to`).

@@ -21,11 +21,13 @@ use super::reader::Reader;
 use super::replica::{self, ReplicaError};
 use super::retention::Retention;
 use super::schema::{OpenError, open_reader, open_writer};
-use super::snapshot::{Control, copy_to, remove_with_sidecars};
+use super::snapshot::{Control, SnapshotError, copy_to, remove_with_sidecars};
 use super::usage::read_usage;
 use super::writer::{ReplicaBatch, Replication, Shared, Writer};
 use crate::domain::{RunId, RunQuery, RunRecord, UsageQuery, UsageRow};
-use crate::ports::{JournalEntry, JournalError, JournalStats, RunJournal, StoredEvent};
+use crate::ports::{
+    JournalCache, JournalEntry, JournalError, JournalStats, RunJournal, StoredEvent,
+};
 
 /// The run journal in a SQLite file. Cheap to share behind an `Arc`.
 pub struct SqliteJournal {
@@ -237,22 +239,22 @@ impl SqliteJournal {
     /// after). The writer waits only for the copy's read transaction to begin.
     ///
     /// # Errors
-    /// Why the copy could not be made, as text.
-    pub async fn snapshot_to(&self, to: &Path) -> Result<u64, String> {
+    /// [`SnapshotError::OpenReader`] and [`SnapshotError::Begin`] when the file cannot be
+    /// read, [`SnapshotError::RemoveTarget`] and [`SnapshotError::Copy`] when the copy
+    /// cannot be written, [`SnapshotError::WriterStopped`] and [`SnapshotError::Abandoned`]
+    /// when the journal or the runtime is closing.
+    pub async fn snapshot_to(&self, to: &Path) -> Result<u64, SnapshotError> {
         let path = self.path.clone();
-        let reader = blocking(move || open_reader(&path).map_err(|e| e.to_string())).await?;
+        let reader =
+            blocking(move || open_reader(&path).map_err(SnapshotError::OpenReader)).await?;
         let (reply, answer) = oneshot::channel();
         self.control(Control::Snapshot { reader, reply })?;
         let (reader, handed) = answer
             .await
-            .map_err(|_| WRITER_STOPPED.to_owned())?
-            .map_err(|e| format!("cannot begin the copy: {e}"))?;
+            .map_err(|_| SnapshotError::WriterStopped)?
+            .map_err(SnapshotError::Begin)?;
         let to = to.to_owned();
-        blocking(move || {
-            copy_to(&reader, &to)
-                .map_err(|e| format!("cannot copy the journal to {}: {e}", to.display()))
-        })
-        .await?;
+        blocking(move || copy_to(&reader, &to)).await?;
         Ok(handed)
     }
 
@@ -262,12 +264,15 @@ impl SqliteJournal {
     /// it holds open. Entries recorded before the call are written first (and replaced).
     ///
     /// # Errors
-    /// Why `from` could not be opened or copied, as text; the file is then as it was.
-    pub async fn restore_from(&self, from: &Path) -> Result<usize, String> {
+    /// [`SnapshotError::NoSource`] and [`SnapshotError::OpenSource`] when `from` cannot be
+    /// opened, [`SnapshotError::Replace`] when it cannot be copied,
+    /// [`SnapshotError::WriterStopped`] and [`SnapshotError::Abandoned`] when the journal or
+    /// the runtime is closing; the file is then as it was.
+    pub async fn restore_from(&self, from: &Path) -> Result<usize, SnapshotError> {
         let from = from.to_owned();
         self.replace_with(move || {
             if !from.is_file() {
-                return Err(format!("no journal file at {}", from.display()));
+                return Err(SnapshotError::NoSource { from });
             }
             open_source(&from)
         })
@@ -278,8 +283,9 @@ impl SqliteJournal {
     /// been recorded.
     ///
     /// # Errors
-    /// As [`SqliteJournal::restore_from`].
-    pub async fn clear(&self) -> Result<usize, String> {
+    /// As [`SqliteJournal::restore_from`], and [`SnapshotError::RemoveOld`] when an old
+    /// empty file is in the way.
+    pub async fn clear(&self) -> Result<usize, SnapshotError> {
         let mut empty = self.path.as_os_str().to_owned();
         empty.push(".empty");
         let empty = PathBuf::from(empty);
@@ -287,7 +293,7 @@ impl SqliteJournal {
         let cleared = self
             .replace_with(move || {
                 let fresh = remove_with_sidecars(&source)
-                    .map_err(|(file, e)| format!("cannot remove {}: {e}", file.display()));
+                    .map_err(|(file, source)| SnapshotError::RemoveOld { file, source });
                 fresh.and_then(|()| open_source(&source))
             })
             .await;
@@ -298,8 +304,8 @@ impl SqliteJournal {
     /// Replaces the file's content with that of the connection `source` opens.
     async fn replace_with(
         &self,
-        source: impl FnOnce() -> Result<Connection, String> + Send + 'static,
-    ) -> Result<usize, String> {
+        source: impl FnOnce() -> Result<Connection, SnapshotError> + Send + 'static,
+    ) -> Result<usize, SnapshotError> {
         self.flush().await;
         let source = blocking(source).await?;
         let (reply, answer) = oneshot::channel();
@@ -309,14 +315,14 @@ impl SqliteJournal {
         })?;
         answer
             .await
-            .map_err(|_| WRITER_STOPPED.to_owned())?
-            .map_err(|e| format!("cannot replace the journal's content: {e}"))
+            .map_err(|_| SnapshotError::WriterStopped)?
+            .map_err(SnapshotError::Replace)
     }
 
-    fn control(&self, control: Control) -> Result<(), String> {
+    fn control(&self, control: Control) -> Result<(), SnapshotError> {
         self.queue
             .push_control(control)
-            .map_err(|_| WRITER_STOPPED.to_owned())
+            .map_err(|_| SnapshotError::WriterStopped)
     }
 
     async fn read<T: Send + 'static>(
@@ -334,21 +340,19 @@ impl SqliteJournal {
 
 /// The journal file at `path` (created empty when absent) as a copy's source, brought to
 /// this edge's schema.
-fn open_source(path: &Path) -> Result<Connection, String> {
+fn open_source(path: &Path) -> Result<Connection, SnapshotError> {
     open_writer(path, &Budget::of(0), true)
         .map(|opened| opened.conn)
-        .map_err(|e| e.to_string())
+        .map_err(SnapshotError::OpenSource)
 }
-
-const WRITER_STOPPED: &str = "the journal's writer has stopped";
 
 /// Runs `work` on the blocking pool.
 async fn blocking<T: Send + 'static>(
-    work: impl FnOnce() -> Result<T, String> + Send + 'static,
-) -> Result<T, String> {
+    work: impl FnOnce() -> Result<T, SnapshotError> + Send + 'static,
+) -> Result<T, SnapshotError> {
     tokio::task::spawn_blocking(work)
         .await
-        .map_err(|error| format!("abandoned: {error}"))?
+        .map_err(SnapshotError::Abandoned)?
 }
 
 /// `records` in the order they were accepted.
@@ -460,6 +464,14 @@ impl RunJournal for SqliteJournal {
                 warn!("the run journal's writer thread ended abnormally");
             }
         }
+    }
+}
+
+/// The file as a member of a site's cache of the site's stream, for its takeover.
+#[async_trait]
+impl JournalCache for SqliteJournal {
+    async fn reload_left_open(&self) -> Result<usize, JournalError> {
+        SqliteJournal::reload_left_open(self).await
     }
 }
 

@@ -372,7 +372,7 @@ async fn retention_by_size_removes_the_oldest_batches_and_none_an_open_run_needs
         )
         .unwrap();
     assert!(older_runs >= 99, "{older_runs}");
-    let before = schema::used_bytes(&conn).unwrap();
+    let before = sql::used_bytes(&conn).unwrap();
     let rows = |conn: &rusqlite::Connection| -> (i64, i64) {
         conn.query_row("SELECT min(seq), count(*) FROM batches", [], |r| {
             Ok((r.get(0)?, r.get(1)?))
@@ -398,7 +398,7 @@ async fn retention_by_size_removes_the_oldest_batches_and_none_an_open_run_needs
     // Everything before the open run's first batch went, oldest first; nothing after.
     assert_eq!(removed as i64, older_runs);
     assert_eq!(rows(&conn), (open_from, rows_before - older_batches));
-    assert!(schema::used_bytes(&conn).unwrap() < before);
+    assert!(sql::used_bytes(&conn).unwrap() < before);
 }
 
 /// The journal's files in `dir`, added up.

@@ -6,7 +6,7 @@ use std::borrow::Cow;
 
 use rusqlite::{Connection, Row, params};
 
-use super::writer::to_sql;
+use super::sql::to_sql;
 use crate::domain::{UsageCounts, UsageGroup, UsageQuery, UsageRow};
 
 /// The rows `query` asks for: ordered by bucket start, then key, model, node and affinity.

@@ -25,8 +25,8 @@ use super::log::{BatchRow, OpenRuns, ROW_MAX_BYTES, fold_open, open_from};
 use super::queue::{EntryQueue, Taken};
 use super::replica;
 use super::retention::{Retention, expire_usage, retention_chunk};
-use super::schema::{file_bytes, used_bytes, vacuum_free_pages};
 use super::snapshot::{self, Control};
+use super::sql::{file_bytes, used_bytes, vacuum_free_pages};
 
 /// Where the writer sends the batches it wrote, while this member publishes them.
 pub(super) struct Replication {
@@ -495,14 +495,4 @@ fn is_full(result: &rusqlite::Result<()>) -> bool {
         Err(rusqlite::Error::SqliteFailure(error, _))
             if error.code == rusqlite::ErrorCode::DiskFull
     )
-}
-
-/// SQLite integers are signed: times and counts past `i64::MAX` are clamped.
-pub(super) fn to_sql(value: u64) -> i64 {
-    i64::try_from(value).unwrap_or(i64::MAX)
-}
-
-/// A stored time or count back: a negative one (never written) reads as 0.
-pub(super) fn from_sql(value: i64) -> u64 {
-    u64::try_from(value).unwrap_or(0)
 }

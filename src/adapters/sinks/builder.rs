@@ -3,8 +3,6 @@
 //! configured kind. It must not format or write events itself.
 
 use std::collections::HashSet;
-use std::io;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,69 +11,20 @@ use tokio::runtime::Handle;
 use crate::domain::EdgeId;
 use crate::ports::EventSink;
 
-use super::config::{EventsConfig, SinkKind};
+use super::config::EventsConfig;
+use super::error::SinkError;
 use super::file::file_writer;
+use super::kind::SinkKind;
 use super::log::LogWriter;
 use super::nats::{NatsStats, nats_sink};
 use super::null::NullWriter;
-use super::queue::{QueueSettings, QueuedSink, SinkStats};
+use super::queue::{QueueSettings, QueuedSink};
+use super::stats::SinkStats;
 use super::stdout::stdout_writer;
 
 /// How often the console and the log sink are flushed at the latest while their queue never
 /// runs empty (the file sink uses `[events.file] flush_interval_ms`).
 const DEFAULT_FLUSH_INTERVAL: Duration = Duration::from_millis(100);
-
-/// Why the configured sinks could not be built.
-#[derive(Debug, thiserror::Error)]
-pub enum SinkError {
-    /// `[events] queue_capacity` is 0.
-    #[error("[events] queue_capacity must be at least 1")]
-    ZeroCapacity,
-    /// A sink kind appears twice in `[events] sinks`.
-    #[error("[events] sinks lists `{}` more than once", .kind.as_str())]
-    Duplicate {
-        /// The repeated kind.
-        kind: SinkKind,
-    },
-    /// `[events.file] path` names a directory.
-    #[error("[events.file] path {} is a directory, not a file", .path.display())]
-    FileIsDirectory {
-        /// The configured path.
-        path: PathBuf,
-    },
-    /// `[events.file] path` cannot be opened for appending.
-    #[error(
-        "cannot open [events.file] path {} for appending (does its directory exist, \
-         and may the edge write there?)",
-        .path.display()
-    )]
-    FileOpen {
-        /// The configured path.
-        path: PathBuf,
-        /// Why the open failed.
-        #[source]
-        source: io::Error,
-    },
-    /// The thread of a sink that writes to a file or standard output could not be started.
-    #[error("cannot start the thread of the `{}` event sink", .kind.as_str())]
-    Thread {
-        /// Which sink.
-        kind: SinkKind,
-        /// Why.
-        #[source]
-        source: io::Error,
-    },
-    /// The NATS sink cannot start: settings that cannot work, or a file named in
-    /// `[events.nats]` that cannot be read (each named with its key).
-    #[error("cannot start the NATS event sink: {detail}")]
-    Nats {
-        /// What is wrong.
-        detail: String,
-    },
-    /// [`build_sinks`] was called outside a tokio runtime.
-    #[error("event sinks must be built inside a tokio runtime (they spawn their drain tasks)")]
-    NoRuntime,
-}
 
 /// One running sink and its counters.
 pub struct BuiltSink {

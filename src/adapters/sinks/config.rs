@@ -4,47 +4,10 @@ use std::path::PathBuf;
 
 use serde::Deserialize;
 
+pub use super::kind::SinkKind;
+pub use crate::adapters::event_format::LineFormat;
+
 use super::nats::NatsSinkConfig;
-
-/// Which sink adapters receive relayed run events.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum SinkKind {
-    /// The console router: one line per event on standard output.
-    Stdout,
-    /// JSON lines appended to a file.
-    File,
-    /// One `tracing` record per event.
-    Log,
-    /// Discards events (for benchmarks and for running without sinks).
-    Null,
-    /// Publishes each event to NATS (core or JetStream).
-    Nats,
-}
-
-impl SinkKind {
-    /// The sink's name in config, logs and metric labels.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Stdout => "stdout",
-            Self::File => "file",
-            Self::Log => "log",
-            Self::Null => "null",
-            Self::Nats => "nats",
-        }
-    }
-}
-
-/// How the stdout sink writes an event.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum LineFormat {
-    /// `run_id node adapter/target kind payload`.
-    #[default]
-    Text,
-    /// One JSON object per line.
-    Json,
-}
 
 /// `[events]`: the sinks in use and their settings.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]

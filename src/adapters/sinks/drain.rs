@@ -12,7 +12,8 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
-use super::queue::{Counters, Message, QueueSettings, SinkStats, SinkWriter};
+use super::stats::Counters;
+use super::writer::SinkWriter;
 use crate::domain::RunEvent;
 
 /// The most messages the drain takes from the queue for one batch.
@@ -35,6 +36,16 @@ const RETRY_POLL: Duration = Duration::from_millis(5);
 /// At most one warning per this long about a failing writer; the rest are counted.
 const WARN_EVERY: Duration = Duration::from_secs(10);
 
+/// What travels through a sink's queue.
+pub(super) enum Message {
+    /// An event to write.
+    Event(Arc<RunEvent>),
+    /// Write and flush everything before this marker, then answer.
+    Flush(oneshot::Sender<()>),
+    /// Write and flush everything before this marker, answer, and end the drain.
+    Close(oneshot::Sender<()>),
+}
+
 /// The drain's state: the writer, the batch being written, and when it last flushed. Its
 /// methods are plain synchronous calls; [`Drain::run_on_task`] and
 /// [`Drain::run_on_thread`] only differ in how they wait for messages.
@@ -50,17 +61,19 @@ pub(super) struct Drain<W> {
 }
 
 impl<W: SinkWriter> Drain<W> {
+    /// A drain writing with `writer`, counting into `counters`, flushing at least every
+    /// `flush_interval`.
     pub(super) fn new(
         name: &'static str,
         writer: W,
-        stats: &SinkStats,
-        settings: QueueSettings,
+        counters: Arc<Counters>,
+        flush_interval: Duration,
     ) -> Self {
         Self {
             name,
             writer,
-            counters: Arc::clone(&stats.counters),
-            flush_interval: settings.flush_interval,
+            counters,
+            flush_interval,
             throttle: WarnThrottle::default(),
             batch: Vec::with_capacity(MAX_BATCH),
             unflushed: false,

@@ -13,9 +13,9 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::builder::SinkError;
-use super::config::LineFormat;
+use super::error::SinkError;
 use super::lines::LineWriter;
+use crate::adapters::event_format::LineFormat;
 
 /// Opens `path` for appending, creating it if missing.
 fn open(path: &Path) -> io::Result<File> {

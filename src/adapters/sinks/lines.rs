@@ -12,8 +12,8 @@ use std::sync::Arc;
 
 use crate::domain::RunEvent;
 
-use super::config::LineFormat;
-use super::queue::SinkWriter;
+use super::writer::SinkWriter;
+use crate::adapters::event_format::LineFormat;
 use crate::adapters::event_format::write_line;
 
 /// Buffered bytes beyond which a batch is written out without waiting for a flush.

@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use crate::domain::{EventOrigin, NodeId, RunEvent, RunEventKind};
 
-use super::queue::SinkWriter;
+use super::writer::SinkWriter;
 
 /// Emits one `edge::events` record for `$event` with the common fields and `$payload`.
 macro_rules! event_record {

@@ -8,7 +8,7 @@
 //! Every sink sits behind the same queue (`queue.rs`), so a slow or failing sink never
 //! blocks the relay of any run, nor the other sinks: `publish` only enqueues, and each
 //! sink's drain writes the queue in batches into the sink's writer, a plain synchronous
-//! `SinkWriter` (`queue.rs`). The drain of a writer that blocks on I/O (`stdout`,
+//! `SinkWriter` (`writer.rs`). The drain of a writer that blocks on I/O (`stdout`,
 //! `file`, `nats`) runs on a std thread of its own (`edge-sink-stdout`, ...); the
 //! drain of one that never blocks (`log`, `null`) is a task of the edge's runtime. The
 //! adapter modules (`stdout.rs`, `file.rs`, `log.rs`, `null.rs`, with `lines.rs` and
@@ -42,15 +42,20 @@
 mod builder;
 pub mod config;
 mod drain;
+mod error;
 mod file;
+mod kind;
 mod lines;
 mod log;
 pub mod nats;
 mod null;
 mod queue;
 mod set;
+mod stats;
 mod stdout;
+mod writer;
 
-pub use builder::{BuiltSink, SinkError, build_sinks};
-pub use queue::SinkStats;
+pub use builder::{BuiltSink, build_sinks};
+pub use error::SinkError;
 pub use set::SinkSet;
+pub use stats::SinkStats;

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use crate::domain::RunEvent;
 
-use super::queue::SinkWriter;
+use super::writer::SinkWriter;
 
 /// A [`SinkWriter`] that discards events.
 #[derive(Debug, Default)]

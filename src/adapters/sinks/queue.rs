@@ -10,12 +10,13 @@
 //! below `capacity` plus one event per open run. Events count against the capacity until
 //! they have been written, so a stalled writer fills the queue.
 //!
-//! The drain itself (batching, flushing, error reporting) is in `drain.rs`. Neither module
-//! knows what a writer does with events (formatting, files, stdout): that lives in the
-//! adapter modules beside them.
+//! The drain itself (batching, flushing, error reporting) is in `drain.rs`, the writer it
+//! drains into in `writer.rs`, the counters both keep in `stats.rs`. None of them knows
+//! what a writer does with events (formatting, files, stdout): that lives in the adapter
+//! modules beside them.
 
 use std::io;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -23,35 +24,11 @@ use async_trait::async_trait;
 use tokio::runtime::Handle;
 use tokio::sync::{mpsc, oneshot};
 
-use super::drain::Drain;
+use super::drain::{Drain, Message};
+use super::stats::SinkStats;
+use super::writer::SinkWriter;
 use crate::domain::RunEvent;
 use crate::ports::EventSink;
-
-/// Where a [`QueuedSink`] writes its events: plain synchronous calls, made by the sink's
-/// drain only (a task for a writer that never blocks, a thread of its own for one that
-/// does).
-pub(crate) trait SinkWriter: Send + 'static {
-    /// Writes (or buffers) `events`, in order.
-    ///
-    /// # Errors
-    /// The I/O error that stopped the write; the events of this batch, and any the writer
-    /// still buffered, are lost. The writer must accept the next batch (reopening what it
-    /// writes to if it has to).
-    fn write_batch(&mut self, events: &[Arc<RunEvent>]) -> io::Result<()>;
-
-    /// Writes out anything buffered so it reaches its destination.
-    ///
-    /// # Errors
-    /// The I/O error that stopped the write; the buffered events are lost.
-    fn flush(&mut self) -> io::Result<()>;
-
-    /// For a writer that holds events it could not write yet (a network writer waiting
-    /// for its server): how soon its drain should call [`SinkWriter::flush`] again when no
-    /// new event arrives. `None` (the default): nothing is held.
-    fn retry_in(&self) -> Option<Duration> {
-        None
-    }
-}
 
 /// How a [`QueuedSink`] queues and flushes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -60,53 +37,6 @@ pub(crate) struct QueueSettings {
     pub capacity: usize,
     /// The writer is flushed whenever the queue runs empty, and at least this often.
     pub flush_interval: Duration,
-}
-
-/// The counters of one sink, shared by the sink and its drain.
-#[derive(Debug, Default)]
-pub(super) struct Counters {
-    pub(super) written: AtomicU64,
-    pub(super) dropped_queue_full: AtomicU64,
-    pub(super) write_errors: AtomicU64,
-    pub(super) queue_depth: AtomicUsize,
-}
-
-/// A cheap-to-clone, read-only view of one sink's counters, for metrics export.
-#[derive(Debug, Clone, Default)]
-pub struct SinkStats {
-    pub(super) counters: Arc<Counters>,
-}
-
-impl SinkStats {
-    /// Events handed to the writer without error.
-    pub fn written(&self) -> u64 {
-        self.counters.written.load(Ordering::Relaxed)
-    }
-
-    /// Non-terminal events dropped because the queue was full.
-    pub fn dropped_queue_full(&self) -> u64 {
-        self.counters.dropped_queue_full.load(Ordering::Relaxed)
-    }
-
-    /// Writes and flushes that failed (each loses the events it carried).
-    pub fn write_errors(&self) -> u64 {
-        self.counters.write_errors.load(Ordering::Relaxed)
-    }
-
-    /// Events accepted but not yet written, now.
-    pub fn queue_depth(&self) -> usize {
-        self.counters.queue_depth.load(Ordering::Relaxed)
-    }
-}
-
-/// What travels through a sink's queue.
-pub(super) enum Message {
-    /// An event to write.
-    Event(Arc<RunEvent>),
-    /// Write and flush everything before this marker, then answer.
-    Flush(oneshot::Sender<()>),
-    /// Write and flush everything before this marker, answer, and end the drain.
-    Close(oneshot::Sender<()>),
 }
 
 /// The drain of a sink: a task of the runtime or a thread of its own, joined on close.
@@ -140,7 +70,12 @@ impl QueuedSink {
     ) -> Self {
         let (sender, receiver) = mpsc::unbounded_channel();
         let stats = SinkStats::default();
-        let drain = Drain::new(name, writer, &stats, settings);
+        let drain = Drain::new(
+            name,
+            writer,
+            Arc::clone(&stats.counters),
+            settings.flush_interval,
+        );
         let task = runtime.spawn(drain.run_on_task(receiver));
         Self::new(name, settings, sender, stats, Worker::Task(task))
     }
@@ -158,7 +93,12 @@ impl QueuedSink {
     ) -> io::Result<Self> {
         let (sender, receiver) = mpsc::unbounded_channel();
         let stats = SinkStats::default();
-        let drain = Drain::new(name, writer, &stats, settings);
+        let drain = Drain::new(
+            name,
+            writer,
+            Arc::clone(&stats.counters),
+            settings.flush_interval,
+        );
         let thread = std::thread::Builder::new()
             .name(format!("edge-sink-{name}"))
             .spawn(move || drain.run_on_thread(receiver))?;
@@ -263,6 +203,7 @@ impl EventSink for QueuedSink {
 #[cfg(test)]
 pub(super) mod tests {
     use std::sync::Condvar;
+    use std::sync::atomic::AtomicUsize;
 
     use super::*;
     use crate::adapters::event_format::tests::{completed, output};

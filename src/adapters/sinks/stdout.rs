@@ -7,8 +7,8 @@
 use std::io::{self, Stdout};
 use std::sync::Arc;
 
-use super::config::LineFormat;
 use super::lines::LineWriter;
+use crate::adapters::event_format::LineFormat;
 
 /// The writer putting events on standard output in `format`.
 pub(crate) fn stdout_writer(format: LineFormat) -> LineWriter<Stdout> {

@@ -24,7 +24,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::link::LinkSignals;
-use super::server::Shared;
+use super::shared::Shared;
 use crate::domain::{AdapterName, Availability, NodeRecord, Target};
 use crate::hops;
 use crate::ports::{CloseReason, ConnectionId, LastFrame, NodeCommand, ReportedEvent, Role};

@@ -11,8 +11,10 @@ mod connection;
 mod handshake;
 mod link;
 mod server;
+mod shared;
 mod stats;
 
 pub use link::TcpTransport;
-pub use server::{ServerDeps, TcpServer, TransportControl};
+pub use server::{TcpServer, TransportControl};
+pub use shared::ServerDeps;
 pub use stats::TransportStats;

@@ -14,12 +14,11 @@ use tracing::{Instrument, debug, info, info_span, warn};
 
 use super::config::ServerConfig;
 use super::connection::{Connection, NodeIo};
+use super::shared::{ServerDeps, Shared};
 use super::stats::TransportStats;
 use crate::adapters::tls::TlsAcceptor;
 use crate::domain::RegistrationThrottle;
-use crate::ports::{
-    CloseReason, NodeCommand, NodeEventHandler, NodeStore, Readiness, Registry, SiteRole,
-};
+use crate::ports::{CloseReason, NodeCommand, Readiness};
 use crate::wire::keepalive::Keepalive;
 
 /// How long the accept loop pauses when the process is out of file descriptors.
@@ -33,36 +32,6 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 /// (up to 128 accepts a turn) overflowed it, and the connections moved there waited for the
 /// whole burst to be served before their first poll (docs/benchmarks.md, the storm's tail).
 const MAX_UNSTARTED: usize = 64;
-
-/// What the transport works with.
-#[derive(Clone)]
-pub struct ServerDeps {
-    /// The pre-registered node definitions.
-    pub store: Arc<dyn NodeStore>,
-    /// The connected nodes.
-    pub registry: Arc<dyn Registry>,
-    /// Who hears run events and node arrivals and departures.
-    pub handler: Arc<dyn NodeEventHandler>,
-    /// Whether this edge acts for its site, and under which epoch: every message to a node
-    /// carries the epoch; while it does not act, registrations are refused (naming the
-    /// active member) and, when it stops acting, every node is sent away. `SiteRole::default()`
-    /// (a single edge) always acts, under epoch 0.
-    pub site: SiteRole,
-}
-
-/// State shared by the accept loop and every connection task.
-pub(super) struct Shared {
-    pub(super) config: ServerConfig,
-    pub(super) deps: ServerDeps,
-    /// Set when draining: new registrations are refused.
-    pub(super) readiness: Readiness,
-    /// Cancelled to close every connection at once (the end of a graceful stop).
-    pub(super) close_all: CancellationToken,
-    pub(super) stats: Arc<TransportStats>,
-    /// Failed registrations per peer address, for the brute-force brake.
-    pub(super) throttle: Mutex<RegistrationThrottle>,
-    next_connection: AtomicU64,
-}
 
 /// Drains and stops the transport; cheap to clone.
 #[derive(Clone)]

@@ -5,10 +5,10 @@
 //!
 //! With `[cluster]` and the journal on, the journal is replicated (decision 49): this
 //! member's journal file is a cache of the site's stream ([`SiteJournal`]), folded in while
-//! it stands by; taking the lease runs [`SiteTakeOver`] (catch up on the stream, claim it
-//! under the new epoch, re-adopt the open runs) before the role turns active, and, when the
-//! lease makes it stop acting (or the stream refused its batch), stop publishing and let its
-//! open runs go without ending them.
+//! it stands by; taking the lease runs the takeover service ([`SiteTakeOver`]: catch up on
+//! the stream, claim it under the new epoch, re-adopt the open runs) before the role turns
+//! active, and, when the lease makes it stop acting (or the stream refused its batch), stop
+//! publishing and let its open runs go without ending them. This module only wires it.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -23,8 +23,9 @@ use crate::adapters::cluster::{
 };
 use crate::adapters::journal::{ReplicaFeed, SqliteJournal};
 use crate::app::runs::RunService;
+use crate::app::takeover::SiteTakeOver;
 use crate::domain::site::definitions_digest;
-use crate::ports::{NodeStore, Role, RunJournal, SiteRole, TakeOver};
+use crate::ports::{NodeStore, Role, RunJournal, SiteRole};
 
 /// The journal of a member of a site: its local file (a cache of the site's stream) and
 /// the feed of the batches it writes while it publishes.
@@ -64,52 +65,6 @@ impl Replication {
     }
 }
 
-/// What a member does between acquiring the lease and acting, and when it stops acting.
-struct SiteTakeOver {
-    stream: JournalStream,
-    journal: Arc<SqliteJournal>,
-    runs: RunService,
-}
-
-#[async_trait::async_trait]
-impl TakeOver for SiteTakeOver {
-    async fn prepare(&self, epoch: u64) -> Result<(), String> {
-        let claimed = self.stream.write_as(epoch).await?;
-        let open = self
-            .journal
-            .reload_left_open()
-            .await
-            .map_err(|error| error.to_string())?;
-        self.runs
-            .load_budgets()
-            .await
-            .map_err(|error| format!("cannot load the budgets: {error}"))?;
-        let held = self.runs.adopt_left_open().await;
-        self.runs.act();
-        tracing::info!(
-            epoch,
-            stream_seq = claimed,
-            open,
-            held,
-            "caught up on the site's journal: taking the open runs over"
-        );
-        Ok(())
-    }
-
-    async fn stand_down(&self) {
-        self.stream.stop_writing();
-        let let_go = self.runs.let_go_open_runs().await;
-        tracing::warn!(
-            runs = let_go,
-            "no longer the site's active member: open runs let go, none ended"
-        );
-    }
-
-    async fn fenced(&self, epoch: u64) {
-        self.stream.fenced(epoch).await;
-    }
-}
-
 /// The replication of `journal` over `lease`'s NATS, when both are there: the lease runs
 /// the takeover before acting; the stream's metrics are registered on `meter`.
 pub(super) fn replicate(
@@ -132,11 +87,7 @@ pub(super) fn replicate(
         config.snapshot_policy(),
     );
     observe_stream(meter, &stream);
-    let take_over = SiteTakeOver {
-        stream: stream.clone(),
-        journal,
-        runs: runs.clone(),
-    };
+    let take_over = SiteTakeOver::new(Arc::new(stream.clone()), journal, Arc::new(runs.clone()));
     let lease = lease.with_take_over(Arc::new(take_over));
     let replication = Replication { stream, feed };
     (Some(lease), Some(replication))

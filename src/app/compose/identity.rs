@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::domain::EdgeId;
+use crate::domain::{EdgeId, NameError};
 
 /// `[edge]` as written in the config file.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -38,6 +38,28 @@ impl Default for EdgeConfig {
     }
 }
 
+/// What is wrong with `[edge]`, naming the key.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EdgeConfigError {
+    /// `thread_slice_us` is neither 0 nor a slice the kernel grants.
+    #[error("`edge.thread_slice_us` is {us}: {must}")]
+    ThreadSlice {
+        /// The configured slice, in µs.
+        us: u64,
+        /// What it must be.
+        must: String,
+    },
+    /// The configured id is not a valid id.
+    #[error("`edge.id`: {0}")]
+    Id(#[source] NameError),
+    /// No id is configured and the host name cannot be read.
+    #[error("`edge.id` is not set and the host name cannot be read; set it")]
+    NoHostName,
+    /// No id is configured and the host name it defaults to is not a valid id.
+    #[error("`edge.id` is not set and the host name is no valid id ({0}); set it")]
+    HostNameNoId(#[source] NameError),
+}
+
 /// The slice asked for when `thread_slice_us` is left out: the kernel's shortest.
 const DEFAULT_THREAD_SLICE_US: u64 = 100;
 
@@ -45,12 +67,11 @@ impl EdgeConfig {
     /// The slice to ask for, `None` for the kernel's default.
     ///
     /// # Errors
-    /// A message naming `edge.thread_slice_us` when it is neither 0 nor a slice the
-    /// kernel grants.
-    pub fn thread_slice(&self) -> Result<Option<Duration>, String> {
+    /// [`EdgeConfigError::ThreadSlice`] when it is neither 0 nor a slice the kernel grants.
+    pub fn thread_slice(&self) -> Result<Option<Duration>, EdgeConfigError> {
         let us = self.thread_slice_us;
         edge_thread_slice::configured_slice(us)
-            .map_err(|must| format!("`edge.thread_slice_us` is {us}: {must}"))
+            .map_err(|must| EdgeConfigError::ThreadSlice { us, must })
     }
 }
 
@@ -58,20 +79,15 @@ impl EdgeConfig {
     /// The configured id, or the host name when none is configured.
     ///
     /// # Errors
-    /// A message naming `edge.id` when the configured id (or the host name it defaults to)
-    /// is not a valid id, or when there is no id and the host name cannot be read.
-    pub fn resolve(&self) -> Result<EdgeId, String> {
+    /// [`EdgeConfigError::Id`] when the configured id is not a valid id;
+    /// [`EdgeConfigError::NoHostName`] when there is none and the host name cannot be read,
+    /// [`EdgeConfigError::HostNameNoId`] when the host name is not a valid id.
+    pub fn resolve(&self) -> Result<EdgeId, EdgeConfigError> {
         match &self.id {
-            Some(id) => EdgeId::parse(id).map_err(|error| format!("`edge.id`: {error}")),
+            Some(id) => EdgeId::parse(id).map_err(EdgeConfigError::Id),
             None => {
-                let host = host_name().ok_or_else(|| {
-                    "`edge.id` is not set and the host name cannot be read; set it".to_owned()
-                })?;
-                EdgeId::parse(&host).map_err(|error| {
-                    format!(
-                        "`edge.id` is not set and the host name is no valid id ({error}); set it"
-                    )
-                })
+                let host = host_name().ok_or(EdgeConfigError::NoHostName)?;
+                EdgeId::parse(&host).map_err(EdgeConfigError::HostNameNoId)
             }
         }
     }
@@ -137,7 +153,7 @@ mod tests {
             id: Some("site a".into()),
             ..EdgeConfig::default()
         };
-        let message = bad.resolve().unwrap_err();
+        let message = bad.resolve().unwrap_err().to_string();
         assert!(message.contains("`edge.id`"), "{message}");
         assert!(message.contains("site a"), "{message}");
     }
@@ -158,7 +174,7 @@ mod tests {
             Ok(Some(Duration::from_millis(100)))
         );
         for bad in [1, 99, 100_001] {
-            let message = slice(bad).thread_slice().unwrap_err();
+            let message = slice(bad).thread_slice().unwrap_err().to_string();
             assert!(message.contains("`edge.thread_slice_us`"), "{message}");
             assert!(message.contains(&bad.to_string()), "{message}");
         }

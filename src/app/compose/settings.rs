@@ -27,7 +27,7 @@ pub use crate::adapters::http::HttpConfig;
 pub use crate::adapters::journal::JournalConfig;
 pub use crate::adapters::sinks::config::{EventsConfig, SinkKind};
 pub use crate::adapters::tcp::config::ServerConfig;
-pub use crate::app::compose::identity::EdgeConfig;
+pub use crate::app::compose::identity::{EdgeConfig, EdgeConfigError};
 pub use crate::app::compose::logging::{LogConfig, LogFormat};
 pub use crate::app::compose::telemetry::TracingConfig;
 pub use crate::app::models::{LifecycleConfig, ModelEntry};
@@ -192,12 +192,7 @@ impl Settings {
                 detail: error.to_string(),
                 path: path.clone(),
             })?;
-        let edge_id = sections
-            .edge_id()
-            .map_err(|detail| SettingsError::Invalid {
-                detail,
-                path: path.clone(),
-            })?;
+        let edge_id = sections.edge_id(&path)?;
         let data_dir = sections.edge.data_dir();
         // Checked with the other problems above.
         let thread_slice = sections.edge.thread_slice().unwrap_or_default();
@@ -286,14 +281,20 @@ fn build_config(
 }
 
 impl Sections {
-    /// The edge's id, when nothing is wrong; else every problem, joined.
-    fn edge_id(&self) -> Result<EdgeId, String> {
+    /// The edge's id, when nothing is wrong.
+    ///
+    /// # Errors
+    /// [`SettingsError::Invalid`] with every problem of the file at `path`, joined.
+    fn edge_id(&self, path: &Path) -> Result<EdgeId, SettingsError> {
         let mut problems = self.problems();
         match self.edge.resolve() {
             Ok(id) if problems.is_empty() => Ok(id),
             resolved => {
-                problems.extend(resolved.err());
-                Err(problems.join("; "))
+                problems.extend(resolved.err().map(|error| error.to_string()));
+                Err(SettingsError::Invalid {
+                    detail: problems.join("; "),
+                    path: path.to_owned(),
+                })
             }
         }
     }
@@ -320,7 +321,12 @@ impl Sections {
             .map(|(key, _)| format!("`{key}` must be at least 1"))
             .collect();
         problems.extend(self.server.keepalive_problems());
-        problems.extend(self.edge.thread_slice().err());
+        problems.extend(
+            self.edge
+                .thread_slice()
+                .err()
+                .map(|error| error.to_string()),
+        );
         for (key, tls) in [
             ("server.tls", &self.server.tls),
             ("http.tls", &self.http.tls),

@@ -11,7 +11,47 @@ use super::{ModelService, lock};
 use crate::domain::NodeId;
 use crate::domain::models::{LoadReason, LoadState, ModelAction, ModelName, Step, UnloadReason};
 use crate::ports::clock::now_ms;
-use crate::ports::{ModelCommand, ModelEvent, NodeCommand};
+use crate::ports::{ModelCommand, ModelEvent, NodeCommand, TransportError};
+
+/// Why a load or an unload did not happen. Its text is what the feed, the log, a cold
+/// request's failure and the operator's answer say.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum CommandError {
+    /// The command could not be sent to the node.
+    #[error("the node could not be told: {0}")]
+    NotTold(#[source] TransportError),
+    /// The node's engine answered that it did not do it, with its reason.
+    #[error("{reason}")]
+    Refused {
+        /// The engine's reason, as the node reported it.
+        reason: String,
+    },
+    /// The node's connection ended before it answered.
+    #[error("the node left before answering")]
+    NodeLeft,
+    /// No answer came within `lifecycle.command_timeout_ms`.
+    #[error("no answer within {timeout_ms} ms")]
+    NoAnswer {
+        /// The timeout waited, in milliseconds.
+        timeout_ms: u128,
+    },
+    /// Runs of the model started on the node between the decision to unload it and now:
+    /// it stays loaded, and serves again.
+    #[error("{runs} run(s) of it started there meanwhile")]
+    StartedMeanwhile {
+        /// How many are in flight there.
+        runs: u32,
+    },
+    /// The unload that was to make room for a load failed, so the load was not tried.
+    #[error("could not unload {victim} to make room: {source}")]
+    NoRoom {
+        /// The model that was to be unloaded.
+        victim: ModelName,
+        /// Why it was not.
+        #[source]
+        source: Box<CommandError>,
+    },
+}
 
 impl ModelService {
     /// Marks `step`'s node and models busy and carries it out on a task of its own.
@@ -62,29 +102,35 @@ impl ModelService {
 
     /// Loads `model` on `node`, unloading `evict` there first; the book already marks
     /// both busy. A failure is the cold request's, which then tries another node.
+    ///
+    /// # Errors
+    /// [`CommandError::NoRoom`] when the unload of `evict` failed; otherwise why the load
+    /// command failed ([`command`](Self::command)).
     pub(super) async fn load(
         &self,
         node: &NodeId,
         model: &ModelName,
         evict: Option<&ModelName>,
         reason: LoadReason,
-    ) -> Result<(), String> {
+    ) -> Result<(), CommandError> {
         if let Some(victim) = evict {
             let made_room = self
                 .unload(node, victim, UnloadReason::MakeRoom.as_str())
                 .await;
             if let Err(error) = made_room {
-                let message = format!("could not unload {victim} to make room: {error}");
-                self.load_ended(node, model, reason, Err(&message), None);
-                return Err(message);
+                let error = CommandError::NoRoom {
+                    victim: victim.clone(),
+                    source: Box::new(error),
+                };
+                self.load_ended(node, model, reason, Err(&error), None);
+                return Err(error);
             }
         }
         let started = Instant::now();
         let done = self
             .command(node, model, ModelAction::Load, reason.as_str())
             .await;
-        let ended = done.as_ref().copied().map_err(String::as_str);
-        self.load_ended(node, model, reason, ended, Some(started));
+        self.load_ended(node, model, reason, done.as_ref().copied(), Some(started));
         done
     }
 
@@ -95,7 +141,7 @@ impl ModelService {
         node: &NodeId,
         model: &ModelName,
         reason: LoadReason,
-        done: Result<(), &str>,
+        done: Result<(), &CommandError>,
         started: Option<Instant>,
     ) {
         let mut book = lock(&self.inner.book);
@@ -111,11 +157,11 @@ impl ModelService {
                     metrics.load_time(model, node, started.elapsed());
                 }
             }
-            Err(message) => {
+            Err(error) => {
                 book.see(node, model, LoadState::Failed, Some(reason.as_str()));
                 if let Some(cold) = book.cold.get_mut(model) {
                     cold.tried.push(node.clone());
-                    cold.last_failure = Some(message.to_owned());
+                    cold.last_failure = Some(error.to_string());
                 }
             }
         }
@@ -129,15 +175,19 @@ impl ModelService {
     }
 
     /// Unloads `model` from `node` for `reason`; the book already marks it busy.
+    ///
+    /// # Errors
+    /// [`CommandError::StartedMeanwhile`] when runs of it started there since the decision;
+    /// otherwise why the unload command failed ([`command`](Self::command)).
     pub(super) async fn unload(
         &self,
         node: &NodeId,
         model: &ModelName,
         reason: &str,
-    ) -> Result<(), String> {
+    ) -> Result<(), CommandError> {
         let done = match self.quiet(node, model) {
             Ok(()) => self.command(node, model, ModelAction::Unload, reason).await,
-            Err(in_flight) => Err(format!("{in_flight} run(s) of it started there meanwhile")),
+            Err(runs) => Err(CommandError::StartedMeanwhile { runs }),
         };
         if done.is_err() {
             // Still loaded there: it serves again.
@@ -174,15 +224,18 @@ impl ModelService {
         Err(in_flight)
     }
 
-    /// Sends one command and waits for its outcome; `Err` with the engine's reason, or
-    /// why no outcome came.
+    /// Sends one command and waits for its outcome.
+    ///
+    /// # Errors
+    /// [`CommandError::Refused`] with the engine's reason, or why no outcome came:
+    /// [`CommandError::NotTold`], [`CommandError::NodeLeft`], [`CommandError::NoAnswer`].
     async fn command(
         &self,
         node: &NodeId,
         model: &ModelName,
         action: ModelAction,
         reason: &str,
-    ) -> Result<(), String> {
+    ) -> Result<(), CommandError> {
         let (sender, outcome) = oneshot::channel();
         let command_id = {
             let mut book = lock(&self.inner.book);
@@ -210,19 +263,23 @@ impl ModelService {
         let started = Instant::now();
         let timeout = self.inner.config.command_timeout();
         let answered = match self.inner.transport.send(node, NodeCommand::Model(command)) {
-            Err(error) => Err(format!("the node could not be told: {error}")),
+            Err(error) => Err(CommandError::NotTold(error)),
             Ok(()) => match tokio::time::timeout(timeout, outcome).await {
                 Ok(Ok(outcome)) if outcome.ok => Ok(()),
-                Ok(Ok(outcome)) => Err(outcome.message),
-                Ok(Err(_)) => Err("the node left before answering".to_owned()),
-                Err(_) => Err(format!("no answer within {} ms", timeout.as_millis())),
+                Ok(Ok(outcome)) => Err(CommandError::Refused {
+                    reason: outcome.message,
+                }),
+                Ok(Err(_)) => Err(CommandError::NodeLeft),
+                Err(_) => Err(CommandError::NoAnswer {
+                    timeout_ms: timeout.as_millis(),
+                }),
             },
         };
         lock(&self.inner.book).pending.remove(&command_id);
         let took_ms = Some(u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX));
         let (outcome, message) = match &answered {
             Ok(()) => ("done", String::new()),
-            Err(error) => ("failed", error.clone()),
+            Err(error) => ("failed", error.to_string()),
         };
         self.tell(ModelEvent {
             at_ms: now_ms(),

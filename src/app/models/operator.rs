@@ -10,6 +10,7 @@ use tokio::sync::broadcast;
 use tokio::time::Instant;
 
 use super::book::Book;
+use super::commands::CommandError;
 use super::{ModelService, engines, lock};
 use crate::domain::NodeId;
 use crate::domain::models::{
@@ -58,10 +59,10 @@ fn on_node(book: &Book, node: &ConnectedNode, model: &ModelName) -> Option<Model
 
 /// An operator's command as its task ended.
 fn finished(
-    ended: Result<Result<(), String>, tokio::task::JoinError>,
+    ended: Result<Result<(), CommandError>, tokio::task::JoinError>,
 ) -> Result<(), ModelCommandError> {
     match ended {
-        Ok(done) => done.map_err(ModelCommandError::Failed),
+        Ok(done) => done.map_err(|error| ModelCommandError::Failed(error.to_string())),
         Err(error) => Err(ModelCommandError::Failed(format!(
             "the command's task ended: {error}"
         ))),

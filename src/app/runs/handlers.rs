@@ -1,6 +1,6 @@
 //! The ports the run service implements, each answered by the part that owns what it
-//! asks: [`Runs`] for the HTTP APIs, [`NodeEventHandler`] for the node transport, and
-//! [`LiveRuns`] for the management service.
+//! asks: [`Runs`] for the HTTP APIs, [`NodeEventHandler`] for the node transport,
+//! [`LiveRuns`] for the management service, and [`SiteRuns`] for a site member's takeover.
 
 use std::time::Duration;
 
@@ -12,7 +12,8 @@ use crate::app::management::{Follow, LiveRuns};
 use crate::domain::routing::BreakerState;
 use crate::domain::{NodeId, ResumeAnswer, ResumeClaim, RunId, RunRecord, StatsWindow};
 use crate::ports::{
-    CloseReason, ConnectionId, NodeEventHandler, ReportedEvent, RunHandle, Runs, StartError,
+    CloseReason, ConnectionId, JournalError, NodeEventHandler, ReportedEvent, RunHandle, Runs,
+    SiteRuns, StartError,
 };
 
 /// How long a node's ping waits for the journal to hold the events read before it.
@@ -21,6 +22,26 @@ const JOURNAL_ACK_WAIT: Duration = Duration::from_millis(250);
 /// Events a management follower may be behind before it is dropped (it can reconnect and
 /// resume from the journal).
 const FOLLOWER_BUFFER: usize = 1_024;
+
+/// The runs of a member of a site, as its takeover changes them.
+#[async_trait]
+impl SiteRuns for RunService {
+    async fn load_budgets(&self) -> Result<(), JournalError> {
+        RunService::load_budgets(self).await
+    }
+
+    async fn adopt_left_open(&self) -> usize {
+        RunService::adopt_left_open(self).await
+    }
+
+    fn act(&self) {
+        RunService::act(self);
+    }
+
+    async fn let_go_open_runs(&self) -> usize {
+        RunService::let_go_open_runs(self).await
+    }
+}
 
 /// The inbound runs port, as the HTTP APIs call it.
 #[async_trait]

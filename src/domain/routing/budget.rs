@@ -13,8 +13,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use super::fair_queue::TenantKey;
-use super::limits::LimitRefusal;
-use crate::domain::usage::{Bucket, utc_month};
+use super::refusal::{BudgetWindow, LimitRefusal};
 
 /// A key's budget (`budget_tokens_per_day`, `budget_tokens_per_month`,
 /// `budget_reserve_tokens` in its `[[api.keys]]` table).
@@ -35,36 +34,6 @@ pub struct BudgetClaim {
     pub budget: TokenBudget,
     /// The tokens reserved until the run ends.
     pub reserve: u64,
-}
-
-/// The window a budget applies to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BudgetWindow {
-    /// The UTC day.
-    Day,
-    /// The UTC month.
-    Month,
-}
-
-impl BudgetWindow {
-    /// `day` or `month`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Day => "day",
-            Self::Month => "month",
-        }
-    }
-
-    /// The window holding `at_ms`: its start and its end, ms since the Unix epoch.
-    pub fn bounds(self, at_ms: u64) -> (u64, u64) {
-        match self {
-            Self::Day => {
-                let start = Bucket::Day.start_of(at_ms);
-                (start, start + Bucket::Day.millis())
-            }
-            Self::Month => utc_month(at_ms),
-        }
-    }
 }
 
 /// Tokens counted in one window.

@@ -12,7 +12,7 @@ use super::failover::Tried;
 use super::hash::NodeHash;
 use crate::domain::names::{AdapterName, Target};
 use crate::domain::node::{Availability, NodeRecord};
-use crate::domain::run::{DeclaredOperations, Operation};
+use crate::domain::operation::{DeclaredOperations, Operation};
 use crate::domain::selection::NodeSelector;
 
 /// A connected node as routing sees it: the registry's facts about it, copied per placement.

@@ -14,7 +14,7 @@ use super::failover::Tried;
 use super::hash::AffinityKey;
 use super::reason::{RouteReason, RouteRule};
 use crate::domain::names::{AdapterName, Target};
-use crate::domain::run::Operation;
+use crate::domain::operation::Operation;
 use crate::domain::selection::NodeSelector;
 
 /// What a run asks of routing.

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use super::breaker::Outcome;
 use super::hash::NodeHash;
+use crate::domain::event::{EdgeFailure, FailureClass, RunEventKind};
 use crate::domain::names::NodeId;
-use crate::domain::run::{EdgeFailure, FailureClass, RunEventKind};
 
 /// How many attempts a run gets in all, the first included (`runs.max_attempts`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]

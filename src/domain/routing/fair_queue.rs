@@ -16,7 +16,8 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::domain::run::RunId;
+use crate::domain::event::RunId;
+use crate::domain::names::{NameError, validate};
 
 /// A run's priority class.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]
@@ -40,12 +41,14 @@ impl Priority {
     /// `interactive` or `batch`.
     ///
     /// # Errors
-    /// The offending text otherwise.
-    pub fn parse(value: &str) -> Result<Self, String> {
+    /// [`PriorityError::Unknown`] with the offending text otherwise.
+    pub fn parse(value: &str) -> Result<Self, PriorityError> {
         match value {
             "interactive" => Ok(Self::Interactive),
             "batch" => Ok(Self::Batch),
-            other => Err(other.to_owned()),
+            other => Err(PriorityError::Unknown {
+                value: other.to_owned(),
+            }),
         }
     }
 
@@ -55,6 +58,17 @@ impl Priority {
             Self::Batch => 1,
         }
     }
+}
+
+/// A priority class [`Priority::parse`] does not know.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PriorityError {
+    /// The text names no class.
+    #[error("`priority` {value:?} is not `interactive` or `batch`")]
+    Unknown {
+        /// The offending text.
+        value: String,
+    },
 }
 
 /// Whom a run counts against for fairness and limits: an API key's name, never its secret.
@@ -69,11 +83,16 @@ impl TenantKey {
     /// characters.
     ///
     /// # Errors
-    /// The offending text otherwise.
-    pub fn parse(value: &str) -> Result<Self, String> {
-        if value.is_empty() || value.len() > Self::MAX_LEN || value.chars().any(char::is_control) {
-            return Err(value.to_owned());
-        }
+    /// [`NameError`] (of kind `tenant key`) when `value` is empty, too long, or holds a
+    /// control character.
+    pub fn parse(value: &str) -> Result<Self, NameError> {
+        validate(
+            "tenant key",
+            value,
+            Self::MAX_LEN,
+            "any character but a control character",
+            |c| !c.is_control(),
+        )?;
         Ok(Self(Arc::from(value)))
     }
 

@@ -10,8 +10,8 @@ use std::collections::HashMap;
 use std::num::NonZeroU32;
 use std::time::{Duration, Instant};
 
-use super::budget::BudgetWindow;
 use super::fair_queue::TenantKey;
+use super::refusal::LimitRefusal;
 
 /// Tenants remembered before rested ones are swept.
 const SWEEP_ABOVE: usize = 65_536;
@@ -31,47 +31,6 @@ pub struct LimitPolicy {
     /// Runs a rested tenant may start at once (the rate's bucket size); `None` is
     /// `per_minute`, so a rested tenant may use a whole minute's share at once.
     pub burst: Option<NonZeroU32>,
-}
-
-/// Why a tenant's run is refused, and when to try again.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum LimitRefusal {
-    /// The tenant already has its most runs open.
-    #[error("{limit} runs already open for this key")]
-    Concurrency {
-        /// The limit.
-        limit: u32,
-        /// A hint.
-        retry_after: Duration,
-    },
-    /// The tenant started its most runs for now.
-    #[error("more than {per_minute} runs per minute for this key")]
-    Rate {
-        /// The limit.
-        per_minute: u32,
-        /// When the next run would be allowed.
-        retry_after: Duration,
-    },
-    /// The tenant's tokens used and reserved reach its budget for the window.
-    #[error("its token budget of {limit} per {} is used up", window.as_str())]
-    Budget {
-        /// The window: day or month.
-        window: BudgetWindow,
-        /// The budget.
-        limit: u64,
-        /// Until the window ends.
-        retry_after: Duration,
-    },
-}
-
-impl LimitRefusal {
-    /// The `Retry-After` header's value: whole seconds, rounded up, at least 1.
-    pub fn retry_after_secs(&self) -> u64 {
-        let (Self::Concurrency { retry_after, .. }
-        | Self::Rate { retry_after, .. }
-        | Self::Budget { retry_after, .. }) = self;
-        retry_after.as_nanos().div_ceil(1_000_000_000).max(1) as u64
-    }
 }
 
 #[derive(Debug, Clone, Copy, Default)]

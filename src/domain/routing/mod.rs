@@ -6,7 +6,8 @@
 //! were left out; [`decide()`] chooses by pin, bounded-load rendezvous or least busy and
 //! returns a [`RouteReason`]; [`failover`] says whether an ended attempt gets another;
 //! [`breaker`] keeps each node's circuit breaker; [`fair_queue`] orders waiting runs by
-//! priority and fair share per tenant; [`limits`] refuses a tenant over its limits.
+//! priority and fair share per tenant; [`limits`] refuses a tenant over its limits and
+//! [`budget`] one over its token budget, both with a [`LimitRefusal`] ([`refusal`]).
 //!
 //! Nothing here reads a clock, draws a random number, logs or touches a metric: `now`, the
 //! rotation counter and the state come in, decisions and transitions go out. The design and
@@ -22,6 +23,7 @@ pub mod fair_queue;
 pub mod hash;
 pub mod limits;
 pub mod reason;
+pub mod refusal;
 
 #[cfg(test)]
 mod tests;
@@ -32,14 +34,15 @@ pub use breaker::{
     Admission, Breaker, BreakerBook, BreakerPolicy, BreakerPolicyError, Outcome,
     State as BreakerState, Transition,
 };
-pub use budget::{BudgetClaim, BudgetWindow, Budgets, TokenBudget};
+pub use budget::{BudgetClaim, Budgets, TokenBudget};
 pub use candidates::{Catalog, Filtered, NodeStatus};
 pub use decide::{Decision, RouteContext, RouteRequest, Unroutable, WaitCause, WaitLimits, decide};
 pub use failover::{AttemptEnd, Because, Failover, MaxAttempts, Tried, after_attempt};
-pub use fair_queue::{FairQueue, Priority, QueueFull, TenantKey, Waiter};
+pub use fair_queue::{FairQueue, Priority, PriorityError, QueueFull, TenantKey, Waiter};
 pub use hash::{AffinityKey, KeySource, NodeHash};
-pub use limits::{KeyLimits, LimitPolicy, LimitRefusal};
+pub use limits::{KeyLimits, LimitPolicy};
 pub use reason::{AffinityOutcome, RouteReason, RouteRule};
+pub use refusal::{BudgetWindow, LimitRefusal};
 
 /// Every routing setting, with the defaults a user who sets nothing gets: failover on (3
 /// attempts), breakers on, prefix affinity on for chat, fair queueing, no per-key limits.

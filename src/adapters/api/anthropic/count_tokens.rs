@@ -13,10 +13,11 @@ use axum::response::{IntoResponse as _, Response};
 use bytes::Bytes;
 use serde_json::{Value, json};
 
-use super::{MESSAGES, error_response};
+use super::MESSAGES;
 use crate::adapters::api::ApiError;
 use crate::adapters::api::ApiState;
 use crate::adapters::api::auth::Caller;
+use crate::adapters::api::response::ErrorShape;
 use crate::adapters::api::run;
 use crate::adapters::api::translate::chat_run;
 use crate::adapters::api::translators::anthropic::request::{self, MessagesRequest};
@@ -37,15 +38,15 @@ pub(in crate::adapters::api) async fn count(
     let prepared = chat_run(&state, &caller, &headers, body, counted, keys, tokenize);
     let (request, spec) = match prepared {
         Ok(prepared) => prepared,
-        Err(error) => return error_response(&error),
+        Err(error) => return ErrorShape::Anthropic.render(&error),
     };
     let mut run = match run::start(&state, spec, &request.model) {
         Ok(run) => run,
-        Err(error) => return error_response(&error),
+        Err(error) => return ErrorShape::Anthropic.render(&error),
     };
     let response = match run::tokens(&mut run).await {
         Ok((_, count)) => Json(json!({ "input_tokens": count })).into_response(),
-        Err(error) => error_response(&error),
+        Err(error) => ErrorShape::Anthropic.render(&error),
     };
     run::with_headers(response, &run.headers())
 }

@@ -7,15 +7,12 @@
 
 pub(super) mod count_tokens;
 
-use axum::Json;
-use axum::response::{IntoResponse, Response};
 use serde_json::Value;
 
-use super::ApiError;
 use super::response::ErrorShape;
 use super::routing::ClientKeys;
 use super::translate::{ChatApi, NamedEvents};
-use crate::adapters::api::translators::anthropic::message::{error_body, message};
+use crate::adapters::api::translators::anthropic::message::message;
 use crate::adapters::api::translators::anthropic::request::{self, MessagesRequest};
 use crate::adapters::api::translators::anthropic::stream::MessagesStream;
 use crate::adapters::api::translators::anthropic::{message_id, session_in_user_id};
@@ -51,11 +48,4 @@ pub(super) fn stream_writer(
     thinking: bool,
 ) -> NamedEvents<MessagesStream> {
     NamedEvents(MessagesStream::new(message_id(run_id), model, thinking))
-}
-
-/// The error as an Anthropic-shaped response, with its status and `Retry-After`.
-pub(super) fn error_response(error: &ApiError) -> Response {
-    let mut response = (error.status(), Json(error_body(error))).into_response();
-    error.add_headers(&mut response);
-    response
 }

@@ -20,8 +20,8 @@ mod writer;
 pub use config::NatsSinkConfig;
 pub use stats::NatsStats;
 
-use super::builder::SinkError;
-use super::config::SinkKind;
+use super::error::SinkError;
+use super::kind::SinkKind;
 use super::queue::{QueueSettings, QueuedSink};
 use crate::domain::EdgeId;
 

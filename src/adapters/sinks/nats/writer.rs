@@ -28,7 +28,7 @@ use super::stats::NatsStats;
 use super::stream::Stream;
 use super::subject::Subjects;
 use crate::adapters::event_format::write_json_line;
-use crate::adapters::sinks::queue::SinkWriter;
+use crate::adapters::sinks::writer::SinkWriter;
 use crate::domain::{EdgeId, RunEvent};
 
 /// The first wait before publishing again after a failure; it doubles up to the

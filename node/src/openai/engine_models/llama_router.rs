@@ -15,8 +15,8 @@ use std::collections::BTreeMap;
 use edge::domain::models::{LoadState, ModelAction};
 use serde_json::{Value, json};
 
-use super::{Catalogue, EngineModel};
-use crate::openai::errors::UpstreamFault;
+use super::{BeginError, Catalogue, EngineModel};
+use crate::fault::UpstreamFault;
 use crate::upstream::{Upstream, props_window};
 
 /// The most of an answer to a load or unload read (they are a few bytes).
@@ -65,8 +65,8 @@ impl LlamaRouter {
     /// one not running, is accepted too. Its answer only says the work has begun.
     ///
     /// # Errors
-    /// Its refusal, or why it could not be asked.
-    pub async fn begin(&self, action: ModelAction, id: &str) -> Result<(), String> {
+    /// As [`accepted`]: its refusal, or why it could not be asked.
+    pub async fn begin(&self, action: ModelAction, id: &str) -> Result<(), BeginError> {
         let path = match action {
             ModelAction::Load => "/models/load",
             ModelAction::Unload => "/models/unload",
@@ -161,13 +161,14 @@ fn model_of(id: &str, status: &Value) -> EngineModel {
 /// unload.
 ///
 /// # Errors
-/// The router's message (or the fault) otherwise.
-pub fn accepted(action: ModelAction, answer: Result<(), UpstreamFault>) -> Result<(), String> {
+/// [`BeginError::Refused`] with the router's message for another status;
+/// [`BeginError::Fault`] when it could not be asked.
+pub fn accepted(action: ModelAction, answer: Result<(), UpstreamFault>) -> Result<(), BeginError> {
     let Err(fault) = answer else {
         return Ok(());
     };
     let UpstreamFault::Status { status, body } = &fault else {
-        return Err(fault.to_string());
+        return Err(BeginError::Fault(fault));
     };
     let parsed: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
     let message = parsed
@@ -181,7 +182,10 @@ pub fn accepted(action: ModelAction, answer: Result<(), UpstreamFault>) -> Resul
     if *status == 400 && message.contains(done_already) {
         return Ok(());
     }
-    Err(format!("HTTP {status}: {message}"))
+    Err(BeginError::Refused {
+        status: *status,
+        message,
+    })
 }
 
 /// `value` percent-encoded for a URL's query (everything but RFC 3986's unreserved
@@ -286,12 +290,13 @@ mod tests {
     #[test]
     fn a_refusal_carries_the_routers_message() {
         let unknown = accepted(ModelAction::Load, status(404, "File Not Found"));
-        assert_eq!(unknown, Err("HTTP 404: File Not Found".to_owned()));
+        let refused = unknown.expect_err("refused");
+        assert_eq!(refused.to_string(), "HTTP 404: File Not Found");
         let down = accepted(
             ModelAction::Unload,
             Err(UpstreamFault::Unreachable("connection refused".into())),
         );
-        assert!(down.is_err_and(|message| message.contains("connection refused")));
+        assert!(down.is_err_and(|error| error.to_string().contains("connection refused")));
     }
 
     #[test]

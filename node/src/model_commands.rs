@@ -10,7 +10,12 @@
 //! target it does not have, is answered `ok = false` at once; while the node drains, every
 //! command is. The outcome goes to the session the command came on; if that one has ended,
 //! the outcome is dropped (the edge reads the next availability report instead).
+//!
+//! Above the adapters, beside [`crate::dispatch`] (which does the same for runs): it finds
+//! the adapter a command names, and drives its managed engine
+//! ([`crate::openai::engine_models`]) through the engine's own verbs.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use edge::client::{ModelCommand, ModelOutcome};
@@ -18,11 +23,112 @@ use edge::domain::models::{LoadState, ModelAction};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use super::{EngineModel, ManagedEngine, refresh};
-use crate::adapters::{AdapterSet, Lookup};
-use crate::lifecycle::Core;
+use crate::adapters::{AdapterSet, Lookup, Misconfigured};
+use crate::board::Board;
+use crate::fault::UpstreamFault;
 use crate::openai::OpenAiAdapter;
-use crate::openai::errors::UpstreamFault;
+use crate::openai::engine_models::{BeginError, EngineModel, ManagedEngine, refresh};
+use crate::shared::Core;
+
+/// Why a model command was not carried out: the outcome's `ok = false` and its message.
+#[derive(Debug, thiserror::Error)]
+pub enum CommandError {
+    /// The node is shutting down.
+    #[error("the node is shutting down")]
+    ShuttingDown,
+    /// The edge configured no such adapter here.
+    #[error("this node has no adapter {adapter}")]
+    NoAdapter {
+        /// The adapter named.
+        adapter: String,
+    },
+    /// The adapter is configured but cannot run.
+    #[error("adapter {adapter} cannot run: {source}")]
+    Broken {
+        /// The adapter.
+        adapter: String,
+        /// Why.
+        #[source]
+        source: Arc<Misconfigured>,
+    },
+    /// The adapter's settings name no `lifecycle`.
+    #[error("adapter {adapter} does not load or unload models: its settings set no `lifecycle`")]
+    Unmanaged {
+        /// The adapter.
+        adapter: String,
+    },
+    /// The adapter has no such target.
+    #[error("{target} is not a target of adapter {adapter}")]
+    NotATarget {
+        /// The adapter.
+        adapter: String,
+        /// The target named.
+        target: String,
+    },
+    /// The engine did not begin the load or unload.
+    #[error("{engine} did not {} {id}: {source}", .action.as_str())]
+    NotBegun {
+        /// The engine's name.
+        engine: &'static str,
+        /// What it was told.
+        action: ModelAction,
+        /// The engine's model id.
+        id: String,
+        /// Why.
+        #[source]
+        source: BeginError,
+    },
+    /// A load whose model the engine no longer lists.
+    #[error("the engine no longer lists {id}")]
+    NoLongerListed {
+        /// The engine's model id.
+        id: String,
+    },
+    /// The engine says the load failed.
+    #[error("{reason}")]
+    LoadFailed {
+        /// The engine's reason.
+        reason: String,
+    },
+    /// The model was unloaded (by someone else) while it was loading.
+    #[error("{id} was unloaded before it finished loading")]
+    UnloadedWhileLoading {
+        /// The engine's model id.
+        id: String,
+    },
+    /// The engine did not answer the load or unload within `load_timeout_ms`.
+    #[error(
+        "{engine} did not {action} {id}: {action} timed out after {ms} ms",
+        action = .action.as_str(),
+        ms = .limit.as_millis()
+    )]
+    BeginTimedOut {
+        /// The engine's name.
+        engine: &'static str,
+        /// What it was told.
+        action: ModelAction,
+        /// The engine's model id.
+        id: String,
+        /// `load_timeout_ms`.
+        limit: Duration,
+    },
+    /// The action did not settle within `load_timeout_ms`.
+    #[error(
+        "{action} timed out after {ms} ms{asked}",
+        action = .action.as_str(),
+        ms = .limit.as_millis(),
+        asked = could_not_ask(.fault.as_ref())
+    )]
+    TimedOut {
+        /// What it was told.
+        action: ModelAction,
+        /// `load_timeout_ms`.
+        limit: Duration,
+        /// Why the engine could not be asked at the last look, if it could not.
+        #[source]
+        fault: Option<UpstreamFault>,
+    },
+}
 
 /// How often a command in progress asks the engine for the target's state.
 const FOLLOW_INTERVAL: Duration = Duration::from_millis(10);
@@ -33,7 +139,7 @@ pub fn start(command: ModelCommand, core: &Core, outcomes: &mpsc::Sender<ModelOu
         command_id = %command.command_id, model = %command.model, action = command.action.as_str(),
         reason = %command.reason, "the edge sent a model command"
     );
-    let board = core.adapters.clone();
+    let adapters = core.adapters.clone();
     let (draining, exit) = (core.draining.clone(), core.exit.clone());
     let outcomes = outcomes.clone();
     core.tasks.spawn(async move {
@@ -41,8 +147,8 @@ pub fn start(command: ModelCommand, core: &Core, outcomes: &mpsc::Sender<ModelOu
         let outcome = tokio::select! {
             biased;
             () = exit.cancelled() => return,
-            () = draining.cancelled() => refused(&command, "the node is shutting down".into()),
-            outcome = answer(&command, &board) => outcome,
+            () = draining.cancelled() => refused(&command, CommandError::ShuttingDown),
+            outcome = answer(&command, &adapters) => outcome,
         };
         tracing::info!(
             command_id = %outcome.command_id, model = %command.model, action = command.action.as_str(),
@@ -63,36 +169,46 @@ pub fn start(command: ModelCommand, core: &Core, outcomes: &mpsc::Sender<ModelOu
 }
 
 /// What the node answers `command`, once carried out (or refused).
-async fn answer(command: &ModelCommand, board: &AdapterSet) -> ModelOutcome {
-    let lookup = board.lookup(
+async fn answer(command: &ModelCommand, adapters: &AdapterSet) -> ModelOutcome {
+    let lookup = adapters.lookup(
         command.model.adapter.as_str(),
         command.model.target.as_str(),
     );
     match managed(command, &lookup) {
-        Ok((adapter, engine)) => carry_out(command, adapter, engine, board).await,
+        Ok((adapter, engine)) => carry_out(command, adapter, engine, adapters.board()).await,
         Err(refusal) => refused(command, refusal),
     }
 }
 
 /// The adapter and engine that can carry out `command`, or why there is none.
+///
+/// # Errors
+/// [`CommandError::NoAdapter`], [`CommandError::Broken`], [`CommandError::Unmanaged`] or
+/// [`CommandError::NotATarget`].
 fn managed<'a>(
     command: &ModelCommand,
     lookup: &'a Lookup,
-) -> Result<(&'a OpenAiAdapter, &'a ManagedEngine), String> {
-    let name = &command.model.adapter;
+) -> Result<(&'a OpenAiAdapter, &'a ManagedEngine), CommandError> {
+    let name = command.model.adapter.to_string();
     let adapter = match lookup {
-        Lookup::Unknown => return Err(format!("this node has no adapter {name}")),
-        Lookup::Broken(problem) => return Err(format!("adapter {name} cannot run: {problem}")),
+        Lookup::Unknown => return Err(CommandError::NoAdapter { adapter: name }),
+        Lookup::Broken(problem) => {
+            return Err(CommandError::Broken {
+                adapter: name,
+                source: Arc::clone(problem),
+            });
+        }
         Lookup::Ready { adapter, .. } => adapter,
     };
     let Some(engine) = adapter.managed() else {
-        return Err(format!(
-            "adapter {name} does not load or unload models: its settings set no `lifecycle`"
-        ));
+        return Err(CommandError::Unmanaged { adapter: name });
     };
     let target = command.model.target.as_str();
     if !adapter.targets().iter().any(|t| t == target) {
-        return Err(format!("{target} is not a target of adapter {name}"));
+        return Err(CommandError::NotATarget {
+            adapter: name,
+            target: target.to_owned(),
+        });
     }
     Ok((adapter, engine))
 }
@@ -102,7 +218,7 @@ async fn carry_out(
     command: &ModelCommand,
     adapter: &OpenAiAdapter,
     engine: &ManagedEngine,
-    board: &AdapterSet,
+    board: &Board,
 ) -> ModelOutcome {
     let action = command.action;
     let id = adapter
@@ -110,18 +226,24 @@ async fn carry_out(
         .upstream_model(command.model.target.as_str());
     let limit = adapter.settings().load_timeout;
     let deadline = Instant::now() + limit;
-    let begun = tokio::time::timeout_at(deadline, engine.begin(action, id))
-        .await
-        .unwrap_or_else(|_| Err(timed_out(action, limit, None)));
+    let begun = match tokio::time::timeout_at(deadline, engine.begin(action, id)).await {
+        Ok(begun) => begun.map_err(|source| CommandError::NotBegun {
+            engine: engine.name(),
+            action,
+            id: id.to_owned(),
+            source,
+        }),
+        Err(_) => Err(CommandError::BeginTimedOut {
+            engine: engine.name(),
+            action,
+            id: id.to_owned(),
+            limit,
+        }),
+    };
     if let Err(refusal) = begun {
         let seen = refresh(adapter, engine, board).await.ok();
         let state = seen.and_then(|seen| seen.catalogue.models.get(id).map(|m| m.state));
-        let message = format!(
-            "{} did not {} {id}: {refusal}",
-            engine.name(),
-            action.as_str()
-        );
-        return outcome(command, Err(message), state);
+        return outcome(command, Err(refusal), state);
     }
     let (result, state) = follow(action, id, deadline, adapter, engine, board).await;
     outcome(command, result, state)
@@ -136,8 +258,8 @@ async fn follow(
     deadline: Instant,
     adapter: &OpenAiAdapter,
     engine: &ManagedEngine,
-    board: &AdapterSet,
-) -> (Result<(), String>, Option<LoadState>) {
+    board: &Board,
+) -> (Result<(), CommandError>, Option<LoadState>) {
     let limit = adapter.settings().load_timeout;
     // The state seen last: `None` before the first answer, `Some(None)` for "not listed".
     let mut last: Option<Option<LoadState>> = None;
@@ -159,10 +281,12 @@ async fn follow(
             Err(fault) => Some(fault),
         };
         if Instant::now() >= deadline {
-            return (
-                Err(timed_out(action, limit, fault.as_ref())),
-                last.flatten(),
-            );
+            let timed_out = CommandError::TimedOut {
+                action,
+                limit,
+                fault,
+            };
+            return (Err(timed_out), last.flatten());
         }
         tokio::time::sleep_until(deadline.min(Instant::now() + FOLLOW_INTERVAL)).await;
     }
@@ -174,10 +298,10 @@ fn settled(
     action: ModelAction,
     id: &str,
     model: Option<&EngineModel>,
-) -> Option<Result<(), String>> {
+) -> Option<Result<(), CommandError>> {
     let Some(model) = model else {
         return Some(match action {
-            ModelAction::Load => Err(format!("the engine no longer lists {id}")),
+            ModelAction::Load => Err(CommandError::NoLongerListed { id: id.to_owned() }),
             ModelAction::Unload => Ok(()),
         });
     };
@@ -188,44 +312,44 @@ fn settled(
         | (ModelAction::Unload, LoadState::Loaded | LoadState::Loading | LoadState::Sleeping) => {
             None
         }
-        (ModelAction::Load, LoadState::Failed) => Some(Err(model.failure.clone())),
+        (ModelAction::Load, LoadState::Failed) => Some(Err(CommandError::LoadFailed {
+            reason: model.failure.clone(),
+        })),
         // The engine sets a model loading before it answers the load; back to unloaded
         // without a failure, someone unloaded it meanwhile.
-        (ModelAction::Load, LoadState::Unloaded) => {
-            Some(Err(format!("{id} was unloaded before it finished loading")))
-        }
+        (ModelAction::Load, LoadState::Unloaded) => Some(Err(CommandError::UnloadedWhileLoading {
+            id: id.to_owned(),
+        })),
     }
 }
 
-/// The message of an action that did not settle within `limit`.
-fn timed_out(action: ModelAction, limit: Duration, fault: Option<&UpstreamFault>) -> String {
-    let mut message = format!(
-        "{} timed out after {} ms",
-        action.as_str(),
-        limit.as_millis()
-    );
-    if let Some(fault) = fault {
-        message.push_str(&format!("; the engine could not be asked: {fault}"));
-    }
-    message
+/// What a timed-out action's message adds when the engine could not be asked at the last
+/// look.
+fn could_not_ask(fault: Option<&UpstreamFault>) -> String {
+    fault.map_or_else(String::new, |fault| {
+        format!("; the engine could not be asked: {fault}")
+    })
 }
 
 fn outcome(
     command: &ModelCommand,
-    result: Result<(), String>,
+    result: Result<(), CommandError>,
     state: Option<LoadState>,
 ) -> ModelOutcome {
     ModelOutcome {
         command_id: command.command_id.clone(),
         ok: result.is_ok(),
-        message: result.err().unwrap_or_default(),
+        message: result
+            .err()
+            .map(|error| error.to_string())
+            .unwrap_or_default(),
         state,
     }
 }
 
 /// The answer to a command the node cannot carry out.
-fn refused(command: &ModelCommand, message: String) -> ModelOutcome {
-    outcome(command, Err(message), None)
+fn refused(command: &ModelCommand, refusal: CommandError) -> ModelOutcome {
+    outcome(command, Err(refusal), None)
 }
 
 #[cfg(test)]
@@ -266,15 +390,23 @@ mod tests {
     }
 
     fn refusal(model: &str, lookup: &Lookup) -> String {
-        managed(&command(model, ModelAction::Load), lookup).expect_err("refused")
+        managed(&command(model, ModelAction::Load), lookup)
+            .expect_err("refused")
+            .to_string()
     }
 
     #[test]
     fn commands_the_node_cannot_carry_out_say_why() {
         let unknown = refusal("ollama/alpha", &Lookup::Unknown);
         assert_eq!(unknown, "this node has no adapter ollama");
-        let broken = refusal("llama/alpha", &Lookup::Broken("bad `base_url`".into()));
-        assert!(broken.contains("bad `base_url`"), "{broken}");
+        let problem = Misconfigured::UnknownKind {
+            kind: "vllm".into(),
+        };
+        let broken = refusal("llama/alpha", &Lookup::Broken(Arc::new(problem)));
+        assert!(
+            broken.starts_with("adapter llama cannot run: unknown adapter kind \"vllm\""),
+            "{broken}"
+        );
         let plain = refusal("llama/alpha", &ready(&[]));
         assert!(
             plain.contains("does not load or unload") && plain.contains("`lifecycle`"),
@@ -294,9 +426,14 @@ mod tests {
         }
     }
 
+    /// What [`settled`] says, its reason as the outcome's message.
+    fn said(settled: Option<Result<(), CommandError>>) -> Option<Result<(), String>> {
+        settled.map(|result| result.map_err(|error| error.to_string()))
+    }
+
     #[test]
     fn a_load_settles_loaded_or_failed_with_the_engines_reason() {
-        let load = |m: Option<&EngineModel>| settled(ModelAction::Load, "alpha", m);
+        let load = |m: Option<&EngineModel>| said(settled(ModelAction::Load, "alpha", m));
         assert_eq!(load(Some(&model(LoadState::Loading, ""))), None);
         assert_eq!(load(Some(&model(LoadState::Loaded, ""))), Some(Ok(())));
         assert_eq!(load(Some(&model(LoadState::Sleeping, ""))), Some(Ok(())));
@@ -311,7 +448,7 @@ mod tests {
 
     #[test]
     fn an_unload_settles_once_the_model_holds_no_place() {
-        let unload = |m: Option<&EngineModel>| settled(ModelAction::Unload, "alpha", m);
+        let unload = |m: Option<&EngineModel>| said(settled(ModelAction::Unload, "alpha", m));
         for state in [LoadState::Loaded, LoadState::Loading, LoadState::Sleeping] {
             assert_eq!(unload(Some(&model(state, ""))), None, "{state:?}");
         }
@@ -333,15 +470,33 @@ mod tests {
                 state: Some(LoadState::Loaded),
             }
         );
-        let late = timed_out(ModelAction::Load, Duration::from_millis(1_500), None);
-        assert_eq!(late, "load timed out after 1500 ms");
-        let fault = UpstreamFault::Unreachable("connection refused".into());
-        let down = timed_out(ModelAction::Unload, Duration::from_secs(2), Some(&fault));
+        let late = CommandError::TimedOut {
+            action: ModelAction::Load,
+            limit: Duration::from_millis(1_500),
+            fault: None,
+        };
+        assert_eq!(late.to_string(), "load timed out after 1500 ms");
+        let down = CommandError::TimedOut {
+            action: ModelAction::Unload,
+            limit: Duration::from_secs(2),
+            fault: Some(UpstreamFault::Unreachable("connection refused".into())),
+        }
+        .to_string();
         assert!(
             down.starts_with("unload timed out after 2000 ms;") && down.contains("refused"),
             "{down}"
         );
-        let no = refused(&command, "no".into());
-        assert!(!no.ok && no.message == "no" && no.state.is_none());
+        let begun_late = CommandError::BeginTimedOut {
+            engine: "llama-server",
+            action: ModelAction::Load,
+            id: "alpha".into(),
+            limit: Duration::from_millis(1_500),
+        };
+        assert_eq!(
+            begun_late.to_string(),
+            "llama-server did not load alpha: load timed out after 1500 ms"
+        );
+        let no = refused(&command, CommandError::ShuttingDown);
+        assert!(!no.ok && no.message == "the node is shutting down" && no.state.is_none());
     }
 }

@@ -1,16 +1,17 @@
 //! The model lifecycle of managed adapters (`lifecycle` in an adapter's settings): what the
-//! engine holds, reported to the edge as the adapter's catalogue, and the edge's commands
-//! to load and unload targets, carried out through the engine's own verbs.
+//! engine holds, reported to the edge as the adapter's catalogue, and the engine's own verbs
+//! to load and unload targets, which the edge's commands use.
 //!
 //! An adapter's engine is a [`ManagedEngine`], one variant per lifecycle (today llama.cpp's
 //! router, [`llama_router`]); Ollama's `keep_alive` or vLLM's sleep mode would be further
 //! variants behind the same four verbs (catalogue, states, window, begin). The mapping from
 //! the engine's models to the adapter's targets ([`target_states`]) is pure; [`refresh`]
-//! observes the engine and reports the finding to the availability board, and
-//! [`probe_loop`] does that every probe interval. The command side is in [`commands`].
-//! Nothing here decides which model to load: the edge does.
+//! observes the engine and reports the finding to the availability board
+//! ([`crate::board`]), and [`probe_loop`] does that every probe interval (the plain prober,
+//! [`crate::probe`], hands a managed adapter's engine to it). The command side is in
+//! [`crate::model_commands`], above the adapters. Nothing here decides which model to load:
+//! the edge does.
 
-pub mod commands;
 pub mod llama_router;
 
 use std::collections::BTreeMap;
@@ -19,13 +20,12 @@ use edge::domain::Target;
 use edge::domain::models::{LoadState, ManagedAdapter, ModelAction, TargetLoad};
 use tokio_util::sync::CancellationToken;
 
-use crate::adapters::{AdapterSet, Finding};
+use super::OpenAiAdapter;
+use super::settings::{Lifecycle, OpenAiSettings};
+use crate::board::{Board, Finding};
 use crate::engine_health::EngineHealth;
-use crate::openai::OpenAiAdapter;
-use crate::openai::errors::UpstreamFault;
-use crate::openai::settings::{Lifecycle, OpenAiSettings};
-use crate::probe::same_model;
-use crate::upstream::Upstream;
+use crate::fault::UpstreamFault;
+use crate::upstream::{Upstream, same_model};
 use llama_router::LlamaRouter;
 
 /// One model as its engine holds it.
@@ -45,6 +45,22 @@ pub struct Catalogue {
     pub capacity: u32,
     /// Its models by id.
     pub models: BTreeMap<String, EngineModel>,
+}
+
+/// Why a managed engine did not begin a load or an unload.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum BeginError {
+    /// It could not be asked.
+    #[error(transparent)]
+    Fault(#[from] UpstreamFault),
+    /// It refused, saying why.
+    #[error("HTTP {status}: {message}")]
+    Refused {
+        /// Its HTTP status.
+        status: u16,
+        /// Its message (or its body, when it gave none).
+        message: String,
+    },
 }
 
 /// The engine of a managed adapter.
@@ -88,7 +104,11 @@ impl ManagedEngine {
         }
     }
 
-    async fn states(&self) -> Result<BTreeMap<String, EngineModel>, UpstreamFault> {
+    /// Every model it can load, by id, with its state.
+    ///
+    /// # Errors
+    /// The fault when it cannot be asked or lists nothing readable.
+    pub async fn states(&self) -> Result<BTreeMap<String, EngineModel>, UpstreamFault> {
         match &self.engine {
             Engine::LlamaRouter(router) => router.states().await,
         }
@@ -100,7 +120,12 @@ impl ManagedEngine {
         }
     }
 
-    async fn begin(&self, action: ModelAction, id: &str) -> Result<(), String> {
+    /// Asks it to load or unload `id`; its answer only says the work has begun.
+    ///
+    /// # Errors
+    /// [`BeginError::Refused`] when it refuses, [`BeginError::Fault`] when it cannot be
+    /// asked.
+    pub async fn begin(&self, action: ModelAction, id: &str) -> Result<(), BeginError> {
         match &self.engine {
             Engine::LlamaRouter(router) => router.begin(action, id).await,
         }
@@ -181,7 +206,7 @@ pub struct Observed {
 pub async fn refresh(
     adapter: &OpenAiAdapter,
     engine: &ManagedEngine,
-    board: &AdapterSet,
+    board: &Board,
 ) -> Result<Observed, UpstreamFault> {
     let _one_at_a_time = engine.observing.lock().await;
     let catalogue = match engine.catalogue().await {
@@ -241,7 +266,7 @@ pub fn unlisted_fix(target: &str, wanted: &str, listed: &[&String]) -> String {
 pub async fn probe_loop(
     adapter: &OpenAiAdapter,
     engine: &ManagedEngine,
-    board: &AdapterSet,
+    board: &Board,
     stop: &CancellationToken,
 ) {
     let mut health = EngineHealth::new(adapter.name(), "managed engine");
