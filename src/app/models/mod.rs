@@ -30,6 +30,7 @@ use tracing::debug;
 use self::book::{Book, Cold};
 use self::metrics::ModelMetrics;
 use crate::domain::models::{ModelName, ModelPolicy, NoPlace, plan_cold, reconcile};
+use crate::domain::routing::{ModelSeats, NodeStatus};
 use crate::domain::{AdapterName, NodeId, Target};
 use crate::ports::{ModelDemand, ModelEvent, ModelOutcome, NodeTransport, Registry, WaitingRuns};
 
@@ -255,5 +256,40 @@ impl ModelDemand for ModelService {
             lock(&self.inner.book).left(node, &model, Instant::now());
             self.inner.run_left.notify_waiters();
         }
+    }
+
+    fn model_seats(
+        &self,
+        nodes: &[NodeStatus],
+        adapter: &AdapterName,
+        target: &Target,
+    ) -> Vec<Option<ModelSeats>> {
+        if !self.inner.managed_seen.load(Ordering::Relaxed) {
+            return Vec::new();
+        }
+        let caps: Vec<u32> = nodes
+            .iter()
+            .map(|node| {
+                let managed = node.availability.as_ref().and_then(|a| a.managed(adapter));
+                managed.map_or(0, |m| m.parallel)
+            })
+            .collect();
+        if caps.iter().all(|&parallel| parallel == 0) {
+            return Vec::new();
+        }
+        let model = ModelName::new(adapter.clone(), target.clone());
+        let book = lock(&self.inner.book);
+        nodes
+            .iter()
+            .zip(caps)
+            .map(|(node, parallel)| {
+                (parallel > 0).then(|| ModelSeats {
+                    running: book
+                        .use_of(node.record.id(), &model)
+                        .map_or(0, |used| used.in_flight),
+                    parallel,
+                })
+            })
+            .collect()
     }
 }
