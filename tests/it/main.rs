@@ -85,6 +85,7 @@ mod link_protocol;
 mod metrics;
 mod models;
 mod models_engine;
+mod models_engines;
 mod nats;
 mod node_engine;
 mod node_lifecycle;

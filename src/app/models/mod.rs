@@ -253,8 +253,17 @@ impl ModelDemand for ModelService {
     fn left(&self, node: &NodeId, adapter: &AdapterName, target: &Target) {
         if self.inner.managed_seen.load(Ordering::Relaxed) {
             let model = ModelName::new(adapter.clone(), target.clone());
-            lock(&self.inner.book).left(node, &model, Instant::now());
+            let cold_waiting = {
+                let mut book = lock(&self.inner.book);
+                book.left(node, &model, Instant::now());
+                !book.cold.is_empty()
+            };
             self.inner.run_left.notify_waiters();
+            // A cold model waiting for a full engine may make room now (a model whose
+            // stream just ended may sleep or unload): decide at once, not at the next tick.
+            if cold_waiting {
+                self.inner.wake.notify_one();
+            }
         }
     }
 
