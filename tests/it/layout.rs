@@ -981,6 +981,39 @@ fn untyped_error(code: &str) -> Option<String> {
     None
 }
 
+/// Which of `lines` (code only) are test code: the item after each `#[cfg(test)]`, from
+/// that attribute to the brace that closes the item (or its `;`).
+fn test_lines(lines: &[String]) -> Vec<bool> {
+    let mut in_test = vec![false; lines.len()];
+    let mut n = 0;
+    while n < lines.len() {
+        if !lines[n].contains("cfg(test)") {
+            n += 1;
+            continue;
+        }
+        let (mut depth, mut opened, start) = (0_i32, false, n);
+        while n < lines.len() {
+            for c in lines[n].chars() {
+                match c {
+                    '{' => {
+                        depth += 1;
+                        opened = true;
+                    }
+                    '}' => depth -= 1,
+                    _ => {}
+                }
+            }
+            let ended = (opened && depth <= 0) || (!opened && lines[n].contains(';') && n > start);
+            n += 1;
+            if ended {
+                break;
+            }
+        }
+        in_test[start..n].fill(true);
+    }
+    in_test
+}
+
 /// `file:line: why` for each untyped error in the code of `files`, test code aside; with
 /// `public_only`, only in the signatures of `pub` and `pub(crate)` functions.
 fn untyped_errors(files: &[PathBuf], public_only: bool) -> Vec<String> {
@@ -988,12 +1021,13 @@ fn untyped_errors(files: &[PathBuf], public_only: bool) -> Vec<String> {
     for file in files.iter().filter(|f| !is_test_file(f)) {
         let text = std::fs::read_to_string(file).expect("a source file");
         let lines = code_lines(&text);
-        let test_from = lines
-            .iter()
-            .position(|line| line.contains("cfg(test)"))
-            .unwrap_or(lines.len());
+        let in_test = test_lines(&lines);
         let mut n = 0;
-        while n < test_from {
+        while n < lines.len() {
+            if in_test[n] {
+                n += 1;
+                continue;
+            }
             let line = lines[n].trim_start();
             let public_fn = (line.starts_with("pub fn")
                 || line.starts_with("pub async fn")
@@ -1001,7 +1035,7 @@ fn untyped_errors(files: &[PathBuf], public_only: bool) -> Vec<String> {
                 || line.starts_with("pub(crate) async fn"))
                 && !line.contains("pub(super)");
             let (code, lines_taken) = if public_fn {
-                let end = (n..test_from)
+                let end = (n..lines.len())
                     .find(|&at| lines[at].contains('{') || lines[at].trim_end().ends_with(';'))
                     .unwrap_or(n);
                 (lines[n..=end].join(" "), end - n + 1)

@@ -255,6 +255,7 @@ fn the_layouts_name_every_folder_of_src_and_only_what_exists() {
             .map(|name| name.trim_end_matches(".rs").to_owned())
             .collect();
         names.sort();
+        names.dedup();
         names
     };
     let mut missing = Vec::new();

@@ -62,12 +62,23 @@ fn unescape(token: &str) -> Option<String> {
     String::from_utf8(bytes).ok()
 }
 
+/// A configured subject prefix that cannot be one.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "{prefix:?} is not a subject prefix: dot-separated tokens, none empty, without `*`, `>` or \
+     whitespace"
+)]
+pub struct BadPrefix {
+    /// The prefix as configured.
+    pub prefix: String,
+}
+
 /// Checks a configured subject prefix: dot-separated tokens, none empty, without wildcards
 /// or whitespace.
 ///
 /// # Errors
-/// What is wrong with it.
-pub fn check_prefix(prefix: &str) -> Result<(), String> {
+/// [`BadPrefix`], naming it.
+pub fn check_prefix(prefix: &str) -> Result<(), BadPrefix> {
     let bad = |token: &str| {
         token.is_empty()
             || token
@@ -75,10 +86,9 @@ pub fn check_prefix(prefix: &str) -> Result<(), String> {
                 .any(|c| c == '*' || c == '>' || c.is_whitespace() || c.is_control())
     };
     if prefix.split('.').any(bad) {
-        return Err(format!(
-            "{prefix:?} is not a subject prefix: dot-separated tokens, none empty, without \
-             `*`, `>` or whitespace"
-        ));
+        return Err(BadPrefix {
+            prefix: prefix.to_owned(),
+        });
     }
     Ok(())
 }
