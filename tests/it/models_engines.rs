@@ -494,3 +494,326 @@ async fn a_target_marked_never_to_sleep_is_never_put_to_sleep_to_make_room() {
     assert_eq!(gpu.awake(), ["beta", "embed"]);
     app.stop().await;
 }
+
+/// The time to the first piece of content of a streamed chat of `model` through the edge;
+/// the stream is read to its end.
+async fn first_content(app: &TestApp, model: &str) -> (std::time::Instant, Duration) {
+    let body = json!({"model": model, "stream": true,
+        "messages": [{"role": "user", "content": "Say hello"}]});
+    let url = format!("http://{}/v1/chat/completions", app.http_addr);
+    let started = std::time::Instant::now();
+    let mut response = crate::common::http_client()
+        .post(url)
+        .bearer_auth(API_KEY)
+        .json(&body)
+        .send()
+        .await
+        .expect("an answer");
+    assert_eq!(response.status(), 200, "{model}");
+    let mut first = None;
+    let mut seen = String::new();
+    while let Some(chunk) = response.chunk().await.expect("the stream") {
+        seen.push_str(&String::from_utf8_lossy(&chunk));
+        if first.is_none() && seen.contains("\"content\":\"Hello") {
+            first = Some(started.elapsed());
+        }
+    }
+    (
+        started,
+        first.unwrap_or_else(|| panic!("no content from {model}: {seen}")),
+    )
+}
+
+/// When the first event of `timeline` `matches` happened, after `start`.
+fn at<E>(
+    timeline: &[(std::time::Instant, E)],
+    start: std::time::Instant,
+    matches: impl Fn(&E) -> bool,
+) -> Duration {
+    let (when, _) = timeline
+        .iter()
+        .find(|(_, e)| matches(e))
+        .expect("the event");
+    when.duration_since(start)
+}
+
+/// The medians of each column of `rows`, in ms.
+fn medians(rows: &[Vec<Duration>]) -> String {
+    (0..rows[0].len())
+        .map(|column| {
+            let mut values: Vec<Duration> = rows.iter().map(|row| row[column]).collect();
+            values.sort();
+            format!("{:.1}", values[values.len() / 2].as_secs_f64() * 1e3)
+        })
+        .collect::<Vec<_>>()
+        .join(" / ")
+}
+
+/// p50 and p90 of `values`, in ms.
+fn percentiles(mut values: Vec<Duration>) -> String {
+    values.sort();
+    let at = |q: f64| {
+        let index = ((values.len() as f64 - 1.0) * q).round() as usize;
+        values[index].as_secs_f64() * 1e3
+    };
+    format!("p50 {:.1} ms, p90 {:.1} ms", at(0.5), at(0.9))
+}
+
+/// The time between the first event `from` matches and the first after it `to` matches.
+fn span<E>(
+    timeline: &[(std::time::Instant, E)],
+    from: impl Fn(&E) -> bool,
+    to: impl Fn(&E) -> bool,
+) -> Duration {
+    let start = timeline
+        .iter()
+        .position(|(_, e)| from(e))
+        .expect("the first event");
+    let began = timeline[start].0;
+    let end = timeline[start..]
+        .iter()
+        .find(|(_, e)| to(e))
+        .expect("the second event")
+        .0;
+    end.duration_since(began)
+}
+
+/// Not a test: the measurement of docs/benchmarks.md, "Ollama and vLLM: the edge's share of
+/// a cold start and of a wake". Alternates two models on an Ollama fake holding one (each
+/// request a cold start: unload the other, load this one) and two vLLM fakes with room for
+/// one awake (each a wake: the other to sleep, wake, warm), on the shipped lifecycle
+/// defaults, each followed by a warm request of the same model, and prints the time to the
+/// first content through the edge, cold and warm, the engine's own time (the fake's record:
+/// unload or sleep, load or wake, warm-up), the rest of the cold start beyond a warm request
+/// — the edge's and the node's share of it — and where that goes, step by step.
+#[crate::common::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement: cargo test --test it measure_the_edges_share -- --ignored --nocapture"]
+async fn measure_the_edges_share_of_a_cold_start_and_of_a_wake() {
+    const ROUNDS: usize = 21;
+    let ollama = FakeOllama::start(
+        vec![
+            OllamaModel::local("alpha:1b").load_time(Duration::from_millis(200)),
+            OllamaModel::local("beta:1b").load_time(Duration::from_millis(200)),
+        ],
+        OllamaOptions {
+            max_loaded: 1,
+            ..OllamaOptions::default()
+        },
+    )
+    .await;
+    let gpu = Gpu::new(1);
+    let wake = Duration::from_millis(200);
+    let alpha = FakeVllm::start(
+        &gpu,
+        VllmOptions {
+            wake_time: wake,
+            ..VllmOptions::new("alpha")
+        },
+    )
+    .await;
+    let beta = FakeVllm::start(
+        &gpu,
+        VllmOptions {
+            wake_time: wake,
+            ..VllmOptions::new("beta").asleep()
+        },
+    )
+    .await;
+    let config = format!(
+        r#"
+[api]
+keys = ["{API_KEY}"]
+[[nodes]]
+id = "node-o"
+alias = "ollama-box"
+token = "token-o"
+[[nodes.adapters]]
+name = "ollama"
+targets = ["alpha:1b", "beta:1b"]
+[nodes.adapters.settings]
+base_url = "{}"
+lifecycle = "ollama"
+capacity = "1"
+[[nodes]]
+id = "node-v"
+alias = "gpu-box"
+token = "token-v"
+[[nodes.adapters]]
+name = "vllm"
+targets = ["alpha", "beta"]
+[nodes.adapters.settings]
+lifecycle = "vllm"
+capacity = "1"
+"base_url.alpha" = "{}"
+"base_url.beta" = "{}"
+"#,
+        ollama.base_url(),
+        alpha.base_url(),
+        beta.base_url()
+    );
+    let app = spawn_app(&config).await;
+    let _nodes: Vec<RunningNode> = ["o", "v"]
+        .iter()
+        .map(|n| spawn_node(app.node_addr, &format!("token-{n}"), |_| {}))
+        .collect();
+    app.wait_for_nodes(2).await;
+    eventually_ok("every model is listed", || async {
+        let now = listed(&app).await;
+        if now.len() == 4 {
+            Ok(())
+        } else {
+            Err(format!("{now:?}"))
+        }
+    })
+    .await;
+
+    let (mut cold, mut cold_engine, mut cold_share) = (Vec::new(), Vec::new(), Vec::new());
+    let mut cold_steps = Vec::new();
+    let mut cold_warm = Vec::new();
+    for round in 0..ROUNDS {
+        let (this, other) = if round % 2 == 0 {
+            ("alpha:1b", "beta:1b")
+        } else {
+            ("beta:1b", "alpha:1b")
+        };
+        let before = ollama.timeline().len();
+        let (start, ttfb) = first_content(&app, &format!("ollama/{this}")).await;
+        let (_, warm) = first_content(&app, &format!("ollama/{this}")).await;
+        let timeline = ollama.timeline().split_off(before);
+        let load = span(
+            &timeline,
+            |e| matches!(e, OllamaEvent::LoadStarted { model, .. } if model == this),
+            |e| matches!(e, OllamaEvent::Loaded { model } if model == this),
+        );
+        let unload = if round == 0 {
+            Duration::ZERO
+        } else {
+            span(
+                &timeline,
+                |e| matches!(e, OllamaEvent::UnloadAsked { model } if model == other),
+                |e| matches!(e, OllamaEvent::Unloaded { model, .. } if model == other),
+            )
+        };
+        if round > 0 {
+            cold.push(ttfb);
+            cold_warm.push(warm);
+            cold_engine.push(load + unload);
+            cold_share.push(ttfb.saturating_sub(load + unload + warm));
+            let asked = at(&timeline, start, |e| {
+                matches!(e, OllamaEvent::UnloadAsked { .. })
+            });
+            let gone = at(&timeline, start, |e| {
+                matches!(e, OllamaEvent::Unloaded { .. })
+            });
+            let load_asked = at(&timeline, start, |e| {
+                matches!(e, OllamaEvent::LoadAsked { .. })
+            });
+            let loaded = at(&timeline, start, |e| {
+                matches!(e, OllamaEvent::Loaded { .. })
+            });
+            let chat = at(&timeline, start, |e| {
+                matches!(e, OllamaEvent::Request { .. })
+            });
+            cold_steps.push(vec![
+                asked,
+                load_asked.saturating_sub(gone),
+                chat.saturating_sub(loaded),
+                ttfb.saturating_sub(chat),
+            ]);
+        }
+    }
+    let (mut woke, mut woke_engine, mut woke_share) = (Vec::new(), Vec::new(), Vec::new());
+    let mut wake_steps = Vec::new();
+    let mut woke_warm = Vec::new();
+    for round in 0..ROUNDS {
+        let (this, other) = if round % 2 == 0 {
+            ("beta", "alpha")
+        } else {
+            ("alpha", "beta")
+        };
+        let before = pool_len(&gpu);
+        let (start, ttfb) = first_content(&app, &format!("vllm/{this}")).await;
+        let (_, warm_ttfb) = first_content(&app, &format!("vllm/{this}")).await;
+        let timeline = gpu.timeline().split_off(before);
+        let sleep = span(
+            &timeline,
+            |e| matches!(e, VllmEvent::Sleep { server, .. } if server == other),
+            |e| matches!(e, VllmEvent::Asleep { server } if server == other),
+        );
+        let waking = span(
+            &timeline,
+            |e| matches!(e, VllmEvent::WakeUp { server } if server == this),
+            |e| matches!(e, VllmEvent::Awake { server } if server == this),
+        );
+        let warm = span(
+            &timeline,
+            |e| matches!(e, VllmEvent::Request { server, max_tokens: Some(1), .. } if server == this),
+            |e| matches!(e, VllmEvent::Answered { server } if server == this),
+        );
+        if round > 0 {
+            let engine = sleep + waking + warm;
+            woke.push(ttfb);
+            woke_warm.push(warm_ttfb);
+            woke_engine.push(engine);
+            woke_share.push(ttfb.saturating_sub(engine + warm_ttfb));
+            let slept_asked = at(&timeline, start, |e| matches!(e, VllmEvent::Sleep { .. }));
+            let asleep = at(&timeline, start, |e| matches!(e, VllmEvent::Asleep { .. }));
+            let wake_asked = at(&timeline, start, |e| matches!(e, VllmEvent::WakeUp { .. }));
+            let awake = at(&timeline, start, |e| matches!(e, VllmEvent::Awake { .. }));
+            let warm_asked = at(&timeline, start, |e| {
+                matches!(
+                    e,
+                    VllmEvent::Request {
+                        max_tokens: Some(1),
+                        ..
+                    }
+                )
+            });
+            let chat = at(&timeline, start, |e| {
+                matches!(
+                    e,
+                    VllmEvent::Request {
+                        max_tokens: None,
+                        ..
+                    }
+                )
+            });
+            wake_steps.push(vec![
+                slept_asked,
+                wake_asked.saturating_sub(asleep),
+                warm_asked.saturating_sub(awake),
+                chat.saturating_sub(warm_asked),
+                ttfb.saturating_sub(chat),
+            ]);
+        }
+    }
+    eprintln!(
+        "Ollama steps (median ms): request → keep_alive 0 / gone → load asked / loaded → the run reaches Ollama / → first content: {}",
+        medians(&cold_steps)
+    );
+    eprintln!(
+        "vLLM steps (median ms): request → sleep asked / asleep → wake asked / awake → warm-up asked / warm-up asked → the run reaches vLLM / → first content: {}",
+        medians(&wake_steps)
+    );
+    eprintln!(
+        "Ollama cold start ({} requests): first content {} (warm {}); the engine's own (unload + load) {}; the lifecycle's share (cold - warm - the engine's own) {}",
+        cold.len(),
+        percentiles(cold),
+        percentiles(cold_warm),
+        percentiles(cold_engine),
+        percentiles(cold_share)
+    );
+    eprintln!(
+        "vLLM wake ({} requests): first content {} (warm {}); the engine's own (sleep + wake + warm-up) {}; the lifecycle's share (cold - warm - the engine's own) {}",
+        woke.len(),
+        percentiles(woke),
+        percentiles(woke_warm),
+        percentiles(woke_engine),
+        percentiles(woke_share)
+    );
+    app.stop().await;
+}
+
+fn pool_len(gpu: &Gpu) -> usize {
+    gpu.timeline().len()
+}

@@ -46,7 +46,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use axum::Router;
 use axum::extract::State;
@@ -272,7 +272,7 @@ struct Scheduler {
     loaded: BTreeMap<String, Runner>,
     /// A load is under way: Ollama loads one model at a time (`processPending`).
     load_active: bool,
-    events: Vec<OllamaEvent>,
+    events: Vec<(Instant, OllamaEvent)>,
 }
 
 #[derive(Debug)]
@@ -349,6 +349,16 @@ impl FakeOllama {
 
     /// Everything that happened so far, in order.
     pub fn events(&self) -> Vec<OllamaEvent> {
+        self.inner
+            .lock()
+            .events
+            .iter()
+            .map(|(_, e)| e.clone())
+            .collect()
+    }
+
+    /// Everything that happened so far, in order, each with when.
+    pub fn timeline(&self) -> Vec<(Instant, OllamaEvent)> {
         self.inner.lock().events.clone()
     }
 
@@ -459,10 +469,13 @@ impl Inner {
                                 slots,
                             },
                         );
-                        scheduler.events.push(OllamaEvent::LoadStarted {
-                            model: model.name.clone(),
-                            autoload: plain_request,
-                        });
+                        scheduler.events.push((
+                            Instant::now(),
+                            OllamaEvent::LoadStarted {
+                                model: model.name.clone(),
+                                autoload: plain_request,
+                            },
+                        ));
                         break;
                     }
                 }
@@ -477,9 +490,12 @@ impl Inner {
         tokio::time::sleep(model.load_time).await;
         let mut scheduler = self.lock();
         scheduler.load_active = false;
-        scheduler.events.push(OllamaEvent::Loaded {
-            model: model.name.clone(),
-        });
+        scheduler.events.push((
+            Instant::now(),
+            OllamaEvent::Loaded {
+                model: model.name.clone(),
+            },
+        ));
         loading.done = true;
         let Some(runner) = scheduler.loaded.get_mut(&model.name) else {
             unreachable!("a loading runner leaves only through its load's guard")
@@ -508,10 +524,13 @@ impl Inner {
             .or_else(|| runners.first())
             .map(|(name, _)| (*name).clone());
         let Some(victim) = victim else { return };
-        scheduler.events.push(OllamaEvent::Evicted {
-            model: victim.clone(),
-            for_model: for_model.name.clone(),
-        });
+        scheduler.events.push((
+            Instant::now(),
+            OllamaEvent::Evicted {
+                model: victim.clone(),
+                for_model: for_model.name.clone(),
+            },
+        ));
         let cause = UnloadCause::Evicted {
             for_model: for_model.name.clone(),
         };
@@ -546,7 +565,7 @@ impl Inner {
             scheduler.loaded.remove(&model);
             scheduler
                 .events
-                .push(OllamaEvent::Unloaded { model, cause });
+                .push((Instant::now(), OllamaEvent::Unloaded { model, cause }));
             drop(scheduler);
             inner.changed.notify_waiters();
         });
@@ -615,9 +634,12 @@ impl Drop for Loading {
         let mut scheduler = self.inner.lock();
         scheduler.load_active = false;
         scheduler.loaded.remove(&self.model);
-        scheduler.events.push(OllamaEvent::LoadAborted {
-            model: self.model.clone(),
-        });
+        scheduler.events.push((
+            Instant::now(),
+            OllamaEvent::LoadAborted {
+                model: self.model.clone(),
+            },
+        ));
         drop(scheduler);
         self.inner.changed.notify_waiters();
     }
@@ -644,9 +666,12 @@ impl Lease {
         if let Ok(permit) = Arc::clone(&self.slots).try_acquire_owned() {
             return permit;
         }
-        self.inner.lock().events.push(OllamaEvent::WaitedForSlot {
-            model: self.model.clone(),
-        });
+        self.inner.lock().events.push((
+            Instant::now(),
+            OllamaEvent::WaitedForSlot {
+                model: self.model.clone(),
+            },
+        ));
         Arc::clone(&self.slots)
             .acquire_owned()
             .await
@@ -746,9 +771,12 @@ async fn generate(State(inner): State<Arc<Inner>>, body: axum::body::Bytes) -> R
     let keep_alive = body.get("keep_alive").and_then(KeepAlive::parse);
     if prompt.is_empty() && keep_alive == Some(KeepAlive::For(Duration::ZERO)) {
         let mut scheduler = inner.lock();
-        scheduler.events.push(OllamaEvent::UnloadAsked {
-            model: name.clone(),
-        });
+        scheduler.events.push((
+            Instant::now(),
+            OllamaEvent::UnloadAsked {
+                model: name.clone(),
+            },
+        ));
         inner.expire(&mut scheduler, &name, UnloadCause::Expired);
         drop(scheduler);
         inner.changed.notify_waiters();
@@ -771,10 +799,13 @@ async fn generate(State(inner): State<Arc<Inner>>, body: axum::body::Bytes) -> R
             "the fake only loads and unloads here",
         );
     }
-    inner.lock().events.push(OllamaEvent::LoadAsked {
-        model: name.clone(),
-        keep_alive,
-    });
+    inner.lock().events.push((
+        Instant::now(),
+        OllamaEvent::LoadAsked {
+            model: name.clone(),
+            keep_alive,
+        },
+    ));
     // The lease ends with this request, as Ollama's does when the handler returns.
     let lease = inner.acquire(&model, keep_alive, false).await;
     drop(lease);
@@ -797,11 +828,14 @@ async fn openai_models(State(inner): State<Arc<Inner>>) -> Response {
 async fn chat(State(inner): State<Arc<Inner>>, body: axum::body::Bytes) -> Response {
     let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
     let name = body["model"].as_str().unwrap_or("").to_owned();
-    inner.lock().events.push(OllamaEvent::Request {
-        model: name.clone(),
-        keep_alive: body.get("keep_alive").cloned(),
-        num_ctx: body.pointer("/options/num_ctx").cloned(),
-    });
+    inner.lock().events.push((
+        Instant::now(),
+        OllamaEvent::Request {
+            model: name.clone(),
+            keep_alive: body.get("keep_alive").cloned(),
+            num_ctx: body.pointer("/options/num_ctx").cloned(),
+        },
+    ));
     let Some(model) = inner.model(&name).cloned() else {
         let message = format!("model \"{name}\" not found, try pulling it first");
         let body = json!({"error": {"message": message, "type": "api_error", "param": null, "code": null}});
@@ -829,9 +863,12 @@ async fn chat(State(inner): State<Arc<Inner>>, body: axum::body::Bytes) -> Respo
         "total_tokens": 11 + completion_tokens});
     if !stream {
         tokio::time::sleep(model.chunk_delay * u32::try_from(pieces.len()).unwrap_or(0)).await;
-        inner.lock().events.push(OllamaEvent::Answered {
-            model: name.clone(),
-        });
+        inner.lock().events.push((
+            Instant::now(),
+            OllamaEvent::Answered {
+                model: name.clone(),
+            },
+        ));
         drop((permit, lease));
         let answer = json!({"id": id, "object": "chat.completion", "created": created,
             "model": name, "system_fingerprint": "fp_ollama",
@@ -879,7 +916,7 @@ async fn chat(State(inner): State<Arc<Inner>>, body: axum::body::Bytes) -> Respo
                         inner
                             .lock()
                             .events
-                            .push(OllamaEvent::Answered { model: model_name });
+                            .push((Instant::now(), OllamaEvent::Answered { model: model_name }));
                         drop((permit, lease));
                     }
                     return None;

@@ -10,6 +10,7 @@ use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use axum::serve::ListenerExt as _;
 use futures::Stream;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -58,6 +59,11 @@ impl Listening {
         let app = self.app.clone();
         let stop = CancellationToken::new();
         let signal = stop.clone().cancelled_owned();
+        // As the engines' servers do (Go's net/http, uvicorn): no Nagle delay on small
+        // writes, or a stream's second chunk waits for the client's delayed ACK.
+        let listener = listener.tap_io(|tcp| {
+            let _ = tcp.set_nodelay(true);
+        });
         let serving = tokio::spawn(async move {
             let _ = axum::serve(listener, app)
                 .with_graceful_shutdown(signal)

@@ -38,7 +38,7 @@
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::extract::{Query, State};
@@ -115,7 +115,7 @@ pub enum VllmEvent {
 struct GpuState {
     awake: BTreeSet<String>,
     most_awake: usize,
-    events: Vec<VllmEvent>,
+    events: Vec<(Instant, VllmEvent)>,
 }
 
 /// The GPUs of one node, shared by its vLLM servers: room for `capacity` awake servers.
@@ -141,11 +141,16 @@ impl Gpu {
     }
 
     fn record(&self, event: VllmEvent) {
-        self.lock().events.push(event);
+        self.lock().events.push((Instant::now(), event));
     }
 
     /// Everything that happened to its servers so far, in order.
     pub fn events(&self) -> Vec<VllmEvent> {
+        self.lock().events.iter().map(|(_, e)| e.clone()).collect()
+    }
+
+    /// Everything that happened so far, in order, each with when.
+    pub fn timeline(&self) -> Vec<(Instant, VllmEvent)> {
         self.lock().events.clone()
     }
 
@@ -395,9 +400,12 @@ async fn sleep(
     {
         let mut gpu = server.gpu.lock();
         gpu.awake.remove(&server.options.name);
-        gpu.events.push(VllmEvent::Asleep {
-            server: server.name(),
-        });
+        gpu.events.push((
+            Instant::now(),
+            VllmEvent::Asleep {
+                server: server.name(),
+            },
+        ));
     }
     StatusCode::OK.into_response()
 }
@@ -422,10 +430,13 @@ async fn wake_up(State(server): State<Arc<Server>>) -> Response {
                 let mut gpu = server.gpu.lock();
                 if gpu.awake.len() >= server.gpu.capacity {
                     let awake = gpu.awake.iter().cloned().collect();
-                    gpu.events.push(VllmEvent::OutOfMemory {
-                        server: server.name(),
-                        awake,
-                    });
+                    gpu.events.push((
+                        Instant::now(),
+                        VllmEvent::OutOfMemory {
+                            server: server.name(),
+                            awake,
+                        },
+                    ));
                     false
                 } else {
                     gpu.awake.insert(server.name());

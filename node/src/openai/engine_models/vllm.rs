@@ -35,7 +35,7 @@ use crate::upstream::{Upstream, same_model};
 const MAX_ANSWER: usize = 64 * 1024;
 
 /// How often a wake asks whether the server is still asleep.
-const WAKE_POLL: Duration = Duration::from_millis(20);
+const WAKE_POLL: Duration = Duration::from_millis(10);
 
 /// One target's server.
 #[derive(Debug)]
