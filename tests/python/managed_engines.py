@@ -10,7 +10,8 @@ BASE_URL is the edge's OpenAI base URL (http://127.0.0.1:PORT/v1). Commands:
                      JSON object WINDOWS, each with its context window (null: none listed),
                      then checks the cloud model is not among them.
   chat MODEL         a whole chat answered with the model's sentence ("Hello from ...") and
-                     finish_reason "stop".
+                     finish_reason "stop"; an Ollama model's request carries Ollama's own
+                     `keep_alive` and `options.num_ctx`, which must not reach Ollama.
   two MODEL          two streamed chats of MODEL at once, each complete.
   wake AWAKE ASLEEP  streams a long chat of AWAKE; after its first piece asks ASLEEP (asleep:
                      its engine must put AWAKE to sleep, which it may only do once the stream
@@ -66,8 +67,11 @@ def sentence(model):
 
 
 def chat(client, model):
+    # Ollama's own knobs, which would unload the model or reload it with another window: the
+    # edge and the node must not pass them on (the fake records what reached it).
+    knobs = {"keep_alive": -1, "options": {"num_ctx": 32768}} if model.startswith("ollama/") else None
     answer = client.chat.completions.create(
-        model=model, messages=[{"role": "user", "content": "Say hello"}]
+        model=model, messages=[{"role": "user", "content": "Say hello"}], extra_body=knobs
     )
     choice = answer.choices[0]
     check(choice.message.content == sentence(model), f"{model}: {choice.message.content!r}")

@@ -760,6 +760,36 @@ mod tests {
         assert_eq!(state_of(&states, "alpha"), Some(LoadState::Asleep));
     }
 
+    fn engine(lifecycle: Lifecycle, settings: &OpenAiSettings) -> ManagedEngine {
+        let timeouts = crate::upstream::Timeouts {
+            connect: std::time::Duration::from_secs(1),
+            idle: std::time::Duration::from_secs(1),
+            probe: std::time::Duration::from_secs(1),
+        };
+        let upstream =
+            Upstream::new("http://127.0.0.1:1/v1", None, None, timeouts).expect("client");
+        ManagedEngine::new(lifecycle, settings, upstream, BTreeMap::new())
+    }
+
+    #[test]
+    fn a_model_whose_load_call_is_open_is_loading_whatever_the_engine_lists() {
+        let ollama = engine(Lifecycle::Ollama, &ollama(&[]));
+        let mut models = catalogue(&[("qwen2.5:0.5b", LoadState::Loaded)]).models;
+        // Ollama lists a model in /api/ps as soon as its load starts.
+        let mark = ollama.mark(ModelAction::Load, "qwen2.5:0.5b");
+        assert!(mark.is_some());
+        ollama.apply_marks(&mut models);
+        assert_eq!(models["qwen2.5:0.5b"].state, LoadState::Loading);
+        drop(mark);
+        let mut models = catalogue(&[("qwen2.5:0.5b", LoadState::Loaded)]).models;
+        ollama.apply_marks(&mut models);
+        assert_eq!(models["qwen2.5:0.5b"].state, LoadState::Loaded);
+        // Nothing to mark: an unload, or a router, which reports its own loading state.
+        assert!(ollama.mark(ModelAction::Unload, "qwen2.5:0.5b").is_none());
+        let router = engine(Lifecycle::LlamaRouter, &settings(&[]));
+        assert!(router.mark(ModelAction::Load, "alpha").is_none());
+    }
+
     #[test]
     fn a_target_marked_never_to_sleep_stays_loaded() {
         let engine = catalogue(&[("chat", LoadState::Loaded), ("embed", LoadState::Loaded)]);
