@@ -118,18 +118,7 @@ impl OpenAiAdapter {
         };
         let tls_ca = settings.tls_ca.as_deref();
         let upstream = Upstream::new(&settings.base_url, tls_ca, api_key.clone(), timeouts)?;
-        let mut servers = BTreeMap::new();
-        if settings.lifecycle == Some(Lifecycle::Vllm) {
-            for target in &config.targets {
-                let url = settings.base_urls.get(target).ok_or_else(|| {
-                    SettingsError::NoTargetBaseUrl {
-                        target: target.clone(),
-                    }
-                })?;
-                let server = Upstream::new(url, tls_ca, api_key.clone(), timeouts)?;
-                servers.insert(target.clone(), server);
-            }
-        }
+        let servers = servers_of(&config.targets, &settings, api_key, timeouts)?;
         // A router's `/props` does not say it is llama-server; Ollama and vLLM have none.
         let engine = match settings.lifecycle {
             Some(Lifecycle::LlamaRouter) => ENGINE_LLAMA_SERVER,
@@ -137,18 +126,7 @@ impl OpenAiAdapter {
             None => ENGINE_UNKNOWN,
         };
         let managed = settings.lifecycle.map(|lifecycle| {
-            let by_model = servers
-                .iter()
-                .map(|(target, server)| {
-                    let id = settings.upstream_model(target).to_owned();
-                    let server = vllm::Server {
-                        target: target.clone(),
-                        upstream: server.clone(),
-                        never_sleep: settings.never_sleeps(target),
-                    };
-                    (id, server)
-                })
-                .collect();
+            let by_model = by_model(&servers, &settings);
             ManagedEngine::new(lifecycle, &settings, upstream.clone(), by_model)
         });
         Ok(Self {
@@ -490,6 +468,53 @@ impl OpenAiAdapter {
         }
         Ok(terminal.ok_or_else(|| UpstreamFault::Malformed("no embeddings".into())))
     }
+}
+
+/// With `lifecycle = "vllm"`: each of `targets`' own server (`base_url.<target>`), by target;
+/// empty for the other lifecycles.
+///
+/// # Errors
+/// [`SettingsError::NoTargetBaseUrl`] for a target without one; the client's error.
+fn servers_of(
+    targets: &[String],
+    settings: &OpenAiSettings,
+    api_key: Option<String>,
+    timeouts: Timeouts,
+) -> Result<BTreeMap<String, Upstream>, AdapterError> {
+    let mut servers = BTreeMap::new();
+    if settings.lifecycle != Some(Lifecycle::Vllm) {
+        return Ok(servers);
+    }
+    for target in targets {
+        let url = settings
+            .base_urls
+            .get(target)
+            .ok_or_else(|| SettingsError::NoTargetBaseUrl {
+                target: target.clone(),
+            })?;
+        let server = Upstream::new(url, settings.tls_ca.as_deref(), api_key.clone(), timeouts)?;
+        servers.insert(target.clone(), server);
+    }
+    Ok(servers)
+}
+
+/// The vLLM servers by the model id each serves (`model.<target>`, else the target).
+fn by_model(
+    servers: &BTreeMap<String, Upstream>,
+    settings: &OpenAiSettings,
+) -> BTreeMap<String, vllm::Server> {
+    servers
+        .iter()
+        .map(|(target, server)| {
+            let id = settings.upstream_model(target).to_owned();
+            let server = vllm::Server {
+                target: target.clone(),
+                upstream: server.clone(),
+                never_sleep: settings.never_sleeps(target),
+            };
+            (id, server)
+        })
+        .collect()
 }
 
 /// The most of an embeddings answer parsed on the node's own thread; a larger one (a big

@@ -674,6 +674,38 @@ mod tests {
     }
 
     #[test]
+    fn the_managed_engines_settings_name_their_key_when_wrong() {
+        let cases = [
+            (
+                map(&[("base_url", "http://h/v1"), ("lifecycle", "ollama")]),
+                "capacity",
+            ),
+            (map(&[("lifecycle", "vllm")]), "capacity"),
+            (
+                map(&[
+                    ("lifecycle", "vllm"),
+                    ("capacity", "1"),
+                    ("base_url.alpha", "h:1"),
+                ]),
+                "base_url.alpha",
+            ),
+            (
+                map(&[
+                    ("base_url", "http://h/v1"),
+                    ("lifecycle", "ollama"),
+                    ("capacity", "2"),
+                    ("parallel", "0"),
+                ]),
+                "parallel",
+            ),
+        ];
+        for (settings, key) in cases {
+            let error = OpenAiSettings::parse(&settings).expect_err(key).to_string();
+            assert!(error.contains(key), "{error}");
+        }
+    }
+
+    #[test]
     fn vllm_servers_are_per_target_and_pooling_ones_may_never_sleep() {
         let (settings, unknown) = OpenAiSettings::parse(&map(&[
             ("lifecycle", "vllm"),
@@ -747,28 +779,6 @@ mod tests {
             (
                 map(&[("base_url", "http://h/v1"), ("lifecycle", "ollama-ish")]),
                 "lifecycle",
-            ),
-            (
-                map(&[("base_url", "http://h/v1"), ("lifecycle", "ollama")]),
-                "capacity",
-            ),
-            (map(&[("lifecycle", "vllm")]), "capacity"),
-            (
-                map(&[
-                    ("lifecycle", "vllm"),
-                    ("capacity", "1"),
-                    ("base_url.alpha", "h:1"),
-                ]),
-                "base_url.alpha",
-            ),
-            (
-                map(&[
-                    ("base_url", "http://h/v1"),
-                    ("lifecycle", "ollama"),
-                    ("capacity", "2"),
-                    ("parallel", "0"),
-                ]),
-                "parallel",
             ),
             (
                 map(&[("base_url", "http://h/v1"), ("load_timeout_ms", "0")]),

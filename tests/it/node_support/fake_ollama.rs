@@ -735,7 +735,7 @@ async fn ps(State(inner): State<Arc<Inner>>) -> Response {
         })
         .collect();
     // "longest duration remaining listed first"
-    models.sort_by(|a, b| b.0.cmp(&a.0));
+    models.sort_by_key(|m| std::cmp::Reverse(m.0));
     let models: Vec<Value> = models.into_iter().map(|(_, m)| m).collect();
     axum::Json(json!({"models": models})).into_response()
 }
