@@ -276,22 +276,20 @@ impl ModelDemand for ModelService {
         if !self.inner.managed_seen.load(Ordering::Relaxed) {
             return Vec::new();
         }
-        let caps: Vec<u32> = nodes
-            .iter()
-            .map(|node| {
-                let managed = node.availability.as_ref().and_then(|a| a.managed(adapter));
-                managed.map_or(0, |m| m.parallel)
-            })
-            .collect();
-        if caps.iter().all(|&parallel| parallel == 0) {
+        let cap = |node: &NodeStatus| {
+            let managed = node.availability.as_ref().and_then(|a| a.managed(adapter));
+            managed.map_or(0, |m| m.parallel)
+        };
+        // No allocation, no lock for a model no node caps.
+        if nodes.iter().all(|node| cap(node) == 0) {
             return Vec::new();
         }
         let model = ModelName::new(adapter.clone(), target.clone());
         let book = lock(&self.inner.book);
         nodes
             .iter()
-            .zip(caps)
-            .map(|(node, parallel)| {
+            .map(|node| {
+                let parallel = cap(node);
                 (parallel > 0).then(|| ModelSeats {
                     running: book
                         .use_of(node.record.id(), &model)
