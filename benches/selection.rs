@@ -129,6 +129,7 @@ fn routing(c: &mut Criterion) {
                 load_factor: LoadFactor::default(),
                 now,
                 turn,
+                model_seats: &[],
             };
             black_box(decide(&plain, &request, &ctx));
         });
@@ -150,6 +151,7 @@ fn routing(c: &mut Criterion) {
             load_factor: LoadFactor::default(),
             now,
             turn,
+            model_seats: &[],
         };
         let decision = decide(&statuses, &request, &ctx);
         assert!(matches!(decision, Decision::Place { .. }));
@@ -239,6 +241,7 @@ fn placement(c: &mut Criterion) {
                     load_factor: LoadFactor::default(),
                     now: Instant::now(),
                     turn,
+                    model_seats: &[],
                 };
                 black_box(decide(&statuses, &request, &ctx));
             });

@@ -125,7 +125,14 @@ impl EngineState {
             targets.insert(target, load.clone());
         }
         let capacity = held.engine.capacity;
-        Availability::new(pairs).with_managed(adapter, ManagedAdapter { capacity, targets })
+        Availability::new(pairs).with_managed(
+            adapter,
+            ManagedAdapter {
+                capacity,
+                parallel: 0,
+                targets,
+            },
+        )
     }
 
     /// Takes what the engine answers itself: a model command (carried out on a task of its
@@ -205,9 +212,8 @@ impl EngineState {
         let mut held = self.held();
         if fails {
             let failed = TargetLoad {
-                state: LoadState::Failed,
-                progress_percent: 0,
                 failure: LOAD_FAILURE.to_owned(),
+                ..TargetLoad::new(LoadState::Failed)
             };
             held.states.insert(target.to_owned(), failed);
             return Err(LOAD_FAILURE.to_owned());

@@ -226,7 +226,15 @@ async fn carry_out(
         .upstream_model(command.model.target.as_str());
     let limit = adapter.settings().load_timeout;
     let deadline = Instant::now() + limit;
-    let begun = match tokio::time::timeout_at(deadline, engine.begin(action, id)).await {
+    // An engine doing the whole load in one call held open says nothing meanwhile: the
+    // model is loading while the call is, and the edge hears so at once.
+    let mark = engine.mark(action, id);
+    if mark.is_some() {
+        let _ = refresh(adapter, engine, board).await;
+    }
+    let begun = tokio::time::timeout_at(deadline, engine.begin(action, id)).await;
+    drop(mark);
+    let begun = match begun {
         Ok(begun) => begun.map_err(|source| CommandError::NotBegun {
             engine: engine.name(),
             action,
@@ -307,7 +315,9 @@ fn settled(
     };
     match (action, model.state) {
         (ModelAction::Load, LoadState::Loaded | LoadState::Sleeping)
-        | (ModelAction::Unload, LoadState::Unloaded | LoadState::Failed) => Some(Ok(())),
+        | (ModelAction::Unload, LoadState::Unloaded | LoadState::Failed | LoadState::Asleep) => {
+            Some(Ok(()))
+        }
         (ModelAction::Load, LoadState::Loading)
         | (ModelAction::Unload, LoadState::Loaded | LoadState::Loading | LoadState::Sleeping) => {
             None
@@ -315,11 +325,14 @@ fn settled(
         (ModelAction::Load, LoadState::Failed) => Some(Err(CommandError::LoadFailed {
             reason: model.failure.clone(),
         })),
-        // The engine sets a model loading before it answers the load; back to unloaded
-        // without a failure, someone unloaded it meanwhile.
-        (ModelAction::Load, LoadState::Unloaded) => Some(Err(CommandError::UnloadedWhileLoading {
-            id: id.to_owned(),
-        })),
+        // The engine sets a model loading before it answers the load (or the node does, while
+        // its call is open); back to unloaded (or asleep) without a failure, someone
+        // unloaded it meanwhile.
+        (ModelAction::Load, LoadState::Unloaded | LoadState::Asleep) => {
+            Some(Err(CommandError::UnloadedWhileLoading {
+                id: id.to_owned(),
+            }))
+        }
     }
 }
 
@@ -423,6 +436,7 @@ mod tests {
         EngineModel {
             state,
             failure: failure.into(),
+            window: None,
         }
     }
 
@@ -443,6 +457,9 @@ mod tests {
         );
         let unloaded = load(Some(&model(LoadState::Unloaded, "")));
         assert!(matches!(unloaded, Some(Err(m)) if m.contains("unloaded before")));
+        // A wake answered and then asleep again: the load did not hold.
+        let asleep = load(Some(&model(LoadState::Asleep, "")));
+        assert!(matches!(asleep, Some(Err(m)) if m.contains("unloaded before")));
         assert!(matches!(load(None), Some(Err(m)) if m.contains("no longer lists alpha")));
     }
 
@@ -454,6 +471,8 @@ mod tests {
         }
         assert_eq!(unload(Some(&model(LoadState::Unloaded, ""))), Some(Ok(())));
         assert_eq!(unload(Some(&model(LoadState::Failed, "x"))), Some(Ok(())));
+        // A vLLM server put to sleep holds no place.
+        assert_eq!(unload(Some(&model(LoadState::Asleep, ""))), Some(Ok(())));
         assert_eq!(unload(None), Some(Ok(())));
     }
 

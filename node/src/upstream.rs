@@ -231,15 +231,39 @@ impl Upstream {
         self.base_url.strip_suffix("/v1").unwrap_or(&self.base_url)
     }
 
+    /// POSTs `body` to `path` below the engine's root and waits up to `within` for the
+    /// answer's headers (not `idle_timeout_ms`): a call the engine answers only once its work
+    /// is done (Ollama's load, vLLM's sleep), bounded by `load_timeout_ms`.
+    ///
+    /// # Errors
+    /// As [`Upstream::post`]; [`UpstreamFault::Timeout`] after `within`.
+    pub async fn post_root_within(
+        &self,
+        path: &str,
+        body: &Value,
+        within: Duration,
+    ) -> Result<reqwest::Response, UpstreamFault> {
+        let url = format!("{}{path}", self.root());
+        let late = UpstreamFault::Timeout("load_timeout_ms");
+        self.post_url(url, body, within, late).await
+    }
+
     async fn post_to(&self, url: String, body: &Value) -> Result<reqwest::Response, UpstreamFault> {
+        let late = UpstreamFault::Timeout("no answer before idle_timeout_ms");
+        self.post_url(url, body, self.idle_timeout, late).await
+    }
+
+    async fn post_url(
+        &self,
+        url: String,
+        body: &Value,
+        within: Duration,
+        late: UpstreamFault,
+    ) -> Result<reqwest::Response, UpstreamFault> {
         // This request takes the connection opened ahead, if one waits.
         self.spare.store(false, Ordering::Release);
         let response = self
-            .send(
-                |client| client.post(&url).json(body),
-                self.idle_timeout,
-                UpstreamFault::Timeout("no answer before idle_timeout_ms"),
-            )
+            .send(|client| client.post(&url).json(body), within, late)
             .await?;
         let status = response.status();
         if status.is_success() {

@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use super::models::ManagedAdapter;
+use super::models::{LoadState, ManagedAdapter};
 use super::names::{AdapterName, Alias, NodeId, Target};
 use super::token::TokenDigest;
 
@@ -300,9 +300,16 @@ impl Availability {
     }
 
     /// This availability with `adapter` managed: the node loads and unloads its targets on
-    /// command; `managed` says what it can hold and every target's state.
+    /// command; `managed` says what it can hold and every target's state. A target its
+    /// catalogue says is [`LoadState::Asleep`] is not served, whatever the node listed: a
+    /// request reaching an asleep engine is aborted, so nothing is ever routed to one.
     #[must_use]
     pub fn with_managed(mut self, adapter: AdapterName, managed: ManagedAdapter) -> Self {
+        for (target, load) in &managed.targets {
+            if load.state == LoadState::Asleep {
+                self = self.with_served(&adapter, target, false);
+            }
+        }
         self.managed.insert(adapter, managed);
         self
     }
@@ -333,11 +340,17 @@ impl Availability {
         self
     }
 
-    /// The context window `adapter + target` is served with, in tokens, when the node said.
+    /// The context window `adapter + target` is served with, in tokens, when the node said;
+    /// for a managed target not served now, the window its node says it will be served with
+    /// once loaded (an asleep server's, or a setting's).
     pub fn context_window(&self, adapter: &AdapterName, target: &Target) -> Option<u32> {
         self.windows
             .get(&(adapter.clone(), target.clone()))
             .copied()
+            .or_else(|| {
+                let load = self.managed.get(adapter)?.targets.get(target)?;
+                (load.context_window > 0).then_some(load.context_window)
+            })
     }
 
     /// Whether `adapter + target` is available.
@@ -395,5 +408,36 @@ mod tests {
         );
         let runtime = RuntimeConfig::new(1, 1_500, BTreeMap::new()).unwrap();
         assert_eq!(runtime.heartbeat_interval(), Duration::from_millis(1_500));
+    }
+
+    #[test]
+    fn an_asleep_target_is_never_served_and_a_managed_target_has_its_window_before_loading() {
+        use super::super::models::TargetLoad;
+        let vllm = AdapterName::parse("vllm").unwrap();
+        let (alpha, beta) = (
+            Target::parse("alpha").unwrap(),
+            Target::parse("beta").unwrap(),
+        );
+        let asleep = TargetLoad {
+            context_window: 16_384,
+            ..TargetLoad::new(LoadState::Asleep)
+        };
+        let managed = ManagedAdapter {
+            capacity: 1,
+            parallel: 0,
+            targets: BTreeMap::from([
+                (alpha.clone(), TargetLoad::new(LoadState::Loaded)),
+                (beta.clone(), asleep),
+            ]),
+        };
+        // Listed by mistake, the asleep one is still not served.
+        let availability =
+            Availability::new([(vllm.clone(), alpha.clone()), (vllm.clone(), beta.clone())])
+                .with_context_window(&vllm, &alpha, 8_192)
+                .with_managed(vllm.clone(), managed);
+        assert!(availability.serves(&vllm, &alpha));
+        assert!(!availability.serves(&vllm, &beta));
+        assert_eq!(availability.context_window(&vllm, &alpha), Some(8_192));
+        assert_eq!(availability.context_window(&vllm, &beta), Some(16_384));
     }
 }

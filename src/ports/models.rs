@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use crate::domain::models::{LoadState, ModelAction, ModelName, ModelPolicy};
+use crate::domain::routing::{ModelSeats, NodeStatus};
 use crate::domain::{AdapterName, NodeId, Target};
 
 /// What the model lifecycle hears from the run service. Called under the run table's lock:
@@ -20,6 +21,17 @@ pub trait ModelDemand: Send + Sync {
 
     /// A run of `adapter + target` left `node` (it ended or moved).
     fn left(&self, node: &NodeId, adapter: &AdapterName, target: &Target);
+
+    /// For each of `nodes`, by position, its runs of `adapter + target` in flight against
+    /// how many its managed engine serves at once (the adapter's `parallel`); `None` for a
+    /// node without such a cap. Empty when no node caps the model, so routing pays nothing
+    /// for it.
+    fn model_seats(
+        &self,
+        nodes: &[NodeStatus],
+        adapter: &AdapterName,
+        target: &Target,
+    ) -> Vec<Option<ModelSeats>>;
 }
 
 /// The run service as the model lifecycle reaches it.
@@ -44,6 +56,15 @@ impl ModelDemand for NoModels {
     fn placed(&self, _: &NodeId, _: &AdapterName, _: &Target) {}
 
     fn left(&self, _: &NodeId, _: &AdapterName, _: &Target) {}
+
+    fn model_seats(
+        &self,
+        _: &[NodeStatus],
+        _: &AdapterName,
+        _: &Target,
+    ) -> Vec<Option<ModelSeats>> {
+        Vec::new()
+    }
 }
 
 /// A model as the management API shows it: its policy and where it is, node by node.

@@ -18,7 +18,8 @@ pub(super) struct AdapterReport {
 }
 
 /// Reads one entry; invalid target names are left out. A managed adapter's listed target
-/// whose state says nothing of its load is loaded.
+/// whose state says nothing of its load is loaded; an unloaded one marked `asleep` (v1.5) is
+/// [`LoadState::Asleep`].
 pub(super) fn adapter_from_wire(entry: proto::AdapterTargets) -> AdapterReport {
     let proto::AdapterTargets {
         adapter: _,
@@ -26,6 +27,7 @@ pub(super) fn adapter_from_wire(entry: proto::AdapterTargets) -> AdapterReport {
         states,
         managed,
         capacity,
+        parallel,
     } = entry;
     let targets: Vec<Target> = targets
         .iter()
@@ -34,6 +36,7 @@ pub(super) fn adapter_from_wire(entry: proto::AdapterTargets) -> AdapterReport {
     let mut windows = Vec::new();
     let mut lifecycle = ManagedAdapter {
         capacity,
+        parallel,
         targets: targets
             .iter()
             .map(|t| (t.clone(), TargetLoad::new(LoadState::Loaded)))
@@ -45,6 +48,8 @@ pub(super) fn adapter_from_wire(entry: proto::AdapterTargets) -> AdapterReport {
         load,
         load_progress,
         failure,
+        asleep,
+        stays_loaded,
     } in states
     {
         let Ok(target) = Target::parse(&target) else {
@@ -52,10 +57,16 @@ pub(super) fn adapter_from_wire(entry: proto::AdapterTargets) -> AdapterReport {
         };
         if let Some(state) = load_from_wire(load) {
             let progress_percent = (load_progress.clamp(0.0, 1.0) * 100.0).round() as u8;
+            let state = match state {
+                LoadState::Unloaded if asleep => LoadState::Asleep,
+                state => state,
+            };
             let load = TargetLoad {
                 state,
                 progress_percent,
                 failure,
+                context_window,
+                stays_loaded,
             };
             lifecycle.targets.insert(target.clone(), load);
         }
@@ -93,6 +104,7 @@ pub(super) fn states_to_wire(entry: &mut proto::AdapterTargets, availability: &A
     };
     entry.managed = true;
     entry.capacity = managed.capacity;
+    entry.parallel = managed.parallel;
     for (target, load) in &managed.targets {
         let index = match entry
             .states
@@ -112,6 +124,11 @@ pub(super) fn states_to_wire(entry: &mut proto::AdapterTargets, availability: &A
         state.load = load_to_wire(load.state).into();
         state.load_progress = f32::from(load.progress_percent) / 100.0;
         state.failure.clone_from(&load.failure);
+        state.asleep = load.state == LoadState::Asleep;
+        state.stays_loaded = load.stays_loaded;
+        if state.context_window == 0 {
+            state.context_window = load.context_window;
+        }
     }
 }
 
@@ -133,6 +150,8 @@ fn load_to_wire(state: LoadState) -> proto::ModelLoad {
         LoadState::Unloaded => proto::ModelLoad::Unloaded,
         LoadState::Sleeping => proto::ModelLoad::Sleeping,
         LoadState::Failed => proto::ModelLoad::Failed,
+        // With `TargetState.asleep`: what a v1.4 edge reads is "loadable", which it is.
+        LoadState::Asleep => proto::ModelLoad::Unloaded,
     }
 }
 
@@ -230,22 +249,27 @@ mod tests {
         let llama = AdapterName::parse("llama").unwrap();
         let managed = ManagedAdapter {
             capacity: 2,
+            parallel: 0,
             targets: BTreeMap::from([
-                (target("alpha"), TargetLoad::new(LoadState::Loaded)),
+                (
+                    target("alpha"),
+                    TargetLoad {
+                        context_window: 4_096,
+                        ..TargetLoad::new(LoadState::Loaded)
+                    },
+                ),
                 (
                     target("beta"),
                     TargetLoad {
-                        state: LoadState::Loading,
                         progress_percent: 40,
-                        failure: String::new(),
+                        ..TargetLoad::new(LoadState::Loading)
                     },
                 ),
                 (
                     target("gamma"),
                     TargetLoad {
-                        state: LoadState::Failed,
-                        progress_percent: 0,
                         failure: "out of memory".into(),
+                        ..TargetLoad::new(LoadState::Failed)
                     },
                 ),
             ]),
@@ -265,6 +289,63 @@ mod tests {
         assert_eq!(report.targets, vec![target("alpha")]);
         assert_eq!(report.windows, vec![(target("alpha"), 4_096)]);
         assert_eq!(report.managed, Some(managed));
+    }
+
+    #[test]
+    fn an_asleep_server_a_target_kept_loaded_and_a_per_model_cap_round_trip_as_v1_5() {
+        let vllm = AdapterName::parse("vllm").unwrap();
+        let managed = ManagedAdapter {
+            capacity: 1,
+            parallel: 2,
+            targets: BTreeMap::from([
+                (
+                    target("alpha"),
+                    TargetLoad {
+                        context_window: 16_384,
+                        ..TargetLoad::new(LoadState::Asleep)
+                    },
+                ),
+                (
+                    target("embed"),
+                    TargetLoad {
+                        context_window: 512,
+                        stays_loaded: true,
+                        ..TargetLoad::new(LoadState::Loaded)
+                    },
+                ),
+            ]),
+        };
+        let availability = Availability::new([(vllm.clone(), target("embed"))])
+            .with_managed(vllm.clone(), managed.clone());
+        let mut entry = proto::AdapterTargets {
+            adapter: "vllm".into(),
+            targets: vec!["embed".into()],
+            ..proto::AdapterTargets::default()
+        };
+        states_to_wire(&mut entry, &availability);
+        assert_eq!(entry.parallel, 2);
+        // What a v1.4 edge reads of the asleep one: an unloaded target it may load.
+        let alpha = entry.states.iter().find(|s| s.target == "alpha").unwrap();
+        assert_eq!(alpha.load, i32::from(proto::ModelLoad::Unloaded));
+        assert!(alpha.asleep && !alpha.stays_loaded);
+        assert_eq!(alpha.context_window, 16_384);
+        let report = adapter_from_wire(entry);
+        assert_eq!(report.targets, vec![target("embed")]);
+        assert_eq!(report.managed, Some(managed));
+        // The mark means nothing on another state.
+        let odd = proto::AdapterTargets {
+            adapter: "vllm".into(),
+            managed: true,
+            states: vec![proto::TargetState {
+                target: "alpha".into(),
+                load: proto::ModelLoad::Loaded.into(),
+                asleep: true,
+                ..proto::TargetState::default()
+            }],
+            ..proto::AdapterTargets::default()
+        };
+        let read = adapter_from_wire(odd).managed.unwrap();
+        assert_eq!(read.targets[&target("alpha")].state, LoadState::Loaded);
     }
 
     #[test]

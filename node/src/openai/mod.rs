@@ -19,6 +19,7 @@ pub mod request;
 pub mod settings;
 pub mod tokenize;
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Instant;
 
@@ -32,7 +33,7 @@ use crate::runs::{Emitter, Gone};
 use crate::sse::SseDecoder;
 use crate::upstream::{HttpClientError, MAX_WHOLE_BODY, ModelList, Timeouts, Upstream};
 use chunks::AnswerStream;
-use engine_models::ManagedEngine;
+use engine_models::{ManagedEngine, vllm};
 use errors::classify;
 use request::{InvalidInput, UpstreamCall};
 use settings::{Lifecycle, OpenAiSettings, SettingsError};
@@ -76,6 +77,8 @@ pub struct OpenAiAdapter {
     targets: Vec<String>,
     settings: OpenAiSettings,
     upstream: Upstream,
+    /// With `lifecycle = "vllm"`: each target's own server, by target (`base_url.<target>`).
+    servers: BTreeMap<String, Upstream>,
     /// What the engine's `/props` said it is (`ENGINE_*`): llama-server's streams are asked
     /// for running counts when `timings_per_token` is left to the node, and another engine is
     /// not asked `/props` again.
@@ -113,25 +116,25 @@ impl OpenAiAdapter {
             idle: settings.idle_timeout,
             probe: settings.probe_timeout,
         };
-        let upstream = Upstream::new(
-            &settings.base_url,
-            settings.tls_ca.as_deref(),
-            api_key,
-            timeouts,
-        )?;
-        // A router's `/props` does not say it is llama-server.
+        let tls_ca = settings.tls_ca.as_deref();
+        let upstream = Upstream::new(&settings.base_url, tls_ca, api_key.clone(), timeouts)?;
+        let servers = servers_of(&config.targets, &settings, api_key, timeouts)?;
+        // A router's `/props` does not say it is llama-server; Ollama and vLLM have none.
         let engine = match settings.lifecycle {
             Some(Lifecycle::LlamaRouter) => ENGINE_LLAMA_SERVER,
+            Some(Lifecycle::Ollama | Lifecycle::Vllm) => ENGINE_OTHER,
             None => ENGINE_UNKNOWN,
         };
-        let managed = settings
-            .lifecycle
-            .map(|lifecycle| ManagedEngine::new(lifecycle, upstream.clone()));
+        let managed = settings.lifecycle.map(|lifecycle| {
+            let by_model = by_model(&servers, &settings);
+            ManagedEngine::new(lifecycle, &settings, upstream.clone(), by_model)
+        });
         Ok(Self {
             name: config.name.clone(),
             targets: config.targets.clone(),
             settings,
             upstream,
+            servers,
             engine: AtomicU8::new(engine),
             managed,
         })
@@ -156,6 +159,12 @@ impl OpenAiAdapter {
     /// settings name a `lifecycle`.
     pub fn managed(&self) -> Option<&ManagedEngine> {
         self.managed.as_ref()
+    }
+
+    /// Where `target`'s requests go: its own server (`base_url.<target>`, vLLM), else the
+    /// adapter's engine.
+    fn upstream_of(&self, target: &str) -> &Upstream {
+        self.servers.get(target).unwrap_or(&self.upstream)
     }
 
     /// The engine's model list, for the prober.
@@ -197,6 +206,7 @@ impl OpenAiAdapter {
     /// [`Gone`] when the node let go of the run meanwhile; the engine request is dropped.
     pub async fn execute(&self, run: &RunAssignment, out: &Emitter) -> Result<RunEventKind, Gone> {
         let model = self.settings.upstream_model(run.target.as_str());
+        let upstream = self.upstream_of(run.target.as_str());
         let whole = self.settings.request_timeout;
         if matches!(run.operation, Operation::Tokenize | Operation::Detokenize) {
             let detokenize = run.operation == Operation::Detokenize;
@@ -204,7 +214,7 @@ impl OpenAiAdapter {
                 Ok(ask) => ask,
                 Err(invalid) => return Ok(invalid_input(invalid)),
             };
-            let events = tokio::time::timeout(whole, self.ask_tokenizer(ask, model))
+            let events = tokio::time::timeout(whole, self.ask_tokenizer(upstream, ask, model))
                 .await
                 .unwrap_or_else(|_| Err(classify(&UpstreamFault::Timeout("request_timeout_ms"))));
             let [output, end] = match events {
@@ -225,7 +235,7 @@ impl OpenAiAdapter {
         {
             call.ask_running_counts();
         }
-        match tokio::time::timeout(whole, self.answer(run, &call, out)).await {
+        match tokio::time::timeout(whole, self.answer(upstream, run, &call, out)).await {
             Ok(result) => result,
             Err(_) => Ok(classify(&UpstreamFault::Timeout("request_timeout_ms"))),
         }
@@ -235,13 +245,14 @@ impl OpenAiAdapter {
     /// failure (`not_supported` when the engine has no such endpoint).
     async fn ask_tokenizer(
         &self,
+        upstream: &Upstream,
         ask: Ask,
         model: &str,
     ) -> Result<[RunEventKind; 2], RunEventKind> {
         match ask {
             Ask::Tokens(tokens) => {
                 let body = tokenize::tokens_body(model, &tokens);
-                let answer = self.whole("/detokenize", &body).await?;
+                let answer = self.whole(upstream, "/detokenize", &body).await?;
                 let text = tokenize::text_of(&answer).map_err(|fault| classify(&fault))?;
                 Ok(tokenize::detokenized(text))
             }
@@ -249,20 +260,20 @@ impl OpenAiAdapter {
                 content,
                 add_special,
             } => Ok(tokenize::tokenized(
-                self.tokens(model, &content, add_special).await?,
+                self.tokens(upstream, model, &content, add_special).await?,
             )),
             Ask::Chat(chat) => {
                 let body = tokenize::chat_body(model, chat);
-                let tokens = match self.upstream.post_root("/apply-template", &body).await {
+                let tokens = match upstream.post_root("/apply-template", &body).await {
                     Ok(mut response) => {
-                        let answer = self.read_whole(&mut response).await?;
+                        let answer = self.read_whole(upstream, &mut response).await?;
                         let prompt = tokenize::prompt_of(&answer).map_err(|f| classify(&f))?;
                         // As llama-server's completion path tokenizes a rendered prompt.
-                        self.tokens(model, &prompt, true).await?
+                        self.tokens(upstream, model, &prompt, true).await?
                     }
                     // No chat template endpoint (vLLM): its /tokenize takes the messages.
                     Err(fault) if tokenize::is_missing(&fault) => {
-                        let answer = self.whole("/tokenize", &body).await?;
+                        let answer = self.whole(upstream, "/tokenize", &body).await?;
                         tokenize::tokens_of(&answer).map_err(|fault| classify(&fault))?
                     }
                     Err(fault) => return Err(classify(&fault)),
@@ -275,19 +286,25 @@ impl OpenAiAdapter {
     /// The engine's tokens of `content`.
     async fn tokens(
         &self,
+        upstream: &Upstream,
         model: &str,
         content: &str,
         add_special: bool,
     ) -> Result<Vec<u32>, RunEventKind> {
         let body = tokenize::text_body(model, content, add_special);
-        let answer = self.whole("/tokenize", &body).await?;
+        let answer = self.whole(upstream, "/tokenize", &body).await?;
         tokenize::tokens_of(&answer).map_err(|fault| classify(&fault))
     }
 
     /// The whole answer of `POST {root}{path}`; an engine without `path` is `not_supported`.
-    async fn whole(&self, path: &str, body: &serde_json::Value) -> Result<Vec<u8>, RunEventKind> {
-        match self.upstream.post_root(path, body).await {
-            Ok(mut response) => self.read_whole(&mut response).await,
+    async fn whole(
+        &self,
+        upstream: &Upstream,
+        path: &str,
+        body: &serde_json::Value,
+    ) -> Result<Vec<u8>, RunEventKind> {
+        match upstream.post_root(path, body).await {
+            Ok(mut response) => self.read_whole(upstream, &mut response).await,
             Err(fault) if tokenize::is_missing(&fault) => {
                 Err(tokenize::not_supported(&self.name, path))
             }
@@ -295,8 +312,12 @@ impl OpenAiAdapter {
         }
     }
 
-    async fn read_whole(&self, response: &mut reqwest::Response) -> Result<Vec<u8>, RunEventKind> {
-        self.upstream
+    async fn read_whole(
+        &self,
+        upstream: &Upstream,
+        response: &mut reqwest::Response,
+    ) -> Result<Vec<u8>, RunEventKind> {
+        upstream
             .read_to_end(response, MAX_WHOLE_BODY)
             .await
             .map_err(|fault| classify(&fault))
@@ -304,6 +325,7 @@ impl OpenAiAdapter {
 
     async fn answer(
         &self,
+        upstream: &Upstream,
         run: &RunAssignment,
         call: &UpstreamCall,
         out: &Emitter,
@@ -311,7 +333,7 @@ impl OpenAiAdapter {
         let started = Instant::now();
         let path = call.endpoint.path();
         tracing::trace!(target: hops::TARGET, hop = hops::ENGINE_REQUEST, run_id = %run.run_id);
-        let mut response = match self.send(call).await {
+        let mut response = match self.send(upstream, call).await {
             Ok(response) => response,
             Err(fault) => {
                 let kind = classify(&fault);
@@ -331,14 +353,16 @@ impl OpenAiAdapter {
                 .as_ref()
                 .filter(|_| call.endpoint == request::Endpoint::Chat)
                 .map(|c| echo::EchoFilter::new(&c.text));
-            let relayed = self.relay_stream(&mut response, out, echo).await?;
+            let relayed = self
+                .relay_stream(upstream, &mut response, out, echo)
+                .await?;
             drop(response);
             if self.settings.preconnect && relayed.is_ok() {
-                self.upstream.preconnect();
+                upstream.preconnect();
             }
             relayed
         } else {
-            self.relay_embeddings(&mut response, out).await?
+            self.relay_embeddings(upstream, &mut response, out).await?
         };
         let kind = result.unwrap_or_else(|fault| classify(&fault));
         log_failure(run, &kind, started);
@@ -347,10 +371,14 @@ impl OpenAiAdapter {
 
     /// Sends the request, retrying (up to `max_retries`) when the engine could not be reached
     /// or answered 502/503: nothing was produced yet, so nothing is repeated.
-    async fn send(&self, call: &UpstreamCall) -> Result<reqwest::Response, UpstreamFault> {
+    async fn send(
+        &self,
+        upstream: &Upstream,
+        call: &UpstreamCall,
+    ) -> Result<reqwest::Response, UpstreamFault> {
         let mut attempt = 0;
         loop {
-            let result = self.upstream.post(call.endpoint.path(), &call.body).await;
+            let result = upstream.post(call.endpoint.path(), &call.body).await;
             let retriable = matches!(
                 &result,
                 Err(UpstreamFault::Unreachable(_)
@@ -369,6 +397,7 @@ impl OpenAiAdapter {
 
     async fn relay_stream(
         &self,
+        upstream: &Upstream,
         response: &mut reqwest::Response,
         out: &Emitter,
         mut echo: Option<echo::EchoFilter>,
@@ -378,7 +407,7 @@ impl OpenAiAdapter {
         let mut events = Vec::new();
         let mut first_output = true;
         while !answer.is_done() {
-            let chunk = match self.upstream.next_chunk(response).await {
+            let chunk = match upstream.next_chunk(response).await {
                 Ok(Some(chunk)) => chunk,
                 Ok(None) => break,
                 Err(fault) => return Ok(Err(fault)),
@@ -421,10 +450,11 @@ impl OpenAiAdapter {
 
     async fn relay_embeddings(
         &self,
+        upstream: &Upstream,
         response: &mut reqwest::Response,
         out: &Emitter,
     ) -> Result<Result<RunEventKind, UpstreamFault>, Gone> {
-        let body = match self.upstream.read_to_end(response, MAX_WHOLE_BODY).await {
+        let body = match upstream.read_to_end(response, MAX_WHOLE_BODY).await {
             Ok(body) => body,
             Err(fault) => return Ok(Err(fault)),
         };
@@ -438,6 +468,53 @@ impl OpenAiAdapter {
         }
         Ok(terminal.ok_or_else(|| UpstreamFault::Malformed("no embeddings".into())))
     }
+}
+
+/// With `lifecycle = "vllm"`: each of `targets`' own server (`base_url.<target>`), by target;
+/// empty for the other lifecycles.
+///
+/// # Errors
+/// [`SettingsError::NoTargetBaseUrl`] for a target without one; the client's error.
+fn servers_of(
+    targets: &[String],
+    settings: &OpenAiSettings,
+    api_key: Option<String>,
+    timeouts: Timeouts,
+) -> Result<BTreeMap<String, Upstream>, AdapterError> {
+    let mut servers = BTreeMap::new();
+    if settings.lifecycle != Some(Lifecycle::Vllm) {
+        return Ok(servers);
+    }
+    for target in targets {
+        let url = settings
+            .base_urls
+            .get(target)
+            .ok_or_else(|| SettingsError::NoTargetBaseUrl {
+                target: target.clone(),
+            })?;
+        let server = Upstream::new(url, settings.tls_ca.as_deref(), api_key.clone(), timeouts)?;
+        servers.insert(target.clone(), server);
+    }
+    Ok(servers)
+}
+
+/// The vLLM servers by the model id each serves (`model.<target>`, else the target).
+fn by_model(
+    servers: &BTreeMap<String, Upstream>,
+    settings: &OpenAiSettings,
+) -> BTreeMap<String, vllm::Server> {
+    servers
+        .iter()
+        .map(|(target, server)| {
+            let id = settings.upstream_model(target).to_owned();
+            let server = vllm::Server {
+                target: target.clone(),
+                upstream: server.clone(),
+                never_sleep: settings.never_sleeps(target),
+            };
+            (id, server)
+        })
+        .collect()
 }
 
 /// The most of an embeddings answer parsed on the node's own thread; a larger one (a big

@@ -5,7 +5,9 @@
 //! model name, always streams chat and completions (so a cancel or a deadline can stop the
 //! engine promptly, and the first token arrives as soon as it exists), asks for the usage
 //! chunk (and, when set, llama-server's per-chunk counts), and asks embeddings for floats.
-//! A console run's plain text becomes one user message. A continuation (a run another node began) goes on from the text already
+//! A console run's plain text becomes one user message. A request for an engine the edge
+//! manages through Ollama's own verbs loses Ollama's knobs (`keep_alive`, `options.num_ctx`):
+//! either would change what the edge placed. A continuation (a run another node began) goes on from the text already
 //! relayed: chat gets it as a trailing assistant message to continue, completions get it
 //! after the prompt, and the token budget shrinks by what was generated; nothing else is
 //! added.
@@ -13,7 +15,7 @@
 use edge::client::RunAssignment;
 use edge::domain::{Continuation, Operation};
 
-use super::settings::OpenAiSettings;
+use super::settings::{Lifecycle, OpenAiSettings};
 use serde_json::{Map, Value, json};
 
 /// Which OpenAI endpoint a run goes to.
@@ -108,6 +110,9 @@ pub fn build(
             settings.continue_final_message,
         )?;
     }
+    if settings.lifecycle == Some(Lifecycle::Ollama) {
+        without_ollama_knobs(&mut body);
+    }
     body.insert("model".into(), Value::String(model.to_owned()));
     if endpoint.streams() {
         body.insert("stream".into(), Value::Bool(true));
@@ -175,6 +180,19 @@ fn continue_from(
     Ok(())
 }
 
+/// Drops what would make Ollama unload the model or load it again with another window: a
+/// client's `keep_alive` (how long the runner stays) and `options.num_ctx` (its window;
+/// another one reloads the runner, `sched.go` `needsReload`).
+fn without_ollama_knobs(body: &mut Map<String, Value>) {
+    body.remove("keep_alive");
+    if let Some(Value::Object(options)) = body.get_mut("options") {
+        options.remove("num_ctx");
+        if options.is_empty() {
+            body.remove("options");
+        }
+    }
+}
+
 fn object(input: &[u8]) -> Result<Map<String, Value>, InvalidInput> {
     match serde_json::from_slice(input) {
         Ok(Value::Object(map)) => Ok(map),
@@ -239,6 +257,29 @@ mod tests {
             number: 1,
         });
         run
+    }
+
+    #[test]
+    fn ollama_never_gets_a_clients_keep_alive_or_window() {
+        let input = r#"{"messages":[{"role":"user","content":"hi"}],"keep_alive":-1,
+            "options":{"num_ctx":32768,"temperature":0.2}}"#;
+        let chat = run(Operation::Chat, "application/json", input);
+        let mut ollama = settings(true);
+        ollama.lifecycle = Some(Lifecycle::Ollama);
+        let call = build(&chat, "qwen2.5:0.5b", &ollama).expect("builds");
+        assert!(call.body.get("keep_alive").is_none(), "{}", call.body);
+        assert_eq!(call.body["options"], json!({"temperature": 0.2}));
+        let bare = r#"{"messages":[],"options":{"num_ctx":8192}}"#;
+        let call = build(
+            &run(Operation::Chat, "application/json", bare),
+            "m",
+            &ollama,
+        )
+        .expect("builds");
+        assert!(call.body.get("options").is_none(), "{}", call.body);
+        // Other engines get the body as the client wrote it.
+        let call = build(&chat, "m", &settings(true)).expect("builds");
+        assert_eq!(call.body["keep_alive"], -1);
     }
 
     #[test]

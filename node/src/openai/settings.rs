@@ -73,9 +73,39 @@ pub enum SettingsError {
         value: String,
     },
     /// `lifecycle` names no lifecycle the node knows.
-    #[error("`lifecycle` must be \"llama-router\" (or left out), got {value:?}")]
+    #[error(
+        "`lifecycle` must be \"llama-router\", \"ollama\" or \"vllm\" (or left out), got {value:?}"
+    )]
     UnknownLifecycle {
         /// Its value (trimmed).
+        value: String,
+    },
+    /// A lifecycle whose engine does not say how many models it holds, without `capacity`.
+    #[error(
+        "`capacity` must be set with `lifecycle = \"{lifecycle}\"`: {what}, which the engine's \
+         API does not report"
+    )]
+    CapacityRequired {
+        /// The lifecycle.
+        lifecycle: &'static str,
+        /// What the capacity is for that engine.
+        what: &'static str,
+    },
+    /// A target of `lifecycle = "vllm"` without its own server.
+    #[error(
+        "`base_url.{target}` must be set with `lifecycle = \"vllm\"`: each target is a vLLM \
+         server of its own (http://HOST:PORT/v1)"
+    )]
+    NoTargetBaseUrl {
+        /// The target.
+        target: String,
+    },
+    /// A `base_url.<target>` that is not an `http://` or `https://` URL.
+    #[error("`base_url.{target}` must be the engine's http://HOST:PORT/v1 URL, got {value:?}")]
+    TargetBaseUrl {
+        /// The target.
+        target: String,
+        /// Its value.
         value: String,
     },
 }
@@ -97,6 +127,24 @@ pub enum Lifecycle {
     /// llama.cpp's `llama-server` in router mode (`--models-dir`): `POST /models/load` and
     /// `/models/unload`, the states in `GET /models`, the capacity in `GET /props`.
     LlamaRouter,
+    /// Ollama: `POST /api/generate` with `keep_alive` -1 (load) or 0 (unload), the catalogue
+    /// in `GET /api/tags`, what is loaded in `GET /api/ps`; `capacity` required.
+    Ollama,
+    /// vLLM servers in sleep mode, one per target (`base_url.<target>`): `POST /wake_up`
+    /// (load) and `POST /sleep?level=1&mode=wait` (unload), `GET /is_sleeping`; `capacity`
+    /// (how many may be awake at once) required.
+    Vllm,
+}
+
+impl Lifecycle {
+    /// Its `lifecycle` setting's value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::LlamaRouter => "llama-router",
+            Self::Ollama => "ollama",
+            Self::Vllm => "vllm",
+        }
+    }
 }
 
 /// The validated settings of one `openai` adapter.
@@ -155,8 +203,18 @@ pub struct OpenAiSettings {
     /// The longest a load (or an unload) commanded by the edge may take.
     pub load_timeout: Duration,
     /// How many targets the edge may keep loaded at once, when lower than the engine's own
-    /// limit (room kept for something else on the machine); `None`: the engine's.
+    /// limit (room kept for something else on the machine); `None`: the engine's. Required
+    /// for Ollama (its `OLLAMA_MAX_LOADED_MODELS`) and vLLM (how many servers may be awake).
     pub capacity: Option<u32>,
+    /// How many runs of one target the engine serves at once (`parallel`; Ollama's
+    /// `OLLAMA_NUM_PARALLEL`, 1 by default there): the edge sends no more; 0: no cap.
+    pub parallel: u32,
+    /// With `lifecycle = "vllm"`: each target's own server (`base_url.<target>`), which
+    /// replaces `base_url`.
+    pub base_urls: BTreeMap<String, String>,
+    /// With `lifecycle = "vllm"`: the targets never put to sleep (`never_sleep.<target>`):
+    /// pooling models, which sleep frees little of.
+    pub never_sleep: Vec<String>,
 }
 
 /// API keys are never in the settings; the debug form still names every key's value.
@@ -199,6 +257,7 @@ pub const KEYS: &[&str] = &[
     "lifecycle",
     "load_timeout_ms",
     "capacity",
+    "parallel",
 ];
 
 /// The prefix of the per-target upstream model keys: `"model.<target>" = "<upstream name>"`.
@@ -206,6 +265,13 @@ pub const MODEL_PREFIX: &str = "model.";
 
 /// The prefix of the per-target context window keys: `"context_window.<target>" = "<tokens>"`.
 pub const WINDOW_PREFIX: &str = "context_window.";
+
+/// The prefix of the per-target engine URLs of `lifecycle = "vllm"`:
+/// `"base_url.<target>" = "http://HOST:PORT/v1"`.
+pub const BASE_URL_PREFIX: &str = "base_url.";
+
+/// The prefix of `lifecycle = "vllm"`'s never-sleep marks: `"never_sleep.<target>" = "true"`.
+pub const NEVER_SLEEP_PREFIX: &str = "never_sleep.";
 
 impl OpenAiSettings {
     /// Reads `settings`. Returns the settings and the keys it did not know (to be logged).
@@ -215,7 +281,9 @@ impl OpenAiSettings {
     pub fn parse(
         settings: &BTreeMap<String, String>,
     ) -> Result<(Self, Vec<String>), SettingsError> {
-        let (base_url, tls_ca) = endpoint(settings)?;
+        let lifecycle = lifecycle(settings)?;
+        let per_target = lifecycle == Some(Lifecycle::Vllm);
+        let (base_url, tls_ca) = endpoint(settings, per_target)?;
         let models = settings
             .iter()
             .filter_map(|(key, value)| {
@@ -229,9 +297,17 @@ impl OpenAiSettings {
                 !KEYS.contains(&key.as_str())
                     && !key.starts_with(MODEL_PREFIX)
                     && !key.starts_with(WINDOW_PREFIX)
+                    && !(per_target
+                        && (key.starts_with(BASE_URL_PREFIX)
+                            || key.starts_with(NEVER_SLEEP_PREFIX)))
             })
             .cloned()
             .collect();
+        let (base_urls, never_sleep) = if per_target {
+            (target_base_urls(settings)?, never_sleep(settings)?)
+        } else {
+            (BTreeMap::new(), Vec::new())
+        };
         let parsed = Self {
             base_url,
             tls_ca,
@@ -255,9 +331,12 @@ impl OpenAiSettings {
             continue_final_message: flag(settings, "continue_final_message", false)?,
             timings_per_token: auto_flag(settings, "timings_per_token")?,
             preconnect: flag(settings, "preconnect", true)?,
-            lifecycle: lifecycle(settings)?,
+            lifecycle,
             load_timeout: millis(settings, "load_timeout_ms", 300_000)?,
-            capacity: capacity(settings)?,
+            capacity: capacity(settings, lifecycle)?,
+            parallel: parallel(settings, lifecycle)?,
+            base_urls,
+            never_sleep,
         };
         Ok((parsed, unknown))
     }
@@ -271,28 +350,74 @@ impl OpenAiSettings {
     pub fn upstream_model<'a>(&'a self, target: &'a str) -> &'a str {
         self.models.get(target).map_or(target, String::as_str)
     }
+
+    /// Whether `target` is marked never to sleep (`never_sleep.<target>`).
+    pub fn never_sleeps(&self, target: &str) -> bool {
+        self.never_sleep.iter().any(|t| t == target)
+    }
 }
 
-/// `base_url`, and `tls_ca` (only for an `https://` one).
+/// An `http://` or `https://` URL without its trailing slash, or `None`.
+fn http_url(value: &str) -> Option<String> {
+    let url = value.trim().trim_end_matches('/').to_owned();
+    (url.starts_with("http://") || url.starts_with("https://")).then_some(url)
+}
+
+/// `base_url`, and `tls_ca` (only for an `https://` one). With `per_target` (vLLM's one
+/// server per target), `base_url` may be left out: the servers are `base_url.<target>`.
 fn endpoint(
     settings: &BTreeMap<String, String>,
+    per_target: bool,
 ) -> Result<(String, Option<PathBuf>), SettingsError> {
     let set = settings.get("base_url");
-    let base_url = set
-        .map(|url| url.trim().trim_end_matches('/').to_owned())
-        .filter(|url| url.starts_with("http://") || url.starts_with("https://"))
-        .ok_or_else(|| SettingsError::BaseUrl {
-            value: set.cloned(),
-        })?;
+    let base_url = match set.and_then(|url| http_url(url)) {
+        Some(url) => url,
+        None if per_target && set.is_none() => String::new(),
+        None => {
+            return Err(SettingsError::BaseUrl {
+                value: set.cloned(),
+            });
+        }
+    };
     let tls_ca = settings
         .get("tls_ca")
         .map(|path| path.trim())
         .filter(|path| !path.is_empty())
         .map(PathBuf::from);
-    if tls_ca.is_some() && !base_url.starts_with("https://") {
+    if tls_ca.is_some() && !base_url.starts_with("https://") && !per_target {
         return Err(SettingsError::TlsCaWithoutHttps { base_url });
     }
     Ok((base_url, tls_ca))
+}
+
+/// The `base_url.<target>` settings, by target.
+fn target_base_urls(
+    settings: &BTreeMap<String, String>,
+) -> Result<BTreeMap<String, String>, SettingsError> {
+    let mut urls = BTreeMap::new();
+    for (key, value) in settings {
+        if let Some(target) = key.strip_prefix(BASE_URL_PREFIX) {
+            let url = http_url(value).ok_or_else(|| SettingsError::TargetBaseUrl {
+                target: target.to_owned(),
+                value: value.clone(),
+            })?;
+            urls.insert(target.to_owned(), url);
+        }
+    }
+    Ok(urls)
+}
+
+/// The targets marked `never_sleep.<target>` = `"true"`.
+fn never_sleep(settings: &BTreeMap<String, String>) -> Result<Vec<String>, SettingsError> {
+    let mut marked = Vec::new();
+    for key in settings.keys() {
+        if let Some(target) = key.strip_prefix(NEVER_SLEEP_PREFIX)
+            && flag(settings, key, false)?
+        {
+            marked.push(target.to_owned());
+        }
+    }
+    Ok(marked)
 }
 
 fn number(
@@ -332,16 +457,44 @@ fn window(settings: &BTreeMap<String, String>, key: &str) -> Result<Option<u32>,
     Ok(Some(number(settings, key, 0)?).filter(|tokens| *tokens > 0))
 }
 
-/// `capacity`: at least 1 when set.
-fn capacity(settings: &BTreeMap<String, String>) -> Result<Option<u32>, SettingsError> {
+/// `capacity`: at least 1 when set; required for the engines that do not report theirs.
+fn capacity(
+    settings: &BTreeMap<String, String>,
+    lifecycle: Option<Lifecycle>,
+) -> Result<Option<u32>, SettingsError> {
     if !settings.contains_key("capacity") {
-        return Ok(None);
+        let what = match lifecycle {
+            Some(Lifecycle::Ollama) => {
+                "how many models this Ollama may hold at once (its OLLAMA_MAX_LOADED_MODELS)"
+            }
+            Some(Lifecycle::Vllm) => {
+                "how many of this node's vLLM servers may be awake at once on its GPUs"
+            }
+            Some(Lifecycle::LlamaRouter) | None => return Ok(None),
+        };
+        let lifecycle = lifecycle.map_or("", Lifecycle::as_str);
+        return Err(SettingsError::CapacityRequired { lifecycle, what });
     }
     match number(settings, "capacity", 0)? {
         0 => Err(SettingsError::Zero {
             key: "capacity".to_owned(),
         }),
         places => Ok(Some(places)),
+    }
+}
+
+/// `parallel`: at least 1 when set; 1 for Ollama when left out (`OLLAMA_NUM_PARALLEL`'s
+/// default), no cap (0) for the other engines.
+fn parallel(
+    settings: &BTreeMap<String, String>,
+    lifecycle: Option<Lifecycle>,
+) -> Result<u32, SettingsError> {
+    let default = u32::from(lifecycle == Some(Lifecycle::Ollama));
+    match number(settings, "parallel", default)? {
+        0 if settings.contains_key("parallel") => Err(SettingsError::Zero {
+            key: "parallel".to_owned(),
+        }),
+        runs => Ok(runs),
     }
 }
 
@@ -407,6 +560,8 @@ fn lifecycle(settings: &BTreeMap<String, String>) -> Result<Option<Lifecycle>, S
     match settings.get("lifecycle").map(|value| value.trim()) {
         None => Ok(None),
         Some("llama-router") => Ok(Some(Lifecycle::LlamaRouter)),
+        Some("ollama") => Ok(Some(Lifecycle::Ollama)),
+        Some("vllm") => Ok(Some(Lifecycle::Vllm)),
         Some(other) => Err(SettingsError::UnknownLifecycle {
             value: other.to_owned(),
         }),
@@ -490,6 +645,91 @@ mod tests {
     }
 
     #[test]
+    fn ollama_needs_its_capacity_and_caps_one_run_per_model_by_default() {
+        let ollama = |extra: &[(&str, &str)]| {
+            let base = [
+                ("base_url", "http://127.0.0.1:11434/v1"),
+                ("lifecycle", "ollama"),
+            ];
+            OpenAiSettings::parse(&map(&[&base[..], extra].concat()))
+        };
+        let missing = ollama(&[]).expect_err("no capacity").to_string();
+        assert!(
+            missing.contains("`capacity`") && missing.contains("OLLAMA_MAX_LOADED_MODELS"),
+            "{missing}"
+        );
+        let (settings, unknown) = ollama(&[("capacity", "2")]).expect("valid");
+        assert_eq!(settings.lifecycle, Some(Lifecycle::Ollama));
+        assert_eq!((settings.capacity, settings.parallel), (Some(2), 1));
+        assert!(unknown.is_empty());
+        let (settings, _) = ollama(&[("capacity", "2"), ("parallel", "4")]).expect("valid");
+        assert_eq!(settings.parallel, 4);
+        // No cap elsewhere unless set.
+        let (router, _) = OpenAiSettings::parse(&map(&[
+            ("base_url", "http://h/v1"),
+            ("lifecycle", "llama-router"),
+        ]))
+        .expect("valid");
+        assert_eq!(router.parallel, 0);
+    }
+
+    #[test]
+    fn the_managed_engines_settings_name_their_key_when_wrong() {
+        let cases = [
+            (
+                map(&[("base_url", "http://h/v1"), ("lifecycle", "ollama")]),
+                "capacity",
+            ),
+            (map(&[("lifecycle", "vllm")]), "capacity"),
+            (
+                map(&[
+                    ("lifecycle", "vllm"),
+                    ("capacity", "1"),
+                    ("base_url.alpha", "h:1"),
+                ]),
+                "base_url.alpha",
+            ),
+            (
+                map(&[
+                    ("base_url", "http://h/v1"),
+                    ("lifecycle", "ollama"),
+                    ("capacity", "2"),
+                    ("parallel", "0"),
+                ]),
+                "parallel",
+            ),
+        ];
+        for (settings, key) in cases {
+            let error = OpenAiSettings::parse(&settings).expect_err(key).to_string();
+            assert!(error.contains(key), "{error}");
+        }
+    }
+
+    #[test]
+    fn vllm_servers_are_per_target_and_pooling_ones_may_never_sleep() {
+        let (settings, unknown) = OpenAiSettings::parse(&map(&[
+            ("lifecycle", "vllm"),
+            ("capacity", "1"),
+            ("base_url.chat", "http://127.0.0.1:8001/v1/"),
+            ("base_url.embed", "http://127.0.0.1:8002/v1"),
+            ("never_sleep.embed", "true"),
+        ]))
+        .expect("valid");
+        assert_eq!(settings.lifecycle, Some(Lifecycle::Vllm));
+        assert_eq!(settings.base_urls["chat"], "http://127.0.0.1:8001/v1");
+        assert_eq!(settings.base_urls.len(), 2);
+        assert!(settings.never_sleeps("embed") && !settings.never_sleeps("chat"));
+        assert!(unknown.is_empty());
+        // Elsewhere those keys mean nothing.
+        let (_, unknown) = OpenAiSettings::parse(&map(&[
+            ("base_url", "http://h/v1"),
+            ("base_url.chat", "http://h:2/v1"),
+        ]))
+        .expect("valid");
+        assert_eq!(unknown, ["base_url.chat"]);
+    }
+
+    #[test]
     fn an_https_engine_with_its_own_ca() {
         let (settings, unknown) = OpenAiSettings::parse(&map(&[
             ("base_url", "https://engine.lan:8443/v1"),
@@ -537,7 +777,7 @@ mod tests {
                 "stream_usage",
             ),
             (
-                map(&[("base_url", "http://h/v1"), ("lifecycle", "ollama")]),
+                map(&[("base_url", "http://h/v1"), ("lifecycle", "ollama-ish")]),
                 "lifecycle",
             ),
             (

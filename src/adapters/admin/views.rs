@@ -519,8 +519,9 @@ pub struct ModelPolicyView {
 pub struct ModelOnNodeView {
     /// The node's id.
     pub node: String,
-    /// `loaded`, `loading`, `unloaded`, `sleeping` or `failed` (a node whose engine the edge
-    /// does not manage: `loaded` while it serves the model).
+    /// `loaded`, `loading`, `unloaded`, `sleeping`, `asleep` (a vLLM server asleep: not
+    /// served, loadable by waking it) or `failed` (a node whose engine the edge does not
+    /// manage: `loaded` while it serves the model).
     pub state: String,
     /// Whether the node's engine loads and unloads it on the edge's command.
     pub managed: bool,

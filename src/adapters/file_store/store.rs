@@ -305,6 +305,8 @@ name = "echo"
 targets = ["default", "fast"]
 [nodes.adapters.settings]
 greeting = "hi"
+capacity = 2
+"never_sleep.embed" = true
 
 [[nodes]]
 id = "node-b"
@@ -321,6 +323,9 @@ token = "secret-b"
         assert_eq!(a.runtime().settings()["threads"], "8");
         assert_eq!(a.adapters()[0].targets().len(), 2);
         assert_eq!(a.adapters()[0].settings()["greeting"], "hi");
+        // Settings are strings; a TOML integer or boolean is read as its text.
+        assert_eq!(a.adapters()[0].settings()["capacity"], "2");
+        assert_eq!(a.adapters()[0].settings()["never_sleep.embed"], "true");
         let b = &records[1];
         assert_eq!(b.runtime().max_concurrent_runs(), 4);
         assert!(b.runtime().settings().is_empty());

@@ -62,7 +62,10 @@ pub(super) fn of(nodes: &[ConnectedNode], book: &Book) -> Vec<Engine> {
                 .filter(|(target, _)| node.record.serves(adapter, target))
                 .map(|(target, load)| {
                     let model = ModelName::new(adapter.clone(), target.clone());
-                    (target.clone(), slot(book, id, &model, load.state))
+                    (
+                        target.clone(),
+                        slot(book, id, &model, load.state, load.stays_loaded),
+                    )
                 })
                 .collect();
             engines.push(Engine {
@@ -78,8 +81,15 @@ pub(super) fn of(nodes: &[ConnectedNode], book: &Book) -> Vec<Engine> {
 }
 
 /// One target's slot: its reported state under the command in progress, its runs in
-/// flight, and since when it has been idle (its last use, or when it was seen loaded).
-fn slot(book: &Book, node: &crate::domain::NodeId, model: &ModelName, reported: LoadState) -> Slot {
+/// flight, since when it has been idle (its last use, or when it was seen loaded), and
+/// whether its node keeps it loaded of its own.
+fn slot(
+    book: &Book,
+    node: &crate::domain::NodeId,
+    model: &ModelName,
+    reported: LoadState,
+    stays: bool,
+) -> Slot {
     // A command in progress holds the target's place until it ends, and the target may be
     // neither loaded again nor chosen to make room meanwhile: as a load in progress.
     let state = match book.busy.get(&(node.clone(), model.clone())) {
@@ -100,5 +110,6 @@ fn slot(book: &Book, node: &crate::domain::NodeId, model: &ModelName, reported: 
         state,
         in_flight: used.map_or(0, |u| u.in_flight),
         idle_since: idle_since.into_std(),
+        stays,
     }
 }

@@ -30,6 +30,7 @@ use tracing::debug;
 use self::book::{Book, Cold};
 use self::metrics::ModelMetrics;
 use crate::domain::models::{ModelName, ModelPolicy, NoPlace, plan_cold, reconcile};
+use crate::domain::routing::{ModelSeats, NodeStatus};
 use crate::domain::{AdapterName, NodeId, Target};
 use crate::ports::{ModelDemand, ModelEvent, ModelOutcome, NodeTransport, Registry, WaitingRuns};
 
@@ -252,8 +253,50 @@ impl ModelDemand for ModelService {
     fn left(&self, node: &NodeId, adapter: &AdapterName, target: &Target) {
         if self.inner.managed_seen.load(Ordering::Relaxed) {
             let model = ModelName::new(adapter.clone(), target.clone());
-            lock(&self.inner.book).left(node, &model, Instant::now());
+            let cold_waiting = {
+                let mut book = lock(&self.inner.book);
+                book.left(node, &model, Instant::now());
+                !book.cold.is_empty()
+            };
             self.inner.run_left.notify_waiters();
+            // A cold model waiting for a full engine may make room now (a model whose
+            // stream just ended may sleep or unload): decide at once, not at the next tick.
+            if cold_waiting {
+                self.inner.wake.notify_one();
+            }
         }
+    }
+
+    fn model_seats(
+        &self,
+        nodes: &[NodeStatus],
+        adapter: &AdapterName,
+        target: &Target,
+    ) -> Vec<Option<ModelSeats>> {
+        if !self.inner.managed_seen.load(Ordering::Relaxed) {
+            return Vec::new();
+        }
+        let cap = |node: &NodeStatus| {
+            let managed = node.availability.as_ref().and_then(|a| a.managed(adapter));
+            managed.map_or(0, |m| m.parallel)
+        };
+        // No allocation, no lock for a model no node caps.
+        if nodes.iter().all(|node| cap(node) == 0) {
+            return Vec::new();
+        }
+        let model = ModelName::new(adapter.clone(), target.clone());
+        let book = lock(&self.inner.book);
+        nodes
+            .iter()
+            .map(|node| {
+                let parallel = cap(node);
+                (parallel > 0).then(|| ModelSeats {
+                    running: book
+                        .use_of(node.record.id(), &model)
+                        .map_or(0, |used| used.in_flight),
+                    parallel,
+                })
+            })
+            .collect()
     }
 }

@@ -110,6 +110,7 @@ fn connect(registry: &LockRegistry, id: &str, capacity: u32, states: &[(&str, Lo
     let llama = AdapterName::parse("llama").unwrap();
     let managed = ManagedAdapter {
         capacity,
+        parallel: 0,
         targets: states
             .iter()
             .map(|(t, s)| (Target::parse(t).unwrap(), TargetLoad::new(*s)))

@@ -4,7 +4,10 @@
 //! `min_loaded`, idle unloads).
 //!
 //! A model may make room only when nothing of it is in flight there, it is not pinned
-//! there and unloading it keeps its `min_loaded`; a model being loaded never makes room.
+//! there, its node does not keep it loaded of its own (`stays_loaded`) and unloading it
+//! keeps its `min_loaded`; a model being loaded never makes room. An engine holding the
+//! model asleep (vLLM's sleep mode) is preferred to a cold load anywhere: waking takes
+//! seconds where loading takes minutes.
 //! Every decision is made on a working copy the previous steps already changed, so a plan
 //! of several steps never overfills an engine.
 
@@ -67,6 +70,8 @@ pub struct Slot {
     pub in_flight: u32,
     /// Since when nothing of it ran here (its last run's end, or when it was loaded).
     pub idle_since: Instant,
+    /// Its node never unloads it (`stays_loaded`): it never makes room.
+    pub stays: bool,
 }
 
 /// Why a model is loaded.
@@ -193,7 +198,10 @@ pub(super) fn may_make_room(
     let Some(slot) = engine.slots.get(target) else {
         return false;
     };
-    if !matches!(slot.state, LoadState::Loaded | LoadState::Sleeping) || slot.in_flight > 0 {
+    if !matches!(slot.state, LoadState::Loaded | LoadState::Sleeping)
+        || slot.in_flight > 0
+        || slot.stays
+    {
         return false;
     }
     let model = ModelName::new(engine.adapter.clone(), target.clone());
@@ -220,8 +228,9 @@ fn victim(
 }
 
 /// Where `model` is loaded: among the engines that take loads, list it, do not hold it and
-/// are not in `tried`, the one with room holding the fewest models; failing that, the one
-/// whose least recently used idle model is the oldest, which makes room first.
+/// are not in `tried` — those holding it asleep first (a wake), then the others — the one
+/// with room holding the fewest models; failing that, the one whose least recently used
+/// idle model is the oldest, which makes room first.
 ///
 /// # Errors
 /// [`NoPlace::Nowhere`] when no such engine exists, [`NoPlace::Full`] when each is full of
@@ -238,13 +247,34 @@ pub fn place_load(
     if candidates.is_empty() {
         return Err(NoPlace::Nowhere);
     }
+    let asleep = |&i: &usize| {
+        engines[i]
+            .slots
+            .get(&model.target)
+            .is_some_and(|s| s.state == LoadState::Asleep)
+    };
+    let (wakes, colds): (Vec<usize>, Vec<usize>) = candidates.into_iter().partition(asleep);
+    [wakes, colds]
+        .iter()
+        .filter(|group| !group.is_empty())
+        .find_map(|group| place_among(engines, group, policies))
+        .ok_or(NoPlace::Full)
+}
+
+/// [`place_load`] among `candidates` only; `None` when each is full of models that may
+/// not make room.
+fn place_among(
+    engines: &[Engine],
+    candidates: &[usize],
+    policies: &BTreeMap<ModelName, ModelPolicy>,
+) -> Option<Placement> {
     let roomy = candidates
         .iter()
         .filter(|&&i| engines[i].has_room())
         .min_by_key(|&&i| (engines[i].held(), &engines[i].node));
     if let Some(&engine) = roomy {
         let node = engines[engine].node.clone();
-        return Ok(Placement {
+        return Some(Placement {
             engine,
             node,
             evict: None,
@@ -262,7 +292,6 @@ pub fn place_load(
             node: engines[engine].node.clone(),
             evict: Some(target),
         })
-        .ok_or(NoPlace::Full)
 }
 
 /// Applies a load on the working copy: the target loading, the evicted one unloaded.

@@ -68,14 +68,19 @@ pub enum LoadState {
     Loading,
     /// On the engine's disk, not loaded: it can be loaded.
     Unloaded,
-    /// Loaded, its engine asleep; it wakes on a request.
+    /// Loaded, its engine asleep; it wakes on a request (llama-server's router).
     Sleeping,
     /// Its last load failed; it can be loaded again.
     Failed,
+    /// Asleep and not loaded (vLLM's sleep mode): it is not served — a request reaching it
+    /// would be aborted — and holds none of the engine's places, but a load wakes it, much
+    /// faster than a cold load.
+    Asleep,
 }
 
 impl LoadState {
-    /// Whether it takes one of the engine's places (loaded, loading or asleep).
+    /// Whether it takes one of the engine's places (loaded, loading or sleeping; never
+    /// asleep).
     pub fn holds_a_place(self) -> bool {
         matches!(self, Self::Loaded | Self::Loading | Self::Sleeping)
     }
@@ -88,6 +93,7 @@ impl LoadState {
             Self::Unloaded => "unloaded",
             Self::Sleeping => "sleeping",
             Self::Failed => "failed",
+            Self::Asleep => "asleep",
         }
     }
 }
@@ -101,15 +107,23 @@ pub struct TargetLoad {
     pub progress_percent: u8,
     /// With [`LoadState::Failed`], the engine's reason.
     pub failure: String,
+    /// The context window it is (or will be, once loaded) served with, in tokens, when its
+    /// node knows; 0: unknown.
+    pub context_window: u32,
+    /// Its node never unloads it (a pooling model marked never to sleep): it is never chosen
+    /// to make room nor unloaded when idle.
+    pub stays_loaded: bool,
 }
 
 impl TargetLoad {
-    /// A target in `state`, with no progress or failure to tell.
+    /// A target in `state`, with no progress, failure or window to tell.
     pub fn new(state: LoadState) -> Self {
         Self {
             state,
             progress_percent: 0,
             failure: String::new(),
+            context_window: 0,
+            stays_loaded: false,
         }
     }
 }
@@ -120,6 +134,9 @@ impl TargetLoad {
 pub struct ManagedAdapter {
     /// How many targets it can hold loaded at once; 0 when no limit is known.
     pub capacity: u32,
+    /// How many runs of one target its engine serves at once (Ollama's
+    /// `OLLAMA_NUM_PARALLEL`, the adapter's `parallel`): the edge sends no more; 0: no cap.
+    pub parallel: u32,
     /// Every target it may serve, loaded or not.
     pub targets: BTreeMap<Target, TargetLoad>,
 }

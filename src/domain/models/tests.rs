@@ -34,6 +34,7 @@ fn engine(id: &str, capacity: u32, slots: &[(&str, LoadState, u32, u64)], base: 
                         state,
                         in_flight,
                         idle_since,
+                        stays: false,
                     },
                 )
             })
@@ -197,6 +198,62 @@ fn the_older_cold_request_gets_the_one_free_place() {
 }
 
 #[test]
+fn an_asleep_copy_is_woken_rather_than_a_cold_load_elsewhere_even_when_it_must_make_room() {
+    let t = Instant::now();
+    let engines = [
+        engine("a", 2, &[("y", Unloaded, 0, 0)], t),
+        engine(
+            "b",
+            1,
+            &[("x", Loaded, 0, 10), ("y", LoadState::Asleep, 0, 0)],
+            t,
+        ),
+    ];
+    let placement = place_load(&engines, &model("y"), &BTreeMap::new(), &[]).unwrap();
+    assert_eq!(placement.node, node("b"), "the wake, after x sleeps");
+    assert_eq!(placement.evict, Some(Target::parse("x").unwrap()));
+    // Where the asleep copy cannot make room (x is in use), the cold load goes elsewhere.
+    let busy = [
+        engines[0].clone(),
+        engine(
+            "b",
+            1,
+            &[("x", Loaded, 1, 10), ("y", LoadState::Asleep, 0, 0)],
+            t,
+        ),
+    ];
+    let placement = place_load(&busy, &model("y"), &BTreeMap::new(), &[]).unwrap();
+    assert_eq!((placement.node, placement.evict), (node("a"), None));
+    // An asleep copy holds no place: an engine of capacity 1 with one awake and one asleep
+    // is full, and the asleep one is never chosen to make room.
+    assert!(!super::plan::may_make_room(
+        &busy,
+        1,
+        &Target::parse("y").unwrap(),
+        &BTreeMap::new()
+    ));
+}
+
+#[test]
+fn a_model_its_node_keeps_loaded_never_makes_room() {
+    let t = Instant::now();
+    let mut engines = [engine(
+        "a",
+        1,
+        &[("embed", Loaded, 0, 0), ("chat", Unloaded, 0, 0)],
+        t,
+    )];
+    let embed = Target::parse("embed").unwrap();
+    engines[0].slots.get_mut(&embed).unwrap().stays = true;
+    let policies = BTreeMap::from([(model("embed"), policy(0, &[], Some(0)))]);
+    assert_eq!(
+        place_load(&engines, &model("chat"), &policies, &[]),
+        Err(NoPlace::Full)
+    );
+    assert!(reconcile(&engines, &policies, t + Duration::from_secs(5)).is_empty());
+}
+
+#[test]
 fn model_names_read_and_write_adapter_slash_target() {
     let name = ModelName::parse("llama/Qwen/Qwen2.5-7B").unwrap();
     assert_eq!(name.adapter.as_str(), "llama");
@@ -215,12 +272,13 @@ fn arb_state() -> impl Strategy<Value = LoadState> {
         Just(LoadState::Unloaded),
         Just(LoadState::Sleeping),
         Just(LoadState::Failed),
+        Just(LoadState::Asleep),
     ]
 }
 
 /// Engines whose held targets fit their capacity (as a real engine's do).
 fn arb_pool() -> impl Strategy<Value = Vec<Engine>> {
-    let slot = (arb_state(), 0u32..3, 0u64..1_000);
+    let slot = (arb_state(), 0u32..3, 0u64..1_000, prop::bool::weighted(0.2));
     let engine = (
         1u32..4,
         prop::collection::vec(prop::option::of(slot), 4),
@@ -237,7 +295,7 @@ fn arb_pool() -> impl Strategy<Value = Vec<Engine>> {
                     .iter()
                     .zip(slots)
                     .filter_map(|(target, slot)| {
-                        let (mut state, in_flight, idle) = slot?;
+                        let (mut state, in_flight, idle, stays) = slot?;
                         if state.holds_a_place() {
                             held += 1;
                             if held > capacity {
@@ -251,6 +309,7 @@ fn arb_pool() -> impl Strategy<Value = Vec<Engine>> {
                                 state,
                                 in_flight,
                                 idle_since,
+                                stays,
                             },
                         ))
                     })

@@ -152,6 +152,24 @@ impl Filtered {
     }
 }
 
+/// One node's runs of the model being placed against how many its engine serves at once
+/// (the managed adapter's `parallel`, Ollama's `OLLAMA_NUM_PARALLEL`): at its cap the node
+/// is full for that model, however many other runs it could take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ModelSeats {
+    /// Runs of the model in flight on the node.
+    pub running: u32,
+    /// How many its engine serves at once; 0: no cap.
+    pub parallel: u32,
+}
+
+impl ModelSeats {
+    /// Whether another run of the model would exceed the cap.
+    pub fn full(&self) -> bool {
+        self.parallel > 0 && self.running >= self.parallel
+    }
+}
+
 /// What choosing needs of one candidate, copied out of its node during filtering so the
 /// choosing passes read one compact array instead of chasing every node's record again.
 #[derive(Debug, Clone, Copy)]
@@ -161,11 +179,13 @@ pub(super) struct Seat {
     pub(super) active: u32,
     pub(super) slots: u32,
     pub(super) hash: NodeHash,
+    /// The model being placed is at its engine's cap there.
+    pub(super) model_full: bool,
 }
 
 impl Seat {
     pub(super) fn has_room(&self) -> bool {
-        self.active < self.slots
+        self.active < self.slots && !self.model_full
     }
 }
 
@@ -194,6 +214,8 @@ pub(super) struct Filter<'a> {
     pub(super) tried: &'a Tried,
     pub(super) breakers: &'a BreakerBook,
     pub(super) now: std::time::Instant,
+    /// Per node of the list, by position, its runs of the model against its engine's cap.
+    pub(super) model_seats: &'a [Option<ModelSeats>],
 }
 
 impl Filter<'_> {
@@ -227,11 +249,18 @@ impl Filter<'_> {
             let slots = node.slots();
             pool.uniform &= *first_slots.get_or_insert(slots) == slots;
             pool.filtered.serving += 1;
+            let model_full = self
+                .model_seats
+                .get(index)
+                .copied()
+                .flatten()
+                .is_some_and(|seats| seats.full());
             let seat = Seat {
                 index,
                 active: node.active_runs,
                 slots,
                 hash: node.hash,
+                model_full,
             };
             let counter = if self.tried.contains(node.hash, node.record.id()) {
                 &mut pool.filtered.tried
@@ -242,7 +271,7 @@ impl Filter<'_> {
             } else if !self.breakers.admits(node.hash, node.record.id(), self.now) {
                 &mut pool.filtered.breaker_open
             } else {
-                pool.filtered.full += u32::from(!node.has_room());
+                pool.filtered.full += u32::from(!seat.has_room());
                 pool.load += u64::from(node.active_runs);
                 pool.slots += u64::from(slots);
                 pool.eligible.push(seat);
@@ -332,6 +361,7 @@ mod tests {
                 tried: &tried,
                 breakers: &breakers,
                 now: std::time::Instant::now(),
+                model_seats: &[],
             };
             let pool = filter.pool(&nodes, None);
             (

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use super::affinity::{self, LoadFactor};
 use super::breaker::BreakerBook;
-use super::candidates::{Catalog, Filter, Filtered, NodeStatus, Pool};
+use super::candidates::{Catalog, Filter, Filtered, ModelSeats, NodeStatus, Pool};
 use super::failover::Tried;
 use super::hash::AffinityKey;
 use super::reason::{RouteReason, RouteRule};
@@ -43,6 +43,9 @@ pub struct RouteContext<'a> {
     pub now: Instant,
     /// A counter advanced on every decision; rotates least-busy ties.
     pub turn: u64,
+    /// Per node of the list, by position, its runs of the run's model against its engine's
+    /// cap (a managed adapter's `parallel`); empty, or `None` for a node: no cap.
+    pub model_seats: &'a [Option<ModelSeats>],
 }
 
 /// Why a run waits in the queue.
@@ -181,6 +184,7 @@ pub fn decide(
         tried: request.tried,
         breakers: ctx.breakers,
         now: ctx.now,
+        model_seats: ctx.model_seats,
     };
     let pool = filter.pool(nodes, pinned);
     let filtered = pool.filtered;

@@ -35,7 +35,7 @@ pub use breaker::{
     State as BreakerState, Transition,
 };
 pub use budget::{BudgetClaim, Budgets, TokenBudget};
-pub use candidates::{Catalog, Filtered, NodeStatus};
+pub use candidates::{Catalog, Filtered, ModelSeats, NodeStatus};
 pub use decide::{Decision, RouteContext, RouteRequest, Unroutable, WaitCause, WaitLimits, decide};
 pub use failover::{AttemptEnd, Because, Failover, MaxAttempts, Tried, after_attempt};
 pub use fair_queue::{FairQueue, Priority, PriorityError, QueueFull, TenantKey, Waiter};

@@ -62,6 +62,8 @@ struct Setup {
     breakers: BreakerBook,
     tried: Tried,
     now: Instant,
+    /// Per node, its runs of the model against its engine's cap.
+    model_seats: Vec<Option<ModelSeats>>,
 }
 
 impl Setup {
@@ -71,6 +73,7 @@ impl Setup {
             breakers: BreakerBook::default(),
             tried: Tried::default(),
             now: Instant::now(),
+            model_seats: Vec::new(),
         }
     }
 
@@ -93,6 +96,7 @@ impl Setup {
             load_factor: LoadFactor::default(),
             now: self.now,
             turn,
+            model_seats: &self.model_seats,
         };
         decide(nodes, &request, &ctx)
     }

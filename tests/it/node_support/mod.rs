@@ -1,6 +1,7 @@
 //! Test support for the reference node (`edge-node`, in `node/`): a scripted
-//! OpenAI-compatible engine (plain HTTP or HTTPS), a fake edge, a cuttable TCP relay, and
-//! helpers that run the node in process.
+//! OpenAI-compatible engine (plain HTTP or HTTPS), fakes of Ollama and of vLLM's sleep mode
+//! built from their source (`fake_ollama`, `fake_vllm`), a fake edge, a cuttable TCP relay,
+//! and helpers that run the node in process.
 //!
 //! The node runs in process (its library, a dev-dependency) rather than as a spawned
 //! binary: in-process nodes start in milliseconds, and a test can stop one with a token
@@ -8,6 +9,9 @@
 #![allow(dead_code)]
 
 pub mod fake_edge;
+pub mod fake_ollama;
+pub mod fake_serve;
+pub mod fake_vllm;
 pub mod relay;
 pub mod upstream;
 

@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use edge::domain::models::{LoadState, ModelAction};
 use serde_json::{Value, json};
 
-use super::{BeginError, Catalogue, EngineModel};
+use super::{BeginError, Catalogue, EngineModel, refusal};
 use crate::fault::UpstreamFault;
 use crate::upstream::{Upstream, props_window};
 
@@ -43,6 +43,7 @@ impl LlamaRouter {
         Ok(Catalogue {
             capacity,
             models: self.states().await?,
+            ..Catalogue::default()
         })
     }
 
@@ -140,6 +141,7 @@ fn model_of(id: &str, status: &Value) -> EngineModel {
             failure: format!(
                 "llama-server's process for {id} exited{exit} while loading it (its log says why)"
             ),
+            window: None,
         }
     };
     let state = match status["value"].as_str() {
@@ -150,10 +152,7 @@ fn model_of(id: &str, status: &Value) -> EngineModel {
         _ if status["failed"] == true => return failed_load(),
         _ => LoadState::Unloaded,
     };
-    EngineModel {
-        state,
-        failure: String::new(),
-    }
+    EngineModel::new(state, None)
 }
 
 /// Whether the router's answer to a load or unload means the work is (being) done: a
@@ -170,22 +169,18 @@ pub fn accepted(action: ModelAction, answer: Result<(), UpstreamFault>) -> Resul
     let UpstreamFault::Status { status, body } = &fault else {
         return Err(BeginError::Fault(fault));
     };
-    let parsed: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
-    let message = parsed
-        .pointer("/error/message")
-        .and_then(Value::as_str)
-        .map_or_else(|| String::from_utf8_lossy(body).into_owned(), str::to_owned);
+    let refused = refusal(*status, body);
     let done_already = match action {
         ModelAction::Load => "already running",
         ModelAction::Unload => "not running",
     };
-    if *status == 400 && message.contains(done_already) {
-        return Ok(());
+    match &refused {
+        BeginError::Refused {
+            status: 400,
+            message,
+        } if message.contains(done_already) => Ok(()),
+        _ => Err(refused),
     }
-    Err(BeginError::Refused {
-        status: *status,
-        message,
-    })
 }
 
 /// `value` percent-encoded for a URL's query (everything but RFC 3986's unreserved

@@ -159,12 +159,17 @@ impl Placer {
             tried: route.tried(),
             operation: spec.operation,
         };
+        let selector = &spec.selector;
+        let model_seats = self
+            .models()
+            .model_seats(nodes, &selector.adapter, &selector.target);
         let ctx = RouteContext {
             catalog: &self.routing.catalog,
             breakers: &table.breakers,
             load_factor: self.routing.policy.load_factor,
             now: now.into_std(),
             turn,
+            model_seats: &model_seats,
         };
         decide(nodes, &request, &ctx)
     }

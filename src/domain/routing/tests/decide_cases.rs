@@ -67,6 +67,52 @@ fn availability_drain_and_breakers_filter_with_counts() {
 }
 
 #[test]
+fn a_node_whose_engine_runs_its_cap_of_the_model_is_full_for_that_model_only() {
+    let a = status("a", &["t"], 4, 1);
+    let b = status("b", &["t"], 4, 3);
+    let nodes = [a, b];
+    let mut setup = Setup::new(catalog_of(&nodes));
+    let at = |running| {
+        Some(ModelSeats {
+            running,
+            parallel: 1,
+        })
+    };
+    // a runs one run of t with `parallel = 1`: b takes the next, though busier.
+    setup.model_seats = vec![at(1), at(0)];
+    assert_eq!(
+        placed(&setup.decide(&nodes, &want("t", None), None, 0)),
+        Some(1)
+    );
+    // Both at their cap: the run waits in the queue, as for busy nodes.
+    setup.model_seats = vec![at(1), at(1)];
+    assert!(matches!(
+        setup.decide(&nodes, &want("t", None), None, 0),
+        Decision::Wait { cause: WaitCause::AllBusy, filtered } if filtered.full == 2
+    ));
+    // Pinned, it waits for its node too.
+    assert!(matches!(
+        setup.decide(&nodes, &want("t", Some("a")), None, 0),
+        Decision::Wait {
+            cause: WaitCause::AllBusy,
+            ..
+        }
+    ));
+    // No cap (0) is no limit.
+    setup.model_seats = vec![
+        Some(ModelSeats {
+            running: 9,
+            parallel: 0,
+        }),
+        None,
+    ];
+    assert_eq!(
+        placed(&setup.decide(&nodes, &want("t", None), None, 0)),
+        Some(0)
+    );
+}
+
+#[test]
 fn pins() {
     let a = status("a", &["t"], 1, 0);
     let b = status("b", &["t"], 1, 1);
