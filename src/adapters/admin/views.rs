@@ -717,6 +717,37 @@ mod tests {
         NodeId::parse(id).expect("a node id")
     }
 
+    /// `llama/alpha` loading on `node-a`, with its footprint and the room it found.
+    fn loading_on_node_a() -> ModelOnNode {
+        ModelOnNode {
+            node: node("node-a"),
+            state: LoadState::Loading,
+            managed: true,
+            progress_percent: 40,
+            failure: String::new(),
+            since_ms: 1_000,
+            in_flight: 0,
+            last_used_ms: None,
+            reason: "demand".into(),
+            command: Some(ModelAction::Load),
+            footprint: Some(Footprint {
+                bytes: 300,
+                weights: 200,
+                kv_cache: 64,
+                overhead: 36,
+                context: 4_096,
+                source: FootprintSource::Gguf,
+            }),
+            budget: Some(1_000),
+            room: Some(700),
+            decided: Some(FitNote {
+                footprint: 300,
+                budget: 1_000,
+                room: 1_000,
+            }),
+        }
+    }
+
     #[test]
     fn a_model_view_is_the_contract_s_json() {
         let model = ModelView {
@@ -726,33 +757,7 @@ mod tests {
                 pin: vec![node("node-a")],
                 idle_unload: Some(Duration::from_secs(600)),
             }),
-            nodes: vec![ModelOnNode {
-                node: node("node-a"),
-                state: LoadState::Loading,
-                managed: true,
-                progress_percent: 40,
-                failure: String::new(),
-                since_ms: 1_000,
-                in_flight: 0,
-                last_used_ms: None,
-                reason: "demand".into(),
-                command: Some(ModelAction::Load),
-                footprint: Some(Footprint {
-                    bytes: 300,
-                    weights: 200,
-                    kv_cache: 64,
-                    overhead: 36,
-                    context: 4_096,
-                    source: FootprintSource::Gguf,
-                }),
-                budget: Some(1_000),
-                room: Some(700),
-                decided: Some(FitNote {
-                    footprint: 300,
-                    budget: 1_000,
-                    room: 1_000,
-                }),
-            }],
+            nodes: vec![loading_on_node_a()],
             warnings: vec!["llama/alpha has min_loaded = 2 but fits on 1 connected node(s)".into()],
         };
         let json = serde_json::to_value(ModelStateView::of(&model)).expect("JSON");

@@ -618,30 +618,36 @@ fn replay(
             engines[index].slots.get_mut(victim).unwrap().state = LoadState::Unloaded;
         }
         if matches!(step, Step::Load { .. }) {
-            let engine = &mut engines[index];
-            prop_assert!(engine.accepts_loads);
-            let slot = engine.slots.get_mut(target).unwrap();
-            prop_assert!(!slot.state.holds_a_place());
-            slot.state = LoadState::Loading;
-            let held: Vec<&Slot> = engine
-                .slots
-                .values()
-                .filter(|s| s.state.holds_a_place())
-                .collect();
-            prop_assert!(
-                engine.capacity == 0 || held.len() <= engine.capacity as usize,
-                "{step:?} overfills {}",
-                engine.node
-            );
-            if let (Some(budget), Some(_)) = (engine.budget, engine.slots[target].footprint) {
-                let bytes: u64 = held.iter().filter_map(|s| s.footprint).sum();
-                prop_assert!(
-                    bytes <= budget,
-                    "{step:?} puts {} over its budget",
-                    engine.node
-                );
-            }
+            load_checked(&mut engines[index], target, step)?;
         }
+    }
+    Ok(())
+}
+
+/// Loads `target` on `engine`, checking it takes loads, does not hold it, and goes over
+/// neither its capacity nor (where the footprint is known) its budget.
+fn load_checked(engine: &mut Engine, target: &Target, step: &Step) -> Result<(), TestCaseError> {
+    prop_assert!(engine.accepts_loads);
+    let slot = engine.slots.get_mut(target).unwrap();
+    prop_assert!(!slot.state.holds_a_place());
+    slot.state = LoadState::Loading;
+    let held: Vec<&Slot> = engine
+        .slots
+        .values()
+        .filter(|s| s.state.holds_a_place())
+        .collect();
+    prop_assert!(
+        engine.capacity == 0 || held.len() <= engine.capacity as usize,
+        "{step:?} overfills {}",
+        engine.node
+    );
+    if let (Some(budget), Some(_)) = (engine.budget, engine.slots[target].footprint) {
+        let bytes: u64 = held.iter().filter_map(|s| s.footprint).sum();
+        prop_assert!(
+            bytes <= budget,
+            "{step:?} puts {} over its budget",
+            engine.node
+        );
     }
     Ok(())
 }
