@@ -411,22 +411,58 @@ pub fn footprint(header: &Header, args: &EngineArgs, file_bytes: u64) -> Footpri
     }
 }
 
+/// A GGUF (version 3) header as gguf-py writes one, without the tensors' data: a llama
+/// model's `keys` (each a `u32`), its vocabulary `tokens` and `tensors` (name, dimensions,
+/// ggml type), all at offset 0. For tests and tools that need a model's header without its
+/// weights.
+pub fn llama_header(
+    keys: &[(&str, u32)],
+    tokens: &[&str],
+    tensors: &[(&str, &[u64], u32)],
+) -> Vec<u8> {
+    let mut out = Vec::new();
+    let string = |out: &mut Vec<u8>, s: &str| {
+        out.extend((s.len() as u64).to_le_bytes());
+        out.extend(s.as_bytes());
+    };
+    out.extend(b"GGUF");
+    out.extend(3u32.to_le_bytes());
+    out.extend((tensors.len() as u64).to_le_bytes());
+    out.extend((keys.len() as u64 + 2).to_le_bytes());
+    string(&mut out, "general.architecture");
+    out.extend(8u32.to_le_bytes());
+    string(&mut out, "llama");
+    for (key, value) in keys {
+        string(&mut out, key);
+        out.extend(4u32.to_le_bytes());
+        out.extend(value.to_le_bytes());
+    }
+    string(&mut out, "tokenizer.ggml.tokens");
+    out.extend(9u32.to_le_bytes());
+    out.extend(8u32.to_le_bytes());
+    out.extend((tokens.len() as u64).to_le_bytes());
+    for token in tokens {
+        string(&mut out, token);
+    }
+    for (name, dims, kind) in tensors {
+        string(&mut out, name);
+        out.extend(u32::try_from(dims.len()).unwrap_or(u32::MAX).to_le_bytes());
+        for dim in *dims {
+            out.extend(dim.to_le_bytes());
+        }
+        out.extend(kind.to_le_bytes());
+        out.extend(0u64.to_le_bytes());
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// A GGUF header as gguf-py writes one (`GGUFWriter`): version 3, a llama model's keys,
-    /// and two tensors.
+    /// A llama model's header with two 1024 × 32,000 tensors of ggml type `tensor_type`.
     fn header_bytes(tensor_type: u32) -> Vec<u8> {
-        let mut out = Vec::new();
-        let string = |out: &mut Vec<u8>, s: &str| {
-            out.extend((s.len() as u64).to_le_bytes());
-            out.extend(s.as_bytes());
-        };
-        out.extend(b"GGUF");
-        out.extend(3u32.to_le_bytes());
-        out.extend(2u64.to_le_bytes());
-        let keys: [(&str, u32); 7] = [
+        let keys = [
             ("llama.block_count", 3),
             ("llama.embedding_length", 1024),
             ("llama.feed_forward_length", 2816),
@@ -435,34 +471,12 @@ mod tests {
             ("llama.context_length", 32_768),
             ("llama.vocab_size", 32_000),
         ];
-        out.extend((keys.len() as u64 + 2).to_le_bytes());
-        string(&mut out, "general.architecture");
-        out.extend(8u32.to_le_bytes());
-        string(&mut out, "llama");
-        for (key, value) in keys {
-            string(&mut out, key);
-            out.extend(4u32.to_le_bytes());
-            out.extend(value.to_le_bytes());
-        }
-        string(&mut out, "tokenizer.ggml.tokens");
-        out.extend(9u32.to_le_bytes());
-        out.extend(8u32.to_le_bytes());
-        out.extend(2u64.to_le_bytes());
-        string(&mut out, "<s>");
-        string(&mut out, "</s>");
-        for (name, dims) in [
-            ("token_embd.weight", [1024u64, 32_000]),
-            ("output.weight", [1024, 32_000]),
-        ] {
-            string(&mut out, name);
-            out.extend(2u32.to_le_bytes());
-            for dim in dims {
-                out.extend(dim.to_le_bytes());
-            }
-            out.extend(tensor_type.to_le_bytes());
-            out.extend(0u64.to_le_bytes());
-        }
-        out
+        let dims: &[u64] = &[1024, 32_000];
+        let tensors = [
+            ("token_embd.weight", dims, tensor_type),
+            ("output.weight", dims, tensor_type),
+        ];
+        llama_header(&keys, &["<s>", "</s>"], &tensors)
     }
 
     #[test]

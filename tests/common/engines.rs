@@ -606,6 +606,17 @@ impl LlamaServer {
         &self.model
     }
 
+    /// In router mode: which of `models` it says it has loaded, in their order.
+    pub async fn router_loaded(&self, models: &[&'static str]) -> Vec<&'static str> {
+        let mut loaded = Vec::new();
+        for model in models {
+            if self.router_status(model).await.as_deref() == Some("loaded") {
+                loaded.push(*model);
+            }
+        }
+        loaded
+    }
+
     /// In router mode: the resident memory (`VmRSS`, file-backed pages included) of the
     /// process the router runs model `id` in (its child started with `--alias <id>`), in
     /// bytes; `None` when no such child runs.

@@ -14,9 +14,10 @@ use crate::node_support;
 use std::io::Write as _;
 use std::path::Path;
 
+use crate::node::gguf::llama_header;
 use common::engines::{LlamaOptions, LlamaServer, large_model};
 use common::{TestApp, eventually_ok, spawn_app};
-use node_support::{RunningNode, spawn_node};
+use node_support::{RunningNode, spawn_nodes};
 use reqwest::Method;
 use serde_json::{Value, json};
 
@@ -34,15 +35,7 @@ struct Pool {
 /// into `path`, and makes the file as long as its data would be (sparse: nothing is
 /// written past the header).
 fn huge_header(path: &Path) {
-    let mut out = Vec::new();
-    let string = |out: &mut Vec<u8>, s: &str| {
-        out.extend((s.len() as u64).to_le_bytes());
-        out.extend(s.as_bytes());
-    };
-    out.extend(b"GGUF");
-    out.extend(3u32.to_le_bytes());
-    out.extend(1u64.to_le_bytes());
-    let keys: [(&str, u32); 6] = [
+    let keys = [
         ("llama.block_count", 48),
         ("llama.embedding_length", 8_192),
         ("llama.feed_forward_length", 28_672),
@@ -50,25 +43,12 @@ fn huge_header(path: &Path) {
         ("llama.attention.head_count_kv", 8),
         ("llama.context_length", 8_192),
     ];
-    out.extend((keys.len() as u64 + 1).to_le_bytes());
-    string(&mut out, "general.architecture");
-    out.extend(8u32.to_le_bytes());
-    string(&mut out, "llama");
-    for (key, value) in keys {
-        string(&mut out, key);
-        out.extend(4u32.to_le_bytes());
-        out.extend(value.to_le_bytes());
-    }
-    string(&mut out, "token_embd.weight");
-    out.extend(2u32.to_le_bytes());
-    out.extend(8_192u64.to_le_bytes());
-    out.extend(262_144u64.to_le_bytes());
-    out.extend(1u32.to_le_bytes());
-    out.extend(0u64.to_le_bytes());
+    let dims: &[u64] = &[8_192, 262_144];
+    let header = llama_header(&keys, &[], &[("token_embd.weight", dims, 1)]);
     let mut file = std::fs::File::create(path).expect("the huge header");
-    file.write_all(&out).expect("written");
+    file.write_all(&header).expect("written");
     let data = 8_192u64 * 262_144 * 2;
-    file.set_len(out.len().next_multiple_of(32) as u64 + data)
+    file.set_len(header.len().next_multiple_of(32) as u64 + data)
         .expect("sparse");
 }
 
@@ -115,11 +95,7 @@ memory = "{memory}"
         ));
     }
     let app = spawn_app(&config).await;
-    let nodes = ["node-a", "node-b"]
-        .iter()
-        .map(|id| spawn_node(app.node_addr, &format!("token-{id}"), |_| {}))
-        .collect();
-    app.wait_for_nodes(2).await;
+    let nodes = spawn_nodes(&app, &["node-a", "node-b"]).await;
     Pool {
         app,
         engines,
@@ -131,15 +107,10 @@ memory = "{memory}"
 impl Pool {
     /// Which models each engine says it has loaded, node-a's first.
     async fn loaded(&self) -> [Vec<&'static str>; 2] {
-        let mut out = [Vec::new(), Vec::new()];
-        for (engine, loaded) in self.engines.iter().zip(out.iter_mut()) {
-            for model in MODELS {
-                if engine.router_status(model).await.as_deref() == Some("loaded") {
-                    loaded.push(model);
-                }
-            }
-        }
-        out
+        [
+            self.engines[0].router_loaded(&MODELS).await,
+            self.engines[1].router_loaded(&MODELS).await,
+        ]
     }
 
     /// `POST path` on the client API with `body`: the status and the JSON answer.
