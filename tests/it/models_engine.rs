@@ -17,7 +17,7 @@ use common::{TestApp, eventually_ok, spawn_app};
 use edge::domain::models::ModelName;
 use edge::domain::{AdapterName, NodeSelector, Operation, RunEventKind, RunSpec, Target};
 use edge::ports::ManageModels as _;
-use node_support::{RunningNode, spawn_nodes};
+use node_support::{RunningNode, router_node_entry, spawn_nodes};
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
@@ -45,24 +45,7 @@ async fn pool(models: &str) -> Pool {
         "[admin]\nkeys = [\"{ADMIN_KEY}\"]\n[lifecycle]\nreconcile_interval_ms = 100\n{models}\n"
     );
     for (id, engine) in ["node-a", "node-b"].iter().zip(&engines) {
-        config.push_str(&format!(
-            r#"
-[[nodes]]
-id = "{id}"
-alias = "{id}-box"
-token = "token-{id}"
-[nodes.runtime]
-max_concurrent_runs = 8
-heartbeat_interval_ms = 1000
-[[nodes.adapters]]
-name = "llama"
-targets = ["alpha", "beta", "gamma"]
-[nodes.adapters.settings]
-base_url = "{}"
-lifecycle = "llama-router"
-"#,
-            engine.v1_url()
-        ));
+        config.push_str(&router_node_entry(id, &MODELS, &engine.v1_url(), ""));
     }
     let app = spawn_app(&config).await;
     let nodes = spawn_nodes(&app, &["node-a", "node-b"]).await;

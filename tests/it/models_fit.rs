@@ -17,7 +17,7 @@ use std::path::Path;
 use crate::node::gguf::llama_header;
 use common::engines::{LlamaOptions, LlamaServer, large_model};
 use common::{TestApp, eventually_ok, spawn_app};
-use node_support::{RunningNode, spawn_nodes};
+use node_support::{RunningNode, router_node_entry, spawn_nodes};
 use reqwest::Method;
 use serde_json::{Value, json};
 
@@ -74,24 +74,13 @@ async fn pool() -> Pool {
         .iter()
         .zip(&engines)
     {
-        config.push_str(&format!(
-            r#"
-[[nodes]]
-id = "{id}"
-alias = "{id}-box"
-token = "token-{id}"
-[nodes.runtime]
-max_concurrent_runs = 8
-heartbeat_interval_ms = 1000
-[[nodes.adapters]]
-name = "llama"
-targets = ["alpha", "beta", "large", "huge"]
-[nodes.adapters.settings]
-base_url = "{}"
-lifecycle = "llama-router"
-memory = "{memory}"
-"#,
-            engine.v1_url()
+        let targets = ["alpha", "beta", "large", "huge"];
+        let settings = format!("memory = \"{memory}\"");
+        config.push_str(&router_node_entry(
+            id,
+            &targets,
+            &engine.v1_url(),
+            &settings,
         ));
     }
     let app = spawn_app(&config).await;

@@ -130,6 +130,30 @@ probe_interval_ms = "60000"
     )
 }
 
+/// A `[[nodes]]` entry for a reference node `id` (alias `<id>-box`, token `token-<id>`)
+/// whose `llama` adapter manages the llama-server router at `base_url` and serves
+/// `targets`; `settings` adds lines to the adapter's settings (a `memory` budget, ...).
+pub fn router_node_entry(id: &str, targets: &[&str], base_url: &str, settings: &str) -> String {
+    format!(
+        r#"
+[[nodes]]
+id = "{id}"
+alias = "{id}-box"
+token = "token-{id}"
+[nodes.runtime]
+max_concurrent_runs = 8
+heartbeat_interval_ms = 1000
+[[nodes.adapters]]
+name = "llama"
+targets = {targets:?}
+[nodes.adapters.settings]
+base_url = "{base_url}"
+lifecycle = "llama-router"
+{settings}
+"#
+    )
+}
+
 /// A real edge with `config` whose node transport listens on `node_addr` (port 0 for any);
 /// events go to the `null` sink unless the config has an `[events]` section.
 pub async fn edge_on(config: &str, node_addr: SocketAddr) -> TestApp {
