@@ -1,4 +1,4 @@
-//! Real engines for the scenarios that need them (`affinity`, `latency`): `llama-server`
+//! Real engines for the scenarios that need them (`affinity`, `latency`, `sessions`): `llama-server`
 //! children serving one GGUF model as `tiny`, the edge config that puts a reference node in
 //! front of each, and the wait until the edge serves the model through them.
 
@@ -21,6 +21,16 @@ impl Engine {
     /// Starts `llama_server` serving `model` as `tiny` with `slots` slots of 8,192 tokens,
     /// one thread, on a free loopback port, and waits until it is healthy.
     pub fn start(llama_server: &Path, model: &Path, slots: u32) -> anyhow::Result<Self> {
+        Self::start_with(llama_server, model, slots, &[])
+    }
+
+    /// [`Self::start`] with `extra` arguments for `llama-server` after the usual ones.
+    pub fn start_with(
+        llama_server: &Path,
+        model: &Path,
+        slots: u32,
+        extra: &[String],
+    ) -> anyhow::Result<Self> {
         let addr = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
         let context = (8_192 * slots).to_string();
         let child = Command::new(llama_server)
@@ -31,6 +41,7 @@ impl Engine {
             .args(["--ctx-size", &context, "--parallel", &slots.to_string()])
             .args(["--threads", "1", "--threads-batch", "1", "--metrics"])
             .args(["--no-warmup", "--no-webui"])
+            .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -52,11 +63,18 @@ impl Engine {
     }
 }
 
-impl Drop for Engine {
-    fn drop(&mut self) {
+impl Engine {
+    /// Kills the engine (`SIGKILL`) and waits for it: an engine that dies.
+    pub fn kill(&mut self) {
         // Only the child this struct started.
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        self.kill();
     }
 }
 

@@ -38,9 +38,23 @@ pub struct Exchange {
 
 /// A `POST path` request with a JSON body, ready to write as is.
 pub fn post_json(addr: SocketAddr, path: &str, body: &str) -> Vec<u8> {
+    post_json_with(addr, path, &[], body)
+}
+
+/// [`post_json`] with `headers` (name, value) besides.
+pub fn post_json_with(
+    addr: SocketAddr,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> Vec<u8> {
+    let headers: String = headers
+        .iter()
+        .map(|(name, value)| format!("{name}: {value}\r\n"))
+        .collect();
     format!(
         "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
-         Accept: */*\r\nContent-Length: {}\r\n\r\n{body}",
+         Accept: */*\r\n{headers}Content-Length: {}\r\n\r\n{body}",
         body.len()
     )
     .into_bytes()

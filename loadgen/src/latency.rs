@@ -25,10 +25,11 @@ use tracing_subscriber::fmt::writer::MakeWriterExt;
 use tracing_subscriber::prelude::*;
 
 use crate::Common;
-use crate::engine::{Engine, edge_config, wait_healthy, wait_serving};
+use crate::engine::{Engine, edge_config, wait_serving};
 use crate::harness::{EdgeProcess, InProcessEdge, runtime, runtime_with_slice, token};
 use crate::hops::{HopLog, SEGMENTS};
 use crate::http::{Connection, post_json};
+use crate::smg::Smg;
 use crate::stats::{Histogram, Record};
 
 #[derive(Debug, Clone, Args)]
@@ -120,7 +121,10 @@ pub fn run(args: &LatencyArgs, common: &Common) -> anyhow::Result<Vec<Record>> {
     let smg = args
         .smg
         .as_ref()
-        .map(|program| Smg::start(program, engine_addr))
+        .map(|program| {
+            let worker = format!("http://{engine_addr}");
+            Smg::start(program, &["--backend", "openai", "--worker-urls", &worker])
+        })
         .transpose()?;
     let binaries = args
         .binaries
@@ -204,43 +208,6 @@ fn install_logging(level: &str) -> anyhow::Result<HopLog> {
     Ok(log)
 }
 
-/// SMG 1.13 as a child: `smg launch --backend openai` in front of the engine.
-struct Smg {
-    child: Child,
-    addr: SocketAddr,
-}
-
-impl Smg {
-    fn start(program: &std::path::Path, engine: SocketAddr) -> anyhow::Result<Self> {
-        let addr = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
-        let metrics = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
-        let child = Command::new(program)
-            .args(["launch", "--backend", "openai", "--host", "127.0.0.1"])
-            .args(["--port", &addr.port().to_string()])
-            .arg("--worker-urls")
-            .arg(format!("http://{engine}"))
-            .args(["--prometheus-host", "127.0.0.1", "--prometheus-port"])
-            .arg(metrics.port().to_string())
-            .args(["--log-level", "warn"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .with_context(|| format!("cannot start {}", program.display()))?;
-        let mut smg = Self { child, addr };
-        wait_healthy(addr, "/health", &mut smg.child)?;
-        Ok(smg)
-    }
-}
-
-impl Drop for Smg {
-    fn drop(&mut self) {
-        // Only the child this struct started.
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// The shipped binaries as children: `edge serve` and an `edge-node` dialling it.
 struct Binaries {
     edge: EdgeProcess,
@@ -313,7 +280,7 @@ impl Drop for Binaries {
 
 /// Waits until `addr` answers a chat request for `model` (SMG registers its worker in the
 /// background after it is healthy).
-async fn wait_answering(addr: SocketAddr, model: &str) -> anyhow::Result<()> {
+pub(crate) async fn wait_answering(addr: SocketAddr, model: &str) -> anyhow::Result<()> {
     let body = json!({"model": model, "max_tokens": 1,
         "messages": [{"role": "user", "content": "x"}]});
     let request = post_json(addr, "/v1/chat/completions", &body.to_string());

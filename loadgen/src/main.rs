@@ -28,6 +28,10 @@
 //! - `latency`: a `llama-server` asked directly and through the edge and a reference node
 //!   (and SMG), interleaved; time to first token and to the end, and the edge path's time
 //!   to first token hop by hop, from the edge's and the node's hop events.
+//! - `sessions`: thirty-two agent sessions sharing eight long system prompts on four
+//!   `llama-server` engines, through the shipped binaries and through SMG (`cache_aware`,
+//!   `round_robin`); prompt tokens served from cache against the workload's ceiling, time
+//!   to first token per turn, and the turns a client saw fail with one engine killed.
 //!
 //! It is a crate of the workspace, not part of the edge's release build. The method and the figures are in
 //! `docs/benchmarks.md`; every load goes to loopback only and every loop is bounded in time.
@@ -58,8 +62,10 @@ mod readopt;
 mod register;
 mod relay;
 mod runs;
+mod sessions;
 mod shared_core;
 mod slow;
+mod smg;
 mod stats;
 mod storm;
 
@@ -165,6 +171,10 @@ enum Scenario {
     Latency(latency::LatencyArgs),
     /// A request for a model loaded nowhere against one already loaded (issue 48).
     ColdStart(cold_start::ColdStartArgs),
+    /// Agent sessions on four llama-server engines through the edge and through SMG
+    /// (`cache_aware`, `round_robin`): prompt tokens served from cache against the
+    /// workload's ceiling, time to first token per turn, turns failed with an engine killed.
+    Sessions(sessions::SessionsArgs),
     /// Internal: the server side of `api --rig shared-core` (the edge, its nodes and the
     /// bare baseline), serving until its standard input closes.
     #[command(hide = true)]
@@ -187,6 +197,7 @@ impl Scenario {
             Self::Affinity(_) => "affinity",
             Self::Latency(_) => "latency",
             Self::ColdStart(_) => "cold-start",
+            Self::Sessions(_) => "sessions",
             Self::RigServer(_) => "rig-server",
         }
     }
@@ -206,6 +217,7 @@ impl Scenario {
             Self::Affinity(args) => affinity::run(args, common),
             Self::Latency(args) => latency::run(args, common),
             Self::ColdStart(args) => cold_start::run(args, common),
+            Self::Sessions(args) => sessions::run(args, common),
             Self::RigServer(args) => shared_core::serve(args, common),
         }
     }
