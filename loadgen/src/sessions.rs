@@ -334,9 +334,8 @@ impl Workload {
                     .collect()
             })
             .collect::<Vec<Vec<String>>>();
-        let mut connection = Connection::connect(tokenizer).await?;
-        let system_tokens = tokenize(&mut connection, tokenizer, &systems[0], false).await?;
-        let user_tokens = tokenize(&mut connection, tokenizer, &users[0][0], false).await?;
+        let system_tokens = tokenize(tokenizer, &systems[0], false).await?;
+        let user_tokens = tokenize(tokenizer, &users[0][0], false).await?;
         Ok(Self {
             systems,
             users,
@@ -384,18 +383,19 @@ fn text(opening: &str, tokens: usize, seed: usize) -> String {
     out
 }
 
+/// `POST path` with `body` to the engine at `addr`, on a connection of its own
+/// (`llama-server` closes a keep-alive connection after its hundredth request).
+async fn engine_post(addr: SocketAddr, path: &str, body: &Value) -> anyhow::Result<Value> {
+    let mut connection = Connection::connect(addr).await?;
+    let request = post_json(addr, path, &body.to_string());
+    let exchange = connection.exchange(&request, true).await?;
+    serde_json::from_slice(&exchange.body).with_context(|| format!("{path}: not JSON"))
+}
+
 /// The tokens of `content` as the engine at `addr` reads them (with the BOS when `special`).
-async fn tokenize(
-    connection: &mut Connection,
-    addr: SocketAddr,
-    content: &str,
-    special: bool,
-) -> anyhow::Result<Vec<u64>> {
-    let body = json!({"content": content, "add_special": special}).to_string();
-    let exchange = connection
-        .exchange(&post_json(addr, "/tokenize", &body), true)
-        .await?;
-    let answer: Value = serde_json::from_slice(&exchange.body).context("/tokenize: not JSON")?;
+async fn tokenize(addr: SocketAddr, content: &str, special: bool) -> anyhow::Result<Vec<u64>> {
+    let body = json!({"content": content, "add_special": special});
+    let answer = engine_post(addr, "/tokenize", &body).await?;
     answer["tokens"]
         .as_array()
         .context("/tokenize: no tokens")?
@@ -408,21 +408,12 @@ async fn tokenize(
 }
 
 /// The prompt the engine at `addr` makes of `messages` (its chat template), tokenized.
-async fn prompt_tokens(
-    connection: &mut Connection,
-    addr: SocketAddr,
-    messages: &[Value],
-) -> anyhow::Result<Vec<u64>> {
-    let body = json!({"messages": messages}).to_string();
-    let exchange = connection
-        .exchange(&post_json(addr, "/apply-template", &body), true)
-        .await?;
-    let answer: Value =
-        serde_json::from_slice(&exchange.body).context("/apply-template: not JSON")?;
+async fn prompt_tokens(addr: SocketAddr, messages: &[Value]) -> anyhow::Result<Vec<u64>> {
+    let answer = engine_post(addr, "/apply-template", &json!({"messages": messages})).await?;
     let prompt = answer["prompt"]
         .as_str()
         .context("/apply-template: no prompt")?;
-    tokenize(connection, addr, prompt, true).await
+    tokenize(addr, prompt, true).await
 }
 
 /// How far the sessions are, and the moment half the turns are answered.
@@ -617,7 +608,6 @@ async fn ceiling(
     workload: &Workload,
     outcome: &Outcome,
 ) -> anyhow::Result<f64> {
-    let mut connection = Connection::connect(tokenizer).await?;
     let mut openings: Vec<Vec<u64>> = Vec::new();
     let (mut cacheable, mut total) = (0usize, 0usize);
     for (s, turns) in outcome.sessions.iter().enumerate() {
@@ -626,7 +616,7 @@ async fn ceiling(
         for (t, turn) in turns.iter().enumerate() {
             let Some(answer) = &turn.answer else { continue };
             let messages = workload.messages(s, &answered, t);
-            let prompt = prompt_tokens(&mut connection, tokenizer, &messages).await?;
+            let prompt = prompt_tokens(tokenizer, &messages).await?;
             let known = match &previous {
                 Some(before) => common_prefix(&prompt, before),
                 None => openings
@@ -637,7 +627,7 @@ async fn ceiling(
             };
             // The engine holds the prompt and the answer it generated after it.
             let mut held = prompt.clone();
-            held.extend(tokenize(&mut connection, tokenizer, answer, false).await?);
+            held.extend(tokenize(tokenizer, answer, false).await?);
             if previous.is_none() {
                 openings.push(prompt.clone());
             }
