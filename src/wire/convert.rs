@@ -18,8 +18,8 @@ use super::events::{
     run_from_wire, run_to_wire,
 };
 use super::models::{
-    adapter_from_wire, model_command_from_wire, model_command_to_wire, outcome_of_model_from_wire,
-    outcome_of_model_to_wire, states_to_wire,
+    adapter_from_wire, loras_to_wire, model_command_from_wire, model_command_to_wire,
+    outcome_of_model_from_wire, outcome_of_model_to_wire, states_to_wire,
 };
 use super::proto::{self, edge_message, node_message};
 
@@ -508,6 +508,7 @@ fn availability_from_wire(availability: proto::TargetAvailability) -> Availabili
     let proto::TargetAvailability { adapters } = availability;
     let mut windows = Vec::new();
     let mut managed = Vec::new();
+    let mut loras = Vec::new();
     let mut pairs: Vec<(AdapterName, Target)> = Vec::new();
     for entry in adapters {
         let Ok(adapter) = AdapterName::parse(&entry.adapter) else {
@@ -520,6 +521,9 @@ fn availability_from_wire(availability: proto::TargetAvailability) -> Availabili
         if let Some(lifecycle) = report.managed {
             managed.push((adapter.clone(), lifecycle));
         }
+        if !report.loras.is_empty() {
+            loras.push((adapter.clone(), report.loras));
+        }
         pairs.extend(report.targets.into_iter().map(|t| (adapter.clone(), t)));
     }
     let availability = windows.into_iter().fold(
@@ -528,10 +532,15 @@ fn availability_from_wire(availability: proto::TargetAvailability) -> Availabili
             availability.with_context_window(&adapter, &target, tokens)
         },
     );
-    managed
+    let availability = managed
         .into_iter()
         .fold(availability, |availability, (adapter, lifecycle)| {
             availability.with_managed(adapter, lifecycle)
+        });
+    loras
+        .into_iter()
+        .fold(availability, |availability, (adapter, loras)| {
+            availability.with_loras(adapter, loras)
         })
 }
 
@@ -549,7 +558,11 @@ fn availability_to_wire(availability: Availability) -> proto::TargetAvailability
             }),
         }
     }
-    for (adapter, _) in availability.managed_adapters() {
+    let named = availability
+        .managed_adapters()
+        .map(|(adapter, _)| adapter)
+        .chain(availability.lora_adapters().map(|(adapter, _)| adapter));
+    for adapter in named {
         if !adapters.iter().any(|a| a.adapter == adapter.as_str()) {
             adapters.push(proto::AdapterTargets {
                 adapter: adapter.to_string(),
@@ -559,6 +572,7 @@ fn availability_to_wire(availability: Availability) -> proto::TargetAvailability
     }
     for entry in &mut adapters {
         states_to_wire(entry, &availability);
+        loras_to_wire(entry, &availability);
     }
     proto::TargetAvailability { adapters }
 }
