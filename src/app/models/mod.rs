@@ -34,7 +34,7 @@ use crate::domain::routing::{ModelSeats, NodeStatus};
 use crate::domain::{AdapterName, NodeId, Target};
 use crate::ports::{ModelDemand, ModelEvent, ModelOutcome, NodeTransport, Registry, WaitingRuns};
 
-pub use config::{LifecycleConfig, ModelEntry, policies};
+pub use config::{LifecycleConfig, LoraEntry, ModelEntry, Policies, policies};
 
 /// The model lifecycle. Cheap to clone.
 #[derive(Clone)]
