@@ -89,7 +89,10 @@ impl AdapterSet {
             .iter()
             .map(|adapter| {
                 let slot = match build(adapter) {
-                    Ok(built) => Slot::Ready(Arc::new(built)),
+                    Ok(built) => {
+                        built.loras().report_to(self.board.clone());
+                        Slot::Ready(Arc::new(built))
+                    }
                     Err(problem) => {
                         tracing::error!(adapter = %adapter.name, %problem, "adapter cannot run; its targets are not offered");
                         Slot::Broken(Arc::new(problem))

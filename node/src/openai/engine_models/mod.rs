@@ -482,6 +482,7 @@ pub async fn probe_loop(
             warn_unlisted(adapter, engine, seen, &mut warned);
             refuse_misconfigured(adapter, seen, &mut refused);
             warn_unreachable(adapter, seen, &mut unreachable);
+            adapter.loras().refresh().await;
         }
         let settings = adapter.settings();
         let (up_every, down_every) = (settings.probe_interval, settings.probe_down_interval);
