@@ -107,6 +107,63 @@ pub fn tiny_model() -> PathBuf {
     super::deadline::installing(|| MODEL.get_or_init(make_tiny_model).clone())
 }
 
+/// A tiny LoRA of the tiny model (see `tests/python/make_tiny_lora.py`): rank 1 on
+/// `output.weight`, adding `logit` to the token at each `(slot, logit)` of the model's reply,
+/// so that greedy output starts elsewhere in the reply. Generated into `<cache>/models` on
+/// first use and again whenever the scripts or the boosts change; the file's stem is
+/// `tiny-lora-<hash>` (copy it under the name a test needs).
+pub fn tiny_lora(boosts: &[(usize, u32)]) -> PathBuf {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python");
+    let mut hasher = Sha256::new();
+    for script in ["make_tiny_model.py", "make_tiny_lora.py"] {
+        let path = root.join(script);
+        let source =
+            fs::read(&path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+        hasher.update(&source);
+    }
+    let args: Vec<String> = boosts
+        .iter()
+        .map(|(slot, logit)| format!("{slot}={logit}"))
+        .collect();
+    hasher.update(args.join(",").as_bytes());
+    let version: String = hasher
+        .finalize()
+        .iter()
+        .take(6)
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let lora = cache_dir()
+        .join("models")
+        .join(format!("tiny-lora-{version}.gguf"));
+    if lora.exists() {
+        return lora;
+    }
+    let vocab = vocab("llama-spm");
+    let mut command = std::process::Command::new(super::python::python());
+    command
+        .arg(root.join("make_tiny_lora.py"))
+        .arg("--vocab")
+        .arg(&vocab);
+    for arg in &args {
+        command.arg("--boost").arg(arg);
+    }
+    // The script writes a temporary file beside the target and renames it: concurrent
+    // writers of one LoRA leave one whole file.
+    let output = command
+        .arg("--out")
+        .arg(&lora)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run make_tiny_lora.py: {e}"));
+    assert!(
+        output.status.success() && lora.exists(),
+        "make_tiny_lora.py failed ({}):\n{}\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    lora
+}
+
 fn make_tiny_model() -> PathBuf {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let script = root.join("tests/python/make_tiny_model.py");
@@ -314,6 +371,7 @@ pub struct LlamaOptions {
     threads: u32,
     embeddings: bool,
     router: Option<RouterOptions>,
+    loras: Vec<PathBuf>,
     extra: Vec<String>,
 }
 
@@ -339,6 +397,7 @@ impl Default for LlamaOptions {
             threads: 1,
             embeddings: false,
             router: None,
+            loras: Vec::new(),
             extra: Vec::new(),
         }
     }
@@ -398,6 +457,14 @@ impl LlamaOptions {
             .as_mut()
             .expect("broken_model needs router mode (LlamaOptions::router first)");
         router.broken.push(name.to_owned());
+        self
+    }
+
+    /// One more LoRA loaded at start (`--lora <path>`), in order (its id is its position);
+    /// with any, `--lora-init-without-apply` (which still lists them at scale 1 and applies
+    /// them to a request that names none).
+    pub fn lora(mut self, path: impl Into<PathBuf>) -> Self {
+        self.loras.push(path.into());
         self
     }
 
@@ -470,6 +537,12 @@ impl LlamaOptions {
         }
         if self.embeddings {
             args.extend(["--embeddings", "--pooling", "mean"].map(OsString::from));
+        }
+        for lora in &self.loras {
+            args.extend(["--lora".into(), lora.into()]);
+        }
+        if !self.loras.is_empty() {
+            args.push("--lora-init-without-apply".into());
         }
         args.extend(self.extra.iter().map(OsString::from));
         args

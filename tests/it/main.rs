@@ -83,6 +83,7 @@ mod http_limits;
 mod layout;
 mod link_faults;
 mod link_protocol;
+mod loras_engine;
 mod metrics;
 mod models;
 mod models_engine;
