@@ -611,6 +611,44 @@ mod tests {
     }
 
     #[test]
+    fn loras_round_trip_and_one_with_a_bad_name_is_left_out() {
+        let lora = |name: &str, sha256: &str, loaded| proto::Lora {
+            name: name.into(),
+            target: "qwen".into(),
+            path: format!("/loras/{name}.gguf"),
+            sha256: sha256.into(),
+            loaded,
+        };
+        let wire = proto::TargetAvailability {
+            adapters: vec![proto::AdapterTargets {
+                adapter: "llama".into(),
+                targets: vec!["qwen".into()],
+                loras: vec![
+                    lora("sql", "aa", true),
+                    lora("tone", "", false),
+                    lora("bad name", "", true),
+                ],
+                ..proto::AdapterTargets::default()
+            }],
+        };
+        let availability = availability_from_wire(wire);
+        let llama = AdapterName::parse("llama").unwrap();
+        let loras = availability.loras(&llama).to_vec();
+        assert_eq!(loras.len(), 2);
+        assert_eq!(loras[0].state, crate::domain::LoraState::Loaded);
+        assert_eq!(loras[0].file.sha256.as_deref(), Some("aa"));
+        assert_eq!(loras[1].file.sha256, None, "an empty digest is none");
+        let back = availability_to_wire(availability);
+        assert_eq!(
+            back.adapters[0].loras,
+            vec![lora("sql", "aa", true), lora("tone", "", false)]
+        );
+        // An adapter with LoRAs and nothing served now still carries them.
+        let only = Availability::new([]).with_loras(llama, loras);
+        assert_eq!(availability_to_wire(only).adapters[0].loras.len(), 2);
+    }
+
+    #[test]
     fn unknown_availability_names_are_left_out() {
         let wire = proto::TargetAvailability {
             adapters: vec![

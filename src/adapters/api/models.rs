@@ -372,6 +372,54 @@ mod tests {
     }
 
     #[test]
+    fn a_model_naming_a_known_lora_runs_its_base_with_it() {
+        use crate::domain::{
+            Availability, LoraFile, LoraName, LoraState, NodeId, NodeLora, NodeSelector, Operation,
+        };
+        let llama = AdapterName::parse("llama").unwrap();
+        let report = Availability::new([]).with_loras(
+            llama.clone(),
+            vec![NodeLora {
+                name: LoraName::parse("sql").unwrap(),
+                base: Target::parse("qwen").unwrap(),
+                file: LoraFile {
+                    path: "/loras/sql.gguf".into(),
+                    sha256: None,
+                },
+                state: LoraState::Loaded,
+            }],
+        );
+        let mut book = LoraBook::default();
+        let node = NodeId::parse("a").unwrap();
+        book.learn(book.observe(&node, &report, |_, _| false));
+        let spec = |target: &str| RunSpec {
+            selector: NodeSelector {
+                adapter: llama.clone(),
+                target: Target::parse(target).unwrap(),
+                pin: None,
+            },
+            input: bytes::Bytes::new(),
+            content_type: String::new(),
+            params: BTreeMap::new(),
+            deadline: None,
+            operation: Operation::Chat,
+            routing: crate::domain::RunRouting::default(),
+        };
+        let lora = with_lora(spec("sql"), &book);
+        assert_eq!(lora.selector.target.as_str(), "qwen");
+        assert_eq!(lora.model_target().as_str(), "sql");
+        assert_eq!(
+            lora.routing.lora.map(|l| l.file.path),
+            Some("/loras/sql.gguf".into())
+        );
+        let other = with_lora(spec("nope"), &book);
+        assert_eq!(
+            (other.selector.target.as_str(), other.routing.lora),
+            ("nope", None)
+        );
+    }
+
+    #[test]
     fn config_problems_do_not_repeat_the_value() {
         // Found by the `config_loader` fuzz target: a node token under a lost `[[nodes]]`.
         for value in ["secret-token", "secret token/x", "echo/secret token"] {
