@@ -75,7 +75,8 @@ pub struct Catalogue {
     pub unreachable: BTreeMap<String, String>,
 }
 
-/// Why a managed engine did not begin a load or an unload.
+/// Why a managed engine did not begin a load or an unload (of a model, or of a LoRA:
+/// [`crate::openai::loras`]).
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum BeginError {
     /// It could not be asked.

@@ -29,26 +29,11 @@ use edge::client::RunAssignment;
 use edge::domain::{FailureClass, LoraFile, LoraName, LoraState, NodeLora, RunEventKind, Target};
 use serde_json::Value;
 
+use super::engine_models::BeginError;
 use super::request::{Endpoint, UpstreamCall};
 use crate::board::Board;
 use crate::fault::UpstreamFault;
 use crate::upstream::Upstream;
-
-/// Why a LoRA could not be registered or unregistered.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum LoraError {
-    /// The engine could not be asked.
-    #[error(transparent)]
-    Fault(#[from] UpstreamFault),
-    /// It refused, saying why.
-    #[error("HTTP {status}: {message}")]
-    Refused {
-        /// Its HTTP status.
-        status: u16,
-        /// Its message.
-        message: String,
-    },
-}
 
 /// Where an adapter's LoRAs come from.
 #[derive(Debug)]
@@ -423,8 +408,8 @@ impl Loras {
         }
         vllm::register(server, name, &path).await.map_err(|error| {
             let status = match &error {
-                LoraError::Refused { status, .. } => Some(*status),
-                LoraError::Fault(_) => None,
+                BeginError::Refused { status, .. } => Some(*status),
+                _ => None,
             };
             let message = format!("vLLM did not register the LoRA {name} from {path}: {error}");
             failed("lora_load_failed", message, FailureClass::Node, status)

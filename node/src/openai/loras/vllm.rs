@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use edge::domain::LoraName;
 use serde_json::{Value, json};
 
-use super::LoraError;
+use crate::fault::UpstreamFault;
 use crate::openai::engine_models::{BeginError, refusal};
 use crate::upstream::Upstream;
 
@@ -59,12 +59,12 @@ pub fn registered(body: &[u8]) -> BTreeMap<String, String> {
 /// Registers `name` from `path` on `server`; one already registered counts as done.
 ///
 /// # Errors
-/// [`LoraError::Refused`] with the server's status and words, [`LoraError::Fault`] when it
+/// [`BeginError::Refused`] with the server's status and words, [`BeginError::Fault`] when it
 /// cannot be asked.
-pub async fn register(server: &Upstream, name: &str, path: &str) -> Result<(), LoraError> {
+pub async fn register(server: &Upstream, name: &str, path: &str) -> Result<(), BeginError> {
     let body = json!({"lora_name": name, "lora_path": path});
     match answer(server, "/load_lora_adapter", &body).await {
-        Err(LoraError::Refused {
+        Err(BeginError::Refused {
             status: 400,
             message,
         }) if message.contains("already been loaded") => Ok(()),
@@ -76,29 +76,21 @@ pub async fn register(server: &Upstream, name: &str, path: &str) -> Result<(), L
 ///
 /// # Errors
 /// As [`register`].
-pub async fn unregister(server: &Upstream, name: &str) -> Result<(), LoraError> {
+pub async fn unregister(server: &Upstream, name: &str) -> Result<(), BeginError> {
     match answer(server, "/unload_lora_adapter", &json!({"lora_name": name})).await {
-        Err(LoraError::Refused { status: 404, .. }) => Ok(()),
+        Err(BeginError::Refused { status: 404, .. }) => Ok(()),
         other => other,
     }
 }
 
-async fn answer(server: &Upstream, path: &str, body: &Value) -> Result<(), LoraError> {
-    let refused = |status, body: &[u8]| match refusal(status, body) {
-        BeginError::Refused { status, message } => LoraError::Refused { status, message },
-        other => LoraError::Refused {
-            status,
-            message: other.to_string(),
-        },
-    };
+async fn answer(server: &Upstream, path: &str, body: &Value) -> Result<(), BeginError> {
     match server.post(path, body).await {
-        Ok(mut response) => server
+        Ok(mut response) => Ok(server
             .read_to_end(&mut response, MAX_ANSWER)
             .await
-            .map(drop)
-            .map_err(LoraError::Fault),
-        Err(crate::fault::UpstreamFault::Status { status, body }) => Err(refused(status, &body)),
-        Err(fault) => Err(LoraError::Fault(fault)),
+            .map(drop)?),
+        Err(UpstreamFault::Status { status, body }) => Err(refusal(status, &body)),
+        Err(fault) => Err(fault.into()),
     }
 }
 
