@@ -113,68 +113,76 @@ pub fn tiny_model() -> PathBuf {
 /// first use and again whenever the scripts or the boosts change; the file's stem is
 /// `tiny-lora-<hash>` (copy it under the name a test needs).
 pub fn tiny_lora(boosts: &[(usize, u32)]) -> PathBuf {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python");
-    let mut hasher = Sha256::new();
-    for script in ["make_tiny_model.py", "make_tiny_lora.py"] {
-        let path = root.join(script);
-        let source =
-            fs::read(&path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
-        hasher.update(&source);
-    }
     let args: Vec<String> = boosts
         .iter()
-        .map(|(slot, logit)| format!("{slot}={logit}"))
+        .flat_map(|(slot, logit)| ["--boost".to_owned(), format!("{slot}={logit}")])
         .collect();
-    hasher.update(args.join(",").as_bytes());
-    let version: String = hasher
+    let scripts = [script("make_tiny_model.py"), script("make_tiny_lora.py")];
+    let version = short_digest(
+        scripts
+            .iter()
+            .map(Vec::as_slice)
+            .chain([args.concat().as_bytes()]),
+    );
+    let lora = cache_dir()
+        .join("models")
+        .join(format!("tiny-lora-{version}.gguf"));
+    // The script writes a temporary file beside the target and renames it: concurrent
+    // writers of one LoRA leave one whole file.
+    if !lora.exists() {
+        generate("make_tiny_lora.py", &args, &lora);
+    }
+    lora
+}
+
+/// The source of `tests/python/{name}`.
+fn script(name: &str) -> Vec<u8> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/python")
+        .join(name);
+    fs::read(&path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()))
+}
+
+/// The first 12 hex digits of the SHA-256 of `parts`, one after the other.
+fn short_digest<'a>(parts: impl IntoIterator<Item = &'a [u8]>) -> String {
+    let mut hasher = Sha256::new();
+    for part in parts {
+        hasher.update(part);
+    }
+    hasher
         .finalize()
         .iter()
         .take(6)
         .map(|b| format!("{b:02x}"))
-        .collect();
-    let lora = cache_dir()
-        .join("models")
-        .join(format!("tiny-lora-{version}.gguf"));
-    if lora.exists() {
-        return lora;
-    }
-    let vocab = vocab("llama-spm");
-    let mut command = std::process::Command::new(super::python::python());
-    command
-        .arg(root.join("make_tiny_lora.py"))
+        .collect()
+}
+
+/// Runs `tests/python/{name} --vocab <llama-spm vocab> {args} --out {out}` with the test
+/// venv's Python; panics with its output unless it wrote `out`.
+fn generate(name: &str, args: &[String], out: &Path) {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/python")
+        .join(name);
+    let output = std::process::Command::new(super::python::python())
+        .arg(&script)
         .arg("--vocab")
-        .arg(&vocab);
-    for arg in &args {
-        command.arg("--boost").arg(arg);
-    }
-    // The script writes a temporary file beside the target and renames it: concurrent
-    // writers of one LoRA leave one whole file.
-    let output = command
+        .arg(vocab("llama-spm"))
+        .args(args)
         .arg("--out")
-        .arg(&lora)
+        .arg(out)
         .output()
-        .unwrap_or_else(|e| panic!("cannot run make_tiny_lora.py: {e}"));
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
     assert!(
-        output.status.success() && lora.exists(),
-        "make_tiny_lora.py failed ({}):\n{}\n{}",
+        output.status.success() && out.exists(),
+        "{name} failed ({}):\n{}\n{}",
         output.status,
         String::from_utf8_lossy(&output.stdout),
         String::from_utf8_lossy(&output.stderr)
     );
-    lora
 }
 
 fn make_tiny_model() -> PathBuf {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let script = root.join("tests/python/make_tiny_model.py");
-    let source =
-        fs::read(&script).unwrap_or_else(|e| panic!("cannot read {}: {e}", script.display()));
-    let vocab = vocab("llama-spm");
-    let version: String = Sha256::digest(&source)
-        .iter()
-        .take(6)
-        .map(|b| format!("{b:02x}"))
-        .collect();
+    let version = short_digest([script("make_tiny_model.py").as_slice()]);
     let dir = cache_dir().join("models");
     let model = dir.join(format!("tiny-llama-{version}.gguf"));
     if model.exists() {
@@ -186,24 +194,9 @@ fn make_tiny_model() -> PathBuf {
         .unwrap_or_else(|e| panic!("cannot create {}: {e}", lock_path.display()));
     lock.lock()
         .unwrap_or_else(|e| panic!("cannot lock {}: {e}", lock_path.display()));
-    if model.exists() {
-        return model;
+    if !model.exists() {
+        generate("make_tiny_model.py", &[], &model);
     }
-    let output = std::process::Command::new(super::python::python())
-        .arg(&script)
-        .arg("--vocab")
-        .arg(&vocab)
-        .arg("--out")
-        .arg(&model)
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
-    assert!(
-        output.status.success() && model.exists(),
-        "make_tiny_model.py failed ({}):\n{}\n{}",
-        output.status,
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
     model
 }
 

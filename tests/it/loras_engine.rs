@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 
 use common::engines::{LlamaOptions, LlamaServer, tiny_lora};
 use common::{TestApp, eventually, eventually_ok, spawn_app};
-use node_support::{RunningNode, spawn_node};
+use node_support::{RunningNode, api_post, spawn_node};
 use serde_json::{Value, json};
 
 /// The `sql` LoRA: 75 on the reply's second token, 45 on its third: " from the tiny test
@@ -44,26 +44,13 @@ async fn engine(dir: &Path, loras: &[(&str, &[(usize, u32)])]) -> LlamaServer {
 /// One `[[nodes]]` entry whose `llama` adapter serves `tiny` from `engine`, probed every
 /// 100 ms.
 fn node_entry(id: &str, engine: &LlamaServer) -> String {
-    format!(
-        r#"
-[[nodes]]
-id = "{id}"
-alias = "{id}-box"
-token = "token-{id}"
-[nodes.runtime]
-max_concurrent_runs = 4
-heartbeat_interval_ms = 1000
-[[nodes.adapters]]
-name = "llama"
-targets = ["tiny"]
-[nodes.adapters.settings]
-base_url = "{}"
-availability = "reachable"
-probe_interval_ms = "100"
-probe_down_interval_ms = "100"
-"#,
-        engine.v1_url()
-    )
+    let settings = [
+        ("base_url", engine.v1_url()),
+        ("availability", "reachable".to_owned()),
+        ("probe_interval_ms", "100".to_owned()),
+        ("probe_down_interval_ms", "100".to_owned()),
+    ];
+    node_support::node_entry(id, "llama", &["tiny"], &settings)
 }
 
 /// An edge for `engines` (node-a's, node-b's, …), keyless routing (so runs of the base
@@ -81,25 +68,6 @@ fn node(app: &TestApp, id: &str) -> RunningNode {
     spawn_node(app.node_addr, &format!("token-{id}"), |_| {})
 }
 
-/// `POST {path}` through the edge: the status, the node that answered and the body.
-async fn post(app: &TestApp, path: &str, body: &Value) -> (u16, String, Value) {
-    let response = common::http_client()
-        .post(format!("http://{}{path}", app.http_addr))
-        .header("anthropic-version", "2023-06-01")
-        .json(body)
-        .send()
-        .await
-        .expect("the edge answers");
-    let status = response.status().as_u16();
-    let node = response
-        .headers()
-        .get("x-edge-node")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default()
-        .to_owned();
-    (status, node, response.json().await.unwrap_or(Value::Null))
-}
-
 fn chat_body(model: &str) -> Value {
     json!({"model": model, "temperature": 0,
         "messages": [{"role": "user", "content": "Write the query."}]})
@@ -107,10 +75,33 @@ fn chat_body(model: &str) -> Value {
 
 /// The text of a chat answer through the edge for `model`, and its node.
 async fn chat(app: &TestApp, model: &str) -> (String, String) {
-    let (status, node, body) = post(app, "/v1/chat/completions", &chat_body(model)).await;
+    let (status, node, body) = api_post(app, "/v1/chat/completions", &chat_body(model)).await;
     assert_eq!(status, 200, "{model}: {body}");
     let text = body["choices"][0]["message"]["content"].as_str();
     (text.unwrap_or_default().to_owned(), node)
+}
+
+/// Four chats for `model`, each answered `text` by `node`.
+async fn only_from(app: &TestApp, model: &str, text: &str, node: &str) {
+    for _ in 0..4 {
+        assert_eq!(
+            chat(app, model).await,
+            (text.to_owned(), node.to_owned()),
+            "{model}"
+        );
+    }
+}
+
+/// Six chats for `model` in turn (keyless runs take turns between the nodes): each answered
+/// `text`, by both nodes.
+async fn from_both(app: &TestApp, model: &str, text: &str) {
+    let mut nodes = std::collections::BTreeSet::new();
+    for _ in 0..6 {
+        let (answer, node) = chat(app, model).await;
+        assert_eq!(answer, text, "{model} on {node}");
+        nodes.insert(node);
+    }
+    assert_eq!(nodes.len(), 2, "both nodes answered {model}: {nodes:?}");
 }
 
 /// What `engine` answers the same chat when asked directly with `lora` as its `lora` field
@@ -238,28 +229,14 @@ async fn two_loras_are_models_that_answer_as_the_engine_does_and_only_their_node
     assert!(sql != base && support != base && sql != support);
 
     // Through the edge, every LoRA request goes to node-a and answers as the engine does.
-    for _ in 0..4 {
-        assert_eq!(
-            chat(&app, "llama/sql").await,
-            (sql.clone(), "node-a".into())
-        );
-        assert_eq!(
-            chat(&app, "llama/support").await,
-            (support.clone(), "node-a".into())
-        );
-    }
+    only_from(&app, "llama/sql", &sql, "node-a").await;
+    only_from(&app, "llama/support", &support, "node-a").await;
     // The base, on either node, is the model alone: node-a names both LoRAs at 0.
-    let mut nodes = std::collections::BTreeSet::new();
-    for _ in 0..6 {
-        let (text, node) = chat(&app, "llama/tiny").await;
-        assert_eq!(text, base, "{node}");
-        nodes.insert(node);
-    }
-    assert_eq!(nodes.len(), 2, "both nodes answered the base: {nodes:?}");
+    from_both(&app, "llama/tiny", &base).await;
 
     // Completions, Messages and Responses name LoRAs the same way.
     let prompt = json!({"model": "llama/sql", "prompt": "SELECT", "temperature": 0});
-    let (status, node, answer) = post(&app, "/v1/completions", &prompt).await;
+    let (status, node, answer) = api_post(&app, "/v1/completions", &prompt).await;
     let mut asked = prompt.clone();
     asked["model"] = json!("tiny");
     asked["lora"] = scales(1.0, 0.0);
@@ -271,11 +248,11 @@ async fn two_loras_are_models_that_answer_as_the_engine_does_and_only_their_node
     );
     let messages = json!({"model": "llama/sql", "max_tokens": 32,
         "messages": [{"role": "user", "content": "Write the query."}]});
-    let (status, node, answer) = post(&app, "/v1/messages", &messages).await;
+    let (status, node, answer) = api_post(&app, "/v1/messages", &messages).await;
     assert_eq!((status, node.as_str()), (200, "node-a"), "{answer}");
     assert_eq!(answer["content"][0]["text"], json!(sql), "{answer}");
     let responses = json!({"model": "llama/support", "input": "Answer the customer."});
-    let (status, node, answer) = post(&app, "/v1/responses", &responses).await;
+    let (status, node, answer) = api_post(&app, "/v1/responses", &responses).await;
     assert_eq!((status, node.as_str()), (200, "node-a"), "{answer}");
     let text = &answer["output"][0]["content"][0]["text"];
     assert_eq!(text, &json!(support), "{answer}");
@@ -293,7 +270,7 @@ async fn two_loras_are_models_that_answer_as_the_engine_does_and_only_their_node
         ),
     ];
     for (path, body) in unknown {
-        let (status, _, answer) = post(&app, path, &body).await;
+        let (status, _, answer) = api_post(&app, path, &body).await;
         assert_eq!(status, 404, "{path}: {answer}");
         assert_eq!(
             answer["error"]["code"], "model_not_found",
@@ -302,7 +279,7 @@ async fn two_loras_are_models_that_answer_as_the_engine_does_and_only_their_node
     }
     let nope = json!({"model": "llama/nope", "max_tokens": 8,
         "messages": [{"role": "user", "content": "x"}]});
-    let (status, _, answer) = post(&app, "/v1/messages", &nope).await;
+    let (status, _, answer) = api_post(&app, "/v1/messages", &nope).await;
     assert_eq!(status, 404, "{answer}");
     assert_eq!(
         (&answer["type"], &answer["error"]["type"]),
@@ -384,7 +361,7 @@ async fn a_lora_whose_only_node_is_reconnecting_waits_then_is_served() {
     })
     .await;
     // A LoRA never reported is still unknown meanwhile.
-    let (status, _, _) = post(&app, "/v1/chat/completions", &chat_body("llama/nope")).await;
+    let (status, _, _) = api_post(&app, "/v1/chat/completions", &chat_body("llama/nope")).await;
     assert_eq!(status, 404);
 
     // The node is back: the waiting run is served, with the LoRA.
@@ -448,21 +425,11 @@ async fn a_lora_with_other_weights_or_named_like_a_target_is_a_conflict_and_not_
     // The LoRA is served only by the node that agrees with its first report; `llama/tiny`
     // stays the target, which both nodes answer with every LoRA at 0.
     let sql = direct(&engine_a, Some(json!([{"id": 0, "scale": 1.0}]))).await;
-    for _ in 0..4 {
-        assert_eq!(
-            chat(&app, "llama/sql").await,
-            (sql.clone(), "node-a".into())
-        );
-    }
-    let mut nodes = std::collections::BTreeSet::new();
-    for _ in 0..6 {
-        let (text, node) = chat(&app, "llama/tiny").await;
-        assert_eq!(text, common::engines::TINY_REPLY, "{node}");
-        nodes.insert(node);
-    }
-    assert_eq!(nodes.len(), 2, "{nodes:?}");
+    only_from(&app, "llama/sql", &sql, "node-a").await;
+    from_both(&app, "llama/tiny", common::engines::TINY_REPLY).await;
     let models = listed(&app).await;
     let ids: Vec<&String> = models.as_object().expect("models").keys().collect();
     assert_eq!(ids, ["llama/sql", "llama/tiny"], "{models}");
     app.stop().await;
 }
+

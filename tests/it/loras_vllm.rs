@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 use crate::admin_support::{ADMIN_KEY, get_ok};
 use crate::common::{self, TestApp, eventually, eventually_ok, spawn_app};
 use crate::node_support::fake_vllm::{FakeVllm, Gpu, VllmEvent, VllmOptions};
-use crate::node_support::{RunningNode, spawn_node};
+use crate::node_support::{RunningNode, api_post, node_entry, spawn_node};
 
 /// A folder of LoRA folders (`sql`, `support`, `tone`), each as vLLM's PEFT layout has it.
 fn lora_dir(dir: &Path) {
@@ -31,28 +31,14 @@ async fn edge(servers: &[&FakeVllm], loras: &Path) -> (TestApp, Vec<RunningNode>
     let mut config = format!("[admin]\nkeys = [\"{ADMIN_KEY}\"]\n");
     let ids = ["node-a", "node-b"];
     for (id, server) in ids.iter().zip(servers) {
-        config.push_str(&format!(
-            r#"
-[[nodes]]
-id = "{id}"
-alias = "{id}-box"
-token = "token-{id}"
-[nodes.runtime]
-max_concurrent_runs = 4
-heartbeat_interval_ms = 1000
-[[nodes.adapters]]
-name = "vllm"
-targets = ["qwen"]
-[nodes.adapters.settings]
-base_url = "{}"
-lora_dir = "{}"
-max_registered = "2"
-probe_interval_ms = "100"
-probe_down_interval_ms = "100"
-"#,
-            server.base_url(),
-            loras.display()
-        ));
+        let settings = [
+            ("base_url", server.base_url()),
+            ("lora_dir", loras.display().to_string()),
+            ("max_registered", "2".to_owned()),
+            ("probe_interval_ms", "100".to_owned()),
+            ("probe_down_interval_ms", "100".to_owned()),
+        ];
+        config.push_str(&node_entry(id, "vllm", &["qwen"], &settings));
     }
     let app = spawn_app(&config).await;
     let nodes = ids[..servers.len()]
@@ -71,22 +57,19 @@ fn lora_server() -> VllmOptions {
 /// A whole chat answer through the edge: its text and the node that answered.
 async fn chat(app: &TestApp, model: &str) -> (String, String) {
     let body = json!({"model": model, "messages": [{"role": "user", "content": "hi"}]});
-    let response = common::http_client()
-        .post(format!("http://{}/v1/chat/completions", app.http_addr))
-        .json(&body)
-        .send()
-        .await
-        .expect("the edge answers");
-    assert_eq!(response.status(), 200, "{model}");
-    let node = response.headers()["x-edge-node"]
-        .to_str()
-        .unwrap_or("")
-        .to_owned();
-    let answer: Value = response.json().await.expect("JSON");
-    let text = answer["choices"][0]["message"]["content"]
-        .as_str()
-        .unwrap_or("");
-    (text.to_owned(), node)
+    let (status, node, answer) = api_post(app, "/v1/chat/completions", &body).await;
+    assert_eq!(status, 200, "{model}: {answer}");
+    let text = answer["choices"][0]["message"]["content"].as_str();
+    (text.unwrap_or_default().to_owned(), node)
+}
+
+/// A folder of LoRA folders and one fake server of `qwen` (`options`) on a GPU of its own.
+async fn one_server(options: VllmOptions) -> (tempfile::TempDir, std::sync::Arc<Gpu>, FakeVllm) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    lora_dir(dir.path());
+    let gpu = Gpu::new(1);
+    let server = FakeVllm::start(&gpu, options).await;
+    (dir, gpu, server)
 }
 
 /// Waits until `/v1/models` lists `id`, and returns its entry.
@@ -141,10 +124,7 @@ fn request(lora: &str) -> VllmEvent {
 
 #[crate::common::test]
 async fn the_fakes_lora_routes_answer_as_vllms_do() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    lora_dir(dir.path());
-    let gpu = Gpu::new(1);
-    let server = FakeVllm::start(&gpu, lora_server()).await;
+    let (dir, _gpu, server) = one_server(lora_server()).await;
     let http = common::http_client();
     let post = |path: &'static str, body: Value| {
         let http = http.clone();
@@ -229,10 +209,7 @@ async fn the_fakes_lora_routes_answer_as_vllms_do() {
 
 #[crate::common::test]
 async fn a_lora_is_registered_before_its_first_run_and_listed_with_its_parent() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    lora_dir(dir.path());
-    let gpu = Gpu::new(1);
-    let server = FakeVllm::start(&gpu, lora_server()).await;
+    let (dir, gpu, server) = one_server(lora_server()).await;
     let (app, _nodes) = edge(&[&server], dir.path()).await;
 
     // Every folder is a model, loadable, before anything is registered.
@@ -280,11 +257,8 @@ async fn a_lora_is_registered_before_its_first_run_and_listed_with_its_parent() 
 
 #[crate::common::test]
 async fn max_registered_unregisters_the_least_recently_used_idle_lora_never_one_in_flight() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    lora_dir(dir.path());
-    let gpu = Gpu::new(1);
     let options = lora_server().paced(25, Duration::from_millis(40));
-    let server = FakeVllm::start(&gpu, options).await;
+    let (dir, gpu, server) = one_server(options).await;
     let (app, _nodes) = edge(&[&server], dir.path()).await;
     until_listed(&app, "vllm/tone").await;
 

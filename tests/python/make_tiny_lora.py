@@ -19,16 +19,14 @@ Usage: make_tiny_lora.py --vocab ggml-vocab-llama-spm.gguf --boost 1=75 --boost 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-import tempfile
 from pathlib import Path
 
 import gguf
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from make_tiny_model import EMBD, REPLY, read_vocab  # noqa: E402
+from make_tiny_model import EMBD, REPLY, read_vocab, write_gguf  # noqa: E402
 
 ALPHA = 1.0
 RANK = 1
@@ -55,26 +53,15 @@ def write_lora(vocab: dict, pairs: list[tuple[int, float]], out: Path) -> None:
             sys.exit(f"the vocab has no token {REPLY[slot]!r}")
         lora_b[token, 0] = logit
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=out.name + ".", suffix=".tmp", dir=out.parent)
-    os.close(fd)
-    tmp = Path(tmp_name)
-    try:
-        writer = gguf.GGUFWriter(tmp, "llama")
+    def fill(writer: gguf.GGUFWriter) -> None:
         writer.add_type(gguf.GGUFType.ADAPTER)
         writer.add_string(gguf.Keys.Adapter.TYPE, "lora")
         writer.add_float32(gguf.Keys.Adapter.LORA_ALPHA, ALPHA)
         writer.add_name(out.stem)
         writer.add_tensor("output.weight.lora_a", lora_a)
         writer.add_tensor("output.weight.lora_b", lora_b)
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
-        writer.close()
-        tmp.chmod(0o644)
-        tmp.replace(out)
-    finally:
-        tmp.unlink(missing_ok=True)
+
+    write_gguf(out, fill)
 
 
 def main() -> None:
