@@ -10,6 +10,7 @@ pub mod continuation;
 pub mod definitions;
 pub mod drain;
 pub mod event;
+pub mod inventory;
 pub mod lora;
 pub mod lora_book;
 pub mod models;
@@ -38,6 +39,7 @@ pub use definitions::{
 };
 pub use drain::{Drain, NodeState};
 pub use event::{EDGE_CRASHED, EdgeFailure, FailureClass, RunEventKind, RunId};
+pub use inventory::{Bytes, BytesError, Device, DeviceKind, Inventory, parse_bytes};
 pub use lora::{LoraChoice, LoraFile, LoraName, LoraState, NodeLora};
 pub use lora_book::{ConflictKind, KnownLora, Lessons, LoraBook, LoraConflict, NamedModel};
 pub use names::{AdapterName, Alias, EdgeId, NameError, NodeId, Target};

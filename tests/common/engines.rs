@@ -104,7 +104,26 @@ pub fn vocab(name: &str) -> PathBuf {
 /// again whenever `make_tiny_model.py` changes.
 pub fn tiny_model() -> PathBuf {
     static MODEL: OnceLock<PathBuf> = OnceLock::new();
-    super::deadline::installing(|| MODEL.get_or_init(make_tiny_model).clone())
+    super::deadline::installing(|| MODEL.get_or_init(|| made_model("tiny", &[])).clone())
+}
+
+/// The large model: the tiny model's construction at 1,024 wide, 3 layers (a GGUF of
+/// 261 MiB), generated like [`tiny_model`].
+pub fn large_model() -> PathBuf {
+    static MODEL: OnceLock<PathBuf> = OnceLock::new();
+    let shape = [
+        "--embd",
+        "1024",
+        "--layers",
+        "3",
+        "--ffn",
+        "2816",
+        "--heads",
+        "8",
+        "--heads-kv",
+        "4",
+    ];
+    super::deadline::installing(|| MODEL.get_or_init(|| made_model("large", &shape)).clone())
 }
 
 /// A tiny LoRA of the tiny model (see `tests/python/make_tiny_lora.py`): rank 1 on
@@ -181,10 +200,12 @@ fn generate(name: &str, args: &[String], out: &Path) {
     );
 }
 
-fn make_tiny_model() -> PathBuf {
+/// A model `make_tiny_model.py` writes with `shape` (its dimension flags) into
+/// `<cache>/models/<name>-llama-<hash of the script>.gguf`, made once per machine.
+fn made_model(name: &str, shape: &[&str]) -> PathBuf {
     let version = short_digest([script("make_tiny_model.py").as_slice()]);
     let dir = cache_dir().join("models");
-    let model = dir.join(format!("tiny-llama-{version}.gguf"));
+    let model = dir.join(format!("{name}-llama-{version}.gguf"));
     if model.exists() {
         return model;
     }
@@ -195,7 +216,8 @@ fn make_tiny_model() -> PathBuf {
     lock.lock()
         .unwrap_or_else(|e| panic!("cannot lock {}: {e}", lock_path.display()));
     if !model.exists() {
-        generate("make_tiny_model.py", &[], &model);
+        let shape: Vec<String> = shape.iter().map(|arg| (*arg).to_owned()).collect();
+        generate("make_tiny_model.py", &shape, &model);
     }
     model
 }
@@ -375,6 +397,8 @@ struct RouterOptions {
     models: Vec<String>,
     /// `<name>.gguf` holds garbage for each: its load fails.
     broken: Vec<String>,
+    /// `<name>.gguf` is (a hard link to, else a copy of) the file, for each.
+    files: Vec<(String, PathBuf)>,
     /// `--models-max`.
     max: u32,
 }
@@ -437,6 +461,7 @@ impl LlamaOptions {
         self.router = Some(RouterOptions {
             models: models.iter().map(|name| (*name).to_owned()).collect(),
             broken: Vec::new(),
+            files: Vec::new(),
             max,
         });
         self
@@ -450,6 +475,17 @@ impl LlamaOptions {
             .as_mut()
             .expect("broken_model needs router mode (LlamaOptions::router first)");
         router.broken.push(name.to_owned());
+        self
+    }
+
+    /// In router mode, one more model, `<name>.gguf`: `file` (linked, or copied where it
+    /// cannot be).
+    pub fn router_model(mut self, name: &str, file: &Path) -> Self {
+        let router = self
+            .router
+            .as_mut()
+            .expect("router_model needs router mode (LlamaOptions::router first)");
+        router.files.push((name.to_owned(), file.to_owned()));
         self
     }
 
@@ -478,6 +514,13 @@ impl LlamaOptions {
             let file = models.join(format!("{name}.gguf"));
             fs::copy(&tiny, &file)
                 .unwrap_or_else(|e| panic!("cannot write {}: {e}", file.display()));
+        }
+        for (name, source) in &router.files {
+            let file = models.join(format!("{name}.gguf"));
+            if fs::hard_link(source, &file).is_err() {
+                fs::copy(source, &file)
+                    .unwrap_or_else(|e| panic!("cannot write {}: {e}", file.display()));
+            }
         }
         for name in &router.broken {
             let file = models.join(format!("{name}.gguf"));
@@ -627,6 +670,45 @@ impl LlamaServer {
     /// The model id it serves (its `--alias`).
     pub fn model(&self) -> &str {
         &self.model
+    }
+
+    /// In router mode: which of `models` it says it has loaded, in their order.
+    pub async fn router_loaded(&self, models: &[&'static str]) -> Vec<&'static str> {
+        let mut loaded = Vec::new();
+        for model in models {
+            if self.router_status(model).await.as_deref() == Some("loaded") {
+                loaded.push(*model);
+            }
+        }
+        loaded
+    }
+
+    /// In router mode: the resident memory (`VmRSS`, file-backed pages included) of the
+    /// process the router runs model `id` in (its child started with `--alias <id>`), in
+    /// bytes; `None` when no such child runs.
+    pub fn router_child_rss(&self, id: &str) -> Option<u64> {
+        let router = self.process.child.as_ref()?.id()?;
+        let alias = format!("\0--alias\0{id}\0");
+        fs::read_dir("/proc").ok()?.flatten().find_map(|entry| {
+            let dir = entry.path();
+            let stat = fs::read_to_string(dir.join("stat")).ok()?;
+            // `pid (comm) state ppid …`: the parent is the second field after the name.
+            let parent: u32 = stat
+                .rsplit(')')
+                .next()?
+                .split_whitespace()
+                .nth(1)?
+                .parse()
+                .ok()?;
+            let cmdline = fs::read(dir.join("cmdline")).ok()?;
+            let child = parent == router && String::from_utf8_lossy(&cmdline).contains(&alias);
+            let status = fs::read_to_string(dir.join("status"))
+                .ok()
+                .filter(|_| child)?;
+            let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+            let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+            Some(kb * 1024)
+        })
     }
 
     /// In router mode: the state of model `id` in its own `GET /models` (`status.value`:

@@ -432,4 +432,3 @@ async fn a_lora_with_other_weights_or_named_like_a_target_is_a_conflict_and_not_
     assert_eq!(ids, ["llama/sql", "llama/tiny"], "{models}");
     app.stop().await;
 }
-

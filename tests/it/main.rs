@@ -89,6 +89,7 @@ mod metrics;
 mod models;
 mod models_engine;
 mod models_engines;
+mod models_fit;
 mod nats;
 mod node_engine;
 mod node_lifecycle;

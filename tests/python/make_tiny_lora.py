@@ -26,7 +26,7 @@ import gguf
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from make_tiny_model import EMBD, REPLY, read_vocab, write_gguf  # noqa: E402
+from make_tiny_model import REPLY, TINY, read_vocab, write_gguf  # noqa: E402
 
 ALPHA = 1.0
 RANK = 1
@@ -44,7 +44,7 @@ def boosts(specs: list[str]) -> list[tuple[int, float]]:
 def write_lora(vocab: dict, pairs: list[tuple[int, float]], out: Path) -> None:
     index = {token: i for i, token in enumerate(vocab["tokens"])}
     n_vocab = len(vocab["tokens"])
-    lora_a = np.zeros((RANK, EMBD), dtype=np.float32)
+    lora_a = np.zeros((RANK, TINY.embd), dtype=np.float32)
     lora_a[0, 0] = 1.0
     lora_b = np.zeros((n_vocab, RANK), dtype=np.float32)
     for slot, logit in pairs:

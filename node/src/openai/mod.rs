@@ -29,6 +29,7 @@ use edge::client::RunAssignment;
 use edge::domain::{FailureClass, Operation, RunEventKind};
 use edge::hops;
 
+use crate::budget::AdapterBudget;
 use crate::fault::UpstreamFault;
 use crate::runs::{Emitter, Gone};
 use crate::sse::SseDecoder;
@@ -89,6 +90,8 @@ pub struct OpenAiAdapter {
     managed: Option<ManagedEngine>,
     /// The LoRAs its engine applies on top of its targets.
     loras: Loras,
+    /// What it may use for models, on which devices, when it has a budget (`budget.rs`).
+    budget: Option<AdapterBudget>,
 }
 
 impl OpenAiAdapter {
@@ -143,7 +146,20 @@ impl OpenAiAdapter {
             engine: AtomicU8::new(engine),
             managed,
             loras: Loras::new(&config.name, loras),
+            budget: None,
         })
+    }
+
+    /// The same adapter with `budget`, which a managed adapter reports with its catalogue.
+    #[must_use]
+    pub fn with_budget(mut self, budget: Option<AdapterBudget>) -> Self {
+        self.budget = budget;
+        self
+    }
+
+    /// What it may use for models, when it has a budget.
+    pub fn budget(&self) -> Option<&AdapterBudget> {
+        self.budget.as_ref()
     }
 
     /// The adapter's name (what runs address).

@@ -12,6 +12,7 @@ mod auth;
 pub mod config;
 mod error;
 mod feed;
+pub mod fit_views;
 mod loras_list;
 mod model_command;
 mod model_events;

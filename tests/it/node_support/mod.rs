@@ -34,6 +34,17 @@ use upstream::Reply;
 
 pub use crate::common::PATIENCE;
 
+/// A node in process for each of `ids`, each with the token `token-<id>`, once the edge of
+/// `app` has them all connected.
+pub async fn spawn_nodes(app: &TestApp, ids: &[&str]) -> Vec<RunningNode> {
+    let nodes = ids
+        .iter()
+        .map(|id| spawn_node(app.node_addr, &format!("token-{id}"), |_| {}))
+        .collect();
+    app.wait_for_nodes(ids.len()).await;
+    nodes
+}
+
 /// A node running in this process.
 pub struct RunningNode {
     /// Cancel to drain and stop it (as SIGTERM does).
