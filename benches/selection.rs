@@ -122,6 +122,7 @@ fn routing(c: &mut Criterion) {
                 affinity: None,
                 tried: &tried,
                 operation: edge::domain::Operation::Chat,
+                lora: None,
             };
             let ctx = RouteContext {
                 catalog: &catalog,
@@ -144,6 +145,7 @@ fn routing(c: &mut Criterion) {
             affinity: key,
             tried: &tried,
             operation: edge::domain::Operation::Chat,
+            lora: None,
         };
         let ctx = RouteContext {
             catalog: &catalog,
@@ -209,6 +211,7 @@ fn placement(c: &mut Criterion) {
             can_continue: false,
             operations: edge::domain::DeclaredOperations::default(),
             can_manage_models: false,
+            inventory: None,
         };
         registry.insert(connection).unwrap();
         registry.adjust_active_runs(node.record.id(), i as u64, node.active_runs as i32);
@@ -234,6 +237,7 @@ fn placement(c: &mut Criterion) {
                     affinity: key,
                     tried: &tried,
                     operation: edge::domain::Operation::Chat,
+                    lora: None,
                 };
                 let ctx = RouteContext {
                     catalog: &catalog,
