@@ -43,6 +43,7 @@ fn run_request() -> EdgeFrame {
         deadline_ms: 30_000,
         operation: edge::domain::Operation::Unspecified,
         continuation: None,
+        lora: None,
     }))
 }
 

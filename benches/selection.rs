@@ -122,6 +122,7 @@ fn routing(c: &mut Criterion) {
                 affinity: None,
                 tried: &tried,
                 operation: edge::domain::Operation::Chat,
+                lora: None,
             };
             let ctx = RouteContext {
                 catalog: &catalog,
@@ -144,6 +145,7 @@ fn routing(c: &mut Criterion) {
             affinity: key,
             tried: &tried,
             operation: edge::domain::Operation::Chat,
+            lora: None,
         };
         let ctx = RouteContext {
             catalog: &catalog,
@@ -235,6 +237,7 @@ fn placement(c: &mut Criterion) {
                     affinity: key,
                     tried: &tried,
                     operation: edge::domain::Operation::Chat,
+                    lora: None,
                 };
                 let ctx = RouteContext {
                     catalog: &catalog,

@@ -28,7 +28,8 @@
 //!   the conversions to and from domain frames, and the one mapper from a node record to
 //!   the config a node receives (`wire/config_payload.rs`, the seed's `BuildConfigPayload`).
 //! - `app` — the use-case services, on the domain and the ports only: `runs` (the run
-//!   service), `models` (the model lifecycle), `management`, `drains`, `node_events` (what
+//!   service), `models` (the model lifecycle), `loras` (the LoRAs nodes reported),
+//!   `management`, `drains`, `node_events` (what
 //!   the node transport hears, handed on) and `takeover` (a member taking over its site); and
 //!   `compose`, the composition root (`App::build`, settings, metrics, logging, the command
 //!   line), the one layer that names adapters.

@@ -498,6 +498,7 @@ impl World {
                 limits: None,
                 budget: None,
                 client_stream: None,
+                lora: None,
             },
         };
         let Ok(handle) = self.service.start(spec) else {

@@ -74,7 +74,7 @@ pub fn run(args: &AffinityArgs, common: &crate::Common) -> anyhow::Result<Vec<Re
             other => bail!("--routing takes on, off and round-robin, not {other:?}"),
         };
         let engines: Vec<Engine> = (0..ENGINES)
-            .map(|_| Engine::start(&args.llama_server, &args.model, args.slots))
+            .map(|_| Engine::start(&args.llama_server, &args.model, args.slots, &[]))
             .collect::<anyhow::Result<_>>()?;
         let edge = InProcessEdge::start(
             &edge_config(

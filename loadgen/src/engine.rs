@@ -2,8 +2,9 @@
 //! children serving one GGUF model as `tiny`, the edge config that puts a reference node in
 //! front of each, and the wait until the edge serves the model through them.
 
+use std::ffi::{OsStr, OsString};
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -19,17 +20,32 @@ pub struct Engine {
 
 impl Engine {
     /// Starts `llama_server` serving `model` as `tiny` with `slots` slots of 8,192 tokens,
-    /// one thread, on a free loopback port, and waits until it is healthy.
-    pub fn start(llama_server: &Path, model: &Path, slots: u32) -> anyhow::Result<Self> {
-        Self::start_with(llama_server, model, slots, &[])
+    /// one thread, on a free loopback port, and waits until it is healthy. With `loras`, it
+    /// loads each (`--lora`, ids in this order) without applying any
+    /// (`--lora-init-without-apply`).
+    pub fn start(
+        llama_server: &Path,
+        model: &Path,
+        slots: u32,
+        loras: &[PathBuf],
+    ) -> anyhow::Result<Self> {
+        let mut extra: Vec<OsString> = Vec::new();
+        for lora in loras {
+            extra.extend(["--lora".into(), lora.into()]);
+        }
+        if !loras.is_empty() {
+            extra.push("--lora-init-without-apply".into());
+        }
+        Self::start_with(llama_server, model, slots, &extra)
     }
 
-    /// [`Self::start`] with `extra` arguments for `llama-server` after the usual ones.
+    /// [`Self::start`] without LoRAs, with `extra` arguments for `llama-server` after the
+    /// usual ones (a later one overrides an earlier, as `--ctx-size` may).
     pub fn start_with(
         llama_server: &Path,
         model: &Path,
         slots: u32,
-        extra: &[String],
+        extra: &[impl AsRef<OsStr>],
     ) -> anyhow::Result<Self> {
         let addr = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
         let context = (8_192 * slots).to_string();
@@ -111,13 +127,19 @@ pub fn edge_config(engines: &[SocketAddr], extra: &str) -> String {
 
 /// Waits until the edge lists `llama/tiny` (a node serving it has registered).
 pub async fn wait_serving(http: SocketAddr) -> anyhow::Result<()> {
+    wait_listed(http, "llama/tiny").await
+}
+
+/// Waits until the edge lists `model` (a node serving it has registered, or reported it).
+pub async fn wait_listed(http: SocketAddr, model: &str) -> anyhow::Result<()> {
+    let quoted = format!("\"{model}\"");
     let started = Instant::now();
     while started.elapsed() < Duration::from_secs(30) {
         let models = tokio::task::spawn_blocking(move || http_get(http, "/v1/models")).await??;
-        if models.contains("llama/tiny") {
+        if models.contains(&quoted) {
             return Ok(());
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    bail!("the nodes did not come up within 30 s")
+    bail!("the edge did not list {model} within 30 s")
 }

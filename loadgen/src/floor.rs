@@ -263,6 +263,7 @@ async fn answer(floor: Arc<Floor>, request: Request<Incoming>) -> anyhow::Result
         deadline_ms: 0,
         operation: Operation::Chat,
         continuation: None,
+        lora: None,
     };
     if link
         .commands

@@ -4,7 +4,11 @@
 //! in process on its own runtime; each caller interleaves streamed chat requests straight
 //! to the engine and through the edge (and through SMG with `--smg`, and through the
 //! shipped binaries — `edge serve` and an `edge-node` process — with `--binaries`).
-//! Reported per path:
+//! With `--lora`, the engine started here loads LoRAs, and the engine direct, the edge and
+//! the binaries each get a second path asking for the first LoRA (`direct-lora`,
+//! `edge-lora`, `edge-bin-lora`: the engine asked with that LoRA at scale 1 and the others
+//! at 0, the edge asked for `llama/<lora>`), so a LoRA's cost against its base and the
+//! edge's share of each are read in one run. Reported per path:
 //! time to the first content and to the end, p50 and p90; for the edge, the overhead over
 //! the engine direct and the breakdown of its time to first content into the hops between
 //! the edge's and the node's hop events (`edge::hops`, collected by a `tracing` layer here).
@@ -18,14 +22,14 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use clap::Args;
 use edge::settings::SinkKind;
-use serde_json::json;
+use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 use tracing_subscriber::filter::{LevelFilter, Targets};
 use tracing_subscriber::fmt::writer::MakeWriterExt;
 use tracing_subscriber::prelude::*;
 
 use crate::Common;
-use crate::engine::{Engine, edge_config, wait_serving};
+use crate::engine::{Engine, edge_config, wait_listed, wait_serving};
 use crate::harness::{EdgeProcess, InProcessEdge, runtime, runtime_with_slice, token};
 use crate::hops::{HopLog, SEGMENTS};
 use crate::http::{Connection, post_json};
@@ -78,7 +82,22 @@ pub struct LatencyArgs {
     /// the same rounds, so two builds are compared under the same moment's noise.
     #[arg(long, requires = "binaries")]
     baseline_binaries: Option<PathBuf>,
+    /// A LoRA GGUF of the model for the engine started here to load (`--lora`, with
+    /// `--lora-init-without-apply`), repeatable; llama-server and the node name each by its
+    /// file's stem. Adds the paths `direct-lora`, `edge-lora` (and `edge-bin-lora`) asking
+    /// for the first one, and implies `--full-answers`: a LoRA changes what, and how much,
+    /// the model answers.
+    #[arg(long = "lora", conflicts_with = "engine")]
+    loras: Vec<PathBuf>,
+    /// Every answer runs to `--max-tokens`: the tiny model's end of text is banned
+    /// (`logit_bias`), so paths that answer different text still answer as many tokens.
+    #[arg(long)]
+    full_answers: bool,
 }
+
+/// The end-of-text token of the tests' tiny model (SentencePiece `</s>`), banned with
+/// `--full-answers`.
+const END_OF_TEXT: &str = "2";
 
 /// `args` as the arguments of the child run.
 fn child_args(args: &LatencyArgs) -> Vec<String> {
@@ -91,15 +110,19 @@ fn child_args(args: &LatencyArgs) -> Vec<String> {
         path(&args.smg).map(|p| format!("--smg={p}")),
         path(&args.binaries).map(|p| format!("--binaries={p}")),
         args.binary_hops.then(|| "--binary-hops".to_owned()),
+        args.full_answers.then(|| "--full-answers".to_owned()),
         path(&args.baseline_binaries).map(|p| format!("--baseline-binaries={p}")),
-        Some(format!("--requests={}", args.requests)),
-        Some(format!("--warmup={}", args.warmup)),
-        Some(format!("--concurrency={}", concurrency.join(","))),
-        Some(format!("--max-tokens={}", args.max_tokens)),
-        Some(format!("--slots={}", args.slots)),
     ]
     .into_iter()
     .flatten()
+    .chain(args.loras.iter().map(|p| format!("--lora={}", p.display())))
+    .chain([
+        format!("--requests={}", args.requests),
+        format!("--warmup={}", args.warmup),
+        format!("--concurrency={}", concurrency.join(",")),
+        format!("--max-tokens={}", args.max_tokens),
+        format!("--slots={}", args.slots),
+    ])
     .collect()
 }
 
@@ -110,7 +133,9 @@ pub fn run(args: &LatencyArgs, common: &Common) -> anyhow::Result<Vec<Record>> {
     let log = install_logging(&common.edge_log_level)?;
     let engine = match (&args.engine, &args.llama_server, &args.model) {
         (Some(_), _, _) => None,
-        (None, Some(binary), Some(model)) => Some(Engine::start(binary, model, args.slots)?),
+        (None, Some(binary), Some(model)) => {
+            Some(Engine::start(binary, model, args.slots, &args.loras)?)
+        }
         _ => bail!("give --engine, or --llama-server and --model"),
     };
     let engine_addr = match (&engine, args.engine) {
@@ -154,11 +179,17 @@ pub fn run(args: &LatencyArgs, common: &Common) -> anyhow::Result<Vec<Record>> {
         smg: smg.as_ref().map(|s| s.addr),
         binaries: binaries.as_ref().map(|b| b.edge.http_addr),
         baseline: baseline.as_ref().map(|b| b.edge.http_addr),
+        loras: lora_names(&args.loras)?,
     };
     let result = load.block_on(async {
         wait_serving(edge.http_addr).await?;
         for http in paths.binaries.into_iter().chain(paths.baseline) {
             wait_serving(http).await?;
+        }
+        if let Some(lora) = paths.lora_model() {
+            for http in [Some(edge.http_addr), paths.binaries].into_iter().flatten() {
+                wait_listed(http, &lora).await?;
+            }
         }
         if let Some(smg) = paths.smg {
             wait_answering(smg, "tiny").await?;
@@ -303,28 +334,94 @@ struct Paths {
     smg: Option<SocketAddr>,
     binaries: Option<SocketAddr>,
     baseline: Option<SocketAddr>,
+    /// The engine's LoRAs by id (their files' stems).
+    loras: Vec<String>,
 }
 
-/// A path's name, address and the model it is asked for.
-type Path = (&'static str, SocketAddr, &'static str);
+/// One path: its name, address, and what its requests add to the chat body (the model,
+/// and the engine's `lora` scales when asked directly).
+struct Path {
+    name: &'static str,
+    addr: SocketAddr,
+    fields: Value,
+}
+
+impl Path {
+    fn new(name: &'static str, addr: SocketAddr, model: &str, lora: Option<Value>) -> Self {
+        let mut fields = json!({ "model": model });
+        if let Some(lora) = lora {
+            fields["lora"] = lora;
+        }
+        Self { name, addr, fields }
+    }
+
+    /// The path whose figures this one's overhead is read against: the engine asked
+    /// directly for the same thing.
+    fn reference(&self) -> &'static str {
+        if self.name.ends_with("-lora") {
+            "direct-lora"
+        } else {
+            "direct"
+        }
+    }
+}
 
 impl Paths {
+    /// The edge's model id of the LoRA the LoRA paths ask for.
+    fn lora_model(&self) -> Option<String> {
+        self.loras.first().map(|name| format!("llama/{name}"))
+    }
+
+    /// The engine's `lora` field with the LoRA `on` at 1 and every other at 0 (all at 0 for
+    /// `None`): the engine applies every LoRA to a request that names none (docs/engines.md,
+    /// "LoRAs"). `None` when it has no LoRAs.
+    fn scales(&self, on: Option<usize>) -> Option<Value> {
+        (!self.loras.is_empty()).then(|| {
+            let scale = |id| if Some(id) == on { 1.0 } else { 0.0 };
+            (0..self.loras.len())
+                .map(|id| json!({"id": id, "scale": scale(id)}))
+                .collect()
+        })
+    }
+
     fn list(&self) -> Vec<Path> {
-        let mut list = vec![
-            ("direct", self.direct, "tiny"),
-            ("edge", self.edge, "llama/tiny"),
-        ];
+        let lora = self.lora_model();
+        let base = || self.scales(None);
+        let mut list = vec![Path::new("direct", self.direct, "tiny", base())];
+        if lora.is_some() {
+            let first = self.scales(Some(0));
+            list.push(Path::new("direct-lora", self.direct, "tiny", first));
+        }
+        list.push(Path::new("edge", self.edge, "llama/tiny", None));
+        if let Some(lora) = &lora {
+            list.push(Path::new("edge-lora", self.edge, lora, None));
+        }
         if let Some(smg) = self.smg {
-            list.push(("smg", smg, "tiny"));
+            list.push(Path::new("smg", smg, "tiny", base()));
         }
         if let Some(binaries) = self.binaries {
-            list.push(("edge-bin", binaries, "llama/tiny"));
+            list.push(Path::new("edge-bin", binaries, "llama/tiny", None));
+            if let Some(lora) = &lora {
+                list.push(Path::new("edge-bin-lora", binaries, lora, None));
+            }
         }
         if let Some(baseline) = self.baseline {
-            list.push(("edge-bin-base", baseline, "llama/tiny"));
+            list.push(Path::new("edge-bin-base", baseline, "llama/tiny", None));
         }
         list
     }
+}
+
+/// The LoRAs' names by id: their files' stems, as llama-server and the node name them.
+fn lora_names(files: &[PathBuf]) -> anyhow::Result<Vec<String>> {
+    files
+        .iter()
+        .map(|file| {
+            let stem = file.file_stem().and_then(|stem| stem.to_str());
+            stem.map(str::to_owned)
+                .with_context(|| format!("{} has no file stem to name it by", file.display()))
+        })
+        .collect()
 }
 
 /// What one path's requests took, and for the edge, each hop.
@@ -386,13 +483,21 @@ async fn measure(
     let list = Arc::new(paths.list());
     let rounds = args.requests.div_ceil(callers);
     let warmup = args.warmup.div_ceil(callers);
+    let mut body = json!({
+        "stream": true, "max_tokens": args.max_tokens, "temperature": 0,
+        "messages": [{"role": "user", "content": "Say something short."}],
+    });
+    if args.full_answers || !paths.loras.is_empty() {
+        body["logit_bias"][END_OF_TEXT] = json!(-100);
+    }
+    let body = Arc::new(body);
     let mut tasks = tokio::task::JoinSet::new();
     for caller in 0..callers {
-        let (list, log, max_tokens) = (Arc::clone(&list), log.clone(), args.max_tokens);
+        let (list, log, body) = (Arc::clone(&list), log.clone(), Arc::clone(&body));
         let binary_hops = args.binary_hops;
         tasks.spawn(async move {
             let rounds = (warmup, rounds);
-            caller_loop(&list, caller, rounds, max_tokens, (&log, binary_hops)).await
+            caller_loop(&list, caller, rounds, &body, (&log, binary_hops)).await
         });
     }
     let mut per_path = vec![Timings::default(); list.len()];
@@ -403,7 +508,7 @@ async fn measure(
     }
     let binary_hops = binaries.map(Binaries::hop_log).transpose()?.flatten();
     if let Some(hop_log) = &binary_hops {
-        let bin = list.iter().position(|(name, _, _)| *name == "edge-bin");
+        let bin = list.iter().position(|path| path.name == "edge-bin");
         if let Some(timings) = bin.and_then(|i| per_path.get_mut(i)) {
             timings.break_down(hop_log);
         }
@@ -414,16 +519,18 @@ async fn measure(
 /// The records of one concurrency.
 fn report(list: &[Path], per_path: &[Timings], callers: usize, binary_hops: bool) -> Vec<Record> {
     let ms = |h: &Histogram, q| h.quantile_us(q) / 1_000.0;
-    let direct = &per_path[0];
     let mut records = Vec::new();
-    for ((name, _, _), timings) in list.iter().zip(per_path) {
+    for (path, timings) in list.iter().zip(per_path) {
+        let name = path.name;
+        let reference = list.iter().position(|p| p.name == path.reference());
+        let direct = reference.map_or(&per_path[0], |i| &per_path[i]);
         let mut record = Record::new(format!("path={name} c={callers}"))
             .with("ttft_p50_ms", ms(&timings.first, 0.5))
             .with("ttft_p90_ms", ms(&timings.first, 0.9))
             .with("total_p50_ms", ms(&timings.total, 0.5))
             .with("total_p90_ms", ms(&timings.total, 0.9))
             .with("errors", timings.errors as f64);
-        if *name != "direct" {
+        if !name.starts_with("direct") {
             record = record
                 .with(
                     "ttft_p50_over_direct_ms",
@@ -435,7 +542,7 @@ fn report(list: &[Path], per_path: &[Timings], callers: usize, binary_hops: bool
                 );
         }
         records.push(record);
-        let hops_name = match *name {
+        let hops_name = match name {
             "edge" => Some("hops"),
             "edge-bin" if binary_hops => Some("hops-bin"),
             _ => None,
@@ -507,19 +614,30 @@ impl Link {
 }
 
 /// One caller: `warmup` unmeasured rounds, then `rounds` measured ones, each a request on
-/// every path, in an order that rotates. The edge's hops come from `log` as it goes; with
-/// `binary_hops` the processes' requests are kept for their logs.
+/// every path (`body` with the path's fields), in an order that rotates. The edge's hops
+/// come from `log` as it goes; with `binary_hops` the processes' requests are kept for
+/// their logs.
 async fn caller_loop(
     list: &[Path],
     caller: usize,
     (warmup, rounds): (usize, usize),
-    max_tokens: u32,
+    body: &Value,
     (log, binary_hops): (&HopLog, bool),
 ) -> anyhow::Result<Vec<Timings>> {
+    let requests: Vec<Vec<u8>> = list
+        .iter()
+        .map(|path| {
+            let mut body = body.clone();
+            for (key, value) in path.fields.as_object().into_iter().flatten() {
+                body[key] = value.clone();
+            }
+            post_json(path.addr, "/v1/chat/completions", &body.to_string())
+        })
+        .collect();
     let mut links: Vec<Link> = list
         .iter()
-        .map(|(_, addr, _)| Link {
-            addr: *addr,
+        .map(|path| Link {
+            addr: path.addr,
             connection: None,
             fresh_each: false,
         })
@@ -534,13 +652,8 @@ async fn caller_loop(
     for round in 0..warmup + rounds {
         for k in 0..list.len() {
             let i = (round + caller + k) % list.len();
-            let (name, addr, model) = list[i];
-            let body = json!({
-                "model": model, "stream": true, "max_tokens": max_tokens, "temperature": 0,
-                "messages": [{"role": "user", "content": "Say something short."}],
-            });
-            let request = post_json(addr, "/v1/chat/completions", &body.to_string());
-            let asked = match links[i].ask(&request).await {
+            let name = list[i].name;
+            let asked = match links[i].ask(&requests[i]).await {
                 Ok(asked) => asked,
                 Err(error) => {
                     // Counted, and the next request on this path opens a fresh connection.
@@ -579,7 +692,61 @@ pub(crate) fn has_content(body: &[u8]) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::has_content;
+    use std::net::SocketAddr;
+
+    use serde_json::json;
+
+    use super::{Paths, has_content};
+
+    #[test]
+    fn with_loras_each_path_asks_for_the_first_one_too_and_the_engine_hears_every_scale() {
+        let addr: SocketAddr = "127.0.0.1:1".parse().expect("an address");
+        let paths = Paths {
+            direct: addr,
+            edge: addr,
+            smg: None,
+            binaries: Some(addr),
+            baseline: None,
+            loras: vec!["sql".to_owned(), "support".to_owned()],
+        };
+        let list = paths.list();
+        let asked: Vec<_> = list
+            .iter()
+            .map(|path| (path.name, path.reference(), path.fields.clone()))
+            .collect();
+        let scales = |sql: f64| json!([{"id": 0, "scale": sql}, {"id": 1, "scale": 0.0}]);
+        assert_eq!(
+            asked,
+            [
+                (
+                    "direct",
+                    "direct",
+                    json!({"model": "tiny", "lora": scales(0.0)})
+                ),
+                (
+                    "direct-lora",
+                    "direct-lora",
+                    json!({"model": "tiny", "lora": scales(1.0)})
+                ),
+                ("edge", "direct", json!({"model": "llama/tiny"})),
+                ("edge-lora", "direct-lora", json!({"model": "llama/sql"})),
+                ("edge-bin", "direct", json!({"model": "llama/tiny"})),
+                (
+                    "edge-bin-lora",
+                    "direct-lora",
+                    json!({"model": "llama/sql"})
+                ),
+            ]
+        );
+        // Without LoRAs, the paths are as they were: the engine's body names none.
+        let plain = Paths {
+            loras: Vec::new(),
+            ..paths
+        };
+        let names: Vec<_> = plain.list().iter().map(|path| path.name).collect();
+        assert_eq!(names, ["direct", "edge", "edge-bin"]);
+        assert_eq!(plain.list()[0].fields, json!({"model": "tiny"}));
+    }
 
     #[test]
     fn content_is_a_non_empty_string() {

@@ -27,7 +27,8 @@
 //!   prefix affinity on and off, beside the usage API's cache hit rate.
 //! - `latency`: a `llama-server` asked directly and through the edge and a reference node
 //!   (and SMG), interleaved; time to first token and to the end, and the edge path's time
-//!   to first token hop by hop, from the edge's and the node's hop events.
+//!   to first token hop by hop, from the edge's and the node's hop events. With `--lora`,
+//!   each path asked for a LoRA of the model too: what the LoRA costs, and what the edge adds.
 //! - `sessions`: thirty-two agent sessions sharing eight long system prompts on four
 //!   `llama-server` engines, through the shipped binaries and through SMG (`cache_aware`,
 //!   `round_robin`); prompt tokens served from cache against the workload's ceiling, time

@@ -140,6 +140,7 @@ async fn raw_edge_side(listener: TcpListener, window: Arc<Window>) -> anyhow::Re
             deadline_ms: 0,
             operation: edge::domain::Operation::Unspecified,
             continuation: None,
+            lora: None,
         };
         let begun = Instant::now();
         framed

@@ -151,7 +151,7 @@ pub fn run(args: &SessionsArgs, common: &Common) -> anyhow::Result<Vec<Record>> 
         bail!("the routers cache-aware and round-robin need --smg");
     }
     // One more engine, never routed to: it tokenizes the workload and the transcripts.
-    let tokenizer = Engine::start(&args.llama_server, &args.model, 1)?;
+    let tokenizer = Engine::start(&args.llama_server, &args.model, 1, &[])?;
     let load = runtime("load", common.load_threads)?;
     let workload = Arc::new(load.block_on(Workload::make(args, tokenizer.addr))?);
     eprintln!(

@@ -104,8 +104,14 @@ impl AdapterSet {
             .iter()
             .map(|adapter| {
                 let budget = budgets.remove(&adapter.name).unwrap_or(Ok(None));
-                let slot = match budget.map_err(Misconfigured::from).and_then(|budget| build(adapter, budget)) {
-                    Ok(built) => Slot::Ready(Arc::new(built)),
+                let built = budget
+                    .map_err(Misconfigured::from)
+                    .and_then(|budget| build(adapter, budget));
+                let slot = match built {
+                    Ok(built) => {
+                        built.loras().report_to(self.board.clone());
+                        Slot::Ready(Arc::new(built))
+                    }
                     Err(problem) => {
                         tracing::error!(adapter = %adapter.name, %problem, "adapter cannot run; its targets are not offered");
                         Slot::Broken(Arc::new(problem))

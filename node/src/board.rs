@@ -1,8 +1,10 @@
 //! The availability board: what each working adapter's engine can serve now, as its prober
-//! (or a model command) last found it, published to the connection so it tells the edge.
+//! (or a model command) last found it, and the LoRAs it applies, published to the connection
+//! so it tells the edge.
 //!
-//! The engines' observers — the plain prober ([`crate::probe`]) and the managed engines'
-//! ([`crate::openai::engine_models`]) — report here, and only here; neither knows the other,
+//! The engines' observers — the plain prober ([`crate::probe`]), the managed engines'
+//! ([`crate::openai::engine_models`]) and each adapter's LoRA table
+//! ([`crate::openai::loras`]) — report here, and only here; none knows the others,
 //! nor the adapters that hold them. Which adapters are on the board is set by the adapter
 //! set ([`crate::adapters`]) when the edge configures them. While the node drains, the board
 //! publishes nothing available, so the edge stops routing to it.
@@ -12,7 +14,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use edge::domain::models::ManagedAdapter;
-use edge::domain::{AdapterName, Availability, Target};
+use edge::domain::{AdapterName, Availability, NodeLora, Target};
 use tokio::sync::{Notify, watch};
 
 /// What a prober found an adapter's engine can serve now.
@@ -30,6 +32,8 @@ pub struct Finding {
 struct Inner {
     /// The latest finding of each working adapter; `None` before its first probe.
     found: HashMap<String, Option<Finding>>,
+    /// Each working adapter's LoRAs, as its table last had them.
+    loras: HashMap<String, Vec<NodeLora>>,
     draining: bool,
 }
 
@@ -64,7 +68,18 @@ impl Board {
     pub fn hold(&self, adapters: impl IntoIterator<Item = String>) {
         let mut inner = self.inner();
         inner.found = adapters.into_iter().map(|name| (name, None)).collect();
+        inner.loras.clear();
         self.publish(&inner);
+    }
+
+    /// `adapter`'s LoRAs now (ignored for an adapter the board does not hold); told to the
+    /// edge with its targets once it has been probed.
+    pub fn set_loras(&self, adapter: &str, loras: Vec<NodeLora>) {
+        let mut inner = self.inner();
+        if inner.found.contains_key(adapter) {
+            inner.loras.insert(adapter.to_owned(), loras);
+            self.publish(&inner);
+        }
     }
 
     /// A prober's latest finding for `adapter` (ignored for an adapter the board does not
@@ -153,6 +168,16 @@ impl Board {
             .into_iter()
             .fold(availability, |availability, (adapter, lifecycle)| {
                 availability.with_managed(adapter, lifecycle)
+            });
+        let availability = inner
+            .loras
+            .iter()
+            .filter(|(name, _)| {
+                !inner.draining && inner.found.get(*name).is_some_and(Option::is_some)
+            })
+            .filter_map(|(name, loras)| Some((AdapterName::parse(name).ok()?, loras.clone())))
+            .fold(availability, |availability, (adapter, loras)| {
+                availability.with_loras(adapter, loras)
             });
         self.published.send_if_modified(|current| {
             let changed = *current != availability;

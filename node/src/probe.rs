@@ -170,6 +170,9 @@ pub async fn probe_loop(adapter: Arc<OpenAiAdapter>, board: Board, stop: Cancell
             managed: None,
         };
         board.report(adapter.name(), finding);
+        if listed.is_ok() {
+            adapter.loras().refresh().await;
+        }
         let settings = adapter.settings();
         let (up_every, down_every) = (settings.probe_interval, settings.probe_down_interval);
         if !health.until_next_probe(up_every, down_every, &stop).await {

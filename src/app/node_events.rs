@@ -1,35 +1,44 @@
 //! What the node transport hears, handed to the services that own it: runs, their events
 //! and resumes to the run service; what nodes' engines hold and how model commands ended to
-//! the model lifecycle; a node coming, changing or going to both.
+//! the model lifecycle; the LoRAs a node reports to the LoRA book; a node coming, changing or
+//! going to all three (the book first, so a run waiting for a LoRA finds it known).
 
 use async_trait::async_trait;
 
+use super::loras::LoraService;
 use super::models::ModelService;
 use super::runs::RunService;
 use crate::domain::{NodeId, ResumeAnswer, ResumeClaim};
 use crate::ports::{CloseReason, ConnectionId, ModelOutcome, NodeEventHandler, ReportedEvent};
 
-/// The node transport's handler: the run service and the model lifecycle.
+/// The node transport's handler: the run service, the model lifecycle and the LoRA book.
 pub struct NodeEvents {
     runs: RunService,
     models: ModelService,
+    loras: LoraService,
 }
 
 impl NodeEvents {
-    /// The handler for `runs` and `models`.
-    pub fn new(runs: RunService, models: ModelService) -> Self {
-        Self { runs, models }
+    /// The handler for `runs`, `models` and `loras`.
+    pub fn new(runs: RunService, models: ModelService, loras: LoraService) -> Self {
+        Self {
+            runs,
+            models,
+            loras,
+        }
     }
 }
 
 #[async_trait]
 impl NodeEventHandler for NodeEvents {
     fn node_connected(&self, node: &NodeId) {
+        self.loras.node_changed(node);
         self.models.node_changed(node);
         self.runs.node_connected(node);
     }
 
     fn node_changed(&self, node: &NodeId) {
+        self.loras.node_changed(node);
         self.models.node_changed(node);
         self.runs.node_changed(node);
     }

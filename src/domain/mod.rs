@@ -11,6 +11,8 @@ pub mod definitions;
 pub mod drain;
 pub mod event;
 pub mod inventory;
+pub mod lora;
+pub mod lora_book;
 pub mod models;
 pub mod names;
 pub mod node;
@@ -38,6 +40,8 @@ pub use definitions::{
 pub use drain::{Drain, NodeState};
 pub use event::{EDGE_CRASHED, EdgeFailure, FailureClass, RunEventKind, RunId};
 pub use inventory::{Bytes, BytesError, Device, DeviceKind, Inventory, parse_bytes};
+pub use lora::{LoraChoice, LoraFile, LoraName, LoraState, NodeLora};
+pub use lora_book::{ConflictKind, KnownLora, Lessons, LoraBook, LoraConflict, NamedModel};
 pub use names::{AdapterName, Alias, EdgeId, NameError, NodeId, Target};
 pub use node::{
     AdapterConfig, AdapterParts, Availability, NodeConfigError, NodeRecord, NodeRecordParts,

@@ -9,6 +9,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use super::lora::{LoraName, NodeLora};
 use super::models::{LoadState, ManagedAdapter};
 use super::names::{AdapterName, Alias, NodeId, Target};
 use super::token::TokenDigest;
@@ -275,8 +276,8 @@ impl NodeRecord {
 
 /// The adapter-target pairs a node says it can serve now, and what it knows of them (each
 /// one's context window; the load state of every target of the adapters it loads and
-/// unloads on command). A node that never reports is taken to serve everything its config
-/// lists.
+/// unloads on command; the LoRAs its engines apply on top of them). A node that never
+/// reports is taken to serve everything its config lists, and no LoRA.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Availability {
     available: Vec<(AdapterName, Target)>,
@@ -284,6 +285,8 @@ pub struct Availability {
     windows: BTreeMap<(AdapterName, Target), u32>,
     /// The adapters the node loads and unloads on command, with their targets' states.
     managed: BTreeMap<AdapterName, ManagedAdapter>,
+    /// Each adapter's LoRAs, ordered by name (one report per name).
+    loras: BTreeMap<AdapterName, Vec<NodeLora>>,
 }
 
 impl Availability {
@@ -296,7 +299,39 @@ impl Availability {
             available,
             windows: BTreeMap::new(),
             managed: BTreeMap::new(),
+            loras: BTreeMap::new(),
         }
+    }
+
+    /// This availability with `loras` as `adapter`'s LoRAs (a second report of one name is
+    /// dropped).
+    #[must_use]
+    pub fn with_loras(mut self, adapter: AdapterName, mut loras: Vec<NodeLora>) -> Self {
+        loras.sort_by(|a, b| a.name.cmp(&b.name));
+        loras.dedup_by(|a, b| a.name == b.name);
+        if loras.is_empty() {
+            self.loras.remove(&adapter);
+        } else {
+            self.loras.insert(adapter, loras);
+        }
+        self
+    }
+
+    /// `adapter`'s LoRAs, ordered by name.
+    pub fn loras(&self, adapter: &AdapterName) -> &[NodeLora] {
+        self.loras.get(adapter).map_or(&[], Vec::as_slice)
+    }
+
+    /// `adapter`'s LoRA named `name`, when the node reported one.
+    pub fn lora(&self, adapter: &AdapterName, name: &LoraName) -> Option<&NodeLora> {
+        let loras = self.loras.get(adapter)?;
+        let at = loras.binary_search_by(|lora| lora.name.cmp(name)).ok()?;
+        loras.get(at)
+    }
+
+    /// Every adapter with LoRAs, ordered by name, with them.
+    pub fn lora_adapters(&self) -> impl Iterator<Item = (&AdapterName, &[NodeLora])> {
+        self.loras.iter().map(|(a, l)| (a, l.as_slice()))
     }
 
     /// This availability with `adapter` managed: the node loads and unloads its targets on

@@ -12,6 +12,7 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use super::event::{RunEventKind, RunId};
+use super::lora::LoraChoice;
 use super::names::{AdapterName, NodeId, Target};
 use super::operation::Operation;
 use super::routing::{AffinityKey, BudgetClaim, LimitPolicy, Priority, RouteReason, TenantKey};
@@ -37,6 +38,18 @@ pub struct RunSpec {
     pub routing: RunRouting,
 }
 
+impl RunSpec {
+    /// The target of the model the caller asked for: the LoRA's name for a run of a LoRA
+    /// (`llama/sql`), else the selector's target. Records, usage and metrics name the
+    /// model so.
+    pub fn model_target(&self) -> &Target {
+        self.routing
+            .lora
+            .as_ref()
+            .map_or(&self.selector.target, |lora| lora.name.as_target())
+    }
+}
+
 /// What routing needs to know about a run's caller, set by the API (or the console).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RunRouting {
@@ -54,6 +67,10 @@ pub struct RunRouting {
     /// that resumes it (opaque to the edge: the API adapter writes and reads it); kept in
     /// the run's record. `None` for runs whose stream cannot be resumed.
     pub client_stream: Option<Arc<str>>,
+    /// The LoRA applied on top of the selector's target, for a model that is a LoRA
+    /// (`llama/sql`): only a node that reported it, with the same weights, takes the run,
+    /// and one where it is loaded first. `None`: the target itself, no LoRA applied.
+    pub lora: Option<LoraChoice>,
 }
 
 impl Default for RunRouting {
@@ -66,6 +83,7 @@ impl Default for RunRouting {
             limits: None,
             budget: None,
             client_stream: None,
+            lora: None,
         }
     }
 }

@@ -3,14 +3,15 @@
 //! Each trait speaks only domain types. Outbound ports (`NodeStore`, `Registry`,
 //! `EventSink`, `NodeTransport`, `RunJournal`, and a site member's `SiteStream` and
 //! `JournalCache`) are implemented by adapters in `crate::adapters` and called by the
-//! application in `crate::app`; inbound ports (`Runs`, `Manage`, `NodeEventHandler`,
-//! `TakeOver`) are implemented by the application and called by the adapters that take
+//! application in `crate::app`; inbound ports (`Runs`, `Manage`, `KnownLoras`,
+//! `NodeEventHandler`, `TakeOver`) are implemented by the application and called by the adapters that take
 //! requests and events in (the HTTP APIs, the management API, the node transport, the
 //! cluster lease). Tests substitute mockall mocks or fakes.
 
 pub mod clock;
 pub mod event_sink;
 pub mod journal;
+pub mod loras;
 pub mod management;
 pub mod models;
 pub mod node_store;
@@ -32,6 +33,7 @@ pub use event_sink::EventSink;
 pub use journal::{
     JournalEntry, JournalError, JournalStats, RelayedEvent, RunJournal, StoredEvent,
 };
+pub use loras::{KnownLoras, LoraOnNode, LoraView};
 pub use management::{
     ConnectedNodeView, FeedEvent, FeedItem, FeedStream, Manage, ManageError, NodeStatus,
 };

@@ -8,8 +8,8 @@ use bytes::Bytes;
 
 use crate::domain::models::{LoadState, ModelAction, ModelName};
 use crate::domain::{
-    AdapterName, Continuation, NodeId, Operation, ResumeAnswer, ResumeClaim, RunEventKind, RunId,
-    Target,
+    AdapterName, Continuation, LoraName, NodeId, Operation, ResumeAnswer, ResumeClaim,
+    RunEventKind, RunId, Target,
 };
 
 /// Identifies one connection, so the cleanup of an old connection never removes a newer one.
@@ -37,6 +37,9 @@ pub struct RunAssignment {
     /// Set when this attempt carries on from output another node produced; only ever sent
     /// to a node that registered `can_continue`.
     pub continuation: Option<Continuation>,
+    /// The LoRA to apply on top of `target` (protocol v1.6); only ever sent to a node that
+    /// reported that LoRA. `None`: the target itself, with no LoRA applied.
+    pub lora: Option<LoraName>,
 }
 
 /// What the edge sends a connected node.

@@ -488,6 +488,7 @@ mod tests {
                 output_tokens: 2,
                 number: 1,
             }),
+            lora: Some(crate::domain::LoraName::parse("sql").unwrap()),
         };
         let mut edge = EdgeCodec::new(1 << 20);
         let mut out = BytesMut::new();

@@ -19,8 +19,8 @@ use super::events::{
 };
 use super::fit::{inventory_from_wire, inventory_to_wire};
 use super::models::{
-    adapter_from_wire, model_command_from_wire, model_command_to_wire, outcome_of_model_from_wire,
-    outcome_of_model_to_wire, states_to_wire,
+    adapter_from_wire, loras_to_wire, model_command_from_wire, model_command_to_wire,
+    outcome_of_model_from_wire, outcome_of_model_to_wire, states_to_wire,
 };
 use super::proto::{self, edge_message, node_message};
 
@@ -519,6 +519,7 @@ fn availability_from_wire(availability: proto::TargetAvailability) -> Availabili
     let proto::TargetAvailability { adapters } = availability;
     let mut windows = Vec::new();
     let mut managed = Vec::new();
+    let mut loras = Vec::new();
     let mut pairs: Vec<(AdapterName, Target)> = Vec::new();
     for entry in adapters {
         let Ok(adapter) = AdapterName::parse(&entry.adapter) else {
@@ -531,6 +532,9 @@ fn availability_from_wire(availability: proto::TargetAvailability) -> Availabili
         if let Some(lifecycle) = report.managed {
             managed.push((adapter.clone(), lifecycle));
         }
+        if !report.loras.is_empty() {
+            loras.push((adapter.clone(), report.loras));
+        }
         pairs.extend(report.targets.into_iter().map(|t| (adapter.clone(), t)));
     }
     let availability = windows.into_iter().fold(
@@ -539,10 +543,15 @@ fn availability_from_wire(availability: proto::TargetAvailability) -> Availabili
             availability.with_context_window(&adapter, &target, tokens)
         },
     );
-    managed
+    let availability = managed
         .into_iter()
         .fold(availability, |availability, (adapter, lifecycle)| {
             availability.with_managed(adapter, lifecycle)
+        });
+    loras
+        .into_iter()
+        .fold(availability, |availability, (adapter, loras)| {
+            availability.with_loras(adapter, loras)
         })
 }
 
@@ -560,7 +569,11 @@ fn availability_to_wire(availability: Availability) -> proto::TargetAvailability
             }),
         }
     }
-    for (adapter, _) in availability.managed_adapters() {
+    let named = availability
+        .managed_adapters()
+        .map(|(adapter, _)| adapter)
+        .chain(availability.lora_adapters().map(|(adapter, _)| adapter));
+    for adapter in named {
         if !adapters.iter().any(|a| a.adapter == adapter.as_str()) {
             adapters.push(proto::AdapterTargets {
                 adapter: adapter.to_string(),
@@ -570,6 +583,7 @@ fn availability_to_wire(availability: Availability) -> proto::TargetAvailability
     }
     for entry in &mut adapters {
         states_to_wire(entry, &availability);
+        loras_to_wire(entry, &availability);
     }
     proto::TargetAvailability { adapters }
 }
@@ -605,6 +619,44 @@ mod tests {
         for answer in answers {
             assert_eq!(answer_from_wire(answer_to_wire(answer.clone())), answer);
         }
+    }
+
+    #[test]
+    fn loras_round_trip_and_one_with_a_bad_name_is_left_out() {
+        let lora = |name: &str, sha256: &str, loaded| proto::Lora {
+            name: name.into(),
+            target: "qwen".into(),
+            path: format!("/loras/{name}.gguf"),
+            sha256: sha256.into(),
+            loaded,
+        };
+        let wire = proto::TargetAvailability {
+            adapters: vec![proto::AdapterTargets {
+                adapter: "llama".into(),
+                targets: vec!["qwen".into()],
+                loras: vec![
+                    lora("sql", "aa", true),
+                    lora("tone", "", false),
+                    lora("bad name", "", true),
+                ],
+                ..proto::AdapterTargets::default()
+            }],
+        };
+        let availability = availability_from_wire(wire);
+        let llama = AdapterName::parse("llama").unwrap();
+        let loras = availability.loras(&llama).to_vec();
+        assert_eq!(loras.len(), 2);
+        assert_eq!(loras[0].state, crate::domain::LoraState::Loaded);
+        assert_eq!(loras[0].file.sha256.as_deref(), Some("aa"));
+        assert_eq!(loras[1].file.sha256, None, "an empty digest is none");
+        let back = availability_to_wire(availability);
+        assert_eq!(
+            back.adapters[0].loras,
+            vec![lora("sql", "aa", true), lora("tone", "", false)]
+        );
+        // An adapter with LoRAs and nothing served now still carries them.
+        let only = Availability::new([]).with_loras(llama, loras);
+        assert_eq!(availability_to_wire(only).adapters[0].loras.len(), 2);
     }
 
     #[test]

@@ -6,7 +6,7 @@
 //! compile error here rather than a silently dropped value.
 
 use crate::domain::{
-    AdapterName, Continuation, Embedding, FailureClass, Operation, RunEventKind, RunId,
+    AdapterName, Continuation, Embedding, FailureClass, LoraName, Operation, RunEventKind, RunId,
     StructuredOutput, Target, TokenLogprob, ToolCallDelta, TopLogprob, Usage,
 };
 use crate::ports::RunAssignment;
@@ -312,6 +312,7 @@ pub(super) fn run_to_wire(run: RunAssignment) -> proto::RunRequest {
         deadline_ms,
         operation,
         continuation,
+        lora,
     } = run;
     proto::RunRequest {
         run_id: run_id.to_string(),
@@ -323,6 +324,7 @@ pub(super) fn run_to_wire(run: RunAssignment) -> proto::RunRequest {
         deadline_ms,
         operation: operation_to_wire(operation).into(),
         continuation: continuation.map(continuation_to_wire),
+        lora: lora.map(|lora| lora.to_string()).unwrap_or_default(),
     }
 }
 
@@ -352,7 +354,8 @@ fn continuation_from_wire(continuation: proto::Continuation) -> Continuation {
     }
 }
 
-/// A `RunRequest` as a node reads it; `None` when its adapter or target is not a valid name.
+/// A `RunRequest` as a node reads it; `None` when its adapter, target or LoRA is not a
+/// valid name.
 pub(super) fn run_from_wire(request: proto::RunRequest) -> Option<RunAssignment> {
     let proto::RunRequest {
         run_id,
@@ -364,7 +367,12 @@ pub(super) fn run_from_wire(request: proto::RunRequest) -> Option<RunAssignment>
         deadline_ms,
         operation,
         continuation,
+        lora,
     } = request;
+    let lora = match lora.as_str() {
+        "" => None,
+        name => Some(LoraName::parse(name).ok()?),
+    };
     Some(RunAssignment {
         run_id: RunId::new(run_id),
         adapter: AdapterName::parse(&adapter).ok()?,
@@ -375,5 +383,6 @@ pub(super) fn run_from_wire(request: proto::RunRequest) -> Option<RunAssignment>
         deadline_ms,
         operation: operation_from_wire(operation),
         continuation: continuation.map(continuation_from_wire),
+        lora,
     })
 }

@@ -1,8 +1,8 @@
-//! The model lifecycle on the wire: a managed adapter's target states in an availability
-//! report, `ModelCommand` and `ModelOutcome`.
+//! The model lifecycle on the wire: a managed adapter's target states and an adapter's
+//! LoRAs in an availability report, `ModelCommand` and `ModelOutcome`.
 
 use crate::domain::models::{LoadState, ManagedAdapter, ModelAction, ModelName, TargetLoad};
-use crate::domain::{AdapterName, Availability, Target};
+use crate::domain::{AdapterName, Availability, LoraFile, LoraName, LoraState, NodeLora, Target};
 use crate::ports::{ModelCommand, ModelOutcome};
 
 use super::fit::{budget_from_wire, footprint_from_wire, footprint_to_wire};
@@ -16,6 +16,8 @@ pub(super) struct AdapterReport {
     pub windows: Vec<(Target, u32)>,
     /// When the adapter is managed: its capacity and every target's state.
     pub managed: Option<ManagedAdapter>,
+    /// Its LoRAs (v1.6).
+    pub loras: Vec<NodeLora>,
 }
 
 /// Reads one entry; invalid target names are left out. A managed adapter's listed target
@@ -29,6 +31,7 @@ pub(super) fn adapter_from_wire(entry: proto::AdapterTargets) -> AdapterReport {
         managed,
         capacity,
         parallel,
+        loras,
         budget_bytes,
         devices,
     } = entry;
@@ -61,7 +64,50 @@ pub(super) fn adapter_from_wire(entry: proto::AdapterTargets) -> AdapterReport {
         targets,
         windows,
         managed: managed.then_some(lifecycle),
+        loras: loras.into_iter().filter_map(lora_from_wire).collect(),
     }
+}
+
+/// One LoRA as the edge reads it; `None` when its name or base is not a valid name.
+fn lora_from_wire(lora: proto::Lora) -> Option<NodeLora> {
+    let proto::Lora {
+        name,
+        target,
+        path,
+        sha256,
+        loaded,
+    } = lora;
+    Some(NodeLora {
+        name: LoraName::parse(&name).ok()?,
+        base: Target::parse(&target).ok()?,
+        file: LoraFile {
+            path,
+            sha256: (!sha256.is_empty()).then_some(sha256),
+        },
+        state: if loaded {
+            LoraState::Loaded
+        } else {
+            LoraState::Loadable
+        },
+    })
+}
+
+/// Fills `entry`'s LoRAs from `availability`.
+pub(super) fn loras_to_wire(entry: &mut proto::AdapterTargets, availability: &Availability) {
+    let Ok(adapter) = AdapterName::parse(&entry.adapter) else {
+        return;
+    };
+    entry.loras = availability
+        .loras(&adapter)
+        .iter()
+        .map(|lora| proto::Lora {
+            name: lora.name.to_string(),
+            target: lora.base.to_string(),
+            path: lora.file.path.clone(),
+            sha256: lora.file.sha256.clone().unwrap_or_default(),
+            loaded: lora.state == LoraState::Loaded,
+        })
+        .collect();
 }
 
 /// One `TargetState`: its target (`None` for an invalid name) and what it says; a state that

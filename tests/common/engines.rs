@@ -126,19 +126,84 @@ pub fn large_model() -> PathBuf {
     super::deadline::installing(|| MODEL.get_or_init(|| made_model("large", &shape)).clone())
 }
 
-/// A model `make_tiny_model.py` writes with `shape` (its dimension flags) into
-/// `<cache>/models/<name>-llama-<hash of the script>.gguf`, made once per machine.
-fn made_model(name: &str, shape: &[&str]) -> PathBuf {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let script = root.join("tests/python/make_tiny_model.py");
-    let source =
-        fs::read(&script).unwrap_or_else(|e| panic!("cannot read {}: {e}", script.display()));
-    let vocab = vocab("llama-spm");
-    let version: String = Sha256::digest(&source)
+/// A tiny LoRA of the tiny model (see `tests/python/make_tiny_lora.py`): rank 1 on
+/// `output.weight`, adding `logit` to the token at each `(slot, logit)` of the model's reply,
+/// so that greedy output starts elsewhere in the reply. Generated into `<cache>/models` on
+/// first use and again whenever the scripts or the boosts change; the file's stem is
+/// `tiny-lora-<hash>` (copy it under the name a test needs).
+pub fn tiny_lora(boosts: &[(usize, u32)]) -> PathBuf {
+    let args: Vec<String> = boosts
+        .iter()
+        .flat_map(|(slot, logit)| ["--boost".to_owned(), format!("{slot}={logit}")])
+        .collect();
+    let scripts = [script("make_tiny_model.py"), script("make_tiny_lora.py")];
+    let version = short_digest(
+        scripts
+            .iter()
+            .map(Vec::as_slice)
+            .chain([args.concat().as_bytes()]),
+    );
+    let lora = cache_dir()
+        .join("models")
+        .join(format!("tiny-lora-{version}.gguf"));
+    // The script writes a temporary file beside the target and renames it: concurrent
+    // writers of one LoRA leave one whole file.
+    if !lora.exists() {
+        generate("make_tiny_lora.py", &args, &lora);
+    }
+    lora
+}
+
+/// The source of `tests/python/{name}`.
+fn script(name: &str) -> Vec<u8> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/python")
+        .join(name);
+    fs::read(&path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()))
+}
+
+/// The first 12 hex digits of the SHA-256 of `parts`, one after the other.
+fn short_digest<'a>(parts: impl IntoIterator<Item = &'a [u8]>) -> String {
+    let mut hasher = Sha256::new();
+    for part in parts {
+        hasher.update(part);
+    }
+    hasher
+        .finalize()
         .iter()
         .take(6)
         .map(|b| format!("{b:02x}"))
-        .collect();
+        .collect()
+}
+
+/// Runs `tests/python/{name} --vocab <llama-spm vocab> {args} --out {out}` with the test
+/// venv's Python; panics with its output unless it wrote `out`.
+fn generate(name: &str, args: &[String], out: &Path) {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/python")
+        .join(name);
+    let output = std::process::Command::new(super::python::python())
+        .arg(&script)
+        .arg("--vocab")
+        .arg(vocab("llama-spm"))
+        .args(args)
+        .arg("--out")
+        .arg(out)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
+    assert!(
+        output.status.success() && out.exists(),
+        "{name} failed ({}):\n{}\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// A model `make_tiny_model.py` writes with `shape` (its dimension flags) into
+/// `<cache>/models/<name>-llama-<hash of the script>.gguf`, made once per machine.
+fn made_model(name: &str, shape: &[&str]) -> PathBuf {
+    let version = short_digest([script("make_tiny_model.py").as_slice()]);
     let dir = cache_dir().join("models");
     let model = dir.join(format!("{name}-llama-{version}.gguf"));
     if model.exists() {
@@ -150,25 +215,10 @@ fn made_model(name: &str, shape: &[&str]) -> PathBuf {
         .unwrap_or_else(|e| panic!("cannot create {}: {e}", lock_path.display()));
     lock.lock()
         .unwrap_or_else(|e| panic!("cannot lock {}: {e}", lock_path.display()));
-    if model.exists() {
-        return model;
+    if !model.exists() {
+        let shape: Vec<String> = shape.iter().map(|arg| (*arg).to_owned()).collect();
+        generate("make_tiny_model.py", &shape, &model);
     }
-    let output = std::process::Command::new(super::python::python())
-        .arg(&script)
-        .arg("--vocab")
-        .arg(&vocab)
-        .arg("--out")
-        .arg(&model)
-        .args(shape)
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
-    assert!(
-        output.status.success() && model.exists(),
-        "make_tiny_model.py failed ({}):\n{}\n{}",
-        output.status,
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
     model
 }
 
@@ -336,6 +386,7 @@ pub struct LlamaOptions {
     threads: u32,
     embeddings: bool,
     router: Option<RouterOptions>,
+    loras: Vec<PathBuf>,
     extra: Vec<String>,
 }
 
@@ -363,6 +414,7 @@ impl Default for LlamaOptions {
             threads: 1,
             embeddings: false,
             router: None,
+            loras: Vec::new(),
             extra: Vec::new(),
         }
     }
@@ -434,6 +486,14 @@ impl LlamaOptions {
             .as_mut()
             .expect("router_model needs router mode (LlamaOptions::router first)");
         router.files.push((name.to_owned(), file.to_owned()));
+        self
+    }
+
+    /// One more LoRA loaded at start (`--lora <path>`), in order (its id is its position);
+    /// with any, `--lora-init-without-apply` (which still lists them at scale 1 and applies
+    /// them to a request that names none).
+    pub fn lora(mut self, path: impl Into<PathBuf>) -> Self {
+        self.loras.push(path.into());
         self
     }
 
@@ -513,6 +573,12 @@ impl LlamaOptions {
         }
         if self.embeddings {
             args.extend(["--embeddings", "--pooling", "mean"].map(OsString::from));
+        }
+        for lora in &self.loras {
+            args.extend(["--lora".into(), lora.into()]);
+        }
+        if !self.loras.is_empty() {
+            args.push("--lora-init-without-apply".into());
         }
         args.extend(self.extra.iter().map(OsString::from));
         args

@@ -14,7 +14,7 @@ use reqwest::{Method, StatusCode};
 use serde_json::Value;
 
 /// The management API's routes, as the edge serves them.
-const ROUTES: [(&str, &str); 15] = [
+const ROUTES: [(&str, &str); 16] = [
     ("get", "/admin/v1/nodes"),
     ("get", "/admin/v1/nodes/{node}"),
     ("post", "/admin/v1/nodes/{node}/drain"),
@@ -29,6 +29,7 @@ const ROUTES: [(&str, &str); 15] = [
     ("post", "/admin/v1/models/load"),
     ("post", "/admin/v1/models/unload"),
     ("get", "/admin/v1/models/events"),
+    ("get", "/admin/v1/loras"),
     ("get", "/admin/v1/openapi.json"),
 ];
 

@@ -83,6 +83,8 @@ mod http_limits;
 mod layout;
 mod link_faults;
 mod link_protocol;
+mod loras_engine;
+mod loras_vllm;
 mod metrics;
 mod models;
 mod models_engine;

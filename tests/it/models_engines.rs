@@ -288,6 +288,7 @@ async fn ollama_and_vllm_are_managed_through_the_edge_for_the_openai_sdk() {
     });
     let warm = at(&VllmEvent::Request {
         server: "beta".into(),
+        model: "beta".into(),
         max_tokens: Some(1),
         path: "/v1/completions".into(),
     });

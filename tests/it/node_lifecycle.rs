@@ -137,6 +137,7 @@ fn chat_run(run_id: &str, target_name: &str) -> RunAssignment {
         deadline_ms: 0,
         operation: Operation::Chat,
         continuation: None,
+        lora: None,
     }
 }
 

@@ -46,6 +46,7 @@ fn chat_run(run_id: &str, target: &str) -> RunAssignment {
         deadline_ms: 0,
         operation: Operation::Chat,
         continuation: None,
+        lora: None,
     }
 }
 

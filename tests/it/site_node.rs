@@ -39,6 +39,7 @@ fn chat_run(run_id: &str) -> RunAssignment {
         deadline_ms: 0,
         operation: Operation::Chat,
         continuation: None,
+        lora: None,
     }
 }
 

@@ -141,6 +141,26 @@ def embeddings_and_output(
     return embd, output
 
 
+def write_gguf(out: Path, fill) -> None:
+    """Writes a llama-architecture GGUF to `out` whole or not at all: `fill(writer)` adds its
+    keys and tensors, into a temporary file beside `out` renamed over it when complete."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=out.name + ".", suffix=".tmp", dir=out.parent)
+    os.close(fd)
+    tmp = Path(tmp_name)
+    try:
+        writer = gguf.GGUFWriter(tmp, "llama")
+        fill(writer)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        tmp.chmod(0o644)
+        tmp.replace(out)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def write_model(vocab: dict, out: Path, shape: Shape = TINY) -> None:
     rng = np.random.default_rng(SEED)
     embd, output = embeddings_and_output(vocab, rng, shape.embd)
@@ -150,12 +170,7 @@ def write_model(vocab: dict, out: Path, shape: Shape = TINY) -> None:
     scale = 0.02 * np.sqrt(TINY.embd / shape.embd)
     EMBD, FFN, HEADS_KV = shape.embd, shape.ffn, shape.heads_kv
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=out.name + ".", suffix=".tmp", dir=out.parent)
-    os.close(fd)
-    tmp = Path(tmp_name)
-    try:
-        writer = gguf.GGUFWriter(tmp, "llama")
+    def fill(writer: gguf.GGUFWriter) -> None:
         writer.add_name("edge-tiny-test-model")
         writer.add_context_length(shape.context)
         writer.add_embedding_length(EMBD)
@@ -199,14 +214,7 @@ def write_model(vocab: dict, out: Path, shape: Shape = TINY) -> None:
         writer.add_tensor("output_norm.weight", np.ones(EMBD, dtype=np.float32))
         writer.add_tensor("output.weight", output.astype(np.float16))
 
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
-        writer.close()
-        tmp.chmod(0o644)
-        tmp.replace(out)
-    finally:
-        tmp.unlink(missing_ok=True)
+    write_gguf(out, fill)
 
 
 def main() -> None:

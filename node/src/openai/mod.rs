@@ -15,6 +15,7 @@ pub mod chunks;
 pub mod echo;
 pub mod engine_models;
 pub mod errors;
+pub mod loras;
 pub mod request;
 pub mod settings;
 pub mod tokenize;
@@ -36,6 +37,7 @@ use crate::upstream::{HttpClientError, MAX_WHOLE_BODY, ModelList, Timeouts, Upst
 use chunks::AnswerStream;
 use engine_models::{ManagedEngine, vllm};
 use errors::classify;
+use loras::Loras;
 use request::{InvalidInput, UpstreamCall};
 use settings::{Lifecycle, OpenAiSettings, SettingsError};
 use tokenize::Ask;
@@ -86,6 +88,8 @@ pub struct OpenAiAdapter {
     engine: AtomicU8,
     /// The engine that loads and unloads its targets, when `lifecycle` is set.
     managed: Option<ManagedEngine>,
+    /// The LoRAs its engine applies on top of its targets.
+    loras: Loras,
     /// What it may use for models, on which devices, when it has a budget (`budget.rs`).
     budget: Option<AdapterBudget>,
 }
@@ -132,6 +136,7 @@ impl OpenAiAdapter {
             let by_model = by_model(&servers, &settings);
             ManagedEngine::new(lifecycle, &settings, upstream.clone(), by_model)
         });
+        let loras = loras_of(config, &settings, &upstream, &servers)?;
         Ok(Self {
             name: config.name.clone(),
             targets: config.targets.clone(),
@@ -140,6 +145,7 @@ impl OpenAiAdapter {
             servers,
             engine: AtomicU8::new(engine),
             managed,
+            loras: Loras::new(&config.name, loras),
             budget: None,
         })
     }
@@ -175,6 +181,11 @@ impl OpenAiAdapter {
     /// settings name a `lifecycle`.
     pub fn managed(&self) -> Option<&ManagedEngine> {
         self.managed.as_ref()
+    }
+
+    /// The LoRAs its engine applies on top of its targets.
+    pub fn loras(&self) -> &Loras {
+        &self.loras
     }
 
     /// Where `target`'s requests go: its own server (`base_url.<target>`, vLLM), else the
@@ -251,6 +262,11 @@ impl OpenAiAdapter {
         {
             call.ask_running_counts();
         }
+        // Its LoRA (or none), held registered until the answer ends.
+        let _lora = match self.loras.prepare(run, &mut call).await {
+            Ok(held) => held,
+            Err(failed) => return Ok(failed),
+        };
         match tokio::time::timeout(whole, self.answer(upstream, run, &call, out)).await {
             Ok(result) => result,
             Err(_) => Ok(classify(&UpstreamFault::Timeout("request_timeout_ms"))),
@@ -512,6 +528,43 @@ fn servers_of(
         servers.insert(target.clone(), server);
     }
     Ok(servers)
+}
+
+/// Where `config`'s LoRAs come from: vLLM's LoRA directories (`lora_dir`,
+/// `lora_dir.<target>`) on each target's server; else, for an adapter without a lifecycle,
+/// its engine's `GET /lora-adapters` (llama-server), LoRAs of its first target; none for
+/// a llama-server router or Ollama.
+///
+/// # Errors
+/// [`SettingsError::LoraDirTargets`] for `lora_dir` on an adapter of several targets.
+fn loras_of(
+    config: &ReceivedAdapter,
+    settings: &OpenAiSettings,
+    upstream: &Upstream,
+    servers: &BTreeMap<String, Upstream>,
+) -> Result<Option<loras::Source>, AdapterError> {
+    let dirs = settings.loras.by_target(&config.targets)?;
+    if !dirs.is_empty() {
+        let dirs = dirs
+            .into_iter()
+            .map(|(target, dir)| {
+                let server = servers.get(&target).unwrap_or(upstream).clone();
+                (target, dir, server)
+            })
+            .collect();
+        let max_registered = settings.loras.max_registered;
+        return Ok(Some(loras::Source::Vllm {
+            dirs,
+            max_registered,
+        }));
+    }
+    let base = config.targets.first();
+    Ok(base
+        .filter(|_| settings.lifecycle.is_none())
+        .map(|base| loras::Source::LlamaServer {
+            upstream: upstream.clone(),
+            base: base.clone(),
+        }))
 }
 
 /// The vLLM servers by the model id each serves (`model.<target>`, else the target).

@@ -236,6 +236,7 @@ mod tests {
             deadline_ms: 0,
             operation,
             continuation: None,
+            lora: None,
         }
     }
 

@@ -130,6 +130,14 @@ pub enum SettingsError {
         /// Its value.
         value: String,
     },
+    /// `lora_dir` on an adapter of several targets: whose LoRAs they are is not said.
+    #[error(
+        "`lora_dir` names the LoRAs of an adapter's only target, and this adapter has          {targets}: set `lora_dir.<target>` instead"
+    )]
+    LoraDirTargets {
+        /// How many targets the adapter has.
+        targets: usize,
+    },
 }
 
 /// How the prober decides which targets are available.
@@ -244,6 +252,45 @@ pub struct OpenAiSettings {
     /// devices' memory, by target (`gpu_memory_utilization.<target>`; vLLM's 0.9 when left
     /// out).
     pub gpu_shares: BTreeMap<String, u32>,
+    /// vLLM's LoRAs: folders of LoRA folders (`lora_dir`, `lora_dir.<target>`), and how
+    /// many may stay registered (`max_registered`).
+    pub loras: LoraSettings,
+}
+
+/// Where a vLLM adapter's LoRAs are (`VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`): each folder
+/// of a LoRA directory is a LoRA of its target, registered before its first run.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LoraSettings {
+    /// `lora_dir`: the LoRAs of the adapter's only target.
+    pub dir: Option<PathBuf>,
+    /// `lora_dir.<target>`: the LoRAs of each target, by target.
+    pub dirs: BTreeMap<String, PathBuf>,
+    /// `max_registered`: how many LoRAs stay registered on one server (the least recently
+    /// used with no run in flight are unregistered); `None`: no cap.
+    pub max_registered: Option<u32>,
+}
+
+impl LoraSettings {
+    /// Each target's LoRA directory, for an adapter of `targets`.
+    ///
+    /// # Errors
+    /// [`SettingsError::LoraDirTargets`] when `lora_dir` is set on an adapter of more than
+    /// one target.
+    pub fn by_target(
+        &self,
+        targets: &[String],
+    ) -> Result<BTreeMap<String, PathBuf>, SettingsError> {
+        let mut dirs = self.dirs.clone();
+        if let Some(dir) = &self.dir {
+            let [only] = targets else {
+                return Err(SettingsError::LoraDirTargets {
+                    targets: targets.len(),
+                });
+            };
+            dirs.entry(only.clone()).or_insert_with(|| dir.clone());
+        }
+        Ok(dirs)
+    }
 }
 
 /// API keys are never in the settings; the debug form still names every key's value.
@@ -287,6 +334,8 @@ pub const KEYS: &[&str] = &[
     "load_timeout_ms",
     "capacity",
     "parallel",
+    "lora_dir",
+    "max_registered",
     "memory",
     "devices",
 ];
@@ -303,6 +352,9 @@ pub const BASE_URL_PREFIX: &str = "base_url.";
 
 /// The prefix of `lifecycle = "vllm"`'s never-sleep marks: `"never_sleep.<target>" = "true"`.
 pub const NEVER_SLEEP_PREFIX: &str = "never_sleep.";
+
+/// The prefix of the per-target LoRA directories: `"lora_dir.<target>" = "/path"`.
+pub const LORA_DIR_PREFIX: &str = "lora_dir.";
 
 /// The prefix of the footprints set by hand: `"footprint.<target>" = "6GiB"`.
 pub const FOOTPRINT_PREFIX: &str = "footprint.";
@@ -368,6 +420,7 @@ impl OpenAiSettings {
             parallel: parallel(settings, lifecycle)?,
             base_urls,
             never_sleep,
+            loras: lora_settings(settings)?,
             footprints: footprints(settings)?,
             gpu_shares,
         };
@@ -419,6 +472,7 @@ fn unknown_keys(settings: &BTreeMap<String, String>, per_target: bool) -> Vec<St
                 && !key.starts_with(MODEL_PREFIX)
                 && !key.starts_with(WINDOW_PREFIX)
                 && !key.starts_with(FOOTPRINT_PREFIX)
+                && !key.starts_with(LORA_DIR_PREFIX)
                 && !(per_target
                     && (key.starts_with(BASE_URL_PREFIX)
                         || key.starts_with(NEVER_SLEEP_PREFIX)
@@ -489,6 +543,34 @@ fn never_sleep(settings: &BTreeMap<String, String>) -> Result<Vec<String>, Setti
         }
     }
     Ok(marked)
+}
+
+/// `lora_dir`, `lora_dir.<target>` and `max_registered` (at least 1 when set).
+fn lora_settings(settings: &BTreeMap<String, String>) -> Result<LoraSettings, SettingsError> {
+    let path =
+        |value: &String| Some(PathBuf::from(value.trim())).filter(|p| !p.as_os_str().is_empty());
+    let dirs = settings
+        .iter()
+        .filter_map(|(key, value)| {
+            Some((key.strip_prefix(LORA_DIR_PREFIX)?.to_owned(), path(value)?))
+        })
+        .collect();
+    let max_registered = match settings.get("max_registered") {
+        None => None,
+        Some(_) => match number(settings, "max_registered", 0)? {
+            0 => {
+                return Err(SettingsError::Zero {
+                    key: "max_registered".to_owned(),
+                });
+            }
+            most => Some(most),
+        },
+    };
+    Ok(LoraSettings {
+        dir: settings.get("lora_dir").and_then(path),
+        dirs,
+        max_registered,
+    })
 }
 
 fn number(
@@ -698,6 +780,29 @@ mod tests {
             .iter()
             .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
             .collect()
+    }
+
+    #[test]
+    fn lora_dirs_are_per_target_and_lora_dir_is_an_only_targets() {
+        let (settings, unknown) = OpenAiSettings::parse(&map(&[
+            ("base_url", "http://127.0.0.1:8000/v1"),
+            ("lora_dir", "/loras"),
+            ("lora_dir.qwen", "/qwen-loras"),
+            ("max_registered", "2"),
+        ]))
+        .expect("valid");
+        assert!(unknown.is_empty(), "{unknown:?}");
+        let loras = &settings.loras;
+        assert_eq!(loras.max_registered, Some(2));
+        let one = loras.by_target(&["llama".to_owned()]).expect("one target");
+        assert_eq!(one["llama"], PathBuf::from("/loras"));
+        assert_eq!(one["qwen"], PathBuf::from("/qwen-loras"));
+        let two = ["a".to_owned(), "b".to_owned()];
+        let problem = loras.by_target(&two).unwrap_err().to_string();
+        assert!(problem.contains("`lora_dir.<target>`"), "{problem}");
+        let zero = map(&[("base_url", "http://h:1/v1"), ("max_registered", "0")]);
+        let problem = OpenAiSettings::parse(&zero).unwrap_err().to_string();
+        assert!(problem.contains("`max_registered`"), "{problem}");
     }
 
     #[test]

@@ -3,8 +3,9 @@
 //! One route per file, each with a `register` function that adds it to an
 //! [`OpenApiRouter`], so the route and its OpenAPI description come from the same code.
 //! Handlers are thin: they parse, call the management port (`crate::ports::Manage`, which
-//! the management service implements, or `crate::ports::ManageModels`, the model
-//! lifecycle's) and render a view (`views.rs`). Every route but the OpenAPI document needs an admin key
+//! the management service implements, `crate::ports::ManageModels`, the model
+//! lifecycle's, or `crate::ports::KnownLoras`, the LoRA book's) and render a view
+//! (`views.rs`, or the route's own). Every route but the OpenAPI document needs an admin key
 //! (`auth.rs`). The API controls nodes only through the edge's services, never directly.
 
 mod auth;
@@ -12,6 +13,7 @@ pub mod config;
 mod error;
 mod feed;
 pub mod fit_views;
+mod loras_list;
 mod model_command;
 mod model_events;
 mod model_load;
@@ -45,7 +47,7 @@ pub use error::AdminError;
 pub use server::AdminServer;
 
 use crate::domain::TokenDigest;
-use crate::ports::{Manage, ManageModels, SiteRole};
+use crate::ports::{KnownLoras, Manage, ManageModels, SiteRole};
 
 /// The largest request body the management API reads.
 const MAX_BODY_BYTES: usize = 64 * 1024;
@@ -55,6 +57,7 @@ const MAX_BODY_BYTES: usize = 64 * 1024;
 pub struct AdminState {
     management: Arc<dyn Manage>,
     models: Option<Arc<dyn ManageModels>>,
+    loras: Option<Arc<dyn KnownLoras>>,
     keys: Arc<[TokenDigest]>,
     openapi: Arc<OnceLock<String>>,
     site: SiteRole,
@@ -66,6 +69,7 @@ impl AdminState {
         Self {
             management,
             models: None,
+            loras: None,
             keys: config.digests().into(),
             openapi: Arc::new(OnceLock::new()),
             site: SiteRole::default(),
@@ -86,12 +90,20 @@ impl AdminState {
         self.models = Some(models);
         self
     }
+
+    /// The same state, answering `GET /admin/v1/loras` from `loras` (without it, it lists
+    /// none).
+    #[must_use]
+    pub fn with_loras(mut self, loras: Arc<dyn KnownLoras>) -> Self {
+        self.loras = Some(loras);
+        self
+    }
 }
 
 /// Every route, documented, behind the key check (all but the document itself), then, for
 /// a member of a site, the standby's refusal of changes (`standby.rs`).
 fn documented(state: &AdminState) -> OpenApiRouter<AdminState> {
-    let routes: [fn(OpenApiRouter<AdminState>) -> OpenApiRouter<AdminState>; 14] = [
+    let routes: [fn(OpenApiRouter<AdminState>) -> OpenApiRouter<AdminState>; 15] = [
         nodes_list::register,
         node_get::register,
         node_drain::register,
@@ -106,6 +118,7 @@ fn documented(state: &AdminState) -> OpenApiRouter<AdminState> {
         model_load::register,
         model_unload::register,
         model_events::register,
+        loras_list::register,
     ];
     let routes = routes.into_iter().fold(
         OpenApiRouter::with_openapi(openapi::AdminDoc::openapi()),

@@ -42,7 +42,7 @@ pub(crate) use response::ErrorShape;
 pub use translators::ApiError;
 
 use crate::adapters::http::LimitedRoutes;
-use crate::ports::{Manage, Registry, Runs, SiteRole};
+use crate::ports::{KnownLoras, Manage, Registry, Runs, SiteRole};
 
 /// What the API's handlers work with. Cheap to clone.
 #[derive(Clone)]
@@ -51,6 +51,8 @@ pub struct ApiState {
     pub runs: Arc<dyn Runs>,
     /// The connected nodes.
     pub registry: Arc<dyn Registry>,
+    /// The LoRAs nodes reported: a model id may name one.
+    pub loras: Arc<dyn KnownLoras>,
     /// The API's settings and model map.
     pub api: Api,
     /// Run records and event feeds (the management port), for what the API finds again

@@ -4,7 +4,9 @@
 //!
 //! A model id is an alias from `[api.models]`, or else `ADAPTER/TARGET`, split at the first
 //! `/` (adapter names never contain one; targets may, as in `vllm/Qwen/Qwen2.5-7B`). Nothing
-//! past this module sees a model id.
+//! past this module sees a model id. A LoRA some node reported is a model too,
+//! `ADAPTER/LORA`: its runs are its base's, with the LoRA in their routing ([`with_lora`]),
+//! and `/v1/models` lists it with its base as `parent`.
 
 use std::collections::BTreeMap;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -17,7 +19,7 @@ use serde::{Serialize, Serializer};
 
 use super::ApiError;
 use crate::adapters::api::ApiState;
-use crate::domain::{AdapterName, NameError, Target};
+use crate::domain::{AdapterName, LoraBook, NameError, NodeLora, RunSpec, Target};
 use crate::ports::ConnectedNode;
 
 /// Where a model id leads: the adapter and target of its runs.
@@ -129,10 +131,11 @@ impl ModelMap {
 
     /// The models `nodes` can serve: every `ADAPTER/TARGET` some node's config lists, its
     /// last availability report too (if it sent one) or its engine can load on command,
-    /// and that is not drained; and
-    /// every alias leading to one of those; sorted by id. A model's context window is the
-    /// smallest its serving nodes reported, so a request that fits it fits any of them.
-    pub fn served(&self, nodes: &[ConnectedNode]) -> Vec<ListedModel> {
+    /// and that is not drained; every LoRA of such a target a node reported as `loras`
+    /// knows it (`ADAPTER/LORA`, with its base as `parent`); and every alias leading to
+    /// one of those; sorted by id. A model's context window is the smallest its serving
+    /// nodes reported, so a request that fits it fits any of them (a LoRA's, its base's).
+    pub fn served(&self, nodes: &[ConnectedNode], loras: &LoraBook) -> Vec<ListedModel> {
         let mut served: BTreeMap<String, ListedModel> = BTreeMap::new();
         for node in nodes {
             let created = unix_seconds(node.connected_since);
@@ -142,30 +145,79 @@ impl ModelMap {
                     if !serving && !node.can_load(name, target) {
                         continue;
                     }
-                    let route = ModelRoute {
-                        adapter: adapter.name().clone(),
-                        target: target.clone(),
-                    };
                     let window = node
                         .availability
                         .as_ref()
                         .and_then(|a| a.context_window(adapter.name(), target));
-                    let found = Served {
-                        created,
-                        window,
-                        route: &route,
+                    let base = ModelRoute {
+                        adapter: name.clone(),
+                        target: target.clone(),
                     };
-                    add(&mut served, route.id(), &found);
-                    for (alias, aliased) in &self.aliases {
-                        if aliased == &route {
-                            add(&mut served, alias.clone(), &found);
-                        }
+                    self.add(&mut served, &base, created, window, None);
+                    for lora in loras_of(node, name, target, loras) {
+                        let route = ModelRoute {
+                            adapter: name.clone(),
+                            target: lora.name.as_target().clone(),
+                        };
+                        self.add(&mut served, &route, created, window, Some(&base));
                     }
                 }
             }
         }
         served.into_values().collect()
     }
+
+    /// Adds `route` (and every alias of it) as served since `created` with `window`; a
+    /// LoRA's `parent` is its base.
+    fn add(
+        &self,
+        served: &mut BTreeMap<String, ListedModel>,
+        route: &ModelRoute,
+        created: u64,
+        window: Option<u32>,
+        parent: Option<&ModelRoute>,
+    ) {
+        let found = Served {
+            created,
+            window,
+            route,
+            parent: parent.map(ModelRoute::id),
+        };
+        add(served, route.id(), &found);
+        for (alias, aliased) in &self.aliases {
+            if aliased == route {
+                add(served, alias.clone(), &found);
+            }
+        }
+    }
+}
+
+/// The LoRAs of `adapter + target` that `node` reported and `loras` knows by the same
+/// weights.
+fn loras_of<'a>(
+    node: &'a ConnectedNode,
+    adapter: &'a AdapterName,
+    target: &'a Target,
+    loras: &'a LoraBook,
+) -> impl Iterator<Item = &'a NodeLora> {
+    node.availability
+        .iter()
+        .flat_map(move |a| a.loras(adapter))
+        .filter(move |lora| &lora.base == target && loras.agrees(adapter, lora))
+}
+
+/// `spec`, asked for by a model id naming a LoRA some node reported (`llama/sql`): the run
+/// of its base with the LoRA in its routing, so only nodes with the LoRA's weights take it.
+/// Any other spec as it is (a model no node definition serves and no node reported stays
+/// unknown: 404).
+pub fn with_lora(mut spec: RunSpec, loras: &LoraBook) -> RunSpec {
+    if spec.routing.lora.is_none()
+        && let Some((base, choice)) = loras.choice(&spec.selector.adapter, &spec.selector.target)
+    {
+        spec.selector.target = base;
+        spec.routing.lora = Some(choice);
+    }
+    spec
 }
 
 /// The smallest context window the nodes among `nodes` serving `adapter + target` now
@@ -205,6 +257,8 @@ struct Served<'a> {
     /// The context window the node reported for it.
     window: Option<u32>,
     route: &'a ModelRoute,
+    /// For a LoRA, its base's model id.
+    parent: Option<String>,
 }
 
 fn add(served: &mut BTreeMap<String, ListedModel>, id: String, found: &Served<'_>) {
@@ -213,6 +267,7 @@ fn add(served: &mut BTreeMap<String, ListedModel>, id: String, found: &Served<'_
         object: "model",
         created: found.created,
         owned_by: found.route.adapter.to_string(),
+        parent: found.parent.clone(),
         window: None,
     });
     entry.created = entry.created.min(found.created);
@@ -255,6 +310,10 @@ pub struct ListedModel {
     pub created: u64,
     /// The adapter that runs it.
     pub owned_by: String,
+    /// For a LoRA, the model it is a fine-tune of (as vLLM lists its LoRAs); absent for
+    /// any other model.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub parent: Option<String>,
     /// Its context window: the smallest its serving nodes reported (no fields when none
     /// did). Agents size their compaction by it.
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
@@ -270,7 +329,8 @@ struct ModelList {
 
 /// `GET /v1/models`: the models the connected nodes can serve right now.
 pub(super) async fn list(State(state): State<ApiState>) -> Response {
-    let data = state.api.models().served(&state.registry.snapshot());
+    let nodes = state.registry.snapshot();
+    let data = state.api.models().served(&nodes, &state.loras.book());
     Json(ModelList {
         object: "list",
         data,
@@ -280,7 +340,8 @@ pub(super) async fn list(State(state): State<ApiState>) -> Response {
 
 /// `GET /v1/models/{model}`: one served model, or 404.
 pub(super) async fn retrieve(State(state): State<ApiState>, Path(model): Path<String>) -> Response {
-    let served = state.api.models().served(&state.registry.snapshot());
+    let nodes = state.registry.snapshot();
+    let served = state.api.models().served(&nodes, &state.loras.book());
     match served.into_iter().find(|m| m.id == model) {
         Some(found) => Json(found).into_response(),
         None => ApiError::model_not_found(&model).into_response(),
@@ -298,6 +359,7 @@ mod tests {
             object: "model",
             created: 1,
             owned_by: "llama".into(),
+            parent: None,
             window: None,
         };
         let json = serde_json::to_value(&model).unwrap();
@@ -307,6 +369,54 @@ mod tests {
         for key in ["context_window", "max_input_tokens", "max_tokens"] {
             assert_eq!(json[key], 32_768, "{json}");
         }
+    }
+
+    #[test]
+    fn a_model_naming_a_known_lora_runs_its_base_with_it() {
+        use crate::domain::{
+            Availability, LoraFile, LoraName, LoraState, NodeId, NodeLora, NodeSelector, Operation,
+        };
+        let llama = AdapterName::parse("llama").unwrap();
+        let report = Availability::new([]).with_loras(
+            llama.clone(),
+            vec![NodeLora {
+                name: LoraName::parse("sql").unwrap(),
+                base: Target::parse("qwen").unwrap(),
+                file: LoraFile {
+                    path: "/loras/sql.gguf".into(),
+                    sha256: None,
+                },
+                state: LoraState::Loaded,
+            }],
+        );
+        let mut book = LoraBook::default();
+        let node = NodeId::parse("a").unwrap();
+        book.learn(book.observe(&node, &report, |_, _| false));
+        let spec = |target: &str| RunSpec {
+            selector: NodeSelector {
+                adapter: llama.clone(),
+                target: Target::parse(target).unwrap(),
+                pin: None,
+            },
+            input: bytes::Bytes::new(),
+            content_type: String::new(),
+            params: BTreeMap::new(),
+            deadline: None,
+            operation: Operation::Chat,
+            routing: crate::domain::RunRouting::default(),
+        };
+        let lora = with_lora(spec("sql"), &book);
+        assert_eq!(lora.selector.target.as_str(), "qwen");
+        assert_eq!(lora.model_target().as_str(), "sql");
+        assert_eq!(
+            lora.routing.lora.map(|l| l.file.path),
+            Some("/loras/sql.gguf".into())
+        );
+        let other = with_lora(spec("nope"), &book);
+        assert_eq!(
+            (other.selector.target.as_str(), other.routing.lora),
+            ("nope", None)
+        );
     }
 
     #[test]

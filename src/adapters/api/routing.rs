@@ -93,6 +93,7 @@ pub(super) fn run_routing(
             reserve: keys.max_output.unwrap_or(budget.default_reserve),
         }),
         client_stream: None,
+        lora: None,
     })
 }
 

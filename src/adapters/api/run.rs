@@ -16,7 +16,7 @@ use tokio::sync::mpsc;
 use tracing::debug;
 
 use super::ApiError;
-use super::models::smallest_window;
+use super::models::{smallest_window, with_lora};
 use super::translators::output::{Collected, Finished};
 use crate::adapters::api::ApiState;
 use crate::domain::routing::RouteReason;
@@ -69,7 +69,8 @@ fn clearly_over_window(state: &ApiState, spec: &RunSpec) -> Option<ApiError> {
     Some(ApiError::context_length_exceeded(Some(estimate), window))
 }
 
-/// Starts the run of `spec` for a client that named `model`. A run whose spec carries a
+/// Starts the run of `spec` for a client that named `model` (a model naming a LoRA runs
+/// its base with the LoRA: [`with_lora`]). A run whose spec carries a
 /// client stream is resumable: its stream's events carry ids, and its client going away
 /// mid-stream leaves it to `runs.client_resume_grace_ms` rather than cancelling it.
 ///
@@ -77,6 +78,8 @@ fn clearly_over_window(state: &ApiState, spec: &RunSpec) -> Option<ApiError> {
 /// The API's answer when the run service does not accept the run (404, 429, 503), or a
 /// 400 for an input clearly over the model's window ([`clearly_over_window`]).
 pub(super) fn start(state: &ApiState, spec: RunSpec, model: &str) -> Result<ActiveRun, ApiError> {
+    // A model naming a LoRA runs its base, with the LoRA.
+    let spec = with_lora(spec, &state.loras.book());
     if let Some(refused) = clearly_over_window(state, &spec) {
         debug!(%model, bytes = spec.input.len(), "API run refused: clearly over the context window");
         return Err(refused);

@@ -16,6 +16,7 @@ use crate::adapters::http::HttpServer;
 use crate::adapters::journal::open_journal;
 use crate::adapters::web_console;
 use crate::app::drains::Drains;
+use crate::app::loras::LoraService;
 use crate::app::management::Management;
 use crate::app::models::ModelService;
 use crate::ports::{NodeStore, Registry, RunJournal, SiteRole};
@@ -58,11 +59,12 @@ pub(super) fn management(
 /// The admin listener cannot be bound, or its TLS files cannot be loaded.
 pub(super) async fn bind(
     settings: &Settings,
-    (management, models, site): (&Management, &ModelService, &SiteRole),
+    (management, models, loras, site): (&Management, &ModelService, &LoraService, &SiteRole),
     http: HttpServer,
 ) -> anyhow::Result<(HttpServer, Option<AdminServer>)> {
     let state = AdminState::new(Arc::new(management.clone()), &settings.admin)
         .with_models(Arc::new(models.clone()))
+        .with_loras(Arc::new(loras.clone()))
         .with_site(site.clone());
     // The console is a page that calls the management API: it is served where the API is.
     let router = routes(state).merge(web_console::routes());

@@ -40,11 +40,12 @@ use crate::adapters::stdin_console::{self, ConsolePorts};
 use crate::adapters::tcp::{ServerDeps, TcpServer, TcpTransport, TransportControl};
 use crate::adapters::tls::{TlsAcceptor, TlsConfig};
 use crate::app::drains::Drains;
+use crate::app::loras::LoraService;
 use crate::app::management::Management;
 use crate::app::models::{self, ModelService};
 use crate::app::node_events::NodeEvents;
 use crate::app::runs::{self, RunService};
-use crate::domain::models::{ModelName, ModelPolicy};
+use crate::domain::models::ModelName;
 use crate::domain::routing::Catalog;
 use crate::ports::{EventSink, NodeStore, Registry, RunJournal, SiteRole};
 use metrics::{MetricSources, Metrics};
@@ -132,12 +133,13 @@ impl App {
         let transport = Arc::new(TcpTransport::new(Arc::clone(&registry)));
         let metrics = Metrics::new().context("cannot start the metrics exporter")?;
         let (journal, site_journal) = cluster::journal(&settings)?;
-        let models = model_service(&settings, store.as_ref(), &registry, &transport, &metrics)?;
+        let (models, loras) = model_services(&settings, store.as_ref(), &registry, &transport)?;
+        let models = models(&metrics);
         let outbound = (Arc::clone(&registry), transport, Arc::clone(&sink));
         let runs = run_service(&settings, store.as_ref(), outbound, &journal, &metrics).await?;
         runs.attach_models(Arc::new(models.clone()));
         models.attach_runs(runs.waiting_runs());
-        let deps = node_server_deps(&store, &registry, (&runs, &models), &site);
+        let deps = node_server_deps(&store, &registry, (&runs, &models, &loras), &site);
         let server = bind_node_server(&settings, deps).await?;
         metrics.observe(MetricSources {
             store: Arc::clone(&store),
@@ -149,7 +151,7 @@ impl App {
         let management =
             admin::management(&store, &registry, &runs, &journal, Drains::new(), &metrics);
         let ops = ops_state(&metrics, &server, &site);
-        let services = (&runs, &registry, &management, &models);
+        let services = (&runs, &registry, &management, &models, &loras);
         let (http, admin) = bind_http_side(&settings, services, ops).await?;
         let listeners = (server.local_addr()?, http.local_addr()?);
         let lease = cluster::lease(&settings, store.as_ref(), &site, listeners, metrics.meter());
@@ -282,22 +284,37 @@ impl App {
     }
 }
 
-/// The model lifecycle, its `[[models]]` entries checked against the node definitions.
-fn model_service(
+/// The model lifecycle (its `[[models]]` entries checked against the node definitions),
+/// made once the metrics are, and the LoRA book, which checks the entries set aside and the
+/// aliases as nodes report.
+fn model_services(
     settings: &Settings,
     store: &dyn NodeStore,
     registry: &Arc<dyn Registry>,
     transport: &Arc<TcpTransport>,
-    metrics: &Metrics,
-) -> anyhow::Result<ModelService> {
+) -> anyhow::Result<(impl FnOnce(&Metrics) -> ModelService, LoraService)> {
     let policies = model_policies(settings, store)?;
-    Ok(ModelService::new(
-        Arc::clone(registry),
-        Arc::clone(transport) as Arc<dyn crate::ports::NodeTransport>,
-        policies,
-        settings.lifecycle.clone(),
-        metrics.meter(),
-    ))
+    let aliases = settings
+        .api
+        .models
+        .iter()
+        .filter_map(|(alias, model)| Some((alias.clone(), ModelName::parse(model).ok()?)))
+        .collect();
+    let catalog = Catalog::new(store.records());
+    let loras = LoraService::new(Arc::clone(registry), catalog, aliases, policies.loras);
+    let (registry, transport) = (Arc::clone(registry), Arc::clone(transport));
+    let lifecycle = settings.lifecycle.clone();
+    let models = move |metrics: &Metrics| {
+        let transport = transport as Arc<dyn crate::ports::NodeTransport>;
+        ModelService::new(
+            registry,
+            transport,
+            policies.models,
+            lifecycle,
+            metrics.meter(),
+        )
+    };
+    Ok((models, loras))
 }
 
 /// The `[[models]]` entries, checked against the node definitions.
@@ -307,7 +324,7 @@ fn model_service(
 pub(crate) fn model_policies(
     settings: &Settings,
     store: &dyn NodeStore,
-) -> anyhow::Result<std::collections::BTreeMap<ModelName, ModelPolicy>> {
+) -> anyhow::Result<models::Policies> {
     models::policies(&settings.models, &store.records()).map_err(|problems| {
         anyhow::anyhow!(
             "invalid `[[models]]` in config file {}: {}",
@@ -322,13 +339,14 @@ pub(crate) fn model_policies(
 fn node_server_deps(
     store: &Arc<dyn NodeStore>,
     registry: &Arc<dyn Registry>,
-    (runs, models): (&RunService, &ModelService),
+    (runs, models, loras): (&RunService, &ModelService, &LoraService),
     site: &SiteRole,
 ) -> ServerDeps {
+    let handler = NodeEvents::new(runs.clone(), models.clone(), loras.clone());
     ServerDeps {
         store: Arc::clone(store),
         registry: Arc::clone(registry),
-        handler: Arc::new(NodeEvents::new(runs.clone(), models.clone())),
+        handler: Arc::new(handler),
         site: site.clone(),
     }
 }
@@ -406,29 +424,36 @@ fn journal_shown(settings: &Settings) -> String {
 /// own listener or beside them; the API and the management API act on `ops.site`.
 async fn bind_http_side(
     settings: &Settings,
-    (runs, registry, management, models): (
+    (runs, registry, management, models, loras): (
         &RunService,
         &Arc<dyn Registry>,
         &Management,
         &ModelService,
+        &LoraService,
     ),
     ops: OpsState,
 ) -> anyhow::Result<(HttpServer, Option<AdminServer>)> {
     let site = ops.site.clone();
-    let api = api_state((runs, registry, management), settings, &site)?;
+    let api = api_state((runs, registry, management, loras), settings, &site)?;
     let http = bind_http_server(settings, ops, &api).await?;
-    admin::bind(settings, (management, models, &site), http).await
+    admin::bind(settings, (management, models, loras, &site), http).await
 }
 
 /// What the client APIs' handlers work with.
 fn api_state(
-    (runs, registry, management): (&RunService, &Arc<dyn Registry>, &Management),
+    (runs, registry, management, loras): (
+        &RunService,
+        &Arc<dyn Registry>,
+        &Management,
+        &LoraService,
+    ),
     settings: &Settings,
     site: &SiteRole,
 ) -> anyhow::Result<ApiState> {
     Ok(ApiState {
         runs: Arc::new(runs.clone()),
         registry: Arc::clone(registry),
+        loras: Arc::new(loras.clone()),
         api: Api::new(settings.api.clone())?.with_prefix_affinity(settings.routing.prefix_affinity),
         manage: Arc::new(management.clone()),
         site: site.clone(),

@@ -1,6 +1,7 @@
 //! The model lifecycle's sections: `[[models]]` (the desired state of each model) and
 //! `[lifecycle]` (how long commands and cold starts may take, how often the edge
-//! reconciles), and [`policies`], which checks the entries against the node definitions.
+//! reconciles), and [`policies`], which checks the entries against the node definitions and
+//! sets aside those naming LoRAs.
 //!
 //! Deserialized by `crate::app::compose::settings` with the other sections; the reference is
 //! `docs/configuration.md` and `docs/models.md`.
@@ -91,27 +92,58 @@ impl LifecycleConfig {
     }
 }
 
+/// The `[[models]]` entries: the policies of configured models, and the entries set aside
+/// as LoRAs' (no node definition serves their target, but one has their adapter: a LoRA's
+/// name, known only once a node reports it; checked then).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Policies {
+    /// Each configured model's policy.
+    pub models: BTreeMap<ModelName, ModelPolicy>,
+    /// The entries naming what may be a LoRA.
+    pub loras: Vec<LoraEntry>,
+}
+
+/// A `[[models]]` entry naming no configured target of a configured adapter: a LoRA's name,
+/// checked when nodes report.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoraEntry {
+    /// Where it is written (`models[1] (model "llama/sql")`).
+    pub at: String,
+    /// Its model.
+    pub model: ModelName,
+    /// It sets `min_loaded`, `pin` or `idle_unload_ms`, which do not apply to a LoRA (its
+    /// node registers it itself).
+    pub sets_policy: bool,
+}
+
 /// The `[[models]]` entries as policies, checked against the node definitions `records`.
 ///
 /// # Errors
 /// Every problem at once, each naming its entry (`models[1] (model "llama/alpha")`): a
-/// model that is not `adapter/target` or that no node's config serves, one listed twice,
-/// `min_loaded` above the nodes that serve it, a pin on a node that is not defined or
+/// model that is not `adapter/target` or whose adapter no node's config has, one listed
+/// twice, `min_loaded` above the nodes that serve it, a pin on a node that is not defined or
 /// does not serve it, an `idle_unload_ms` of 0.
 pub fn policies(
     entries: &[ModelEntry],
     records: &[Arc<NodeRecord>],
-) -> Result<BTreeMap<ModelName, ModelPolicy>, Vec<String>> {
-    let mut policies = BTreeMap::new();
+) -> Result<Policies, Vec<String>> {
+    let mut policies = Policies::default();
     let mut problems = Vec::new();
     for (index, entry) in entries.iter().enumerate() {
         let at = format!("models[{index}] (model {:?})", entry.model);
         match policy(entry, records) {
-            Ok((model, policy)) => {
-                if policies.insert(model, policy).is_some() {
+            Ok(Entry::Model(model, policy)) => {
+                if policies.models.insert(model, policy).is_some() {
                     problems.push(format!("{at}: the model is listed twice"));
                 }
             }
+            Ok(Entry::Lora(model)) => policies.loras.push(LoraEntry {
+                at,
+                model,
+                sets_policy: entry.min_loaded > 0
+                    || !entry.pin.is_empty()
+                    || entry.idle_unload_ms.is_some(),
+            }),
             Err(found) => problems.extend(found.into_iter().map(|p| format!("{at}: {p}"))),
         }
     }
@@ -122,20 +154,30 @@ pub fn policies(
     }
 }
 
-fn policy(
-    entry: &ModelEntry,
-    records: &[Arc<NodeRecord>],
-) -> Result<(ModelName, ModelPolicy), Vec<String>> {
+/// One entry, read.
+enum Entry {
+    /// A configured model and its policy.
+    Model(ModelName, ModelPolicy),
+    /// What may be a LoRA.
+    Lora(ModelName),
+}
+
+fn policy(entry: &ModelEntry, records: &[Arc<NodeRecord>]) -> Result<Entry, Vec<String>> {
     let model = ModelName::parse(&entry.model)
         .map_err(|error| vec![format!("`model` is not `adapter/target`: {error}")])?;
     let serving: Vec<&Arc<NodeRecord>> = records
         .iter()
         .filter(|r| r.serves(&model.adapter, &model.target))
         .collect();
+    let has_adapter =
+        |r: &&Arc<NodeRecord>| r.adapters().iter().any(|a| a.name() == &model.adapter);
+    if serving.is_empty() && records.iter().any(|r| has_adapter(&r)) {
+        return Ok(Entry::Lora(model));
+    }
     let mut problems = Vec::new();
     if serving.is_empty() {
         problems.push(format!(
-            "no `[[nodes]]` entry serves adapter `{}` with target `{}`",
+            "no `[[nodes]]` entry has adapter `{}` (for its target `{}`, or a LoRA of it)",
             model.adapter, model.target
         ));
     } else if entry.min_loaded as usize > serving.len() {
@@ -170,5 +212,5 @@ fn policy(
         pin: pin.into_iter().collect::<Vec<NodeId>>(),
         idle_unload: entry.idle_unload_ms.map(Duration::from_millis),
     };
-    Ok((model, policy))
+    Ok(Entry::Model(model, policy))
 }

@@ -41,7 +41,7 @@ use crate::ports::{
     FeedAction, ModelDemand, ModelEvent, ModelOutcome, NodeTransport, Registry, WaitingRuns,
 };
 
-pub use config::{LifecycleConfig, ModelEntry, policies};
+pub use config::{LifecycleConfig, LoraEntry, ModelEntry, Policies, policies};
 
 /// The model lifecycle. Cheap to clone.
 #[derive(Clone)]

@@ -52,13 +52,13 @@ fn entry(model: &str, min_loaded: u32, pin: &[&str], idle: Option<u64>) -> Model
 fn models_entries_are_checked_against_the_nodes_and_every_problem_names_its_entry() {
     let records = [record("a", &["alpha", "beta"]), record("b", &["alpha"])];
     let good = [entry("llama/alpha", 2, &["a-alias"], Some(60_000))];
-    let checked = policies(&good, &records).unwrap();
+    let checked = policies(&good, &records).unwrap().models;
     let alpha = &checked[&ModelName::parse("llama/alpha").unwrap()];
     assert_eq!(alpha.pin, vec![NodeId::parse("a").unwrap()]);
 
     let bad = [
         entry("alpha", 0, &[], None),
-        entry("llama/zeta", 0, &[], None),
+        entry("other/zeta", 0, &[], None),
         entry("llama/beta", 2, &["b"], Some(0)),
         entry("llama/alpha", 0, &["nobody"], None),
         entry("llama/alpha", 0, &[], None),
@@ -67,7 +67,7 @@ fn models_entries_are_checked_against_the_nodes_and_every_problem_names_its_entr
     let problems = policies(&bad, &records).unwrap_err().join("\n");
     for expected in [
         r#"models[0] (model "alpha"): `model` is not `adapter/target`"#,
-        r#"models[1] (model "llama/zeta"): no `[[nodes]]` entry serves adapter `llama` with target `zeta`"#,
+        r#"models[1] (model "other/zeta"): no `[[nodes]]` entry has adapter `other` (for its target `zeta`, or a LoRA of it)"#,
         r#"models[2] (model "llama/beta"): `min_loaded` = 2 is above the 1 node(s) that serve it"#,
         r#"models[2] (model "llama/beta"): `pin` names node "b", whose config does not serve the model"#,
         r#"models[2] (model "llama/beta"): `idle_unload_ms` must be at least 1"#,
@@ -79,6 +79,31 @@ fn models_entries_are_checked_against_the_nodes_and_every_problem_names_its_entr
             "missing {expected:?} in:\n{problems}"
         );
     }
+}
+
+#[test]
+fn an_entry_naming_no_target_of_a_configured_adapter_is_set_aside_as_a_loras() {
+    let records = [record("a", &["alpha"])];
+    let entries = [
+        entry("llama/alpha", 1, &[], None),
+        entry("llama/sql", 0, &[], None),
+        entry("llama/tone", 1, &["a"], None),
+    ];
+    let checked = policies(&entries, &records).unwrap();
+    assert_eq!(checked.models.len(), 1);
+    let loras: Vec<(String, bool)> = checked
+        .loras
+        .iter()
+        .map(|l| (l.model.to_string(), l.sets_policy))
+        .collect();
+    assert_eq!(
+        loras,
+        [
+            ("llama/sql".to_owned(), false),
+            ("llama/tone".to_owned(), true)
+        ]
+    );
+    assert!(checked.loras[0].at.starts_with("models[1]"));
 }
 
 struct NullLink;

@@ -250,7 +250,7 @@ pub(super) fn accepted(id: &RunId, spec: &RunSpec) -> AcceptedRun {
     AcceptedRun {
         run_id: id.clone(),
         adapter: spec.selector.adapter.clone(),
-        target: spec.selector.target.clone(),
+        target: spec.model_target().clone(),
         operation: spec.operation,
         pin: spec.selector.pin.clone(),
         api_key_name: (spec.routing.tenant != TenantKey::anonymous())

@@ -222,7 +222,7 @@ impl RunService {
             "run",
             run_id = %id,
             adapter = %spec.selector.adapter,
-            target = %spec.selector.target,
+            target = %spec.model_target(),
             node = tracing::field::Empty,
             attempt = tracing::field::Empty,
         );

@@ -700,6 +700,7 @@ async fn a_run_the_node_completes_ends_with_its_completed_event() {
             deadline_ms: 0,
             operation: crate::domain::Operation::Unspecified,
             continuation: None,
+            lora: None,
         }
     );
     assert_eq!(h.active_runs("a"), 1);

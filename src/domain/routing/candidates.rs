@@ -10,6 +10,7 @@ use std::sync::Arc;
 use super::breaker::BreakerBook;
 use super::failover::Tried;
 use super::hash::NodeHash;
+use crate::domain::lora::{LoraChoice, LoraState};
 use crate::domain::names::{AdapterName, Target};
 use crate::domain::node::{Availability, NodeRecord};
 use crate::domain::operation::{DeclaredOperations, Operation};
@@ -66,6 +67,18 @@ impl NodeStatus {
         self.availability
             .as_ref()
             .is_none_or(|a| a.serves(adapter, target))
+    }
+
+    /// The state of `lora` on top of `adapter + target` here, when its last report has that
+    /// LoRA with the same weights; `None` otherwise (a node that never reported has none).
+    pub fn lora_state(
+        &self,
+        adapter: &AdapterName,
+        target: &Target,
+        lora: &LoraChoice,
+    ) -> Option<LoraState> {
+        let reported = self.availability.as_ref()?.lora(adapter, &lora.name)?;
+        reported.serves(target, lora).then_some(reported.state)
     }
 }
 
@@ -181,6 +194,8 @@ pub(super) struct Seat {
     pub(super) hash: NodeHash,
     /// The model being placed is at its engine's cap there.
     pub(super) model_full: bool,
+    /// The run's LoRA is loaded (registered) there: such nodes are chosen first.
+    pub(super) lora_loaded: bool,
 }
 
 impl Seat {
@@ -205,6 +220,23 @@ pub(super) struct Pool {
     pub(super) filtered: Filtered,
 }
 
+impl Pool {
+    /// LoRA affinity: when some eligible node with room has the run's LoRA loaded, only
+    /// those nodes (one that must load it first waits its turn); otherwise every eligible
+    /// node. Prefix affinity then holds among the nodes kept.
+    pub(super) fn loaded_first(mut self) -> Self {
+        if !self.eligible.iter().any(|s| s.lora_loaded && s.has_room()) {
+            return self;
+        }
+        self.eligible.retain(|seat| seat.lora_loaded);
+        self.load = self.eligible.iter().map(|s| u64::from(s.active)).sum();
+        self.slots = self.eligible.iter().map(|s| u64::from(s.slots)).sum();
+        let first = self.eligible.first().map(|s| s.slots);
+        self.uniform &= self.eligible.iter().all(|s| Some(s.slots) == first);
+        self
+    }
+}
+
 /// What filtering looks at besides the nodes.
 pub(super) struct Filter<'a> {
     pub(super) selector: &'a NodeSelector,
@@ -216,6 +248,9 @@ pub(super) struct Filter<'a> {
     pub(super) now: std::time::Instant,
     /// Per node of the list, by position, its runs of the model against its engine's cap.
     pub(super) model_seats: &'a [Option<ModelSeats>],
+    /// The run's LoRA: a node without it (with these weights) is as one whose report does
+    /// not list the route.
+    pub(super) lora: Option<&'a LoraChoice>,
 }
 
 impl Filter<'_> {
@@ -255,18 +290,20 @@ impl Filter<'_> {
                 .copied()
                 .flatten()
                 .is_some_and(|seats| seats.full());
+            let lora = self.lora.map(|lora| node.lora_state(adapter, target, lora));
             let seat = Seat {
                 index,
                 active: node.active_runs,
                 slots,
                 hash: node.hash,
                 model_full,
+                lora_loaded: lora == Some(Some(LoraState::Loaded)),
             };
             let counter = if self.tried.contains(node.hash, node.record.id()) {
                 &mut pool.filtered.tried
             } else if node.drained {
                 &mut pool.filtered.drained
-            } else if !node.available_for(adapter, target) {
+            } else if !node.available_for(adapter, target) || lora == Some(None) {
                 &mut pool.filtered.unavailable
             } else if !self.breakers.admits(node.hash, node.record.id(), self.now) {
                 &mut pool.filtered.breaker_open
@@ -362,6 +399,7 @@ mod tests {
                 breakers: &breakers,
                 now: std::time::Instant::now(),
                 model_seats: &[],
+                lora: None,
             };
             let pool = filter.pool(&nodes, None);
             (

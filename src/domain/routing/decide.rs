@@ -13,6 +13,7 @@ use super::candidates::{Catalog, Filter, Filtered, ModelSeats, NodeStatus, Pool}
 use super::failover::Tried;
 use super::hash::AffinityKey;
 use super::reason::{RouteReason, RouteRule};
+use crate::domain::lora::LoraChoice;
 use crate::domain::names::{AdapterName, Target};
 use crate::domain::operation::Operation;
 use crate::domain::selection::NodeSelector;
@@ -28,6 +29,9 @@ pub struct RouteRequest<'a> {
     pub tried: &'a Tried,
     /// What the run asks for: one that needs a declaration goes only to nodes that made it.
     pub operation: Operation,
+    /// The LoRA applied on top of the target: only nodes that reported it take the run, and
+    /// those where it is loaded first.
+    pub lora: Option<&'a LoraChoice>,
 }
 
 /// The edge's state and settings a decision reads.
@@ -185,6 +189,7 @@ pub fn decide(
         breakers: ctx.breakers,
         now: ctx.now,
         model_seats: ctx.model_seats,
+        lora: request.lora,
     };
     let pool = filter.pool(nodes, pinned);
     let filtered = pool.filtered;
@@ -204,6 +209,10 @@ pub fn decide(
     if filtered.full == filtered.eligible() {
         return wait(WaitCause::AllBusy, filtered);
     }
+    let pool = match request.lora {
+        Some(_) => pool.loaded_first(),
+        None => pool,
+    };
     let chosen = choose(&pool, pinned, request.affinity, ctx);
     match chosen {
         Some((index, rule)) => Decision::Place {

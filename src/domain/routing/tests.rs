@@ -15,6 +15,7 @@ use crate::domain::{
 
 mod affinity_props;
 mod decide_cases;
+mod lora_cases;
 
 /// A node serving `targets` through `echo` (no adapter at all when `targets` is empty: an
 /// adapter must serve at least one target).
@@ -64,6 +65,8 @@ struct Setup {
     now: Instant,
     /// Per node, its runs of the model against its engine's cap.
     model_seats: Vec<Option<ModelSeats>>,
+    /// The run's LoRA.
+    lora: Option<crate::domain::LoraChoice>,
 }
 
 impl Setup {
@@ -74,6 +77,7 @@ impl Setup {
             tried: Tried::default(),
             now: Instant::now(),
             model_seats: Vec::new(),
+            lora: None,
         }
     }
 
@@ -89,6 +93,7 @@ impl Setup {
             affinity: key,
             tried: &self.tried,
             operation: crate::domain::Operation::Chat,
+            lora: self.lora.as_ref(),
         };
         let ctx = RouteContext {
             catalog: &self.catalog,

@@ -31,7 +31,23 @@
 //!   **an out-of-memory failure** and the server stays asleep.
 //! - **The catalogue** (`vllm/entrypoints/openai/models/serving.py`
 //!   `show_available_models`): `/v1/models` lists the served model name with its
-//!   `max_model_len`, asleep or not (it reads the model config, not the GPU).
+//!   `max_model_len`, asleep or not (it reads the model config, not the GPU), then each
+//!   registered LoRA as a model of its own: `id` its name, `root` its path, `parent` the
+//!   served model name, no `max_model_len`.
+//! - **LoRAs registered at run time** exist only with `VLLM_ALLOW_RUNTIME_LORA_UPDATING`
+//!   (`vllm/entrypoints/serve/lora/api_router.py`, `attach_router`: without it, no route):
+//!   `POST /v1/load_lora_adapter {"lora_name", "lora_path"}` answers 200 with a line of text
+//!   (`"Success: LoRA adapter 'sql' added successfully."`); both fields are required (400,
+//!   `InvalidUserInput`); a name already registered is a 400 ("has already been loaded. If
+//!   you want to load the adapter in place, set 'load_inplace' to True."); a path that holds
+//!   no adapter fails the engine's `add_lora` (404, `LoRAAdapterNotFoundError`). `POST
+//!   /v1/unload_lora_adapter {"lora_name"}`: 200, or 404 ("cannot be found") for a name not
+//!   registered — **and it unregisters a LoRA whose requests are still running**
+//!   (`unload_lora_adapter` checks only that the name is registered), which the fake records
+//!   with the requests in flight. A request names a LoRA by its `model`
+//!   (`serving.py` `_check_model`, `_maybe_get_adapters`); a name not registered is the
+//!   404 "The model `x` does not exist." The fake's answer through a LoRA ends with the
+//!   LoRA's name, so a test sees which one answered.
 //!
 //! What the record holds ([`VllmEvent`], shared by every server of one [`Gpu`]) is the
 //! ground truth the tests assert on.
@@ -99,10 +115,30 @@ pub enum VllmEvent {
     Request {
         /// The server.
         server: String,
+        /// The model it named: the served model, or a registered LoRA.
+        model: String,
         /// Its `max_tokens`.
         max_tokens: Option<u64>,
         /// The path (`/v1/chat/completions`, `/v1/completions`).
         path: String,
+    },
+    /// `POST /v1/load_lora_adapter` registered a LoRA.
+    LoraLoaded {
+        /// The server.
+        server: String,
+        /// The LoRA's name.
+        lora: String,
+        /// The path it was registered from.
+        path: String,
+    },
+    /// `POST /v1/unload_lora_adapter` unregistered a LoRA.
+    LoraUnloaded {
+        /// The server.
+        server: String,
+        /// The LoRA's name.
+        lora: String,
+        /// Its requests still running at that moment (vLLM lets them be).
+        in_flight: u32,
     },
     /// A request was answered to its end.
     Answered {
@@ -190,6 +226,8 @@ pub struct VllmOptions {
     pub reply: Vec<String>,
     /// The pause before each chunk.
     pub chunk_delay: Duration,
+    /// `VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`: the LoRA routes exist.
+    pub runtime_loras: bool,
 }
 
 impl VllmOptions {
@@ -203,7 +241,15 @@ impl VllmOptions {
             sleep_time: Duration::from_millis(20),
             reply: vec!["Hello".into(), " from".into(), format!(" {name}.")],
             chunk_delay: Duration::ZERO,
+            runtime_loras: false,
         }
+    }
+
+    /// This server, with LoRAs registered at run time (the LoRA routes).
+    #[must_use]
+    pub fn runtime_loras(mut self) -> Self {
+        self.runtime_loras = true;
+        self
     }
 
     /// This server, started asleep.
@@ -239,6 +285,10 @@ struct ServerState {
     in_flight: u32,
     /// Bumped by a sleep in mode `abort`: the requests in flight end.
     aborts: u64,
+    /// The LoRAs registered, by name: the path each came from and its requests in flight.
+    loras: std::collections::BTreeMap<String, (String, u32)>,
+    /// The most LoRAs ever registered at once.
+    most_loras: usize,
 }
 
 #[derive(Debug)]
@@ -291,10 +341,18 @@ impl FakeVllm {
                 phase,
                 in_flight: 0,
                 aborts: 0,
+                loras: std::collections::BTreeMap::new(),
+                most_loras: 0,
             }),
             changed: Notify::new(),
         });
-        let app = Router::new()
+        let mut app = Router::new();
+        if server.options.runtime_loras {
+            app = app
+                .route("/v1/load_lora_adapter", post(load_lora))
+                .route("/v1/unload_lora_adapter", post(unload_lora));
+        }
+        let app = app
             .route("/v1/models", get(models))
             .route("/health", get(health))
             .route("/sleep", post(sleep))
@@ -322,6 +380,20 @@ impl FakeVllm {
         self.server.lock().phase != Phase::Awake
     }
 
+    /// The LoRAs registered now, by name, with the path each came from.
+    pub fn loras(&self) -> Vec<(String, String)> {
+        let state = self.server.lock();
+        let loras = state.loras.iter();
+        loras
+            .map(|(name, (path, _))| (name.clone(), path.clone()))
+            .collect()
+    }
+
+    /// The most LoRAs it ever had registered at once.
+    pub fn most_loras(&self) -> usize {
+        self.server.lock().most_loras
+    }
+
     /// Stops listening (this server is down).
     pub async fn down(&mut self) {
         self.listening.down().await;
@@ -339,14 +411,78 @@ async fn health() -> Response {
 
 async fn models(State(server): State<Arc<Server>>) -> Response {
     let name = server.name();
-    let card = json!({"id": name, "object": "model", "created": unix_now(), "owned_by": "vllm",
-        "root": format!("/models/{name}"), "parent": null,
-        "max_model_len": server.options.max_model_len,
-        "permission": [{"id": "modelperm-0", "object": "model_permission", "created": unix_now(),
-            "allow_create_engine": false, "allow_sampling": true, "allow_logprobs": true,
-            "allow_search_indices": false, "allow_view": true, "allow_fine_tuning": false,
-            "organization": "*", "group": null, "is_blocking": false}]});
-    axum::Json(json!({"object": "list", "data": [card]})).into_response()
+    let card = |id: &str, root: String, parent: Value, window: Value| {
+        json!({"id": id, "object": "model", "created": unix_now(), "owned_by": "vllm",
+            "root": root, "parent": parent, "max_model_len": window,
+            "permission": [{"id": "modelperm-0", "object": "model_permission",
+                "created": unix_now(), "allow_create_engine": false, "allow_sampling": true,
+                "allow_logprobs": true, "allow_search_indices": false, "allow_view": true,
+                "allow_fine_tuning": false, "organization": "*", "group": null,
+                "is_blocking": false}]})
+    };
+    let window = json!(server.options.max_model_len);
+    let mut data = vec![card(&name, format!("/models/{name}"), Value::Null, window)];
+    for (lora, (path, _)) in &server.lock().loras {
+        data.push(card(lora, path.clone(), json!(name), Value::Null));
+    }
+    axum::Json(json!({"object": "list", "data": data})).into_response()
+}
+
+/// vLLM's error body (`ErrorResponse`): `{"error": {"message", "type", "param", "code"}}`.
+fn lora_error(status: StatusCode, kind: &str, message: String) -> Response {
+    let body = json!({"error": {"message": message, "type": kind, "param": null,
+        "code": status.as_u16()}});
+    (status, axum::Json(body)).into_response()
+}
+
+async fn load_lora(State(server): State<Arc<Server>>, body: axum::body::Bytes) -> Response {
+    let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let (Some(name), Some(path)) = (body["lora_name"].as_str(), body["lora_path"].as_str()) else {
+        let message = "Both 'lora_name' and 'lora_path' must be provided.".to_owned();
+        return lora_error(StatusCode::BAD_REQUEST, "InvalidUserInput", message);
+    };
+    let mut state = server.lock();
+    if state.loras.contains_key(name) {
+        let message = format!(
+            "The lora adapter '{name}' has already been loaded. If you want to load the \
+             adapter in place, set 'load_inplace' to True."
+        );
+        return lora_error(StatusCode::BAD_REQUEST, "InvalidUserInput", message);
+    }
+    if !std::path::Path::new(path)
+        .join("adapter_config.json")
+        .is_file()
+    {
+        let message = format!("Loading lora {name} failed: No adapter found for {path}");
+        return lora_error(StatusCode::NOT_FOUND, "NotFoundError", message);
+    }
+    state.loras.insert(name.to_owned(), (path.to_owned(), 0));
+    state.most_loras = state.most_loras.max(state.loras.len());
+    drop(state);
+    server.gpu.record(VllmEvent::LoraLoaded {
+        server: server.name(),
+        lora: name.to_owned(),
+        path: path.to_owned(),
+    });
+    format!("Success: LoRA adapter '{name}' added successfully.").into_response()
+}
+
+async fn unload_lora(State(server): State<Arc<Server>>, body: axum::body::Bytes) -> Response {
+    let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let Some(name) = body["lora_name"].as_str() else {
+        let message = "'lora_name' needs to be provided to unload a LoRA adapter.".to_owned();
+        return lora_error(StatusCode::BAD_REQUEST, "InvalidUserInput", message);
+    };
+    let Some((_, in_flight)) = server.lock().loras.remove(name) else {
+        let message = format!("The lora adapter '{name}' cannot be found.");
+        return lora_error(StatusCode::NOT_FOUND, "NotFoundError", message);
+    };
+    server.gpu.record(VllmEvent::LoraUnloaded {
+        server: server.name(),
+        lora: name.to_owned(),
+        in_flight,
+    });
+    format!("Success: LoRA adapter '{name}' removed successfully.").into_response()
 }
 
 async fn is_sleeping(State(server): State<Arc<Server>>) -> Response {
@@ -479,13 +615,17 @@ async fn completions(State(server): State<Arc<Server>>, body: axum::body::Bytes)
     answer(server, body, "/v1/completions").await
 }
 
-/// Ends the request in flight when dropped (its stream ended or its client went away).
-struct InFlight(Arc<Server>);
+/// Ends the request in flight when dropped (its stream ended or its client went away),
+/// and its LoRA's, if it named one.
+struct InFlight(Arc<Server>, Option<String>);
 
 impl Drop for InFlight {
     fn drop(&mut self) {
         let mut state = self.0.lock();
         state.in_flight = state.in_flight.saturating_sub(1);
+        if let Some((_, running)) = self.1.as_ref().and_then(|l| state.loras.get_mut(l)) {
+            *running = running.saturating_sub(1);
+        }
         drop(state);
         self.0.changed.notify_waiters();
     }
@@ -494,7 +634,11 @@ impl Drop for InFlight {
 async fn answer(server: Arc<Server>, body: axum::body::Bytes, path: &str) -> Response {
     let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
     let model = body["model"].as_str().unwrap_or("");
-    if model != server.options.name {
+    let lora = (model != server.options.name).then(|| model.to_owned());
+    if lora
+        .as_ref()
+        .is_some_and(|lora| !server.lock().loras.contains_key(lora))
+    {
         return not_found(model);
     }
     let chat = path == "/v1/chat/completions";
@@ -508,6 +652,9 @@ async fn answer(server: Arc<Server>, body: axum::body::Bytes, path: &str) -> Res
         let awake = state.phase == Phase::Awake;
         if awake {
             state.in_flight += 1;
+            if let Some((_, running)) = lora.as_ref().and_then(|l| state.loras.get_mut(l)) {
+                *running += 1;
+            }
         }
         (awake, state.aborts)
     };
@@ -517,13 +664,17 @@ async fn answer(server: Arc<Server>, body: axum::body::Bytes, path: &str) -> Res
         });
         return respond(&server, &asked, chat, Vec::new(), "abort", None).await;
     }
-    let in_flight = InFlight(Arc::clone(&server));
+    let in_flight = InFlight(Arc::clone(&server), lora.clone());
     server.gpu.record(VllmEvent::Request {
         server: server.name(),
+        model: model.to_owned(),
         max_tokens: asked.max_tokens,
         path: path.to_owned(),
     });
     let mut pieces = server.options.reply.clone();
+    if let Some(lora) = &lora {
+        pieces.push(format!(" ({lora})"));
+    }
     let mut finish = "stop";
     if let Some(max) = asked.max_tokens.and_then(|m| usize::try_from(m).ok())
         && max < pieces.len()

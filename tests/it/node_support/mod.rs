@@ -167,6 +167,51 @@ pub async fn edge_on(config: &str, node_addr: SocketAddr) -> TestApp {
     common::serve(settings, dir).await
 }
 
+/// One `[[nodes]]` entry: node `id` (alias `<id>-box`, token `token-<id>`, 4 runs at once,
+/// a heartbeat a second) whose adapter `adapter` serves `targets` with `settings`.
+pub fn node_entry(
+    id: &str,
+    adapter: &str,
+    targets: &[&str],
+    settings: &[(&str, String)],
+) -> String {
+    let settings: String = settings
+        .iter()
+        .map(|(key, value)| format!("{key:?} = {value:?}\n"))
+        .collect();
+    format!(
+        "\n[[nodes]]\nid = {id:?}\nalias = \"{id}-box\"\ntoken = \"token-{id}\"\n\
+         [nodes.runtime]\nmax_concurrent_runs = 4\nheartbeat_interval_ms = 1000\n\
+         [[nodes.adapters]]\nname = {adapter:?}\ntargets = {targets:?}\n\
+         [nodes.adapters.settings]\n{settings}"
+    )
+}
+
+/// `POST {path}` with `body` to `app`'s HTTP API: the status, the node that answered
+/// (`x-edge-node`, empty when none) and the body as JSON (`null` when it is not).
+pub async fn api_post(
+    app: &TestApp,
+    path: &str,
+    body: &serde_json::Value,
+) -> (u16, String, serde_json::Value) {
+    let response = common::http_client()
+        .post(format!("http://{}{path}", app.http_addr))
+        .header("anthropic-version", "2023-06-01")
+        .json(body)
+        .send()
+        .await
+        .expect("the edge answers");
+    let status = response.status().as_u16();
+    let node = response
+        .headers()
+        .get("x-edge-node")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    let body = response.json().await.unwrap_or(serde_json::Value::Null);
+    (status, node, body)
+}
+
 /// Waits until the edge has answered two of the node's pings: the first answer surely
 /// reached the node, which from then on judges the link by its pings.
 pub async fn pings_answered(app: &TestApp) {

@@ -79,7 +79,8 @@ pub struct Catalogue {
     pub unreachable: BTreeMap<String, String>,
 }
 
-/// Why a managed engine did not begin a load or an unload.
+/// Why a managed engine did not begin a load or an unload (of a model, or of a LoRA:
+/// [`crate::openai::loras`]).
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum BeginError {
     /// It could not be asked.
@@ -502,6 +503,7 @@ pub async fn probe_loop(
             warn_unlisted(adapter, engine, seen, &mut warned);
             refuse_misconfigured(adapter, seen, &mut refused);
             warn_unreachable(adapter, seen, &mut unreachable);
+            adapter.loras().refresh().await;
         }
         let settings = adapter.settings();
         let (up_every, down_every) = (settings.probe_interval, settings.probe_down_interval);

@@ -103,7 +103,7 @@ fn priority_index(priority: Priority) -> usize {
 fn route(spec: &RunSpec) -> [KeyValue; 2] {
     [
         KeyValue::new("adapter", spec.selector.adapter.to_shared()),
-        KeyValue::new("target", spec.selector.target.to_shared()),
+        KeyValue::new("target", spec.model_target().to_shared()),
     ]
 }
 
@@ -158,13 +158,13 @@ impl RunMetrics {
         }
     }
 
-    /// The instruments of `run`'s route, found (or made) on its first dispatch: a
-    /// dispatched run's route is a configured one, so the routes kept are bounded by the
-    /// config.
+    /// The instruments of `run`'s model, found (or made) on its first dispatch: a
+    /// dispatched run's model is a configured target or a LoRA some node reported, so the
+    /// models kept are bounded by the config and the nodes' reports.
     fn route_of<'a>(&self, run: &'a Run) -> Option<&'a RouteMetrics> {
         run.observed(|| {
-            let selector = &run.spec().selector;
-            let key = (selector.adapter.clone(), selector.target.clone());
+            let spec = run.spec();
+            let key = (spec.selector.adapter.clone(), spec.model_target().clone());
             let mut routes = lock(&self.routes);
             let bound = routes.entry(key).or_insert_with(|| {
                 Arc::new(RouteMetrics {
@@ -201,10 +201,11 @@ impl RunMetrics {
         let group = (routing.tenant.clone(), event.node.clone(), affinity);
         let counters = Arc::clone(lock(&bound.tokens).entry(group).or_insert_with_key(
             |(tenant, node, affinity)| {
-                let selector = &run.spec().selector;
+                let spec = run.spec();
+                let model = format!("{}/{}", spec.selector.adapter, spec.model_target());
                 let labels = [
                     KeyValue::new("key", tenant.as_str().to_owned()),
-                    KeyValue::new("model", format!("{}/{}", selector.adapter, selector.target)),
+                    KeyValue::new("model", model),
                     KeyValue::new("node", node.as_ref().map_or("", |n| n.as_str()).to_owned()),
                     KeyValue::new("affinity", *affinity),
                 ];

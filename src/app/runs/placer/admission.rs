@@ -164,6 +164,7 @@ impl Placer {
             affinity: spec.routing.affinity,
             tried: route.tried(),
             operation: spec.operation,
+            lora: spec.routing.lora.as_ref(),
         };
         let selector = &spec.selector;
         let model_seats = self
@@ -480,7 +481,7 @@ fn assignment(run: &Run) -> RunAssignment {
         params,
         deadline,
         operation,
-        routing: _,
+        routing,
     } = run.spec();
     RunAssignment {
         run_id: run.id().clone(),
@@ -497,5 +498,6 @@ fn assignment(run: &Run) -> RunAssignment {
         }),
         operation: *operation,
         continuation: run.route().continuation().cloned(),
+        lora: routing.lora.as_ref().map(|lora| lora.name.clone()),
     }
 }

@@ -456,12 +456,12 @@ fn event_of(
             (node, current.reason().filter(|_| started).map(Box::new))
         }
     };
-    let selector = &run.spec().selector;
+    let spec = run.spec();
     RunEvent {
         run_id: run.id().clone(),
         node,
-        adapter: selector.adapter.clone(),
-        target: selector.target.clone(),
+        adapter: spec.selector.adapter.clone(),
+        target: spec.model_target().clone(),
         seq,
         origin,
         kind,
