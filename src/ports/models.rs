@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use crate::domain::lora::LoraChoice;
 use crate::domain::models::{
     FitNote, Footprint, LoadState, ModelAction, ModelName, ModelPolicy, TooLarge,
 };
@@ -13,10 +14,16 @@ use crate::domain::{AdapterName, NodeId, Target};
 /// What the model lifecycle hears from the run service. Called under the run table's lock:
 /// implementations take only their own locks and never call back into the runs.
 pub trait ModelDemand: Send + Sync {
-    /// A run of `adapter + target` waits and no connected node serves the model now: load
-    /// it somewhere if some node can. Returns how long such a run may wait for the load
-    /// (`None`: no node can load it, the usual wait applies).
-    fn wanted(&self, adapter: &AdapterName, target: &Target) -> Option<Duration>;
+    /// A run of `adapter + target` (with `lora` on top, when it asks for one) waits and no
+    /// connected node serves it now: load the model somewhere if some node can — for a
+    /// LoRA's run, on a node that reports the LoRA. Returns how long such a run may wait for
+    /// the load (`None`: no node can load it, the usual wait applies).
+    fn wanted(
+        &self,
+        adapter: &AdapterName,
+        target: &Target,
+        lora: Option<&LoraChoice>,
+    ) -> Option<Duration>;
 
     /// A run of `adapter + target` was placed on `node` (or re-attached there).
     fn placed(&self, node: &NodeId, adapter: &AdapterName, target: &Target);
@@ -61,7 +68,7 @@ pub trait WaitingRuns: Send + Sync {
 pub struct NoModels;
 
 impl ModelDemand for NoModels {
-    fn wanted(&self, _: &AdapterName, _: &Target) -> Option<Duration> {
+    fn wanted(&self, _: &AdapterName, _: &Target, _: Option<&LoraChoice>) -> Option<Duration> {
         None
     }
 

@@ -11,8 +11,9 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use crate::domain::NodeId;
+use crate::domain::lora::LoraChoice;
 use crate::domain::models::{FitNote, LoadState, ModelAction, ModelName, Unmet};
-use crate::ports::{ModelEvent, ModelOutcome};
+use crate::ports::{ConnectedNode, ModelEvent, ModelOutcome};
 
 /// How many loads and unloads the feed's history keeps.
 const HISTORY: usize = 256;
@@ -37,6 +38,53 @@ pub(super) struct Cold {
     pub tried: Vec<NodeId>,
     /// The last failure's reason.
     pub last_failure: Option<String>,
+    /// The LoRAs the runs waiting for it ask for, when every one asks for some LoRA: the
+    /// model is then loaded only where a node reports one of them (`None`: some run asks for
+    /// the model alone, and any node will do).
+    pub loras: Option<Vec<LoraChoice>>,
+}
+
+impl Cold {
+    /// A model first requested now, by a run asking for `lora` on top of it (or for none).
+    pub fn new(lora: Option<&LoraChoice>) -> Self {
+        Self {
+            since: Instant::now(),
+            tried: Vec::new(),
+            last_failure: None,
+            loras: lora.map(|lora| vec![lora.clone()]),
+        }
+    }
+
+    /// Another run asks for the model, with `lora` on top or none. Says whether the nodes
+    /// it may be loaded on grew (a LoRA not asked for before).
+    pub fn asked_again(&mut self, lora: Option<&LoraChoice>) -> bool {
+        match (lora, &mut self.loras) {
+            (None, loras) => loras.take().is_some(),
+            (Some(lora), Some(loras)) if !loras.contains(lora) => {
+                loras.push(lora.clone());
+                true
+            }
+            (Some(_), _) => false,
+        }
+    }
+
+    /// The nodes of `nodes` it may not be loaded on for `model`: where a load of it failed,
+    /// and, when its runs ask for LoRAs, every node that reports none of them.
+    pub fn excluded(&self, model: &ModelName, nodes: &[ConnectedNode]) -> Vec<NodeId> {
+        let mut excluded = self.tried.clone();
+        if let Some(loras) = &self.loras {
+            let lacks = |node: &&ConnectedNode| {
+                !loras.iter().any(|lora| {
+                    node.availability
+                        .as_ref()
+                        .and_then(|a| a.lora(&model.adapter, &lora.name))
+                        .is_some_and(|reported| reported.serves(&model.target, lora))
+                })
+            };
+            excluded.extend(nodes.iter().filter(lacks).map(|n| n.record.id().clone()));
+        }
+        excluded
+    }
 }
 
 /// What the lifecycle last saw of a model on a node.

@@ -17,6 +17,7 @@ mod operator;
 mod tests;
 
 use std::collections::BTreeMap;
+use std::collections::btree_map::Entry;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
@@ -30,6 +31,7 @@ use tracing::debug;
 
 use self::book::{Book, Cold};
 use self::metrics::ModelMetrics;
+use crate::domain::lora::LoraChoice;
 use crate::domain::models::{
     LoadReason, ModelName, ModelPolicy, NoPlace, TooLarge, Unmet, plan_cold, reconcile, too_large,
     unmet,
@@ -194,7 +196,7 @@ impl ModelService {
             demands.sort_by_key(|(_, cold)| cold.since);
             let demands: Vec<_> = demands
                 .into_iter()
-                .map(|(model, cold)| (model.clone(), cold.tried.clone()))
+                .map(|(model, cold)| (model.clone(), cold.excluded(model, &nodes)))
                 .collect();
             let policies = &self.inner.policies;
             let (mut steps, unplaced) = plan_cold(&engines, &demands, policies, now.into_std());
@@ -269,7 +271,12 @@ impl ModelService {
 }
 
 impl ModelDemand for ModelService {
-    fn wanted(&self, adapter: &AdapterName, target: &Target) -> Option<Duration> {
+    fn wanted(
+        &self,
+        adapter: &AdapterName,
+        target: &Target,
+        lora: Option<&LoraChoice>,
+    ) -> Option<Duration> {
         if !self.inner.managed_seen.load(Ordering::Relaxed) {
             return None;
         }
@@ -278,12 +285,14 @@ impl ModelDemand for ModelService {
         if !book.loadable.contains_key(&model) {
             return None;
         }
-        if let std::collections::btree_map::Entry::Vacant(entry) = book.cold.entry(model) {
-            entry.insert(Cold {
-                since: Instant::now(),
-                tried: Vec::new(),
-                last_failure: None,
-            });
+        let plan_again = match book.cold.entry(model) {
+            Entry::Vacant(entry) => {
+                entry.insert(Cold::new(lora));
+                true
+            }
+            Entry::Occupied(mut entry) => entry.get_mut().asked_again(lora),
+        };
+        if plan_again {
             self.inner.wake.notify_one();
         }
         Some(self.inner.config.cold_start_timeout())

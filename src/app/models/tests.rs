@@ -11,6 +11,7 @@ use std::time::Instant;
 use super::ModelService;
 use super::config::{LifecycleConfig, ModelEntry, policies};
 use crate::adapters::lock_registry::LockRegistry;
+use crate::domain::lora::{LoraChoice, LoraFile, LoraName, LoraState, NodeLora};
 use crate::domain::models::{
     LoadState, ManagedAdapter, ModelAction, ModelName, TargetLoad, TooLarge,
 };
@@ -118,6 +119,17 @@ impl NodeLink for NullLink {
 
 /// A node `id` that manages `llama` with `capacity` places, its targets in `states`.
 fn connect(registry: &LockRegistry, id: &str, capacity: u32, states: &[(&str, LoadState)]) {
+    connect_with_loras(registry, id, capacity, states, Vec::new());
+}
+
+/// [`connect`], the node reporting `loras` on its `llama` adapter.
+fn connect_with_loras(
+    registry: &LockRegistry,
+    id: &str,
+    capacity: u32,
+    states: &[(&str, LoadState)],
+    loras: Vec<NodeLora>,
+) {
     let targets: Vec<&str> = states.iter().map(|(t, _)| *t).collect();
     let record = record(id, &targets);
     let connection = NewConnection {
@@ -149,7 +161,9 @@ fn connect(registry: &LockRegistry, id: &str, capacity: u32, states: &[(&str, Lo
         .iter()
         .filter(|(_, s)| *s == LoadState::Loaded)
         .map(|(t, _)| (llama.clone(), Target::parse(t).unwrap()));
-    let availability = Availability::new(loaded).with_managed(llama, managed);
+    let availability = Availability::new(loaded)
+        .with_managed(llama.clone(), managed)
+        .with_loras(llama, loras);
     assert!(registry.set_availability(record.id(), 1, availability));
 }
 
@@ -252,7 +266,7 @@ async fn a_cold_model_is_loaded_where_there_is_room_and_a_load_failing_everywher
         AdapterName::parse("llama").unwrap(),
         Target::parse("alpha").unwrap(),
     );
-    assert!(service.wanted(&llama, &alpha).is_some());
+    assert!(service.wanted(&llama, &alpha, None).is_some());
 
     // The node with room first; it fails.
     let first = answer(&service, &sent, 1, false).await;
@@ -294,4 +308,83 @@ async fn a_cold_model_is_loaded_where_there_is_room_and_a_load_failing_everywher
         given_up.0.lock().unwrap().clone(),
         vec![("llama/alpha".to_owned(), "out of memory".to_owned())]
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_loras_cold_base_is_loaded_only_where_a_node_reports_the_lora() {
+    let registry = Arc::new(LockRegistry::new());
+    // The roomier node has no LoRA: a plain cold start would choose it.
+    connect(&registry, "roomy", 4, &[("alpha", LoadState::Unloaded)]);
+    let file = LoraFile {
+        path: "/loras/sql".into(),
+        sha256: None,
+    };
+    let sql = NodeLora {
+        name: LoraName::parse("sql").unwrap(),
+        base: Target::parse("alpha").unwrap(),
+        file: file.clone(),
+        state: LoraState::Loadable,
+    };
+    connect_with_loras(
+        &registry,
+        "tuned",
+        1,
+        &[("alpha", LoadState::Unloaded)],
+        vec![sql],
+    );
+    let (service, sent) = service(Arc::clone(&registry));
+    for node in ["roomy", "tuned"] {
+        service.node_changed(&NodeId::parse(node).unwrap());
+    }
+    let (llama, alpha) = (
+        AdapterName::parse("llama").unwrap(),
+        Target::parse("alpha").unwrap(),
+    );
+    let choice = LoraChoice {
+        name: LoraName::parse("sql").unwrap(),
+        file,
+    };
+    assert!(service.wanted(&llama, &alpha, Some(&choice)).is_some());
+    answer(&service, &sent, 1, true).await;
+    assert_eq!(
+        summary(&sent, 0),
+        (
+            "tuned".to_owned(),
+            ModelAction::Load,
+            "llama/alpha".to_owned()
+        )
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_run_asking_for_the_base_alone_lets_a_loras_cold_base_go_anywhere() {
+    let registry = Arc::new(LockRegistry::new());
+    connect(&registry, "roomy", 4, &[("alpha", LoadState::Unloaded)]);
+    connect(&registry, "tuned", 1, &[("alpha", LoadState::Unloaded)]);
+    let (service, sent) = service(Arc::clone(&registry));
+    for node in ["roomy", "tuned"] {
+        service.node_changed(&NodeId::parse(node).unwrap());
+    }
+    let (llama, alpha) = (
+        AdapterName::parse("llama").unwrap(),
+        Target::parse("alpha").unwrap(),
+    );
+    let choice = LoraChoice {
+        name: LoraName::parse("sql").unwrap(),
+        file: LoraFile {
+            path: "/loras/sql".into(),
+            sha256: None,
+        },
+    };
+    // No node reports the LoRA: its run alone loads nothing.
+    assert!(service.wanted(&llama, &alpha, Some(&choice)).is_some());
+    for _ in 0..10 {
+        service.reconcile_now();
+        tokio::task::yield_now().await;
+    }
+    assert!(sent.lock().unwrap().is_empty());
+    // A run for the base alone: any node will do, the roomier first.
+    assert!(service.wanted(&llama, &alpha, None).is_some());
+    answer(&service, &sent, 1, true).await;
+    assert_eq!(summary(&sent, 0).0, "roomy");
 }

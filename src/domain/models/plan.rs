@@ -447,8 +447,9 @@ fn load_step(placement: &Placement, model: &ModelName, reason: LoadReason) -> St
 }
 
 /// What serving the cold requests takes: one load for each model in `demands` (oldest
-/// request first, with the nodes each already failed on) that no engine holds yet, so an
-/// older request gets the room a younger one would take. The models that cannot be loaded
+/// request first, with the nodes it may not go to: where it already failed, or, for a
+/// LoRA's runs, where the LoRA is not) that no engine it may go to holds yet, so an older
+/// request gets the room a younger one would take. The models that cannot be loaded
 /// now come back with why.
 pub fn plan_cold(
     engines: &[Engine],
@@ -459,11 +460,17 @@ pub fn plan_cold(
     let mut engines = engines.to_vec();
     let mut steps = Vec::new();
     let mut unplaced = Vec::new();
-    for (model, tried) in demands {
-        if holders(&engines, model) > 0 {
+    for (model, excluded) in demands {
+        let held = engines.iter().any(|e| {
+            !excluded.contains(&e.node)
+                && e.accepts_loads
+                && e.adapter == model.adapter
+                && e.holds(&model.target)
+        });
+        if held {
             continue;
         }
-        match place_load(&engines, model, policies, tried) {
+        match place_load(&engines, model, policies, excluded) {
             Ok(placement) => {
                 apply_load(&mut engines, &placement, &model.target, now);
                 steps.push(load_step(&placement, model, LoadReason::Demand));

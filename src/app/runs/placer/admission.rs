@@ -372,7 +372,11 @@ impl Placer {
     fn cold_start(&self, run: &Run, cause: WaitCause) -> Option<Duration> {
         let selector = &run.spec().selector;
         (cause == WaitCause::NoNodeAvailable && selector.pin.is_none())
-            .then(|| self.models().wanted(&selector.adapter, &selector.target))
+            .then(|| {
+                let lora = run.spec().routing.lora.as_ref();
+                self.models()
+                    .wanted(&selector.adapter, &selector.target, lora)
+            })
             .flatten()
     }
 
