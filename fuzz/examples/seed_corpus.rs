@@ -80,7 +80,12 @@ fn main() -> std::io::Result<()> {
         (
             "heartbeat-first",
             0x00,
-            node_frames(&[NodeFrame::Heartbeat { active_runs: 0, ping: 0, availability: None, inventory: None }]),
+            node_frames(&[NodeFrame::Heartbeat {
+                active_runs: 0,
+                ping: 0,
+                availability: None,
+                inventory: None,
+            }]),
         ),
         ("unknown-token", 0x03, Vec::new()),
         ("mismatched-id", 0x09, Vec::new()),
@@ -117,7 +122,9 @@ fn main() -> std::io::Result<()> {
         // claims its run; the drain ends it.
         (
             "resume",
-            vec![0x08, 0, 0x80, 2, 0, 0, 4, 0, 1, 1, 1, 0, 6, 0, 0, 0x80, 6, 6],
+            vec![
+                0x08, 0, 0x80, 2, 0, 0, 4, 0, 1, 1, 1, 0, 6, 0, 0, 0x80, 6, 6,
+            ],
         ),
         // start with a short deadline, cancel another, stall a link, sleep past everything.
         (
@@ -193,6 +200,9 @@ fn register(token: &str, node_id: &str) -> NodeFrame {
         instance_id: String::new(),
         resume: Vec::new(),
         operations: edge::domain::DeclaredOperations::default(),
+        can_continue: false,
+        can_manage_models: false,
+        inventory: None,
     })
 }
 
@@ -207,11 +217,20 @@ fn all_node_frames(run_id: &str) -> Vec<NodeFrame> {
     };
     vec![
         register("token-a", "node-a"),
-        NodeFrame::Heartbeat { active_runs: 1, ping: 0, availability: None, inventory: None },
+        NodeFrame::Heartbeat {
+            active_runs: 1,
+            ping: 0,
+            availability: None,
+            inventory: None,
+        },
         event(1, RunEventKind::Started),
         event(
             2,
-            RunEventKind::Output { text: "hello".to_owned(), data: Bytes::from_static(b"\x00\x01"), structured: None },
+            RunEventKind::Output {
+                text: "hello".to_owned(),
+                data: Bytes::from_static(b"\x00\x01"),
+                structured: None,
+            },
         ),
         event(
             3,
@@ -263,7 +282,11 @@ fn edge_frames() -> Vec<u8> {
     let record: Arc<_> = store.records().remove(0);
     let run_id = RunId::new("run-1");
     let frames = [
-        EdgeFrame::Accepted(record),
+        EdgeFrame::Accepted {
+            record,
+            resumed: Vec::new(),
+            acknowledges_pings: false,
+        },
         EdgeFrame::Rejected(RegisterRejection::InvalidToken),
         EdgeFrame::Command(NodeCommand::Run(RunAssignment {
             run_id: run_id.clone(),
@@ -274,6 +297,8 @@ fn edge_frames() -> Vec<u8> {
             params: BTreeMap::from([("k".to_owned(), "v".to_owned())]),
             deadline_ms: 1_000,
             operation: edge::domain::Operation::Unspecified,
+            continuation: None,
+            lora: None,
         })),
         EdgeFrame::Command(NodeCommand::Cancel {
             run_id,
@@ -306,7 +331,10 @@ const RESUME_SEEDS: [(&str, &[u8]); 9] = [
     // Back without claiming the run.
     ("not-claimed", &[0x01, 3]),
     // The run, an unknown run, the run again.
-    ("repeated-and-unknown", &[0x19, 2, 0, 4, 4, 1, 1, 1, 3, 4, 4]),
+    (
+        "repeated-and-unknown",
+        &[0x19, 2, 0, 4, 4, 1, 1, 1, 3, 4, 4],
+    ),
     // Resumed, then silent: the edge's heartbeat bound ends it.
     ("resumed-then-silent", &[0x29, 1, 0, 3, 3]),
     // Nothing but `started` relayed (the pinned run is held anyway).
