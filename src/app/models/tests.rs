@@ -310,40 +310,45 @@ async fn a_cold_model_is_loaded_where_there_is_room_and_a_load_failing_everywher
     );
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_loras_cold_base_is_loaded_only_where_a_node_reports_the_lora() {
-    let registry = Arc::new(LockRegistry::new());
-    // The roomier node has no LoRA: a plain cold start would choose it.
-    connect(&registry, "roomy", 4, &[("alpha", LoadState::Unloaded)]);
-    let file = LoraFile {
-        path: "/loras/sql".into(),
-        sha256: None,
-    };
-    let sql = NodeLora {
+/// The LoRA `sql` of `alpha`, as a run asks for it.
+fn sql_choice() -> LoraChoice {
+    LoraChoice {
         name: LoraName::parse("sql").unwrap(),
-        base: Target::parse("alpha").unwrap(),
-        file: file.clone(),
-        state: LoraState::Loadable,
-    };
-    connect_with_loras(
-        &registry,
-        "tuned",
-        1,
-        &[("alpha", LoadState::Unloaded)],
-        vec![sql],
-    );
+        file: LoraFile {
+            path: "/loras/sql".into(),
+            sha256: None,
+        },
+    }
+}
+
+/// A lifecycle over two nodes that can load `llama/alpha`: `roomy` (room for four models,
+/// so a plain cold start chooses it) and `tuned` (room for one), which reports `tuned_loras`.
+fn roomy_and_tuned(tuned_loras: Vec<NodeLora>) -> (ModelService, Sent) {
+    let registry = Arc::new(LockRegistry::new());
+    connect(&registry, "roomy", 4, &[("alpha", LoadState::Unloaded)]);
+    let alpha = [("alpha", LoadState::Unloaded)];
+    connect_with_loras(&registry, "tuned", 1, &alpha, tuned_loras);
     let (service, sent) = service(Arc::clone(&registry));
     for node in ["roomy", "tuned"] {
         service.node_changed(&NodeId::parse(node).unwrap());
     }
+    (service, sent)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_loras_cold_base_is_loaded_only_where_a_node_reports_the_lora() {
+    let choice = sql_choice();
+    let sql = NodeLora {
+        name: choice.name.clone(),
+        base: Target::parse("alpha").unwrap(),
+        file: choice.file.clone(),
+        state: LoraState::Loadable,
+    };
+    let (service, sent) = roomy_and_tuned(vec![sql]);
     let (llama, alpha) = (
         AdapterName::parse("llama").unwrap(),
         Target::parse("alpha").unwrap(),
     );
-    let choice = LoraChoice {
-        name: LoraName::parse("sql").unwrap(),
-        file,
-    };
     assert!(service.wanted(&llama, &alpha, Some(&choice)).is_some());
     answer(&service, &sent, 1, true).await;
     assert_eq!(
@@ -358,26 +363,14 @@ async fn a_loras_cold_base_is_loaded_only_where_a_node_reports_the_lora() {
 
 #[tokio::test(start_paused = true)]
 async fn a_run_asking_for_the_base_alone_lets_a_loras_cold_base_go_anywhere() {
-    let registry = Arc::new(LockRegistry::new());
-    connect(&registry, "roomy", 4, &[("alpha", LoadState::Unloaded)]);
-    connect(&registry, "tuned", 1, &[("alpha", LoadState::Unloaded)]);
-    let (service, sent) = service(Arc::clone(&registry));
-    for node in ["roomy", "tuned"] {
-        service.node_changed(&NodeId::parse(node).unwrap());
-    }
+    let (service, sent) = roomy_and_tuned(Vec::new());
     let (llama, alpha) = (
         AdapterName::parse("llama").unwrap(),
         Target::parse("alpha").unwrap(),
     );
-    let choice = LoraChoice {
-        name: LoraName::parse("sql").unwrap(),
-        file: LoraFile {
-            path: "/loras/sql".into(),
-            sha256: None,
-        },
-    };
     // No node reports the LoRA: its run alone loads nothing.
-    assert!(service.wanted(&llama, &alpha, Some(&choice)).is_some());
+    let sql = sql_choice();
+    assert!(service.wanted(&llama, &alpha, Some(&sql)).is_some());
     for _ in 0..10 {
         service.reconcile_now();
         tokio::task::yield_now().await;
