@@ -88,6 +88,7 @@ mod models;
 mod models_engine;
 mod models_engines;
 mod nats;
+mod nemesis;
 mod node_engine;
 mod node_lifecycle;
 mod node_link;

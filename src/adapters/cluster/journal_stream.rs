@@ -29,9 +29,10 @@
 //! file holds batches the stream lacks (it acted before in this life: what it wrote after it
 //! stood down, or a batch the stream refused).
 //!
-//! What the tasks decide apart from their I/O — a batch's id and headers, what an append's
-//! answer means, which batches are folded in which order, where a fold starts — is
-//! `rules.rs`, pure and tested on its own.
+//! What the tasks decide apart from their I/O — which batches are folded in which order,
+//! where a fold starts, when a member may claim the stream — is the domain's
+//! (`crate::domain::site`, model-checked with the lease's rules); a batch's id and headers
+//! and what an append's answer means are `rules.rs`.
 //!
 //! It decides nothing about who acts: its [`SiteStream`] side is what a member taking over
 //! waits on before it acts (`crate::app::takeover`).
@@ -61,7 +62,8 @@ mod retention;
 mod rules;
 
 pub use retention::SnapshotPolicy;
-use rules::{Acked, Appended, Next, Origin, Start, Verdict, verdict};
+use crate::domain::site::{self, Next, Start, Verdict, verdict};
+use rules::{Acked, Appended, Origin};
 
 /// How long the tasks wait before trying NATS again after a failure.
 const RETRY: Duration = Duration::from_millis(250);
@@ -265,6 +267,8 @@ struct Inner {
     /// The stream's bytes right after this member's last purge: the batches kept since the
     /// snapshot before, which do not count toward the next one.
     kept_bytes: AtomicU64,
+    /// Whether its replicas were compared with the config's yet.
+    replicas_checked: AtomicBool,
 }
 
 /// Where this member appends to the stream: under `epoch`, after `last_seq`.
@@ -309,6 +313,7 @@ impl JournalStream {
                 acked: Mutex::new(Acked::default()),
                 unclean: AtomicBool::new(false),
                 kept_bytes: AtomicU64::new(0),
+                replicas_checked: AtomicBool::new(false),
                 js,
                 stream: format!("edge-{site}-journal"),
                 subject: format!("edge.{site}.journal"),
@@ -403,7 +408,7 @@ impl SiteStream for JournalStream {
                 .await
                 .map_err(|error| ClaimError::Stream(Box::new(error)))?;
             let newest = inner.newest_epoch.load(Ordering::Acquire);
-            if newest > epoch {
+            if !site::may_claim(newest, epoch) {
                 return Err(ClaimError::NewerEpoch { newest, epoch });
             }
             let claimed = loop {
@@ -467,8 +472,18 @@ impl JournalStreamTasks {
 }
 
 impl Inner {
-    /// The stream, created when absent (file storage, every batch kept).
+    /// The stream, created when absent (file storage, every batch kept); the first time,
+    /// a warning when it holds fewer replicas than the config asks.
     async fn stream(&self) -> Result<jetstream::stream::Stream, JournalStreamError> {
+        let stream = self.open_stream().await?;
+        if !self.replicas_checked.swap(true, Ordering::AcqRel) {
+            let found = stream.cached_info().config.num_replicas;
+            super::replicas::warn_if_fewer(&self.stream, found, self.replicas);
+        }
+        Ok(stream)
+    }
+
+    async fn open_stream(&self) -> Result<jetstream::stream::Stream, JournalStreamError> {
         let config = jetstream::stream::Config {
             name: self.stream.clone(),
             description: Some("the edge site's journal of record".to_owned()),
@@ -516,12 +531,15 @@ impl Inner {
         self.writer().is_some_and(|w| !w.fenced) && self.journal.publishing()
     }
 
-    /// Sets what the writer `was` became, unless another claim replaced it meanwhile.
-    fn update_writer(&self, was: Writer, now: Writer) {
+    /// Sets what the writer `was` became, unless another claim replaced it meanwhile;
+    /// whether it was still the writer.
+    fn update_writer(&self, was: Writer, now: Writer) -> bool {
         let mut writer = self.writer.lock().unwrap_or_else(|p| p.into_inner());
-        if writer.is_some_and(|w| w.epoch == was.epoch) {
+        let current = writer.is_some_and(|w| w.epoch == was.epoch);
+        if current {
             *writer = Some(now);
         }
+        current
     }
 
     async fn publish(self: Arc<Self>, mut feed: ReplicaFeed, stop: CancellationToken) {
@@ -553,7 +571,9 @@ impl Inner {
         stop: &CancellationToken,
     ) -> Option<u64> {
         let counters = &self.stats.counters;
-        let Some(writer) = self.writer().filter(|w| !w.fenced) else {
+        // A batch handed over before the writer's claim is of an earlier acting period.
+        let current = |w: &Writer| !w.fenced && site::publishes(n, w.handed_at_claim);
+        let Some(writer) = self.writer().filter(current) else {
             StreamStats::count(&counters.kept_local);
             return None;
         };
@@ -586,8 +606,10 @@ impl Inner {
                 Appended::Failed(error) => error,
             };
             StreamStats::count(&counters.publish_failures);
-            if !self.journal.publishing() {
-                // Stood down meanwhile: the member that acts now writes the stream.
+            let claimed_since = self.writer().is_none_or(|w| w.epoch != writer.epoch);
+            if !self.journal.publishing() || claimed_since {
+                // Stood down meanwhile (and maybe acting again under a new claim): the
+                // member that acts now writes the stream, under its own epoch.
                 warn!(%error, batch = id, "a journal batch not published before this member stood down: kept local only");
                 StreamStats::count(&counters.kept_local);
                 return None;
@@ -618,9 +640,12 @@ impl Inner {
             fenced: true,
             ..writer
         };
-        self.update_writer(writer, now);
-        self.journal.set_publishing(false);
-        self.fenced.send_replace(writer.epoch);
+        // A refusal of an earlier writer's batch (this member claimed again since) fences
+        // nothing the member does now.
+        if self.update_writer(writer, now) {
+            self.journal.set_publishing(false);
+            self.fenced.send_replace(writer.epoch);
+        }
     }
 
     async fn fold(self: Arc<Self>, stop: CancellationToken) {
@@ -691,7 +716,7 @@ impl Inner {
             };
             let _applying = self.applying.lock().await;
             let folded = *self.folded.borrow();
-            match rules::next(seq, folded, self.writes()) {
+            match site::next(seq, folded, self.writes()) {
                 Next::Handled => continue,
                 Next::Gap => return Err(JournalStreamError::Skipped { folded, seq }),
                 Next::Fold => {}
@@ -725,7 +750,7 @@ impl Inner {
             .state
             .first_sequence;
         let folded = *self.folded.borrow();
-        match rules::start(first, folded, self.writes()) {
+        match site::start(first, folded, self.writes()) {
             Start::Next => {}
             Start::First => {
                 warn!(
