@@ -124,6 +124,10 @@ fn op_violations(history: &History, op: &Op) -> Vec<&'static str> {
     {
         broken.push("an accepted run ends in the journal");
     }
+    if matches!(op.outcome, Outcome::Failed { .. }) && record.is_some_and(|r| r.outcome == "completed")
+    {
+        broken.push("an accepted run ends exactly once: its client saw it fail, the site completed it");
+    }
     for attempt in &op.attempts {
         let executed = history
             .executions
@@ -156,8 +160,11 @@ fn op_violations(history: &History, op: &Op) -> Vec<&'static str> {
     if op.disordered {
         broken.push("no event reaches a client twice");
     }
+    // A run placed once counts its engine's tokens (a continued one counts the text it was
+    // continued from too).
     if let (Some(record), Some(last)) = (record, finished.last())
         && record.outcome == "completed"
+        && record.attempts == 1
         && record.output_tokens != last.output_tokens
     {
         broken.push("usage is counted once per run");

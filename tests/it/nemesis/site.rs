@@ -166,9 +166,13 @@ pub(crate) fn member(net: &Net, name: &str, dir: &Path, config: &str) -> Process
         "--log-format".into(),
         "json".into(),
     ];
+    // A long run may be given a copy (`EDGE_NEMESIS_EDGE_BIN`), so rebuilding meanwhile
+    // changes nothing it runs.
+    let binary = std::env::var_os("EDGE_NEMESIS_EDGE_BIN")
+        .map_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_edge")), PathBuf::from);
     let mut process = Process::new(
         name,
-        PathBuf::from(env!("CARGO_BIN_EXE_edge")),
+        binary,
         args,
         dir.with_extension("log"),
     );

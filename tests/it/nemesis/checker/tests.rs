@@ -167,6 +167,17 @@ fn a_planted_false_completion_is_caught() {
 }
 
 #[crate::common::test]
+fn a_run_its_client_saw_fail_and_the_site_completed_is_caught() {
+    let mut history = clean();
+    history.ops[1].outcome = Outcome::Failed {
+        code: "internal_error".into(),
+    };
+    assert!(broken(&history).contains(
+        &"an accepted run ends exactly once: its client saw it fail, the site completed it"
+    ));
+}
+
+#[crate::common::test]
 fn other_text_a_repeated_event_double_usage_and_no_convergence_are_caught() {
     let mut history = clean();
     history.ops[0].outcome = Outcome::Completed {
