@@ -397,6 +397,12 @@ impl RunJournal for SqliteJournal {
         true
     }
 
+    fn kept_for_takeover(&self) -> bool {
+        self.publishing
+            .as_ref()
+            .is_none_or(|publishing| publishing.load(Ordering::Acquire))
+    }
+
     fn record(&self, entry: JournalEntry) {
         let (queued, over_cap) = Queued::of(entry, self.max_events_per_run);
         if over_cap > 0 {
