@@ -194,6 +194,39 @@ async fn a_standby_takes_a_killed_members_open_run_over_from_the_stream_and_comp
     b.stop().await;
 }
 
+/// Reads `response`'s body to its end: what came, and whether the connection was broken off
+/// rather than ended.
+async fn read_to_the_end(mut response: reqwest::Response) -> (String, bool) {
+    let mut text = String::new();
+    loop {
+        match common::bounded("the stream's next chunk", response.chunk()).await {
+            Ok(Some(bytes)) => text.push_str(&String::from_utf8_lossy(&bytes)),
+            Ok(None) => return (text, false),
+            Err(_) => return (text, true),
+        }
+    }
+}
+
+/// Starts a resumable streamed `echo/stall` run on `a` and waits until it relayed output.
+async fn stalled_run(a: &TestApp) -> (reqwest::Response, String) {
+    let body = json!({
+        "model": "echo/stall",
+        "stream": true,
+        "messages": [{"role": "user", "content": "one two three"}],
+    });
+    let (response, run_id) = open_stream_at(a.http_addr, "/v1/chat/completions", &body).await;
+    eventually_ok("the run has relayed output", || async {
+        let n = outputs(a.admin_addr, &run_id).await;
+        if n >= 1 { Ok(()) } else { Err(n) }
+    })
+    .await;
+    (response, run_id)
+}
+
+/// A member that loses its lease lets its open runs go and ends none of them. Its callers'
+/// resumable streams — the one that started the run, and one resumed after a cut — are
+/// broken off, not ended: an error event would tell the client its run failed while the
+/// member that acts now completes it (found by the nemesis, seed 66, issue 66).
 #[crate::common::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_that_loses_its_lease_lets_its_open_run_go_and_ends_nothing() {
     let nats = NatsServer::start_jetstream().await;
@@ -209,20 +242,23 @@ async fn a_member_that_loses_its_lease_lets_its_open_run_go_and_ends_nothing() {
         .await
         .expect("the mock node");
     a.wait_for_nodes(1).await;
-    let body = json!({
-        "model": "echo/stall",
-        "stream": true,
-        "messages": [{"role": "user", "content": "one two three"}],
-    });
-    let (response, run_id) = open_stream_at(a.http_addr, "/v1/chat/completions", &body).await;
-    eventually_ok("the run has relayed output", || async {
-        let n = outputs(a.admin_addr, &run_id).await;
-        if n >= 1 { Ok(()) } else { Err(n) }
-    })
-    .await;
+    let (response, run_id) = stalled_run(&a).await;
+    // The second run's caller was cut and resumed its stream.
+    let (cut, resumed_id) = stalled_run(&a).await;
+    drop(cut);
+    let resumed = common::http_client()
+        .get(format!(
+            "http://{}/v1/runs/{resumed_id}/stream",
+            a.http_addr
+        ))
+        .header("last-event-id", "0")
+        .send()
+        .await
+        .expect("the resumed stream");
+    assert_eq!(resumed.status(), 200);
 
     // Another member writes the lease (it took over one it thought lapsed): this one's next
-    // renewal fails, it stands by and lets its open run go.
+    // renewal fails, it stands by and lets its open runs go.
     let client = async_nats::connect(nats.url()).await.expect("connect");
     let kv = async_nats::jetstream::new(client)
         .get_key_value("edge-s1")
@@ -236,25 +272,31 @@ async fn a_member_that_loses_its_lease_lets_its_open_run_go_and_ends_nothing() {
         .await
         .expect("write the lease");
     let runs = a.parts.runs.clone();
-    eventually("the open run is let go", || runs.open_runs() == 0).await;
+    eventually("the open runs are let go", || runs.open_runs() == 0).await;
 
-    // The caller's stream just closes; no ending is relayed or journaled here (the member
-    // that acts now completes the run).
-    let text = common::bounded("the caller's stream to close", response.text())
-        .await
-        .expect("the stream's body");
-    assert!(!text.contains("[DONE]"), "{text}");
+    // The callers' streams are broken off, to be resumed where the runs act now; no ending
+    // is relayed or journaled here (the member that acts now completes the runs).
+    for (response, id) in [(response, &run_id), (resumed, &resumed_id)] {
+        let (text, broken) = read_to_the_end(response).await;
+        assert!(broken, "{id}'s stream is broken off, not ended: {text}");
+        assert!(
+            !text.contains("[DONE]") && !text.contains("error"),
+            "{id}: {text}"
+        );
+    }
     a.parts.journal.flush().await;
-    let record = get(a.admin_addr, &format!("/admin/v1/runs/{run_id}")).await;
-    assert_eq!(record["outcome"], "open", "{record}");
-    let stored = stored_events(a.admin_addr, &run_id).await;
-    let ends = ["completed", "failed", "cancelled"];
-    assert!(
-        stored
-            .iter()
-            .all(|e| !ends.contains(&e["kind"].as_str().unwrap_or_default())),
-        "{stored:?}"
-    );
+    for id in [&run_id, &resumed_id] {
+        let record = get(a.admin_addr, &format!("/admin/v1/runs/{id}")).await;
+        assert_eq!(record["outcome"], "open", "{record}");
+        let stored = stored_events(a.admin_addr, id).await;
+        let ends = ["completed", "failed", "cancelled"];
+        assert!(
+            stored
+                .iter()
+                .all(|e| !ends.contains(&e["kind"].as_str().unwrap_or_default())),
+            "{stored:?}"
+        );
+    }
     a.stop().await;
 }
 
