@@ -256,6 +256,37 @@ async fn a_member_with_other_node_definitions_never_takes_over_and_says_so() {
     same.stop().await;
 }
 
+/// A member whose config asks for more replicas than the site's bucket and journal stream
+/// were made with says so at start, naming each and how to raise it (docs/operations.md,
+/// "Durability"; issue 66), and acts all the same.
+#[crate::common::test]
+async fn a_member_asking_more_replicas_than_the_sites_streams_hold_warns_at_start() {
+    let nats = NatsServer::start_jetstream().await;
+    // The streams made by a member of one replica; it stops cleanly, releasing the lease.
+    let first = spawn_app(&member(&nats, "edge-a", "m1")).await;
+    ready(first.http_addr).await;
+    first.stop().await;
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = member(&nats, "edge-b", "m1").replace("[cluster]\n", "[cluster]\nreplicas = 3\n");
+    let b = start_edge(&crate::common::write_config(dir.path(), &config)).await;
+    ready(b.http).await;
+    eventually(
+        "a warning for the bucket and one for the journal stream",
+        || {
+            let logs = b.logs();
+            ["KV_edge-s1", "edge-s1-journal"].iter().all(|stream| {
+                logs.iter().any(|line| {
+                    line.contains(&format!(
+                        "the site's stream {stream} holds 1 replica(s), fewer than"
+                    )) && line.contains(&format!("nats stream edit {stream} --replicas 3"))
+                })
+            })
+        },
+    )
+    .await;
+}
+
 #[crate::common::test]
 async fn without_a_cluster_section_the_edge_is_the_whole_site() {
     let app = spawn_app("").await;

@@ -61,8 +61,8 @@ use crate::ports::{ClaimError, RebuildError, RunJournal, SiteStream};
 mod retention;
 mod rules;
 
-pub use retention::SnapshotPolicy;
 use crate::domain::site::{self, Next, Start, Verdict, verdict};
+pub use retention::SnapshotPolicy;
 use rules::{Acked, Appended, Origin};
 
 /// How long the tasks wait before trying NATS again after a failure.

@@ -107,7 +107,11 @@ impl SiteBucket {
         if let Ok(store) = js.get_key_value(bucket).await {
             let name = format!("KV_{bucket}");
             if let Ok(stream) = js.get_stream(&name).await {
-                super::replicas::warn_if_fewer(&name, stream.cached_info().config.num_replicas, replicas);
+                super::replicas::warn_if_fewer(
+                    &name,
+                    stream.cached_info().config.num_replicas,
+                    replicas,
+                );
             }
             return Ok(Self { store });
         }
