@@ -403,7 +403,10 @@ fn a_holder_acts_only_before_the_margin_before_its_expiry() {
     let held = Held::acquired(7, 10_000);
     assert!(held.acts_at(7_000, TIMING));
     assert!(held.acts_at(9_249, TIMING));
-    assert!(!held.acts_at(9_250, TIMING), "a quarter-lease before the expiry");
+    assert!(
+        !held.acts_at(9_250, TIMING),
+        "a quarter-lease before the expiry"
+    );
     assert_eq!(
         decide_active(&held, 9_250, TIMING),
         ActiveStep::StepDown(StepDown::Unreachable),
@@ -427,8 +430,16 @@ fn a_node_obeys_the_highest_epoch_seen_and_refuses_an_older_one() {
     assert_eq!(fence(0, 0), Fence::Obey { highest: 0 }, "a single edge");
     assert_eq!(fence(0, 2), Fence::Obey { highest: 2 });
     assert_eq!(fence(2, 2), Fence::Obey { highest: 2 });
-    assert_eq!(fence(2, 1), Fence::Stale { highest: 2 }, "a paused ex-leader");
-    assert_eq!(fence(2, 0), Fence::Stale { highest: 2 }, "a single edge after a site");
+    assert_eq!(
+        fence(2, 1),
+        Fence::Stale { highest: 2 },
+        "a paused ex-leader"
+    );
+    assert_eq!(
+        fence(2, 0),
+        Fence::Stale { highest: 2 },
+        "a single edge after a site"
+    );
     assert_eq!(fence(2, 3), Fence::Obey { highest: 3 });
 }
 
