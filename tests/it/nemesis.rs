@@ -57,9 +57,11 @@ const NODES: [&str; 3] = ["d1", "d2", "d3"];
 const NATS: [&str; 3] = ["n1", "n2", "n3"];
 
 /// Not a test: the body of the node processes [`site::node`] starts (this binary run again
-/// with `--ignored --exact` and the environment naming the members and the token). Run
-/// without that environment it does nothing.
-#[crate::common::test]
+/// with `--ignored --exact` and the environment naming the members and the token), logging
+/// at INFO to its log. Run without that environment it does nothing. Its deadline is the
+/// longest run's: a node lives as long as the nemesis leaves it (a first version had the
+/// default four minutes, and every node the nemesis had not killed died then, unnoticed).
+#[crate::common::test(deadline_secs = 10800)]
 #[ignore = "the reference node process the nemesis starts, not a test"]
 fn node_process() {
     let (Ok(edges), Ok(token)) = (
@@ -68,6 +70,11 @@ fn node_process() {
     ) else {
         return;
     };
+    tracing_subscriber::fmt()
+        .with_env_filter("info")
+        .with_ansi(false)
+        .with_writer(std::io::stderr)
+        .init();
     let runtime = tokio::runtime::Runtime::new().expect("a runtime");
     runtime.block_on(async move {
         let mut options = crate::node::NodeOptions::new(edges, token);
@@ -109,9 +116,16 @@ fn member_config(net: &Net, taps: &[SocketAddr]) -> String {
     );
     for (i, (name, tap)) in NODES.iter().zip(taps).enumerate() {
         config.push_str(
-            &crate::engines_e2e::llama_node(name, &format!("token-{name}"), &format!("http://{tap}/v1"))
-                .replace("max_concurrent_runs = 4", "max_concurrent_runs = 8")
-                .replace(&format!("alias = \"{name}\""), &format!("alias = \"box-{i}\"")),
+            &crate::engines_e2e::llama_node(
+                name,
+                &format!("token-{name}"),
+                &format!("http://{tap}/v1"),
+            )
+            .replace("max_concurrent_runs = 4", "max_concurrent_runs = 8")
+            .replace(
+                &format!("alias = \"{name}\""),
+                &format!("alias = \"box-{i}\""),
+            ),
         );
     }
     config
@@ -214,6 +228,9 @@ impl Site {
             return Some("the active member's management API does not answer".into());
         };
         let nodes = list["nodes"].as_array().cloned().unwrap_or_default();
+        if let Some(died) = self.died() {
+            return Some(died);
+        }
         self.nodes
             .iter()
             .filter(|node| node.runs())
@@ -223,6 +240,17 @@ impl Site {
                     .any(|n| n["id"] == node.name.as_str() && !n["peer"].is_null())
             })
             .map(|node| format!("{} is not attached to {}", node.name, MEMBERS[active]))
+    }
+}
+
+impl Site {
+    /// A process of the site that exited without the nemesis killing it, if any.
+    fn died(&self) -> Option<String> {
+        self.nats
+            .iter()
+            .chain(&self.members)
+            .chain(&self.nodes)
+            .find_map(Process::exited)
     }
 }
 
@@ -317,7 +345,12 @@ pub(crate) async fn run(plan: &Plan) -> History {
     let json = serde_json::to_string_pretty(&history).expect("the history as JSON");
     std::fs::write(&path, json).expect("the history written out");
     eprintln!("nemesis: history written to {}", path.display());
-    for process in site.members.iter_mut().chain(&mut site.nodes).chain(&mut site.nats) {
+    for process in site
+        .members
+        .iter_mut()
+        .chain(&mut site.nodes)
+        .chain(&mut site.nats)
+    {
         process.kill().await;
     }
     history
@@ -360,11 +393,13 @@ async fn final_convergence(site: &Site, since: Instant) -> Convergence {
     let attached = site.converge(CONVERGE_BOUND).await;
     let missing = match attached {
         Err(why) => why,
-        Ok(_) => return Convergence {
-            after_ms: u64::try_from(since.elapsed().as_millis()).ok(),
-            bound_ms,
-            missing: String::new(),
-        },
+        Ok(_) => {
+            return Convergence {
+                after_ms: u64::try_from(since.elapsed().as_millis()).ok(),
+                bound_ms,
+                missing: String::new(),
+            };
+        }
     };
     Convergence {
         after_ms: None,
@@ -403,7 +438,10 @@ async fn collect(site: &Site, history: &mut History) {
             for (id, ours) in &history.records {
                 let found = record(theirs, id).await;
                 if found.as_ref() != Some(ours) {
-                    differ.push(format!("{id}: {ours:?} on {} but {found:?} on {other}", MEMBERS[active]));
+                    differ.push(format!(
+                        "{id}: {ours:?} on {} but {found:?} on {other}",
+                        MEMBERS[active]
+                    ));
                 }
             }
             if differ.is_empty() || since.elapsed() > CONVERGE_BOUND {
@@ -454,9 +492,17 @@ pub(crate) fn summary(history: &History, verdict: &checker::Verdict) -> String {
     for fault in &history.faults {
         *kinds.entry(fault.kind.as_str()).or_default() += 1;
     }
-    let mut converged: Vec<u64> = history.faults.iter().filter_map(|f| f.converged_ms).collect();
+    let mut converged: Vec<u64> = history
+        .faults
+        .iter()
+        .filter_map(|f| f.converged_ms)
+        .collect();
     converged.sort_unstable();
-    let not_converged = history.faults.iter().filter(|f| f.converged_ms.is_none()).count();
+    let not_converged = history
+        .faults
+        .iter()
+        .filter(|f| f.converged_ms.is_none())
+        .count();
     let p50 = converged.get(converged.len() / 2).copied().unwrap_or(0);
     let max = converged.last().copied().unwrap_or(0);
     let unprovoked = history.takeovers.iter().filter(|t| !t.provoked).count();
@@ -469,7 +515,10 @@ pub(crate) fn summary(history: &History, verdict: &checker::Verdict) -> String {
         history.duration_ms / 1000,
         history.lease_ms,
         history.renew_ms,
-        history.partitions_skipped.as_deref().map_or("made".to_owned(), |why| format!("SKIPPED ({why})")),
+        history
+            .partitions_skipped
+            .as_deref()
+            .map_or("made".to_owned(), |why| format!("SKIPPED ({why})")),
         history.faults.len(),
         if verdict.holds() { "ok" } else { "VIOLATED" },
         verdict.violations.len(),
@@ -490,7 +539,10 @@ async fn run_and_check(plan: Plan) {
     let verdict = checker::check(&history);
     let summary = summary(&history, &verdict);
     eprintln!("{summary}");
-    let _ = std::fs::write(plan.out.join(format!("nemesis-{}.summary", plan.seed)), &summary);
+    let _ = std::fs::write(
+        plan.out.join(format!("nemesis-{}.summary", plan.seed)),
+        &summary,
+    );
     for violation in &verdict.violations {
         eprintln!("VIOLATION {}:\n{}", violation.property, violation.slice);
     }

@@ -124,15 +124,15 @@ fn op_violations(history: &History, op: &Op) -> Vec<&'static str> {
     {
         broken.push("an accepted run ends in the journal");
     }
-    if matches!(op.outcome, Outcome::Failed { .. }) && record.is_some_and(|r| r.outcome == "completed")
+    if matches!(op.outcome, Outcome::Failed { .. })
+        && record.is_some_and(|r| r.outcome == "completed")
     {
-        broken.push("an accepted run ends exactly once: its client saw it fail, the site completed it");
+        broken.push(
+            "an accepted run ends exactly once: its client saw it fail, the site completed it",
+        );
     }
     for attempt in &op.attempts {
-        let executed = history
-            .executions
-            .get(attempt.prompt())
-            .map_or(0, Vec::len);
+        let executed = history.executions.get(attempt.prompt()).map_or(0, Vec::len);
         let placed = match attempt {
             Attempt::Accepted { .. } => record.map_or(1, |r| r.attempts.max(1)),
             _ => 1,
@@ -198,10 +198,20 @@ fn text_matches(text: &str, last: &Execution, finished: &[&Execution]) -> bool {
 /// metered key's budget holds.
 fn usage(history: &History, verdict: &mut Verdict) {
     let executions: Vec<&Execution> = history.executions.values().flatten().collect();
-    let one_answer = executions.iter().map(|e| e.output_tokens).max().unwrap_or(0);
+    let one_answer = executions
+        .iter()
+        .map(|e| e.output_tokens)
+        .max()
+        .unwrap_or(0);
     let reported: u64 = executions
         .iter()
-        .map(|e| if e.finished { e.output_tokens } else { one_answer })
+        .map(|e| {
+            if e.finished {
+                e.output_tokens
+            } else {
+                one_answer
+            }
+        })
         .sum();
     if history.usage_output_tokens > reported {
         verdict.violations.push(Violation {

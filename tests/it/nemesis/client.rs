@@ -104,7 +104,11 @@ impl Client {
         let mut backoff = Duration::from_millis(50);
         let given_up = Instant::now() + PATIENCE;
         let response = loop {
-            let prompt = format!("nemesis {} op {op} attempt {}", self.seed, record.attempts.len());
+            let prompt = format!(
+                "nemesis {} op {op} attempt {}",
+                self.seed,
+                record.attempts.len()
+            );
             match self.ask(&prompt).await {
                 Ok(response) if response.status().is_success() => {
                     let run_id = response

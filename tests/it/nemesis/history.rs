@@ -84,6 +84,9 @@ pub(crate) struct Fault {
     pub(crate) target: String,
     pub(crate) healed_ms: u64,
     pub(crate) converged_ms: Option<u64>,
+    /// What was still wrong when it did not converge within the bound.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) unconverged: Option<String>,
 }
 
 /// The journal's record of a run, as the last active member holds it.

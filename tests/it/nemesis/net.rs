@@ -232,7 +232,14 @@ impl Net {
         let _ = run("ip", &["link", "del", &self.bridge()]);
         let _ = run(
             "ip",
-            &["route", "del", "blackhole", &self.subnet(), "metric", "4242"],
+            &[
+                "route",
+                "del",
+                "blackhole",
+                &self.subnet(),
+                "metric",
+                "4242",
+            ],
         );
     }
 }

@@ -1,7 +1,10 @@
 //! The nemesis's schedule: from the seed, one fault after another until the run's time is
 //! up — which kind, on which process, held how long — each healed and the site's convergence
-//! timed before the next (so "time to converge after each heal" is the site's alone). A kind
-//! that needs partitions where none can be made is skipped, and the run says so.
+//! timed before the next (so "time to converge after each heal" is the site's alone). The
+//! sequence is the seed's: every run of a seed draws the same gaps, kinds, targets and holds
+//! in the same order ("the active member" being whichever acts then); only the site's time to
+//! converge moves the faults in time, and so how many fit in the run. A kind that needs
+//! partitions where none can be made is skipped, and the run says so.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -88,12 +91,17 @@ impl<'a> Nemesis<'a> {
         Duration::from_millis(self.rng.random_range(from..to))
     }
 
-    /// A member to hurt: the active one two times in three (where it hurts most).
+    /// A member to hurt: the active one two times in three (where it hurts most). Both
+    /// draws are made whichever member acts, so the seed's stream of draws — every later
+    /// fault's kind, target and hold — is the same in every run.
     async fn member(&mut self, site: &Site) -> usize {
-        let active = site.active().await.ok();
-        match active {
-            Some(active) if self.rng.random_range(0..3) < 2 => active,
-            _ => self.rng.random_range(0..MEMBERS.len()),
+        let (roll, any) = (
+            self.rng.random_range(0..3),
+            self.rng.random_range(0..MEMBERS.len()),
+        );
+        match site.active().await.ok() {
+            Some(active) if roll < 2 => active,
+            _ => any,
         }
     }
 
@@ -118,11 +126,12 @@ impl<'a> Nemesis<'a> {
             let target = self.fault(site, kind).await;
             let healed_ms = ms();
             let converged = site.converge(CONVERGE_BOUND).await;
-            let converged_ms = converged.ok().map(|_| ms() - healed_ms);
+            let converged_ms = converged.as_ref().ok().map(|_| ms() - healed_ms);
             self.faulting.store(false, Ordering::Release);
             eprintln!(
-                "nemesis: {at_ms} ms {} {target}, healed {healed_ms} ms, converged {converged_ms:?} ms",
-                kind.name()
+                "nemesis: {at_ms} ms {} {target}, healed {healed_ms} ms, converged {converged_ms:?} ms {}",
+                kind.name(),
+                converged.as_ref().err().map_or("", String::as_str)
             );
             faults.push(Fault {
                 at_ms,
@@ -130,7 +139,13 @@ impl<'a> Nemesis<'a> {
                 target,
                 healed_ms,
                 converged_ms,
+                unconverged: converged.err(),
             });
+            if site.died().is_some() {
+                // A process the nemesis did not kill is gone: the run ends, the checker says
+                // why (the final convergence names it).
+                break;
+            }
         }
         faults
     }
@@ -178,7 +193,10 @@ impl<'a> Nemesis<'a> {
             Kind::CutClient => {
                 let pick = self.rng.random_range(0..1_000);
                 let cut = site.balancer.cut(pick);
-                format!("client connection {pick} ({})", if cut { "cut" } else { "none open" })
+                format!(
+                    "client connection {pick} ({})",
+                    if cut { "cut" } else { "none open" }
+                )
             }
             partition => self.partition(site, partition).await,
         }
@@ -193,7 +211,10 @@ impl<'a> Nemesis<'a> {
                 let n = NATS[self.rng.random_range(0..NATS.len())];
                 (n, NATS.iter().copied().filter(|o| *o != n).collect())
             }
-            _ => (NODES[self.rng.random_range(0..NODES.len())], MEMBERS.to_vec()),
+            _ => (
+                NODES[self.rng.random_range(0..NODES.len())],
+                MEMBERS.to_vec(),
+            ),
         };
         if let Err(why) = site.net.cut(name, &from) {
             return format!("{name}: cut failed: {why}");

@@ -80,6 +80,18 @@ impl Process {
         self.child.is_some()
     }
 
+    /// How it exited, when it did without being killed: a finding, not a fault.
+    pub(crate) fn exited(&self) -> Option<String> {
+        let pid = self.child.as_ref()?.id()?;
+        let alive = std::path::Path::new(&format!("/proc/{pid}")).exists()
+            && !std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+                stat.split(") ")
+                    .nth(1)
+                    .is_some_and(|rest| rest.starts_with('Z'))
+            });
+        (!alive).then(|| format!("{} (pid {pid}) exited on its own: see its log", self.name))
+    }
+
     /// `SIGKILL`, and waits for it to be gone.
     pub(crate) async fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
@@ -170,12 +182,7 @@ pub(crate) fn member(net: &Net, name: &str, dir: &Path, config: &str) -> Process
     // changes nothing it runs.
     let binary = std::env::var_os("EDGE_NEMESIS_EDGE_BIN")
         .map_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_edge")), PathBuf::from);
-    let mut process = Process::new(
-        name,
-        binary,
-        args,
-        dir.with_extension("log"),
-    );
+    let mut process = Process::new(name, binary, args, dir.with_extension("log"));
     process.env.push((
         "EDGE__JOURNAL__PATH".to_owned(),
         dir.join("journal.sqlite3").into(),

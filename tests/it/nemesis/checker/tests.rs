@@ -61,6 +61,7 @@ fn clean() -> History {
             target: "m1".into(),
             healed_ms: 700,
             converged_ms: Some(900),
+            unconverged: None,
         }],
         ..History::default()
     };
@@ -114,7 +115,8 @@ fn a_planted_loss_is_caught() {
     );
     let verdict = check(&history);
     assert!(
-        verdict.violations[0].slice.contains("seed 7") && verdict.violations[0].slice.contains("op: 1"),
+        verdict.violations[0].slice.contains("seed 7")
+            && verdict.violations[0].slice.contains("op: 1"),
         "the seed and the operation: {}",
         verdict.violations[0].slice
     );
@@ -141,9 +143,10 @@ fn a_planted_duplicate_is_caught() {
         .attempts = 2;
     assert!(check(&history).holds());
     // An attempt that got no answer ran at most once.
-    history
-        .executions
-        .insert("op 0 attempt 0".into(), vec![execution(false), execution(false)]);
+    history.executions.insert(
+        "op 0 attempt 0".into(),
+        vec![execution(false), execution(false)],
+    );
     assert!(broken(&history).contains(&"no prompt executed more often than its run was placed"));
 }
 
