@@ -209,6 +209,7 @@ fn placement(c: &mut Criterion) {
             can_continue: false,
             operations: edge::domain::DeclaredOperations::default(),
             can_manage_models: false,
+            inventory: None,
         };
         registry.insert(connection).unwrap();
         registry.adjust_active_runs(node.record.id(), i as u64, node.active_runs as i32);

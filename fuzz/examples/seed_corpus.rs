@@ -80,7 +80,7 @@ fn main() -> std::io::Result<()> {
         (
             "heartbeat-first",
             0x00,
-            node_frames(&[NodeFrame::Heartbeat { active_runs: 0, ping: 0, availability: None }]),
+            node_frames(&[NodeFrame::Heartbeat { active_runs: 0, ping: 0, availability: None, inventory: None }]),
         ),
         ("unknown-token", 0x03, Vec::new()),
         ("mismatched-id", 0x09, Vec::new()),
@@ -207,7 +207,7 @@ fn all_node_frames(run_id: &str) -> Vec<NodeFrame> {
     };
     vec![
         register("token-a", "node-a"),
-        NodeFrame::Heartbeat { active_runs: 1, ping: 0, availability: None },
+        NodeFrame::Heartbeat { active_runs: 1, ping: 0, availability: None, inventory: None },
         event(1, RunEventKind::Started),
         event(
             2,

@@ -131,6 +131,7 @@ fn with_prelude(mode: u8, rest: &[u8]) -> Vec<u8> {
         can_continue: false,
         operations: edge::domain::DeclaredOperations::default(),
         can_manage_models: false,
+        inventory: None,
     });
     let mut bytes = encoded(register);
     bytes.extend_from_slice(rest);

@@ -160,6 +160,7 @@ fn register(token: &str, instance_id: &str, resume: Vec<ResumeClaim>) -> Vec<u8>
         can_continue: false,
         operations: edge::domain::DeclaredOperations::default(),
         can_manage_models: false,
+        inventory: None,
     }))
 }
 

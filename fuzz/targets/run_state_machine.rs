@@ -420,6 +420,7 @@ impl World {
             can_continue: true,
             operations: edge::domain::DeclaredOperations::default(),
             can_manage_models: false,
+            inventory: None,
         };
         if self.registry.insert(registered).is_err() {
             // Its previous connection has not finished closing yet.

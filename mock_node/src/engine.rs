@@ -131,6 +131,7 @@ impl EngineState {
                 capacity,
                 parallel: 0,
                 targets,
+                budget: None,
             },
         )
     }
@@ -241,6 +242,7 @@ impl EngineState {
             active_runs: 0,
             ping: 0,
             availability: Some(self.availability()),
+            inventory: None,
         }
     }
 }

@@ -322,7 +322,7 @@ async fn write_frames(
     loop {
         let frame = tokio::select! {
             () = kill.cancelled() => return,
-            _ = ticker.tick() => NodeFrame::Heartbeat { active_runs: 0, ping: 0, availability: None },
+            _ = ticker.tick() => NodeFrame::Heartbeat { active_runs: 0, ping: 0, availability: None, inventory: None },
             frame = outgoing.recv() => match frame {
                 Some(frame) => frame,
                 None => return,

@@ -1,6 +1,7 @@
-//! The adapters the edge configured: each one built from its config (or found broken, and
-//! why), its prober started, and its engine's availability put on the board
-//! ([`crate::board`]), which tells the edge.
+//! The adapters the edge configured: each one built from its config and its budget on the
+//! node's devices (or found broken, and why: a misconfigured budget among them), its prober
+//! started, and its engine's availability put on the board ([`crate::board`]), which tells
+//! the edge.
 //!
 //! Rebuilt only when a registration brings a different adapter config; each adapter's
 //! prober runs as an owned task until the next rebuild or the node's exit.
@@ -12,7 +13,10 @@ use edge::client::ReceivedAdapter;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use edge::domain::Inventory;
+
 use crate::board::Board;
+use crate::budget::{AdapterBudget, BudgetError, budgets};
 use crate::openai::{self, AdapterError, OpenAiAdapter};
 use crate::probe::probe_loop;
 
@@ -29,6 +33,10 @@ pub enum Misconfigured {
     /// The `openai` adapter cannot be built from its settings.
     #[error(transparent)]
     OpenAi(#[from] AdapterError),
+    /// Its `memory` or `devices` cannot be met on this node's devices (or adapters sharing
+    /// a device budget more than it has).
+    #[error(transparent)]
+    Budget(#[from] BudgetError),
 }
 
 /// What the node knows of an adapter a run asks for.
@@ -75,9 +83,15 @@ impl AdapterSet {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Applies the adapter config of a registration; unchanged config keeps everything as it
-    /// is (probers, last known availability). New probers are tracked by `tasks`.
-    pub fn configure(&self, config: &[ReceivedAdapter], tasks: &TaskTracker) {
+    /// Applies the adapter config of a registration, each adapter's budget read against
+    /// `inventory` (the node's devices); unchanged config keeps everything as it is (probers,
+    /// last known availability). New probers are tracked by `tasks`.
+    pub fn configure(
+        &self,
+        config: &[ReceivedAdapter],
+        inventory: &Inventory,
+        tasks: &TaskTracker,
+    ) {
         let mut inner = self.inner();
         if inner.config == config && !inner.slots.is_empty() {
             return;
@@ -85,10 +99,12 @@ impl AdapterSet {
         inner.probes.cancel();
         inner.probes = CancellationToken::new();
         inner.config = config.to_vec();
+        let mut budgets = budgets(config, inventory);
         inner.slots = config
             .iter()
             .map(|adapter| {
-                let slot = match build(adapter) {
+                let budget = budgets.remove(&adapter.name).unwrap_or(Ok(None));
+                let slot = match budget.map_err(Misconfigured::from).and_then(|budget| build(adapter, budget)) {
                     Ok(built) => Slot::Ready(Arc::new(built)),
                     Err(problem) => {
                         tracing::error!(adapter = %adapter.name, %problem, "adapter cannot run; its targets are not offered");
@@ -140,12 +156,15 @@ impl AdapterSet {
     }
 }
 
-/// The adapter `config` describes.
+/// The adapter `config` describes, with `budget`.
 ///
 /// # Errors
 /// [`Misconfigured::UnknownKind`] for a kind this node does not run;
 /// [`Misconfigured::OpenAi`] when the `openai` adapter cannot be built.
-fn build(config: &ReceivedAdapter) -> Result<OpenAiAdapter, Misconfigured> {
+fn build(
+    config: &ReceivedAdapter,
+    budget: Option<AdapterBudget>,
+) -> Result<OpenAiAdapter, Misconfigured> {
     let kind = config
         .settings
         .get("kind")
@@ -155,5 +174,5 @@ fn build(config: &ReceivedAdapter) -> Result<OpenAiAdapter, Misconfigured> {
             kind: kind.to_owned(),
         });
     }
-    Ok(OpenAiAdapter::new(config)?)
+    Ok(OpenAiAdapter::new(config)?.with_budget(budget))
 }

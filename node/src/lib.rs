@@ -21,20 +21,26 @@
 //! - [`dispatch`]: admit or refuse a run and drive it; [`model_commands`]: carry out the
 //!   edge's load and unload commands; [`runs`]: the run table, flow control and resume
 //!   claims, over [`buffer`]: its events and bounds.
-//! - [`adapters`]: the configured adapters, each with its prober; [`probe`]: the engine
-//!   prober.
+//! - [`adapters`]: the configured adapters, each with its prober and budget ([`budget`]:
+//!   what each may use for models, checked against the node's devices); [`probe`]: the
+//!   engine prober.
 //! - [`openai`]: the adapter, with its managed engines' model lifecycle
 //!   ([`openai::engine_models`]: their catalogues and their load and unload verbs).
 //! - [`board`]: the availability board the probers report to; [`engine_health`]: an
 //!   engine's up and down, logged; [`upstream`]: the engine's HTTP client; [`fault`]: what
-//!   goes wrong talking to it; [`sse`]: the event-stream decoder.
+//!   goes wrong talking to it; [`sse`]: the event-stream decoder; [`inventory`]: the
+//!   node's devices (NVML's GPUs, or the machine's memory); [`gguf`]: a GGUF model's
+//!   memory once loaded, from its header.
 
 pub mod adapters;
 pub mod board;
+pub mod budget;
 pub mod buffer;
 pub mod dispatch;
 pub mod engine_health;
 pub mod fault;
+pub mod gguf;
+pub mod inventory;
 pub mod lifecycle;
 pub mod model_commands;
 pub mod openai;

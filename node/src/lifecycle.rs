@@ -21,11 +21,13 @@ use edge::client::{
     Backoff, ClientError, EpochFence, Keepalive, LinkEnd, NodeClient, RegisterOutcome,
     Registration, ServerName, dial as dial_tcp, new_instance_id,
 };
-use edge::domain::{Operation, RegisterRejection, ResumeClaim};
+use edge::domain::{Bytes, Operation, RegisterRejection, ResumeClaim};
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::adapters::AdapterSet;
+use crate::inventory::{self, Prober};
 use crate::openai;
 use crate::options::{NodeOptions, host_of};
 use crate::runs::{RunTable, Stop};
@@ -58,6 +60,17 @@ pub enum NodeError {
 /// # Errors
 /// [`NodeError::Rejected`] when the edge refuses the node for good.
 pub async fn run(options: NodeOptions, stop: CancellationToken) -> Result<(), NodeError> {
+    let prober = Arc::new(Prober::detect());
+    let measuring = Arc::clone(&prober);
+    let measured = tokio::task::spawn_blocking(move || measuring.measure())
+        .await
+        .unwrap_or_default();
+    let devices: Vec<String> = measured
+        .devices
+        .iter()
+        .map(|d| format!("{} {} ({})", d.index, d.name, Bytes(d.total_bytes)))
+        .collect();
+    tracing::info!(?devices, "the node's devices");
     let core = Arc::new(Core {
         table: RunTable::new(options.buffers),
         options,
@@ -67,7 +80,11 @@ pub async fn run(options: NodeOptions, stop: CancellationToken) -> Result<(), No
         draining: CancellationToken::new(),
         instance_id: new_instance_id(),
         fence: EpochFence::new(),
+        inventory: watch::Sender::new(measured),
     });
+    let current = core.inventory.clone();
+    core.tasks
+        .spawn(inventory::keep_current(prober, current, core.exit.clone()));
     let drainer = tokio::spawn(drain(Arc::clone(&core), stop));
     let result = connect_loop(&core).await;
     core.exit.cancel();
@@ -227,7 +244,9 @@ async fn attempt(core: &Core, address: &str) -> Result<SessionEnd, Failure> {
     };
     let (client, outcome) = registered;
     let config = outcome.config.unwrap_or_default();
-    core.adapters.configure(&config.adapters, &core.tasks);
+    let inventory = core.inventory.borrow().clone();
+    core.adapters
+        .configure(&config.adapters, &inventory, &core.tasks);
     core.table.link_up(outcome.acknowledges_pings);
     let resumed = core.table.apply_answers(&claims, &outcome.resumed);
     tracing::info!(
@@ -252,10 +271,12 @@ async fn register(
         .fenced(core.fence.clone());
     // Every engine the openai adapter drives can go on from a prefix (request.rs).
     // Model commands are obeyed for the adapters whose availability says `managed`.
+    let inventory = core.inventory.borrow().clone();
     let mut registration = Registration::with_token(&core.options.token)
         .instance(core.instance_id.clone())
         .continuing(true)
-        .managing_models(true);
+        .managing_models(true)
+        .with_inventory(inventory);
     registration.node_id = core.options.node_id.clone();
     registration.adapters = vec![openai::KIND.to_owned()];
     registration.resume = claims.to_vec();

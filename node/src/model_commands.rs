@@ -437,6 +437,7 @@ mod tests {
             state,
             failure: failure.into(),
             window: None,
+            footprint: None,
         }
     }
 

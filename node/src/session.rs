@@ -4,7 +4,7 @@
 //! session.
 //!
 //! The writer heartbeats every `heartbeat_interval_ms` with the number of running runs and a
-//! fresh `ping`; the reader hands the acks to a [`LinkMonitor`], and the writer ends the
+//! fresh `ping` (and the node's devices when they changed enough to tell, v1.7); the reader hands the acks to a [`LinkMonitor`], and the writer ends the
 //! session when the monitor judges the link dead. Acks also tell the run table which events
 //! the edge surely has, so it can stop keeping them. Neither loop owns a run: runs live in
 //! the table and outlive sessions. Model commands run as tasks of their own
@@ -18,10 +18,9 @@ use std::time::{Duration, Instant};
 
 use edge::client::{
     ClientError, LinkMonitor, NodeReceiver, NodeSender, ReceivedConfig, ReceivedEdgeFrame,
-    heartbeat,
 };
 use edge::client::{ModelOutcome, NodeCommand, NodeFrame};
-use edge::domain::Availability;
+use edge::domain::{Availability, Inventory};
 use edge::hops;
 use futures::{SinkExt, StreamExt};
 use tokio::sync::{mpsc, watch};
@@ -174,6 +173,9 @@ async fn write_loop(
     };
     let board = core.adapters.board();
     let mut availability = board.subscribe();
+    // The registration told the devices as they were: only later changes are sent.
+    let mut inventory = core.inventory.subscribe();
+    inventory.mark_unchanged();
     // Bounded by the heartbeat interval too: the edge counts silence from registration on.
     board.wait_probed(FIRST_PROBE_WAIT.min(interval)).await;
     let first = availability.borrow_and_update().clone();
@@ -205,6 +207,10 @@ async fn write_loop(
                 writer.heartbeat(Some(current)).await
             }
             Some(outcome) = answered.recv() => writer.model_outcome(outcome, &mut availability).await,
+            Ok(()) = inventory.changed() => {
+                let current = inventory.borrow_and_update().clone();
+                writer.beat(None, Some(current)).await
+            }
             () = core.exit.cancelled() => {
                 let _ = writer.write_unsent().await;
                 return SessionEnd::Exit;
@@ -226,6 +232,16 @@ struct Writer<'a> {
 impl Writer<'_> {
     /// A heartbeat with the running runs and a fresh ping (and the availability, if given).
     async fn heartbeat(&mut self, availability: Option<Availability>) -> Result<(), ClientError> {
+        self.beat(availability, None).await
+    }
+
+    /// A heartbeat with the running runs, a fresh ping, and the availability and the
+    /// devices when given.
+    async fn beat(
+        &mut self,
+        availability: Option<Availability>,
+        inventory: Option<Inventory>,
+    ) -> Result<(), ClientError> {
         let ping = book(self.link).ping(self.batch);
         let active = u32::try_from(self.core.table.running()).unwrap_or(u32::MAX);
         if let Some(availability) = &availability {
@@ -248,9 +264,13 @@ impl Writer<'_> {
                 tracing::info!(available = ?pairs, ?loads, "reporting availability");
             }
         }
-        self.sender
-            .send(heartbeat(active, ping, availability))
-            .await?;
+        let frame = NodeFrame::Heartbeat {
+            active_runs: active,
+            ping,
+            availability,
+            inventory,
+        };
+        self.sender.send(frame).await?;
         Ok(())
     }
 

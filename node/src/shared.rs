@@ -4,6 +4,8 @@
 //! Plain data: it holds the node's parts and decides nothing.
 
 use edge::client::EpochFence;
+use edge::domain::Inventory;
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -31,4 +33,7 @@ pub struct Core {
     /// The highest epoch this process has seen from the edges of its site, shared by every
     /// connection.
     pub fence: EpochFence,
+    /// The node's devices as last measured (told at registration, and in a heartbeat when
+    /// they changed enough).
+    pub inventory: watch::Sender<Inventory>,
 }

@@ -28,8 +28,8 @@ pub use link::{Backoff, LinkEnd, LinkMonitor, LinkStats};
 pub use stream::{ClientStream, tls_client_config};
 
 use crate::domain::{
-    Availability, DeclaredOperations, Operation, PROTOCOL_VERSION, RegisterAttempt, RunEventKind,
-    Token,
+    Availability, DeclaredOperations, Inventory, Operation, PROTOCOL_VERSION, RegisterAttempt,
+    RunEventKind, Token,
 };
 use crate::ports::ReportedEvent;
 use crate::wire::NodeCodec;
@@ -88,6 +88,7 @@ impl Registration {
             can_continue: false,
             operations: DeclaredOperations::default(),
             can_manage_models: false,
+            inventory: None,
         }
     }
 
@@ -96,6 +97,13 @@ impl Registration {
     #[must_use]
     pub fn managing_models(mut self, can_manage_models: bool) -> Self {
         self.can_manage_models = can_manage_models;
+        self
+    }
+
+    /// The same registration, telling the node's devices and their memory (v1.7).
+    #[must_use]
+    pub fn with_inventory(mut self, inventory: Inventory) -> Self {
+        self.inventory = Some(inventory);
         self
     }
 
@@ -322,5 +330,6 @@ pub fn heartbeat(active_runs: u32, ping: u64, availability: Option<Availability>
         active_runs,
         ping,
         availability,
+        inventory: None,
     }
 }

@@ -10,6 +10,7 @@ pub mod continuation;
 pub mod definitions;
 pub mod drain;
 pub mod event;
+pub mod inventory;
 pub mod models;
 pub mod names;
 pub mod node;
@@ -36,6 +37,7 @@ pub use definitions::{
 };
 pub use drain::{Drain, NodeState};
 pub use event::{EDGE_CRASHED, EdgeFailure, FailureClass, RunEventKind, RunId};
+pub use inventory::{Bytes, BytesError, Device, DeviceKind, Inventory, parse_bytes};
 pub use names::{AdapterName, Alias, EdgeId, NameError, NodeId, Target};
 pub use node::{
     AdapterConfig, AdapterParts, Availability, NodeConfigError, NodeRecord, NodeRecordParts,

@@ -425,6 +425,7 @@ mod tests {
         let managed = ManagedAdapter {
             capacity: 1,
             parallel: 0,
+            budget: None,
             targets: BTreeMap::from([
                 (alpha.clone(), TargetLoad::new(LoadState::Loaded)),
                 (beta.clone(), asleep),

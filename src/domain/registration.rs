@@ -8,6 +8,7 @@
 
 use std::time::Instant;
 
+use super::inventory::Inventory;
 use super::node::NodeRecord;
 use super::operation::DeclaredOperations;
 use super::resume::ResumeClaim;
@@ -47,6 +48,8 @@ pub struct RegisterAttempt {
     /// The node obeys model commands for the adapters it reports managed
     /// (`can_manage_models`); false from an older node.
     pub can_manage_models: bool,
+    /// The node's devices and their memory (v1.7); `None` from an older node.
+    pub inventory: Option<Inventory>,
 }
 
 /// Why a registration is refused; each maps to one protocol `RegisterError`.
@@ -274,6 +277,7 @@ mod tests {
             can_continue: false,
             operations: DeclaredOperations::default(),
             can_manage_models: false,
+            inventory: None,
         }
     }
 

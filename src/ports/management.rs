@@ -13,8 +13,8 @@ use futures::Stream;
 
 use crate::domain::routing::BreakerState;
 use crate::domain::{
-    AdapterName, Availability, Drain, NodeRecord, NodeState, RunEvent, RunId, RunPage, RunQuery,
-    RunRecord, StatsWindow, Target, UsageQuery, UsageRow,
+    AdapterName, Availability, Drain, Inventory, NodeRecord, NodeState, RunEvent, RunId, RunPage,
+    RunQuery, RunRecord, StatsWindow, Target, UsageQuery, UsageRow,
 };
 use crate::ports::JournalError;
 
@@ -175,4 +175,6 @@ pub struct ConnectedNodeView {
     pub active_runs: u32,
     /// What it last reported it can serve now; `None` until it reports.
     pub availability: Option<Arc<Availability>>,
+    /// Its devices as it last reported them (v1.7); `None` from an older node.
+    pub inventory: Option<Arc<Inventory>>,
 }

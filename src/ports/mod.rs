@@ -36,8 +36,8 @@ pub use management::{
     ConnectedNodeView, FeedEvent, FeedItem, FeedStream, Manage, ManageError, NodeStatus,
 };
 pub use models::{
-    ManageModels, ModelCommandError, ModelDemand, ModelEvent, ModelOnNode, ModelView, NoModels,
-    WaitingRuns,
+    FeedAction, ManageModels, ModelCommandError, ModelDemand, ModelEvent, ModelOnNode, ModelView,
+    NoModels, WaitingRuns,
 };
 pub use node_store::NodeStore;
 pub use noop_journal::NoopJournal;

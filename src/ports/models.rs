@@ -4,7 +4,9 @@
 
 use std::time::Duration;
 
-use crate::domain::models::{LoadState, ModelAction, ModelName, ModelPolicy};
+use crate::domain::models::{
+    FitNote, Footprint, LoadState, ModelAction, ModelName, ModelPolicy, TooLarge,
+};
 use crate::domain::routing::{ModelSeats, NodeStatus};
 use crate::domain::{AdapterName, NodeId, Target};
 
@@ -21,6 +23,12 @@ pub trait ModelDemand: Send + Sync {
 
     /// A run of `adapter + target` left `node` (it ended or moved).
     fn left(&self, node: &NodeId, adapter: &AdapterName, target: &Target);
+
+    /// `adapter + target` is too large for every node that lists it (its footprint above
+    /// each one's budget, as their last reports say): a run of it is refused at once rather
+    /// than queued for a load that cannot happen. `None` when some node may fit it, or
+    /// none knows.
+    fn too_large(&self, adapter: &AdapterName, target: &Target) -> Option<TooLarge>;
 
     /// For each of `nodes`, by position, its runs of `adapter + target` in flight against
     /// how many its managed engine serves at once (the adapter's `parallel`); `None` for a
@@ -40,6 +48,10 @@ pub trait WaitingRuns: Send + Sync {
     /// engine's words), unless a node serves it by now.
     fn load_failed(&self, model: &ModelName, reason: &str);
 
+    /// `model` turned out too large for every node that lists it (their footprints came
+    /// after the runs were queued): ends the runs waiting for it with `model_too_large`.
+    fn too_large(&self, model: &ModelName, refusal: TooLarge);
+
     /// Returns once every placement begun before the call has finished (and told the
     /// lifecycle where it put its run).
     fn placements_settled(&self);
@@ -56,6 +68,10 @@ impl ModelDemand for NoModels {
     fn placed(&self, _: &NodeId, _: &AdapterName, _: &Target) {}
 
     fn left(&self, _: &NodeId, _: &AdapterName, _: &Target) {}
+
+    fn too_large(&self, _: &AdapterName, _: &Target) -> Option<TooLarge> {
+        None
+    }
 
     fn model_seats(
         &self,
@@ -76,6 +92,9 @@ pub struct ModelView {
     pub policy: Option<ModelPolicy>,
     /// Each connected node that serves it or can load it, by id.
     pub nodes: Vec<ModelOnNode>,
+    /// Why its `[[models]]` entry cannot be met with the footprints and budgets the nodes
+    /// reported (a pin where it does not fit, `min_loaded` above the nodes it fits on).
+    pub warnings: Vec<String>,
 }
 
 /// One model on one node.
@@ -102,27 +121,68 @@ pub struct ModelOnNode {
     pub reason: String,
     /// A command in progress there.
     pub command: Option<ModelAction>,
+    /// Its footprint there, as the node derived it, when the node knows.
+    pub footprint: Option<Footprint>,
+    /// The budget of its adapter on that node, in bytes, when known.
+    pub budget: Option<u64>,
+    /// The room there now: the budget less the footprints of what the adapter holds.
+    pub room: Option<u64>,
+    /// Its footprint and the room at the edge's last decision to load it there.
+    pub decided: Option<FitNote>,
 }
 
-/// A load or unload, as the management feed and the log tell it.
+/// What a line of the model feed tells.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FeedAction {
+    /// A load.
+    Load,
+    /// An unload.
+    Unload,
+    /// A `[[models]]` entry the pool cannot meet.
+    Warning,
+}
+
+impl FeedAction {
+    /// Its name in the feed (the SSE event's name).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Load => "load",
+            Self::Unload => "unload",
+            Self::Warning => "warning",
+        }
+    }
+}
+
+impl From<ModelAction> for FeedAction {
+    fn from(action: ModelAction) -> Self {
+        match action {
+            ModelAction::Load => Self::Load,
+            ModelAction::Unload => Self::Unload,
+        }
+    }
+}
+
+/// A load, an unload or a warning, as the management feed and the log tell it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ModelEvent {
     /// When, ms since the Unix epoch.
     pub at_ms: u64,
     /// The model.
     pub model: ModelName,
-    /// The node.
-    pub node: NodeId,
-    /// Load or unload.
-    pub action: ModelAction,
+    /// The node; `None` for a warning about no one node (`min_loaded`).
+    pub node: Option<NodeId>,
+    /// Load, unload or warning.
+    pub action: FeedAction,
     /// Why (`demand`, `min_loaded`, `pin`, `idle`, `make_room`, `operator`).
     pub reason: String,
-    /// `started`, `done` or `failed`.
+    /// `started`, `done` or `failed`; `unmet` for a warning.
     pub outcome: &'static str,
-    /// With `failed`: the engine's reason.
+    /// With `failed`: the engine's reason; with a warning, what cannot be met.
     pub message: String,
     /// With `done` or `failed`: how long the command took, in ms.
     pub took_ms: Option<u64>,
+    /// With a load: the model's footprint there and the room before it, where known.
+    pub fit: Option<FitNote>,
 }
 
 /// Why an operator's load or unload was refused or failed.

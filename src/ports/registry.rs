@@ -6,7 +6,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
 use crate::domain::routing::NodeStatus;
-use crate::domain::{AdapterName, Availability, DeclaredOperations, NodeId, NodeRecord, Target};
+use crate::domain::{
+    AdapterName, Availability, DeclaredOperations, Inventory, NodeId, NodeRecord, Target,
+};
 
 use super::transport::{ConnectionId, NodeLink};
 
@@ -37,6 +39,8 @@ pub struct NewConnection {
     pub operations: DeclaredOperations,
     /// The node obeys model commands (`RegisterRequest.can_manage_models`).
     pub can_manage_models: bool,
+    /// The node's devices as it registered them (`RegisterRequest.inventory`, v1.7).
+    pub inventory: Option<Inventory>,
 }
 
 /// When a connection last sent a frame: written by the connection's task as frames arrive,
@@ -99,6 +103,8 @@ pub struct ConnectedNode {
     pub drained: bool,
     /// It obeys model commands for the adapters its availability reports managed.
     pub can_manage_models: bool,
+    /// Its devices as it last reported them (v1.7); `None` from an older node.
+    pub inventory: Option<Arc<Inventory>>,
 }
 
 impl ConnectedNode {
@@ -207,6 +213,10 @@ pub trait Registry: Send + Sync {
         connection: ConnectionId,
         availability: Availability,
     ) -> bool;
+
+    /// Replaces the devices the node's live connection `connection` reported (a heartbeat's
+    /// `inventory`). Shown to operators only: placement reads the adapters' budgets.
+    fn set_inventory(&self, id: &NodeId, connection: ConnectionId, inventory: Inventory);
 
     /// Takes `adapter + target` out of what the node serves now (`withheld`), or puts it
     /// back, until the node's next availability report: no new run of it is placed there

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use tokio::sync::mpsc;
 
+use crate::domain::models::TooLarge;
 use crate::domain::routing::{LimitRefusal, Unroutable, WaitCause};
 use crate::domain::{NodeId, Operation, RunEvent, RunId, RunSpec};
 
@@ -62,6 +63,10 @@ pub enum StartError {
     /// The edge is shutting down.
     #[error("the edge is shutting down")]
     ShuttingDown,
+    /// Its model is too large for every node that lists it: its footprint is above each
+    /// one's budget (as their reports say), so no load can ever serve it.
+    #[error("the model fits on no node: {0}")]
+    ModelTooLarge(TooLarge),
     /// Its operation needs a declaration (`Operation::needs_declaration`) and nodes serving
     /// its route are connected, none of which declared it.
     #[error("no connected node serving the route declared the {} operation", .operation.as_str())]

@@ -274,6 +274,7 @@ mod tests {
             active_runs,
             ping: 0,
             availability: None,
+            inventory: None,
         }
     }
 
@@ -328,6 +329,7 @@ mod tests {
                 can_continue: false,
                 operations: crate::domain::DeclaredOperations::default(),
                 can_manage_models: false,
+                inventory: None,
             }),
             heartbeat(3),
             NodeFrame::RunEvent(ReportedEvent {
@@ -409,6 +411,7 @@ mod tests {
                     Operation::Detokenize,
                 ]),
                 can_manage_models: true,
+                inventory: None,
             }),
             NodeFrame::Heartbeat {
                 active_runs: 1,
@@ -418,6 +421,15 @@ mod tests {
                     pair("openai", "a"),
                     pair("echo", "x"),
                 ])),
+                inventory: Some(crate::domain::Inventory {
+                    devices: vec![crate::domain::Device {
+                        index: 0,
+                        kind: crate::domain::DeviceKind::Memory,
+                        name: "memory".into(),
+                        total_bytes: 24 << 30,
+                        used_bytes: 3 << 30,
+                    }],
+                }),
             },
             NodeFrame::RunEvent(ReportedEvent {
                 run_id: "r1".into(),

@@ -7,8 +7,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::domain::{
-    AdapterName, Availability, DeclaredOperations, NodeRecord, RegisterAttempt, RegisterRejection,
-    ResumeAnswer, ResumeClaim, ResumeRefusal, RunId, Target, Token,
+    AdapterName, Availability, DeclaredOperations, Inventory, NodeRecord, RegisterAttempt,
+    RegisterRejection, ResumeAnswer, ResumeClaim, ResumeRefusal, RunId, Target, Token,
 };
 use crate::ports::{ModelOutcome, NodeCommand, ReportedEvent};
 
@@ -17,6 +17,7 @@ use super::events::{
     event_kind_from_wire, event_kind_to_wire, operation_from_wire, operation_to_wire,
     run_from_wire, run_to_wire,
 };
+use super::fit::{inventory_from_wire, inventory_to_wire};
 use super::models::{
     adapter_from_wire, model_command_from_wire, model_command_to_wire, outcome_of_model_from_wire,
     outcome_of_model_to_wire, states_to_wire,
@@ -36,6 +37,8 @@ pub enum NodeFrame {
         ping: u64,
         /// The targets the node can serve now, when it reports them.
         availability: Option<Availability>,
+        /// The node's devices as measured now, when it reports them (v1.7).
+        inventory: Option<Inventory>,
     },
     /// `RunEvent`.
     RunEvent(ReportedEvent),
@@ -159,6 +162,7 @@ impl From<proto::NodeMessage> for NodeFrame {
                     can_continue,
                     operations,
                     can_manage_models,
+                    inventory,
                 } = request;
                 NodeFrame::Register(RegisterAttempt {
                     token: Token::new(token),
@@ -174,16 +178,19 @@ impl From<proto::NodeMessage> for NodeFrame {
                         operations.into_iter().map(operation_from_wire),
                     ),
                     can_manage_models,
+                    inventory: inventory.map(inventory_from_wire),
                 })
             }
             Some(node_message::Body::Heartbeat(proto::Heartbeat {
                 active_runs,
                 ping,
                 availability,
+                inventory,
             })) => NodeFrame::Heartbeat {
                 active_runs,
                 ping,
                 availability: availability.map(availability_from_wire),
+                inventory: inventory.map(inventory_from_wire),
             },
             Some(node_message::Body::RunEvent(proto::RunEvent { run_id, seq, kind })) => {
                 match kind.map(event_kind_from_wire) {
@@ -213,6 +220,7 @@ impl From<NodeFrame> for proto::NodeMessage {
                 can_continue,
                 operations,
                 can_manage_models,
+                inventory,
             }) => Some(node_message::Body::Register(proto::RegisterRequest {
                 token: token.expose_secret().to_owned(),
                 node_id,
@@ -228,15 +236,18 @@ impl From<NodeFrame> for proto::NodeMessage {
                     .map(|operation| operation_to_wire(operation).into())
                     .collect(),
                 can_manage_models,
+                inventory: inventory.map(inventory_to_wire),
             })),
             NodeFrame::Heartbeat {
                 active_runs,
                 ping,
                 availability,
+                inventory,
             } => Some(node_message::Body::Heartbeat(proto::Heartbeat {
                 active_runs,
                 ping,
                 availability: availability.map(availability_to_wire),
+                inventory: inventory.map(inventory_to_wire),
             })),
             NodeFrame::RunEvent(ReportedEvent { run_id, seq, kind }) => {
                 Some(node_message::Body::RunEvent(proto::RunEvent {

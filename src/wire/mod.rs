@@ -13,6 +13,7 @@ mod config_payload;
 mod convert;
 mod events;
 mod fence;
+mod fit;
 pub mod keepalive;
 mod models;
 pub mod tls;

@@ -5,6 +5,7 @@ use crate::domain::models::{LoadState, ManagedAdapter, ModelAction, ModelName, T
 use crate::domain::{AdapterName, Availability, Target};
 use crate::ports::{ModelCommand, ModelOutcome};
 
+use super::fit::{budget_from_wire, footprint_from_wire, footprint_to_wire};
 use super::proto;
 
 /// One `AdapterTargets` entry as the edge reads it.
@@ -28,6 +29,8 @@ pub(super) fn adapter_from_wire(entry: proto::AdapterTargets) -> AdapterReport {
         managed,
         capacity,
         parallel,
+        budget_bytes,
+        devices,
     } = entry;
     let targets: Vec<Target> = targets
         .iter()
@@ -37,41 +40,21 @@ pub(super) fn adapter_from_wire(entry: proto::AdapterTargets) -> AdapterReport {
     let mut lifecycle = ManagedAdapter {
         capacity,
         parallel,
+        budget: budget_from_wire(budget_bytes, devices),
         targets: targets
             .iter()
             .map(|t| (t.clone(), TargetLoad::new(LoadState::Loaded)))
             .collect(),
     };
-    for proto::TargetState {
-        target,
-        context_window,
-        load,
-        load_progress,
-        failure,
-        asleep,
-        stays_loaded,
-    } in states
-    {
-        let Ok(target) = Target::parse(&target) else {
+    for state in states {
+        let Some((target, load, load_is_said)) = target_from_wire(state) else {
             continue;
         };
-        if let Some(state) = load_from_wire(load) {
-            let progress_percent = (load_progress.clamp(0.0, 1.0) * 100.0).round() as u8;
-            let state = match state {
-                LoadState::Unloaded if asleep => LoadState::Asleep,
-                state => state,
-            };
-            let load = TargetLoad {
-                state,
-                progress_percent,
-                failure,
-                context_window,
-                stays_loaded,
-            };
-            lifecycle.targets.insert(target.clone(), load);
+        if load.context_window > 0 {
+            windows.push((target.clone(), load.context_window));
         }
-        if context_window > 0 {
-            windows.push((target, context_window));
+        if load_is_said {
+            lifecycle.targets.insert(target, load);
         }
     }
     AdapterReport {
@@ -79,6 +62,36 @@ pub(super) fn adapter_from_wire(entry: proto::AdapterTargets) -> AdapterReport {
         windows,
         managed: managed.then_some(lifecycle),
     }
+}
+
+/// One `TargetState`: its target (`None` for an invalid name) and what it says; a state that
+/// says nothing of the load is taken as loaded.
+fn target_from_wire(state: proto::TargetState) -> Option<(Target, TargetLoad, bool)> {
+    let proto::TargetState {
+        target,
+        context_window,
+        load,
+        load_progress,
+        failure,
+        asleep,
+        stays_loaded,
+        footprint,
+    } = state;
+    let target = Target::parse(&target).ok()?;
+    let said = load_from_wire(load);
+    let state = match said.unwrap_or(LoadState::Loaded) {
+        LoadState::Unloaded if asleep => LoadState::Asleep,
+        state => state,
+    };
+    let load = TargetLoad {
+        state,
+        progress_percent: (load_progress.clamp(0.0, 1.0) * 100.0).round() as u8,
+        failure,
+        context_window,
+        stays_loaded,
+        footprint: footprint.and_then(footprint_from_wire),
+    };
+    Some((target, load, said.is_some()))
 }
 
 /// Fills `entry`'s states (windows of its listed targets; a managed adapter's flag,
@@ -105,6 +118,10 @@ pub(super) fn states_to_wire(entry: &mut proto::AdapterTargets, availability: &A
     entry.managed = true;
     entry.capacity = managed.capacity;
     entry.parallel = managed.parallel;
+    if let Some(budget) = &managed.budget {
+        entry.budget_bytes = budget.bytes;
+        entry.devices.clone_from(&budget.devices);
+    }
     for (target, load) in &managed.targets {
         let index = match entry
             .states
@@ -126,6 +143,7 @@ pub(super) fn states_to_wire(entry: &mut proto::AdapterTargets, availability: &A
         state.failure.clone_from(&load.failure);
         state.asleep = load.state == LoadState::Asleep;
         state.stays_loaded = load.stays_loaded;
+        state.footprint = load.footprint.map(footprint_to_wire);
         if state.context_window == 0 {
             state.context_window = load.context_window;
         }
@@ -250,6 +268,7 @@ mod tests {
         let managed = ManagedAdapter {
             capacity: 2,
             parallel: 0,
+            budget: None,
             targets: BTreeMap::from([
                 (
                     target("alpha"),
@@ -292,11 +311,15 @@ mod tests {
     }
 
     #[test]
-    fn an_asleep_server_a_target_kept_loaded_and_a_per_model_cap_round_trip_as_v1_5() {
+    fn an_asleep_server_a_target_kept_loaded_a_per_model_cap_and_a_budget_round_trip() {
         let vllm = AdapterName::parse("vllm").unwrap();
         let managed = ManagedAdapter {
             capacity: 1,
             parallel: 2,
+            budget: Some(crate::domain::models::Budget {
+                bytes: 20 << 30,
+                devices: vec![0, 1],
+            }),
             targets: BTreeMap::from([
                 (
                     target("alpha"),
@@ -310,6 +333,10 @@ mod tests {
                     TargetLoad {
                         context_window: 512,
                         stays_loaded: true,
+                        footprint: Some(crate::domain::models::Footprint::whole(
+                            9 << 30,
+                            crate::domain::models::FootprintSource::VllmShare,
+                        )),
                         ..TargetLoad::new(LoadState::Loaded)
                     },
                 ),

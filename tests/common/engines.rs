@@ -104,10 +104,31 @@ pub fn vocab(name: &str) -> PathBuf {
 /// again whenever `make_tiny_model.py` changes.
 pub fn tiny_model() -> PathBuf {
     static MODEL: OnceLock<PathBuf> = OnceLock::new();
-    super::deadline::installing(|| MODEL.get_or_init(make_tiny_model).clone())
+    super::deadline::installing(|| MODEL.get_or_init(|| made_model("tiny", &[])).clone())
 }
 
-fn make_tiny_model() -> PathBuf {
+/// The large model: the tiny model's construction at 1,024 wide, 3 layers (a GGUF of
+/// 261 MiB), generated like [`tiny_model`].
+pub fn large_model() -> PathBuf {
+    static MODEL: OnceLock<PathBuf> = OnceLock::new();
+    let shape = [
+        "--embd",
+        "1024",
+        "--layers",
+        "3",
+        "--ffn",
+        "2816",
+        "--heads",
+        "8",
+        "--heads-kv",
+        "4",
+    ];
+    super::deadline::installing(|| MODEL.get_or_init(|| made_model("large", &shape)).clone())
+}
+
+/// A model `make_tiny_model.py` writes with `shape` (its dimension flags) into
+/// `<cache>/models/<name>-llama-<hash of the script>.gguf`, made once per machine.
+fn made_model(name: &str, shape: &[&str]) -> PathBuf {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let script = root.join("tests/python/make_tiny_model.py");
     let source =
@@ -119,7 +140,7 @@ fn make_tiny_model() -> PathBuf {
         .map(|b| format!("{b:02x}"))
         .collect();
     let dir = cache_dir().join("models");
-    let model = dir.join(format!("tiny-llama-{version}.gguf"));
+    let model = dir.join(format!("{name}-llama-{version}.gguf"));
     if model.exists() {
         return model;
     }
@@ -138,6 +159,7 @@ fn make_tiny_model() -> PathBuf {
         .arg(&vocab)
         .arg("--out")
         .arg(&model)
+        .args(shape)
         .output()
         .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
     assert!(
@@ -324,6 +346,8 @@ struct RouterOptions {
     models: Vec<String>,
     /// `<name>.gguf` holds garbage for each: its load fails.
     broken: Vec<String>,
+    /// `<name>.gguf` is (a hard link to, else a copy of) the file, for each.
+    files: Vec<(String, PathBuf)>,
     /// `--models-max`.
     max: u32,
 }
@@ -385,6 +409,7 @@ impl LlamaOptions {
         self.router = Some(RouterOptions {
             models: models.iter().map(|name| (*name).to_owned()).collect(),
             broken: Vec::new(),
+            files: Vec::new(),
             max,
         });
         self
@@ -398,6 +423,17 @@ impl LlamaOptions {
             .as_mut()
             .expect("broken_model needs router mode (LlamaOptions::router first)");
         router.broken.push(name.to_owned());
+        self
+    }
+
+    /// In router mode, one more model, `<name>.gguf`: `file` (linked, or copied where it
+    /// cannot be).
+    pub fn router_model(mut self, name: &str, file: &Path) -> Self {
+        let router = self
+            .router
+            .as_mut()
+            .expect("router_model needs router mode (LlamaOptions::router first)");
+        router.files.push((name.to_owned(), file.to_owned()));
         self
     }
 
@@ -418,6 +454,13 @@ impl LlamaOptions {
             let file = models.join(format!("{name}.gguf"));
             fs::copy(&tiny, &file)
                 .unwrap_or_else(|e| panic!("cannot write {}: {e}", file.display()));
+        }
+        for (name, source) in &router.files {
+            let file = models.join(format!("{name}.gguf"));
+            if fs::hard_link(source, &file).is_err() {
+                fs::copy(source, &file)
+                    .unwrap_or_else(|e| panic!("cannot write {}: {e}", file.display()));
+            }
         }
         for name in &router.broken {
             let file = models.join(format!("{name}.gguf"));
@@ -561,6 +604,45 @@ impl LlamaServer {
     /// The model id it serves (its `--alias`).
     pub fn model(&self) -> &str {
         &self.model
+    }
+
+    /// In router mode: which of `models` it says it has loaded, in their order.
+    pub async fn router_loaded(&self, models: &[&'static str]) -> Vec<&'static str> {
+        let mut loaded = Vec::new();
+        for model in models {
+            if self.router_status(model).await.as_deref() == Some("loaded") {
+                loaded.push(*model);
+            }
+        }
+        loaded
+    }
+
+    /// In router mode: the resident memory (`VmRSS`, file-backed pages included) of the
+    /// process the router runs model `id` in (its child started with `--alias <id>`), in
+    /// bytes; `None` when no such child runs.
+    pub fn router_child_rss(&self, id: &str) -> Option<u64> {
+        let router = self.process.child.as_ref()?.id()?;
+        let alias = format!("\0--alias\0{id}\0");
+        fs::read_dir("/proc").ok()?.flatten().find_map(|entry| {
+            let dir = entry.path();
+            let stat = fs::read_to_string(dir.join("stat")).ok()?;
+            // `pid (comm) state ppid …`: the parent is the second field after the name.
+            let parent: u32 = stat
+                .rsplit(')')
+                .next()?
+                .split_whitespace()
+                .nth(1)?
+                .parse()
+                .ok()?;
+            let cmdline = fs::read(dir.join("cmdline")).ok()?;
+            let child = parent == router && String::from_utf8_lossy(&cmdline).contains(&alias);
+            let status = fs::read_to_string(dir.join("status"))
+                .ok()
+                .filter(|_| child)?;
+            let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+            let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+            Some(kb * 1024)
+        })
     }
 
     /// In router mode: the state of model `id` in its own `GET /models` (`status.value`:

@@ -105,6 +105,8 @@ async fn the_models_a_node_serves_are_listed_loaded_and_unmanaged_by_the_api_and
             "MODEL",
             "NODE",
             "STATE",
+            "FOOTPRINT",
+            "ROOM",
             "MANAGED",
             "IN_FLIGHT",
             "LAST_USE",
@@ -118,10 +120,10 @@ async fn the_models_a_node_serves_are_listed_loaded_and_unmanaged_by_the_api_and
         .split_whitespace()
         .collect();
     assert_eq!(
-        (row.len(), &row[..5], &row[6..]),
+        (row.len(), &row[..7], &row[8..]),
         (
-            8,
-            &["echo/default", "node-a", "loaded", "no", "0"][..],
+            10,
+            &["echo/default", "node-a", "loaded", "-", "-", "no", "0"][..],
             &["-", "-"][..]
         ),
         "{out}"

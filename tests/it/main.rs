@@ -87,6 +87,7 @@ mod metrics;
 mod models;
 mod models_engine;
 mod models_engines;
+mod models_fit;
 mod nats;
 mod nemesis;
 mod node_engine;

@@ -1068,6 +1068,7 @@ async fn transport_counters_equal_the_bytes_and_frames_on_the_wire() {
         active_runs: 0,
         ping: 0,
         availability: None,
+        inventory: None,
     })
     .await
     .expect("send");

@@ -17,7 +17,7 @@ use common::{TestApp, eventually_ok, spawn_app};
 use edge::domain::models::ModelName;
 use edge::domain::{AdapterName, NodeSelector, Operation, RunEventKind, RunSpec, Target};
 use edge::ports::ManageModels as _;
-use node_support::{RunningNode, spawn_node};
+use node_support::{RunningNode, router_node_entry, spawn_nodes};
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
@@ -45,31 +45,10 @@ async fn pool(models: &str) -> Pool {
         "[admin]\nkeys = [\"{ADMIN_KEY}\"]\n[lifecycle]\nreconcile_interval_ms = 100\n{models}\n"
     );
     for (id, engine) in ["node-a", "node-b"].iter().zip(&engines) {
-        config.push_str(&format!(
-            r#"
-[[nodes]]
-id = "{id}"
-alias = "{id}-box"
-token = "token-{id}"
-[nodes.runtime]
-max_concurrent_runs = 8
-heartbeat_interval_ms = 1000
-[[nodes.adapters]]
-name = "llama"
-targets = ["alpha", "beta", "gamma"]
-[nodes.adapters.settings]
-base_url = "{}"
-lifecycle = "llama-router"
-"#,
-            engine.v1_url()
-        ));
+        config.push_str(&router_node_entry(id, &MODELS, &engine.v1_url(), ""));
     }
     let app = spawn_app(&config).await;
-    let nodes = ["node-a", "node-b"]
-        .iter()
-        .map(|id| spawn_node(app.node_addr, &format!("token-{id}"), |_| {}))
-        .collect();
-    app.wait_for_nodes(2).await;
+    let nodes = spawn_nodes(&app, &["node-a", "node-b"]).await;
     Pool {
         app,
         engines,
@@ -80,15 +59,10 @@ lifecycle = "llama-router"
 impl Pool {
     /// Which of the models each engine says it has loaded, node-a's first.
     async fn loaded(&self) -> [Vec<&'static str>; 2] {
-        let mut out = [Vec::new(), Vec::new()];
-        for (engine, loaded) in self.engines.iter().zip(out.iter_mut()) {
-            for model in MODELS {
-                if engine.router_status(model).await.as_deref() == Some("loaded") {
-                    loaded.push(model);
-                }
-            }
-        }
-        out
+        [
+            self.engines[0].router_loaded(&MODELS).await,
+            self.engines[1].router_loaded(&MODELS).await,
+        ]
     }
 
     /// Waits until the engines hold exactly `want` (node-a's, node-b's).

@@ -362,6 +362,7 @@ async fn a_first_message_that_is_not_a_registration_is_a_protocol_violation() {
             active_runs: 0,
             ping: 0,
             availability: None,
+            inventory: None,
         },
         NodeFrame::Unknown,
     ] {

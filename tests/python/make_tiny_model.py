@@ -18,6 +18,12 @@ embedding, so different inputs give different pooled embeddings.
 The vocabulary (SentencePiece, 32000 tokens) is copied from the llama.cpp vocab-only file
 `ggml-vocab-llama-spm.gguf`; the chat template is a plain "role: content" one.
 
+The same construction makes larger models of the same behaviour (`--embd`, `--layers`,
+`--ffn`, `--heads`, `--heads-kv`): tests/it/models_fit.rs makes one of about 250 MiB
+(`--embd 1024 --layers 3 --ffn 2816 --heads 8 --heads-kv 4`), whose memory once loaded is
+compared with the footprint the node derives from its header. The transformer blocks' weights
+are scaled down with the width, so they stay a small perturbation of the chain above.
+
 Usage: make_tiny_model.py --vocab ggml-vocab-llama-spm.gguf --out tiny.gguf
 """
 
@@ -29,16 +35,27 @@ import sys
 import tempfile
 from pathlib import Path
 
+from dataclasses import dataclass
+
 import gguf
 import numpy as np
 
 SEED = 20260101
-EMBD = 32  # hidden size
-LAYERS = 2
-HEADS = 4
-HEADS_KV = 2
-FFN = 64
-CONTEXT = 32768  # the context length it declares; a long one costs little (KV cache: 4 MB)
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The model's dimensions; the defaults are the tiny model's."""
+
+    embd: int = 32  # hidden size
+    layers: int = 2
+    heads: int = 4
+    heads_kv: int = 2
+    ffn: int = 64
+    context: int = 32768  # the context length it declares; a long one costs the tiny model little
+
+
+TINY = Shape()
 # The reply, as SentencePiece pieces ("▁" is a space); each must be one token of the vocab.
 REPLY = ["▁Hello", "▁from", "▁the", "▁tiny", "▁test", "▁model", "."]
 # Logit of the chosen successor, and of REPLY's first token after any other token.
@@ -85,10 +102,12 @@ def read_vocab(path: Path) -> dict:
     }
 
 
-def embeddings_and_output(vocab: dict, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """token_embd and output, each (n_vocab, EMBD).
+def embeddings_and_output(
+    vocab: dict, rng: np.random.Generator, embd_size: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """token_embd and output, each (n_vocab, embd_size).
 
-    Every embedding has norm sqrt(EMBD) (so the final RMS norm leaves it as it is) and a 1
+    Every embedding has norm sqrt(embd_size) (so the final RMS norm leaves it as it is) and a 1
     in dimension 0, which carries REPLY's first token's bias. Each REPLY token owns one more
     dimension (a one-hot of size R); every other token gets a random direction in the
     dimensions left, so the transitions below cannot interfere with each other.
@@ -102,10 +121,10 @@ def embeddings_and_output(vocab: dict, rng: np.random.Generator) -> tuple[np.nda
         reply.append(token)
     n_vocab = len(vocab["tokens"])
     chain = len(reply)
-    free = EMBD - 1 - chain
-    radius = np.sqrt(EMBD - 1.0)
+    free = embd_size - 1 - chain
+    radius = np.sqrt(embd_size - 1.0)
 
-    embd = np.zeros((n_vocab, EMBD), dtype=np.float32)
+    embd = np.zeros((n_vocab, embd_size), dtype=np.float32)
     embd[:, 0] = 1.0
     directions = rng.standard_normal((n_vocab, free)).astype(np.float32)
     directions /= np.linalg.norm(directions, axis=1, keepdims=True)
@@ -114,7 +133,7 @@ def embeddings_and_output(vocab: dict, rng: np.random.Generator) -> tuple[np.nda
         embd[token, 1:] = 0.0
         embd[token, 1 + slot] = radius
 
-    output = np.zeros((n_vocab, EMBD), dtype=np.float32)
+    output = np.zeros((n_vocab, embd_size), dtype=np.float32)
     output[reply[0], 0] = START_LOGIT
     successors = reply[1:] + [vocab["eos"]]
     for slot, successor in enumerate(successors):
@@ -122,10 +141,14 @@ def embeddings_and_output(vocab: dict, rng: np.random.Generator) -> tuple[np.nda
     return embd, output
 
 
-def write_model(vocab: dict, out: Path) -> None:
+def write_model(vocab: dict, out: Path, shape: Shape = TINY) -> None:
     rng = np.random.default_rng(SEED)
-    embd, output = embeddings_and_output(vocab, rng)
-    head_dim = EMBD // HEADS
+    embd, output = embeddings_and_output(vocab, rng, shape.embd)
+    head_dim = shape.embd // shape.heads
+    # The blocks' weights shrink with the width, so a wider model's blocks perturb the
+    # residual stream no more than the tiny model's do.
+    scale = 0.02 * np.sqrt(TINY.embd / shape.embd)
+    EMBD, FFN, HEADS_KV = shape.embd, shape.ffn, shape.heads_kv
 
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=out.name + ".", suffix=".tmp", dir=out.parent)
@@ -134,11 +157,11 @@ def write_model(vocab: dict, out: Path) -> None:
     try:
         writer = gguf.GGUFWriter(tmp, "llama")
         writer.add_name("edge-tiny-test-model")
-        writer.add_context_length(CONTEXT)
+        writer.add_context_length(shape.context)
         writer.add_embedding_length(EMBD)
-        writer.add_block_count(LAYERS)
+        writer.add_block_count(shape.layers)
         writer.add_feed_forward_length(FFN)
-        writer.add_head_count(HEADS)
+        writer.add_head_count(shape.heads)
         writer.add_head_count_kv(HEADS_KV)
         writer.add_layer_norm_rms_eps(1e-5)
         writer.add_rope_dimension_count(head_dim)
@@ -159,10 +182,10 @@ def write_model(vocab: dict, out: Path) -> None:
         writer.add_chat_template(CHAT_TEMPLATE)
 
         def small(*shape: int) -> np.ndarray:
-            return (rng.standard_normal(shape) * 0.02).astype(np.float32)
+            return (rng.standard_normal(shape) * scale).astype(np.float32)
 
         writer.add_tensor("token_embd.weight", embd.astype(np.float16))
-        for layer in range(LAYERS):
+        for layer in range(shape.layers):
             prefix = f"blk.{layer}."
             writer.add_tensor(prefix + "attn_norm.weight", np.ones(EMBD, dtype=np.float32))
             writer.add_tensor(prefix + "attn_q.weight", small(EMBD, EMBD))
@@ -190,8 +213,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--vocab", type=Path, required=True, help="ggml-vocab-llama-spm.gguf")
     parser.add_argument("--out", type=Path, required=True, help="the model file to write")
+    parser.add_argument("--embd", type=int, default=TINY.embd, help="hidden size")
+    parser.add_argument("--layers", type=int, default=TINY.layers, help="transformer blocks")
+    parser.add_argument("--heads", type=int, default=TINY.heads, help="attention heads")
+    parser.add_argument("--heads-kv", type=int, default=TINY.heads_kv, help="KV heads")
+    parser.add_argument("--ffn", type=int, default=TINY.ffn, help="feed-forward size")
     args = parser.parse_args()
-    write_model(read_vocab(args.vocab), args.out)
+    shape = Shape(args.embd, args.layers, args.heads, args.heads_kv, args.ffn)
+    write_model(read_vocab(args.vocab), args.out, shape)
 
 
 if __name__ == "__main__":

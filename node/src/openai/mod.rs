@@ -28,6 +28,7 @@ use edge::client::RunAssignment;
 use edge::domain::{FailureClass, Operation, RunEventKind};
 use edge::hops;
 
+use crate::budget::AdapterBudget;
 use crate::fault::UpstreamFault;
 use crate::runs::{Emitter, Gone};
 use crate::sse::SseDecoder;
@@ -85,6 +86,8 @@ pub struct OpenAiAdapter {
     engine: AtomicU8,
     /// The engine that loads and unloads its targets, when `lifecycle` is set.
     managed: Option<ManagedEngine>,
+    /// What it may use for models, on which devices, when it has a budget (`budget.rs`).
+    budget: Option<AdapterBudget>,
 }
 
 impl OpenAiAdapter {
@@ -137,7 +140,20 @@ impl OpenAiAdapter {
             servers,
             engine: AtomicU8::new(engine),
             managed,
+            budget: None,
         })
+    }
+
+    /// The same adapter with `budget`, which a managed adapter reports with its catalogue.
+    #[must_use]
+    pub fn with_budget(mut self, budget: Option<AdapterBudget>) -> Self {
+        self.budget = budget;
+        self
+    }
+
+    /// What it may use for models, when it has a budget.
+    pub fn budget(&self) -> Option<&AdapterBudget> {
+        self.budget.as_ref()
     }
 
     /// The adapter's name (what runs address).

@@ -11,6 +11,8 @@ use std::num::ParseIntError;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use edge::domain::models::{Footprint, FootprintSource};
+
 /// Why an adapter's settings cannot be used: each names the key, and the value it got where
 /// the message shows one. The node reports it to the edge as `adapter_misconfigured`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -99,6 +101,26 @@ pub enum SettingsError {
     NoTargetBaseUrl {
         /// The target.
         target: String,
+    },
+    /// A `footprint.<target>` that is not a size.
+    #[error("`footprint.{target}`: {source}")]
+    Footprint {
+        /// The target.
+        target: String,
+        /// Why it is not a size.
+        #[source]
+        source: edge::domain::BytesError,
+    },
+    /// A `gpu_memory_utilization.<target>` that is not a share between 0 and 1.
+    #[error(
+        "`gpu_memory_utilization.{target}` must be the share of its GPUs the vLLM server \
+         takes (its --gpu-memory-utilization, 0.9 by default), got {value:?}"
+    )]
+    GpuShare {
+        /// The target.
+        target: String,
+        /// Its value.
+        value: String,
     },
     /// A `base_url.<target>` that is not an `http://` or `https://` URL.
     #[error("`base_url.{target}` must be the engine's http://HOST:PORT/v1 URL, got {value:?}")]
@@ -215,6 +237,13 @@ pub struct OpenAiSettings {
     /// With `lifecycle = "vllm"`: the targets never put to sleep (`never_sleep.<target>`):
     /// pooling models, which sleep frees little of.
     pub never_sleep: Vec<String>,
+    /// Footprints set by hand, in bytes, by target (`footprint.<target>`): they win over
+    /// what the node derives.
+    pub footprints: BTreeMap<String, u64>,
+    /// With `lifecycle = "vllm"`: each server's `--gpu-memory-utilization`, per mille of its
+    /// devices' memory, by target (`gpu_memory_utilization.<target>`; vLLM's 0.9 when left
+    /// out).
+    pub gpu_shares: BTreeMap<String, u32>,
 }
 
 /// API keys are never in the settings; the debug form still names every key's value.
@@ -258,6 +287,8 @@ pub const KEYS: &[&str] = &[
     "load_timeout_ms",
     "capacity",
     "parallel",
+    "memory",
+    "devices",
 ];
 
 /// The prefix of the per-target upstream model keys: `"model.<target>" = "<upstream name>"`.
@@ -272,6 +303,16 @@ pub const BASE_URL_PREFIX: &str = "base_url.";
 
 /// The prefix of `lifecycle = "vllm"`'s never-sleep marks: `"never_sleep.<target>" = "true"`.
 pub const NEVER_SLEEP_PREFIX: &str = "never_sleep.";
+
+/// The prefix of the footprints set by hand: `"footprint.<target>" = "6GiB"`.
+pub const FOOTPRINT_PREFIX: &str = "footprint.";
+
+/// The prefix of `lifecycle = "vllm"`'s shares of the GPUs:
+/// `"gpu_memory_utilization.<target>" = "0.45"`.
+pub const GPU_SHARE_PREFIX: &str = "gpu_memory_utilization.";
+
+/// vLLM's default `--gpu-memory-utilization`, per mille.
+pub const DEFAULT_GPU_SHARE: u32 = 900;
 
 impl OpenAiSettings {
     /// Reads `settings`. Returns the settings and the keys it did not know (to be logged).
@@ -291,22 +332,12 @@ impl OpenAiSettings {
                 Some((target.to_owned(), value.clone()))
             })
             .collect();
-        let unknown = settings
-            .keys()
-            .filter(|key| {
-                !KEYS.contains(&key.as_str())
-                    && !key.starts_with(MODEL_PREFIX)
-                    && !key.starts_with(WINDOW_PREFIX)
-                    && !(per_target
-                        && (key.starts_with(BASE_URL_PREFIX)
-                            || key.starts_with(NEVER_SLEEP_PREFIX)))
-            })
-            .cloned()
-            .collect();
-        let (base_urls, never_sleep) = if per_target {
-            (target_base_urls(settings)?, never_sleep(settings)?)
+        let unknown = unknown_keys(settings, per_target);
+        let (base_urls, never_sleep, gpu_shares) = if per_target {
+            let shares = gpu_shares(settings)?;
+            (target_base_urls(settings)?, never_sleep(settings)?, shares)
         } else {
-            (BTreeMap::new(), Vec::new())
+            (BTreeMap::new(), Vec::new(), BTreeMap::new())
         };
         let parsed = Self {
             base_url,
@@ -337,6 +368,8 @@ impl OpenAiSettings {
             parallel: parallel(settings, lifecycle)?,
             base_urls,
             never_sleep,
+            footprints: footprints(settings)?,
+            gpu_shares,
         };
         Ok((parsed, unknown))
     }
@@ -351,10 +384,48 @@ impl OpenAiSettings {
         self.models.get(target).map_or(target, String::as_str)
     }
 
+    /// The footprint the settings give `target`: its `footprint.<target>`, else — for a
+    /// vLLM server — its `gpu_memory_utilization.<target>` (vLLM's 0.9 when left out) of
+    /// `device_bytes`, the memory of the adapter's devices, when known.
+    pub fn footprint_of(&self, target: &str, device_bytes: Option<u64>) -> Option<Footprint> {
+        if let Some(bytes) = self.footprints.get(target) {
+            return Some(Footprint::whole(*bytes, FootprintSource::Setting));
+        }
+        if self.lifecycle != Some(Lifecycle::Vllm) {
+            return None;
+        }
+        let share = self
+            .gpu_shares
+            .get(target)
+            .copied()
+            .unwrap_or(DEFAULT_GPU_SHARE);
+        let bytes = u128::from(device_bytes?) * u128::from(share) / 1000;
+        let bytes = u64::try_from(bytes).unwrap_or(u64::MAX);
+        Some(Footprint::whole(bytes, FootprintSource::VllmShare))
+    }
+
     /// Whether `target` is marked never to sleep (`never_sleep.<target>`).
     pub fn never_sleeps(&self, target: &str) -> bool {
         self.never_sleep.iter().any(|t| t == target)
     }
+}
+
+/// The keys this adapter does not read (with `per_target`, vLLM's per-server keys are read).
+fn unknown_keys(settings: &BTreeMap<String, String>, per_target: bool) -> Vec<String> {
+    settings
+        .keys()
+        .filter(|key| {
+            !KEYS.contains(&key.as_str())
+                && !key.starts_with(MODEL_PREFIX)
+                && !key.starts_with(WINDOW_PREFIX)
+                && !key.starts_with(FOOTPRINT_PREFIX)
+                && !(per_target
+                    && (key.starts_with(BASE_URL_PREFIX)
+                        || key.starts_with(NEVER_SLEEP_PREFIX)
+                        || key.starts_with(GPU_SHARE_PREFIX)))
+        })
+        .cloned()
+        .collect()
 }
 
 /// An `http://` or `https://` URL without its trailing slash, or `None`.
@@ -435,6 +506,45 @@ fn number(
                 source,
             })
     })
+}
+
+/// The `footprint.<target>` settings, in bytes, by target.
+fn footprints(settings: &BTreeMap<String, String>) -> Result<BTreeMap<String, u64>, SettingsError> {
+    let mut sizes = BTreeMap::new();
+    for (key, value) in settings {
+        if let Some(target) = key.strip_prefix(FOOTPRINT_PREFIX) {
+            let bytes =
+                edge::domain::parse_bytes(value).map_err(|source| SettingsError::Footprint {
+                    target: target.to_owned(),
+                    source,
+                })?;
+            sizes.insert(target.to_owned(), bytes);
+        }
+    }
+    Ok(sizes)
+}
+
+/// The `gpu_memory_utilization.<target>` settings, per mille, by target: a share above 0
+/// and at most 1, to three decimals.
+fn gpu_shares(settings: &BTreeMap<String, String>) -> Result<BTreeMap<String, u32>, SettingsError> {
+    let mut shares = BTreeMap::new();
+    for (key, value) in settings {
+        if let Some(target) = key.strip_prefix(GPU_SHARE_PREFIX) {
+            let share = value
+                .trim()
+                .parse::<f64>()
+                .ok()
+                .filter(|share| *share > 0.0 && *share <= 1.0)
+                .ok_or_else(|| SettingsError::GpuShare {
+                    target: target.to_owned(),
+                    value: value.clone(),
+                })?;
+            // Between 0 and 1000 after the check above.
+            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+            shares.insert(target.to_owned(), (share * 1000.0).round() as u32);
+        }
+    }
+    Ok(shares)
 }
 
 /// The `context_window.<target>` settings, by target.
@@ -727,6 +837,56 @@ mod tests {
         ]))
         .expect("valid");
         assert_eq!(unknown, ["base_url.chat"]);
+    }
+
+    #[test]
+    fn a_footprint_is_set_by_hand_or_is_a_vllm_servers_share_of_its_gpus() {
+        let (settings, unknown) = OpenAiSettings::parse(&map(&[
+            ("lifecycle", "vllm"),
+            ("capacity", "2"),
+            ("memory", "70GiB"),
+            ("devices", "0"),
+            ("base_url.chat", "http://127.0.0.1:8001/v1"),
+            ("base_url.embed", "http://127.0.0.1:8002/v1"),
+            ("gpu_memory_utilization.chat", "0.45"),
+            ("footprint.embed", "3GiB"),
+        ]))
+        .expect("valid");
+        assert!(unknown.is_empty(), "{unknown:?}");
+        let gpu = Some(80 << 30);
+        let chat = settings.footprint_of("chat", gpu).expect("a share");
+        assert_eq!(
+            (chat.bytes, chat.source),
+            ((80 << 30) * 45 / 100, FootprintSource::VllmShare)
+        );
+        let embed = settings.footprint_of("embed", gpu).expect("by hand");
+        assert_eq!(
+            (embed.bytes, embed.source),
+            (3 << 30, FootprintSource::Setting)
+        );
+        // vLLM's own default share where none is set; nothing without the devices' memory.
+        assert_eq!(
+            settings.footprint_of("other", gpu).map(|f| f.bytes),
+            Some((80u64 << 30) * 9 / 10)
+        );
+        assert_eq!(settings.footprint_of("other", None), None);
+        for bad in ["0", "1.5", "most"] {
+            let error = OpenAiSettings::parse(&map(&[
+                ("lifecycle", "vllm"),
+                ("capacity", "1"),
+                ("base_url.chat", "http://127.0.0.1:8001/v1"),
+                ("gpu_memory_utilization.chat", bad),
+            ]))
+            .expect_err("not a share");
+            assert!(
+                error.to_string().contains("gpu_memory_utilization.chat"),
+                "{error}"
+            );
+        }
+        let error =
+            OpenAiSettings::parse(&map(&[("base_url", "http://h/v1"), ("footprint.a", "big")]))
+                .expect_err("not a size");
+        assert!(error.to_string().contains("footprint.a"), "{error}");
     }
 
     #[test]

@@ -11,6 +11,7 @@ mod auth;
 pub mod config;
 mod error;
 mod feed;
+pub mod fit_views;
 mod model_command;
 mod model_events;
 mod model_load;

@@ -71,6 +71,7 @@ pub(super) fn view_of(models: &dyn ManageModels, model: &ModelName) -> ModelStat
             model: model.clone(),
             policy: None,
             nodes: Vec::new(),
+            warnings: Vec::new(),
         });
     ModelStateView::of(&view)
 }

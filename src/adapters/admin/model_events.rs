@@ -105,12 +105,13 @@ mod tests {
         ModelEvent {
             at_ms,
             model: ModelName::parse("llama/alpha").expect("a model"),
-            node: NodeId::parse("node-a").expect("a node"),
-            action: ModelAction::Load,
+            node: Some(NodeId::parse("node-a").expect("a node")),
+            action: ModelAction::Load.into(),
             reason: "demand".into(),
             outcome: "started",
             message: String::new(),
             took_ms: None,
+            fit: None,
         }
     }
 

@@ -4,9 +4,12 @@
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
+use super::fit_views::{BudgetView, FitView, FootprintView, InventoryView};
 use crate::domain::models::ModelPolicy;
 use crate::domain::stats::{BUCKET_MS, BUCKETS};
-use crate::domain::{Attempt, RunRecord, StatsPoint, StatsWindow, Usage, UsageCounts, UsageRow};
+use crate::domain::{
+    AdapterName, Attempt, RunRecord, StatsPoint, StatsWindow, Target, Usage, UsageCounts, UsageRow,
+};
 use crate::ports::{ModelEvent, ModelOnNode, ModelView, NodeStatus};
 
 /// `GET /admin/v1/nodes`.
@@ -50,6 +53,10 @@ pub struct NodeView {
     /// `breaker_open` unless a drain or a disconnect says more).
     #[serde(default)]
     pub breaker_open: bool,
+    /// Its devices and their memory, as it last reported them; absent while disconnected
+    /// and from a node older than protocol v1.7.
+    #[serde(default)]
+    pub inventory: Option<InventoryView>,
 }
 
 /// A node's limits.
@@ -68,6 +75,9 @@ pub struct AdapterView {
     pub name: String,
     /// What it serves.
     pub targets: Vec<TargetView>,
+    /// For a managed adapter with a budget: the budget, its devices and its room now.
+    #[serde(default)]
+    pub budget: Option<BudgetView>,
 }
 
 /// One target of an adapter.
@@ -77,6 +87,9 @@ pub struct TargetView {
     pub name: String,
     /// Whether the node reports it can serve it now; absent when the node does not report.
     pub available: Option<bool>,
+    /// Its footprint on that node, for a managed adapter's target whose node knows it.
+    #[serde(default)]
+    pub footprint: Option<FootprintView>,
 }
 
 /// A node's drain.
@@ -229,23 +242,41 @@ impl NodeView {
             adapters: record
                 .adapters()
                 .iter()
-                .map(|a| AdapterView {
-                    name: a.name().to_string(),
-                    targets: a
-                        .targets()
-                        .iter()
-                        .map(|t| TargetView {
-                            name: t.to_string(),
-                            available: status.available(a.name(), t),
-                        })
-                        .collect(),
-                })
+                .map(|a| AdapterView::of(status, a.name(), a.targets()))
                 .collect(),
             drain: status.drain.map(|d| DrainView {
                 since_ms: d.since_ms,
                 deadline_ms: d.deadline_ms,
             }),
             breaker_open: status.breaker_open(),
+            inventory: connection
+                .and_then(|c| c.inventory.as_deref())
+                .map(InventoryView::of),
+        }
+    }
+}
+
+impl AdapterView {
+    fn of(status: &NodeStatus, name: &AdapterName, targets: &[Target]) -> Self {
+        let managed = status
+            .connection
+            .as_ref()
+            .and_then(|c| c.availability.as_ref())
+            .and_then(|a| a.managed(name));
+        Self {
+            name: name.to_string(),
+            targets: targets
+                .iter()
+                .map(|t| TargetView {
+                    name: t.to_string(),
+                    available: status.available(name, t),
+                    footprint: managed
+                        .and_then(|m| m.targets.get(t))
+                        .and_then(|load| load.footprint.as_ref())
+                        .map(FootprintView::of),
+                })
+                .collect(),
+            budget: managed.and_then(BudgetView::of),
         }
     }
 }
@@ -501,6 +532,10 @@ pub struct ModelStateView {
     pub policy: Option<ModelPolicyView>,
     /// Each connected node that serves it or can load it, by id.
     pub nodes: Vec<ModelOnNodeView>,
+    /// Why its `[[models]]` entry cannot be met with the footprints and budgets the nodes
+    /// reported (a pin where it does not fit, `min_loaded` above the nodes it fits on).
+    #[serde(default)]
+    pub warnings: Vec<String>,
 }
 
 /// A `[[models]]` entry.
@@ -541,6 +576,18 @@ pub struct ModelOnNodeView {
     pub reason: String,
     /// A command in progress there, `load` or `unload`; absent: none.
     pub command: Option<String>,
+    /// Its footprint there, as the node derived it; absent when the node does not know.
+    #[serde(default)]
+    pub footprint: Option<FootprintView>,
+    /// The budget of its adapter on that node, in bytes; absent when none is known.
+    #[serde(default)]
+    pub budget_bytes: Option<u64>,
+    /// The room there now (the budget less the footprints of what the adapter holds).
+    #[serde(default)]
+    pub room_bytes: Option<u64>,
+    /// What the edge's last decision to load it there found (its footprint and the room).
+    #[serde(default)]
+    pub decided: Option<FitView>,
 }
 
 /// `POST /admin/v1/models/load`.
@@ -574,18 +621,22 @@ pub struct ModelEventView {
     pub at_ms: u64,
     /// The model, `adapter/target`.
     pub model: String,
-    /// The node's id.
-    pub node: String,
-    /// `load` or `unload`.
+    /// The node's id; absent for a warning about no one node (`min_loaded`).
+    pub node: Option<String>,
+    /// `load`, `unload`, or `warning` (a `[[models]]` entry the pool cannot meet).
     pub action: String,
     /// Why: `demand`, `min_loaded`, `pin`, `idle`, `make_room` or `operator`.
     pub reason: String,
-    /// `started`, `done` or `failed`.
+    /// `started`, `done` or `failed`; `unmet` with a warning.
     pub outcome: String,
-    /// With `failed`, the engine's reason (empty otherwise).
+    /// With `failed`, the engine's reason; with a warning, what cannot be met (empty
+    /// otherwise).
     pub message: String,
     /// With `done` or `failed`, how long the command took, in ms; absent with `started`.
     pub took_ms: Option<u64>,
+    /// With a load, where known: the model's footprint there and the room before it.
+    #[serde(default)]
+    pub fit: Option<FitView>,
 }
 
 impl ModelStateView {
@@ -595,6 +646,7 @@ impl ModelStateView {
             model: model.model.to_string(),
             policy: model.policy.as_ref().map(ModelPolicyView::of),
             nodes: model.nodes.iter().map(ModelOnNodeView::of).collect(),
+            warnings: model.warnings.clone(),
         }
     }
 }
@@ -624,6 +676,10 @@ impl ModelOnNodeView {
             last_used_ms: on.last_used_ms,
             reason: on.reason.clone(),
             command: on.command.map(|action| action.as_str().to_owned()),
+            footprint: on.footprint.as_ref().map(FootprintView::of),
+            budget_bytes: on.budget,
+            room_bytes: on.room,
+            decided: on.decided.as_ref().map(FitView::of),
         }
     }
 }
@@ -634,12 +690,13 @@ impl ModelEventView {
         Self {
             at_ms: event.at_ms,
             model: event.model.to_string(),
-            node: event.node.to_string(),
+            node: event.node.as_ref().map(ToString::to_string),
             action: event.action.as_str().to_owned(),
             reason: event.reason.clone(),
             outcome: event.outcome.to_owned(),
             message: event.message.clone(),
             took_ms: event.took_ms,
+            fit: event.fit.as_ref().map(FitView::of),
         }
     }
 }
@@ -652,10 +709,43 @@ mod tests {
 
     use super::*;
     use crate::domain::NodeId;
-    use crate::domain::models::{LoadState, ModelAction, ModelName};
+    use crate::domain::models::{
+        FitNote, Footprint, FootprintSource, LoadState, ModelAction, ModelName,
+    };
 
     fn node(id: &str) -> NodeId {
         NodeId::parse(id).expect("a node id")
+    }
+
+    /// `llama/alpha` loading on `node-a`, with its footprint and the room it found.
+    fn loading_on_node_a() -> ModelOnNode {
+        ModelOnNode {
+            node: node("node-a"),
+            state: LoadState::Loading,
+            managed: true,
+            progress_percent: 40,
+            failure: String::new(),
+            since_ms: 1_000,
+            in_flight: 0,
+            last_used_ms: None,
+            reason: "demand".into(),
+            command: Some(ModelAction::Load),
+            footprint: Some(Footprint {
+                bytes: 300,
+                weights: 200,
+                kv_cache: 64,
+                overhead: 36,
+                context: 4_096,
+                source: FootprintSource::Gguf,
+            }),
+            budget: Some(1_000),
+            room: Some(700),
+            decided: Some(FitNote {
+                footprint: 300,
+                budget: 1_000,
+                room: 1_000,
+            }),
+        }
     }
 
     #[test]
@@ -667,18 +757,8 @@ mod tests {
                 pin: vec![node("node-a")],
                 idle_unload: Some(Duration::from_secs(600)),
             }),
-            nodes: vec![ModelOnNode {
-                node: node("node-a"),
-                state: LoadState::Loading,
-                managed: true,
-                progress_percent: 40,
-                failure: String::new(),
-                since_ms: 1_000,
-                in_flight: 0,
-                last_used_ms: None,
-                reason: "demand".into(),
-                command: Some(ModelAction::Load),
-            }],
+            nodes: vec![loading_on_node_a()],
+            warnings: vec!["llama/alpha has min_loaded = 2 but fits on 1 connected node(s)".into()],
         };
         let json = serde_json::to_value(ModelStateView::of(&model)).expect("JSON");
         assert_eq!(
@@ -690,7 +770,14 @@ mod tests {
                     "node": "node-a", "state": "loading", "managed": true,
                     "progress_percent": 40, "failure": "", "since_ms": 1_000, "in_flight": 0,
                     "last_used_ms": null, "reason": "demand", "command": "load",
+                    "footprint": {
+                        "bytes": 300, "weights_bytes": 200, "kv_cache_bytes": 64,
+                        "overhead_bytes": 36, "context": 4_096, "source": "gguf",
+                    },
+                    "budget_bytes": 1_000, "room_bytes": 700,
+                    "decided": {"footprint_bytes": 300, "budget_bytes": 1_000, "room_bytes": 1_000},
                 }],
+                "warnings": ["llama/alpha has min_loaded = 2 but fits on 1 connected node(s)"],
             })
         );
         let bare = ModelView {
@@ -707,12 +794,13 @@ mod tests {
         let event = ModelEvent {
             at_ms: 5,
             model: ModelName::parse("llama/alpha").expect("a model"),
-            node: node("node-b"),
-            action: ModelAction::Unload,
+            node: Some(node("node-b")),
+            action: ModelAction::Unload.into(),
             reason: "idle".into(),
             outcome: "failed",
             message: "busy".into(),
             took_ms: Some(12),
+            fit: None,
         };
         let json = serde_json::to_value(ModelEventView::of(&event)).expect("JSON");
         assert_eq!(
@@ -720,6 +808,7 @@ mod tests {
             json!({
                 "at_ms": 5, "model": "llama/alpha", "node": "node-b", "action": "unload",
                 "reason": "idle", "outcome": "failed", "message": "busy", "took_ms": 12,
+                "fit": null,
             })
         );
     }

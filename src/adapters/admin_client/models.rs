@@ -8,9 +8,11 @@ use hyper::Method;
 use super::render::{age, span, table};
 use super::{AdminCommandError, Connection, client, emit, emit_json, json_body};
 use crate::adapters::admin::views::{
-    ModelEventView, ModelList, ModelLoadRequest, ModelStateView, ModelUnloadRequest,
+    ModelEventView, ModelList, ModelLoadRequest, ModelOnNodeView, ModelStateView,
+    ModelUnloadRequest,
 };
 use crate::adapters::journal::HumanDuration;
+use crate::domain::Bytes;
 use crate::ports::clock::now_ms;
 
 /// `edge models`.
@@ -213,25 +215,41 @@ const EVENT_HEADER: [&str; 8] = [
     "AGE", "ACTION", "MODEL", "NODE", "REASON", "OUTCOME", "TOOK", "MESSAGE",
 ];
 
-/// One load or unload, as a row.
+/// One load, unload or warning, as a row; a load's message says the footprint and the room
+/// it found.
 fn event_row(event: &ModelEventView, now_ms: u64) -> Vec<String> {
+    let fit = event.fit.map(|fit| {
+        format!(
+            "footprint {}, room {} of {}",
+            Bytes(fit.footprint_bytes),
+            Bytes(fit.room_bytes),
+            Bytes(fit.budget_bytes)
+        )
+    });
+    let message = [fit, Some(event.message.clone()).filter(|m| !m.is_empty())]
+        .into_iter()
+        .flatten()
+        .collect::<Vec<_>>()
+        .join("; ");
     vec![
         age(now_ms, event.at_ms),
         event.action.clone(),
         event.model.clone(),
-        event.node.clone(),
+        event.node.clone().unwrap_or_else(|| "-".to_owned()),
         event.reason.clone(),
         event.outcome.clone(),
         event.took_ms.map_or_else(|| "-".to_owned(), span),
-        event.message.clone(),
+        message,
     ]
 }
 
 /// The header of the `edge models` table.
-const HEADER: [&str; 8] = [
+const HEADER: [&str; 10] = [
     "MODEL",
     "NODE",
     "STATE",
+    "FOOTPRINT",
+    "ROOM",
     "MANAGED",
     "IN_FLIGHT",
     "LAST_USE",
@@ -240,47 +258,62 @@ const HEADER: [&str; 8] = [
 ];
 
 /// The `edge models` table: a row per model and node (a model on no node: one row of
-/// dashes, for its `[[models]]` entry).
+/// dashes, for its `[[models]]` entry), then each entry the pool cannot meet.
 fn render(models: &[ModelStateView], now_ms: u64) -> String {
-    let dash = || "-".to_owned();
     let mut rows: Vec<Vec<String>> = Vec::new();
     for model in models {
         if model.nodes.is_empty() {
             let mut row = vec![model.model.clone()];
-            row.extend(std::iter::repeat_with(dash).take(HEADER.len() - 1));
+            row.extend(std::iter::repeat_n("-".to_owned(), HEADER.len() - 1));
             rows.push(row);
         }
-        for on in &model.nodes {
-            let state = match on.state.as_str() {
-                "loading" if on.progress_percent > 0 => {
-                    format!("loading {}%", on.progress_percent)
-                }
-                "failed" if !on.failure.is_empty() => format!("failed: {}", on.failure),
-                other => other.to_owned(),
-            };
-            rows.push(vec![
-                model.model.clone(),
-                on.node.clone(),
-                state,
-                if on.managed { "yes" } else { "no" }.to_owned(),
-                on.in_flight.to_string(),
-                on.last_used_ms.map_or_else(dash, |t| age(now_ms, t)),
-                if on.reason.is_empty() {
-                    dash()
-                } else {
-                    on.reason.clone()
-                },
-                on.command.clone().unwrap_or_else(dash),
-            ]);
-        }
+        rows.extend(model.nodes.iter().map(|on| row(&model.model, on, now_ms)));
     }
-    table(&HEADER, &rows)
+    let mut text = table(&HEADER, &rows);
+    for warning in models.iter().flat_map(|m| &m.warnings) {
+        text.push_str(&format!("warning: {warning}\n"));
+    }
+    text
+}
+
+/// One model on one node, as a row: its footprint there, and its adapter's room of its
+/// budget there (`90.0 MiB/1.00 GiB`).
+fn row(model: &str, on: &ModelOnNodeView, now_ms: u64) -> Vec<String> {
+    let dash = || "-".to_owned();
+    let state = match on.state.as_str() {
+        "loading" if on.progress_percent > 0 => format!("loading {}%", on.progress_percent),
+        "failed" if !on.failure.is_empty() => format!("failed: {}", on.failure),
+        other => other.to_owned(),
+    };
+    let room = match (on.room_bytes, on.budget_bytes) {
+        (Some(room), Some(budget)) => format!("{}/{}", Bytes(room), Bytes(budget)),
+        _ => dash(),
+    };
+    vec![
+        model.to_owned(),
+        on.node.clone(),
+        state,
+        on.footprint
+            .as_ref()
+            .map_or_else(dash, |f| Bytes(f.bytes).to_string()),
+        room,
+        if on.managed { "yes" } else { "no" }.to_owned(),
+        on.in_flight.to_string(),
+        on.last_used_ms.map_or_else(dash, |t| age(now_ms, t)),
+        if on.reason.is_empty() {
+            dash()
+        } else {
+            on.reason.clone()
+        },
+        on.command.clone().unwrap_or_else(dash),
+    ]
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::adapters::admin::views::{ModelOnNodeView, ModelPolicyView};
+    use crate::adapters::admin::fit_views::{FitView, FootprintView};
+    use crate::adapters::admin::views::ModelPolicyView;
 
     fn on(node: &str, state: &str) -> ModelOnNodeView {
         ModelOnNodeView {
@@ -294,6 +327,10 @@ mod tests {
             last_used_ms: None,
             reason: String::new(),
             command: None,
+            footprint: None,
+            budget_bytes: None,
+            room_bytes: None,
+            decided: None,
         }
     }
 
@@ -309,6 +346,16 @@ mod tests {
             in_flight: 2,
             last_used_ms: Some(40_000),
             reason: "operator".into(),
+            footprint: Some(FootprintView {
+                bytes: 90 << 20,
+                weights_bytes: 0,
+                kv_cache_bytes: 0,
+                overhead_bytes: 0,
+                context: 0,
+                source: "setting".into(),
+            }),
+            budget_bytes: Some(1 << 30),
+            room_bytes: Some(934 << 20),
             ..on("node-a", "loaded")
         };
         let models = [
@@ -316,6 +363,7 @@ mod tests {
                 model: "llama/alpha".into(),
                 policy: None,
                 nodes: vec![used, loading],
+                warnings: Vec::new(),
             },
             ModelStateView {
                 model: "llama/beta".into(),
@@ -325,6 +373,7 @@ mod tests {
                     idle_unload_ms: None,
                 }),
                 nodes: Vec::new(),
+                warnings: vec!["llama/beta is pinned on node-a, where it does not fit".into()],
             },
         ];
         let text = render(&models, 100_000);
@@ -332,10 +381,11 @@ mod tests {
         assert_eq!(
             lines,
             [
-                "MODEL        NODE    STATE        MANAGED  IN_FLIGHT  LAST_USE  REASON    COMMAND",
-                "llama/alpha  node-a  loaded       yes      2          1m        operator  -",
-                "llama/alpha  node-b  loading 40%  yes      0          -         demand    load",
-                "llama/beta   -       -            -        -          -         -         -",
+                "MODEL        NODE    STATE        FOOTPRINT  ROOM                MANAGED  IN_FLIGHT  LAST_USE  REASON    COMMAND",
+                "llama/alpha  node-a  loaded       90.0 MiB   934.0 MiB/1.00 GiB  yes      2          1m        operator  -",
+                "llama/alpha  node-b  loading 40%  -          -                   yes      0          -         demand    load",
+                "llama/beta   -       -            -          -                   -        -          -         -         -",
+                "warning: llama/beta is pinned on node-a, where it does not fit",
             ]
         );
     }
@@ -345,12 +395,13 @@ mod tests {
         let event = ModelEventView {
             at_ms: 1_000,
             model: "llama/alpha".into(),
-            node: "node-a".into(),
+            node: Some("node-a".into()),
             action: "unload".into(),
             reason: "idle".into(),
             outcome: "failed".into(),
             message: "busy".into(),
             took_ms: Some(2_500),
+            fit: None,
         };
         assert_eq!(
             event_row(&event, 6_000),
@@ -365,6 +416,23 @@ mod tests {
                 "busy"
             ]
         );
+        let load = ModelEventView {
+            action: "load".into(),
+            reason: "demand".into(),
+            outcome: "started".into(),
+            message: String::new(),
+            took_ms: None,
+            fit: Some(FitView {
+                footprint_bytes: 300 << 20,
+                budget_bytes: 1 << 30,
+                room_bytes: 1 << 30,
+            }),
+            ..event
+        };
+        assert_eq!(
+            event_row(&load, 6_000)[7],
+            "footprint 300.0 MiB, room 1.00 GiB of 1.00 GiB"
+        );
     }
 
     #[test]
@@ -373,6 +441,7 @@ mod tests {
             model: "llama/alpha".into(),
             policy: None,
             nodes: vec![on("node-a", "loaded"), on("node-b", "unloaded")],
+            warnings: Vec::new(),
         };
         assert_eq!(
             outcome(&view, "node-b"),

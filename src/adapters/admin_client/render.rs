@@ -3,7 +3,9 @@
 
 use std::fmt::Write as _;
 
+use crate::adapters::admin::fit_views::InventoryView;
 use crate::adapters::admin::views::{NodeView, RunView};
+use crate::domain::Bytes;
 
 /// Lines of cells, each column padded to its widest cell.
 pub(super) fn table(header: &[&str], rows: &[Vec<String>]) -> String {
@@ -64,6 +66,7 @@ pub(super) fn nodes(nodes: &[NodeView], now_ms: u64) -> String {
                 n.peer.clone().unwrap_or_else(|| "-".into()),
                 n.last_heartbeat_ms.map_or("-".into(), |t| age(now_ms, t)),
                 n.connected_since_ms.map_or("-".into(), |t| age(now_ms, t)),
+                devices(n.inventory.as_ref()),
                 adapters.join(" "),
             ]
         })
@@ -76,9 +79,27 @@ pub(super) fn nodes(nodes: &[NodeView], now_ms: u64) -> String {
         "PEER",
         "HEARTBEAT",
         "UP",
+        "DEVICES",
         "ADAPTERS",
     ];
     table(&header, &rows)
+}
+
+/// A node's devices, each as `index:name:used/total`: `0:memory:3.1GiB/23.5GiB`.
+fn devices(inventory: Option<&InventoryView>) -> String {
+    let Some(inventory) = inventory.filter(|i| !i.devices.is_empty()) else {
+        return "-".into();
+    };
+    let devices: Vec<String> = inventory
+        .devices
+        .iter()
+        .map(|d| {
+            let name = d.name.replace(' ', "_");
+            let size = format!("{}/{}", Bytes(d.used_bytes), Bytes(d.total_bytes));
+            format!("{}:{name}:{}", d.index, size.replace(' ', ""))
+        })
+        .collect();
+    devices.join(" ")
 }
 
 /// The header of the `edge runs` table.
@@ -162,5 +183,24 @@ mod tests {
         assert_eq!(span(3 * 3_600_000), "3h");
         assert_eq!(span(2 * 86_400_000), "2d");
         assert_eq!(age(1_000, 5_000), "0ms");
+    }
+
+    #[test]
+    fn a_nodes_devices_say_their_memory() {
+        use crate::adapters::admin::fit_views::DeviceView;
+        let inventory = InventoryView {
+            devices: vec![DeviceView {
+                index: 0,
+                kind: "gpu".into(),
+                name: "NVIDIA GeForce RTX 4090".into(),
+                total_bytes: 24 << 30,
+                used_bytes: 1 << 30,
+            }],
+        };
+        assert_eq!(
+            devices(Some(&inventory)),
+            "0:NVIDIA_GeForce_RTX_4090:1.00GiB/24.00GiB"
+        );
+        assert_eq!(devices(None), "-");
     }
 }

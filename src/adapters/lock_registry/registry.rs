@@ -15,7 +15,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use arc_swap::{ArcSwap, ArcSwapOption};
 
 use crate::domain::routing::{NodeHash, NodeStatus};
-use crate::domain::{AdapterName, Alias, Availability, NodeId, NodeRecord, Target};
+use crate::domain::{AdapterName, Alias, Availability, Inventory, NodeId, NodeRecord, Target};
 use crate::ports::{
     AlreadyConnected, ConnectedNode, ConnectionId, NewConnection, NodeLink, Registry,
 };
@@ -30,6 +30,8 @@ struct Entry {
     /// The node's last availability report; empty until it sends one (nothing available,
     /// for a node that manages models).
     availability: ArcSwapOption<Availability>,
+    /// The node's devices as it last reported them.
+    inventory: ArcSwapOption<Inventory>,
     /// A copy of whether the node id is in [`Maps::drained`], for lock-free reads.
     drained: AtomicBool,
     /// Its id's routing hash, computed once.
@@ -70,12 +72,14 @@ impl Entry {
                 .can_manage_models
                 .then(|| Arc::new(before_first_report(&connection.record))),
         );
+        let inventory = ArcSwapOption::from(connection.inventory.clone().map(Arc::new));
         Self {
             connection,
             connected_since: now,
             last_seen_ms: AtomicI64::new(to_millis(now)),
             active_runs: AtomicU32::new(reserved),
             availability,
+            inventory,
             drained: AtomicBool::new(drained),
             hash,
         }
@@ -94,6 +98,7 @@ impl Entry {
             can_continue: _,
             operations: _,
             can_manage_models,
+            inventory: _,
         } = &self.connection;
         ConnectedNode {
             record: Arc::clone(record),
@@ -108,6 +113,7 @@ impl Entry {
             availability: self.availability.load_full(),
             drained: self.drained.load(Ordering::Relaxed),
             can_manage_models: *can_manage_models,
+            inventory: self.inventory.load_full(),
         }
     }
 
@@ -367,6 +373,12 @@ impl Registry for LockRegistry {
         changed
     }
 
+    fn set_inventory(&self, id: &NodeId, connection: ConnectionId, inventory: Inventory) {
+        if let Some(entry) = self.live_entry(id, connection) {
+            entry.inventory.store(Some(Arc::new(inventory)));
+        }
+    }
+
     fn set_withheld(
         &self,
         id: &NodeId,
@@ -453,6 +465,7 @@ mod tests {
             can_continue: false,
             operations: crate::domain::DeclaredOperations::default(),
             can_manage_models: false,
+            inventory: None,
         }
     }
 

@@ -345,10 +345,17 @@ impl<'a, S: NodeIo> Connection<'a, S> {
                     events.push(event);
                 }
                 NodeFrame::Heartbeat {
-                    ping, availability, ..
+                    ping,
+                    availability,
+                    inventory,
+                    ..
                 } => {
                     if let Some(availability) = availability {
                         self.availability(record, availability);
+                    }
+                    if let Some(inventory) = inventory {
+                        let registry = &self.shared.deps.registry;
+                        registry.set_inventory(record.id(), self.id, inventory);
                     }
                     // Answered after every frame before it was handled and is kept: the
                     // ack tells the node the edge has read, relayed and journaled all of

@@ -212,6 +212,7 @@ impl<S: NodeIo> Connection<'_, S> {
             can_continue: attempt.can_continue,
             operations: attempt.operations,
             can_manage_models: attempt.can_manage_models,
+            inventory: attempt.inventory.clone(),
         };
         let entered = match takeover {
             None => shared.deps.registry.insert(registered).map(|()| None),

@@ -20,6 +20,7 @@ impl ConnectedNodeView {
             last_seen_ms: unix_ms(node.last_seen),
             active_runs: node.active_runs,
             availability: node.availability.clone(),
+            inventory: node.inventory.clone(),
         }
     }
 }

@@ -1,7 +1,8 @@
 //! What the lifecycle keeps between decisions: each model's use per node (runs in flight,
 //! last use), the commands in progress, the cold requests waiting for a load, what it last
-//! saw of each model on each node and why, the nodes whose engines it manages, and the
-//! last loads and unloads.
+//! saw of each model on each node and why (and what its last load found there), the nodes
+//! whose engines it manages, the last loads and unloads, and the `[[models]]` entries the
+//! pool cannot meet.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::time::SystemTime;
@@ -10,7 +11,7 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use crate::domain::NodeId;
-use crate::domain::models::{LoadState, ModelAction, ModelName};
+use crate::domain::models::{FitNote, LoadState, ModelAction, ModelName, Unmet};
 use crate::ports::{ModelEvent, ModelOutcome};
 
 /// How many loads and unloads the feed's history keeps.
@@ -49,6 +50,8 @@ pub(super) struct Seen {
     pub since_wall: SystemTime,
     /// Why it was last loaded or unloaded there by the edge.
     pub reason: String,
+    /// Its footprint and the room there at the edge's last decision to load it.
+    pub fit: Option<FitNote>,
 }
 
 /// The lifecycle's state, behind one lock.
@@ -72,6 +75,8 @@ pub(super) struct Book {
     pub history: VecDeque<ModelEvent>,
     /// The next command's number.
     pub next_command: u64,
+    /// The `[[models]]` entries the pool cannot meet, as last found.
+    pub unmet: Vec<Unmet>,
 }
 
 impl Book {
@@ -119,6 +124,7 @@ impl Book {
             since: now,
             since_wall: SystemTime::now(),
             reason: String::new(),
+            fit: None,
         });
         if seen.state != state {
             seen.state = state;
@@ -127,6 +133,13 @@ impl Book {
         }
         if let Some(reason) = reason {
             reason.clone_into(&mut seen.reason);
+        }
+    }
+
+    /// Keeps what the edge's decision to load `model` on `node` found there (when it knew).
+    pub fn decided(&mut self, node: &NodeId, model: &ModelName, fit: Option<FitNote>) {
+        if let Some(seen) = self.seen.get_mut(&(node.clone(), model.clone())) {
+            seen.fit = fit.or(seen.fit);
         }
     }
 

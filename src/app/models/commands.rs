@@ -9,7 +9,9 @@ use tracing::{info, warn};
 
 use super::{ModelService, lock};
 use crate::domain::NodeId;
-use crate::domain::models::{LoadReason, LoadState, ModelAction, ModelName, Step, UnloadReason};
+use crate::domain::models::{
+    FitNote, LoadReason, LoadState, ModelAction, ModelName, Step, UnloadReason,
+};
 use crate::ports::clock::now_ms;
 use crate::ports::{ModelCommand, ModelEvent, NodeCommand, TransportError};
 
@@ -64,7 +66,7 @@ impl ModelService {
                 } => {
                     book.busy
                         .insert((node.clone(), model.clone()), ModelAction::Load);
-                    if let Some(victim) = evict {
+                    for victim in evict {
                         let victim = ModelName::new(model.adapter.clone(), victim.clone());
                         book.busy
                             .insert((node.clone(), victim), ModelAction::Unload);
@@ -84,9 +86,14 @@ impl ModelService {
                     model,
                     evict,
                     reason,
+                    fit,
                 } => {
-                    let evict = evict.map(|t| ModelName::new(model.adapter.clone(), t));
-                    let _ = service.load(&node, &model, evict.as_ref(), reason).await;
+                    let evict: Vec<ModelName> = evict
+                        .into_iter()
+                        .map(|t| ModelName::new(model.adapter.clone(), t))
+                        .collect();
+                    let load = Load { reason, fit };
+                    let _ = service.load(&node, &model, &evict, load).await;
                 }
                 Step::Unload {
                     node,
@@ -100,37 +107,49 @@ impl ModelService {
         });
     }
 
-    /// Loads `model` on `node`, unloading `evict` there first; the book already marks
-    /// both busy. A failure is the cold request's, which then tries another node.
+    /// Loads `model` on `node`, unloading each of `evict` there first, in order; the book
+    /// already marks them all busy. A failure is the cold request's, which then tries
+    /// another node.
     ///
     /// # Errors
-    /// [`CommandError::NoRoom`] when the unload of `evict` failed; otherwise why the load
-    /// command failed ([`command`](Self::command)).
+    /// [`CommandError::NoRoom`] when an unload of `evict` failed (the rest are not tried);
+    /// otherwise why the load command failed ([`command`](Self::command)).
     pub(super) async fn load(
         &self,
         node: &NodeId,
         model: &ModelName,
-        evict: Option<&ModelName>,
-        reason: LoadReason,
+        evict: &[ModelName],
+        load: Load,
     ) -> Result<(), CommandError> {
-        if let Some(victim) = evict {
+        for (at, victim) in evict.iter().enumerate() {
             let made_room = self
                 .unload(node, victim, UnloadReason::MakeRoom.as_str())
                 .await;
             if let Err(error) = made_room {
+                let mut book = lock(&self.inner.book);
+                for untried in &evict[at + 1..] {
+                    book.busy.remove(&(node.clone(), untried.clone()));
+                }
+                drop(book);
                 let error = CommandError::NoRoom {
                     victim: victim.clone(),
                     source: Box::new(error),
                 };
-                self.load_ended(node, model, reason, Err(&error), None);
+                self.load_ended(node, model, load, Err(&error), None);
                 return Err(error);
             }
         }
         let started = Instant::now();
         let done = self
-            .command(node, model, ModelAction::Load, reason.as_str())
+            .command(
+                node,
+                model,
+                ModelAction::Load,
+                load.reason.as_str(),
+                load.fit,
+            )
             .await;
-        self.load_ended(node, model, reason, done.as_ref().copied(), Some(started));
+        self.load_ended(node, model, load, done.as_ref().copied(), Some(started));
         done
     }
 
@@ -140,12 +159,14 @@ impl ModelService {
         &self,
         node: &NodeId,
         model: &ModelName,
-        reason: LoadReason,
+        load: Load,
         done: Result<(), &CommandError>,
         started: Option<Instant>,
     ) {
+        let Load { reason, fit } = load;
         let mut book = lock(&self.inner.book);
         book.busy.remove(&(node.clone(), model.clone()));
+        book.decided(node, model, fit);
         let metrics = &self.inner.metrics;
         match done {
             Ok(()) => {
@@ -186,7 +207,10 @@ impl ModelService {
         reason: &str,
     ) -> Result<(), CommandError> {
         let done = match self.quiet(node, model) {
-            Ok(()) => self.command(node, model, ModelAction::Unload, reason).await,
+            Ok(()) => {
+                let unload = ModelAction::Unload;
+                self.command(node, model, unload, reason, None).await
+            }
             Err(runs) => Err(CommandError::StartedMeanwhile { runs }),
         };
         if done.is_err() {
@@ -224,7 +248,8 @@ impl ModelService {
         Err(in_flight)
     }
 
-    /// Sends one command and waits for its outcome.
+    /// Sends one command and waits for its outcome; `fit`, said with it, is what a load
+    /// found there.
     ///
     /// # Errors
     /// [`CommandError::Refused`] with the engine's reason, or why no outcome came:
@@ -235,6 +260,7 @@ impl ModelService {
         model: &ModelName,
         action: ModelAction,
         reason: &str,
+        fit: Option<FitNote>,
     ) -> Result<(), CommandError> {
         let (sender, outcome) = oneshot::channel();
         let command_id = {
@@ -252,12 +278,13 @@ impl ModelService {
         let event = ModelEvent {
             at_ms: now_ms(),
             model: model.clone(),
-            node: node.clone(),
-            action,
+            node: Some(node.clone()),
+            action: action.into(),
             reason: reason.to_owned(),
             outcome: "started",
             message: String::new(),
             took_ms: None,
+            fit,
         };
         self.tell(event.clone());
         let started = Instant::now();
@@ -291,8 +318,9 @@ impl ModelService {
         answered
     }
 
-    /// Says what a command did: the log, the feed and its history.
-    fn tell(&self, event: ModelEvent) {
+    /// Says what a command did (or a `[[models]]` entry that cannot be met): the log, the
+    /// feed and its history. A load says the model's footprint and the room it found.
+    pub(super) fn tell(&self, event: ModelEvent) {
         let ModelEvent {
             model,
             node,
@@ -300,17 +328,29 @@ impl ModelService {
             outcome,
             message,
             took_ms,
+            fit,
             ..
         } = &event;
         let verb = event.action.as_str();
-        if *outcome == "failed" {
-            warn!(%model, %node, reason, error = message, "model {verb} failed");
-        } else {
-            info!(%model, %node, reason, outcome, took_ms, "model {verb}");
+        let node = node.as_ref().map(tracing::field::display);
+        let fit = fit.as_ref().map(tracing::field::display);
+        match *outcome {
+            "failed" => warn!(%model, node, reason, error = message, fit, "model {verb} failed"),
+            "unmet" => warn!(%model, node, reason, "a [[models]] entry cannot be met: {message}"),
+            _ => info!(%model, node, reason, outcome, took_ms, fit, "model {verb}"),
         }
         lock(&self.inner.book).remember(event.clone());
         if let Some(feed) = super::feed(&self.inner.feed).as_ref() {
             let _ = feed.send(event);
         }
     }
+}
+
+/// A load's reason, and what it found on its engine.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Load {
+    /// Why.
+    pub reason: LoadReason,
+    /// The footprint and the room, where known.
+    pub fit: Option<FitNote>,
 }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use tokio::time::Instant;
 
 use super::book::Book;
-use crate::domain::models::{Engine, LoadState, ModelAction, ModelName, Slot};
+use crate::domain::models::{Engine, LoadState, ModelAction, ModelName, Slot, TargetLoad};
 use crate::ports::{ConnectedNode, Registry};
 
 /// Records what `node`'s managed engines hold (what may be loaded there, and each
@@ -62,10 +62,7 @@ pub(super) fn of(nodes: &[ConnectedNode], book: &Book) -> Vec<Engine> {
                 .filter(|(target, _)| node.record.serves(adapter, target))
                 .map(|(target, load)| {
                     let model = ModelName::new(adapter.clone(), target.clone());
-                    (
-                        target.clone(),
-                        slot(book, id, &model, load.state, load.stays_loaded),
-                    )
+                    (target.clone(), slot(book, id, &model, load))
                 })
                 .collect();
             engines.push(Engine {
@@ -74,6 +71,7 @@ pub(super) fn of(nodes: &[ConnectedNode], book: &Book) -> Vec<Engine> {
                 capacity: managed.capacity,
                 accepts_loads: node.can_manage_models && !node.drained,
                 slots,
+                budget: managed.budget.as_ref().map(|b| b.bytes),
             });
         }
     }
@@ -81,20 +79,14 @@ pub(super) fn of(nodes: &[ConnectedNode], book: &Book) -> Vec<Engine> {
 }
 
 /// One target's slot: its reported state under the command in progress, its runs in
-/// flight, since when it has been idle (its last use, or when it was seen loaded), and
-/// whether its node keeps it loaded of its own.
-fn slot(
-    book: &Book,
-    node: &crate::domain::NodeId,
-    model: &ModelName,
-    reported: LoadState,
-    stays: bool,
-) -> Slot {
+/// flight, since when it has been idle (its last use, or when it was seen loaded), whether
+/// its node keeps it loaded of its own, and its footprint.
+fn slot(book: &Book, node: &crate::domain::NodeId, model: &ModelName, load: &TargetLoad) -> Slot {
     // A command in progress holds the target's place until it ends, and the target may be
     // neither loaded again nor chosen to make room meanwhile: as a load in progress.
     let state = match book.busy.get(&(node.clone(), model.clone())) {
         Some(ModelAction::Load | ModelAction::Unload) => LoadState::Loading,
-        None => reported,
+        None => load.state,
     };
     let seen = book
         .seen
@@ -110,6 +102,7 @@ fn slot(
         state,
         in_flight: used.map_or(0, |u| u.in_flight),
         idle_since: idle_since.into_std(),
-        stays,
+        stays: load.stays_loaded,
+        footprint: load.footprint.map(|f| f.bytes),
     }
 }

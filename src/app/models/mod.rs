@@ -2,7 +2,8 @@
 //! run service which models runs want and where they run (`ModelDemand`), from the nodes
 //! what their engines hold (their availability reports) and how commands ended; it loads
 //! cold models on demand, keeps the `[[models]]` desired state (pins, `min_loaded`,
-//! `idle_unload_ms`), and answers operators. The decisions are the domain's
+//! `idle_unload_ms`), says which entries the pool cannot meet once footprints are known,
+//! refuses at once a model too large for every node, and answers operators. The decisions are the domain's
 //! (`crate::domain::models::plan`); this service gathers their inputs, sends the commands
 //! through the node transport and keeps what happened.
 
@@ -29,10 +30,16 @@ use tracing::debug;
 
 use self::book::{Book, Cold};
 use self::metrics::ModelMetrics;
-use crate::domain::models::{ModelName, ModelPolicy, NoPlace, plan_cold, reconcile};
+use crate::domain::models::{
+    LoadReason, ModelName, ModelPolicy, NoPlace, TooLarge, Unmet, plan_cold, reconcile, too_large,
+    unmet,
+};
 use crate::domain::routing::{ModelSeats, NodeStatus};
 use crate::domain::{AdapterName, NodeId, Target};
-use crate::ports::{ModelDemand, ModelEvent, ModelOutcome, NodeTransport, Registry, WaitingRuns};
+use crate::ports::clock::now_ms;
+use crate::ports::{
+    FeedAction, ModelDemand, ModelEvent, ModelOutcome, NodeTransport, Registry, WaitingRuns,
+};
 
 pub use config::{LifecycleConfig, ModelEntry, policies};
 
@@ -171,7 +178,7 @@ impl ModelService {
     /// Plans against the pool as it is now and starts each step.
     fn reconcile_now(&self) {
         let now = Instant::now();
-        let (steps, unplaced) = {
+        let (steps, unplaced, unmet) = {
             let mut book = lock(&self.inner.book);
             // A cold request nobody can still be waiting for is forgotten; a new one brings
             // its model back.
@@ -192,8 +199,18 @@ impl ModelService {
             let policies = &self.inner.policies;
             let (mut steps, unplaced) = plan_cold(&engines, &demands, policies, now.into_std());
             steps.extend(reconcile(&engines, policies, now.into_std()));
-            (steps, unplaced)
+            let found = unmet(&engines, policies);
+            let new: Vec<Unmet> = found
+                .iter()
+                .filter(|u| !book.unmet.contains(u))
+                .cloned()
+                .collect();
+            book.unmet = found;
+            (steps, unplaced, new)
         };
+        for entry in unmet {
+            self.warn_unmet(&entry);
+        }
         for (model, why) in unplaced {
             self.unplaced(&model, why);
         }
@@ -206,6 +223,13 @@ impl ModelService {
     /// its waiting runs end with the last engine's reason; when no node can load it (any
     /// more) or every one is full, the runs wait on (room may free, a node may come).
     fn unplaced(&self, model: &ModelName, why: NoPlace) {
+        if let NoPlace::TooLarge(refusal) = why {
+            lock(&self.inner.book).cold.remove(model);
+            if let Some(runs) = self.inner.runs.get() {
+                runs.too_large(model, refusal);
+            }
+            return;
+        }
         let failure = {
             let mut book = lock(&self.inner.book);
             let given_up = why == NoPlace::Nowhere
@@ -219,6 +243,28 @@ impl ModelService {
         if let Some(runs) = self.inner.runs.get() {
             runs.load_failed(model, &reason);
         }
+    }
+}
+
+impl ModelService {
+    /// Says a `[[models]]` entry the pool cannot meet, once (until it can again): the log and
+    /// the feed; the management API lists it with the model.
+    fn warn_unmet(&self, entry: &Unmet) {
+        let reason = match entry {
+            Unmet::Pin { .. } => LoadReason::Pinned,
+            Unmet::MinLoaded { .. } => LoadReason::MinLoaded,
+        };
+        self.tell(ModelEvent {
+            at_ms: now_ms(),
+            model: entry.model().clone(),
+            node: entry.node().cloned(),
+            action: FeedAction::Warning,
+            reason: reason.as_str().to_owned(),
+            outcome: "unmet",
+            message: entry.to_string(),
+            took_ms: None,
+            fit: None,
+        });
     }
 }
 
@@ -265,6 +311,21 @@ impl ModelDemand for ModelService {
                 self.inner.wake.notify_one();
             }
         }
+    }
+
+    fn too_large(&self, adapter: &AdapterName, target: &Target) -> Option<TooLarge> {
+        if !self.inner.managed_seen.load(Ordering::Relaxed) {
+            return None;
+        }
+        let model = ModelName::new(adapter.clone(), target.clone());
+        let book = lock(&self.inner.book);
+        let listing: Vec<_> = book
+            .loadable
+            .get(&model)?
+            .iter()
+            .filter_map(|id| self.inner.registry.get(id.as_str()))
+            .collect();
+        too_large(&engines::of(&listing, &book), &model)
     }
 
     fn model_seats(

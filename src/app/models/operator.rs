@@ -10,11 +10,11 @@ use tokio::sync::broadcast;
 use tokio::time::Instant;
 
 use super::book::Book;
-use super::commands::CommandError;
+use super::commands::{CommandError, Load};
 use super::{ModelService, engines, lock};
 use crate::domain::NodeId;
 use crate::domain::models::{
-    LoadReason, LoadState, ModelAction, ModelName, UnloadReason, place_load,
+    LoadReason, LoadState, ManagedAdapter, ModelAction, ModelName, UnloadReason, place_load,
 };
 use crate::ports::{
     ConnectedNode, ManageModels, ModelCommandError, ModelEvent, ModelOnNode, ModelView,
@@ -28,12 +28,13 @@ fn unix_ms(at: SystemTime) -> u64 {
 /// `model` on `node` as the book and the node's report say.
 fn on_node(book: &Book, node: &ConnectedNode, model: &ModelName) -> Option<ModelOnNode> {
     let id = node.record.id();
-    let managed = node
+    let adapter = node
         .availability
         .as_ref()
         .and_then(|a| a.managed(&model.adapter))
-        .filter(|_| node.can_manage_models)
-        .and_then(|m| m.targets.get(&model.target));
+        .filter(|_| node.can_manage_models);
+    let managed = adapter.and_then(|m| m.targets.get(&model.target));
+    let budget = adapter.and_then(|m| m.budget.as_ref()).map(|b| b.bytes);
     let serving = node.serves_now(&model.adapter, &model.target);
     let (state, progress_percent, failure) = match managed {
         Some(load) => (load.state, load.progress_percent, load.failure.clone()),
@@ -54,6 +55,10 @@ fn on_node(book: &Book, node: &ConnectedNode, model: &ModelName) -> Option<Model
         last_used_ms: used.map(|u| unix_ms(u.last_used_wall)),
         reason: seen.map(|s| s.reason.clone()).unwrap_or_default(),
         command: book.busy.get(&key).copied(),
+        footprint: managed.and_then(|load| load.footprint),
+        budget,
+        room: adapter.and_then(ManagedAdapter::room),
+        decided: seen.and_then(|s| s.fit),
     })
 }
 
@@ -135,10 +140,17 @@ impl ManageModels for ModelService {
                     .filter_map(|n| on_node(&book, n, &model))
                     .collect();
                 let policy = self.inner.policies.get(&model).cloned();
+                let warnings = book
+                    .unmet
+                    .iter()
+                    .filter(|u| u.model() == &model)
+                    .map(ToString::to_string)
+                    .collect();
                 (!on.is_empty() || policy.is_some()).then_some(ModelView {
                     model,
                     policy,
                     nodes: on,
+                    warnings,
                 })
             })
             .collect()
@@ -174,20 +186,26 @@ impl ManageModels for ModelService {
                 })?;
             book.busy
                 .insert((id.clone(), model.clone()), ModelAction::Load);
-            let evict = placement
+            let evict: Vec<ModelName> = placement
                 .evict
-                .map(|t| ModelName::new(model.adapter.clone(), t));
-            if let Some(victim) = &evict {
+                .into_iter()
+                .map(|t| ModelName::new(model.adapter.clone(), t))
+                .collect();
+            for victim in &evict {
                 book.busy
                     .insert((id.clone(), victim.clone()), ModelAction::Unload);
             }
-            evict
+            (evict, placement.fit)
         };
         // On the service's own task: a caller that goes away does not cut the command short.
         let (service, model) = (self.clone(), model.clone());
         let task = self.inner.tasks.spawn(async move {
-            let loaded = service.load(&id, &model, placement.as_ref(), LoadReason::Operator);
-            let loaded = loaded.await;
+            let (evict, fit) = placement;
+            let load = Load {
+                reason: LoadReason::Operator,
+                fit,
+            };
+            let loaded = service.load(&id, &model, &evict, load).await;
             service.inner.wake.notify_one();
             loaded
         });

@@ -11,7 +11,9 @@ use std::time::Instant;
 use super::ModelService;
 use super::config::{LifecycleConfig, ModelEntry, policies};
 use crate::adapters::lock_registry::LockRegistry;
-use crate::domain::models::{LoadState, ManagedAdapter, ModelAction, ModelName, TargetLoad};
+use crate::domain::models::{
+    LoadState, ManagedAdapter, ModelAction, ModelName, TargetLoad, TooLarge,
+};
 use crate::domain::{
     AdapterConfig, AdapterName, Alias, Availability, DeclaredOperations, NodeId, NodeRecord,
     RuntimeConfig, Target, Token,
@@ -105,12 +107,14 @@ fn connect(registry: &LockRegistry, id: &str, capacity: u32, states: &[(&str, Lo
         can_continue: false,
         operations: DeclaredOperations::default(),
         can_manage_models: true,
+        inventory: None,
     };
     registry.insert(connection).unwrap();
     let llama = AdapterName::parse("llama").unwrap();
     let managed = ManagedAdapter {
         capacity,
         parallel: 0,
+        budget: None,
         targets: states
             .iter()
             .map(|(t, s)| (Target::parse(t).unwrap(), TargetLoad::new(*s)))
@@ -156,6 +160,13 @@ impl WaitingRuns for GivenUp {
             .lock()
             .unwrap()
             .push((model.to_string(), reason.to_owned()));
+    }
+
+    fn too_large(&self, model: &ModelName, refusal: TooLarge) {
+        self.0
+            .lock()
+            .unwrap()
+            .push((model.to_string(), refusal.to_string()));
     }
 
     fn placements_settled(&self) {}

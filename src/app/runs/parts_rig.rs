@@ -196,6 +196,7 @@ impl Rig {
             can_continue: false,
             operations: crate::domain::DeclaredOperations::default(),
             can_manage_models: false,
+            inventory: None,
         };
         self.registry.insert(registered).unwrap();
     }

@@ -445,6 +445,7 @@ impl Harness {
             can_continue: true,
             operations: crate::domain::DeclaredOperations::default(),
             can_manage_models: false,
+            inventory: None,
         };
         match self.connections.get(id) {
             Some(old) => drop(self.registry.replace(registered, *old).unwrap()),

@@ -1,7 +1,15 @@
-//! The lifecycle's decisions, pure: where a model that is loaded nowhere goes (a node with
-//! room first, then one where the least recently used idle model can make room), the
+//! The lifecycle's decisions, pure: where a model that is loaded nowhere goes (a node where
+//! it fits as it is first, then one where the fewest idle models can make room for it), the
 //! order cold requests are served in, and what reconciling the desired state takes (pins,
 //! `min_loaded`, idle unloads).
+//!
+//! An engine has room for a model while it holds fewer than its `capacity` (when it has one)
+//! and, where its budget and the model's footprint are known, while the budget less the
+//! footprints of what it holds is at least the model's (`fit.rs`); a model whose footprint
+//! is not known is counted only against `capacity`, as before budgets. Among engines where
+//! it fits as it is, the one left with the fewest bytes stranded (then the one holding the
+//! fewest models) takes it; failing that, the one needing the fewest unloads (then the
+//! fewest bytes stranded, then the least recently used victim).
 //!
 //! A model may make room only when nothing of it is in flight there, it is not pinned
 //! there, its node does not keep it loaded of its own (`stays_loaded`) and unloading it
@@ -9,11 +17,12 @@
 //! model asleep (vLLM's sleep mode) is preferred to a cold load anywhere: waking takes
 //! seconds where loading takes minutes.
 //! Every decision is made on a working copy the previous steps already changed, so a plan
-//! of several steps never overfills an engine.
+//! of several steps never overfills an engine, in count or in bytes.
 
 use std::collections::BTreeMap;
 use std::time::Instant;
 
+use super::fit::{Candidate, FitNote, TooLarge, fewest_evictions};
 use super::state::{LoadState, ModelName, ModelPolicy};
 use crate::domain::{AdapterName, NodeId, Target};
 
@@ -30,18 +39,32 @@ pub struct Engine {
     pub accepts_loads: bool,
     /// Every target it may serve, loaded or not.
     pub slots: BTreeMap<Target, Slot>,
+    /// What it may use for models, in bytes; `None`: no budget known (count only).
+    pub budget: Option<u64>,
 }
 
 impl Engine {
+    /// The footprints of what it holds, in bytes (an unknown one counts 0).
+    fn held_bytes(&self) -> u64 {
+        self.slots
+            .values()
+            .filter(|s| s.state.holds_a_place())
+            .filter_map(|s| s.footprint)
+            .sum()
+    }
+
+    /// Whether `target` fits at all (`Some(false)`: its footprint is above the budget;
+    /// `None`: one of them is not known).
+    pub(super) fn fits_at_all(&self, target: &Target) -> Option<bool> {
+        let footprint = self.slots.get(target)?.footprint?;
+        Some(footprint <= self.budget?)
+    }
+
     fn held(&self) -> usize {
         self.slots
             .values()
             .filter(|s| s.state.holds_a_place())
             .count()
-    }
-
-    fn has_room(&self) -> bool {
-        self.capacity == 0 || self.held() < self.capacity as usize
     }
 
     fn holds(&self, target: &Target) -> bool {
@@ -72,6 +95,8 @@ pub struct Slot {
     pub idle_since: Instant,
     /// Its node never unloads it (`stays_loaded`): it never makes room.
     pub stays: bool,
+    /// The memory it takes loaded, in bytes, when its node knows.
+    pub footprint: Option<u64>,
 }
 
 /// Why a model is loaded.
@@ -124,16 +149,19 @@ impl UnloadReason {
 /// One thing to tell a node.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Step {
-    /// Load `model` on `node`, after unloading `evict` there when it is set.
+    /// Load `model` on `node`, after unloading each of `evict` there.
     Load {
         /// The node.
         node: NodeId,
         /// The model.
         model: ModelName,
-        /// The idle target that makes room first, on the same adapter.
-        evict: Option<Target>,
+        /// The idle targets that make room first, on the same adapter, least recently used
+        /// first.
+        evict: Vec<Target>,
         /// Why.
         reason: LoadReason,
+        /// Its footprint and the engine's room and budget, where both are known.
+        fit: Option<FitNote>,
     },
     /// Unload `model` from `node`.
     Unload {
@@ -153,8 +181,11 @@ pub struct Placement {
     pub engine: usize,
     /// Its node.
     pub node: NodeId,
-    /// The idle target to unload first; `None` when the engine has room.
-    pub evict: Option<Target>,
+    /// The idle targets to unload first, least recently used first; empty when the model
+    /// fits as the engine is.
+    pub evict: Vec<Target>,
+    /// Its footprint and the engine's room and budget, where both are known.
+    pub fit: Option<FitNote>,
 }
 
 /// Why a model cannot be loaded now.
@@ -167,6 +198,9 @@ pub enum NoPlace {
     /// pinned, or held by their `min_loaded`).
     #[error("every node that can load it is full of models in use, pinned or held by min_loaded")]
     Full,
+    /// It fits on none of them, even empty: its footprint is above every budget.
+    #[error(transparent)]
+    TooLarge(TooLarge),
 }
 
 /// How many engines that take runs hold `model` (loaded, loading or asleep): a drained
@@ -213,28 +247,123 @@ pub(super) fn may_make_room(
     }
 }
 
-/// The least recently used target of engine `index` that may make room.
-fn victim(
+/// How a model fits on one engine: what must be unloaded first, and what it finds there.
+struct Fit {
+    index: usize,
+    evict: Vec<Target>,
+    note: Option<FitNote>,
+    /// The bytes left over once it is loaded, where known.
+    stranded: Option<u64>,
+    /// The least recently used of the models unloaded for it.
+    oldest: Option<Instant>,
+}
+
+/// How `model` fits on engine `index`: as the engine is, or after unloading the fewest idle
+/// models that make enough room (places and bytes); `None` when it cannot.
+fn fit_on(
     engines: &[Engine],
     index: usize,
+    model: &ModelName,
     policies: &BTreeMap<ModelName, ModelPolicy>,
-) -> Option<(Target, Instant)> {
-    engines[index]
+) -> Option<Fit> {
+    let engine = &engines[index];
+    let footprint = engine.slots.get(&model.target).and_then(|s| s.footprint);
+    let note = match (engine.budget, footprint) {
+        (Some(budget), Some(footprint)) if footprint > budget => return None,
+        (Some(budget), Some(footprint)) => Some(FitNote {
+            footprint,
+            budget,
+            room: budget.saturating_sub(engine.held_bytes()),
+        }),
+        _ => None,
+    };
+    let bytes = note.map_or(0, |n| n.footprint.saturating_sub(n.room));
+    let capacity = engine.capacity as usize;
+    let places = if capacity == 0 {
+        0
+    } else {
+        (engine.held() + 1).saturating_sub(capacity)
+    };
+    let candidates: Vec<Candidate> = engine
         .slots
         .iter()
         .filter(|(target, _)| may_make_room(engines, index, target, policies))
-        .map(|(target, slot)| (target.clone(), slot.idle_since))
-        .min_by(|a, b| a.1.cmp(&b.1).then_with(|| a.0.cmp(&b.0)))
+        .map(|(target, slot)| Candidate {
+            target: target.clone(),
+            idle_since: slot.idle_since,
+            bytes: slot.footprint.unwrap_or(0),
+        })
+        .collect();
+    let evict = fewest_evictions(bytes, places, &candidates)?;
+    let unloaded = || candidates.iter().filter(|c| evict.contains(&c.target));
+    let freed: u64 = unloaded().map(|c| c.bytes).sum();
+    Some(Fit {
+        index,
+        oldest: unloaded().map(|c| c.idle_since).min(),
+        stranded: note.map(|n| (n.room + freed).saturating_sub(n.footprint)),
+        evict,
+        note,
+    })
+}
+
+/// Whether `model` fits on engine `index` as it is, unloading nothing.
+#[cfg(test)]
+pub(super) fn fits_as_it_is(
+    engines: &[Engine],
+    index: usize,
+    model: &ModelName,
+    policies: &BTreeMap<ModelName, ModelPolicy>,
+) -> bool {
+    fit_on(engines, index, model, policies).is_some_and(|fit| fit.evict.is_empty())
+}
+
+/// The smallest footprint of `target` and the largest budget among `engines`, when each of
+/// them knows both and none has room for it even empty.
+fn too_large_among<'e>(
+    mut engines: impl Iterator<Item = &'e Engine>,
+    target: &Target,
+) -> Option<TooLarge> {
+    engines.try_fold(None, |found: Option<TooLarge>, engine| {
+        if engine.fits_at_all(target)? {
+            return None;
+        }
+        let footprint = engine.slots.get(target)?.footprint?;
+        let budget = engine.budget?;
+        Some(Some(match found {
+            None => TooLarge {
+                footprint,
+                largest_budget: budget,
+            },
+            Some(seen) => TooLarge {
+                footprint: seen.footprint.min(footprint),
+                largest_budget: seen.largest_budget.max(budget),
+            },
+        }))
+    })?
+}
+
+/// Whether `model` is too large for every engine that lists it (whatever its state there,
+/// drained or not): its footprint and the largest budget, to refuse its requests at once.
+/// `None` when some engine may fit it, or one does not know the footprint or the budget.
+pub fn too_large(engines: &[Engine], model: &ModelName) -> Option<TooLarge> {
+    too_large_among(
+        engines
+            .iter()
+            .filter(|e| e.adapter == model.adapter && e.slots.contains_key(&model.target)),
+        &model.target,
+    )
 }
 
 /// Where `model` is loaded: among the engines that take loads, list it, do not hold it and
-/// are not in `tried` — those holding it asleep first (a wake), then the others — the one
-/// with room holding the fewest models; failing that, the one whose least recently used
-/// idle model is the oldest, which makes room first.
+/// are not in `tried` — those holding it asleep first (a wake), then the others — one where
+/// it fits as the engine is, leaving the fewest bytes stranded (then holding the fewest
+/// models); failing that, the one where the fewest idle models make room for it (then the
+/// fewest bytes stranded, then the oldest least recently used victim).
 ///
 /// # Errors
-/// [`NoPlace::Nowhere`] when no such engine exists, [`NoPlace::Full`] when each is full of
-/// models that may not make room.
+/// [`NoPlace::Nowhere`] when no such engine exists, [`NoPlace::TooLarge`] when its
+/// footprint is above each one's budget, [`NoPlace::Full`] when each is full of models that
+/// may not make room.
 pub fn place_load(
     engines: &[Engine],
     model: &ModelName,
@@ -253,56 +382,53 @@ pub fn place_load(
             .get(&model.target)
             .is_some_and(|s| s.state == LoadState::Asleep)
     };
-    let (wakes, colds): (Vec<usize>, Vec<usize>) = candidates.into_iter().partition(asleep);
+    let (wakes, colds): (Vec<usize>, Vec<usize>) = candidates.iter().partition(|i| asleep(i));
     [wakes, colds]
         .iter()
         .filter(|group| !group.is_empty())
-        .find_map(|group| place_among(engines, group, policies))
-        .ok_or(NoPlace::Full)
+        .find_map(|group| place_among(engines, group, model, policies))
+        .ok_or_else(|| {
+            let listed = candidates.iter().map(|&i| &engines[i]);
+            too_large_among(listed, &model.target).map_or(NoPlace::Full, NoPlace::TooLarge)
+        })
 }
 
-/// [`place_load`] among `candidates` only; `None` when each is full of models that may
-/// not make room.
+/// [`place_load`] among `candidates` only; `None` when it fits on none of them.
 fn place_among(
     engines: &[Engine],
     candidates: &[usize],
+    model: &ModelName,
     policies: &BTreeMap<ModelName, ModelPolicy>,
 ) -> Option<Placement> {
-    let roomy = candidates
+    let key = |fit: &Fit| {
+        let engine = &engines[fit.index];
+        let held = if fit.evict.is_empty() {
+            engine.held()
+        } else {
+            0
+        };
+        let stranded = fit.stranded.unwrap_or(u64::MAX);
+        (fit.evict.len(), stranded, held, fit.oldest, &engine.node)
+    };
+    let best = candidates
         .iter()
-        .filter(|&&i| engines[i].has_room())
-        .min_by_key(|&&i| (engines[i].held(), &engines[i].node));
-    if let Some(&engine) = roomy {
-        let node = engines[engine].node.clone();
-        return Some(Placement {
-            engine,
-            node,
-            evict: None,
-        });
-    }
-    candidates
-        .iter()
-        .filter_map(|&i| victim(engines, i, policies).map(|(target, since)| (i, target, since)))
-        .min_by(|a, b| {
-            a.2.cmp(&b.2)
-                .then_with(|| engines[a.0].node.cmp(&engines[b.0].node))
-        })
-        .map(|(engine, target, _)| Placement {
-            engine,
-            node: engines[engine].node.clone(),
-            evict: Some(target),
-        })
+        .filter_map(|&i| fit_on(engines, i, model, policies))
+        .min_by(|a, b| key(a).cmp(&key(b)))?;
+    Some(Placement {
+        engine: best.index,
+        node: engines[best.index].node.clone(),
+        evict: best.evict,
+        fit: best.note,
+    })
 }
 
-/// Applies a load on the working copy: the target loading, the evicted one unloaded.
+/// Applies a load on the working copy: the target loading, the evicted ones unloaded.
 fn apply_load(engines: &mut [Engine], placement: &Placement, target: &Target, now: Instant) {
     let engine = &mut engines[placement.engine];
-    if let Some(evicted) = placement
-        .evict
-        .as_ref()
-        .and_then(|t| engine.slots.get_mut(t))
-    {
-        evicted.state = LoadState::Unloaded;
+    for evicted in &placement.evict {
+        if let Some(slot) = engine.slots.get_mut(evicted) {
+            slot.state = LoadState::Unloaded;
+        }
     }
     if let Some(slot) = engine.slots.get_mut(target) {
         slot.state = LoadState::Loading;
@@ -316,6 +442,7 @@ fn load_step(placement: &Placement, model: &ModelName, reason: LoadReason) -> St
         model: model.clone(),
         evict: placement.evict.clone(),
         reason,
+        fit: placement.fit,
     }
 }
 

@@ -1,11 +1,12 @@
 //! What a managed engine holds and what the operator wants: a model's name
-//! (`adapter/target`), its load state on one engine, an adapter's capacity, and the
-//! `[[models]]` policy.
+//! (`adapter/target`), its load state (and footprint) on one engine, an adapter's capacity
+//! and budget, and the `[[models]]` policy.
 
 use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
 
+use super::fit::{Budget, Footprint};
 use crate::domain::{AdapterName, NameError, NodeId, Target};
 
 /// A model as the pool knows it: an adapter and one of its targets, written `adapter/target`.
@@ -113,6 +114,9 @@ pub struct TargetLoad {
     /// Its node never unloads it (a pooling model marked never to sleep): it is never chosen
     /// to make room nor unloaded when idle.
     pub stays_loaded: bool,
+    /// The memory it takes once loaded, when its node knows (v1.7); `None`: placement counts
+    /// it, as before, only against the engine's `capacity`.
+    pub footprint: Option<Footprint>,
 }
 
 impl TargetLoad {
@@ -124,6 +128,7 @@ impl TargetLoad {
             failure: String::new(),
             context_window: 0,
             stays_loaded: false,
+            footprint: None,
         }
     }
 }
@@ -139,6 +144,24 @@ pub struct ManagedAdapter {
     pub parallel: u32,
     /// Every target it may serve, loaded or not.
     pub targets: BTreeMap<Target, TargetLoad>,
+    /// What it may use for models, on which of its node's devices (v1.7); `None`: no budget
+    /// is known, and `capacity` alone limits it.
+    pub budget: Option<Budget>,
+}
+
+impl ManagedAdapter {
+    /// Its budget less the footprints of the targets it holds (loaded, loading or
+    /// sleeping; one whose footprint is not known counts 0), in bytes; `None` without a
+    /// budget.
+    pub fn room(&self) -> Option<u64> {
+        let held: u64 = self
+            .targets
+            .values()
+            .filter(|t| t.state.holds_a_place())
+            .filter_map(|t| t.footprint.map(|f| f.bytes))
+            .sum();
+        Some(self.budget.as_ref()?.bytes.saturating_sub(held))
+    }
 }
 
 /// What the edge asks a node to do with one target.

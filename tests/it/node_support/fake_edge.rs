@@ -154,6 +154,7 @@ impl EdgeConn {
                 active_runs,
                 ping,
                 availability,
+                ..
             })) => {
                 if self.ack_pings && ping != 0 {
                     self.send(EdgeFrame::HeartbeatAck { ping }).await;

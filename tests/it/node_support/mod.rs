@@ -34,6 +34,17 @@ use upstream::Reply;
 
 pub use crate::common::PATIENCE;
 
+/// A node in process for each of `ids`, each with the token `token-<id>`, once the edge of
+/// `app` has them all connected.
+pub async fn spawn_nodes(app: &TestApp, ids: &[&str]) -> Vec<RunningNode> {
+    let nodes = ids
+        .iter()
+        .map(|id| spawn_node(app.node_addr, &format!("token-{id}"), |_| {}))
+        .collect();
+    app.wait_for_nodes(ids.len()).await;
+    nodes
+}
+
 /// A node running in this process.
 pub struct RunningNode {
     /// Cancel to drain and stop it (as SIGTERM does).
@@ -115,6 +126,30 @@ targets = {targets:?}
 base_url = "{base_url}"
 "model.qwen" = "{QWEN}"
 probe_interval_ms = "60000"
+"#
+    )
+}
+
+/// A `[[nodes]]` entry for a reference node `id` (alias `<id>-box`, token `token-<id>`)
+/// whose `llama` adapter manages the llama-server router at `base_url` and serves
+/// `targets`; `settings` adds lines to the adapter's settings (a `memory` budget, ...).
+pub fn router_node_entry(id: &str, targets: &[&str], base_url: &str, settings: &str) -> String {
+    format!(
+        r#"
+[[nodes]]
+id = "{id}"
+alias = "{id}-box"
+token = "token-{id}"
+[nodes.runtime]
+max_concurrent_runs = 8
+heartbeat_interval_ms = 1000
+[[nodes.adapters]]
+name = "llama"
+targets = {targets:?}
+[nodes.adapters.settings]
+base_url = "{base_url}"
+lifecycle = "llama-router"
+{settings}
 "#
     )
 }

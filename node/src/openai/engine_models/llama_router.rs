@@ -9,29 +9,44 @@
 //! `POST /models/load` / `POST /models/unload` with `{"model": id}`, which answer at once
 //! and do the work in the background. The parsing is pure; this module decides nothing about
 //! which model to load.
+//!
+//! Each model's footprint comes from its GGUF file's header ([`crate::gguf`]): the router
+//! lists how it starts each model (`status.args`: `--model <file>`, `--ctx-size`, …), and the
+//! node, on the router's machine, reads the file there — once per file and arguments.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::Mutex;
 
 use edge::domain::models::{LoadState, ModelAction};
 use serde_json::{Value, json};
 
 use super::{BeginError, Catalogue, EngineModel, refusal};
 use crate::fault::UpstreamFault;
+use crate::gguf::{EngineArgs, footprint, read_header};
 use crate::upstream::{Upstream, props_window};
+use edge::domain::models::Footprint;
 
 /// The most of an answer to a load or unload read (they are a few bytes).
 const MAX_ANSWER: usize = 64 * 1024;
+
+/// Footprints already read, by model file and arguments, with the file's length then.
+type Footprints = HashMap<(PathBuf, Vec<String>), (u64, Option<Footprint>)>;
 
 /// A router-mode `llama-server`.
 #[derive(Debug)]
 pub struct LlamaRouter {
     upstream: Upstream,
+    footprints: Mutex<Footprints>,
 }
 
 impl LlamaRouter {
     /// The router `upstream` reaches.
     pub fn new(upstream: Upstream) -> Self {
-        Self { upstream }
+        Self {
+            upstream,
+            footprints: Mutex::new(HashMap::new()),
+        }
     }
 
     /// Every model it can load with its state, and its capacity.
@@ -52,7 +67,53 @@ impl LlamaRouter {
     /// # Errors
     /// The fault when it cannot be asked or lists nothing readable.
     pub async fn states(&self) -> Result<BTreeMap<String, EngineModel>, UpstreamFault> {
-        models_of(&self.upstream.get_root("/models").await?)
+        let body = self.upstream.get_root("/models").await?;
+        let mut models = models_of(&body)?;
+        for (id, file, args) in launches_of(&body) {
+            if let Some(model) = models.get_mut(&id) {
+                model.footprint = self.footprint(file, args).await;
+            }
+        }
+        Ok(models)
+    }
+
+    /// The footprint of the model in `file` run with `args`, read from its header once per
+    /// file (and length) and arguments; `None` when the file cannot be read here (the
+    /// router on another machine) or is no GGUF model.
+    async fn footprint(&self, file: PathBuf, args: Vec<String>) -> Option<Footprint> {
+        let length = tokio::fs::metadata(&file).await.ok()?.len();
+        let key = (file, args);
+        let known = self.known().get(&key).copied();
+        if let Some((read_at, footprint)) = known
+            && read_at == length
+        {
+            return footprint;
+        }
+        let (path, engine) = (
+            key.0.clone(),
+            EngineArgs::parse(key.1.iter().map(String::as_str)),
+        );
+        let read = tokio::task::spawn_blocking(move || {
+            let file = std::fs::File::open(&path)?;
+            read_header(std::io::BufReader::new(file))
+        })
+        .await;
+        let found = match read {
+            Ok(Ok(header)) => Some(footprint(&header, &engine, length)),
+            Ok(Err(error)) => {
+                tracing::warn!(file = %key.0.display(), %error, "no footprint: the model's header cannot be read");
+                None
+            }
+            Err(_) => None,
+        };
+        self.known().insert(key, (length, found));
+        found
+    }
+
+    fn known(&self) -> std::sync::MutexGuard<'_, Footprints> {
+        self.footprints
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// The context window the loaded model `id` serves with; `None` when it cannot say.
@@ -128,6 +189,28 @@ pub fn models_of(body: &[u8]) -> Result<BTreeMap<String, EngineModel>, UpstreamF
         .collect())
 }
 
+/// How the router starts each model it lists: its id, its file (`--model`) and its whole
+/// argument list (`status.args`); a model listed without them is left out.
+pub fn launches_of(body: &[u8]) -> Vec<(String, PathBuf, Vec<String>)> {
+    let list: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+    let data = list["data"].as_array().map_or(&[][..], Vec::as_slice);
+    data.iter()
+        .filter_map(|model| {
+            let id = model["id"].as_str()?;
+            let args: Vec<String> = model["status"]["args"]
+                .as_array()?
+                .iter()
+                .filter_map(|arg| arg.as_str().map(str::to_owned))
+                .collect();
+            let file = args
+                .windows(2)
+                .find(|pair| pair[0] == "--model" || pair[0] == "-m")
+                .map(|pair| PathBuf::from(&pair[1]))?;
+            Some((id.to_owned(), file, args))
+        })
+        .collect()
+}
+
 /// One model's `status`: `value` is its state, except that a model left `unloaded` by a
 /// failed load (`failed: true`) is failed, with the child's exit code as the reason (the
 /// router says no more; the cause is in its log).
@@ -142,6 +225,7 @@ fn model_of(id: &str, status: &Value) -> EngineModel {
                 "llama-server's process for {id} exited{exit} while loading it (its log says why)"
             ),
             window: None,
+            footprint: None,
         }
     };
     let state = match status["value"].as_str() {
@@ -242,6 +326,22 @@ mod tests {
             state(&models_of(later).expect("a model list"), "x"),
             LoadState::Failed
         );
+    }
+
+    #[test]
+    fn the_routers_arguments_say_where_each_models_file_is() {
+        let body = br#"{"data":[
+            {"id":"alpha","status":{"value":"unloaded","args":["/bin/llama-server","--ctx-size","4096","--model","/m/alpha.gguf","--parallel","4"]}},
+            {"id":"beta","status":{"value":"loaded"}},
+            {"id":"gamma","status":{"value":"unloaded","args":["llama-server","-m","/m/gamma.gguf"]}}
+        ]}"#;
+        let launches = launches_of(body);
+        assert_eq!(launches.len(), 2, "a model without args is left out");
+        assert_eq!(launches[0].0, "alpha");
+        assert_eq!(launches[0].1, PathBuf::from("/m/alpha.gguf"));
+        let args = EngineArgs::parse(launches[0].2.iter().map(String::as_str));
+        assert_eq!((args.context, args.parallel), (4096, 4));
+        assert_eq!(launches[1].1, PathBuf::from("/m/gamma.gguf"));
     }
 
     #[test]

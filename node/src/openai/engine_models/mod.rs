@@ -22,7 +22,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 
 use edge::domain::Target;
-use edge::domain::models::{LoadState, ManagedAdapter, ModelAction, TargetLoad};
+use edge::domain::models::{Footprint, LoadState, ManagedAdapter, ModelAction, TargetLoad};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
@@ -46,15 +46,19 @@ pub struct EngineModel {
     /// The window it is (or will be) served with, when the engine says so without being
     /// asked about this model alone (vLLM's `max_model_len`, Ollama's `context_length`).
     pub window: Option<u32>,
+    /// The memory it takes once loaded, when the node can tell (the GGUF header of a
+    /// router's model, Ollama's sizes).
+    pub footprint: Option<Footprint>,
 }
 
 impl EngineModel {
-    /// A model in `state`, with `window` when known, and no failure.
+    /// A model in `state`, with `window` when known, and no failure or footprint.
     pub fn new(state: LoadState, window: Option<u32>) -> Self {
         Self {
             state,
             failure: String::new(),
             window,
+            footprint: None,
         }
     }
 }
@@ -308,38 +312,21 @@ pub struct TargetStates {
 ///
 /// The capacity is the engine's limit, or the setting's when lower, less the places models
 /// no target maps to hold (loaded outside the edge's commands: `ollama run`), at least 1.
+/// A target's footprint is its setting's (`footprint.<target>`, a vLLM server's share of
+/// `device_bytes`, the memory of the adapter's devices), else what the engine's catalogue
+/// says.
 pub fn target_states(
     targets: &[String],
     settings: &OpenAiSettings,
     catalogue: &Catalogue,
+    device_bytes: Option<u64>,
 ) -> TargetStates {
-    let capacity = match (catalogue.capacity, settings.capacity) {
-        (engine, None) => engine,
-        (0, Some(setting)) => setting,
-        (engine, Some(setting)) => engine.min(setting),
-    };
-    let ours = |id: &str| {
-        targets.iter().any(|target| {
-            let wanted = settings.upstream_model(target);
-            id == wanted || same_model(id, wanted)
-        })
-    };
-    let foreign = catalogue
-        .models
-        .iter()
-        .filter(|(id, model)| model.state.holds_a_place() && !ours(id))
-        .count();
-    let foreign = u32::try_from(foreign).unwrap_or(u32::MAX);
-    let capacity = if capacity > 0 && foreign > 0 {
-        capacity.saturating_sub(foreign).max(1)
-    } else {
-        capacity
-    };
     let mut states = TargetStates {
         managed: ManagedAdapter {
-            capacity,
+            capacity: capacity_left(targets, settings, catalogue),
             parallel: settings.parallel,
             targets: BTreeMap::new(),
+            budget: None,
         },
         served: Vec::new(),
         unlisted: Vec::new(),
@@ -369,10 +356,40 @@ pub fn target_states(
             failure: model.failure.clone(),
             context_window: settings.window_of(target).or(model.window).unwrap_or(0),
             stays_loaded: settings.never_sleeps(target),
+            footprint: settings
+                .footprint_of(target, device_bytes)
+                .or(model.footprint),
         };
         states.managed.targets.insert(name, load);
     }
     states
+}
+
+/// The engine's capacity, or the setting's when lower, less the places models no target
+/// maps to hold, at least 1 (0: no limit).
+fn capacity_left(targets: &[String], settings: &OpenAiSettings, catalogue: &Catalogue) -> u32 {
+    let capacity = match (catalogue.capacity, settings.capacity) {
+        (engine, None) => engine,
+        (0, Some(setting)) => setting,
+        (engine, Some(setting)) => engine.min(setting),
+    };
+    let ours = |id: &str| {
+        targets.iter().any(|target| {
+            let wanted = settings.upstream_model(target);
+            id == wanted || same_model(id, wanted)
+        })
+    };
+    let foreign = catalogue
+        .models
+        .iter()
+        .filter(|(id, model)| model.state.holds_a_place() && !ours(id))
+        .count();
+    let foreign = u32::try_from(foreign).unwrap_or(u32::MAX);
+    if capacity > 0 && foreign > 0 {
+        capacity.saturating_sub(foreign).max(1)
+    } else {
+        capacity
+    }
 }
 
 /// What the engine said when it was last observed.
@@ -405,7 +422,10 @@ pub async fn refresh(
         }
     };
     let settings = adapter.settings();
-    let states = target_states(adapter.targets(), settings, &catalogue);
+    let budget = adapter.budget();
+    let device_bytes = budget.map(|b| b.device_bytes);
+    let mut states = target_states(adapter.targets(), settings, &catalogue, device_bytes);
+    states.managed.budget = budget.map(|b| b.budget.clone());
     let mut windows = BTreeMap::new();
     for (target, id) in &states.served {
         let model = catalogue.models.get(id);
@@ -592,6 +612,7 @@ mod tests {
                         state: *state,
                         failure,
                         window: None,
+                        footprint: None,
                     };
                     ((*id).to_owned(), model)
                 })
@@ -614,7 +635,7 @@ mod tests {
         let engine = catalogue(&[("alpha", LoadState::Loaded)]);
         let targets = names(&["alpha"]);
         let of = |pairs: &[(&str, &str)]| {
-            target_states(&targets, &settings(pairs), &engine)
+            target_states(&targets, &settings(pairs), &engine, None)
                 .managed
                 .capacity
         };
@@ -627,7 +648,9 @@ mod tests {
         };
         let set = settings(&[("capacity", "3")]);
         assert_eq!(
-            target_states(&targets, &set, &unlimited).managed.capacity,
+            target_states(&targets, &set, &unlimited, None)
+                .managed
+                .capacity,
             3
         );
     }
@@ -643,7 +666,7 @@ mod tests {
             ("extra", LoadState::Loaded),
         ]);
         let targets = names(&["alpha", "beta", "gamma", "delta", "broken"]);
-        let states = target_states(&targets, &settings(&[]), &engine);
+        let states = target_states(&targets, &settings(&[]), &engine, None);
         // `extra`, loaded and no target's, holds one of the two places.
         assert_eq!(states.managed.capacity, 1);
         assert_eq!(state_of(&states, "alpha"), Some(LoadState::Loaded));
@@ -675,7 +698,7 @@ mod tests {
         ]);
         let settings = settings(&[("model.qwen", "qwen2.5-0.5b-q4")]);
         let targets = names(&["qwen", "llama3.1:latest", "absent"]);
-        let states = target_states(&targets, &settings, &engine);
+        let states = target_states(&targets, &settings, &engine, None);
         assert_eq!(state_of(&states, "qwen"), Some(LoadState::Loaded));
         assert_eq!(
             state_of(&states, "llama3.1:latest"),
@@ -716,7 +739,7 @@ mod tests {
             .refused
             .insert("gpt-oss:120b-cloud".into(), reason.clone());
         let targets = names(&["qwen2.5:0.5b", "llama3.2:1b", "gpt-oss:120b-cloud"]);
-        let states = target_states(&targets, &ollama(&[("parallel", "3")]), &engine);
+        let states = target_states(&targets, &ollama(&[("parallel", "3")]), &engine, None);
         assert_eq!(states.refused, [("gpt-oss:120b-cloud".to_owned(), reason)]);
         assert_eq!(
             states.managed.targets.len(),
@@ -735,7 +758,7 @@ mod tests {
             EngineModel::new(LoadState::Loaded, None),
         );
         assert_eq!(
-            target_states(&targets, &ollama(&[]), &engine)
+            target_states(&targets, &ollama(&[]), &engine, None)
                 .managed
                 .capacity,
             1
@@ -748,7 +771,7 @@ mod tests {
         engine.models.get_mut("alpha").expect("alpha").window = Some(16_384);
         let targets = names(&["alpha", "beta"]);
         let set = settings(&[("context_window.beta", "2048")]);
-        let states = target_states(&targets, &set, &engine);
+        let states = target_states(&targets, &set, &engine, None);
         let window = |t: &str| states.managed.targets[&Target::parse(t).expect("t")].context_window;
         assert_eq!((window("alpha"), window("beta")), (16_384, 2_048));
         assert!(states.served.is_empty(), "an asleep server is not served");
@@ -795,7 +818,7 @@ mod tests {
             ("base_url.embed", "http://127.0.0.1:2/v1"),
             ("never_sleep.embed", "true"),
         ]);
-        let states = target_states(&names(&["chat", "embed"]), &set, &engine);
+        let states = target_states(&names(&["chat", "embed"]), &set, &engine, None);
         let stays = |t: &str| states.managed.targets[&Target::parse(t).expect("t")].stays_loaded;
         assert!(stays("embed") && !stays("chat"));
     }

@@ -15,13 +15,16 @@
 //! marks it). It reports no capacity either: `capacity` (its `OLLAMA_MAX_LOADED_MODELS`) is
 //! a required setting. The window is `/api/ps`'s `context_length`, remembered once seen;
 //! `/api/show`'s trained maximum is never used (it is larger than what Ollama allocates).
+//! A model's footprint is `/api/ps`'s `size_vram` (its `size` where nothing is on a GPU)
+//! once loaded — what Ollama allocated, remembered once seen — else `/api/tags`' `size`,
+//! the file's, which is its weights alone.
 //! The parsing is pure; this module decides nothing about which model to load.
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use edge::domain::models::{LoadState, ModelAction};
+use edge::domain::models::{Footprint, FootprintSource, LoadState, ModelAction};
 use serde_json::{Value, json};
 
 use super::{BeginError, Catalogue, EngineModel, refusal};
@@ -39,6 +42,8 @@ pub struct Ollama {
     load_timeout: Duration,
     /// The windows `/api/ps` gave, by model: still known once a model is unloaded.
     windows: Mutex<BTreeMap<String, u32>>,
+    /// What `/api/ps` said each model took, by model: still known once it is unloaded.
+    allocated: Mutex<BTreeMap<String, u64>>,
 }
 
 impl Ollama {
@@ -48,6 +53,7 @@ impl Ollama {
             upstream,
             load_timeout,
             windows: Mutex::new(BTreeMap::new()),
+            allocated: Mutex::new(BTreeMap::new()),
         }
     }
 
@@ -61,6 +67,8 @@ impl Ollama {
         let ps = self.upstream.get_root("/api/ps").await?;
         let pulled = tags_of(&tags)?;
         let loaded = ps_of(&ps)?;
+        let files = sizes_of(&tags, "/api/tags")?;
+        let footprints = self.footprints(&files, &sizes_of(&ps, "/api/ps")?);
         let mut windows = self
             .windows
             .lock()
@@ -87,7 +95,9 @@ impl Ollama {
                 LoadState::Unloaded
             };
             let window = windows.get(&id).copied();
-            catalogue.models.insert(id, EngineModel::new(state, window));
+            let mut model = EngineModel::new(state, window);
+            model.footprint = footprints.get(&id).copied();
+            catalogue.models.insert(id, model);
         }
         // Held but not (or no longer) pulled: still holding a place.
         for (id, window) in loaded {
@@ -97,6 +107,34 @@ impl Ollama {
                 .or_insert_with(|| EngineModel::new(LoadState::Loaded, Some(window)));
         }
         Ok(catalogue)
+    }
+
+    /// Each model's footprint: what `/api/ps` said it allocated (`allocated`, remembered),
+    /// else its file's size in `/api/tags` (`files`).
+    fn footprints(
+        &self,
+        files: &BTreeMap<String, u64>,
+        allocated: &BTreeMap<String, u64>,
+    ) -> BTreeMap<String, Footprint> {
+        let mut known = self
+            .allocated
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        known.extend(allocated.iter().map(|(id, bytes)| (id.clone(), *bytes)));
+        let mut footprints: BTreeMap<String, Footprint> = files
+            .iter()
+            .map(|(id, bytes)| {
+                (
+                    id.clone(),
+                    Footprint::whole(*bytes, FootprintSource::OllamaFile),
+                )
+            })
+            .collect();
+        for (id, bytes) in known.iter() {
+            let loaded = Footprint::whole(*bytes, FootprintSource::OllamaLoaded);
+            footprints.insert(id.clone(), loaded);
+        }
+        footprints
     }
 
     /// Loads `id` and keeps it (`keep_alive: -1`), answering once it is loaded; or asks it
@@ -161,6 +199,24 @@ pub fn ps_of(body: &[u8]) -> Result<BTreeMap<String, u32>, UpstreamFault> {
         .collect())
 }
 
+/// Each model's memory in one of Ollama's lists (`path`): `size_vram` where it is above 0
+/// (`/api/ps`: what a GPU holds), else `size` (`/api/tags`: the file's; `/api/ps`: all it
+/// allocated); a model with neither is left out.
+///
+/// # Errors
+/// [`UpstreamFault::Malformed`] when the body is not one of Ollama's lists.
+pub fn sizes_of(body: &[u8], path: &str) -> Result<BTreeMap<String, u64>, UpstreamFault> {
+    Ok(models(body, path)?
+        .iter()
+        .filter_map(|model| {
+            let id = model["name"].as_str().or(model["model"].as_str())?;
+            let vram = model["size_vram"].as_u64().filter(|n| *n > 0);
+            let bytes = vram.or(model["size"].as_u64()).filter(|n| *n > 0)?;
+            Some((id.to_owned(), bytes))
+        })
+        .collect())
+}
+
 /// The `models` array of one of Ollama's lists.
 fn models(body: &[u8], path: &str) -> Result<Vec<Value>, UpstreamFault> {
     let list: Value = serde_json::from_slice(body)
@@ -205,6 +261,16 @@ mod tests {
                 ),
             ]
         );
+    }
+
+    #[test]
+    fn a_models_size_is_its_files_until_ollama_says_what_it_allocated() {
+        let files = sizes_of(TAGS.as_bytes(), "/api/tags").expect("a list");
+        assert_eq!(files["qwen2.5:0.5b"], 397_821_319);
+        let allocated = sizes_of(PS.as_bytes(), "/api/ps").expect("a list");
+        assert_eq!(allocated["qwen2.5:0.5b"], 1_006_000_000);
+        let on_cpu = br#"{"models":[{"name":"a","size":700,"size_vram":0}]}"#;
+        assert_eq!(sizes_of(on_cpu, "/api/ps").expect("a list")["a"], 700);
     }
 
     #[test]

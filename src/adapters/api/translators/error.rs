@@ -9,8 +9,9 @@
 
 use serde::Serialize;
 
+use crate::domain::models::{MODEL_TOO_LARGE, TooLarge};
 use crate::domain::routing::LimitRefusal;
-use crate::domain::{EdgeFailure, FailureClass, Operation};
+use crate::domain::{Bytes, EdgeFailure, FailureClass, Operation};
 use crate::ports::{StartError, waiting_for};
 
 const INVALID_REQUEST: &str = "invalid_request_error";
@@ -359,12 +360,30 @@ impl ApiError {
             .retry_after(retry_after_secs),
             StartError::Limited(refusal) => Self::limited(refusal),
             StartError::NotSupported { operation } => Self::not_supported(model, *operation),
+            StartError::ModelTooLarge(refusal) => Self::model_too_large(model, refusal),
             StartError::ShuttingDown => {
                 Self::new(ErrorKind::Unavailable, SERVER, "The edge is shutting down. Retry later.")
                     .code(EdgeFailure::EdgeShutdown.code())
                     .retry_after(retry_after_secs)
             }
         }
+    }
+
+    /// 400 `model_too_large`: `model` fits on no node that can load it (its footprint is
+    /// above every budget), said with both sizes; Anthropic's `invalid_request_error`.
+    pub fn model_too_large(model: &str, refusal: &TooLarge) -> Self {
+        Self::new(
+            ErrorKind::InvalidRequest,
+            INVALID_REQUEST,
+            format!(
+                "The model `{model}` is too large for every node that can load it: its \
+                 footprint is {} and the largest budget is {}.",
+                Bytes(refusal.footprint),
+                Bytes(refusal.largest_budget)
+            ),
+        )
+        .param("model")
+        .code(MODEL_TOO_LARGE)
     }
 
     /// 501 `not_supported`: no connected node serving `model` can do `operation`.

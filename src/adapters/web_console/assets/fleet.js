@@ -1,10 +1,11 @@
 // Fleet: every configured node, live (polled each second): state, load against its
-// limit, per-target availability, version, heartbeat age, drain; drain (with an optional
+// limit, its devices and their memory, each managed adapter's budget and room, per-target
+// availability and footprint, version, heartbeat age, drain; drain (with an optional
 // deadline) and resume. Cards are built once per node and updated in place, so a typed
 // deadline survives the refresh and nothing jumps.
 
 import { api } from './api.js';
-import { clock, duration, el, poll } from './format.js';
+import { bytes, clock, duration, el, poll } from './format.js';
 
 const EVERY_MS = 1000;
 
@@ -55,6 +56,8 @@ function build(node, notice, context) {
   load.append(el('div', { class: 'load' }, loadText, el('div', { class: 'bar', 'aria-hidden': 'true' }, bar)));
   const card = {
     root, state, loadText, bar,
+    devices: fact(facts, 'Devices', 'devices'),
+    budgets: fact(facts, 'Budgets', 'budgets'),
     version: fact(facts, 'Version', 'version'),
     heartbeat: fact(facts, 'Heartbeat', 'heartbeat'),
     connected: fact(facts, 'Connected', 'connected'),
@@ -112,12 +115,19 @@ function update(card, node, nowMs) {
   card.drain.textContent = !node.drain ? 'not drained'
     : `since ${clock(node.drain.since_ms)}${node.drain.deadline_ms ? `, deadline ${clock(node.drain.deadline_ms)}` : ', no deadline'}`;
   card.breaker.textContent = node.breaker_open ? 'open: new runs kept away' : 'closed';
+  const devices = node.inventory?.devices ?? [];
+  card.devices.textContent = devices.length === 0 ? 'not reported'
+    : devices.map((d) => `${d.index}: ${d.name}, ${bytes(d.used_bytes)} of ${bytes(d.total_bytes)} used`).join('; ');
+  const budgets = node.adapters.filter((adapter) => adapter.budget);
+  card.budgets.textContent = budgets.length === 0 ? '—'
+    : budgets.map((a) => `${a.name}: ${bytes(a.budget.room_bytes)} free of ${bytes(a.budget.bytes)} on ${a.budget.devices.join(',')}`).join('; ');
   const drained = Boolean(node.drain);
   card.resumeButton.disabled = !drained;
   card.targets.replaceChildren(...node.adapters.flatMap((adapter) => adapter.targets.map((target) => {
     const [word, cls] = target.available === true ? ['available', 'yes']
       : target.available === false ? ['unavailable', 'no'] : ['not reported', 'unknown'];
+    const size = target.footprint ? el('span', { class: 'muted', 'data-f': 'footprint', text: bytes(target.footprint.bytes) }) : '';
     return el('li', {}, el('span', { class: 'mono', text: `${adapter.name}/${target.name}` }),
-      el('span', { class: `avail ${cls}`, text: word }));
+      size, el('span', { class: `avail ${cls}`, text: word }));
   })));
 }

@@ -39,6 +39,15 @@ export function duration(ms) {
   return `${Math.floor(s / 3600)} h ${Math.floor((s % 3600) / 60)} min`;
 }
 
+/** A number of bytes, short: `512 KiB`, `250.0 MiB`, `1.50 GiB`. */
+export function bytes(n) {
+  if (n === null || n === undefined) return '—';
+  if (n < 1024) return `${n} B`;
+  if (n < 1024 ** 2) return `${Math.floor(n / 1024)} KiB`;
+  if (n < 1024 ** 3) return `${(n / 1024 ** 2).toFixed(1)} MiB`;
+  return `${(n / 1024 ** 3).toFixed(2)} GiB`;
+}
+
 /** `n` with at most `digits` decimals. */
 export function num(n, digits = 0) {
   if (n === null || n === undefined) return '—';

@@ -13,6 +13,7 @@ use super::{Effect, Fallout, Placer, Table, fallout_of, waits};
 use crate::app::runs::observer::Refusal;
 use crate::app::runs::route::{Placement, Route};
 use crate::app::runs::run::{Run, lock};
+use crate::domain::models::TooLarge;
 use crate::domain::routing::{
     Decision, LimitPolicy, LimitRefusal, NodeStatus, RouteContext, RouteReason, RouteRequest,
     Unroutable, WaitCause, Waiter, decide,
@@ -52,7 +53,8 @@ impl Placer {
     /// [`StartError::Limited`] when its key is over a limit, [`StartError::QueueFull`]
     /// when it would wait and the queue is full, [`StartError::NoNode`] when no node is
     /// configured to serve it, [`StartError::NotSupported`] when its operation needs a
-    /// declaration and no connected node serving its route made one.
+    /// declaration and no connected node serving its route made one,
+    /// [`StartError::ModelTooLarge`] when it would wait for a model that fits on no node.
     pub(in crate::app::runs) fn admit(
         &self,
         run: &Arc<Run>,
@@ -75,6 +77,10 @@ impl Placer {
                 Placed::Sent(node)
             }
             Routed::Waits(cause) => {
+                if let Some(refusal) = self.too_large(run, cause) {
+                    release_limits(&mut table, run, 0);
+                    return Err(StartError::ModelTooLarge(refusal));
+                }
                 if self
                     .enqueue(&mut table, run, &mut route, cause, now)
                     .is_err()
@@ -366,6 +372,15 @@ impl Placer {
         let selector = &run.spec().selector;
         (cause == WaitCause::NoNodeAvailable && selector.pin.is_none())
             .then(|| self.models().wanted(&selector.adapter, &selector.target))
+            .flatten()
+    }
+
+    /// When `run` would wait because no node serves its model now, whether the model is too
+    /// large for every node that could load it (a run pinned to a node is not asked about).
+    fn too_large(&self, run: &Run, cause: WaitCause) -> Option<TooLarge> {
+        let selector = &run.spec().selector;
+        (cause == WaitCause::NoNodeAvailable && selector.pin.is_none())
+            .then(|| self.models().too_large(&selector.adapter, &selector.target))
             .flatten()
     }
 
