@@ -31,6 +31,10 @@ use crate::stream_resume::{Event, read_until, resume, text_of};
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use edge::client::{NodeClient, ReceivedEdgeFrame, RegisterOutcome, Registration};
+use edge::domain::{RegisterRejection, ResumeClaim, ResumeRefusal, RunEventKind};
+use edge::ports::NodeCommand;
+
 use common::engines::NatsServer;
 use common::{
     NodeTable, TestApp, edge_serve_on, eventually, eventually_ok, spawn_app, write_config,
@@ -297,6 +301,108 @@ async fn a_member_that_loses_its_lease_lets_its_open_run_go_and_ends_nothing() {
             "{stored:?}"
         );
     }
+    a.stop().await;
+}
+
+/// Registers a node with `token-a` on `app`, claiming `claims`: the answer.
+async fn register_claiming(app: &TestApp, claims: Vec<ResumeClaim>) -> RegisterOutcome {
+    common::bounded("the edge to answer a registration", async {
+        let mut client = NodeClient::connect(app.node_addr).await.expect("connect");
+        let mut registration = Registration::with_token("token-a").instance("i-1");
+        registration.resume = claims;
+        client.register(registration).await.expect("an answer")
+    })
+    .await
+}
+
+/// A node that comes back claiming its runs is answered only once the journal keeps what
+/// nodes reported where a takeover finds it. While the member's site stream does not
+/// answer, the registration is refused (`SHUTTING_DOWN`, retried later): answering the claim
+/// of a run that ended here (`unknown_run`) would let the node forget a run whose end only
+/// this member's file holds — the member that took over then found it open, with nothing
+/// to resume it from (found by the nemesis, seed 6601, issue 66). Once the stream takes the
+/// batches again, the claim is answered.
+#[crate::common::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nodes_claims_are_answered_once_the_sites_stream_keeps_what_it_reported() {
+    let mut nats = NatsServer::start_jetstream().await;
+    let node = NodeTable::new("node-a", "gpu-a", "token-a").echo(&["default"]);
+    // A lease long enough that the member acts on while its stream does not answer.
+    let config = format!(
+        "[edge]\nid = \"edge-a\"\n[events]\nsinks = [\"null\"]\n[runs]\nresume_grace_ms = 30000\n\
+         [cluster]\nsite = \"s1\"\nnats = {:?}\nlease_ms = 60000\nrenew_ms = 20000\n{node}",
+        nats.url()
+    );
+    let a = spawn_app(&config).await;
+    acts(&a).await;
+    let mut client = NodeClient::connect(a.node_addr).await.expect("connect");
+    let registration = Registration::with_token("token-a").instance("i-1");
+    assert!(
+        client
+            .register(registration)
+            .await
+            .expect("an answer")
+            .accepted
+    );
+    let mut handle = common::runs::start(&a, common::runs::echo_run("hello"));
+    let run_id = handle.run_id.clone();
+    let frame = common::bounded("the run to reach the node", client.next())
+        .await
+        .expect("a frame");
+    assert!(
+        matches!(&frame, ReceivedEdgeFrame::Command(NodeCommand::Run(r)) if r.run_id == run_id),
+        "{frame:?}"
+    );
+
+    // The stream stops answering; the run ends here, its end in this member's file only.
+    nats.stop().await;
+    let completed = RunEventKind::Completed {
+        finish_reason: "stop".into(),
+        usage: None,
+    };
+    client
+        .event(run_id.as_str(), 1, completed)
+        .await
+        .expect("the event is written");
+    let events = common::runs::rest(&mut handle).await;
+    assert!(
+        events.last().is_some_and(|e| e.kind.is_terminal()),
+        "{events:?}"
+    );
+    drop(client);
+
+    let claim = ResumeClaim {
+        run_id: run_id.as_str().to_owned(),
+        next_seq: 2,
+        first_buffered_seq: 1,
+    };
+    let refused = register_claiming(&a, vec![claim.clone()]).await;
+    assert!(!refused.accepted, "answered before its run's end is kept");
+    assert_eq!(refused.rejection, Some(RegisterRejection::ShuttingDown));
+
+    nats.restart().await;
+    let answered = eventually_ok(
+        "the claim is answered once the stream keeps the run",
+        || {
+            let claim = claim.clone();
+            let a = &a;
+            async move {
+                let outcome = register_claiming(a, vec![claim]).await;
+                if outcome.accepted {
+                    Ok(outcome)
+                } else {
+                    Err(outcome.message)
+                }
+            }
+        },
+    )
+    .await;
+    assert_eq!(answered.resumed.len(), 1);
+    assert_eq!(answered.resumed[0].outcome, Err(ResumeRefusal::UnknownRun));
+    let stored = stored_events(a.admin_addr, run_id.as_str()).await;
+    assert!(
+        stored.iter().any(|e| e["kind"] == "completed"),
+        "{stored:?}"
+    );
     a.stop().await;
 }
 
