@@ -88,6 +88,9 @@ async fn one_member_is_ready_the_other_refuses_naming_it_and_a_clean_stop_hands_
         .expect("an answer");
     assert_eq!(chat.status(), StatusCode::SERVICE_UNAVAILABLE);
     assert!(chat.headers().contains_key("retry-after"));
+    // And closes the connection, so a balancer choosing per connection sends the retry to
+    // the member that acts (the nemesis, issue 66).
+    assert_eq!(chat.headers()["connection"], "close");
     let error: Value = chat.json().await.expect("a JSON error");
     assert_eq!(error["error"]["code"], "standby", "{error}");
     let message = error["error"]["message"].as_str().unwrap_or_default();
