@@ -171,6 +171,8 @@ impl Client {
     async fn resume(&self, run_id: &str, read: &mut Read, resumes: &mut u32) -> Outcome {
         let mut backoff = Duration::from_millis(50);
         let mut progress = Instant::now();
+        // What the last resume that got nowhere was answered, for the history.
+        let mut last_answer = String::from("none asked");
         loop {
             if let Some(code) = read.error.clone() {
                 return Outcome::Failed { code };
@@ -182,7 +184,10 @@ impl Client {
             }
             if progress.elapsed() > PATIENCE {
                 return Outcome::Abandoned {
-                    why: format!("no event for {PATIENCE:?} after event {:?}", read.last_id()),
+                    why: format!(
+                        "no event for {PATIENCE:?} after event {:?}; the last resume: {last_answer}",
+                        read.last_id()
+                    ),
                 };
             }
             let mut request = self
@@ -200,6 +205,8 @@ impl Client {
                     if read.ids.len() > before {
                         progress = Instant::now();
                         backoff = Duration::from_millis(50);
+                    } else {
+                        last_answer = "a stream with no new event".into();
                     }
                     continue;
                 }
@@ -208,7 +215,9 @@ impl Client {
                         code: "not_found".into(),
                     };
                 }
-                _ => {}
+                Ok(Ok(response)) => last_answer = format!("status {}", response.status()),
+                Ok(Err(error)) => last_answer = format!("no answer: {error}"),
+                Err(_) => last_answer = format!("no headers within {SILENCE:?}"),
             }
             tokio::time::sleep(backoff).await;
             backoff = (backoff * 2).min(Duration::from_secs(1));
