@@ -122,6 +122,16 @@ pub trait RunJournal: Send + Sync {
         true
     }
 
+    /// Whether a run's end may be shown (to its caller and followers) only once a
+    /// [`RunJournal::flush`] returned and the entries are [kept for a
+    /// takeover](RunJournal::kept_for_takeover): on a member of a site, whose own file is
+    /// not where the member that takes over looks — a run shown completed there, its end
+    /// never in the site's stream, would be one the site forgot (found by the nemesis,
+    /// issue 66). `false` by default: a single edge's file is where it takes runs back.
+    fn shows_ends_once_kept(&self) -> bool {
+        false
+    }
+
     /// The runs an earlier edge left open (it stopped without ending them), handed over
     /// once: the caller takes them back or ends them, each with a terminal event recorded
     /// as usual. Empty for a journal that marks them ended when it opens, keeps nothing, or

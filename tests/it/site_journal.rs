@@ -315,15 +315,16 @@ async fn register_claiming(app: &TestApp, claims: Vec<ResumeClaim>) -> RegisterO
     .await
 }
 
-/// A node that comes back claiming its runs is answered only once the journal keeps what
-/// nodes reported where a takeover finds it. While the member's site stream does not
-/// answer, the registration is refused (`SHUTTING_DOWN`, retried later): answering the claim
-/// of a run that ended here (`unknown_run`) would let the node forget a run whose end only
-/// this member's file holds — the member that took over then found it open, with nothing
-/// to resume it from (found by the nemesis, seed 6601, issue 66). Once the stream takes the
-/// batches again, the claim is answered.
+/// While a member's site stream does not answer, what only its own file holds is shown to
+/// nobody who would forget it: a run's end reaches its caller only once the stream keeps it
+/// (shown earlier, the member taking over would never hear of a run its client saw
+/// complete), and a node that comes back claiming its runs is refused (`SHUTTING_DOWN`,
+/// retried later) — answering the claim of a run that ended here (`unknown_run`) would let
+/// the node forget a run whose end only this member's file holds. Once the stream takes the
+/// batches again, the end is shown and the claim answered (both found by the nemesis, seed
+/// 6601, issue 66).
 #[crate::common::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_nodes_claims_are_answered_once_the_sites_stream_keeps_what_it_reported() {
+async fn a_runs_end_and_a_nodes_claims_wait_until_the_sites_stream_keeps_them() {
     let mut nats = NatsServer::start_jetstream().await;
     let node = NodeTable::new("node-a", "gpu-a", "token-a").echo(&["default"]);
     // A lease long enough that the member acts on while its stream does not answer.
@@ -363,10 +364,10 @@ async fn a_nodes_claims_are_answered_once_the_sites_stream_keeps_what_it_reporte
         .event(run_id.as_str(), 1, completed)
         .await
         .expect("the event is written");
-    let events = common::runs::rest(&mut handle).await;
+    let early = tokio::time::timeout(std::time::Duration::from_secs(1), handle.events.recv()).await;
     assert!(
-        events.last().is_some_and(|e| e.kind.is_terminal()),
-        "{events:?}"
+        early.is_err(),
+        "the end is shown before it is kept: {early:?}"
     );
     drop(client);
 
@@ -380,6 +381,11 @@ async fn a_nodes_claims_are_answered_once_the_sites_stream_keeps_what_it_reporte
     assert_eq!(refused.rejection, Some(RegisterRejection::ShuttingDown));
 
     nats.restart().await;
+    let events = common::runs::rest(&mut handle).await;
+    assert!(
+        events.last().is_some_and(|e| e.kind.is_terminal()),
+        "the end is shown once kept: {events:?}"
+    );
     let answered = eventually_ok(
         "the claim is answered once the stream keeps the run",
         || {

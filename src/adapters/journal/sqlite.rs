@@ -397,6 +397,10 @@ impl RunJournal for SqliteJournal {
         true
     }
 
+    fn shows_ends_once_kept(&self) -> bool {
+        self.publishing.is_some()
+    }
+
     fn kept_for_takeover(&self) -> bool {
         self.publishing
             .as_ref()
