@@ -52,7 +52,7 @@ use futures::StreamExt as _;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 use super::snapshots::Snapshots;
 use crate::adapters::journal::{ReplicaBatch, ReplicaFeed, SqliteJournal, empty_batch};
@@ -244,6 +244,10 @@ struct Inner {
     own_epochs: Mutex<HashSet<u64>>,
     /// The stream sequence of the last message the folder handled (applied or skipped).
     folded: watch::Sender<u64>,
+    /// The highest stream sequence this member saw stored (folded, or acknowledged to its
+    /// own appends), across rebuilds: a stream found ending before it lost acknowledged
+    /// batches ([`JournalStream::catch_up`] says so).
+    seen: AtomicU64,
     /// The highest epoch among the batches folded: one written under a lower epoch comes
     /// from a member that ignores the claims (an edge of another version), and is skipped.
     newest_epoch: AtomicU64,
@@ -324,6 +328,7 @@ impl JournalStream {
                 fenced: watch::Sender::new(0),
                 own_epochs: Mutex::new(HashSet::new()),
                 folded: watch::Sender::new(0),
+                seen: AtomicU64::new(0),
                 newest_epoch: AtomicU64::new(0),
                 stats: StreamStats::default(),
                 ack_latency: OnceLock::new(),
@@ -359,7 +364,10 @@ impl JournalStream {
     }
 
     /// Waits until the local journal holds every batch the stream held when called, and
-    /// has written it; the stream's last sequence then.
+    /// has written it; the stream's last sequence then. A stream that ends before a batch
+    /// this member saw stored has lost batches NATS acknowledged: said as an error (the
+    /// nemesis saw nats-server 2.9.10 do so, issue 66), and the takeover goes on from what
+    /// the stream holds.
     async fn catch_up(&self) -> Result<u64, JournalStreamError> {
         let inner = &self.inner;
         let mut stream = inner.stream().await?;
@@ -369,6 +377,16 @@ impl JournalStream {
             .map_err(JournalStreamError::Info)?
             .state
             .last_sequence;
+        let seen = inner.seen.load(Ordering::Acquire);
+        if last < seen {
+            error!(
+                stream = inner.stream,
+                last_sequence = last,
+                seen,
+                "the site's journal stream ends before a batch this member saw stored: NATS \
+                 lost batches it had acknowledged (runs in them are unknown to the site)"
+            );
+        }
         let mut folded = inner.folded.subscribe();
         folded
             .wait_for(|seq| *seq >= last)
@@ -586,6 +604,7 @@ impl Inner {
                 .await;
             let error = match Appended::of(answer) {
                 Appended::At(seq) => {
+                    self.seen.fetch_max(seq, Ordering::AcqRel);
                     StreamStats::count(&counters.published);
                     if let Some(latency) = self.ack_latency.get() {
                         latency(started.elapsed());
@@ -723,6 +742,7 @@ impl Inner {
             }
             self.apply(&message, seq);
             self.folded.send_replace(seq);
+            self.seen.fetch_max(seq, Ordering::AcqRel);
             self.stats.counters.folded_seq.store(seq, Ordering::Relaxed);
         }
         Ok(())
