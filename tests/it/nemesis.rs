@@ -49,6 +49,9 @@ pub(crate) const LEASE_MS: u64 = 4_000;
 pub(crate) const RENEW_MS: u64 = 1_000;
 /// The metered key's daily budget (tokens).
 const METERED_BUDGET: u64 = 400;
+/// `runs.max_attempts`: how often a run may be placed before any output reached its client
+/// (failover) — the checker's bound for a run its client never heard of.
+pub(crate) const MAX_ATTEMPTS: usize = 3;
 /// How long the site may take to converge after a heal before it counts as not converged.
 const CONVERGE_BOUND: Duration = Duration::from_secs(60);
 const ADMIN_KEY: &str = "adm-nemesis";
@@ -106,7 +109,7 @@ fn at(net: &Net, name: &str, port: u16) -> SocketAddr {
 /// cluster on the three NATS servers.
 fn member_config(net: &Net, taps: &[SocketAddr]) -> String {
     let mut config = format!(
-        "[admin]\nkeys = [\"{ADMIN_KEY}\"]\n[runs]\nresume_grace_ms = 30000\n\
+        "[admin]\nkeys = [\"{ADMIN_KEY}\"]\n[runs]\nresume_grace_ms = 30000\nmax_attempts = {MAX_ATTEMPTS}\n\
          [events]\nsinks = [\"null\"]\n\
          [[api.keys]]\nkey = \"load\"\nname = \"load\"\n\
          [[api.keys]]\nkey = \"metered\"\nname = \"metered\"\nbudget_tokens_per_day = {METERED_BUDGET}\n\

@@ -5,9 +5,12 @@
 //! 1. Every run a client was told was accepted ended exactly once for it: completed, or with
 //!    a terminal error it saw; the journal holds it ended.
 //! 2. No prompt was executed by an engine more often than its run was placed (its record's
-//!    attempts: failovers and continuations), nor at all when no run was made of it.
+//!    attempts: failovers and continuations), nor at all when no run was made of it; an
+//!    attempt its client got no answer to, whose run the client cannot name, at most as
+//!    often as failover places a run (`runs.max_attempts`).
 //! 3. No run is shown completed that did not complete: a client's completion and a record's
-//!    are each backed by an execution that streamed to its end.
+//!    are each backed by an execution that streamed to its end; and a run shown completed
+//!    is in the journal (the site does not forget a run its client saw complete).
 //! 4. Every completed stream's text is the engine's, and no event came twice.
 //! 5. Usage is counted once per run (each completed record's tokens are the engine's, and
 //!    the site's totals no more than the engines made), and the metered key's budget is
@@ -133,9 +136,12 @@ fn op_violations(history: &History, op: &Op) -> Vec<&'static str> {
     }
     for attempt in &op.attempts {
         let executed = history.executions.get(attempt.prompt()).map_or(0, Vec::len);
+        // An attempt the client got no answer to may still have made a run, placed as often
+        // as failover places one before any output reached its client.
         let placed = match attempt {
             Attempt::Accepted { .. } => record.map_or(1, |r| r.attempts.max(1)),
-            _ => 1,
+            Attempt::NoAnswer { .. } => super::MAX_ATTEMPTS,
+            Attempt::Refused { .. } => 1,
         };
         if executed > placed {
             broken.push("no prompt executed more often than its run was placed");
@@ -152,6 +158,9 @@ fn op_violations(history: &History, op: &Op) -> Vec<&'static str> {
         }
         if record.is_some_and(|r| r.outcome != "completed") {
             broken.push("no run shown completed that did not complete");
+        }
+        if record.is_none() {
+            broken.push("a run shown completed is in the journal");
         }
     }
     if record.is_some_and(|r| r.outcome == "completed") && finished.is_empty() {

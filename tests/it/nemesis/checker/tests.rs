@@ -1,6 +1,6 @@
 //! The checker checked: a clean history passes, and histories with a planted loss, a
-//! duplicate execution and a false completion are each caught, naming the property and the
-//! operation.
+//! duplicate execution and a false completion (shown completed, never finished by the
+//! engine or unknown to the site) are each caught, naming the property and the operation.
 
 use super::*;
 use crate::nemesis::history::{Convergence, Fault, Record};
@@ -142,11 +142,18 @@ fn a_planted_duplicate_is_caught() {
         .expect("run 2's record")
         .attempts = 2;
     assert!(check(&history).holds());
-    // An attempt that got no answer ran at most once.
-    history.executions.insert(
-        "op 0 attempt 0".into(),
-        vec![execution(false), execution(false)],
-    );
+    // An attempt that got no answer made a run placed at most as often as failover places
+    // one.
+    let unanswered = vec![execution(false); crate::nemesis::MAX_ATTEMPTS];
+    history
+        .executions
+        .insert("op 0 attempt 0".into(), unanswered);
+    assert!(check(&history).holds());
+    history
+        .executions
+        .get_mut("op 0 attempt 0")
+        .expect("op 0's first attempt")
+        .push(execution(true));
     assert!(broken(&history).contains(&"no prompt executed more often than its run was placed"));
 }
 
@@ -158,6 +165,10 @@ fn a_planted_false_completion_is_caught() {
         .executions
         .insert("op 0 attempt 1".into(), vec![execution(false)]);
     assert!(broken(&history).contains(&"no run shown completed that did not complete"));
+    // The client saw it complete; the site does not know it.
+    let mut history = clean();
+    history.records.remove("run-1");
+    assert!(broken(&history).contains(&"a run shown completed is in the journal"));
     // The record says completed for a run its client saw fail.
     let mut history = clean();
     history.ops[2].outcome = Outcome::Failed {
