@@ -1,11 +1,18 @@
-//! The site's lease, decided: which member of a site acts, when it renews, when it must step
-//! down, and when a standby may take the lease over — and the digest of the node
-//! definitions members compare before one takes over from another.
+//! The site's rules, decided: which member of a site acts, when it renews, when it must step
+//! down, and when a standby may take the lease over (and how long it has seen the lease
+//! unchanged); which batches of the site's journal stream a member folds, in which order,
+//! from where, and when it may claim the stream; which commands a node obeys under which
+//! epoch (the fence) — and the digest of the node definitions members compare before one
+//! takes over from another.
 //!
-//! Pure: the caller reads the lease and the clocks and passes them in (`now_ms` is the
-//! wall clock the lease's expiry is written in; `unchanged_for_ms` is measured on the
-//! caller's monotonic clock), then acts on the returned step. Nothing here talks to NATS.
+//! Pure: the caller reads the lease, the stream and the clocks and passes them in (`now_ms`
+//! is the wall clock the lease's expiry is written in; `unchanged_for_ms` is measured on the
+//! caller's monotonic clock), then acts on the returned step. Nothing here talks to NATS or
+//! to a node. The cluster adapter (`adapters/cluster`) and the node's codec (`wire`) apply
+//! these functions; the model checker (`site_model.rs`, a test) drives the same functions
+//! through every interleaving of small sites.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
@@ -13,7 +20,7 @@ use sha2::{Digest, Sha256};
 use super::NodeRecord;
 
 /// The lease as members write and read it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Lease {
     /// The holder's `[edge] id`.
     pub edge_id: String,
@@ -28,7 +35,7 @@ pub struct Lease {
 }
 
 /// What a member found under the site's lease key.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Seen {
     /// No lease: never written, released, or purged.
     Absent,
@@ -57,7 +64,7 @@ impl Seen {
 }
 
 /// The lease's timing, the same on every member of a site.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct LeaseTiming {
     /// How long a written lease lasts.
     pub lease_ms: u64,
@@ -96,7 +103,7 @@ impl LeaseTiming {
 }
 
 /// What a member that does not hold the lease does next.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum StandbyStep {
     /// No lease: create it (only if still absent).
     Create,
@@ -148,7 +155,7 @@ pub fn decide_standby(
 }
 
 /// The lease this member holds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Held {
     /// The revision at which it was acquired: the epoch the member acts under.
     pub epoch: u64,
@@ -189,10 +196,39 @@ impl Held {
     pub fn step_down_at_ms(&self, timing: LeaseTiming) -> u64 {
         self.expires_at_ms.saturating_sub(timing.margin_ms())
     }
+
+    /// Whether its holder may act (admit, place, command a node) at `now_ms`: only before
+    /// [`Held::step_down_at_ms`], whether or not its lease task has run since — a holder
+    /// paused past it wakes up acting on nothing.
+    pub fn acts_at(&self, now_ms: u64, timing: LeaseTiming) -> bool {
+        now_ms < self.step_down_at_ms(timing)
+    }
+}
+
+/// How long a standby has seen the lease's revision unchanged, on its own monotonic clock:
+/// the guard beside the expiry written on another machine's wall clock.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct LeaseWatch {
+    /// The revision last seen (`None`: absent) and when it was first seen (monotonic ms).
+    seen: Option<(Option<u64>, u64)>,
+}
+
+impl LeaseWatch {
+    /// How long `revision` has been seen unchanged at monotonic `now_ms`, noting it: zero
+    /// when it is new (a write, a release, or the first look).
+    pub fn unchanged_for(&mut self, revision: Option<u64>, now_ms: u64) -> u64 {
+        match self.seen {
+            Some((seen, since)) if seen == revision => now_ms.saturating_sub(since),
+            _ => {
+                self.seen = Some((revision, now_ms));
+                0
+            }
+        }
+    }
 }
 
 /// Why a holder stops acting.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum StepDown {
     /// Another write came between: someone else holds the lease now.
     Lost,
@@ -204,7 +240,7 @@ pub enum StepDown {
 }
 
 /// What the holder of a lease does next.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ActiveStep {
     /// Write the lease again (at its revision), with a new expiry.
     Renew,
@@ -220,8 +256,7 @@ pub enum ActiveStep {
 /// What the holder of `held` does at `now_ms`: step down once the margin before its expiry
 /// is reached, renew once due, else wait for whichever comes first.
 pub fn decide_active(held: &Held, now_ms: u64, timing: LeaseTiming) -> ActiveStep {
-    let step_down_at = held.step_down_at_ms(timing);
-    if now_ms >= step_down_at {
+    if !held.acts_at(now_ms, timing) {
         return ActiveStep::StepDown(StepDown::Unreachable);
     }
     let renew_at = held.renew_at_ms(timing);
@@ -233,7 +268,7 @@ pub fn decide_active(held: &Held, now_ms: u64, timing: LeaseTiming) -> ActiveSte
 }
 
 /// How a renewal failed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum RenewFailure {
     /// The key's revision was not the one last written: another member wrote it.
     Conflict,
@@ -259,6 +294,136 @@ pub fn after_renew_failure(
         RenewFailure::Unreachable => ActiveStep::Wait {
             until_ms: now_ms.saturating_add(timing.retry_ms()).min(step_down_at),
         },
+    }
+}
+
+/// What the folder of the site's journal stream does with a batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Verdict {
+    /// Written by another member, or an earlier life of this one: applied.
+    Apply,
+    /// Written by this life of this member: in its file already.
+    Own,
+    /// Written under an epoch older than one already folded (or under none).
+    Stale,
+}
+
+/// The verdict on a batch `edge` wrote under `epoch`, for member `me` that published under
+/// `own_epochs` in this life and folded batches up to epoch `newest` before this one.
+pub fn verdict(
+    edge: Option<&str>,
+    epoch: Option<u64>,
+    me: &str,
+    own_epochs: &HashSet<u64>,
+    newest: u64,
+) -> Verdict {
+    match epoch {
+        Some(epoch) if epoch >= newest => {
+            if edge == Some(me) && own_epochs.contains(&epoch) {
+                Verdict::Own
+            } else {
+                Verdict::Apply
+            }
+        }
+        _ => Verdict::Stale,
+    }
+}
+
+/// What the folder does with the message at a stream sequence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Next {
+    /// At or below what it folded: handled already (a redelivery).
+    Handled,
+    /// Right after what it folded (or past it, for the member writing the stream, whose
+    /// own purge made the gap): fold it.
+    Fold,
+    /// Past the one after what it folded: the stream was purged under the consumer, and
+    /// the read starts over.
+    Gap,
+}
+
+/// What the folder that `folded` up to a sequence does with the message at `seq`; `writes`
+/// when this member writes the stream.
+pub fn next(seq: u64, folded: u64, writes: bool) -> Next {
+    if seq <= folded {
+        Next::Handled
+    } else if seq > folded + 1 && !writes {
+        Next::Gap
+    } else {
+        Next::Fold
+    }
+}
+
+/// Where the folder reads the stream from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Start {
+    /// Right after what it folded.
+    Next,
+    /// From the stream's first message: the stream starts past what it folded, but this
+    /// member writes it, so what it lacks was purged by itself (its own batches, or folded
+    /// before its claim). Never rebuilt under its own writer.
+    First,
+    /// From the newest snapshot, once its journal is rebuilt from it: the stream starts
+    /// past what it folded (it started with an empty file, or stood by while the stream
+    /// was purged).
+    Snapshot,
+}
+
+/// Where a folder that `folded` up to a sequence reads a stream starting at `first` from;
+/// `writes` when this member writes the stream.
+pub fn start(first: u64, folded: u64, writes: bool) -> Start {
+    if first <= folded + 1 {
+        Start::Next
+    } else if writes {
+        Start::First
+    } else {
+        Start::Snapshot
+    }
+}
+
+/// Whether a member that acquired the lease under `epoch`, and folded the stream to its end
+/// where the newest batch was written under epoch `newest`, may claim the stream: not when
+/// a member that acquired the lease after it writes it already.
+pub fn may_claim(newest: u64, epoch: u64) -> bool {
+    newest <= epoch
+}
+
+/// Whether a member's publisher appends the `n`th batch its journal handed over in this life
+/// under the writer that claimed the stream once `handed_at_claim` batches had been handed:
+/// only a batch handed since that claim. One handed before it comes from an earlier time this
+/// member acted and was not published before it stood down; appended now it would go under
+/// an epoch it was not written in, after the claim, and every other member would fold what
+/// this one — rebuilt since — does not hold. It stays local.
+pub fn publishes(n: u64, handed_at_claim: u64) -> bool {
+    n > handed_at_claim
+}
+
+/// What a node does with a message from an edge of its site under `epoch`, having seen
+/// epochs up to `highest` (on any of its connections).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Fence {
+    /// Obeyed; the highest epoch seen is now `highest`.
+    Obey {
+        /// The highest epoch seen, this one counted.
+        highest: u64,
+    },
+    /// Refused: it comes from a member that lost the lease since (a paused ex-leader).
+    Stale {
+        /// The highest epoch seen, unchanged.
+        highest: u64,
+    },
+}
+
+/// The fence a node keeps (docs/protocol.md, "Fencing"): a message under an epoch below
+/// the highest seen is refused; any other is obeyed and raises the highest to its epoch.
+/// Epoch 0 (a single edge, or an edge before v1.5) is obeyed only while nothing higher was
+/// seen. So a node obeys one epoch's commands at a time, and never an older one after a
+/// newer.
+pub fn fence(highest: u64, epoch: u64) -> Fence {
+    if epoch < highest {
+        Fence::Stale { highest }
+    } else {
+        Fence::Obey { highest: epoch }
     }
 }
 
@@ -312,3 +477,7 @@ fn settings(field: &mut impl FnMut(&str), settings: &std::collections::BTreeMap<
 #[cfg(test)]
 #[path = "site_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "site_model.rs"]
+mod model;

@@ -1,7 +1,9 @@
-//! The lease's decisions, case by case: when a standby creates, takes over, follows or
-//! refuses a lease, when a holder renews or steps down, and the digest's canonical form.
+//! The site's decisions, case by case and as properties: when a standby creates, takes
+//! over, follows or refuses a lease, when a holder renews, acts or steps down, how long a
+//! lease was seen unchanged; which batches of the stream are folded in which order and
+//! from where; what a node's fence obeys; and the digest's canonical form.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
 use proptest::prelude::*;
@@ -269,5 +271,204 @@ proptest! {
         )]);
         prop_assert_ne!(&one, &moved);
         prop_assert_ne!(&one, &two);
+    }
+}
+
+/// A batch in the stream, as the folder reads it: who wrote it, under which epoch.
+fn batch() -> impl Strategy<Value = (Option<String>, Option<u64>)> {
+    let edge = prop_oneof![
+        Just(None),
+        Just(Some("a".to_owned())),
+        Just(Some("b".to_owned())),
+        Just(Some("me".to_owned())),
+    ];
+    (edge, proptest::option::weighted(0.9, 0_u64..8))
+}
+
+#[test]
+fn a_member_folds_every_batch_in_order_but_its_own_of_this_life_and_stale_ones() {
+    let own: HashSet<u64> = [9].into();
+    let fold =
+        |edge: &str, epoch: Option<u64>, newest| verdict(Some(edge), epoch, "b", &own, newest);
+    assert_eq!(fold("a", Some(5), 5), Verdict::Apply, "another member's");
+    assert_eq!(fold("a", Some(9), 5), Verdict::Apply, "a newer claim");
+    assert_eq!(fold("b", Some(5), 5), Verdict::Apply, "an earlier life's");
+    assert_eq!(fold("b", Some(9), 9), Verdict::Own);
+    assert_eq!(fold("a", Some(4), 5), Verdict::Stale);
+    assert_eq!(fold("a", None, 0), Verdict::Stale);
+    assert_eq!(verdict(None, Some(9), "b", &own, 9), Verdict::Apply);
+}
+
+#[test]
+fn a_member_behind_the_purge_rebuilds_from_the_snapshot_and_the_writer_reads_on() {
+    assert_eq!(start(1, 0, false), Start::Next, "a new stream");
+    assert_eq!(
+        start(41, 40, false),
+        Start::Next,
+        "right after what it folded"
+    );
+    assert_eq!(
+        start(30, 40, false),
+        Start::Next,
+        "it folded past the start"
+    );
+    assert_eq!(
+        start(42, 40, false),
+        Start::Snapshot,
+        "purged past what it folded"
+    );
+    assert_eq!(start(42, 0, false), Start::Snapshot, "an empty disk");
+    assert_eq!(start(42, 40, true), Start::First, "its own purge");
+}
+
+proptest! {
+    #[test]
+    fn batches_are_folded_in_stream_order_and_an_older_epoch_after_a_newer_is_refused(
+        batches in proptest::collection::vec(batch(), 0..40),
+        own in proptest::collection::hash_set(0_u64..8, 0..3),
+    ) {
+        // As the folder does: the verdict against the newest epoch folded before the batch,
+        // the batch's epoch then counted whatever the verdict.
+        let mut newest = 0;
+        let mut applied = Vec::new();
+        for (edge, epoch) in &batches {
+            let seen_newest = newest;
+            let verdict = verdict(edge.as_deref(), *epoch, "me", &own, seen_newest);
+            newest = newest.max(epoch.unwrap_or(0));
+            match verdict {
+                Verdict::Apply => {
+                    let epoch = epoch.expect("an applied batch has an epoch");
+                    prop_assert!(epoch >= seen_newest);
+                    prop_assert!(edge.as_deref() != Some("me") || !own.contains(&epoch));
+                    applied.push(epoch);
+                }
+                Verdict::Own => {
+                    prop_assert_eq!(edge.as_deref(), Some("me"));
+                    prop_assert!(epoch.is_some_and(|e| own.contains(&e)));
+                }
+                Verdict::Stale => {
+                    prop_assert!(epoch.is_none_or(|e| e < seen_newest));
+                }
+            }
+        }
+        prop_assert!(
+            applied.windows(2).all(|pair| pair[0] <= pair[1]),
+            "applied out of epoch order: {:?}", applied
+        );
+    }
+
+    #[test]
+    fn each_batch_is_folded_once_in_sequence_and_a_gap_starts_the_read_over(
+        deliveries in proptest::collection::vec(1_u64..30, 0..60),
+        writes in any::<bool>(),
+    ) {
+        let mut folded = 0;
+        let mut applied = Vec::new();
+        for seq in deliveries {
+            match next(seq, folded, writes) {
+                Next::Handled => prop_assert!(seq <= folded),
+                Next::Gap => {
+                    prop_assert!(!writes && seq > folded + 1);
+                    break;
+                }
+                Next::Fold => {
+                    prop_assert!(seq > folded);
+                    prop_assert!(writes || seq == folded + 1);
+                    applied.push(seq);
+                    folded = seq;
+                }
+            }
+        }
+        prop_assert!(applied.windows(2).all(|pair| pair[0] < pair[1]), "{:?}", applied);
+        if !writes {
+            let contiguous: Vec<u64> = (1..=applied.len() as u64).collect();
+            prop_assert_eq!(applied, contiguous);
+        }
+    }
+
+    #[test]
+    fn a_folder_rebuilds_exactly_when_the_stream_starts_past_it_and_it_does_not_write(
+        first in 0_u64..1_000,
+        folded in 0_u64..1_000,
+        writes in any::<bool>(),
+    ) {
+        let start = start(first, folded, writes);
+        prop_assert_eq!(start == Start::Next, first <= folded + 1);
+        prop_assert_eq!(start == Start::Snapshot, first > folded + 1 && !writes);
+    }
+}
+
+#[test]
+fn a_holder_acts_only_before_the_margin_before_its_expiry() {
+    let held = Held::acquired(7, 10_000);
+    assert!(held.acts_at(7_000, TIMING));
+    assert!(held.acts_at(9_249, TIMING));
+    assert!(
+        !held.acts_at(9_250, TIMING),
+        "a quarter-lease before the expiry"
+    );
+    assert_eq!(
+        decide_active(&held, 9_250, TIMING),
+        ActiveStep::StepDown(StepDown::Unreachable),
+        "the step down and the acting bound are one rule"
+    );
+}
+
+#[test]
+fn a_watch_counts_how_long_a_revision_stayed_unchanged_and_starts_over_on_a_write() {
+    let mut watch = LeaseWatch::default();
+    assert_eq!(watch.unchanged_for(Some(4), 1_000), 0, "the first look");
+    assert_eq!(watch.unchanged_for(Some(4), 1_700), 700);
+    assert_eq!(watch.unchanged_for(Some(5), 1_800), 0, "renewed");
+    assert_eq!(watch.unchanged_for(Some(5), 2_100), 300);
+    assert_eq!(watch.unchanged_for(None, 2_200), 0, "released");
+    assert_eq!(watch.unchanged_for(None, 2_200 + 3_000), 3_000);
+}
+
+#[test]
+fn a_node_obeys_the_highest_epoch_seen_and_refuses_an_older_one() {
+    assert_eq!(fence(0, 0), Fence::Obey { highest: 0 }, "a single edge");
+    assert_eq!(fence(0, 2), Fence::Obey { highest: 2 });
+    assert_eq!(fence(2, 2), Fence::Obey { highest: 2 });
+    assert_eq!(
+        fence(2, 1),
+        Fence::Stale { highest: 2 },
+        "a paused ex-leader"
+    );
+    assert_eq!(
+        fence(2, 0),
+        Fence::Stale { highest: 2 },
+        "a single edge after a site"
+    );
+    assert_eq!(fence(2, 3), Fence::Obey { highest: 3 });
+}
+
+#[test]
+fn a_member_claims_the_stream_unless_a_newer_epoch_writes_it() {
+    assert!(may_claim(0, 5), "a new stream");
+    assert!(may_claim(5, 5), "its own batches of an earlier life");
+    assert!(may_claim(4, 5));
+    assert!(!may_claim(6, 5), "acquired after it");
+}
+
+proptest! {
+    #[test]
+    fn the_epochs_a_fenced_node_obeys_never_go_down(epochs in proptest::collection::vec(0_u64..6, 0..30)) {
+        let mut highest = 0;
+        let mut obeyed = Vec::new();
+        for epoch in epochs {
+            match fence(highest, epoch) {
+                Fence::Obey { highest: now } => {
+                    prop_assert_eq!(now, epoch);
+                    highest = now;
+                    obeyed.push(epoch);
+                }
+                Fence::Stale { highest: still } => {
+                    prop_assert_eq!(still, highest);
+                    prop_assert!(epoch < highest);
+                }
+            }
+        }
+        prop_assert!(obeyed.windows(2).all(|pair| pair[0] <= pair[1]), "{:?}", obeyed);
     }
 }

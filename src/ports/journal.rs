@@ -113,6 +113,25 @@ pub trait RunJournal: Send + Sync {
     /// Returns once every entry accepted before the call is in storage (or failed).
     async fn flush(&self);
 
+    /// Whether what a [`RunJournal::flush`] returned for is where a takeover finds it, so a
+    /// node may forget it: always, but on a member of a site that no longer writes the
+    /// site's stream (it stood down, or was fenced) — what it flushed since stays in its own
+    /// file only, and a node that forgot it would leave a run its client saw complete
+    /// unknown to the member that takes over (found by the nemesis, issue 66).
+    fn kept_for_takeover(&self) -> bool {
+        true
+    }
+
+    /// Whether a run's end may be shown (to its caller and followers) only once a
+    /// [`RunJournal::flush`] returned and the entries are [kept for a
+    /// takeover](RunJournal::kept_for_takeover): on a member of a site, whose own file is
+    /// not where the member that takes over looks — a run shown completed there, its end
+    /// never in the site's stream, would be one the site forgot (found by the nemesis,
+    /// issue 66). `false` by default: a single edge's file is where it takes runs back.
+    fn shows_ends_once_kept(&self) -> bool {
+        false
+    }
+
     /// The runs an earlier edge left open (it stopped without ending them), handed over
     /// once: the caller takes them back or ends them, each with a terminal event recorded
     /// as usual. Empty for a journal that marks them ended when it opens, keeps nothing, or

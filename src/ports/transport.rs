@@ -259,7 +259,10 @@ pub trait NodeEventHandler: Send + Sync {
     /// durably as the edge keeps them (in the run journal, so a restarted edge can take
     /// their runs back) and says whether they are; the connection calls it before it
     /// acknowledges a ping, which lets the node forget them, and leaves that ping
-    /// unanswered when they are not (a later ping asks again). `true` at once by default.
+    /// unanswered when they are not (a later ping asks again); the handshake calls it
+    /// before it answers a node's resume claims, which may let the node forget a run, and
+    /// refuses the registration when they are not (the node registers again later). `true`
+    /// at once by default.
     async fn events_kept(&self) -> bool {
         true
     }

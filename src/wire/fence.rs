@@ -1,9 +1,12 @@
 //! [`EpochFence`]: the highest epoch a node has seen from the edges of its site, shared by
-//! all of the node's connections, and the rule that refuses what an edge under an older
-//! epoch sends (docs/protocol.md, "Fencing"). Plain bookkeeping: no I/O, no clock.
+//! all of the node's connections, applying the domain's rule that refuses what an edge
+//! under an older epoch sends ([`crate::domain::site::fence`]; docs/protocol.md,
+//! "Fencing"). Plain bookkeeping: no I/O, no clock.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::domain::site::{Fence, fence};
 
 /// The highest epoch seen so far, cheap to clone: every clone is the same fence, so one
 /// node process hands one fence to every connection it opens, across reconnects.
@@ -33,7 +36,10 @@ impl EpochFence {
     /// The highest epoch seen when `epoch` is below it: the message is stale.
     pub fn observe(&self, epoch: u64) -> Result<(), u64> {
         let before = self.highest.fetch_max(epoch, Ordering::AcqRel);
-        if epoch < before { Err(before) } else { Ok(()) }
+        match fence(before, epoch) {
+            Fence::Obey { .. } => Ok(()),
+            Fence::Stale { highest } => Err(highest),
+        }
     }
 }
 

@@ -43,7 +43,14 @@ pub(crate) struct Edge {
     pub(crate) node: SocketAddr,
     pub(crate) http: SocketAddr,
     pub(crate) admin: SocketAddr,
-    _logs: Logs,
+    logs: Logs,
+}
+
+impl Edge {
+    /// Every line it logged so far.
+    pub(crate) fn logs(&self) -> Vec<String> {
+        common::logged(&self.logs)
+    }
 }
 
 pub(crate) async fn start_edge(config: &Path) -> Edge {
@@ -74,7 +81,7 @@ pub(crate) async fn start_edge_with(mut command: tokio::process::Command) -> Edg
         node,
         http,
         admin,
-        _logs: logs,
+        logs,
     }
 }
 

@@ -88,6 +88,9 @@ async fn one_member_is_ready_the_other_refuses_naming_it_and_a_clean_stop_hands_
         .expect("an answer");
     assert_eq!(chat.status(), StatusCode::SERVICE_UNAVAILABLE);
     assert!(chat.headers().contains_key("retry-after"));
+    // And closes the connection, so a balancer choosing per connection sends the retry to
+    // the member that acts (the nemesis, issue 66).
+    assert_eq!(chat.headers()["connection"], "close");
     let error: Value = chat.json().await.expect("a JSON error");
     assert_eq!(error["error"]["code"], "standby", "{error}");
     let message = error["error"]["message"].as_str().unwrap_or_default();
@@ -254,6 +257,37 @@ async fn a_member_with_other_node_definitions_never_takes_over_and_says_so() {
     );
     other.stop().await;
     same.stop().await;
+}
+
+/// A member whose config asks for more replicas than the site's bucket and journal stream
+/// were made with says so at start, naming each and how to raise it (docs/operations.md,
+/// "Durability"; issue 66), and acts all the same.
+#[crate::common::test]
+async fn a_member_asking_more_replicas_than_the_sites_streams_hold_warns_at_start() {
+    let nats = NatsServer::start_jetstream().await;
+    // The streams made by a member of one replica; it stops cleanly, releasing the lease.
+    let first = spawn_app(&member(&nats, "edge-a", "m1")).await;
+    ready(first.http_addr).await;
+    first.stop().await;
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = member(&nats, "edge-b", "m1").replace("[cluster]\n", "[cluster]\nreplicas = 3\n");
+    let b = start_edge(&crate::common::write_config(dir.path(), &config)).await;
+    ready(b.http).await;
+    eventually(
+        "a warning for the bucket and one for the journal stream",
+        || {
+            let logs = b.logs();
+            ["KV_edge-s1", "edge-s1-journal"].iter().all(|stream| {
+                logs.iter().any(|line| {
+                    line.contains(&format!(
+                        "the site's stream {stream} holds 1 replica(s), fewer than"
+                    )) && line.contains(&format!("nats stream edit {stream} --replicas 3"))
+                })
+            })
+        },
+    )
+    .await;
 }
 
 #[crate::common::test]

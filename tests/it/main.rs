@@ -91,6 +91,7 @@ mod models_engine;
 mod models_engines;
 mod models_fit;
 mod nats;
+mod nemesis;
 mod node_engine;
 mod node_lifecycle;
 mod node_link;

@@ -31,6 +31,10 @@ use crate::stream_resume::{Event, read_until, resume, text_of};
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use edge::client::{NodeClient, ReceivedEdgeFrame, RegisterOutcome, Registration};
+use edge::domain::{RegisterRejection, ResumeClaim, ResumeRefusal, RunEventKind};
+use edge::ports::NodeCommand;
+
 use common::engines::NatsServer;
 use common::{
     NodeTable, TestApp, edge_serve_on, eventually, eventually_ok, spawn_app, write_config,
@@ -194,6 +198,39 @@ async fn a_standby_takes_a_killed_members_open_run_over_from_the_stream_and_comp
     b.stop().await;
 }
 
+/// Reads `response`'s body to its end: what came, and whether the connection was broken off
+/// rather than ended.
+async fn read_to_the_end(mut response: reqwest::Response) -> (String, bool) {
+    let mut text = String::new();
+    loop {
+        match common::bounded("the stream's next chunk", response.chunk()).await {
+            Ok(Some(bytes)) => text.push_str(&String::from_utf8_lossy(&bytes)),
+            Ok(None) => return (text, false),
+            Err(_) => return (text, true),
+        }
+    }
+}
+
+/// Starts a resumable streamed `echo/stall` run on `a` and waits until it relayed output.
+async fn stalled_run(a: &TestApp) -> (reqwest::Response, String) {
+    let body = json!({
+        "model": "echo/stall",
+        "stream": true,
+        "messages": [{"role": "user", "content": "one two three"}],
+    });
+    let (response, run_id) = open_stream_at(a.http_addr, "/v1/chat/completions", &body).await;
+    eventually_ok("the run has relayed output", || async {
+        let n = outputs(a.admin_addr, &run_id).await;
+        if n >= 1 { Ok(()) } else { Err(n) }
+    })
+    .await;
+    (response, run_id)
+}
+
+/// A member that loses its lease lets its open runs go and ends none of them. Its callers'
+/// resumable streams — the one that started the run, and one resumed after a cut — are
+/// broken off, not ended: an error event would tell the client its run failed while the
+/// member that acts now completes it (found by the nemesis, seed 66, issue 66).
 #[crate::common::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_that_loses_its_lease_lets_its_open_run_go_and_ends_nothing() {
     let nats = NatsServer::start_jetstream().await;
@@ -209,20 +246,23 @@ async fn a_member_that_loses_its_lease_lets_its_open_run_go_and_ends_nothing() {
         .await
         .expect("the mock node");
     a.wait_for_nodes(1).await;
-    let body = json!({
-        "model": "echo/stall",
-        "stream": true,
-        "messages": [{"role": "user", "content": "one two three"}],
-    });
-    let (response, run_id) = open_stream_at(a.http_addr, "/v1/chat/completions", &body).await;
-    eventually_ok("the run has relayed output", || async {
-        let n = outputs(a.admin_addr, &run_id).await;
-        if n >= 1 { Ok(()) } else { Err(n) }
-    })
-    .await;
+    let (response, run_id) = stalled_run(&a).await;
+    // The second run's caller was cut and resumed its stream.
+    let (cut, resumed_id) = stalled_run(&a).await;
+    drop(cut);
+    let resumed = common::http_client()
+        .get(format!(
+            "http://{}/v1/runs/{resumed_id}/stream",
+            a.http_addr
+        ))
+        .header("last-event-id", "0")
+        .send()
+        .await
+        .expect("the resumed stream");
+    assert_eq!(resumed.status(), 200);
 
     // Another member writes the lease (it took over one it thought lapsed): this one's next
-    // renewal fails, it stands by and lets its open run go.
+    // renewal fails, it stands by and lets its open runs go.
     let client = async_nats::connect(nats.url()).await.expect("connect");
     let kv = async_nats::jetstream::new(client)
         .get_key_value("edge-s1")
@@ -236,23 +276,137 @@ async fn a_member_that_loses_its_lease_lets_its_open_run_go_and_ends_nothing() {
         .await
         .expect("write the lease");
     let runs = a.parts.runs.clone();
-    eventually("the open run is let go", || runs.open_runs() == 0).await;
+    eventually("the open runs are let go", || runs.open_runs() == 0).await;
 
-    // The caller's stream just closes; no ending is relayed or journaled here (the member
-    // that acts now completes the run).
-    let text = common::bounded("the caller's stream to close", response.text())
-        .await
-        .expect("the stream's body");
-    assert!(!text.contains("[DONE]"), "{text}");
+    // The callers' streams are broken off, to be resumed where the runs act now; no ending
+    // is relayed or journaled here (the member that acts now completes the runs).
+    for (response, id) in [(response, &run_id), (resumed, &resumed_id)] {
+        let (text, broken) = read_to_the_end(response).await;
+        assert!(broken, "{id}'s stream is broken off, not ended: {text}");
+        assert!(
+            !text.contains("[DONE]") && !text.contains("error"),
+            "{id}: {text}"
+        );
+    }
     a.parts.journal.flush().await;
-    let record = get(a.admin_addr, &format!("/admin/v1/runs/{run_id}")).await;
-    assert_eq!(record["outcome"], "open", "{record}");
-    let stored = stored_events(a.admin_addr, &run_id).await;
-    let ends = ["completed", "failed", "cancelled"];
+    for id in [&run_id, &resumed_id] {
+        let record = get(a.admin_addr, &format!("/admin/v1/runs/{id}")).await;
+        assert_eq!(record["outcome"], "open", "{record}");
+        let stored = stored_events(a.admin_addr, id).await;
+        let ends = ["completed", "failed", "cancelled"];
+        assert!(
+            stored
+                .iter()
+                .all(|e| !ends.contains(&e["kind"].as_str().unwrap_or_default())),
+            "{stored:?}"
+        );
+    }
+    a.stop().await;
+}
+
+/// Registers a node with `token-a` on `app`, claiming `claims`: the answer.
+async fn register_claiming(app: &TestApp, claims: Vec<ResumeClaim>) -> RegisterOutcome {
+    common::bounded("the edge to answer a registration", async {
+        let mut client = NodeClient::connect(app.node_addr).await.expect("connect");
+        let mut registration = Registration::with_token("token-a").instance("i-1");
+        registration.resume = claims;
+        client.register(registration).await.expect("an answer")
+    })
+    .await
+}
+
+/// While a member's site stream does not answer, what only its own file holds is shown to
+/// nobody who would forget it: a run's end reaches its caller only once the stream keeps it
+/// (shown earlier, the member taking over would never hear of a run its client saw
+/// complete), and a node that comes back claiming its runs is refused (`SHUTTING_DOWN`,
+/// retried later) — answering the claim of a run that ended here (`unknown_run`) would let
+/// the node forget a run whose end only this member's file holds. Once the stream takes the
+/// batches again, the end is shown and the claim answered (both found by the nemesis, seed
+/// 6601, issue 66).
+#[crate::common::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runs_end_and_a_nodes_claims_wait_until_the_sites_stream_keeps_them() {
+    let mut nats = NatsServer::start_jetstream().await;
+    let node = NodeTable::new("node-a", "gpu-a", "token-a").echo(&["default"]);
+    // A lease long enough that the member acts on while its stream does not answer.
+    let config = format!(
+        "[edge]\nid = \"edge-a\"\n[events]\nsinks = [\"null\"]\n[runs]\nresume_grace_ms = 30000\n\
+         [cluster]\nsite = \"s1\"\nnats = {:?}\nlease_ms = 60000\nrenew_ms = 20000\n{node}",
+        nats.url()
+    );
+    let a = spawn_app(&config).await;
+    acts(&a).await;
+    let mut client = NodeClient::connect(a.node_addr).await.expect("connect");
+    let registration = Registration::with_token("token-a").instance("i-1");
     assert!(
-        stored
-            .iter()
-            .all(|e| !ends.contains(&e["kind"].as_str().unwrap_or_default())),
+        client
+            .register(registration)
+            .await
+            .expect("an answer")
+            .accepted
+    );
+    let mut handle = common::runs::start(&a, common::runs::echo_run("hello"));
+    let run_id = handle.run_id.clone();
+    let frame = common::bounded("the run to reach the node", client.next())
+        .await
+        .expect("a frame");
+    assert!(
+        matches!(&frame, ReceivedEdgeFrame::Command(NodeCommand::Run(r)) if r.run_id == run_id),
+        "{frame:?}"
+    );
+
+    // The stream stops answering; the run ends here, its end in this member's file only.
+    nats.stop().await;
+    let completed = RunEventKind::Completed {
+        finish_reason: "stop".into(),
+        usage: None,
+    };
+    client
+        .event(run_id.as_str(), 1, completed)
+        .await
+        .expect("the event is written");
+    let early = tokio::time::timeout(std::time::Duration::from_secs(1), handle.events.recv()).await;
+    assert!(
+        early.is_err(),
+        "the end is shown before it is kept: {early:?}"
+    );
+    drop(client);
+
+    let claim = ResumeClaim {
+        run_id: run_id.as_str().to_owned(),
+        next_seq: 2,
+        first_buffered_seq: 1,
+    };
+    let refused = register_claiming(&a, vec![claim.clone()]).await;
+    assert!(!refused.accepted, "answered before its run's end is kept");
+    assert_eq!(refused.rejection, Some(RegisterRejection::ShuttingDown));
+
+    nats.restart().await;
+    let events = common::runs::rest(&mut handle).await;
+    assert!(
+        events.last().is_some_and(|e| e.kind.is_terminal()),
+        "the end is shown once kept: {events:?}"
+    );
+    let answered = eventually_ok(
+        "the claim is answered once the stream keeps the run",
+        || {
+            let claim = claim.clone();
+            let a = &a;
+            async move {
+                let outcome = register_claiming(a, vec![claim]).await;
+                if outcome.accepted {
+                    Ok(outcome)
+                } else {
+                    Err(outcome.message)
+                }
+            }
+        },
+    )
+    .await;
+    assert_eq!(answered.resumed.len(), 1);
+    assert_eq!(answered.resumed[0].outcome, Err(ResumeRefusal::UnknownRun));
+    let stored = stored_events(a.admin_addr, run_id.as_str()).await;
+    assert!(
+        stored.iter().any(|e| e["kind"] == "completed"),
         "{stored:?}"
     );
     a.stop().await;

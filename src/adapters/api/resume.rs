@@ -9,7 +9,6 @@
 //! the client named it, ...) is kept in the run's record from its start. The resumed
 //! reader keeps the run from being cancelled for want of one (`Runs::reader_back`).
 
-use std::convert::Infallible;
 use std::sync::Arc;
 
 use axum::body::{Body, Bytes};
@@ -20,11 +19,11 @@ use axum::response::Response;
 use super::ApiError;
 use super::anthropic;
 use super::auth::Caller;
-use super::follow::{EVENTS_STOPPED, Followed, RunFollower};
+use super::follow::{Followed, RunFollower};
 use super::response::ErrorShape;
 use super::responses::{Replayed, replayed};
 use super::run::{CancelOnDrop, RUN_ID_HEADER};
-use super::sse::{KEEP_ALIVE_INTERVAL, event_stream};
+use super::sse::{KEEP_ALIVE_INTERVAL, StreamCut, event_stream};
 use crate::adapters::api::ApiState;
 use crate::adapters::api::translators::ResumableStream;
 use crate::adapters::api::translators::frame::{EventId, EventWriter, SseFrame};
@@ -153,7 +152,7 @@ fn openai(
 fn respond<W: EventWriter>(resumed: Resumed<W>) -> Response {
     let body = futures::stream::unfold(resumed, |mut resumed| async move {
         let frame = resumed.next_frame().await?;
-        Some((Ok::<_, Infallible>(frame), resumed))
+        Some((frame, resumed))
     });
     event_stream(Body::from_stream(body))
 }
@@ -166,6 +165,9 @@ struct Resumed<W> {
     frame: SseFrame,
     opened: bool,
     done: bool,
+    /// The run's events stopped before its end (this member let it go): the stream is
+    /// broken off once what is rendered is sent, and resumed on the member that acts now.
+    cut: bool,
     /// The reader's hold on an open run; `None` once the run ended.
     reader: Option<CancelOnDrop>,
 }
@@ -181,20 +183,29 @@ impl<W: EventWriter> Resumed<W> {
             frame,
             opened: false,
             done: false,
+            cut: false,
             reader,
         }
     }
 
-    /// The next events, written (a keep-alive after a silence); `None` once the run's end
-    /// has been written.
-    async fn next_frame(&mut self) -> Option<Bytes> {
+    /// The next events, written (a keep-alive after a silence); [`StreamCut`] once, when
+    /// the run's events stopped before its end; `None` once the run's end has been written.
+    async fn next_frame(&mut self) -> Option<Result<Bytes, StreamCut>> {
+        if let Some(frame) = self.next_events().await {
+            return Some(Ok(frame));
+        }
+        std::mem::take(&mut self.cut).then_some(Err(StreamCut))
+    }
+
+    async fn next_events(&mut self) -> Option<Bytes> {
         while !self.done {
             let expected = self.follower.next_position();
             let item = match self.follower.next(Some(KEEP_ALIVE_INTERVAL)).await {
                 Followed::Event(item) => item,
                 Followed::Silent => return Some(self.writer.keep_alive()),
                 Followed::Stopped => {
-                    self.end(Err(ApiError::internal(EVENTS_STOPPED)));
+                    self.cut = true;
+                    self.done = true;
                     break;
                 }
             };

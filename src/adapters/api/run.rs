@@ -175,6 +175,8 @@ pub(super) struct ActiveRun {
     received: u64,
     /// Whether a caller may resume its stream (`resume.rs`).
     resumable: bool,
+    /// Its events stopped before its end (this member let it go, standing down).
+    cut: bool,
     guard: CancelOnDrop,
     retry_after_secs: u64,
     /// The node of the latest attempt seen, and why it was chosen.
@@ -189,6 +191,7 @@ impl ActiveRun {
             events,
             received: 0,
             resumable: false,
+            cut: false,
             guard: CancelOnDrop {
                 runs,
                 run_id,
@@ -215,6 +218,13 @@ impl ActiveRun {
     /// Whether a caller may resume the run's stream.
     pub fn resumable(&self) -> bool {
         self.resumable
+    }
+
+    /// Whether its events stopped before its end: the run service let it go (its member
+    /// stood down) — a resumable stream is then broken off, not ended, so its client
+    /// resumes it on the member that acts now.
+    pub fn cut(&self) -> bool {
+        self.cut
     }
 
     /// The position among the run's events of the latest one received.
@@ -248,6 +258,7 @@ impl ActiveRun {
         loop {
             let Some(event) = ready!(self.events.poll_recv(cx)) else {
                 self.guard.open = false;
+                self.cut = true;
                 // The stream's error event gets an id of its own.
                 self.received += 1;
                 return Poll::Ready(Step::End(Err(ApiError::internal(

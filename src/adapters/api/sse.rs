@@ -10,7 +10,6 @@
 //! write), rendered straight into that frame's buffer.
 //! A resumable stream's events carry ids (`frame.rs`'s `EventId`).
 
-use std::convert::Infallible;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -52,6 +51,7 @@ pub(super) fn respond<W: EventWriter>(
         ids,
         opened: false,
         done: false,
+        cut: false,
         last_sent: Instant::now(),
         keep_alive: None,
     };
@@ -80,6 +80,14 @@ pub(super) fn event_stream(body: Body) -> Response {
     response
 }
 
+/// Why a resumable stream's connection is broken off rather than ended: its run's events
+/// stopped before its end — this member let the run go, standing down — and an error event
+/// would tell its client the run failed while the member that acts now completes it (found
+/// by the nemesis, issue 66). Broken off, the stream is resumed there, as after a crash.
+#[derive(Debug, thiserror::Error)]
+#[error("the run's events stopped before its end: resume its stream")]
+pub(super) struct StreamCut;
+
 /// The body of one streamed answer.
 struct SseBody<W> {
     run: ActiveRun,
@@ -93,6 +101,9 @@ struct SseBody<W> {
     opened: bool,
     /// The run has ended; send what is rendered, then end.
     done: bool,
+    /// The run's events stopped before its end on a resumable stream: broken off, not
+    /// ended, once what is rendered is sent.
+    cut: bool,
     /// When the last frame was handed to hyper.
     last_sent: Instant,
     /// Armed only once the stream has had to wait (a stream answered at once needs none).
@@ -101,12 +112,12 @@ struct SseBody<W> {
 
 impl<W: EventWriter> HttpBody for SseBody<W> {
     type Data = Bytes;
-    type Error = Infallible;
+    type Error = StreamCut;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, StreamCut>>> {
         let body = self.get_mut();
         while !body.done && body.frame.len() < MAX_FRAME_BYTES {
             match body.run.poll_step(cx) {
@@ -120,7 +131,7 @@ impl<W: EventWriter> HttpBody for SseBody<W> {
             return Poll::Ready(Some(Ok(Frame::data(body.frame.split()))));
         }
         if body.done {
-            return Poll::Ready(None);
+            return Poll::Ready(std::mem::take(&mut body.cut).then_some(Err(StreamCut)));
         }
         body.poll_keep_alive(cx)
     }
@@ -135,7 +146,7 @@ impl<W: EventWriter> SseBody<W> {
     fn poll_keep_alive(
         &mut self,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, StreamCut>>> {
         let due = self.last_sent + KEEP_ALIVE_INTERVAL;
         let timer = self
             .keep_alive
@@ -176,6 +187,10 @@ impl<W: EventWriter> SseBody<W> {
             Step::Output(output) => {
                 let (text, structured) = (output.text(), output.structured());
                 self.writer.output(text, structured, &mut self.frame);
+            }
+            Step::End(_) if self.ids && self.run.cut() => {
+                self.cut = true;
+                self.done = true;
             }
             Step::End(end) => {
                 self.writer.close(end, &mut self.frame);

@@ -29,9 +29,10 @@
 //! file holds batches the stream lacks (it acted before in this life: what it wrote after it
 //! stood down, or a batch the stream refused).
 //!
-//! What the tasks decide apart from their I/O — a batch's id and headers, what an append's
-//! answer means, which batches are folded in which order, where a fold starts — is
-//! `rules.rs`, pure and tested on its own.
+//! What the tasks decide apart from their I/O — which batches are folded in which order,
+//! where a fold starts, when a member may claim the stream — is the domain's
+//! (`crate::domain::site`, model-checked with the lease's rules); a batch's id and headers
+//! and what an append's answer means are `rules.rs`.
 //!
 //! It decides nothing about who acts: its [`SiteStream`] side is what a member taking over
 //! waits on before it acts (`crate::app::takeover`).
@@ -51,7 +52,7 @@ use futures::StreamExt as _;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 use super::snapshots::Snapshots;
 use crate::adapters::journal::{ReplicaBatch, ReplicaFeed, SqliteJournal, empty_batch};
@@ -60,8 +61,9 @@ use crate::ports::{ClaimError, RebuildError, RunJournal, SiteStream};
 mod retention;
 mod rules;
 
+use crate::domain::site::{self, Next, Start, Verdict, verdict};
 pub use retention::SnapshotPolicy;
-use rules::{Acked, Appended, Next, Origin, Start, Verdict, verdict};
+use rules::{Acked, Appended, Origin};
 
 /// How long the tasks wait before trying NATS again after a failure.
 const RETRY: Duration = Duration::from_millis(250);
@@ -242,6 +244,10 @@ struct Inner {
     own_epochs: Mutex<HashSet<u64>>,
     /// The stream sequence of the last message the folder handled (applied or skipped).
     folded: watch::Sender<u64>,
+    /// The highest stream sequence this member saw stored (folded, or acknowledged to its
+    /// own appends), across rebuilds: a stream found ending before it lost acknowledged
+    /// batches ([`JournalStream::catch_up`] says so).
+    seen: AtomicU64,
     /// The highest epoch among the batches folded: one written under a lower epoch comes
     /// from a member that ignores the claims (an edge of another version), and is skipped.
     newest_epoch: AtomicU64,
@@ -265,6 +271,8 @@ struct Inner {
     /// The stream's bytes right after this member's last purge: the batches kept since the
     /// snapshot before, which do not count toward the next one.
     kept_bytes: AtomicU64,
+    /// Whether its replicas were compared with the config's yet.
+    replicas_checked: AtomicBool,
 }
 
 /// Where this member appends to the stream: under `epoch`, after `last_seq`.
@@ -309,6 +317,7 @@ impl JournalStream {
                 acked: Mutex::new(Acked::default()),
                 unclean: AtomicBool::new(false),
                 kept_bytes: AtomicU64::new(0),
+                replicas_checked: AtomicBool::new(false),
                 js,
                 stream: format!("edge-{site}-journal"),
                 subject: format!("edge.{site}.journal"),
@@ -319,6 +328,7 @@ impl JournalStream {
                 fenced: watch::Sender::new(0),
                 own_epochs: Mutex::new(HashSet::new()),
                 folded: watch::Sender::new(0),
+                seen: AtomicU64::new(0),
                 newest_epoch: AtomicU64::new(0),
                 stats: StreamStats::default(),
                 ack_latency: OnceLock::new(),
@@ -354,7 +364,10 @@ impl JournalStream {
     }
 
     /// Waits until the local journal holds every batch the stream held when called, and
-    /// has written it; the stream's last sequence then.
+    /// has written it; the stream's last sequence then. A stream that ends before a batch
+    /// this member saw stored has lost batches NATS acknowledged: said as an error (the
+    /// nemesis saw nats-server 2.9.10 do so, issue 66), and the takeover goes on from what
+    /// the stream holds.
     async fn catch_up(&self) -> Result<u64, JournalStreamError> {
         let inner = &self.inner;
         let mut stream = inner.stream().await?;
@@ -364,6 +377,16 @@ impl JournalStream {
             .map_err(JournalStreamError::Info)?
             .state
             .last_sequence;
+        let seen = inner.seen.load(Ordering::Acquire);
+        if last < seen {
+            error!(
+                stream = inner.stream,
+                last_sequence = last,
+                seen,
+                "the site's journal stream ends before a batch this member saw stored: NATS \
+                 lost batches it had acknowledged (runs in them are unknown to the site)"
+            );
+        }
         let mut folded = inner.folded.subscribe();
         folded
             .wait_for(|seq| *seq >= last)
@@ -403,7 +426,7 @@ impl SiteStream for JournalStream {
                 .await
                 .map_err(|error| ClaimError::Stream(Box::new(error)))?;
             let newest = inner.newest_epoch.load(Ordering::Acquire);
-            if newest > epoch {
+            if !site::may_claim(newest, epoch) {
                 return Err(ClaimError::NewerEpoch { newest, epoch });
             }
             let claimed = loop {
@@ -467,8 +490,18 @@ impl JournalStreamTasks {
 }
 
 impl Inner {
-    /// The stream, created when absent (file storage, every batch kept).
+    /// The stream, created when absent (file storage, every batch kept); the first time,
+    /// a warning when it holds fewer replicas than the config asks.
     async fn stream(&self) -> Result<jetstream::stream::Stream, JournalStreamError> {
+        let stream = self.open_stream().await?;
+        if !self.replicas_checked.swap(true, Ordering::AcqRel) {
+            let found = stream.cached_info().config.num_replicas;
+            super::replicas::warn_if_fewer(&self.stream, found, self.replicas);
+        }
+        Ok(stream)
+    }
+
+    async fn open_stream(&self) -> Result<jetstream::stream::Stream, JournalStreamError> {
         let config = jetstream::stream::Config {
             name: self.stream.clone(),
             description: Some("the edge site's journal of record".to_owned()),
@@ -516,12 +549,15 @@ impl Inner {
         self.writer().is_some_and(|w| !w.fenced) && self.journal.publishing()
     }
 
-    /// Sets what the writer `was` became, unless another claim replaced it meanwhile.
-    fn update_writer(&self, was: Writer, now: Writer) {
+    /// Sets what the writer `was` became, unless another claim replaced it meanwhile;
+    /// whether it was still the writer.
+    fn update_writer(&self, was: Writer, now: Writer) -> bool {
         let mut writer = self.writer.lock().unwrap_or_else(|p| p.into_inner());
-        if writer.is_some_and(|w| w.epoch == was.epoch) {
+        let current = writer.is_some_and(|w| w.epoch == was.epoch);
+        if current {
             *writer = Some(now);
         }
+        current
     }
 
     async fn publish(self: Arc<Self>, mut feed: ReplicaFeed, stop: CancellationToken) {
@@ -553,7 +589,9 @@ impl Inner {
         stop: &CancellationToken,
     ) -> Option<u64> {
         let counters = &self.stats.counters;
-        let Some(writer) = self.writer().filter(|w| !w.fenced) else {
+        // A batch handed over before the writer's claim is of an earlier acting period.
+        let current = |w: &Writer| !w.fenced && site::publishes(n, w.handed_at_claim);
+        let Some(writer) = self.writer().filter(current) else {
             StreamStats::count(&counters.kept_local);
             return None;
         };
@@ -566,6 +604,7 @@ impl Inner {
                 .await;
             let error = match Appended::of(answer) {
                 Appended::At(seq) => {
+                    self.seen.fetch_max(seq, Ordering::AcqRel);
                     StreamStats::count(&counters.published);
                     if let Some(latency) = self.ack_latency.get() {
                         latency(started.elapsed());
@@ -586,8 +625,10 @@ impl Inner {
                 Appended::Failed(error) => error,
             };
             StreamStats::count(&counters.publish_failures);
-            if !self.journal.publishing() {
-                // Stood down meanwhile: the member that acts now writes the stream.
+            let claimed_since = self.writer().is_none_or(|w| w.epoch != writer.epoch);
+            if !self.journal.publishing() || claimed_since {
+                // Stood down meanwhile (and maybe acting again under a new claim): the
+                // member that acts now writes the stream, under its own epoch.
                 warn!(%error, batch = id, "a journal batch not published before this member stood down: kept local only");
                 StreamStats::count(&counters.kept_local);
                 return None;
@@ -618,9 +659,12 @@ impl Inner {
             fenced: true,
             ..writer
         };
-        self.update_writer(writer, now);
-        self.journal.set_publishing(false);
-        self.fenced.send_replace(writer.epoch);
+        // A refusal of an earlier writer's batch (this member claimed again since) fences
+        // nothing the member does now.
+        if self.update_writer(writer, now) {
+            self.journal.set_publishing(false);
+            self.fenced.send_replace(writer.epoch);
+        }
     }
 
     async fn fold(self: Arc<Self>, stop: CancellationToken) {
@@ -691,13 +735,14 @@ impl Inner {
             };
             let _applying = self.applying.lock().await;
             let folded = *self.folded.borrow();
-            match rules::next(seq, folded, self.writes()) {
+            match site::next(seq, folded, self.writes()) {
                 Next::Handled => continue,
                 Next::Gap => return Err(JournalStreamError::Skipped { folded, seq }),
                 Next::Fold => {}
             }
             self.apply(&message, seq);
             self.folded.send_replace(seq);
+            self.seen.fetch_max(seq, Ordering::AcqRel);
             self.stats.counters.folded_seq.store(seq, Ordering::Relaxed);
         }
         Ok(())
@@ -725,7 +770,7 @@ impl Inner {
             .state
             .first_sequence;
         let folded = *self.folded.borrow();
-        match rules::start(first, folded, self.writes()) {
+        match site::start(first, folded, self.writes()) {
             Start::Next => {}
             Start::First => {
                 warn!(

@@ -105,6 +105,14 @@ impl SiteBucket {
         replicas: usize,
     ) -> Result<Self, BucketError> {
         if let Ok(store) = js.get_key_value(bucket).await {
+            let name = format!("KV_{bucket}");
+            if let Ok(stream) = js.get_stream(&name).await {
+                super::replicas::warn_if_fewer(
+                    &name,
+                    stream.cached_info().config.num_replicas,
+                    replicas,
+                );
+            }
             return Ok(Self { store });
         }
         let config = jetstream::stream::Config {

@@ -22,8 +22,8 @@ use super::config::ClusterConfig;
 use super::kv::{NoAnswer, SiteBucket, WriteError};
 use crate::adapters::nats::connect::{self, OptionsError};
 use crate::domain::site::{
-    ActiveStep, Held, Lease, LeaseTiming, RenewFailure, StandbyStep, StepDown, after_renew_failure,
-    decide_active, decide_standby,
+    ActiveStep, Held, Lease, LeaseTiming, LeaseWatch, RenewFailure, StandbyStep, StepDown,
+    after_renew_failure, decide_active, decide_standby,
 };
 use crate::ports::clock::now_ms;
 use crate::ports::{ActiveMember, Role, SiteRole, TakeOver, TakeOverError};
@@ -239,25 +239,31 @@ enum State {
     Active(Held),
 }
 
-/// What a standby remembers of the lease it watches: its revision, and since when it has
-/// not changed (on the monotonic clock).
-#[derive(Default)]
+/// What a standby remembers of the lease it watches: the domain's [`LeaseWatch`] (its
+/// revision, and since when it has not changed), on a monotonic clock started with it.
 struct Watching {
-    seen: Option<(Option<u64>, Instant)>,
+    watch: LeaseWatch,
+    /// The monotonic clock's zero.
+    started: Instant,
     /// The reason last set, so a change is logged once.
     reason: String,
+}
+
+impl Default for Watching {
+    fn default() -> Self {
+        Self {
+            watch: LeaseWatch::default(),
+            started: Instant::now(),
+            reason: String::new(),
+        }
+    }
 }
 
 impl Watching {
     /// How long `revision` has been seen unchanged, noting it.
     fn unchanged_for(&mut self, revision: Option<u64>) -> Duration {
-        match self.seen {
-            Some((seen, since)) if seen == revision => since.elapsed(),
-            _ => {
-                self.seen = Some((revision, Instant::now()));
-                Duration::ZERO
-            }
-        }
+        let now = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        Duration::from_millis(self.watch.unchanged_for(revision, now))
     }
 }
 

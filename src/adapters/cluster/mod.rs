@@ -9,11 +9,13 @@
 //! object store (`snapshots.rs`); it is the [`SiteStream`](crate::ports::SiteStream) a
 //! member's takeover (`crate::app::takeover`) claims before the run service re-adopts the
 //! open runs, and the lease runs that takeover ([`TakeOver`](crate::ports::TakeOver)).
+//! `replicas.rs` warns when the site's streams hold fewer replicas than the config asks.
 
 pub mod config;
 mod journal_stream;
 mod kv;
 mod lease;
+mod replicas;
 mod snapshots;
 
 pub use config::{ClusterConfig, advertised};

@@ -397,6 +397,16 @@ impl RunJournal for SqliteJournal {
         true
     }
 
+    fn shows_ends_once_kept(&self) -> bool {
+        self.publishing.is_some()
+    }
+
+    fn kept_for_takeover(&self) -> bool {
+        self.publishing
+            .as_ref()
+            .is_none_or(|publishing| publishing.load(Ordering::Acquire))
+    }
+
     fn record(&self, entry: JournalEntry) {
         let (queued, over_cap) = Queued::of(entry, self.max_events_per_run);
         if over_cap > 0 {

@@ -107,6 +107,10 @@ async fn a_finished_run_reads_back_with_its_attempts_and_events() {
     whole_run(&journal, "r1", 1_000, "node-a");
     journal.flush().await;
     assert_eq!(journal.stats().write_errors, 0, "{:?}", journal.stats());
+    assert!(
+        journal.kept_for_takeover(),
+        "a single edge's file is where it takes runs back"
+    );
     let run = journal.run(&RunId::new("r1")).await.unwrap().unwrap();
     assert_eq!(run.outcome, RunOutcome::Completed);
     assert_eq!(run.usage, Some(Usage::new(5, 7)));
@@ -1117,11 +1121,17 @@ async fn a_members_replicated_batches_rebuild_another_members_journal_once_ackno
     assert_eq!(record.outcome, RunOutcome::Completed);
     assert_eq!((record.events, record.events_stored), (3, 3));
     assert_eq!(b.reload_left_open().await.unwrap(), 0);
+    assert!(
+        a.kept_for_takeover(),
+        "publishing: a flush's entries are in the stream"
+    );
     // Standing by, the journal hands nothing over: its flush returns with nothing
-    // acknowledged (a batch handed over would hold it until acknowledged).
+    // acknowledged (a batch handed over would hold it until acknowledged), and what it
+    // returned for is in this file only — no node may forget it (the nemesis, issue 66).
     a.set_publishing(false);
     a.record(accepted("r2", 2));
     a.flush().await;
+    assert!(!a.kept_for_takeover());
     a.close().await;
     b.close().await;
 }

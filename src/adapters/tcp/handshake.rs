@@ -1,7 +1,8 @@
 //! The registration handshake of a node connection: read the `RegisterRequest`, apply the
 //! domain's policy ([`decide_registration`]) to what the store and the registry say, enter
 //! the registry (taking over the node's live connection when the policy says so), have the
-//! run service answer the node's resume claims, and answer. Everything the edge decides
+//! run service answer the node's resume claims — once the journal keeps what nodes reported,
+//! since an answer may let the node forget a run — and answer. Everything the edge decides
 //! about a node joining is in [`Connection::register`], one screen long.
 
 use std::sync::Arc;
@@ -116,7 +117,25 @@ impl<S: NodeIo> Connection<'_, S> {
                 return None;
             }
         };
+        if !attempt.resume.is_empty() && !shared.deps.handler.events_kept().await {
+            self.refuse_until_kept(&attempt.node_id).await;
+            return None;
+        }
         found.map(|record| Admission { record, takeover })
+    }
+
+    /// Answers `SHUTTING_DOWN` (the node retries with its backoff, its claims and what it
+    /// holds for them untouched) because the events nodes reported are not yet kept where a
+    /// restart or a takeover finds them: an answer to a claim may let the node forget its
+    /// run — refused, the run ended here — and the run's end may be in this edge's file
+    /// only (a member whose site's stream does not answer; found by the nemesis, issue 66).
+    async fn refuse_until_kept(&mut self, claimed_node_id: &str) {
+        info!(
+            claimed_node_id,
+            "registration refused until the journal keeps what nodes reported: the node retries"
+        );
+        self.reject(RegisterRejection::ShuttingDown, claimed_node_id)
+            .await;
     }
 
     /// Answers a refusal other than a live connection's, a wrong token later and later for

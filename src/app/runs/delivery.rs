@@ -33,6 +33,12 @@ pub(in crate::app::runs) struct Delivery {
     progress: Progress,
 }
 
+/// Who reads a run's events as they are relayed: its caller and its followers.
+pub(in crate::app::runs) struct Readers {
+    pub(in crate::app::runs) caller: Option<mpsc::Sender<Arc<RunEvent>>>,
+    pub(in crate::app::runs) followers: Vec<mpsc::Sender<(u64, Arc<RunEvent>)>>,
+}
+
 impl Delivery {
     /// A run's delivery before its first event, feeding `caller`.
     pub(in crate::app::runs) fn new(caller: mpsc::Sender<Arc<RunEvent>>) -> Self {
@@ -163,6 +169,15 @@ impl Delivery {
     /// The caller's stream, while someone reads it.
     pub(in crate::app::runs) fn caller(&self) -> Option<&mpsc::Sender<Arc<RunEvent>>> {
         self.caller.as_ref()
+    }
+
+    /// The caller's stream and the followers, taken to be given the run's end later
+    /// (`Relay::show_end_once_kept`): nothing more reaches them from here.
+    pub(in crate::app::runs) fn take_readers(&mut self) -> Readers {
+        Readers {
+            caller: self.caller.take(),
+            followers: std::mem::take(&mut self.followers),
+        }
     }
 
     /// The caller stopped reading: no more events go to it.

@@ -69,12 +69,14 @@ impl NodeEventHandler for RunService {
         // The wait is bounded, so a journal that stalls (a checkpoint waiting for readers,
         // a slow disk, a starved machine) cannot hold up the node's connection: past it
         // this ping goes unanswered and the node keeps its copies until a later ping's
-        // answer, so no event is ever in neither.
+        // answer, so no event is ever in neither. A member that stopped writing its site's
+        // stream answers none either: what it flushed is in its own file only.
         if let Some(journal) = self.journal_backs_resume() {
             let flushed = journal.flush();
             return tokio::time::timeout(JOURNAL_ACK_WAIT, flushed)
                 .await
-                .is_ok();
+                .is_ok()
+                && journal.kept_for_takeover();
         }
         true
     }

@@ -1,10 +1,11 @@
-//! The decisions of the stream's tasks, apart from their I/O (decisions 49, 50 and 53): how
-//! a batch is named and signed (its `Nats-Msg-Id`, the headers saying who wrote it under
-//! which epoch), what the stream's answer to an append means, which batches the folder
-//! applies and in which order, where it starts reading, and which published batches it
-//! remembers the sequence of. Pure: no NATS, no journal, no clock.
+//! The stream's tasks' bookkeeping in NATS's terms (decisions 49, 50 and 53): how a batch
+//! is named and signed (its `Nats-Msg-Id`, the headers saying who wrote it under which
+//! epoch), what the stream's answer to an append means, and which published batches it
+//! remembers the sequence of. Which batches the folder applies, in which order and from
+//! where, and when a member may claim the stream, are the domain's (`crate::domain::site`).
+//! No I/O, no clock.
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::VecDeque;
 
 use async_nats::HeaderMap;
 use async_nats::jetstream::context::{PublishError, PublishErrorKind};
@@ -79,90 +80,6 @@ impl Appended {
             Err(error) if error.kind() == PublishErrorKind::WrongLastSequence => Appended::Refused,
             Err(error) => Appended::Failed(error),
         }
-    }
-}
-
-/// What the folder does with a batch.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Verdict {
-    /// Written by another member, or an earlier life of this one: applied.
-    Apply,
-    /// Written by this life of this member: in its file already.
-    Own,
-    /// Written under an epoch older than one already folded (or under none).
-    Stale,
-}
-
-/// The verdict on a batch `edge` wrote under `epoch`, for member `me` that published under
-/// `own_epochs` in this life and folded batches up to epoch `newest` before this one.
-pub(super) fn verdict(
-    edge: Option<&str>,
-    epoch: Option<u64>,
-    me: &str,
-    own_epochs: &HashSet<u64>,
-    newest: u64,
-) -> Verdict {
-    match epoch {
-        Some(epoch) if epoch >= newest => {
-            if edge == Some(me) && own_epochs.contains(&epoch) {
-                Verdict::Own
-            } else {
-                Verdict::Apply
-            }
-        }
-        _ => Verdict::Stale,
-    }
-}
-
-/// What the folder does with the message at a stream sequence.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Next {
-    /// At or below what it folded: handled already (a redelivery).
-    Handled,
-    /// Right after what it folded (or past it, for the member writing the stream, whose
-    /// own purge made the gap): fold it.
-    Fold,
-    /// Past the one after what it folded: the stream was purged under the consumer, and
-    /// the read starts over.
-    Gap,
-}
-
-/// What the folder that `folded` up to a sequence does with the message at `seq`; `writes`
-/// when this member writes the stream.
-pub(super) fn next(seq: u64, folded: u64, writes: bool) -> Next {
-    if seq <= folded {
-        Next::Handled
-    } else if seq > folded + 1 && !writes {
-        Next::Gap
-    } else {
-        Next::Fold
-    }
-}
-
-/// Where the folder reads the stream from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Start {
-    /// Right after what it folded.
-    Next,
-    /// From the stream's first message: the stream starts past what it folded, but this
-    /// member writes it, so what it lacks was purged by itself (its own batches, or folded
-    /// before its claim). Never rebuilt under its own writer.
-    First,
-    /// From the newest snapshot, once its journal is rebuilt from it: the stream starts
-    /// past what it folded (it started with an empty file, or stood by while the stream
-    /// was purged).
-    Snapshot,
-}
-
-/// Where a folder that `folded` up to a sequence reads a stream starting at `first` from;
-/// `writes` when this member writes the stream.
-pub(super) fn start(first: u64, folded: u64, writes: bool) -> Start {
-    if first <= folded + 1 {
-        Start::Next
-    } else if writes {
-        Start::First
-    } else {
-        Start::Snapshot
     }
 }
 

@@ -1,12 +1,14 @@
 //! What the relay hands the journal and a run's followers: each relayed event, numbered by
 //! its position in the run, kept under the run's delivery lock and handed to the journal as
 //! one batch before the lock is let go — so positions follow relay order, and a follower
-//! registered next finds every earlier event on its way to the journal. Only enqueues.
+//! registered next finds every earlier event on its way to the journal. Only enqueues — but
+//! on a member of a site, where a run's end is shown only once the journal keeps it where
+//! a takeover finds it, by a tracked task of its own.
 
 use std::sync::Arc;
 
-use super::Relay;
-use crate::app::runs::delivery::Delivery;
+use super::{Relay, send_to_caller};
+use crate::app::runs::delivery::{Delivery, Readers};
 use crate::app::runs::run::Run;
 use crate::domain::RunEvent;
 use crate::ports::clock::now_ms;
@@ -44,8 +46,42 @@ impl Relay {
         // saw the end and then reads the run (after a flush) finds the end there too.
         if event.kind.is_terminal() {
             self.hand_to_journal(run, delivery);
+            if self.journal.shows_ends_once_kept() {
+                self.show_end_once_kept(index, delivery.take_readers(), event);
+                return;
+            }
         }
         delivery.feed_followers(index, event);
+    }
+
+    /// Gives `readers` the run's end (its `index`th event) only once the journal keeps it
+    /// where a takeover finds it ([`crate::ports::RunJournal::shows_ends_once_kept`]): on
+    /// a member whose site's stream does not answer, a run shown completed would be one the member that
+    /// takes over never hears of (found by the nemesis, seed 6601, issue 66). Not kept —
+    /// the member stood down meanwhile, its batch left in its own file — or the service
+    /// draining, the readers are let go without it: a resumable stream is broken off and
+    /// resumed where the run acts now.
+    fn show_end_once_kept(&self, index: u64, readers: Readers, event: &Arc<RunEvent>) {
+        let journal = Arc::clone(&self.journal);
+        let stopping = self.timers.stopping().clone();
+        let event = Arc::clone(event);
+        self.timers.spawn(async move {
+            let kept = tokio::select! {
+                () = journal.flush() => journal.kept_for_takeover(),
+                () = stopping.cancelled() => false,
+            };
+            if !kept {
+                return;
+            }
+            if let Some(caller) = readers.caller {
+                // A caller that stopped reading misses nothing it would read.
+                let _ = send_to_caller(&caller, Arc::clone(&event)).await;
+            }
+            for follower in readers.followers {
+                // A follower that fell behind was to be dropped anyway.
+                let _ = follower.try_send((index, Arc::clone(&event)));
+            }
+        });
     }
 
     /// Hands the events [`Self::tap`] kept to the journal as one entry. Called before the

@@ -338,3 +338,32 @@ async fn a_run_no_other_node_could_take_is_held_even_without_output() {
     h.assert_ended_once(&mut handle);
     h.finish().await;
 }
+
+/// A node's ping is answered (the node may forget the events read before it) only once the
+/// journal holds them where a takeover finds them: a member of a site that stopped writing
+/// the site's stream — stood down, or fenced — answers none, or a run its client saw
+/// complete would be unknown to the member that takes over (found by the nemesis, seed 66,
+/// issue 66).
+#[tokio::test]
+async fn a_ping_is_answered_only_while_the_journal_keeps_events_for_a_takeover() {
+    for (kept, answered) in [(true, true), (false, false)] {
+        let mut journal = crate::ports::journal::MockRunJournal::new();
+        journal.expect_enabled().return_const(true);
+        journal.expect_flush().return_const(());
+        journal.expect_kept_for_takeover().return_const(kept);
+        let service = RunService::with_journal(
+            Arc::new(LockRegistry::new()),
+            Arc::new(MockNodeTransport::new()),
+            Arc::new(MockEventSink::new()),
+            Arc::new(journal),
+            config(),
+            routing(&config(), &RoutingConfig::default()),
+            &opentelemetry::global::meter("edge-test"),
+        );
+        assert_eq!(
+            service.events_kept().await,
+            answered,
+            "kept for a takeover: {kept}"
+        );
+    }
+}
