@@ -61,21 +61,9 @@ fn node_process() {
     else {
         return;
     };
-    if std::env::var_os(NODE_LOG_ENV).is_some() {
-        tracing_subscriber::fmt()
-            .with_env_filter("info")
-            .with_ansi(false)
-            .with_writer(std::io::stderr)
-            .init();
-    }
-    let runtime = tokio::runtime::Runtime::new().expect("a runtime");
-    runtime.block_on(async move {
-        let mut options = crate::node::NodeOptions::new(edge, token);
-        options.reconnect_min = Duration::from_millis(20);
-        options.reconnect_max = Duration::from_millis(200);
-        let stop = tokio_util::sync::CancellationToken::new();
-        let _ = crate::node::run(options, stop).await;
-    });
+    let reconnect = (Duration::from_millis(20), Duration::from_millis(200));
+    let log = std::env::var_os(NODE_LOG_ENV).is_some();
+    crate::node_support::node_process(edge, token, reconnect, log);
 }
 
 /// A reference node running as a process of its own, killed on drop (`readopt_engine` uses

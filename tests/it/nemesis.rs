@@ -73,19 +73,8 @@ fn node_process() {
     ) else {
         return;
     };
-    tracing_subscriber::fmt()
-        .with_env_filter("info")
-        .with_ansi(false)
-        .with_writer(std::io::stderr)
-        .init();
-    let runtime = tokio::runtime::Runtime::new().expect("a runtime");
-    runtime.block_on(async move {
-        let mut options = crate::node::NodeOptions::new(edges, token);
-        options.reconnect_min = Duration::from_millis(100);
-        options.reconnect_max = Duration::from_millis(1_000);
-        let stop = tokio_util::sync::CancellationToken::new();
-        let _ = crate::node::run(options, stop).await;
-    });
+    let reconnect = (Duration::from_millis(100), Duration::from_millis(1_000));
+    crate::node_support::node_process(edges, token, reconnect, true);
 }
 
 /// The site: its network, processes, engines and balancer.

@@ -154,6 +154,26 @@ lifecycle = "llama-router"
     )
 }
 
+/// The body of a reference node run as a process of its own (the test binary started again,
+/// its edges and token in its environment): dials `edges` with `token`, reconnecting after
+/// `reconnect` (least, most), logging at INFO to its standard error when `log`.
+pub fn node_process(edges: String, token: String, reconnect: (Duration, Duration), log: bool) {
+    if log {
+        tracing_subscriber::fmt()
+            .with_env_filter("info")
+            .with_ansi(false)
+            .with_writer(std::io::stderr)
+            .init();
+    }
+    let runtime = tokio::runtime::Runtime::new().expect("a runtime");
+    runtime.block_on(async move {
+        let mut options = crate::node::NodeOptions::new(edges, token);
+        (options.reconnect_min, options.reconnect_max) = reconnect;
+        let stop = tokio_util::sync::CancellationToken::new();
+        let _ = crate::node::run(options, stop).await;
+    });
+}
+
 /// A real edge with `config` whose node transport listens on `node_addr` (port 0 for any);
 /// events go to the `null` sink unless the config has an `[events]` section.
 pub async fn edge_on(config: &str, node_addr: SocketAddr) -> TestApp {
