@@ -10,7 +10,8 @@
 //!
 //! - [`domain`] — the pure core: validated names and node records, the registration
 //!   policy, routing (selection, breakers, the fair queue, limits, budgets), the run state
-//!   machine and records, model placement, the site's lease rules. No I/O, no clock, no
+//!   machine and records, model placement, the site's lease, fencing and journal-fold
+//!   rules (model-checked by a unit test, `domain/site_model.rs`). No I/O, no clock, no
 //!   protobuf.
 //! - [`ports`] — the traits around it: outbound (`NodeStore`, `Registry`, `EventSink`,
 //!   `NodeTransport`, `NodeLink`, `RunJournal`, `SiteRole`) and inbound (`Runs` and `Manage`,
