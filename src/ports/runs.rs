@@ -39,6 +39,16 @@ pub trait Runs: Send + Sync {
     /// want of a reader while it reads (call [`Runs::reader_gone`] when it goes). Returns
     /// whether the run is open.
     fn reader_back(&self, run_id: &RunId) -> bool;
+
+    /// Waits (a bounded time) until a run's end the journal holds may be shown to a
+    /// caller who reads it from there (a resumed stream): at once, but on a member of a
+    /// site, only once the journal keeps it where a takeover finds it — read from the
+    /// member's own file earlier, it could be an end the site never hears of (found by the
+    /// nemesis, issue 66). `false`: not yet; the caller breaks the stream off, to be
+    /// resumed again.
+    async fn ends_kept(&self) -> bool {
+        true
+    }
 }
 
 /// Why a run was not accepted. Accepted runs never fail this way: they end with a terminal

@@ -234,7 +234,7 @@ async fn stalled_run(a: &TestApp) -> (reqwest::Response, String) {
 #[crate::common::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_that_loses_its_lease_lets_its_open_run_go_and_ends_nothing() {
     let nats = NatsServer::start_jetstream().await;
-    let node = NodeTable::new("node-a", "gpu-a", "token-a").echo(&["stall"]);
+    let node = NodeTable::new("node-a", "gpu-a", "token-a").echo(&["stall", "hang"]);
     let config = format!(
         "[edge]\nid = \"edge-a\"\n[events]\nsinks = [\"null\"]\n[cluster]\nsite = \"s1\"\n\
          nats = {:?}\nlease_ms = 300\nrenew_ms = 100\n{node}",
@@ -260,6 +260,18 @@ async fn a_member_that_loses_its_lease_lets_its_open_run_go_and_ends_nothing() {
         .await
         .expect("the resumed stream");
     assert_eq!(resumed.status(), 200);
+    // A third run has had no output yet: its caller has had no answer.
+    let silent = tokio::spawn(
+        common::http_client()
+            .post(format!("http://{}/v1/chat/completions", a.http_addr))
+            .json(&json!({
+                "model": "echo/hang", "stream": true,
+                "messages": [{"role": "user", "content": "one"}],
+            }))
+            .send(),
+    );
+    let runs = a.parts.runs.clone();
+    eventually("the third run is open", || runs.open_runs() == 3).await;
 
     // Another member writes the lease (it took over one it thought lapsed): this one's next
     // renewal fails, it stands by and lets its open runs go.
@@ -288,6 +300,15 @@ async fn a_member_that_loses_its_lease_lets_its_open_run_go_and_ends_nothing() {
             "{id}: {text}"
         );
     }
+    // The caller with no answer yet gets a `503` to retry through the site's balancer,
+    // not an internal error (the nemesis, seed 66).
+    let silent = common::bounded("the third caller's answer", silent)
+        .await
+        .expect("the request task")
+        .expect("an answer");
+    assert_eq!(silent.status(), 503);
+    let error: Value = silent.json().await.expect("a JSON error");
+    assert_eq!(error["error"]["code"], "standby", "{error}");
     a.parts.journal.flush().await;
     for id in [&run_id, &resumed_id] {
         let record = get(a.admin_addr, &format!("/admin/v1/runs/{id}")).await;

@@ -31,7 +31,7 @@ use crate::adapters::api::translators::openai::chunks::ChunkWriter;
 use crate::adapters::api::translators::openai::{Endpoint, Reply};
 use crate::adapters::event_format::feed_json;
 use crate::domain::{RunId, Usage};
-use crate::ports::{FeedStream, ManageError};
+use crate::ports::{FeedStream, ManageError, Runs};
 
 /// The header a resuming client names the last event it has in (SSE's own).
 const LAST_EVENT_ID: &str = "last-event-id";
@@ -170,12 +170,15 @@ struct Resumed<W> {
     cut: bool,
     /// The reader's hold on an open run; `None` once the run ended.
     reader: Option<CancelOnDrop>,
+    /// Asked whether an end read from the journal may be shown yet.
+    runs: Arc<dyn Runs>,
 }
 
 impl<W: EventWriter> Resumed<W> {
     fn new(start: Start, writer: W) -> Self {
         let (state, run_id, feed, frame, reader) = start;
         let retry_after_secs = state.api.config().retry_after_secs;
+        let runs = Arc::clone(&state.runs);
         Self {
             follower: RunFollower::new(state, run_id, feed),
             retry_after_secs,
@@ -185,6 +188,7 @@ impl<W: EventWriter> Resumed<W> {
             done: false,
             cut: false,
             reader,
+            runs,
         }
     }
 
@@ -225,7 +229,17 @@ impl<W: EventWriter> Resumed<W> {
                     self.writer
                         .output(&text, structured.as_ref(), &mut self.frame);
                 }
-                Replayed::End(end) => self.end(end),
+                Replayed::End(end) => {
+                    if !self.runs.ends_kept().await {
+                        // Not yet where a takeover finds it: resumed again, later or
+                        // where the run acts then.
+                        self.cut = true;
+                        self.done = true;
+                        break;
+                    }
+                    self.frame.group_end(item.index);
+                    self.end(end);
+                }
             }
             if !self.frame.is_empty() {
                 return Some(self.frame.split());

@@ -261,8 +261,13 @@ impl ActiveRun {
                 self.cut = true;
                 // The stream's error event gets an id of its own.
                 self.received += 1;
-                return Poll::Ready(Step::End(Err(ApiError::internal(
-                    "the run ended without a terminal event",
+                // Let go by this member, which stood down: a `503` to retry through the
+                // site's balancer (answered before any output, as it is to a request that
+                // reached a standby), not an internal error a client takes for the run's
+                // failure (found by the nemesis, seed 66, issue 66).
+                return Poll::Ready(Step::End(Err(ApiError::standby(
+                    None,
+                    self.retry_after_secs,
                 ))));
             };
             self.received += 1;

@@ -61,6 +61,10 @@ impl Runs for RunService {
     fn reader_back(&self, run_id: &RunId) -> bool {
         self.recovery().reader_back(run_id)
     }
+
+    async fn ends_kept(&self) -> bool {
+        !self.journal_shows_ends_once_kept() || self.events_kept().await
+    }
 }
 
 #[async_trait]

@@ -299,6 +299,12 @@ impl RunService {
         &self.inner.recovery
     }
 
+    /// Whether a run's end is shown only once the journal keeps it for a takeover (a member
+    /// of a site).
+    pub(super) fn journal_shows_ends_once_kept(&self) -> bool {
+        self.inner.journal.shows_ends_once_kept()
+    }
+
     /// Whether a node's ping is answered only once the journal holds the events read
     /// before it: only a journal a restarted edge takes runs back from makes that worth a
     /// wait.

@@ -6,8 +6,8 @@
 //!    a terminal error it saw; the journal holds it ended.
 //! 2. No prompt was executed by an engine more often than its run was placed (its record's
 //!    attempts: failovers and continuations), nor at all when no run was made of it; an
-//!    attempt its client got no answer to, whose run the client cannot name, at most as
-//!    often as failover places a run (`runs.max_attempts`).
+//!    attempt its client got no answer to (or a `5xx`), whose run the client cannot name,
+//!    at most as often as failover places a run (`runs.max_attempts`).
 //! 3. No run is shown completed that did not complete: a client's completion and a record's
 //!    are each backed by an execution that streamed to its end; and a run shown completed
 //!    is in the journal (the site does not forget a run its client saw complete).
@@ -136,11 +136,13 @@ fn op_violations(history: &History, op: &Op) -> Vec<&'static str> {
     }
     for attempt in &op.attempts {
         let executed = history.executions.get(attempt.prompt()).map_or(0, Vec::len);
-        // An attempt the client got no answer to may still have made a run, placed as often
-        // as failover places one before any output reached its client.
+        // An attempt the client got no answer to, or a `5xx` (its member stood down before
+        // the first output), may still have made a run, placed as often as failover places
+        // one before any output reached its client.
         let placed = match attempt {
             Attempt::Accepted { .. } => record.map_or(1, |r| r.attempts.max(1)),
             Attempt::NoAnswer { .. } => super::MAX_ATTEMPTS,
+            Attempt::Refused { status, .. } if *status >= 500 => super::MAX_ATTEMPTS,
             Attempt::Refused { .. } => 1,
         };
         if executed > placed {

@@ -103,6 +103,15 @@ impl SseFrame {
         self.next = Some(EventId { position, part: 0 });
     }
 
+    /// [`SseFrame::group`] for the events that end a run: numbered past what a resumed
+    /// stream's caller has when that is later, so the end is never left out — a run taken
+    /// over by a member that never had all the events its caller saw ends at a position
+    /// the caller is past (found by the nemesis, seed 6601, issue 66).
+    pub fn group_end(&mut self, position: u64) {
+        let past = self.skip_through.map_or(0, |id| id.position + 1);
+        self.group(position.max(past));
+    }
+
     /// Whether nothing is written.
     pub fn is_empty(&self) -> bool {
         self.buf.is_empty()
@@ -187,5 +196,20 @@ mod tests {
         }
         assert!(EventId::parse("7.2") < EventId::parse("8"));
         assert!(EventId::parse("7") < EventId::parse("7.1"));
+    }
+
+    #[test]
+    fn a_resumed_streams_end_is_written_even_at_a_position_its_caller_is_past() {
+        let mut frame = SseFrame::resumed(EventId::parse("7"));
+        frame.group(3);
+        push_event(&mut frame, |buf| buf.put_slice(b"skipped"));
+        assert!(frame.is_empty(), "an event the caller has is left out");
+        frame.group_end(3);
+        push_event(&mut frame, |buf| buf.put_slice(b"[DONE]"));
+        assert_eq!(&frame.split()[..], b"id: 8\ndata: [DONE]\n\n");
+        // Past what the caller has, an end keeps its own position.
+        frame.group_end(9);
+        push_event(&mut frame, |buf| buf.put_slice(b"[DONE]"));
+        assert_eq!(&frame.split()[..], b"id: 9\ndata: [DONE]\n\n");
     }
 }

@@ -155,6 +155,21 @@ fn a_planted_duplicate_is_caught() {
         .expect("op 0's first attempt")
         .push(execution(true));
     assert!(broken(&history).contains(&"no prompt executed more often than its run was placed"));
+    // So did one answered `503` (its member stood down first); one answered `429` made none.
+    let mut history = clean();
+    history.ops[0].attempts[0] = Attempt::Refused {
+        prompt: "op 0 attempt 0".into(),
+        status: 503,
+    };
+    history
+        .executions
+        .insert("op 0 attempt 0".into(), vec![execution(true); 2]);
+    assert!(check(&history).holds());
+    history.ops[0].attempts[0] = Attempt::Refused {
+        prompt: "op 0 attempt 0".into(),
+        status: 429,
+    };
+    assert!(broken(&history).contains(&"no prompt executed more often than its run was placed"));
 }
 
 #[crate::common::test]
