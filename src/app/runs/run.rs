@@ -5,7 +5,7 @@
 //! reach another's.
 
 use std::any::Any;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use tokio::time::Instant;
@@ -45,6 +45,8 @@ pub(super) struct Run {
     span: tracing::Span,
     /// What the journal and the management API know of it from acceptance.
     accepted: AcceptedRun,
+    /// Its acceptance is to be journaled once it is admitted (a new run's, not yet done).
+    acceptance_to_journal: AtomicBool,
     /// Its placements so far.
     attempts: Mutex<Vec<Attempt>>,
     /// Events relayed so far (the next event's position); written under `delivery`.
@@ -89,6 +91,7 @@ impl Run {
             ended: CancellationToken::new(),
             wait_changed: tokio::sync::Notify::new(),
             accepted,
+            acceptance_to_journal: AtomicBool::new(false),
             attempts: Mutex::new(Vec::new()),
             relayed: AtomicU64::new(0),
             first_output_ms: AtomicU64::new(0),
@@ -100,6 +103,18 @@ impl Run {
 
     pub(super) fn id(&self) -> &RunId {
         &self.id
+    }
+
+    /// Marks a new run's acceptance as still to be journaled: the placer journals it once
+    /// it admits the run, before anything else of it (a run refused at admission leaves
+    /// nothing in the journal).
+    pub(super) fn journal_acceptance_once_admitted(&self) {
+        self.acceptance_to_journal.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether the run's acceptance is still to be journaled; from now on it is not.
+    pub(super) fn take_acceptance_to_journal(&self) -> bool {
+        self.acceptance_to_journal.swap(false, Ordering::Relaxed)
     }
 
     pub(super) fn spec(&self) -> &RunSpec {

@@ -27,8 +27,8 @@ use super::timers::Timers;
 use crate::domain::routing::BreakerState;
 use crate::domain::{NodeId, RunEvent, RunId, RunSpec, StatsWindow};
 use crate::ports::{
-    EXPORT_TARGET, EventSink, JournalEntry, JournalError, ModelDemand, NodeTransport, NoopJournal,
-    Registry, RunHandle, RunJournal, StartError, WaitingRuns,
+    EXPORT_TARGET, EventSink, JournalError, ModelDemand, NodeTransport, NoopJournal, Registry,
+    RunHandle, RunJournal, StartError, WaitingRuns,
 };
 
 /// Accepts runs and relays their events. Cheap to clone.
@@ -197,10 +197,7 @@ impl RunService {
         }
         let (caller, events) = mpsc::channel(CALLER_BUFFER);
         let run = Arc::new(self.new_run(spec, caller));
-        if inner.journal.enabled() {
-            let entry = JournalEntry::Accepted(Box::new(run.accepted().clone()));
-            inner.journal.record(entry);
-        }
+        run.journal_acceptance_once_admitted();
         let (placed, fallout) = inner.placer.admit(&run)?;
         inner.relay.watch(&run);
         inner.relay.settle(fallout);

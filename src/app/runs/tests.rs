@@ -1386,6 +1386,49 @@ async fn a_run_is_refused_when_the_queue_is_full() {
     h.finish().await;
 }
 
+/// Only a run admitted — placed or queued — is journaled as accepted: one refused at
+/// admission leaves no record open in the journal, which every restart and takeover would
+/// take back and fail (found by the nemesis, issue 66).
+#[tokio::test(start_paused = true)]
+async fn only_an_admitted_run_is_journaled_as_accepted() {
+    let accepted = Arc::new(Mutex::new(Vec::new()));
+    let mut journal = crate::ports::journal::MockRunJournal::new();
+    journal.expect_enabled().return_const(true);
+    let kept = Arc::clone(&accepted);
+    journal.expect_record().returning(move |entry| {
+        if let crate::ports::JournalEntry::Accepted(run) = entry {
+            kept.lock().unwrap().push(run.run_id);
+        }
+    });
+    let config = RunsConfig {
+        queue_capacity: 1,
+        ..config()
+    };
+    let service = RunService::with_journal(
+        Arc::new(LockRegistry::new()),
+        Arc::new(MockNodeTransport::new()),
+        Arc::new(MockEventSink::new()),
+        Arc::new(journal),
+        config.clone(),
+        routing(&config, &RoutingConfig::default()),
+        &opentelemetry::global::meter("edge-test"),
+    );
+    // Nothing is connected and `echo`/`t` is configured: the run waits, admitted.
+    let queued = service.start(spec()).unwrap();
+    let full = service.start(spec()).unwrap_err();
+    assert!(matches!(full, StartError::QueueFull { .. }), "{full:?}");
+    let unknown = RunSpec {
+        selector: NodeSelector {
+            target: Target::parse("other").unwrap(),
+            ..spec().selector
+        },
+        ..spec()
+    };
+    let unknown = service.start(unknown).unwrap_err();
+    assert!(matches!(unknown, StartError::NoNode(_)), "{unknown:?}");
+    assert_eq!(*accepted.lock().unwrap(), [queued.run_id]);
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_run_the_node_cannot_be_sent_fails_over_and_then_waits() {
     let mut h = Harness::expecting(Expect::terminals(1).refusing_runs());

@@ -98,6 +98,9 @@ impl Placer {
             }
         };
         drop(route);
+        // Placed, its acceptance was journaled before its attempt; queued, it is now —
+        // under the table's lock, so before a pump can place it.
+        self.journal_acceptance(run);
         table.runs.insert(run.id().clone(), Arc::clone(run));
         Ok((placed, fallout_of(&mut table)))
     }
@@ -238,8 +241,20 @@ impl Placer {
         Some(id)
     }
 
+    /// Journals a new `run`'s acceptance once it is admitted (placed or queued), before
+    /// anything else of it: a run refused at admission — over its key's limits, the queue
+    /// full, no node, a model too large — leaves no record open in the journal (the
+    /// nemesis found such records taken back, and failed, by every restart and takeover).
+    fn journal_acceptance(&self, run: &Run) {
+        if run.take_acceptance_to_journal() && self.journal.enabled() {
+            let accepted = Box::new(run.accepted().clone());
+            self.journal.record(JournalEntry::Accepted(accepted));
+        }
+    }
+
     /// Notes that `run` was just placed on `node` (for the record and the journal).
     fn record_attempt(&self, run: &Run, node: &NodeId, reason: &RouteReason) {
+        self.journal_acceptance(run);
         let attempt = Attempt {
             number: u32::try_from(run.attempts_made() + 1).unwrap_or(u32::MAX),
             node: node.clone(),
