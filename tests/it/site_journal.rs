@@ -325,6 +325,111 @@ async fn a_member_that_loses_its_lease_lets_its_open_run_go_and_ends_nothing() {
     a.stop().await;
 }
 
+/// The fourth 30-minute nemesis (seed 6601, on nats-server 2.12.8): a member cut from NATS
+/// stood down while its publisher retried a batch; it gave that batch up (kept it local) but
+/// appended the batches queued behind it once NATS answered again, so the stream held its
+/// batches with one missing in between — runs whose events there were never resumed to their
+/// end, and one resume answered `internal_error`. Here the stream refuses one batch (over
+/// its size limit) until the member stands down: the batches behind it stay local too, and
+/// the stream holds the member's batches without a hole.
+#[crate::common::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_that_gave_up_on_a_batch_appends_none_after_it() {
+    let nats = NatsServer::start_jetstream().await;
+    let a = spawn_app(&echo_member(&nats, "edge-a")).await;
+    acts(&a).await;
+    let _node = MockNode::start(a.node_addr, MockOptions::new("token-a"))
+        .await
+        .expect("the mock node");
+    a.wait_for_nodes(1).await;
+    let client = async_nats::connect(nats.url()).await.expect("connect");
+    let js = async_nats::jetstream::new(client);
+    let mut stream = journal_stream(&nats).await;
+    let mut config = stream
+        .info()
+        .await
+        .expect("the stream's info")
+        .config
+        .clone();
+    config.max_message_size = 4096;
+    js.update_stream(&config)
+        .await
+        .expect("limit the stream's messages");
+
+    let echo = |content: String| {
+        let http = a.http_addr;
+        tokio::spawn(async move {
+            let body = json!({
+                "model": "echo/echo", "stream": true,
+                "messages": [{"role": "user", "content": content}],
+            });
+            open_stream_at(http, "/v1/chat/completions", &body).await
+        })
+    };
+    // A run whose output makes a batch the stream refuses: the publisher tries it again and
+    // again; a short run's batches queue behind it.
+    let _big = echo("x".repeat(16_000));
+    let metrics = common::http_client();
+    let at_least = |name: &'static str, n: f64| {
+        let (metrics, a) = (&metrics, &a);
+        async move {
+            eventually_ok(name, || async move {
+                let have = crate::metrics::scrape(metrics, a).await.get(name, &[]);
+                if have.is_some_and(|v| v >= n) {
+                    Ok(())
+                } else {
+                    Err(format!("{have:?}"))
+                }
+            })
+            .await;
+        }
+    };
+    at_least("edge_cluster_journal_publish_failures_total", 1.0).await;
+    let published = last_sequence(&nats).await;
+    let (_small, small_id) = echo("one two".to_owned()).await.expect("the short run");
+    // Ended, it left the open runs after handing its end to the journal (a read of its
+    // record would wait for the stream); two more failed appends leave the journal's writer
+    // ample time to hand that batch to the publisher.
+    eventually_ok("the short run has ended", || async {
+        let open = open_ids(a.admin_addr).await;
+        if open.contains(&small_id) {
+            Err(format!("{open:?}"))
+        } else {
+            Ok(())
+        }
+    })
+    .await;
+    let failures = crate::metrics::scrape(&metrics, &a)
+        .await
+        .get("edge_cluster_journal_publish_failures_total", &[])
+        .unwrap_or(0.0);
+    at_least(
+        "edge_cluster_journal_publish_failures_total",
+        failures + 2.0,
+    )
+    .await;
+
+    // Another member writes the lease: this one stands down, gives up the refused batch,
+    // and must keep every batch behind it local as well.
+    let kv = js
+        .get_key_value("edge-s1")
+        .await
+        .expect("the site's bucket");
+    let lease = json!({
+        "edge_id": "edge-z", "node_address": "10.9.9.9:7100", "api_address": "10.9.9.9:8080",
+        "expires_at_ms": u64::MAX / 2, "node_definitions_digest": "sha256:whatever",
+    });
+    kv.put("lease", lease.to_string().into())
+        .await
+        .expect("write the lease");
+    at_least("edge_cluster_journal_kept_local_total", 2.0).await;
+    assert_eq!(
+        last_sequence(&nats).await,
+        published,
+        "nothing appended after the batch given up"
+    );
+    a.stop().await;
+}
+
 /// Registers a node with `token-a` on `app`, claiming `claims`: the answer.
 async fn register_claiming(app: &TestApp, claims: Vec<ResumeClaim>) -> RegisterOutcome {
     common::bounded("the edge to answer a registration", async {

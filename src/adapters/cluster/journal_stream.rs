@@ -283,6 +283,11 @@ struct Writer {
     last_seq: u64,
     /// The stream refused a batch at `last_seq`: another member claimed it since.
     fenced: bool,
+    /// A batch of this writer stayed local (not published before its member stood down):
+    /// every later one stays local too, or the stream would hold this writer's batches with
+    /// one missing in between — a run's events without those in the batch left out (the
+    /// fourth 30-minute nemesis, seed 6601, on nats-server 2.12.8).
+    gave_up: bool,
     /// The claim's sequence, and how many batches the journal had handed over by then.
     claim_seq: u64,
     handed_at_claim: u64,
@@ -446,6 +451,7 @@ impl SiteStream for JournalStream {
                     epoch,
                     last_seq: seq,
                     fenced: false,
+                    gave_up: false,
                     claim_seq: seq,
                     handed_at_claim: inner.journal.handed(),
                 };
@@ -589,8 +595,9 @@ impl Inner {
         stop: &CancellationToken,
     ) -> Option<u64> {
         let counters = &self.stats.counters;
-        // A batch handed over before the writer's claim is of an earlier acting period.
-        let current = |w: &Writer| !w.fenced && site::publishes(n, w.handed_at_claim);
+        // A batch handed over before the writer's claim is of an earlier acting period; one
+        // after a batch the writer gave up on would leave a hole.
+        let current = |w: &Writer| !w.fenced && !w.gave_up && site::publishes(n, w.handed_at_claim);
         let Some(writer) = self.writer().filter(current) else {
             StreamStats::count(&counters.kept_local);
             return None;
@@ -629,8 +636,15 @@ impl Inner {
             if !self.journal.publishing() || claimed_since {
                 // Stood down meanwhile (and maybe acting again under a new claim): the
                 // member that acts now writes the stream, under its own epoch.
-                warn!(%error, batch = id, "a journal batch not published before this member stood down: kept local only");
+                warn!(%error, batch = id, "a journal batch not published before this member stood down: kept local only (and every later one of this acting period)");
                 StreamStats::count(&counters.kept_local);
+                self.update_writer(
+                    writer,
+                    Writer {
+                        gave_up: true,
+                        ..writer
+                    },
+                );
                 return None;
             }
             if !warned {

@@ -125,6 +125,8 @@ pub(crate) struct History {
     pub(crate) duration_ms: u64,
     pub(crate) lease_ms: u64,
     pub(crate) renew_ms: u64,
+    /// The version the NATS servers said they were (`v2.12.8`).
+    pub(crate) nats_server: String,
     /// Why partitions were not made, if they were not.
     pub(crate) partitions_skipped: Option<String>,
     pub(crate) faults: Vec<Fault>,

@@ -14,7 +14,7 @@ use std::time::Duration;
 use tokio::process::Child;
 
 use super::net::Net;
-use crate::common::engines::{nats_info, nats_server_binary};
+use crate::common::engines::{nats_info, nats_server_binary, nats_server_release_binary};
 
 /// Where a member's nodes dial, its API and its management API answer (on its address).
 pub(crate) const NODE_PORT: u16 = 7000;
@@ -110,8 +110,36 @@ impl Process {
     }
 }
 
+/// Names the `nats-server` the site runs on: `EDGE_NEMESIS_NATS=debian` for Debian's 2.9.10.
+pub(crate) const NATS_ENV: &str = "EDGE_NEMESIS_NATS";
+
+/// The `nats-server` the site runs: NATS's release build at the pinned version
+/// (`.ci/engines/nats-server-release.sh`, decision 58), or Debian's 2.9.10 when [`NATS_ENV`]
+/// says `debian` — the version the first three 30-minute runs saw lose acknowledged batches.
+pub(crate) fn nats_binary() -> PathBuf {
+    match std::env::var(NATS_ENV).as_deref() {
+        Ok("debian") => nats_server_binary(),
+        Ok("") | Err(_) => nats_server_release_binary(),
+        Ok(other) => panic!("{NATS_ENV}={other}: say `debian` or leave it unset"),
+    }
+}
+
+/// The version [`nats_binary`] says it is (`v2.12.8`).
+pub(crate) fn nats_version() -> String {
+    let output = std::process::Command::new(nats_binary())
+        .arg("--version")
+        .output()
+        .expect("nats-server --version");
+    let said = String::from_utf8_lossy(&output.stdout);
+    said.split_whitespace()
+        .last()
+        .unwrap_or_default()
+        .to_owned()
+}
+
 /// The three NATS servers' config files in `dir`: one cluster, JetStream on each.
 pub(crate) fn nats_servers(net: &Net, dir: &Path) -> Vec<Process> {
+    let binary = nats_binary();
     let names = ["n1", "n2", "n3"];
     names
         .iter()
@@ -133,7 +161,7 @@ pub(crate) fn nats_servers(net: &Net, dir: &Path) -> Vec<Process> {
             std::fs::write(&path, config).expect("a NATS config");
             Process::new(
                 name,
-                nats_server_binary(),
+                binary.clone(),
                 vec!["-c".into(), path.into()],
                 dir.join(format!("{name}.log")),
             )

@@ -331,6 +331,7 @@ mod tests {
             epoch: 7,
             last_seq: 50,
             fenced: false,
+            gave_up: false,
             claim_seq: 44,
             handed_at_claim: 12,
         };
