@@ -126,6 +126,30 @@ async fn one_member_is_ready_the_other_refuses_naming_it_and_a_clean_stop_hands_
     assert_eq!(drain.status(), StatusCode::SERVICE_UNAVAILABLE);
     let error: Value = drain.json().await.expect("a JSON error");
     assert_eq!(error["error"]["code"], "standby", "{error}");
+    // A run the standby's copy of the journal does not hold may be in the site's stream and
+    // not yet here: 503 naming the active member, not 404 (which the active one answers).
+    let unknown = admin(reqwest::Method::GET, "/admin/v1/runs/run-nobody-knows")
+        .await
+        .expect("a run lookup");
+    assert_eq!(unknown.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let error: Value = unknown.json().await.expect("a JSON error");
+    assert_eq!(error["error"]["code"], "standby", "{error}");
+    assert!(
+        error["error"]["message"]
+            .as_str()
+            .is_some_and(|message| message.contains("edge edge-a")),
+        "{error}"
+    );
+    let on_active = http
+        .get(format!(
+            "http://{}/admin/v1/runs/run-nobody-knows",
+            a.admin_addr
+        ))
+        .bearer_auth(ADMIN_KEY)
+        .send()
+        .await
+        .expect("a run lookup");
+    assert_eq!(on_active.status(), StatusCode::NOT_FOUND);
 
     // A clean stop releases the lease: the standby takes it without waiting for a lapse.
     a.stop().await;

@@ -56,6 +56,22 @@ impl AdminError {
         Self::new(StatusCode::SERVICE_UNAVAILABLE, "standby", message)
     }
 
+    /// `503 standby` for a run a standby member's journal does not hold: that journal
+    /// follows the site's stream (and is rebuilt from it while the member takes over), so
+    /// the run may be in the stream and not yet here; the active member knows (`active`:
+    /// its edge id and API address, when known).
+    pub fn run_not_yet_here(run: &str, active: Option<(&str, &str)>) -> Self {
+        let ask = match active {
+            Some((edge, api)) => format!("the active member, edge {edge} (api {api}), knows"),
+            None => "no active member is known yet".to_owned(),
+        };
+        let message = format!(
+            "no run has id {run:?} in this standby member's copy of the site's journal, \
+             which may not have it yet; {ask}"
+        );
+        Self::new(StatusCode::SERVICE_UNAVAILABLE, "standby", message)
+    }
+
     /// `500 internal`: something that should not happen did.
     pub fn internal(message: impl Into<String>) -> Self {
         Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message)

@@ -6,9 +6,9 @@ use axum::extract::{Path, State};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::AdminState;
 use super::error::AdminError;
 use super::views::{ErrorBody, RunView};
+use super::{AdminState, standby};
 use crate::domain::RunId;
 
 pub(super) fn register(router: OpenApiRouter<AdminState>) -> OpenApiRouter<AdminState> {
@@ -25,7 +25,7 @@ pub(super) fn register(router: OpenApiRouter<AdminState>) -> OpenApiRouter<Admin
         (status = 200, description = "The run", body = RunView),
         (status = 401, description = "No valid admin key", body = ErrorBody),
         (status = 404, description = "No open or journaled run has that id", body = ErrorBody),
-        (status = 503, description = "The journal cannot be read", body = ErrorBody),
+        (status = 503, description = "The journal cannot be read; or this member stands by and its copy of the site's journal does not hold the run (yet)", body = ErrorBody),
     ),
     security(("admin_key" = []))
 )]
@@ -36,6 +36,6 @@ async fn get_run(
     let id = RunId::new(run.as_str());
     match state.management.run(&id).await? {
         Some(record) => Ok(Json(RunView::of(&record))),
-        None => Err(AdminError::not_found(format!("no run has id {run:?}"))),
+        None => Err(standby::run_not_known(&state, &run)),
     }
 }
