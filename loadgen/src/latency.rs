@@ -34,6 +34,7 @@ use crate::harness::{EdgeProcess, InProcessEdge, runtime, runtime_with_slice, to
 use crate::hops::{HopLog, SEGMENTS};
 use crate::http::{Connection, post_json};
 use crate::smg::Smg;
+use crate::splice::Splice;
 use crate::stats::{Histogram, Record};
 
 #[derive(Debug, Clone, Args)]
@@ -93,6 +94,11 @@ pub struct LatencyArgs {
     /// (`logit_bias`), so paths that answer different text still answer as many tokens.
     #[arg(long)]
     full_answers: bool,
+    /// Adds the path `floor`: the engine behind two TCP splices in a row, each on a runtime
+    /// thread of its own, forwarding bytes and nothing else — the floor of the edge and
+    /// node's two hops, against which their overhead is read (issue 67).
+    #[arg(long)]
+    floor_hops: bool,
 }
 
 /// The end-of-text token of the tests' tiny model (SentencePiece `</s>`), banned with
@@ -111,6 +117,7 @@ fn child_args(args: &LatencyArgs) -> Vec<String> {
         path(&args.binaries).map(|p| format!("--binaries={p}")),
         args.binary_hops.then(|| "--binary-hops".to_owned()),
         args.full_answers.then(|| "--full-answers".to_owned()),
+        args.floor_hops.then(|| "--floor-hops".to_owned()),
         path(&args.baseline_binaries).map(|p| format!("--baseline-binaries={p}")),
     ]
     .into_iter()
@@ -151,6 +158,14 @@ pub fn run(args: &LatencyArgs, common: &Common) -> anyhow::Result<Vec<Record>> {
             Smg::start(program, &["--backend", "openai", "--worker-urls", &worker])
         })
         .transpose()?;
+    // The outer splice forwards to the inner one, which forwards to the engine.
+    let floor = if args.floor_hops {
+        let inner = Splice::start("floor-b", engine_addr)?;
+        let outer = Splice::start("floor-a", inner.addr)?;
+        Some([outer, inner])
+    } else {
+        None
+    };
     let binaries = args
         .binaries
         .as_ref()
@@ -177,6 +192,7 @@ pub fn run(args: &LatencyArgs, common: &Common) -> anyhow::Result<Vec<Record>> {
         direct: engine_addr,
         edge: edge.http_addr,
         smg: smg.as_ref().map(|s| s.addr),
+        floor: floor.as_ref().map(|[outer, _]| outer.addr),
         binaries: binaries.as_ref().map(|b| b.edge.http_addr),
         baseline: baseline.as_ref().map(|b| b.edge.http_addr),
         loras: lora_names(&args.loras)?,
@@ -207,6 +223,7 @@ pub fn run(args: &LatencyArgs, common: &Common) -> anyhow::Result<Vec<Record>> {
     drop(load);
     edge.stop();
     drop(smg);
+    drop(floor);
     drop(binaries);
     drop(baseline);
     drop(engine);
@@ -332,6 +349,8 @@ struct Paths {
     direct: SocketAddr,
     edge: SocketAddr,
     smg: Option<SocketAddr>,
+    /// The outer of the two splices in front of the engine (`--floor-hops`).
+    floor: Option<SocketAddr>,
     binaries: Option<SocketAddr>,
     baseline: Option<SocketAddr>,
     /// The engine's LoRAs by id (their files' stems).
@@ -398,6 +417,9 @@ impl Paths {
         }
         if let Some(smg) = self.smg {
             list.push(Path::new("smg", smg, "tiny", base()));
+        }
+        if let Some(floor) = self.floor {
+            list.push(Path::new("floor", floor, "tiny", base()));
         }
         if let Some(binaries) = self.binaries {
             list.push(Path::new("edge-bin", binaries, "llama/tiny", None));
@@ -705,6 +727,7 @@ mod tests {
             direct: addr,
             edge: addr,
             smg: None,
+            floor: None,
             binaries: Some(addr),
             baseline: None,
             loras: vec!["sql".to_owned(), "support".to_owned()],

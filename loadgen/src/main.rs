@@ -67,6 +67,7 @@ mod sessions;
 mod shared_core;
 mod slow;
 mod smg;
+mod splice;
 mod stats;
 mod storm;
 
