@@ -453,10 +453,12 @@ async fn register_claiming(app: &TestApp, claims: Vec<ResumeClaim>) -> RegisterO
 async fn a_runs_end_and_a_nodes_claims_wait_until_the_sites_stream_keeps_them() {
     let mut nats = NatsServer::start_jetstream().await;
     let node = NodeTable::new("node-a", "gpu-a", "token-a").echo(&["default"]);
-    // A lease long enough that the member acts on while its stream does not answer.
+    // A lease long enough that the member acts on while its stream does not answer; a
+    // renewal short enough that a publish lost with the server (each waits `renew_ms` for
+    // its answer) is asked again well within the test's patience once the server is back.
     let config = format!(
         "[edge]\nid = \"edge-a\"\n[events]\nsinks = [\"null\"]\n[runs]\nresume_grace_ms = 30000\n\
-         [cluster]\nsite = \"s1\"\nnats = {:?}\nlease_ms = 60000\nrenew_ms = 20000\n{node}",
+         [cluster]\nsite = \"s1\"\nnats = {:?}\nlease_ms = 60000\nrenew_ms = 3000\n{node}",
         nats.url()
     );
     let a = spawn_app(&config).await;
